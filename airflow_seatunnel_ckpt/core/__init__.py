@@ -1,0 +1,36 @@
+"""The checkpoint core: storage, state format, epoch checkpoints, transaction log,
+two-phase commit, recovery and retention.
+
+It imports neither Airflow nor PySpark, so it can be used (and tested) from any
+orchestrator or process. Start at :class:`CheckpointStore`.
+"""
+
+from airflow_seatunnel_ckpt.core import errors
+from airflow_seatunnel_ckpt.core.checkpoint import CheckpointManager, Problem
+from airflow_seatunnel_ckpt.core.config import CheckpointConfig
+from airflow_seatunnel_ckpt.core.models import (
+    BeginRecord,
+    CheckpointMetadata,
+    Decision,
+    DecisionRecord,
+    EpochState,
+    EpochStatus,
+    OperatorState,
+    PartRef,
+    PreparedRecord,
+    PublishedSink,
+    SinkManifest,
+    SourceState,
+)
+from airflow_seatunnel_ckpt.core.pipeline import CommitResult, Pipeline
+from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RestorePoint, RetentionReport
+from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, open_storage
+from airflow_seatunnel_ckpt.core.store import CheckpointStore
+from airflow_seatunnel_ckpt.core.txlog import TransactionLog
+
+__all__ = [
+    "BeginRecord", "CheckpointConfig", "CheckpointManager", "CheckpointMetadata", "CheckpointStore",
+    "CommitResult", "Decision", "DecisionRecord", "EpochState", "EpochStatus", "FileInfo", "OperatorState",
+    "PartRef", "Pipeline", "PreparedRecord", "Problem", "PublishedSink", "RecoveryReport", "RestorePoint",
+    "RetentionReport", "SinkManifest", "SourceState", "Storage", "TransactionLog", "errors", "open_storage",
+]

@@ -1,0 +1,262 @@
+"""Epoch checkpoints in the SeaTunnel layout: write parts, complete, verify, restore.
+
+A checkpoint is *complete* only once ``checkpoint_<e>/_metadata`` exists; it is written
+last and exclusively, by the commit decision, and lists every part the checkpoint needs
+-- including parts that live in older checkpoints (incremental checkpoints reference
+unchanged key groups instead of rewriting them, and chain delta parts onto a full one).
+
+Keyed state is stored one part per key group. A key group's *chain* is one full part
+followed by delta parts, each holding only the keys that changed in its epoch (upserts,
+plus tombstones for removed keys). Chains are bounded by ``full_checkpoint_interval``:
+once a chain reaches it, the next change writes the key group in full again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_seatunnel_ckpt.core import codec, layout
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartRef
+from airflow_seatunnel_ckpt.core.storage import Storage
+
+#: Column marking removed keys in a delta part of key -> value state.
+TOMBSTONE = "__deleted"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a checkpoint: which file and what."""
+
+    path: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.what}"
+
+
+def write_part(
+    storage: Storage,
+    path: str,
+    pieces: Iterable[bytes],
+    *,
+    kind: codec.PayloadKind,
+    epoch: int,
+    key_group: int = 0,
+    delta: bool = False,
+    base_epoch: int | None = None,
+    level: int = 3,
+    compression: codec.Codec = codec.Codec.ZSTD,
+) -> PartRef:
+    """Frame and write one state part atomically; returns its reference (size + CRC32C).
+
+    Streams: the payload pieces are compressed chunk by chunk as they are written. Safe to
+    call on a Spark executor (needs only the storage URL and options).
+    """
+    size = 0
+    crc = 0
+
+    def framed() -> Iterable[bytes]:
+        nonlocal size, crc
+        for piece in codec.encode_stream(pieces, kind=kind, epoch=epoch, base_epoch=base_epoch, delta=delta,
+                                         codec=compression, level=level):
+            size += len(piece)
+            crc = codec.crc32c(piece, crc)
+            yield piece
+
+    storage.write_atomic(path, framed())
+    return PartRef(path=path, size=size, crc32c=crc, epoch=epoch, key_group=key_group,
+                   kind="delta" if delta else "full")
+
+
+def write_arrow_part(storage: Storage, path: str, table: Any, **options: Any) -> PartRef:
+    """Write a ``pyarrow.Table`` as one state part (Arrow IPC payload)."""
+    return write_part(storage, path, codec.arrow_ipc_pieces(table), kind=codec.PayloadKind.ARROW, **options)
+
+
+def write_json_part(storage: Storage, path: str, obj: Any, **options: Any) -> PartRef:
+    """Write a JSON document as one state part."""
+    payload = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return write_part(storage, path, [payload], kind=codec.PayloadKind.JSON, **options)
+
+
+def read_part(storage: Storage, ref: PartRef, max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> tuple[codec.FrameHeader, bytes]:
+    """Read one part, checking size and CRC32C against its reference, then its frame."""
+    where = storage.describe_path(ref.path)
+    try:
+        data = storage.read(ref.path)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{where}: checkpoint part is missing", where) from None
+    if len(data) != ref.size:
+        raise CorruptCheckpointError(f"{where}: size is {len(data)} bytes, _metadata says {ref.size}", where)
+    if codec.crc32c(data) != ref.crc32c:
+        raise CorruptCheckpointError(f"{where}: checksum does not match the one recorded in _metadata", where)
+    return codec.decode(data, where, max_chunk=max_chunk)
+
+
+def read_json_part(storage: Storage, ref: PartRef) -> Any:
+    """Read a JSON state part."""
+    header, payload = read_part(storage, ref)
+    where = storage.describe_path(ref.path)
+    if header.kind is not codec.PayloadKind.JSON:
+        raise CorruptCheckpointError(f"{where}: expected a JSON part, found {header.kind.name}", where)
+    try:
+        return json.loads(payload)
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{where}: not valid JSON: {exc}", where) from exc
+
+
+def read_arrow_part(storage: Storage, ref: PartRef) -> Any:
+    """Read an Arrow state part as a ``pyarrow.Table``."""
+    header, payload = read_part(storage, ref)
+    where = storage.describe_path(ref.path)
+    if header.kind is not codec.PayloadKind.ARROW:
+        raise CorruptCheckpointError(f"{where}: expected an Arrow part, found {header.kind.name}", where)
+    return codec.read_arrow(payload, where)
+
+
+def _key_array(table: Any, key_columns: list[str]) -> Any:
+    import pyarrow.compute as pc
+
+    if len(key_columns) == 1:
+        return table.column(key_columns[0])
+    # A composite key is encoded injectively: each component becomes "N" when null, else
+    # "V<length>:<value>". Joining with a separator instead would make ("a\x1fb", "c") and
+    # ("a", "b\x1fc") one key, and any null component would make every such key equal.
+    parts = []
+    for name in key_columns:
+        text = pc.cast(table.column(name), "string")
+        length = pc.cast(pc.binary_length(text), "string")
+        encoded = pc.binary_join_element_wise("V", length, ":", text, "")
+        parts.append(pc.fill_null(encoded, "N"))
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def apply_delta(base: Any, delta: Any, key_columns: list[str]) -> Any:
+    """Apply one delta table to a base table: upsert by key, drop tombstoned keys."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if delta.num_rows == 0:
+        return base
+    keep = pc.invert(pc.is_in(_key_array(base, key_columns), value_set=_key_array(delta, key_columns)))
+    if TOMBSTONE in delta.column_names:
+        delta = delta.filter(pc.invert(pc.fill_null(delta.column(TOMBSTONE), False)))
+    return pa.concat_tables([base.filter(keep), delta.select(base.column_names)], promote_options="default")
+
+
+def read_chain(storage: Storage, chain: list[PartRef], key_columns: list[str]) -> Any:
+    """Restore one key group: read its full part and apply each delta in order."""
+    if not chain:
+        raise ValueError("a key group chain needs at least one part")
+    if chain[0].kind != "full" or any(p.kind != "delta" for p in chain[1:]):
+        where = storage.describe_path(chain[0].path)
+        raise CorruptCheckpointError(f"{where}: chain must be one full part followed by deltas", where)
+    table = read_arrow_part(storage, chain[0])
+    if TOMBSTONE in table.column_names:
+        table = table.drop_columns([TOMBSTONE])
+    for ref in chain[1:]:
+        table = apply_delta(table, read_arrow_part(storage, ref), key_columns)
+    return table
+
+
+def needs_full(chain: list[PartRef], incremental: bool, full_checkpoint_interval: int) -> bool:
+    """Whether the next change to a key group must be written in full (bounds the chain)."""
+    return not incremental or not chain or len(chain) >= full_checkpoint_interval
+
+
+class CheckpointManager:
+    """The ``checkpoint_<epoch>`` directories of one pipeline."""
+
+    def __init__(self, storage: Storage, max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> None:
+        self.storage = storage
+        self._max_chunk = max_chunk
+
+    def list(self) -> list[int]:
+        """Epochs that have a checkpoint directory (complete or not), ascending."""
+        out = [layout.parse_checkpoint_dir(n) for n in self.storage.list_dir("")]
+        return sorted(e for e in out if e is not None)
+
+    def complete(self, meta: CheckpointMetadata) -> CheckpointMetadata:
+        """Write ``_metadata`` exclusively; returns the stored one if another writer won."""
+        try:
+            self.storage.create_exclusive(layout.metadata_path(meta.epoch), codec.encode_json(meta.to_dict()))
+            return meta
+        except AlreadyExistsError:
+            return self.read_metadata(meta.epoch)
+
+    def read_metadata(self, epoch: int, storage: Storage | None = None) -> CheckpointMetadata:
+        """Read and verify ``_metadata`` (CorruptCheckpointError if absent or damaged)."""
+        storage = storage or self.storage
+        path = layout.metadata_path(epoch)
+        where = storage.describe_path(path)
+        try:
+            data = storage.read(path)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{where}: _metadata is missing (checkpoint incomplete)", where) from None
+        meta = CheckpointMetadata.from_dict(codec.decode_json(data, where, max_chunk=self._max_chunk), where)
+        if meta.epoch != epoch:
+            raise CorruptCheckpointError(f"{where}: _metadata is for epoch {meta.epoch}, expected {epoch}", where)
+        return meta
+
+    def has_metadata(self, epoch: int) -> bool:
+        """Whether ``_metadata`` exists (the checkpoint was completed)."""
+        return self.storage.exists(layout.metadata_path(epoch))
+
+    def verify_parts(self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None) -> list[Problem]:
+        """Check that each part exists with its recorded size (and, if ``deep``, CRC32C + frame)."""
+        storage = storage or self.storage
+        problems = []
+        for ref in parts:
+            where = storage.describe_path(ref.path)
+            if deep:
+                try:
+                    read_part(storage, ref, self._max_chunk)
+                except CorruptCheckpointError as exc:
+                    problems.append(Problem(exc.path or where, str(exc).split(": ", 1)[-1]))
+                continue
+            try:
+                size = storage.size(ref.path)
+            except FileNotFoundError:
+                problems.append(Problem(where, "missing"))
+                continue
+            if size != ref.size:
+                problems.append(Problem(where, f"size is {size} bytes, expected {ref.size}"))
+        return problems
+
+    def verify(self, epoch: int, deep: bool = True, storage: Storage | None = None) -> list[Problem]:
+        """Every problem with checkpoint ``epoch`` ([] means it restores correctly)."""
+        try:
+            meta = self.read_metadata(epoch, storage)
+        except CorruptCheckpointError as exc:
+            return [Problem(exc.path, str(exc).split(": ", 1)[-1])]
+        return self.verify_parts(meta.parts(), deep=deep, storage=storage)
+
+    def latest_valid(self, committed: Iterable[int], deep: bool = False) -> int | None:
+        """The newest epoch among ``committed`` whose checkpoint verifies, or None.
+
+        Chosen by epoch number, never by clock time. Cost: one verification per damaged
+        checkpoint skipped, independent of how many epochs exist.
+        """
+        for epoch in sorted(set(committed), reverse=True):
+            if not self.verify(epoch, deep=deep):
+                return epoch
+        return None
+
+    def delete(self, epoch: int, keep: Iterable[str] = ()) -> list[str]:
+        """Remove checkpoint ``epoch``'s files except those in ``keep``; returns what was removed."""
+        keep_set = set(keep)
+        root = layout.checkpoint_dir(epoch)
+        files = [f"{root}/{f.path}" for f in self.storage.walk(root, include_temp=True)]
+        if not keep_set.intersection(files):
+            self.storage.delete(root, recursive=True)
+            return files
+        removed = []
+        for path in files:
+            if path not in keep_set:
+                self.storage.delete(path)
+                removed.append(path)
+        return removed

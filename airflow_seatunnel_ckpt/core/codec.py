@@ -1,0 +1,329 @@
+"""The state file format: framed, versioned, compressed, CRC32C-checked.
+
+Layout of one file (all integers big-endian)::
+
+    header   magic "STCK" | version u16 | flags u16 | payload kind u8 | reserved u8
+             | epoch u64 | base epoch u64 | crc32c(header) u32                 (30 bytes)
+    chunk*   raw length u32 | stored length u32 | crc32c(lengths + stored bytes) u32
+             | stored bytes (one independent compressed frame)
+    trailer  0 u32 | 0 u32 | total raw length u64 | chunk count u32
+             | crc32c(every byte before this field) u32
+
+Why this shape: every chunk is verified *before* it is decompressed or handed on, so a
+reader can stream a large state without holding it whole and without ever yielding
+damaged bytes; the raw length bounds decompression (no zstd bomb); the trailer makes any
+truncation detectable and its whole-file checksum catches what the chunk checks cannot
+(reordered or dropped chunks). Unknown versions are refused, never guessed at.
+
+Payloads are data only -- JSON or Arrow IPC -- never pickle, so a tampered store cannot
+run code in whoever reads it.
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import json
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import crc32c as _crc32c
+import zstandard
+
+from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, IncompatibleFormatError
+
+MAGIC = b"STCK"
+FORMAT_VERSION = 1
+DEFAULT_CHUNK_SIZE = 4 * 1024 * 1024
+DEFAULT_MAX_CHUNK = 64 * 1024 * 1024
+
+_HEADER = struct.Struct(">4sHHBBQQ")
+_HEADER_CRC = struct.Struct(">I")
+HEADER_SIZE = _HEADER.size + _HEADER_CRC.size
+_CHUNK = struct.Struct(">III")
+_TRAILER_TAIL = struct.Struct(">QI")
+_U32 = struct.Struct(">I")
+
+FLAG_DELTA = 0x1
+_CODEC_SHIFT = 1
+_CODEC_MASK = 0x3 << _CODEC_SHIFT
+_KNOWN_FLAGS = FLAG_DELTA | _CODEC_MASK
+
+
+def crc32c(data: bytes | memoryview, value: int = 0) -> int:
+    """CRC32C (Castagnoli), hardware accelerated where the CPU has it."""
+    return int(_crc32c.crc32c(data, value))
+
+
+class PayloadKind(enum.IntEnum):
+    """What the decompressed payload holds."""
+
+    JSON = 1
+    ARROW = 2
+    BYTES = 3
+
+
+class Codec(enum.IntEnum):
+    """Compression of the stored chunks."""
+
+    ZSTD = 0
+    LZ4 = 1
+
+
+@dataclass(frozen=True)
+class FrameHeader:
+    """The decoded fixed header of a state file."""
+
+    version: int
+    kind: PayloadKind
+    codec: Codec
+    delta: bool
+    epoch: int
+    base_epoch: int | None
+
+
+class _Compressor:
+    def __init__(self, codec: Codec, level: int) -> None:
+        self.codec = codec
+        if codec is Codec.ZSTD:
+            self._z = zstandard.ZstdCompressor(level=level)
+        else:
+            import lz4.frame
+
+            self._lz4 = lz4.frame
+            self._level = max(0, level)
+
+    def compress(self, raw: bytes) -> bytes:
+        if self.codec is Codec.ZSTD:
+            return self._z.compress(raw)  # type: ignore[no-any-return]
+        return self._lz4.compress(raw, compression_level=self._level)  # type: ignore[no-any-return]
+
+
+def _decompress(codec: Codec, stored: bytes, raw_len: int, path: str,
+                dctx: zstandard.ZstdDecompressor | None = None) -> bytes:
+    try:
+        if codec is Codec.ZSTD:
+            # ``max_output_size`` only bounds frames that do not declare their size: a frame
+            # declaring more than the chunk header allows is refused before it is allocated.
+            declared = zstandard.frame_content_size(stored)
+            if declared not in (-1, raw_len):
+                raise CorruptCheckpointError(
+                    f"{path}: a chunk's compressed frame declares {declared} bytes, its header "
+                    f"{raw_len} (damaged file or decompression bomb)", path)
+            out = (dctx or zstandard.ZstdDecompressor()).decompress(stored, max_output_size=raw_len)
+        else:
+            import lz4.frame
+
+            out = lz4.frame.decompress(stored)
+    except CorruptCheckpointError:
+        raise
+    except Exception as exc:
+        raise CorruptCheckpointError(f"{path}: a chunk does not decompress: {exc}", path) from exc
+    if len(out) != raw_len:
+        raise CorruptCheckpointError(
+            f"{path}: a chunk decompressed to {len(out)} bytes, the frame says {raw_len}", path
+        )
+    return bytes(out)
+
+
+def encode_stream(
+    chunks: Iterable[bytes],
+    *,
+    kind: PayloadKind,
+    epoch: int = 0,
+    base_epoch: int | None = None,
+    delta: bool = False,
+    codec: Codec = Codec.ZSTD,
+    level: int = 3,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> Iterator[bytes]:
+    """Frame a payload given as pieces; yields the file's bytes piece by piece.
+
+    Pieces are re-cut to ``chunk_size`` so memory stays bounded whatever the payload size.
+    """
+    flags = (FLAG_DELTA if delta else 0) | (int(codec) << _CODEC_SHIFT)
+    header = _HEADER.pack(MAGIC, FORMAT_VERSION, flags, int(kind), 0, epoch, base_epoch or 0)
+    header += _HEADER_CRC.pack(crc32c(header))
+    running = crc32c(header)
+    yield header
+    comp = _Compressor(codec, level)
+    total = count = 0
+    for raw in _recut(chunks, chunk_size):
+        stored = comp.compress(raw)
+        lengths = _CHUNK.pack(len(raw), len(stored), 0)[:8]
+        head = lengths + _U32.pack(crc32c(stored, crc32c(lengths)))
+        running = crc32c(stored, crc32c(head, running))
+        total += len(raw)
+        count += 1
+        if len(stored) < 65536:
+            yield head + stored
+        else:
+            yield head
+            yield stored
+    end = _CHUNK.pack(0, 0, 0) + _TRAILER_TAIL.pack(total, count)
+    running = crc32c(end, running)
+    yield end + _U32.pack(running)
+
+
+def _recut(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """Re-cut pieces into ``size``-byte chunks, slicing large pieces without copying."""
+    buf = bytearray()
+    for piece in chunks:
+        view = memoryview(piece).cast("B")
+        if buf:
+            take = size - len(buf)
+            buf += view[:take]
+            view = view[take:]
+            if len(buf) < size:
+                continue
+            yield bytes(buf)
+            buf = bytearray()
+        while len(view) >= size:
+            yield view[:size]  # type: ignore[misc]
+            view = view[size:]
+        if len(view):
+            buf += view
+    if buf:
+        yield bytes(buf)
+
+
+def encode(payload: bytes, *, kind: PayloadKind = PayloadKind.BYTES, **options: Any) -> bytes:
+    """Frame a whole payload held in memory."""
+    return b"".join(encode_stream([payload], kind=kind, **options))
+
+
+def _read_exact(fh: IO[bytes], n: int, path: str, what: str) -> bytes:
+    data = fh.read(n)
+    if len(data) != n:
+        raise CorruptCheckpointError(
+            f"{path}: file is truncated (expected {n} more bytes of {what}, found {len(data)})", path
+        )
+    return data
+
+
+def read_header(fh: IO[bytes], path: str) -> FrameHeader:
+    """Read and verify the fixed header; refuses unknown formats and versions."""
+    raw = fh.read(HEADER_SIZE)
+    if len(raw) < 4 or raw[:4] != MAGIC:
+        raise CorruptCheckpointError(
+            f"{path}: not a checkpoint state file (bad magic {raw[:4]!r}, expected {MAGIC!r})", path
+        )
+    if len(raw) < HEADER_SIZE:
+        raise CorruptCheckpointError(f"{path}: file is truncated inside the header", path)
+    magic, version, flags, kind, _reserved, epoch, base = _HEADER.unpack(raw[: _HEADER.size])
+    (stored_crc,) = _HEADER_CRC.unpack(raw[_HEADER.size:])
+    if crc32c(raw[: _HEADER.size]) != stored_crc:
+        raise CorruptCheckpointError(f"{path}: header checksum mismatch", path)
+    if version > FORMAT_VERSION:
+        raise IncompatibleFormatError(
+            f"{path}: written by format version {version}, this release reads up to "
+            f"{FORMAT_VERSION}; upgrade airflow-seatunnel-ckpt to read it", path,
+        )
+    if version < 1 or flags & ~_KNOWN_FLAGS:
+        raise IncompatibleFormatError(f"{path}: unknown format version {version} / flags {flags:#x}", path)
+    try:
+        kind_v = PayloadKind(kind)
+        codec = Codec((flags & _CODEC_MASK) >> _CODEC_SHIFT)
+    except ValueError as exc:
+        raise IncompatibleFormatError(f"{path}: unknown payload kind or codec ({exc})", path) from exc
+    return FrameHeader(version, kind_v, codec, bool(flags & FLAG_DELTA), epoch, base or None)
+
+
+def decode_stream(
+    fh: IO[bytes], path: str, *, max_chunk: int = DEFAULT_MAX_CHUNK
+) -> tuple[FrameHeader, Iterator[bytes]]:
+    """Verify and decode a state file from a stream.
+
+    Returns the header and an iterator of raw payload chunks. Every chunk is checked
+    before it is yielded; the iterator raises :class:`CorruptCheckpointError` at the end
+    if the file is truncated, has trailing bytes or fails the whole-file checksum.
+    """
+    head_bytes = fh.read(HEADER_SIZE)
+    header = read_header(io.BytesIO(head_bytes), path)
+    running = crc32c(head_bytes)
+
+    def chunks() -> Iterator[bytes]:
+        nonlocal running
+        total = count = 0
+        dctx = zstandard.ZstdDecompressor() if header.codec is Codec.ZSTD else None
+        while True:
+            head = _read_exact(fh, 12, path, "a chunk header")
+            raw_len, stored_len, stored_crc = _CHUNK.unpack(head)
+            if raw_len == 0 and stored_len == 0 and stored_crc == 0:
+                break
+            if raw_len == 0 or raw_len > max_chunk or stored_len > max_chunk + 1024 + max_chunk // 100:
+                raise CorruptCheckpointError(
+                    f"{path}: chunk {count} claims {raw_len} raw / {stored_len} stored bytes, "
+                    f"over the limit of {max_chunk} (damaged file or decompression bomb)", path,
+                )
+            stored = _read_exact(fh, stored_len, path, f"chunk {count}")
+            if crc32c(stored, crc32c(head[:8])) != stored_crc:
+                raise CorruptCheckpointError(f"{path}: checksum mismatch in chunk {count}", path)
+            running = crc32c(stored, crc32c(head, running))
+            count += 1
+            total += raw_len
+            yield _decompress(header.codec, stored, raw_len, path, dctx)
+        tail = _read_exact(fh, _TRAILER_TAIL.size + 4, path, "the trailer")
+        want_total, want_count = _TRAILER_TAIL.unpack(tail[: _TRAILER_TAIL.size])
+        running = crc32c(tail[: _TRAILER_TAIL.size], crc32c(head, running))
+        (file_crc,) = _U32.unpack(tail[_TRAILER_TAIL.size:])
+        if file_crc != running:
+            raise CorruptCheckpointError(f"{path}: whole-file checksum mismatch", path)
+        if (want_total, want_count) != (total, count):
+            raise CorruptCheckpointError(
+                f"{path}: trailer says {want_count} chunks / {want_total} bytes, read {count} / {total}",
+                path,
+            )
+        if fh.read(1):
+            raise CorruptCheckpointError(f"{path}: unexpected bytes after the trailer", path)
+
+    return header, chunks()
+
+
+def decode(data: bytes, path: str = "<bytes>", *, max_chunk: int = DEFAULT_MAX_CHUNK) -> tuple[FrameHeader, bytes]:
+    """Verify and decode a whole state file held in memory."""
+    header, it = decode_stream(io.BytesIO(data), path, max_chunk=max_chunk)
+    return header, b"".join(it)
+
+
+# -- typed payloads ---------------------------------------------------------------------
+
+def encode_json(obj: Any, **options: Any) -> bytes:
+    """Frame a JSON document (records, manifests, ``_metadata``)."""
+    payload = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    return encode(payload, kind=PayloadKind.JSON, **options)
+
+
+def decode_json(data: bytes, path: str = "<bytes>", *, max_chunk: int = DEFAULT_MAX_CHUNK) -> Any:
+    """Verify a framed JSON document and parse it (plain data only)."""
+    header, payload = decode(data, path, max_chunk=max_chunk)
+    if header.kind is not PayloadKind.JSON:
+        raise CorruptCheckpointError(f"{path}: expected a JSON payload, found {header.kind.name}", path)
+    try:
+        return json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpointError(f"{path}: payload is not valid JSON: {exc}", path) from exc
+
+
+def arrow_ipc_pieces(table: Any) -> Iterator[bytes]:
+    """Serialise a ``pyarrow.Table`` as an Arrow IPC stream, one record batch at a time."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    # The IPC buffer is already contiguous; hand it on without copying through Python.
+    yield memoryview(sink.getvalue())  # type: ignore[misc]
+
+
+def read_arrow(payload: bytes, path: str) -> Any:
+    """Parse an Arrow IPC stream payload into a ``pyarrow.Table``."""
+    import pyarrow as pa
+
+    try:
+        with pa.ipc.open_stream(pa.py_buffer(payload)) as reader:
+            return reader.read_all()
+    except Exception as exc:  # pyarrow raises ArrowInvalid / OSError variants
+        raise CorruptCheckpointError(f"{path}: payload is not a valid Arrow IPC stream: {exc}", path) from exc

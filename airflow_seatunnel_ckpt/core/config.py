@@ -1,0 +1,157 @@
+"""Checkpoint configuration: one typed, validated place.
+
+The fields mirror the tuning block of SeaTunnel's Spark checkpoint configuration
+(``timeout``, ``max_retain``, ``storage``, ``incremental``, ``compression``, ``checksum``,
+``fallback_enabled``, ``max_retry``). SeaTunnel's ``interval`` has no counterpart: in
+batch mode the Airflow schedule is the checkpoint interval (one epoch per DAG run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+COMPRESSIONS = ("zstd", "lz4")
+CHECKSUMS = ("crc32c",)
+DEFAULT_STORE_DIR = ".seatunnel-ckpt"
+
+
+def default_storage_url() -> str:
+    """The embedded default store: a local directory (``$SEATUNNEL_CKPT_STORE`` overrides)."""
+    env = os.environ.get("SEATUNNEL_CKPT_STORE")
+    if env:
+        return env
+    return "file://" + os.path.abspath(DEFAULT_STORE_DIR)
+
+
+#: ``scheme://userinfo@``. With a ``user:password`` form the password may itself hold
+#: ``/`` (AWS secret keys do) or ``@``, so it runs to the last ``@``: redacting too much of
+#: a message is harmless, leaking part of a secret is not.
+_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^@/?#]*:.*@|[^@/?#:]*@)", re.DOTALL
+)
+#: Query parameters that carry credentials (SAS tokens, pre-signed URL signatures, keys).
+_SECRET_PARAM = re.compile(
+    r"(?P<name>[?&;][^=&#;]*(?:key|secret|token|passw|pwd|signature|sig|credential|auth)[^=&#;]*=)[^&#;]*",
+    re.IGNORECASE,
+)
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with credentials (user:password, secret query parameters) replaced.
+
+    For logs and error messages; works on chained fsspec URLs (``simplecache::s3://...``)
+    and on URLs that :func:`urllib.parse.urlsplit` would misparse.
+    """
+    if not isinstance(url, str):
+        return f"<{type(url).__name__}, not a URL>"
+    redacted = _USERINFO.sub(lambda m: m.group("scheme") + "***@", url)
+    return _SECRET_PARAM.sub(lambda m: m.group("name") + "***", redacted)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How and where checkpoints, transaction logs and staged output are kept.
+
+    Build it with :meth:`from_mapping` from user input (Airflow connection extras, a CLI
+    flag, a JSON spec); constructing it directly validates as well.
+    """
+
+    #: fsspec URL of the store root; every pipeline lives in ``<storage_url>/<pipeline>/``.
+    storage_url: str = field(default_factory=default_storage_url)
+    #: fsspec storage options (credentials, endpoint); never logged.
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: An epoch still undecided this long after it began is aborted by recovery (seconds).
+    prepared_timeout_s: float = 600.0
+    #: How many committed checkpoints retention keeps (plus every base they still need).
+    max_retain: int = 10
+    #: Write only changed key groups / changed keys (delta parts) between full checkpoints.
+    incremental: bool = True
+    #: Every this many epochs a key group is written in full; also bounds the delta chain.
+    full_checkpoint_interval: int = 10
+    compression: str = "zstd"
+    compression_level: int = 3
+    checksum: str = "crc32c"
+    #: Allow recovery to use a secondary replica, the log, or an older checkpoint.
+    fallback_enabled: bool = True
+    #: Optional second store receiving a copy of every completed checkpoint's files.
+    secondary_url: str | None = None
+    #: How often commit/publish retries a transient storage failure before giving up.
+    max_retries: int = 3
+    #: Upper bound for the decompressed size of any single stored frame chunk (bytes).
+    max_chunk_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        self._validate()
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> CheckpointConfig:
+        """Build a config from plain data, rejecting unknown keys and wrong types."""
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"checkpoint config must be a mapping, got {type(values).__name__}")
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown checkpoint config keys {unknown}; known keys: {sorted(known)}"
+            )
+        return cls(**dict(values))
+
+    def to_mapping(self, include_secrets: bool = True) -> dict[str, Any]:
+        """Plain-data form (JSON-serialisable); ``include_secrets=False`` drops options."""
+        data = dataclasses.asdict(self)
+        data["storage_options"] = dict(self.storage_options) if include_secrets else {}
+        if not include_secrets:
+            data["storage_url"] = redact_url(self.storage_url)
+            if self.secondary_url:
+                data["secondary_url"] = redact_url(self.secondary_url)
+        return data
+
+    def replace(self, **changes: Any) -> CheckpointConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def _validate(self) -> None:
+        def need(cond: bool, message: str) -> None:
+            if not cond:
+                raise ConfigError(message)
+
+        def is_int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        need(isinstance(self.storage_url, str) and bool(self.storage_url),
+             "storage_url must be a non-empty fsspec URL such as file:///var/ckpt or s3://bucket/ckpt")
+        need(isinstance(self.storage_options, Mapping),
+             f"storage_options must be a mapping, got {type(self.storage_options).__name__}")
+        need(self.secondary_url is None or (isinstance(self.secondary_url, str) and bool(self.secondary_url)),
+             "secondary_url must be a non-empty URL or null")
+        need(isinstance(self.prepared_timeout_s, (int, float)) and not isinstance(self.prepared_timeout_s, bool)
+             and 0 < self.prepared_timeout_s <= 7 * 24 * 3600,
+             f"prepared_timeout_s must be a number of seconds in (0, 604800], got {self.prepared_timeout_s!r}")
+        need(is_int(self.max_retain) and 1 <= self.max_retain <= 100_000,
+             f"max_retain must be an integer >= 1, got {self.max_retain!r}")
+        need(isinstance(self.incremental, bool), f"incremental must be true or false, got {self.incremental!r}")
+        need(is_int(self.full_checkpoint_interval) and 1 <= self.full_checkpoint_interval <= 1000,
+             f"full_checkpoint_interval must be an integer in 1..1000, got {self.full_checkpoint_interval!r}")
+        need(self.compression in COMPRESSIONS,
+             f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
+        if self.compression == "lz4":
+            try:
+                import lz4.frame  # noqa: F401
+            except ImportError as exc:
+                raise ConfigError("compression 'lz4' needs the optional package lz4 (pip install lz4)") from exc
+        need(is_int(self.compression_level) and -7 <= self.compression_level <= 22,
+             f"compression_level must be an integer in -7..22, got {self.compression_level!r}")
+        need(self.checksum in CHECKSUMS, f"checksum must be one of {CHECKSUMS}, got {self.checksum!r}")
+        need(isinstance(self.fallback_enabled, bool),
+             f"fallback_enabled must be true or false, got {self.fallback_enabled!r}")
+        need(is_int(self.max_retries) and 0 <= self.max_retries <= 100,
+             f"max_retries must be an integer in 0..100, got {self.max_retries!r}")
+        need(is_int(self.max_chunk_bytes) and 1024 <= self.max_chunk_bytes <= 1 << 31,
+             f"max_chunk_bytes must be an integer in 1024..2**31, got {self.max_chunk_bytes!r}")

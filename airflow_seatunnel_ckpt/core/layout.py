@@ -1,0 +1,125 @@
+"""Where everything lives inside one pipeline's directory of the store.
+
+::
+
+    <store>/<pipeline>/
+      checkpoint_<epoch>/_metadata                     written last, create-exclusive
+      checkpoint_<epoch>/sources/<source>/part-<k>-<attempt>, _meta
+      checkpoint_<epoch>/operators/<operator>/part-<k>-<attempt>
+      checkpoint_<epoch>/sinks/<sink>/_prepared
+      _txlog/epoch-<epoch>/{begin, prepared-<participant>, decision, committed, aborted}
+      _txlog/runs/<run key>/<epoch>                    run id -> epochs index
+      _staging/epoch=<e>/attempt=<a>/<sink>/           staged output
+
+Epoch directories are zero-padded so that a plain listing is already in epoch order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
+
+TXLOG = "_txlog"
+STAGING = "_staging"
+METADATA = "_metadata"
+SUCCESS = "_SUCCESS"
+CHECKPOINT_PREFIX = "checkpoint_"
+EPOCH_WIDTH = 12
+
+# Only the canonical spelling of a valid epoch: "checkpoint_007" or "epoch=0" is something
+# else's directory, and acting on it as epoch 7 or 0 would touch the wrong files.
+_CHECKPOINT_DIR = re.compile(r"checkpoint_([1-9]\d{0,11})")
+_TXLOG_DIR = re.compile(r"epoch-(\d{12})")
+_STAGING_EPOCH = re.compile(r"epoch=([1-9]\d{0,11})")
+_STAGING_ATTEMPT = re.compile(r"attempt=(\d{1,7})")
+
+
+def checkpoint_dir(epoch: int) -> str:
+    """``checkpoint_<epoch>`` (relative to the pipeline root)."""
+    return f"{CHECKPOINT_PREFIX}{validate_epoch(epoch)}"
+
+
+def metadata_path(epoch: int) -> str:
+    """The checkpoint's ``_metadata`` file."""
+    return f"{checkpoint_dir(epoch)}/{METADATA}"
+
+
+def part_path(epoch: int, kind: str, name: str, key_group: int, attempt: int) -> str:
+    """``checkpoint_<e>/<kind>/<name>/part-<k>-<attempt>``; attempt-named so retries never collide."""
+    if kind not in ("sources", "operators"):
+        raise ValueError(f"part kind must be 'sources' or 'operators', got {kind!r}")
+    if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < 1 << 20:
+        raise ValueError(f"key group must be an integer in 0..2**20, got {key_group!r}")
+    return (
+        f"{checkpoint_dir(epoch)}/{kind}/{validate_name(name, 'state name')}"
+        f"/part-{key_group}-{validate_attempt(attempt)}"
+    )
+
+
+def source_meta_path(epoch: int, source: str) -> str:
+    """``checkpoint_<e>/sources/<source>/_meta``."""
+    return f"{checkpoint_dir(epoch)}/sources/{validate_name(source, 'source name')}/_meta"
+
+
+def sink_marker_path(epoch: int, sink: str) -> str:
+    """``checkpoint_<e>/sinks/<sink>/_prepared``: the sink's pre-commit manifest."""
+    return f"{checkpoint_dir(epoch)}/sinks/{validate_name(sink, 'sink name')}/_prepared"
+
+
+def txlog_dir(epoch: int) -> str:
+    """``_txlog/epoch-<zero padded epoch>``."""
+    return f"{TXLOG}/epoch-{validate_epoch(epoch):0{EPOCH_WIDTH}d}"
+
+
+def record_path(epoch: int, record: str) -> str:
+    """A write-once record of the epoch (``begin``, ``decision``, ``prepared-<p>``...)."""
+    return f"{txlog_dir(epoch)}/{record}"
+
+
+def run_key(run_id: str) -> str:
+    """A path-safe, fixed-length key for an Airflow run id (which contains ``:`` and ``+``)."""
+    if not isinstance(run_id, str) or not run_id or len(run_id) > 1000 or "\x00" in run_id:
+        from airflow_seatunnel_ckpt.core.errors import InvalidNameError
+
+        raise InvalidNameError(f"run id must be a non-empty string of at most 1000 characters, got {run_id!r}")
+    return hashlib.sha256(run_id.encode()).hexdigest()[:32]
+
+
+def run_index_dir(run_id: str) -> str:
+    """``_txlog/runs/<run key>``: one empty-ish file per epoch the run was given."""
+    return f"{TXLOG}/runs/{run_key(run_id)}"
+
+
+def staging_epoch_dir(epoch: int) -> str:
+    """``_staging/epoch=<e>``: everything any attempt of the epoch staged."""
+    return f"{STAGING}/epoch={validate_epoch(epoch)}"
+
+
+def staging_dir(epoch: int, attempt: int, sink: str) -> str:
+    """``_staging/epoch=<e>/attempt=<a>/<sink>``: where one attempt stages one sink."""
+    return f"{staging_epoch_dir(epoch)}/attempt={validate_attempt(attempt)}/{validate_name(sink, 'sink name')}"
+
+
+def published_dir(epoch: int) -> str:
+    """``epoch=<e>``: the directory an epoch's output gets below a sink's target."""
+    return f"epoch={validate_epoch(epoch)}"
+
+
+def parse_checkpoint_dir(name: str) -> int | None:
+    """The epoch of a ``checkpoint_<e>`` directory name, or None for anything else."""
+    m = _CHECKPOINT_DIR.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_txlog_dir(name: str) -> int | None:
+    """The epoch of an ``epoch-<e>`` txlog directory name, or None."""
+    m = _TXLOG_DIR.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_staging_epoch(name: str) -> int | None:
+    """The epoch of an ``epoch=<e>`` staging directory name, or None."""
+    m = _STAGING_EPOCH.fullmatch(name)
+    return int(m.group(1)) if m else None

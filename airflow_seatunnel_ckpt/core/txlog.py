@@ -1,0 +1,294 @@
+"""The transaction log: write-once records per epoch, and the epoch state machine.
+
+::
+
+     begin ──▶ PREPARED ──decide(commit)──▶ COMMITTING ──publish──▶ COMMITTED
+       │           │                                  (roll forward only)
+       └───────────┴──decide(abort)/timeout──▶ ABORTING ──cleanup──▶ ABORTED
+
+Every record is a framed, checksummed JSON file created exclusively, so a record is
+either absent or complete, and is never rewritten. The state of an epoch is *derived*
+from which records exist; there is no mutable status file to get out of step. The
+``decision`` record is a single file, so commit and abort can never both win.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from airflow_seatunnel_ckpt.core import codec, layout
+from airflow_seatunnel_ckpt.core.errors import (
+    AlreadyExistsError,
+    CorruptCheckpointError,
+    EpochNotFoundError,
+    FencedAttemptError,
+    PendingEpochError,
+)
+from airflow_seatunnel_ckpt.core.models import (
+    BeginRecord,
+    Decision,
+    DecisionRecord,
+    EpochState,
+    EpochStatus,
+    PreparedRecord,
+    PublishedSink,
+)
+from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
+from airflow_seatunnel_ckpt.core.storage import Storage
+
+R = TypeVar("R")
+
+BEGIN = "begin"
+DECISION = "decision"
+COMMITTED = "committed"
+ABORTED = "aborted"
+RETIRED = "retired"
+PREPARED_PREFIX = "prepared-"
+
+
+class TransactionLog:
+    """The ``_txlog`` of one pipeline. One method per record / transition."""
+
+    def __init__(self, storage: Storage, pipeline: str, max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> None:
+        self.storage = storage
+        self.pipeline = pipeline
+        self._max_chunk = max_chunk
+
+    # -- record I/O --------------------------------------------------------------------
+    def _write_once(self, path: str, payload: dict[str, Any]) -> None:
+        self.storage.create_exclusive(path, codec.encode_json(payload))
+
+    def read_record(self, path: str, parse: Callable[[dict[str, Any], str], R]) -> R | None:
+        """Read and parse one record; None if absent, CorruptCheckpointError if damaged."""
+        try:
+            data = self.storage.read(path)
+        except FileNotFoundError:
+            return None
+        where = self.storage.describe_path(path)
+        return parse(codec.decode_json(data, where, max_chunk=self._max_chunk), where)
+
+    # -- epochs ------------------------------------------------------------------------
+    def epochs(self) -> list[int]:
+        """Every epoch the log knows, ascending (two listings)."""
+        found = [layout.parse_txlog_dir(n) for n in self.storage.list_dir(layout.TXLOG)]
+        out = sorted(e for e in found if e is not None)
+        # A process killed while creating ``begin`` can leave the newest epoch directory
+        # with no record in it (a local disk creates the directory first). That is not an
+        # epoch: leaving it out lets the next ``begin`` take the number.
+        if out and not self.storage.list_dir(layout.txlog_dir(out[-1])):
+            out.pop()
+        return out
+
+    def begin(self, run_id: str, now: float | None = None) -> BeginRecord:
+        """The epoch of ``run_id``, allocating the next one if the run has none yet.
+
+        Idempotent per run id: every task of one DAG run (and every retry) gets the same
+        epoch. A run whose epoch was aborted (e.g. the run is cleared after a failure)
+        gets a fresh epoch. Raises :class:`PendingEpochError` while an earlier epoch is
+        undecided or still COMMITTING: epochs are decided and published in order, so a
+        new epoch always restores the state (and consumed input) of every earlier commit.
+        """
+        key = layout.run_key(run_id)
+        for _ in range(100):
+            existing = self._latest_for_run(run_id)
+            if existing is not None:
+                state = self.state(existing.epoch)
+                if state not in (EpochState.ABORTING, EpochState.ABORTED):
+                    return existing
+            epochs = self.epochs()
+            latest = epochs[-1] if epochs else 0
+            if latest:
+                latest_begin = self.read_begin(latest)
+                if latest_begin is not None and latest_begin.run_id == run_id and (
+                    existing is None or existing.epoch != latest
+                ):
+                    # Crashed between ``begin`` and the run index: finish the index.
+                    self._index_run(key, latest)
+                    continue
+                state = self.state(latest)
+                # COMMITTING blocks too: a new epoch restores from the newest *committed*
+                # checkpoint, so it would read the committing epoch's input a second time.
+                if not state.decided or state is EpochState.COMMITTING:
+                    raise PendingEpochError(
+                        f"pipeline {self.pipeline!r}: epoch {latest} (run "
+                        f"{latest_begin.run_id if latest_begin else '?'!r}) is still {state.value}; a new epoch "
+                        "can begin only after it is committed (published) or aborted. Let its DAG run finish, "
+                        "retry its commit task, or run "
+                        "the recovery DAG / `seatunnel-ckpt recover --apply` to resolve it.",
+                        latest,
+                    )
+            record = BeginRecord(latest + 1, run_id, time.time() if now is None else now)
+            try:
+                self._write_once(layout.record_path(record.epoch, BEGIN), record.to_dict())
+            except AlreadyExistsError:
+                continue  # another run took this epoch number; look again
+            self._index_run(key, record.epoch)
+            return record
+        raise PendingEpochError(f"pipeline {self.pipeline!r}: could not allocate an epoch for run {run_id!r}", 0)
+
+    def _index_run(self, key: str, epoch: int) -> None:
+        try:
+            self.storage.create_exclusive(f"{layout.TXLOG}/runs/{key}/{epoch:0{layout.EPOCH_WIDTH}d}", b"")
+        except AlreadyExistsError:
+            pass
+
+    def _latest_for_run(self, run_id: str) -> BeginRecord | None:
+        names = self.storage.list_dir(layout.run_index_dir(run_id))
+        epochs = sorted(int(n) for n in names if n.isdigit())
+        for epoch in reversed(epochs):
+            record = self.read_begin(epoch)
+            if record is not None and record.run_id == run_id:
+                return record
+        return None
+
+    def epoch_for_run(self, run_id: str) -> int | None:
+        """The newest epoch given to ``run_id``, or None (never allocates)."""
+        record = self._latest_for_run(run_id)
+        if record is not None:
+            return record.epoch
+        epochs = self.epochs()
+        if epochs:
+            latest = self.read_begin(epochs[-1])
+            if latest is not None and latest.run_id == run_id:
+                return latest.epoch
+        return None
+
+    def read_begin(self, epoch: int) -> BeginRecord | None:
+        """The ``begin`` record of ``epoch``, or None."""
+        return self.read_record(layout.record_path(epoch, BEGIN), BeginRecord.from_dict)
+
+    # -- prepare -----------------------------------------------------------------------
+    def write_prepared(self, record: PreparedRecord) -> PreparedRecord:
+        """Create the participant's ``prepared`` record; the first attempt to do so wins.
+
+        Returns the stored record: the caller's own, or the identical one of the same
+        attempt written before (a retry of a completed prepare). Raises
+        :class:`FencedAttemptError` if another attempt already prepared the participant or
+        the epoch is already decided.
+        """
+        validate_attempt(record.attempt)
+        participant = validate_name(record.participant, "participant name")
+        self._require_undecided(record.epoch, f"attempt {record.attempt} of {participant!r} cannot prepare")
+        path = layout.record_path(record.epoch, PREPARED_PREFIX + participant)
+        try:
+            self._write_once(path, record.to_dict())
+            return record
+        except AlreadyExistsError:
+            stored = self.read_prepared(record.epoch, participant)
+            if stored is not None and stored.attempt == record.attempt:
+                return stored
+            raise FencedAttemptError(
+                f"pipeline {self.pipeline!r} epoch {record.epoch}: participant {participant!r} was already "
+                f"prepared by attempt {stored.attempt if stored else '?'}; attempt {record.attempt} is stale and "
+                "its staged output will never be published"
+            ) from None
+
+    def _require_undecided(self, epoch: int, what: str) -> None:
+        decision = self.read_decision(epoch)
+        if decision is not None:
+            raise FencedAttemptError(
+                f"pipeline {self.pipeline!r} epoch {epoch}: {what}: the epoch was already decided "
+                f"({decision.decision.value} by {decision.by}: {decision.reason})"
+            )
+
+    def read_prepared(self, epoch: int, participant: str) -> PreparedRecord | None:
+        """One participant's ``prepared`` record, or None."""
+        path = layout.record_path(epoch, PREPARED_PREFIX + validate_name(participant, "participant name"))
+        return self.read_record(path, PreparedRecord.from_dict)
+
+    def prepared(self, epoch: int, names: list[str] | None = None) -> dict[str, PreparedRecord]:
+        """Every prepared participant of ``epoch`` (reads only the records it lists)."""
+        names = names if names is not None else self.storage.list_dir(layout.txlog_dir(epoch))
+        out = {}
+        for name in names:
+            if name.startswith(PREPARED_PREFIX):
+                record = self.read_prepared(epoch, name[len(PREPARED_PREFIX):])
+                if record is not None:
+                    out[record.participant] = record
+        return out
+
+    # -- decide ------------------------------------------------------------------------
+    def decide(self, record: DecisionRecord) -> DecisionRecord:
+        """Create the epoch's single ``decision`` record; returns whichever decision won."""
+        validate_epoch(record.epoch)
+        if self.read_begin(record.epoch) is None:
+            raise EpochNotFoundError(f"pipeline {self.pipeline!r} has no epoch {record.epoch}")
+        try:
+            self._write_once(layout.record_path(record.epoch, DECISION), record.to_dict())
+            return record
+        except AlreadyExistsError:
+            stored = self.read_decision(record.epoch)
+            if stored is None:  # pragma: no cover - a decision never disappears
+                raise CorruptCheckpointError(
+                    f"decision of epoch {record.epoch} exists but cannot be read",
+                    self.storage.describe_path(layout.record_path(record.epoch, DECISION)),
+                ) from None
+            return stored
+
+    def read_decision(self, epoch: int) -> DecisionRecord | None:
+        """The ``decision`` record of ``epoch``, or None while undecided."""
+        return self.read_record(layout.record_path(epoch, DECISION), DecisionRecord.from_dict)
+
+    # -- acknowledgements --------------------------------------------------------------
+    def acknowledge_committed(self, epoch: int, published: list[PublishedSink]) -> None:
+        """Write ``committed`` (idempotent): the publish finished for every sink."""
+        self._acknowledge(epoch, COMMITTED, {"type": COMMITTED, "epoch": epoch, "at": time.time(),
+                                             "published": [p.to_dict() for p in published]})
+
+    def acknowledge_aborted(self, epoch: int) -> None:
+        """Write ``aborted`` (idempotent): staging and the uncommitted checkpoint are gone."""
+        self._acknowledge(epoch, ABORTED, {"type": ABORTED, "epoch": epoch, "at": time.time()})
+
+    def retire(self, epoch: int) -> None:
+        """Write ``retired`` (idempotent): retention removed the committed checkpoint on purpose."""
+        self._acknowledge(epoch, RETIRED, {"type": RETIRED, "epoch": epoch, "at": time.time()})
+
+    def is_retired(self, epoch: int) -> bool:
+        """Whether retention removed this epoch's checkpoint (it stays COMMITTED in the log)."""
+        return self.storage.exists(layout.record_path(epoch, RETIRED))
+
+    def _acknowledge(self, epoch: int, name: str, payload: dict[str, Any]) -> None:
+        try:
+            self._write_once(layout.record_path(epoch, name), payload)
+        except AlreadyExistsError:
+            pass
+
+    def read_published(self, epoch: int) -> list[PublishedSink] | None:
+        """What the ``committed`` record says was published, or None if not committed."""
+        def parse(d: dict[str, Any], path: str) -> list[PublishedSink]:
+            items = d.get("published")
+            if not isinstance(items, list):
+                raise CorruptCheckpointError(f"{path}: field 'published' is missing", path)
+            return [PublishedSink.from_dict(p, path) for p in items]
+
+        return self.read_record(layout.record_path(epoch, COMMITTED), parse)
+
+    # -- state -------------------------------------------------------------------------
+    def state(self, epoch: int, names: list[str] | None = None) -> EpochState:
+        """The epoch's state, derived from which records exist (one listing, <=1 read)."""
+        names = names if names is not None else self.storage.list_dir(layout.txlog_dir(epoch))
+        if not names:
+            raise EpochNotFoundError(f"pipeline {self.pipeline!r} has no epoch {epoch}")
+        present = set(names)
+        if COMMITTED in present:
+            return EpochState.COMMITTED
+        if ABORTED in present:
+            return EpochState.ABORTED
+        if DECISION in present:
+            decision = self.read_decision(epoch)
+            if decision is not None:
+                return EpochState.COMMITTING if decision.decision is Decision.COMMIT else EpochState.ABORTING
+        if any(n.startswith(PREPARED_PREFIX) for n in present):
+            return EpochState.PREPARED
+        return EpochState.OPEN
+
+    def status(self, epoch: int) -> EpochStatus:
+        """Everything the log holds about ``epoch``."""
+        validate_epoch(epoch)
+        names = self.storage.list_dir(layout.txlog_dir(epoch))
+        state = self.state(epoch, names)
+        published = self.read_published(epoch) if state is EpochState.COMMITTED else None
+        return EpochStatus(epoch, state, self.read_begin(epoch), self.prepared(epoch, names),
+                           self.read_decision(epoch) if state.decided else None, published or [])
