@@ -1,0 +1,1 @@
+"""Test suite for airflow-seatunnel-ckpt (shared fixtures live in conftest.py)."""

@@ -1,0 +1,478 @@
+"""Shared, session-scoped test infrastructure built from real components.
+
+* ``spark``: one in-process ``local[2]`` SparkSession for the whole session.
+* ``spark_standalone``: a real Spark standalone master and worker on loopback.
+* ``moto_server`` / ``s3_bucket``: an S3-compatible server on loopback (moto).
+* ``airflow_home``: an Airflow 3 home with a migrated SQLite metadata database.
+
+Airflow reads its configuration once, when ``airflow`` is first imported, so the
+environment it needs is set at import time of this module (pytest imports conftest
+before any test module). Heavy libraries (PySpark, Airflow, moto) are imported inside
+the fixtures so that core-only test runs do not pay for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# --------------------------------------------------------------------------------------
+# Process-wide environment, set before anything imports Airflow, boto or PySpark.
+# --------------------------------------------------------------------------------------
+
+#: Scratch root for everything this test session writes outside pytest's tmp_path.
+#: A child process that imports this module (multiprocessing, a nested run) inherits the
+#: parent's root through the environment, so it sees the same, already migrated, Airflow DB.
+_ROOT_VARIABLE = "SEATUNNEL_CKPT_TEST_ROOT"
+_INHERITED_ROOT = os.environ.get(_ROOT_VARIABLE)
+SESSION_ROOT = Path(_INHERITED_ROOT or tempfile.mkdtemp(prefix="seatunnel-ckpt-tests-"))
+AIRFLOW_HOME = SESSION_ROOT / "airflow"
+AIRFLOW_DAGS = AIRFLOW_HOME / "dags"
+AIRFLOW_DAGS.mkdir(parents=True, exist_ok=True)
+
+_TEST_ENV = {
+    _ROOT_VARIABLE: str(SESSION_ROOT),
+    # Airflow. Overwritten, not defaulted: a developer's own AIRFLOW_HOME must never be
+    # migrated or written by the tests. AIRFLOW__CORE__UNIT_TEST_MODE is deliberately not
+    # used: it loads Airflow's own unit_tests.cfg, which turns example DAGs on, points
+    # dags_folder at Airflow's repository and restricts deserialisation to airflow.*/tests.*.
+    "AIRFLOW_HOME": str(AIRFLOW_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(AIRFLOW_DAGS),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+    "AIRFLOW__CORE__ALLOWED_DESERIALIZATION_CLASSES": "airflow.* airflow_seatunnel_ckpt.*",
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{AIRFLOW_HOME / 'airflow.db'}",
+    "AIRFLOW__DATABASE__LOAD_DEFAULT_CONNECTIONS": "False",
+    "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(AIRFLOW_HOME / "logs"),
+    # AWS: fake credentials so that nothing can ever reach real AWS.
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SECURITY_TOKEN": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+    # Spark: loopback only, and Python workers run the interpreter that has this package.
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    "PYSPARK_PYTHON": sys.executable,
+    "PYSPARK_DRIVER_PYTHON": sys.executable,
+    # The virtualenv's bin/ first, so `spark-submit` (what SparkSubmitHook runs) is the
+    # launcher of the installed pyspark even when tests start via .venv/bin/python.
+    "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+}
+for _key in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "SPARK_HOME", "SPARK_CONF_DIR"):
+    os.environ.pop(_key, None)
+os.environ.update(_TEST_ENV)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the session scratch root once every fixture has been torn down."""
+    if not _INHERITED_ROOT:
+        shutil.rmtree(SESSION_ROOT, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------
+# Small helpers
+# --------------------------------------------------------------------------------------
+
+#: JVM flags for short test workloads on a small machine: the C1 compiler only and the
+#: serial collector. They halve JVM start-up and first-job time; throughput on long jobs
+#: is worse, so benchmarks must not use them.
+FAST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    """Return the last lines of a log file, for error messages."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"<no log at {path}>"
+
+
+# --------------------------------------------------------------------------------------
+# Local Spark
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    """One ``local[2]`` SparkSession shared by the whole test session.
+
+    Tuned for a small machine: few shuffle partitions, no UI, loopback only, Arrow on.
+    Tests must not stop it or change session-wide configuration they do not restore.
+    """
+    from pyspark.sql import SparkSession
+
+    scratch = tmp_path_factory.mktemp("spark")
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("airflow-seatunnel-ckpt-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.memory", "1g")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.default.parallelism", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.catalogImplementation", "in-memory")
+        .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
+        .config("spark.local.dir", str(scratch / "local"))
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.driver.extraJavaOptions", FAST_JVM_OPTIONS)
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    # py4j logs at INFO from __del__ during interpreter shutdown, when the stream that
+    # pytest captured (and Airflow's logging config may point at) is already closed.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+# --------------------------------------------------------------------------------------
+# Spark standalone cluster
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SparkStandaloneCluster:
+    """A running Spark standalone master with one registered worker."""
+
+    master_url: str
+    """``spark://127.0.0.1:<port>``, for ``--master`` or ``SparkSubmitHook``."""
+    master_webui_url: str
+    spark_home: Path
+    log_dir: Path
+    env: dict[str, str] = field(repr=False)
+    """Environment to launch ``spark-submit`` with (SPARK_HOME, PYSPARK_PYTHON, ...)."""
+
+    @property
+    def airflow_conn_uri(self) -> str:
+        """An Airflow ``spark`` connection URI for this master (client deploy mode)."""
+        return f"{self.master_url}?deploy-mode=client&spark-binary=spark-submit"
+
+    @property
+    def spark_submit(self) -> Path:
+        """Path of the ``spark-submit`` launcher bundled with pyspark."""
+        return self.spark_home / "bin" / "spark-submit"
+
+    def submit_command(self, app: str | Path, *app_args: str, **conf: str) -> list[str]:
+        """Build a ``spark-submit`` command line for ``app`` against this cluster.
+
+        ``conf`` entries become ``--conf key=value`` (use ``**{"spark.x.y": "v"}``).
+        Defaults keep the application within the worker's 1 core and 1 GiB.
+        """
+        settings = {
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.ui.enabled": "false",
+            "spark.executor.memory": "512m",
+            "spark.cores.max": "1",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.pyspark.python": sys.executable,
+            "spark.pyspark.driver.python": sys.executable,
+            "spark.driver.extraJavaOptions": FAST_JVM_OPTIONS,
+            "spark.executor.extraJavaOptions": FAST_JVM_OPTIONS,
+            **conf,
+        }
+        command = ["bash", str(self.spark_submit), "--master", self.master_url]
+        for key, value in settings.items():
+            command += ["--conf", f"{key}={value}"]
+        return [*command, str(app), *app_args]
+
+
+def _spark_home() -> Path:
+    """Locate the Spark distribution that the pip-installed pyspark bundles."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    home = Path(_find_spark_home())
+    if not (home / "bin" / "spark-class").exists() or not (home / "jars").is_dir():
+        raise RuntimeError(
+            f"pyspark at {home} has no bin/spark-class or jars/: a full `pyspark` "
+            "distribution is needed for the standalone cluster, not only `pyspark-client`"
+        )
+    return home
+
+
+def _start_daemon(
+    spark_home: Path, main_class: str, args: list[str], env: dict[str, str], log: Path
+) -> subprocess.Popen[bytes]:
+    """Start one Spark daemon in its own process group, logging to ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            ["bash", str(spark_home / "bin" / "spark-class"), main_class, *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def _stop_daemon(process: subprocess.Popen[bytes]) -> None:
+    """Terminate a daemon's whole process group (the JVM is a child of bash)."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=20)
+
+
+def _master_state(webui_url: str) -> dict[str, Any] | None:
+    """Return the master's JSON status, or None while it is not answering yet."""
+    try:
+        with urllib.request.urlopen(f"{webui_url}/json/", timeout=2) as response:
+            state: dict[str, Any] = json.load(response)
+            return state
+    except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+        return None
+
+
+@pytest.fixture(scope="session")
+def spark_standalone(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SparkStandaloneCluster]:
+    """Start a Spark standalone master and one worker (1 core, 1 GiB) on 127.0.0.1.
+
+    Both daemons run from pyspark's bundled ``bin/spark-class``, log under a temporary
+    directory and are killed (whole process group) at the end of the session.
+    """
+    spark_home = _spark_home()
+    root = tmp_path_factory.mktemp("spark-standalone")
+    log_dir, work_dir, conf_dir = root / "logs", root / "work", root / "conf"
+    for directory in (log_dir, work_dir, conf_dir):
+        directory.mkdir()
+
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(spark_home),
+        "SPARK_CONF_DIR": str(conf_dir),  # empty: ignore any user spark-defaults.conf
+        "SPARK_LOG_DIR": str(log_dir),
+        "SPARK_WORKER_DIR": str(work_dir),  # default would be inside the virtualenv
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_DAEMON_MEMORY": "512m",
+        "SPARK_DAEMON_JAVA_OPTS": FAST_JVM_OPTIONS,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    master_port, master_ui, worker_ui = free_port(), free_port(), free_port()
+    master_url = f"spark://127.0.0.1:{master_port}"
+    webui_url = f"http://127.0.0.1:{master_ui}"
+
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        daemons.append(
+            _start_daemon(
+                spark_home,
+                "org.apache.spark.deploy.master.Master",
+                ["--host", "127.0.0.1", "--port", str(master_port)]
+                + ["--webui-port", str(master_ui)],
+                env,
+                log_dir / "master.log",
+            )
+        )
+        daemons.append(
+            _start_daemon(
+                spark_home,
+                "org.apache.spark.deploy.worker.Worker",
+                [master_url, "--host", "127.0.0.1", "--webui-port", str(worker_ui)]
+                + ["--cores", "1", "--memory", "1g", "--work-dir", str(work_dir)],
+                env,
+                log_dir / "worker.log",
+            )
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            state = _master_state(webui_url)
+            if state and state.get("status") == "ALIVE" and state.get("aliveworkers", 0) >= 1:
+                break
+            for name, daemon in zip(("master", "worker"), daemons, strict=True):
+                if daemon.poll() is not None:
+                    raise RuntimeError(
+                        f"Spark {name} exited with {daemon.returncode} before the cluster "
+                        f"was ready; log:\n{_tail(log_dir / f'{name}.log')}"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"no worker registered with {master_url} within 120 s; master log:\n"
+                    f"{_tail(log_dir / 'master.log')}\nworker log:\n"
+                    f"{_tail(log_dir / 'worker.log')}"
+                )
+            time.sleep(0.5)
+
+        yield SparkStandaloneCluster(
+            master_url=master_url,
+            master_webui_url=webui_url,
+            spark_home=spark_home,
+            log_dir=log_dir,
+            env=env,
+        )
+    finally:
+        # Worker first, so the master does not log a lost worker as an error.
+        for daemon in reversed(daemons):
+            _stop_daemon(daemon)
+
+
+# --------------------------------------------------------------------------------------
+# S3-compatible server (moto)
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MotoS3:
+    """An S3-compatible server on loopback and how to reach it with s3fs or boto3."""
+
+    endpoint_url: str
+    storage_options: dict[str, Any]
+    """Keyword arguments for ``s3fs.S3FileSystem`` / ``fsspec.filesystem("s3", ...)``."""
+
+    def client(self) -> Any:
+        """Return a boto3 S3 client bound to this server."""
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name="us-east-1")
+
+    def create_bucket(self, name: str | None = None) -> str:
+        """Create a bucket (a fresh unique one if ``name`` is None) and return its name.
+
+        Buckets are created with boto3 because s3fs ``mkdir`` sends
+        ``LocationConstraint=us-east-1``, which S3 rejects for that region.
+        """
+        bucket = name or f"test-{uuid.uuid4().hex[:20]}"
+        self.client().create_bucket(Bucket=bucket)
+        return bucket
+
+    def filesystem(self) -> Any:
+        """Return a new s3fs filesystem (no instance or listings cache) for this server."""
+        import s3fs
+
+        return s3fs.S3FileSystem(
+            skip_instance_cache=True, use_listings_cache=False, **self.storage_options
+        )
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoS3]:
+    """Run moto's S3-compatible server on 127.0.0.1 at a free port for the session."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    try:
+        yield MotoS3(
+            endpoint_url=endpoint,
+            storage_options={
+                "key": "testing",
+                "secret": "testing",
+                "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            },
+        )
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(moto_server: MotoS3) -> str:
+    """Create a fresh, uniquely named bucket and return its URL, ``s3://<bucket>``."""
+    return f"s3://{moto_server.create_bucket()}"
+
+
+# --------------------------------------------------------------------------------------
+# Airflow
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def airflow_home() -> Path:
+    """Return AIRFLOW_HOME after creating the SQLite metadata database once per session.
+
+    The environment itself is set when this conftest is imported; this fixture only
+    builds the schema, exactly as ``airflow db migrate`` does (on an empty database that
+    is an ORM ``create_all`` plus an Alembic stamp, much faster than replaying every
+    migration).
+    """
+    from airflow.utils import db
+
+    db.upgradedb()
+    return AIRFLOW_HOME
+
+
+def sync_dag_to_db(dag: Any) -> None:
+    """Register an in-memory DAG with the metadata database, as the DAG processor would.
+
+    Airflow 3's ``DAG.test()`` only finds DAGs that some bundle parsed into the database,
+    so a DAG built inside a test (not a file in the dags folder) must be written first.
+    """
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        DagBundlesManager().sync_bundles_to_db(session=session)
+        session.flush()
+        update_dag_parsing_results_in_db(
+            bundle_name="dags-folder",
+            bundle_version=None,
+            dags=[LazyDeserializedDAG.from_dag(dag)],
+            import_errors={},
+            parse_duration=None,
+            warnings=set(),
+            session=session,
+        )
+
+
+@pytest.fixture
+def run_dag(airflow_home: Path) -> Any:
+    """Return ``run(dag, **test_kwargs) -> DagRun``: sync ``dag`` to the DB, then ``dag.test()``.
+
+    Tasks run in this process (no scheduler, no executor), so they may close over test
+    locals such as ``tmp_path``.
+    """
+
+    def run(dag: Any, **test_kwargs: Any) -> Any:
+        sync_dag_to_db(dag)
+        return dag.test(**test_kwargs)
+
+    return run
