@@ -1,0 +1,117 @@
+"""The abort task: phase two for an epoch that must not commit."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator, TriggerRule
+
+from airflow_seatunnel_ckpt.core.errors import DecisionConflictError
+from airflow_seatunnel_ckpt.core.models import Decision, EpochState
+from airflow_seatunnel_ckpt.operators import metrics
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+#: Upstream states that mean the epoch cannot reach its commit.
+_UNHAPPY = ("failed", "upstream_failed", "removed")
+
+
+class AbortEpochOperator(PipelineTaskMixin, BaseOperator):
+    """Abort the run's epoch: record ABORT (if undecided) and remove its staged output.
+
+    Its trigger rule defaults to ``all_done``: placed downstream of the stages, the
+    sensor and the branch it runs when any of them failed or timed out, and when the
+    branch chose it; the branch skips it when it chose commit.
+
+    It never aborts an epoch decided COMMIT. Such an epoch only moves forward, so the
+    task logs that there is nothing to abort and, with ``roll_forward`` (the default),
+    finishes the publish itself -- the commit task may never run, e.g. when the branch
+    crashed right after recording the decision. Every outcome is idempotent, so the
+    task is safe to retry and clear.
+
+    :param roll_forward: publish an epoch found decided COMMIT instead of only logging.
+    :param reason: reason recorded when this task makes the abort decision; by default
+        the failed upstream tasks are named.
+    """
+
+    template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "reason")
+    ui_color = "#fadbd8"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        roll_forward: bool = True,
+        reason: str | None = None,
+        store_conn_id: str | None = None,
+        storage_url: str | None = None,
+        store_config: Mapping[str, Any] | None = None,
+        trigger_rule: str = TriggerRule.ALL_DONE,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(trigger_rule=trigger_rule, **kwargs)
+        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
+        self.roll_forward = roll_forward
+        self.reason = reason
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        """Abort, or explain why there is nothing to abort."""
+        pipeline = self.store_pipeline
+        epoch = self.epoch_of_run(context)
+        if epoch is None:
+            self.log.info("run %s never began an epoch (its stage failed before that); "
+                          "nothing to abort", context["run_id"])
+            return {"pipeline": self.pipeline, "epoch": None, "action": "none"}
+        status = pipeline.status(epoch)
+        decision = status.decision
+        if decision is not None and decision.decision is Decision.COMMIT:
+            return self._committed(epoch, status.state, decision.by, decision.reason)
+        if status.state is EpochState.ABORTED:
+            self.log.info("epoch %s is already ABORTED (%s); nothing to do", epoch,
+                          decision.reason if decision else "")
+            return {"pipeline": self.pipeline, "epoch": epoch, "action": "already_aborted"}
+        reason = decision.reason if decision is not None else self._reason(context)
+        self.log.info("aborting epoch %s (%s): %s", epoch, status.state.value, reason)
+        try:
+            pipeline.abort(epoch, reason)
+        except DecisionConflictError:
+            # A commit decision won the race after we read the status.
+            status = pipeline.status(epoch)
+            winner = status.decision
+            return self._committed(epoch, status.state, winner.by if winner else "?",
+                                   winner.reason if winner else "?")
+        metrics.epoch_aborted(self.metric_tags())
+        self.log.info("epoch %s ABORTED; its staged output is removed and its input stays "
+                      "unconsumed for the next run", epoch)
+        return {"pipeline": self.pipeline, "epoch": epoch, "action": "aborted", "reason": reason}
+
+    def _committed(self, epoch: int, state: EpochState, by: str, why: str) -> dict[str, Any]:
+        self.log.info("epoch %s was decided COMMIT by %s (%s): nothing to abort; a committed "
+                      "epoch only rolls forward", epoch, by, why)
+        if not self.roll_forward or state is EpochState.COMMITTED:
+            return {"pipeline": self.pipeline, "epoch": epoch, "action": "none",
+                    "state": state.value}
+        result = self.store_pipeline.commit(epoch)
+        files = sum(s.files for s in result.sinks)
+        self.log.info("epoch %s rolled forward: %s files published", epoch, files)
+        return {"pipeline": self.pipeline, "epoch": epoch, "action": "rolled_forward",
+                "files": files}
+
+    def _reason(self, context: Context) -> str:
+        if self.reason:
+            return self.reason
+        upstream = sorted(self.upstream_task_ids)
+        try:
+            states = context["ti"].get_task_states(
+                dag_id=context["dag"].dag_id, run_ids=[context["run_id"]], task_ids=upstream)
+            of_run = states.get(context["run_id"], {})
+        except Exception:  # a missing reason must never stop the abort
+            of_run = {}
+        unhappy = [f"{task} ({state})" for task, state in sorted(of_run.items())
+                   if state in _UNHAPPY]
+        if unhappy:
+            return "upstream did not succeed: " + ", ".join(unhappy)
+        return f"abort requested by {context['dag'].dag_id}.{self.task_id}"

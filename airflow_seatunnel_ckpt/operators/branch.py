@@ -1,0 +1,161 @@
+"""The commit/abort branch: records the epoch's single decision and routes the DAG run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseBranchOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, NotPreparedError
+from airflow_seatunnel_ckpt.core.models import Decision, EpochState, EpochStatus
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_seatunnel_ckpt.core.models import DecisionRecord
+
+#: Reasons of decisions caused by a failed user check start with this, so a re-run
+#: branch routes to the fallback task again.
+CHECK_FAILED = "check failed: "
+
+#: A user check gets the epoch's status and returns ``True``/``None`` to pass, ``False``
+#: or a reason string to fail.
+EpochCheck = Callable[[EpochStatus], "bool | str | None"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the branch asks the transaction log to record, and why."""
+
+    decision: Decision
+    reason: str
+
+
+class CommitBranchOperator(PipelineTaskMixin, BaseBranchOperator):
+    """Decide commit or abort for the run's epoch, then follow the recorded decision.
+
+    The decision is written once, create-exclusive, by the core (``Pipeline.decide``);
+    whatever record wins -- this task's, or one written earlier by a cleared run of this
+    task, the abort task or the recovery DAG -- is the one followed. The epoch commits
+    when every expected participant is prepared and verifies and every user check
+    passes. A failed check aborts the epoch (nothing is published, the input stays
+    unconsumed for the next run) and also routes to ``fallback_task_id``, if given,
+    e.g. a quarantine or notification task.
+
+    :param commit_task_id: task to run after a commit decision.
+    :param abort_task_id: task to run after an abort decision.
+    :param fallback_task_id: extra task to run when a user check failed.
+    :param participants: stages that must be prepared; ``None`` accepts any.
+    :param min_rows: abort when the epoch staged fewer rows (all sinks together).
+    :param max_rows: abort when the epoch staged more rows.
+    :param check: callable given the :class:`EpochStatus`; ``False`` or a reason string
+        aborts.
+    """
+
+    template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "participants",
+                                      "commit_task_id", "abort_task_id", "fallback_task_id")
+    ui_color = "#fdebd0"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        commit_task_id: str,
+        abort_task_id: str,
+        fallback_task_id: str | None = None,
+        participants: Sequence[str] | None = None,
+        min_rows: int | None = None,
+        max_rows: int | None = None,
+        check: EpochCheck | None = None,
+        store_conn_id: str | None = None,
+        storage_url: str | None = None,
+        store_config: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
+        self.commit_task_id = commit_task_id
+        self.abort_task_id = abort_task_id
+        self.fallback_task_id = fallback_task_id
+        self.participants = list(participants) if participants else None
+        self.min_rows = min_rows
+        self.max_rows = max_rows
+        self.check = check
+
+    def choose_branch(self, context: Context) -> str | list[str]:
+        """Record (or read) the decision and return the task id(s) to follow."""
+        pipeline = self.store_pipeline
+        epoch = self.epoch_of_run(context)
+        if epoch is None:
+            raise AirflowFailException(
+                f"pipeline {self.pipeline}: run {context['run_id']!r} has no epoch; its stage "
+                "never began one, so there is nothing to decide")
+        status = pipeline.status(epoch)
+        record = status.decision
+        if record is not None:
+            self.log.info("epoch %s was already decided %s by %s (%s); following that decision",
+                          epoch, record.decision.value.upper(), record.by, record.reason)
+        else:
+            record = self._decide(context, epoch, status)
+        context["ti"].xcom_push(key="decision", value=record.to_dict())
+        return self._route(record)
+
+    def evaluate(self, status: EpochStatus) -> Verdict:
+        """Commit unless a participant is missing or a user check fails."""
+        if status.state is not EpochState.PREPARED:
+            return Verdict(Decision.ABORT, f"epoch {status.epoch} is {status.state.value}, "
+                                           "not PREPARED")
+        missing = [p for p in self.participants or [] if p not in status.prepared]
+        if missing:
+            return Verdict(Decision.ABORT, f"participants {missing} never prepared")
+        rows = sum(record.rows for record in status.prepared.values())
+        if self.min_rows is not None and rows < self.min_rows:
+            return Verdict(Decision.ABORT, f"{CHECK_FAILED}{rows} rows staged, fewer than the "
+                                           f"minimum {self.min_rows}")
+        if self.max_rows is not None and rows > self.max_rows:
+            return Verdict(Decision.ABORT, f"{CHECK_FAILED}{rows} rows staged, more than the "
+                                           f"maximum {self.max_rows}")
+        if self.check is not None:
+            name = getattr(self.check, "__name__", repr(self.check))
+            outcome = self.check(status)
+            if outcome is False:
+                return Verdict(Decision.ABORT, f"{CHECK_FAILED}{name} returned False")
+            if isinstance(outcome, str):
+                return Verdict(Decision.ABORT, f"{CHECK_FAILED}{name}: {outcome}")
+        sinks = sorted({s.sink for r in status.prepared.values() for s in r.sinks})
+        return Verdict(Decision.COMMIT, f"{', '.join(sorted(status.prepared))} prepared and "
+                                        f"verified; {rows} rows staged for {', '.join(sinks)}")
+
+    def _decide(self, context: Context, epoch: int, status: EpochStatus) -> DecisionRecord:
+        pipeline = self.store_pipeline
+        by = f"{context['dag'].dag_id}.{self.task_id} (run {context['run_id']}, " \
+             f"try {context['ti'].try_number})"
+        verdict = self.evaluate(status)
+        self.log.info("epoch %s: asking for %s because %s", epoch,
+                      verdict.decision.value.upper(), verdict.reason)
+        try:
+            record = pipeline.decide(epoch, verdict.decision, verdict.reason, by=by,
+                                     participants=self.participants)
+        except (NotPreparedError, CorruptCheckpointError) as exc:
+            # The core re-verifies everything before it lets a commit decision through.
+            reason = f"commit refused by verification: {exc}"
+            self.log.warning("epoch %s: %s; deciding ABORT instead", epoch, reason)
+            record = pipeline.decide(epoch, Decision.ABORT, reason, by=by,
+                                     participants=self.participants)
+        if record.decision is not verdict.decision or record.by != by:
+            self.log.warning("epoch %s: another actor decided first: %s by %s (%s)", epoch,
+                             record.decision.value.upper(), record.by, record.reason)
+        else:
+            self.log.info("epoch %s: decided %s", epoch, record.decision.value.upper())
+        return record
+
+    def _route(self, record: DecisionRecord) -> str | list[str]:
+        if record.decision is Decision.COMMIT:
+            return self.commit_task_id
+        if self.fallback_task_id and record.reason.startswith(CHECK_FAILED):
+            return [self.abort_task_id, self.fallback_task_id]
+        return self.abort_task_id

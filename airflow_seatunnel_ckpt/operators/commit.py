@@ -1,0 +1,116 @@
+"""The commit task: phase two for an epoch decided COMMIT (publish, roll forward only)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import Asset, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_seatunnel_ckpt.core.models import Decision, EpochState
+from airflow_seatunnel_ckpt.operators import metrics
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+def sink_asset(pipeline: str, sink: str, target_url: str) -> Asset:
+    """The Airflow asset standing for one sink's published table.
+
+    Its identity is the table's URL (Airflow requires one URI per asset name, and the
+    same pipeline name may exist in several stores). Downstream DAGs can schedule on it;
+    each commit emits one event per sink whose extra holds ``pipeline``, ``sink``,
+    ``epoch``, ``files``, ``rows``, ``bytes`` and the published directory.
+    """
+    return Asset(uri=target_url, group="seatunnel_ckpt",
+                 extra={"pipeline": pipeline, "sink": sink})
+
+
+class CommitEpochOperator(PipelineTaskMixin, BaseOperator):
+    """Publish every sink of the run's epoch, which the branch decided to commit.
+
+    Thin over ``Pipeline.commit``: publishing is idempotent (already-published files are
+    recognised), so a retry, a clear or a second commit after a crash only finishes what
+    is missing. A failure raises, and Airflow retries with exponential backoff (defaults
+    below); the epoch stays COMMITTING in between and nothing is ever deleted. An epoch
+    decided ABORT, or not decided at all, fails the task at once, without retries.
+
+    :param sink_assets: asset per sink name (see :func:`sink_asset`); each gets an asset
+        event per commit. They are added to ``outlets``.
+    """
+
+    template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
+    ui_color = "#d5f5e3"
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        sink_assets: Mapping[str, Asset] | None = None,
+        store_conn_id: str | None = None,
+        storage_url: str | None = None,
+        store_config: Mapping[str, Any] | None = None,
+        retries: int = 5,
+        retry_delay: timedelta | float = timedelta(seconds=10),
+        retry_exponential_backoff: float = 2.0,
+        max_retry_delay: timedelta | float = timedelta(minutes=10),
+        **kwargs: Any,
+    ) -> None:
+        self.sink_assets = dict(sink_assets or {})
+        outlets = [*(kwargs.pop("outlets", None) or []), *self.sink_assets.values()]
+        super().__init__(retries=retries, retry_delay=retry_delay,
+                         retry_exponential_backoff=retry_exponential_backoff,
+                         max_retry_delay=max_retry_delay, outlets=outlets, **kwargs)
+        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        """Publish (or confirm already published) and emit one asset event per sink."""
+        pipeline = self.store_pipeline
+        epoch = self.epoch_of_run(context)
+        if epoch is None:
+            raise AirflowFailException(
+                f"pipeline {self.pipeline}: run {context['run_id']!r} has no epoch to commit")
+        status = pipeline.status(epoch)
+        decision = status.decision
+        if decision is None:
+            raise AirflowFailException(
+                f"pipeline {self.pipeline}: epoch {epoch} is {status.state.value} and undecided; "
+                "the branch task records the decision: clear it rather than the commit task")
+        if decision.decision is Decision.ABORT:
+            raise AirflowFailException(
+                f"pipeline {self.pipeline}: epoch {epoch} was decided ABORT by {decision.by} "
+                f"({decision.reason}); there is nothing to publish")
+        already = status.state is EpochState.COMMITTED
+        if already:
+            self.log.info("epoch %s is already COMMITTED; confirming its published output", epoch)
+        else:
+            self.log.info("epoch %s is %s (decided COMMIT by %s: %s); publishing", epoch,
+                          status.state.value, decision.by, decision.reason)
+        # Raises on a failed or ambiguous publish; the epoch stays COMMITTING for the retry.
+        result = pipeline.commit(epoch)
+        published = [sink.to_dict() for sink in result.sinks]
+        for sink in published:
+            self.log.info("epoch %s: sink %s -> %s: %s files, %s rows, %s bytes (%s)", epoch,
+                          sink["sink"], sink["epoch_dir"], sink["files"], sink["rows"],
+                          sink["bytes"], sink["how"] or "published")
+            asset = self.sink_assets.get(sink["sink"])
+            if asset is not None:
+                context["outlet_events"][asset].extra = {
+                    "pipeline": self.pipeline, "epoch": epoch, "sink": sink["sink"],
+                    "files": sink["files"], "rows": sink["rows"], "bytes": sink["bytes"],
+                    "epoch_dir": sink["epoch_dir"], "replayed": already,
+                }
+        files = sum(s["files"] for s in published)
+        rows = sum(s["rows"] for s in published)
+        if not already:
+            began = status.begin.created_at if status.begin else None
+            metrics.epoch_committed(self.metric_tags(), time.time() - began if began else None,
+                                    files, rows)
+        self.log.info("epoch %s COMMITTED: %s files, %s rows over %s sink(s)", epoch, files,
+                      rows, len(published))
+        return {"pipeline": self.pipeline, "epoch": epoch, "state": EpochState.COMMITTED.value,
+                "files": files, "rows": rows, "sinks": published, "already_committed": already}

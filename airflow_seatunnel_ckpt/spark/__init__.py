@@ -1,0 +1,56 @@
+"""The PySpark stage runtime: sources, keyed state on executors, staged sinks.
+
+A stage is a plain function ``stage(ctx, spark)``; :func:`run_stage` does the rest --
+epoch, restore, input plan, checkpoint parts, sink manifests, prepared record::
+
+    def dedup_orders(ctx: StageContext, spark: SparkSession) -> None:
+        new = ctx.source("orders").read()                              # only unconsumed input
+        fresh = ctx.key_set("seen_orders").dedup(new, key="order_id")  # keyed state
+        ctx.sink("orders_table").write(fresh)                          # attempt staging
+
+    result = run_stage(StageSpec(pipeline="orders", participant="ingest", run_id=run_id,
+                                 attempt=1, stage="my_pkg.stages:dedup_orders", ...))
+
+Run it in-process (``local[*]`` by default) or on any master with :func:`submit_stage`
+(``spark-submit`` through Airflow's ``SparkSubmitHook``) and the driver module
+:mod:`airflow_seatunnel_ckpt.spark.driver`.
+"""
+
+from airflow_seatunnel_ckpt.spark.context import BoundSource, StageContext
+from airflow_seatunnel_ckpt.spark.runner import StageFunction, load_stage_function, run_stage
+from airflow_seatunnel_ckpt.spark.sinks import FileSink, Sink, SinkError, register_sink
+from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError, register_source
+from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageResult, StageSpec
+from airflow_seatunnel_ckpt.spark.state import KeySet, KeyValueState, StateError
+
+__all__ = [
+    "DEFAULT_KEY_GROUPS",
+    "BoundSource",
+    "FileSink",
+    "FileSource",
+    "KeySet",
+    "KeyValueState",
+    "Sink",
+    "SinkError",
+    "Source",
+    "SourceError",
+    "StageContext",
+    "StageFunction",
+    "StageResult",
+    "StageSpec",
+    "StateError",
+    "load_stage_function",
+    "register_sink",
+    "register_source",
+    "run_stage",
+    "submit_stage",
+]
+
+
+def __getattr__(name: str) -> object:
+    # submit_stage imports Airflow: only when asked for.
+    if name == "submit_stage":
+        from airflow_seatunnel_ckpt.spark.submit import submit_stage
+
+        return submit_stage
+    raise AttributeError(name)

@@ -1,0 +1,49 @@
+"""The SparkSession a stage runs in: in-process ``local[*]`` by default, or the one
+``spark-submit`` started for the driver module."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from airflow_seatunnel_ckpt.spark.spec import StageSpec
+
+log = logging.getLogger(__name__)
+
+#: Master of the embedded default session.
+DEFAULT_MASTER = "local[*]"
+
+
+def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
+    """The session for ``spec``: the running one of this process if any, else a new one.
+
+    The spec's ``spark_conf`` is passed to the builder untouched. Two things are only
+    defaulted when the user did not set them: the master (``local[*]``, and never under
+    ``spark-submit``, whose ``--master`` wins) and the Python of the executors (this
+    interpreter, which has pyarrow and this package installed).
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if SparkContext._active_spark_context is not None:
+        # A session of this process, active in another thread: reuse it as it is. A builder
+        # with options would change the running session's configuration under its owner.
+        log.info("reusing the running SparkSession; spark_conf applies to new sessions only")
+        return SparkSession.builder.getOrCreate()
+    conf = {str(k): str(v) for k, v in spec.spark_conf.items()}
+    builder = SparkSession.builder.appName(spec.app_name or f"{spec.pipeline}-{spec.participant}")
+    if not submitted and "spark.master" not in conf:
+        builder = builder.master(spec.master or DEFAULT_MASTER)
+    if "spark.pyspark.python" not in conf and "PYSPARK_PYTHON" not in os.environ:
+        builder = builder.config("spark.pyspark.python", sys.executable)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

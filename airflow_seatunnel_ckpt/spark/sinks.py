@@ -1,0 +1,131 @@
+"""Sinks: where a stage's output goes -- first into its attempt's staging directory.
+
+A sink never writes to its target directly: it writes below
+``_staging/epoch=<e>/attempt=<a>/<sink>/`` of the checkpoint store, and the commit task
+publishes that to ``<target>/epoch=<e>/`` once every participant of the epoch prepared.
+So a failed, retried or stale attempt can never change what readers of the target see.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+from airflow_seatunnel_ckpt.spark.sources import FILE_FORMATS
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+class SinkError(CheckpointError):
+    """A sink was used wrongly (written twice in one stage, unknown format, ...)."""
+
+
+class Sink:
+    """Output of a stage, bound to the attempt's staging directory.
+
+    :param name: the sink's name in the stage spec.
+    :param target_url: where the commit publishes the epoch's files.
+    """
+
+    format = "parquet"
+
+    def __init__(self, name: str, target_url: str) -> None:
+        self.name = name
+        self.target_url = target_url
+        self.staging_url: str | None = None
+        self.rows: int | None = None
+
+    def bind(self, staging_url: str) -> None:
+        """Called by the runner: stage into ``staging_url``."""
+        self.staging_url = staging_url
+
+    @property
+    def written(self) -> bool:
+        """Whether the stage wrote this sink."""
+        return self.rows is not None
+
+    def write(self, df: DataFrame) -> int:
+        """Stage ``df``; returns the number of rows written."""
+        raise NotImplementedError
+
+
+class FileSink(Sink):
+    """Files in a directory (any fsspec URL Spark can write): parquet, json, csv or orc.
+
+    Options (the stage spec's ``sinks.<name>`` mapping): ``path`` (required, the target
+    directory), ``format`` (``parquet`` default), ``options`` (writer options, passed to
+    Spark untouched), ``partition_by`` (columns).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        format: str = "parquet",
+        options: Mapping[str, Any] | None = None,
+        partition_by: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(name, fsspec_url(path).rstrip("/"))
+        if format not in FILE_FORMATS:
+            raise ConfigError(
+                f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
+            )
+        self.format = format
+        self.options = {k: str(v) for k, v in (options or {}).items()}
+        self.partition_by = list(partition_by or [])
+
+    def write(self, df: DataFrame) -> int:
+        """Write ``df`` into the attempt's staging directory, counting rows on the way.
+
+        The count is an observed metric of the same job, not a second pass over the data.
+        Writing the same sink twice in one stage is refused (union the DataFrames instead).
+        """
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        if self.staging_url is None:
+            raise SinkError(f"sink {self.name!r} is not bound to a staging directory")
+        if self.written:
+            raise SinkError(
+                f"sink {self.name!r} was already written in this stage; union the DataFrames and "
+                "write once"
+            )
+        observation = Observation(f"sink_{self.name}_{uuid.uuid4().hex[:8]}")
+        observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
+        writer = observed.write.format(self.format).options(**self.options).mode("overwrite")
+        if self.partition_by:
+            writer = writer.partitionBy(*self.partition_by)
+        writer.save(hadoop_path(self.staging_url))
+        self.rows = int(observation.get.get("rows", 0))
+        return self.rows
+
+
+#: Sink type name -> factory(name, **options).
+_SINK_TYPES: dict[str, Callable[..., Sink]] = {"file": FileSink}
+
+
+def register_sink(type_name: str, factory: Callable[..., Sink]) -> None:
+    """Make ``{"type": type_name, ...}`` in a stage spec build a sink.
+
+    The sink is built as ``factory(name, **options)``.
+    """
+    _SINK_TYPES[type_name] = factory
+
+
+def sink_from_options(name: str, options: Mapping[str, Any]) -> Sink:
+    """Build the sink a stage spec describes."""
+    opts = dict(options)
+    type_name = opts.pop("type", "file")
+    factory = _SINK_TYPES.get(type_name)
+    if factory is None:
+        raise ConfigError(
+            f"sink {name!r}: unknown type {type_name!r}; known: {sorted(_SINK_TYPES)}"
+        )
+    try:
+        return factory(name, **opts)
+    except TypeError as exc:
+        raise ConfigError(f"sink {name!r}: bad options {sorted(opts)}: {exc}") from exc

@@ -1,0 +1,109 @@
+"""A TaskGroup wiring the standard shape of one checkpointed epoch.
+
+::
+
+    stage(s) ──▶ prepared ──▶ decide ──▶ commit
+        │            │           ├─────▶ abort      (trigger rule all_done)
+        └────────────┴───────────┘ └───▶ fallback   (optional, on a failed check)
+
+Task ids inside the group: one per stage (its participant name), ``prepared``,
+``decide``, ``commit`` and ``abort``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import BaseOperator, TaskGroup, XComArg
+from airflow.sdk.definitions.xcom_arg import PlainXComArg
+
+from airflow_seatunnel_ckpt.operators.abort import AbortEpochOperator
+from airflow_seatunnel_ckpt.operators.branch import CommitBranchOperator
+from airflow_seatunnel_ckpt.operators.commit import CommitEpochOperator, sink_asset
+from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
+from airflow_seatunnel_ckpt.sensors.prepared import EpochPreparedSensor
+
+#: Task ids the group uses itself; a participant may not take one of them.
+RESERVED_TASK_IDS = ("prepared", "decide", "commit", "abort")
+
+
+def _assets_for(pipeline: str, stages: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """One asset per sink whose path is a literal URL (templated paths get none)."""
+    assets = {}
+    for options in stages.values():
+        for sink, sink_options in (options.get("sinks") or {}).items():
+            path = str(sink_options.get("path", ""))
+            if "://" in path and "{{" not in path:
+                assets[sink] = sink_asset(pipeline, sink, path)
+    return assets
+
+
+def checkpointed_epoch(
+    group_id: str,
+    *,
+    pipeline: str,
+    stages: Mapping[str, Mapping[str, Any]],
+    store_conn_id: str | None = None,
+    storage_url: str | None = None,
+    store_config: Mapping[str, Any] | None = None,
+    sensor: Mapping[str, Any] | None = None,
+    branch: Mapping[str, Any] | None = None,
+    commit: Mapping[str, Any] | None = None,
+    abort: Mapping[str, Any] | None = None,
+    fallback: BaseOperator | XComArg | None = None,
+    emit_assets: bool = True,
+    stage_class: type[BaseOperator] = SparkStageOperator,
+    tooltip: str = "",
+) -> TaskGroup:
+    """Build the TaskGroup for one epoch of ``pipeline`` (call inside a DAG context).
+
+    :param stages: participant name -> keyword arguments of the stage operator
+        (``stage``, ``sources``, ``sinks``, ``conn_id``, ...); every participant must
+        prepare before the epoch can commit.
+    :param sensor: extra :class:`EpochPreparedSensor` arguments (``mode``,
+        ``poke_interval``, ``timeout``, ``deferrable``).
+    :param branch: extra :class:`CommitBranchOperator` arguments (``min_rows``,
+        ``max_rows``, ``check``).
+    :param commit: extra :class:`CommitEpochOperator` arguments (``retries``, ...).
+    :param abort: extra :class:`AbortEpochOperator` arguments.
+    :param fallback: task (or ``@task`` call) the branch also follows when a user check
+        fails, e.g. a quarantine or notification task; it is placed downstream of
+        ``decide``.
+    :param emit_assets: give the commit task one asset per sink with a literal URL.
+    :param stage_class: operator class of the stages (any operator that prepares the
+        run's epoch as a participant and accepts ``pipeline`` and the store arguments).
+    :return: the TaskGroup; use it with ``>>`` like any task.
+    """
+    if not stages:
+        raise ValueError(f"checkpointed_epoch({group_id!r}): at least one stage is needed")
+    clash = sorted(set(stages) & set(RESERVED_TASK_IDS))
+    if clash:
+        raise ValueError(f"checkpointed_epoch({group_id!r}): participant names {clash} are "
+                         f"reserved for the group's own tasks {RESERVED_TASK_IDS}")
+    fallback_task: Any = fallback.operator if isinstance(fallback, PlainXComArg) else fallback
+    store: dict[str, Any] = {"pipeline": pipeline, "store_conn_id": store_conn_id,
+                             "storage_url": storage_url, "store_config": store_config}
+    participants = list(stages)
+    with TaskGroup(group_id, tooltip=tooltip or f"epoch of pipeline {pipeline}") as group:
+        stage_tasks = [
+            stage_class(task_id=name, participant=name, **store, **dict(options))
+            for name, options in stages.items()
+        ]
+        prepared = EpochPreparedSensor(task_id="prepared", participants=participants,
+                                       **store, **dict(sensor or {}))
+        commit_kwargs = dict(commit or {})
+        if emit_assets:
+            commit_kwargs.setdefault("sink_assets", _assets_for(pipeline, stages))
+        commit_task = CommitEpochOperator(task_id="commit", **store, **commit_kwargs)
+        abort_task = AbortEpochOperator(task_id="abort", **store, **dict(abort or {}))
+        decide = CommitBranchOperator(
+            task_id="decide", participants=participants, commit_task_id=commit_task.task_id,
+            abort_task_id=abort_task.task_id,
+            fallback_task_id=fallback_task.task_id if fallback_task is not None else None,
+            **store, **dict(branch or {}))
+        stage_tasks >> prepared >> decide >> [commit_task, abort_task]
+        [*stage_tasks, prepared] >> abort_task
+        if fallback_task is not None:
+            decide >> fallback_task
+    return group

@@ -1,0 +1,100 @@
+"""Trigger that waits, in the triggerer, until an epoch is prepared and verifies."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_seatunnel_ckpt.core import CheckpointStore
+from airflow_seatunnel_ckpt.hooks.checkpoint_store import (
+    CheckpointStoreHook,
+    PreparedCheck,
+    check_prepared,
+)
+
+
+class EpochPreparedTrigger(BaseTrigger):
+    """Poll the checkpoint store until the run's epoch is prepared (or can never be).
+
+    Fires exactly one event, a :class:`PreparedCheck` as a dict, whose ``outcome`` is
+    ``prepared``, ``decided``, ``aborted``, ``corrupt`` or ``timeout``. The deadline is an
+    absolute wall-clock time so it survives the trigger moving to another triggerer, and
+    it is enforced here rather than only through the deferral timeout (which Airflow's
+    in-process ``dag.test`` does not apply).
+
+    The store is read in a worker thread: the core's storage calls are blocking and must
+    not stall the triggerer's event loop. Serialised kwargs never contain storage options
+    (they are stored in the metadata database and shown in logs); credentials come from
+    the connection, which the trigger resolves itself.
+    """
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        run_id: str,
+        participants: Sequence[str] | None = None,
+        store_conn_id: str | None = None,
+        storage_url: str | None = None,
+        store_config: Mapping[str, Any] | None = None,
+        poll_interval: float = 5.0,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.run_id = run_id
+        self.participants = list(participants) if participants else None
+        self.store_conn_id = store_conn_id
+        self.storage_url = storage_url
+        self.store_config = {k: v for k, v in (store_config or {}).items()
+                             if k != "storage_options"}
+        self.poll_interval = float(poll_interval)
+        self.deadline = deadline
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and kwargs to re-create the trigger in the triggerer."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "pipeline": self.pipeline,
+                "run_id": self.run_id,
+                "participants": self.participants,
+                "store_conn_id": self.store_conn_id,
+                "storage_url": self.storage_url,
+                "store_config": self.store_config,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Yield one event once waiting can no longer change the outcome."""
+        hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
+        try:
+            config = await hook.aget_config()
+            store = await asyncio.to_thread(CheckpointStore, config)
+            pipeline = store.pipeline(self.pipeline)
+            while True:
+                check = await asyncio.to_thread(
+                    check_prepared, pipeline, self.run_id, self.participants)
+                if check.done:
+                    yield TriggerEvent(check.to_dict())
+                    return
+                if self.deadline is not None and time.time() >= self.deadline:
+                    timeout = PreparedCheck("timeout", f"timed out: {check.message}",
+                                            check.epoch, check.state, check.missing,
+                                            check.participants)
+                    yield TriggerEvent(timeout.to_dict())
+                    return
+                self.log.info("pipeline %s run %s: %s", self.pipeline, self.run_id, check.message)
+                delay = self.poll_interval
+                if self.deadline is not None:
+                    delay = max(0.0, min(delay, self.deadline - time.time()))
+                await asyncio.sleep(delay)
+        except Exception as exc:  # the task, not the triggerer, must report the failure
+            error = PreparedCheck("error", f"{type(exc).__name__}: {exc}")
+            yield TriggerEvent(error.to_dict())

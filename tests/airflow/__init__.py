@@ -1,0 +1,1 @@
+"""Tests of the Airflow layer: real Airflow on SQLite, real core, real local Spark."""

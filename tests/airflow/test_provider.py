@@ -1,0 +1,167 @@
+"""Provider surface: registration, the checkpoint-store connection, secrets, DAG files."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+pytestmark = pytest.mark.airflow
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "s3cr3t-never-logged"
+
+
+@pytest.fixture
+def store_conn(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A ``seatunnel_ckpt`` connection given the Airflow way: AIRFLOW_CONN_<ID> as JSON."""
+    monkeypatch.setenv("AIRFLOW_CONN_ORDERS_STORE", json.dumps({
+        "conn_type": "seatunnel_ckpt",
+        "host": f"file://{tmp_path}/store",
+        "login": "access-key",
+        "password": SECRET,
+        "extra": {"prepared_timeout_s": 42, "storage_options": {"auto_mkdir": True}},
+    }))
+    return "orders_store"
+
+
+def test_provider_is_registered_with_its_connection_type(airflow_home: Path) -> None:
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    from airflow_seatunnel_ckpt.get_provider_info import get_provider_info
+
+    hook_info = ProvidersManagerTaskRuntime().hooks["seatunnel_ckpt"]
+    assert hook_info is not None
+    assert hook_info.hook_class_name.endswith("CheckpointStoreHook")
+    info = get_provider_info()
+    modules = [m for key in ("hooks", "operators", "sensors", "triggers")
+               for group in info[key] for m in group["python-modules"]]
+    for module in modules:
+        importlib.import_module(module)
+    for conn_type in info["connection-types"]:
+        module, _, cls = conn_type["hook-class-name"].rpartition(".")
+        assert getattr(importlib.import_module(module), cls).conn_type == conn_type[
+            "connection-type"]
+
+
+def test_connection_supplies_url_options_and_settings(airflow_home: Path,
+                                                      store_conn: str, tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+    hook = CheckpointStoreHook(store_conn)
+    config = hook.get_config()
+
+    assert config.storage_url == f"file://{tmp_path}/store"
+    assert config.prepared_timeout_s == 42
+    assert dict(config.storage_options) == {"auto_mkdir": True, "key": "access-key",
+                                            "secret": SECRET}
+    assert hook.test_connection()[0] is True
+    # An explicit URL or setting on the task wins over the connection.
+    override = CheckpointStoreHook(store_conn, storage_url=f"file://{tmp_path}/other",
+                                   store_config={"max_retain": 3}).get_config()
+    assert override.storage_url.endswith("/other") and override.max_retain == 3
+
+
+def test_no_connection_means_the_local_default_store(airflow_home: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+    monkeypatch.setenv("SEATUNNEL_CKPT_STORE", f"file://{tmp_path}/default")
+    assert CheckpointStoreHook().get_config().storage_url == f"file://{tmp_path}/default"
+
+
+def test_bad_connection_values_fail_with_the_field_named(airflow_home: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_BAD_STORE", json.dumps(
+        {"conn_type": "seatunnel_ckpt", "host": "file:///tmp/x",
+         "extra": {"max_retain": 0}}))
+    with pytest.raises(ConfigError, match="max_retain"):
+        CheckpointStoreHook("bad_store").get_config()
+    monkeypatch.setenv("AIRFLOW_CONN_WRONG_TYPE", json.dumps(
+        {"conn_type": "spark", "host": "spark://x"}))
+    with pytest.raises(ConfigError, match="seatunnel_ckpt"):
+        CheckpointStoreHook("wrong_type").get_config()
+
+
+def test_secrets_stay_out_of_descriptions_and_trigger_payloads(
+        airflow_home: Path, store_conn: str) -> None:
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+    from airflow_seatunnel_ckpt.triggers.prepared import EpochPreparedTrigger
+
+    hook = CheckpointStoreHook(store_conn)
+    trigger = EpochPreparedTrigger(pipeline="orders", run_id="r1", store_conn_id=store_conn,
+                                   store_config={"storage_options": {"secret": SECRET},
+                                                 "prepared_timeout_s": 5})
+    visible = [hook.describe(), repr(hook.get_config()), repr(trigger),
+               json.dumps(trigger.serialize()[1])]
+    assert all(SECRET not in text for text in visible)
+
+
+def test_every_dag_file_imports_without_errors(airflow_home: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+
+    assert bag.import_errors == {}
+    assert {"seatunnel_ckpt_recovery", "orders_pipeline"} <= set(bag.dag_ids)
+    for dag_id in bag.dag_ids:
+        assert bag.get_dag(dag_id).tags, f"{dag_id} has no tags"
+
+
+def test_the_epoch_task_group_has_the_standard_shape(airflow_home: Path) -> None:
+    from airflow.providers.standard.operators.empty import EmptyOperator
+    from airflow.sdk import DAG
+
+    from airflow_seatunnel_ckpt.sensors.prepared import EpochPreparedSensor
+    from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
+
+    with DAG("shape", schedule=None) as dag:
+        notify = EmptyOperator(task_id="notify")
+        checkpointed_epoch(
+            "orders", pipeline="orders", storage_url="file:///tmp/store",
+            stages={"ingest": {"stage": "m:f", "sources": {}, "sinks": {
+                "table": {"path": "file:///tmp/table", "format": "parquet"}}},
+                    "enrich": {"stage": "m:g", "sources": {}, "sinks": {}}},
+            fallback=notify)
+
+    def downstream(task_id: str) -> set[str]:
+        return set(dag.get_task(task_id).downstream_task_ids)
+
+    assert downstream("orders.ingest") == downstream("orders.enrich") == {
+        "orders.prepared", "orders.abort"}
+    assert downstream("orders.prepared") == {"orders.decide", "orders.abort"}
+    assert downstream("orders.decide") == {"orders.commit", "orders.abort", "notify"}
+    assert dag.get_task("orders.abort").trigger_rule == "all_done"
+    sensor = dag.get_task("orders.prepared")
+    assert isinstance(sensor, EpochPreparedSensor)
+    assert sensor.participants == ["ingest", "enrich"]
+    outlets = dag.get_task("orders.commit").outlets
+    assert [(a.uri, a.extra) for a in outlets] == [
+        ("file:///tmp/table", {"pipeline": "orders", "sink": "table"})]
+    with pytest.raises(ValueError, match="reserved"), DAG("clash", schedule=None):
+        checkpointed_epoch("g", pipeline="p", stages={"commit": {}})
+
+
+def test_templated_fields_render_from_the_run(airflow_home: Path) -> None:
+    from airflow_seatunnel_ckpt.operators.commit import CommitEpochOperator
+    from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
+
+    assert {"pipeline", "store_conn_id", "storage_url"} <= set(CommitEpochOperator.template_fields)
+    assert {"sources", "sinks", "stage", "spark_conf"} <= set(SparkStageOperator.template_fields)
+
+
+def test_dag_parsing_does_not_import_pyspark(airflow_home: Path) -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, airflow_seatunnel_ckpt.task_group, airflow_seatunnel_ckpt.operators.stage;"
+            "print('pyspark' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"

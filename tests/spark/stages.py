@@ -1,0 +1,114 @@
+"""Stage functions the Spark runtime tests run, by import path (``tests.spark.stages:...``).
+
+They live in a module, not in the tests, because a stage is named by import path and the
+driver subprocesses (``python -m ...driver``, ``spark-submit``) import it themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from airflow_seatunnel_ckpt.spark import Source, StageContext, register_source
+
+#: Environment variable naming a file the "hang" stage creates once it has staged output.
+STAGED_MARKER_ENV = "SEATUNNEL_TEST_STAGED_MARKER"
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by a stage to simulate a crash after partial staging."""
+
+
+def dedup_orders(ctx: StageContext, spark: Any) -> None:
+    """Only new input, de-duplicated against every committed epoch, into one sink."""
+    new = ctx.source("orders").read()
+    fresh = ctx.key_set("seen_orders").dedup(new, key="order_id")
+    ctx.sink("orders_table").write(fresh)
+
+
+def dedup_and_totals(ctx: StageContext, spark: Any) -> None:
+    """De-duplicate, then keep running totals per customer: two sinks, two states."""
+    new = ctx.source("orders").read()
+    fresh = ctx.key_set("seen_orders").dedup(new, key="order_id").cache()
+    ctx.sink("orders_table").write(fresh)
+    totals = ctx.key_value("customer_totals").aggregate(
+        fresh,
+        key="customer",
+        aggregates={
+            "total": ("sum", "amount"),
+            "orders": ("count", "*"),
+            "largest": ("max", "amount"),
+        },
+    )
+    ctx.sink("customer_totals").write(totals)
+    fresh.unpersist()
+
+
+def fail_after_staging(ctx: StageContext, spark: Any) -> None:
+    """Stage output and state parts, then fail before the runner can prepare."""
+    dedup_orders(ctx, spark)
+    raise InjectedFailure(f"injected failure after staging epoch {ctx.epoch} attempt {ctx.attempt}")
+
+
+def hang_after_staging(ctx: StageContext, spark: Any) -> None:
+    """Stage output, tell the test (marker file), then wait to be killed."""
+    dedup_orders(ctx, spark)
+    Path(os.environ[STAGED_MARKER_ENV]).write_text(f"{ctx.epoch} {ctx.attempt}")
+    time.sleep(600)
+
+
+def must_not_run(ctx: StageContext, spark: Any) -> None:
+    """A stage that fails if it is ever run (proves a retry reused the prepared result)."""
+    raise AssertionError("the stage ran although the participant was already prepared")
+
+
+def dedup_but_stage_one_row(ctx: StageContext, spark: Any) -> None:
+    """Consume only part of the de-duplicated DataFrame: the state must still be complete."""
+    new = ctx.source("orders").read()
+    fresh = ctx.key_set("seen_orders").dedup(new, key="order_id")
+    ctx.sink("orders_table").write(fresh.orderBy("order_id").limit(1))
+
+
+def dedup_by_composite_key(ctx: StageContext, spark: Any) -> None:
+    """A key set over two columns, source and sink in the formats the spec names."""
+    new = ctx.source("orders").read()
+    fresh = ctx.key_set("seen_pairs").dedup(new, key=["customer", "order_id"])
+    ctx.sink("orders_table").write(fresh)
+
+
+class CounterSource(Source):
+    """A source over an ever-growing sequence 0, 1, 2, ...: offsets are ``[start, end)``."""
+
+    def __init__(self, name: str, per_epoch: int) -> None:
+        super().__init__(name)
+        self.per_epoch = per_epoch
+
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        ends = [entry["offsets"]["end"] for entry in history if entry["offsets"]]
+        start = ends[-1] if ends else 0
+        return {"start": start, "end": start + self.per_epoch}
+
+    def read(self, spark: Any, offsets: Any) -> Any:
+        return spark.range(offsets["start"], offsets["end"]).withColumnRenamed("id", "order_id")
+
+
+register_source("counter", CounterSource)
+
+
+def copy_counter(ctx: StageContext, spark: Any) -> None:
+    """Stage what the counter source planned for this epoch."""
+    ctx.sink("orders_table").write(ctx.source("numbers").read())
+
+
+def export_seen_keys(ctx: StageContext, spark: Any) -> None:
+    """Stage the key set as restored from the last committed checkpoint."""
+    ctx.sink("orders_table").write(ctx.key_set("seen_orders").snapshot())
+
+
+def dedup_into_one_file(ctx: StageContext, spark: Any) -> None:
+    """Coalesce the de-duplicated rows into one file: tasks run under other indexes."""
+    new = ctx.source("orders").read()
+    fresh = ctx.key_set("seen_orders").dedup(new, key="order_id")
+    ctx.sink("orders_table").write(fresh.coalesce(1))

@@ -1,0 +1,303 @@
+"""The stage runtime on a real local Spark: epochs, keyed state, retries, incremental parts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from airflow_seatunnel_ckpt.core import EpochState
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, StateError, run_stage
+from tests.spark.conftest import KEY_GROUPS, OrdersPipeline, order_row
+from tests.spark.stages import InjectedFailure
+
+pytestmark = [pytest.mark.spark]
+
+
+def test_two_epochs_of_incremental_dedup_publish_every_unique_row_once(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    orders.add_file("a", [1, 2, 3, 3, 4])
+    orders.add_file("b", [4, 5, 6, 1])
+    first = run_stage(orders.spec("run-1"), spark)
+    assert (first.epoch, first.rows, first.reused) == (1, 6, False)
+    assert first.sources == {"orders": {"files": ["a.parquet", "b.parquet"]}}
+    orders.commit(first)
+
+    orders.add_file("c", [6, 7, 8, 8, 2, 9])  # 6 and 2 were seen in epoch 1
+    second = run_stage(orders.spec("run-2"), spark)
+    assert (second.epoch, second.rows) == (2, 3)
+    assert second.sources == {"orders": {"files": ["c.parquet"]}}
+    orders.commit(second)
+
+    assert published_ids() == list(range(1, 10))
+    assert sorted(orders.published(), key=lambda r: r["order_id"]) == [
+        order_row(i) for i in range(1, 10)
+    ]
+    status = orders.pipeline.status(2)
+    assert status.state is EpochState.COMMITTED
+    state = status.prepared["ingest"].operators["seen_orders"]
+    assert (state.key_groups, state.key_columns, state.state_kind) == (
+        KEY_GROUPS,
+        ["order_id"],
+        "key_set",
+    )
+
+
+def test_epoch_without_new_input_stages_nothing_and_keeps_the_state(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    orders.add_file("a", [1, 2, 3])
+    orders.commit(run_stage(orders.spec("run-1"), spark))
+    quiet = run_stage(orders.spec("run-2"), spark)
+    assert (quiet.epoch, quiet.rows) == (2, 0)
+    orders.commit(quiet)
+    orders.add_file("b", [3, 4])
+    orders.commit(run_stage(orders.spec("run-3"), spark))
+    assert published_ids() == [1, 2, 3, 4]
+
+
+def test_unchanged_key_groups_reference_older_parts_and_chains_stay_bounded(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    from pyspark.sql import functions as F
+
+    # Order ids by key group, computed by the JVM exactly as the runtime does.
+    groups = {
+        r.g: r.ids
+        for r in spark.range(1, 200)
+        .groupBy(F.pmod(F.hash("id"), F.lit(KEY_GROUPS)).alias("g"))
+        .agg(F.sort_array(F.collect_list("id")).alias("ids"))
+        .collect()
+    }
+    orders.add_file("all", [i for g in range(KEY_GROUPS) for i in groups[g][:5]])
+    orders.commit(run_stage(orders.spec("run-1"), spark))
+    # Later epochs only touch key group 0: the other key groups keep epoch 1's part.
+    for epoch in (2, 3, 4):
+        orders.add_file(f"g0-{epoch}", groups[0][5 * epoch : 5 * epoch + 5])
+        result = run_stage(orders.spec(f"run-{epoch}"), spark)
+        orders.commit(result)
+        chains = orders.pipeline.status(epoch).prepared["ingest"].operators["seen_orders"].chains
+        assert all(ref.epoch == 1 for g in range(1, KEY_GROUPS) for ref in chains[g])
+        assert chains[0][-1].epoch == epoch
+    # full_checkpoint_interval=3: epoch 4 finds a chain of 3 and writes key group 0 in full.
+    assert [(ref.epoch, ref.kind) for ref in chains[0]] == [(4, "full")]
+    assert len(orders.published()) == 5 * KEY_GROUPS + 15
+
+
+def test_key_value_state_keeps_running_totals_across_epochs(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    orders.add_file("a", [1, 2, 3, 4, 4])
+    first = run_stage(orders.spec("run-1", stage="tests.spark.stages:dedup_and_totals"), spark)
+    orders.commit(first)
+    orders.add_file("b", [4, 5, 7])
+    second = run_stage(orders.spec("run-2", stage="tests.spark.stages:dedup_and_totals"), spark)
+    orders.commit(second)
+
+    assert second.rows == 2 + 2  # orders 5 and 7; customers c2 (5) and c1 (7)
+    latest = {}
+    for row in orders.published("totals"):
+        latest[row["customer"]] = row  # epoch directories are read in order
+    assert {c: (r["total"], r["orders"], r["largest"]) for c, r in latest.items()} == {
+        "c0": (3.0, 1, 3.0),
+        "c1": (1.0 + 4.0 + 7.0, 3, 7.0),
+        "c2": (2.0 + 5.0, 2, 5.0),
+    }
+
+
+def test_retry_after_partial_staging_reads_the_same_input_and_never_publishes_the_stale_attempt(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    orders.add_file("a", [1, 2, 2, 3])
+    with pytest.raises(InjectedFailure):
+        run_stage(
+            orders.spec("run-1", attempt=1, stage="tests.spark.stages:fail_after_staging"), spark
+        )
+    stale = sorted(
+        p.name
+        for p in (
+            orders.root / "store" / "orders" / "_staging" / "epoch=1" / "attempt=1" / "orders_table"
+        ).glob("*.parquet")
+    )
+    assert stale, "the failed attempt staged files"
+    orders.add_file("late", [3, 4])  # arrives between the attempts
+
+    retry = run_stage(orders.spec("run-1", attempt=2), spark)
+    assert (retry.epoch, retry.attempt) == (1, 2)
+    assert retry.sources == {"orders": {"files": ["a.parquet"]}}, (
+        "the retry reads exactly the same input"
+    )
+    orders.commit(retry)
+    assert published_ids() == [1, 2, 3]
+    assert not set(orders.published_files()) & set(stale)
+    assert not (orders.root / "store" / "orders" / "_staging" / "epoch=1").exists()
+
+    late = run_stage(orders.spec("run-2"), spark)  # the late file lands in the next epoch
+    assert late.sources == {"orders": {"files": ["late.parquet"]}}
+    orders.commit(late)
+    assert published_ids() == [1, 2, 3, 4]
+
+
+def test_retry_of_a_prepared_participant_returns_the_prepared_result_without_running(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    orders.add_file("a", [1, 2])
+    first = run_stage(orders.spec("run-1", attempt=1), spark)
+    again = run_stage(
+        orders.spec("run-1", attempt=2, stage="tests.spark.stages:must_not_run"), spark
+    )
+    assert again.reused and (again.epoch, again.attempt, again.rows) == (1, 1, first.rows)
+    assert again.manifests == first.manifests
+
+
+def test_state_checkpointed_with_other_key_groups_is_refused(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    orders.add_file("a", [1])
+    orders.commit(run_stage(orders.spec("run-1"), spark))
+    orders.add_file("b", [2])
+    with pytest.raises(StateError, match="key groups"):
+        run_stage(orders.spec("run-2", key_groups=KEY_GROUPS * 2), spark)
+
+
+def test_stage_spec_round_trips_through_json_and_rejects_unknown_fields() -> None:
+    spec = StageSpec(
+        pipeline="p",
+        participant="s",
+        run_id="manual__1",
+        attempt=3,
+        stage="m:f",
+        sources={"in": {"path": "file:///x"}},
+        spark_conf={"spark.sql.shuffle.partitions": 8},
+    )
+    assert StageSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ConfigError, match="unknown field"):
+        StageSpec.from_dict({**spec.to_dict(), "surprise": 1})
+    with pytest.raises(ConfigError, match="import path"):
+        StageSpec(pipeline="p", participant="s", run_id="r", attempt=1, stage="no_colon")
+
+
+def test_stage_result_counts_only_parts_the_epoch_wrote(spark: Any, orders: OrdersPipeline) -> None:
+    orders.add_file("a", list(range(40)))
+    first = run_stage(orders.spec("run-1"), spark)
+    orders.commit(first)
+    assert first.checkpoint_bytes > 0
+    record = orders.pipeline.status(1).prepared["ingest"]
+    assert (
+        StageResult.from_prepared("orders", record, reused=False).checkpoint_bytes
+        == first.checkpoint_bytes
+    )
+
+
+def test_state_is_complete_even_when_the_stage_consumes_part_of_the_result(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    orders.add_file("a", [5, 1, 2, 3])
+    first = run_stage(
+        orders.spec("run-1", stage="tests.spark.stages:dedup_but_stage_one_row"), spark
+    )
+    orders.commit(first)
+    assert published_ids() == [1]
+    orders.add_file("b", [2, 3, 5, 6])  # all but 6 were seen by epoch 1's state
+    orders.commit(
+        run_stage(orders.spec("run-2", stage="tests.spark.stages:dedup_but_stage_one_row"), spark)
+    )
+    assert published_ids() == [1, 6]
+
+
+def test_json_source_csv_sink_and_a_composite_key(spark: Any, orders: OrdersPipeline) -> None:
+    import json
+
+    orders.input_dir.mkdir(parents=True)
+    rows = [
+        {"order_id": 1, "customer": "a"},
+        {"order_id": 1, "customer": "b"},
+        {"order_id": 1, "customer": "a"},
+    ]
+    (orders.input_dir / "part-1.json").write_text("\n".join(json.dumps(r) for r in rows))
+    spec = orders.spec(
+        "run-1",
+        stage="tests.spark.stages:dedup_by_composite_key",
+        sources={
+            "orders": {
+                "type": "file",
+                "path": str(orders.input_dir),
+                "format": "json",
+                "schema": "order_id BIGINT, customer STRING",
+            }
+        },
+        sinks={
+            "orders_table": {
+                "type": "file",
+                "path": f"file://{orders.root / 'csv'}",
+                "format": "csv",
+                "options": {"header": "true"},
+            }
+        },
+    )
+    result = run_stage(spec, spark)
+    assert result.rows == 2 and result.manifests[0].format == "csv"
+    orders.commit(result)
+    lines = sorted(
+        line
+        for f in (orders.root / "csv" / "epoch=1").glob("*.csv")
+        for line in f.read_text().splitlines()
+        if line and not line.startswith("order_id")
+    )
+    assert lines == ["1,a", "1,b"]
+
+
+def test_a_registered_source_plans_offsets_from_the_committed_history(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    def spec(run_id: str, attempt: int = 1) -> StageSpec:
+        return orders.spec(
+            run_id,
+            attempt,
+            stage="tests.spark.stages:copy_counter",
+            sources={"numbers": {"type": "counter", "per_epoch": 3}},
+        )
+
+    first = run_stage(spec("run-1"), spark)
+    assert first.sources == {"numbers": {"start": 0, "end": 3}}
+    orders.commit(first)
+    second = run_stage(spec("run-2"), spark)
+    assert second.sources == {"numbers": {"start": 3, "end": 6}}
+    orders.commit(second)
+    assert published_ids() == list(range(6))
+
+
+def test_snapshot_reads_the_restored_key_set_on_executors(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    orders.add_file("a", [1, 2, 2, 3])
+    orders.commit(run_stage(orders.spec("run-1"), spark))
+    orders.add_file("b", [3, 4])
+    orders.commit(run_stage(orders.spec("run-2"), spark))
+    export = run_stage(orders.spec("run-3", stage="tests.spark.stages:export_seen_keys"), spark)
+    assert export.rows == 4
+    orders.commit(export)
+    assert sorted(r["order_id"] for r in orders.published() if r.get("customer") is None) == [
+        1,
+        2,
+        3,
+        4,
+    ]
+
+
+def test_coalescing_the_result_keeps_the_state_exact(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    # Two ids only: most key groups are empty, and coalesce(1) runs every key group's
+    # task under partition index 0.
+    orders.add_file("a", [10, 11, 11])
+    stage = "tests.spark.stages:dedup_into_one_file"
+    first = run_stage(orders.spec("run-1", stage=stage), spark)
+    orders.commit(first)
+    assert len(orders.published_files()) == 1
+    orders.add_file("b", [11, 12])
+    orders.commit(run_stage(orders.spec("run-2", stage=stage), spark))
+    assert published_ids() == [10, 11, 12]
