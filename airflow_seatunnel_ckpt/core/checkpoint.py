@@ -83,7 +83,8 @@ def write_json_part(storage: Storage, path: str, obj: Any, **options: Any) -> Pa
     return write_part(storage, path, [payload], kind=codec.PayloadKind.JSON, **options)
 
 
-def read_part(storage: Storage, ref: PartRef, max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> tuple[codec.FrameHeader, bytes]:
+def read_part(storage: Storage, ref: PartRef, max_chunk: int = codec.DEFAULT_MAX_CHUNK,
+              ) -> tuple[codec.FrameHeader, bytearray]:
     """Read one part, checking size and CRC32C against its reference, then its frame."""
     where = storage.describe_path(ref.path)
     try:
@@ -118,7 +119,8 @@ def read_arrow_part(storage: Storage, ref: PartRef) -> Any:
     return codec.read_arrow(payload, where)
 
 
-def _key_array(table: Any, key_columns: list[str]) -> Any:
+def key_array(table: Any, key_columns: list[str]) -> Any:
+    """One array of keys for ``table``: the key column, or the columns joined for a composite key."""
     import pyarrow.compute as pc
 
     if len(key_columns) == 1:
@@ -142,7 +144,7 @@ def apply_delta(base: Any, delta: Any, key_columns: list[str]) -> Any:
 
     if delta.num_rows == 0:
         return base
-    keep = pc.invert(pc.is_in(_key_array(base, key_columns), value_set=_key_array(delta, key_columns)))
+    keep = pc.invert(pc.is_in(key_array(base, key_columns), value_set=key_array(delta, key_columns)))
     if TOMBSTONE in delta.column_names:
         delta = delta.filter(pc.invert(pc.fill_null(delta.column(TOMBSTONE), False)))
     return pa.concat_tables([base.filter(keep), delta.select(base.column_names)], promote_options="default")

@@ -113,6 +113,12 @@ class CheckpointConfig:
                 data["secondary_url"] = redact_url(self.secondary_url)
         return data
 
+    def __repr__(self) -> str:
+        # The generated repr would show URLs with their user:password; options are omitted.
+        shown = self.to_mapping(include_secrets=False)
+        del shown["storage_options"]
+        return f"CheckpointConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     def replace(self, **changes: Any) -> CheckpointConfig:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)

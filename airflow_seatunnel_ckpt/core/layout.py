@@ -46,15 +46,22 @@ def metadata_path(epoch: int) -> str:
     return f"{checkpoint_dir(epoch)}/{METADATA}"
 
 
-def part_path(epoch: int, kind: str, name: str, key_group: int, attempt: int) -> str:
-    """``checkpoint_<e>/<kind>/<name>/part-<k>-<attempt>``; attempt-named so retries never collide."""
+def part_path(epoch: int, kind: str, name: str, key_group: int, attempt: int, token: str | None = None) -> str:
+    """``checkpoint_<e>/<kind>/<name>/part-<k>-<attempt>[-<token>]``.
+
+    Attempt-named so a retried task never overwrites a part the winner references; the
+    optional token (letters and digits) also separates repeated evaluations of one task
+    within an attempt (Spark task retries, speculation).
+    """
+    if token is not None and not (isinstance(token, str) and token.isalnum() and len(token) <= 32):
+        raise ValueError(f"part token must be 1-32 letters or digits, got {token!r}")
     if kind not in ("sources", "operators"):
         raise ValueError(f"part kind must be 'sources' or 'operators', got {kind!r}")
     if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < 1 << 20:
         raise ValueError(f"key group must be an integer in 0..2**20, got {key_group!r}")
     return (
         f"{checkpoint_dir(epoch)}/{kind}/{validate_name(name, 'state name')}"
-        f"/part-{key_group}-{validate_attempt(attempt)}"
+        f"/part-{key_group}-{validate_attempt(attempt)}" + (f"-{token}" if token else "")
     )
 
 

@@ -18,7 +18,7 @@ from airflow_seatunnel_ckpt.core.storage import FileInfo
 T = TypeVar("T")
 
 
-class EpochState(str, enum.Enum):
+class EpochState(enum.StrEnum):
     """Where an epoch is in its two-phase commit (derived from its write-once records)."""
 
     OPEN = "OPEN"  #: begun, no participant prepared yet
@@ -39,7 +39,7 @@ class EpochState(str, enum.Enum):
         return self in (EpochState.COMMITTED, EpochState.ABORTED)
 
 
-class Decision(str, enum.Enum):
+class Decision(enum.StrEnum):
     """The outcome of an epoch; written once, in one file."""
 
     COMMIT = "commit"
@@ -160,13 +160,15 @@ class SinkManifest:
 
     def to_dict(self) -> dict[str, Any]:
         return {"sink": self.sink, "target_url": self.target_url, "staging": self.staging, "format": self.format,
-                "rows": self.rows, "files": [{"path": f.path, "size": f.size} for f in self.files]}
+                "rows": self.rows, "files": [{"path": f.path, "size": f.size, "crc32c": f.crc32c}
+                                             for f in self.files]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> SinkManifest:
         files = []
         for f in _get(d, "files", list, path):
-            files.append(FileInfo(_get(f, "path", str, path), _get(f, "size", int, path)))
+            files.append(FileInfo(_get(f, "path", str, path), _get(f, "size", int, path),
+                                  _get(f, "crc32c", int, path, optional=True)))
         return cls(_get(d, "sink", str, path), _get(d, "target_url", str, path), _get(d, "staging", str, path),
                    files, _get(d, "rows", int, path), _get(d, "format", str, path))
 

@@ -20,7 +20,7 @@ import json
 import logging
 import posixpath
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +34,12 @@ from airflow_seatunnel_ckpt.core.checkpoint import (
 )
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import (
+    CheckpointError,
+    ConfigError,
     DecisionConflictError,
     EpochNotFoundError,
     FencedAttemptError,
+    InvalidNameError,
     NotPreparedError,
     PublishError,
     StorageError,
@@ -56,7 +59,14 @@ from airflow_seatunnel_ckpt.core.models import (
     SourceState,
 )
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
-from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage, open_storage
+from airflow_seatunnel_ckpt.core.storage import (
+    TEMP_PREFIX,
+    FileInfo,
+    Storage,
+    clean_relpath,
+    open_storage,
+    refuse_password,
+)
 from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 
 if TYPE_CHECKING:
@@ -81,6 +91,14 @@ class CommitResult:
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "already_committed": self.already_committed,
                 "sinks": [s.to_dict() for s in self.sinks]}
+
+
+def _inside_pipeline(path: str, what: str) -> str:
+    """``path`` normalised, if it stays inside the pipeline's directory; else InvalidNameError."""
+    try:
+        return clean_relpath(path)
+    except StorageError as exc:
+        raise InvalidNameError(f"{what}: {exc}") from None
 
 
 class Pipeline:
@@ -152,10 +170,12 @@ class Pipeline:
         """List what an attempt staged for ``sink`` as a manifest (data files only).
 
         Files whose name starts with ``_`` or ``.`` (``_SUCCESS``, Hadoop ``.crc``) are
-        bookkeeping of the writer and are not published.
+        bookkeeping of the writer and are not published. Each file's CRC32C is recorded,
+        so the commit decision can prove that exactly these bytes get published.
         """
         staging = self.staging_path(epoch, attempt, sink)
-        files = [f for f in self.storage.walk(staging)
+        files = [FileInfo(f.path, f.size, self.storage.checksum(f"{staging}/{f.path}"))
+                 for f in self.storage.walk(staging)
                  if not any(seg.startswith(("_", ".")) for seg in f.path.split("/"))]
         return SinkManifest(validate_name(sink, "sink name"), target_url, staging, files, rows, fmt)
 
@@ -191,6 +211,22 @@ class Pipeline:
         return entries
 
     # -- prepare -----------------------------------------------------------------------
+    def fix_inputs(self, epoch: int, participant: str, attempt: int,
+                   make_plan: Callable[[], dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+        """The input ``participant`` reads in ``epoch``: fixed by its first attempt.
+
+        ``make_plan`` (e.g. "list the files not consumed yet") runs only when no attempt
+        has fixed a plan; a retry gets the stored plan back, so it re-reads exactly the
+        same input whatever has arrived since. The plan is a write-ahead record: it is
+        durable before any output is staged.
+        """
+        validate_epoch(epoch)
+        self.txlog._require_undecided(epoch, f"attempt {attempt} of {participant!r} cannot plan its input")
+        stored = self.txlog.read_plan(epoch, participant)
+        if stored is not None:
+            return stored
+        return self.txlog.fix_plan(epoch, participant, attempt, make_plan())
+
     def prepare(
         self,
         epoch: int,
@@ -228,11 +264,28 @@ class Pipeline:
         if begin.run_id != run_id:
             raise FencedAttemptError(
                 f"pipeline {self.name!r} epoch {epoch} belongs to run {begin.run_id!r}, not {run_id!r}")
+        # Everything the record will name is checked before anything is written: bad input
+        # gets its error with the store unchanged.
         for sink in sinks:
             validate_name(sink.sink, "sink name")
-            if not sink.staging.startswith(layout.staging_dir(epoch, attempt, sink.sink)):
+            try:
+                refuse_password(sink.target_url, f"sink {sink.sink!r} target URL")
+            except StorageError as exc:
+                raise ConfigError(str(exc)) from None
+            own = layout.staging_dir(epoch, attempt, sink.sink)
+            staging = _inside_pipeline(sink.staging, f"sink {sink.sink!r} staging directory")
+            if staging != own and not staging.startswith(own + "/"):
                 raise FencedAttemptError(
-                    f"sink {sink.sink!r} staged at {sink.staging!r}, outside attempt {attempt}'s staging")
+                    f"sink {sink.sink!r} staged at {sink.staging!r}, outside attempt {attempt}'s staging {own!r}")
+            for f in sink.files:
+                if not _inside_pipeline(f.path, f"sink {sink.sink!r} staged file"):
+                    raise InvalidNameError(f"sink {sink.sink!r}: a staged file has an empty path")
+        for name, state in (operators or {}).items():
+            validate_name(name, "operator name")
+            for ref in state.parts():
+                _inside_pipeline(ref.path, f"operator {name!r} part")
+        for name in sources or {}:
+            validate_name(name, "source name")
         source_states = {
             validate_name(name, "source name"): self._write_source_part(
                 epoch, attempt, name, dict(offsets), base)
@@ -299,8 +352,11 @@ class Pipeline:
                     problems.append(Problem(self.storage.describe_path(path), "staged file is missing"))
                     continue
                 if size != f.size:
-                    problems.append(Problem(self.storage.describe_path(path), f"staged file is {size} bytes, "
-                                                                       f"manifest says {f.size}"))
+                    problems.append(Problem(self.storage.describe_path(path),
+                                            f"staged file is {size} bytes, manifest says {f.size}"))
+                elif deep and f.crc32c is not None and self.storage.checksum(path) != f.crc32c:
+                    problems.append(Problem(self.storage.describe_path(path),
+                                            "staged file's checksum does not match the manifest"))
         return problems
 
     def verify_prepared(self, epoch: int, participants: list[str] | None = None,
@@ -333,7 +389,16 @@ class Pipeline:
             return existing
         winners: dict[str, int] = {}
         if decision is Decision.COMMIT:
-            meta = self._complete_checkpoint(epoch, participants)
+            try:
+                meta = self._complete_checkpoint(epoch, participants)
+            except CheckpointError:
+                # A concurrent abort may have won meanwhile and removed the staging being
+                # verified or the checkpoint directory being completed: its decision is
+                # the answer, not a "does not verify" or storage error.
+                existing = self.txlog.read_decision(epoch)
+                if existing is not None:
+                    return existing
+                raise
             winners = dict(meta.participants)
         record = self.txlog.decide(DecisionRecord(epoch, decision, reason, by, time.time(), winners))
         log.info("pipeline %s epoch %d: decision %s by %s (%s)", self.name, epoch, record.decision.value,
@@ -427,7 +492,11 @@ class Pipeline:
                    "bytes": sink.bytes, "files": [{"path": f.path, "size": f.size} for f in sink.files]}
         for attempt in range(self.config.max_retries + 1):
             try:
-                how = self.storage.publish_dir(sink.staging, target, dst, sink.files)
+                # verify=False: decide() checked size and CRC32C of exactly these files,
+                # and nothing writes into a prepared attempt's staging any more (stale
+                # attempts have their own directories), so a local publish stays one
+                # rename whatever the number of files.
+                how = self.storage.publish_dir(sink.staging, target, dst, sink.files, verify=False)
                 # A publisher killed while writing into the epoch directory (the _SUCCESS
                 # mark, a copied file) left a temp file in the user-visible output. The
                 # directory belongs to this epoch alone, so any temp in it is such debris;
@@ -453,7 +522,9 @@ class Pipeline:
 
         secondary = open_storage(self.config.secondary_url, self.config.storage_options).child(self.name)
         root = layout.checkpoint_dir(epoch)
-        for f in self.storage.walk(root):
+        # ``_metadata`` last, as on the primary: a crash mid-copy must not leave a replica
+        # checkpoint that claims to be complete while parts are missing.
+        for f in sorted(self.storage.walk(root), key=lambda f: f.path == layout.METADATA):
             path = f"{root}/{f.path}"
             try:
                 if secondary.size(path) == f.size:

@@ -21,8 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.checkpoint import Problem
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, RecoveryError
-from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, EpochState, OperatorState, PartRef
+from airflow_seatunnel_ckpt.core.errors import (
+    CheckpointError,
+    ConfigError,
+    CorruptCheckpointError,
+    RecoveryError,
+)
+from airflow_seatunnel_ckpt.core.models import (
+    CheckpointMetadata,
+    EpochState,
+    OperatorState,
+    PartRef,
+)
 from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage, open_storage
 
 if TYPE_CHECKING:
@@ -71,13 +81,15 @@ def _from_metadata(meta: CheckpointMetadata, how: str, storage: Storage, skipped
 
 def restore_point(pipeline: Pipeline, deep: bool = True) -> RestorePoint:
     """Choose the restore point (see module docstring). Never restores uncommitted state."""
-    committed = pipeline.committed_epochs()
-    if not committed:
+    # The common case costs one listing of the log plus the newest epochs' records, however
+    # many epochs there are; the whole committed history is read only for a fallback.
+    newest = pipeline.last_committed_epoch()
+    if newest is None:
         return RestorePoint(None, "empty")
-    newest = committed[-1]
     problems = pipeline.checkpoints.verify(newest, deep=deep)
     if not problems:
         return _from_metadata(pipeline.checkpoints.read_metadata(newest), "primary", pipeline.storage, [])
+    committed = [e for e in pipeline.committed_epochs() if e <= newest]
     log.warning("pipeline %s: checkpoint %d does not verify: %s", pipeline.name, newest, "; ".join(map(str, problems)))
     if not pipeline.config.fallback_enabled:
         raise RecoveryError(_way_out(pipeline, newest, problems, "fallback is disabled (fallback_enabled=false)"))
@@ -204,12 +216,22 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None) 
             log.error("pipeline %s: recovery action %s on epoch %s failed: %s", pipeline.name, action, epoch, exc)
 
     states: dict[int, EpochState] = {}
+    # Epochs whose records cannot be read: nothing of theirs is touched (their staging may
+    # be the only copy of output a commit decision still has to publish).
+    damaged: set[int] = set()
     for epoch in pipeline.epochs():
         try:
-            state = states[epoch] = pipeline.state(epoch)
+            state = pipeline.state(epoch)
+            begin = pipeline.txlog.read_begin(epoch) if not state.decided else None
         except CorruptCheckpointError as exc:
-            report.actions.append(RecoveryAction(epoch, "inspect", "a log record is damaged", error=str(exc)))
+            damaged.add(epoch)
+            report.actions.append(RecoveryAction(
+                epoch, "inspect", "a log record is damaged; the epoch's staging and checkpoint are kept. Way out: "
+                f"restore the file from a backup, or, if the epoch is undecided, abort it (`seatunnel-ckpt abort "
+                f"{pipeline.name} {epoch}`) so that the next run processes its input again",
+                error=str(exc)))
             continue
+        states[epoch] = state
         if state is EpochState.COMMITTING:
             act(epoch, "finish-commit", "decided commit, publish not acknowledged",
                 lambda e=epoch: pipeline.commit(e))
@@ -217,7 +239,6 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None) 
             act(epoch, "finish-abort", "decided abort, cleanup not acknowledged",
                 lambda e=epoch: pipeline.abort(e, "recovery finished the abort", by="recovery"))
         elif state in (EpochState.OPEN, EpochState.PREPARED):
-            begin = pipeline.txlog.read_begin(epoch)
             age = now - begin.created_at if begin else timeout + 1
             if age > timeout:
                 act(epoch, "abort-timeout", f"{state.value} for {age:.0f}s, over prepared_timeout_s={timeout:g}",
@@ -225,16 +246,28 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None) 
                         e, f"{s.value} past prepared timeout ({timeout:g}s)", by="recovery"))
             else:
                 report.actions.append(RecoveryAction(epoch, "wait", f"{state.value} for {age:.0f}s, within timeout"))
+    def unknown(epoch: int) -> bool:
+        # Not in the listing above, and no ``begin`` now either. An epoch that began after
+        # the listing (the pipeline's next run, concurrently) has one, and stages only after.
+        if epoch in states or epoch in damaged:
+            return False
+        try:
+            return pipeline.txlog.read_begin(epoch) is None
+        except CorruptCheckpointError:
+            return False
+
     for name in pipeline.storage.list_dir(layout.STAGING):
-        epoch = layout.parse_staging_epoch(name)
-        state = states.get(epoch) if epoch is not None else None
-        if epoch is None or state is None or state.final:
-            act(epoch, "drop-staging", f"{layout.STAGING}/{name} is not needed by any open epoch",
+        staged = layout.parse_staging_epoch(name)
+        staged_state = states.get(staged) if staged is not None else None
+        if staged in damaged:
+            continue
+        if (staged is None or (staged_state is not None and staged_state.final)
+                or (staged_state is None and unknown(staged))):
+            act(staged, "drop-staging", f"{layout.STAGING}/{name} is not needed by any open epoch",
                 lambda n=name: pipeline.storage.delete(f"{layout.STAGING}/{n}", recursive=True))
+
     for epoch in pipeline.checkpoints.list():
-        state = states.get(epoch)
-        if state is EpochState.ABORTED or (state is None and epoch not in states and epoch > 0
-                                           and pipeline.txlog.read_begin(epoch) is None):
+        if states.get(epoch) is EpochState.ABORTED or unknown(epoch):
             act(epoch, "drop-checkpoint", f"{layout.checkpoint_dir(epoch)} belongs to an aborted or unknown epoch",
                 lambda e=epoch: pipeline.checkpoints.delete(e))
     if pipeline.storage.protocol in ("file", "local"):
@@ -274,6 +307,10 @@ class RetentionReport:
 
 def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = False) -> RetentionReport:
     """Delete old checkpoints, keeping the newest ``max_retain`` committed ones and their bases."""
+    if max_retain is not None and (isinstance(max_retain, bool) or not isinstance(max_retain, int)
+                                   or max_retain < 1):
+        raise ConfigError(f"max_retain must be an integer >= 1 (the newest committed checkpoint is "
+                          f"always kept), got {max_retain!r}")
     keep_n = max_retain or pipeline.config.max_retain
     report = RetentionReport(pipeline.name, dry_run)
     committed = pipeline.committed_epochs()
@@ -291,6 +328,12 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
     if not kept:
         return report
     unfinished = {e for e in pipeline.epochs() if not pipeline.state(e).final}
+    # An epoch still in flight may have restored from an older checkpoint (a fallback):
+    # the parts its prepared records chain onto must outlive this retention run too.
+    for epoch in unfinished:
+        for record in pipeline.txlog.prepared(epoch).values():
+            referenced.update(p.path for op in record.operators.values() for p in op.parts())
+            referenced.update(p.path for source in record.sources.values() for p in source.chain)
     for epoch in pipeline.checkpoints.list():
         if epoch in kept or epoch in unfinished:
             continue

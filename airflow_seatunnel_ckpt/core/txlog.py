@@ -46,6 +46,7 @@ COMMITTED = "committed"
 ABORTED = "aborted"
 RETIRED = "retired"
 PREPARED_PREFIX = "prepared-"
+PLAN_PREFIX = "plan-"
 
 
 class TransactionLog:
@@ -100,7 +101,7 @@ class TransactionLog:
             epochs = self.epochs()
             latest = epochs[-1] if epochs else 0
             if latest:
-                latest_begin = self.read_begin(latest)
+                latest_begin = self._read_begin_if_intact(latest)
                 if latest_begin is not None and latest_begin.run_id == run_id and (
                     existing is None or existing.epoch != latest
                 ):
@@ -150,14 +151,58 @@ class TransactionLog:
             return record.epoch
         epochs = self.epochs()
         if epochs:
-            latest = self.read_begin(epochs[-1])
+            latest = self._read_begin_if_intact(epochs[-1])
             if latest is not None and latest.run_id == run_id:
                 return latest.epoch
         return None
 
+    def _read_begin_if_intact(self, epoch: int) -> BeginRecord | None:
+        """``begin`` of ``epoch``, or None if it is absent or damaged.
+
+        Only for deciding whether a new epoch may start: a damaged ``begin`` hides which
+        run the epoch belongs to, but its state (derived from the other records) still
+        says whether it is finished, and recovery reports the damaged file.
+        """
+        try:
+            return self.read_begin(epoch)
+        except CorruptCheckpointError:
+            return None
+
     def read_begin(self, epoch: int) -> BeginRecord | None:
         """The ``begin`` record of ``epoch``, or None."""
         return self.read_record(layout.record_path(epoch, BEGIN), BeginRecord.from_dict)
+
+    # -- input plan --------------------------------------------------------------------
+    def fix_plan(self, epoch: int, participant: str, attempt: int,
+                 sources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Record which input the participant reads in ``epoch``; the first attempt wins.
+
+        Returns the stored plan (the caller's, or the one an earlier attempt fixed), so
+        every attempt of an epoch reads exactly the same input and input that arrives
+        later waits for the next epoch.
+        """
+        path = layout.record_path(epoch, PLAN_PREFIX + validate_name(participant, "participant name"))
+        try:
+            self._write_once(path, {"type": "input_plan", "epoch": epoch, "participant": participant,
+                                    "attempt": validate_attempt(attempt), "created_at": time.time(),
+                                    "sources": sources})
+            return sources
+        except AlreadyExistsError:
+            stored = self.read_plan(epoch, participant)
+            if stored is None:  # pragma: no cover - a record never disappears
+                raise
+            return stored
+
+    def read_plan(self, epoch: int, participant: str) -> dict[str, dict[str, Any]] | None:
+        """The input plan fixed for ``participant`` in ``epoch``, or None."""
+        def parse(d: dict[str, Any], path: str) -> dict[str, dict[str, Any]]:
+            sources = d.get("sources")
+            if not isinstance(sources, dict) or not all(isinstance(v, dict) for v in sources.values()):
+                raise CorruptCheckpointError(f"{path}: input plan has no valid 'sources' object", path)
+            return sources
+
+        path = layout.record_path(epoch, PLAN_PREFIX + validate_name(participant, "participant name"))
+        return self.read_record(path, parse)
 
     # -- prepare -----------------------------------------------------------------------
     def write_prepared(self, record: PreparedRecord) -> PreparedRecord:
@@ -213,7 +258,9 @@ class TransactionLog:
     def decide(self, record: DecisionRecord) -> DecisionRecord:
         """Create the epoch's single ``decision`` record; returns whichever decision won."""
         validate_epoch(record.epoch)
-        if self.read_begin(record.epoch) is None:
+        # The epoch exists if any of its records does: an epoch whose ``begin`` was lost or
+        # damaged must still be abortable, or it would block every later epoch.
+        if not self.storage.list_dir(layout.txlog_dir(record.epoch)):
             raise EpochNotFoundError(f"pipeline {self.pipeline!r} has no epoch {record.epoch}")
         try:
             self._write_once(layout.record_path(record.epoch, DECISION), record.to_dict())

@@ -1,0 +1,519 @@
+"""The storage contract: every backend (file://, memory://, S3) behaves the same.
+
+One suite, parametrised over the backends by the ``store_spec`` fixture, in the manner of
+fsspec's shared implementation tests. Backend-specific promises (one-rename publish on a
+local disk) are at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from airflow_seatunnel_ckpt.core import storage as storage_module
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, StorageError
+from airflow_seatunnel_ckpt.core.storage import (
+    ENTRY_POINT_GROUP,
+    TEMP_PREFIX,
+    FileInfo,
+    LocalStorage,
+    MemoryStorage,
+    ObjectStorage,
+    Storage,
+    backend_for,
+    open_storage,
+)
+from tests.core.conftest import StoreSpec
+
+
+class Boom(Exception):
+    """The data source of a write failed part-way."""
+
+
+def failing_after(first: bytes) -> Iterator[bytes]:
+    yield first
+    raise Boom("the producer died")
+
+
+def every_name(store: Storage) -> list[str]:
+    """Every file below the root, temp files included."""
+    return [f.path for f in store.walk("", include_temp=True)]
+
+
+# -- read / write -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"hello", b"", bytearray(b"\x00\xff" * 1000), memoryview(b"view"), [b"ab", b"", b"cd"]],
+    ids=["bytes", "empty", "bytearray", "memoryview", "pieces"],
+)
+def test_write_atomic_then_read_returns_the_same_bytes(store_spec: StoreSpec, data: object) -> None:
+    store = store_spec.storage()
+    expected = b"".join(data) if isinstance(data, list) else bytes(data)  # type: ignore[call-overload]
+
+    written = store.write_atomic("dir/sub/file.bin", data)  # type: ignore[arg-type]
+
+    assert written == len(expected)
+    assert store.read("dir/sub/file.bin") == expected
+    assert store.size("dir/sub/file.bin") == len(expected)
+    with store.open_read("dir/sub/file.bin") as fh:
+        assert fh.read() == expected
+
+
+def test_write_atomic_replaces_an_existing_file_whole(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    store.write_atomic("f", b"old content that is long")
+    store.write_atomic("f", b"new")
+    assert store.read("f") == b"new"
+
+
+def test_failed_write_leaves_no_file_and_no_temp_file(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    with pytest.raises((Boom, StorageError)):
+        store.write_atomic("dir/f", failing_after(b"partial bytes"))
+    assert not store.exists("dir/f")
+    assert every_name(store) == []
+
+
+def test_failed_overwrite_keeps_the_old_content(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    store.write_atomic("dir/f", b"committed")
+    with pytest.raises((Boom, StorageError)):
+        store.write_atomic("dir/f", failing_after(b"partial"))
+    assert store.read("dir/f") == b"committed"
+    assert every_name(store) == ["dir/f"]
+
+
+def test_readers_never_see_a_partial_file_while_writers_replace_it(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    versions = [bytes([v]) * (64 * 1024) for v in range(1, 7)]
+    store.write_atomic("f", versions[0])
+    seen: list[bytes] = []
+    done = threading.Event()
+
+    def read_loop() -> None:
+        while not done.is_set():
+            seen.append(store.read("f"))
+
+    reader = threading.Thread(target=read_loop)
+    reader.start()
+    try:
+        for version in versions[1:]:
+            store.write_atomic("f", [version[: len(version) // 2], version[len(version) // 2 :]])
+    finally:
+        done.set()
+        reader.join()
+    assert seen
+    assert all(data in versions for data in seen)
+
+
+def test_missing_file_raises_file_not_found(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    with pytest.raises(FileNotFoundError):
+        store.read("nope")
+    with pytest.raises(FileNotFoundError):
+        store.size("nope")
+    with pytest.raises(FileNotFoundError):
+        store.open_read("nope").read()
+    assert not store.exists("nope")
+
+
+# -- create-exclusive ---------------------------------------------------------------------
+
+
+def test_create_exclusive_creates_once_and_refuses_every_later_create(
+    store_spec: StoreSpec,
+) -> None:
+    store = store_spec.storage()
+    store.create_exclusive("_txlog/epoch-1/decision", b"commit")
+    with pytest.raises(AlreadyExistsError, match="already exists"):
+        store.create_exclusive("_txlog/epoch-1/decision", b"abort")
+    assert store.read("_txlog/epoch-1/decision") == b"commit"
+    assert every_name(store) == ["_txlog/epoch-1/decision"]
+
+
+def test_create_exclusive_refuses_a_file_written_by_write_atomic(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    store.write_atomic("f", b"first")
+    with pytest.raises(AlreadyExistsError):
+        store.create_exclusive("f", b"second")
+    assert store.read("f") == b"first"
+
+
+def test_create_exclusive_has_exactly_one_winner_among_racing_threads(
+    store_spec: StoreSpec,
+) -> None:
+    store = store_spec.storage()
+    threads_per_race = 8
+    races = 10 if store_spec.backend == "s3" else 30
+    for race in range(races):
+        path = f"race/{race}"
+        winners: list[int] = []
+        losers: list[int] = []
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(threads_per_race)
+
+        def contend(
+            me: int,
+            path: str = path,
+            winners: list[int] = winners,
+            losers: list[int] = losers,
+            errors: list[BaseException] = errors,
+            barrier: threading.Barrier = barrier,
+        ) -> None:
+            barrier.wait()
+            try:
+                store.create_exclusive(path, f"writer-{me}".encode())
+                winners.append(me)
+            except AlreadyExistsError:
+                losers.append(me)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=contend, args=(i,)) for i in range(threads_per_race)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(winners) == 1, f"race {race}: winners {winners}"
+        assert len(losers) == threads_per_race - 1
+        assert store.read(path) == f"writer-{winners[0]}".encode()
+
+
+# -- listing and deleting -----------------------------------------------------------------
+
+
+def test_list_dir_names_direct_children_sorted(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    for path in ("d/b.bin", "d/a.bin", "d/sub/c.bin", "d/sub/deeper/e.bin", "other/x"):
+        store.write_atomic(path, b"x")
+    assert store.list_dir("d") == ["a.bin", "b.bin", "sub"]
+    assert store.list_dir("") == ["d", "other"]
+    assert store.list_dir("d/sub") == ["c.bin", "deeper"]
+
+
+def test_list_dir_of_a_missing_directory_is_empty(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    assert store.list_dir("nothing/here") == []
+    assert store.walk("nothing/here") == []
+
+
+def test_listings_hide_temp_files(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    store.write_atomic("d/real", b"1")
+    store.write_atomic(f"d/{TEMP_PREFIX}inflight", b"2")
+    assert store.list_dir("d") == ["real"]
+    assert [f.path for f in store.walk("d")] == ["real"]
+    assert [f.path for f in store.walk("d", include_temp=True)] == [
+        f"{TEMP_PREFIX}inflight",
+        "real",
+    ]
+
+
+def test_walk_lists_every_file_below_with_relative_paths_and_sizes(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    store.write_atomic("w/a", b"1")
+    store.write_atomic("w/s/b", b"22")
+    store.write_atomic("w/s/t/c", b"333")
+    store.write_atomic("outside", b"4444")
+    assert store.walk("w") == [FileInfo("a", 1), FileInfo("s/b", 2), FileInfo("s/t/c", 3)]
+
+
+def test_delete_removes_files_and_directories_and_ignores_absent_paths(
+    store_spec: StoreSpec,
+) -> None:
+    store = store_spec.storage()
+    for path in ("d/a", "d/s/b", "d/s/c", "keep/x"):
+        store.write_atomic(path, b"x")
+    store.delete("d/a")
+    assert not store.exists("d/a")
+    store.delete("d", recursive=True)
+    assert store.walk("d") == []
+    assert not store.exists("d/s/b")
+    store.delete("d", recursive=True)
+    store.delete("never/existed")
+    assert every_name(store) == ["keep/x"]
+
+
+# -- publish ------------------------------------------------------------------------------
+
+
+def stage(store: Storage, root: str, files: dict[str, bytes]) -> list[FileInfo]:
+    for name, data in files.items():
+        store.write_atomic(f"{root}/{name}", data)
+    return [FileInfo(name, len(data)) for name, data in sorted(files.items())]
+
+
+STAGED = {
+    "part-0.parquet": b"a" * 10,
+    "part-1.parquet": b"b" * 20,
+    "nested/part-2.parquet": b"c" * 5,
+}
+
+
+def published(target: Storage, dst: str) -> dict[str, bytes]:
+    return {f.path: target.read(f"{dst}/{f.path}") for f in target.walk(dst)}
+
+
+def test_publish_dir_makes_every_staged_file_present_at_the_destination(
+    store_spec: StoreSpec,
+) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage(store, "_staging/epoch=1/attempt=1/out", STAGED)
+
+    how = store.publish_dir("_staging/epoch=1/attempt=1/out", target, "epoch=1", files)
+
+    assert how in ("renamed", "copied")
+    assert published(target, "epoch=1") == STAGED
+
+
+def test_publish_dir_again_after_a_full_publish_reports_already(store_spec: StoreSpec) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage(store, "stg", STAGED)
+    store.publish_dir("stg", target, "epoch=1", files)
+
+    assert store.publish_dir("stg", target, "epoch=1", files) == "already"
+    assert store.publish_dir("stg", target, "epoch=1", files) == "already"
+    assert published(target, "epoch=1") == STAGED
+
+
+def test_publish_dir_resumes_after_a_partial_copy(store_spec: StoreSpec) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage(store, "stg", STAGED)
+    # A previous publish copied one file and then died; the staging is still complete.
+    target.write_atomic("epoch=1/part-0.parquet", STAGED["part-0.parquet"])
+
+    how = store.publish_dir("stg", target, "epoch=1", files)
+
+    assert how == "copied"
+    assert published(target, "epoch=1") == STAGED
+
+
+def test_publish_dir_resumes_when_published_files_already_left_staging(
+    store_spec: StoreSpec,
+) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage(store, "stg", STAGED)
+    # A copy-then-delete publisher moved one file and died before the others.
+    target.write_atomic("epoch=1/part-1.parquet", STAGED["part-1.parquet"])
+    store.delete("stg/part-1.parquet")
+
+    store.publish_dir("stg", target, "epoch=1", files)
+
+    assert published(target, "epoch=1") == STAGED
+
+
+def test_publish_dir_replaces_a_wrong_sized_leftover_at_the_destination(
+    store_spec: StoreSpec,
+) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage(store, "stg", STAGED)
+    target.write_atomic("epoch=1/part-0.parquet", b"torn")
+
+    store.publish_dir("stg", target, "epoch=1", files)
+
+    assert published(target, "epoch=1") == STAGED
+
+
+def test_publish_dir_refuses_when_a_staged_file_is_lost(store_spec: StoreSpec) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage(store, "stg", STAGED)
+    store.delete("stg/part-1.parquet")
+
+    with pytest.raises(PublishError, match="part-1.parquet"):
+        store.publish_dir("stg", target, "epoch=1", files)
+
+
+def test_publish_dir_refuses_when_a_staged_file_has_the_wrong_size(store_spec: StoreSpec) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage(store, "stg", STAGED)
+    store.write_atomic("stg/part-0.parquet", b"truncated")
+
+    with pytest.raises(PublishError, match="part-0.parquet"):
+        store.publish_dir("stg", target, "epoch=1", files)
+    assert published(target, "epoch=1") == {}
+
+
+def test_concurrent_publishers_of_the_same_staging_both_succeed(store_spec: StoreSpec) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage(store, "stg", STAGED)
+    results: list[str] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def publish() -> None:
+        barrier.wait()
+        try:
+            results.append(store.publish_dir("stg", target, "epoch=1", files))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert published(target, "epoch=1") == STAGED
+
+
+# -- paths --------------------------------------------------------------------------------
+
+
+ESCAPES = ["../outside", "a/../../outside", "/etc/passwd", "a\x00b", "a\\..\\b", "..", "x/.."]
+
+
+@pytest.mark.parametrize("path", ESCAPES)
+def test_paths_that_could_escape_the_root_are_refused_by_every_operation(store_spec: StoreSpec, path: str) -> None:
+    store = store_spec.storage("inner")
+    operations = [
+        lambda: store.read(path),
+        lambda: store.write_atomic(path, b"x"),
+        lambda: store.create_exclusive(path, b"x"),
+        lambda: store.delete(path, recursive=True),
+        lambda: store.list_dir(path),
+        lambda: store.walk(path),
+        lambda: store.exists(path),
+        lambda: store.size(path),
+        lambda: store.child(path),
+        lambda: store.url_of(path),
+    ]
+    for operation in operations:
+        with pytest.raises(StorageError):
+            operation()
+    assert every_name(store_spec.storage()) == []
+
+
+def test_child_storage_is_rooted_below_its_parent(store_spec: StoreSpec) -> None:
+    parent = store_spec.storage()
+    child = parent.child("pipelines/orders")
+    child.write_atomic("a/b", b"x")
+    assert parent.read("pipelines/orders/a/b") == b"x"
+    assert type(child) is type(parent)
+    assert child.url_of("a/b") == parent.url_of("pipelines/orders/a/b")
+    assert child.url_of("./a//b/") == child.url_of("a/b")
+
+
+# -- backends and their registration ------------------------------------------------------
+
+
+def test_the_backend_is_chosen_by_url_protocol(store_spec: StoreSpec) -> None:
+    expected = {"file": LocalStorage, "memory": MemoryStorage, "s3": ObjectStorage}[store_spec.backend]
+    assert type(store_spec.storage()) is expected
+
+
+def test_builtin_backends_are_registered_as_entry_points() -> None:
+    from importlib.metadata import entry_points
+
+    registered = {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    assert registered["file"] is LocalStorage
+    assert registered["memory"] is MemoryStorage
+    assert registered["s3"] is ObjectStorage
+    assert backend_for("file") is LocalStorage
+    assert backend_for("memory") is MemoryStorage
+    assert backend_for("s3") is ObjectStorage
+    assert backend_for("gs") is ObjectStorage
+    assert backend_for("some-unregistered-protocol") is Storage
+
+
+class ThirdPartyStorage(MemoryStorage):
+    """A backend a third-party package would register for its own protocol."""
+
+
+@pytest.fixture
+def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[EntryPoint]]:
+    """Entry points of the storage group as an installed plug-in would add them."""
+    extra: list[EntryPoint] = []
+    real = storage_module.entry_points
+
+    def with_extra(group: str) -> list[EntryPoint]:
+        return [*extra, *real(group=group)] if group == ENTRY_POINT_GROUP else list(real(group=group))
+
+    monkeypatch.setattr(storage_module, "entry_points", with_extra)
+    backend_for.cache_clear()
+    yield extra
+    backend_for.cache_clear()
+
+
+def test_an_entry_point_backend_is_used_and_wins_over_the_builtin(
+    fake_entry_points: list[EntryPoint],
+) -> None:
+    fake_entry_points.append(EntryPoint("memory", f"{__name__}:ThirdPartyStorage", ENTRY_POINT_GROUP))
+    store = open_storage("memory://plugin-test")
+    assert type(store) is ThirdPartyStorage
+
+
+def test_a_broken_entry_point_is_a_storage_error_naming_it(
+    fake_entry_points: list[EntryPoint],
+) -> None:
+    fake_entry_points.append(EntryPoint("brokenproto", f"{__name__}:NoSuchClass", ENTRY_POINT_GROUP))
+    fake_entry_points.append(EntryPoint("notastorage", f"{__name__}:Boom", ENTRY_POINT_GROUP))
+    with pytest.raises(StorageError, match="NoSuchClass"):
+        backend_for("brokenproto")
+    with pytest.raises(StorageError, match="not a Storage subclass"):
+        backend_for("notastorage")
+
+
+def test_open_storage_treats_a_plain_path_as_a_local_directory(tmp_path: os.PathLike[str]) -> None:
+    store = open_storage(str(tmp_path))
+    assert isinstance(store, LocalStorage)
+    assert store.url == f"file://{tmp_path}"
+    with pytest.raises(StorageError):
+        open_storage("")
+
+
+# -- local disk specifics -----------------------------------------------------------------
+
+
+def test_local_publish_is_one_directory_rename(local_spec: StoreSpec) -> None:
+    store = local_spec.storage("store")
+    target = local_spec.storage("target")
+    files = stage(store, "stg", STAGED)
+    inode = os.stat(store.full_path("stg/part-0.parquet")).st_ino
+
+    assert store.publish_dir("stg", target, "epoch=1", files) == "renamed"
+
+    assert os.stat(target.full_path("epoch=1/part-0.parquet")).st_ino == inode
+    assert not store.exists("stg")
+
+
+def test_local_create_exclusive_leaves_no_temp_file_behind(local_spec: StoreSpec) -> None:
+    store = local_spec.storage()
+    store.create_exclusive("r", b"1")
+    with pytest.raises(AlreadyExistsError):
+        store.create_exclusive("r", b"2")
+    assert os.listdir(store.full_path("")) == ["r"]
+
+
+def test_local_write_atomic_replaces_the_file_by_renaming_a_synced_temp_file(
+    local_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = local_spec.storage()
+    store.write_atomic("f", b"1")
+    first = os.stat(store.full_path("f")).st_ino
+    store.write_atomic("f", b"2")
+    assert os.stat(store.full_path("f")).st_ino != first, "a new inode renamed into place"
+    assert len(synced) == 2, "each temp file is synced before it becomes visible"
+    assert os.listdir(store.full_path("")) == ["f"]
