@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+from airflow_seatunnel_ckpt.spark.registry import Registry
 from airflow_seatunnel_ckpt.spark.sources import FILE_FORMATS
 
 if TYPE_CHECKING:
@@ -105,27 +106,14 @@ class FileSink(Sink):
 
 
 #: Sink type name -> factory(name, **options).
-_SINK_TYPES: dict[str, Callable[..., Sink]] = {"file": FileSink}
+_TYPES: Registry[Sink] = Registry("sink", {"file": FileSink})
 
 
 def register_sink(type_name: str, factory: Callable[..., Sink]) -> None:
-    """Make ``{"type": type_name, ...}`` in a stage spec build a sink.
-
-    The sink is built as ``factory(name, **options)``.
-    """
-    _SINK_TYPES[type_name] = factory
+    """Make ``{"type": type_name, ...}`` in a stage spec build a sink as ``factory(name, **options)``."""
+    _TYPES.register(type_name, factory)
 
 
 def sink_from_options(name: str, options: Mapping[str, Any]) -> Sink:
     """Build the sink a stage spec describes."""
-    opts = dict(options)
-    type_name = opts.pop("type", "file")
-    factory = _SINK_TYPES.get(type_name)
-    if factory is None:
-        raise ConfigError(
-            f"sink {name!r}: unknown type {type_name!r}; known: {sorted(_SINK_TYPES)}"
-        )
-    try:
-        return factory(name, **opts)
-    except TypeError as exc:
-        raise ConfigError(f"sink {name!r}: bad options {sorted(opts)}: {exc}") from exc
+    return _TYPES.build(name, options)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+from airflow_seatunnel_ckpt.spark.registry import Registry
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -188,27 +189,14 @@ class FileSource(Source):
 
 
 #: Source type name -> factory(name, **options).
-_SOURCE_TYPES: dict[str, Callable[..., Source]] = {"file": FileSource}
+_TYPES: Registry[Source] = Registry("source", {"file": FileSource})
 
 
 def register_source(type_name: str, factory: Callable[..., Source]) -> None:
-    """Make ``{"type": type_name, ...}`` in a stage spec build a source.
-
-    The source is built as ``factory(name, **options)``.
-    """
-    _SOURCE_TYPES[type_name] = factory
+    """Make ``{"type": type_name, ...}`` in a stage spec build a source as ``factory(name, **options)``."""
+    _TYPES.register(type_name, factory)
 
 
 def source_from_options(name: str, options: Mapping[str, Any]) -> Source:
     """Build the source a stage spec describes."""
-    opts = dict(options)
-    type_name = opts.pop("type", "file")
-    factory = _SOURCE_TYPES.get(type_name)
-    if factory is None:
-        raise ConfigError(
-            f"source {name!r}: unknown type {type_name!r}; known: {sorted(_SOURCE_TYPES)}"
-        )
-    try:
-        return factory(name, **opts)
-    except TypeError as exc:
-        raise ConfigError(f"source {name!r}: bad options {sorted(opts)}: {exc}") from exc
+    return _TYPES.build(name, options)
