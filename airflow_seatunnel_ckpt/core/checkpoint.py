@@ -177,7 +177,7 @@ class CheckpointManager:
         self.storage = storage
         self._max_chunk = max_chunk
 
-    def list(self) -> list[int]:
+    def epochs(self) -> list[int]:
         """Epochs that have a checkpoint directory (complete or not), ascending."""
         out = [layout.parse_checkpoint_dir(n) for n in self.storage.list_dir("")]
         return sorted(e for e in out if e is not None)
@@ -208,7 +208,9 @@ class CheckpointManager:
         """Whether ``_metadata`` exists (the checkpoint was completed)."""
         return self.storage.exists(layout.metadata_path(epoch))
 
-    def verify_parts(self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None) -> list[Problem]:
+    def verify_parts(
+        self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None
+    ) -> list[Problem]:
         """Check that each part exists with its recorded size (and, if ``deep``, CRC32C + frame)."""
         storage = storage or self.storage
         problems = []

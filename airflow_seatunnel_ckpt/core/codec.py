@@ -100,7 +100,7 @@ class _Compressor:
 
     def compress(self, raw: bytes) -> bytes:
         if self.codec is Codec.ZSTD:
-            return self._z.compress(raw)  # type: ignore[no-any-return]
+            return self._z.compress(raw)
         return self._lz4.compress(raw, compression_level=self._level)  # type: ignore[no-any-return]
 
 

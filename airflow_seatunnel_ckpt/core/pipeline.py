@@ -369,7 +369,8 @@ class Pipeline:
         problems = []
         for name in participants or []:
             if name not in prepared:
-                problems.append(Problem(self.storage.describe_path(layout.txlog_dir(epoch)), f"{name!r} is not prepared"))
+                where = self.storage.describe_path(layout.txlog_dir(epoch))
+                problems.append(Problem(where, f"{name!r} is not prepared"))
         for name, record in sorted(prepared.items()):
             if participants is None or name in participants:
                 problems += self._verify_record(record, deep)

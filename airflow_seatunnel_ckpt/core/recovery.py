@@ -70,7 +70,8 @@ class RestorePoint:
 
     def to_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "how": self.how, "storage": self.storage.describe() if self.storage else None,
-                "operators": sorted(self.operators), "sources": sorted(set(self.source_chains) | set(self.rebuilt_sources)),
+                "operators": sorted(self.operators),
+                "sources": sorted(set(self.source_chains) | set(self.rebuilt_sources)),
                 "skipped": [str(p) for p in self.skipped]}
 
 
@@ -156,7 +157,8 @@ def _published_rows_after(pipeline: Pipeline, older: int, newest: int) -> int:
 
 
 def _way_out(pipeline: Pipeline, epoch: int, problems: list[Problem], why: str) -> str:
-    first = problems[0] if problems else Problem(pipeline.storage.describe_path(layout.checkpoint_dir(epoch)), "damaged")
+    where = pipeline.storage.describe_path(layout.checkpoint_dir(epoch))
+    first = problems[0] if problems else Problem(where, "damaged")
     return (
         f"pipeline {pipeline.name!r}: the newest committed checkpoint (epoch {epoch}) cannot be restored: "
         f"{first}; {why}. Way out: restore that file from a backup or a replica (configure secondary_url), "
@@ -266,7 +268,7 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None) 
             act(staged, "drop-staging", f"{layout.STAGING}/{name} is not needed by any open epoch",
                 lambda n=name: pipeline.storage.delete(f"{layout.STAGING}/{n}", recursive=True))
 
-    for epoch in pipeline.checkpoints.list():
+    for epoch in pipeline.checkpoints.epochs():
         if states.get(epoch) is EpochState.ABORTED or unknown(epoch):
             act(epoch, "drop-checkpoint", f"{layout.checkpoint_dir(epoch)} belongs to an aborted or unknown epoch",
                 lambda e=epoch: pipeline.checkpoints.delete(e))
@@ -334,7 +336,7 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
         for record in pipeline.txlog.prepared(epoch).values():
             referenced.update(p.path for op in record.operators.values() for p in op.parts())
             referenced.update(p.path for source in record.sources.values() for p in source.chain)
-    for epoch in pipeline.checkpoints.list():
+    for epoch in pipeline.checkpoints.epochs():
         if epoch in kept or epoch in unfinished:
             continue
         root = layout.checkpoint_dir(epoch) + "/"

@@ -595,10 +595,8 @@ class ObjectStorage(Storage):
 
 
 def _unlink_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 _BUILTIN: dict[str, type[Storage]] = {

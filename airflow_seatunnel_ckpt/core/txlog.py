@@ -14,6 +14,7 @@ from which records exist; there is no mutable status file to get out of step. Th
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -130,10 +131,8 @@ class TransactionLog:
         raise PendingEpochError(f"pipeline {self.pipeline!r}: could not allocate an epoch for run {run_id!r}", 0)
 
     def _index_run(self, key: str, epoch: int) -> None:
-        try:
+        with contextlib.suppress(AlreadyExistsError):
             self.storage.create_exclusive(f"{layout.TXLOG}/runs/{key}/{epoch:0{layout.EPOCH_WIDTH}d}", b"")
-        except AlreadyExistsError:
-            pass
 
     def _latest_for_run(self, run_id: str) -> BeginRecord | None:
         names = self.storage.list_dir(layout.run_index_dir(run_id))
@@ -297,10 +296,8 @@ class TransactionLog:
         return self.storage.exists(layout.record_path(epoch, RETIRED))
 
     def _acknowledge(self, epoch: int, name: str, payload: dict[str, Any]) -> None:
-        try:
+        with contextlib.suppress(AlreadyExistsError):
             self._write_once(layout.record_path(epoch, name), payload)
-        except AlreadyExistsError:
-            pass
 
     def read_published(self, epoch: int) -> list[PublishedSink] | None:
         """What the ``committed`` record says was published, or None if not committed."""

@@ -185,7 +185,7 @@ def test_metadata_lists_every_part_with_size_and_checksum(fast_spec: StoreSpec) 
     assert {p.path: p.size for p in meta.parts()} == {k: v for k, v in stored.items() if not k.endswith("_metadata")}
     assert all(p.crc32c for p in meta.parts())
     assert manager.verify(3) == []
-    assert manager.list() == [3]
+    assert manager.epochs() == [3]
 
 
 @pytest.mark.parametrize(

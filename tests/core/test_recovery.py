@@ -144,7 +144,7 @@ def test_recovery_drops_orphan_staging_and_checkpoints_of_aborted_or_unknown_epo
 
     assert report.errors == []
     assert p.storage.list_dir(layout.STAGING) == [f"epoch={open_epoch}"]
-    assert p.checkpoints.list() == [1]
+    assert p.checkpoints.epochs() == [1]
     assert p.state(open_epoch) is EpochState.OPEN
     assert p.restore_point().epoch == 1
 
@@ -409,7 +409,7 @@ def test_retention_keeps_the_newest_n_and_every_part_they_reference(fast_spec: S
     assert report.kept == [6, 7]
     assert report.removed_checkpoints == [1, 2, 3, 4, 5]
     assert report.kept_for_reference > 0
-    left = {f"{d}/{f.path}" for d in map(layout.checkpoint_dir, p.checkpoints.list()) for f in p.storage.walk(d)}
+    left = {f"{d}/{f.path}" for d in map(layout.checkpoint_dir, p.checkpoints.epochs()) for f in p.storage.walk(d)}
     assert left - referenced == {f for f in left if f.startswith(("checkpoint_6/", "checkpoint_7/"))} - referenced
     assert referenced <= left
     point = p.restore_point()
@@ -426,7 +426,7 @@ def test_retention_always_keeps_the_newest_committed_checkpoint(fast_spec: Store
     report = p.retain(max_retain=1)
 
     assert report.kept == [3]
-    assert p.checkpoints.list() == [1, 2, 3, epoch], "older dirs keep their referenced parts"
+    assert p.checkpoints.epochs() == [1, 2, 3, epoch], "older dirs keep their referenced parts"
     assert p.checkpoints.verify(3) == []
     assert p.storage.exists(layout.checkpoint_dir(epoch)), "an unfinished epoch's parts stay"
     assert restored_state(p.restore_point()) == {0: 0, 1: 11, 2: 22, 3: 3}
@@ -491,7 +491,7 @@ def test_retention_refuses_to_keep_fewer_than_one_checkpoint(fast_spec: StoreSpe
     for bad in (0, -1, True):
         with pytest.raises(ConfigError, match="max_retain"):
             p.retain(max_retain=bad)  # type: ignore[arg-type]
-    assert p.checkpoints.list() == [1, 2]
+    assert p.checkpoints.epochs() == [1, 2]
 
 
 def test_an_older_checkpoint_removed_by_retention_is_never_a_fallback(fast_spec: StoreSpec) -> None:
