@@ -88,8 +88,11 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f}"
 
 
-def line(name: str, ratio: float, target: str, ok: bool, detail: str) -> dict[str, Any]:
-    print(f"{name:<34} {ratio:8.3f}   target {target:<8} {'ok' if ok else 'MISSED':<6}  {detail}")
+def line(name: str, ratio: float, target: str, ok: bool | None, detail: str) -> dict[str, Any]:
+    """Print one figure; ``ok=None`` marks an information-only figure (no target)."""
+    verdict = "" if ok is None else ("ok" if ok else "MISSED")
+    shown = f"target {target:<8}" if target else " " * 15
+    print(f"{name:<40} {ratio:8.3f}   {shown} {verdict:<6}  {detail}")
     return {"name": name, "ratio": ratio, "target": target, "ok": ok, "detail": detail}
 
 
@@ -204,17 +207,20 @@ def bench_publish(repeat: int, work: Path) -> list[dict[str, Any]]:
     for key in plan:
         shutil.rmtree(work / "publish-{}-{}-{}".format(*key))
     out = []
-    for verify, label in ((False, "rename"), (True, "check+rename")):
+    # Pipeline.commit publishes with verify=False (decide already checked size and CRC32C
+    # of every staged file): that is the figure the target is about. The checked variant
+    # is shown for information.
+    for verify, label in ((False, "rename, as commit does"), (True, "check+rename, info")):
         small, large = min(times[(10, verify)]), min(times[(10_000, verify)])
         ratio = large / small
         out.append(
             line(
                 f"local publish 10k/10 ({label})",
                 ratio,
-                "<= 2",
-                ratio <= 2,
+                "" if verify else "<= 2",
+                None if verify else ratio <= 2,
                 f"10 files {small * 1e3:.3f} ms, 10,000 files {large * 1e3:.3f} ms"
-                + ("" if not verify else " (publish_dir default: stats each staged file first)"),
+                + ("" if not verify else " (publish_dir(verify=True): stats each staged file first)"),
             )
             | {"seconds": {"10": small, "10000": large}}
         )
@@ -248,7 +254,7 @@ def bench_commit(repeat: int, work: Path) -> dict[str, Any]:
     print(
         f"{'Pipeline.commit 10k/10 (info)':<34} {ratio:8.3f}   {'':<15} {'':<6}  "
         f"10 files {best_s[10] * 1e3:.2f} ms, 10,000 files {best_s[10_000] * 1e3:.2f} ms "
-        "(reads the prepared manifest, checks and renames, writes the _SUCCESS file list)"
+        "(reads the prepared manifest, renames, writes the _SUCCESS file list)"
     )
     return {"name": "Pipeline.commit 10k/10", "ratio": ratio, "seconds": best_s}
 
