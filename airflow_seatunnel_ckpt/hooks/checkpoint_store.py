@@ -146,7 +146,9 @@ def check_prepared(pipeline: Pipeline, run_id: str,
             waiting_for = ", ".join(missing) if missing else "any participant"
             return PreparedCheck("waiting", f"epoch {epoch} is {state.value}; waiting for "
                                  f"{waiting_for} to prepare", epoch, state.value, missing, attempts)
-        problems = pipeline.verify_prepared(epoch, expected or None)
+        # Sizes and presence only: the commit decision right after re-reads every part and
+        # staged file against its CRC32C, so a deep check here would read all of it twice.
+        problems = pipeline.verify_prepared(epoch, expected or None, deep=False)
         if problems:
             return PreparedCheck("corrupt", f"epoch {epoch}: prepared output does not verify: "
                                  + "; ".join(str(p) for p in problems), epoch, state.value,
