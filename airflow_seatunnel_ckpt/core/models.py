@@ -298,12 +298,15 @@ class CheckpointMetadata:
     sources: dict[str, SourceState]
     sinks: dict[str, PartRef]  #: the ``_prepared`` marker of every sink
     format_version: int = 1
+    #: the ``sources/<source>/_meta`` marker of every source (absent in early checkpoints)
+    source_metas: dict[str, PartRef] = field(default_factory=dict)
 
     def parts(self) -> list[PartRef]:
         """Every file the checkpoint needs, wherever it lives (incremental parts included)."""
         out = [p for op in self.operators.values() for p in op.parts()]
         out += [p for s in self.sources.values() for p in s.chain]
         out += list(self.sinks.values())
+        out += list(self.source_metas.values())
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -312,7 +315,8 @@ class CheckpointMetadata:
                 "participants": dict(sorted(self.participants.items())), "base_epoch": self.base_epoch,
                 "operators": {k: v.to_dict() for k, v in sorted(self.operators.items())},
                 "sources": {k: v.to_dict() for k, v in sorted(self.sources.items())},
-                "sinks": {k: v.to_dict() for k, v in sorted(self.sinks.items())}}
+                "sinks": {k: v.to_dict() for k, v in sorted(self.sinks.items())},
+                "source_metas": {k: v.to_dict() for k, v in sorted(self.source_metas.items())}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> CheckpointMetadata:
@@ -329,6 +333,8 @@ class CheckpointMetadata:
             {k: SourceState.from_dict(v, path) for k, v in _get(d, "sources", dict, path).items()},
             {k: PartRef.from_dict(v, path) for k, v in _get(d, "sinks", dict, path).items()},
             version,
+            {k: PartRef.from_dict(v, path)
+             for k, v in (_get(d, "source_metas", dict, path, optional=True) or {}).items()},
         )
 
 

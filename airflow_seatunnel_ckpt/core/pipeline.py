@@ -319,25 +319,28 @@ class Pipeline:
                               base_epoch=chain[-1].epoch, **self._codec_options)
         return SourceState(offsets, chain + [ref])
 
-    def _write_markers(self, record: PreparedRecord) -> dict[str, PartRef]:
+    def _write_markers(self, record: PreparedRecord) -> tuple[dict[str, PartRef], dict[str, PartRef]]:
         """Write the checkpoint's ``sinks/<sink>/_prepared`` and ``sources/<s>/_meta`` files.
 
         They are derived from the prepared record (deterministic bytes), so rewriting them
-        after a crash is harmless; the record itself is the fence.
+        after a crash is harmless; the record itself is the fence. Returns their references
+        (sinks, sources) for ``_metadata``, so ``verify`` checks them like any part.
         """
-        refs = {}
+        sinks, sources = {}, {}
         for sink in record.sinks:
             data = codec.encode_json({"type": "sink_prepared", "epoch": record.epoch,
                                       "participant": record.participant, "attempt": record.attempt,
                                       "manifest": sink.to_dict()})
             path = layout.sink_marker_path(record.epoch, sink.sink)
             self.storage.write_atomic(path, data)
-            refs[sink.sink] = PartRef(path, len(data), codec.crc32c(data), record.epoch)
+            sinks[sink.sink] = PartRef(path, len(data), codec.crc32c(data), record.epoch)
         for source, state in record.sources.items():
             data = codec.encode_json({"type": "source_meta", "epoch": record.epoch, "source": source,
                                       "attempt": record.attempt, "chain": [p.to_dict() for p in state.chain]})
-            self.storage.write_atomic(layout.source_meta_path(record.epoch, source), data)
-        return refs
+            path = layout.source_meta_path(record.epoch, source)
+            self.storage.write_atomic(path, data)
+            sources[source] = PartRef(path, len(data), codec.crc32c(data), record.epoch)
+        return sinks, sources
 
     def _verify_record(self, record: PreparedRecord, deep: bool) -> list[Problem]:
         parts = [p for op in record.operators.values() for p in op.parts()]
@@ -346,15 +349,19 @@ class Pipeline:
         for sink in record.sinks:
             for f in sink.files:
                 path = f"{sink.staging}/{f.path}"
+                # FileNotFoundError at either step: missing, or removed meanwhile by an
+                # abort that won the decision while this verification ran.
                 try:
                     size = self.storage.size(path)
+                    wrong_crc = (size == f.size and deep and f.crc32c is not None
+                                 and self.storage.checksum(path) != f.crc32c)
                 except FileNotFoundError:
                     problems.append(Problem(self.storage.describe_path(path), "staged file is missing"))
                     continue
                 if size != f.size:
                     problems.append(Problem(self.storage.describe_path(path),
                                             f"staged file is {size} bytes, manifest says {f.size}"))
-                elif deep and f.crc32c is not None and self.storage.checksum(path) != f.crc32c:
+                elif wrong_crc:
                     problems.append(Problem(self.storage.describe_path(path),
                                             "staged file's checksum does not match the manifest"))
         return problems
@@ -423,6 +430,7 @@ class Pipeline:
         operators: dict[str, OperatorState] = {}
         sources: dict[str, SourceState] = {}
         sinks: dict[str, PartRef] = {}
+        source_metas: dict[str, PartRef] = {}
         for record in records:
             for kind, target, items in (("operator", operators, record.operators),
                                         ("source", sources, record.sources)):
@@ -430,8 +438,9 @@ class Pipeline:
                     if name in target:
                         raise NotPreparedError(f"epoch {epoch}: {kind} {name!r} is prepared by two participants")
                     target[name] = value  # type: ignore[assignment]
-            marker_refs = self._write_markers(record)
-            for name, ref in marker_refs.items():
+            sink_markers, source_markers = self._write_markers(record)
+            source_metas.update(source_markers)  # sources are unique across participants (above)
+            for name, ref in sink_markers.items():
                 if name in sinks:
                     raise NotPreparedError(f"epoch {epoch}: sink {name!r} is prepared by two participants")
                 sinks[name] = ref
@@ -439,7 +448,8 @@ class Pipeline:
         meta = CheckpointMetadata(
             epoch=epoch, created_at=time.time(), run_id=records[0].run_id,
             participants={r.participant: r.attempt for r in records},
-            base_epoch=max(bases) if bases else None, operators=operators, sources=sources, sinks=sinks)
+            base_epoch=max(bases) if bases else None, operators=operators, sources=sources, sinks=sinks,
+            source_metas=source_metas)
         return self.checkpoints.complete(meta)
 
     # -- commit ------------------------------------------------------------------------

@@ -104,6 +104,10 @@ def _chunks(data: Data) -> Iterator[bytes]:
             yield bytes(chunk)
 
 
+# How often a recursive delete walks a tree again when a racing writer added to it.
+_RACING_DELETE_RETRIES = 5
+
+
 class Storage:
     """Generic fsspec-backed storage (memory://, hdfs://, ... ).
 
@@ -273,15 +277,28 @@ class Storage:
             raise self._err("creating", path, exc) from exc
 
     def delete(self, path: str, recursive: bool = False) -> None:
-        """Remove the file or (with ``recursive``) directory at ``path``; absent is fine."""
+        """Remove the file or (with ``recursive``) directory at ``path``; absent is fine.
+
+        A writer racing a recursive delete (a losing committer completing ``_metadata`` in a
+        checkpoint an abort is removing) makes a local ``rmdir`` fail with "directory not
+        empty"; the delete walks the tree again a few times, as an object store's delete of
+        whatever it listed would simply succeed.
+        """
         full = self.full_path(path)
-        try:
-            if self.fs.exists(full):
-                self.fs.rm(full, recursive=recursive)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise self._err("deleting", path, exc) from exc
+        for attempt in range(_RACING_DELETE_RETRIES + 1):
+            try:
+                if self.fs.exists(full):
+                    self.fs.rm(full, recursive=recursive)
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if recursive and exc.errno == errno.ENOTEMPTY and attempt < _RACING_DELETE_RETRIES:
+                    time.sleep(0.01 * (attempt + 1))
+                    continue
+                raise self._err("deleting", path, exc) from exc
+            except Exception as exc:
+                raise self._err("deleting", path, exc) from exc
 
     # -- publish -----------------------------------------------------------------------
     def publish_dir(

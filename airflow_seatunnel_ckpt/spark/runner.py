@@ -97,7 +97,11 @@ def run_stage(
     fn = stage_fn or load_stage_function(spec.stage)
     session = spark or stage_session(spec, submitted=submitted)
 
-    base = pipeline.restore_point(deep=False)
+    # The first attempt trusts sizes (one listing, no reads) and CRC32C is still checked as
+    # each part is decoded; a retry re-reads every part's checksum first, so a checkpoint
+    # damaged in place (same size, flipped bytes) that failed attempt 1 mid-restore is
+    # skipped in favour of a fallback (replica, log, older epoch) instead of failing again.
+    base = pipeline.restore_point(deep=spec.attempt > 1)
     log.info(
         "pipeline %s epoch %d attempt %d: %s restores from %s (%s)",
         spec.pipeline,

@@ -225,6 +225,27 @@ def test_verify_reports_missing_or_damaged_metadata(fast_spec: StoreSpec) -> Non
     assert problems[0].path == store.url_of(layout.metadata_path(2))
 
 
+def test_metadata_references_every_marker_so_verify_names_a_damaged_source_meta(fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline()
+    epoch = run_epoch(p, "run-1", Participant(sources={"orders": {"files": ["a"]}}))
+    meta = p.checkpoints.read_metadata(epoch)
+    marker = layout.source_meta_path(epoch, "orders")
+    assert meta.source_metas["orders"].path == marker
+    assert {r.path for r in meta.parts()} >= {marker, layout.sink_marker_path(epoch, "orders")}
+    assert p.checkpoints.verify(epoch) == []
+    flip_byte(p.storage, marker, 20)
+    assert [pr.path for pr in p.checkpoints.verify(epoch)] == [p.storage.url_of(marker)]
+    p.storage.delete(marker)
+    assert [pr.path for pr in p.checkpoints.verify(epoch, deep=False)] == [p.storage.url_of(marker)]
+
+
+def test_metadata_written_before_source_markers_were_referenced_still_reads() -> None:
+    meta = CheckpointMetadata(1, 1.0, "run-1", {"ingest": 1}, None, {}, {}, {})
+    old = meta.to_dict()
+    del old["source_metas"]
+    assert CheckpointMetadata.from_dict(old) == meta
+
+
 def test_metadata_of_another_epoch_is_refused(fast_spec: StoreSpec) -> None:
     store = fast_spec.storage()
     manager = CheckpointManager(store)

@@ -241,6 +241,30 @@ def test_delete_removes_files_and_directories_and_ignores_absent_paths(
     assert every_name(store) == ["keep/x"]
 
 
+def test_local_recursive_delete_survives_a_writer_adding_a_file_during_the_walk(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A losing committer completes _metadata in the checkpoint an abort is removing: the
+    # new file lands after rmtree listed the directory, so its rmdir finds it not empty.
+    store = open_storage(str(tmp_path))
+    store.write_atomic("checkpoint_3/operators/p", b"x")
+    target = os.path.join(str(tmp_path), "checkpoint_3")
+    real_rmdir = os.rmdir
+    raced = []
+
+    def rmdir(path: str, *args: object, **kwargs: object) -> None:
+        if not raced and os.path.basename(str(path)) == "checkpoint_3":
+            raced.append(path)
+            with open(os.path.join(target, "_metadata"), "wb") as f:
+                f.write(b"late")
+        real_rmdir(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "rmdir", rmdir)
+    store.delete("checkpoint_3", recursive=True)
+    assert raced
+    assert not os.path.exists(target)
+
+
 # -- publish ------------------------------------------------------------------------------
 
 

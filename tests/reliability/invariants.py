@@ -222,6 +222,6 @@ def unreferenced_checkpoint_files(world: synthetic.World) -> list[str]:
         root = layout.checkpoint_dir(epoch)
         for f in p.storage.walk(root, include_temp=True):
             path = f"{root}/{f.path}"
-            if path not in referenced and not path.endswith("/_meta"):
+            if path not in referenced:
                 out.append(path)
     return out

@@ -301,3 +301,32 @@ def test_coalescing_the_result_keeps_the_state_exact(
     orders.add_file("b", [11, 12])
     orders.commit(run_stage(orders.spec("run-2", stage=stage), spark))
     assert published_ids() == [10, 11, 12]
+
+
+class ReplicatedOrders(OrdersPipeline):
+    """The orders pipeline with a secondary checkpoint replica."""
+
+    @property
+    def store(self) -> dict[str, Any]:
+        return {**super().store, "secondary_url": f"file://{self.root / 'replica'}"}
+
+
+def test_a_retry_skips_a_checkpoint_damaged_in_place_that_failed_the_first_attempt(
+    spark: Any, tmp_path: Any
+) -> None:
+    orders = ReplicatedOrders(tmp_path)
+    orders.add_file("a", [1, 2, 3])
+    orders.commit(run_stage(orders.spec("run-1"), spark))
+    parts = sorted((tmp_path / "store" / "orders" / "checkpoint_1" / "operators").rglob("part-*"))
+    assert parts, "epoch 1 wrote keyed-state parts"
+    for part in parts:  # bit rot: same size, so a size check cannot see it
+        data = bytearray(part.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        part.write_bytes(bytes(data))
+
+    orders.add_file("b", [3, 4])
+    with pytest.raises(Exception, match="(?i)checksum|crc|corrupt"):
+        run_stage(orders.spec("run-2", attempt=1), spark)
+    retry = run_stage(orders.spec("run-2", attempt=2), spark)
+    orders.commit(retry)
+    assert sorted(r["order_id"] for r in orders.published()) == [1, 2, 3, 4]
