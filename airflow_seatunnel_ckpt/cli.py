@@ -167,7 +167,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     p = _store(args).pipeline(args.pipeline)
     report = p.retain(max_retain=args.keep, dry_run=args.dry_run)
     text = (f"kept {report.kept}; removed checkpoints {report.removed_checkpoints} "
-            f"({report.removed_files} files, {report.kept_for_reference} parts kept for incremental bases)")
+            f"({report.removed_files} files, {report.kept_for_reference} parts kept for incremental bases); "
+            f"{'would remove' if report.dry_run else 'removed'} {len(report.removed_unreferenced)} "
+            "parts of losing attempts from kept checkpoints")
     if report.note:
         text += f"\nnote: {report.note}"
     _emit(args, report.to_dict(), text)

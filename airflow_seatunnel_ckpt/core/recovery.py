@@ -9,12 +9,14 @@
   only when replaying the epochs in between cannot duplicate published output.
   Otherwise it stops with :class:`RecoveryError` naming the damaged file and the way out.
 * :func:`retain` keeps the newest ``max_retain`` committed checkpoints, always the newest
-  one, and every older part a retained incremental checkpoint still references.
+  one, and every older part a retained incremental checkpoint still references; in the
+  checkpoints it keeps it removes the parts of attempts that lost.
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -299,12 +301,15 @@ class RetentionReport:
     removed_checkpoints: list[int] = field(default_factory=list)
     removed_files: int = 0
     kept_for_reference: int = 0
+    #: files in kept checkpoints that nothing references (parts of attempts that lost)
+    removed_unreferenced: list[str] = field(default_factory=list)
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"pipeline": self.pipeline, "dry_run": self.dry_run, "kept": self.kept,
                 "removed_checkpoints": self.removed_checkpoints, "removed_files": self.removed_files,
-                "kept_for_reference": self.kept_for_reference, "note": self.note}
+                "kept_for_reference": self.kept_for_reference,
+                "removed_unreferenced": self.removed_unreferenced, "note": self.note}
 
 
 def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = False) -> RetentionReport:
@@ -350,4 +355,30 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
         removed = pipeline.checkpoints.delete(epoch, keep=keep_here)
         report.removed_files += len(removed)
         report.removed_checkpoints.append(epoch)
+    _sweep_losing_parts(pipeline, kept, unfinished, referenced, report)
     return report
+
+
+def _sweep_losing_parts(pipeline: Pipeline, kept: list[int], unfinished: set[int], referenced: set[str],
+                        report: RetentionReport) -> None:
+    """Remove files of kept committed checkpoints that no ``_metadata`` or prepared record needs.
+
+    They are parts a losing attempt (killed and retried, or a fenced zombie) wrote before
+    the decision: a committed ``_metadata`` names the winner's parts only, and every later
+    epoch restores from committed metadata, so nothing can come to reference them.
+    """
+    for epoch in kept:
+        if epoch in unfinished:
+            continue
+        root = layout.checkpoint_dir(epoch)
+        for f in pipeline.storage.walk(root, include_temp=True):
+            path = f"{root}/{f.path}"
+            name = posixpath.basename(f.path)
+            # Parts and temp debris only: markers are rewritten by whoever needs them, and
+            # an early release's checkpoint has a ``_meta`` its ``_metadata`` does not name.
+            if path in referenced or not (name.startswith("part-") or name.startswith(TEMP_PREFIX)):
+                continue
+            report.removed_unreferenced.append(path)
+            if not report.dry_run:
+                pipeline.storage.delete(path)
+    report.removed_files += 0 if report.dry_run else len(report.removed_unreferenced)

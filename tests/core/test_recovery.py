@@ -23,6 +23,7 @@ from tests.core.epochs import (
     run_epoch,
     stage,
     staging_left,
+    write_keyed_state,
 )
 
 LATER = 10 * 24 * 3600.0
@@ -464,6 +465,34 @@ def test_retention_keeps_parts_an_unfinished_epoch_still_references(fast_spec: S
         assert p.storage.exists(ref.path), ref.path
     p.decide(epoch, Decision.COMMIT, "ok", by="test")
     assert p.checkpoints.verify(epoch) == []
+
+
+def test_retention_removes_the_parts_of_a_losing_attempt_from_a_kept_checkpoint(fast_spec: StoreSpec) -> None:
+    p = committed_history(fast_spec, LONG[:2])
+    epoch = p.begin("run-3").epoch
+    base = p.restore_point()
+    # Attempt 1 wrote its keyed state and was killed before it prepared; attempt 2 won.
+    write_keyed_state(p.storage, epoch, 1, base.operators[OPERATOR], base.storage, {2: 2, 8: 8})
+    p.storage.write_atomic(f"{layout.checkpoint_dir(epoch)}/operators/{OPERATOR}/{TEMP_PREFIX}debris", b"x")
+    prepare_participant(p, "run-3", Participant(changes={2: 22, 9: 9}, sources={"in": {"i": 3}}), attempt=2, base=base,
+                        epoch=epoch)
+    p.decide(epoch, Decision.COMMIT, "ok", by="test")
+    p.commit(epoch)
+    root = layout.checkpoint_dir(epoch)
+    needed = {q.path for q in p.checkpoints.read_metadata(epoch).parts()} | {layout.metadata_path(epoch)}
+    losing = sorted({f"{root}/{f.path}" for f in p.storage.walk(root, include_temp=True)} - needed)
+    assert len(losing) == 3 and all("-1" in path or TEMP_PREFIX in path for path in losing), losing
+
+    preview = p.retain(max_retain=3, dry_run=True)
+    assert sorted(preview.removed_unreferenced) == losing
+    assert all(p.storage.exists(path) for path in losing)
+
+    report = p.retain(max_retain=3)
+    assert sorted(report.removed_unreferenced) == losing
+    assert not any(p.storage.exists(path) for path in losing)
+    assert p.checkpoints.verify(epoch) == [] and p.storage.exists(layout.source_meta_path(epoch, "in"))
+    assert restored_state(p.restore_point()) == {0: 0, 1: 11, 2: 22, 3: 3, 9: 9}
+    assert p.retain(max_retain=3).removed_unreferenced == []
 
 
 def test_retention_in_a_dry_run_removes_nothing(fast_spec: StoreSpec) -> None:
