@@ -27,6 +27,16 @@ from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     if not rows:
         return "(none)"
@@ -73,8 +83,9 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 def cmd_epochs(args: argparse.Namespace) -> int:
     p = _store(args).pipeline(args.pipeline)
     statuses = p.list_epochs()
+    statuses = statuses[-args.last:] if args.last else statuses
     rows = []
-    for s in statuses[-args.last:] if args.last else statuses:
+    for s in statuses:
         rows.append({"epoch": s.epoch, "state": s.state.value, "run_id": s.run_id,
                      "participants": ",".join(f"{k}@{v.attempt}" for k, v in sorted(s.prepared.items())) or "-",
                      "rows": sum(v.rows for v in s.prepared.values()),
@@ -107,6 +118,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         except CorruptCheckpointError as exc:
             data["checkpoint_error"] = str(exc)
             lines.append(f"checkpoint: DAMAGED: {exc}")
+    elif p.txlog.is_retired(args.epoch):
+        data["checkpoint_retired"] = True
+        lines.append("checkpoint: removed by retention (retired); parts newer checkpoints reference are kept")
     else:
         lines.append("checkpoint: not completed (no _metadata)")
     for pub in status.published:
@@ -118,7 +132,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     p = _store(args).pipeline(args.pipeline)
     # Checkpoints retention retired on purpose are not damage; everything else committed is.
-    epochs = [args.epoch] if args.epoch else [e for e in p.committed_epochs() if not p.txlog.is_retired(e)]
+    epochs = [args.epoch] if args.epoch is not None else [e for e in p.committed_epochs() if not p.txlog.is_retired(e)]
     epochs = epochs[-args.last:] if args.last else epochs
     results = []
     for epoch in epochs:
@@ -133,7 +147,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_recover(args: argparse.Namespace) -> int:
     store = _store(args)
     names = store.list_pipelines() if args.all else [args.pipeline]
-    if not names or names == [None]:
+    if not args.all and args.pipeline is None:
         raise CheckpointError("name a pipeline or pass --all")
     reports = [store.pipeline(n).recover(dry_run=not args.apply) for n in names]
     rows = [{"pipeline": r.pipeline, **a.to_dict()} for r in reports for a in r.actions]
@@ -203,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("pipelines", help="list pipelines").set_defaults(fn=cmd_pipelines)
     sp = sub.add_parser("epochs", help="list a pipeline's epochs with their states")
     sp.add_argument("pipeline")
-    sp.add_argument("--last", type=int, default=0, help="only the newest N")
+    sp.add_argument("--last", type=_positive_int, default=0, help="only the newest N")
     sp.set_defaults(fn=cmd_epochs)
     sp = sub.add_parser("show", help="show an epoch and its checkpoint")
     sp.add_argument("pipeline")
@@ -212,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("verify", help="verify committed checkpoints (exit 1 on damage)")
     sp.add_argument("pipeline")
     sp.add_argument("epoch", type=int, nargs="?")
-    sp.add_argument("--last", type=int, default=0, help="only the newest N committed (default all)")
+    sp.add_argument("--last", type=_positive_int, default=0, help="only the newest N committed (default all)")
     sp.set_defaults(fn=cmd_verify)
     sp = sub.add_parser("recover", help="resolve unfinished epochs (dry run unless --apply)")
     sp.add_argument("pipeline", nargs="?")

@@ -347,6 +347,12 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
         root = layout.checkpoint_dir(epoch) + "/"
         keep_here = {p for p in referenced if p.startswith(root)}
         report.kept_for_reference += len(keep_here)
+        if epoch in committed and pipeline.txlog.is_retired(epoch):
+            # Removed by an earlier run except for the parts newer checkpoints reference:
+            # only report it again if something it holds is no longer needed.
+            left = {root + f.path for f in pipeline.storage.walk(root.rstrip("/"), include_temp=True)}
+            if left <= keep_here:
+                continue
         if dry_run:
             report.removed_checkpoints.append(epoch)
             continue
