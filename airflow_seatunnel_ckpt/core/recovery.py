@@ -347,12 +347,8 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
         root = layout.checkpoint_dir(epoch) + "/"
         keep_here = {p for p in referenced if p.startswith(root)}
         report.kept_for_reference += len(keep_here)
-        if epoch in committed and pipeline.txlog.is_retired(epoch):
-            # Removed by an earlier run except for the parts newer checkpoints reference:
-            # only report it again if something it holds is no longer needed.
-            left = {root + f.path for f in pipeline.storage.walk(root.rstrip("/"), include_temp=True)}
-            if left <= keep_here:
-                continue
+        if epoch in committed and pipeline.txlog.is_retired(epoch) and _holds_only(pipeline, root, keep_here):
+            continue  # an earlier run removed it but for parts newer checkpoints reference
         if dry_run:
             report.removed_checkpoints.append(epoch)
             continue
@@ -363,6 +359,10 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
         report.removed_checkpoints.append(epoch)
     _sweep_losing_parts(pipeline, kept, unfinished, referenced, report)
     return report
+
+
+def _holds_only(pipeline: Pipeline, root: str, needed: set[str]) -> bool:
+    return all(root + f.path in needed for f in pipeline.storage.walk(root.rstrip("/"), include_temp=True))
 
 
 def _sweep_losing_parts(pipeline: Pipeline, kept: list[int], unfinished: set[int], referenced: set[str],
@@ -387,4 +387,4 @@ def _sweep_losing_parts(pipeline: Pipeline, kept: list[int], unfinished: set[int
             report.removed_unreferenced.append(path)
             if not report.dry_run:
                 pipeline.storage.delete(path)
-    report.removed_files += 0 if report.dry_run else len(report.removed_unreferenced)
+                report.removed_files += 1

@@ -9,9 +9,10 @@ commits. Outcomes are read back from the store with :func:`published` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -31,6 +32,8 @@ from airflow_seatunnel_ckpt.core.checkpoint import (
 )
 from airflow_seatunnel_ckpt.core.models import PartRef
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
+
+T = TypeVar("T")
 
 KEY_GROUPS = 4
 OPERATOR = "seen"
@@ -229,3 +232,35 @@ def staging_left(pipeline: Pipeline) -> list[str]:
 
 def records(pipeline: Pipeline, epoch: int) -> list[str]:
     return pipeline.storage.list_dir(layout.txlog_dir(epoch))
+
+
+def flip_byte(storage: Storage, path: str, position: int | None = None) -> None:
+    """Damage a stored file without changing its size (default: its middle byte)."""
+    data = bytearray(storage.read(path))
+    data[len(data) // 2 if position is None else position] ^= 0xFF
+    storage.write_atomic(path, bytes(data))
+
+
+def snapshot(root: Storage) -> dict[str, bytes]:
+    """Every file below ``root`` (temp files too) with its content."""
+    return {f.path: root.read(f.path) for f in root.walk("", include_temp=True)}
+
+
+def at_once(calls: Sequence[Callable[[], T]]) -> list[T | BaseException]:
+    """Run every call in its own thread, released together; each one's result or exception."""
+    barrier = threading.Barrier(len(calls))
+    outcomes: list[T | BaseException] = [RuntimeError("did not finish")] * len(calls)
+
+    def run(i: int, call: Callable[[], T]) -> None:
+        barrier.wait()
+        try:
+            outcomes[i] = call()
+        except BaseException as exc:  # handed to the test, which asserts on it
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes

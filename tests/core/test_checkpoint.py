@@ -33,6 +33,7 @@ from tests.core.conftest import StoreSpec
 from tests.core.epochs import (
     KEY_GROUPS,
     Participant,
+    flip_byte,
     read_group,
     restored_state,
     run_epoch,
@@ -136,12 +137,6 @@ def make_checkpoint(store: Storage, epoch: int, state: dict[int, int], groups: i
     )
 
 
-def flip_byte(store: Storage, path: str, position: int = -5) -> None:
-    data = bytearray(store.read(path))
-    data[position] ^= 0xFF
-    store.write_atomic(path, bytes(data))
-
-
 def test_complete_writes_metadata_once_and_a_second_writer_gets_the_first(
     fast_spec: StoreSpec,
 ) -> None:
@@ -193,7 +188,7 @@ def test_metadata_lists_every_part_with_size_and_checksum(fast_spec: StoreSpec) 
     [
         (lambda s, p: s.delete(p), "missing", True),
         (lambda s, p: s.write_atomic(p, s.read(p)[:-3]), "size is", True),
-        (lambda s, p: flip_byte(s, p), "checksum", False),
+        (lambda s, p: flip_byte(s, p, -5), "checksum", False),
     ],
     ids=["missing", "short", "flipped"],
 )
@@ -265,7 +260,7 @@ def test_latest_valid_is_the_newest_committed_checkpoint_that_verifies(
     assert manager.latest_valid([1, 2, 3]) == 3, "an uncommitted epoch is never chosen"
 
     store.delete(metas[4].parts()[0].path)
-    flip_byte(store, metas[3].parts()[0].path)
+    flip_byte(store, metas[3].parts()[0].path, -5)
     assert manager.latest_valid([1, 2, 3, 4]) == 3, "shallow check: sizes only"
     assert manager.latest_valid([1, 2, 3, 4], deep=True) == 2
     store.delete(layout.metadata_path(2))

@@ -19,15 +19,16 @@ import pytest
 
 from airflow_seatunnel_ckpt.cli import main
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
-from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import (
     Participant,
     expected_files,
+    flip_byte,
     prepare_participant,
     published,
     restored_state,
     run_epoch,
+    snapshot,
     staging_left,
 )
 
@@ -75,19 +76,6 @@ class Cli:
 @pytest.fixture
 def cli(local_spec: StoreSpec, capsys: pytest.CaptureFixture[str]) -> Cli:
     return Cli(local_spec, capsys)
-
-
-def snapshot(spec: StoreSpec) -> dict[str, bytes]:
-    """Every file of the test's store and sink targets with its content."""
-    root = spec.storage()
-    return {f.path: root.read(f.path) for f in root.walk("", include_temp=True)}
-
-
-def flip_middle_byte(storage: Storage, path: str) -> None:
-    """Damage a stored file without changing its size."""
-    data = bytearray(storage.read(path))
-    data[len(data) // 2] ^= 0xFF
-    storage.write_atomic(path, bytes(data))
 
 
 def operator_part(p: Pipeline, epoch: int) -> str:
@@ -211,7 +199,7 @@ def test_show_an_undecided_epoch_says_its_checkpoint_is_not_complete(cli: Cli) -
 
 def test_show_reports_damaged_metadata_instead_of_failing(cli: Cli) -> None:
     p = committed_history(cli.spec)
-    flip_middle_byte(p.storage, layout.metadata_path(2))
+    flip_byte(p.storage, layout.metadata_path(2))
 
     code, out, _ = cli.run("show", "orders", "2")
 
@@ -254,7 +242,7 @@ def test_verify_names_a_damaged_part_and_exits_1(cli: Cli) -> None:
     p = committed_history(cli.spec)
     damaged = operator_part(p, 2)
     size = p.storage.size(damaged)
-    flip_middle_byte(p.storage, damaged)
+    flip_byte(p.storage, damaged)
     assert p.storage.size(damaged) == size
 
     code, out, err = cli.run("verify", "orders")
@@ -296,7 +284,7 @@ def unfinished_epochs(spec: StoreSpec) -> tuple[Pipeline, Pipeline]:
 
 def test_recover_dry_run_reports_the_actions_and_changes_nothing(cli: Cli) -> None:
     orders, clicks = unfinished_epochs(cli.spec)
-    before = snapshot(cli.spec)
+    before = snapshot(cli.spec.storage())
 
     code, out, err = cli.run("recover", "--all", "--timeout", "0.000001")
 
@@ -309,7 +297,7 @@ def test_recover_dry_run_reports_the_actions_and_changes_nothing(cli: Cli) -> No
         (2, "finish-commit", False)]
     assert [(a["epoch"], a["action"], a["done"]) for a in reports["clicks"]["actions"]] == [
         (1, "abort-timeout", False)]
-    assert snapshot(cli.spec) == before
+    assert snapshot(cli.spec.storage()) == before
     assert (orders.state(2), clicks.state(1)) == (EpochState.COMMITTING, EpochState.PREPARED)
 
 
@@ -349,14 +337,14 @@ def test_recover_refuses_a_timeout_of_zero(cli: Cli) -> None:
     # CheckpointConfig accepts prepared timeouts in (0, 604800] only; the CLI passes
     # --timeout through, so 0 ("abort every undecided epoch now") is bad input.
     _, clicks = unfinished_epochs(cli.spec)
-    before = snapshot(cli.spec)
+    before = snapshot(cli.spec.storage())
 
     code, out, err = cli.run("recover", "--all", "--apply", "--timeout", "0")
 
     assert (code, out) == (2, "")
     assert err.startswith("error: prepared_timeout_s must be a number of seconds in (0, 604800], got 0")
     assert clicks.state(1) is EpochState.PREPARED
-    assert snapshot(cli.spec) == before
+    assert snapshot(cli.spec.storage()) == before
 
 
 def test_recover_all_on_an_empty_store_has_nothing_to_do(cli: Cli) -> None:
@@ -464,7 +452,7 @@ def four_incremental_epochs(spec: StoreSpec) -> Pipeline:
 
 def test_gc_dry_run_reports_and_removes_nothing(cli: Cli) -> None:
     p = four_incremental_epochs(cli.spec)
-    before = snapshot(cli.spec)
+    before = snapshot(cli.spec.storage())
 
     report = cli.json("gc", "orders", "--keep", "2", "--dry-run")
 
@@ -472,12 +460,12 @@ def test_gc_dry_run_reports_and_removes_nothing(cli: Cli) -> None:
     assert report["kept"] == [3, 4]
     assert report["removed_checkpoints"] == [1, 2]
     assert report["removed_files"] == 0
-    assert snapshot(cli.spec) == before
+    assert snapshot(cli.spec.storage()) == before
     assert all(p.checkpoints.has_metadata(e) for e in (1, 2, 3, 4))
     code, out, _ = cli.run("gc", "orders", "--keep", "2", "--dry-run")
     assert code == 0
     assert "would remove 0 parts" in out
-    assert snapshot(cli.spec) == before
+    assert snapshot(cli.spec.storage()) == before
 
 
 def test_gc_removes_old_checkpoints_and_restore_still_works(cli: Cli) -> None:
@@ -542,14 +530,14 @@ def test_bad_input_exits_2_with_a_clear_message_and_changes_nothing(
     p = cli.spec.pipeline("orders")
     run_epoch(p, "run-1")
     prepare_participant(p, "run-2", Participant())
-    before = snapshot(cli.spec)
+    before = snapshot(cli.spec.storage())
 
     code, out, err = cli.run(*args)
 
     assert (code, out) == (2, "")
     assert err.startswith(message), err
     assert err.count("\n") == 1  # one line, no traceback
-    assert snapshot(cli.spec) == before
+    assert snapshot(cli.spec.storage()) == before
 
 
 def test_storage_options_json_errors_do_not_echo_the_options(cli: Cli) -> None:
@@ -620,7 +608,7 @@ def console_script() -> str:
 
 def test_the_installed_console_script(cli: Cli) -> None:
     p = committed_history(cli.spec)
-    flip_middle_byte(p.storage, operator_part(p, 2))
+    flip_byte(p.storage, operator_part(p, 2))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEATUNNEL_CKPT_")}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:

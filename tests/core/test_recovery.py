@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, OperatorState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError, RecoveryError
-from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
+from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX
 from tests.core import faults
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import (
     OPERATOR,
     Participant,
+    at_once,
     expected_files,
+    flip_byte,
     prepare_participant,
     published,
     restored_state,
     run_epoch,
+    snapshot,
     stage,
     staging_left,
     write_keyed_state,
@@ -35,21 +37,9 @@ def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.fsync", lambda fd: None)
 
 
-def snapshot(spec: StoreSpec) -> dict[str, bytes]:
-    """Every file of the test's store and targets with its content."""
-    root = spec.storage()
-    return {f.path: root.read(f.path) for f in root.walk("", include_temp=True)}
-
-
-def flip_middle_byte(storage: Storage, path: str) -> None:
-    data = bytearray(storage.read(path))
-    data[len(data) // 2] ^= 0xFF
-    storage.write_atomic(path, bytes(data))
-
-
 def damage_record(p: Pipeline, epoch: int, record: str) -> str:
     path = layout.record_path(epoch, record)
-    flip_middle_byte(p.storage, path)
+    flip_byte(p.storage, path)
     return path
 
 
@@ -112,7 +102,7 @@ def test_a_dry_run_reports_what_it_would_do_and_changes_nothing(fast_spec: Store
     epoch = prepare_participant(p, "run-2", Participant()).epoch
     p.decide(epoch, Decision.COMMIT, "ok", by="test")
     p.storage.write_atomic("_staging/epoch=77/attempt=1/orders/x", b"orphan")
-    before = snapshot(fast_spec)
+    before = snapshot(fast_spec.storage())
 
     report = p.recover(dry_run=True)
 
@@ -121,7 +111,7 @@ def test_a_dry_run_reports_what_it_would_do_and_changes_nothing(fast_spec: Store
         (77, "drop-staging"),
     }
     assert not any(a.done for a in report.actions)
-    assert snapshot(fast_spec) == before
+    assert snapshot(fast_spec.storage()) == before
 
 
 def test_recovery_drops_orphan_staging_and_checkpoints_of_aborted_or_unknown_epochs(
@@ -175,22 +165,8 @@ def test_two_recoveries_at_once_reach_the_same_end_state(fast_spec: StoreSpec) -
     epoch = prepare_participant(p, "run-2", Participant(sinks={"orders": blobs, "audit": [b"a"]})).epoch
     p.decide(epoch, Decision.COMMIT, "ok", by="test")
     p.storage.write_atomic("_staging/epoch=99/attempt=1/orders/x", b"orphan")
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def recover() -> None:
-        barrier.wait()
-        try:
-            fast_spec.pipeline().recover(dry_run=False)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=recover) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    outcomes = at_once([lambda: fast_spec.pipeline().recover(dry_run=False)] * 2)
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
     final = fast_spec.pipeline().recover(dry_run=False)
     assert final.actions == []
     assert p.state(epoch) is EpochState.COMMITTED
@@ -279,7 +255,7 @@ def test_an_empty_pipeline_restores_empty_state(fast_spec: StoreSpec) -> None:
 
 def test_damaged_metadata_falls_back_to_a_rebuild_from_the_log(fast_spec: StoreSpec) -> None:
     p = committed_history(fast_spec)
-    flip_middle_byte(p.storage, layout.metadata_path(3))
+    flip_byte(p.storage, layout.metadata_path(3))
 
     point = p.restore_point()
 
@@ -298,7 +274,7 @@ def test_damaged_metadata_falls_back_to_a_rebuild_from_the_log(fast_spec: StoreS
 def test_a_damaged_source_part_falls_back_to_a_rebuild_from_the_log(fast_spec: StoreSpec) -> None:
     p = committed_history(fast_spec)
     (victim,) = newest_parts(p, 3, "sources")
-    flip_middle_byte(p.storage, victim)
+    flip_byte(p.storage, victim)
 
     point = p.restore_point()
 
@@ -311,7 +287,7 @@ def test_a_damaged_source_part_falls_back_to_a_rebuild_from_the_log(fast_spec: S
 def test_a_damaged_operator_part_falls_back_to_the_secondary_replica(fast_spec: StoreSpec) -> None:
     p = committed_history(fast_spec, secondary_url=fast_spec.sub_url("replica"))
     victim = newest_parts(p, 3, "operators")[0]
-    flip_middle_byte(p.storage, victim)
+    flip_byte(p.storage, victim)
 
     point = p.restore_point()
 
@@ -353,8 +329,8 @@ def test_a_damaged_operator_part_without_a_safe_fallback_stops_with_the_way_out(
 ) -> None:
     p = committed_history(fast_spec)
     victim = newest_parts(p, 3, "operators")[0]
-    flip_middle_byte(p.storage, victim)
-    before = snapshot(fast_spec)
+    flip_byte(p.storage, victim)
+    before = snapshot(fast_spec.storage())
 
     with pytest.raises(RecoveryError) as info:
         p.restore_point()
@@ -363,7 +339,7 @@ def test_a_damaged_operator_part_without_a_safe_fallback_stops_with_the_way_out(
     assert p.storage.describe_path(victim) in message
     assert "epoch 3" in message
     assert "Way out" in message and "backup" in message and "secondary_url" in message
-    assert snapshot(fast_spec) == before
+    assert snapshot(fast_spec.storage()) == before
 
 
 def test_an_older_checkpoint_is_used_only_when_the_epochs_after_it_published_nothing(
@@ -375,7 +351,7 @@ def test_an_older_checkpoint_is_used_only_when_the_epochs_after_it_published_not
         Participant(sinks={}, changes={1: None, 5: 5}, sources={"in": {"files": ["f3"]}}),
     ]
     p = committed_history(fast_spec, quiet)
-    flip_middle_byte(p.storage, newest_parts(p, 3, "operators")[0])
+    flip_byte(p.storage, newest_parts(p, 3, "operators")[0])
 
     point = p.restore_point()
 
@@ -386,7 +362,7 @@ def test_an_older_checkpoint_is_used_only_when_the_epochs_after_it_published_not
 
 def test_with_fallback_disabled_a_damaged_checkpoint_stops_at_once(fast_spec: StoreSpec) -> None:
     p = committed_history(fast_spec, fallback_enabled=False)
-    flip_middle_byte(p.storage, layout.metadata_path(3))
+    flip_byte(p.storage, layout.metadata_path(3))
     with pytest.raises(RecoveryError, match="fallback is disabled"):
         p.restore_point()
 
@@ -497,22 +473,22 @@ def test_retention_removes_the_parts_of_a_losing_attempt_from_a_kept_checkpoint(
 
 def test_retention_in_a_dry_run_removes_nothing(fast_spec: StoreSpec) -> None:
     p = committed_history(fast_spec, LONG[:4])
-    before = snapshot(fast_spec)
+    before = snapshot(fast_spec.storage())
     report = p.retain(max_retain=1, dry_run=True)
     assert report.removed_checkpoints == [1, 2, 3]
-    assert snapshot(fast_spec) == before
+    assert snapshot(fast_spec.storage()) == before
 
 
 def test_retention_removes_nothing_when_a_kept_checkpoint_cannot_be_read(
     fast_spec: StoreSpec,
 ) -> None:
     p = committed_history(fast_spec, LONG[:4])
-    flip_middle_byte(p.storage, layout.metadata_path(4))
-    before = snapshot(fast_spec)
+    flip_byte(p.storage, layout.metadata_path(4))
+    before = snapshot(fast_spec.storage())
     report = p.retain(max_retain=1)
     assert "damaged _metadata" in report.note
     assert report.removed_checkpoints == []
-    assert snapshot(fast_spec) == before
+    assert snapshot(fast_spec.storage()) == before
 
 
 def test_retention_refuses_to_keep_fewer_than_one_checkpoint(fast_spec: StoreSpec) -> None:
@@ -527,7 +503,7 @@ def test_an_older_checkpoint_removed_by_retention_is_never_a_fallback(fast_spec:
     quiet = [HISTORY[0], *(Participant(sinks={}, changes={10 + i: i}) for i in range(3))]
     p = committed_history(fast_spec, quiet)
     p.retain(max_retain=1)
-    flip_middle_byte(p.storage, newest_parts(p, 4, "operators")[0])
+    flip_byte(p.storage, newest_parts(p, 4, "operators")[0])
     with pytest.raises(RecoveryError):
         p.restore_point()
     with pytest.raises(CorruptCheckpointError):

@@ -28,6 +28,7 @@ from airflow_seatunnel_ckpt.core.storage import (
     open_storage,
 )
 from tests.core.conftest import StoreSpec
+from tests.core.epochs import at_once
 
 
 class Boom(Exception):
@@ -375,23 +376,8 @@ def test_concurrent_publishers_of_the_same_staging_both_succeed(store_spec: Stor
     store = store_spec.storage("store")
     target = store_spec.storage("target")
     files = stage(store, "stg", STAGED)
-    results: list[str] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(4)
-
-    def publish() -> None:
-        barrier.wait()
-        try:
-            results.append(store.publish_dir("stg", target, "epoch=1", files))
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=publish) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    outcomes = at_once([lambda: store.publish_dir("stg", target, "epoch=1", files)] * 4)
+    assert [o for o in outcomes if isinstance(o, BaseException)] == []
     assert published(target, "epoch=1") == STAGED
 
 

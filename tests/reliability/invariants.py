@@ -173,8 +173,7 @@ def check_world(world: synthetic.World, *, drained: bool = False, clean: bool = 
             problems.append(f"temp files left after recovery: {temps[:5]}")
         if drained:  # drain() ended with retention, which sweeps losing attempts' parts
             # (a checkpoint with damaged _metadata is left alone by retention, by design)
-            intact = {layout.checkpoint_dir(e) + "/" for e in committed if _metadata_reads(p, e)}
-            unreferenced = [f for f in unreferenced_checkpoint_files(world) if f.startswith(tuple(intact))]
+            unreferenced = unreferenced_checkpoint_files(world, intact_only=True)
             if unreferenced:
                 problems.append(f"checkpoint files nothing references after retention: {unreferenced[:5]}")
         for epoch in p.checkpoints.epochs():
@@ -207,31 +206,26 @@ def end_state(world: synthetic.World) -> dict[str, Any]:
     return out
 
 
-def _metadata_reads(p: Any, epoch: int) -> bool:
-    try:
-        p.checkpoints.read_metadata(epoch)
-    except Exception:
-        return False
-    return True
-
-
-def unreferenced_checkpoint_files(world: synthetic.World) -> list[str]:
+def unreferenced_checkpoint_files(world: synthetic.World, intact_only: bool = False) -> list[str]:
     """Files in committed checkpoints that no retained ``_metadata`` needs.
 
     These are parts written by attempts that lost (a fenced zombie, a killed attempt that
-    was retried) and not yet swept by retention: harmless, never restored.
+    was retried) and not yet swept by retention: harmless, never restored. With
+    ``intact_only``, only in checkpoints whose ``_metadata`` reads.
     """
     p = world.pipeline()
     referenced: set[str] = set()
+    intact = []
     for epoch in p.checkpoints.epochs():
         try:
             meta = p.checkpoints.read_metadata(epoch)
         except Exception:  # retired or damaged: nothing of it is referenced from here
             continue
+        intact.append(epoch)
         referenced.add(layout.metadata_path(epoch))
         referenced.update(ref.path for ref in meta.parts())
     out = []
-    for epoch in p.checkpoints.epochs():
+    for epoch in intact if intact_only else p.checkpoints.epochs():
         root = layout.checkpoint_dir(epoch)
         for f in p.storage.walk(root, include_temp=True):
             path = f"{root}/{f.path}"
