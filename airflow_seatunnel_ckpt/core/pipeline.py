@@ -326,20 +326,21 @@ class Pipeline:
         after a crash is harmless; the record itself is the fence. Returns their references
         (sinks, sources) for ``_metadata``, so ``verify`` checks them like any part.
         """
-        sinks, sources = {}, {}
-        for sink in record.sinks:
-            data = codec.encode_json({"type": "sink_prepared", "epoch": record.epoch,
-                                      "participant": record.participant, "attempt": record.attempt,
-                                      "manifest": sink.to_dict()})
-            path = layout.sink_marker_path(record.epoch, sink.sink)
+        def write(path: str, doc: dict[str, Any]) -> PartRef:
+            data = codec.encode_json(doc)
             self.storage.write_atomic(path, data)
-            sinks[sink.sink] = PartRef(path, len(data), codec.crc32c(data), record.epoch)
-        for source, state in record.sources.items():
-            data = codec.encode_json({"type": "source_meta", "epoch": record.epoch, "source": source,
-                                      "attempt": record.attempt, "chain": [p.to_dict() for p in state.chain]})
-            path = layout.source_meta_path(record.epoch, source)
-            self.storage.write_atomic(path, data)
-            sources[source] = PartRef(path, len(data), codec.crc32c(data), record.epoch)
+            return PartRef(path, len(data), codec.crc32c(data), record.epoch)
+
+        sinks = {
+            sink.sink: write(layout.sink_marker_path(record.epoch, sink.sink),
+                             {"type": "sink_prepared", "epoch": record.epoch, "participant": record.participant,
+                              "attempt": record.attempt, "manifest": sink.to_dict()})
+            for sink in record.sinks}
+        sources = {
+            source: write(layout.source_meta_path(record.epoch, source),
+                          {"type": "source_meta", "epoch": record.epoch, "source": source,
+                           "attempt": record.attempt, "chain": [p.to_dict() for p in state.chain]})
+            for source, state in record.sources.items()}
         return sinks, sources
 
     def _verify_record(self, record: PreparedRecord, deep: bool) -> list[Problem]:

@@ -357,7 +357,7 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
         removed = pipeline.checkpoints.delete(epoch, keep=keep_here)
         report.removed_files += len(removed)
         report.removed_checkpoints.append(epoch)
-    _sweep_losing_parts(pipeline, kept, unfinished, referenced, report)
+    _sweep_losing_parts(pipeline, kept, referenced, report)
     return report
 
 
@@ -365,17 +365,14 @@ def _holds_only(pipeline: Pipeline, root: str, needed: set[str]) -> bool:
     return all(root + f.path in needed for f in pipeline.storage.walk(root.rstrip("/"), include_temp=True))
 
 
-def _sweep_losing_parts(pipeline: Pipeline, kept: list[int], unfinished: set[int], referenced: set[str],
-                        report: RetentionReport) -> None:
+def _sweep_losing_parts(pipeline: Pipeline, kept: list[int], referenced: set[str], report: RetentionReport) -> None:
     """Remove files of kept committed checkpoints that no ``_metadata`` or prepared record needs.
 
     They are parts a losing attempt (killed and retried, or a fenced zombie) wrote before
     the decision: a committed ``_metadata`` names the winner's parts only, and every later
     epoch restores from committed metadata, so nothing can come to reference them.
     """
-    for epoch in kept:
-        if epoch in unfinished:
-            continue
+    for epoch in kept:  # committed, so never an epoch still in flight
         root = layout.checkpoint_dir(epoch)
         for f in pipeline.storage.walk(root, include_temp=True):
             path = f"{root}/{f.path}"
