@@ -1,17 +1,32 @@
-"""``seatunnel-ckpt``: the operator's console for a checkpoint store.
+"""seatunnel-ckpt: the operator's console for a checkpoint store.
 
-Human-readable tables by default, ``--json`` for scripts. Exit codes: 0 success,
-1 a problem was found (corruption, failed recovery action), 2 bad usage or input.
+Human-readable tables by default, --json for scripts (errors too: a JSON object on
+stdout). Exit codes: 0 success, 1 a problem was found (corruption, failed recovery
+action), 2 bad usage or input (unknown store, pipeline or epoch), 141 the output's
+reader went away (e.g. piped into head).
 
     seatunnel-ckpt --store file:///var/ckpt pipelines
     seatunnel-ckpt epochs orders
     seatunnel-ckpt show orders 12
-    seatunnel-ckpt verify orders            # every committed checkpoint; non-zero on damage
+    seatunnel-ckpt verify orders            # every log record and checkpoint; non-zero on damage
     seatunnel-ckpt recover orders           # dry run: what would be done
     seatunnel-ckpt recover --all --apply
     seatunnel-ckpt commit orders 12 | abort orders 12 --reason "bad input"
-    seatunnel-ckpt gc orders --keep 5
+    seatunnel-ckpt retain orders --keep 5   # retention (also accepted as: gc)
+    seatunnel-ckpt cat orders/_txlog/epoch-000000000012/decision
+    seatunnel-ckpt cat s3://bucket/ckpt/orders/checkpoint_12/_metadata --json
+    seatunnel-ckpt describe orders          # owner DAG, settings, declared participants
+    seatunnel-ckpt state rename orders customer_totals totals_by_customer   # also: drop, reset
+    seatunnel-ckpt rescale orders --key-groups 64
+
+cat prints any file of the store decoded: framed JSON records (transaction log,
+_metadata, markers) and JSON parts as JSON, Arrow parts as their schema and rows.
 """
+
+# Longer than ~400 lines because it is the whole console: one short function per command,
+# plus the shared error, --json and table handling every command goes through (the
+# state/rescale commands live in cli_state). Nothing here is protocol: each command calls
+# one core function.
 
 from __future__ import annotations
 
@@ -20,11 +35,25 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import EpochStatus
+from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
+from airflow_seatunnel_ckpt.core.store import StoredPipeline
+
+#: Exit code when the reader of the output went away (``| head``), as a shell reports SIGPIPE.
+EXIT_BROKEN_PIPE = 141
+
+
+class StoreNotFoundError(CheckpointError, LookupError):
+    """The store URL names nothing that exists (a typo, or the wrong connection)."""
+
+
+class PipelineNotFoundError(CheckpointError, LookupError):
+    """The store has no pipeline of that name (no transaction log and no descriptor)."""
 
 
 def _positive_int(text: str) -> int:
@@ -47,20 +76,50 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join([line.rstrip(), *body])
 
 
-def _store(args: argparse.Namespace) -> CheckpointStore:
-    options: dict[str, Any] = {}
+def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
     raw = args.storage_options or os.environ.get("SEATUNNEL_CKPT_STORAGE_OPTIONS")
-    if raw:
-        try:
-            options = json.loads(raw)
-        except ValueError as exc:
-            raise CheckpointError(f"--storage-options is not valid JSON: {exc}") from exc
-        if not isinstance(options, dict):
-            raise CheckpointError("--storage-options must be a JSON object")
-    settings: dict[str, Any] = {"storage_url": args.store or default_storage_url(), "storage_options": options}
+    if not raw:
+        return {}
+    try:
+        options = json.loads(raw)
+    except ValueError as exc:
+        raise CheckpointError(f"--storage-options is not valid JSON: {exc}") from exc
+    if not isinstance(options, dict):
+        raise CheckpointError("--storage-options must be a JSON object")
+    return options
+
+
+def _store(args: argparse.Namespace) -> CheckpointStore:
+    """The store ``--store`` names; StoreNotFoundError if nothing is there.
+
+    Every command reads or acts on what a store holds, so a root that does not exist is a
+    mistyped URL (or the wrong connection), not an empty store.
+    """
+    settings: dict[str, Any] = {"storage_url": args.store or default_storage_url(),
+                                "storage_options": _storage_options(args)}
     if getattr(args, "timeout", None) is not None:
         settings["prepared_timeout_s"] = args.timeout
-    return CheckpointStore(CheckpointConfig.from_mapping(settings))
+    store = CheckpointStore(CheckpointConfig.from_mapping(settings))
+    if not store.storage.exists(""):
+        raise StoreNotFoundError(
+            f"no store at {store.storage.describe()}: that directory (or bucket prefix) does not exist. "
+            "Check --store (default: $SEATUNNEL_CKPT_STORE, else $AIRFLOW_HOME/seatunnel-ckpt); it is the "
+            "storage_url of the pipeline's checkpoint store connection")
+    return store
+
+
+def _pipeline(args: argparse.Namespace, name: str | None = None, store: CheckpointStore | None = None,
+              **kwargs: Any) -> StoredPipeline:
+    """The pipeline the command names; PipelineNotFoundError if the store does not hold it."""
+    store = store or _store(args)
+    p = store.pipeline(args.pipeline if name is None else name, **kwargs)
+    if not (p.storage.exists(layout.TXLOG) or p.storage.exists(layout.DESCRIPTOR)):
+        known = store.list_pipelines()
+        raise PipelineNotFoundError(
+            f"pipeline {p.name!r} not found in {store.storage.describe()}: it has no transaction log "
+            f"({layout.TXLOG}) and no descriptor ({layout.DESCRIPTOR}). Pipelines in this store: "
+            f"{', '.join(known) if known else 'none'}; check the name and --store")
+    return p
 
 
 def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -73,30 +132,69 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
     for name in store.list_pipelines():
         p = store.pipeline(name)
         epochs = p.epochs()
-        rows.append({"pipeline": name, "epochs": len(epochs), "last_committed": p.last_committed_epoch() or "-",
-                     "newest": epochs[-1] if epochs else "-",
-                     "newest_state": p.state(epochs[-1]).value if epochs else "-"})
+        try:
+            last_committed: Any = p.last_committed_epoch() or "-"
+            newest_state = p.state(epochs[-1]).value if epochs else "-"
+        except CorruptCheckpointError:
+            # One damaged record must not hide the other pipelines; `verify` names the file.
+            last_committed, newest_state = "?", "DAMAGED"
+        rows.append({"pipeline": name, "epochs": len(epochs), "last_committed": last_committed,
+                     "newest": epochs[-1] if epochs else "-", "newest_state": newest_state})
     _emit(args, rows, _table(rows, ["pipeline", "epochs", "last_committed", "newest", "newest_state"]))
     return 0
 
 
+def _rows_per_sink(status: EpochStatus) -> dict[str, int]:
+    """Rows per sink: published ones once committed, else what the participants staged."""
+    if status.published:
+        return dict(sorted((pub.sink, pub.rows) for pub in status.published))
+    out: dict[str, int] = {}
+    for record in status.prepared.values():
+        for manifest in record.sinks:
+            out[manifest.sink] = out.get(manifest.sink, 0) + manifest.rows
+    return dict(sorted(out.items()))
+
+
+def _epoch_entry(p: StoredPipeline, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One epoch's ``--json`` entry and table row; a damaged record makes a DAMAGED row, not an error."""
+    try:
+        s = p.status(epoch)
+    except CorruptCheckpointError as exc:
+        try:
+            state = p.state(epoch).value
+        except CorruptCheckpointError:
+            state = "UNKNOWN"
+        where = exc.path or str(exc)
+        return ({"epoch": epoch, "state": state, "damaged": str(exc)},
+                {"epoch": epoch, "state": state, "logical_date": "?", "run_id": "?", "participants": "?",
+                 "rows": "?", "decision": f"DAMAGED record {where}"})
+    logical_date = s.begin.logical_date if s.begin else ""
+    rows = _rows_per_sink(s)
+    data = {**s.to_dict(), "logical_date": logical_date or None, "rows": rows}
+    row = {"epoch": s.epoch, "state": s.state.value, "logical_date": logical_date or "-", "run_id": s.run_id,
+           "participants": ",".join(f"{k}@{v.attempt}" for k, v in sorted(s.prepared.items())) or "-",
+           "rows": ",".join(f"{sink}={n}" for sink, n in rows.items()) or "-",
+           "decision": f"{s.decision.decision.value}: {s.decision.reason}" if s.decision else "-"}
+    return data, row
+
+
 def cmd_epochs(args: argparse.Namespace) -> int:
-    p = _store(args).pipeline(args.pipeline)
-    statuses = p.list_epochs()
-    statuses = statuses[-args.last:] if args.last else statuses
-    rows = []
-    for s in statuses:
-        rows.append({"epoch": s.epoch, "state": s.state.value, "run_id": s.run_id,
-                     "participants": ",".join(f"{k}@{v.attempt}" for k, v in sorted(s.prepared.items())) or "-",
-                     "rows": sum(v.rows for v in s.prepared.values()),
-                     "decision": f"{s.decision.decision.value}: {s.decision.reason}" if s.decision else "-"})
-    _emit(args, [s.to_dict() for s in statuses], _table(rows, ["epoch", "state", "run_id", "participants", "rows",
-                                                               "decision"]))
+    p = _pipeline(args)
+    epochs = p.epochs()
+    epochs = epochs[-args.last:] if args.last else epochs
+    entries = [_epoch_entry(p, e) for e in epochs]
+    text = _table([row for _, row in entries],
+                  ["epoch", "state", "logical_date", "run_id", "participants", "rows", "decision"])
+    damaged = [data["epoch"] for data, _ in entries if "damaged" in data]
+    if damaged:
+        text += (f"\nnote: epochs {damaged} have a damaged log record (named above); "
+                 f"`seatunnel-ckpt verify {p.name}` checks every record and checkpoint")
+    _emit(args, [data for data, _ in entries], text)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    p = _store(args).pipeline(args.pipeline)
+    p = _pipeline(args)
     status = p.status(args.epoch)
     data: dict[str, Any] = {"status": status.to_dict()}
     lines = [f"pipeline {p.name} epoch {args.epoch}: {status.state.value} (run {status.run_id})"]
@@ -124,32 +222,70 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         lines.append("checkpoint: not completed (no _metadata)")
     for pub in status.published:
-        lines.append(f"  published {pub.sink}: {pub.rows} rows, {pub.files} files -> {pub.target_url}/{pub.epoch_dir}")
+        lines.append(f"  published {pub.sink}: {pub.rows} rows, {pub.files} files -> {pub.target_url}/{pub.epoch_dir}"
+                     if pub.published else f"  {pub.sink}: nothing published ({pub.how.replace('_', ' ')})")
     _emit(args, data, "\n".join(lines))
     return 0
 
 
+#: What ``verify`` says of an epoch whose records and checkpoint are intact, by state.
+_VERDICTS = {
+    EpochState.COMMITTED: "ok",
+    EpochState.COMMITTING: "in progress (COMMITTING: decided commit, publishing)",
+    EpochState.PREPARED: "in progress (PREPARED: its checkpoint is completed when it is decided commit)",
+    EpochState.OPEN: "in progress (OPEN: its stage runs; its checkpoint is completed when it is decided commit)",
+    EpochState.ABORTING: "aborted (ABORTING: no checkpoint to verify)",
+    EpochState.ABORTED: "aborted (no checkpoint to verify)",
+}
+
+
+def _verify_epoch(p: StoredPipeline, epoch: int) -> dict[str, Any]:
+    """The log records of ``epoch`` and, once the epoch is decided commit, its checkpoint."""
+    problems = [str(exc) for exc in p.txlog.damaged_records(epoch)]
+    try:
+        state: EpochState | None = p.state(epoch)
+    except CorruptCheckpointError:
+        state = None  # the damaged decision is among the problems already
+    retired = state is EpochState.COMMITTED and p.txlog.is_retired(epoch)
+    # A COMMITTING epoch's _metadata exists (the decision wrote it first): it must verify too.
+    if state in (EpochState.COMMITTED, EpochState.COMMITTING) and not retired:
+        problems += [str(x) for x in p.checkpoints.verify(epoch, deep=True)]
+    if problems:
+        verdict = "DAMAGED"
+    elif retired:
+        verdict = "ok (checkpoint removed by retention; log records intact)"
+    else:
+        verdict = _VERDICTS[state] if state is not None else "DAMAGED"
+    return {"epoch": epoch, "state": state.value if state is not None else "UNKNOWN", "ok": not problems,
+            "verdict": verdict, "problems": problems}
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
-    p = _store(args).pipeline(args.pipeline)
-    # Checkpoints retention retired on purpose are not damage; everything else committed is.
-    epochs = [args.epoch] if args.epoch is not None else [e for e in p.committed_epochs() if not p.txlog.is_retired(e)]
-    epochs = epochs[-args.last:] if args.last else epochs
-    results = []
-    for epoch in epochs:
-        problems = p.checkpoints.verify(epoch, deep=True)
-        results.append({"epoch": epoch, "ok": not problems, "problems": [str(x) for x in problems]})
-    lines = [f"epoch {r['epoch']}: {'ok' if r['ok'] else 'DAMAGED'}" for r in results]
+    p = _pipeline(args)
+    if args.epoch is not None:
+        p.state(args.epoch)  # EpochNotFoundError names the pipeline and the epoch
+        epochs = [args.epoch]
+    else:
+        epochs = p.epochs()
+        epochs = epochs[-args.last:] if args.last else epochs
+    results = [_verify_epoch(p, epoch) for epoch in epochs]
+    lines = [f"epoch {r['epoch']}: {r['verdict']}" for r in results]
     lines += [f"  {x}" for r in results for x in r["problems"]]
-    _emit(args, results, "\n".join(lines) or "no committed checkpoints")
+    if not all(r["ok"] for r in results):
+        lines.append(f"damaged files are named above; `seatunnel-ckpt recover {p.name}` shows how recovery "
+                     "resolves them, `seatunnel-ckpt cat <path>` shows a file")
+    _emit(args, results, "\n".join(lines) or f"pipeline {p.name} has no epochs yet")
     return 0 if all(r["ok"] for r in results) else 1
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    store = _store(args)
-    names = store.list_pipelines() if args.all else [args.pipeline]
     if not args.all and args.pipeline is None:
         raise CheckpointError("name a pipeline or pass --all")
-    reports = [store.pipeline(n).recover(dry_run=not args.apply) for n in names]
+    store = _store(args)
+    names = store.list_pipelines() if args.all else [args.pipeline]
+    # --timeout wins over the pipeline's own setting (from its descriptor), which wins over the store's.
+    overrides = {"prepared_timeout_s": args.timeout} if args.timeout is not None else None
+    reports = [_pipeline(args, n, store, overrides=overrides).recover(dry_run=not args.apply) for n in names]
     rows = [{"pipeline": r.pipeline, **a.to_dict()} for r in reports for a in r.actions]
     text = _table(rows, ["pipeline", "epoch", "action", "reason", "done", "error"])
     if not args.apply:
@@ -159,35 +295,180 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_commit(args: argparse.Namespace) -> int:
-    p = _store(args).pipeline(args.pipeline)
+    p = _pipeline(args)
     decision = p.decide(args.epoch, Decision.COMMIT, args.reason, by="cli")
     if decision.decision is not Decision.COMMIT:
         raise CheckpointError(f"epoch {args.epoch} was already decided abort: {decision.reason}")
     result = p.commit(args.epoch)
     _emit(args, result.to_dict(), "\n".join(
         f"committed epoch {result.epoch}: {s.sink} {s.rows} rows, {s.files} files -> {s.target_url}/{s.epoch_dir}"
+        if s.published else f"committed epoch {result.epoch}: {s.sink} nothing published ({s.how.replace('_', ' ')})"
         for s in result.sinks) or f"committed epoch {result.epoch} (no sinks)")
     return 0
 
 
 def cmd_abort(args: argparse.Namespace) -> int:
-    p = _store(args).pipeline(args.pipeline)
+    p = _pipeline(args)
     record = p.abort(args.epoch, args.reason, by="cli")
     _emit(args, record.to_dict(), f"aborted epoch {args.epoch}: {record.reason}")
     return 0
 
 
-def cmd_gc(args: argparse.Namespace) -> int:
-    p = _store(args).pipeline(args.pipeline)
+def cmd_retain(args: argparse.Namespace) -> int:
+    p = _pipeline(args)
     report = p.retain(max_retain=args.keep, dry_run=args.dry_run)
-    text = (f"kept {report.kept}; removed checkpoints {report.removed_checkpoints} "
-            f"({report.removed_files} files, {report.kept_for_reference} parts kept for incremental bases); "
-            f"{'would remove' if report.dry_run else 'removed'} {len(report.removed_unreferenced)} "
-            "parts of losing attempts from kept checkpoints")
+    # A dry run says exactly what the real run will report, with "would" in front.
+    verb, keep = ("would remove", "would keep") if report.dry_run else ("removed", "kept")
+    whole = [e for e in report.removed_checkpoints if e not in report.partly_kept]
+    said = [f"{keep} checkpoints {report.kept}"]
+    if whole:
+        said.append(f"{verb} checkpoints {whole} (their directories)")
+    if report.partly_kept:
+        said.append(f"{verb} the files of checkpoints {report.partly_kept} except parts that kept incremental "
+                    "checkpoints chain onto (those directories stay)")
+    said.append(f"{verb} {len(report.removed_unreferenced)} parts of losing attempts from kept checkpoints")
+    text = "; ".join(said) + (f"\n{report.removed_files} files {'would be removed' if report.dry_run else 'removed'}; "
+                              f"{report.kept_for_reference} parts of older checkpoints kept for incremental bases")
+    if report.dry_run:
+        text += "\n(dry run: nothing changed; run it without --dry-run to carry it out)"
     if report.note:
         text += f"\nnote: {report.note}"
     _emit(args, report.to_dict(), text)
     return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    from airflow_seatunnel_ckpt.core.descriptor import transfer_ownership
+
+    p = _pipeline(args)
+    if args.transfer_to:
+        transfer_ownership(p, args.transfer_to)
+    descriptor = p.descriptor(refresh=True)
+    if descriptor is None:
+        _emit(args, None, f"pipeline {p.name} has no descriptor (it is used from the core alone, or no stage "
+                          "task has run it yet): recovery uses the store's settings and a commit needs every "
+                          "participant that prepared")
+        return 0
+    lines = [f"pipeline {p.name}: descriptor version {descriptor.version}, owner DAG {descriptor.owner_dag_id}"
+             + (f", store connection {descriptor.store_conn_id}" if descriptor.store_conn_id else "")]
+    lines += [f"  {k} = {v}" for k, v in sorted(descriptor.config.items())]
+    for name, shape in sorted(descriptor.participants.items()):
+        lines.append(f"  participant {name}")
+        lines += [f"    source {n}: {e.type} {e.options}" for n, e in sorted(shape.sources.items())]
+        lines += [f"    sink {n}: {e.type} {e.options}" for n, e in sorted(shape.sinks.items())]
+        lines += [f"    state {n}: {st.kind} keyed by {st.key_columns}"
+                  + (f", aggregate {st.aggregate}" if st.aggregate else "")
+                  + (f", schema {', '.join(c['name'] + ' ' + c['type'] for c in st.schema)}" if st.schema else "")
+                  for n, st in sorted(shape.states.items())]
+    _emit(args, descriptor.to_dict(), "\n".join(lines))
+    return 0
+
+
+def _locate(args: argparse.Namespace) -> tuple[Storage, str]:
+    """The storage holding ``args.path`` and the file's path in it."""
+    if "://" in args.path:
+        parent, _, name = args.path.rstrip("/").rpartition("/")
+        if not name or parent.endswith(":/"):
+            raise CheckpointError(f"{args.path!r} does not name a file; give the URL of one file in the store")
+        return open_storage(parent, _storage_options(args)), name
+    return _store(args).storage, args.path.strip("/")
+
+
+def decode_file(data: bytes, where: str, rows: int = 20) -> dict[str, Any]:
+    """What ``cat`` shows of one stored file: its frame header and its payload as data."""
+    if not data.startswith(codec.MAGIC):
+        try:
+            return {"file": where, "frame": None, "json": json.loads(data) if data.strip() else None}
+        except (ValueError, UnicodeDecodeError):
+            raise CorruptCheckpointError(f"{where}: neither a framed store file nor JSON ({len(data)} bytes)",
+                                         where) from None
+    header, payload = codec.decode(data, where)
+    out: dict[str, Any] = {"file": where, "frame": {
+        "version": header.version, "kind": header.kind.name.lower(), "codec": header.codec.name.lower(),
+        "delta": header.delta, "epoch": header.epoch, "base_epoch": header.base_epoch, "bytes": len(data)}}
+    if header.kind is codec.PayloadKind.JSON:
+        try:
+            out["json"] = json.loads(payload)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptCheckpointError(f"{where}: payload is not valid JSON: {exc}", where) from exc
+    elif header.kind is codec.PayloadKind.ARROW:
+        table = codec.read_arrow(payload, where)
+        out["schema"] = [f"{f.name}: {f.type}" for f in table.schema]
+        out["num_rows"] = table.num_rows
+        out["rows"] = table.slice(0, rows).to_pylist()
+    else:
+        out["payload_bytes"] = len(payload)
+    return out
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    storage, path = _locate(args)
+    where = storage.describe_path(path)
+    try:
+        data = storage.read(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{where}: no such file; `seatunnel-ckpt show <pipeline> <epoch>` names an "
+                              "epoch's files") from None
+    doc = decode_file(data, where, args.rows)
+    frame = doc["frame"]
+    lines = [f"{where}: " + (f"{frame['kind']} frame v{frame['version']}, epoch {frame['epoch']}"
+                             f"{' (delta on ' + str(frame['base_epoch']) + ')' if frame['delta'] else ''}, "
+                             f"{frame['codec']}, {frame['bytes']} bytes" if frame else "plain file")]
+    if "json" in doc:
+        lines.append(json.dumps(doc["json"], indent=2, sort_keys=True))
+    elif "schema" in doc:
+        lines.append("schema: " + ", ".join(doc["schema"]))
+        lines.append(f"{doc['num_rows']} rows" + (f" (first {len(doc['rows'])})" if doc["num_rows"] > len(doc["rows"])
+                                                  else ""))
+        columns = [c.split(":", 1)[0] for c in doc["schema"]]
+        lines.append(_table(doc["rows"], columns))
+    else:
+        lines.append(f"{doc['payload_bytes']} payload bytes")
+    _emit(args, doc, "\n".join(lines))
+    return 0
+
+
+class _UsageError(Exception):
+    """Bad command-line usage, raised by the parser instead of exiting (so ``--json`` can answer)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+
+
+class ConsoleParser(argparse.ArgumentParser):
+    """An argument parser whose errors :func:`main` reports (as JSON with ``--json``)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self, message)
+
+
+#: What each command's ``--help`` says under its usage line.
+DESCRIPTIONS = {
+    "pipelines": "List the pipelines in the store: how many epochs each has, the newest committed one and "
+                 "the state of the newest.",
+    "epochs": "List a pipeline's epochs: state, the Airflow logical date and run id of the DAG run that "
+              "processed it, participants with their winning attempt, rows per sink (published once "
+              "committed, staged before) and the decision. An epoch with a damaged log record is shown as "
+              "DAMAGED; the others are listed as usual.",
+    "show": "Show one epoch: its state, its checkpoint (parts, key groups, sources, sink markers) and what "
+            "it published.",
+    "verify": "Check every log record of each epoch and, once an epoch is decided commit, every part of "
+              "its checkpoint (sizes and checksums). Exit 1 if anything is damaged; epochs still in "
+              "flight are reported as in progress, checkpoints retention removed as such.",
+    "recover": "Resolve unfinished epochs: finish publishing decided commits, abort dead epochs, remove "
+               "garbage. A dry run unless --apply is given.",
+    "commit": "Decide commit for an epoch (if it is still undecided) and publish its staged output.",
+    "abort": "Abort an undecided epoch: its staged output and unfinished checkpoint are removed. An epoch "
+             "decided commit is never aborted; commit rolls it forward.",
+    "retain": "Retention: delete old checkpoints, keeping the newest --keep committed ones and every "
+              "older part they chain onto. --dry-run reports exactly what the real run will do.",
+    "gc": "The earlier name of retain (still accepted).",
+    "cat": "Print one file of the store decoded: framed JSON records (transaction log, _metadata, markers) "
+           "and JSON parts as JSON, Arrow parts as their schema and rows.",
+    "describe": "Show the pipeline's descriptor: owner DAG, settings and the declared participants with "
+                "their sources, sinks and keyed states.",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,20 +477,22 @@ def build_parser() -> argparse.ArgumentParser:
         # Accepted before or after the subcommand; SUPPRESS keeps a subcommand from
         # overwriting a value given before it.
         p.add_argument("--store", default=default,
-                       help="store URL (default: $SEATUNNEL_CKPT_STORE or ./.seatunnel-ckpt)")
+                       help="store URL (default: $SEATUNNEL_CKPT_STORE or $AIRFLOW_HOME/seatunnel-ckpt)")
         p.add_argument("--storage-options", default=default,
                        help="fsspec storage options as JSON (default: $SEATUNNEL_CKPT_STORAGE_OPTIONS)")
         p.add_argument("--json", action="store_true", default=default if default is not None else False,
                        help="machine-readable output")
         return p
 
-    parser = common(argparse.ArgumentParser(prog="seatunnel-ckpt", description=__doc__,
-                                            formatter_class=argparse.RawDescriptionHelpFormatter), None)
+    parser = common(ConsoleParser(prog="seatunnel-ckpt", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter), None)
     shared = common(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add = sub.add_parser
 
     def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        # Every command's --help opens with a description: its own, else the one-line help.
+        kwargs.setdefault("description", DESCRIPTIONS.get(name) or kwargs.get("help"))
         return _add(name, parents=[shared], **kwargs)
 
     sub.add_parser = add_parser  # type: ignore[method-assign]
@@ -223,10 +506,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("pipeline")
     sp.add_argument("epoch", type=int)
     sp.set_defaults(fn=cmd_show)
-    sp = sub.add_parser("verify", help="verify committed checkpoints (exit 1 on damage)")
+    sp = sub.add_parser("verify", help="verify log records and committed checkpoints (exit 1 on damage)")
     sp.add_argument("pipeline")
     sp.add_argument("epoch", type=int, nargs="?")
-    sp.add_argument("--last", type=_positive_int, default=0, help="only the newest N committed (default all)")
+    sp.add_argument("--last", type=_positive_int, default=0, help="only the newest N epochs (default all)")
     sp.set_defaults(fn=cmd_verify)
     sp = sub.add_parser("recover", help="resolve unfinished epochs (dry run unless --apply)")
     sp.add_argument("pipeline", nargs="?")
@@ -244,26 +527,68 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("epoch", type=int)
     sp.add_argument("--reason", default="aborted from the command line")
     sp.set_defaults(fn=cmd_abort)
-    sp = sub.add_parser("gc", help="retention: delete old checkpoints, keeping incremental bases")
+    # ``gc`` is the command's earlier name, still accepted; without help= it is not listed.
+    for name, kwargs in (("retain", {"help": "retention: delete old checkpoints, keeping incremental bases"}),
+                         ("gc", {})):
+        sp = sub.add_parser(name, **kwargs)
+        sp.add_argument("pipeline")
+        sp.add_argument("--keep", type=int, help="how many committed checkpoints to keep (default max_retain)")
+        sp.add_argument("--dry-run", action="store_true", help="report what would be removed; change nothing")
+        sp.set_defaults(fn=cmd_retain)
+    sp = sub.add_parser("cat", help="print any file of the store decoded (records, _metadata, parts)")
+    sp.add_argument("path", help="path inside the store (e.g. orders/checkpoint_3/_metadata) or a full URL")
+    sp.add_argument("--rows", type=_positive_int, default=20, help="Arrow parts: rows to show (default 20)")
+    sp.set_defaults(fn=cmd_cat)
+    sp = sub.add_parser("describe", help="show the pipeline's descriptor (owner DAG, settings, participants)")
     sp.add_argument("pipeline")
-    sp.add_argument("--keep", type=int, help="how many committed checkpoints to keep (default max_retain)")
-    sp.add_argument("--dry-run", action="store_true")
-    sp.set_defaults(fn=cmd_gc)
+    sp.add_argument("--transfer-to", metavar="DAG_ID",
+                    help="give the pipeline to another DAG (e.g. after renaming the DAG)")
+    sp.set_defaults(fn=cmd_describe)
+    from airflow_seatunnel_ckpt import cli_state  # state rename|drop|reset, rescale
+
+    cli_state.register(sub, _store, _emit, parents=[shared])
     return parser
+
+
+def _report_error(exc: BaseException, code: int, as_json: bool) -> int:
+    """One line on stderr and, with ``--json``, ``{"error": ...}`` on stdout; returns ``code``."""
+    print(f"error: {exc}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": {"type": type(exc).__name__, "message": str(exc), "exit_code": code}},
+                         indent=2, sort_keys=True))
+    return code
+
+
+def _run(argv: list[str]) -> int:
+    parser = build_parser()
+    # Known before parsing, so that a usage error can already answer in JSON.
+    as_json = "--json" in argv
+    try:
+        args = parser.parse_args(argv)
+    except _UsageError as exc:
+        exc.parser.print_usage(sys.stderr)
+        _report_error(exc, 2, as_json)
+        raise SystemExit(2) from None
+    try:
+        return int(args.fn(args))
+    except CorruptCheckpointError as exc:
+        return _report_error(exc, 1, args.json)
+    except CheckpointError as exc:
+        return _report_error(exc, 2, args.json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(args.fn(args))
-    except CorruptCheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except CheckpointError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        code = _run(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader (``| head``) has gone: stop quietly. Point stdout at /dev/null so that
+        # the interpreter's final flush does not report the broken pipe either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

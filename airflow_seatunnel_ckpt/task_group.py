@@ -18,7 +18,9 @@ from typing import Any
 from airflow.sdk import BaseOperator, TaskGroup, XComArg
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
+from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor
 from airflow_seatunnel_ckpt.operators.abort import AbortEpochOperator
+from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
 from airflow_seatunnel_ckpt.operators.branch import CommitBranchOperator
 from airflow_seatunnel_ckpt.operators.commit import CommitEpochOperator, sink_asset
 from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
@@ -60,7 +62,10 @@ def checkpointed_epoch(
 
     :param stages: participant name -> keyword arguments of the stage operator
         (``stage``, ``sources``, ``sinks``, ``conn_id``, ...); every participant must
-        prepare before the epoch can commit.
+        prepare before the epoch can commit. They are the pipeline's declared
+        participants: the first stage task of a run records them, with their sources and
+        sinks, in the pipeline's descriptor, so recovery, the CLI and a commit from any
+        tool know them too.
     :param sensor: extra :class:`EpochPreparedSensor` arguments (``mode``,
         ``poke_interval``, ``timeout``, ``deferrable``).
     :param branch: extra :class:`CommitBranchOperator` arguments (``min_rows``,
@@ -85,6 +90,9 @@ def checkpointed_epoch(
     store: dict[str, Any] = {"pipeline": pipeline, "store_conn_id": store_conn_id,
                              "storage_url": storage_url, "store_config": store_config}
     participants = list(stages)
+    # The shape as written in the DAG (templates unrendered): it changes only when the DAG does.
+    shapes = {name: ParticipantDescriptor.from_spec(options.get("sources"), options.get("sinks"))
+              for name, options in stages.items()}
     with TaskGroup(group_id, tooltip=tooltip or f"epoch of pipeline {pipeline}") as group:
         stage_tasks = [
             stage_class(task_id=name, participant=name, **store, **dict(options))
@@ -102,6 +110,12 @@ def checkpointed_epoch(
             abort_task_id=abort_task.task_id,
             fallback_task_id=fallback_task.task_id if fallback_task is not None else None,
             **store, **dict(branch or {}))
+        for name, task in zip(stages, stage_tasks, strict=True):
+            if isinstance(task, BasePipelineOperator):
+                task.declared_participant = (name, shapes[name])
+        for task in (*stage_tasks, prepared, commit_task, abort_task, decide):
+            if isinstance(task, BasePipelineOperator):
+                task.declared_pipeline = shapes
         stage_tasks >> prepared >> decide >> [commit_task, abort_task]
         [*stage_tasks, prepared] >> abort_task
         if fallback_task is not None:

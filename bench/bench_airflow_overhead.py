@@ -58,18 +58,16 @@ def prepare_epoch(pipeline: Any, run_id: str, attempt: int, target_url: str) -> 
 
 
 def build_dag(storage_url: str, target_url: str) -> Any:
-    from airflow.sdk import DAG, BaseOperator
+    from airflow.sdk import DAG
 
-    from airflow_seatunnel_ckpt.operators.base import PipelineTaskMixin
+    from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
     from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 
-    class CoreStage(PipelineTaskMixin, BaseOperator):
+    class CoreStage(BasePipelineOperator):
         """The stage without Spark: core calls only."""
 
-        def __init__(self, *, pipeline: str, participant: str, storage_url: str,
-                     store_conn_id: Any = None, store_config: Any = None, **kwargs: Any) -> None:
+        def __init__(self, *, participant: str, **kwargs: Any) -> None:
             super().__init__(**kwargs)
-            self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
 
         def execute(self, context: Any) -> int:
             return prepare_epoch(self.store_pipeline, context["run_id"],

@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         SparkSession.builder.master("local[2]")
         .appName("bench-spark-stage")
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", "4g")
         .config("spark.sql.shuffle.partitions", str(args.key_groups))

@@ -14,13 +14,20 @@ epoch of the checkpointed pipeline ``orders``:
 4. ``orders.commit`` publishes into the table (one ``epoch=<e>`` directory per epoch) and
    emits an asset event; ``orders.abort`` cleans up when anything before it failed.
 
+The generator and the stage function live beside this file, in ``orders_example.py``:
+Airflow puts the DAGs folder on ``sys.path`` when it parses a DAG and runs a task, so
+the stage is named by module, ``"orders_example:dedup_orders"``. Copy both files.
+
 Every task is safe to retry or clear. Configuration (environment, read at parse time):
 
 ``SEATUNNEL_CKPT_EXAMPLE_DIR``
-    root of the example's input, table and store; default ``$AIRFLOW_HOME/seatunnel-ckpt``;
-``SEATUNNEL_CKPT_STORE``
-    checkpoint store URL; default ``file://<example dir>/checkpoints`` (the recovery
-    DAG uses the same default).
+    root of the example's input and table; default ``$AIRFLOW_HOME/seatunnel-ckpt-example``.
+
+The checkpoint store is deliberately not set here: the DAG uses the provider's default
+store, exactly as the recovery DAG ``seatunnel_ckpt_recovery`` does, so the two can never
+watch different stores (the connection ``seatunnel_ckpt_default`` when defined, else
+``$SEATUNNEL_CKPT_STORE``, else ``$AIRFLOW_HOME/seatunnel-ckpt``). Its settings
+(``store_config``) are recorded in the pipeline's descriptor, where recovery reads them.
 """
 
 from __future__ import annotations
@@ -30,20 +37,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, task
-
-from airflow_seatunnel_ckpt.example import (
+from orders_example import (
     PIPELINE,
     SINK,
     SOURCE,
     example_dir,
     generate_orders,
 )
+
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 
 BASE = example_dir()
 INPUT_DIR = os.path.join(BASE, "input", "orders")
 TABLE_URL = "file://" + os.path.join(BASE, "warehouse", "orders")
-STORE_URL = os.environ.get("SEATUNNEL_CKPT_STORE") or "file://" + os.path.join(BASE, "checkpoints")
 
 with DAG(
     dag_id="orders_pipeline",
@@ -75,10 +81,9 @@ with DAG(
     epoch = checkpointed_epoch(
         "orders",
         pipeline=PIPELINE,
-        storage_url=STORE_URL,
         stages={
             "ingest": {
-                "stage": "airflow_seatunnel_ckpt.example:dedup_orders",
+                "stage": "orders_example:dedup_orders",
                 "sources": {SOURCE: {"type": "file", "path": "file://" + INPUT_DIR,
                                      "format": "json"}},
                 "sinks": {SINK: {"type": "file", "path": TABLE_URL, "format": "parquet",

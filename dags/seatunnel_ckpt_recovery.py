@@ -3,28 +3,31 @@
 For each pipeline of the checkpoint store (one mapped task per pipeline):
 
 * an epoch decided COMMIT whose publish never finished is published (roll forward);
-* an epoch still undecided past ``prepared_timeout_s`` is aborted (its input stays
-  unconsumed, so the next run processes it);
+* an undecided epoch is aborted once it is dead -- its stage's lease expired
+  (``lease_timeout_s``), it is undecided ``prepared_timeout_s`` after it was prepared,
+  or Airflow reports its DAG run finished -- (its input stays unconsumed, so the next run
+  processes it); a running stage is never aborted;
 * staging and checkpoint directories no live epoch references are removed;
 * retention then keeps the newest ``max_retain`` checkpoints and every base they need.
 
 Every action goes through the same write-once decision record the pipeline DAGs use, so
 this DAG is safe to run at any time, next to running pipelines, and to clear or retry.
 
-Configuration (environment, read when the file is parsed):
+The store: this DAG sets none, so it uses the provider's default store -- the same one
+every pipeline DAG that sets none uses (``dags/orders_pipeline.py`` does not), so the two
+can never diverge. The default is the connection ``seatunnel_ckpt_default`` when it is
+defined (``$SEATUNNEL_CKPT_STORE_CONN_ID`` names another), else ``$SEATUNNEL_CKPT_STORE``,
+else ``$AIRFLOW_HOME/seatunnel-ckpt``; all are read when a task runs. Each pipeline is
+recovered with its own settings (``prepared_timeout_s``, ``max_retain`` ...), which its
+DAG recorded in the pipeline's descriptor in the store.
 
-``SEATUNNEL_CKPT_STORE_CONN_ID``
-    connection of type ``seatunnel_ckpt`` naming the store (credentials in extras);
-``SEATUNNEL_CKPT_STORE``
-    store URL when there is no connection; default: ``$AIRFLOW_HOME/seatunnel-ckpt/checkpoints``,
-    the store of the example pipeline DAG.
+A run that finds no pipeline in the store logs a WARNING naming the store and fails: a
+recovery DAG that watches another store than the pipelines write must not look green.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from airflow.sdk import DAG
 
@@ -33,13 +36,6 @@ from airflow_seatunnel_ckpt.operators.recovery import (
     RecoverPipelineOperator,
     RetainCheckpointsOperator,
 )
-
-STORE_CONN_ID = os.environ.get("SEATUNNEL_CKPT_STORE_CONN_ID") or None
-STORAGE_URL = os.environ.get("SEATUNNEL_CKPT_STORE") or "file://" + os.path.join(
-    os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "seatunnel-ckpt",
-    "checkpoints")
-STORE: dict[str, Any] = {"store_conn_id": STORE_CONN_ID,
-         "storage_url": None if STORE_CONN_ID else STORAGE_URL}
 
 with DAG(
     dag_id="seatunnel_ckpt_recovery",
@@ -52,9 +48,9 @@ with DAG(
     tags=["seatunnel-ckpt", "recovery"],
     doc_md=__doc__,
 ) as dag:
-    pipelines = ListPipelinesOperator(task_id="list_pipelines", **STORE)
-    recovered = RecoverPipelineOperator.partial(task_id="recover", **STORE).expand(
+    pipelines = ListPipelinesOperator(task_id="list_pipelines")
+    recovered = RecoverPipelineOperator.partial(task_id="recover").expand(
         pipeline=pipelines.output)
-    retained = RetainCheckpointsOperator.partial(task_id="retain", **STORE).expand(
+    retained = RetainCheckpointsOperator.partial(task_id="retain").expand(
         pipeline=pipelines.output)
     recovered >> retained

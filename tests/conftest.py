@@ -392,9 +392,23 @@ class MotoS3:
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[MotoS3]:
     """Run moto's S3-compatible server on 127.0.0.1 at a free port for the session."""
+    import threading
+
+    from moto.s3.responses import S3Response
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request
+    # moto checks If-None-Match and then stores the object, so two racing conditional PUTs
+    # can both succeed (1 round in 200 of 4 writers here); AWS S3 decides atomically, and
+    # the store's conditional-create probe refuses a server that lets two writers win.
+    # One PUT at a time makes the fake as atomic as the real thing.
+    put_object, one_put = S3Response.put_object, threading.Lock()
+
+    def atomic_put_object(self: Any) -> Any:
+        with one_put:
+            return put_object(self)
+
+    S3Response.put_object = atomic_put_object  # type: ignore[method-assign]
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -410,6 +424,7 @@ def moto_server() -> Iterator[MotoS3]:
         )
     finally:
         server.stop()
+        S3Response.put_object = put_object  # type: ignore[method-assign]
 
 
 @pytest.fixture

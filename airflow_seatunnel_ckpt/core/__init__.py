@@ -11,26 +11,33 @@ from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.models import (
     BeginRecord,
     CheckpointMetadata,
+    CommitResult,
     Decision,
     DecisionRecord,
     EpochState,
     EpochStatus,
     OperatorState,
+    PartKind,
     PartRef,
     PreparedRecord,
     PublishedSink,
     SinkManifest,
+    SinkMode,
     SourceState,
 )
-from airflow_seatunnel_ckpt.core.pipeline import CommitResult, Pipeline
-from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RestorePoint, RetentionReport
+from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RecoveryStep
+from airflow_seatunnel_ckpt.core.restore import RestorePoint, RestoreSource
+from airflow_seatunnel_ckpt.core.retention import RetentionReport
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, open_storage
-from airflow_seatunnel_ckpt.core.store import CheckpointStore
+from airflow_seatunnel_ckpt.core.store import CheckpointStore, StoredPipeline
 from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 
 __all__ = [
     "BeginRecord", "CheckpointConfig", "CheckpointManager", "CheckpointMetadata", "CheckpointStore",
     "CommitResult", "Decision", "DecisionRecord", "EpochState", "EpochStatus", "FileInfo", "OperatorState",
-    "PartRef", "Pipeline", "PreparedRecord", "Problem", "PublishedSink", "RecoveryReport", "RestorePoint",
-    "RetentionReport", "SinkManifest", "SourceState", "Storage", "TransactionLog", "errors", "open_storage",
+    "PartKind", "PartRef", "Pipeline", "PreparedRecord", "Problem", "PublishedSink", "RecoveryReport",
+    "RecoveryStep", "RestorePoint", "RestoreSource", "RetentionReport", "SinkManifest", "SinkMode", "SourceState",
+    "Storage",
+    "StoredPipeline", "TransactionLog", "errors", "open_storage",
 ]

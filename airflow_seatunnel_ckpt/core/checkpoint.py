@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartRef
+from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartKind, PartRef
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: Column marking removed keys in a delta part of key -> value state.
@@ -69,7 +69,7 @@ def write_part(
 
     storage.write_atomic(path, framed())
     return PartRef(path=path, size=size, crc32c=crc, epoch=epoch, key_group=key_group,
-                   kind="delta" if delta else "full")
+                   kind=PartKind.DELTA if delta else PartKind.FULL)
 
 
 def write_arrow_part(storage: Storage, path: str, table: Any, **options: Any) -> PartRef:
@@ -146,15 +146,19 @@ def apply_delta(base: Any, delta: Any, key_columns: list[str]) -> Any:
         return base
     keep = pc.invert(pc.is_in(key_array(base, key_columns), value_set=key_array(delta, key_columns)))
     if TOMBSTONE in delta.column_names:
-        delta = delta.filter(pc.invert(pc.fill_null(delta.column(TOMBSTONE), False)))
-    return pa.concat_tables([base.filter(keep), delta.select(base.column_names)], promote_options="default")
+        delta = delta.filter(pc.invert(pc.fill_null(delta.column(TOMBSTONE), False))).drop_columns([TOMBSTONE])
+    # A delta may carry a column the base does not have yet (a new aggregate column): the
+    # base's rows get nulls in it.
+    columns = list(base.column_names) + [c for c in delta.column_names if c not in base.column_names]
+    return pa.concat_tables([base.filter(keep), delta.select([c for c in columns if c in delta.column_names])],
+                            promote_options="default").select(columns)
 
 
 def read_chain(storage: Storage, chain: list[PartRef], key_columns: list[str]) -> Any:
     """Restore one key group: read its full part and apply each delta in order."""
     if not chain:
         raise ValueError("a key group chain needs at least one part")
-    if chain[0].kind != "full" or any(p.kind != "delta" for p in chain[1:]):
+    if chain[0].kind is not PartKind.FULL or any(p.kind is not PartKind.DELTA for p in chain[1:]):
         where = storage.describe_path(chain[0].path)
         raise CorruptCheckpointError(f"{where}: chain must be one full part followed by deltas", where)
     table = read_arrow_part(storage, chain[0])
@@ -239,19 +243,18 @@ class CheckpointManager:
             return [Problem(exc.path, str(exc).split(": ", 1)[-1])]
         return self.verify_parts(meta.parts(), deep=deep, storage=storage)
 
-    def latest_valid(self, committed: Iterable[int], deep: bool = False) -> int | None:
-        """The newest epoch among ``committed`` whose checkpoint verifies, or None.
-
-        Chosen by epoch number, never by clock time. Cost: one verification per damaged
-        checkpoint skipped, independent of how many epochs exist.
-        """
-        for epoch in sorted(set(committed), reverse=True):
-            if not self.verify(epoch, deep=deep):
-                return epoch
-        return None
+    def deletable(self, epoch: int, keep: Iterable[str] = ()) -> list[str]:
+        """The files :meth:`delete` would remove from checkpoint ``epoch`` (changes nothing)."""
+        keep_set = set(keep)
+        root = layout.checkpoint_dir(epoch)
+        return [path for path in (f"{root}/{f.path}" for f in self.storage.walk(root, include_temp=True))
+                if path not in keep_set]
 
     def delete(self, epoch: int, keep: Iterable[str] = ()) -> list[str]:
-        """Remove checkpoint ``epoch``'s files except those in ``keep``; returns what was removed."""
+        """Remove checkpoint ``epoch``'s files except those in ``keep``; returns what was removed.
+
+        The directory itself goes only when ``keep`` names none of its files.
+        """
         keep_set = set(keep)
         root = layout.checkpoint_dir(epoch)
         files = [f"{root}/{f.path}" for f in self.storage.walk(root, include_temp=True)]

@@ -1,16 +1,20 @@
 """Checkpoint configuration: one typed, validated place.
 
 The fields mirror the tuning block of SeaTunnel's Spark checkpoint configuration
-(``timeout``, ``max_retain``, ``storage``, ``incremental``, ``compression``, ``checksum``,
-``fallback_enabled``, ``max_retry``). SeaTunnel's ``interval`` has no counterpart: in
+(``timeout``, ``max_retain``, ``storage``, ``incremental``, ``compression``,
+``fallback_enabled``, ``max_retry``). SeaTunnel's ``checksum`` has none either: every
+stored file is checked with CRC32C, and an old ``checksum: crc32c`` key is accepted with
+a deprecation warning. SeaTunnel's ``interval`` has no counterpart: in
 batch mode the Airflow schedule is the checkpoint interval (one epoch per DAG run).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,16 +22,50 @@ from typing import Any
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 COMPRESSIONS = ("zstd", "lz4")
+#: Values the deprecated ``checksum`` key may still have.
 CHECKSUMS = ("crc32c",)
-DEFAULT_STORE_DIR = ".seatunnel-ckpt"
+#: The default store's directory below ``$AIRFLOW_HOME``.
+DEFAULT_STORE_DIR = "seatunnel-ckpt"
+
+log = logging.getLogger(__name__)
+
+
+def airflow_home() -> str:
+    """``$AIRFLOW_HOME`` as an absolute path (default ``~/airflow``, as Airflow itself uses)."""
+    return os.path.abspath(os.path.expanduser(os.environ.get("AIRFLOW_HOME") or "~/airflow"))
 
 
 def default_storage_url() -> str:
-    """The embedded default store: a local directory (``$SEATUNNEL_CKPT_STORE`` overrides)."""
+    """The embedded default store: ``$SEATUNNEL_CKPT_STORE``, else ``file://$AIRFLOW_HOME/seatunnel-ckpt``.
+
+    Always an absolute location: a default relative to the worker's current directory
+    would give two workers started in different directories two stores, each restoring
+    from nothing and publishing the same input again.
+    """
     env = os.environ.get("SEATUNNEL_CKPT_STORE")
     if env:
-        return env
-    return "file://" + os.path.abspath(DEFAULT_STORE_DIR)
+        return absolute_local_url(env, "$SEATUNNEL_CKPT_STORE")
+    return "file://" + os.path.join(airflow_home(), DEFAULT_STORE_DIR)
+
+
+def absolute_local_url(url: str, what: str = "storage_url") -> str:
+    """``url`` as given, or -- for a relative local path -- as an absolute ``file://`` URL (with a warning).
+
+    A bare path such as ``ckpt`` or ``./ckpt`` would name a different directory for every
+    working directory; it is resolved once, here, where the configuration is built, so
+    every process the configuration is handed to (other workers, a spark-submit driver)
+    uses the same directory. ``file://ckpt`` and ``file://./ckpt`` are not paths but URLs
+    with a host: the store refuses them (``file:///absolute/path`` is the form). Other
+    URLs are returned unchanged.
+    """
+    if not isinstance(url, str) or not url or "://" in url or "::" in url or os.path.isabs(url):
+        return url
+    resolved = "file://" + os.path.abspath(os.path.expanduser(url))
+    if not url.startswith("~"):
+        log.warning("%s %r is a relative path; it was resolved against the current directory to %r. Give "
+                    "an absolute URL (file:///absolute/path) so that every worker uses the same store",
+                    what, redact_url(url), redact_url(resolved))
+    return resolved
 
 
 #: ``scheme://userinfo@``. With a ``user:password`` form the password may itself hold
@@ -55,6 +93,20 @@ def redact_url(url: str) -> str:
     return _SECRET_PARAM.sub(lambda m: m.group("name") + "***", redacted)
 
 
+def _without_deprecated(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` without keys that no longer mean anything (stored configs still load)."""
+    out = dict(values)
+    if "checksum" in out:
+        checksum = out.pop("checksum")
+        if checksum not in CHECKSUMS:
+            raise ConfigError(f"checksum must be one of {CHECKSUMS}, got {checksum!r}; the setting is "
+                              "deprecated (every stored file is checked with CRC32C): remove it")
+        warnings.warn("checkpoint config key 'checksum' is deprecated and ignored: every stored file is "
+                      "checked with CRC32C; remove it from the connection extras or config",
+                      DeprecationWarning, stacklevel=3)
+    return out
+
+
 @dataclass(frozen=True)
 class CheckpointConfig:
     """How and where checkpoints, transaction logs and staged output are kept.
@@ -67,8 +119,14 @@ class CheckpointConfig:
     storage_url: str = field(default_factory=default_storage_url)
     #: fsspec storage options (credentials, endpoint); never logged.
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
-    #: An epoch still undecided this long after it began is aborted by recovery (seconds).
+    #: A PREPARED epoch still undecided this long after its (newest) prepared record was
+    #: written is aborted by recovery (seconds, by the store's clock).
     prepared_timeout_s: float = 600.0
+    #: An OPEN epoch whose stage lease was not renewed for this long is dead: recovery,
+    #: or the next run's stage, may abort it (seconds, by the store's clock).
+    lease_timeout_s: float = 180.0
+    #: How often a running stage renews its lease; must be below ``lease_timeout_s / 2``.
+    lease_renew_s: float = 30.0
     #: How many committed checkpoints retention keeps (plus every base they still need).
     max_retain: int = 10
     #: Write only changed key groups / changed keys (delta parts) between full checkpoints.
@@ -77,7 +135,6 @@ class CheckpointConfig:
     full_checkpoint_interval: int = 10
     compression: str = "zstd"
     compression_level: int = 3
-    checksum: str = "crc32c"
     #: Allow recovery to use a secondary replica, the log, or an older checkpoint.
     fallback_enabled: bool = True
     #: Optional second store receiving a copy of every completed checkpoint's files.
@@ -89,12 +146,18 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         self._validate()
+        # Resolved once, where the configuration is built: every process it is handed to
+        # (spark-submit drivers, other workers) then uses the same directory.
+        object.__setattr__(self, "storage_url", absolute_local_url(self.storage_url))
+        if self.secondary_url:
+            object.__setattr__(self, "secondary_url", absolute_local_url(self.secondary_url, "secondary_url"))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> CheckpointConfig:
         """Build a config from plain data, rejecting unknown keys and wrong types."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"checkpoint config must be a mapping, got {type(values).__name__}")
+        values = _without_deprecated(values)
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
@@ -140,6 +203,14 @@ class CheckpointConfig:
         need(isinstance(self.prepared_timeout_s, (int, float)) and not isinstance(self.prepared_timeout_s, bool)
              and 0 < self.prepared_timeout_s <= 7 * 24 * 3600,
              f"prepared_timeout_s must be a number of seconds in (0, 604800], got {self.prepared_timeout_s!r}")
+        for name in ("lease_timeout_s", "lease_renew_s"):
+            value = getattr(self, name)
+            need(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 24 * 3600,
+                 f"{name} must be a number of seconds in (0, 86400], got {value!r}")
+        need(self.lease_renew_s < self.lease_timeout_s / 2,
+             f"lease_renew_s ({self.lease_renew_s!r}) must be below lease_timeout_s / 2 "
+             f"({self.lease_timeout_s!r} / 2), so that one late renewal does not make a running stage "
+             "look dead")
         need(is_int(self.max_retain) and 1 <= self.max_retain <= 100_000,
              f"max_retain must be an integer >= 1, got {self.max_retain!r}")
         need(isinstance(self.incremental, bool), f"incremental must be true or false, got {self.incremental!r}")
@@ -154,7 +225,6 @@ class CheckpointConfig:
                 raise ConfigError("compression 'lz4' needs the optional package lz4 (pip install lz4)") from exc
         need(is_int(self.compression_level) and -7 <= self.compression_level <= 22,
              f"compression_level must be an integer in -7..22, got {self.compression_level!r}")
-        need(self.checksum in CHECKSUMS, f"checksum must be one of {CHECKSUMS}, got {self.checksum!r}")
         need(isinstance(self.fallback_enabled, bool),
              f"fallback_enabled must be true or false, got {self.fallback_enabled!r}")
         need(is_int(self.max_retries) and 0 <= self.max_retries <= 100,

@@ -77,3 +77,7 @@ class PublishError(StorageError):
 
 class RecoveryError(CheckpointError):
     """No safe restore point exists; the message says which file is damaged and the way out."""
+
+
+class PipelineOwnershipError(CheckpointError):
+    """A DAG tried to run a pipeline that another DAG owns (per the pipeline's descriptor)."""

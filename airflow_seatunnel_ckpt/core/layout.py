@@ -8,7 +8,10 @@
       checkpoint_<epoch>/operators/<operator>/part-<k>-<attempt>
       checkpoint_<epoch>/sinks/<sink>/_prepared
       _txlog/epoch-<epoch>/{begin, prepared-<participant>, decision, committed, aborted}
-      _txlog/runs/<run key>/<epoch>                    run id -> epochs index
+      _txlog/epoch-<epoch>/lease-<participant>         renewed while a stage runs (not write-once)
+      _txlog/_clock-<uuid>                             clock probe of one observer (written, read, removed)
+      _txlog/runs/<run key>/<epoch>                    (dag id, run id) -> epochs index
+      _descriptor/v<version>                           the pipeline descriptor, write-once per version
       _staging/epoch=<e>/attempt=<a>/<sink>/           staged output
 
 Epoch directories are zero-padded so that a plain listing is already in epoch order.
@@ -22,7 +25,12 @@ import re
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
 
 TXLOG = "_txlog"
+DESCRIPTOR = "_descriptor"
+DESCRIPTOR_WIDTH = 6
 STAGING = "_staging"
+#: Prefix of the probe an observer writes to read the store's current time (its mtime).
+CLOCK_PROBE = f"{TXLOG}/_clock"
+LEASE_PREFIX = "lease-"
 METADATA = "_metadata"
 SUCCESS = "_SUCCESS"
 CHECKPOINT_PREFIX = "checkpoint_"
@@ -34,6 +42,7 @@ _CHECKPOINT_DIR = re.compile(r"checkpoint_([1-9]\d{0,11})")
 _TXLOG_DIR = re.compile(r"epoch-(\d{12})")
 _STAGING_EPOCH = re.compile(r"epoch=([1-9]\d{0,11})")
 _STAGING_ATTEMPT = re.compile(r"attempt=(\d{1,7})")
+_DESCRIPTOR_FILE = re.compile(r"v(\d{6})\.json")
 
 
 def checkpoint_dir(epoch: int) -> str:
@@ -85,18 +94,45 @@ def record_path(epoch: int, record: str) -> str:
     return f"{txlog_dir(epoch)}/{record}"
 
 
-def run_key(run_id: str) -> str:
-    """A path-safe, fixed-length key for an Airflow run id (which contains ``:`` and ``+``)."""
+def lease_path(epoch: int, participant: str) -> str:
+    """``_txlog/epoch-<e>/lease-<participant>``: the lease of the attempt running the stage."""
+    return f"{txlog_dir(epoch)}/{LEASE_PREFIX}{validate_name(participant, 'participant name')}"
+
+
+def run_key(run_id: str, dag_id: str = "") -> str:
+    """A path-safe, fixed-length key for the run ``run_id`` of DAG ``dag_id``.
+
+    Airflow run ids are unique per DAG only (``manual__<date>`` recurs in every DAG), so
+    the key covers both. An empty ``dag_id`` gives the key runs had before the DAG was
+    part of it (a hash of the run id alone): core-only callers that know no DAG, and
+    runs begun by an earlier release, keep their index.
+    """
+    from airflow_seatunnel_ckpt.core.errors import InvalidNameError
+
     if not isinstance(run_id, str) or not run_id or len(run_id) > 1000 or "\x00" in run_id:
-        from airflow_seatunnel_ckpt.core.errors import InvalidNameError
-
         raise InvalidNameError(f"run id must be a non-empty string of at most 1000 characters, got {run_id!r}")
-    return hashlib.sha256(run_id.encode()).hexdigest()[:32]
+    if not isinstance(dag_id, str) or len(dag_id) > 1000 or "\x00" in dag_id:
+        raise InvalidNameError(f"DAG id must be a string of at most 1000 characters, got {dag_id!r}")
+    text = f"{dag_id}\x00{run_id}" if dag_id else run_id
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def run_index_dir(run_id: str) -> str:
+def run_index_dir(run_id: str, dag_id: str = "") -> str:
     """``_txlog/runs/<run key>``: one empty-ish file per epoch the run was given."""
-    return f"{TXLOG}/runs/{run_key(run_id)}"
+    return f"{TXLOG}/runs/{run_key(run_id, dag_id)}"
+
+
+def descriptor_path(version: int) -> str:
+    """``_descriptor/v<NNNNNN>.json``: one write-once version of the pipeline descriptor."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 10**DESCRIPTOR_WIDTH:
+        raise ValueError(f"descriptor version must be an integer in 1..999999, got {version!r}")
+    return f"{DESCRIPTOR}/v{version:0{DESCRIPTOR_WIDTH}d}.json"
+
+
+def parse_descriptor_name(name: str) -> int | None:
+    """The version of a ``v<NNNNNN>.json`` descriptor file name, or None for anything else."""
+    m = _DESCRIPTOR_FILE.fullmatch(name)
+    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
 
 
 def staging_epoch_dir(epoch: int) -> str:

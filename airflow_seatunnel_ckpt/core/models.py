@@ -3,12 +3,15 @@
 Records are plain JSON inside a checksummed frame (see :mod:`codec`). ``from_dict``
 checks every field's type, so a record that decodes but has the wrong shape is reported
 as corrupt with the file named, never half-used.
+
+Longer than ~400 lines because it is the on-disk format: every record's typed model and
+its explicit (de)serialisation stand together, so a format change is reviewed in one file.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -46,6 +49,28 @@ class Decision(enum.StrEnum):
     ABORT = "abort"
 
 
+class PartKind(enum.StrEnum):
+    """What a state part holds (``PartRef.kind``)."""
+
+    FULL = "full"  #: the whole key group (or source history)
+    DELTA = "delta"  #: only the changes against the previous part of its chain
+
+
+class SinkMode(enum.StrEnum):
+    """How a sink's epochs make up its target (``SinkManifest.mode``).
+
+    ``changes`` (the default): each epoch publishes what it wrote into its own
+    ``epoch=<e>/`` directory and readers of the target see every epoch's rows (an
+    append-only table); an epoch that wrote no rows publishes nothing. ``snapshot``: each
+    epoch's output *is* the whole table (e.g. a keyed state's current values); once the
+    newest ``epoch=<e>/`` is published the older snapshot directories are removed and the
+    target's ``_LATEST`` names the current one, so readers see the current state only.
+    """
+
+    CHANGES = "changes"
+    SNAPSHOT = "snapshot"
+
+
 def _get(data: Mapping[str, Any], key: str, kind: type[T] | tuple[type, ...], path: str, optional: bool = False) -> T:
     if not isinstance(data, Mapping):
         raise CorruptCheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}", path)
@@ -72,17 +97,19 @@ class PartRef:
     crc32c: int  #: checksum of the whole stored file
     epoch: int  #: the epoch that wrote it (may be older than the checkpoint using it)
     key_group: int = 0
-    kind: str = "full"  #: "full" or "delta" (changes against the previous part of its chain)
+    kind: PartKind = PartKind.FULL
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size, "crc32c": self.crc32c, "epoch": self.epoch,
-                "key_group": self.key_group, "kind": self.kind}
+                "key_group": self.key_group, "kind": str(self.kind)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> PartRef:
-        kind = _get(d, "kind", str, path)
-        if kind not in ("full", "delta"):
-            raise CorruptCheckpointError(f"{path}: part kind must be full or delta, found {kind!r}", path)
+        raw = _get(d, "kind", str, path)
+        try:
+            kind = PartKind(raw)
+        except ValueError:
+            raise CorruptCheckpointError(f"{path}: part kind must be full or delta, found {raw!r}", path) from None
         return cls(_get(d, "path", str, path), _get(d, "size", int, path), _get(d, "crc32c", int, path),
                    _get(d, "epoch", int, path), _get(d, "key_group", int, path), kind)
 
@@ -151,17 +178,30 @@ class SinkManifest:
     files: list[FileInfo]  #: relative to ``staging``
     rows: int
     format: str = "parquet"
-    target_options: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    mode: SinkMode = SinkMode.CHANGES  #: stored only when not the default (older records lack it)
 
     @property
     def bytes(self) -> int:
         """Total size of the staged files."""
         return sum(f.size for f in self.files)
 
+    @property
+    def publishes(self) -> bool:
+        """Whether committing the epoch publishes anything for this sink.
+
+        A ``changes`` sink with no rows publishes nothing: no empty ``epoch=<e>/``
+        directory, no ``_SUCCESS``, no asset event. A ``snapshot`` sink always publishes,
+        since its output replaces the table (an empty snapshot is an empty table).
+        """
+        return self.rows > 0 or self.mode is SinkMode.SNAPSHOT
+
     def to_dict(self) -> dict[str, Any]:
-        return {"sink": self.sink, "target_url": self.target_url, "staging": self.staging, "format": self.format,
-                "rows": self.rows, "files": [{"path": f.path, "size": f.size, "crc32c": f.crc32c}
-                                             for f in self.files]}
+        out = {"sink": self.sink, "target_url": self.target_url, "staging": self.staging, "format": self.format,
+               "rows": self.rows, "files": [{"path": f.path, "size": f.size, "crc32c": f.crc32c}
+                                            for f in self.files]}
+        if self.mode is not SinkMode.CHANGES:
+            out["mode"] = self.mode.value
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> SinkManifest:
@@ -169,8 +209,14 @@ class SinkManifest:
         for f in _get(d, "files", list, path):
             files.append(FileInfo(_get(f, "path", str, path), _get(f, "size", int, path),
                                   _get(f, "crc32c", int, path, optional=True)))
+        raw_mode = _get(d, "mode", str, path, optional=True) or SinkMode.CHANGES.value
+        try:
+            mode = SinkMode(raw_mode)
+        except ValueError:
+            raise CorruptCheckpointError(
+                f"{path}: sink mode must be one of {[m.value for m in SinkMode]}, found {raw_mode!r}", path) from None
         return cls(_get(d, "sink", str, path), _get(d, "target_url", str, path), _get(d, "staging", str, path),
-                   files, _get(d, "rows", int, path), _get(d, "format", str, path))
+                   files, _get(d, "rows", int, path), _get(d, "format", str, path), mode)
 
 
 @dataclass(frozen=True)
@@ -180,13 +226,25 @@ class BeginRecord:
     epoch: int
     run_id: str
     created_at: float
+    dag_id: str = ""
+    #: the Airflow logical date of the run (ISO 8601); "" when begun outside Airflow or by an
+    #: earlier release (written only when set, so older readers see the record they know)
+    logical_date: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "begin", "epoch": self.epoch, "run_id": self.run_id, "created_at": self.created_at}
+        out: dict[str, Any] = {"type": "begin", "epoch": self.epoch, "run_id": self.run_id,
+                               "created_at": self.created_at}
+        if self.dag_id:
+            out["dag_id"] = self.dag_id
+        if self.logical_date:
+            out["logical_date"] = self.logical_date
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> BeginRecord:
-        return cls(_get(d, "epoch", int, path), _get(d, "run_id", str, path), _get(d, "created_at", (int, float), path))
+        return cls(_get(d, "epoch", int, path), _get(d, "run_id", str, path), _get(d, "created_at", (int, float), path),
+                   _get(d, "dag_id", str, path, optional=True) or "",
+                   _get(d, "logical_date", str, path, optional=True) or "")
 
 
 @dataclass(frozen=True)
@@ -207,6 +265,8 @@ class PreparedRecord:
     sources: dict[str, SourceState]
     #: The committed checkpoint the participant restored from (None: empty state).
     base_epoch: int | None = None
+    #: Sinks the stage declared but did not write this epoch (stored only when any).
+    not_written: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -214,12 +274,15 @@ class PreparedRecord:
         return sum(s.rows for s in self.sinks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "prepared", "epoch": self.epoch, "participant": self.participant, "attempt": self.attempt,
-                "run_id": self.run_id, "prepared_at": self.prepared_at,
-                "sinks": [s.to_dict() for s in self.sinks],
-                "operators": {k: v.to_dict() for k, v in sorted(self.operators.items())},
-                "sources": {k: v.to_dict() for k, v in sorted(self.sources.items())},
-                "base_epoch": self.base_epoch}
+        out = {"type": "prepared", "epoch": self.epoch, "participant": self.participant, "attempt": self.attempt,
+               "run_id": self.run_id, "prepared_at": self.prepared_at,
+               "sinks": [s.to_dict() for s in self.sinks],
+               "operators": {k: v.to_dict() for k, v in sorted(self.operators.items())},
+               "sources": {k: v.to_dict() for k, v in sorted(self.sources.items())},
+               "base_epoch": self.base_epoch}
+        if self.not_written:
+            out["not_written"] = sorted(self.not_written)
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> PreparedRecord:
@@ -230,7 +293,23 @@ class PreparedRecord:
             {k: OperatorState.from_dict(v, path) for k, v in _get(d, "operators", dict, path).items()},
             {k: SourceState.from_dict(v, path) for k, v in _get(d, "sources", dict, path).items()},
             _get(d, "base_epoch", int, path, optional=True),
+            _names(_get(d, "not_written", list, path, optional=True) or [], "not_written", path),
         )
+
+
+def _names(values: list[Any], key: str, path: str) -> list[str]:
+    if not all(isinstance(v, str) for v in values):
+        raise CorruptCheckpointError(f"{path}: field {key!r} must list strings", path)
+    return list(values)
+
+
+def unprepared(prepared: Mapping[str, PreparedRecord], participants: Sequence[str]) -> list[str]:
+    """The names in ``participants`` that have no prepared record, in their order.
+
+    The one "who still has to prepare" rule of the sensor, the trigger and the commit
+    decision.
+    """
+    return [name for name in dict.fromkeys(participants) if name not in prepared]
 
 
 @dataclass(frozen=True)
@@ -262,6 +341,12 @@ class DecisionRecord:
                    _get(d, "decided_at", (int, float), path), parts)
 
 
+#: ``PublishedSink.how`` of a sink that staged no rows: nothing was published.
+EMPTY = "empty"
+#: ``PublishedSink.how`` of a sink the stage declared but did not write in the epoch.
+NOT_WRITTEN = "not_written"
+
+
 @dataclass(frozen=True)
 class PublishedSink:
     """One sink's published output for an epoch."""
@@ -272,7 +357,15 @@ class PublishedSink:
     files: int
     rows: int
     bytes: int
-    how: str = ""  #: "renamed", "copied" or "already"
+    #: "renamed", "copied" or "already"; "empty" when the sink staged no rows and nothing
+    #: was published (no directory, no ``_SUCCESS``), "not_written" when the stage did not
+    #: write the sink at all (see :attr:`published`)
+    how: str = ""
+
+    @property
+    def published(self) -> bool:
+        """Whether the epoch has a published directory in the sink's target."""
+        return self.how not in (EMPTY, NOT_WRITTEN)
 
     def to_dict(self) -> dict[str, Any]:
         return {"sink": self.sink, "target_url": self.target_url, "epoch_dir": self.epoch_dir, "files": self.files,
@@ -283,6 +376,36 @@ class PublishedSink:
         return cls(_get(d, "sink", str, path), _get(d, "target_url", str, path), _get(d, "epoch_dir", str, path),
                    _get(d, "files", int, path), _get(d, "rows", int, path), _get(d, "bytes", int, path),
                    _get(d, "how", str, path, optional=True) or "")
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """What :meth:`Pipeline.commit` published (or found already published)."""
+
+    epoch: int
+    sinks: list[PublishedSink]
+    already_committed: bool = False
+
+    @property
+    def rows(self) -> int:
+        """Rows published over every sink."""
+        return sum(s.rows for s in self.sinks)
+
+    @property
+    def not_written(self) -> list[str]:
+        """Sinks the stages declared but did not write in the epoch."""
+        return sorted(s.sink for s in self.sinks if s.how == NOT_WRITTEN)
+
+    @property
+    def empty(self) -> list[str]:
+        """Sinks that staged no rows, so the epoch published nothing for them."""
+        return sorted(s.sink for s in self.sinks if s.how == EMPTY)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for XCom and ``--json`` output."""
+        return {"epoch": self.epoch, "already_committed": self.already_committed,
+                "sinks": [s.to_dict() for s in self.sinks], "not_written": self.not_written,
+                "empty": self.empty}
 
 
 @dataclass(frozen=True)

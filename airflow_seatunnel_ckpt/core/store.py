@@ -1,4 +1,10 @@
-"""The checkpoint store: one URL holding many pipelines."""
+"""The checkpoint store: one URL holding many pipelines.
+
+It is also where the protocol (:class:`Pipeline`) meets the operations built on it:
+the pipelines it hands out carry :meth:`StoredPipeline.recover` and
+:meth:`StoredPipeline.retain`, which call :mod:`recovery` and :mod:`retention`. Those
+modules import :mod:`pipeline`, never the other way round.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,21 @@ from typing import Any
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, recover
+from airflow_seatunnel_ckpt.core.retention import RetentionReport, retain
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
+
+
+class StoredPipeline(Pipeline):
+    """A pipeline of a store: the protocol, plus recovery and retention over it."""
+
+    def recover(self, dry_run: bool = True, now: float | None = None) -> RecoveryReport:
+        """Resolve unfinished epochs and remove garbage: see :func:`recovery.recover`."""
+        return recover(self, dry_run=dry_run, now=now)
+
+    def retain(self, max_retain: int | None = None, dry_run: bool = False) -> RetentionReport:
+        """Delete checkpoints nothing needs any more: see :func:`retention.retain`."""
+        return retain(self, max_retain=max_retain, dry_run=dry_run)
 
 
 class CheckpointStore:
@@ -29,16 +49,31 @@ class CheckpointStore:
     def __repr__(self) -> str:
         return f"CheckpointStore({self.storage.describe()!r})"
 
-    def pipeline(self, name: str) -> Pipeline:
-        """The pipeline called ``name`` (validated; created lazily on first write)."""
-        return Pipeline(self.storage, name, self.config, self._target_options)
+    def pipeline(self, name: str, overrides: Mapping[str, Any] | None = None) -> StoredPipeline:
+        """The pipeline called ``name`` (validated; created lazily on first write).
+
+        Its configuration is the store's, then the settings its descriptor records (the
+        pipeline's own ``prepared_timeout_s``, ``max_retain`` ...), then ``overrides``
+        (what a caller set explicitly); see :mod:`core.descriptor`.
+        """
+        pipeline = StoredPipeline(self.storage, name, self.config, self._target_options)
+        descriptor = pipeline.descriptor()
+        if descriptor is None and not overrides:
+            return pipeline
+        config = (descriptor.apply_config(self.config, overrides) if descriptor is not None
+                  else self.config.replace(**dict(overrides or {})))
+        if config == self.config:
+            return pipeline
+        configured = StoredPipeline(self.storage, name, config, self._target_options)
+        configured.__dict__["_descriptor"] = descriptor
+        return configured
 
     def list_pipelines(self) -> list[str]:
-        """Names of the pipelines that have a transaction log in this store."""
+        """Names of the pipelines in this store: those with a descriptor or a transaction log."""
         out = []
         for name in self.storage.list_dir(""):
             if name.startswith(("_", ".")):
                 continue
-            if self.storage.exists(f"{name}/{layout.TXLOG}"):
+            if self.storage.exists(f"{name}/{layout.DESCRIPTOR}") or self.storage.exists(f"{name}/{layout.TXLOG}"):
                 out.append(name)
         return out

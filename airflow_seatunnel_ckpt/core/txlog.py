@@ -10,6 +10,10 @@ Every record is a framed, checksummed JSON file created exclusively, so a record
 either absent or complete, and is never rewritten. The state of an epoch is *derived*
 from which records exist; there is no mutable status file to get out of step. The
 ``decision`` record is a single file, so commit and abort can never both win.
+
+Longer than ~400 lines because every record kind has its writer and reader here, next
+to the state derivation that depends on exactly which of them exist; split apart, the
+rule "state = which records exist" would have to be read across modules.
 """
 
 from __future__ import annotations
@@ -83,18 +87,24 @@ class TransactionLog:
             out.pop()
         return out
 
-    def begin(self, run_id: str, now: float | None = None) -> BeginRecord:
-        """The epoch of ``run_id``, allocating the next one if the run has none yet.
+    def begin(self, run_id: str, now: float | None = None, *, dag_id: str = "",
+              legacy: bool = True, logical_date: str = "") -> BeginRecord:
+        """The epoch of run ``run_id`` of DAG ``dag_id``, allocating the next one if it has none yet.
 
-        Idempotent per run id: every task of one DAG run (and every retry) gets the same
-        epoch. A run whose epoch was aborted (e.g. the run is cleared after a failure)
-        gets a fresh epoch. Raises :class:`PendingEpochError` while an earlier epoch is
-        undecided or still COMMITTING: epochs are decided and published in order, so a
-        new epoch always restores the state (and consumed input) of every earlier commit.
+        Idempotent per (DAG, run id): every task of one DAG run (and every retry) gets the
+        same epoch, while the same run id in another DAG is another run. ``legacy`` also
+        accepts a run begun without a DAG id (by an earlier release, or a core-only caller):
+        the in-flight epoch of such a run is still found after an upgrade. A run whose
+        epoch was aborted (e.g. the run is cleared after a failure) gets a fresh epoch.
+        Raises :class:`PendingEpochError` while an earlier epoch is undecided or still
+        COMMITTING: epochs are decided and published in order, so a new epoch always
+        restores the state (and consumed input) of every earlier commit. ``logical_date``
+        (the Airflow logical date, ISO 8601) is stored by the call that creates the record;
+        later calls for the same run get the stored record back unchanged.
         """
-        key = layout.run_key(run_id)
+        key = layout.run_key(run_id, dag_id)
         for _ in range(100):
-            existing = self._latest_for_run(run_id)
+            existing = self._latest_for_run(run_id, dag_id, legacy)
             if existing is not None:
                 state = self.state(existing.epoch)
                 if state not in (EpochState.ABORTING, EpochState.ABORTED):
@@ -103,25 +113,32 @@ class TransactionLog:
             latest = epochs[-1] if epochs else 0
             if latest:
                 latest_begin = self._read_begin_if_intact(latest)
-                if latest_begin is not None and latest_begin.run_id == run_id and (
+                if latest_begin is not None and self._same_run(latest_begin, run_id, dag_id, legacy) and (
                     existing is None or existing.epoch != latest
                 ):
                     # Crashed between ``begin`` and the run index: finish the index.
-                    self._index_run(key, latest)
+                    self._index_run(layout.run_key(run_id, latest_begin.dag_id), latest)
                     continue
                 state = self.state(latest)
                 # COMMITTING blocks too: a new epoch restores from the newest *committed*
                 # checkpoint, so it would read the committing epoch's input a second time.
                 if not state.decided or state is EpochState.COMMITTING:
+                    if state is EpochState.COMMITTING:
+                        way_out = ("it is decided commit and only rolls forward: retry its commit task or run "
+                                   f"`seatunnel-ckpt recover {self.pipeline} --apply` to finish publishing it")
+                    else:
+                        way_out = ("the stage task of the next run aborts it by itself once it is dead (its lease "
+                                   "expired or its DAG run finished); if its run is dead, abort it now with "
+                                   f"`seatunnel-ckpt abort {self.pipeline} {latest} --reason \"its run is dead\"` "
+                                   f"(`seatunnel-ckpt recover {self.pipeline}` tells whether it is alive: its "
+                                   "lease holder and last renewal)")
                     raise PendingEpochError(
                         f"pipeline {self.pipeline!r}: epoch {latest} (run "
                         f"{latest_begin.run_id if latest_begin else '?'!r}) is still {state.value}; a new epoch "
-                        "can begin only after it is committed (published) or aborted. Let its DAG run finish, "
-                        "retry its commit task, or run "
-                        "the recovery DAG / `seatunnel-ckpt recover --apply` to resolve it.",
+                        f"can begin only after it is committed (published) or aborted: {way_out}.",
                         latest,
                     )
-            record = BeginRecord(latest + 1, run_id, time.time() if now is None else now)
+            record = BeginRecord(latest + 1, run_id, time.time() if now is None else now, dag_id, logical_date)
             try:
                 self._write_once(layout.record_path(record.epoch, BEGIN), record.to_dict())
             except AlreadyExistsError:
@@ -134,24 +151,32 @@ class TransactionLog:
         with contextlib.suppress(AlreadyExistsError):
             self.storage.create_exclusive(f"{layout.TXLOG}/runs/{key}/{epoch:0{layout.EPOCH_WIDTH}d}", b"")
 
-    def _latest_for_run(self, run_id: str) -> BeginRecord | None:
-        names = self.storage.list_dir(layout.run_index_dir(run_id))
-        epochs = sorted(int(n) for n in names if n.isdigit())
-        for epoch in reversed(epochs):
-            record = self.read_begin(epoch)
-            if record is not None and record.run_id == run_id:
-                return record
+    @staticmethod
+    def _same_run(record: BeginRecord, run_id: str, dag_id: str, legacy: bool) -> bool:
+        """Whether ``record`` was begun by run ``run_id`` of ``dag_id`` (or, with ``legacy``,
+        by that run id before begin records named their DAG)."""
+        return record.run_id == run_id and (record.dag_id == dag_id or (legacy and not record.dag_id))
+
+    def _latest_for_run(self, run_id: str, dag_id: str = "", legacy: bool = True) -> BeginRecord | None:
+        keys = [dag_id] + ([""] if dag_id and legacy else [])
+        for key_dag in keys:
+            names = self.storage.list_dir(layout.run_index_dir(run_id, key_dag))
+            epochs = sorted(int(n) for n in names if n.isdigit())
+            for epoch in reversed(epochs):
+                record = self.read_begin(epoch)
+                if record is not None and record.run_id == run_id and record.dag_id == key_dag:
+                    return record
         return None
 
-    def epoch_for_run(self, run_id: str) -> int | None:
-        """The newest epoch given to ``run_id``, or None (never allocates)."""
-        record = self._latest_for_run(run_id)
+    def epoch_for_run(self, run_id: str, *, dag_id: str = "", legacy: bool = True) -> int | None:
+        """The newest epoch given to run ``run_id`` of ``dag_id``, or None (never allocates)."""
+        record = self._latest_for_run(run_id, dag_id, legacy)
         if record is not None:
             return record.epoch
         epochs = self.epochs()
         if epochs:
             latest = self._read_begin_if_intact(epochs[-1])
-            if latest is not None and latest.run_id == run_id:
+            if latest is not None and self._same_run(latest, run_id, dag_id, legacy):
                 return latest.epoch
         return None
 
@@ -214,7 +239,7 @@ class TransactionLog:
         """
         validate_attempt(record.attempt)
         participant = validate_name(record.participant, "participant name")
-        self._require_undecided(record.epoch, f"attempt {record.attempt} of {participant!r} cannot prepare")
+        self.require_undecided(record.epoch, f"attempt {record.attempt} of {participant!r} cannot prepare")
         path = layout.record_path(record.epoch, PREPARED_PREFIX + participant)
         try:
             self._write_once(path, record.to_dict())
@@ -229,7 +254,8 @@ class TransactionLog:
                 "its staged output will never be published"
             ) from None
 
-    def _require_undecided(self, epoch: int, what: str) -> None:
+    def require_undecided(self, epoch: int, what: str) -> None:
+        """Raise :class:`FencedAttemptError` (saying ``what`` cannot happen) once ``epoch`` is decided."""
         decision = self.read_decision(epoch)
         if decision is not None:
             raise FencedAttemptError(
@@ -252,6 +278,21 @@ class TransactionLog:
                 if record is not None:
                     out[record.participant] = record
         return out
+
+    def winning_records(self, epoch: int) -> list[PreparedRecord] | None:
+        """The prepared records of the attempts the epoch's decision names, by participant.
+
+        ``[]`` while the epoch is undecided (or decided with no participant); None when a
+        named record is missing or belongs to another attempt (a damaged log).
+        """
+        decision = self.read_decision(epoch)
+        records = []
+        for name, attempt in sorted((decision.participants if decision else {}).items()):
+            record = self.read_prepared(epoch, name)
+            if record is None or record.attempt != attempt:
+                return None
+            records.append(record)
+        return records
 
     # -- decide ------------------------------------------------------------------------
     def decide(self, record: DecisionRecord) -> DecisionRecord:
@@ -328,6 +369,26 @@ class TransactionLog:
             return EpochState.PREPARED
         return EpochState.OPEN
 
+    def committed_epochs(self) -> list[int]:
+        """Committed epochs, ascending."""
+        return [e for e in self.epochs() if self.state(e) is EpochState.COMMITTED]
+
+    def last_committed_epoch(self) -> int | None:
+        """The newest committed epoch, or None (reads the newest epochs only)."""
+        for epoch in reversed(self.epochs()):
+            if self.state(epoch) is EpochState.COMMITTED:
+                return epoch
+        return None
+
+    def states(self) -> dict[int, EpochState]:
+        """Every epoch with its state, ascending: one view of the log to decide from.
+
+        Each epoch's state is read once. A caller that must not act on an epoch whose
+        state changes meanwhile treats every epoch newer than the newest one it saw as
+        unknown (see :mod:`retention`).
+        """
+        return {epoch: self.state(epoch) for epoch in self.epochs()}
+
     def status(self, epoch: int) -> EpochStatus:
         """Everything the log holds about ``epoch``."""
         validate_epoch(epoch)
@@ -336,3 +397,33 @@ class TransactionLog:
         published = self.read_published(epoch) if state is EpochState.COMMITTED else None
         return EpochStatus(epoch, state, self.read_begin(epoch), self.prepared(epoch, names),
                            self.read_decision(epoch) if state.decided else None, published or [])
+
+    # -- verification ------------------------------------------------------------------
+    def damaged_records(self, epoch: int) -> list[CorruptCheckpointError]:
+        """Every record of ``epoch`` that cannot be read back: checksum, frame or shape ([] = intact).
+
+        Read-only; each error names the file. Records are parsed as the protocol parses
+        them (``begin``, ``prepared-*``, ``plan-*``, ``decision``, ``committed``); the
+        others (``aborted``, ``retired``, leases) must at least decode as framed JSON.
+        """
+        validate_epoch(epoch)
+        problems = []
+        for name in self.storage.list_dir(layout.txlog_dir(epoch)):
+            try:
+                self._read_named(epoch, name)
+            except CorruptCheckpointError as exc:
+                problems.append(exc)
+        return problems
+
+    def _read_named(self, epoch: int, name: str) -> object:
+        if name == BEGIN:
+            return self.read_begin(epoch)
+        if name == DECISION:
+            return self.read_decision(epoch)
+        if name == COMMITTED:
+            return self.read_published(epoch)
+        if name.startswith(PREPARED_PREFIX):
+            return self.read_prepared(epoch, name[len(PREPARED_PREFIX):])
+        if name.startswith(PLAN_PREFIX):
+            return self.read_plan(epoch, name[len(PLAN_PREFIX):])
+        return self.read_record(layout.record_path(epoch, name), lambda data, _where: data)

@@ -11,26 +11,36 @@ extras::
                   "prepared_timeout_s": 1800}}'
 
 ``login`` / ``password`` fill the ``key`` / ``secret`` storage options (the names s3fs uses)
-when the extras do not set them. Without any connection the hook falls back to the local
-default store of :func:`~airflow_seatunnel_ckpt.core.config.default_storage_url`, the same
-way the Spark provider falls back to ``local[*]``.
+when the extras do not set them.
+
+Where the store is comes from one place, :class:`StoreSettings`, for the hook and every
+task: an explicit ``store_conn_id``, else an explicit ``storage_url``, else the provider's
+default connection ``seatunnel_ckpt_default`` (``$SEATUNNEL_CKPT_STORE_CONN_ID`` names
+another) when it is defined, else the local default store of
+:func:`~airflow_seatunnel_ckpt.core.config.default_storage_url`
+(``$SEATUNNEL_CKPT_STORE``, or ``$AIRFLOW_HOME/seatunnel-ckpt``) -- the way the Spark
+provider falls back to ``spark_default`` and ``local[*]``. A pipeline DAG and the recovery
+DAG that both leave the store unset therefore always use the same store.
 
 Storage options are secrets: nothing here logs them, and URLs are logged redacted.
 """
 
 from __future__ import annotations
 
+import enum
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.models import EpochState, unprepared
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
@@ -39,6 +49,10 @@ if TYPE_CHECKING:
 
 #: The ``conn_type`` of checkpoint-store connections.
 CONN_TYPE = "seatunnel_ckpt"
+#: The connection a task without store arguments uses, when it is defined.
+DEFAULT_CONN_ID = "seatunnel_ckpt_default"
+#: Environment variable naming another default connection.
+DEFAULT_CONN_ENV = "SEATUNNEL_CKPT_STORE_CONN_ID"
 
 
 def config_from_connection(
@@ -80,6 +94,79 @@ def config_from_connection(
 
 
 @dataclass(frozen=True)
+class StoreSettings:
+    """Where a task's checkpoint store is: the three store arguments every task accepts.
+
+    :param conn_id: connection of type ``seatunnel_ckpt``; ``None``: see :meth:`connection_ids`.
+    :param storage_url: store URL; overrides the connection's URL when both are given.
+    :param store_config: further :class:`CheckpointConfig` fields (e.g.
+        ``prepared_timeout_s``); they override the connection's extras and the settings the
+        pipeline's descriptor records.
+    """
+
+    conn_id: str | None = None
+    storage_url: str | None = None
+    store_config: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, store_conn_id: str | None = None, storage_url: str | None = None,
+           store_config: Mapping[str, Any] | None = None) -> StoreSettings:
+        """From the keyword arguments operators take (``None`` / empty for unset)."""
+        return cls(store_conn_id or None, storage_url or None, dict(store_config or {}))
+
+    def check(self, where: str) -> None:
+        """Check what can be checked when the DAG is parsed, without a connection or a store.
+
+        ``store_config`` keys and values (with the defaults of the keys it leaves out: the
+        connection's extras are only read when the task runs) and the protocol of
+        ``storage_url`` / ``secondary_url`` (a backend must exist for it). A templated
+        ``storage_url`` is checked once rendered, when the task opens the store. Nothing is
+        opened or probed here.
+        """
+        from airflow_seatunnel_ckpt.core.errors import CheckpointError
+        from airflow_seatunnel_ckpt.core.storage.registry import backend_for
+
+        config = dict(self.store_config)
+        url = self.storage_url
+        if url is not None and ("{{" in url or "{%" in url):
+            url = None
+        try:
+            checked = CheckpointConfig.from_mapping({**config, **({"storage_url": url} if url else {})})
+            for key in ("storage_url", "secondary_url"):
+                value = url if key == "storage_url" else checked.secondary_url
+                if value and "://" in value and "{{" not in value:
+                    backend_for(value.split("://", 1)[0].lower())
+        except CheckpointError as exc:
+            raise ConfigError(
+                f"{where}: bad store arguments (storage_url={redact_url(self.storage_url or '') or None!r}, "
+                f"store_config keys {sorted(config)}): {exc}. Fix the task's store arguments in the DAG"
+            ) from exc
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: bad store_config {sorted(config)}: {exc}") from exc
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The operator keyword arguments these settings came from."""
+        return {"store_conn_id": self.conn_id, "storage_url": self.storage_url,
+                "store_config": dict(self.store_config)}
+
+    def connection_ids(self) -> tuple[str | None, bool]:
+        """The connection to read and whether it must exist.
+
+        An explicit connection must exist; an explicit URL needs none; with neither, the
+        provider's default connection is used if it is defined.
+        """
+        if self.conn_id:
+            return self.conn_id, True
+        if self.storage_url:
+            return None, False
+        return os.environ.get(DEFAULT_CONN_ENV) or DEFAULT_CONN_ID, bool(os.environ.get(DEFAULT_CONN_ENV))
+
+    def config(self, conn: Connection | None) -> CheckpointConfig:
+        """The checkpoint configuration with ``conn`` (the connection found, or None)."""
+        return config_from_connection(conn, self.storage_url, self.store_config)
+
+
+@dataclass(frozen=True)
 class PreparedCheck:
     """What the prepared-state sensor and trigger found for one DAG run's epoch.
 
@@ -94,21 +181,36 @@ class PreparedCheck:
       store failed (the task reports it).
     """
 
-    outcome: str
+    class Outcome(enum.StrEnum):
+        """The values of ``outcome`` (see the class docstring)."""
+
+        WAITING = "waiting"
+        PREPARED = "prepared"
+        DECIDED = "decided"
+        ABORTED = "aborted"
+        CORRUPT = "corrupt"
+        TIMEOUT = "timeout"
+        ERROR = "error"
+
+    outcome: Outcome
     message: str
     epoch: int | None = None
     state: str | None = None
     missing: list[str] = field(default_factory=list)
     participants: dict[str, int] = field(default_factory=dict)  #: participant -> attempt
 
+    def __post_init__(self) -> None:
+        # Callers and trigger events give the plain string; an unknown one is a bug.
+        object.__setattr__(self, "outcome", PreparedCheck.Outcome(self.outcome))
+
     @property
     def done(self) -> bool:
         """Whether waiting longer cannot change the outcome."""
-        return self.outcome != "waiting"
+        return self.outcome is not PreparedCheck.Outcome.WAITING
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for XCom and trigger events."""
-        return {"outcome": self.outcome, "message": self.message, "epoch": self.epoch,
+        return {"outcome": str(self.outcome), "message": self.message, "epoch": self.epoch,
                 "state": self.state, "missing": list(self.missing),
                 "participants": dict(self.participants)}
 
@@ -119,44 +221,49 @@ class PreparedCheck:
                    list(data.get("missing") or []), dict(data.get("participants") or {}))
 
 
+#: The outcomes of :func:`check_prepared`.
+Outcome = PreparedCheck.Outcome
+
+
 def check_prepared(pipeline: Pipeline, run_id: str,
                    participants: Sequence[str] | None = None) -> PreparedCheck:
     """Whether the epoch of ``run_id`` is ready for the commit/abort decision.
 
-    ``participants`` are the stages that must prepare; ``None`` accepts any (at least one)
-    participant, which suits the common one-stage pipeline. Only reads the store.
+    ``participants`` are the stages that must prepare; ``None`` means the participants
+    the pipeline's descriptor declares, or -- for a pipeline without a descriptor -- any
+    (at least one) participant. Only reads the store.
     """
     try:
         epoch = pipeline.epoch_for_run(run_id)
         if epoch is None:
-            return PreparedCheck("waiting", f"run {run_id!r} has not begun an epoch yet")
+            return PreparedCheck(Outcome.WAITING, f"run {run_id!r} has not begun an epoch yet")
         status = pipeline.status(epoch)
         state = status.state
         attempts = {name: rec.attempt for name, rec in status.prepared.items()}
         if state in (EpochState.ABORTING, EpochState.ABORTED):
             why = status.decision.reason if status.decision else "unknown reason"
-            return PreparedCheck("aborted", f"epoch {epoch} is {state.value}: {why}", epoch,
+            return PreparedCheck(Outcome.ABORTED, f"epoch {epoch} is {state.value}: {why}", epoch,
                                  state.value, participants=attempts)
         if state in (EpochState.COMMITTING, EpochState.COMMITTED):
-            return PreparedCheck("decided", f"epoch {epoch} is already {state.value}", epoch,
+            return PreparedCheck(Outcome.DECIDED, f"epoch {epoch} is already {state.value}", epoch,
                                  state.value, participants=attempts)
-        expected = list(participants) if participants else []
-        missing = [name for name in expected if name not in status.prepared]
+        expected = list(participants) if participants else (pipeline.declared_participants() or [])
+        missing = unprepared(status.prepared, expected)
         if missing or not status.prepared:
             waiting_for = ", ".join(missing) if missing else "any participant"
-            return PreparedCheck("waiting", f"epoch {epoch} is {state.value}; waiting for "
+            return PreparedCheck(Outcome.WAITING, f"epoch {epoch} is {state.value}; waiting for "
                                  f"{waiting_for} to prepare", epoch, state.value, missing, attempts)
         # Sizes and presence only: the commit decision right after re-reads every part and
         # staged file against its CRC32C, so a deep check here would read all of it twice.
         problems = pipeline.verify_prepared(epoch, expected or None, deep=False)
         if problems:
-            return PreparedCheck("corrupt", f"epoch {epoch}: prepared output does not verify: "
+            return PreparedCheck(Outcome.CORRUPT, f"epoch {epoch}: prepared output does not verify: "
                                  + "; ".join(str(p) for p in problems), epoch, state.value,
                                  participants=attempts)
-        return PreparedCheck("prepared", f"epoch {epoch}: {', '.join(sorted(attempts))} "
+        return PreparedCheck(Outcome.PREPARED, f"epoch {epoch}: {', '.join(sorted(attempts))} "
                              "prepared and verified", epoch, state.value, participants=attempts)
     except CorruptCheckpointError as exc:
-        return PreparedCheck("corrupt", str(exc))
+        return PreparedCheck(Outcome.CORRUPT, str(exc))
 
 
 class CheckpointStoreHook(BaseHook):
@@ -181,9 +288,17 @@ class CheckpointStoreHook(BaseHook):
         store_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.store_conn_id = store_conn_id
-        self.storage_url = storage_url
-        self.store_config = dict(store_config or {})
+        self.settings = StoreSettings.of(store_conn_id, storage_url, store_config)
+        self.store_conn_id = self.settings.conn_id
+        self.storage_url = self.settings.storage_url
+        self.store_config = dict(self.settings.store_config)
+        #: The connection the configuration was read from (None: no connection).
+        self.resolved_conn_id: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: StoreSettings) -> CheckpointStoreHook:
+        """The hook for a task's :class:`StoreSettings`."""
+        return cls(settings.conn_id, settings.storage_url, settings.store_config)
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -203,13 +318,29 @@ class CheckpointStoreHook(BaseHook):
 
     def get_config(self) -> CheckpointConfig:
         """The validated checkpoint configuration (reads the connection, if any)."""
-        conn = self.get_connection(self.store_conn_id) if self.store_conn_id else None
-        return config_from_connection(conn, self.storage_url, self.store_config)
+        conn_id, required = self.settings.connection_ids()
+        conn = None
+        if conn_id is not None:
+            try:
+                conn = self.get_connection(conn_id)
+            except AirflowNotFoundException:
+                if required:
+                    raise
+        self.resolved_conn_id = conn_id if conn is not None else None
+        return self.settings.config(conn)
 
     async def aget_config(self) -> CheckpointConfig:
         """:meth:`get_config` for the triggerer's event loop (connection read without blocking)."""
-        conn = await self.aget_connection(self.store_conn_id) if self.store_conn_id else None
-        return config_from_connection(conn, self.storage_url, self.store_config)
+        conn_id, required = self.settings.connection_ids()
+        conn = None
+        if conn_id is not None:
+            try:
+                conn = await self.aget_connection(conn_id)
+            except AirflowNotFoundException:
+                if required:
+                    raise
+        self.resolved_conn_id = conn_id if conn is not None else None
+        return self.settings.config(conn)
 
     @cached_property
     def config(self) -> CheckpointConfig:
@@ -226,8 +357,12 @@ class CheckpointStoreHook(BaseHook):
         return self.get_conn()
 
     def get_pipeline(self, name: str) -> Pipeline:
-        """The named pipeline of this store (the name is validated by the core)."""
-        return self.store.pipeline(name)
+        """The named pipeline of this store (the name is validated by the core).
+
+        Its configuration is the store's, then the pipeline's own settings from its
+        descriptor, then this hook's ``store_config`` (what the task set explicitly).
+        """
+        return self.store.pipeline(name, overrides=self.store_config)
 
     def check_prepared(self, pipeline: str, run_id: str,
                        participants: Sequence[str] | None = None) -> PreparedCheck:
@@ -236,8 +371,14 @@ class CheckpointStoreHook(BaseHook):
 
     def describe(self) -> str:
         """A log-safe description of the store: redacted URL, never the options."""
-        via = f"connection {self.store_conn_id!r}" if self.store_conn_id else "no connection"
-        return f"{redact_url(self.config.storage_url)} ({via})"
+        url = redact_url(self.config.storage_url)
+        if self.resolved_conn_id:
+            via = f"connection {self.resolved_conn_id!r}"
+        elif self.storage_url:
+            via = "storage_url argument"
+        else:
+            via = f"no connection: default store, connection {DEFAULT_CONN_ID!r} is not defined"
+        return f"{url} ({via})"
 
     def test_connection(self) -> tuple[bool, str]:
         """Open the store and list its pipelines (the UI's *Test* button)."""

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator, TriggerRule
+from airflow.sdk import TriggerRule
 
 from airflow_seatunnel_ckpt.core.errors import DecisionConflictError
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 _UNHAPPY = ("failed", "upstream_failed", "removed")
 
 
-class AbortEpochOperator(PipelineTaskMixin, BaseOperator):
+class AbortEpochOperator(BasePipelineOperator):
     """Abort the run's epoch: record ABORT (if undecided) and remove its staged output.
 
     Its trigger rule defaults to ``all_done``: placed downstream of the stages, the
@@ -43,17 +43,12 @@ class AbortEpochOperator(PipelineTaskMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
         roll_forward: bool = True,
         reason: str | None = None,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
         trigger_rule: str = TriggerRule.ALL_DONE,
         **kwargs: Any,
     ) -> None:
         super().__init__(trigger_rule=trigger_rule, **kwargs)
-        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
         self.roll_forward = roll_forward
         self.reason = reason
 

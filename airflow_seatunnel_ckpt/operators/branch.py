@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, NotPreparedError
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState, EpochStatus
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -35,7 +35,7 @@ class Verdict:
     reason: str
 
 
-class CommitBranchOperator(PipelineTaskMixin, BaseBranchOperator):
+class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
     """Decide commit or abort for the run's epoch, then follow the recorded decision.
 
     The decision is written once, create-exclusive, by the core (``Pipeline.decide``);
@@ -49,7 +49,9 @@ class CommitBranchOperator(PipelineTaskMixin, BaseBranchOperator):
     :param commit_task_id: task to run after a commit decision.
     :param abort_task_id: task to run after an abort decision.
     :param fallback_task_id: extra task to run when a user check failed.
-    :param participants: stages that must be prepared; ``None`` accepts any.
+    :param participants: stages that must be prepared; ``None``: the participants the
+        pipeline's descriptor declares (every stage of the task group that built it).
+        The core never commits without every declared participant, whatever is given.
     :param min_rows: abort when the epoch staged fewer rows (all sinks together).
     :param max_rows: abort when the epoch staged more rows.
     :param check: callable given the :class:`EpochStatus`; ``False`` or a reason string
@@ -63,7 +65,6 @@ class CommitBranchOperator(PipelineTaskMixin, BaseBranchOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
         commit_task_id: str,
         abort_task_id: str,
         fallback_task_id: str | None = None,
@@ -71,13 +72,9 @@ class CommitBranchOperator(PipelineTaskMixin, BaseBranchOperator):
         min_rows: int | None = None,
         max_rows: int | None = None,
         check: EpochCheck | None = None,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
         self.commit_task_id = commit_task_id
         self.abort_task_id = abort_task_id
         self.fallback_task_id = fallback_task_id
@@ -109,7 +106,8 @@ class CommitBranchOperator(PipelineTaskMixin, BaseBranchOperator):
         if status.state is not EpochState.PREPARED:
             return Verdict(Decision.ABORT, f"epoch {status.epoch} is {status.state.value}, "
                                            "not PREPARED")
-        missing = [p for p in self.participants or [] if p not in status.prepared]
+        expected = self.participants or self.store_pipeline.declared_participants() or []
+        missing = [p for p in expected if p not in status.prepared]
         if missing:
             return Verdict(Decision.ABORT, f"participants {missing} never prepared")
         rows = sum(record.rows for record in status.prepared.values())

@@ -7,12 +7,12 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, BaseOperator
+from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -23,14 +23,15 @@ def sink_asset(pipeline: str, sink: str, target_url: str) -> Asset:
 
     Its identity is the table's URL (Airflow requires one URI per asset name, and the
     same pipeline name may exist in several stores). Downstream DAGs can schedule on it;
-    each commit emits one event per sink whose extra holds ``pipeline``, ``sink``,
-    ``epoch``, ``files``, ``rows``, ``bytes`` and the published directory.
+    each commit emits one event per sink that published something, whose extra holds
+    ``pipeline``, ``sink``, ``epoch``, ``files``, ``rows``, ``bytes``, the published
+    directory and ``replayed`` (the epoch was already committed by an earlier try).
     """
     return Asset(uri=target_url, group="seatunnel_ckpt",
                  extra={"pipeline": pipeline, "sink": sink})
 
 
-class CommitEpochOperator(PipelineTaskMixin, BaseOperator):
+class CommitEpochOperator(BasePipelineOperator):
     """Publish every sink of the run's epoch, which the branch decided to commit.
 
     Thin over ``Pipeline.commit``: publishing is idempotent (already-published files are
@@ -40,7 +41,10 @@ class CommitEpochOperator(PipelineTaskMixin, BaseOperator):
     decided ABORT, or not decided at all, fails the task at once, without retries.
 
     :param sink_assets: asset per sink name (see :func:`sink_asset`); each gets an asset
-        event per commit. They are added to ``outlets``.
+        event per commit that published something for the sink. They are added to
+        ``outlets``. A sink that staged no rows, or that the stage did not write, publishes
+        nothing in the epoch and gets no event (the epoch is still COMMITTED and recorded;
+        the task's return value lists such sinks under ``empty`` and ``not_written``).
     """
 
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
@@ -49,11 +53,7 @@ class CommitEpochOperator(PipelineTaskMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
         sink_assets: Mapping[str, Asset] | None = None,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
         retries: int = 5,
         retry_delay: timedelta | float = timedelta(seconds=10),
         retry_exponential_backoff: float = 2.0,
@@ -65,7 +65,6 @@ class CommitEpochOperator(PipelineTaskMixin, BaseOperator):
         super().__init__(retries=retries, retry_delay=retry_delay,
                          retry_exponential_backoff=retry_exponential_backoff,
                          max_retry_delay=max_retry_delay, outlets=outlets, **kwargs)
-        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Publish (or confirm already published) and emit one asset event per sink."""
@@ -92,7 +91,8 @@ class CommitEpochOperator(PipelineTaskMixin, BaseOperator):
                           status.state.value, decision.by, decision.reason)
         # Raises on a failed or ambiguous publish; the epoch stays COMMITTING for the retry.
         result = pipeline.commit(epoch)
-        published = [sink.to_dict() for sink in result.sinks]
+        published = [sink.to_dict() for sink in result.sinks if sink.published]
+        quiet = {sink.sink for sink in result.sinks if not sink.published}
         for sink in published:
             self.log.info("epoch %s: sink %s -> %s: %s files, %s rows, %s bytes (%s)", epoch,
                           sink["sink"], sink["epoch_dir"], sink["files"], sink["rows"],
@@ -104,6 +104,13 @@ class CommitEpochOperator(PipelineTaskMixin, BaseOperator):
                     "files": sink["files"], "rows": sink["rows"], "bytes": sink["bytes"],
                     "epoch_dir": sink["epoch_dir"], "replayed": already,
                 }
+        if result.empty:
+            self.log.info("epoch %s: sink(s) %s staged no rows: nothing published, no asset event",
+                          epoch, result.empty)
+        if result.not_written:
+            self.log.warning("epoch %s: sink(s) %s were declared but not written by the stage: nothing "
+                             "published, no asset event", epoch, result.not_written)
+        self._drop_outlets([self.sink_assets[name] for name in sorted(quiet) if name in self.sink_assets])
         files = sum(s["files"] for s in published)
         rows = sum(s["rows"] for s in published)
         if not already:
@@ -113,4 +120,16 @@ class CommitEpochOperator(PipelineTaskMixin, BaseOperator):
         self.log.info("epoch %s COMMITTED: %s files, %s rows over %s sink(s)", epoch, files,
                       rows, len(published))
         return {"pipeline": self.pipeline, "epoch": epoch, "state": EpochState.COMMITTED.value,
-                "files": files, "rows": rows, "sinks": published, "already_committed": already}
+                "files": files, "rows": rows, "sinks": published, "already_committed": already,
+                "empty": result.empty, "not_written": result.not_written}
+
+    def _drop_outlets(self, assets: list[Asset]) -> None:
+        """Emit no asset event for ``assets`` in this try (sinks that published nothing).
+
+        Airflow 3 registers an event for every ``Asset`` in a task's ``outlets`` when the
+        try succeeds, reading the outlets only after ``execute`` returned; an event for an
+        epoch that published nothing would wake downstream DAGs for no data. So the
+        outlets of this task instance (not of the DAG) lose those assets for this try.
+        """
+        if assets:
+            self.outlets = [o for o in self.outlets if o not in assets]

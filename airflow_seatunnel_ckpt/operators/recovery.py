@@ -2,58 +2,91 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.errors import RecoveryError
-from airflow_seatunnel_ckpt.core.recovery import recover, retain
-from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.retention import retain
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+from airflow_seatunnel_ckpt.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    STORE_TEMPLATE_FIELDS,
+    BasePipelineOperator,
+    BaseStoreOperator,
+)
+from airflow_seatunnel_ckpt.operators.stage import ask_airflow_run_finished
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class ListPipelinesOperator(BaseOperator):
-    """Return the names of every pipeline in a checkpoint store (to map recovery over)."""
+class ListPipelinesOperator(BaseStoreOperator):
+    """Return the names of every pipeline in a checkpoint store (to map recovery over).
 
-    template_fields: Sequence[str] = ("store_conn_id", "storage_url")
+    A pipeline is found by its descriptor (or, for one used from the core alone, its
+    transaction log). A store holding none is logged as a WARNING naming the store, and,
+    with ``expect_pipelines`` (the default), fails the task: a recovery DAG that reads
+    another store than the pipeline DAGs write must not look green while it protects
+    nothing. Until a pipeline's first stage has run, that failure is expected.
+
+    :param expect_pipelines: fail when the store holds no pipeline; ``False`` for a store
+        that is empty on purpose.
+    """
+
+    template_fields: Sequence[str] = STORE_TEMPLATE_FIELDS
 
     def __init__(
         self,
         *,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
+        expect_pipelines: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.store_conn_id = store_conn_id
-        self.storage_url = storage_url
-        self.store_config = dict(store_config or {})
+        self.expect_pipelines = expect_pipelines
 
     def execute(self, context: Context) -> list[str]:
         """List the store's pipelines."""
-        hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
+        hook = self.hook
         names = sorted(hook.store.list_pipelines())
+        if not names:
+            message = (
+                f"store {hook.describe()} holds no pipeline. If pipeline DAGs use this provider, they "
+                "write to another store than this task reads: give them and this DAG the same store "
+                "(leave store_conn_id and storage_url unset everywhere to use the provider's default: "
+                "connection 'seatunnel_ckpt_default' if defined, else $SEATUNNEL_CKPT_STORE, else "
+                "$AIRFLOW_HOME/seatunnel-ckpt). Before any pipeline's first stage has run this is "
+                "expected; for a store that is empty on purpose pass expect_pipelines=False.")
+            self.log.warning("%s", message)
+            if self.expect_pipelines:
+                raise AirflowFailException(message)
+            return names
         self.log.info("store %s holds %d pipeline(s): %s", hook.describe(), len(names),
-                      ", ".join(names) or "none")
+                      ", ".join(names))
         return names
 
 
-class RecoverPipelineOperator(PipelineTaskMixin, BaseOperator):
-    """Resolve whatever a crash left half done in one pipeline (``Pipeline.recover``).
+class RecoverPipelineOperator(BasePipelineOperator):
+    """Resolve whatever a crash left half done in one pipeline (:func:`core.recovery.recover`).
 
-    COMMITTING epochs finish publishing, undecided epochs past ``prepared_timeout_s``
-    are aborted, and staging no record references is removed. Safe to run at any time
+    The pipeline's own settings (``prepared_timeout_s`` ...) come from its descriptor,
+    i.e. from its DAG, whatever this task is configured with; ``store_config`` given here
+    still wins.
+
+    COMMITTING epochs finish publishing, undecided epochs are aborted once they are dead
+    (their stage's lease expired, they were prepared ``prepared_timeout_s`` ago and are
+    still undecided, or Airflow says their DAG run is finished), and staging no record
+    references is removed. A running stage is never aborted, however long it runs. Safe to run at any time
     and concurrently with the pipeline's own DAG runs: each action goes through the same
     write-once decision as the pipeline tasks. Map it over :class:`ListPipelinesOperator`
     to cover a whole store.
 
     :param apply: carry the actions out; ``False`` only reports what would be done.
+    :param pipeline_dag_id: the DAG whose runs begin the pipeline's epochs, asked for an
+        undecided epoch's run state when its ``begin`` record does not name the DAG;
+        ``None``: only such records are asked about (the lease decides for the others).
     """
 
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
@@ -62,20 +95,18 @@ class RecoverPipelineOperator(PipelineTaskMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
         apply: bool = True,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
+        pipeline_dag_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
         self.apply = apply
+        self.pipeline_dag_id = pipeline_dag_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Recover the pipeline and log every action with its reason."""
-        report = recover(self.store_pipeline, dry_run=not self.apply)
+        report = recover(self.store_pipeline, dry_run=not self.apply,
+                         run_finished=ask_airflow_run_finished(context, self.pipeline_dag_id))
         verb = "did" if self.apply else "would"
         for action in report.actions:
             if action.error:
@@ -96,10 +127,11 @@ class RecoverPipelineOperator(PipelineTaskMixin, BaseOperator):
         return {"pipeline": self.pipeline, **report.to_dict()}
 
 
-class RetainCheckpointsOperator(PipelineTaskMixin, BaseOperator):
-    """Delete checkpoints retention no longer needs (``Pipeline.retain``).
+class RetainCheckpointsOperator(BasePipelineOperator):
+    """Delete checkpoints retention no longer needs (:func:`core.retention.retain`).
 
-    Keeps the newest ``max_retain`` checkpoints (default: the store's configuration),
+    Keeps the newest ``max_retain`` checkpoints (default: the pipeline's own setting, from
+    its descriptor, else the store's configuration),
     always the newest fully committed one, and every base a kept incremental checkpoint
     still needs.
 
@@ -113,16 +145,11 @@ class RetainCheckpointsOperator(PipelineTaskMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
         max_retain: int | None = None,
         apply: bool = True,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
         self.max_retain = max_retain
         self.apply = apply
 

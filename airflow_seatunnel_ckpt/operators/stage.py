@@ -2,20 +2,176 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_seatunnel_ckpt.core.models import EpochState, PreparedRecord
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
+from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, abort_command, default_holder, liveness
+from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_seatunnel_ckpt.core import Pipeline
 
-class SparkStageOperator(PipelineTaskMixin, BaseOperator):
+#: DAG run states after which a run never touches its epoch again.
+TERMINAL_RUN_STATES = ("success", "failed")
+
+_log = logging.getLogger(__name__)
+
+
+def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None) -> Callable[[str, str], bool | None]:
+    """``run_finished(run_id, dag_id)`` for :func:`~airflow_seatunnel_ckpt.core.lease.liveness`.
+
+    Asks the Airflow API (through the task's supervisor) for the state of the DAG run that
+    began an epoch: ``True`` when it is in a terminal state, ``False`` while it runs,
+    ``None`` when Airflow cannot say (no such run in that DAG, e.g. an epoch begun from the
+    command line, or the DAG is unknown) -- then only the lease decides.
+    """
+    ti = context["ti"]
+
+    def finished(run_id: str, dag_id: str) -> bool | None:
+        dag = dag_id or default_dag_id
+        if not dag:
+            return None
+        try:
+            state = ti.get_dagrun_state(dag_id=dag, run_id=run_id)
+        except Exception as exc:  # not found, API unreachable: unknown, never fatal
+            _log.info("cannot ask Airflow for the state of run %r of DAG %r: %s", run_id, dag, exc)
+            return None
+        return str(getattr(state, "value", state)) in TERMINAL_RUN_STATES
+
+    return finished
+
+
+#: The attempt id of a run with try number 0, which Airflow gives a task it runs without the
+#: scheduler (``airflow tasks test``). It is kept apart from the ids of real tries (1, 2, ...)
+#: so that such a run never shares a staging directory or lease with a scheduled try of the
+#: same DAG run; which of them prepares first still wins, as for any two attempts.
+UNSCHEDULED_ATTEMPT = 1_000_000
+
+
+def attempt_for_try(try_number: int) -> int:
+    """The stage's attempt id for Airflow's ``try_number`` (see :data:`UNSCHEDULED_ATTEMPT`)."""
+    if try_number == 0:
+        return UNSCHEDULED_ATTEMPT
+    return try_number
+
+
+def airflow_context_of(context: Context, task_id: str) -> dict[str, Any]:
+    """The part of the Airflow context a stage sees on ``ctx`` (JSON data; no try number)."""
+    from airflow_seatunnel_ckpt.spark.context import AirflowContext
+
+    dag = context.get("dag")
+    params = context.get("params") or {}
+    return AirflowContext(
+        dag_id=getattr(dag, "dag_id", None), task_id=task_id, run_id=context.get("run_id"),
+        logical_date=context.get("logical_date"),
+        data_interval_start=context.get("data_interval_start"),
+        data_interval_end=context.get("data_interval_end"),
+        params=dict(params),
+    ).to_dict()
+
+
+class PendingEpochWaitMixin(BasePipelineOperator):
+    """Begin the run's epoch; an earlier undecided epoch is waited for, or aborted if dead.
+
+    A new epoch cannot begin while an earlier one is undecided. Instead of failing (and
+    burning a retry), the task looks at the earlier epoch (:func:`lease.liveness`, and
+    Airflow for its owning run's state):
+
+    * dead (lease expired, prepared too long ago, or its DAG run is finished -- e.g. marked
+      failed or success in the UI): abort it here and begin;
+    * decided commit but not yet published: finish publishing it (roll forward) and begin;
+    * alive: *reschedule* (``AirflowRescheduleException``: the worker slot is freed, the
+      try number is kept, no triggerer is needed) and look again after
+      ``pending_poke_interval`` seconds, for at most ``pending_wait_timeout`` seconds in all.
+    """
+
+    pending_poke_interval: float
+    pending_wait_timeout: float | None
+    task_id: str
+
+    def begin_epoch(self, context: Context) -> BeginRecord:
+        """The run's epoch, once no earlier epoch blocks it (or reschedule the task)."""
+        pipeline = self.store_pipeline
+        run_id = context["run_id"]
+        # Recorded in ``begin`` so that `seatunnel-ckpt epochs` can show which interval an
+        # epoch processed (Airflow 3 runs may have none: manual and asset-triggered runs).
+        logical = context.get("logical_date")
+        logical_date = logical.isoformat() if logical is not None else ""
+        for _ in range(10):
+            try:
+                return pipeline.begin(run_id, logical_date=logical_date)
+            except PendingEpochError as exc:
+                if exc.epoch <= 0 or not self._resolve_pending(context, pipeline, exc):
+                    raise
+        return pipeline.begin(run_id, logical_date=logical_date)
+
+    def _resolve_pending(self, context: Context, pipeline: Pipeline, exc: PendingEpochError) -> bool:
+        """True if the blocking epoch is out of the way now; else reschedule or raise."""
+        from airflow.sdk.exceptions import AirflowRescheduleException
+
+        epoch = exc.epoch
+        state = pipeline.state(epoch)
+        if state is EpochState.COMMITTING:
+            try:
+                pipeline.commit(epoch)
+                self.log.info("epoch %s was decided commit but not published: published it (roll forward)", epoch)
+                return True
+            except CheckpointError as err:
+                self.log.warning("epoch %s is decided commit; publishing it failed (%s); waiting", epoch, err)
+                judged_text = f"epoch {epoch} is COMMITTING and its publish failed: {err}"
+        else:
+            if state.decided:
+                return True  # decided meanwhile: begin again
+            begin = pipeline.txlog.read_begin(epoch)
+            owner_finished = (ask_airflow_run_finished(context, context["dag"].dag_id)(begin.run_id, begin.dag_id)
+                              if begin is not None else None)
+            judged = liveness(pipeline, epoch, owner_finished)
+            if judged.dead:
+                me = f"stage {context['dag'].dag_id}/{context['run_id']}/{self.task_id}"
+                self.log.warning("%s; aborting it so that this run can begin", judged.describe())
+                try:
+                    pipeline.abort(epoch, f"{judged.describe()}; aborted by the next run's stage", by=me)
+                except DecisionConflictError:
+                    self.log.info("epoch %s was decided commit meanwhile; it rolls forward", epoch)
+                return True
+            judged_text = judged.describe()
+        waited = self._waited_s(context)
+        limit = self.pending_wait_timeout
+        if limit is None:
+            config = pipeline.config
+            limit = max(config.lease_timeout_s, config.prepared_timeout_s) + 60
+        command = abort_command(pipeline, epoch)
+        if waited >= limit:
+            raise PendingEpochError(
+                f"pipeline {pipeline.name!r}: waited {waited:.0f}s (pending_wait_timeout={limit:g}s) for an "
+                f"earlier epoch, which is still not dead: {judged_text}. If its run is dead, abort it now with "
+                f"`{command}`; otherwise let it finish and clear this task.", epoch) from exc
+        self.log.info("%s; this run waits (rescheduled in %gs, waited %.0fs of %gs). To abort it now: `%s`",
+                      judged_text, self.pending_poke_interval, waited, limit, command)
+        raise AirflowRescheduleException(datetime.now(tz=UTC) + timedelta(seconds=self.pending_poke_interval))
+
+    def _waited_s(self, context: Context) -> float:
+        """Seconds since this try was first rescheduled (0 on the first look)."""
+        try:
+            first = context["ti"].get_first_reschedule_date(context)
+        except Exception:  # an Airflow that cannot say: count from now
+            first = None
+        if first is None:
+            return 0.0
+        return max(0.0, (datetime.now(tz=UTC) - first).total_seconds())
+
+
+class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
     """Run a PySpark stage for the run's epoch and log it *prepared*.
 
     The stage function (``"package.module:function"``, see
@@ -35,9 +191,17 @@ class SparkStageOperator(PipelineTaskMixin, BaseOperator):
     attempt wins and later ones would be fenced). A run whose epoch was aborted gets a
     fresh epoch from ``Pipeline.begin``.
 
+    A run whose epoch cannot begin because an earlier epoch is undecided waits for it
+    (rescheduled, no retry spent), and aborts it itself once it is dead: its stage's lease
+    expired, or its DAG run is finished (e.g. marked failed in the UI). See
+    :class:`PendingEpochWaitMixin`.
+
     Returns (XCom) the epoch, the attempt and the sink manifests.
 
-    :param stage: import path ``"module:function"`` of the stage function.
+    :param stage: the stage function, or its import path ``"module:function"``. A function
+        is called directly in-process; with ``conn_id`` (``spark-submit``) the driver imports
+        it by its module path, so it must be defined at the top level of an importable module.
+        The stage gets the Airflow run's logical date, data interval and params on ``ctx``.
     :param sources: source name -> source options (``type``, ``path``, ``format`` ...).
     :param sinks: sink name -> sink options (``type``, ``path``, ``format`` ...).
     :param participant: name of this stage in the epoch; defaults to the task id
@@ -48,6 +212,10 @@ class SparkStageOperator(PipelineTaskMixin, BaseOperator):
     :param conn_id: Spark connection for ``spark-submit``; ``None`` runs in-process.
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (``py_files``,
         ``executor_memory``, ``deploy_mode`` ...).
+    :param pending_poke_interval: seconds between looks at an earlier undecided epoch.
+    :param pending_wait_timeout: seconds to wait for it in all before failing; default
+        ``max(lease_timeout_s, prepared_timeout_s) + 60``, by when a dead epoch is
+        always recognised as dead.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "stage", "sources", "sinks",
@@ -58,8 +226,7 @@ class SparkStageOperator(PipelineTaskMixin, BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
-        stage: str,
+        stage: str | Callable[..., Any],
         sources: Mapping[str, Mapping[str, Any]],
         sinks: Mapping[str, Mapping[str, Any]],
         participant: str | None = None,
@@ -67,33 +234,51 @@ class SparkStageOperator(PipelineTaskMixin, BaseOperator):
         spark_conf: Mapping[str, Any] | None = None,
         conn_id: str | None = None,
         spark_submit_kwargs: Mapping[str, Any] | None = None,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
+        pending_poke_interval: float = 15.0,
+        pending_wait_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
-        self.stage = stage
+        self.participant = participant or self.task_id.rsplit(".", 1)[-1]
+        # When the DAG is parsed: a mistake is an import error of the DAG file (templated
+        # values are checked again once rendered, in execute).
+        declared = StageDeclaration.check(participant=self.participant, stage=stage, sources=sources,
+                                          sinks=sinks, importable=bool(conn_id), where=self.where)
+        #: The stage's import path (derived from the function when one was given).
+        self.stage = declared.stage
+        #: The stage function itself, when the DAG passed it (called directly in-process).
+        self.stage_callable = None if isinstance(stage, str) else stage
         self.sources = {name: dict(opts) for name, opts in sources.items()}
         self.sinks = {name: dict(opts) for name, opts in sinks.items()}
-        self.participant = participant or self.task_id.rsplit(".", 1)[-1]
+        self.declare_participant(self.participant, self.sources, self.sinks)
         self.key_groups = key_groups
         self.spark_conf = dict(spark_conf or {})
         self.conn_id = conn_id
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
+        self.pending_poke_interval = pending_poke_interval
+        self.pending_wait_timeout = pending_wait_timeout
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
         from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
         from airflow_seatunnel_ckpt.spark.submit import submit_stage
 
+        # The rendered values (a templated path, format or URL) are checked now.
+        StageDeclaration.check(participant=self.participant, stage=self.stage_callable or self.stage,
+                               sources=self.sources, sinks=self.sinks, importable=bool(self.conn_id),
+                               where=self.where)
         run_id = context["run_id"]
-        attempt = context["ti"].try_number
+        try_number = context["ti"].try_number
+        attempt = attempt_for_try(try_number)
         existing = self._already_prepared(run_id)
         if existing is not None:
             # Checked here too so that spark-submit is not even launched.
             return StageResult.from_prepared(self.pipeline, existing, reused=True).to_dict()
+        dry_run = try_number == 0
+        began_here = dry_run and self.store_pipeline.epoch_for_run(run_id) is None
+        # Begin here, before Spark starts: an earlier undecided epoch is waited for (or
+        # aborted when dead) without launching anything or spending a retry.
+        epoch = self.begin_epoch(context).epoch
         optional: dict[str, Any] = {}
         if self.key_groups is not None:
             optional["key_groups"] = self.key_groups
@@ -101,15 +286,25 @@ class SparkStageOperator(PipelineTaskMixin, BaseOperator):
             pipeline=self.pipeline, participant=self.participant, run_id=run_id, attempt=attempt,
             stage=self.stage, sources=self.sources, sinks=self.sinks,
             store=self.hook.config.to_mapping(include_secrets=True),
-            spark_conf=self.spark_conf, **optional)
+            spark_conf=self.spark_conf, airflow_context=airflow_context_of(context, self.task_id),
+            **optional)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s",
                       self.pipeline, self.stage, self.participant, attempt,
                       f"through spark-submit (connection {self.conn_id})" if self.conn_id
                       else "in-process on local Spark")
-        if self.conn_id:
-            result = submit_stage(spec, conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs)
-        else:
-            result = run_stage(spec)
+        try:
+            if self.conn_id:
+                # The launcher holds the lease too until the driver (which renews it from
+                # run_stage) is up: a cluster that queues the application is not a dead stage.
+                with LeaseKeeper.for_pipeline(self.store_pipeline, epoch, self.participant, attempt,
+                                              holder=default_holder(run_id=run_id, role="spark-submit launcher")):
+                    result = submit_stage(spec, conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs)
+            else:
+                result = run_stage(spec, stage_fn=self.stage_callable)
+        except BaseException:
+            if began_here:
+                self._end_dry_run(epoch, "failed")
+            raise
         if result.reused:
             self.log.warning("attempt %s did not prepare: attempt %s's prepared output for epoch "
                              "%s stands", attempt, result.attempt, result.epoch)
@@ -119,22 +314,29 @@ class SparkStageOperator(PipelineTaskMixin, BaseOperator):
                       "bytes written", result.epoch, self.participant, result.attempt,
                       result.rows, ", ".join(m.sink for m in result.manifests) or "no sink",
                       result.checkpoint_bytes)
+        if began_here and not result.reused:
+            self._end_dry_run(result.epoch, f"prepared as attempt {result.attempt}")
         return result.to_dict()
+
+    def _end_dry_run(self, epoch: int, outcome: str) -> None:
+        """Abort the epoch a run with try number 0 (``airflow tasks test``) began.
+
+        Nothing runs after such a task, and its DAG run may be deleted when it ends; an
+        epoch left open or PREPARED would hold up every later run until it timed out. The
+        stage ran and staged its output, which is what the test shows; nothing is published.
+        """
+        try:
+            self.store_pipeline.abort(epoch, f"dry run of {self.where} (Airflow try number 0, e.g. "
+                                      f"`airflow tasks test`): {outcome}, not published", by=f"stage {self.where}")
+        except DecisionConflictError:  # decided meanwhile by another tool: leave it to that decision
+            return
+        self.log.warning("try number 0 (`airflow tasks test`): epoch %s %s, then aborted, so that nothing "
+                         "is published and no later run waits for it", epoch, outcome)
 
     def _already_prepared(self, run_id: str) -> PreparedRecord | None:
         """The participant's prepared record for this run's live epoch, if any."""
-        pipeline = self.store_pipeline
-        epoch = pipeline.epoch_for_run(run_id)
-        if epoch is None:
-            return None
-        status = pipeline.status(epoch)
-        if status.state in (EpochState.ABORTING, EpochState.ABORTED):
-            self.log.info("run %s's epoch %s was aborted (%s); this attempt begins a new epoch",
-                          run_id, epoch, status.decision.reason if status.decision else "")
-            return None
-        record = status.prepared.get(self.participant)
+        record = self.store_pipeline.prepared_for_run(run_id, self.participant)
         if record is not None:
-            self.log.info("epoch %s (%s): %s was already prepared by attempt %s; not running "
-                          "Spark again", epoch, status.state.value, self.participant,
-                          record.attempt)
+            self.log.info("epoch %s: %s was already prepared by attempt %s; not running "
+                          "Spark again", record.epoch, self.participant, record.attempt)
         return record

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import PreparedCheck
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, PipelineTaskMixin
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
 from airflow_seatunnel_ckpt.triggers.prepared import EpochPreparedTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class EpochPreparedSensor(PipelineTaskMixin, BaseSensorOperator):
+class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
     """Wait until every expected participant of the run's epoch is prepared and verifies.
 
     Succeeds (returning the check as XCom) when the participants' prepared records exist
@@ -40,16 +40,11 @@ class EpochPreparedSensor(PipelineTaskMixin, BaseSensorOperator):
     def __init__(
         self,
         *,
-        pipeline: str,
         participants: Sequence[str] | None = None,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
         deferrable: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
         self.participants = list(participants) if participants else None
         self.deferrable = deferrable
 

@@ -16,12 +16,42 @@ Run it in-process (``local[*]`` by default) or on any master with :func:`submit_
 :mod:`airflow_seatunnel_ckpt.spark.driver`.
 """
 
-from airflow_seatunnel_ckpt.spark.context import BoundSource, StageContext
-from airflow_seatunnel_ckpt.spark.runner import StageFunction, load_stage_function, run_stage
-from airflow_seatunnel_ckpt.spark.sinks import FileSink, Sink, SinkError, register_sink
-from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError, register_source
-from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageResult, StageSpec
-from airflow_seatunnel_ckpt.spark.state import KeySet, KeyValueState, StateError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.spark.context import BoundSource, StageContext
+    from airflow_seatunnel_ckpt.spark.runner import StageFunction, load_stage_function, run_stage
+    from airflow_seatunnel_ckpt.spark.sinks import FileSink, Sink, SinkError, register_sink
+    from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError, register_source
+    from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageResult, StageSpec
+    from airflow_seatunnel_ckpt.spark.state import KeySet, KeyValueState, StateError
+    from airflow_seatunnel_ckpt.spark.submit import submit_stage
+
+#: Public name -> module that defines it. Imported on first use, so that importing a
+#: light module of this package (the option registries, the spec, the checks a DAG runs
+#: when it is parsed) does not import PySpark.
+_EXPORTS = {
+    "BoundSource": "context",
+    "StageContext": "context",
+    "StageFunction": "runner",
+    "load_stage_function": "runner",
+    "run_stage": "runner",
+    "FileSink": "sinks",
+    "Sink": "sinks",
+    "SinkError": "sinks",
+    "register_sink": "sinks",
+    "FileSource": "sources",
+    "Source": "sources",
+    "SourceError": "sources",
+    "register_source": "sources",
+    "DEFAULT_KEY_GROUPS": "spec",
+    "StageResult": "spec",
+    "StageSpec": "spec",
+    "KeySet": "state",
+    "KeyValueState": "state",
+    "StateError": "state",
+    "submit_stage": "submit",  # imports Airflow
+}
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",
@@ -48,9 +78,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # submit_stage imports Airflow: only when asked for.
-    if name == "submit_stage":
-        from airflow_seatunnel_ckpt.spark.submit import submit_stage
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return submit_stage
-    raise AttributeError(name)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

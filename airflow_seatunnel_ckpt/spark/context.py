@@ -2,25 +2,93 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark.sinks import Sink
-from airflow_seatunnel_ckpt.spark.sources import Source
+from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError
 from airflow_seatunnel_ckpt.spark.state import KeyedState, KeySet, KeyValueState
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-class BoundSource:
-    """A source with this epoch's offsets fixed: :meth:`read` returns only new input."""
+def _date(value: Any, what: str) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"stage spec: airflow_context.{what} must be an ISO 8601 date-time, got {value!r}") from exc
 
-    def __init__(self, spark: SparkSession, source: Source, offsets: Mapping[str, Any]) -> None:
+
+@dataclass(frozen=True)
+class AirflowContext:
+    """What the stage may know of the Airflow task that runs it: read-only, JSON-able.
+
+    It travels in the stage spec, so a stage run through ``spark-submit`` sees the same
+    values. It holds no epoch and no try number: the epoch and the attempt are the
+    runtime's business, the stage never manages them. ``logical_date`` and the data
+    interval are ``None`` for a run that has none (e.g. a manual run without a date).
+    """
+
+    dag_id: str | None = None
+    task_id: str | None = None
+    run_id: str | None = None
+    logical_date: datetime | None = None
+    data_interval_start: datetime | None = None
+    data_interval_end: datetime | None = None
+    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        for what in ("logical_date", "data_interval_start", "data_interval_end"):
+            object.__setattr__(self, what, _date(getattr(self, what), what))
+        # A read-only copy of JSON data: the stage cannot change what later tasks see.
+        params = json.loads(json.dumps(dict(self.params or {}), default=str))
+        object.__setattr__(self, "params", MappingProxyType(params))
+
+    #: The fields, in the order of :meth:`to_dict`.
+    FIELDS = ("dag_id", "task_id", "run_id", "logical_date", "data_interval_start", "data_interval_end", "params")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON data (dates as ISO 8601 strings)."""
+        out: dict[str, Any] = {}
+        for name in self.FIELDS:
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else value
+        out["params"] = dict(self.params)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> AirflowContext:
+        """Parse :meth:`to_dict` output (empty or ``None``: run outside Airflow)."""
+        data = dict(data or {})
+        unknown = sorted(set(data) - set(cls.FIELDS))
+        if unknown:
+            raise ConfigError(f"stage spec: unknown airflow_context field(s) {unknown}; known: {list(cls.FIELDS)}")
+        return cls(**data)
+
+
+class BoundSource:
+    """A source with this epoch's offsets fixed: :meth:`read` returns only new input.
+
+    :param quarantine: the sink that takes the records the source rejects (its
+        ``bad_records`` option); without it, a rejected record fails the epoch.
+    :param epoch: the epoch, named in the source's errors.
+    """
+
+    def __init__(self, spark: SparkSession, source: Source, offsets: Mapping[str, Any],
+                 quarantine: Sink | None = None, epoch: int | None = None) -> None:
         self.spark = spark
         self.source = source
         self.offsets = dict(offsets)
+        self.quarantine = quarantine
+        self.epoch = epoch
         self.was_read = False
 
     @property
@@ -29,9 +97,23 @@ class BoundSource:
         return self.source.name
 
     def read(self) -> DataFrame:
-        """This epoch's input: what no committed epoch consumed (the same on every retry)."""
+        """This epoch's input: what no committed epoch consumed (the same on every retry).
+
+        With a quarantine sink, the records the source rejects are staged into it (one
+        pass over the input) and only the others are returned.
+        """
         self.was_read = True
-        return self.source.read(self.spark, self.offsets)
+        try:
+            if self.quarantine is None or not isinstance(self.source, FileSource):
+                return self.source.read(self.spark, self.offsets)
+            data, rejected = self.source.read_checked(self.spark, self.offsets)
+            if rejected is not None and not self.quarantine.written:
+                self.quarantine.write(rejected)
+            return data
+        except SourceError as exc:
+            if self.epoch is None:
+                raise
+            raise SourceError(f"epoch {self.epoch}: {exc}") from exc
 
     @property
     def consumed(self) -> dict[str, Any]:
@@ -45,7 +127,9 @@ class StageContext:
 
     ``ctx.source(name).read()`` gives only new input, ``ctx.key_set(name)`` and
     ``ctx.key_value(name)`` give keyed state restored from the last committed checkpoint,
-    ``ctx.sink(name).write(df)`` stages output. Everything else (epoch, restore,
+    ``ctx.sink(name).write(df)`` stages output. ``ctx.logical_date``,
+    ``ctx.data_interval_start`` / ``ctx.data_interval_end`` and ``ctx.params`` (and
+    ``ctx.airflow`` for the DAG, run and task ids) describe the Airflow run. Everything else (epoch, restore,
     checkpoint parts, manifests, the prepared record) is the runner's job.
     """
 
@@ -63,6 +147,7 @@ class StageContext:
         sources: Mapping[str, BoundSource],
         sinks: Mapping[str, Sink],
         state_factory: Callable[[str, type[KeyedState]], KeyedState],
+        airflow: AirflowContext | None = None,
     ) -> None:
         self.spark = spark
         self.pipeline = pipeline
@@ -76,6 +161,28 @@ class StageContext:
         self._sinks = dict(sinks)
         self._state_factory = state_factory
         self._states: dict[str, KeyedState] = {}
+        #: The Airflow task that runs the stage (empty outside Airflow).
+        self.airflow = airflow or AirflowContext(run_id=run_id)
+
+    @property
+    def logical_date(self) -> datetime | None:
+        """The DAG run's logical date (``None`` outside Airflow or for a run without one)."""
+        return self.airflow.logical_date
+
+    @property
+    def data_interval_start(self) -> datetime | None:
+        """Start of the DAG run's data interval, if it has one."""
+        return self.airflow.data_interval_start
+
+    @property
+    def data_interval_end(self) -> datetime | None:
+        """End of the DAG run's data interval, if it has one."""
+        return self.airflow.data_interval_end
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The DAG run's params (read-only)."""
+        return self.airflow.params
 
     def source(self, name: str) -> BoundSource:
         """The source ``name`` of the stage spec."""
@@ -113,7 +220,7 @@ class StageContext:
             state = self._states[name] = self._state_factory(name, kind)
         if not isinstance(state, kind):
             raise ConfigError(
-                f"state {name!r} is already used as a {state.state_kind} in this stage"
+                f"state {name!r} is already used as a {state.kind} in this stage"
             )
         return state
 

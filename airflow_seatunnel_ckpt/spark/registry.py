@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 T = TypeVar("T")
+
+#: Every registry by kind (``"source"``, ``"sink"``), for checks that only know the kind.
+REGISTRIES: dict[str, Registry[Any]] = {}
 
 
 class Registry(Generic[T]):
@@ -16,20 +21,70 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, builtin: Mapping[str, Callable[..., T]]) -> None:
         self.kind = kind
         self._factories: dict[str, Callable[..., T]] = dict(builtin)
+        #: Built-in types check their values when constructed and do no I/O doing so.
+        self._builtin = frozenset(builtin)
+        REGISTRIES[kind] = self
 
     def register(self, type_name: str, factory: Callable[..., T]) -> None:
         """Make ``{"type": type_name, ...}`` build with ``factory(name, **options)``."""
         self._factories[type_name] = factory
 
+    @property
+    def types(self) -> list[str]:
+        """The registered type names, sorted."""
+        return sorted(self._factories)
+
+    def factory(self, name: str, type_name: str) -> Callable[..., T]:
+        """The factory of ``type_name``; ConfigError naming the known types and the way out."""
+        factory = self._factories.get(type_name)
+        if factory is None:
+            raise ConfigError(
+                f"{self.kind} {name!r}: unknown type {type_name!r}; known types: {self.types}. A custom "
+                f"type must be registered with register_{self.kind}({type_name!r}, factory) in a module "
+                f"that the DAG file imports, so that it is known when the DAG is parsed"
+            )
+        return factory
+
+    def is_builtin(self, type_name: str) -> bool:
+        """Whether ``type_name`` is one of the package's own types (cheap, I/O-free constructor)."""
+        return type_name in self._builtin and self._factories.get(type_name) is not None
+
+    def check_keys(self, name: str, options: Mapping[str, Any]) -> None:
+        """Refuse unknown and missing options of the entry ``name``, without building it.
+
+        The options a type takes are its factory's keyword parameters (after the name), so
+        a type added with :meth:`register` is checked the same way as a built-in one.
+        """
+        opts = dict(options)
+        type_name = opts.pop("type", "file")
+        factory = self.factory(name, type_name)
+        try:
+            params = list(inspect.signature(factory).parameters.values())[1:]  # after the name
+        except (TypeError, ValueError):  # no introspectable signature: trust the factory
+            return
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+            return
+        takes = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                     inspect.Parameter.KEYWORD_ONLY)]
+        unknown = sorted(set(opts) - set(takes))
+        if unknown:
+            hints = [f"{m[0]!r} for {u!r}" for u in unknown
+                     if (m := difflib.get_close_matches(u, takes, n=1))]
+            raise ConfigError(
+                f"{self.kind} {name!r} (type {type_name!r}): unknown option(s) {unknown}; it takes "
+                f"{sorted(['type', *takes])}" + (f" (did you mean {', '.join(hints)}?)" if hints else "")
+            )
+        missing = sorted(p.name for p in params if p.default is inspect.Parameter.empty
+                         and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+                         and p.name not in opts)
+        if missing:
+            raise ConfigError(f"{self.kind} {name!r} (type {type_name!r}): missing required option(s) {missing}")
+
     def build(self, name: str, options: Mapping[str, Any]) -> T:
         """Build the entry ``name`` that ``options`` describe (default type ``file``)."""
         opts = dict(options)
         type_name = opts.pop("type", "file")
-        factory = self._factories.get(type_name)
-        if factory is None:
-            raise ConfigError(
-                f"{self.kind} {name!r}: unknown type {type_name!r}; known: {sorted(self._factories)}"
-            )
+        factory = self.factory(name, type_name)
         try:
             return factory(name, **opts)
         except TypeError as exc:

@@ -12,10 +12,15 @@
 6. **checkpoint** -- collect the key groups' parts the executors wrote;
 7. **prepare** -- sink manifests, state chains and consumed offsets become the
    participant's prepared record (the write-ahead log). A stale attempt is fenced.
+
+Longer than ~400 lines because it is the stage's one sequence, read top to bottom; each
+step beside it (the lease, the input plan, the quarantine sink, the state-shape check)
+is a short function it calls in order, kept here so the order is visible in one place.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import time
@@ -23,32 +28,42 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
-from airflow_seatunnel_ckpt.core.errors import ConfigError, FencedAttemptError
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, FencedAttemptError
+from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.models import OperatorState, SinkManifest
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
-from airflow_seatunnel_ckpt.spark.context import BoundSource, StageContext
+from airflow_seatunnel_ckpt.spark.context import AirflowContext, BoundSource, StageContext
+from airflow_seatunnel_ckpt.spark.declaration import STAGE_PATH
 from airflow_seatunnel_ckpt.spark.session import stage_session
 from airflow_seatunnel_ckpt.spark.sinks import Sink, sink_from_options
-from airflow_seatunnel_ckpt.spark.sources import Source, source_from_options
+from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError, source_from_options
 from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
-from airflow_seatunnel_ckpt.spark.state import KeyedState
+from airflow_seatunnel_ckpt.spark.state import (
+    KeyedState,
+    PartPolicy,
+    StateError,
+    StateSettings,
+    StoreLocation,
+)
+from airflow_seatunnel_ckpt.spark.state.executor import null_key_error
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from airflow_seatunnel_ckpt.core.pipeline import Pipeline
-    from airflow_seatunnel_ckpt.core.recovery import RestorePoint
+    from airflow_seatunnel_ckpt.core.restore import RestorePoint
 
 log = logging.getLogger(__name__)
 
 #: What a user writes: ``def stage(ctx, spark) -> None``.
 StageFunction = Callable[[StageContext, "SparkSession"], Any]
 
-#: Name of the write-once input plan record in the epoch's transaction log directory.
-
 
 def load_stage_function(path: str) -> StageFunction:
     """Import ``"package.module:function"``."""
+    if not isinstance(path, str) or not STAGE_PATH.match(path):
+        raise ConfigError(f"stage {path!r} is not an import path of the form 'package.module:function' "
+                          "(e.g. 'my_pipelines.orders:dedup_orders')")
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -84,7 +99,7 @@ def run_stage(
     config = CheckpointConfig.from_mapping(spec.store)
     pipeline = CheckpointStore(config).pipeline(spec.pipeline)
     epoch = pipeline.begin(spec.run_id).epoch
-    earlier = pipeline.txlog.read_prepared(epoch, spec.participant)
+    earlier = pipeline.prepared_for_run(spec.run_id, spec.participant)
     if earlier is not None:
         log.info(
             "pipeline %s epoch %d: %s already prepared by attempt %d; not running it again",
@@ -94,6 +109,17 @@ def run_stage(
             earlier.attempt,
         )
         return StageResult.from_prepared(pipeline.name, earlier, reused=True)
+    # From here until the prepared record exists (or the stage fails) this process holds
+    # the participant's lease: recovery and the next run see a running stage, however long
+    # it takes, and a dead one once renewals stop (under spark-submit: this driver).
+    with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, spec.attempt,
+                                  holder=default_holder(run_id=spec.run_id)):
+        return _run_leased(spec, spark, stage_fn, submitted, config, pipeline, epoch, started)
+
+
+def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunction | None, submitted: bool,
+                config: CheckpointConfig, pipeline: Pipeline, epoch: int, started: float) -> StageResult:
+    """Steps 3-7 of :func:`run_stage`, while the lease is held."""
     fn = stage_fn or load_stage_function(spec.stage)
     session = spark or stage_session(spec, submitted=submitted)
 
@@ -112,9 +138,14 @@ def run_stage(
         base.how,
     )
     sources = {name: source_from_options(name, opts) for name, opts in spec.sources.items()}
-    offsets = _fixed_offsets(pipeline, epoch, spec, sources, base)
-    bound = {name: BoundSource(session, src, offsets[name]) for name, src in sources.items()}
+    try:
+        offsets = _fixed_offsets(pipeline, epoch, spec, sources, base)
+    except SourceError as exc:  # a missing directory, a changed consumed file
+        raise SourceError(f"pipeline {spec.pipeline!r} epoch {epoch}: {exc}") from exc
     sinks = _bound_sinks(pipeline, epoch, spec)
+    quarantines = _quarantine_sinks(pipeline, epoch, spec, sources, sinks)
+    bound = {name: BoundSource(session, src, offsets[name], quarantines.get(name), epoch)
+             for name, src in sources.items()}
     ctx = StageContext(
         session,
         pipeline=spec.pipeline,
@@ -127,29 +158,42 @@ def run_stage(
         sources=bound,
         sinks=sinks,
         state_factory=_state_factory(session, pipeline, config, epoch, spec, base),
+        airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}),
     )
-
-    fn(ctx, session)
 
     operators: dict[str, OperatorState] = {}
     written = 0
-    for name, state in ctx.states.items():
-        operator, size = state.finish()
-        written += size
-        if operator is not None:
-            operators[name] = operator
+    try:
+        fn(ctx, session)
+        _refuse_renamed_states(pipeline, base, spec.participant, ctx.states)
+        for name, state in ctx.states.items():
+            operator, size = state.finish()
+            written += size
+            if operator is not None:
+                operators[name] = operator
+    except Exception as exc:
+        null_key = null_key_error(exc)
+        if null_key is None:
+            raise
+        raise _null_key_origin(session, epoch, bound, *null_key) from exc
     operators = {**_owned_operators(pipeline, base, spec.participant), **operators}
     manifests: list[SinkManifest] = []
-    for name, sink in sinks.items():
+    not_written: list[str] = []
+    for name, sink in [*sinks.items(), *((q.name, q) for q in quarantines.values() if q.written)]:
         if sink.written:
             assert sink.rows is not None
-            manifests.append(
-                pipeline.manifest_for_staged(
-                    epoch, spec.attempt, name, sink.target_url, sink.rows, sink.format
-                )
+            manifest = pipeline.manifest_for_staged(
+                epoch, spec.attempt, name, sink.target_url, sink.rows, sink.format
             )
+            manifests.append(dataclasses.replace(manifest, mode=sink.mode))
         else:
-            log.warning("stage %s did not write sink %r in epoch %d", spec.stage, name, epoch)
+            not_written.append(name)
+            log.warning(
+                "pipeline %s epoch %d: stage %s declared sink %r but did not write it; the epoch "
+                "publishes nothing for it (recorded as not_written in the prepared record and the "
+                "commit). Write it (an empty DataFrame is fine) or remove it from the stage's sinks",
+                spec.pipeline, epoch, spec.stage, name,
+            )
     try:
         record = pipeline.prepare(
             epoch,
@@ -160,6 +204,7 @@ def run_stage(
             operators=operators,
             sources={n: b.consumed for n, b in bound.items()},
             base=base,
+            not_written=not_written,
         )
     except FencedAttemptError:
         winner = pipeline.txlog.read_prepared(epoch, spec.participant)
@@ -176,6 +221,7 @@ def run_stage(
         )
         return StageResult.from_prepared(pipeline.name, winner, reused=True)
     result = StageResult.from_prepared(pipeline.name, record, reused=False)
+    _record_state_shapes(pipeline, spec.participant, ctx.states)
     log.info(
         "pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), "
         "%d checkpoint bytes "
@@ -200,7 +246,7 @@ def _fixed_offsets(
     sources: Mapping[str, Source],
     base: RestorePoint,
 ) -> dict[str, dict[str, Any]]:
-    """This epoch's offsets per source: the first attempt's plan (see ``Pipeline.fix_inputs``).
+    """This epoch's offsets per source: the first attempt's plan (see ``Pipeline.pin_inputs``).
 
     Without the stored plan a retry would list the input again and could pick up files
     that arrived after the failed attempt; with it, epoch N reads the same input on every
@@ -209,11 +255,11 @@ def _fixed_offsets(
     """
 
     def make_plan() -> dict[str, dict[str, Any]]:
-        return {name: src.plan(base.source_entries(pipeline, name)) for name, src in sources.items()}
+        return {name: src.plan(base.source_entries(name)) for name, src in sources.items()}
 
-    fixed = pipeline.fix_inputs(epoch, spec.participant, spec.attempt, make_plan)
+    fixed = pipeline.pin_inputs(epoch, spec.participant, spec.attempt, make_plan)
     return {
-        name: dict(fixed[name]) if name in fixed else src.plan(base.source_entries(pipeline, name))
+        name: dict(fixed[name]) if name in fixed else src.plan(base.source_entries(name))
         for name, src in sources.items()
     }
 
@@ -227,6 +273,64 @@ def _bound_sinks(pipeline: Pipeline, epoch: int, spec: StageSpec) -> dict[str, S
     return sinks
 
 
+def _null_key_origin(spark: SparkSession, epoch: int, sources: Mapping[str, BoundSource],
+                     state: str, column: str) -> StateError:
+    """The null-key error of ``state``, naming the input files whose rows have a null
+    ``column`` (looked up only now that the stage failed: one filtered read per source)."""
+    from pyspark.sql import functions as F
+
+    found: list[str] = []
+    try:
+        for name, bound in sources.items():
+            if not bound.was_read or not isinstance(bound.source, FileSource):
+                continue
+            data, _ = bound.source.read_checked(spark, bound.offsets)
+            if column not in data.columns:
+                continue
+            rows = (data.where(F.col(column).isNull())
+                    .select(F.col("_metadata.file_path").alias("file")).distinct().limit(10).collect())
+            files = [str(f) for f in bound.offsets.get("files", [])]
+            found += [f"source {name!r} file {bound.source.planned_url(str(r.file), files) or r.file}"
+                      for r in rows]
+    except Exception as exc:  # the lookup is a courtesy: never hide the original error
+        log.warning("epoch %d: could not find the input files with null %r: %s", epoch, column, exc)
+        found = ["(the input files could not be determined; see the log)"]
+    origin = ("; ".join(found) if found else
+              "no input file has a null " + repr(column) + " itself: the stage's own transformations "
+              "produced it")
+    return StateError(
+        f"epoch {epoch}: keyed state {state!r}: key column {column!r} holds nulls, from "
+        f"{origin}. Drop or fill null keys before updating the state (e.g. df.where(col({column!r})."
+        "isNotNull())), or fix the input file and deliver it under a new name"
+    )
+
+
+#: The name of a source's quarantine sink: ``<source>.bad_records``.
+QUARANTINE_SUFFIX = ".bad_records"
+
+
+def _quarantine_sinks(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: Mapping[str, Source],
+                      sinks: Mapping[str, Sink]) -> dict[str, Sink]:
+    """Per source with a ``bad_records`` directory: a JSON file sink ``<source>.bad_records``
+    into which the source stages the records it rejects, published with the epoch like
+    any sink (so a bad record is neither lost nor able to block the pipeline)."""
+    out: dict[str, Sink] = {}
+    for name, src in sources.items():
+        target = getattr(src, "bad_records", None)
+        if not target:
+            continue
+        sink_name = f"{name}{QUARANTINE_SUFFIX}"
+        if sink_name in sinks:
+            raise ConfigError(
+                f"stage spec: sink {sink_name!r} is the quarantine sink of source {name!r} "
+                "(its bad_records option); rename the sink"
+            )
+        sink = sink_from_options(sink_name, {"type": "file", "path": target, "format": "json"})
+        sink.bind(pipeline.staging_url(epoch, spec.attempt, sink_name))
+        out[name] = sink
+    return out
+
+
 def _state_factory(
     spark: SparkSession,
     pipeline: Pipeline,
@@ -235,31 +339,94 @@ def _state_factory(
     spec: StageSpec,
     base: RestorePoint,
 ) -> Callable[[str, type[KeyedState]], KeyedState]:
-    restore_storage = base.storage or pipeline.storage
+    store = StoreLocation.of(pipeline.storage)
+    restore_from = StoreLocation.of(base.storage or pipeline.storage)
     # Parts restored from a replica live in another store: write every key group in full
     # so the new checkpoint references nothing outside the primary.
     force_full = base.storage is not None and base.storage.url != pipeline.storage.url
+    policy = PartPolicy.from_config(config, force_full=force_full)
+    descriptor = pipeline.descriptor()
+    shape = descriptor.participants.get(spec.participant) if descriptor is not None else None
+    recorded = dict(shape.states) if shape is not None else {}
 
     def make(name: str, kind: type[KeyedState]) -> KeyedState:
-        return kind(
-            spark,
-            name,
+        settings = StateSettings(
+            name=name,
+            kind=kind.kind,
             key_groups=spec.key_groups,
             epoch=epoch,
             attempt=spec.attempt,
-            store_url=pipeline.storage.url,
-            store_options=pipeline.storage.storage_options,
+            store=store,
+            restore_from=restore_from,
+            policy=policy,
             restored=base.operators.get(name),
-            restore_url=restore_storage.url,
-            restore_options=restore_storage.storage_options,
-            incremental=config.incremental,
-            full_checkpoint_interval=config.full_checkpoint_interval,
-            compression=config.compression,
-            compression_level=config.compression_level,
-            force_full=force_full,
         )
+        state = kind(spark, settings)
+        # Only a state with committed values is held to its recorded shape: the shape of
+        # one whose epochs were all aborted, or that was reset, is free.
+        if name in base.operators and descriptor is not None and name in recorded:
+            state.recorded = recorded[name]
+            state.recorded_where = f"pipeline descriptor v{descriptor.version} in {pipeline.storage.describe()}"
+            state.pipeline_name = pipeline.name
+        return state
 
     return make
+
+
+def _record_state_shapes(pipeline: Pipeline, participant: str, states: Mapping[str, KeyedState]) -> None:
+    """Record in the pipeline's descriptor what this run learned about its keyed states.
+
+    Only states the stage updated: their key columns, aggregate and schema are known
+    now (a restored state the stage left alone keeps what an earlier run recorded). The
+    descriptor gets a new version only when something changed, i.e. the first time a
+    state is seen and whenever its shape changes; a pipeline without a descriptor (run
+    without Airflow) is left without one. A failure to record is logged, never fatal:
+    the epoch is already prepared.
+    """
+    from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor, record_states
+
+    shapes: dict[str, StateDescriptor] = {}
+    for name, state in states.items():
+        shape = state.shape()
+        if shape is not None:
+            shapes[name] = shape
+    try:
+        record_states(pipeline, participant, shapes)
+    except CheckpointError as exc:
+        log.warning("pipeline %s: could not record the keyed states of %s in the descriptor: %s",
+                    pipeline.name, participant, exc)
+
+
+def _refuse_renamed_states(pipeline: Pipeline, base: RestorePoint, participant: str,
+                           states: Mapping[str, KeyedState]) -> None:
+    """Refuse, before prepare, a stage that looks like it renamed a keyed state.
+
+    The rule: a state the stage updated that has no committed values, while a committed
+    state of this participant with the same kind and key columns was not opened at all
+    this epoch. Renaming ``ctx.key_value("a")`` to ``"b"`` in the code would otherwise
+    start ``b`` from zero, and renaming it back would resume ``a`` without ``b``'s
+    epochs. A stage that really adds a second state alongside the first opens both (a
+    state opened, even without an update, is never taken for a renamed one).
+    """
+    owned = _owned_operators(pipeline, base, participant)
+    missing = {name: op for name, op in owned.items() if name not in states}
+    if not missing:
+        return
+    for name, state in states.items():
+        if name in base.operators or not state.updated:
+            continue
+        keys = list(state.settings.key_columns)
+        alike = sorted(old for old, op in missing.items()
+                       if op.state_kind == state.kind.value and list(op.key_columns) == keys)
+        if alike:
+            raise StateError(
+                f"pipeline {pipeline.name!r} epoch {base.epoch}: participant {participant!r} updates a new keyed "
+                f"state {name!r} (a {state.kind.value} keyed by {list(state.settings.key_columns)}) but no longer "
+                f"opens the committed state(s) {alike} of the same kind and keys: this looks like a rename, "
+                f"which would start {name!r} from zero. Way out: `seatunnel-ckpt state rename {pipeline.name} "
+                f"{alike[0]} {name}` keeps its values; or, if {name!r} is really a new state, also open "
+                f"{alike[0]!r} in the stage (ctx.{state.kind.value}({alike[0]!r})), or `seatunnel-ckpt state drop "
+                f"{pipeline.name} {alike[0]}` if it is no longer needed")
 
 
 def _owned_operators(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.models import SinkMode
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 from airflow_seatunnel_ckpt.spark.registry import Registry
 from airflow_seatunnel_ckpt.spark.sources import FILE_FORMATS
@@ -34,11 +35,19 @@ class Sink:
 
     format = "parquet"
 
-    def __init__(self, name: str, target_url: str) -> None:
+    def __init__(self, name: str, target_url: str, mode: str | SinkMode = SinkMode.CHANGES) -> None:
         self.name = name
         self.target_url = target_url
         self.staging_url: str | None = None
         self.rows: int | None = None
+        try:
+            self.mode = SinkMode(mode)
+        except ValueError:
+            raise ConfigError(
+                f"sink {name!r}: mode must be one of {[m.value for m in SinkMode]}, got {mode!r}; "
+                "'changes' publishes each epoch's rows beside the earlier epochs', 'snapshot' "
+                "replaces the table with each epoch's rows"
+            ) from None
 
     def bind(self, staging_url: str) -> None:
         """Called by the runner: stage into ``staging_url``."""
@@ -59,7 +68,19 @@ class FileSink(Sink):
 
     Options (the stage spec's ``sinks.<name>`` mapping): ``path`` (required, the target
     directory), ``format`` (``parquet`` default), ``options`` (writer options, passed to
-    Spark untouched), ``partition_by`` (columns).
+    Spark untouched), ``partition_by`` (columns), ``mode``:
+
+    * ``"changes"`` (default): every epoch's rows are published into their own
+      ``<path>/epoch=<e>/`` beside the earlier epochs'; reading ``<path>`` gives every
+      epoch's rows (an append-only table). Right for new records, and for the *changed
+      keys* a keyed state returns (``aggregate(...)``), read as a changelog: the newest
+      epoch holding a key has its current value. An epoch that wrote no rows publishes
+      nothing (no empty directory, no ``_SUCCESS``, no asset event).
+    * ``"snapshot"``: every epoch's rows are the whole table, e.g. a keyed state's
+      current values (``aggregate(..., mode="snapshot")`` or ``state.snapshot()``). The
+      commit publishes ``<path>/epoch=<e>/``, points ``<path>/_LATEST`` at it and then
+      removes the older snapshot directories, so reading ``<path>`` (pandas, pyarrow,
+      Spark) gives the current state only -- a sum over it is the true total.
     """
 
     def __init__(
@@ -69,8 +90,9 @@ class FileSink(Sink):
         format: str = "parquet",
         options: Mapping[str, Any] | None = None,
         partition_by: Sequence[str] | None = None,
+        mode: str = SinkMode.CHANGES.value,
     ) -> None:
-        super().__init__(name, fsspec_url(path).rstrip("/"))
+        super().__init__(name, fsspec_url(path).rstrip("/"), mode)
         if format not in FILE_FORMATS:
             raise ConfigError(
                 f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"

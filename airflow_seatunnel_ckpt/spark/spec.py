@@ -33,6 +33,7 @@ _SPEC_FIELDS = {
     "spark_conf",
     "master",
     "app_name",
+    "airflow_context",
 }
 
 
@@ -53,6 +54,8 @@ class StageSpec:
     :param master: Spark master for an in-process session (default ``local[*]``); ignored
         when the session already exists (e.g. under ``spark-submit``).
     :param app_name: Spark application name (default: ``<pipeline>-<participant>``).
+    :param airflow_context: the Airflow run the stage belongs to, as JSON data (see
+        :class:`~airflow_seatunnel_ckpt.spark.context.AirflowContext`); empty outside Airflow.
     """
 
     pipeline: str
@@ -67,6 +70,7 @@ class StageSpec:
     spark_conf: Mapping[str, Any] = field(default_factory=dict)
     master: str | None = None
     app_name: str | None = None
+    airflow_context: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_name(self.pipeline, "pipeline name")
@@ -110,6 +114,7 @@ class StageSpec:
             "spark_conf": dict(self.spark_conf),
             "master": self.master,
             "app_name": self.app_name,
+            "airflow_context": dict(self.airflow_context),
         }
 
     def to_json(self) -> str:

@@ -3,11 +3,13 @@
 The hook launches ``spark-submit`` with this package's driver module
 (:mod:`airflow_seatunnel_ckpt.spark.driver`); the spec travels in a private temporary
 file and the result comes back through another. The Spark configuration of the spec goes
-to ``--conf`` untouched.
+to ``--conf`` untouched. A stage in a single-file top-level module (typically beside the
+DAG in Airflow's DAGs folder) travels with ``--py-files``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -41,6 +43,39 @@ def spark_submit_binary_dir() -> str | None:
     except Exception:
         return None
     return str(candidate) if (candidate / "spark-submit").exists() else None
+
+
+def stage_module_files(stage: str) -> list[str]:
+    """Files of the stage's module that ``spark-submit`` must ship for the driver to import it.
+
+    Airflow puts the DAGs folder on ``sys.path`` of its tasks, not of the driver process
+    ``spark-submit`` starts, so a stage module beside the DAG (``"my_stages:dedup"``)
+    would not import there. A single-file top-level module, wherever it is found in this
+    process, is therefore shipped with ``--py-files``. A module inside a package is left to
+    the environment: install the package where the driver runs, or ship it with the
+    ``py_files`` argument of the hook.
+    """
+    module_name = stage.partition(":")[0]
+    if not module_name or "." in module_name:
+        return []
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return []  # not importable here either: the driver reports the stage it cannot load
+    if spec is None or spec.submodule_search_locations is not None or not spec.origin:
+        return []
+    origin = spec.origin
+    return [origin] if origin.endswith(".py") and os.path.isfile(origin) else []
+
+
+def _with_py_files(hook_kwargs: Mapping[str, Any], files: list[str]) -> dict[str, Any]:
+    """``hook_kwargs`` with ``files`` added to its comma-separated ``py_files``."""
+    kwargs = dict(hook_kwargs)
+    listed = [f for f in str(kwargs.get("py_files") or "").split(",") if f]
+    listed += [f for f in files if f not in listed]
+    if listed:
+        kwargs["py_files"] = ",".join(listed)
+    return kwargs
 
 
 def _hook_class() -> Any:
@@ -80,7 +115,8 @@ def submit_stage(
         ``spark3-submit``, looked up on PATH; when absent there, the launcher bundled
         with pyspark is used.
     :param hook_kwargs: further ``SparkSubmitHook`` arguments (``py_files``, ``jars``,
-        ``executor_memory``...).
+        ``executor_memory``...). The stage's own module is added to ``py_files`` when it
+        is a single-file top-level module (see :func:`stage_module_files`).
     :param env_vars: environment of the spark-submit process.
     """
     if conn_id is None and master is None:
@@ -111,7 +147,7 @@ def submit_stage(
             "name": f"{spec.pipeline}-{spec.participant}"[:200],
             "env_vars": env,
             "spark_binary": spark_binary,
-            **(hook_kwargs or {}),
+            **_with_py_files(hook_kwargs or {}, stage_module_files(spec.stage)),
         }
         hook = _hook_class()(
             master=master,

@@ -85,7 +85,7 @@ class EpochPreparedTrigger(BaseTrigger):
                     yield TriggerEvent(check.to_dict())
                     return
                 if self.deadline is not None and time.time() >= self.deadline:
-                    timeout = PreparedCheck("timeout", f"timed out: {check.message}",
+                    timeout = PreparedCheck(PreparedCheck.Outcome.TIMEOUT, f"timed out: {check.message}",
                                             check.epoch, check.state, check.missing,
                                             check.participants)
                     yield TriggerEvent(timeout.to_dict())
@@ -96,5 +96,5 @@ class EpochPreparedTrigger(BaseTrigger):
                     delay = max(0.0, min(delay, self.deadline - time.time()))
                 await asyncio.sleep(delay)
         except Exception as exc:  # the task, not the triggerer, must report the failure
-            error = PreparedCheck("error", f"{type(exc).__name__}: {exc}")
+            error = PreparedCheck(PreparedCheck.Outcome.ERROR, f"{type(exc).__name__}: {exc}")
             yield TriggerEvent(error.to_dict())

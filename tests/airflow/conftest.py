@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -10,6 +11,13 @@ from typing import Any
 import pytest
 
 pytestmark = pytest.mark.airflow
+
+#: The repository's DAGs folder. Airflow puts its DAGs folder on ``sys.path`` of every
+#: parse and task process, so the example DAG imports its sibling ``orders_example``; the
+#: tests parse the DAG files from here, so they do the same.
+REPO_DAGS = Path(__file__).resolve().parents[2] / "dags"
+if str(REPO_DAGS) not in sys.path:
+    sys.path.append(str(REPO_DAGS))
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, BaseOperator
+from airflow.sdk import DAG
 
-from airflow_seatunnel_ckpt.operators.base import PipelineTaskMixin
+from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -35,7 +35,7 @@ def rows_for(run_id: str, participant: str, count: int) -> list[dict[str, Any]]:
     return [{"order_id": f"{run_id}/{participant}/{i}", "amount": i} for i in range(count)]
 
 
-class CorePrepareOperator(PipelineTaskMixin, BaseOperator):
+class CorePrepareOperator(BasePipelineOperator):
     """Prepare the run's epoch as ``participant`` with core calls only.
 
     :param sinks: sink name -> target URL.
@@ -47,13 +47,10 @@ class CorePrepareOperator(PipelineTaskMixin, BaseOperator):
 
     template_fields = ("pipeline", "storage_url")
 
-    def __init__(self, *, pipeline: str, participant: str, sinks: Mapping[str, str],
+    def __init__(self, *, participant: str, sinks: Mapping[str, str],
                  rows: int = 3, fail: bool = False, fail_tries: int = 0,
-                 skip_prepare: bool = False,
-                 store_conn_id: str | None = None, storage_url: str | None = None,
-                 store_config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+                 skip_prepare: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._init_pipeline_args(pipeline, store_conn_id, storage_url, store_config)
         self.participant = participant
         self.sinks = dict(sinks)
         self.rows = rows

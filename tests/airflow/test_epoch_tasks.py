@@ -14,7 +14,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import FencedAttemptError, StorageError
-from airflow_seatunnel_ckpt.core.storage import LocalStorage
+from airflow_seatunnel_ckpt.core.storage import LocalStorage, publish
 from airflow_seatunnel_ckpt.operators import metrics
 from tests.airflow.epoch_test_dags import (
     PIPELINE,
@@ -274,7 +274,7 @@ def _crash_publish(monkeypatch: pytest.MonkeyPatch) -> None:
     def killed(self: Any, *args: Any, **kwargs: Any) -> str:
         raise StorageError("worker killed before publishing")
 
-    monkeypatch.setattr(LocalStorage, "publish_dir", killed)
+    monkeypatch.setattr(publish, "publish_files", killed)
 
 
 def test_run_killed_between_decision_and_publish_is_finished_by_the_recovery_dag(

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from orders_example import START
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import StorageError
-from airflow_seatunnel_ckpt.core.storage import LocalStorage
-from airflow_seatunnel_ckpt.example import START
+from airflow_seatunnel_ckpt.core.storage import publish
 from airflow_seatunnel_ckpt.operators import metrics
 from tests.airflow.epoch_test_dags import REPO, load_recovery_dag, task_states
 
@@ -31,7 +31,7 @@ def fail_or_dedup(ctx: Any, spark: Any) -> None:
     """The example's stage, failing while ``$SEATUNNEL_CKPT_TEST_STAGE_FAILS`` is set."""
     import os
 
-    from airflow_seatunnel_ckpt.example import dedup_orders
+    from orders_example import dedup_orders
 
     new = ctx.source("orders").read()
     if os.environ.get(STAGE_FAILS):
@@ -150,7 +150,7 @@ def test_a_failing_stage_aborts_and_the_next_run_picks_its_input_up(
     example.assert_exactly_once()
 
 
-def test_a_run_killed_between_decision_and_publish_is_finished_by_recovery(
+def test_a_run_killed_between_decision_and_publish_is_finished_before_the_next_epoch_begins(
         spark: Any, run_at: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     example = Example(tmp_path / "data", monkeypatch, commit_retries=0)
     assert run_at(example.dag, at(0)).state == "success"
@@ -159,22 +159,22 @@ def test_a_run_killed_between_decision_and_publish_is_finished_by_recovery(
         raise StorageError("worker killed before publishing")
 
     with monkeypatch.context() as crash:
-        crash.setattr(LocalStorage, "publish_dir", killed)
+        crash.setattr(publish, "publish_files", killed)
         crashed = run_at(example.dag, at(1))
     assert task_states(crashed)["orders.commit"] == "failed"
     assert example.pipeline.state(2) is EpochState.COMMITTING
 
     # The next hourly run comes before the recovery DAG: it must not begin an epoch that
-    # would read epoch 2's input again, so its stage fails and nothing is prepared.
-    blocked = run_at(example.dag, at(2))
-    assert task_states(blocked)["orders.ingest"] == "failed"
-    assert example.pipeline.epochs() == [1, 2]
+    # would read epoch 2's input again. Its stage finishes publishing epoch 2 (roll
+    # forward, exactly what the recovery DAG would do) and only then begins epoch 3.
+    after = run_at(example.dag, at(2))
+    assert task_states(after)["orders.ingest"] == "success"
+    assert example.pipeline.state(2) is EpochState.COMMITTED
+    assert example.pipeline.status(3).run_id == after.run_id
+    example.assert_exactly_once()
 
+    # The recovery DAG finds nothing left; clearing the run changes nothing either.
     recovery = load_recovery_dag(f"file://{example.root}/checkpoints", monkeypatch)
     assert run_at(recovery, at(2)).state == "success"
-    assert example.pipeline.state(2) is EpochState.COMMITTED
-    example.assert_exactly_once_up_to(hour=1)
-
-    # Clearing the blocked run now ingests hour 2; every order is in exactly once.
     assert run_at(example.dag, at(2)).state == "success"
     example.assert_exactly_once()

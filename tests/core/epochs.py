@@ -31,7 +31,7 @@ from airflow_seatunnel_ckpt.core.checkpoint import (
     write_arrow_part,
 )
 from airflow_seatunnel_ckpt.core.models import PartRef
-from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
+from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage, open_storage
 
 T = TypeVar("T")
 
@@ -210,6 +210,8 @@ def published(pipeline: Pipeline, sink: str) -> dict[int, dict[str, bytes]]:
     target = open_storage(target_url(pipeline, sink), pipeline.storage.storage_options)
     out: dict[int, dict[str, bytes]] = {}
     for name in target.list_dir(""):
+        if name == OWNER_MARKER:
+            continue
         epoch = layout.parse_staging_epoch(name)
         assert epoch is not None, f"unexpected entry {name!r} in the target of {sink}"
         files = {f.path: target.read(f"{name}/{f.path}") for f in target.walk(name) if f.path != layout.SUCCESS}

@@ -1,7 +1,8 @@
 """Crash injection: the process "dies" right before the N-th storage mutation.
 
 Every mutating storage primitive (``write_atomic``, ``create_exclusive``, ``delete``,
-``publish_dir`` -- which is where the local rename happens) of every backend class is
+``rename_dir`` -- the local publish's one rename -- and ``_copy_in_store``, a publish's
+copy within one store) of every backend class is
 wrapped, so the pipeline's own storage, its children and the sinks' target storages all
 count. The crash is a :class:`SimulatedCrash`, a ``BaseException``: like a killed process,
 no ``except Exception`` in the code under test can swallow it.
@@ -21,7 +22,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core.storage import LocalStorage, MemoryStorage, ObjectStorage, Storage
 
-MUTATIONS = ("write_atomic", "create_exclusive", "delete", "publish_dir")
+MUTATIONS = ("write_atomic", "create_exclusive", "delete", "rename_dir", "_copy_in_store")
 
 W = TypeVar("W")
 

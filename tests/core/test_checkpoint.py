@@ -250,22 +250,22 @@ def test_metadata_of_another_epoch_is_refused(fast_spec: StoreSpec) -> None:
         manager.read_metadata(2)
 
 
-def test_latest_valid_is_the_newest_committed_checkpoint_that_verifies(
+def test_verify_checks_sizes_shallow_and_checksums_deep(
     fast_spec: StoreSpec,
 ) -> None:
     store = fast_spec.storage()
     manager = CheckpointManager(store)
     metas = {e: manager.complete(make_checkpoint(store, e, {e: e})) for e in (1, 2, 3, 4)}
-    assert manager.latest_valid([1, 2, 3, 4]) == 4
-    assert manager.latest_valid([1, 2, 3]) == 3, "an uncommitted epoch is never chosen"
+    assert [e for e in (1, 2, 3, 4) if not manager.verify(e, deep=True)] == [1, 2, 3, 4]
 
     store.delete(metas[4].parts()[0].path)
     flip_byte(store, metas[3].parts()[0].path, -5)
-    assert manager.latest_valid([1, 2, 3, 4]) == 3, "shallow check: sizes only"
-    assert manager.latest_valid([1, 2, 3, 4], deep=True) == 2
+    assert manager.verify(4, deep=False) and manager.verify(4, deep=True), "a missing part always shows"
+    assert manager.verify(3, deep=False) == [], "shallow check: sizes only"
+    assert "checksum" in str(manager.verify(3, deep=True))
     store.delete(layout.metadata_path(2))
-    store.delete(layout.metadata_path(1))
-    assert manager.latest_valid([1, 2, 3, 4], deep=True) is None
+    assert "_metadata is missing" in str(manager.verify(2, deep=False))
+    assert manager.verify(1, deep=True) == []
 
 
 def test_delete_keeps_the_parts_a_newer_checkpoint_references(fast_spec: StoreSpec) -> None:

@@ -19,6 +19,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.cli import main
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
+from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import (
     Participant,
@@ -78,6 +79,11 @@ def cli(local_spec: StoreSpec, capsys: pytest.CaptureFixture[str]) -> Cli:
     return Cli(local_spec, capsys)
 
 
+def make_empty_store(cli: Cli) -> None:
+    """Create the store's (empty) root directory: a store nothing has written to yet."""
+    Path(cli.url.removeprefix("file://")).mkdir(parents=True)
+
+
 def operator_part(p: Pipeline, epoch: int) -> str:
     """The one keyed-state part ``epoch`` wrote itself (relative to the pipeline root)."""
     meta = p.checkpoints.read_metadata(epoch)
@@ -122,6 +128,7 @@ def test_pipelines_lists_every_pipeline_with_its_newest_epoch(cli: Cli) -> None:
 
 
 def test_pipelines_on_an_empty_store_lists_none(cli: Cli) -> None:
+    make_empty_store(cli)
     assert cli.run("pipelines") == (0, "(none)\n", "")
     assert cli.json("pipelines") == []
 
@@ -133,9 +140,9 @@ def test_epochs_lists_states_participants_and_decisions(cli: Cli) -> None:
 
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0].split() == ["EPOCH", "STATE", "RUN_ID", "PARTICIPANTS", "ROWS", "DECISION"]
-    assert lines[1].split() == ["1", "COMMITTED", "c-1", "ingest@1", "1", "commit:", "all", "prepared"]
-    assert lines[2].split() == ["2", "PREPARED", "c-2", "ingest@1", "1", "-"]
+    assert lines[0].split() == ["EPOCH", "STATE", "LOGICAL_DATE", "RUN_ID", "PARTICIPANTS", "ROWS", "DECISION"]
+    assert lines[1].split() == ["1", "COMMITTED", "-", "c-1", "ingest@1", "clicks=1", "commit:", "all", "prepared"]
+    assert lines[2].split() == ["2", "PREPARED", "-", "c-2", "ingest@1", "clicks=1", "-"]
     assert len(lines) == 3
 
     statuses = cli.json("epochs", "orders")
@@ -157,8 +164,11 @@ def test_epochs_last_limits_the_table_and_the_json_alike(cli: Cli) -> None:
 
 
 def test_epochs_of_a_pipeline_without_a_log_lists_none(cli: Cli) -> None:
-    committed_history(cli.spec)
-    assert cli.run("epochs", "nothing-here") == (0, "(none)\n", "")
+    # A pipeline that exists (its stage task recorded a descriptor) but has begun no epoch yet.
+    ensure_descriptor(cli.spec.pipeline("fresh"), dag_id="fresh_dag", participants={
+        "ingest": ParticipantDescriptor.from_spec({}, {})})
+    assert cli.run("epochs", "fresh") == (0, "(none)\n", "")
+    assert cli.run("verify", "fresh") == (0, "pipeline fresh has no epochs yet\n", "")
 
 
 def test_show_describes_the_checkpoint_and_what_was_published(cli: Cli) -> None:
@@ -230,12 +240,15 @@ def test_verify_a_clean_store_exits_0(cli: Cli) -> None:
 
     assert (code, err) == (0, "")
     assert out.splitlines() == ["epoch 1: ok", "epoch 2: ok", "epoch 3: ok"]
-    assert cli.json("verify", "orders", "--last", "1") == [{"epoch": 3, "ok": True, "problems": []}]
-    assert cli.json("verify", "orders", "2") == [{"epoch": 2, "ok": True, "problems": []}]
+    ok = {"state": "COMMITTED", "ok": True, "verdict": "ok", "problems": []}
+    assert cli.json("verify", "orders", "--last", "1") == [{"epoch": 3, **ok}]
+    assert cli.json("verify", "orders", "2") == [{"epoch": 2, **ok}]
 
 
 def test_verify_without_committed_checkpoints_says_so(cli: Cli) -> None:
-    assert cli.run("verify", "orders") == (0, "no committed checkpoints\n", "")
+    prepare_participant(cli.spec.pipeline("orders"), "run-1", Participant(sinks={"orders": ORDERS}))
+    assert cli.run("verify", "orders") == (
+        0, "epoch 1: in progress (PREPARED: its checkpoint is completed when it is decided commit)\n", "")
 
 
 def test_verify_names_a_damaged_part_and_exits_1(cli: Cli) -> None:
@@ -251,7 +264,8 @@ def test_verify_names_a_damaged_part_and_exits_1(cli: Cli) -> None:
     lines = out.splitlines()
     # Epoch 3's incremental checkpoint references epoch 2's part: both are damaged.
     assert lines[:3] == ["epoch 1: ok", "epoch 2: DAMAGED", "epoch 3: DAMAGED"]
-    problems = lines[3:]
+    problems = lines[3:-1]
+    assert lines[-1].startswith("damaged files are named above; `seatunnel-ckpt recover orders` shows")
     assert len(problems) == 2
     assert all(damaged in line for line in problems), problems
 
@@ -348,6 +362,7 @@ def test_recover_refuses_a_timeout_of_zero(cli: Cli) -> None:
 
 
 def test_recover_all_on_an_empty_store_has_nothing_to_do(cli: Cli) -> None:
+    make_empty_store(cli)
     assert cli.run("recover", "--all", "--apply") == (0, "(none)\n", "")
     assert cli.json("recover", "--all") == []
 
@@ -459,12 +474,13 @@ def test_gc_dry_run_reports_and_removes_nothing(cli: Cli) -> None:
     assert report["dry_run"] is True
     assert report["kept"] == [3, 4]
     assert report["removed_checkpoints"] == [1, 2]
-    assert report["removed_files"] == 0
+    assert report["removed_files"] == 4  # what the real run removes (the next test)
     assert snapshot(cli.spec.storage()) == before
     assert all(p.checkpoints.has_metadata(e) for e in (1, 2, 3, 4))
     code, out, _ = cli.run("gc", "orders", "--keep", "2", "--dry-run")
     assert code == 0
-    assert "would remove 0 parts" in out
+    assert "would remove 0 parts of losing attempts" in out
+    assert out.splitlines()[-1] == "(dry run: nothing changed; run it without --dry-run to carry it out)"
     assert snapshot(cli.spec.storage()) == before
 
 
@@ -475,7 +491,10 @@ def test_gc_removes_old_checkpoints_and_restore_still_works(cli: Cli) -> None:
     code, out, err = cli.run("gc", "orders", "--keep", "2")
 
     assert (code, err) == (0, "")
-    assert out.startswith("kept [3, 4]; removed checkpoints [1, 2] (")
+    # Epoch 4 chains onto parts of 1 and 2: their directories stay, and the message says so.
+    assert out.startswith("kept checkpoints [3, 4]; removed the files of checkpoints [1, 2] except parts that "
+                          "kept incremental checkpoints chain onto (those directories stay); ")
+    assert "4 files removed" in out
     assert not p.checkpoints.has_metadata(1)
     assert not p.checkpoints.has_metadata(2)
     assert p.checkpoints.has_metadata(3) and p.checkpoints.has_metadata(4)
@@ -488,8 +507,11 @@ def test_gc_removes_old_checkpoints_and_restore_still_works(cli: Cli) -> None:
     assert restored_state(point) == {1: 11, 2: 20, 3: 30}
     assert published(p, "orders") == outputs  # retention never touches published output
     # Retired checkpoints are not damage.
-    assert cli.json("verify", "orders") == [{"epoch": 3, "ok": True, "problems": []},
-                                            {"epoch": 4, "ok": True, "problems": []}]
+    retired = {"state": "COMMITTED", "ok": True, "problems": [],
+               "verdict": "ok (checkpoint removed by retention; log records intact)"}
+    ok = {"state": "COMMITTED", "ok": True, "verdict": "ok", "problems": []}
+    assert cli.json("verify", "orders") == [{"epoch": 1, **retired}, {"epoch": 2, **retired},
+                                            {"epoch": 3, **ok}, {"epoch": 4, **ok}]
 
     # Keeping one: epoch 3 goes too, and the new epoch restores from 4.
     report = cli.json("gc", "orders", "--keep", "1")
@@ -549,6 +571,7 @@ def test_storage_options_json_errors_do_not_echo_the_options(cli: Cli) -> None:
 
 
 def test_storage_options_from_the_environment_are_used(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_empty_store(cli)
     monkeypatch.setenv("SEATUNNEL_CKPT_STORAGE_OPTIONS", "not json")
     code, _, err = cli.run("pipelines")
     assert code == 2
@@ -569,7 +592,11 @@ def test_storage_options_from_the_environment_are_used(cli: Cli, monkeypatch: py
 def test_a_store_url_with_a_password_is_refused_and_redacted(cli: Cli, url: str, args: list[str]) -> None:
     code, out, err = cli.run(*args, store=url)
 
-    assert (code, out) == (2, "")
+    assert code == 2
+    if "--json" in args:  # errors are JSON on stdout too
+        assert "carries a password" in json.loads(out)["error"]["message"]
+    else:
+        assert out == ""
     assert "carries a password" in err
     assert "://***@" in err
     assert SECRET not in out + err
@@ -623,3 +650,302 @@ def test_the_installed_console_script(cli: Cli) -> None:
     verify = run("verify", "orders")
     assert verify.returncode == 1, verify.stderr
     assert [r["ok"] for r in json.loads(verify.stdout)] == [True, False, False]
+
+
+# -- retain (gc) and cat ---------------------------------------------------------------------
+
+
+def test_retain_is_the_command_and_gc_its_unlisted_alias(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    four_incremental_epochs(cli.spec)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = capsys.readouterr().out
+    commands = [line.split()[0] for line in listing.split("COMMAND\n", 1)[1].split("options:")[0].splitlines()
+                if line.startswith("    ") and not line.startswith("     ")]
+    assert "retain" in commands and "cat" in commands and "gc" not in commands, commands
+
+    preview = cli.json("retain", "orders", "--keep", "2", "--dry-run")
+    assert preview == cli.json("gc", "orders", "--keep", "2", "--dry-run")
+    assert cli.json("retain", "orders", "--keep", "2")["removed_checkpoints"] == [1, 2]
+
+
+def test_cat_prints_a_log_record_and_metadata_as_json(cli: Cli) -> None:
+    p = committed_history(cli.spec)
+
+    decision = cli.json("cat", f"orders/{layout.record_path(2, 'decision')}")
+    assert decision["json"] == p.txlog.read_decision(2).to_dict()  # type: ignore[union-attr]
+    assert decision["frame"]["kind"] == "json"
+
+    meta = cli.json("cat", f"orders/{layout.metadata_path(3)}")
+    assert meta["json"] == p.checkpoints.read_metadata(3).to_dict()
+    code, out, err = cli.run("cat", f"orders/{layout.metadata_path(3)}")
+    assert code == 0 and err == ""
+    assert '"type": "checkpoint"' in out and "json frame v1, epoch 0" in out
+
+
+def test_cat_shows_an_arrow_part_as_schema_and_rows(cli: Cli) -> None:
+    p = committed_history(cli.spec)
+    part = operator_part(p, 2)
+
+    doc = cli.json("cat", f"orders/{part}")
+
+    assert doc["frame"]["kind"] == "arrow" and doc["frame"]["epoch"] == 2
+    assert doc["schema"] == ["k: int64", "v: int64"]
+    assert doc["rows"] == [{"k": 2, "v": 20}] and doc["num_rows"] == 1
+    code, out, _ = cli.run("cat", f"orders/{part}")
+    assert code == 0 and "schema: k: int64, v: int64" in out and "1 rows" in out
+
+
+def test_cat_takes_a_full_url_and_reads_plain_json_files(cli: Cli) -> None:
+    p = committed_history(cli.spec)
+    marker = cli.json("cat", p.storage.url_of(layout.sink_marker_path(3, "orders")))
+    assert marker["json"]["type"] == "sink_prepared" and marker["json"]["epoch"] == 3
+
+    assert 1 in published(p, "orders")
+    success = cli.json("cat", f"{cli.spec.sub_url('store')}/../targets/orders/orders/epoch=1/_SUCCESS")
+    assert success["frame"] is None and success["json"]["epoch"] == 1
+
+
+def test_cat_of_a_missing_or_damaged_file_names_it(cli: Cli) -> None:
+    p = committed_history(cli.spec)
+    code, _, err = cli.run("cat", "orders/checkpoint_9/_metadata")
+    assert code == 2 and "checkpoint_9/_metadata: no such file" in err
+
+    flip_byte(p.storage, layout.metadata_path(2))
+    code, _, err = cli.run("cat", f"orders/{layout.metadata_path(2)}")
+    assert code == 1 and "checkpoint_2/_metadata" in err
+
+
+# -- guardrails: unknown names, --json errors, pipes, help -----------------------------------
+
+
+@pytest.mark.parametrize("args", [["epochs", "nosuch"], ["verify", "nosuch"], ["show", "nosuch", "1"],
+                                  ["recover", "nosuch", "--apply"], ["retain", "nosuch"], ["gc", "nosuch"],
+                                  ["describe", "nosuch"], ["commit", "nosuch", "1"], ["abort", "nosuch", "1"]])
+def test_an_unknown_pipeline_exits_2_and_names_the_pipelines_the_store_has(cli: Cli, args: list[str]) -> None:
+    committed_history(cli.spec)
+    before = snapshot(cli.spec.storage())
+
+    code, out, err = cli.run(*args)
+
+    assert (code, out) == (2, "")
+    assert err == (f"error: pipeline 'nosuch' not found in {cli.url}: it has no transaction log (_txlog) and no "
+                   "descriptor (_descriptor). Pipelines in this store: clicks, orders; check the name and --store\n")
+    assert snapshot(cli.spec.storage()) == before
+
+
+@pytest.mark.parametrize("args", [["pipelines"], ["epochs", "orders"], ["verify", "orders"], ["recover", "--all"],
+                                  ["cat", "orders/_txlog/epoch-000000000001/begin"]])
+def test_a_store_that_does_not_exist_is_an_error_not_an_empty_list(
+    cli: Cli, tmp_path: Path, args: list[str]
+) -> None:
+    missing = tmp_path / "nonexistent"
+
+    code, out, err = cli.run(*args, store=f"file://{missing}")
+
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: no store at file://{missing}: that directory (or bucket prefix) does not "
+                          "exist. Check --store"), err
+    assert not missing.exists()  # looking did not create it
+
+
+def test_json_errors_are_a_json_object_on_stdout_with_a_non_zero_exit(cli: Cli) -> None:
+    p = committed_history(cli.spec)
+
+    code, out, _ = cli.run("--json", "epochs", "nosuch")
+    assert code == 2
+    error = json.loads(out)["error"]
+    assert (error["type"], error["exit_code"]) == ("PipelineNotFoundError", 2)
+    assert error["message"].startswith("pipeline 'nosuch' not found in ")
+
+    flip_byte(p.storage, layout.metadata_path(2))
+    code, out, _ = cli.run("cat", f"orders/{layout.metadata_path(2)}", "--json")
+    assert code == 1
+    error = json.loads(out)["error"]
+    assert error["exit_code"] == 1 and "checkpoint_2/_metadata" in error["message"]
+
+    # Usage errors too: argparse's exit code, and JSON for the script that asked for it.
+    with pytest.raises(SystemExit) as exc:
+        main(["--store", cli.url, "--json", "show", "orders", "twelve"])
+    assert exc.value.code == 2
+    out, err = cli._capsys.readouterr()
+    assert "invalid int value: 'twelve'" in json.loads(out)["error"]["message"]
+    assert err.startswith("usage: seatunnel-ckpt show")
+
+
+def test_output_into_a_closed_pipe_ends_quietly_without_a_traceback(cli: Cli) -> None:
+    committed_history(cli.spec)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEATUNNEL_CKPT_")}
+    # Like `seatunnel-ckpt epochs orders | head -0`: the reader is gone before the first write.
+    proc = subprocess.Popen([console_script(), "--store", cli.url, "--json", "epochs", "orders"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    code = proc.wait(timeout=60)
+
+    assert err == ""
+    assert code == 141
+
+
+def test_every_command_has_a_description_and_the_help_shows_no_markup(
+    cli: Cli, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from airflow_seatunnel_ckpt.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    commands = sorted(sub.choices)
+    assert {"pipelines", "epochs", "verify", "retain", "gc", "cat"} <= set(commands)
+    for command in [*commands, None]:
+        with pytest.raises(SystemExit) as exc:
+            main([command, "--help"] if command else ["--help"])
+        assert exc.value.code == 0
+        text = capsys.readouterr().out
+        # After the usage block comes a description, not straight the argument list.
+        description = text.split("\n\n")[1]
+        assert not description.startswith(("positional arguments", "options")), (command, text)
+        assert len(description.split()) >= 5, (command, description)
+        for markup in ("``", ":func:", ":class:", ":mod:", ":meth:"):
+            assert markup not in text, (command, markup)
+
+
+# -- guardrails: verify, epochs ---------------------------------------------------------------
+
+
+def test_verify_of_an_open_epoch_says_in_progress_not_damaged(cli: Cli) -> None:
+    p = committed_history(cli.spec)
+    epoch = p.begin("run-4").epoch
+
+    code, out, err = cli.run("verify", "orders", str(epoch))
+
+    assert (code, err) == (0, "")
+    assert out == (f"epoch {epoch}: in progress (OPEN: its stage runs; its checkpoint is completed when it is "
+                   "decided commit)\n")
+    assert cli.json("verify", "orders", "--last", "2") == [
+        {"epoch": 3, "state": "COMMITTED", "ok": True, "verdict": "ok", "problems": []},
+        {"epoch": 4, "state": "OPEN", "ok": True, "problems": [],
+         "verdict": "in progress (OPEN: its stage runs; its checkpoint is completed when it is decided commit)"}]
+
+
+def test_verify_checks_the_transaction_log_records(cli: Cli) -> None:
+    p = committed_history(cli.spec)
+    damaged = layout.record_path(1, "prepared-ingest")
+    flip_byte(p.storage, damaged)
+
+    code, out, err = cli.run("verify", "orders")
+
+    assert (code, err) == (1, "")
+    lines = out.splitlines()
+    assert lines[:3] == ["epoch 1: DAMAGED", "epoch 2: ok", "epoch 3: ok"]
+    assert lines[3].startswith(f"  {p.storage.describe_path(damaged)}: ")
+    results = json.loads(cli.run("--json", "verify", "orders", "1")[1])
+    assert results[0]["ok"] is False and damaged in results[0]["problems"][0]
+
+
+@pytest.mark.parametrize("record", ["prepared-ingest", "decision", "begin"])
+def test_epochs_shows_one_damaged_record_and_lists_the_other_epochs(cli: Cli, record: str) -> None:
+    p = committed_history(cli.spec)
+    damaged = layout.record_path(1, record)
+    flip_byte(p.storage, damaged)
+
+    code, out, err = cli.run("epochs", "orders")
+
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[1].split()[:2] == ["1", "COMMITTED"]
+    assert lines[1].endswith(f"DAMAGED record {p.storage.describe_path(damaged)}")
+    assert [line.split()[:2] for line in lines[2:4]] == [["2", "COMMITTED"], ["3", "COMMITTED"]]
+    assert lines[4] == ("note: epochs [1] have a damaged log record (named above); `seatunnel-ckpt verify orders` "
+                        "checks every record and checkpoint")
+    entries = cli.json("epochs", "orders")
+    assert damaged in entries[0]["damaged"] and entries[0]["state"] == "COMMITTED"
+    assert [e["state"] for e in entries[1:]] == ["COMMITTED", "COMMITTED"]
+
+
+def test_epochs_shows_the_logical_date_and_rows_per_sink(cli: Cli) -> None:
+    p = cli.spec.pipeline("orders")
+    first = p.begin("scheduled__2026-11-20", logical_date="2026-11-20T00:00:00+00:00")
+    assert p.begin("scheduled__2026-11-20", logical_date="2026-11-21T00:00:00+00:00") == first  # first wins
+    run_epoch(p, "scheduled__2026-11-20", Participant(sinks={"orders": ORDERS, "clicks": [b"c1"]}))
+    prepare_participant(p, "manual__1", Participant(sinks={"orders": [b"x", b"y", b"z"]}))
+
+    code, out, _ = cli.run("epochs", "orders")
+
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[1].split()[:6] == ["1", "COMMITTED", "2026-11-20T00:00:00+00:00", "scheduled__2026-11-20",
+                                    "ingest@1", "clicks=1,orders=2"]
+    assert lines[2].split() == ["2", "PREPARED", "-", "manual__1", "ingest@1", "orders=3", "-"]
+    entries = cli.json("epochs", "orders")
+    assert [(e["logical_date"], e["rows"]) for e in entries] == [
+        ("2026-11-20T00:00:00+00:00", {"clicks": 1, "orders": 2}), (None, {"orders": 3})]
+
+
+def test_the_logical_date_is_optional_in_the_begin_record() -> None:
+    from airflow_seatunnel_ckpt.core.models import BeginRecord
+
+    old = {"type": "begin", "epoch": 1, "run_id": "r", "created_at": 1.0, "dag_id": "d"}
+    assert BeginRecord.from_dict(old).logical_date == ""
+    assert BeginRecord.from_dict(old).to_dict() == old  # written only when set
+    dated = BeginRecord(1, "r", 1.0, "d", "2026-11-20T00:00:00+00:00")
+    assert BeginRecord.from_dict(dated.to_dict()) == dated
+
+
+# -- guardrails: retain ------------------------------------------------------------------------
+
+
+def test_retain_dry_run_reports_exactly_what_the_real_run_does(cli: Cli) -> None:
+    p = four_incremental_epochs(cli.spec)
+    # A part of a losing attempt in a kept checkpoint: the real run sweeps it.
+    losing = f"{layout.checkpoint_dir(4)}/operators/seen/part-0-9"
+    p.storage.write_atomic(losing, b"a killed attempt's part")
+
+    dry_code, dry_text, _ = cli.run("retain", "orders", "--keep", "2", "--dry-run")
+    dry = cli.json("retain", "orders", "--keep", "2", "--dry-run")
+    real_code, real_text, _ = cli.run("retain", "orders", "--keep", "2")
+
+    assert dry["partly_kept"] == [1, 2] and dry["removed_unreferenced"] == [losing]
+    assert dry["removed_files"] == 5
+    assert (dry_code, real_code) == (0, 0)
+    assert dry_text.replace("would keep", "kept").replace("would remove", "removed").replace(
+        "would be removed", "removed").removesuffix(
+        "(dry run: nothing changed; run it without --dry-run to carry it out)\n") == real_text
+    # Their directories stay (epoch 4 chains onto parts in them); the message never said otherwise.
+    assert p.storage.exists(layout.checkpoint_dir(1)) and p.storage.exists(layout.checkpoint_dir(2))
+    assert "removed checkpoints [1, 2]" not in real_text
+    assert not p.storage.exists(losing)
+
+
+def test_retain_dry_run_json_matches_the_real_run_json(cli: Cli) -> None:
+    p = four_incremental_epochs(cli.spec)
+    p.storage.write_atomic(f"{layout.checkpoint_dir(4)}/operators/seen/part-0-9", b"a killed attempt's part")
+
+    dry = cli.json("retain", "orders", "--keep", "1", "--dry-run")
+    real = cli.json("retain", "orders", "--keep", "1")
+
+    assert dry == real | {"dry_run": True}
+    assert real["removed_files"] > 0 and real["partly_kept"]
+
+
+def test_a_damaged_decision_shows_as_damaged_in_pipelines_epochs_and_verify(cli: Cli) -> None:
+    orders, _ = unfinished_epochs(cli.spec)
+    damaged = layout.record_path(2, "decision")  # orders epoch 2 is COMMITTING: its state needs it
+    flip_byte(orders.storage, damaged)
+
+    code, out, err = cli.run("pipelines")
+    assert (code, err) == (0, "")
+    assert sorted(line.split() for line in out.splitlines()[1:]) == [
+        ["clicks", "1", "-", "1", "PREPARED"], ["orders", "2", "?", "2", "DAMAGED"]]
+
+    code, out, _ = cli.run("epochs", "orders")
+    assert code == 0
+    assert out.splitlines()[1].split()[:2] == ["1", "COMMITTED"]
+    assert out.splitlines()[2].split()[:2] == ["2", "UNKNOWN"]
+    assert out.splitlines()[2].endswith(f"DAMAGED record {orders.storage.describe_path(damaged)}")
+
+    code, out, _ = cli.run("verify", "orders")
+    assert code == 1
+    assert out.splitlines()[:2] == ["epoch 1: ok", "epoch 2: DAMAGED"]
+    assert orders.storage.describe_path(damaged) in out.splitlines()[2]

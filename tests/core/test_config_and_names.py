@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import uuid
 
 import pytest
@@ -35,16 +34,19 @@ def test_the_defaults_are_valid_and_point_at_a_local_directory(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("SEATUNNEL_CKPT_STORE", raising=False)
+    monkeypatch.setenv("AIRFLOW_HOME", "/srv/airflow")
     config = CheckpointConfig()
-    assert config.storage_url == "file://" + os.path.abspath(".seatunnel-ckpt")
-    assert (config.max_retain, config.incremental, config.compression, config.checksum) == (
-        10,
-        True,
-        "zstd",
-        "crc32c",
-    )
+    assert config.storage_url == "file:///srv/airflow/seatunnel-ckpt"
+    assert (config.max_retain, config.incremental, config.compression) == (10, True, "zstd")
     monkeypatch.setenv("SEATUNNEL_CKPT_STORE", "s3://bucket/ckpt")
     assert CheckpointConfig().storage_url == "s3://bucket/ckpt"
+
+
+def test_an_old_checksum_key_still_loads_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="'checksum' is deprecated"):
+        config = CheckpointConfig.from_mapping({"storage_url": "memory://x", "checksum": "crc32c"})
+    assert config == CheckpointConfig.from_mapping({"storage_url": "memory://x"})
+    assert "checksum" not in config.to_mapping()
 
 
 def test_from_mapping_names_unknown_keys_and_lists_the_known_ones() -> None:

@@ -75,7 +75,9 @@ def test_recovery_finishes_the_cleanup_of_an_aborting_epoch(fast_spec: StoreSpec
 
 @pytest.mark.parametrize("stage_reached", ["OPEN", "PREPARED"])
 def test_recovery_aborts_an_undecided_epoch_past_the_prepared_timeout(fast_spec: StoreSpec, stage_reached: str) -> None:
-    p = fast_spec.pipeline(prepared_timeout_s=60)
+    # OPEN without a lease times out lease_timeout_s after begin, PREPARED prepared_timeout_s
+    # after its prepare (which here follows begin within milliseconds).
+    p = fast_spec.pipeline(prepared_timeout_s=60, lease_timeout_s=60, lease_renew_s=10)
     epoch = p.begin("run-1").epoch
     stage(p, epoch, 1, "orders", [b"half written"])
     if stage_reached == "PREPARED":
@@ -245,7 +247,7 @@ def test_the_restore_point_is_the_newest_committed_checkpoint(fast_spec: StoreSp
 
     assert (point.epoch, point.how) == (3, "primary")
     assert restored_state(point) == STATES[2]
-    assert [e["offsets"]["files"] for e in point.source_entries(p, "in")] == FILES
+    assert [e["offsets"]["files"] for e in point.source_entries("in")] == FILES
 
 
 def test_an_empty_pipeline_restores_empty_state(fast_spec: StoreSpec) -> None:
@@ -262,13 +264,13 @@ def test_damaged_metadata_falls_back_to_a_rebuild_from_the_log(fast_spec: StoreS
     assert (point.epoch, point.how) == (3, "rebuilt-from-log")
     assert point.skipped and point.skipped[0].path == p.storage.describe_path(layout.metadata_path(3))
     assert restored_state(point) == STATES[2]
-    assert [e["offsets"]["files"] for e in point.source_entries(p, "in")] == FILES
+    assert [e["offsets"]["files"] for e in point.source_entries("in")] == FILES
     # The next epoch writes a full source part from the rebuilt history and commits.
     run_epoch(p, "run-4", Participant(changes={6: 6}, sources={"in": {"files": ["f4"]}}))
     after = p.restore_point()
     assert (after.epoch, after.how) == (4, "primary")
     assert restored_state(after) == {**STATES[2], 6: 6}
-    assert [e["offsets"]["files"] for e in after.source_entries(p, "in")] == [*FILES, ["f4"]]
+    assert [e["offsets"]["files"] for e in after.source_entries("in")] == [*FILES, ["f4"]]
 
 
 def test_a_damaged_source_part_falls_back_to_a_rebuild_from_the_log(fast_spec: StoreSpec) -> None:
@@ -281,7 +283,7 @@ def test_a_damaged_source_part_falls_back_to_a_rebuild_from_the_log(fast_spec: S
     assert (point.epoch, point.how) == (3, "rebuilt-from-log")
     assert point.skipped[0].path == p.storage.describe_path(victim)
     assert restored_state(point) == STATES[2]
-    assert [e["offsets"]["files"] for e in point.source_entries(p, "in")] == FILES
+    assert [e["offsets"]["files"] for e in point.source_entries("in")] == FILES
 
 
 def test_a_damaged_operator_part_falls_back_to_the_secondary_replica(fast_spec: StoreSpec) -> None:
@@ -294,7 +296,7 @@ def test_a_damaged_operator_part_falls_back_to_the_secondary_replica(fast_spec: 
     assert (point.epoch, point.how) == (3, "secondary")
     assert point.storage is not None and point.storage.url.startswith(fast_spec.sub_url("replica"))
     assert restored_state(point) == STATES[2]
-    assert [e["offsets"]["files"] for e in point.source_entries(p, "in")] == FILES
+    assert [e["offsets"]["files"] for e in point.source_entries("in")] == FILES
 
 
 def test_a_crash_while_replicating_never_leaves_a_replica_that_claims_to_be_complete(
@@ -392,7 +394,7 @@ def test_retention_keeps_the_newest_n_and_every_part_they_reference(fast_spec: S
     point = p.restore_point()
     assert (point.epoch, point.how) == (7, "primary")
     assert restored_state(point) == LONG_STATE
-    assert len(point.source_entries(p, "in")) == len(LONG)
+    assert len(point.source_entries("in")) == len(LONG)
     assert published(p, "orders").keys() == set(range(1, 8)), "retention never touches output"
 
 

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint
 
+import fsspec
 import pytest
 
-from airflow_seatunnel_ckpt.core import storage as storage_module
+from airflow_seatunnel_ckpt.core.codec import crc32c
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, StorageError
 from airflow_seatunnel_ckpt.core.storage import (
     ENTRY_POINT_GROUP,
     TEMP_PREFIX,
+    Capabilities,
     FileInfo,
     LocalStorage,
     MemoryStorage,
@@ -26,9 +30,12 @@ from airflow_seatunnel_ckpt.core.storage import (
     Storage,
     backend_for,
     open_storage,
+    publish_files,
 )
+from airflow_seatunnel_ckpt.core.storage import registry as registry_module
+from airflow_seatunnel_ckpt.core.storage.registry import PROBE_RACERS, forget_probes
 from tests.core.conftest import StoreSpec
-from tests.core.epochs import at_once
+from tests.core.epochs import at_once, flip_byte
 
 
 class Boom(Exception):
@@ -286,44 +293,44 @@ def published(target: Storage, dst: str) -> dict[str, bytes]:
     return {f.path: target.read(f"{dst}/{f.path}") for f in target.walk(dst)}
 
 
-def test_publish_dir_makes_every_staged_file_present_at_the_destination(
+def test_publish_files_makes_every_staged_file_present_at_the_destination(
     store_spec: StoreSpec,
 ) -> None:
     store = store_spec.storage("store")
     target = store_spec.storage("target")
     files = stage(store, "_staging/epoch=1/attempt=1/out", STAGED)
 
-    how = store.publish_dir("_staging/epoch=1/attempt=1/out", target, "epoch=1", files)
+    how = publish_files(store, "_staging/epoch=1/attempt=1/out", target, "epoch=1", files)
 
     assert how in ("renamed", "copied")
     assert published(target, "epoch=1") == STAGED
 
 
-def test_publish_dir_again_after_a_full_publish_reports_already(store_spec: StoreSpec) -> None:
+def test_publish_files_again_after_a_full_publish_reports_already(store_spec: StoreSpec) -> None:
     store = store_spec.storage("store")
     target = store_spec.storage("target")
     files = stage(store, "stg", STAGED)
-    store.publish_dir("stg", target, "epoch=1", files)
+    publish_files(store, "stg", target, "epoch=1", files)
 
-    assert store.publish_dir("stg", target, "epoch=1", files) == "already"
-    assert store.publish_dir("stg", target, "epoch=1", files) == "already"
+    assert publish_files(store, "stg", target, "epoch=1", files) == "already"
+    assert publish_files(store, "stg", target, "epoch=1", files) == "already"
     assert published(target, "epoch=1") == STAGED
 
 
-def test_publish_dir_resumes_after_a_partial_copy(store_spec: StoreSpec) -> None:
+def test_publish_files_resumes_after_a_partial_copy(store_spec: StoreSpec) -> None:
     store = store_spec.storage("store")
     target = store_spec.storage("target")
     files = stage(store, "stg", STAGED)
     # A previous publish copied one file and then died; the staging is still complete.
     target.write_atomic("epoch=1/part-0.parquet", STAGED["part-0.parquet"])
 
-    how = store.publish_dir("stg", target, "epoch=1", files)
+    how = publish_files(store, "stg", target, "epoch=1", files)
 
     assert how == "copied"
     assert published(target, "epoch=1") == STAGED
 
 
-def test_publish_dir_resumes_when_published_files_already_left_staging(
+def test_publish_files_resumes_when_published_files_already_left_staging(
     store_spec: StoreSpec,
 ) -> None:
     store = store_spec.storage("store")
@@ -333,12 +340,12 @@ def test_publish_dir_resumes_when_published_files_already_left_staging(
     target.write_atomic("epoch=1/part-1.parquet", STAGED["part-1.parquet"])
     store.delete("stg/part-1.parquet")
 
-    store.publish_dir("stg", target, "epoch=1", files)
+    publish_files(store, "stg", target, "epoch=1", files)
 
     assert published(target, "epoch=1") == STAGED
 
 
-def test_publish_dir_replaces_a_wrong_sized_leftover_at_the_destination(
+def test_publish_files_replaces_a_wrong_sized_leftover_at_the_destination(
     store_spec: StoreSpec,
 ) -> None:
     store = store_spec.storage("store")
@@ -346,29 +353,29 @@ def test_publish_dir_replaces_a_wrong_sized_leftover_at_the_destination(
     files = stage(store, "stg", STAGED)
     target.write_atomic("epoch=1/part-0.parquet", b"torn")
 
-    store.publish_dir("stg", target, "epoch=1", files)
+    publish_files(store, "stg", target, "epoch=1", files)
 
     assert published(target, "epoch=1") == STAGED
 
 
-def test_publish_dir_refuses_when_a_staged_file_is_lost(store_spec: StoreSpec) -> None:
+def test_publish_files_refuses_when_a_staged_file_is_lost(store_spec: StoreSpec) -> None:
     store = store_spec.storage("store")
     target = store_spec.storage("target")
     files = stage(store, "stg", STAGED)
     store.delete("stg/part-1.parquet")
 
     with pytest.raises(PublishError, match="part-1.parquet"):
-        store.publish_dir("stg", target, "epoch=1", files)
+        publish_files(store, "stg", target, "epoch=1", files)
 
 
-def test_publish_dir_refuses_when_a_staged_file_has_the_wrong_size(store_spec: StoreSpec) -> None:
+def test_publish_files_refuses_when_a_staged_file_has_the_wrong_size(store_spec: StoreSpec) -> None:
     store = store_spec.storage("store")
     target = store_spec.storage("target")
     files = stage(store, "stg", STAGED)
     store.write_atomic("stg/part-0.parquet", b"truncated")
 
     with pytest.raises(PublishError, match="part-0.parquet"):
-        store.publish_dir("stg", target, "epoch=1", files)
+        publish_files(store, "stg", target, "epoch=1", files)
     assert published(target, "epoch=1") == {}
 
 
@@ -376,8 +383,51 @@ def test_concurrent_publishers_of_the_same_staging_both_succeed(store_spec: Stor
     store = store_spec.storage("store")
     target = store_spec.storage("target")
     files = stage(store, "stg", STAGED)
-    outcomes = at_once([lambda: store.publish_dir("stg", target, "epoch=1", files)] * 4)
+    outcomes = at_once([lambda: publish_files(store, "stg", target, "epoch=1", files)] * 4)
     assert [o for o in outcomes if isinstance(o, BaseException)] == []
+    assert published(target, "epoch=1") == STAGED
+
+
+def stage_with_checksums(store: Storage, root: str, files: dict[str, bytes]) -> list[FileInfo]:
+    """Stage ``files`` and return their manifest entries as a commit decision records them."""
+    return [FileInfo(f.path, f.size, crc32c(files[f.path])) for f in stage(store, root, files)]
+
+
+def test_publish_files_refuses_a_staged_file_damaged_after_the_decision(store_spec: StoreSpec) -> None:
+    # Same size, one bit different: only the checksum can tell.
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage_with_checksums(store, "stg", STAGED)
+    flip_byte(store, "stg/nested/part-2.parquet")
+
+    with pytest.raises(PublishError, match="nested/part-2.parquet.*CRC32C"):
+        publish_files(store, "stg", target, "epoch=1", files)
+    assert published(target, "epoch=1") == {}
+    assert store.exists("stg/nested/part-2.parquet"), "nothing is deleted"
+
+
+def test_publish_files_does_not_keep_a_same_sized_wrong_file_at_the_destination(store_spec: StoreSpec) -> None:
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage_with_checksums(store, "stg", STAGED)
+    target.write_atomic("epoch=1/part-0.parquet", b"X" * 10)  # a torn earlier copy, right size
+
+    publish_files(store, "stg", target, "epoch=1", files)
+
+    assert published(target, "epoch=1") == STAGED
+
+
+def test_publish_files_publishes_only_the_listed_files(store_spec: StoreSpec) -> None:
+    # The writer's bookkeeping stays behind on every backend, rename or copy.
+    store = store_spec.storage("store")
+    target = store_spec.storage("target")
+    files = stage_with_checksums(store, "stg", STAGED)
+    store.write_atomic("stg/_SUCCESS", b"")
+    store.write_atomic("stg/.part-0.parquet.crc", b"crc")
+    store.write_atomic("stg/nested/part-2.parquet.crc", b"crc")
+
+    publish_files(store, "stg", target, "epoch=1", files)
+
     assert published(target, "epoch=1") == STAGED
 
 
@@ -436,8 +486,37 @@ def test_builtin_backends_are_registered_as_entry_points() -> None:
     assert backend_for("file") is LocalStorage
     assert backend_for("memory") is MemoryStorage
     assert backend_for("s3") is ObjectStorage
-    assert backend_for("gs") is ObjectStorage
-    assert backend_for("some-unregistered-protocol") is Storage
+    assert backend_for("s3a") is ObjectStorage
+
+
+@pytest.mark.parametrize("protocol", ["hdfs", "gs", "abfs", "some-unregistered-protocol"])
+def test_a_protocol_without_a_backend_is_refused_naming_the_supported_ones_and_the_way_out(
+    protocol: str,
+) -> None:
+    # fsspec's generic create is check-then-write: such a store would silently break the
+    # one-decision guarantee of the transaction log.
+    with pytest.raises(StorageError) as info:
+        open_storage(f"{protocol}://somewhere/store")
+    message = str(info.value)
+    assert f"{protocol!r} is not supported" in message
+    assert "file, local, memory, s3, s3a" in message
+    assert ENTRY_POINT_GROUP in message
+
+
+def test_every_backend_declares_its_guarantees(store_spec: StoreSpec) -> None:
+    caps = store_spec.storage().capabilities
+    assert isinstance(caps, Capabilities)
+    assert caps.conditional_create
+    assert caps == {
+        "file": Capabilities(conditional_create=True, atomic_rename_dir=True, checksum=None),
+        "memory": Capabilities(conditional_create=True, atomic_rename_dir=False, checksum=None),
+        "s3": Capabilities(conditional_create=True, atomic_rename_dir=False, checksum="crc32c"),
+    }[store_spec.backend]
+
+
+def test_storage_is_an_interface_not_a_backend() -> None:
+    with pytest.raises(TypeError):
+        Storage("memory://x")  # type: ignore[abstract]
 
 
 class ThirdPartyStorage(MemoryStorage):
@@ -448,12 +527,12 @@ class ThirdPartyStorage(MemoryStorage):
 def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[EntryPoint]]:
     """Entry points of the storage group as an installed plug-in would add them."""
     extra: list[EntryPoint] = []
-    real = storage_module.entry_points
+    real = registry_module.entry_points
 
     def with_extra(group: str) -> list[EntryPoint]:
         return [*extra, *real(group=group)] if group == ENTRY_POINT_GROUP else list(real(group=group))
 
-    monkeypatch.setattr(storage_module, "entry_points", with_extra)
+    monkeypatch.setattr(registry_module, "entry_points", with_extra)
     backend_for.cache_clear()
     yield extra
     backend_for.cache_clear()
@@ -478,6 +557,62 @@ def test_a_broken_entry_point_is_a_storage_error_naming_it(
         backend_for("notastorage")
 
 
+class CheckThenWriteStorage(MemoryStorage):
+    """A backend whose create checks and then writes: two racing creators can both win."""
+
+    def _put_if_absent(self, full: str, data: bytes) -> None:
+        if self.fs.exists(full):
+            raise FileExistsError(full)
+        time.sleep(0.05)  # the window every check-then-write has, made wide
+        self.fs.pipe_file(full, data)
+
+
+class IgnoresConditionStorage(MemoryStorage):
+    """A server that ignores ``If-None-Match``: every create overwrites."""
+
+    def _put_if_absent(self, full: str, data: bytes) -> None:
+        self.fs.pipe_file(full, data)
+
+
+@pytest.mark.parametrize(
+    ("backend", "why"),
+    [("CheckThenWriteStorage", "concurrent creates of one key all succeeded"),
+     ("IgnoresConditionStorage", "a second create of the same key succeeded")],
+)
+def test_a_store_whose_create_is_not_a_put_if_absent_is_refused_when_opened(
+    fake_entry_points: list[EntryPoint], backend: str, why: str
+) -> None:
+    fake_entry_points.append(EntryPoint("memory", f"{__name__}:{backend}", ENTRY_POINT_GROUP))
+    url = f"memory://probe-{uuid.uuid4().hex}"
+    with pytest.raises(StorageError, match="does not honour conditional create") as info:
+        open_storage(url)
+    assert why in str(info.value)
+    assert "entry-point group" in str(info.value), "the message names the way out"
+    assert open_storage(url.replace("memory://", "file:///tmp/")).capabilities.conditional_create
+
+
+def test_the_probe_runs_once_per_store_and_process_and_leaves_nothing_behind(
+    store_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    cls = type(store_spec.storage())
+    real = cls._put_if_absent
+
+    def counting(self: Storage, full: str, data: bytes) -> None:
+        calls.append(full)
+        real(self, full, data)
+
+    monkeypatch.setattr(cls, "_put_if_absent", counting)
+    forget_probes()
+    store = store_spec.storage("fresh")
+    assert len(calls) == 2 + PROBE_RACERS, "a double create and a race"
+    store_spec.storage("fresh")
+    assert len(calls) == 2 + PROBE_RACERS, "probed once per process"
+    assert every_name(store_spec.storage()) == []
+    if store_spec.backend == "file":
+        assert not os.path.exists(store.full_path("")), "opening a store creates no directory"
+
+
 def test_open_storage_treats_a_plain_path_as_a_local_directory(tmp_path: os.PathLike[str]) -> None:
     store = open_storage(str(tmp_path))
     assert isinstance(store, LocalStorage)
@@ -495,7 +630,7 @@ def test_local_publish_is_one_directory_rename(local_spec: StoreSpec) -> None:
     files = stage(store, "stg", STAGED)
     inode = os.stat(store.full_path("stg/part-0.parquet")).st_ino
 
-    assert store.publish_dir("stg", target, "epoch=1", files) == "renamed"
+    assert publish_files(store, "stg", target, "epoch=1", files) == "renamed"
 
     assert os.stat(target.full_path("epoch=1/part-0.parquet")).st_ino == inode
     assert not store.exists("stg")
@@ -512,18 +647,104 @@ def test_local_create_exclusive_leaves_no_temp_file_behind(local_spec: StoreSpec
 def test_local_write_atomic_replaces_the_file_by_renaming_a_synced_temp_file(
     local_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    synced: list[int] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(fd)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
     store = local_spec.storage()
+    synced = record_fsyncs(monkeypatch)
     store.write_atomic("f", b"1")
     first = os.stat(store.full_path("f")).st_ino
     store.write_atomic("f", b"2")
     assert os.stat(store.full_path("f")).st_ino != first, "a new inode renamed into place"
-    assert len(synced) == 2, "each temp file is synced before it becomes visible"
+    files = [p for p in synced if not os.path.isdir(p)]
+    assert len(files) == 2, "each temp file is synced before it becomes visible"
     assert os.listdir(store.full_path("")) == ["f"]
+
+
+def record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Make ``os.fsync`` record the path of every file or directory it syncs."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_local_renames_and_links_are_made_durable_by_syncing_the_directory(
+    local_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rename or link is an entry in its directory: only an fsync of the directory makes
+    # a record that was reported written survive a power loss.
+    store = local_spec.storage("store")
+    target = local_spec.storage("target")
+    store.write_atomic("staging/a/part-0", b"0")
+    synced = record_fsyncs(monkeypatch)
+
+    store.write_atomic("records/x", b"1")
+    assert store.full_path("records") in synced
+
+    synced.clear()
+    store.create_exclusive("records/y", b"2")
+    assert store.full_path("records") in synced
+
+    synced.clear()
+    assert publish_files(store, "staging/a", target, "out/epoch=1", [FileInfo("part-0", 1)]) == "renamed"
+    assert target.full_path("out") in synced, "the directory the epoch was renamed into"
+    assert store.full_path("staging") in synced, "the directory it was renamed out of"
+
+
+# -- the store's clock, checksums, listings -----------------------------------------------
+
+
+def test_modified_is_the_store_clock_of_the_last_write(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    before = time.time()
+    store.write_atomic("f", b"1")
+    first = store.modified("f")
+    # Same machine here, so the store's clock is this clock (S3 keeps whole seconds).
+    assert before - 2 <= first <= time.time() + 2
+    time.sleep(1.1)
+    store.write_atomic("f", b"2")
+    assert store.modified("f") > first
+    with pytest.raises(FileNotFoundError):
+        store.modified("missing")
+
+
+def test_checksum_is_the_crc32c_of_the_content_and_kept_by_stores_that_keep_one(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    store.write_atomic("w", [b"hello ", b"world"])
+    store.create_exclusive("c", b"created once")
+    for path, data in (("w", b"hello world"), ("c", b"created once")):
+        assert store.checksum(path) == crc32c(data)
+        assert store.computed_checksum(path) == crc32c(data)
+        kept = store.stored_checksum(path)
+        if store.capabilities.checksum == "crc32c":
+            assert kept == crc32c(data), "the store returns the checksum without a read of the data"
+        else:
+            assert kept is None
+
+
+def test_a_file_changed_behind_the_store_gets_a_new_checksum(store_spec: StoreSpec) -> None:
+    store = store_spec.storage()
+    store.write_atomic("f", b"abcdef")
+    flip_byte(store, "f")
+    assert store.checksum("f") != crc32c(b"abcdef")
+    assert store.checksum("f") == crc32c(store.read("f"))
+
+
+def test_listings_see_files_written_by_another_client_at_once(store_spec: StoreSpec) -> None:
+    # Another process writing to the store: a listing cache would hide its files.
+    store = store_spec.storage()
+    store.write_atomic("d/a", b"1")
+    assert store.list_dir("d") == ["a"]
+    assert [f.path for f in store.walk("d")] == ["a"]
+    assert store.exists("d/a") and not store.exists("d/b")
+    other = fsspec.filesystem(store.protocol, skip_instance_cache=True, **store_spec.options)
+    other.pipe_file(store.full_path("d/b"), b"22")
+    assert store.list_dir("d") == ["a", "b"]
+    assert [f.path for f in store.walk("d")] == ["a", "b"]
+    assert store.exists("d/b") and store.size("d/b") == 2
+    other.rm_file(store.full_path("d/a"))
+    assert store.list_dir("d") == ["b"]
+    assert not store.exists("d/a")

@@ -593,7 +593,7 @@ def check_invariants(world: World, allowed: set[EpochState | None]) -> None:
     assert point.epoch == max(committed)
     expected = STATE_AFTER_SECOND if outcome is EpochState.COMMITTED else STATE_AFTER_FIRST
     assert restored_state(point) == expected
-    entries = point.source_entries(p, "in")
+    entries = point.source_entries("in")
     assert [e["offsets"]["files"] for e in entries] == [["f1"], ["f2"]][: len(committed)]
 
 
@@ -709,7 +709,7 @@ def test_a_crash_mid_retention_keeps_every_needed_part(
         point = p.restore_point()
         assert (point.how, point.epoch) == ("primary", len(history))
         assert restored_state(point) == expected
-        assert len(point.source_entries(p, "in")) == len(history)
+        assert len(point.source_entries("in")) == len(history)
         for epoch in (len(history) - 1, len(history)):
             assert p.checkpoints.verify(epoch) == []
         for epoch in range(1, len(history) - 1):

@@ -25,8 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import storage as storage_module
 from airflow_seatunnel_ckpt.core.storage import LocalStorage, ObjectStorage, Storage
+from airflow_seatunnel_ckpt.core.storage import publish as storage_module
 
 #: Crash after every mutation of the step, i.e. the task dies before reporting success.
 AFTER_LAST = "after-last"
@@ -127,6 +127,8 @@ def install(plan: FaultPlan) -> None:
         low_level(name)
 
     def semantic(cls: type[Storage], name: str, kind: str, counted: bool) -> None:
+        if name not in cls.__dict__:
+            return  # inherited: the wrapper of the class that defines it covers this one
         original: Callable[..., Any] = cls.__dict__[name]
 
         def patched(self: Storage, path: str, *args: Any, **kwargs: Any) -> Any:
@@ -145,17 +147,13 @@ def install(plan: FaultPlan) -> None:
     semantic(LocalStorage, "write_atomic", "write", counted=False)
     semantic(LocalStorage, "create_exclusive", "create", counted=False)
 
-    def publish(cls: type[Storage]) -> None:
-        original: Callable[..., Any] = cls.__dict__["publish_dir"]
+    original_publish = storage_module.publish_files
 
-        def patched(self: Storage, src: str, dest: Storage, dst: str, *args: Any, **kwargs: Any) -> Any:
-            with inj.op("publish", _store_path(dest, dst)):
-                return original(self, src, dest, dst, *args, **kwargs)
+    def publish_files(source: Storage, src: str, dest: Storage, dst: str, *args: Any, **kwargs: Any) -> Any:
+        with inj.op("publish", _store_path(dest, dst)):
+            return original_publish(source, src, dest, dst, *args, **kwargs)
 
-        cls.publish_dir = patched  # type: ignore[method-assign]
-
-    publish(LocalStorage)
-    publish(Storage)
+    storage_module.publish_files = publish_files
 
     original_delete = Storage.delete
 

@@ -23,7 +23,7 @@ from collections import Counter
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, layout
-from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX
+from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, TEMP_PREFIX
 from tests.reliability import synthetic
 
 
@@ -34,6 +34,8 @@ def published(world: synthetic.World) -> dict[str, dict[int, dict[str, Any]]]:
         target = world.target_storage(sink)
         by_epoch: dict[int, dict[str, Any]] = {}
         for f in target.walk("", include_temp=True):
+            if f.path == OWNER_MARKER:
+                continue
             head, _, name = f.path.partition("/")
             epoch = layout.parse_staging_epoch(head)
             if epoch is None:
@@ -96,6 +98,11 @@ def check_world(world: synthetic.World, *, drained: bool = False, clean: bool = 
         consumed += list(expected.elements())
         for manifest in record.sinks:
             entry = out[manifest.sink].get(epoch)
+            if not manifest.publishes:  # no rows: the epoch publishes nothing, not an empty directory
+                if entry is not None:
+                    problems.append(f"sink {manifest.sink}: committed epoch {epoch} staged no rows but "
+                                    f"published {sorted(entry['files'])}")
+                continue
             if entry is None:
                 problems.append(f"sink {manifest.sink}: committed epoch {epoch} published nothing")
                 continue
@@ -156,7 +163,7 @@ def check_world(world: synthetic.World, *, drained: bool = False, clean: bool = 
             want = Counter(synthetic.key_of(r) for r in consumed)
             if {k: v for k, v in restored.items() if v} != dict(want):
                 problems.append(f"restored keyed state {restored} != counts of published records {dict(want)}")
-            sources = {f for entry in point.source_entries(p, synthetic.SOURCE) for f in entry["offsets"]["files"]}
+            sources = {f for entry in point.source_entries(synthetic.SOURCE) for f in entry["offsets"]["files"]}
             published_files = {r.split(":")[0] for r in consumed}
             if {str(int(f[3:8])) for f in sources} != published_files:
                 problems.append("restored source offsets do not match the published input files")

@@ -195,7 +195,7 @@ SCENARIOS = [
 def consumed_files(world: World) -> set[str]:
     p = world.pipeline()
     point = p.restore_point()
-    return {f for entry in point.source_entries(p, synthetic.SOURCE) for f in entry["offsets"]["files"]}
+    return {f for entry in point.source_entries(synthetic.SOURCE) for f in entry["offsets"]["files"]}
 
 
 def drain(world: World, prefix: str = "drain") -> None:

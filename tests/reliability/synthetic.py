@@ -54,7 +54,7 @@ from airflow_seatunnel_ckpt.core.errors import (
     NotPreparedError,
 )
 from airflow_seatunnel_ckpt.core.models import EpochState, PartRef
-from airflow_seatunnel_ckpt.core.recovery import RestorePoint
+from airflow_seatunnel_ckpt.core.restore import RestorePoint
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 
 PIPELINE = "orders"
@@ -234,7 +234,7 @@ def _input_plan(world: World, p: Pipeline, epoch: int, attempt: int, base: Resto
         return list(codec.decode_json(p.storage.read(path), path)["sources"][SOURCE]["files"])
     except FileNotFoundError:
         pass
-    consumed = {f for entry in base.source_entries(p, SOURCE) for f in entry["offsets"]["files"]}
+    consumed = {f for entry in base.source_entries(SOURCE) for f in entry["offsets"]["files"]}
     files = [f for f in world.input_files() if f not in consumed][: world.max_files]
     plan = {
         "type": "input_plan",

@@ -170,7 +170,7 @@ def test_damaged_file_is_detected_and_never_restored_or_published(
         synthetic.stage(world, "run-4", 1)
     good_point = p.restore_point()
     good_state = synthetic.read_state(p, good_point.operators[synthetic.OPERATOR].chains)
-    good_sources = good_point.source_entries(p, synthetic.SOURCE)
+    good_sources = good_point.source_entries(synthetic.SOURCE)
     path = case.path(world)
     backup = p.storage.read(path)
     before = published_records(world)
@@ -184,7 +184,7 @@ def test_damaged_file_is_detected_and_never_restored_or_published(
             point = p.restore_point()
             assert (point.epoch, point.how) == (3, "rebuilt-from-log")
             assert synthetic.read_state(p, point.operators[synthetic.OPERATOR].chains) == good_state
-            assert point.source_entries(p, synthetic.SOURCE) == good_sources
+            assert point.source_entries(synthetic.SOURCE) == good_sources
         else:
             with pytest.raises(RecoveryError) as info:
                 p.restore_point()

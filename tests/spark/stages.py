@@ -112,3 +112,52 @@ def dedup_into_one_file(ctx: StageContext, spark: Any) -> None:
     new = ctx.source("orders").read()
     fresh = ctx.key_set("seen_orders").dedup(new, key="order_id")
     ctx.sink("orders_table").write(fresh.coalesce(1))
+
+
+TOTALS = {"total": ("sum", "amount"), "orders": ("count", "*"), "largest": ("max", "amount")}
+
+
+def totals_snapshot(ctx: StageContext, spark: Any) -> None:
+    """Running totals per customer, published as the whole current table each epoch."""
+    fresh = ctx.key_set("seen_orders").dedup(ctx.source("orders").read(), key="order_id")
+    totals = ctx.key_value("customer_totals").aggregate(
+        fresh, key="customer", aggregates=TOTALS, mode="snapshot"
+    )
+    ctx.sink("customer_totals").write(totals)
+
+
+def totals_changes_and_state_snapshot(ctx: StageContext, spark: Any) -> None:
+    """The changed keys to one sink, ``snapshot()`` of the state after the update to another."""
+    fresh = ctx.key_set("seen_orders").dedup(ctx.source("orders").read(), key="order_id")
+    state = ctx.key_value("customer_totals")
+    changes = state.aggregate(fresh, key="customer", aggregates=TOTALS)
+    ctx.sink("orders_table").write(changes)
+    ctx.sink("customer_totals").write(state.snapshot())
+
+
+def seen_keys_after_dedup(ctx: StageContext, spark: Any) -> None:
+    """The key set's snapshot after this epoch's dedup: every key seen, this epoch's too."""
+    seen = ctx.key_set("seen_orders")
+    seen.dedup(ctx.source("orders").read(), key="order_id")
+    ctx.sink("orders_table").write(seen.snapshot())
+
+
+#: Environment variable naming the JSON file ``record_airflow_context`` writes.
+CONTEXT_FILE_ENV = "SEATUNNEL_TEST_CONTEXT_FILE"
+
+
+def record_airflow_context(ctx: StageContext, spark: Any) -> None:
+    """De-duplicate as :func:`dedup_orders`, and write what the stage saw of Airflow to a file."""
+    import json
+
+    dedup_orders(ctx, spark)
+    seen = ctx.airflow.to_dict()
+    seen["logical_date_attr"] = ctx.logical_date.isoformat() if ctx.logical_date else None
+    seen["params_attr"] = dict(ctx.params)
+    try:
+        ctx.params["changed"] = True  # type: ignore[index]
+        seen["params_writable"] = True
+    except TypeError:
+        seen["params_writable"] = False
+    seen["airflow_fields"] = sorted(seen)
+    Path(os.environ[CONTEXT_FILE_ENV]).write_text(json.dumps(seen))

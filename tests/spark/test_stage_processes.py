@@ -96,10 +96,10 @@ def test_restart_after_a_killed_driver_resumes_the_same_epoch_exactly_once(
 
     # The next attempt of the same run resumes epoch 2 with the same input.
     retry = run_stage(orders.spec("run-2", attempt=2), spark)
-    assert (retry.epoch, retry.attempt, retry.sources) == (
+    assert (retry.epoch, retry.attempt, retry.sources["orders"]["files"]) == (
         2,
         2,
-        {"orders": {"files": ["b.parquet"]}},
+        ["b.parquet"],
     )
     orders.commit(retry)
     assert published_ids() == [1, 2, 3, 4, 5]

@@ -23,13 +23,13 @@ def test_two_epochs_of_incremental_dedup_publish_every_unique_row_once(
     orders.add_file("b", [4, 5, 6, 1])
     first = run_stage(orders.spec("run-1"), spark)
     assert (first.epoch, first.rows, first.reused) == (1, 6, False)
-    assert first.sources == {"orders": {"files": ["a.parquet", "b.parquet"]}}
+    assert first.sources["orders"]["files"] == ["a.parquet", "b.parquet"]
     orders.commit(first)
 
     orders.add_file("c", [6, 7, 8, 8, 2, 9])  # 6 and 2 were seen in epoch 1
     second = run_stage(orders.spec("run-2"), spark)
     assert (second.epoch, second.rows) == (2, 3)
-    assert second.sources == {"orders": {"files": ["c.parquet"]}}
+    assert second.sources["orders"]["files"] == ["c.parquet"]
     orders.commit(second)
 
     assert published_ids() == list(range(1, 10))
@@ -127,7 +127,7 @@ def test_retry_after_partial_staging_reads_the_same_input_and_never_publishes_th
 
     retry = run_stage(orders.spec("run-1", attempt=2), spark)
     assert (retry.epoch, retry.attempt) == (1, 2)
-    assert retry.sources == {"orders": {"files": ["a.parquet"]}}, (
+    assert retry.sources["orders"]["files"] == ["a.parquet"], (
         "the retry reads exactly the same input"
     )
     orders.commit(retry)
@@ -136,7 +136,7 @@ def test_retry_after_partial_staging_reads_the_same_input_and_never_publishes_th
     assert not (orders.root / "store" / "orders" / "_staging" / "epoch=1").exists()
 
     late = run_stage(orders.spec("run-2"), spark)  # the late file lands in the next epoch
-    assert late.sources == {"orders": {"files": ["late.parquet"]}}
+    assert late.sources["orders"]["files"] == ["late.parquet"]
     orders.commit(late)
     assert published_ids() == [1, 2, 3, 4]
 

@@ -1,4 +1,4 @@
-"""The example pipeline, end to end: ``python -m airflow_seatunnel_ckpt.example``.
+"""The example pipeline, end to end: ``python dags/orders_example.py``.
 
 Runs the example DAG ``dags/orders_pipeline.py`` for several consecutive hours with
 Airflow's ``dag.test()`` (every task in this process, metadata in SQLite) inside a
@@ -6,8 +6,12 @@ throwaway ``AIRFLOW_HOME``, each hour with a new order file, then prints what ev
 epoch committed and checks the table holds each input order exactly once.
 
 This module also holds the example's pieces the DAG imports: the order-file generator
-and the PySpark stage. It imports neither Airflow nor PySpark at module level, so the
-environment can be set before Airflow reads its configuration.
+and the PySpark stage. It lives in the DAGs folder, beside the DAG, and is imported as
+the top-level module ``orders_example``: Airflow puts the DAGs folder on ``sys.path`` of
+every task, so the stage is ``"orders_example:dedup_orders"``; run through
+``spark-submit``, the stage task ships this file with ``--py-files``. It imports neither
+Airflow nor PySpark at module level, so the environment can be set before Airflow reads
+its configuration.
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ SOURCE = "orders"
 SINK = "orders_table"
 #: First logical date of the example (hour 0 of the generated data).
 START = datetime(2026, 1, 1, tzinfo=UTC)
-REPO_DAGS = Path(__file__).resolve().parent.parent / "dags"
+#: The folder of this file: the repository's ``dags/``.
+REPO_DAGS = Path(__file__).resolve().parent
 
 
 def example_dir() -> str:
-    """Root of the example's input, table and store."""
+    """Root of the example's input and table (the store is the provider's default store)."""
     return os.environ.get("SEATUNNEL_CKPT_EXAMPLE_DIR") or os.path.join(
-        os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "seatunnel-ckpt")
+        os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "seatunnel-ckpt-example")
 
 
 # -- the source system ---------------------------------------------------------------------
@@ -167,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="seatunnel-ckpt-example-"))
     _configure_environment(work.resolve(), args.dags_folder.resolve(), args.verbose)
+    # As Airflow does for its tasks: the DAG file imports its sibling ``orders_example``.
+    sys.path.insert(0, str(args.dags_folder.resolve()))
     try:
         return _run(args.hours, dag_file, work.resolve())
     finally:

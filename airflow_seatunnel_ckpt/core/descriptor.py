@@ -1,0 +1,493 @@
+"""The pipeline descriptor: one pipeline's configuration, owner and shape, kept in its store.
+
+::
+
+    <store>/<pipeline>/_descriptor/v000001.json, v000002.json, ...
+
+Each version is a framed, checksummed JSON record created exclusively (write-once, like
+the transaction log's records); the newest version is the descriptor. A new version is
+written only when the content changes. It holds:
+
+* ``owner_dag_id`` -- the DAG that runs the pipeline; another DAG using the same name is
+  refused (:class:`PipelineOwnershipError`) instead of silently sharing state and
+  consumed-input history;
+* ``config`` -- the pipeline's :class:`CheckpointConfig` **without secrets** (no storage
+  options, no store URL; ``store_conn_id`` says which connection supplies them), so
+  recovery, retention, the CLI and every task use the pipeline's own settings
+  (``prepared_timeout_s``, ``max_retain`` ...) whatever configuration they were started
+  with;
+* ``participants`` -- the declared participants; a commit decision needs every one of
+  them prepared (:meth:`Pipeline.decide`). Each lists its sources and sinks (type and
+  options without secrets) and its keyed states (kind, key columns, key groups,
+  aggregate, schema) as far as the stage runtime has learned them.
+
+The Airflow layer writes it when a stage task runs (:func:`ensure_descriptor`); the stage
+runtime adds what it learns about keyed states after a run (:func:`record_states`).
+A pipeline used from the core alone may have none: then everything falls back to the
+caller's configuration and "every prepared participant".
+
+Longer than ~400 lines because the descriptor's typed model, its validation on read and
+the three operations on it (ensure, record states, transfer ownership) are one concept;
+each operation is a short function over the same model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_seatunnel_ckpt.core import codec, layout
+from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
+from airflow_seatunnel_ckpt.core.errors import (
+    AlreadyExistsError,
+    CorruptCheckpointError,
+    IncompatibleFormatError,
+    PipelineOwnershipError,
+)
+from airflow_seatunnel_ckpt.core.names import validate_name
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline(Protocol):
+    """What this module needs of a :class:`~airflow_seatunnel_ckpt.core.pipeline.Pipeline`.
+
+    (A protocol rather than an import: the pipeline reads its descriptor through this
+    module, so importing it back would close a cycle.)
+    """
+
+    name: str
+    storage: Storage
+    config: CheckpointConfig
+
+    def epochs(self) -> list[int]: ...
+
+FORMAT_VERSION = 1
+#: Config fields never stored: where the store is and how to reach it (credentials).
+_NOT_STORED = ("storage_url", "storage_options")
+#: Option names whose values are credentials (dropped from stored source/sink options).
+_SECRET_KEY = re.compile(r"key|secret|token|passw|pwd|credential|auth|storage_options|signature", re.IGNORECASE)
+
+
+def _get(d: Any, key: str, kind: type | tuple[type, ...], path: str, optional: bool = False) -> Any:
+    if not isinstance(d, Mapping):
+        raise CorruptCheckpointError(f"{path}: expected a JSON object, found {type(d).__name__}", path)
+    value = d.get(key)
+    if value is None:
+        if optional:
+            return None
+        raise CorruptCheckpointError(f"{path}: field {key!r} is missing", path)
+    if isinstance(value, bool) and kind in (int, float, (int, float)) or not isinstance(value, kind):
+        raise CorruptCheckpointError(
+            f"{path}: field {key!r} should be {getattr(kind, '__name__', kind)}, found {type(value).__name__}", path)
+    return value
+
+
+def public_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without credentials: secret-named keys dropped, URLs redacted (recursively)."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if _SECRET_KEY.search(str(name)):
+            continue
+        if isinstance(value, Mapping):
+            out[str(name)] = public_options(value)
+        elif isinstance(value, str):
+            out[str(name)] = redact_url(value)
+        elif isinstance(value, (list, tuple)):
+            out[str(name)] = [redact_url(v) if isinstance(v, str) else v for v in value
+                              if isinstance(v, (str, int, float, bool)) or v is None]
+        elif isinstance(value, (int, float, bool)) or value is None:
+            out[str(name)] = value
+        else:
+            out[str(name)] = repr(value)
+    return out
+
+
+def stored_config(config: CheckpointConfig) -> dict[str, Any]:
+    """The part of ``config`` a descriptor keeps: every setting but the store's URL and options.
+
+    A ``secondary_url`` holding credentials is left out (it would be unusable redacted).
+    """
+    data = config.to_mapping(include_secrets=True)
+    for name in _NOT_STORED:
+        data.pop(name, None)
+    if data.get("secondary_url") and redact_url(data["secondary_url"]) != data["secondary_url"]:
+        del data["secondary_url"]
+    return data
+
+
+@dataclass(frozen=True)
+class EndpointDescriptor:
+    """A source or sink of a participant: its type and its options (no secrets)."""
+
+    type: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | str) -> EndpointDescriptor:
+        """From a stage spec's options (a bare string is a path/URL)."""
+        if isinstance(options, str):
+            return cls("file", {"path": redact_url(options)})
+        rest = public_options({k: v for k, v in options.items() if k != "type"})
+        return cls(str(options.get("type", "file")), rest)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "options": dict(self.options)}
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str) -> EndpointDescriptor:
+        return cls(_get(d, "type", str, path), dict(_get(d, "options", dict, path)))
+
+
+@dataclass(frozen=True)
+class StateDescriptor:
+    """A keyed state of a participant, as far as the runtime knows it.
+
+    ``schema`` is the state's columns as ``[{"name": ..., "type": ...}]`` (Spark's type
+    names); ``aggregate`` maps an output column to ``[function, input column]`` for a
+    key -> value state.
+    """
+
+    kind: str
+    key_columns: list[str]
+    key_groups: int | None = None
+    aggregate: dict[str, list[str]] | None = None
+    schema: list[dict[str, str]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "key_columns": list(self.key_columns), "key_groups": self.key_groups,
+                "aggregate": {k: list(v) for k, v in sorted(self.aggregate.items())} if self.aggregate else None,
+                "schema": [dict(c) for c in self.schema] if self.schema is not None else None}
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str) -> StateDescriptor:
+        cols = _get(d, "key_columns", list, path)
+        if not all(isinstance(c, str) for c in cols):
+            raise CorruptCheckpointError(f"{path}: state key_columns must be strings", path)
+        aggregate = _get(d, "aggregate", dict, path, optional=True)
+        if aggregate is not None and not all(
+                isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in aggregate.values()):
+            raise CorruptCheckpointError(f"{path}: state aggregate must map a column to [function, column]", path)
+        schema = _get(d, "schema", list, path, optional=True)
+        if schema is not None and not all(
+                isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("type"), str)
+                for c in schema):
+            raise CorruptCheckpointError(f"{path}: state schema must be a list of {{name, type}}", path)
+        return cls(_get(d, "kind", str, path), list(cols), _get(d, "key_groups", int, path, optional=True),
+                   {k: list(v) for k, v in aggregate.items()} if aggregate is not None else None,
+                   [{"name": c["name"], "type": c["type"]} for c in schema] if schema is not None else None)
+
+
+@dataclass(frozen=True)
+class ParticipantDescriptor:
+    """One declared participant (stage) of the pipeline: its sources, sinks and keyed states."""
+
+    sources: dict[str, EndpointDescriptor] = field(default_factory=dict)
+    sinks: dict[str, EndpointDescriptor] = field(default_factory=dict)
+    states: dict[str, StateDescriptor] = field(default_factory=dict)
+
+    @classmethod
+    def from_spec(cls, sources: Mapping[str, Any] | None, sinks: Mapping[str, Any] | None) -> ParticipantDescriptor:
+        """From a stage's source and sink options (secrets dropped); states come from the runtime."""
+        return cls({validate_name(n, "source name"): EndpointDescriptor.from_options(o)
+                    for n, o in (sources or {}).items()},
+                   {validate_name(n, "sink name"): EndpointDescriptor.from_options(o)
+                    for n, o in (sinks or {}).items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sources": {k: v.to_dict() for k, v in sorted(self.sources.items())},
+                "sinks": {k: v.to_dict() for k, v in sorted(self.sinks.items())},
+                "states": {k: v.to_dict() for k, v in sorted(self.states.items())}}
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str) -> ParticipantDescriptor:
+        return cls({k: EndpointDescriptor.from_dict(v, path) for k, v in _get(d, "sources", dict, path).items()},
+                   {k: EndpointDescriptor.from_dict(v, path) for k, v in _get(d, "sinks", dict, path).items()},
+                   {k: StateDescriptor.from_dict(v, path) for k, v in _get(d, "states", dict, path).items()})
+
+
+@dataclass(frozen=True)
+class PipelineDescriptor:
+    """One version of a pipeline's descriptor (see the module docstring)."""
+
+    pipeline: str
+    version: int
+    owner_dag_id: str
+    config: dict[str, Any]
+    participants: dict[str, ParticipantDescriptor]
+    store_conn_id: str | None = None
+    created_at: float = 0.0
+    #: The DAG that owned the runs begun before begin records named their DAG ("" if none).
+    legacy_runs_dag_id: str = ""
+    format_version: int = FORMAT_VERSION
+
+    def content(self) -> dict[str, Any]:
+        """What decides whether a new version is needed (everything but version and time)."""
+        data = self.to_dict()
+        for volatile in ("version", "created_at"):
+            data.pop(volatile)
+        return data
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "pipeline_descriptor", "format_version": self.format_version, "pipeline": self.pipeline,
+                "version": self.version, "created_at": self.created_at, "owner_dag_id": self.owner_dag_id,
+                "legacy_runs_dag_id": self.legacy_runs_dag_id, "store_conn_id": self.store_conn_id,
+                "config": dict(sorted(self.config.items())),
+                "participants": {k: v.to_dict() for k, v in sorted(self.participants.items())}}
+
+    @classmethod
+    def from_dict(cls, d: Any, path: str = "<descriptor>") -> PipelineDescriptor:
+        version = _get(d, "format_version", int, path)
+        if version != FORMAT_VERSION:
+            raise IncompatibleFormatError(
+                f"{path}: pipeline descriptor format {version} is not supported (this release reads "
+                f"{FORMAT_VERSION}); upgrade airflow-seatunnel-ckpt", path)
+        if _get(d, "type", str, path) != "pipeline_descriptor":
+            raise CorruptCheckpointError(f"{path}: not a pipeline descriptor", path)
+        return cls(
+            _get(d, "pipeline", str, path), _get(d, "version", int, path), _get(d, "owner_dag_id", str, path),
+            dict(_get(d, "config", dict, path)),
+            {k: ParticipantDescriptor.from_dict(v, path) for k, v in _get(d, "participants", dict, path).items()},
+            _get(d, "store_conn_id", str, path, optional=True), _get(d, "created_at", (int, float), path),
+            _get(d, "legacy_runs_dag_id", str, path, optional=True) or "", version)
+
+    @property
+    def declared_participants(self) -> list[str]:
+        """The participants a commit needs, sorted."""
+        return sorted(self.participants)
+
+    def apply_config(self, config: CheckpointConfig, overrides: Mapping[str, Any] | None = None) -> CheckpointConfig:
+        """``config`` (where the store is, how to reach it) with this pipeline's settings, then ``overrides``.
+
+        Settings this release does not know (written by a newer one) are skipped with a
+        warning rather than failing every reader.
+        """
+        known = {f.name for f in dataclasses.fields(CheckpointConfig)} - set(_NOT_STORED)
+        unknown = sorted(set(self.config) - known)
+        if unknown:
+            log.warning("pipeline %s: descriptor v%d has settings %s this release does not know; ignored",
+                        self.pipeline, self.version, unknown)
+        changes = {k: v for k, v in self.config.items() if k in known}
+        changes.update(overrides or {})
+        return CheckpointConfig.from_mapping({**config.to_mapping(include_secrets=True), **changes})
+
+
+# -- reading and writing ------------------------------------------------------------------
+
+def descriptor_versions(storage: Storage) -> list[int]:
+    """Every descriptor version of the pipeline at ``storage``, ascending."""
+    found = (layout.parse_descriptor_name(n) for n in storage.list_dir(layout.DESCRIPTOR))
+    return sorted(v for v in found if v is not None)
+
+
+def read_descriptor(storage: Storage, version: int | None = None,
+                    max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> PipelineDescriptor | None:
+    """The newest descriptor (or ``version``) of the pipeline at ``storage``; None if it has none."""
+    if version is None:
+        versions = descriptor_versions(storage)
+        if not versions:
+            return None
+        version = versions[-1]
+    path = layout.descriptor_path(version)
+    try:
+        data = storage.read(path)
+    except FileNotFoundError:
+        return None
+    where = storage.describe_path(path)
+    descriptor = PipelineDescriptor.from_dict(codec.decode_json(data, where, max_chunk=max_chunk), where)
+    if descriptor.version != version:
+        raise CorruptCheckpointError(f"{where}: holds version {descriptor.version}, not {version}", where)
+    return descriptor
+
+
+def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Any) -> PipelineDescriptor:
+    """Write ``make(latest)`` as the next version unless its content equals ``latest``'s.
+
+    Versions are created exclusively: of two writers racing for one version number, the
+    loser reads the winner's version and tries again on top of it.
+    """
+    for _ in range(20):
+        candidate: PipelineDescriptor = make(latest)
+        if latest is not None and candidate.content() == latest.content():
+            pipeline.__dict__["_descriptor"] = latest  # what Pipeline.descriptor() caches
+            return latest
+        version = latest.version + 1 if latest else 1
+        candidate = dataclasses.replace(candidate, version=version, created_at=time.time())
+        try:
+            pipeline.storage.create_exclusive(layout.descriptor_path(version), codec.encode_json(candidate.to_dict()))
+        except AlreadyExistsError:
+            latest = read_descriptor(pipeline.storage, max_chunk=pipeline.config.max_chunk_bytes)
+            continue
+        pipeline.__dict__["_descriptor"] = candidate
+        log.info("pipeline %s: descriptor version %d written (owner %s, participants %s)", pipeline.name,
+                 version, candidate.owner_dag_id or "-", ", ".join(candidate.declared_participants) or "-")
+        return candidate
+    raise AlreadyExistsError(f"pipeline {pipeline.name!r}: could not write a new descriptor version "
+                             "(20 concurrent writers won); try again")
+
+
+def _check_owner(pipeline: Pipeline, latest: PipelineDescriptor | None, dag_id: str) -> None:
+    if latest is None or not latest.owner_dag_id or latest.owner_dag_id == dag_id:
+        return
+    where = pipeline.storage.describe_path(layout.descriptor_path(latest.version))
+    raise PipelineOwnershipError(
+        f"pipeline {pipeline.name!r} in {pipeline.storage.describe()} belongs to DAG {latest.owner_dag_id!r} "
+        f"(descriptor {where}); DAG {dag_id!r} may not run it: two DAGs sharing a pipeline would share its "
+        f"state and consumed-input history. Way out: give this DAG's pipeline another name, or, if "
+        f"{dag_id!r} replaces {latest.owner_dag_id!r}, transfer the pipeline with "
+        f"`seatunnel-ckpt describe {pipeline.name} --transfer-to {dag_id}`.")
+
+
+def ensure_descriptor(
+    pipeline: Pipeline,
+    *,
+    dag_id: str,
+    participants: Mapping[str, ParticipantDescriptor],
+    config: CheckpointConfig | None = None,
+    store_conn_id: str | None = None,
+    complete: bool = True,
+) -> PipelineDescriptor:
+    """Make sure the pipeline's descriptor says what this DAG declares; return the newest version.
+
+    :param dag_id: the DAG running the pipeline; if the descriptor names another owner,
+        :class:`PipelineOwnershipError` is raised and nothing is written.
+    :param participants: the declared participants with their sources and sinks (the
+        states recorded so far are kept: they come from the runtime).
+    :param config: the pipeline's configuration (default: the pipeline's own); only the
+        settings without secrets are stored.
+    :param complete: ``participants`` is the whole declared set (a task group knows it);
+        ``False`` adds or updates only these, keeping the others declared.
+    """
+    if not isinstance(dag_id, str) or not dag_id:
+        raise PipelineOwnershipError(f"pipeline {pipeline.name!r}: a descriptor needs the owner DAG's id")
+    settings = stored_config(config or pipeline.config)
+    max_chunk = pipeline.config.max_chunk_bytes
+
+    def make(latest: PipelineDescriptor | None) -> PipelineDescriptor:
+        _check_owner(pipeline, latest, dag_id)
+        before = dict(latest.participants) if latest else {}
+        declared = dict(participants) if complete else {**before, **participants}
+        merged = {name: dataclasses.replace(shape, states={**(before[name].states if name in before else {}),
+                                                           **shape.states})
+                  for name, shape in declared.items()}
+        if latest is not None:
+            legacy = latest.legacy_runs_dag_id
+        else:
+            # Runs begun before this release have index keys without a DAG: they are this
+            # (first) owner's runs, and only this DAG may pick their in-flight epochs up.
+            legacy = dag_id if pipeline.epochs() else ""
+        return PipelineDescriptor(pipeline.name, latest.version if latest else 0, dag_id, settings, merged,
+                                  store_conn_id, legacy_runs_dag_id=legacy)
+
+    latest = read_descriptor(pipeline.storage, max_chunk=max_chunk)
+    return _write_next(pipeline, latest, make)
+
+
+def record_states(pipeline: Pipeline, participant: str,
+                  states: Mapping[str, StateDescriptor]) -> PipelineDescriptor | None:
+    """Record the keyed states a participant's run used (a new version only if they changed).
+
+    Does nothing for a pipeline without a descriptor (used from the core alone). States
+    are merged into what is recorded: a state the stage did not open this epoch stays.
+    """
+    latest = read_descriptor(pipeline.storage, max_chunk=pipeline.config.max_chunk_bytes)
+    if latest is None or not states:
+        return latest
+
+    def make(current: PipelineDescriptor | None) -> PipelineDescriptor:
+        assert current is not None  # a descriptor is never deleted
+        shape = current.participants.get(participant, ParticipantDescriptor())
+        merged = dataclasses.replace(shape, states={**shape.states, **states})
+        return dataclasses.replace(current, participants={**current.participants, participant: merged})
+
+    return _write_next(pipeline, latest, make)
+
+
+def transfer_ownership(pipeline: Pipeline, new_owner: str) -> PipelineDescriptor:
+    """Give the pipeline to DAG ``new_owner`` (a new descriptor version; explicit and logged)."""
+    if not isinstance(new_owner, str) or not new_owner:
+        raise PipelineOwnershipError("the new owner must be a non-empty DAG id")
+    latest = read_descriptor(pipeline.storage, max_chunk=pipeline.config.max_chunk_bytes)
+    if latest is None:
+        raise PipelineOwnershipError(
+            f"pipeline {pipeline.name!r} in {pipeline.storage.describe()} has no descriptor, so no owner to "
+            "transfer from; the first DAG whose stage runs it becomes its owner")
+
+    def make(current: PipelineDescriptor | None) -> PipelineDescriptor:
+        assert current is not None
+        return dataclasses.replace(current, owner_dag_id=new_owner)
+
+    result = _write_next(pipeline, latest, make)
+    log.warning("pipeline %s: ownership transferred from DAG %s to DAG %s", pipeline.name,
+                latest.owner_dag_id, new_owner)
+    return result
+
+
+def write_descriptor_change(pipeline: Pipeline, change: Any) -> PipelineDescriptor:
+    """Write ``change(newest descriptor)`` as the next version (an evolution command's shape change)."""
+    latest = read_descriptor(pipeline.storage, max_chunk=pipeline.config.max_chunk_bytes)
+    if latest is None:
+        raise PipelineOwnershipError(f"pipeline {pipeline.name!r} in {pipeline.storage.describe()} has no descriptor")
+
+    def make(current: PipelineDescriptor | None) -> PipelineDescriptor:
+        assert current is not None
+        result: PipelineDescriptor = change(current)
+        return result
+
+    return _write_next(pipeline, latest, make)
+
+
+# -- comparing a state's shape with the recorded one ----------------------------------------
+
+@dataclass(frozen=True)
+class StateChanges:
+    """How a keyed state a stage opens differs from its recorded (committed) shape."""
+
+    refused: list[str] = field(default_factory=list)  #: changes that would misread stored values
+    compatible: list[str] = field(default_factory=list)  #: accepted and recorded (new aggregate column)
+
+
+def state_changes(recorded: StateDescriptor, now: StateDescriptor) -> StateChanges:
+    """Compare a state's recorded shape with the one a stage gives it now.
+
+    Refused: another kind or key columns, another key-group count, an aggregate column
+    whose function or input changed (``sum`` -> ``max`` would apply ``max`` to stored
+    sums), an aggregate column removed (its values would be lost), a column whose type
+    changed. Compatible: a new aggregate column (it starts empty for every stored key).
+    A part of the recorded shape that is unknown (``None``, written by an older release)
+    is not compared.
+    """
+    refused: list[str] = []
+    compatible: list[str] = []
+    if recorded.kind != now.kind:
+        refused.append(f"kind {recorded.kind} -> {now.kind}")
+    if list(recorded.key_columns) != list(now.key_columns):
+        refused.append(f"key columns {list(recorded.key_columns)} -> {list(now.key_columns)}")
+    if recorded.key_groups is not None and now.key_groups is not None and recorded.key_groups != now.key_groups:
+        refused.append(f"key groups {recorded.key_groups} -> {now.key_groups}")
+    if recorded.aggregate is not None and now.aggregate is not None:
+        for column, spec in sorted(recorded.aggregate.items()):
+            if column not in now.aggregate:
+                refused.append(f"aggregate column {column!r} ({spec[0]} of {spec[1]}) removed")
+            elif list(now.aggregate[column]) != list(spec):
+                new = now.aggregate[column]
+                refused.append(f"aggregate column {column!r}: {spec[0]}({spec[1]}) -> {new[0]}({new[1]})")
+        for column, spec in sorted(now.aggregate.items()):
+            if column not in recorded.aggregate:
+                compatible.append(f"new aggregate column {column!r} ({spec[0]} of {spec[1]}), empty for stored keys")
+    if recorded.schema is not None and now.schema is not None:
+        before = {c["name"]: c["type"] for c in recorded.schema}
+        for col in now.schema:
+            old_type = before.get(col["name"])
+            if old_type is not None and old_type != col["type"]:
+                refused.append(f"column {col['name']!r} type {old_type} -> {col['type']}")
+    return StateChanges(refused, compatible)
+

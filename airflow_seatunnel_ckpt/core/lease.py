@@ -1,0 +1,357 @@
+"""Stage leases, and the one judgement of whether an undecided epoch is alive or dead.
+
+A begin-based timeout cannot tell a long stage from a dead one: it aborts every stage that
+runs longer than the timeout, forever. Instead the attempt running a stage holds a
+**lease** -- ``_txlog/epoch-<e>/lease-<participant>`` -- that a background thread rewrites
+every ``lease_renew_s`` (:class:`LeaseKeeper`). An undecided epoch is *dead*, and anyone
+may abort it, only when (:func:`liveness`):
+
+* it is OPEN and its lease was not renewed for ``lease_timeout_s`` (or no lease was ever
+  taken and its ``begin`` is that old), or
+* it is PREPARED and still undecided ``prepared_timeout_s`` after it was prepared (never
+  counted from ``begin``), or
+* the DAG run that owns it is known to be finished (the Airflow layer asks Airflow; the
+  core only takes the answer).
+
+An epoch decided commit is never dead: it only rolls forward.
+
+**Time is the store's.** Ages are ``store_now - modified(record)``, where ``store_now`` is
+the modification time of a clock probe the observer rewrites in the same store right
+then (:func:`store_now`). Both times come from the store's clock, so the wall clocks of
+the machine renewing a lease and of the machine judging it are never compared: skew
+between them changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core import codec, layout
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import EpochState, _get
+from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
+from airflow_seatunnel_ckpt.core.storage import Storage
+from airflow_seatunnel_ckpt.core.txlog import BEGIN, PREPARED_PREFIX
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+
+def store_now(storage: Storage) -> float:
+    """The store's current time: write a clock probe, read its modification time, remove it.
+
+    Each observer uses its own probe name, so concurrent observers never read (or
+    remove) each other's probe, and a dry run leaves the store as it found it.
+    """
+    probe = f"{layout.CLOCK_PROBE}-{uuid.uuid4().hex}"
+    storage.write_atomic(probe, b"")
+    try:
+        return storage.modified(probe)
+    finally:
+        try:
+            storage.delete(probe)
+        except CheckpointError as exc:  # a stray probe is harmless; the answer stands
+            log.warning("clock probe %s could not be removed: %s", storage.describe_path(probe), exc)
+
+
+def abort_command(pipeline: Pipeline, epoch: int, reason: str = "its run is dead") -> str:
+    """The command line that aborts ``epoch`` now (for messages)."""
+    store = redact_url(pipeline.config.storage_url)
+    return (f"seatunnel-ckpt --store {store} abort {pipeline.name} {epoch} "
+            f"--reason {json.dumps(reason)}")
+
+
+# -- the lease record ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """``lease-<participant>``: who runs the participant's stage in ``epoch``, renewed in place.
+
+    Unlike the transaction-log records it is rewritten (``write_atomic``) at every
+    renewal with ``generation + 1``; its *modification time* in the store is what
+    liveness reads, the fields are for people (who holds it, how often it renews).
+    """
+
+    epoch: int
+    participant: str
+    attempt: int
+    generation: int
+    renew_s: float
+    timeout_s: float
+    holder: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "lease", "epoch": self.epoch, "participant": self.participant, "attempt": self.attempt,
+                "generation": self.generation, "renew_s": self.renew_s, "timeout_s": self.timeout_s,
+                "holder": dict(self.holder)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "<lease>") -> LeaseRecord:
+        holder = _get(d, "holder", dict, path, optional=True) or {}
+        return cls(_get(d, "epoch", int, path), _get(d, "participant", str, path), _get(d, "attempt", int, path),
+                   _get(d, "generation", int, path), float(_get(d, "renew_s", (int, float), path)),
+                   float(_get(d, "timeout_s", (int, float), path)), dict(holder))
+
+    def describe_holder(self) -> str:
+        """``attempt 2 on host:pid (ti ...)`` for messages."""
+        h = self.holder
+        where = f"{h.get('host', '?')}:{h.get('pid', '?')}"
+        task = f", task {h['ti']}" if h.get("ti") else ""
+        return f"attempt {self.attempt} on {where}{task}"
+
+
+def default_holder(**extra: Any) -> dict[str, Any]:
+    """Host and pid of this process, plus the Airflow task it runs for when known.
+
+    Airflow exports ``AIRFLOW_CTX_*`` into a task's environment (and a spark-submit
+    driver inherits it), so the lease names the task instance without being told.
+    """
+    holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    ctx = [os.environ.get(f"AIRFLOW_CTX_{k}") for k in ("DAG_ID", "DAG_RUN_ID", "TASK_ID", "TRY_NUMBER")]
+    if all(ctx):
+        holder["ti"] = "/".join(str(c) for c in ctx)
+    holder.update({k: v for k, v in extra.items() if v is not None})
+    return holder
+
+
+class LeaseKeeper:
+    """Hold the lease of ``participant`` in ``epoch`` while a stage runs.
+
+    ``with LeaseKeeper(...):`` writes the lease, then a daemon thread renews it every
+    ``renew_s`` until the block ends, when renewing stops at once (the thread is joined).
+    A failed renewal is logged and tried again at the next tick: a store hiccup must never
+    kill the stage it protects, and one missed renewal is within the timeout
+    (``renew_s < timeout_s / 2``).
+    """
+
+    def __init__(self, storage: Storage, epoch: int, participant: str, attempt: int, *,
+                 renew_s: float, timeout_s: float, holder: Mapping[str, Any] | None = None) -> None:
+        self.storage = storage
+        self.epoch = validate_epoch(epoch)
+        self.participant = validate_name(participant, "participant name")
+        self.attempt = validate_attempt(attempt)
+        self.renew_s = float(renew_s)
+        self.timeout_s = float(timeout_s)
+        self.holder = dict(holder) if holder is not None else default_holder()
+        self.path = layout.lease_path(self.epoch, self.participant)
+        self.generation = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_pipeline(cls, pipeline: Pipeline, epoch: int, participant: str, attempt: int,
+                     holder: Mapping[str, Any] | None = None) -> LeaseKeeper:
+        """A keeper with the pipeline's ``lease_renew_s`` / ``lease_timeout_s``."""
+        return cls(pipeline.storage, epoch, participant, attempt, renew_s=pipeline.config.lease_renew_s,
+                   timeout_s=pipeline.config.lease_timeout_s, holder=holder)
+
+    def renew(self) -> bool:
+        """Write the lease once more (generation + 1); False (logged) if the write failed."""
+        record = LeaseRecord(self.epoch, self.participant, self.attempt, self.generation + 1,
+                             self.renew_s, self.timeout_s, self.holder)
+        try:
+            self.storage.write_atomic(self.path, codec.encode_json(record.to_dict()))
+        except Exception as exc:  # any failure: the stage goes on, the next tick retries
+            self.failures += 1
+            log.warning("lease %s (generation %d) could not be renewed, retrying in %gs: %s",
+                        self.storage.describe_path(self.path), record.generation, self.renew_s, exc)
+            return False
+        self.generation = record.generation
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.renew_s):
+            self.renew()
+
+    def __enter__(self) -> LeaseKeeper:
+        # A retried attempt continues the generations of the lease it takes over.
+        try:
+            previous = read_lease(self.storage, self.epoch, self.participant)
+        except CheckpointError:
+            previous = None
+        self.generation = previous.generation if previous is not None else 0
+        self.renew()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"lease-{self.participant}-epoch-{self.epoch}")
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop renewing now; the lease then expires ``timeout_s`` after its last renewal."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.renew_s + 30)
+            self._thread = None
+
+
+def read_lease(storage: Storage, epoch: int, participant: str) -> LeaseRecord | None:
+    """The lease record of ``participant`` in ``epoch``, or None if it has none."""
+    path = layout.lease_path(epoch, participant)
+    try:
+        data = storage.read(path)
+    except FileNotFoundError:
+        return None
+    where = storage.describe_path(path)
+    return LeaseRecord.from_dict(codec.decode_json(data, where), where)
+
+
+# -- liveness -----------------------------------------------------------------------------
+
+class Liveness(enum.StrEnum):
+    """Whether an epoch's owner may still finish it (see the module docstring)."""
+
+    #: OPEN, and its stage renewed its lease recently (or began recently and has none yet)
+    ALIVE = "alive"
+    #: PREPARED, undecided, within ``prepared_timeout_s`` of its prepare: the decision is due
+    AWAITING_DECISION = "awaiting-decision"
+    #: OPEN, and its lease was not renewed for ``lease_timeout_s`` (or never taken that long)
+    EXPIRED = "expired"
+    #: PREPARED and still undecided ``prepared_timeout_s`` after it was prepared
+    PREPARED_TIMEOUT = "prepared-timeout"
+    #: its owning DAG run is finished (failed, or marked success/failed) and left it undecided
+    OWNER_FINISHED = "owner-finished"
+    #: decided already: commit rolls forward, abort finishes; never judged dead
+    DECIDED = "decided"
+
+    @property
+    def dead(self) -> bool:
+        """Whether anyone may abort the epoch now."""
+        return self in (Liveness.EXPIRED, Liveness.PREPARED_TIMEOUT, Liveness.OWNER_FINISHED)
+
+
+@dataclass(frozen=True)
+class EpochLiveness:
+    """The judgement on one epoch, with what it rests on (for messages and logs)."""
+
+    epoch: int
+    state: EpochState
+    liveness: Liveness
+    #: one sentence: what was seen (lease holder, age of the last renewal, timeouts)
+    reason: str
+    run_id: str = ""
+    dag_id: str = ""
+    #: seconds since the newest lease renewal / prepare / begin that the judgement used
+    age_s: float | None = None
+    lease: LeaseRecord | None = None
+
+    @property
+    def dead(self) -> bool:
+        """Whether anyone may abort the epoch now."""
+        return self.liveness.dead
+
+    def describe(self) -> str:
+        """``epoch 3 (OPEN, run 'x') is ALIVE: ...`` for messages."""
+        verdict = "DEAD" if self.dead else self.liveness.value.upper()
+        run = f", run {self.run_id!r}" if self.run_id else ""
+        return f"epoch {self.epoch} ({self.state.value}{run}) is {verdict}: {self.reason}"
+
+
+def liveness(pipeline: Pipeline, epoch: int, owner_run_finished: bool | None = None, *,
+             now: float | None = None) -> EpochLiveness:
+    """Judge whether ``epoch`` is alive or dead (the one place that decides it).
+
+    :param owner_run_finished: whether the DAG run that began the epoch is in a terminal
+        state (``None``: unknown -- the lease and timeouts alone decide). The core never
+        asks an orchestrator; its caller does.
+    :param now: the store's time to judge at; default: probe the store
+        (:func:`store_now`). Given explicitly only to look ahead (tests, "what if").
+    """
+    config = pipeline.config
+    storage = pipeline.storage
+    names = storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    state = pipeline.txlog.state(epoch, names)
+    try:
+        begin = pipeline.txlog.read_begin(epoch) if BEGIN in names else None
+    except CorruptCheckpointError:
+        begin = None
+    run_id, dag_id = (begin.run_id, begin.dag_id) if begin is not None else ("", "")
+
+    def verdict(kind: Liveness, reason: str, age: float | None = None,
+                lease: LeaseRecord | None = None) -> EpochLiveness:
+        return EpochLiveness(epoch, state, kind, reason, run_id, dag_id, age, lease)
+
+    if state.decided:
+        return verdict(Liveness.DECIDED, f"decided ({state.value}); it is never aborted for liveness")
+    if owner_run_finished:
+        return verdict(Liveness.OWNER_FINISHED, f"its DAG run {run_id or '?'!r} is finished but left the epoch "
+                       f"{state.value}")
+    now = store_now(storage) if now is None else now
+
+    def age_of(name: str) -> float | None:
+        try:
+            return now - storage.modified(f"{layout.txlog_dir(epoch)}/{name}")
+        except FileNotFoundError:
+            return None
+
+    prepared = {n[len(PREPARED_PREFIX):] for n in names if n.startswith(PREPARED_PREFIX)}
+    # The freshest lease of a participant still running (a prepared one is finished).
+    freshest: tuple[float, str, LeaseRecord | None] | None = None
+    for name in names:
+        if not name.startswith(layout.LEASE_PREFIX) or name[len(layout.LEASE_PREFIX):] in prepared:
+            continue
+        age = age_of(name)
+        if age is None:
+            continue
+        if freshest is None or age < freshest[0]:
+            try:
+                record = read_lease(storage, epoch, name[len(layout.LEASE_PREFIX):])
+            except CheckpointError:
+                record = None  # unreadable content: its modification time still counts
+            freshest = (age, name[len(layout.LEASE_PREFIX):], record)
+
+    if freshest is not None:
+        age, participant, record = freshest
+        who = f"lease of {participant!r}" + (f" ({record.describe_holder()}, generation {record.generation})"
+                                             if record else "")
+        if age <= config.lease_timeout_s:
+            return verdict(Liveness.ALIVE, f"{who} renewed {max(age, 0):.0f}s ago, within timeout "
+                           f"(lease_timeout_s={config.lease_timeout_s:g})", age, record)
+        if state is EpochState.OPEN:
+            return verdict(Liveness.EXPIRED, f"{who} last renewed {age:.0f}s ago, over lease_timeout_s="
+                           f"{config.lease_timeout_s:g}", age, record)
+    if state is EpochState.PREPARED:
+        ages = [a for a in (age_of(PREPARED_PREFIX + p) for p in sorted(prepared)) if a is not None]
+        age = min(ages) if ages else config.prepared_timeout_s + 1
+        if age > config.prepared_timeout_s:
+            return verdict(Liveness.PREPARED_TIMEOUT, f"prepared {age:.0f}s ago and still undecided, over "
+                           f"prepared_timeout_s={config.prepared_timeout_s:g}", age)
+        return verdict(Liveness.AWAITING_DECISION, f"prepared {max(age, 0):.0f}s ago, within timeout "
+                       f"(prepared_timeout_s={config.prepared_timeout_s:g}), waiting for its decision", age)
+    # OPEN without any lease: the stage has not taken one yet (or died before it could).
+    began = age_of(BEGIN)
+    if began is None:
+        began = min((a for a in map(age_of, names) if a is not None), default=config.lease_timeout_s + 1)
+    if began > config.lease_timeout_s:
+        return verdict(Liveness.EXPIRED, f"begun {began:.0f}s ago and no stage ever took its lease, over "
+                       f"lease_timeout_s={config.lease_timeout_s:g}", began)
+    return verdict(Liveness.ALIVE, f"begun {max(began, 0):.0f}s ago, no lease yet, within timeout "
+                   f"(lease_timeout_s={config.lease_timeout_s:g}) for a stage to take one", began)
+
+
+def wait_for(pipeline: Pipeline, epoch: int, judged: EpochLiveness) -> str:
+    """What a blocked caller is told: whether the epoch is alive, and the command that works now."""
+    if judged.dead:
+        what = "it may be aborted now"
+    else:
+        what = "it will be aborted automatically once it is dead (lease expired or run finished)"
+    return (f"{judged.describe()}; {what}. To abort it now: "
+            f"`{abort_command(pipeline, epoch)}`")

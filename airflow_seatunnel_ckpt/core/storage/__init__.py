@@ -1,0 +1,31 @@
+"""Storage: the handful of primitives the commit protocol needs, over any fsspec URL.
+
+Shaped like fsspec: one interface (:mod:`.base`), one module per backend (:mod:`.local`,
+:mod:`.memory`, :mod:`.object_store`), the backend registry and the conditional-create
+probe (:mod:`.registry`), URL and path policy (:mod:`.paths`) and the publish step
+(:mod:`.publish`). docs/STORAGE.md has the guarantees of each backend.
+
+Backends are registered by protocol name in the ``airflow_seatunnel_ckpt.storage``
+entry-point group (the analogue of SeaTunnel's ``StateBackend`` service registration);
+:func:`open_storage` picks one and probes the store.
+"""
+
+from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Capabilities, Data, FileInfo, Storage
+from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
+from airflow_seatunnel_ckpt.core.storage.memory import MemoryStorage
+from airflow_seatunnel_ckpt.core.storage.object_store import ObjectStorage
+from airflow_seatunnel_ckpt.core.storage.paths import clean_relpath, refuse_password
+from airflow_seatunnel_ckpt.core.storage.publish import (
+    OWNER_MARKER,
+    PublishMethod,
+    copy_file,
+    publish_files,
+    publish_sink_dir,
+)
+from airflow_seatunnel_ckpt.core.storage.registry import ENTRY_POINT_GROUP, backend_for, open_storage
+
+__all__ = [
+    "ENTRY_POINT_GROUP", "OWNER_MARKER", "TEMP_PREFIX", "Capabilities", "Data", "FileInfo", "LocalStorage",
+    "MemoryStorage", "ObjectStorage", "PublishMethod", "Storage", "backend_for", "clean_relpath", "copy_file",
+    "open_storage", "publish_files", "publish_sink_dir", "refuse_password",
+]

@@ -1,0 +1,350 @@
+"""The storage interface: the primitives the commit protocol needs, over any fsspec URL.
+
+A :class:`Storage` is rooted at one URL; every method takes a path *relative* to that root
+(``/``-separated, validated so it can never leave the root). The primitives are the ones
+Spark's ``CheckpointFileManager`` and Flink's file sinks rely on:
+
+* :meth:`Storage.read` / :meth:`Storage.open_read`
+* :meth:`Storage.write_atomic` -- readers see the old file or the whole new one, never a part
+* :meth:`Storage.create_exclusive` -- put-if-absent; exactly one concurrent caller wins
+* :meth:`Storage.list_dir`, :meth:`Storage.walk`, :meth:`Storage.delete`
+* :meth:`Storage.size`, :meth:`Storage.exists`, :meth:`Storage.modified` (the store's clock)
+* :meth:`Storage.checksum` -- CRC32C, from the store when it keeps one
+
+A backend is a subclass that declares its :class:`Capabilities` and implements
+:meth:`Storage._put_if_absent`, the one primitive that carries the conditional-create
+guarantee (the store is probed for it when opened, see :mod:`.registry`); it overrides
+whatever else its store does better (``_write_whole``, :meth:`Storage.rename_dir`, ...).
+Publishing (:mod:`.publish`) is built on this interface and asks the backend how it moves
+files (:meth:`Storage.rename_dir`, ``_copy_in_store``); the interface knows nothing of it.
+Like fsspec's ``AbstractFileSystem``, the defaults here are written over fsspec calls.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import datetime
+import errno
+import posixpath
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any, ClassVar
+
+import crc32c
+import fsspec
+import tenacity
+from fsspec.core import url_to_fs
+
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, StorageError
+from airflow_seatunnel_ckpt.core.storage.paths import clean_relpath, refuse_password
+
+#: Prefix of in-flight temporary files; listings hide them and GC removes stale ones.
+TEMP_PREFIX = ".tmp-"
+
+Data = bytes | bytearray | memoryview | Iterable[bytes]
+
+#: Block size of streamed reads (checksums, copies).
+BLOCK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One file below a storage root: relative path, size in bytes, CRC32C when known."""
+
+    path: str
+    size: int
+    #: Checksum of the whole file; set in sink manifests, None in plain listings.
+    crc32c: int | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """The guarantees a backend gives the commit protocol (the matrix is in docs/STORAGE.md)."""
+
+    #: Put-if-absent: of concurrent creators of one path exactly one wins. Every store is
+    #: probed for it when opened; a store that does not honour it is refused.
+    conditional_create: bool
+    #: A directory moves within the store in one atomic rename (publish renames instead
+    #: of copying file by file).
+    atomic_rename_dir: bool = False
+    #: The checksum the store keeps per object and returns without reading the data
+    #: (``"crc32c"``), or None: then :meth:`Storage.checksum` reads the file.
+    checksum: str | None = None
+
+
+def chunks(data: Data) -> Iterator[bytes]:
+    """``data`` as a stream of byte strings."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        yield bytes(data)
+    else:
+        for chunk in data:
+            yield bytes(chunk)
+
+
+def _not_empty(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.ENOTEMPTY
+
+
+class Storage(abc.ABC):
+    """A store rooted at one URL: the abstract interface with fsspec-based defaults."""
+
+    #: What this backend guarantees; every backend declares its own.
+    capabilities: ClassVar[Capabilities]
+    #: fsspec options the backend always sets (they win over the user's).
+    fs_options: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        refuse_password(url)
+        self.url = url.rstrip("/") if url not in ("/",) else url
+        self.storage_options = dict(storage_options or {})
+        try:
+            fs, root = url_to_fs(self.url, **{**self.storage_options, **self.fs_options})
+        except Exception as exc:  # fsspec raises many types for bad URLs/options
+            raise StorageError(f"cannot open store {redact_url(url)}: {exc}") from exc
+        self.fs: fsspec.AbstractFileSystem = fs
+        self.root = root.rstrip("/") if root != "/" else root
+        self.protocol = fs.protocol[0] if isinstance(fs.protocol, tuple) else fs.protocol
+
+    # -- paths -------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({redact_url(self.url)!r})"
+
+    def full_path(self, path: str) -> str:
+        """The filesystem path (no protocol) of ``path`` below the root."""
+        rel = clean_relpath(path)
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def url_of(self, path: str) -> str:
+        """The full URL of ``path`` (what Spark or another process should be given)."""
+        rel = clean_relpath(path)
+        return f"{self.url}/{rel}" if rel else self.url
+
+    def describe_path(self, path: str) -> str:
+        """The URL of ``path`` with credentials redacted: for messages and logs."""
+        return redact_url(self.url_of(path))
+
+    def child(self, path: str) -> Storage:
+        """A storage of the same kind rooted at ``path`` below this one."""
+        return type(self)(self.url_of(path), self.storage_options)
+
+    def describe(self) -> str:
+        """The root URL with credentials redacted."""
+        return redact_url(self.url)
+
+    def _err(self, what: str, path: str, exc: BaseException) -> StorageError:
+        return StorageError(f"{what} {redact_url(self.url_of(path))} failed: {exc}")
+
+    # -- reads -------------------------------------------------------------------------
+    def read(self, path: str) -> bytes:
+        """Whole content of the file at ``path``; FileNotFoundError if absent."""
+        try:
+            return bytes(self.fs.cat_file(self.full_path(path)))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._err("reading", path, exc) from exc
+
+    def open_read(self, path: str) -> IO[bytes]:
+        """A binary file object for streaming reads; FileNotFoundError if absent."""
+        try:
+            return self.fs.open(self.full_path(path), "rb")  # type: ignore[no-any-return]
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._err("opening", path, exc) from exc
+
+    def checksum(self, path: str) -> int:
+        """CRC32C of the whole file at ``path``: the one the store keeps, else read and computed."""
+        kept = self.stored_checksum(path)
+        return kept if kept is not None else self.computed_checksum(path)
+
+    def computed_checksum(self, path: str) -> int:
+        """CRC32C of the file at ``path``, computed by reading it in blocks."""
+        crc = 0
+        with self.open_read(path) as fh:
+            while block := fh.read(BLOCK):
+                crc = int(crc32c.crc32c(block, crc))
+        return crc
+
+    def stored_checksum(self, path: str) -> int | None:
+        """The CRC32C the store keeps for ``path`` (no data read), or None if it keeps none."""
+        return None
+
+    def exists(self, path: str) -> bool:
+        """Whether a file or directory exists at ``path``."""
+        try:
+            return bool(self.fs.exists(self.full_path(path)))
+        except Exception as exc:
+            raise self._err("checking", path, exc) from exc
+
+    def size(self, path: str) -> int:
+        """Size in bytes of the file at ``path``; FileNotFoundError if absent."""
+        try:
+            return int(self.fs.size(self.full_path(path)))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._err("sizing", path, exc) from exc
+
+    def modified(self, path: str) -> float:
+        """When the file at ``path`` was last written, by the STORE's clock (Unix seconds).
+
+        File mtime, object ``LastModified``: compare it with another ``modified`` of the
+        same store, never with this machine's wall clock. FileNotFoundError if absent.
+        """
+        try:
+            stamp = self.fs.modified(self.full_path(path))
+            if stamp.tzinfo is None:  # fsspec backends report UTC; some leave it naive
+                stamp = stamp.replace(tzinfo=datetime.UTC)
+            return float(stamp.timestamp())
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._err("reading the modification time of", path, exc) from exc
+
+    def list_dir(self, path: str = "") -> list[str]:
+        """Names of the direct children of directory ``path`` (sorted; [] if absent)."""
+        full = self.full_path(path)
+        try:
+            entries = self.fs.ls(full, detail=False)
+        except FileNotFoundError:
+            return []
+        except NotADirectoryError:
+            return []
+        except Exception as exc:
+            raise self._err("listing", path, exc) from exc
+        names = []
+        for entry in entries:
+            name = posixpath.basename(str(entry).rstrip("/"))
+            if name and not name.startswith(TEMP_PREFIX) and str(entry).rstrip("/") != full.rstrip("/"):
+                names.append(name)
+        return sorted(set(names))
+
+    def walk(self, path: str = "", include_temp: bool = False) -> list[FileInfo]:
+        """Every file below ``path``, with paths relative to ``path`` (sorted)."""
+        full = self.full_path(path)
+        try:
+            found = self.fs.find(full, detail=True)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise self._err("walking", path, exc) from exc
+        out = []
+        prefix = full.rstrip("/") + "/"
+        for name, info in found.items():
+            name = str(name)
+            if info.get("type") == "directory" or not name.startswith(prefix):
+                continue
+            rel = name[len(prefix):]
+            if not include_temp and posixpath.basename(rel).startswith(TEMP_PREFIX):
+                continue
+            out.append(FileInfo(rel, int(info.get("size") or 0)))
+        return sorted(out, key=lambda f: f.path)
+
+    # -- writes ------------------------------------------------------------------------
+    def write_atomic(self, path: str, data: Data) -> int:
+        """Write ``data`` so that readers never see a partial file. Returns bytes written."""
+        full = self.full_path(path)
+        try:
+            return self._write_whole(full, data)
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise self._err("writing", path, exc) from exc
+
+    def _write_whole(self, full: str, data: Data) -> int:
+        """Write ``data`` to filesystem path ``full`` so that it appears whole or not at all.
+
+        Default: stores that commit a file when it is closed (object stores, memory).
+        """
+        written = 0
+        self.fs.makedirs(posixpath.dirname(full), exist_ok=True)
+        fh = self.fs.open(full, "wb")
+        try:
+            for chunk in chunks(data):
+                fh.write(chunk)
+                written += len(chunk)
+        except BaseException:
+            # ``with fs.open(...)`` would close -- i.e. commit -- the partial file.
+            _discard(fh)
+            raise
+        fh.close()
+        return written
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """Create ``path`` with ``data`` only if it does not exist (AlreadyExistsError if it does)."""
+        full = self.full_path(path)
+        try:
+            self._put_if_absent(full, bytes(data))
+        except FileExistsError as exc:
+            raise AlreadyExistsError(f"{self.describe_path(path)} already exists") from exc
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise self._err("creating", path, exc) from exc
+
+    @abc.abstractmethod
+    def _put_if_absent(self, full: str, data: bytes) -> None:
+        """Store ``data`` at filesystem path ``full`` only if nothing is there.
+
+        Raises FileExistsError when something is. Must be atomic on the store: of
+        concurrent callers exactly one succeeds, and a reader sees the whole ``data`` or
+        nothing. The store is probed for exactly this when it is opened.
+        """
+
+    def delete(self, path: str, recursive: bool = False) -> None:
+        """Remove the file or (with ``recursive``) directory at ``path``; absent is fine.
+
+        A writer racing a recursive delete (a losing committer completing ``_metadata`` in a
+        checkpoint an abort is removing) makes a local ``rmdir`` fail with "directory not
+        empty"; the delete walks the tree again a few times, as an object store's delete of
+        whatever it listed would simply succeed.
+        """
+        full = self.full_path(path)
+
+        @tenacity.retry(retry=tenacity.retry_if_exception(_not_empty if recursive else (lambda _: False)),
+                        stop=tenacity.stop_after_attempt(6) | tenacity.stop_after_delay(5),
+                        wait=tenacity.wait_exponential(multiplier=0.01, max=0.2), reraise=True)
+        def remove() -> None:
+            if self.fs.exists(full):
+                self.fs.rm(full, recursive=recursive)
+
+        try:
+            remove()
+        except FileNotFoundError:
+            return
+        except Exception as exc:
+            raise self._err("deleting", path, exc) from exc
+
+    def _remove_quietly(self, full: str) -> None:
+        """Remove the file at filesystem path ``full`` if it is there (probe clean-up)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(full)
+
+    def _probe_dir(self) -> str:
+        """Filesystem directory where the conditional-create probe may create its keys."""
+        return str(self.root)
+
+    # -- moving files (publish) --------------------------------------------------------
+    def rename_dir(self, src: str, dest: Storage, dst: str) -> bool:
+        """Move directory ``src`` to ``dest:dst`` in one atomic rename, if this backend can.
+
+        Returns False, having changed nothing, when it cannot (no rename on this store,
+        another store, ``dst`` already there): the caller then copies file by file.
+        """
+        return False
+
+    def _copy_in_store(self, source_full: str, full: str) -> bool:
+        """Copy a file within this store so that the copy appears whole; False if it cannot."""
+        return False
+
+
+def _discard(fh: Any) -> None:
+    """Abandon a file opened for writing without committing what was written so far."""
+    try:
+        fh.discard()  # e.g. s3fs aborts the multipart upload
+    finally:
+        with contextlib.suppress(AttributeError):
+            fh.closed = True  # so neither close() nor __del__ uploads the buffer

@@ -1,0 +1,38 @@
+"""The in-process ``memory://`` backend (tests, dry runs, single-process use)."""
+
+from __future__ import annotations
+
+import threading
+
+from airflow_seatunnel_ckpt.core.storage.base import Capabilities, Data, Storage, chunks
+
+
+class MemoryStorage(Storage):
+    """fsspec's in-process ``memory://`` filesystem.
+
+    Its files are committed when opened, so writes are assembled first and stored in one
+    step, and one process-wide lock makes create-exclusive a true put-if-absent between
+    threads (there is no other process to race with).
+    """
+
+    capabilities = Capabilities(conditional_create=True, atomic_rename_dir=False, checksum=None)
+
+    _lock = threading.Lock()
+
+    def _write_whole(self, full: str, data: Data) -> int:
+        payload = b"".join(chunks(data))
+        with self._lock:
+            self.fs.pipe_file(full, payload)
+        return len(payload)
+
+    def _put_if_absent(self, full: str, data: bytes) -> None:
+        with self._lock:
+            if self.fs.exists(full):
+                raise FileExistsError(full)
+            self.fs.pipe_file(full, data)
+
+    def _copy_in_store(self, source_full: str, full: str) -> bool:
+        # A memory file is replaced by a whole new one: the copy appears whole.
+        with self._lock:
+            self.fs.copy(source_full, full)
+        return True

@@ -1,0 +1,147 @@
+"""The object store backend (``s3://``, ``s3a://`` through s3fs).
+
+* A PUT is atomic: an object appears whole or not at all.
+* Conditional create is a conditional PUT (``If-None-Match: *``); AWS S3 honours it, some
+  S3-compatible servers ignore it -- the probe run when a store is opened catches those.
+* No rename: publishing copies (server-side ``CopyObject``) and then marks ``_SUCCESS``.
+* Checksums: every object this backend writes carries a CRC32C additional checksum
+  (``x-amz-checksum-crc32c``, computed here, verified by S3 on upload); copies ask S3 to
+  compute one (``CopyObject`` with ``ChecksumAlgorithm=CRC32C``). ``HEAD`` with
+  ``ChecksumMode=ENABLED`` returns it, so verifying a file costs no read of its data.
+  Objects without a full-object CRC32C (written by other tools, multipart uploads) are
+  read and checksummed instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import itertools
+from typing import Any
+
+import crc32c
+import tenacity
+
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, StorageError
+from airflow_seatunnel_ckpt.core.storage.base import Capabilities, Data, Storage, chunks
+
+#: Payloads up to this size are sent in one PUT with their CRC32C; larger ones stream as a
+#: multipart upload without a full-object checksum (then verifying them reads them).
+SINGLE_PUT_MAX = 64 * 1024 * 1024
+
+
+def _crc32c_kwargs(payload: bytes) -> dict[str, str]:
+    value = base64.b64encode(int(crc32c.crc32c(payload)).to_bytes(4, "big")).decode()
+    # Giving the value makes botocore send it as is (no CRT extension needed to compute it).
+    return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": value}
+
+
+def _precondition_failed(exc: OSError) -> bool:
+    text = f"{type(exc).__name__} {exc}"
+    return "PreconditionFailed" in text or "412" in text
+
+
+def _busy(exc: BaseException) -> bool:
+    """A 409 ConditionalRequestConflict: a competing conditional PUT was in flight."""
+    if not isinstance(exc, OSError) or isinstance(exc, FileExistsError):
+        return False
+    text = f"{type(exc).__name__} {exc}"
+    return exc.errno == errno.EBUSY or "ConditionalRequestConflict" in text or "409" in text
+
+
+class ObjectStorage(Storage):
+    """Object stores (S3 and S3-compatible servers)."""
+
+    capabilities = Capabilities(conditional_create=True, atomic_rename_dir=False, checksum="crc32c")
+    # Another process's new objects must never look absent: no listing cache at all
+    # (instead of invalidating it before every call).
+    fs_options = {"use_listings_cache": False}
+
+    # -- reads -------------------------------------------------------------------------
+    def _head(self, full: str, **kwargs: Any) -> dict[str, Any]:
+        bucket, key, _ = self.fs.split_path(full)
+        return self.fs.call_s3("head_object", Bucket=bucket, Key=key, **kwargs)  # type: ignore[no-any-return]
+
+    def stored_checksum(self, path: str) -> int | None:
+        try:
+            head = self._head(self.full_path(path), ChecksumMode="ENABLED")
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._err("reading the checksum of", path, exc) from exc
+        value = head.get("ChecksumCRC32C")
+        # A composite checksum ("...-<parts>") covers the parts, not the object.
+        if not value or "-" in value or head.get("ChecksumType") == "COMPOSITE":
+            return None
+        return int.from_bytes(base64.b64decode(value), "big")
+
+    def modified(self, path: str) -> float:
+        try:
+            return float(self._head(self.full_path(path))["LastModified"].timestamp())
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._err("reading the modification time of", path, exc) from exc
+
+    # -- writes ------------------------------------------------------------------------
+    def _write_whole(self, full: str, data: Data) -> int:
+        stream = chunks(data)
+        buffered: list[bytes] = []
+        size = 0
+        for chunk in stream:
+            buffered.append(chunk)
+            size += len(chunk)
+            if size > SINGLE_PUT_MAX:
+                return super()._write_whole(full, itertools.chain(buffered, stream))
+        payload = b"".join(buffered)
+        self.fs.pipe_file(full, payload, **_crc32c_kwargs(payload))
+        return size
+
+    def _put_if_absent(self, full: str, data: bytes) -> None:
+        try:
+            self.fs.pipe_file(full, data, mode="create", **_crc32c_kwargs(data))
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            if _precondition_failed(exc):
+                raise FileExistsError(full) from exc
+            raise
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        # Two cases need care: a 409 ConditionalRequestConflict means a competing PUT was in
+        # flight -- retry, one of us will get 412; and a 412 on a retry whose first PUT
+        # landed but whose answer was lost -- identical bytes there are our own write.
+        full = self.full_path(path)
+        payload = bytes(data)
+        attempts = 0
+
+        @tenacity.retry(retry=tenacity.retry_if_exception(_busy),
+                        stop=tenacity.stop_after_attempt(6) | tenacity.stop_after_delay(30),
+                        wait=tenacity.wait_exponential(multiplier=0.05, max=2), reraise=True)
+        def put() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                self._put_if_absent(full, payload)
+            except FileExistsError as exc:
+                if attempts > 1 and self._holds(full, payload):
+                    return
+                raise AlreadyExistsError(f"{self.describe_path(path)} already exists") from exc
+
+        try:
+            put()
+        except StorageError:
+            raise
+        except Exception as exc:
+            raise self._err("creating", path, exc) from exc
+
+    def _holds(self, full: str, payload: bytes) -> bool:
+        try:
+            return bool(self.fs.cat_file(full) == payload)
+        except FileNotFoundError:
+            return False
+
+    def _copy_in_store(self, source_full: str, full: str) -> bool:
+        # Server-side copy: the object appears whole, and S3 computes its CRC32C.
+        self.fs.cp_file(source_full, full, ChecksumAlgorithm="CRC32C")
+        return True

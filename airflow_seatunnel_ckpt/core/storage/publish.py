@@ -1,0 +1,238 @@
+"""Publishing a sink's staged output: exactly the files the commit decided on, once.
+
+:func:`publish_sink_dir` is the whole step for one sink of a commit-decided epoch:
+
+1. the target's **owner** marker (``<target>/_seatunnel_ckpt_owner``) is created on the
+   first publish, or must name this store and pipeline -- two pipelines never mix epochs
+   in one directory;
+2. files already at the destination with the manifest's size and CRC32C are kept (a
+   retry or a concurrent publisher); the others are **verified in staging** against the
+   manifest (size and CRC32C: a file damaged after the decision is refused by name);
+3. the backend is asked **how** to move them: one directory rename where it can
+   (:meth:`Storage.rename_dir`), copy file by file elsewhere; either way only the
+   manifest's files are published (Spark's ``_SUCCESS`` and Hadoop ``.crc`` files stay
+   behind);
+4. temp debris of a killed publisher is removed from the epoch directory and the
+   ``_SUCCESS`` summary is written last.
+
+It never deletes published output: a failure raises :class:`PublishError` (nothing to
+retry) or :class:`StorageError` (retried with backoff, then raised) and leaves the epoch
+COMMITTING for the next attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+import tenacity
+
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, StorageError
+from airflow_seatunnel_ckpt.core.storage.base import BLOCK, TEMP_PREFIX, FileInfo, Storage
+
+#: The marker naming a sink target's owner (store and pipeline), at the target's root.
+#: Readers skip it like every ``_`` file (Spark, Hive, pandas).
+OWNER_MARKER = "_seatunnel_ckpt_owner"
+#: The summary written last into each published epoch directory.
+SUCCESS = "_SUCCESS"
+#: In the target of a snapshot sink: the name of the directory holding the current
+#: snapshot (``epoch=<e>``, one line). Readers skip it like every ``_`` file.
+LATEST = "_LATEST"
+
+
+class PublishMethod(StrEnum):
+    """How a sink's files got to their place (the values are stored in ``committed`` records)."""
+
+    RENAME = "renamed"
+    COPY = "copied"
+    ALREADY = "already"
+
+
+def publish_sink_dir(source: Storage, staging: str, target: Storage, dst: str, files: Sequence[FileInfo],
+                     summary: Mapping[str, Any], *, owner: Mapping[str, str], retries: int,
+                     deadline_s: float = 300.0) -> PublishMethod:
+    """Publish one sink's staged ``files`` to ``target:dst`` and write its ``_SUCCESS``.
+
+    Transient store errors are retried ``retries`` times (exponential backoff, at most
+    ``deadline_s`` in all); a :class:`PublishError` is not retried.
+    """
+
+    @tenacity.retry(retry=tenacity.retry_if_exception(
+                        lambda e: isinstance(e, StorageError) and not isinstance(e, PublishError)),
+                    stop=tenacity.stop_after_attempt(retries + 1) | tenacity.stop_after_delay(deadline_s),
+                    wait=tenacity.wait_exponential(multiplier=0.05, max=5), reraise=True)
+    def attempt() -> PublishMethod:
+        how = publish_files(source, staging, target, dst, files, owner=owner)
+        # A publisher killed while writing into the epoch directory (the _SUCCESS mark,
+        # a copied file) left a temp file in the user-visible output. The directory
+        # belongs to this epoch alone, so any temp in it is such debris; a concurrent
+        # publisher whose temp this removes retries through this loop.
+        for f in target.walk(dst, include_temp=True):
+            if posixpath.basename(f.path).startswith(TEMP_PREFIX):
+                target.delete(f"{dst}/{f.path}")
+        target.write_atomic(f"{dst}/{SUCCESS}", json.dumps(dict(summary), indent=1).encode())
+        return how
+
+    return attempt()
+
+
+def retire_older_snapshots(target: Storage, snapshots: Mapping[int, str], epoch: int) -> str:
+    """Make the newest published snapshot the only one in a snapshot sink's ``target``.
+
+    ``snapshots`` maps epoch -> directory name of every ``epoch=<e>`` directory found in
+    the target, ``epoch`` is the one just published. The newest directory holding a
+    ``_SUCCESS`` (normally ``epoch``'s; a newer one if a later epoch committed before
+    this retry) becomes the target's ``_LATEST``, then every older snapshot directory is
+    removed: a reader listing the target sees exactly one snapshot once the commit is
+    done. Between the new directory's ``_SUCCESS`` and the removal a listing reader may
+    see two; a reader that must never see that reads the directory ``_LATEST`` names
+    (written atomically, before anything is removed). Returns the current directory.
+    Only superseded snapshots are deleted: each one was the whole table of an older,
+    committed epoch, and the current directory holds everything they held.
+    """
+    complete = [e for e, name in snapshots.items() if target.exists(f"{name}/{SUCCESS}")]
+    newest = max([*complete, epoch])
+    current = snapshots.get(newest, f"epoch={newest}")
+    try:
+        pointed = target.read(LATEST).decode().strip()
+    except FileNotFoundError:
+        pointed = ""
+    by_name = {name: e for e, name in snapshots.items()}
+    if by_name.get(pointed, -1) < newest:  # never point back to an older snapshot
+        target.write_atomic(LATEST, (current + "\n").encode())
+    for e, name in sorted(snapshots.items()):
+        if e < newest:
+            target.delete(name, recursive=True)
+    return current
+
+
+def publish_files(source: Storage, src: str, target: Storage, dst: str, files: Iterable[FileInfo], *,
+                  owner: Mapping[str, str] | None = None, verify: bool = True) -> PublishMethod:
+    """Make exactly ``files`` (relative to ``source:src``) present below ``target:dst``.
+
+    Idempotent: files already at the destination with the expected size (and CRC32C, when
+    the manifest has one) are kept. Never deletes anything at the destination. Raises
+    :class:`PublishError` naming the file if one is neither at the destination nor intact
+    in staging. ``verify=False`` checks sizes only (for callers that just checksummed the
+    staging themselves).
+    """
+    expected = list(files)
+    if owner is not None:
+        claim_target(target, owner)
+    missing = [f for f in expected if not holds(target, f"{dst}/{f.path}", f, verify)]
+    if not missing:
+        return PublishMethod.ALREADY
+    for f in missing:
+        problem = staged_problem(source, f"{src}/{f.path}", f, verify)
+        # Re-check the destination: a concurrent publisher (a retry, the recovery DAG)
+        # may have moved the staged file there since ``missing`` was computed.
+        if problem and not holds(target, f"{dst}/{f.path}", f, verify):
+            raise PublishError(
+                f"cannot publish {target.describe_path(dst)}: staged file {source.describe_path(f'{src}/{f.path}')} "
+                f"{problem}, and the destination does not hold it either. The epoch stays COMMITTING and "
+                "nothing was deleted: put the file back as the manifest of the prepared record describes "
+                "it (from a backup or the writer's retained output) and run the commit or recovery again")
+    if len(missing) == len(expected) and source.capabilities.atomic_rename_dir and not target.exists(dst):
+        # Only the manifest is published: the writer's own bookkeeping (Spark's empty
+        # _SUCCESS, Hadoop .crc files) would otherwise move along with the directory.
+        # (A copy publishes the manifest's files only; the staging goes as a whole later.)
+        listed = {f.path for f in expected}
+        for f in source.walk(src, include_temp=True):
+            if f.path not in listed:
+                source.delete(f"{src}/{f.path}")
+        if source.rename_dir(src, target, dst):
+            return PublishMethod.RENAME
+    for f in missing:
+        if holds(target, f"{dst}/{f.path}", f, verify):
+            continue
+        try:
+            copy_file(source, f"{src}/{f.path}", target, f"{dst}/{f.path}")
+        except (FileNotFoundError, StorageError):
+            if not holds(target, f"{dst}/{f.path}", f, verify):
+                raise
+    return PublishMethod.COPY
+
+
+def holds(storage: Storage, path: str, f: FileInfo, verify: bool = True) -> bool:
+    """Whether ``path`` has ``f``'s size and (with ``verify``, when known) its CRC32C."""
+    try:
+        if storage.size(path) != f.size:
+            return False
+        return not verify or f.crc32c is None or storage.checksum(path) == f.crc32c
+    except FileNotFoundError:
+        return False
+
+
+def staged_problem(storage: Storage, path: str, f: FileInfo, verify: bool = True) -> str:
+    """What is wrong with staged file ``path`` against its manifest entry ("" = nothing)."""
+    try:
+        size = storage.size(path)
+        if size != f.size:
+            return f"is {size} bytes, the manifest says {f.size}"
+        if verify and f.crc32c is not None:
+            crc = storage.checksum(path)
+            if crc != f.crc32c:
+                return (f"has CRC32C {crc:#010x}, the manifest says {f.crc32c:#010x} "
+                        "(it changed after the commit decision)")
+    except FileNotFoundError:
+        return "is missing"
+    return ""
+
+
+def claim_target(target: Storage, owner: Mapping[str, str]) -> None:
+    """Create ``target``'s owner marker, or check that it names ``owner``.
+
+    PublishError if the target belongs to another pipeline or store: its epoch
+    directories would mix with this pipeline's.
+    """
+    mine = dict(sorted(owner.items()))
+    try:
+        found = target.read(OWNER_MARKER)
+    except FileNotFoundError:
+        try:
+            target.create_exclusive(OWNER_MARKER, json.dumps(mine, indent=1).encode())
+            return
+        except AlreadyExistsError:  # another publisher claimed it just now
+            found = target.read(OWNER_MARKER)
+    where = target.describe_path(OWNER_MARKER)
+    try:
+        theirs = json.loads(found)
+        if not isinstance(theirs, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        raise PublishError(
+            f"cannot publish to {target.describe()}: its owner marker {where} is not valid JSON ({exc}); "
+            f"check which pipeline writes there, then delete the marker and commit again") from None
+    if {k: theirs.get(k) for k in mine} != mine:
+        raise PublishError(
+            f"cannot publish to {target.describe()}: it belongs to pipeline {theirs.get('pipeline')!r} of store "
+            f"{theirs.get('store')!r} (marker {where}), not to pipeline {mine.get('pipeline')!r} of store "
+            f"{mine.get('store')!r}; epochs of both would mix in one directory. Give this sink its own target "
+            f"URL, or, if the target was deliberately handed over (the store moved), delete the marker and "
+            f"commit again")
+
+
+def copy_file(src: Storage, src_path: str, dest: Storage, dst_path: str) -> None:
+    """Copy one file between (possibly different) stores; the target appears whole."""
+    same_store = src.fs is dest.fs or (
+        src.protocol == dest.protocol and src.storage_options == dest.storage_options)
+    if same_store:
+        try:
+            if dest._copy_in_store(src.full_path(src_path), dest.full_path(dst_path)):
+                return
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise PublishError(
+                f"copying {src.describe_path(src_path)} to {dest.describe_path(dst_path)} failed: {exc}") from exc
+
+    def stream() -> Iterator[bytes]:
+        with src.open_read(src_path) as fh:
+            while block := fh.read(BLOCK):
+                yield block
+
+    # Otherwise through write_atomic: a local copy would be written in place.
+    dest.write_atomic(dst_path, stream())

@@ -1,0 +1,197 @@
+"""Backends by URL protocol, and the conditional-create probe run when a store is opened.
+
+Backends are registered by protocol name in the ``airflow_seatunnel_ckpt.storage``
+entry-point group (the analogue of SeaTunnel's ``StateBackend`` service registration);
+the built-in ones are registered there too, and an installed plug-in wins over them.
+A protocol without a backend is refused: fsspec's generic ``pipe_file(mode="create")``
+checks and then writes on most filesystems, which is not a put-if-absent.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from airflow_seatunnel_ckpt.core.errors import StorageError
+from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Storage
+from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
+from airflow_seatunnel_ckpt.core.storage.memory import MemoryStorage
+from airflow_seatunnel_ckpt.core.storage.object_store import ObjectStorage
+from airflow_seatunnel_ckpt.core.storage.paths import refuse_password
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "airflow_seatunnel_ckpt.storage"
+
+_BUILTIN: dict[str, type[Storage]] = {
+    "file": LocalStorage,
+    "local": LocalStorage,
+    "memory": MemoryStorage,
+    "s3": ObjectStorage,
+    "s3a": ObjectStorage,
+}
+
+#: Why protocols people ask for are not built in (see docs/STORAGE.md).
+_NOT_BUILT_IN = {
+    "hdfs": "pyarrow's HadoopFileSystem creates a file by checking and then writing, which is not "
+            "exclusive (two writers can both win), and it cannot be tested without a Hadoop cluster",
+    "gs": "gcsfs's conditional create (ifGenerationMatch=0) is not tested by this project",
+    "gcs": "gcsfs's conditional create (ifGenerationMatch=0) is not tested by this project",
+    "abfs": "adlfs's conditional create (If-None-Match) is not tested by this project",
+    "az": "adlfs's conditional create (If-None-Match) is not tested by this project",
+}
+
+_WAY_OUT = (
+    "A backend for it can be registered in the {group!r} entry-point group of an installed package, e.g. "
+    "'{protocol} = \"airflow_seatunnel_ckpt.core.storage.object_store:ObjectStorage\"' for an object store "
+    "whose fsspec filesystem implements pipe_file(mode=\"create\") as a conditional write; it is probed for "
+    "conditional create when a store is opened and refused if it does not honour it"
+)
+
+
+@functools.cache
+def backend_for(protocol: str) -> type[Storage]:
+    """The storage class registered for ``protocol`` (entry points win over built-ins).
+
+    StorageError for a protocol without a backend: the message names the supported ones
+    and the way out.
+    """
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == protocol:
+            try:
+                cls = ep.load()
+            except Exception as exc:
+                raise StorageError(
+                    f"entry point {ep.value!r} for protocol {protocol!r} in group "
+                    f"{ENTRY_POINT_GROUP} cannot be loaded: {exc}"
+                ) from exc
+            if not (isinstance(cls, type) and issubclass(cls, Storage)):
+                raise StorageError(
+                    f"entry point {ep.value!r} for protocol {protocol!r} in group "
+                    f"{ENTRY_POINT_GROUP} is not a Storage subclass"
+                )
+            return cls
+    if protocol in _BUILTIN:
+        return _BUILTIN[protocol]
+    why = _NOT_BUILT_IN.get(protocol, "no backend is registered for it")
+    supported = sorted({*_BUILTIN, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
+    raise StorageError(
+        f"store protocol {protocol!r} is not supported ({why}); supported protocols: {', '.join(supported)}. "
+        + _WAY_OUT.format(group=ENTRY_POINT_GROUP, protocol=protocol))
+
+
+def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
+    """Open the storage rooted at ``url``, choosing the backend by its protocol.
+
+    The store is probed for conditional create once per process (per protocol, root and
+    options); a store that does not honour it is refused with a StorageError.
+    """
+    if not isinstance(url, str) or not url:
+        raise StorageError(f"a store URL must be a non-empty string, got {url!r}")
+    if "://" not in url:
+        url = "file://" + os.path.abspath(url)
+    refuse_password(url)  # before anything can put the URL into a message
+    protocol = url.split("://", 1)[0].lower()
+    storage = backend_for(protocol)(url, storage_options)
+    probe_conditional_create(storage)
+    return storage
+
+
+_probed: set[tuple[Any, ...]] = set()
+_probed_lock = threading.Lock()
+#: Writers racing for one key in the probe.
+PROBE_RACERS = 4
+
+
+def _probe_key(storage: Storage) -> tuple[Any, ...]:
+    # Options pick the server (endpoint) as much as the URL does; hashed, as they hold secrets.
+    options = hashlib.sha256(repr(sorted(storage.storage_options.items(), key=str)).encode()).hexdigest()
+    return type(storage), storage.protocol, storage._probe_dir(), options
+
+
+def forget_probes() -> None:
+    """Forget which stores were probed (the next open probes again)."""
+    with _probed_lock:
+        _probed.clear()
+
+
+def probe_conditional_create(storage: Storage) -> None:
+    """Refuse ``storage`` unless its create is a put-if-absent; cached per process.
+
+    The probe creates a fresh key twice (the second must fail: catches servers that
+    ignore ``If-None-Match``) and lets :data:`PROBE_RACERS` threads create another key at
+    once (exactly one may win: catches check-then-write). Its keys are temp-named, so a
+    probe killed half-way leaves only what listings hide and GC removes.
+    """
+    key = _probe_key(storage)
+    if key in _probed:
+        return
+    directory = storage._probe_dir()
+    first = f"{directory}/{TEMP_PREFIX}probe-{uuid.uuid4().hex}"
+    raced = f"{directory}/{TEMP_PREFIX}probe-{uuid.uuid4().hex}"
+    try:
+        storage._put_if_absent(first, b"probe 1")
+    except PermissionError as exc:
+        # A read-only user (an operator inspecting the store) cannot write anything, so the
+        # guarantee cannot matter to them; a writer is probed when it opens the store.
+        log.warning("cannot probe %s for conditional create (no write permission: %s)", storage.describe(), exc)
+        return
+    except Exception as exc:
+        raise StorageError(f"cannot probe {storage.describe()} for conditional create: writing "
+                           f"{TEMP_PREFIX}probe-* failed: {exc}") from exc
+    try:
+        problem = _second_create_problem(storage, first) or _race_problem(storage, raced)
+    finally:
+        storage._remove_quietly(first)
+        storage._remove_quietly(raced)
+    if problem:
+        raise StorageError(
+            f"store {storage.describe()} does not honour conditional create (put-if-absent): {problem}. "
+            "The transaction log needs it so that exactly one commit-or-abort decision can win; the store "
+            f"is refused. Use a store that supports conditional writes (for S3-compatible servers: "
+            f"'If-None-Match: *' on PUT), or a {type(storage).__name__} backend whose create is atomic there "
+            f"(registered for {storage.protocol!r} in the {ENTRY_POINT_GROUP!r} entry-point group)")
+    with _probed_lock:
+        _probed.add(key)
+
+
+def _second_create_problem(storage: Storage, path: str) -> str:
+    try:
+        storage._put_if_absent(path, b"probe 2")
+    except FileExistsError:
+        return ""
+    return "a second create of the same key succeeded (the condition is ignored)"
+
+
+def _race_problem(storage: Storage, path: str) -> str:
+    barrier = threading.Barrier(PROBE_RACERS)
+    won: list[int] = []
+    failed: list[BaseException] = []
+
+    def race(me: int) -> None:
+        barrier.wait()
+        try:
+            storage._put_if_absent(path, f"racer {me}".encode())
+            won.append(me)
+        except FileExistsError:
+            pass
+        except Exception as exc:  # e.g. a 409 conflict: lost, but not wrong
+            failed.append(exc)
+
+    threads = [threading.Thread(target=race, args=(i,), name=f"probe-{i}") for i in range(PROBE_RACERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if len(won) > 1:
+        return f"{len(won)} of {PROBE_RACERS} concurrent creates of one key all succeeded"
+    if won and storage.fs.cat_file(path) != f"racer {won[0]}".encode():
+        return "the winner of concurrent creates is not what the key holds"
+    return ""

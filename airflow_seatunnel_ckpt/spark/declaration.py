@@ -1,0 +1,169 @@
+"""A stage as a DAG declares it -- checked when the DAG is parsed, without Spark.
+
+:class:`StageDeclaration` is the typed form of a stage operator's arguments (the stage
+function, its sources and sinks). It is built in the operator's constructor, so a mistake
+(an unknown option, an unknown source or sink type or format, a sink on a protocol no
+backend can publish to, a stage that is not ``"module:function"``) is an import error of
+the DAG file (``airflow dags list-import-errors``), not a failed task at 3 a.m.
+
+Templated values (``"{{ ds }}"`` in a path) are left alone when the DAG is parsed and
+checked once rendered, when the task runs (:meth:`StageDeclaration.check` again).
+
+Nothing here imports PySpark, opens a store or touches the network: it runs on every
+parse of every DAG file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.names import validate_name
+from airflow_seatunnel_ckpt.core.storage.registry import backend_for
+from airflow_seatunnel_ckpt.spark import sinks as _sinks  # noqa: F401 -- registers the built-in sink types
+from airflow_seatunnel_ckpt.spark import sources as _sources  # noqa: F401 -- registers the built-in source types
+from airflow_seatunnel_ckpt.spark.registry import REGISTRIES
+
+#: ``package.module:function`` (the function may be a dotted attribute path, ``Class.method``).
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+STAGE_PATH = re.compile(rf"^{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*$")
+
+#: Module names the Spark driver of ``spark-submit`` cannot import: a script run as a
+#: program, and the names Airflow gives the DAG files it parses.
+_UNIMPORTABLE_MODULE_PREFIXES = ("__main__", "unusual_prefix_")
+
+
+def is_templated(value: Any) -> bool:
+    """Whether ``value`` (or anything inside it) holds a Jinja template, rendered only at run time."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(is_templated(k) or is_templated(v) for k, v in value.items())
+    if isinstance(value, list | tuple | set):
+        return any(is_templated(v) for v in value)
+    return False
+
+
+def stage_import_path(stage: Any, *, where: str, importable: bool) -> str:
+    """The ``"module:function"`` path of ``stage`` (an import path, or the function itself).
+
+    :param importable: the path must import in another process (the ``spark-submit``
+        driver): a lambda, a nested function or a function of a DAG file is refused.
+    """
+    if isinstance(stage, str):
+        if not is_templated(stage) and not STAGE_PATH.match(stage):
+            raise ConfigError(
+                f"{where}: stage {stage!r} is not an import path of the form 'package.module:function' "
+                "(e.g. 'my_pipelines.orders:dedup_orders'); pass that string, or the function itself"
+            )
+        return stage
+    if not callable(stage):
+        raise ConfigError(
+            f"{where}: stage must be a function or its import path 'package.module:function', "
+            f"got {type(stage).__name__} {stage!r}"
+        )
+    module = getattr(stage, "__module__", None)
+    qualname = getattr(stage, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        raise ConfigError(
+            f"{where}: stage {stage!r} has no module and name to import it by; pass a function "
+            "defined with 'def' at the top level of a module"
+        )
+    path = f"{module}:{qualname}"
+    if importable:
+        problem = None
+        if "<lambda>" in qualname:
+            problem = "is a lambda"
+        elif "<locals>" in qualname:
+            problem = "is defined inside another function"
+        elif module.startswith(_UNIMPORTABLE_MODULE_PREFIXES):
+            problem = f"is defined in {module!r} (a DAG file or script), which the driver cannot import"
+        if problem:
+            raise ConfigError(
+                f"{where}: stage function {qualname!r} {problem}; a stage run through spark-submit (conn_id) "
+                "is imported by the Spark driver from its module path. Define it with 'def' at the top level "
+                "of a module on the driver's Python path (your package, or a file shipped with "
+                "spark_submit_kwargs={'py_files': ...}) and pass the function or its 'module:function' path"
+            )
+    return path
+
+
+@dataclass(frozen=True)
+class EntryDeclaration:
+    """One source or sink of a stage: its kind, name, type and options as written."""
+
+    kind: str
+    name: str
+    type: str
+    options: Mapping[str, Any]
+
+    @classmethod
+    def check(cls, kind: str, name: Any, options: Any, *, where: str) -> EntryDeclaration:
+        """Check the entry; templated values are checked once rendered."""
+        try:
+            validate_name(name, f"{kind} name")
+        except CheckpointError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+        if not isinstance(options, Mapping):
+            raise ConfigError(
+                f"{where}: {kind} {name!r} must be a mapping of options such as "
+                f"{{'type': 'file', 'path': ..., 'format': 'parquet'}}, got {type(options).__name__} {options!r}"
+            )
+        registry = REGISTRIES[kind]
+        type_name = options.get("type", "file")
+        if is_templated(type_name):
+            return cls(kind, name, str(type_name), dict(options))
+        try:
+            registry.check_keys(name, options)
+            if registry.is_builtin(type_name) and not is_templated(options):
+                registry.build(name, options)  # the built-in types check their values, with no I/O
+            path = options.get("path")
+            if kind == "sink" and isinstance(path, str) and "://" in path and not is_templated(path):
+                backend_for(path.split("://", 1)[0].lower())  # commit must be able to publish there
+        except CheckpointError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+        return cls(kind, name, str(type_name), dict(options))
+
+
+@dataclass(frozen=True)
+class StageDeclaration:
+    """A stage's arguments as a DAG declares them, checked (see the module docstring).
+
+    :param stage: the stage's ``"module:function"`` path (derived from the function when
+        the DAG passes the function itself).
+    """
+
+    participant: str
+    stage: str
+    sources: tuple[EntryDeclaration, ...]
+    sinks: tuple[EntryDeclaration, ...]
+
+    @classmethod
+    def check(
+        cls,
+        *,
+        participant: str,
+        stage: str | Callable[..., Any],
+        sources: Any,
+        sinks: Any,
+        importable: bool,
+        where: str,
+    ) -> StageDeclaration:
+        """Check every argument; ConfigError naming ``where``, the entry, what is wrong and the way out.
+
+        :param importable: the stage runs in another process (``spark-submit``).
+        :param where: the task, e.g. ``"DAG 'orders', task 'epoch.ingest'"``.
+        """
+        path = stage_import_path(stage, where=where, importable=importable)
+        entries: dict[str, tuple[EntryDeclaration, ...]] = {}
+        for kind, given in (("source", sources), ("sink", sinks)):
+            if not isinstance(given, Mapping):
+                raise ConfigError(
+                    f"{where}: {kind}s must be a mapping of {kind} name -> options, got {type(given).__name__}"
+                )
+            entries[kind] = tuple(EntryDeclaration.check(kind, name, options, where=where)
+                                  for name, options in given.items())
+        return cls(participant, path, entries["source"], entries["sink"])

@@ -1,0 +1,459 @@
+"""Driver side of keyed state: the API a stage uses and the reconciliation of task reports.
+
+Longer than ~400 lines because the two state kinds (key set, key -> value) share one
+driver sequence -- check the shape, repartition by key group, run the executor tasks,
+reconcile their reports into chains, snapshot -- and each kind adds only its own short
+entry point; splitting by kind would duplicate that sequence.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
+from airflow_seatunnel_ckpt.spark.state.executor import (
+    dedup_partition,
+    load_key_group,
+    merge_partition,
+    read_partition,
+)
+from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportList, choose_reports
+from airflow_seatunnel_ckpt.spark.state.settings import (
+    DEFAULT_CHUNK_ROWS,
+    KEY_GROUP_COLUMN,
+    Aggregate,
+    StateError,
+    StateKind,
+    StateSettings,
+)
+
+if TYPE_CHECKING:
+    from pyspark.accumulators import Accumulator
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+    from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor
+
+log = logging.getLogger(__name__)
+
+#: ``aggregate(mode=...)``: only the keys the epoch changed (a changelog).
+CHANGES = "changes"
+#: ``aggregate(mode=...)``: every key of the state, the current table.
+SNAPSHOT = "snapshot"
+#: Suffix and flag column names used while joining the restored state with the update.
+_OLD = "__restored"
+_CHANGED = "__changed_this_epoch"
+
+
+def _key_list(key: str | Sequence[str]) -> list[str]:
+    keys = [key] if isinstance(key, str) else list(key)
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ConfigError(f"keyed state: key must be a column name or a list of them, got {key!r}")
+    return keys
+
+
+def _key_group_of(keys: Sequence[str], key_groups: int) -> Column:
+    """The key group of a row: ``pmod(murmur3(keys), G)``, as Spark's hash partitioning places it."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.hash(*[F.col(k) for k in keys]), F.lit(key_groups)).cast("int")
+
+
+class KeyedState:
+    """One named keyed state of a stage, restored from the last committed checkpoint.
+
+    Created through :meth:`StageContext.key_set` / :meth:`StageContext.key_value` from
+    the runner's :class:`StateSettings`; the runner calls :meth:`finish` after the stage
+    function returned.
+    """
+
+    kind: ClassVar[StateKind]
+
+    def __init__(self, spark: SparkSession, settings: StateSettings) -> None:
+        if settings.kind != self.kind:
+            raise StateError(
+                f"keyed state {settings.name!r}: settings of a {settings.kind} given to a "
+                f"{type(self).__name__} ({self.kind})"
+            )
+        self.spark = spark
+        self.settings = settings
+        self._accumulator: Accumulator[list[PartReport]] | None = None
+        self._output: DataFrame | None = None
+        self._input: DataFrame | None = None
+        #: The state's committed shape (the pipeline descriptor's), checked by each update.
+        self.recorded: StateDescriptor | None = None
+        #: Where the recorded shape is kept and the pipeline's name (for error messages).
+        self.recorded_where = ""
+        self.pipeline_name = "<pipeline>"
+
+    @property
+    def name(self) -> str:
+        """The state's name (its operator name in the checkpoint)."""
+        return self.settings.name
+
+    @property
+    def key_groups(self) -> int:
+        """The number of key groups the state is partitioned into."""
+        return self.settings.key_groups
+
+    @property
+    def restored(self) -> OperatorState | None:
+        """The state as of the last committed checkpoint (None if it has none)."""
+        return self.settings.restored
+
+    # -- shared by both kinds -------------------------------------------------------------
+    def _bind(
+        self, key: str | Sequence[str]
+    ) -> tuple[StateSettings, Accumulator[list[PartReport]]]:
+        """Bind the state to its key columns for this stage's one update."""
+        keys = _key_list(key)
+        if self._output is not None:
+            raise StateError(
+                f"keyed state {self.name!r} is already updated in this stage; update a state "
+                "once per stage (union the inputs first)"
+            )
+        self.settings = self.settings.bound_to(keys)
+        self._accumulator = self.spark.sparkContext.accumulator([], ReportList())
+        return self.settings, self._accumulator
+
+    def _by_key_group(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
+        missing = [k for k in keys if k not in df.columns]
+        if missing:
+            raise StateError(
+                f"keyed state {self.name!r}: key column(s) {missing} not in the DataFrame "
+                f"(columns: {df.columns})"
+            )
+        if KEY_GROUP_COLUMN in df.columns:
+            raise StateError(
+                f"keyed state {self.name!r}: the column name {KEY_GROUP_COLUMN!r} is reserved"
+            )
+        # repartition(G, keys) places a row in partition pmod(murmur3(keys), G): the key group.
+        group = _key_group_of(keys, self.key_groups)
+        return df.repartition(self.key_groups, *keys).withColumn(KEY_GROUP_COLUMN, group)
+
+    def shape(self) -> StateDescriptor | None:
+        """The state's shape as this stage's update gives it (None before the update)."""
+        from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor
+
+        if self._output is None or not self.settings.key_columns:
+            return None
+        keys = list(self.settings.key_columns)
+        aggregates = getattr(self, "aggregates", None)
+        if aggregates:  # key -> value: the keys and the aggregate columns it returns
+            fields = list(self._output.schema.fields)
+        else:  # key set: the key columns
+            assert self._input is not None
+            fields = [f for f in self._input.schema.fields if f.name in keys]
+        return StateDescriptor(self.kind.value, keys, self.key_groups, dict(aggregates) if aggregates else None,
+                               [{"name": f.name, "type": f.dataType.simpleString()} for f in fields])
+
+    def _check_shape(self) -> None:
+        """Refuse an update whose shape differs from the committed one, before anything runs."""
+        from airflow_seatunnel_ckpt.core.descriptor import state_changes
+
+        now = self.shape()
+        if self.recorded is None or now is None:
+            return
+        changes = state_changes(self.recorded, now)
+        if changes.refused:
+            self._output = None  # the update never happened: nothing is checkpointed for it
+            raise StateError(
+                f"keyed state {self.name!r} differs from its committed shape ({self.recorded_where}): "
+                f"{'; '.join(changes.refused)}. Applying it to the stored values would corrupt them. "
+                f"Way out: restore the stage's previous definition; or start the state over with "
+                f"`seatunnel-ckpt state reset {self.pipeline_name} {self.name}`; or give the new definition a "
+                f"new state name and `seatunnel-ckpt state drop {self.pipeline_name} {self.name}` once it is no "
+                "longer needed")
+        if changes.compatible:
+            log.info("keyed state %s: compatible change accepted: %s", self.name, "; ".join(changes.compatible))
+
+    # -- runner side -----------------------------------------------------------------------
+    @property
+    def updated(self) -> bool:
+        """Whether the stage updated this state."""
+        return self._output is not None
+
+    def finish(self) -> tuple[OperatorState | None, int]:
+        """Collect the key groups' new parts into the operator's chains.
+
+        Evaluates the update once more (without output) if some key group never reported,
+        i.e. the stage did not consume the updated DataFrame completely. A key group whose
+        only reports are untrusted (see :func:`choose_reports`) or that still has none is
+        checked against the input: with no input rows it is unchanged, otherwise the
+        stage cannot prepare. Returns the new operator state (None if never restored nor
+        updated) and the bytes of parts written.
+        """
+        if self._output is None or self._accumulator is None:
+            return self.restored, 0
+        reports, unsure = choose_reports(self._accumulator.value)
+        if len(reports) < self.key_groups or unsure:
+            log.info(
+                "keyed state %s: %d of %d key groups reported; evaluating the update to completion",
+                self.name,
+                len(reports) - len(unsure),
+                self.key_groups,
+            )
+            self._output.write.format("noop").mode("overwrite").save()
+            reports, unsure = choose_reports(self._accumulator.value)
+        missing = set(range(self.key_groups)) - set(reports)
+        to_check = sorted(missing | unsure)
+        if to_check:
+            with_input = self._key_groups_with_input(to_check)
+            if with_input:
+                raise StateError(
+                    f"keyed state {self.name!r}: key groups {with_input[:10]} have input but never "
+                    "reported their part after a full evaluation; the stage cannot prepare"
+                )
+            # No input rows in these key groups (Spark may not even run a task over input
+            # it can prove empty): they are unchanged.
+            for g in to_check:
+                reports[g] = PartReport(g, rows=0, changed=0)
+        chains, written = self._next_chains(reports)
+        self._remove_unreported_parts({r.part.path for r in reports.values() if r.part})
+        state = OperatorState(
+            self.key_groups, list(self.settings.key_columns), chains, self.kind.value
+        )
+        return state, written
+
+    def _next_chains(self, reports: Mapping[int, PartReport]) -> tuple[dict[int, list[PartRef]], int]:
+        """Each key group's chain after this epoch, and the bytes of the parts it added.
+
+        A new full part starts a new chain, a delta extends the restored one, and a key
+        group that reported no part keeps its restored chain (incremental checkpoints).
+        """
+        chains: dict[int, list[PartRef]] = {}
+        restored = self.settings.chains
+        written = 0
+        for key_group in range(self.key_groups):
+            ref = reports[key_group].part
+            if ref is None:
+                if restored.get(key_group):
+                    chains[key_group] = list(restored[key_group])
+                continue
+            written += ref.size
+            chains[key_group] = [ref] if ref.kind == "full" else [*restored.get(key_group, []), ref]
+        return chains, written
+
+    def _key_groups_with_input(self, key_groups: list[int]) -> list[int]:
+        """Which of ``key_groups`` the update's input has rows in (reads the key columns)."""
+        from pyspark.sql import functions as F
+
+        assert self._input is not None
+        group = _key_group_of(self.settings.key_columns, self.key_groups)
+        found = (
+            self._input.select(group.alias("g"))
+            .where(F.col("g").isin(key_groups))
+            .distinct()
+            .collect()
+        )
+        return sorted(int(row.g) for row in found)
+
+    def _remove_unreported_parts(self, keep: set[str]) -> None:
+        """Delete this attempt's parts no chosen report names (repeat evaluations, killed runs).
+
+        Only ``part-<k>-<this attempt>-<token>`` files: another attempt's parts are never
+        touched, whatever state that attempt is in.
+        """
+        storage = self.settings.store.open()
+        folder = self.settings.parts_folder
+        own = re.compile(rf"part-\d+-{int(self.settings.attempt)}-[0-9a-f]+")
+        for info in storage.walk(folder):
+            path = f"{folder}/{info.path}"
+            if path not in keep and own.fullmatch(info.path):
+                storage.delete(path)
+
+    def snapshot(self, schema: Any = None) -> DataFrame:
+        """The state's whole current content, one row per key, read on executors.
+
+        Before the stage updates the state this is the state as of the last committed
+        checkpoint; after ``aggregate``/``dedup`` it is that plus this epoch's changes,
+        i.e. exactly what the epoch commits (key -> value: every key with its running
+        values; key set: every key seen). Write it to a sink with ``mode: snapshot`` to
+        give readers a table that always holds the current state.
+
+        ``schema`` (a DDL string or ``StructType``) is needed only for a state that has
+        no committed content yet and is read *before* this stage updated it; otherwise
+        the columns come from a committed part or from the update itself (so on the
+        first epoch ``snapshot()`` after ``aggregate()`` is an empty-then-filled table of
+        the right columns, no schema needed).
+        """
+        restored = self._restored_frame(schema)
+        if self._output is None:
+            return restored
+        return self._with_changes(restored)
+
+    def _restored_frame(self, schema: Any) -> DataFrame:
+        """The restored state as a DataFrame (each task streams some key groups' chains)."""
+        from pyspark.sql.types import StructType
+
+        settings = self.settings
+        if schema is None:
+            schema = self._state_schema()
+        if isinstance(schema, str):
+            schema = StructType.fromDDL(schema)
+        groups = self.spark.range(self.key_groups).repartition(min(self.key_groups, 64))
+        return groups.mapInArrow(functools.partial(read_partition, settings=settings), schema)
+
+    def _state_schema(self) -> Any:
+        """The columns of the state: from a committed part, else from this stage's update."""
+        settings = self.settings
+        sample = next((g for g, chain in settings.chains.items() if chain), None)
+        if sample is not None:
+            from pyspark.sql.pandas.types import from_arrow_schema
+
+            table = load_key_group(settings, sample)
+            assert table is not None
+            return from_arrow_schema(table.schema)
+        if self._output is not None:
+            return self._updated_schema()
+        raise StateError(
+            f"keyed state {self.name!r} has no committed content yet and this stage has not "
+            "updated it, so its columns are unknown: call snapshot() after the update "
+            "(aggregate/dedup), or pass snapshot(schema=...) with the state's columns"
+        )
+
+    def _updated_schema(self) -> Any:
+        """The state's columns as this stage's update produces them."""
+        raise NotImplementedError
+
+    def _with_changes(self, restored: DataFrame) -> DataFrame:
+        """``restored`` with this stage's update applied (references the update once)."""
+        raise NotImplementedError
+
+
+class KeySet(KeyedState):
+    """A set of keys seen by committed epochs, for exactly-once de-duplication."""
+
+    kind = StateKind.KEY_SET
+
+    def dedup(
+        self, df: DataFrame, key: str | Sequence[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
+    ) -> DataFrame:
+        """Rows of ``df`` whose key no committed epoch has seen, one row per key.
+
+        Among rows of this epoch with the same key the first one read is kept (like
+        ``dropDuplicates``). The new keys become part of the state this epoch prepares.
+        """
+        settings, accumulator = self._bind(key)
+        fn = functools.partial(
+            dedup_partition, settings=settings, accumulator=accumulator, chunk_rows=chunk_rows
+        )
+        self._input = df
+        self._output = self._by_key_group(df, settings.key_columns).mapInArrow(fn, df.schema)
+        self._check_shape()
+        return self._output
+
+    def _updated_schema(self) -> Any:
+        assert self._output is not None
+        return self._output.select(*self.settings.key_columns).schema
+
+    def _with_changes(self, restored: DataFrame) -> DataFrame:
+        # The update yields only keys the restored set does not hold: a union is the new set.
+        assert self._output is not None
+        return restored.unionByName(self._output.select(*self.settings.key_columns))
+
+
+class KeyValueState(KeyedState):
+    """A key -> value map of running aggregates (sum, count, min, max) across epochs."""
+
+    kind = StateKind.KEY_VALUE
+
+    def aggregate(
+        self,
+        df: DataFrame,
+        key: str | Sequence[str],
+        aggregates: Mapping[str, tuple[str, str]],
+        mode: str = CHANGES,
+    ) -> DataFrame:
+        """Fold this epoch's rows into the running aggregates.
+
+        ``aggregates`` maps an output column to ``(function, input column)``, e.g.
+        ``{"total": ("sum", "amount"), "orders": ("count", "*")}``; the functions are
+        those of :class:`Aggregate`. The result has the key columns and the output
+        columns, holding each key's running value over every committed epoch plus this
+        one. ``mode`` says which keys:
+
+        * ``"changes"`` (default): only the keys this epoch changed -- a changelog. Summed
+          over every epoch it counts a key once per epoch that changed it, so publish it
+          to a ``changes`` sink for consumers that apply changes (newest epoch wins).
+        * ``"snapshot"``: every key of the state (as :meth:`snapshot` after the update)
+          -- the current table. Publish it to a sink with ``mode: snapshot``, which
+          replaces the table each epoch, and a plain ``sum`` over the target is the true
+          total.
+        """
+        from pyspark.sql import functions as F
+
+        if mode not in (CHANGES, SNAPSHOT):
+            raise ConfigError(
+                f"key -> value state {self.name!r}: mode must be {CHANGES!r} (the keys changed this "
+                f"epoch) or {SNAPSHOT!r} (every key: the current state), got {mode!r}"
+            )
+        settings, accumulator = self._bind(key)
+        exprs = []
+        how: dict[str, Aggregate] = {}
+        for name, spec in aggregates.items():
+            function = self._aggregate_of(name, spec)
+            if name in settings.key_columns:
+                raise ConfigError(
+                    f"key -> value state {self.name!r}: output {name!r} is also a key column"
+                )
+            column = spec[1]
+            arg = F.lit(1) if column == "*" else F.col(column)
+            exprs.append(getattr(F, function.value)(arg).alias(name))
+            how[name] = function
+        if not exprs:
+            raise ConfigError(f"key -> value state {self.name!r}: give at least one aggregate")
+        self.aggregates = {name: [function.value, str(aggregates[name][1])] for name, function in how.items()}
+        grouped = self._by_key_group(df, settings.key_columns)
+        partial = grouped.groupBy(*settings.key_columns).agg(
+            *exprs, F.first(KEY_GROUP_COLUMN).alias(KEY_GROUP_COLUMN)
+        )
+        out_schema = partial.drop(KEY_GROUP_COLUMN).schema
+        fn = functools.partial(
+            merge_partition, settings=settings, aggregates=how, accumulator=accumulator
+        )
+        self._input = df
+        self._output = partial.mapInArrow(fn, out_schema)
+        self._check_shape()
+        return self._output if mode == CHANGES else self.snapshot()
+
+    def _updated_schema(self) -> Any:
+        assert self._output is not None
+        return self._output.schema
+
+    def _with_changes(self, restored: DataFrame) -> DataFrame:
+        """Every restored key, with this epoch's merged values where it changed.
+
+        One full outer join on the keys, so the update is evaluated once (by whatever
+        consumes the snapshot) and the changed keys' running values come from it.
+        """
+        from pyspark.sql import functions as F
+
+        assert self._output is not None
+        keys = list(self.settings.key_columns)
+        values = [c for c in self._output.columns if c not in keys]
+        old = restored.select(*keys, *[F.col(v).alias(f"{v}{_OLD}") for v in values])
+        new = self._output.withColumn(_CHANGED, F.lit(True))
+        joined = old.join(new, on=keys, how="full_outer")
+        changed = F.col(_CHANGED).isNotNull()
+        return joined.select(
+            *keys,
+            *[F.when(changed, F.col(v)).otherwise(F.col(f"{v}{_OLD}")).alias(v) for v in values],
+        )
+
+    def _aggregate_of(self, name: str, spec: Any) -> Aggregate:
+        """The aggregate function of an ``(function, column)`` spec, checked."""
+        if isinstance(spec, (tuple, list)) and len(spec) == 2:
+            try:
+                return Aggregate(spec[0])
+            except ValueError:
+                pass
+        raise ConfigError(
+            f"key -> value state {self.name!r}: aggregate {name!r} must be "
+            f"(function, column) with function one of {tuple(a.value for a in Aggregate)}, "
+            f"got {spec!r}"
+        )

@@ -1,0 +1,68 @@
+"""The accumulator protocol: how executor tasks tell the driver which parts they wrote.
+
+Each task of a state update adds one :class:`PartReport` to the update's accumulator;
+Spark merges only the updates of tasks that succeed. A key group may be reported more
+than once (task retries, speculation, a repeated evaluation): :func:`choose_reports`
+keeps one report per key group and says which key groups it cannot trust.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pyspark.accumulators import AccumulatorParam
+
+from airflow_seatunnel_ckpt.core.models import PartRef
+
+
+@dataclass(frozen=True)
+class PartReport:
+    """What one task reports for its key group: its input and the part it wrote, if any."""
+
+    key_group: int
+    rows: int  #: input rows the task read
+    changed: int  #: keys the task added or changed
+    #: False when Spark ran the task under another partition index than its key group
+    #: (e.g. a ``coalesce`` after the update); the driver then distrusts the reports of
+    #: empty tasks, whose key group is only known from that index.
+    aligned: bool = True
+    part: PartRef | None = None  #: None: the key group is unchanged
+
+    @property
+    def empty(self) -> bool:
+        """Whether the task had no input rows."""
+        return self.rows == 0
+
+
+class ReportList(AccumulatorParam[list[PartReport]]):
+    """Accumulates the tasks' part reports (Spark merges only successful tasks' updates)."""
+
+    def zero(self, value: list[PartReport]) -> list[PartReport]:
+        """An empty report list."""
+        return []
+
+    def addInPlace(self, value1: list[PartReport], value2: list[PartReport]) -> list[PartReport]:
+        """Append the reports of one task."""
+        value1.extend(value2)
+        return value1
+
+
+def choose_reports(reports: Iterable[PartReport]) -> tuple[dict[int, PartReport], set[int]]:
+    """One report per key group, and the key groups whose report is untrusted.
+
+    Several evaluations may report a key group; any report of a task that had input
+    is correct (the same input and restored state give the same keys). A task without
+    input knows its key group only from its partition index, which is trustworthy
+    unless some task ran under an index that is not its key group.
+    """
+    with_rows: dict[int, PartReport] = {}
+    without_rows: dict[int, PartReport] = {}
+    aligned = True
+    for report in reports:
+        target = without_rows if report.empty else with_rows
+        target.setdefault(report.key_group, report)
+        aligned = aligned and report.aligned
+    chosen = {**without_rows, **with_rows}
+    unsure = set() if aligned else set(without_rows) - set(with_rows)
+    return chosen, unsure

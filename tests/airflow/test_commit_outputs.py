@@ -1,0 +1,52 @@
+"""The commit task and readers downstream: no asset event for an epoch that published nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
+from tests.airflow.epoch_test_dags import PIPELINE, build_epoch_dag, logical_date
+
+pytestmark = pytest.mark.airflow
+
+
+def asset_events(dag_id: str, run_id: str) -> list[tuple[str, Any]]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return [tuple(row) for row in session.execute(
+            select(AssetModel.uri, AssetEvent.extra).join(AssetEvent.asset)
+            .where(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run_id)).all()]
+
+
+def test_epoch_without_rows_emits_no_asset_event_and_publishes_no_directory(
+        run_at: Any, tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.operators.commit import sink_asset
+
+    store, target = tmp_path / "store", tmp_path / "table"
+    asset = sink_asset(PIPELINE, "orders_table", f"file://{target}")
+    quiet = build_epoch_dag("quiet", f"file://{store}", f"file://{target}",
+                            participants={"ingest": {"rows": 0}},
+                            commit={"sink_assets": {"orders_table": asset}})
+    run = run_at(quiet, logical_date(0))
+
+    assert run.state == "success"
+    pipeline = CheckpointStore.from_url(f"file://{store}").pipeline(PIPELINE)
+    assert pipeline.state(1) is EpochState.COMMITTED
+    assert not list(target.glob("epoch=*"))
+    assert asset_events("quiet", run.run_id) == []
+    commit_ti = next(ti for ti in run.get_task_instances() if ti.task_id == "orders.commit")
+    assert commit_ti.xcom_pull(task_ids="orders.commit")["empty"] == ["orders_table"]
+
+    # The same DAG with rows: one event, as before.
+    busy = build_epoch_dag("quiet", f"file://{store}", f"file://{target}",
+                           commit={"sink_assets": {"orders_table": asset}})
+    second = run_at(busy, logical_date(1))
+    assert second.state == "success"
+    [(uri, extra)] = asset_events("quiet", second.run_id)
+    assert uri == f"file://{target}" and extra["epoch"] == 2 and extra["rows"] == 3

@@ -1,0 +1,258 @@
+"""Publishing at the edge: exactly what the commit decided, only that, and only into our target.
+
+Every test runs on each backend (``file://`` renames a directory, ``memory://`` and S3 on
+the moto server copy file by file), and drives the protocol through ``Pipeline``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
+from airflow_seatunnel_ckpt.core.codec import crc32c
+from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, StorageError
+from airflow_seatunnel_ckpt.core.models import SinkManifest
+from airflow_seatunnel_ckpt.core.storage import (
+    OWNER_MARKER,
+    FileInfo,
+    ObjectStorage,
+    PublishMethod,
+    Storage,
+    open_storage,
+    publish_sink_dir,
+)
+from tests.core.conftest import StoreSpec
+from tests.core.epochs import Participant, flip_byte, prepare_participant, published, run_epoch, target_url
+
+
+def staged_epoch(p: Pipeline, files: dict[str, bytes], *, run_id: str = "run-1",
+                 target: str | None = None) -> tuple[int, SinkManifest]:
+    """Begin an epoch, stage ``files`` for sink ``orders`` as a writer would, prepare it."""
+    epoch = p.begin(run_id).epoch
+    staging = p.staging_path(epoch, 1, "orders")
+    for name, data in files.items():
+        p.storage.write_atomic(f"{staging}/{name}", data)
+    manifest = p.manifest_for_staged(epoch, 1, "orders", target or target_url(p, "orders"), rows=len(files))
+    p.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[manifest], base=p.restore_point())
+    return epoch, manifest
+
+
+def target_files(p: Pipeline, epoch: int, url: str | None = None) -> dict[str, bytes]:
+    """Every file of the epoch's published directory (``_SUCCESS`` included)."""
+    target = open_storage(url or target_url(p, "orders"), p.storage.storage_options)
+    d = layout.published_dir(epoch)
+    return {f.path: target.read(f"{d}/{f.path}") for f in target.walk(d, include_temp=True)}
+
+
+DATA = {"part-00000.parquet": b"a" * 100, "part-00001.parquet": b"b" * 50}
+
+
+def truncate(storage: Storage, path: str) -> None:
+    storage.write_atomic(path, storage.read(path)[:-1])
+
+
+# -- 4a: the bytes that were decided --------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", [flip_byte, truncate], ids=["bit-flip", "truncation"])
+def test_a_staged_file_damaged_after_the_commit_decision_is_not_published(
+    store_spec: StoreSpec, damage: Callable[[Storage, str], None]
+) -> None:
+    p = store_spec.pipeline()
+    epoch, manifest = staged_epoch(p, DATA)
+    assert p.decide(epoch, Decision.COMMIT, "ok", by="test").decision is Decision.COMMIT
+    damaged = f"{manifest.staging}/part-00001.parquet"
+    damage(p.storage, damaged)
+
+    with pytest.raises(PublishError, match="part-00001.parquet") as info:
+        p.commit(epoch)
+
+    assert "COMMITTING" in str(info.value)
+    assert p.state(epoch) is EpochState.COMMITTING, "roll forward only: the epoch waits for a repair"
+    assert target_files(p, epoch) == {}, "nothing of the epoch is visible"
+    assert p.storage.exists(damaged) and p.storage.exists(f"{manifest.staging}/part-00000.parquet")
+
+    # The way out the message names: put the decided bytes back, commit again.
+    p.storage.write_atomic(damaged, DATA["part-00001.parquet"])
+    p.commit(epoch)
+    assert p.state(epoch) is EpochState.COMMITTED
+    assert published(p, "orders") == {epoch: DATA}
+
+
+def test_a_commit_retried_after_publishing_recognises_the_files_by_checksum(store_spec: StoreSpec) -> None:
+    p = store_spec.pipeline()
+    epoch = run_epoch(p, "run-1")
+    target = open_storage(target_url(p, "orders"), p.storage.storage_options)
+    summary = target.read(f"{layout.published_dir(epoch)}/_SUCCESS")
+    files = [FileInfo(f"part-{i:05d}.bin", len(b), crc32c(b)) for i, b in enumerate([b"o1", b"o22"])]
+    owner = {"store": store_spec.sub_url("store"), "pipeline": p.name}
+    how = publish_sink_dir(p.storage, "gone", target, layout.published_dir(epoch), files, json.loads(summary),
+                           owner=owner, retries=0)
+    assert how is PublishMethod.ALREADY
+
+
+# -- 4b: only the manifest, the same layout everywhere --------------------------------------
+
+
+def test_only_the_manifest_and_the_summary_are_published_on_every_backend(store_spec: StoreSpec) -> None:
+    p = store_spec.pipeline()
+    writer_bookkeeping = {
+        "_SUCCESS": b"",  # Spark's empty marker: readers must see ours, not this one
+        ".part-00000.parquet.crc": b"crc0",
+        "part-00001.parquet.crc": b"crc1",
+        "_committed_123": b"{}",
+        "_started_123": b"",
+    }
+    epoch, manifest = staged_epoch(p, {**DATA, **writer_bookkeeping})
+    assert sorted(f.path for f in manifest.files) == sorted(DATA)
+    p.decide(epoch, Decision.COMMIT, "ok", by="test")
+
+    result = p.commit(epoch)
+
+    out = target_files(p, epoch)
+    assert sorted(out) == ["_SUCCESS", *sorted(DATA)]
+    assert {k: v for k, v in out.items() if k != "_SUCCESS"} == DATA
+    assert json.loads(out["_SUCCESS"])["files"] == [{"path": k, "size": len(v)} for k, v in sorted(DATA.items())]
+    expected_how = "renamed" if store_spec.backend == "file" else "copied"
+    assert [s.how for s in result.sinks] == [expected_how]
+    assert [s.how for s in p.status(epoch).published] == [expected_how]
+
+
+def test_publish_methods_keep_the_values_stored_in_committed_records() -> None:
+    assert [m.value for m in PublishMethod] == ["renamed", "copied", "already"]
+    assert PublishMethod("copied") is PublishMethod.COPY
+
+
+# -- 4c: partition directories are data -----------------------------------------------------
+
+
+def test_partition_directories_whose_column_starts_with_an_underscore_are_published(store_spec: StoreSpec) -> None:
+    p = store_spec.pipeline()
+    rows = {"_tenant=a/part-00000.parquet": b"rows of a", "_tenant=b/part-00000.parquet": b"rows of b",
+            "_tenant=b/.part-00000.parquet.crc": b"crc", "_temporary/0/part-9.parquet": b"in flight"}
+    epoch, manifest = staged_epoch(p, rows)
+    assert sorted(f.path for f in manifest.files) == ["_tenant=a/part-00000.parquet", "_tenant=b/part-00000.parquet"]
+    p.decide(epoch, Decision.COMMIT, "ok", by="test")
+    p.commit(epoch)
+    assert published(p, "orders") == {epoch: {k: v for k, v in rows.items() if k.endswith("00000.parquet")
+                                              and "/." not in k}}
+
+
+# -- 4d: one owner per target ---------------------------------------------------------------
+
+
+def test_a_target_already_published_by_another_pipeline_is_refused_naming_both(store_spec: StoreSpec) -> None:
+    shared = store_spec.sub_url("shared-target")
+    first = store_spec.pipeline("orders")
+    e1, _ = staged_epoch(first, DATA, target=shared)
+    first.decide(e1, Decision.COMMIT, "ok", by="test")
+    first.commit(e1)
+    before = target_files(first, e1, shared)
+
+    second = store_spec.pipeline("payments")
+    e2, _ = staged_epoch(second, {"part-00000.parquet": b"payments"}, target=shared)
+    assert e2 == e1, "both pipelines are at epoch 1: their files would mix in epoch=1/"
+    second.decide(e2, Decision.COMMIT, "ok", by="test")
+    with pytest.raises(PublishError) as info:
+        second.commit(e2)
+
+    message = str(info.value)
+    assert "'orders'" in message and "'payments'" in message and OWNER_MARKER in message
+    assert "own target" in message, "the message names the way out"
+    assert second.state(e2) is EpochState.COMMITTING
+    assert target_files(first, e1, shared) == before
+
+
+def test_a_target_of_the_same_pipeline_name_in_another_store_is_refused(store_spec: StoreSpec) -> None:
+    shared = store_spec.sub_url("shared-target")
+    here = store_spec.pipeline("orders")
+    e1, _ = staged_epoch(here, DATA, target=shared)
+    here.decide(e1, Decision.COMMIT, "ok", by="test")
+    here.commit(e1)
+
+    elsewhere = StoreSpec(store_spec.backend, store_spec.sub_url("other"), store_spec.options).pipeline("orders")
+    e2, _ = staged_epoch(elsewhere, {"part-00000.parquet": b"other"}, target=shared)
+    elsewhere.decide(e2, Decision.COMMIT, "ok", by="test")
+    with pytest.raises(PublishError, match="store"):
+        elsewhere.commit(e2)
+    assert elsewhere.state(e2) is EpochState.COMMITTING
+
+
+def test_the_owner_marker_is_written_once_and_names_store_and_pipeline(store_spec: StoreSpec) -> None:
+    p = store_spec.pipeline()
+    run_epoch(p, "run-1")
+    run_epoch(p, "run-2")
+    target = open_storage(target_url(p, "orders"), p.storage.storage_options)
+    assert json.loads(target.read(OWNER_MARKER)) == {"pipeline": "orders", "store": store_spec.sub_url("store")}
+    assert target.list_dir("") == [OWNER_MARKER, "epoch=1", "epoch=2"]
+
+
+# -- retries ---------------------------------------------------------------------------------
+
+
+def test_a_transient_store_error_while_publishing_is_retried(
+    fast_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = fast_spec.pipeline(max_retries=2)
+    record = prepare_participant(p, "run-1", Participant())
+    p.decide(record.epoch, Decision.COMMIT, "ok", by="test")
+    failures: list[str] = []
+    cls = type(p.storage)
+    real = cls.write_atomic
+
+    def flaky(self: Storage, path: str, data: object) -> int:
+        if path.endswith("_SUCCESS") and len(failures) < 2:
+            failures.append(path)
+            raise StorageError("injected: the store timed out")
+        return real(self, path, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cls, "write_atomic", flaky)
+    p.commit(record.epoch)
+    assert len(failures) == 2
+    assert p.state(record.epoch) is EpochState.COMMITTED
+
+
+# -- what verification costs on S3 ------------------------------------------------------------
+
+
+def test_on_s3_verifying_staged_and_published_files_reads_no_data(
+    s3_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every object this package writes or copies carries a CRC32C that HEAD returns.
+    def no_reads(self: Storage, path: str) -> int:
+        raise AssertionError(f"{path} was read to checksum it")
+
+    monkeypatch.setattr(ObjectStorage, "computed_checksum", no_reads)
+    p = s3_spec.pipeline()
+    epoch = run_epoch(p, "run-1")
+    p.commit(epoch)  # again: recognises the published copies by their kept checksum
+    assert published(p, "orders") == {epoch: {"part-00000.bin": b"o1", "part-00001.bin": b"o22"}}
+
+
+def test_on_s3_a_staged_object_without_a_kept_checksum_is_read_and_still_refused_when_damaged(
+    s3_spec: StoreSpec,
+) -> None:
+    # Written by another tool (a Spark s3a writer): no CRC32C kept, so publish reads it.
+    p = s3_spec.pipeline()
+    epoch, manifest = staged_epoch(p, DATA)
+    p.decide(epoch, Decision.COMMIT, "ok", by="test")
+    path = f"{manifest.staging}/part-00000.parquet"
+    p.storage.fs.pipe_file(p.storage.full_path(path), b"A" * 100)  # plain PUT, same size
+    assert p.storage.stored_checksum(path) is None
+
+    with pytest.raises(PublishError, match="part-00000.parquet.*CRC32C"):
+        p.commit(epoch)
+    assert p.state(epoch) is EpochState.COMMITTING
+
+
+def test_a_sink_target_on_an_unsupported_store_is_refused_at_prepare_before_any_decision(
+    fast_spec: StoreSpec,
+) -> None:
+    # Refused only at publish, the epoch would be decided commit and stuck COMMITTING.
+    p = fast_spec.pipeline()
+    with pytest.raises(ConfigError, match="'hdfs' is not supported"):
+        staged_epoch(p, DATA, target="hdfs://namenode:8020/warehouse/orders")
+    assert p.state(1) is EpochState.OPEN

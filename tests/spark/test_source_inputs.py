@@ -1,0 +1,239 @@
+"""Ordinary input mistakes get a clear error (or a declared way around them), never
+silently lost, duplicated or NULL rows: missing directories, files changed after an epoch
+consumed them, malformed csv/json records, null keys."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
+from airflow_seatunnel_ckpt.spark.sources import FileSource, SourceError
+from airflow_seatunnel_ckpt.spark.state import StateError
+from tests.spark.conftest import OrdersPipeline
+
+pytestmark = [pytest.mark.spark]
+
+SCHEMA = "order_id long, customer string, amount double"
+TOTALS = "tests.spark.stages:dedup_and_totals"
+
+
+def write_text(orders: OrdersPipeline, name: str, text: str) -> Path:
+    """Deliver a csv/json input file (atomically, like a well-behaved uploader)."""
+    orders.input_dir.mkdir(parents=True, exist_ok=True)
+    tmp = orders.input_dir / f".{name}.tmp"
+    tmp.write_text(text)
+    final = orders.input_dir / name
+    tmp.rename(final)
+    return final
+
+
+def text_spec(orders: OrdersPipeline, run_id: str, fmt: str, stage: str = TOTALS,
+              **source: Any) -> StageSpec:
+    """A stage over csv/json input with a declared schema (and ``source`` options)."""
+    options = {"header": "true"} if fmt == "csv" else {}
+    src = {"type": "file", "path": f"file://{orders.input_dir}", "format": fmt,
+           "schema": SCHEMA, "options": options, **source}
+    return orders.spec(run_id, stage=stage, sources={"orders": src})
+
+
+def published_json(root: Path) -> list[dict[str, Any]]:
+    rows = []
+    for f in sorted(root.glob("epoch=*/*.json")):
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return rows
+
+
+# -- a source directory that does not exist --------------------------------------------------
+
+def test_missing_source_directory_fails_the_epoch_naming_the_path(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    spec = orders.spec("run-1")  # orders.input_dir was never created: a mistyped path
+    with pytest.raises(SourceError, match="does not exist") as failure:
+        run_stage(spec, spark)
+    assert str(orders.input_dir) in str(failure.value)
+    assert "allow_missing=True" in str(failure.value) and "epoch 1" in str(failure.value)
+    assert orders.published() == []
+
+
+def test_allow_missing_plans_empty_epochs_until_the_directory_appears(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    def spec(run_id: str) -> StageSpec:
+        return orders.spec(run_id, sources={"orders": {
+            "type": "file", "path": f"file://{orders.input_dir}", "schema": SCHEMA,
+            "allow_missing": True}})
+
+    quiet = run_stage(spec("run-1"), spark)
+    assert (quiet.rows, quiet.sources["orders"]["files"]) == (0, [])
+    orders.commit(quiet)
+    orders.add_file("a", [1, 2])
+    orders.commit(run_stage(spec("run-2"), spark))
+    assert published_ids() == [1, 2]
+
+
+# -- a consumed file re-uploaded under the same name -------------------------------------
+
+def test_consumed_file_rewritten_with_new_content_is_an_error_naming_it(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    orders.add_file("a", [1, 2])
+    first = run_stage(orders.spec("run-1"), spark)
+    assert first.sources["orders"]["identity"]["a.parquet"]["size"] > 0
+    orders.commit(first)
+    path = orders.add_file("a", [1, 2, 3, 4])  # same name, new rows
+    os.utime(path, (1_900_000_000, 1_900_000_000))
+    with pytest.raises(SourceError, match="changed after an epoch consumed them") as failure:
+        run_stage(orders.spec("run-2"), spark)
+    assert f"{orders.input_dir}/a.parquet" in str(failure.value)
+    assert "on_change='reread'" in str(failure.value) and "epoch 2" in str(failure.value)
+    assert published_ids() == [1, 2]
+
+
+def test_on_change_reread_reads_a_changed_file_again(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    def spec(run_id: str) -> StageSpec:
+        return orders.spec(run_id, sources={"orders": {
+            "type": "file", "path": f"file://{orders.input_dir}", "on_change": "reread"}})
+
+    orders.add_file("a", [1, 2])
+    orders.commit(run_stage(spec("run-1"), spark))
+    path = orders.add_file("a", [1, 2, 3, 4])
+    os.utime(path, (1_900_000_000, 1_900_000_000))
+    again = run_stage(spec("run-2"), spark)
+    assert again.sources["orders"]["files"] == ["a.parquet"]
+    orders.commit(again)
+    third = run_stage(spec("run-3"), spark)  # unchanged since epoch 2: nothing to read
+    assert third.sources["orders"]["files"] == []
+    assert published_ids() == [1, 2, 3, 4]  # the key set drops the rows seen before
+
+
+def test_name_only_offsets_of_older_epochs_mean_consumed_and_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("x\n1\n")
+    (tmp_path / "b.csv").write_text("x\n2\n")
+    source = FileSource("orders", f"file://{tmp_path}", format="csv")
+    plan = source.plan([{"epoch": 1, "offsets": {"files": ["a.csv"]}}])
+    assert plan["files"] == ["b.csv"]
+    assert set(plan["identity"]) == {"b.csv"}
+
+
+# -- malformed records -----------------------------------------------------------------------
+
+def test_unparseable_csv_value_fails_the_epoch_naming_file_and_line(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    write_text(orders, "a.csv", "order_id,customer,amount\n1,c1,1.5\n2,c2,abc\n")
+    with pytest.raises(SourceError) as failure:
+        run_stage(text_spec(orders, "run-1", "csv"), spark)
+    message = str(failure.value)
+    assert f"{orders.input_dir}/a.csv line 3" in message and "'2,c2,abc'" in message
+    assert "epoch 1" in message and "bad_records" in message
+    assert orders.published() == [] and orders.published("totals") == []
+
+
+def test_extra_csv_column_fails_instead_of_being_dropped(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    write_text(orders, "a.csv", "order_id,customer,amount\n1,c1,1.5,surprise\n2,c2,2.0\n")
+    with pytest.raises(SourceError, match=r"a\.csv line 2: '1,c1,1\.5,surprise'"):
+        run_stage(text_spec(orders, "run-1", "csv"), spark)
+
+
+def test_broken_json_line_fails_naming_file_and_line_not_a_null_key(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    write_text(orders, "b.json", '{"order_id": 1, "customer": "c1", "amount": 1.0}\n'
+                                 '{"order_id": 2, "customer": "c2", \n')
+    with pytest.raises(SourceError, match=r"b\.json line 2"):
+        run_stage(text_spec(orders, "run-1", "json"), spark)
+
+
+def test_bad_records_go_to_a_quarantine_sink_published_with_the_epoch(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    quarantine = orders.root / "out" / "quarantine"
+    write_text(orders, "a.csv", "order_id,customer,amount\n1,c1,1.5\n2,c2,abc\n3,c0,3.0,x\n")
+    csv = run_stage(text_spec(orders, "run-1", "csv", bad_records=f"file://{quarantine}"), spark)
+    assert {m.sink: m.rows for m in csv.manifests}["orders.bad_records"] == 2
+    orders.commit(csv)
+    assert published_ids() == [1]
+    rows = published_json(quarantine)
+    assert sorted(r["record"] for r in rows) == ["2,c2,abc", "3,c0,3.0,x"]
+    assert all(r["source"] == "orders" and r["file"].endswith("/a.csv") for r in rows)
+    assert (quarantine / "epoch=1" / "_SUCCESS").exists()
+
+
+def test_bad_records_needs_a_text_format() -> None:
+    from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="bad_records applies to"):
+        FileSource("orders", "file:///in", format="parquet", bad_records="file:///q")
+
+
+# -- null keys in keyed state ------------------------------------------------------------
+
+def test_null_key_error_names_the_input_file_that_has_it(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    write_text(orders, "good.json", '{"order_id": 1, "customer": "c1", "amount": 1.0}\n')
+    write_text(orders, "nocustomer.json", '{"order_id": 2, "amount": 2.0}\n')
+    with pytest.raises(StateError) as failure:
+        run_stage(text_spec(orders, "run-1", "json"), spark)
+    message = str(failure.value)
+    assert "key column 'customer' holds nulls" in message
+    assert f"{orders.input_dir}/nocustomer.json" in message and "good.json" not in message
+    assert "epoch 1" in message
+
+
+def test_a_key_set_refuses_null_keys_naming_the_input_file_instead_of_folding_them(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    # Two orders without an id: a key set used to fold them into one key, so one was
+    # silently dropped from the output.
+    write_text(orders, "good.json", '{"order_id": 1, "customer": "c1", "amount": 1.0}\n')
+    write_text(orders, "noid.json", '{"customer": "c2", "amount": 2.0}\n{"customer": "c3", "amount": 3.0}\n')
+    with pytest.raises(StateError) as failure:
+        run_stage(text_spec(orders, "run-1", "json", stage="tests.spark.stages:dedup_orders"), spark)
+    message = str(failure.value)
+    assert "keyed state 'seen_orders': key column 'order_id' holds nulls" in message
+    assert f"{orders.input_dir}/noid.json" in message and "good.json" not in message
+    assert orders.pipeline.state(1).value == "OPEN"  # nothing prepared
+
+
+def test_a_bad_file_blocks_nothing_once_its_epoch_is_aborted_and_the_fix_delivered(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    bad = write_text(orders, "a.csv", "order_id,customer,amount\n1,c1,1.5\n2,c2,abc\n")
+    with pytest.raises(SourceError, match=r"a\.csv line 3"):
+        run_stage(text_spec(orders, "run-1", "csv"), spark)
+    orders.pipeline.abort(1, "malformed input")  # what the DAG's abort task does
+    bad.unlink()
+    write_text(orders, "a-fixed.csv", "order_id,customer,amount\n1,c1,1.5\n2,c2,2.0\n")
+    fixed = run_stage(text_spec(orders, "run-2", "csv"), spark)
+    assert fixed.sources["orders"]["files"] == ["a-fixed.csv"]
+    orders.commit(fixed)
+    assert published_ids() == [1, 2]
+
+
+def test_broken_json_lines_are_quarantined_with_their_file(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    quarantine = orders.root / "out" / "quarantine"
+    write_text(orders, "b.json", '{"order_id": 1, "customer": "c1", "amount": 1.0}\n'
+                                 '{"order_id": 2, "customer": \n'
+                                 '{"order_id": 3, "customer": "c0", "amount": "three"}\n')
+    result = run_stage(text_spec(orders, "run-1", "json", bad_records=f"file://{quarantine}"),
+                       spark)
+    orders.commit(result)
+    assert published_ids() == [1]
+    rows = published_json(quarantine)
+    assert sorted(r["record"] for r in rows) == [
+        '{"order_id": 2, "customer": ', '{"order_id": 3, "customer": "c0", "amount": "three"}']
+    assert all(r["file"].endswith("/b.json") for r in rows)
