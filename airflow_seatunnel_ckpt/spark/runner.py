@@ -348,6 +348,7 @@ def _state_factory(
     descriptor = pipeline.descriptor()
     shape = descriptor.participants.get(spec.participant) if descriptor is not None else None
     recorded = dict(shape.states) if shape is not None else {}
+    opened: dict[str, KeyedState] = {}
 
     def make(name: str, kind: type[KeyedState]) -> KeyedState:
         settings = StateSettings(
@@ -368,6 +369,10 @@ def _state_factory(
             state.recorded = recorded[name]
             state.recorded_where = f"pipeline descriptor v{descriptor.version} in {pipeline.storage.describe()}"
             state.pipeline_name = pipeline.name
+        # A rename in the code is refused when the renamed state's update is planned,
+        # before any Spark job of the stage wrote staging or state parts.
+        state.before_update = lambda _: _refuse_renamed_states(pipeline, base, spec.participant, opened)
+        opened[name] = state
         return state
 
     return make
@@ -402,11 +407,13 @@ def _refuse_renamed_states(pipeline: Pipeline, base: RestorePoint, participant: 
     """Refuse, before prepare, a stage that looks like it renamed a keyed state.
 
     The rule: a state the stage updated that has no committed values, while a committed
-    state of this participant with the same kind and key columns was not opened at all
-    this epoch. Renaming ``ctx.key_value("a")`` to ``"b"`` in the code would otherwise
+    state of this participant with the same kind and key columns was not opened (so far:
+    it runs when each update is planned, before anything is written, and once more after
+    the stage function returned). Renaming ``ctx.key_value("a")`` to ``"b"`` in the code would otherwise
     start ``b`` from zero, and renaming it back would resume ``a`` without ``b``'s
-    epochs. A stage that really adds a second state alongside the first opens both (a
-    state opened, even without an update, is never taken for a renamed one).
+    epochs. A stage that really adds a second state alongside the first opens the first
+    before it updates the new one (a state opened, even without an update, is never taken
+    for a renamed one).
     """
     owned = _owned_operators(pipeline, base, participant)
     missing = {name: op for name, op in owned.items() if name not in states}
@@ -425,7 +432,8 @@ def _refuse_renamed_states(pipeline: Pipeline, base: RestorePoint, participant: 
                 f"opens the committed state(s) {alike} of the same kind and keys: this looks like a rename, "
                 f"which would start {name!r} from zero. Way out: `seatunnel-ckpt state rename {pipeline.name} "
                 f"{alike[0]} {name}` keeps its values; or, if {name!r} is really a new state, also open "
-                f"{alike[0]!r} in the stage (ctx.{state.kind.value}({alike[0]!r})), or `seatunnel-ckpt state drop "
+                f"{alike[0]!r} in the stage, before updating {name!r} (ctx.{state.kind.value}({alike[0]!r})), "
+                f"or `seatunnel-ckpt state drop "
                 f"{pipeline.name} {alike[0]}` if it is no longer needed")
 
 

@@ -75,6 +75,12 @@ def test_renaming_a_state_in_the_code_is_refused_and_the_rename_command_keeps_it
     with pytest.raises(StateError, match=r"looks like a rename.*seatunnel-ckpt state rename orders "
                                          r"customer_totals totals_by_customer"):
         run_stage(orders.spec("run-3", stage=f"{STAGES}:totals_renamed"), spark)
+    # Refused when the update was planned: no Spark job ran, so neither staged output
+    # nor a state part of epoch 3 exists.
+    store = orders.root / "store"
+    written = [p for p in [*store.rglob("_staging/epoch=3/**/*"), *store.rglob("checkpoint_3/**/*")] if p.is_file()]
+    assert written == []
+    assert not list((orders.root / "out").rglob("epoch=3"))
     orders.pipeline.abort(3, "refused rename")
 
     rename_state(orders.pipeline, "customer_totals", "totals_by_customer", by="test")

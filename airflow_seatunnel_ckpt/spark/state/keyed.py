@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
@@ -89,6 +89,10 @@ class KeyedState:
         #: Where the recorded shape is kept and the pipeline's name (for error messages).
         self.recorded_where = ""
         self.pipeline_name = "<pipeline>"
+        #: Called with the state once an update is planned and its shape checked, before
+        #: any Spark job runs: the runner's check of the stage's states as a whole (a
+        #: rename in the code), so a refused stage has written nothing.
+        self.before_update: Callable[[KeyedState], None] | None = None
 
     @property
     def name(self) -> str:
@@ -170,6 +174,16 @@ class KeyedState:
                 "longer needed")
         if changes.compatible:
             log.info("keyed state %s: compatible change accepted: %s", self.name, "; ".join(changes.compatible))
+
+    def _planned(self) -> None:
+        """The update is planned (nothing ran yet): check its shape, then the stage's states."""
+        self._check_shape()
+        if self.before_update is not None:
+            try:
+                self.before_update(self)
+            except Exception:
+                self._output = None  # refused: nothing is checkpointed for it
+                raise
 
     # -- runner side -----------------------------------------------------------------------
     @property
@@ -344,7 +358,7 @@ class KeySet(KeyedState):
         )
         self._input = df
         self._output = self._by_key_group(df, settings.key_columns).mapInArrow(fn, df.schema)
-        self._check_shape()
+        self._planned()
         return self._output
 
     def _updated_schema(self) -> Any:
@@ -418,7 +432,7 @@ class KeyValueState(KeyedState):
         )
         self._input = df
         self._output = partial.mapInArrow(fn, out_schema)
-        self._check_shape()
+        self._planned()
         return self._output if mode == CHANGES else self.snapshot()
 
     def _updated_schema(self) -> Any:
