@@ -179,6 +179,10 @@ class SinkManifest:
     rows: int
     format: str = "parquet"
     mode: SinkMode = SinkMode.CHANGES  #: stored only when not the default (older records lack it)
+    #: A table sink's options (``{"type": "iceberg" | "delta", ...}``, never secrets): the
+    #: commit adds the staged files to that table in one transaction instead of publishing
+    #: ``<target_url>/epoch=<e>/`` (see :mod:`core.tables`). None for a file sink.
+    table: Mapping[str, Any] | None = None
 
     @property
     def bytes(self) -> int:
@@ -201,6 +205,8 @@ class SinkManifest:
                                             for f in self.files]}
         if self.mode is not SinkMode.CHANGES:
             out["mode"] = self.mode.value
+        if self.table is not None:
+            out["table"] = dict(self.table)
         return out
 
     @classmethod
@@ -215,8 +221,11 @@ class SinkManifest:
         except ValueError:
             raise CorruptCheckpointError(
                 f"{path}: sink mode must be one of {[m.value for m in SinkMode]}, found {raw_mode!r}", path) from None
+        table = _get(d, "table", dict, path, optional=True)
+        if table is not None and not isinstance(table.get("type"), str):
+            raise CorruptCheckpointError(f"{path}: a table sink's options must name its type, found {table!r}", path)
         return cls(_get(d, "sink", str, path), _get(d, "target_url", str, path), _get(d, "staging", str, path),
-                   files, _get(d, "rows", int, path), _get(d, "format", str, path), mode)
+                   files, _get(d, "rows", int, path), _get(d, "format", str, path), mode, table)
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ from airflow_seatunnel_ckpt.core.storage import (
     publish_sink_dir,
 )
 from airflow_seatunnel_ckpt.core.storage.publish import retire_older_snapshots
+from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
 from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 
 if TYPE_CHECKING:
@@ -493,6 +494,9 @@ class Pipeline:
     def _publish_sink(self, epoch: int, sink: SinkManifest) -> PublishedSink:
         if not sink.publishes:  # no rows: no empty epoch directory (the epoch is still recorded)
             return PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, EMPTY)
+        if sink.table is not None:  # one table transaction instead of an epoch directory
+            return commit_table(TableCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink,
+                                            self.storage, self.config.max_retries))
         target = self.target_storage(sink.target_url)
         dst = layout.published_dir(epoch)
         summary = {"pipeline": self.name, "epoch": epoch, "sink": sink.sink, "rows": sink.rows,

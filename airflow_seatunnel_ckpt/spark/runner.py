@@ -185,7 +185,7 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
             manifest = pipeline.manifest_for_staged(
                 epoch, spec.attempt, name, sink.target_url, sink.rows, sink.format
             )
-            manifests.append(dataclasses.replace(manifest, mode=sink.mode))
+            manifests.append(dataclasses.replace(manifest, mode=sink.mode, table=sink.table))
         else:
             not_written.append(name)
             log.warning(

@@ -34,6 +34,8 @@ class Sink:
     """
 
     format = "parquet"
+    #: A table sink's options for the commit (``SinkManifest.table``); None for files.
+    table: dict[str, Any] | None = None
 
     def __init__(self, name: str, target_url: str, mode: str | SinkMode = SinkMode.CHANGES) -> None:
         self.name = name
@@ -127,8 +129,12 @@ class FileSink(Sink):
         return self.rows
 
 
+# The table sinks build on FileSink, defined above (hence the late import).
+from airflow_seatunnel_ckpt.spark.delta_sink import DeltaSink  # noqa: E402
+from airflow_seatunnel_ckpt.spark.iceberg_sink import IcebergSink  # noqa: E402
+
 #: Sink type name -> factory(name, **options).
-_TYPES: Registry[Sink] = Registry("sink", {"file": FileSink})
+_TYPES: Registry[Sink] = Registry("sink", {"file": FileSink, "iceberg": IcebergSink, "delta": DeltaSink})
 
 
 def register_sink(type_name: str, factory: Callable[..., Sink]) -> None:
