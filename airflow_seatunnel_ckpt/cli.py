@@ -193,11 +193,36 @@ def cmd_epochs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _damaged_status(p: StoredPipeline, epoch: int, damage: CorruptCheckpointError) -> tuple[dict[str, Any], list[str]]:
+    """What ``show`` can still say of an epoch one of whose log records is damaged: each
+    record, readable or not (the damaged ones named with what is wrong)."""
+    try:
+        state = p.state(epoch).value
+    except CorruptCheckpointError:
+        state = "UNKNOWN"
+    damaged = {exc.path.rsplit("/", 1)[-1]: str(exc) for exc in p.txlog.damaged_records(epoch) if exc.path}
+    if not damaged:  # (only the error at hand names no file)
+        damaged = {"?": str(damage)}
+    names = sorted({*p.storage.list_dir(layout.txlog_dir(epoch)), *damaged} - {"?"}) + (["?"] if "?" in damaged else [])
+    records = {name: ("DAMAGED: " + damaged[name]) if name in damaged else "ok" for name in names}
+    lines = [f"pipeline {p.name} epoch {epoch}: {state}, a log record is DAMAGED"]
+    lines += [f"  record {name}: {verdict}" for name, verdict in records.items()]
+    return {"epoch": epoch, "state": state, "records": records}, lines
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     p = _pipeline(args)
-    status = p.status(args.epoch)
-    data: dict[str, Any] = {"status": status.to_dict()}
-    lines = [f"pipeline {p.name} epoch {args.epoch}: {status.state.value} (run {status.run_id})"]
+    damaged = False
+    try:
+        status = p.status(args.epoch)
+    except CorruptCheckpointError as exc:  # show every other record and the checkpoint
+        damaged, published = True, []
+        summary, lines = _damaged_status(p, args.epoch, exc)
+        data: dict[str, Any] = {"status": summary, "damaged": True}
+    else:
+        published = status.published
+        data = {"status": status.to_dict()}
+        lines = [f"pipeline {p.name} epoch {args.epoch}: {status.state.value} (run {status.run_id})"]
     if p.checkpoints.has_metadata(args.epoch):
         try:
             meta = p.checkpoints.read_metadata(args.epoch)
@@ -221,11 +246,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         lines.append("checkpoint: removed by retention (retired); parts newer checkpoints reference are kept")
     else:
         lines.append("checkpoint: not completed (no _metadata)")
-    for pub in status.published:
+    for pub in published:
         lines.append(f"  published {pub.sink}: {pub.rows} rows, {pub.files} files -> {pub.target_url}/{pub.epoch_dir}"
                      if pub.published else f"  {pub.sink}: nothing published ({pub.how.replace('_', ' ')})")
+    if damaged:
+        lines.append(f"note: `seatunnel-ckpt verify {p.name} {args.epoch}` checks every record and the checkpoint; "
+                     "docs/RELIABILITY.md (Corruption) says how to repair a record from a backup")
     _emit(args, data, "\n".join(lines))
-    return 0
+    return 0  # as for a damaged checkpoint: show describes, verify judges (exit 1)
 
 
 #: What ``verify`` says of an epoch whose records and checkpoint are intact, by state.

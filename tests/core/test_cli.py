@@ -221,6 +221,28 @@ def test_show_reports_damaged_metadata_instead_of_failing(cli: Cli) -> None:
     assert "checkpoint_2/_metadata" in data["checkpoint_error"]
 
 
+@pytest.mark.parametrize("record", ["prepared-ingest", "decision", "begin", "committed"])
+def test_show_names_a_damaged_record_and_still_shows_the_others_and_the_checkpoint(cli: Cli, record: str) -> None:
+    p = committed_history(cli.spec)
+    damaged = layout.record_path(2, record)
+    flip_byte(p.storage, damaged)
+
+    code, out, err = cli.run("show", "orders", "2")
+
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].startswith("pipeline orders epoch 2: ") and lines[0].endswith("a log record is DAMAGED")
+    verdicts = dict(line.strip()[len("record "):].split(": ", 1) for line in lines if line.startswith("  record "))
+    assert verdicts[record].startswith("DAMAGED: ") and damaged in verdicts[record]
+    assert {name: v for name, v in verdicts.items() if name != record} == {
+        name: "ok" for name in ["begin", "prepared-ingest", "decision", "committed"] if name != record}
+    assert any(line.startswith("checkpoint: base epoch ") for line in lines)  # the checkpoint is still shown
+    assert lines[-1].startswith("note: `seatunnel-ckpt verify orders 2` checks every record")
+    data = cli.json("show", "orders", "2")
+    assert data["damaged"] is True and data["status"]["records"][record].startswith("DAMAGED")
+    assert "checkpoint" in data
+
+
 def test_show_an_epoch_the_log_does_not_have_exits_2(cli: Cli) -> None:
     committed_history(cli.spec)
 
