@@ -6,6 +6,52 @@ from typing import Any
 
 _INTEGRATION = "SeaTunnel Checkpoint"
 
+#: The connection form (Airflow 3.2+ reads it from here, without importing the hook).
+#: Each field is a key of the connection's extras and a ``CheckpointConfig`` field of the
+#: same name and default (``tests/airflow/test_provider.py`` keeps them in step).
+CONN_FIELDS: dict[str, Any] = {
+    "storage_options": {
+        "label": "Storage options",
+        "description": "fsspec storage options as JSON (endpoint, region, ...); login and password fill "
+                       "'key' and 'secret'",
+        "schema": {"type": ["object", "null"], "format": "json"},
+    },
+    "prepared_timeout_s": {
+        "label": "Prepared timeout (s)",
+        "description": "recovery aborts a PREPARED epoch still undecided this long after it prepared",
+        "schema": {"type": ["number", "null"], "default": 600.0, "minimum": 0},
+    },
+    "lease_timeout_s": {
+        "label": "Stage lease timeout (s)",
+        "description": "an OPEN epoch whose stage lease was not renewed this long is dead and may be aborted",
+        "schema": {"type": ["number", "null"], "default": 180.0, "minimum": 0},
+    },
+    "max_retain": {
+        "label": "Checkpoints kept",
+        "description": "committed checkpoints retention keeps (plus every base they still need)",
+        "schema": {"type": ["integer", "null"], "default": 10, "minimum": 1},
+    },
+    "secondary_url": {
+        "label": "Secondary store URL",
+        "description": "optional second store receiving a copy of every completed checkpoint",
+        "schema": {"type": ["string", "null"]},
+    },
+}
+
+#: Relabelling of the generic connection fields.
+UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": ["schema", "port"],
+    "relabeling": {
+        "host": "Storage URL",
+        "login": "Access key (storage option 'key')",
+        "password": "Secret (storage option 'secret')",
+    },
+    "placeholders": {
+        "host": "s3://bucket/checkpoints or file:///var/lib/ckpt",
+        "login": "access key id (optional)",
+    },
+}
+
 
 def get_provider_info() -> dict[str, Any]:
     """Return the provider description Airflow's ProvidersManager reads at start-up."""
@@ -30,6 +76,9 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_seatunnel_ckpt.hooks.checkpoint_store.CheckpointStoreHook"
                 ),
                 "connection-type": "seatunnel_ckpt",
+                "hook-name": "SeaTunnel Checkpoint Store",
+                "conn-fields": CONN_FIELDS,
+                "ui-field-behaviour": UI_FIELD_BEHAVIOUR,
             }
         ],
         "hooks": [

@@ -302,19 +302,11 @@ class CheckpointStoreHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        """Relabel the generic connection form for a checkpoint store."""
-        return {
-            "hidden_fields": ["schema", "port"],
-            "relabeling": {
-                "host": "Storage URL",
-                "login": "Access key (storage option 'key')",
-                "password": "Secret (storage option 'secret')",
-            },
-            "placeholders": {
-                "host": "s3://bucket/checkpoints or file:///var/lib/ckpt",
-                "extra": '{"storage_options": {}, "prepared_timeout_s": 600, "max_retain": 10}',
-            },
-        }
+        """The connection form's relabelling, for Airflow 3.1 (3.2+ reads the provider info's
+        ``ui-field-behaviour`` and ``conn-fields`` instead and never calls this)."""
+        from airflow_seatunnel_ckpt.get_provider_info import UI_FIELD_BEHAVIOUR
+
+        return {key.replace("-", "_"): value for key, value in UI_FIELD_BEHAVIOUR.items()}
 
     def get_config(self) -> CheckpointConfig:
         """The validated checkpoint configuration (reads the connection, if any)."""
@@ -381,9 +373,16 @@ class CheckpointStoreHook(BaseHook):
         return f"{url} ({via})"
 
     def test_connection(self) -> tuple[bool, str]:
-        """Open the store and list its pipelines (the UI's *Test* button)."""
+        """The UI's *Test* button: open the store, probe its conditional create afresh (the
+        transaction log's one guarantee) and list its pipelines."""
+        from airflow_seatunnel_ckpt.core.storage.registry import forget_probes, probe_conditional_create
+
         try:
-            pipelines = self.store.list_pipelines()
+            forget_probes()  # a Test click must really probe, not trust an earlier result
+            store = self.get_conn()
+            probe_conditional_create(store.storage)
+            pipelines = store.list_pipelines()
         except Exception as exc:  # the UI wants a message, not a traceback
             return False, f"{type(exc).__name__}: {exc}"
-        return True, f"store {self.describe()} is reachable; {len(pipelines)} pipeline(s)"
+        return True, (f"store {self.describe()} is reachable and honours conditional create; "
+                      f"{len(pipelines)} pipeline(s)")

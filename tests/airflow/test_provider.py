@@ -165,3 +165,50 @@ def test_dag_parsing_does_not_import_pyspark(airflow_home: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_provider_info_is_valid_against_airflows_schema() -> None:
+    import jsonschema
+    from airflow import providers_manager
+
+    from airflow_seatunnel_ckpt.get_provider_info import get_provider_info
+
+    schema = json.loads((Path(providers_manager.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+
+
+def test_connection_form_comes_from_the_provider_info_and_matches_the_config(airflow_home: Path) -> None:
+    import dataclasses
+
+    from airflow.providers_manager import ProvidersManager
+
+    from airflow_seatunnel_ckpt.core.config import CheckpointConfig
+    from airflow_seatunnel_ckpt.get_provider_info import CONN_FIELDS
+
+    manager = ProvidersManager()
+    widgets = manager.connection_form_widgets
+    behaviour = manager.field_behaviours["seatunnel_ckpt"]
+    assert behaviour["relabeling"]["host"] == "Storage URL" and "port" in behaviour["hidden_fields"]
+    config = {f.name: f for f in dataclasses.fields(CheckpointConfig)}
+    for name, spec in CONN_FIELDS.items():
+        widget = widgets[f"extra__seatunnel_ckpt__{name}"]
+        assert widget.field_name == name and widget.field["schema"]["title"] == spec["label"]
+        # Each form field is the config field of the same name, with the same default.
+        assert name in config, name
+        default = config[name].default
+        if default is not dataclasses.MISSING:
+            assert spec["schema"].get("default") == default, name
+
+
+def test_test_connection_probes_conditional_create_and_names_what_fails(
+        airflow_home: Path, store_conn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+    ok, message = CheckpointStoreHook(store_conn).test_connection()
+    assert ok, message
+    assert "honours conditional create" in message and SECRET not in message
+
+    monkeypatch.setenv("AIRFLOW_CONN_BROKEN_STORE", json.dumps({"conn_type": "seatunnel_ckpt",
+                                                                 "host": "hdfs://namenode/ckpt"}))
+    ok, message = CheckpointStoreHook("broken_store").test_connection()
+    assert not ok and "hdfs" in message
