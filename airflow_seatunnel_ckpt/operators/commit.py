@@ -22,10 +22,12 @@ def sink_asset(pipeline: str, sink: str, target_url: str) -> Asset:
     """The Airflow asset standing for one sink's published table.
 
     Its identity is the table's URL (Airflow requires one URI per asset name, and the
-    same pipeline name may exist in several stores). Downstream DAGs can schedule on it;
-    each commit emits one event per sink that published something, whose extra holds
-    ``pipeline``, ``sink``, ``epoch``, ``files``, ``rows``, ``bytes``, the published
-    directory and ``replayed`` (the epoch was already committed by an earlier try).
+    same pipeline name may exist in several stores). Downstream DAGs can schedule on it:
+    each committed epoch gets one event per sink that published something, whose extra
+    holds ``pipeline``, ``sink``, ``epoch``, ``files``, ``rows``, ``bytes`` and the
+    published directory, and whose partition key is ``epoch=<e>`` (Airflow 3.3+). A
+    cleared or retried commit of a COMMITTED epoch emits nothing again; only a retry whose
+    earlier try committed but left no event emits it, with ``replayed: true``.
     """
     return Asset(uri=target_url, group="seatunnel_ckpt",
                  extra={"pipeline": pipeline, "sink": sink})
@@ -98,12 +100,21 @@ class CommitEpochOperator(BasePipelineOperator):
                           sink["sink"], sink["epoch_dir"], sink["files"], sink["rows"],
                           sink["bytes"], sink["how"] or "published")
             asset = self.sink_assets.get(sink["sink"])
-            if asset is not None:
-                context["outlet_events"][asset].extra = {
-                    "pipeline": self.pipeline, "epoch": epoch, "sink": sink["sink"],
-                    "files": sink["files"], "rows": sink["rows"], "bytes": sink["bytes"],
-                    "epoch_dir": sink["epoch_dir"], "replayed": already,
-                }
+            if asset is None:
+                continue
+            if already and self._announced(asset, epoch, decision.decided_at):
+                self.log.info("epoch %s: Airflow already holds sink %s's asset event; no second event",
+                              epoch, sink["sink"])
+                quiet.add(sink["sink"])
+                continue
+            event = context["outlet_events"][asset]
+            event.extra = {
+                "pipeline": self.pipeline, "epoch": epoch, "sink": sink["sink"],
+                "files": sink["files"], "rows": sink["rows"], "bytes": sink["bytes"],
+                "epoch_dir": sink["epoch_dir"], "replayed": already,
+            }
+            if hasattr(event, "add_partitions"):  # Airflow 3.3+: partition-aware consumers
+                event.add_partitions(f"epoch={epoch}")
         if result.empty:
             self.log.info("epoch %s: sink(s) %s staged no rows: nothing published, no asset event",
                           epoch, result.empty)
@@ -122,6 +133,29 @@ class CommitEpochOperator(BasePipelineOperator):
         return {"pipeline": self.pipeline, "epoch": epoch, "state": EpochState.COMMITTED.value,
                 "files": files, "rows": rows, "sinks": published, "already_committed": already,
                 "empty": result.empty, "not_written": result.not_written}
+
+    def _announced(self, asset: Asset, epoch: int, decided_at: float) -> bool:
+        """Whether Airflow already holds ``asset``'s event for ``epoch`` (an earlier try's).
+
+        A cleared or retried commit of a COMMITTED epoch must not wake downstream DAGs a
+        second time, but a try that committed and died before Airflow recorded its success
+        left no event, and its retry must emit it. So the asset's events since the epoch's
+        decision are asked for one naming this pipeline and epoch. If Airflow cannot be
+        asked, the event is emitted (a duplicate beats a lost event).
+        """
+        from datetime import datetime, timezone
+
+        try:
+            from airflow.sdk.execution_time.context import InletEventsAccessor
+
+            since = datetime.fromtimestamp(decided_at - 300, tz=timezone.utc).isoformat()
+            events = InletEventsAccessor(asset_name=asset.name, asset_uri=asset.uri).after(since).limit(1000)
+            return any((e.extra or {}).get("pipeline") == self.pipeline and (e.extra or {}).get("epoch") == epoch
+                       for e in events)
+        except Exception as exc:  # never fail a commit over a lookup; emit instead
+            self.log.warning("could not ask Airflow for the asset events of %s (%s); emitting the event",
+                             asset.uri, exc)
+            return False
 
     def _drop_outlets(self, assets: list[Asset]) -> None:
         """Emit no asset event for ``assets`` in this try (sinks that published nothing).

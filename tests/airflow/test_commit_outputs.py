@@ -50,3 +50,57 @@ def test_epoch_without_rows_emits_no_asset_event_and_publishes_no_directory(
     assert second.state == "success"
     [(uri, extra)] = asset_events("quiet", second.run_id)
     assert uri == f"file://{target}" and extra["epoch"] == 2 and extra["rows"] == 3
+
+
+def _events_of(uri: str) -> list[tuple[Any, Any]]:
+    """Every asset event of ``uri``: (extra, partition key), oldest first."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return [(row.extra, row.partition_key) for row in session.scalars(
+            select(AssetEvent).join(AssetEvent.asset).where(AssetModel.uri == uri).order_by(AssetEvent.id))]
+
+
+def test_a_cleared_commit_emits_no_second_event_and_the_epoch_is_the_partition_key(
+        run_at: Any, clear_and_rerun: Any, tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.operators.commit import sink_asset
+
+    store, target = tmp_path / "store", tmp_path / "table"
+    asset = sink_asset(PIPELINE, "orders_table", f"file://{target}")
+    dag = build_epoch_dag("replay", f"file://{store}", f"file://{target}",
+                          commit={"sink_assets": {"orders_table": asset}})
+    run = run_at(dag, logical_date(0))
+    assert run.state == "success"
+    [(extra, partition)] = _events_of(f"file://{target}")
+    assert extra["epoch"] == 1 and extra["replayed"] is False and partition == "epoch=1"
+
+    rerun = clear_and_rerun(dag, run.run_id, ["orders.commit"])
+
+    assert rerun.state == "success"
+    assert len(_events_of(f"file://{target}")) == 1  # downstream DAGs are not woken for nothing
+
+
+def test_a_retried_commit_whose_earlier_try_left_no_event_emits_it(
+        run_at: Any, clear_and_rerun: Any, tmp_path: Path) -> None:
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete
+
+    from airflow_seatunnel_ckpt.operators.commit import sink_asset
+
+    store, target = tmp_path / "store", tmp_path / "table"
+    asset = sink_asset(PIPELINE, "orders_table", f"file://{target}")
+    dag = build_epoch_dag("lost_event", f"file://{store}", f"file://{target}",
+                          commit={"sink_assets": {"orders_table": asset}})
+    run = run_at(dag, logical_date(0))
+    # As if the try that committed died before Airflow recorded its success (and event).
+    with create_session() as session:
+        session.execute(delete(AssetEvent))
+
+    rerun = clear_and_rerun(dag, run.run_id, ["orders.commit"])
+
+    assert rerun.state == "success"
+    [(extra, partition)] = _events_of(f"file://{target}")
+    assert extra["epoch"] == 1 and extra["replayed"] is True and partition == "epoch=1"
