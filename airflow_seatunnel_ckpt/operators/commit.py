@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
@@ -143,12 +143,12 @@ class CommitEpochOperator(BasePipelineOperator):
         decision are asked for one naming this pipeline and epoch. If Airflow cannot be
         asked, the event is emitted (a duplicate beats a lost event).
         """
-        from datetime import datetime, timezone
+        from datetime import datetime
 
         try:
             from airflow.sdk.execution_time.context import InletEventsAccessor
 
-            since = datetime.fromtimestamp(decided_at - 300, tz=timezone.utc).isoformat()
+            since = datetime.fromtimestamp(decided_at - 300, tz=UTC).isoformat()
             events = InletEventsAccessor(asset_name=asset.name, asset_uri=asset.uri).after(since).limit(1000)
             return any((e.extra or {}).get("pipeline") == self.pipeline and (e.extra or {}).get("epoch") == epoch
                        for e in events)
