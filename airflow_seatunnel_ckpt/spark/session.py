@@ -17,6 +17,8 @@ log = logging.getLogger(__name__)
 
 #: Master of the embedded default session.
 DEFAULT_MASTER = "local[*]"
+#: Where an embedded (local-mode) session listens unless the user's spark_conf says otherwise.
+LOOPBACK = "127.0.0.1"
 
 
 def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
@@ -25,7 +27,8 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
     The spec's ``spark_conf`` is passed to the builder untouched. Two things are only
     defaulted when the user did not set them: the master (``local[*]``, and never under
     ``spark-submit``, whose ``--master`` wins) and the Python of the executors (this
-    interpreter, which has pyarrow and this package installed).
+    interpreter, which has pyarrow and this package installed); a local-mode session
+    also listens on 127.0.0.1 only.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -42,6 +45,15 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
     builder = SparkSession.builder.appName(spec.app_name or f"{spec.pipeline}-{spec.participant}")
     if not submitted and "spark.master" not in conf:
         builder = builder.master(spec.master or DEFAULT_MASTER)
+    master = conf.get("spark.master", spec.master or DEFAULT_MASTER)
+    if not submitted and master.startswith("local"):
+        # An embedded session serves only this process: its driver, block manager and UI
+        # listen on loopback, not on every interface of the Airflow worker. The UI binds
+        # where SPARK_LOCAL_IP says (0.0.0.0 without it); the JVM reads it at launch.
+        os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        for key in ("spark.driver.bindAddress", "spark.driver.host"):
+            if key not in conf:
+                builder = builder.config(key, LOOPBACK)
     if "spark.pyspark.python" not in conf and "PYSPARK_PYTHON" not in os.environ:
         builder = builder.config("spark.pyspark.python", sys.executable)
     for key, value in conf.items():

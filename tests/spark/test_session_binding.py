@@ -1,0 +1,49 @@
+"""An embedded (local-mode) stage session listens on loopback only."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spark]
+
+REPO = Path(__file__).resolve().parents[2]
+
+_PROBE = textwrap.dedent("""
+    import json, psutil
+    from airflow_seatunnel_ckpt.spark.session import stage_session
+    from airflow_seatunnel_ckpt.spark.spec import StageSpec
+
+    spark = stage_session(StageSpec("orders", "ingest", "run-1", 1, "m:f", master="local[1]"))
+    spark.range(3).count()
+    jvm = psutil.Process().children(recursive=True)
+    listening = sorted({c.laddr.ip for p in jvm for c in p.net_connections(kind="tcp")
+                        if c.status == psutil.CONN_LISTEN})
+    print(json.dumps({"ui": spark.sparkContext.uiWebUrl, "listening": listening}))
+    spark.stop()
+""")
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is IPv4 loopback
+    return (mapped or address).is_loopback
+
+
+def test_an_embedded_stage_session_listens_on_loopback_only(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["listening"], seen  # the driver listens somewhere (RPC, block manager, UI)
+    assert all(_loopback(ip) for ip in seen["listening"]), seen
+    assert seen["ui"].startswith("http://127.0.0.1:"), seen
