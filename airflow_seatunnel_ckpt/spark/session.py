@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MASTER = "local[*]"
 #: Where an embedded (local-mode) session listens unless the user's spark_conf says otherwise.
 LOOPBACK = "127.0.0.1"
+#: The log4j2 profile of an embedded session's JVM (beside this module): standard output, WARN.
+LOG4J_PROFILE = "log4j2-stage.properties"
 
 
 def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
@@ -28,7 +31,8 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
     defaulted when the user did not set them: the master (``local[*]``, and never under
     ``spark-submit``, whose ``--master`` wins) and the Python of the executors (this
     interpreter, which has pyarrow and this package installed); a local-mode session
-    also listens on 127.0.0.1 only.
+    also listens on 127.0.0.1 only and its JVM logs warnings to standard output (see
+    ``log4j2-stage.properties``), unless spark_conf sets a log4j2 configuration itself.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -54,6 +58,11 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
         for key in ("spark.driver.bindAddress", "spark.driver.host"):
             if key not in conf:
                 builder = builder.config(key, LOOPBACK)
+        # The JVM shares the task's standard error, which Airflow logs at ERROR level.
+        java_options = conf.get("spark.driver.extraJavaOptions", "")
+        if "log4j2.configurationFile" not in java_options:
+            profile = Path(__file__).with_name(LOG4J_PROFILE).as_uri()
+            conf["spark.driver.extraJavaOptions"] = f"{java_options} -Dlog4j2.configurationFile={profile}".strip()
     if "spark.pyspark.python" not in conf and "PYSPARK_PYTHON" not in os.environ:
         builder = builder.config("spark.pyspark.python", sys.executable)
     for key, value in conf.items():

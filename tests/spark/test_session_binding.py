@@ -1,4 +1,5 @@
-"""An embedded (local-mode) stage session listens on loopback only."""
+"""An embedded (local-mode) stage session listens on loopback only and keeps the task's standard
+error (logged by Airflow at ERROR level) free of Spark's start-up lines."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def _loopback(ip: str) -> bool:
     return (mapped or address).is_loopback
 
 
-def test_an_embedded_stage_session_listens_on_loopback_only(tmp_path: Path) -> None:
+def test_an_embedded_stage_session_listens_on_loopback_only_and_logs_nothing_to_stderr(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env, capture_output=True,
@@ -47,3 +48,7 @@ def test_an_embedded_stage_session_listens_on_loopback_only(tmp_path: Path) -> N
     assert seen["listening"], seen  # the driver listens somewhere (RPC, block manager, UI)
     assert all(_loopback(ip) for ip in seen["listening"]), seen
     assert seen["ui"].startswith("http://127.0.0.1:"), seen
+    # Spark's default profile wrote INFO/WARN start-up lines to standard error.
+    noise = [line for line in done.stderr.splitlines()
+             if any(word in line for word in ("log4j", "NativeCodeLoader", " INFO ", " WARN ", "log level"))]
+    assert noise == [], noise
