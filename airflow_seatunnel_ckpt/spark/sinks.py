@@ -1,137 +1,22 @@
-"""Sinks: where a stage's output goes -- first into its attempt's staging directory.
+"""Sinks by type: the registry a stage spec's ``sinks`` entries are built from.
 
-A sink never writes to its target directly: it writes below
-``_staging/epoch=<e>/attempt=<a>/<sink>/`` of the checkpoint store, and the commit task
-publishes that to ``<target>/epoch=<e>/`` once every participant of the epoch prepared.
-So a failed, retried or stale attempt can never change what readers of the target see.
+``{"type": "file", ...}`` (the default) publishes ``<target>/epoch=<e>/`` directories
+(:mod:`file_sink`); ``"iceberg"`` and ``"delta"`` commit each epoch into a table
+(:mod:`table_sinks`). Every sink first writes into its attempt's staging; the commit
+publishes it once every participant of the epoch prepared.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
-from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+from airflow_seatunnel_ckpt.spark.delta_sink import DeltaSink
+from airflow_seatunnel_ckpt.spark.file_sink import FileSink, Sink, SinkError
+from airflow_seatunnel_ckpt.spark.iceberg_sink import IcebergSink
 from airflow_seatunnel_ckpt.spark.registry import Registry
-from airflow_seatunnel_ckpt.spark.sources import FILE_FORMATS
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
-
-class SinkError(CheckpointError):
-    """A sink was used wrongly (written twice in one stage, unknown format, ...)."""
-
-
-class Sink:
-    """Output of a stage, bound to the attempt's staging directory.
-
-    :param name: the sink's name in the stage spec.
-    :param target_url: where the commit publishes the epoch's files.
-    """
-
-    format = "parquet"
-    #: A table sink's options for the commit (``SinkManifest.table``); None for files.
-    table: dict[str, Any] | None = None
-
-    def __init__(self, name: str, target_url: str, mode: str | SinkMode = SinkMode.CHANGES) -> None:
-        self.name = name
-        self.target_url = target_url
-        self.staging_url: str | None = None
-        self.rows: int | None = None
-        try:
-            self.mode = SinkMode(mode)
-        except ValueError:
-            raise ConfigError(
-                f"sink {name!r}: mode must be one of {[m.value for m in SinkMode]}, got {mode!r}; "
-                "'changes' publishes each epoch's rows beside the earlier epochs', 'snapshot' "
-                "replaces the table with each epoch's rows"
-            ) from None
-
-    def bind(self, staging_url: str) -> None:
-        """Called by the runner: stage into ``staging_url``."""
-        self.staging_url = staging_url
-
-    @property
-    def written(self) -> bool:
-        """Whether the stage wrote this sink."""
-        return self.rows is not None
-
-    def write(self, df: DataFrame) -> int:
-        """Stage ``df``; returns the number of rows written."""
-        raise NotImplementedError
-
-
-class FileSink(Sink):
-    """Files in a directory (any fsspec URL Spark can write): parquet, json, csv or orc.
-
-    Options (the stage spec's ``sinks.<name>`` mapping): ``path`` (required, the target
-    directory), ``format`` (``parquet`` default), ``options`` (writer options, passed to
-    Spark untouched), ``partition_by`` (columns), ``mode``:
-
-    * ``"changes"`` (default): every epoch's rows are published into their own
-      ``<path>/epoch=<e>/`` beside the earlier epochs'; reading ``<path>`` gives every
-      epoch's rows (an append-only table). Right for new records, and for the *changed
-      keys* a keyed state returns (``aggregate(...)``), read as a changelog: the newest
-      epoch holding a key has its current value. An epoch that wrote no rows publishes
-      nothing (no empty directory, no ``_SUCCESS``, no asset event).
-    * ``"snapshot"``: every epoch's rows are the whole table, e.g. a keyed state's
-      current values (``aggregate(..., mode="snapshot")`` or ``state.snapshot()``). The
-      commit publishes ``<path>/epoch=<e>/``, points ``<path>/_LATEST`` at it and then
-      removes the older snapshot directories, so reading ``<path>`` (pandas, pyarrow,
-      Spark) gives the current state only -- a sum over it is the true total.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        path: str,
-        format: str = "parquet",
-        options: Mapping[str, Any] | None = None,
-        partition_by: Sequence[str] | None = None,
-        mode: str = SinkMode.CHANGES.value,
-    ) -> None:
-        super().__init__(name, fsspec_url(path).rstrip("/"), mode)
-        if format not in FILE_FORMATS:
-            raise ConfigError(
-                f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
-            )
-        self.format = format
-        self.options = {k: str(v) for k, v in (options or {}).items()}
-        self.partition_by = list(partition_by or [])
-
-    def write(self, df: DataFrame) -> int:
-        """Write ``df`` into the attempt's staging directory, counting rows on the way.
-
-        The count is an observed metric of the same job, not a second pass over the data.
-        Writing the same sink twice in one stage is refused (union the DataFrames instead).
-        """
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
-        if self.staging_url is None:
-            raise SinkError(f"sink {self.name!r} is not bound to a staging directory")
-        if self.written:
-            raise SinkError(
-                f"sink {self.name!r} was already written in this stage; union the DataFrames and "
-                "write once"
-            )
-        observation = Observation(f"sink_{self.name}_{uuid.uuid4().hex[:8]}")
-        observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
-        writer = observed.write.format(self.format).options(**self.options).mode("overwrite")
-        if self.partition_by:
-            writer = writer.partitionBy(*self.partition_by)
-        writer.save(hadoop_path(self.staging_url))
-        self.rows = int(observation.get.get("rows", 0))
-        return self.rows
-
-
-# The table sinks build on FileSink, defined above (hence the late import).
-from airflow_seatunnel_ckpt.spark.delta_sink import DeltaSink  # noqa: E402
-from airflow_seatunnel_ckpt.spark.iceberg_sink import IcebergSink  # noqa: E402
+__all__ = ["DeltaSink", "FileSink", "IcebergSink", "Sink", "SinkError", "register_sink", "sink_from_options"]
 
 #: Sink type name -> factory(name, **options).
 _TYPES: Registry[Sink] = Registry("sink", {"file": FileSink, "iceberg": IcebergSink, "delta": DeltaSink})

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.spark.sinks import FileSink
+from airflow_seatunnel_ckpt.spark.file_sink import FileSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
