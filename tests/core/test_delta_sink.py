@@ -278,8 +278,10 @@ def test_snapshot_epochs_replace_the_table_in_one_version_each(store: Storage, t
 def test_timestamp_and_date_statistics_bound_every_row(store: Storage, table_uri: str) -> None:
     import datetime as dt
 
-    ts = [dt.datetime(2026, 1, 1, 0, 0, 0, 123456, tzinfo=dt.UTC), dt.datetime(2026, 1, 1, 0, 0, 1, 1500, tzinfo=dt.UTC)]
-    data = pa.table({"id": [1, 2], "at": pa.array(ts, pa.timestamp("us", tz="UTC")),
+    utc = pa.timestamp("us", tz="UTC")
+    ts = [dt.datetime(2026, 1, 1, 0, 0, 0, 123456, tzinfo=dt.UTC),
+          dt.datetime(2026, 1, 1, 0, 0, 1, 1500, tzinfo=dt.UTC)]
+    data = pa.table({"id": [1, 2], "seen_at": pa.array(ts, utc),
                      "day": pa.array([dt.date(2026, 1, 1)] * 2)})
     manifest = stage(store, 1, {"__partition_day=2026-01-01/p.parquet": data}, uri=table_uri,
                      partition_by=("day",))
@@ -288,12 +290,18 @@ def test_timestamp_and_date_statistics_bound_every_row(store: Storage, table_uri
     (add,) = logged_adds(table_uri)
     stats = json.loads(add["stats"])
     assert add["partitionValues"] == {"day": "2026-01-01"}
-    assert stats["minValues"]["at"] == "2026-01-01T00:00:00.123Z"
-    assert stats["maxValues"]["at"] == "2026-01-01T00:00:01.002Z"  # rounded up: bounds the row
-    late = DeltaTable(table_uri).to_pyarrow_table(filters=[("at", ">", pa.scalar(ts[1], pa.timestamp("us", tz="UTC")))])
+    assert stats["minValues"]["seen_at"] == "2026-01-01T00:00:00.123Z"
+    assert stats["maxValues"]["seen_at"] == "2026-01-01T00:00:01.002Z"  # rounded up: bounds the row
+    late = DeltaTable(table_uri).to_pyarrow_table(filters=[("seen_at", ">", pa.scalar(ts[1], utc))])
     assert late.num_rows == 0
-    hit = DeltaTable(table_uri).to_pyarrow_table(filters=[("at", ">=", pa.scalar(ts[1], pa.timestamp("us", tz="UTC")))])
+    hit = DeltaTable(table_uri).to_pyarrow_table(filters=[("seen_at", ">=", pa.scalar(ts[1], utc))])
     assert hit.column("id").to_pylist() == [2]
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"LOAD '{DUCKDB_DELTA}'")
+    found = con.execute(f"SELECT id FROM delta_scan('{table_uri}') WHERE seen_at >= ?", [ts[1]]).fetchall()
+    assert found == [(2,)]  # DuckDB skips files on these bounds too
 
 
 def test_s3_options_of_the_store_become_delta_rs_storage_options(store: Storage) -> None:
