@@ -23,6 +23,7 @@ from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
 from airflow_seatunnel_ckpt.core.tables import delta as delta_commit
+from tests.core import faults
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import at_once
 from tests.core.faults import SimulatedCrash
@@ -143,14 +144,16 @@ def test_changes_epochs_append_one_table_version_each(store: Storage, table_uri:
     assert duckdb_rows(table_uri) == expected(DE=[1, 2], FR=[3])
 
 
+@pytest.mark.parametrize("retries", [0, 3])
 @pytest.mark.parametrize("existing", [False, True], ids=["creating", "appending"])
 def test_two_committers_racing_one_epoch_land_it_in_one_version(
-        store: Storage, table_uri: str, existing: bool) -> None:
+        store: Storage, table_uri: str, existing: bool, retries: int) -> None:
     if existing:
         commit_table(request(store, 1, stage(store, 1, by_country(1, FR=[9]), uri=table_uri)))
     manifest = stage(store, 2, by_country(2, DE=[1, 2], FR=[3]), uri=table_uri)
-    outcomes = at_once([lambda: commit_table(request(store, 2, manifest))] * 2)
+    outcomes = at_once([lambda: commit_table(request(store, 2, manifest, retries))] * 2)
 
+    # The loser's conflict is no error: it reads the table again and finds the epoch.
     assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
     assert sorted(o.how for o in outcomes) == ["already", "copied"]  # type: ignore[union-attr]
     table = DeltaTable(table_uri)
@@ -343,3 +346,46 @@ def test_an_epoch_commits_once_into_a_delta_table_on_s3(s3_spec: StoreSpec, moto
     assert sorted(logged) == ["country=DE/orders-e1-orders-00000.parquet", "country=FR/orders-e1-orders-00001.parquet"]
     total = sum(pq.read_table(fs.open(f"{root}/{p}")).num_rows for p in logged)
     assert total == 3
+
+
+def test_a_commit_killed_at_any_step_lands_the_epoch_exactly_once_when_resumed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Crash before every store write of the commit and before the Delta log commit itself."""
+    plan = faults.install(monkeypatch)
+    for name in ("_create", "_append"):  # the delta-rs log commit is a crash point too
+        real = getattr(delta_commit, name)
+
+        def before_log_commit(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            plan.tick(f"delta {_name}")
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(delta_commit, name, before_log_commit)
+
+    def setup(n: int) -> tuple[StoreSpec, str, int]:
+        spec = StoreSpec("file", f"file://{tmp_path}/w{n}")
+        uri = f"{tmp_path}/w{n}/tables/orders"
+        pipeline = spec.pipeline()
+        for run, countries in (("run-1", {"FR": [9]}), ("run-2", {"DE": [1, 2], "FR": [3]})):
+            epoch = pipeline.begin(run).epoch
+            manifest = stage(pipeline.storage, epoch, by_country(epoch, **countries), uri=uri,
+                             staging=pipeline.staging_path(epoch, 1, "orders"))
+            pipeline.prepare(epoch, "ingest", 1, run_id=run, sinks=[manifest], operators={}, sources={},
+                             base=pipeline.restore_point())
+            pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+            if run == "run-1":
+                pipeline.commit(epoch)
+        return spec, uri, epoch
+
+    def check(world: tuple[StoreSpec, str, int], crashed: bool) -> None:
+        spec, uri, epoch = world
+        assert spec.pipeline().commit(epoch).already_committed
+        table = DeltaTable(uri)
+        assert (table.version(), table.transaction_version("orders/orders")) == (1, epoch)
+        assert duckdb_rows(uri) == expected(DE=[1, 2], FR=[3, 9])
+        assert len(logged_adds(uri)) == 3
+
+    run = faults.crash_at_every_mutation(
+        plan, setup, step=lambda w: w[0].pipeline().commit(w[2]), resume=lambda w: w[0].pipeline().commit(w[2]),
+        check=check)
+    assert any("delta _append" in c for c in run.crashed_at), run.crashed_at
+    assert run.crash_points >= 3

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import itertools
 import json
 import logging
 import math
@@ -99,13 +100,18 @@ def commit(request: TableCommit) -> PublishedSink:
     placed: list[PlacedFile] | None = None
     how = PublishMethod.ALREADY
     problem: BaseException | None = None
-    for attempt in range(request.retries + 1):
+    for attempt in itertools.count():
+        # Read the table first, also after the last failed attempt: a conflict may have
+        # been a racing committer landing this very epoch.
+        table = _load(uri, delta_options, where)
+        version = table.transaction_version(app_id) if table is not None else None
+        if version is not None and version >= request.epoch:
+            log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
+            return _published(request, uri, PublishMethod.ALREADY)
+        if attempt > request.retries:
+            break
         if attempt:
             time.sleep(min(0.05 * 2 ** attempt, 5.0))
-        table = _load(uri, delta_options, where)
-        if table is not None and (table.transaction_version(app_id) or -1) >= request.epoch:
-            log.info("%s: the table already holds the epoch (txn version %s)", where, table.transaction_version(app_id))
-            return _published(request, uri, PublishMethod.ALREADY)
         if placed is None:
             placed, how = place_files(request, target, where)
         actions, schema = add_actions(request, target, placed, where)
