@@ -9,6 +9,7 @@ and DuckDB's ``delta_scan`` (the delta extension wheel, delta-kernel-rs undernea
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -389,3 +390,42 @@ def test_a_commit_killed_at_any_step_lands_the_epoch_exactly_once_when_resumed(
         check=check)
     assert any("delta _append" in c for c in run.crashed_at), run.crashed_at
     assert run.crash_points >= 3
+
+
+def test_a_file_holding_two_partition_values_is_refused_before_the_log_commit(
+        store: Storage, table_uri: str) -> None:
+    mixed = pa.concat_tables([rows([1], "DE"), rows([2], "FR")])
+    manifest = stage(store, 1, {"__partition_country=DE/p.parquet": mixed}, uri=table_uri)
+
+    with pytest.raises(PublishError, match=r"country=DE/orders-e1-orders-00000\.parquet does not hold exactly one "
+                                           r"value of partition column 'country'"):
+        commit_table(request(store, 1, manifest))
+    assert not DeltaTable.is_deltatable(table_uri)
+
+
+def test_a_sink_partitioned_unlike_its_existing_table_is_refused(store: Storage, table_uri: str) -> None:
+    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+    flat = stage(store, 2, {"p.parquet": rows([2], "DE")}, uri=table_uri, partition_by=())
+
+    with pytest.raises(ConfigError, match=r"the table is partitioned by \['country'\], the sink by \[\]"):
+        commit_table(request(store, 2, flat))
+    assert DeltaTable(table_uri).version() == 0
+
+
+def test_null_and_integer_partition_values_are_logged_in_delta_string_form(store: Storage, table_uri: str) -> None:
+    data = {"__partition_year=2026/a.parquet": pa.table({"id": [1], "year": pa.array([2026], pa.int32())}),
+            "__partition_year=__HIVE_DEFAULT_PARTITION__/b.parquet":
+                pa.table({"id": [2], "year": pa.array([None], pa.int32())})}
+    commit_table(request(store, 1, stage(store, 1, data, uri=table_uri, partition_by=("year",))))
+
+    assert sorted((a["path"], a["partitionValues"]["year"]) for a in logged_adds(table_uri)) == [
+        ("year=2026/orders-e1-orders-00000.parquet", "2026"),
+        ("year=__HIVE_DEFAULT_PARTITION__/orders-e1-orders-00001.parquet", None)]
+    assert duckdb_rows(table_uri) == [(1, 2026), (2, None)]
+
+
+def test_files_staged_in_another_store_are_copied_into_the_table(table_uri: str) -> None:
+    store = StoreSpec("memory", f"memory://delta-{uuid.uuid4().hex}").storage("store")
+    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1, 2]), uri=table_uri)))
+
+    assert duckdb_rows(table_uri) == expected(DE=[1, 2])
