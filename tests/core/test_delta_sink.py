@@ -429,3 +429,22 @@ def test_files_staged_in_another_store_are_copied_into_the_table(table_uri: str)
     commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1, 2]), uri=table_uri)))
 
     assert duckdb_rows(table_uri) == expected(DE=[1, 2])
+
+
+@pytest.mark.s3
+def test_credentials_of_a_table_on_another_protocol_come_from_the_secret_resolver(
+        local_spec: StoreSpec, s3_bucket: str, moto_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.core import tables
+
+    monkeypatch.setattr(tables, "_SECRET_RESOLVERS", [])
+    store = local_spec.storage("store")  # a local store: none of its options may reach S3
+    uri = f"{s3_bucket}/tables/orders"
+    manifest = stage(store, 1, by_country(1, DE=[1]), uri=uri)
+    assert "testing" not in json.dumps(manifest.to_dict())  # never in the prepared record
+
+    tables.register_secret_resolver(lambda options: {"fs_options": moto_server.storage_options}
+                                    if options.get("uri") == uri else {})
+    assert commit_table(request(store, 1, manifest)).how == "copied"
+    options = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_ENDPOINT_URL": moto_server.endpoint_url, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    assert deltalake_rows(uri, **options) == expected(DE=[1])
