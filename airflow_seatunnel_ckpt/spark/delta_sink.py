@@ -28,10 +28,15 @@ class DeltaSink(TableSink):
     table_type = "delta"
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str] | None = None,
-                 mode: str = SinkMode.CHANGES.value) -> None:
+                 mode: str = SinkMode.CHANGES.value, merge_keys: Sequence[str] | None = None) -> None:
         url = fsspec_url(path).rstrip("/")
         protocol = url.split("://", 1)[0]
         if protocol not in TABLE_PROTOCOLS:
             raise ConfigError(f"delta sink {name!r}: path {path!r} is on {protocol}://, where delta-rs cannot "
                               f"commit here; use one of {[p + '://' for p in TABLE_PROTOCOLS]} (or s3a://)")
-        super().__init__(name, url, {"uri": url}, partition_by=partition_by, mode=mode)
+        keys = [merge_keys] if isinstance(merge_keys, str) else list(merge_keys or [])
+        if keys and mode == SinkMode.SNAPSHOT.value:
+            raise ConfigError(f"delta sink {name!r}: merge_keys {keys} with mode 'snapshot': a snapshot replaces the "
+                              "whole table, an upsert replaces rows by key. Choose one")
+        super().__init__(name, url, {"uri": url, **({"merge_keys": keys} if keys else {})},
+                         partition_by=partition_by, mode=mode)

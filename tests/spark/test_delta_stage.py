@@ -15,7 +15,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import run_stage
-from airflow_seatunnel_ckpt.spark.delta_sink import DeltaSink
+from airflow_seatunnel_ckpt.spark.sinks import DeltaSink
 from tests.spark.conftest import OrdersPipeline, order_row
 
 pytestmark = [pytest.mark.spark]
@@ -62,3 +62,9 @@ def test_a_stage_writing_a_delta_sink_commits_each_epoch_once_into_the_table(
 def test_a_delta_sink_on_a_store_delta_rs_cannot_reach_is_refused_when_built() -> None:
     with pytest.raises(ConfigError, match=r"delta sink 'o': path 'memory://t' is on memory://"):
         DeltaSink("o", "memory://t")
+
+
+def test_a_delta_sink_with_merge_keys_and_snapshot_mode_is_refused_when_built() -> None:
+    with pytest.raises(ConfigError, match=r"merge_keys \['customer'\] with mode 'snapshot'"):
+        DeltaSink("totals", "/tmp/t", mode="snapshot", merge_keys=["customer"])
+    assert DeltaSink("totals", "/tmp/t", merge_keys="customer").table["merge_keys"] == ["customer"]

@@ -35,6 +35,8 @@ Decisions (docs/tables/delta.md has the user's view):
   columns). A missing column or a changed type is refused before anything is committed.
 * ``mode: snapshot`` commits with ``mode="overwrite"``: the remove actions of every current
   file and the new add actions are one version, so readers see the old or the new table.
+* ``merge_keys`` (an upsert): the epoch's rows are MERGEd into an existing table, with the
+  same application transaction in the same version (:mod:`.delta_upsert`).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
-from airflow_seatunnel_ckpt.core.tables import TableCommit
+from airflow_seatunnel_ckpt.core.tables import TableCommit, delta_upsert
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,10 @@ def commit(request: TableCommit) -> PublishedSink:
     app_id = f"{request.pipeline}/{request.sink.sink}"
     where = (f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} "
              f"(Delta table {redact_url(uri)})")
+    keys = delta_upsert.merge_keys(request)
+    if keys and request.sink.mode is SinkMode.SNAPSHOT:
+        raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
+                          "sense with it. Drop merge_keys, or use mode 'changes'")
     placed: list[PlacedFile] | None = None
     how = PublishMethod.ALREADY
     problem: BaseException | None = None
@@ -112,6 +118,17 @@ def commit(request: TableCommit) -> PublishedSink:
             break
         if attempt:
             time.sleep(min(0.05 * 2 ** attempt, 5.0))
+        if keys and table is not None:
+            try:
+                _upsert(request, table, keys, app_id, where)
+                log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
+                return _published(request, uri, delta_upsert.MERGED)
+            except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
+                problem = exc
+                log.warning("%s: merge attempt %d failed (%s); reading the table again", where, attempt + 1, exc)
+                continue
+        if keys:  # a new table: created from the placed files, so the keys must be unique already
+            delta_upsert.check_keys(delta_upsert.epoch_rows(request), keys, where)
         if placed is None:
             placed, how = place_files(request, target, where)
         actions, schema = add_actions(request, target, placed, where)
@@ -415,10 +432,20 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
                                    commit_properties=_properties(request, app_id))
 
 
-def _published(request: TableCommit, uri: str, how: PublishMethod) -> PublishedSink:
+def _upsert(request: TableCommit, table: DeltaTable, keys: list[str], app_id: str, where: str) -> None:
+    rows = delta_upsert.epoch_rows(request)
+    delta_upsert.check_keys(rows, keys, where)
+    added = check_schema(table, rows.schema, [str(c) for c in request.table.get("partition_by") or []], where)
+    if added:
+        table.alter.add_columns(added)
+        table.update_incremental()
+    delta_upsert.merge(table, rows, keys, _properties(request, app_id))
+
+
+def _published(request: TableCommit, uri: str, how: str) -> PublishedSink:
     sink = request.sink
     return PublishedSink(sink.sink, redact_url(sink.target_url), redact_url(uri), len(sink.files), sink.rows,
-                         sink.bytes, how.value)
+                         sink.bytes, str(how))
 
 
 __all__ = ["PlacedFile", "add_actions", "check_schema", "commit", "footer_stats", "partition_dir",
