@@ -448,3 +448,14 @@ def test_credentials_of_a_table_on_another_protocol_come_from_the_secret_resolve
     options = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_ENDPOINT_URL": moto_server.endpoint_url, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
     assert deltalake_rows(uri, **options) == expected(DE=[1])
+
+
+def test_an_epoch_behind_the_tables_transaction_is_refused_not_skipped(store: Storage, table_uri: str) -> None:
+    """A reset store (or another store's pipeline of the same name) must not lose its epochs as "already"."""
+    commit_table(request(store, 5, stage(store, 5, by_country(5, DE=[5]), uri=table_uri)))
+    fresh = stage(store, 1, by_country(1, DE=[1]), uri=table_uri)
+
+    with pytest.raises(PublishError, match=r"application transaction 'orders/orders' is at epoch 5, beyond this "
+                                           r"epoch.*Give this sink its own table"):
+        commit_table(request(store, 1, fresh))
+    assert DeltaTable(table_uri).version() == 0

@@ -103,7 +103,9 @@ def commit(request: TableCommit) -> PublishedSink:
     if keys and request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
                           "sense with it. Drop merge_keys, or use mode 'changes'")
-    placed: list[PlacedFile] | None = None
+    placed: list[PlacedFile] | None = None  # placed once; every attempt commits the same actions
+    actions: list[AddAction] = []
+    schema: pa.Schema | None = None
     how = PublishMethod.ALREADY
     problem: BaseException | None = None
     for attempt in itertools.count():
@@ -111,7 +113,16 @@ def commit(request: TableCommit) -> PublishedSink:
         # been a racing committer landing this very epoch.
         table = _load(uri, delta_options, where)
         version = table.transaction_version(app_id) if table is not None else None
-        if version is not None and version >= request.epoch:
+        if version is not None and version > request.epoch:
+            # Epochs of one store commit in order (a COMMITTING epoch blocks the next), so
+            # a newer version was written through another store under the same names, or
+            # by this store before it was reset: "already" would silently drop this epoch.
+            raise PublishError(
+                f"{where}: the table's application transaction {app_id!r} is at epoch {version}, beyond this "
+                f"epoch: another checkpoint store's pipeline of the same name (or this store before it was reset) "
+                "commits this sink into the table, and its epochs are not this store's. Nothing was committed. "
+                "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
+        if version == request.epoch:
             log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
             return _published(request, uri, PublishMethod.ALREADY)
         if attempt > request.retries:
@@ -131,7 +142,7 @@ def commit(request: TableCommit) -> PublishedSink:
             delta_upsert.check_keys(delta_upsert.epoch_rows(request), keys, where)
         if placed is None:
             placed, how = place_files(request, target, where)
-        actions, schema = add_actions(request, target, placed, where)
+            actions, schema = add_actions(request, target, placed, where)
         if table is None and schema is None:
             log.info("%s: an empty snapshot and no table yet: nothing to commit", where)
             return _published(request, uri, PublishMethod.ALREADY)
