@@ -41,13 +41,9 @@ Decisions (docs/tables/delta.md has the user's view):
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import itertools
 import json
 import logging
-import math
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -73,15 +69,9 @@ from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
 from airflow_seatunnel_ckpt.core.tables import TableCommit, delta_upsert
+from airflow_seatunnel_ckpt.core.tables.delta_files import footer_stats, partition_dir
 
 log = logging.getLogger(__name__)
-
-#: Hive's name for a NULL partition value (directory names only; the log holds null).
-NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-#: Longest string whose min/max go into the statistics (as Delta's Spark writer: 32).
-STRING_STATS_PREFIX = 32
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
-
 
 @dataclass(frozen=True)
 class PlacedFile:
@@ -244,20 +234,6 @@ def place_files(request: TableCommit, target: Storage, where: str) -> tuple[list
     return placed, PublishMethod.COPY if copied else PublishMethod.ALREADY
 
 
-def partition_dir(staged_path: str) -> str:
-    """``<col>=<value>/...`` for a staged path below ``__partition_<col>=<value>/`` dirs.
-
-    Only people read these names (Delta readers take values from the log), so characters
-    outside ``[A-Za-z0-9_.-]`` become ``_``: no reader ever has to URL-decode a path.
-    """
-    out = ""
-    for part in staged_path.split("/")[:-1]:
-        name, eq, value = part.partition("=")
-        if eq and name.startswith("__partition_"):
-            out += f"{name[len('__partition_'):]}={_UNSAFE.sub('_', value)[:64]}/"
-    return out
-
-
 def add_actions(request: TableCommit, target: Storage, placed: Sequence[PlacedFile],
                 where: str) -> tuple[list[AddAction], pa.Schema | None]:
     """The add actions of the placed files, and their common Arrow schema (None: no file).
@@ -294,97 +270,6 @@ def add_actions(request: TableCommit, target: Storage, placed: Sequence[PlacedFi
         stats, values = footer_stats(meta, file_schema, partition_by, f"{where}: data file {p.path}")
         actions.append(AddAction(p.path, p.staged.size, values, now, True, json.dumps(stats)))
     return actions, schema
-
-
-def footer_stats(meta: pq.FileMetaData, schema: pa.Schema, partition_by: Sequence[str],
-                 where: str) -> tuple[dict[str, Any], dict[str, str | None]]:
-    """Delta statistics (numRecords, minValues, maxValues, nullCount) and partition values.
-
-    Taken from the Parquet footer, never from the data. Min/max are kept only where they
-    are exact and safe for data skipping: no NaN-only floats, strings up to 32 characters,
-    timestamps widened to whole milliseconds (Delta's statistics precision).
-    """
-    lows: dict[str, Any] = {}
-    highs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    bounds: dict[str, tuple[Any, Any]] = {}  # the footer's own values, for partition values
-    columns = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
-    for field in schema:
-        j = columns.get(field.name)
-        if j is None:  # nested: one footer column per leaf; left without statistics
-            continue
-        stats = [meta.row_group(g).column(j).statistics for g in range(meta.num_row_groups)]
-        if all(s is not None and s.has_null_count for s in stats):
-            nulls[field.name] = sum(s.null_count for s in stats if s is not None)
-        bounded = [s for s in stats if s is not None and s.has_min_max]
-        if bounded and len(bounded) == len(stats):
-            low, high = min(s.min for s in bounded), max(s.max for s in bounded)
-            bounds[field.name] = low, high
-            encoded = _stat(field.type, low, floor=True), _stat(field.type, high, floor=False)
-            if encoded[0] is not None and encoded[1] is not None:
-                lows[field.name], highs[field.name] = encoded
-    values: dict[str, str | None] = {}
-    for column in partition_by:
-        field = schema.field(column) if column in schema.names else None
-        if field is None:
-            raise ConfigError(f"{where} has no partition column {column!r} (columns: {schema.names})")
-        if meta.num_rows and nulls.get(column) == meta.num_rows:
-            values[column] = None
-        elif column in bounds and bounds[column][0] == bounds[column][1] and nulls.get(column) == 0:
-            values[column] = partition_value(field.type, bounds[column][0], where)
-        else:
-            raise PublishError(
-                f"{where} does not hold exactly one value of partition column {column!r} in its footer "
-                "statistics; a Delta data file belongs to one partition. Stage it with a DeltaSink "
-                "(partitioned by hidden copies of the columns), then prepare the epoch again")
-    return {"numRecords": meta.num_rows, "minValues": lows, "maxValues": highs, "nullCount": nulls}, values
-
-
-def _stat(kind: pa.DataType, value: Any, floor: bool) -> Any:
-    """``value`` as a Delta statistics JSON value, or None when it must be left out."""
-    if pa.types.is_boolean(kind):
-        return bool(value)
-    if pa.types.is_integer(kind):
-        return int(value)
-    if pa.types.is_floating(kind):
-        return float(value) if math.isfinite(value) else None
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return value if isinstance(value, str) and len(value) <= STRING_STATS_PREFIX else None
-    if pa.types.is_date(kind):
-        return value.isoformat() if isinstance(value, dt.date) else None
-    if pa.types.is_timestamp(kind) and isinstance(value, dt.datetime):
-        # Delta keeps milliseconds: round the minimum down and the maximum up, so that a
-        # reader skipping files on these bounds never skips a file holding a match.
-        micros = value.microsecond % 1000
-        if micros and not floor:
-            value += dt.timedelta(microseconds=1000 - micros)
-        value -= dt.timedelta(microseconds=value.microsecond % 1000)
-        if kind.tz is not None:
-            utc = value.astimezone(dt.UTC) if value.tzinfo else value
-            return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-        return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond // 1000:03d}"
-    return None  # decimals (no exact JSON number), binary, nested: no bounds
-
-
-def partition_value(kind: pa.DataType, value: Any, where: str) -> str:
-    """A partition value in the Delta protocol's string form."""
-    if pa.types.is_boolean(kind):
-        return "true" if value else "false"
-    if pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return str(value)
-    if pa.types.is_floating(kind):
-        return repr(float(value))
-    if pa.types.is_decimal(kind) and isinstance(value, decimal.Decimal):
-        return str(value)
-    if pa.types.is_date(kind) and isinstance(value, dt.date):
-        return value.isoformat()
-    if pa.types.is_timestamp(kind) and isinstance(value, dt.datetime):
-        if kind.tz is not None:
-            utc = value.astimezone(dt.UTC) if value.tzinfo else value
-            return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
-    raise ConfigError(f"{where}: Delta cannot partition by a column of type {kind}; partition by a string, "
-                      "number, boolean, date or timestamp column")
 
 
 def check_schema(table: DeltaTable, schema: pa.Schema, partition_by: Sequence[str], where: str) -> list[Field]:
@@ -457,8 +342,3 @@ def _published(request: TableCommit, uri: str, how: str) -> PublishedSink:
     sink = request.sink
     return PublishedSink(sink.sink, redact_url(sink.target_url), redact_url(uri), len(sink.files), sink.rows,
                          sink.bytes, str(how))
-
-
-__all__ = ["PlacedFile", "add_actions", "check_schema", "commit", "footer_stats", "partition_dir",
-           "partition_value", "place_files", "storage_options"]
-
