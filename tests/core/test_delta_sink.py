@@ -459,3 +459,12 @@ def test_an_epoch_behind_the_tables_transaction_is_refused_not_skipped(store: St
                                            r"epoch.*Give this sink its own table"):
         commit_table(request(store, 1, fresh))
     assert DeltaTable(table_uri).version() == 0
+
+
+def test_a_table_with_column_mapping_is_refused_for_added_files(store: Storage, table_uri: str) -> None:
+    DeltaTable.create(table_uri, SCHEMA, partition_by=["country"],
+                      configuration={"delta.columnMapping.mode": "name"})
+
+    with pytest.raises(ConfigError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
+        commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+    assert DeltaTable(table_uri).version() == 0

@@ -315,6 +315,14 @@ def _create(request: TableCommit, uri: str, options: dict[str, str], actions: li
 def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], schema: pa.Schema | None,
             app_id: str, where: str) -> None:
     partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    mapping = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
+    if mapping != "none":
+        # Data files of such a table name columns by their physical names; ours use the
+        # logical ones, and every reader would see NULLs.
+        raise ConfigError(
+            f"{where}: the table uses column mapping (delta.columnMapping.mode={mapping}); files written by Spark "
+            "without Delta name their columns logically and cannot be added to it. Write to a table without "
+            "column mapping, or use merge_keys (delta-rs writes the files of a MERGE itself)")
     added = check_schema(table, schema, partition_by, where) if schema is not None else []
     if added:
         # A metadata-only commit of its own: create_write_transaction would take the files
