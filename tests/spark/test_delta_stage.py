@@ -15,7 +15,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import run_stage
-from airflow_seatunnel_ckpt.spark.sinks import DeltaSink
+from airflow_seatunnel_ckpt.spark.delta_sink import DeltaSink
 from tests.spark.conftest import OrdersPipeline, order_row
 
 pytestmark = [pytest.mark.spark]
