@@ -295,8 +295,9 @@ def check_schema(table: DeltaTable, schema: pa.Schema, partition_by: Sequence[st
 
 
 def _properties(request: TableCommit, app_id: str) -> CommitProperties:
-    # max_commit_retries=0: on a conflict delta-rs must not rebase this commit by itself;
-    # commit() reloads and reads the transaction version first (no epoch lands twice).
+    # max_commit_retries=0: every conflict goes back to commit(), which reloads the table
+    # and reads the transaction version before trying again -- one path for a racing
+    # committer of this epoch and for any other writer, instead of delta-rs's own rebase.
     return CommitProperties(
         custom_metadata={"pipeline": request.pipeline, "sink": request.sink.sink, "epoch": request.epoch,
                          "store": request.store},
@@ -318,7 +319,8 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
     mapping = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
     if mapping != "none":
         # Data files of such a table name columns by their physical names; ours use the
-        # logical ones, and every reader would see NULLs.
+        # logical ones. delta-rs commits them anyway and the table can no longer be read
+        # ("Partition column ... not found in schema").
         raise ConfigError(
             f"{where}: the table uses column mapping (delta.columnMapping.mode={mapping}); files written by Spark "
             "without Delta name their columns logically and cannot be added to it. Write to a table without "
