@@ -68,3 +68,26 @@ def test_a_delta_sink_with_merge_keys_and_snapshot_mode_is_refused_when_built() 
     with pytest.raises(ConfigError, match=r"merge_keys \['customer'\] with mode 'snapshot'"):
         DeltaSink("totals", "/tmp/t", mode="snapshot", merge_keys=["customer"])
     assert DeltaSink("totals", "/tmp/t", merge_keys="customer").table["merge_keys"] == ["customer"]
+
+
+def test_a_key_value_state_upserted_into_delta_is_the_current_total_per_key(
+        spark: Any, orders: OrdersPipeline) -> None:
+    """The keys an epoch changed are MERGEd: the table is the state's current snapshot, one row per key."""
+    tables = orders.root / "tables"
+    sinks = {"orders_table": {"type": "delta", "path": str(tables / "orders")},
+             "customer_totals": {"type": "delta", "path": str(tables / "totals"), "merge_keys": ["customer"]}}
+    seen: set[int] = set()
+    for n, ids in enumerate([[1, 2, 3, 4], [4, 5, 7]], start=1):
+        orders.add_file(f"f{n}", ids)
+        seen |= set(ids)
+        orders.commit(run_stage(orders.spec(f"run-{n}", stage="tests.spark.stages:dedup_and_totals", sinks=sinks),
+                                spark))
+
+    want: dict[str, float] = {}
+    for i in sorted(seen):
+        row = order_row(i)
+        want[row["customer"]] = want.get(row["customer"], 0.0) + row["amount"]
+    _, totals = delta_scan(tables / "totals", "SELECT customer, total FROM t ORDER BY customer")
+    assert totals == sorted(want.items())  # one row per key, the newest total: no row_number() needed
+    _, ids = delta_scan(tables / "orders", "SELECT order_id FROM t ORDER BY order_id")
+    assert [i for (i,) in ids] == sorted(seen)
