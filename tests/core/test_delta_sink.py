@@ -468,3 +468,21 @@ def test_a_table_with_column_mapping_is_refused_for_added_files(store: Storage, 
     with pytest.raises(ConfigError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
         commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
+
+
+def test_timestamp_date_boolean_and_float_partitions_read_back_exactly(store: Storage, table_uri: str) -> None:
+    import datetime as dt
+
+    at = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
+    data = pa.table({"id": [1], "at": pa.array([at], pa.timestamp("us", tz="UTC")),
+                     "day": pa.array([dt.date(2026, 1, 2)]), "flag": [True], "ratio": [1.5]})
+    staged = "__partition_at=x/__partition_day=y/__partition_flag=true/__partition_ratio=1.5/p.parquet"
+    manifest = stage(store, 1, {staged: data}, uri=table_uri, partition_by=("at", "day", "flag", "ratio"))
+    commit_table(request(store, 1, manifest))
+
+    (add,) = logged_adds(table_uri)
+    assert add["partitionValues"] == {"at": "2026-01-02T03:04:05.678901Z", "day": "2026-01-02", "flag": "true",
+                                      "ratio": "1.5"}
+    want = [(1, at, dt.date(2026, 1, 2), True, 1.5)]
+    assert [(r[0], r[1].astimezone(dt.UTC), *r[2:]) for r in duckdb_rows(table_uri)] == want
+    assert deltalake_rows(table_uri) == want
