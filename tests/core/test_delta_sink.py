@@ -22,6 +22,7 @@ from airflow_seatunnel_ckpt.core import Decision
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage
+from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
 from airflow_seatunnel_ckpt.core.tables import delta as delta_commit
 from tests.core import faults
@@ -48,8 +49,6 @@ def stage(store: Storage, epoch: int, files: dict[str, pa.Table], *, uri: str, s
         sink_buf = pa.BufferOutputStream()
         pq.write_table(table, sink_buf)
         store.write_atomic(f"{staging}/{path}", sink_buf.getvalue().to_pybytes())
-        from airflow_seatunnel_ckpt.core.storage.base import FileInfo
-
         infos.append(FileInfo(path, store.size(f"{staging}/{path}"), store.checksum(f"{staging}/{path}")))
     return SinkManifest(sink, uri, staging, infos, sum(t.num_rows for t in files.values()), mode=mode,
                         table={"type": "delta", "uri": uri, "partition_by": list(partition_by)})
@@ -279,38 +278,7 @@ def test_snapshot_epochs_replace_the_table_in_one_version_each(store: Storage, t
     assert duckdb_rows(table_uri) == [] and DeltaTable(table_uri).version() == 2
 
 
-def test_timestamp_and_date_statistics_bound_every_row(store: Storage, table_uri: str) -> None:
-    import datetime as dt
-
-    utc = pa.timestamp("us", tz="UTC")
-    ts = [dt.datetime(2026, 1, 1, 0, 0, 0, 123456, tzinfo=dt.UTC),
-          dt.datetime(2026, 1, 1, 0, 0, 1, 1500, tzinfo=dt.UTC)]
-    data = pa.table({"id": [1, 2], "seen_at": pa.array(ts, utc),
-                     "day": pa.array([dt.date(2026, 1, 1)] * 2)})
-    manifest = stage(store, 1, {"__partition_day=2026-01-01/p.parquet": data}, uri=table_uri,
-                     partition_by=("day",))
-    commit_table(request(store, 1, manifest))
-
-    (add,) = logged_adds(table_uri)
-    stats = json.loads(add["stats"])
-    assert add["partitionValues"] == {"day": "2026-01-01"}
-    assert stats["minValues"]["seen_at"] == "2026-01-01T00:00:00.123Z"
-    assert stats["maxValues"]["seen_at"] == "2026-01-01T00:00:01.002Z"  # rounded up: bounds the row
-    late = DeltaTable(table_uri).to_pyarrow_table(filters=[("seen_at", ">", pa.scalar(ts[1], utc))])
-    assert late.num_rows == 0
-    hit = DeltaTable(table_uri).to_pyarrow_table(filters=[("seen_at", ">=", pa.scalar(ts[1], utc))])
-    assert hit.column("id").to_pylist() == [2]
-    import duckdb
-
-    con = duckdb.connect()
-    con.execute(f"LOAD '{DUCKDB_DELTA}'")
-    found = con.execute(f"SELECT id FROM delta_scan('{table_uri}') WHERE seen_at >= ?", [ts[1]]).fetchall()
-    assert found == [(2,)]  # DuckDB skips files on these bounds too
-
-
 def test_s3_options_of_the_store_become_delta_rs_storage_options(store: Storage) -> None:
-    from airflow_seatunnel_ckpt.core.storage.base import FileInfo
-
     manifest = SinkManifest("o", "s3://b/t", "staging", [FileInfo("x.parquet", 1, 0)], 1,
                             table={"type": "delta", "uri": "s3://b/t"})
 
@@ -392,17 +360,6 @@ def test_a_commit_killed_at_any_step_lands_the_epoch_exactly_once_when_resumed(
     assert run.crash_points >= 3
 
 
-def test_a_file_holding_two_partition_values_is_refused_before_the_log_commit(
-        store: Storage, table_uri: str) -> None:
-    mixed = pa.concat_tables([rows([1], "DE"), rows([2], "FR")])
-    manifest = stage(store, 1, {"__partition_country=DE/p.parquet": mixed}, uri=table_uri)
-
-    with pytest.raises(PublishError, match=r"country=DE/orders-e1-orders-00000\.parquet does not hold exactly one "
-                                           r"value of partition column 'country'"):
-        commit_table(request(store, 1, manifest))
-    assert not DeltaTable.is_deltatable(table_uri)
-
-
 def test_a_sink_partitioned_unlike_its_existing_table_is_refused(store: Storage, table_uri: str) -> None:
     commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     flat = stage(store, 2, {"p.parquet": rows([2], "DE")}, uri=table_uri, partition_by=())
@@ -410,18 +367,6 @@ def test_a_sink_partitioned_unlike_its_existing_table_is_refused(store: Storage,
     with pytest.raises(ConfigError, match=r"the table is partitioned by \['country'\], the sink by \[\]"):
         commit_table(request(store, 2, flat))
     assert DeltaTable(table_uri).version() == 0
-
-
-def test_null_and_integer_partition_values_are_logged_in_delta_string_form(store: Storage, table_uri: str) -> None:
-    data = {"__partition_year=2026/a.parquet": pa.table({"id": [1], "year": pa.array([2026], pa.int32())}),
-            "__partition_year=__HIVE_DEFAULT_PARTITION__/b.parquet":
-                pa.table({"id": [2], "year": pa.array([None], pa.int32())})}
-    commit_table(request(store, 1, stage(store, 1, data, uri=table_uri, partition_by=("year",))))
-
-    assert sorted((a["path"], a["partitionValues"]["year"]) for a in logged_adds(table_uri)) == [
-        ("year=2026/orders-e1-orders-00000.parquet", "2026"),
-        ("year=__HIVE_DEFAULT_PARTITION__/orders-e1-orders-00001.parquet", None)]
-    assert duckdb_rows(table_uri) == [(1, 2026), (2, None)]
 
 
 def test_files_staged_in_another_store_are_copied_into_the_table(table_uri: str) -> None:
@@ -468,21 +413,3 @@ def test_a_table_with_column_mapping_is_refused_for_added_files(store: Storage, 
     with pytest.raises(ConfigError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
         commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
-
-
-def test_timestamp_date_boolean_and_float_partitions_read_back_exactly(store: Storage, table_uri: str) -> None:
-    import datetime as dt
-
-    at = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
-    data = pa.table({"id": [1], "at": pa.array([at], pa.timestamp("us", tz="UTC")),
-                     "day": pa.array([dt.date(2026, 1, 2)]), "flag": [True], "ratio": [1.5]})
-    staged = "__partition_at=x/__partition_day=y/__partition_flag=true/__partition_ratio=1.5/p.parquet"
-    manifest = stage(store, 1, {staged: data}, uri=table_uri, partition_by=("at", "day", "flag", "ratio"))
-    commit_table(request(store, 1, manifest))
-
-    (add,) = logged_adds(table_uri)
-    assert add["partitionValues"] == {"at": "2026-01-02T03:04:05.678901Z", "day": "2026-01-02", "flag": "true",
-                                      "ratio": "1.5"}
-    want = [(1, at, dt.date(2026, 1, 2), True, 1.5)]
-    assert [(r[0], r[1].astimezone(dt.UTC), *r[2:]) for r in duckdb_rows(table_uri)] == want
-    assert deltalake_rows(table_uri) == want
