@@ -413,3 +413,16 @@ def test_a_table_with_column_mapping_is_refused_for_added_files(store: Storage, 
     with pytest.raises(ConfigError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
         commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
+
+
+def test_a_retry_finds_its_epoch_after_a_checkpoint_and_log_cleanup(store: Storage, table_uri: str) -> None:
+    """The application transaction is carried into Delta checkpoints, not only the JSON commits."""
+    for epoch in (1, 2, 3):
+        commit_table(request(store, epoch, stage(store, epoch, by_country(epoch, DE=[epoch]), uri=table_uri)))
+    DeltaTable(table_uri).create_checkpoint()
+    for old in sorted(Path(table_uri, "_delta_log").glob("*.json"))[:-1]:
+        old.unlink()  # what log cleanup does after the retention period
+
+    again = commit_table(request(store, 3, stage(store, 3, by_country(3, DE=[3]), uri=table_uri)))
+    assert again.how == "already"
+    assert duckdb_rows(table_uri) == expected(DE=[1, 2, 3])
