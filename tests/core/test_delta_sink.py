@@ -426,3 +426,13 @@ def test_a_retry_finds_its_epoch_after_a_checkpoint_and_log_cleanup(store: Stora
     again = commit_table(request(store, 3, stage(store, 3, by_country(3, DE=[3]), uri=table_uri)))
     assert again.how == "already"
     assert duckdb_rows(table_uri) == expected(DE=[1, 2, 3])
+
+
+def test_a_snapshot_sink_into_an_append_only_table_is_refused_at_once(store: Storage, table_uri: str) -> None:
+    DeltaTable.create(table_uri, SCHEMA, partition_by=["country"], configuration={"delta.appendOnly": "true"})
+    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+    manifest = stage(store, 2, by_country(2, DE=[2]), uri=table_uri, mode=SinkMode.SNAPSHOT)
+
+    with pytest.raises(ConfigError, match=r"append-only \(delta.appendOnly=true\)"):
+        commit_table(request(store, 2, manifest))
+    assert DeltaTable(table_uri).version() == 1

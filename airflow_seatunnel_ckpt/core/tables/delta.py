@@ -325,6 +325,10 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
             f"{where}: the table uses column mapping (delta.columnMapping.mode={mapping}); files written by Spark "
             "without Delta name their columns logically and cannot be added to it. Write to a table without "
             "column mapping, or use merge_keys (delta-rs writes the files of a MERGE itself)")
+    if request.sink.mode is SinkMode.SNAPSHOT and table.metadata().configuration.get("delta.appendOnly") == "true":
+        raise ConfigError(
+            f"{where}: the table is append-only (delta.appendOnly=true) and a snapshot sink replaces its rows. "
+            "Use mode 'changes', or unset delta.appendOnly on the table")
     added = check_schema(table, schema, partition_by, where) if schema is not None else []
     if added:
         # A metadata-only commit of its own: create_write_transaction would take the files
