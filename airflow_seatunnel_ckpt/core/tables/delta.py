@@ -1,0 +1,358 @@
+"""The Delta Lake commit of a table sink: one table version per sink per epoch, with delta-rs.
+
+:func:`commit` turns a commit-decided epoch's staged Parquet files into one Delta
+transaction, exactly once:
+
+1. **already?** The table's application transaction ``txnAppId = <pipeline>/<sink>`` is
+   read first (:meth:`DeltaTable.transaction_version`); a version ``>= epoch`` means a
+   previous attempt (a retry, a racing recovery run) committed the epoch: nothing is
+   written, the result says ``already``.
+2. **place.** Each staged file is copied to a deterministic path inside the table root,
+   ``<col>=<value>/<pipeline>-e<epoch>-<sink>-<n>.parquet`` (``n``: the file's position in
+   the manifest), verified against the manifest's size and CRC32C. Idempotent: a file
+   already there intact is kept, so a commit killed after placing re-places nothing.
+   The directory name is for people only -- Delta readers take partition values from the
+   log -- so values are reduced to URL-safe characters there and never need decoding.
+3. **commit.** One ``create_write_transaction`` (``create_table_with_add_actions`` for a new
+   table) whose add actions hold *relative* paths, the manifest's sizes, partition values
+   and statistics read from each file's Parquet footer, and whose commit properties carry
+   the application transaction ``(<pipeline>/<sink>, epoch)`` plus the pipeline, sink,
+   epoch and store as commit info. delta-rs writes the log entry with put-if-absent, so of
+   two committers of one version exactly one wins (on S3 through conditional writes, no
+   lock). The library's own commit retry is off: the loser reloads the table and reads the
+   transaction version again (step 1), at most ``request.retries`` times.
+
+Decisions (docs/tables/delta.md has the user's view):
+
+* **partition columns stay inside the data files** (the staging keeps them, see
+  :mod:`spark.table_sinks`; stripping them would rewrite every file). delta-rs and
+  DuckDB's ``delta_scan`` both read such files with the log's value and one column each.
+  The value is taken from the file's own footer statistics, so the log and the file can
+  never disagree.
+* **schema**: a new table gets the first epoch's schema (every column nullable, as Spark
+  writes them). Added columns are added to the table in a metadata-only commit before the
+  data commit (delta-rs would otherwise accept the files and silently hide the new
+  columns). A missing column or a changed type is refused before anything is committed.
+* ``mode: snapshot`` commits with ``mode="overwrite"``: the remove actions of every current
+  file and the new add actions are one version, so readers see the old or the new table.
+* ``merge_keys`` (an upsert): the epoch's rows are MERGEd into an existing table, with the
+  same application transaction in the same version (:mod:`.delta_upsert`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.schema import Field, Schema
+from deltalake.transaction import (
+    AddAction,
+    CommitProperties,
+    RemoveAction,
+    Transaction,
+    create_table_with_add_actions,
+)
+
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, StorageError
+from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
+from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
+from airflow_seatunnel_ckpt.core.storage.base import FileInfo
+from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
+from airflow_seatunnel_ckpt.core.tables import TableCommit, delta_upsert
+from airflow_seatunnel_ckpt.core.tables.delta_files import footer_stats, partition_dir
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class PlacedFile:
+    """One staged file and where it lives in the table (relative to the table root)."""
+
+    staged: FileInfo
+    path: str
+
+
+def commit(request: TableCommit) -> PublishedSink:
+    """Commit ``request``'s staged files as one Delta table version (see the module docs)."""
+    uri = _table_uri(request)
+    fs_options, delta_options = storage_options(request, uri)
+    target = open_storage(uri, fs_options)
+    app_id = f"{request.pipeline}/{request.sink.sink}"
+    where = (f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} "
+             f"(Delta table {redact_url(uri)})")
+    keys = delta_upsert.merge_keys(request)
+    if keys and request.sink.mode is SinkMode.SNAPSHOT:
+        raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
+                          "sense with it. Drop merge_keys, or use mode 'changes'")
+    placed: list[PlacedFile] | None = None  # placed once; every attempt commits the same actions
+    actions: list[AddAction] = []
+    schema: pa.Schema | None = None
+    how = PublishMethod.ALREADY
+    problem: BaseException | None = None
+    for attempt in itertools.count():
+        # Read the table first, also after the last failed attempt: a conflict may have
+        # been a racing committer landing this very epoch.
+        table = _load(uri, delta_options, where)
+        version = table.transaction_version(app_id) if table is not None else None
+        if version is not None and version > request.epoch:
+            # Epochs of one store commit in order (a COMMITTING epoch blocks the next), so
+            # a newer version was written through another store under the same names, or
+            # by this store before it was reset: "already" would silently drop this epoch.
+            raise PublishError(
+                f"{where}: the table's application transaction {app_id!r} is at epoch {version}, beyond this "
+                f"epoch: another checkpoint store's pipeline of the same name (or this store before it was reset) "
+                "commits this sink into the table, and its epochs are not this store's. Nothing was committed. "
+                "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
+        if version == request.epoch:
+            log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
+            return _published(request, uri, PublishMethod.ALREADY)
+        if attempt > request.retries:
+            break
+        if attempt:
+            time.sleep(min(0.05 * 2 ** attempt, 5.0))
+        if keys and table is not None:
+            try:
+                _upsert(request, table, keys, app_id, where)
+                log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
+                return _published(request, uri, delta_upsert.MERGED)
+            except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
+                problem = exc
+                log.warning("%s: merge attempt %d failed (%s); reading the table again", where, attempt + 1, exc)
+                continue
+        if keys:  # a new table: created from the placed files, so the keys must be unique already
+            delta_upsert.check_keys(delta_upsert.epoch_rows(request), keys, where)
+        if placed is None:
+            placed, how = place_files(request, target, where)
+            actions, schema = add_actions(request, target, placed, where)
+        if table is None and schema is None:
+            log.info("%s: an empty snapshot and no table yet: nothing to commit", where)
+            return _published(request, uri, PublishMethod.ALREADY)
+        try:
+            if table is None:
+                assert schema is not None
+                _create(request, uri, delta_options, actions, schema, app_id)
+            else:
+                _append(request, table, actions, schema, app_id, where)
+            log.info("%s: committed %d file(s) as one table version", where, len(actions))
+            return _published(request, uri, how if how is not PublishMethod.ALREADY else PublishMethod.COPY)
+        except CommitFailedError as exc:  # another writer took the version: read the table again
+            problem = exc
+        except (DeltaError, OSError) as exc:
+            problem = exc  # e.g. the table was created by a racing committer, or the store failed
+        log.warning("%s: commit attempt %d failed (%s); reading the table again", where, attempt + 1, problem)
+    raise StorageError(
+        f"{where}: the Delta commit failed {request.retries + 1} time(s), last with: {problem}. The epoch stays "
+        "COMMITTING and nothing was removed; the placed files are kept and a retry of the commit (or the "
+        "recovery DAG) adds them once")
+
+
+def _table_uri(request: TableCommit) -> str:
+    uri = request.table.get("uri") or request.sink.target_url
+    if not isinstance(uri, str) or not uri:
+        raise ConfigError(f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: a Delta sink needs the "
+                          f"table's URL in its options ('path'), got {uri!r}")
+    if "://" not in uri:
+        uri = f"file://{uri}"
+    return uri.rstrip("/")
+
+
+def storage_options(request: TableCommit, uri: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The table's fsspec options (to place files) and the same as delta-rs options.
+
+    The checkpoint store's options are reused when the table is on the store's protocol
+    (as :meth:`Pipeline.target_storage` does for file sinks); secrets come from the
+    registered resolvers (:meth:`TableCommit.secrets`): an ``fs_options`` mapping in fsspec's
+    form, and upper-case keys passed to delta-rs as they are (``AWS_ACCESS_KEY_ID``, ...).
+    """
+    protocol = uri.split("://", 1)[0].lower()
+    same = protocol == request.staged.url.split("://", 1)[0].lower()
+    fs_options: dict[str, Any] = dict(request.staged.storage_options) if same else {}
+    secrets = request.secrets()
+    fs_options.update(secrets.get("fs_options") or {})
+    delta: dict[str, str] = {}
+    if protocol in ("s3", "s3a"):
+        client = dict(fs_options.get("client_kwargs") or {})
+        endpoint = fs_options.get("endpoint_url") or client.get("endpoint_url")
+        region = client.get("region_name") or fs_options.get("region_name")
+        for key, value in (("AWS_ACCESS_KEY_ID", fs_options.get("key")),
+                           ("AWS_SECRET_ACCESS_KEY", fs_options.get("secret")),
+                           ("AWS_SESSION_TOKEN", fs_options.get("token")),
+                           ("AWS_ENDPOINT_URL", endpoint), ("AWS_REGION", region)):
+            if value:
+                delta[key] = str(value)
+        if isinstance(endpoint, str) and endpoint.startswith("http://"):
+            delta["AWS_ALLOW_HTTP"] = "true"
+    delta.update({k: str(v) for k, v in secrets.items() if k.isupper()})
+    return fs_options, delta
+
+
+def _delta_uri(uri: str) -> str:
+    # delta-rs takes local tables as plain paths and S3 as s3:// (fsspec's s3a alias too).
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
+
+
+def _load(uri: str, options: dict[str, str], where: str) -> DeltaTable | None:
+    try:
+        return DeltaTable(_delta_uri(uri), storage_options=options or None)
+    except TableNotFoundError:
+        return None
+    except (DeltaError, OSError) as exc:
+        raise StorageError(f"{where}: cannot read the table's log: {exc}. Check the URL and the credentials "
+                           "(storage options or the connection's secret resolver), then retry the commit") from exc
+
+
+def place_files(request: TableCommit, target: Storage, where: str) -> tuple[list[PlacedFile], PublishMethod]:
+    """Copy the staged files to their deterministic paths in the table (idempotent, verified)."""
+    placed, copied = [], False
+    staged = request.staged
+    for n, f in enumerate(request.sink.files):
+        if not f.path.endswith(".parquet"):
+            continue  # Spark's bookkeeping never reaches the manifest; anything else is no data file
+        source = f"{request.sink.staging}/{f.path}"
+        dest = f"{partition_dir(f.path)}{request.pipeline}-e{request.epoch}-{request.sink.sink}-{n:05d}.parquet"
+        if not holds(target, dest, f):
+            problem = staged_problem(staged, source, f)
+            if problem and not holds(target, dest, f):
+                raise PublishError(
+                    f"{where}: staged file {staged.describe_path(source)} {problem}, and the table does not hold "
+                    f"it at {target.describe_path(dest)} either. Nothing was committed to the table: put the file "
+                    "back as the prepared record's manifest describes it, then run the commit or recovery again")
+            copy_file(staged, source, target, dest)
+            copied = True
+        placed.append(PlacedFile(f, dest))
+    return placed, PublishMethod.COPY if copied else PublishMethod.ALREADY
+
+
+def add_actions(request: TableCommit, target: Storage, placed: Sequence[PlacedFile],
+                where: str) -> tuple[list[AddAction], pa.Schema | None]:
+    """The add actions of the placed files, and their common Arrow schema (None: no file).
+
+    Files without rows are left out (an empty snapshot still replaces the table).
+    Every path is relative to the table root and every size is checked against the
+    manifest here, right before the commit: delta-rs accepts an absolute or missing path
+    without complaint and the table becomes unreadable.
+    """
+    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    actions: list[AddAction] = []
+    schema: pa.Schema | None = None
+    now = int(time.time() * 1000)
+    for p in placed:
+        if p.path.startswith("/") or "://" in p.path or ".." in p.path.split("/"):
+            raise PublishError(f"{where}: data file path {p.path!r} is not relative to the table root")
+        size = target.size(p.path) if target.exists(p.path) else None
+        if size != p.staged.size:
+            found = "missing" if size is None else f"{size} bytes"
+            raise PublishError(
+                f"{where}: data file {target.describe_path(p.path)} is {found}, "
+                f"the manifest says {p.staged.size} bytes; nothing was committed. Run the commit again (it places "
+                "the file anew from staging)")
+        with target.open_read(p.path) as fh:
+            meta = pq.ParquetFile(fh).metadata
+        file_schema = meta.schema.to_arrow_schema().remove_metadata()
+        if schema is None:
+            schema = file_schema
+        elif not file_schema.equals(schema):
+            raise ConfigError(f"{where}: data file {p.path} has schema {file_schema}, the epoch's first file has "
+                              f"{schema}; the stage must write one schema per sink")
+        if meta.num_rows == 0:
+            continue
+        stats, values = footer_stats(meta, file_schema, partition_by, f"{where}: data file {p.path}")
+        actions.append(AddAction(p.path, p.staged.size, values, now, True, json.dumps(stats)))
+    return actions, schema
+
+
+def check_schema(table: DeltaTable, schema: pa.Schema, partition_by: Sequence[str], where: str) -> list[Field]:
+    """The columns to add to ``table`` for ``schema``; ConfigError for any other change."""
+    current = {f.name: f for f in table.schema().fields}
+    incoming = {f.name: f for f in Schema.from_arrow(schema).fields}
+    table_partitions = list(table.metadata().partition_columns)
+    if table_partitions != list(partition_by):
+        raise ConfigError(
+            f"{where}: the table is partitioned by {table_partitions}, the sink by {list(partition_by)}. Set the "
+            "sink's partition_by to the table's, or write to a new table")
+    missing = [f"{n} ({f.type})" for n, f in current.items() if n not in incoming]
+    changed = [f"{n}: table has {current[n].type}, the epoch's files have {f.type}"
+               for n, f in incoming.items() if n in current and str(f.type) != str(current[n].type)]
+    if missing or changed:
+        raise ConfigError(
+            f"{where}: the epoch's schema does not fit the table; nothing was committed. "
+            + (f"Columns missing from the files: {', '.join(missing)}. " if missing else "")
+            + (f"Changed types: {'; '.join(changed)}. " if changed else "")
+            + "Cast or add the columns in the stage to match the table, or write to a new table (and migrate "
+            "the old one); only added columns evolve the table by themselves")
+    return [Field(f.name, f.type, nullable=True) for n, f in incoming.items() if n not in current]
+
+
+def _properties(request: TableCommit, app_id: str) -> CommitProperties:
+    # max_commit_retries=0: every conflict goes back to commit(), which reloads the table
+    # and reads the transaction version before trying again -- one path for a racing
+    # committer of this epoch and for any other writer, instead of delta-rs's own rebase.
+    return CommitProperties(
+        custom_metadata={"pipeline": request.pipeline, "sink": request.sink.sink, "epoch": request.epoch,
+                         "store": request.store},
+        max_commit_retries=0, app_transactions=[Transaction(app_id, request.epoch)])
+
+
+def _create(request: TableCommit, uri: str, options: dict[str, str], actions: list[AddAction],
+            schema: pa.Schema, app_id: str) -> None:
+    nullable = Schema([Field(f.name, f.type, nullable=True) for f in Schema.from_arrow(schema).fields])
+    create_table_with_add_actions(
+        _delta_uri(uri), nullable, actions, mode="error",
+        partition_by=[str(c) for c in request.table.get("partition_by") or []],
+        storage_options=options or None, commit_properties=_properties(request, app_id))
+
+
+def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], schema: pa.Schema | None,
+            app_id: str, where: str) -> None:
+    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    mapping = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
+    if mapping != "none":
+        # Data files of such a table name columns by their physical names; ours use the
+        # logical ones. delta-rs commits them anyway and the table can no longer be read
+        # ("Partition column ... not found in schema").
+        raise ConfigError(
+            f"{where}: the table uses column mapping (delta.columnMapping.mode={mapping}); files written by Spark "
+            "without Delta name their columns logically and cannot be added to it. Write to a table without "
+            "column mapping, or use merge_keys (delta-rs writes the files of a MERGE itself)")
+    if request.sink.mode is SinkMode.SNAPSHOT and table.metadata().configuration.get("delta.appendOnly") == "true":
+        raise ConfigError(
+            f"{where}: the table is append-only (delta.appendOnly=true) and a snapshot sink replaces its rows. "
+            "Use mode 'changes', or unset delta.appendOnly on the table")
+    added = check_schema(table, schema, partition_by, where) if schema is not None else []
+    if added:
+        # A metadata-only commit of its own: create_write_transaction would take the files
+        # and keep the old schema, hiding the new columns from every reader.
+        log.info("%s: adding column(s) %s to the table", where, [f.name for f in added])
+        table.alter.add_columns(added)
+        table.update_incremental()
+    mode = "overwrite" if request.sink.mode is SinkMode.SNAPSHOT else "append"
+    files: list[AddAction | RemoveAction] = list(actions)
+    table.create_write_transaction(files, mode, table.schema(), partition_by=partition_by,
+                                   commit_properties=_properties(request, app_id))
+
+
+def _upsert(request: TableCommit, table: DeltaTable, keys: list[str], app_id: str, where: str) -> None:
+    rows = delta_upsert.epoch_rows(request)
+    delta_upsert.check_keys(rows, keys, where)
+    added = check_schema(table, rows.schema, [str(c) for c in request.table.get("partition_by") or []], where)
+    if added:
+        table.alter.add_columns(added)
+        table.update_incremental()
+    delta_upsert.merge(table, rows, keys, _properties(request, app_id))
+
+
+def _published(request: TableCommit, uri: str, how: str) -> PublishedSink:
+    sink = request.sink
+    return PublishedSink(sink.sink, redact_url(sink.target_url), redact_url(uri), len(sink.files), sink.rows,
+                         sink.bytes, str(how))
