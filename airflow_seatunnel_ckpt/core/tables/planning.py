@@ -210,7 +210,7 @@ def refuse_changes(steps: Iterable[SnapshotStep], skip: Mapping[str, bool], wher
             continue
         else:
             raise TableSourceError(
-                f"{where}: snapshot {step.snapshot_id} is an {step.operation!r} (it removed or rewrote rows), but "
+                f"{where}: snapshot {step.snapshot_id} ({step.operation!r}) removed or rewrote rows, but "
                 "a table source reads appended rows only: the rows it changed were already delivered, and its "
                 "files would deliver unchanged rows again. Keep the source table append-only, or set "
                 f"skip_{step.operation}s=true on the source to pass over {step.operation} snapshots (their "
