@@ -160,6 +160,31 @@ def test_iceberg_consumed_snapshot_that_is_no_ancestor_is_refused_not_reread(ice
     assert str(consumed["offsets"]["snapshot_id"]) in str(failure.value)
 
 
+def test_iceberg_column_renamed_after_files_were_written_is_refused(iceberg: Any) -> None:
+    iceberg.append(rows(range(0, 3)))
+    history = [{"epoch": 1, "offsets": plan_iceberg(iceberg, [])}]
+    iceberg.append(rows(range(3, 5)))  # written with the column still called 'day'
+    with iceberg.update_schema() as update:
+        update.rename_column("day", "weekday")
+    with pytest.raises(TableSourceError, match="column 'day' was renamed to 'weekday'"):
+        plan_iceberg(iceberg, history)
+    with pytest.raises(TableSourceError, match="renamed"):
+        plan_iceberg(iceberg, [])
+
+
+def test_table_source_options_are_checked_when_the_dag_is_parsed() -> None:
+    from airflow_seatunnel_ckpt.core.errors import ConfigError
+    from airflow_seatunnel_ckpt.spark.declaration import EntryDeclaration
+
+    with pytest.raises(ConfigError, match="did you mean 'table' for 'tabel'"):
+        EntryDeclaration.check("source", "events", {"type": "iceberg", "tabel": "a.b"}, where="dag d")
+    with pytest.raises(ConfigError, match="start must be one of"):
+        EntryDeclaration.check("source", "events", {"type": "delta", "path": "/t", "start": "now"}, where="dag d")
+    with pytest.raises(ConfigError, match="skip_change_commits must be true or false"):
+        EntryDeclaration.check("source", "events", {"type": "delta", "path": "/t", "skip_change_commits": "yes"},
+                               where="dag d")
+
+
 def test_snapshot_walk_refuses_a_history_expired_past_the_consumed_snapshot() -> None:
     steps = {3: SnapshotStep(3, 2, "append")}  # 2 expired; 1 was consumed
     with pytest.raises(TableSourceError, match="snapshot 2,.* has expired"):

@@ -239,6 +239,7 @@ def plan_iceberg(table: IcebergTable, history: Sequence[Mapping[str, Any]], *, s
     if consumed is None:
         # First epoch, or every epoch so far found the table without a snapshot: all its
         # rows are new to this pipeline, whatever operations produced them.
+        refuse_renames(metadata, [s.schema_id for s in metadata.snapshots], where)
         tasks = list(table.scan(snapshot_id=current_id).plan_files())
     else:
         steps = {s.snapshot_id: SnapshotStep(s.snapshot_id, s.parent_snapshot_id,
@@ -247,6 +248,8 @@ def plan_iceberg(table: IcebergTable, history: Sequence[Mapping[str, Any]], *, s
         appends = refuse_changes(snapshots_since(steps, current_id, consumed, where), skip, where)
         if not appends:
             return plan
+        by_id = {s.snapshot_id: s for s in metadata.snapshots}
+        refuse_renames(metadata, [by_id[a.snapshot_id].schema_id for a in appends], where)
         # pyiceberg's incremental append scan walks the same ancestry and keeps only the
         # files the append snapshots added; the walk above gave the errors it would not.
         scan = table.incremental_append_scan(from_snapshot_id_exclusive=consumed,
@@ -254,6 +257,28 @@ def plan_iceberg(table: IcebergTable, history: Sequence[Mapping[str, Any]], *, s
         tasks = list(scan.plan_files())
     plan["files"] = [f.to_json() for f in _iceberg_files(tasks, where)]
     return plan
+
+
+def refuse_renames(metadata: Any, schema_ids: Iterable[int | None], where: str) -> None:
+    """Refuse data files written under a schema in which a column had another name.
+
+    Spark reads the Parquet files by column name, so a column renamed since a file was
+    written would come back as a second column (old name in old files, NULL elsewhere)
+    instead of one column.
+    """
+    current = metadata.schema()
+    for schema_id in sorted({i for i in schema_ids if i is not None and i != current.schema_id}):
+        old = metadata.schema_by_id(schema_id)
+        if old is None:
+            continue
+        for field_id in sorted(old.field_ids & current.field_ids):
+            before, now = old.find_column_name(field_id), current.find_column_name(field_id)
+            if before != now:
+                raise TableSourceError(
+                    f"{where}: column {before!r} was renamed to {now!r} after data files this epoch reads were "
+                    f"written (schema {schema_id}); a plain Parquet read matches columns by name and would split "
+                    "it in two. Rename it back, or rewrite the table's data files under the current schema and expire "
+                    "the snapshots written before the rename")
 
 
 def _iceberg_files(tasks: Iterable[Any], where: str) -> list[DataFile]:
