@@ -323,3 +323,43 @@ def test_snapshot_mode_target_is_refused() -> None:
 def test_malformed_committed_positions_are_named() -> None:
     with pytest.raises(TableSourceError, match="epoch 7 hold snapshot_id='12'"):
         planning.consumed_position([{"epoch": 7, "offsets": {"snapshot_id": "12"}}], "snapshot_id", "src")
+
+
+# -- on an S3-compatible server -------------------------------------------------------------------
+
+@pytest.mark.s3
+def test_delta_epochs_on_s3_read_the_log_through_delta_rs_storage_options(moto_server: Any, s3_bucket: str) -> None:
+    from deltalake import write_deltalake
+
+    uri = f"{s3_bucket}/bronze/events"
+    options = {"AWS_ENDPOINT_URL": moto_server.endpoint_url, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
+               "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+    def plan(history: list[dict[str, Any]]) -> dict[str, Any]:
+        return planning.plan_delta(uri, options, history, start="earliest", skip_change_commits=False, where="src")
+
+    write_deltalake(uri, rows(range(0, 2)), partition_by=["day"], storage_options=options)
+    first = plan([])
+    write_deltalake(uri, rows(range(2, 5), "tue"), mode="append", partition_by=["day"], storage_options=options)
+    second = plan([{"epoch": 1, "offsets": first}])
+    assert (second["after_version"], second["version"]) == (0, 1)
+    fs = moto_server.filesystem()
+    ids = [pq.read_table(fs.open(f["path"]), columns=["id"]).column("id").to_pylist()
+           for p in (first, second) for f in p["files"]]
+    assert sorted(i for batch in ids for i in batch) == list(range(5))
+    assert [f["partition"] for f in second["files"]] == [{"day": "tue"}]
+
+
+@pytest.mark.s3
+def test_pipeline_output_on_s3_plans_only_epochs_with_their_success_mark(moto_server: Any, s3_bucket: str) -> None:
+    from airflow_seatunnel_ckpt.spark.sources import PipelineOutputSource
+
+    fs = moto_server.filesystem()
+    fs.pipe({f"{s3_bucket}/out/epoch=1/part-0.parquet": b"x", f"{s3_bucket}/out/epoch=1/_SUCCESS": b"{}",
+             f"{s3_bucket}/out/epoch=2/part-0.parquet": b"y"})
+    source = PipelineOutputSource("upstream", f"{s3_bucket}/out", storage_options=moto_server.storage_options)
+    planned = source.plan([])
+    assert (planned["epochs"], planned["files"]) == ([1], ["epoch=1/part-0.parquet"])
+    assert planned["identity"]["epoch=1/part-0.parquet"]["size"] == 1
+    fs.pipe_file(f"{s3_bucket}/out/epoch=2/_SUCCESS", b"{}")
+    assert source.plan([{"epoch": 1, "offsets": planned}])["epochs"] == [2]

@@ -446,20 +446,44 @@ def plan_delta(uri: str, storage_options: Mapping[str, str], history: Sequence[M
 
 
 def _read_log_entry(uri: str, options: Mapping[str, str], version: int, consumed: int, where: str) -> str:
-    """The text of one commit file, read through delta-rs's own object store."""
-    from deltalake.fs import DeltaStorageHandler
-    from pyarrow.fs import PyFileSystem
+    """The text of one commit file, read with fsspec (delta-rs's Python file handler cannot
+    be relied on against every S3-compatible server; its table loading can)."""
+    import fsspec
 
-    fs = PyFileSystem(DeltaStorageHandler(uri, dict(options) or None))
+    path = f"{uri.rstrip('/')}/{delta_log_entry(version)}"
     try:
-        with fs.open_input_stream(delta_log_entry(version)) as handle:
+        with fsspec.open(path, "rb", **fsspec_options(uri, options)) as handle:
             return bytes(handle.read()).decode("utf-8")
     except FileNotFoundError as exc:
         raise TableSourceError(
-            f"{where}: the commit of version {version} ({uri}/{delta_log_entry(version)}) is gone (log "
-            f"retention, delta.logRetentionDuration) before this pipeline read past version {consumed}; the rows "
-            "appended since cannot be told apart. Raise the table's log retention above the pipeline's "
-            "schedule; to resume from now, use a new source name with start='latest'") from exc
+            f"{where}: the commit of version {version} ({path}) is gone (log retention, "
+            f"delta.logRetentionDuration) before this pipeline read past version {consumed}; the rows appended "
+            "since cannot be told apart. Raise the table's log retention above the pipeline's schedule; to "
+            "resume from now, use a new source name with start='latest'") from exc
+
+
+#: delta-rs S3 option (lower case) -> s3fs argument; the endpoint and region go to the client.
+_S3FS_ARGS = {"aws_access_key_id": "key", "aws_secret_access_key": "secret", "aws_session_token": "token"}
+_S3FS_CLIENT = {"aws_endpoint_url": "endpoint_url", "aws_endpoint": "endpoint_url", "aws_region": "region_name"}
+
+
+def fsspec_options(uri: str, options: Mapping[str, str]) -> dict[str, Any]:
+    """The fsspec options reaching the same store as delta-rs ``options`` (one set of
+    options for the user: delta-rs's). Only S3 keys need translating; elsewhere fsspec
+    finds the credentials where delta-rs does (environment, instance metadata)."""
+    if not uri.startswith(("s3://", "s3a://")):
+        return {}
+    out: dict[str, Any] = {}
+    client: dict[str, str] = {}
+    for key, value in options.items():
+        lower = key.lower()
+        if lower in _S3FS_ARGS:
+            out[_S3FS_ARGS[lower]] = value
+        elif lower in _S3FS_CLIENT:
+            client[_S3FS_CLIENT[lower]] = value
+    if client:
+        out["client_kwargs"] = client
+    return out
 
 
 def _delta_snapshot_files(table: Any, where: str) -> list[DataFile]:
