@@ -132,10 +132,12 @@ def test_pipeline_output_reads_only_committed_epochs_of_the_upstream_sink(
     target = upstream.root / "out" / "orders"
     source = {"type": "pipeline_output", "path": f"file://{target}"}
 
+    # The upstream sink is partitioned: its column lives in directory names below epoch=<e>/.
+    sinks = {"orders_table": {"type": "file", "path": f"file://{target}", "partition_by": ["customer"]}}
     upstream.add_file("a", [1, 2])
-    upstream.commit(run_stage(upstream.spec("run-1"), spark))
+    upstream.commit(run_stage(upstream.spec("run-1", sinks=sinks), spark))
     upstream.add_file("b", [3])
-    upstream.commit(run_stage(upstream.spec("run-2"), spark))
+    upstream.commit(run_stage(upstream.spec("run-2", sinks=sinks), spark))
     # Epoch 2 as a reader sees it while its publisher is still at work: the data files
     # are there, the _SUCCESS it writes last is not yet.
     success = target / "epoch=2" / "_SUCCESS"
@@ -144,7 +146,9 @@ def test_pipeline_output_reads_only_committed_epochs_of_the_upstream_sink(
     first = run_and_commit(downstream, "run-1", source, spark)
     assert first.sources["events"]["epochs"] == [1]
     assert sorted(r["order_id"] for r in published(downstream)) == [1, 2]
-    assert set(published(downstream)[0]) == {"order_id", "customer", "amount"}  # no 'epoch' column
+    # The partition column is back, the upstream's epoch directory is not a column.
+    assert sorted((r["order_id"], r["customer"]) for r in published(downstream)) == [(1, "c1"), (2, "c2")]
+    assert set(published(downstream)[0]) == {"order_id", "customer", "amount"}
 
     (tmp_path / "held_back_SUCCESS").rename(success)  # the publisher finished
     second = run_and_commit(downstream, "run-2", source, spark)
