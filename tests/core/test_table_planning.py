@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,7 +106,8 @@ def test_iceberg_start_latest_reads_only_rows_appended_after_the_first_epoch(ice
 def test_iceberg_table_without_snapshot_is_read_in_full_once_it_has_one(iceberg: Any) -> None:
     planned = list(epochs(lambda h: plan_iceberg(iceberg, h, start="latest"), 2,
                           lambda _: iceberg.append(rows(range(0, 2)))))
-    assert planned[0] == {"snapshot_id": None, "after_snapshot_id": None, "files": []}
+    assert planned[0] == {"snapshot_id": None, "after_snapshot_id": None, "files": [],
+                          "table_id": str(iceberg.metadata.table_uuid)}
     assert sorted(ids_in(planned[1]["files"])) == [0, 1]
 
 
@@ -183,6 +185,16 @@ def test_table_source_options_are_checked_when_the_dag_is_parsed() -> None:
     with pytest.raises(ConfigError, match="skip_change_commits must be true or false"):
         EntryDeclaration.check("source", "events", {"type": "delta", "path": "/t", "skip_change_commits": "yes"},
                                where="dag d")
+
+
+def test_iceberg_table_recreated_under_the_same_name_is_refused(iceberg: Any) -> None:
+    iceberg.append(rows(range(0, 3)))
+    history = [{"epoch": 1, "offsets": plan_iceberg(iceberg, [])}]
+    iceberg.catalog.drop_table("bronze.events")
+    again = iceberg.catalog.create_table("bronze.events", schema=SCHEMA)
+    again.append(rows(range(10, 12)))
+    with pytest.raises(TableSourceError, match="the table was re-created"):
+        plan_iceberg(again, history)
 
 
 def test_snapshot_walk_refuses_a_history_expired_past_the_consumed_snapshot() -> None:
@@ -275,6 +287,17 @@ def test_delta_commit_removed_by_log_retention_is_refused_not_skipped(delta: str
     DeltaTable(delta).create_checkpoint()
     os.remove(os.path.join(delta, planning.delta_log_entry(1)))
     with pytest.raises(TableSourceError, match="commit of version 1 .* is gone"):
+        plan_delta(delta, history)
+
+
+def test_delta_table_recreated_under_the_same_path_is_refused(delta: str) -> None:
+    write(delta, rows(range(0, 3)))
+    write(delta, rows(range(3, 4)))
+    history = [{"epoch": 1, "offsets": plan_delta(delta, [])}]
+    shutil.rmtree(delta)
+    for batch in (range(10, 11), range(11, 12), range(12, 13)):  # a new table, past the consumed version
+        write(delta, rows(batch))
+    with pytest.raises(TableSourceError, match="the table was re-created"):
         plan_delta(delta, history)
 
 

@@ -113,6 +113,23 @@ def consumed_position(history: Sequence[Mapping[str, Any]], key: str, where: str
     return False, None
 
 
+def refuse_other_table(history: Sequence[Mapping[str, Any]], key: str, table_id: str, where: str) -> None:
+    """Refuse a table that is not the one the last committed epoch read (same name, new
+    table id: dropped and re-created). Its positions start again, so continuing from the
+    consumed one would skip or repeat rows."""
+    for entry in reversed(history):
+        offsets = entry.get("offsets") or {}
+        if key not in offsets:
+            continue
+        recorded = offsets.get("table_id")
+        if recorded is not None and str(recorded) != table_id:
+            raise TableSourceError(
+                f"{where}: the table was re-created: committed epoch {entry.get('epoch')} read table id "
+                f"{recorded}, the table there now has id {table_id}, and its positions start again. Use a new "
+                "source name to read the new table from its start (or start='latest'), or restore the old table")
+        return
+
+
 def check_start(name: str, kind: str, start: str) -> str:
     """Validate a table source's ``start`` option."""
     if start not in START:
@@ -222,7 +239,7 @@ def plan_iceberg(table: IcebergTable, history: Sequence[Mapping[str, Any]], *, s
                  skip: Mapping[str, bool], where: str) -> dict[str, Any]:
     """This epoch's offsets for an Iceberg table source.
 
-    ``{"snapshot_id": s, "after_snapshot_id": c, "files": [...]}``: the data files the
+    ``{"snapshot_id": s, "after_snapshot_id": c, "table_id": u, "files": [...]}``: the data files the
     ``append`` snapshots after ``c`` (the consumed snapshot) up to ``s`` (the current
     one) added; ``c`` missing means the first epoch: every file of ``s`` (``start=
     "earliest"``) or none (``"latest"``).
@@ -231,7 +248,9 @@ def plan_iceberg(table: IcebergTable, history: Sequence[Mapping[str, Any]], *, s
     current = metadata.current_snapshot()
     found, consumed = consumed_position(history, "snapshot_id", where)
     current_id = current.snapshot_id if current is not None else None
-    plan: dict[str, Any] = {"snapshot_id": current_id, "after_snapshot_id": consumed, "files": []}
+    refuse_other_table(history, "snapshot_id", str(metadata.table_uuid), where)
+    plan: dict[str, Any] = {"snapshot_id": current_id, "after_snapshot_id": consumed, "files": [],
+                            "table_id": str(metadata.table_uuid)}
     if current_id is None or (found and consumed == current_id):
         return plan
     if not found and start == "latest":
@@ -410,7 +429,7 @@ def plan_delta(uri: str, storage_options: Mapping[str, str], history: Sequence[M
                start: str, skip_change_commits: bool, where: str) -> dict[str, Any]:
     """This epoch's offsets for a Delta table source.
 
-    ``{"version": v, "after_version": c, "files": [...]}``: the files the commits
+    ``{"version": v, "after_version": c, "table_id": u, "files": [...]}``: the files the commits
     (c, v] added with ``dataChange=true``; the first epoch reads every file of version
     ``v`` (``start="earliest"``) or none (``"latest"``).
     """
@@ -430,9 +449,16 @@ def plan_delta(uri: str, storage_options: Mapping[str, str], history: Sequence[M
             f"{where}: {uri} uses column mapping ({mapping}): its Parquet files hold physical column names a "
             "plain Parquet read cannot map back; a table source reads tables without column mapping")
     current = table.version()
+    table_id = str(table.metadata().id)
+    refuse_other_table(history, "version", table_id, where)
     found, consumed = consumed_position(history, "version", where)
-    plan: dict[str, Any] = {"version": current, "after_version": consumed if found else None, "files": []}
-    if found and consumed is not None and consumed >= current:
+    plan: dict[str, Any] = {"version": current, "after_version": consumed if found else None, "files": [],
+                            "table_id": table_id}
+    if found and consumed is not None and consumed > current:
+        raise TableSourceError(
+            f"{where}: the last committed epoch read up to version {consumed}, but the table is at version {current}: "
+            "it was re-created. Use a new source name to read the new table from its start, or restore the old table")
+    if found and consumed == current:
         return plan
     if not found and start == "latest":
         return plan
