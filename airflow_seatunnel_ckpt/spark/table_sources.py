@@ -22,7 +22,7 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.tables import planning
+from airflow_seatunnel_ckpt.core.tables import delta_planning, iceberg_planning, planning
 from airflow_seatunnel_ckpt.core.tables.planning import TableSourceError
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError, file_identity
@@ -90,12 +90,12 @@ class IcebergSource(Source):
         return f"iceberg source {self.name!r} (table {self.table})"
 
     def _load(self) -> Any:
-        return planning.load_iceberg_table(self.table, self.catalog_name, self.catalog, self.where)
+        return iceberg_planning.load_iceberg_table(self.table, self.catalog_name, self.catalog, self.where)
 
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The data files appended since the consumed snapshot (see the class docs)."""
         try:
-            return planning.plan_iceberg(self._load(), history, start=self.start, skip=self.skip,
+            return iceberg_planning.plan_iceberg(self._load(), history, start=self.start, skip=self.skip,
                                          where=self.where)
         except TableSourceError as exc:
             raise SourceError(str(exc)) from exc
@@ -144,7 +144,7 @@ class DeltaSource(Source):
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The data files the versions since the consumed one appended (see the class docs)."""
         try:
-            return planning.plan_delta(self.url, self.storage_options, history, start=self.start,
+            return delta_planning.plan_delta(self.url, self.storage_options, history, start=self.start,
                                        skip_change_commits=self.skip_change_commits, where=self.where)
         except TableSourceError as exc:
             raise SourceError(str(exc)) from exc

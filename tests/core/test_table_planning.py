@@ -15,8 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_seatunnel_ckpt.core.tables import planning
-from airflow_seatunnel_ckpt.core.tables.planning import SnapshotStep, TableSourceError
+from airflow_seatunnel_ckpt.core.tables import delta_planning, iceberg_planning, planning
+from airflow_seatunnel_ckpt.core.tables.iceberg_planning import SnapshotStep
+from airflow_seatunnel_ckpt.core.tables.planning import TableSourceError
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("day", pa.string())])
 
@@ -71,7 +72,7 @@ def iceberg(tmp_path: Path) -> Any:
 def plan_iceberg(table: Any, history: list[dict[str, Any]], start: str = "earliest",
                  **skip: bool) -> dict[str, Any]:
     table.refresh()
-    return planning.plan_iceberg(table, history, start=start, skip=skip, where="iceberg source 'events'")
+    return iceberg_planning.plan_iceberg(table, history, start=start, skip=skip, where="iceberg source 'events'")
 
 
 def test_iceberg_epochs_read_each_appended_row_exactly_once(iceberg: Any) -> None:
@@ -200,14 +201,14 @@ def test_iceberg_table_recreated_under_the_same_name_is_refused(iceberg: Any) ->
 def test_snapshot_walk_refuses_a_history_expired_past_the_consumed_snapshot() -> None:
     steps = {3: SnapshotStep(3, 2, "append")}  # 2 expired; 1 was consumed
     with pytest.raises(TableSourceError, match="snapshot 2,.* has expired"):
-        planning.snapshots_since(steps, 3, 1, "src")
+        iceberg_planning.snapshots_since(steps, 3, 1, "src")
     # The consumed snapshot itself may be expired when its child is still there.
-    assert planning.snapshots_since(steps, 3, 2, "src") == [steps[3]]
+    assert iceberg_planning.snapshots_since(steps, 3, 2, "src") == [steps[3]]
 
 
 def test_snapshot_walk_passes_over_compactions() -> None:
     steps = [SnapshotStep(2, 1, "append"), SnapshotStep(3, 2, "replace"), SnapshotStep(4, 3, "append")]
-    assert [s.snapshot_id for s in planning.refuse_changes(steps, {}, "src")] == [2, 4]
+    assert [s.snapshot_id for s in iceberg_planning.refuse_changes(steps, {}, "src")] == [2, 4]
 
 
 # -- Delta --------------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ def write(uri: str, table: pa.Table, mode: str = "append") -> None:
 
 def plan_delta(uri: str, history: list[dict[str, Any]], start: str = "earliest",
                skip_change_commits: bool = False) -> dict[str, Any]:
-    return planning.plan_delta(uri, {}, history, start=start, skip_change_commits=skip_change_commits,
+    return delta_planning.plan_delta(uri, {}, history, start=start, skip_change_commits=skip_change_commits,
                                where="delta source 'events'")
 
 
@@ -285,7 +286,7 @@ def test_delta_commit_removed_by_log_retention_is_refused_not_skipped(delta: str
     write(delta, rows(range(1, 2)))
     write(delta, rows(range(2, 3)))
     DeltaTable(delta).create_checkpoint()
-    os.remove(os.path.join(delta, planning.delta_log_entry(1)))
+    os.remove(os.path.join(delta, delta_planning.delta_log_entry(1)))
     with pytest.raises(TableSourceError, match="commit of version 1 .* is gone"):
         plan_delta(delta, history)
 
@@ -303,7 +304,7 @@ def test_delta_table_recreated_under_the_same_path_is_refused(delta: str) -> Non
 
 def test_delta_log_lines_are_parsed_as_json_only() -> None:
     with pytest.raises(TableSourceError, match="line 2 is not JSON"):
-        planning.parse_delta_commit(4, '{"commitInfo": {}}\n__import__("os")\n', "file:///t", "src")
+        delta_planning.parse_delta_commit(4, '{"commitInfo": {}}\n__import__("os")\n', "file:///t", "src")
 
 
 def test_missing_delta_table_is_a_clear_error(tmp_path: Path) -> None:
@@ -359,7 +360,8 @@ def test_delta_epochs_on_s3_read_the_log_through_delta_rs_storage_options(moto_s
                "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
     def plan(history: list[dict[str, Any]]) -> dict[str, Any]:
-        return planning.plan_delta(uri, options, history, start="earliest", skip_change_commits=False, where="src")
+        return delta_planning.plan_delta(uri, options, history, start="earliest", skip_change_commits=False,
+                                         where="src")
 
     write_deltalake(uri, rows(range(0, 2)), partition_by=["day"], storage_options=options)
     first = plan([])
