@@ -22,7 +22,7 @@ from airflow_seatunnel_ckpt.core.tables.planning import (
 if TYPE_CHECKING:
     from pyiceberg.table import Table as IcebergTable
 
-#: Snapshot operations that add rows only / rewrite without changing data / change data.
+#: Snapshot operations that only add rows / only rewrite files without changing rows (compaction).
 ICEBERG_APPEND, ICEBERG_REPLACE = "append", "replace"
 
 
