@@ -408,8 +408,12 @@ def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
     return ident
 
 
+# The table sources build on Source and FileSource, defined above (hence the late import).
+from airflow_seatunnel_ckpt.spark.table_sources import DeltaSource, IcebergSource, PipelineOutputSource  # noqa: E402
+
 #: Source type name -> factory(name, **options).
-_TYPES: Registry[Source] = Registry("source", {"file": FileSource})
+_TYPES: Registry[Source] = Registry("source", {"file": FileSource, "iceberg": IcebergSource, "delta": DeltaSource,
+                                               "pipeline_output": PipelineOutputSource})
 
 
 def register_source(type_name: str, factory: Callable[..., Source]) -> None:

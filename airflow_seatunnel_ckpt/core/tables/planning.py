@@ -1,0 +1,176 @@
+"""Which data files an epoch reads from a table source: planned from table metadata alone.
+
+A table source's offsets are the table's own positions -- an Iceberg snapshot id, a Delta
+version, the epochs another pipeline published -- plus the exact data files between the
+position the last committed epoch consumed and the one this epoch reads up to. The
+runner stores them before the stage runs (``Pipeline.pin_inputs``), so a retry reads the
+same files even after the table moved on, and Spark reads them as plain Parquet: no
+Iceberg or Delta jars on the cluster.
+
+The contract is *append-only*: an epoch reads each appended row exactly once. A commit
+that removed or rewrote data in between (an Iceberg ``overwrite``/``delete`` snapshot, a
+Delta commit with ``remove`` actions that change data) breaks it -- the rows removed were
+already delivered downstream -- so it is an error naming the snapshot or version, unless
+the source is told to skip such commits (as Spark's streaming readers of both formats
+are). Compactions (Iceberg ``replace``, Delta ``dataChange=false``) change no data and are
+passed over silently.
+
+Everything here is plain Python over pyiceberg/deltalake metadata; it never imports Spark.
+This module holds what the planners share (the planned :class:`DataFile`, the committed
+history, the errors) and the planner of another pipeline's published epochs; the Iceberg
+and Delta planners are :mod:`.iceberg_planning` and :mod:`.delta_planning`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+
+#: Where a table source starts when no committed epoch read it yet.
+START = ("earliest", "latest")
+#: The summary file a published epoch directory receives last (core.storage.publish.SUCCESS).
+SUCCESS = "_SUCCESS"
+#: The pointer file of a snapshot-mode sink target (core.storage.publish.LATEST).
+LATEST = "_LATEST"
+#: An epoch directory of a file sink target.
+EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
+
+
+class TableSourceError(CheckpointError):
+    """A table source cannot plan an epoch: the table broke the append-only contract, a
+    position an earlier epoch consumed is gone, or a data file cannot be read as Parquet."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One data file an epoch reads: its full URI, size, rows and (Delta) partition values.
+
+    ``partition`` holds the values as the Delta log writes them (strings, ``None`` for
+    null); the reader adds them as columns when the file itself omits them.
+    """
+
+    path: str
+    size: int
+    records: int | None = None
+    partition: Mapping[str, str | None] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data for the epoch's offsets."""
+        out: dict[str, Any] = {"path": self.path, "size": self.size}
+        if self.records is not None:
+            out["records"] = self.records
+        if self.partition:
+            out["partition"] = dict(self.partition)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> DataFile:
+        """Parse :meth:`to_json` output read back from a stored plan."""
+        try:
+            partition = data.get("partition") or {}
+            if not isinstance(partition, dict):
+                raise TypeError("partition is not an object")
+            return cls(str(data["path"]), int(data["size"]),
+                       None if data.get("records") is None else int(data["records"]),
+                       {str(k): None if v is None else str(v) for k, v in partition.items()})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TableSourceError(f"{where}: a planned data file entry is malformed ({exc}): {data!r}") from exc
+
+
+def planned_files(offsets: Mapping[str, Any], where: str) -> list[DataFile]:
+    """The data files a table source's offsets name (``[]`` for an epoch that read none)."""
+    files = offsets.get("files") or []
+    if not isinstance(files, list):
+        raise TableSourceError(f"{where}: offsets have no file list: {dict(offsets)!r}")
+    return [DataFile.from_json(f, where) for f in files]
+
+
+def consumed_position(history: Sequence[Mapping[str, Any]], key: str, where: str) -> tuple[bool, int | None]:
+    """``(found, position)``: the ``key`` (snapshot id, version) the newest committed epoch
+    that read the source consumed up to. ``found`` is False when no committed epoch read it
+    (an epoch that did not read the source records ``{}`` and is passed over); a found
+    position may be ``None`` (the table had no snapshot yet)."""
+    for entry in reversed(history):
+        offsets = entry.get("offsets") or {}
+        if key not in offsets:
+            continue
+        value = offsets[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TableSourceError(
+                f"{where}: committed offsets of epoch {entry.get('epoch')} hold {key}={value!r}, not an integer")
+        return True, value
+    return False, None
+
+
+def refuse_other_table(history: Sequence[Mapping[str, Any]], key: str, table_id: str, where: str) -> None:
+    """Refuse a table that is not the one the last committed epoch read (same name, new
+    table id: dropped and re-created). Its positions start again, so continuing from the
+    consumed one would skip or repeat rows."""
+    for entry in reversed(history):
+        offsets = entry.get("offsets") or {}
+        if key not in offsets:
+            continue
+        recorded = offsets.get("table_id")
+        if recorded is not None and str(recorded) != table_id:
+            raise TableSourceError(
+                f"{where}: the table was re-created: committed epoch {entry.get('epoch')} read table id "
+                f"{recorded}, the table there now has id {table_id}, and its positions start again. Use a new "
+                "source name to read the new table from its start (or start='latest'), or restore the old table")
+        return
+
+
+def check_start(name: str, kind: str, start: str) -> str:
+    """Validate a table source's ``start`` option."""
+    if start not in START:
+        raise ConfigError(f"{kind} source {name!r}: start must be one of {START}, got {start!r}; 'earliest' reads "
+                          "every row in the table in the first epoch, 'latest' only rows appended after it")
+    return start
+
+
+# -- another pipeline's published epochs ----------------------------------------------------------
+
+def plan_published_epochs(listing: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
+                          where: str) -> dict[str, Any]:
+    """This epoch's offsets for a source reading another pipeline's file sink target.
+
+    ``listing`` maps every path below the target (relative to it) to its fsspec info.
+    Only epoch directories whose ``_SUCCESS`` exists are planned -- the publisher writes
+    it last, so a half-published epoch is never read -- and only those no committed epoch
+    consumed (a set, not a watermark: an epoch that publishes late is still read once).
+    ``{"epochs": [e, ...], "files": [path, ...], "identity": {...}}``: ``files`` are
+    relative to the target, as :class:`FileSource` reads them.
+    """
+    if LATEST in listing:
+        raise TableSourceError(
+            f"{where}: the target is a snapshot-mode sink (it has {LATEST}): each of its epochs is the whole "
+            "table and older ones are removed, so there are no new rows per epoch to read. Read it with a "
+            "plain file source of the directory its _LATEST names, or make the upstream sink mode='changes'")
+    consumed: set[int] = set()
+    for entry in history:
+        epochs = (entry.get("offsets") or {}).get("epochs", [])
+        if not isinstance(epochs, list) or not all(isinstance(e, int) for e in epochs):
+            raise TableSourceError(f"{where}: committed offsets of epoch {entry.get('epoch')} have no epoch "
+                                   f"list: {entry!r}")
+        consumed.update(epochs)
+    complete: dict[int, str] = {}
+    for rel in listing:
+        head, _, rest = rel.partition("/")
+        match = EPOCH_DIR.match(head)
+        if match and rest == SUCCESS:
+            complete[int(match.group(1))] = head
+    epochs = sorted(e for e in complete if e not in consumed)
+    files = sorted(rel for rel in listing if _data_file_of(rel, {complete[e] for e in epochs}))
+    return {"epochs": epochs, "files": files, "identity": {f: listing[f] for f in files}}
+
+
+def _data_file_of(rel: str, dirs: set[str]) -> bool:
+    """Whether ``rel`` is a data file inside one of the epoch directories ``dirs``."""
+    head, _, rest = rel.partition("/")
+    if head not in dirs or not rest:
+        return False
+    return not any(seg.startswith(("_", ".")) for seg in rest.split("/")) and posixpath.basename(rest) != ""
