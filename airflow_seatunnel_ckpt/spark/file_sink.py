@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.core.models import SinkMode
+from airflow_seatunnel_ckpt.spark.file_source import FILE_FORMATS
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
-from airflow_seatunnel_ckpt.spark.sources import FILE_FORMATS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.tables import delta_planning, iceberg_planning, planning
 from airflow_seatunnel_ckpt.core.tables.planning import TableSourceError
+from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source, SourceError, file_identity
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
-from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError, file_identity
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

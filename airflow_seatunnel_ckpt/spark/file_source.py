@@ -1,0 +1,407 @@
+"""Sources: what input an epoch consumes (offsets) and how to read it (a DataFrame).
+
+A source is two steps, split so that the runner can log the first before doing the second:
+
+* :meth:`Source.plan` -- given every committed epoch's offsets, decide this epoch's
+  offsets: plain JSON data. The runner fixes them for the epoch (every retry reads the
+  same input) and records them in the prepared record, the write-ahead log.
+* :meth:`Source.read` -- turn those offsets into a DataFrame.
+
+:class:`FileSource` is the reference implementation: its offsets are the files an epoch
+reads, so each epoch reads exactly the files no committed epoch consumed, and files that
+arrive late land in a later epoch. A Kafka-like source would plan ``{partition: (from,
+to)}`` ranges from the last committed end offsets and read them with Spark's batch
+reader; register it with :func:`~airflow_seatunnel_ckpt.spark.sources.register_source`.
+
+The module is over 400 lines because :class:`FileSource` is one concept with one option
+table: listing with file identities, planning, and the checked read of csv/json.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: Formats Spark reads and writes without extra packages.
+FILE_FORMATS = ("parquet", "json", "csv", "orc")
+#: Text formats whose records Spark parses against a schema (and can fail to).
+PARSED_FORMATS = ("csv", "json")
+#: What a file source does with a consumed file that changed (see ``FileSource``).
+ON_CHANGE = ("error", "reread")
+#: The corrupt-record column added to csv/json reads (Spark's default name).
+CORRUPT_COLUMN = "_corrupt_record"
+#: Unparseable records an error message shows.
+MAX_REPORTED = 5
+
+
+class SourceError(CheckpointError):
+    """A source cannot plan or read its input (missing path, unreadable file, no schema)."""
+
+
+class Source(ABC):
+    """Input of a stage: offsets in, DataFrame out.
+
+    A new kind of source implements two methods and registers a type name, in the module
+    of the stage function (the runner imports it before it builds the sources)::
+
+        class KafkaSource(Source):
+            def __init__(self, name, topic, servers):
+                super().__init__(name)
+                self.topic, self.servers = topic, servers
+
+            def plan(self, history):
+                # Resume where the last committed epoch that read the topic stopped.
+                ends = [e["offsets"]["end"] for e in history if e["offsets"]]
+                start = ends[-1] if ends else "earliest"
+                return {"start": start, "end": latest_offsets(self.servers, self.topic)}
+
+            def read(self, spark, offsets):
+                return (spark.read.format("kafka")
+                        .option("kafka.bootstrap.servers", self.servers)
+                        .option("subscribe", self.topic)
+                        .option("startingOffsets", json.dumps(offsets["start"]))
+                        .option("endingOffsets", json.dumps(offsets["end"])).load())
+
+        register_source("kafka", KafkaSource)  # spec: {"type": "kafka", "topic": ..., ...}
+
+    ``plan`` must be a pure function of the committed history and the outside world;
+    its result is stored before the stage runs, so a retry of the epoch reads the same
+    range even if more input arrived. An epoch whose stage did not read the source
+    records ``{}`` for it.
+
+    :param name: the source's name in the stage spec (and in the checkpoint).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abstractmethod
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """This epoch's offsets, given ``history``: the offsets of every committed epoch,
+        oldest first, as ``[{"epoch": e, "offsets": {...}}, ...]``. Must be JSON data."""
+
+    @abstractmethod
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """The input the planned ``offsets`` describe, as a DataFrame."""
+
+
+class FileSource(Source):
+    """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.
+
+    Options (the stage spec's ``sources.<name>`` mapping; the README's "Source options"
+    table says the same):
+
+    * ``path`` (required): directory URL, e.g. ``file:///data/in`` or ``s3://bucket/in``;
+    * ``format``: ``parquet`` (default), ``json``, ``csv`` or ``orc``;
+    * ``options``: reader options passed to Spark (``{"header": "true"}``);
+    * ``schema``: DDL schema string (recommended for json/csv; also used for an epoch
+      without new files);
+    * ``max_files_per_epoch``: read at most this many new files (oldest names first);
+    * ``storage_options``: fsspec options used to list the directory;
+    * ``allow_missing``: plan an empty epoch while the directory does not exist (default
+      False: a missing directory is an error, so a mistyped path is noticed at once; on
+      an object store an empty prefix does not exist either);
+    * ``on_change``: what to do when a file an epoch consumed changed since (another
+      size, modification time or ETag under the same name): ``"error"`` (default) or
+      ``"reread"`` (read it again in full: the new content supersedes the old);
+    * ``bad_records``: a directory URL; csv/json records Spark cannot parse against the
+      schema go there (as JSON lines: source, file, record, parsed) as a sink published
+      with the epoch, instead of failing the epoch.
+
+    Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
+    ``.crc``, in-progress uploads), as Spark does.
+
+    Offsets are ``{"files": [name, ...], "identity": {name: {"size": n, "mtime": t}}}``
+    (``"etag"`` instead of ``"mtime"`` where the store keeps one). A file listed in
+    ``files`` without an identity (offsets written before identities were recorded) is
+    consumed with an unknown identity and never counts as changed.
+
+    csv and json are read in Spark's ``PERMISSIVE`` mode with a corrupt-record column
+    (``columnNameOfCorruptRecord``), so a record that does not parse -- a wrong type, a
+    csv row with more or fewer fields than the schema, a broken JSON line -- is caught
+    instead of becoming NULLs (or losing its extra fields): the epoch fails naming the
+    file and line, unless ``bad_records`` quarantines it. A ``mode`` the user sets in
+    ``options`` (``DROPMALFORMED``, ``FAILFAST``) is Spark's and is left alone.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        format: str = "parquet",
+        options: Mapping[str, Any] | None = None,
+        schema: str | None = None,
+        max_files_per_epoch: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        allow_missing: bool = False,
+        on_change: str = "error",
+        bad_records: str | None = None,
+    ) -> None:
+        super().__init__(name)
+        if format not in FILE_FORMATS:
+            raise ConfigError(
+                f"file source {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
+            )
+        if max_files_per_epoch is not None and (
+            not isinstance(max_files_per_epoch, int) or max_files_per_epoch < 1
+        ):
+            raise ConfigError(
+                f"file source {name!r}: max_files_per_epoch must be a positive integer"
+            )
+        if not isinstance(allow_missing, bool):
+            raise ConfigError(
+                f"file source {name!r}: allow_missing must be true or false, got {allow_missing!r}"
+            )
+        if on_change not in ON_CHANGE:
+            raise ConfigError(
+                f"file source {name!r}: on_change must be one of {ON_CHANGE}, got {on_change!r}"
+            )
+        if bad_records is not None and (not isinstance(bad_records, str) or not bad_records):
+            raise ConfigError(
+                f"file source {name!r}: bad_records must be a directory URL, got {bad_records!r}"
+            )
+        if bad_records is not None and format not in PARSED_FORMATS:
+            raise ConfigError(
+                f"file source {name!r}: bad_records applies to {PARSED_FORMATS} sources only; "
+                f"{format} files have a schema of their own (remove the option)"
+            )
+        self.url = fsspec_url(path).rstrip("/")
+        self.format = format
+        self.options = {k: str(v) for k, v in (options or {}).items()}
+        self.schema = schema
+        self.max_files_per_epoch = max_files_per_epoch
+        self.storage_options = dict(storage_options or {})
+        self.allow_missing = allow_missing
+        self.on_change = on_change
+        self.bad_records = fsspec_url(bad_records).rstrip("/") if bad_records else None
+
+    # -- listing ---------------------------------------------------------------------------
+    def list_files(self) -> list[str]:
+        """Every data file below the directory, relative to it, sorted."""
+        return sorted(self.list_identities())
+
+    def list_identities(self) -> dict[str, dict[str, Any]]:
+        """Every data file below the directory (relative name) with its identity.
+
+        :raises SourceError: the directory does not exist and ``allow_missing`` is off.
+        """
+        from fsspec.core import url_to_fs
+
+        try:
+            fs, root = url_to_fs(self.url, **self.storage_options)
+            exists = fs.exists(root)
+            found = fs.find(root, detail=True) if exists else {}
+        except FileNotFoundError:
+            exists, found = False, {}
+        except Exception as exc:
+            raise SourceError(f"file source {self.name!r}: cannot list {self.url}: {exc}") from exc
+        if not exists:
+            if self.allow_missing:
+                return {}
+            raise SourceError(
+                f"file source {self.name!r}: input directory {self.url} does not exist; check "
+                "the source's 'path' for a typo, or set allow_missing=True on the source if the "
+                "directory appears later (epochs then read nothing until it does)"
+            )
+        root = root.rstrip("/") + "/"
+        out = {}
+        for full, info in found.items():
+            rel = (
+                str(full)[len(root) :]
+                if str(full).startswith(root)
+                else posixpath.basename(str(full))
+            )
+            if rel and not any(seg.startswith(("_", ".")) for seg in rel.split("/")):
+                out[rel] = file_identity(info)
+        return out
+
+    # -- planning --------------------------------------------------------------------------
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The files below the directory that no committed epoch consumed.
+
+        A consumed file whose identity changed since is an error (``on_change="error"``)
+        or planned again (``"reread"``).
+        """
+        consumed: dict[str, dict[str, Any] | None] = {}
+        for entry in history:
+            offsets = entry.get("offsets") or {}
+            files = offsets.get("files", [])
+            identity = offsets.get("identity") or {}
+            if not isinstance(files, list) or not isinstance(identity, dict):
+                raise SourceError(
+                    f"file source {self.name!r}: committed offsets of epoch {entry.get('epoch')} "
+                    f"have no file list: {entry!r}"
+                )
+            for f in files:
+                consumed[f] = identity.get(f)  # None: consumed, identity unknown
+        listing = self.list_identities()
+        changed = sorted(
+            f for f, ident in listing.items()
+            if consumed.get(f) is not None and consumed[f] != ident
+        )
+        if changed and self.on_change == "error":
+            shown = "; ".join(
+                f"{self.url}/{f}: consumed as {consumed[f]}, now {listing[f]}" for f in changed[:5]
+            )
+            raise SourceError(
+                f"file source {self.name!r}: {len(changed)} file(s) changed after an epoch "
+                f"consumed them (same name, new content): {shown}. Their new rows would be "
+                "lost. Deliver new data under a new file name and restore the old content, or "
+                "set on_change='reread' on the source to read a changed file again in full "
+                "(its new content supersedes the old; rows already published stay published)"
+            )
+        new = [f for f in sorted(listing) if f not in consumed or f in changed]
+        if self.max_files_per_epoch is not None:
+            new = new[: self.max_files_per_epoch]
+        return {"files": new, "identity": {f: listing[f] for f in new}}
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """Read exactly the planned files (an empty DataFrame if there are none).
+
+        :raises SourceError: a csv/json record does not parse (names file and line).
+        """
+        data, rejected = self.read_checked(spark, offsets)
+        if rejected is not None:
+            self.fail_on_rejected(rejected, offsets)
+        return data
+
+    def read_checked(
+        self, spark: SparkSession, offsets: Mapping[str, Any]
+    ) -> tuple[DataFrame, DataFrame | None]:
+        """The planned files' records that parse, and those that do not (None when the
+        format has nothing to reject). Both lazy; the rejected ones have the columns
+        ``source``, ``file``, ``record`` (the raw text) and ``parsed`` (what did parse, as JSON)."""
+        files = list(offsets.get("files", []))
+        reader = spark.read.format(self.format).options(**self.options)
+        if not files:
+            if self.schema:
+                return spark.createDataFrame([], self.schema), None
+            # No new file and no declared schema: borrow the schema of any existing file.
+            existing = self.list_files()
+            if not existing:
+                raise SourceError(
+                    f"file source {self.name!r}: {self.url} has no files and no 'schema' "
+                    "option, so the empty input of this epoch has no columns; declare the "
+                    "schema in the source options"
+                )
+            return reader.load(hadoop_path(f"{self.url}/{existing[-1]}")).limit(0), None
+        paths = [hadoop_path(f"{self.url}/{f}") for f in files]
+        if not self._checks_records():
+            if self.schema:
+                reader = reader.schema(self.schema)
+            return reader.load(paths), None
+        return self._read_permissive(spark, paths)
+
+    def _checks_records(self) -> bool:
+        mode = self.options.get("mode", "PERMISSIVE").upper()
+        return self.format in PARSED_FORMATS and mode == "PERMISSIVE"
+
+    def _read_permissive(
+        self, spark: SparkSession, paths: list[str]
+    ) -> tuple[DataFrame, DataFrame]:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        corrupt = self.options.get("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        reader = spark.read.format(self.format).options(**self.options)
+        if self.format == "csv" and str(self.options.get("header", "")).lower() == "true":
+            # A header that does not name the schema's columns is an error, not ignored.
+            reader = reader.option("enforceSchema", self.options.get("enforceSchema", "false"))
+        if self.schema:
+            declared = StructType.fromDDL(self.schema)
+        else:
+            declared = reader.load(paths).schema  # inferred, as Spark would
+        fields = [f for f in declared.fields if f.name != corrupt]
+        schema = StructType([*fields, StructField(corrupt, StringType(), True)])
+        parsed = (
+            reader.schema(schema)
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", corrupt)
+            .load(paths)
+        )
+        good = parsed.where(F.col(corrupt).isNull()).drop(corrupt)
+        # Reading the corrupt column alone from raw files is refused by Spark, so the
+        # rejected rows also carry what did parse (useful when fixing the record anyway).
+        rejected = parsed.where(F.col(corrupt).isNotNull()).select(
+            F.lit(self.name).alias("source"),
+            F.col("_metadata.file_path").alias("file"),
+            F.col(corrupt).alias("record"),
+            F.to_json(F.struct(*[F.col(f.name) for f in fields])).alias("parsed"),
+        )
+        return good, rejected
+
+    def fail_on_rejected(self, rejected: DataFrame, offsets: Mapping[str, Any]) -> None:
+        """Raise :class:`SourceError` naming the first unparseable records (file and line),
+        if there are any (one pass over the input)."""
+        bad = rejected.limit(MAX_REPORTED + 1).collect()
+        if not bad:
+            return
+        files = [str(f) for f in offsets.get("files", [])]
+        shown = []
+        for row in bad[:MAX_REPORTED]:
+            url = self.planned_url(str(row.file), files)
+            line = self._line_of(url, str(row.record)) if url else None
+            where = f"{url or row.file}" + (f" line {line}" if line else "")
+            shown.append(f"{where}: {str(row.record)[:200]!r}")
+        more = " and more" if len(bad) > MAX_REPORTED else ""
+        raise SourceError(
+            f"file source {self.name!r}: malformed {self.format} record(s) that do not match "
+            f"the schema{more}: " + "; ".join(shown) + ". Nothing of this epoch was published. "
+            "Fix the file (deliver it under a new name), correct the 'schema', or set "
+            "bad_records='<directory URL>' on the source to quarantine unparseable records "
+            "with the epoch and publish the rest"
+        )
+
+    def planned_url(self, spark_path: str, files: list[str]) -> str | None:
+        """The fsspec URL of the planned file Spark calls ``spark_path`` (a URI)."""
+        from urllib.parse import unquote
+
+        path = unquote(spark_path)
+        for f in files:
+            if path.endswith("/" + f):
+                return f"{self.url}/{f}"
+        return None
+
+    def _line_of(self, url: str, record: str) -> int | None:
+        """The 1-based line of the file at ``url`` that holds ``record`` (read only when an
+        error is reported)."""
+        import fsspec
+
+        first = record.splitlines()[0] if record else record
+        try:
+            with fsspec.open(url, "rt", encoding="utf-8", errors="replace",
+                             **self.storage_options) as handle:
+                for number, text in enumerate(handle, start=1):
+                    if text.rstrip("\r\n") == first:
+                        return number
+        except OSError:
+            return None
+        return None
+
+
+def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A listed file's identity from its fsspec info: size and the store's ETag (object
+    stores) or modification time; a file re-uploaded under the same name changes it."""
+    ident: dict[str, Any] = {"size": int(info.get("size") or 0)}
+    etag = info.get("ETag") or info.get("etag")
+    if etag:
+        ident["etag"] = str(etag).strip('"')
+        return ident
+    modified = next((info[k] for k in ("mtime", "LastModified", "last_modified", "updated",
+                                       "created") if info.get(k) is not None), None)
+    if hasattr(modified, "timestamp"):
+        modified = modified.timestamp()
+    if isinstance(modified, (int, float)):
+        ident["mtime"] = float(modified)
+    elif modified is not None:
+        ident["mtime"] = str(modified)  # e.g. an RFC 3339 string: compared as given
+    return ident
