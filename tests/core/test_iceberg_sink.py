@@ -27,6 +27,7 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decis
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, register_secret_resolver
+from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 from tests.core.epochs import at_once
 
 IDENT = "lake.orders"
@@ -273,7 +274,7 @@ def test_partitioning_that_differs_from_the_table_is_refused(tmp_path: Path) -> 
 def test_empty_catalog_options_use_the_embedded_catalog_under_airflow_home(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
-    props = iceberg.embedded_catalog()
+    props = embedded_catalog()
     assert props["uri"] == f"sqlite:///{tmp_path}/home/seatunnel-ckpt-warehouse/catalog.db"
     lake = Lake(tmp_path)
     manifest = lake.stage(1, eu_us([1], [2]))

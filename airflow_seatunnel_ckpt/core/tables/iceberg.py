@@ -56,30 +56,17 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, open_storage, publish_files
 from airflow_seatunnel_ckpt.core.tables import TableCommit
+from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 
 log = logging.getLogger(__name__)
 
 #: Prefix of the table properties and snapshot summary keys this package writes.
 PROPERTY_PREFIX = "seatunnel-ckpt"
-#: Directory of the embedded catalog and warehouse, below ``$AIRFLOW_HOME`` (or ~/airflow).
-EMBEDDED_DIR = "seatunnel-ckpt-warehouse"
 #: Hidden directory prefix of the staged partition columns (spark/table_sinks.py).
 PARTITION_PREFIX = "__partition_"
 APPENDED = "appended"
 REPLACED = "replaced"
 ALREADY = "already"
-
-
-def embedded_catalog(home: str | None = None) -> dict[str, str]:
-    """Absolute properties of the embedded catalog: SQLite catalog and local warehouse.
-
-    Resolved when a sink is built (``home`` defaults to ``$AIRFLOW_HOME``, else
-    ``~/airflow``), so the commit task, the recovery DAG and the console, wherever they
-    run, commit into the same catalog.
-    """
-    base = home or os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-    root = os.path.join(os.path.abspath(base), EMBEDDED_DIR)
-    return {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}"}
 
 
 def marker_keys(pipeline: str, sink: str) -> tuple[str, str]:
@@ -88,8 +75,13 @@ def marker_keys(pipeline: str, sink: str) -> tuple[str, str]:
 
 
 def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Catalog:
-    """The sink's catalog: its properties (embedded default when none) plus resolved secrets."""
-    props = {str(k): str(v) for k, v in (options.get("catalog") or embedded_catalog()).items()}
+    """The sink's catalog: its properties plus resolved secrets.
+
+    With neither catalog properties nor a connection (a manifest of a sink that did not
+    resolve them), the embedded catalog of this process's ``$AIRFLOW_HOME``.
+    """
+    given = options.get("catalog") or ({} if options.get("catalog_conn_id") else embedded_catalog())
+    props = {str(k): str(v) for k, v in given.items()}
     props.update({str(k): str(v) for k, v in secrets.items()})
     uri = props.get("uri", "")
     if uri.startswith("sqlite:///"):  # SQLite creates the file but not its directory
