@@ -318,3 +318,21 @@ def test_warehouse_on_s3_commits_once(tmp_path: Path, moto_server: Any, s3_bucke
     assert scan_ids(table) == [1, 2, 3]
     assert len(table.snapshots()) == 1
     assert all(p.startswith(f"{s3_bucket}/warehouse/") for p in data_file_paths(table))
+
+
+def test_empty_snapshot_epoch_empties_the_table(tmp_path: Path) -> None:
+    lake = Lake(tmp_path)
+    lake.run_epoch("r1", eu_us([1, 2], [3]), mode=SinkMode.SNAPSHOT)
+    lake.run_epoch("r2", {}, mode=SinkMode.SNAPSHOT)  # the keyed state became empty
+    table = lake.table()
+    assert scan_ids(table) == []
+    assert duckdb_rows(table) == []
+    assert len(table.snapshots()) == 2
+
+
+def test_zero_row_file_of_an_unpartitioned_snapshot_is_an_empty_table(tmp_path: Path) -> None:
+    lake = Lake(tmp_path)
+    lake.run_epoch("r1", {"": orders([1, 2], "EU")}, mode=SinkMode.SNAPSHOT, partition_by=[])
+    lake.run_epoch("r2", {"": orders([], "EU")}, mode=SinkMode.SNAPSHOT, partition_by=[])
+    assert scan_ids(lake.table()) == []
+    assert lake.table().schema().column_names == SCHEMA.names

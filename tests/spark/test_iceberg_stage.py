@@ -6,16 +6,17 @@ pyiceberg; DuckDB's iceberg extension reads the result back as any user would.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyiceberg.catalog import load_catalog
 
+from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import StageContext, StageSpec, run_stage
+from airflow_seatunnel_ckpt.spark.iceberg_sink import IcebergSink
 from tests.core.test_iceberg_sink import duckdb_rows
 from tests.spark.conftest import OrdersPipeline, order_row
-
-pytestmark = [pytest.mark.spark]
 
 
 def orders_and_totals(ctx: StageContext, spark: Any) -> None:
@@ -36,6 +37,7 @@ def iceberg_spec(orders: OrdersPipeline, run_id: str, catalog: dict[str, str]) -
     return orders.spec(run_id, stage="tests.spark.test_iceberg_stage:orders_and_totals", sinks=sinks)
 
 
+@pytest.mark.spark
 def test_stage_into_iceberg_tables_commits_every_order_once_with_partitions(
         spark: Any, orders: OrdersPipeline) -> None:
     catalog = {"type": "sql", "uri": f"sqlite:///{orders.root}/catalog.db",
@@ -62,3 +64,24 @@ def test_stage_into_iceberg_tables_commits_every_order_once_with_partitions(
     got = duckdb_rows(totals, "customer, total")
     assert got == sorted(want.items())  # the current totals only: the older snapshot was replaced
     assert len(totals.snapshots()) == 2
+
+
+def test_sink_without_catalog_resolves_the_embedded_catalog_when_built(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    sink = IcebergSink("orders", "lake.orders", partition_by=["customer"])
+    root = f"{tmp_path}/seatunnel-ckpt-warehouse"
+    assert sink.table["catalog"] == {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}"}
+    assert sink.table["partition_by"] == ["customer"]
+    # with a connection, the connection is the catalog: no embedded default mixed in
+    assert IcebergSink("orders", "lake.orders", catalog_conn_id="lake").table["catalog"] == {}
+
+
+def test_sink_refuses_secrets_in_catalog_options_and_names_the_way_out() -> None:
+    with pytest.raises(ConfigError, match=r"\['s3.secret-access-key'\] look like secrets.*catalog_conn_id"):
+        IcebergSink("orders", "lake.orders", catalog={"type": "rest", "s3.secret-access-key": "x"})
+
+
+def test_sink_refuses_a_table_name_without_namespace() -> None:
+    with pytest.raises(ConfigError, match="table must be '<namespace>.<name>', got 'orders'"):
+        IcebergSink("orders", "orders")

@@ -54,7 +54,7 @@ from pyiceberg.transforms import IdentityTransform
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
-from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, open_storage, publish_files
+from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
 from airflow_seatunnel_ckpt.core.tables import TableCommit
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 
@@ -209,7 +209,9 @@ def table_storage(table: Table, request: TableCommit) -> Storage:
         location = "s3://" + location.split("://", 1)[1]
     if not options and location.split("://", 1)[0] == request.staged.protocol:
         options = dict(request.staged.storage_options)  # same store kind: reuse the store's access
-    return open_storage(location, options)
+    # Not open_storage(): its probe for conditional create would refuse an object store
+    # without it, and placing data files needs none (the table's own commit decides).
+    return backend_for(location.split("://", 1)[0].lower())(location, options)
 
 
 def final_dir(request: TableCommit, staged_dir: str) -> str:
