@@ -336,3 +336,49 @@ def test_zero_row_file_of_an_unpartitioned_snapshot_is_an_empty_table(tmp_path: 
     lake.run_epoch("r2", {"": orders([], "EU")}, mode=SinkMode.SNAPSHOT, partition_by=[])
     assert scan_ids(lake.table()) == []
     assert lake.table().schema().column_names == SCHEMA.names
+
+
+def test_a_crash_at_every_step_of_a_table_commit_leaves_each_row_once(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from airflow_seatunnel_ckpt.core import EpochState
+    from tests.core import faults
+
+    plan = faults.install(monkeypatch)  # every store mutation: placement, records, staging removal
+    real_commit = SqlCatalog.commit_table
+
+    def commit_table_with_crash_points(self: SqlCatalog, *args: Any, **kwargs: Any) -> Any:
+        plan.tick("catalog.commit_table (before)")
+        response = real_commit(self, *args, **kwargs)
+        plan.tick("catalog.commit_table (landed, not yet returned)")
+        return response
+
+    monkeypatch.setattr(SqlCatalog, "commit_table", commit_table_with_crash_points)
+
+    def setup(n: int) -> tuple[Lake, int]:
+        lake = Lake(tmp_path / f"crash-{n}")
+        lake.run_epoch("r1", eu_us([1], [2]))
+        epoch = lake.pipeline.begin("r2").epoch
+        manifest = lake.stage(epoch, eu_us([3, 4], [5]))
+        lake.pipeline.prepare(epoch, "ingest", 1, run_id="r2", sinks=[manifest])
+        lake.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+        return lake, epoch
+
+    def resume(world: tuple[Lake, int]) -> None:
+        lake, epoch = world
+        fresh = Lake(lake.root)  # the retry or the recovery DAG: a new process
+        fresh.pipeline.commit(epoch)
+
+    def check(world: tuple[Lake, int], crashed: bool) -> None:
+        lake, epoch = world
+        table = lake.table()
+        assert scan_ids(table) == [1, 2, 3, 4, 5]
+        assert [r[0] for r in duckdb_rows(table)] == [1, 2, 3, 4, 5]
+        assert [s.summary["seatunnel-ckpt.epoch"] for s in table.snapshots() if s.summary] == ["1", "2"]
+        assert len(set(data_file_paths(table))) == len(data_file_paths(table)) == 4
+        assert lake.pipeline.status(epoch).state is EpochState.COMMITTED
+
+    run = faults.crash_at_every_mutation(plan, setup, lambda w: w[0].pipeline.commit(w[1]), resume, check)
+    assert any("catalog.commit_table (landed" in c for c in run.crashed_at)
+    assert run.crash_points >= 4
