@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.tables import register_secret_resolver
@@ -51,7 +52,14 @@ def catalog_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
     conn_id = options.get("catalog_conn_id")
     if options.get("type") != "iceberg" or not conn_id:
         return {}
-    return catalog_properties(BaseHook.get_connection(str(conn_id)))
+    try:
+        conn = BaseHook.get_connection(str(conn_id))
+    except AirflowNotFoundException:
+        raise ConfigError(
+            f"Iceberg sink of table {options.get('identifier')!r}: its catalog_conn_id {conn_id!r} is not an Airflow "
+            "connection here; define it (UI, CLI or AIRFLOW_CONN_<ID>) where the commit runs, then retry the "
+            "commit") from None
+    return catalog_properties(conn)
 
 
 register_secret_resolver(catalog_secrets)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from pyiceberg.catalog import load_catalog
 
+from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.tables import commit_table
 from airflow_seatunnel_ckpt.hooks import iceberg_catalog
 from tests.core.test_iceberg_sink import IDENT, Lake, eu_us, scan_ids
@@ -35,3 +36,9 @@ def test_connection_host_and_login_become_uri_and_credential(monkeypatch: pytest
     assert props == {"uri": "https://catalog.example/api", "credential": "id:the-secret", "type": "rest",
                      "warehouse": "prod"}
     assert iceberg_catalog.catalog_secrets({"type": "delta", "catalog_conn_id": "rest_catalog"}) == {}
+
+
+def test_missing_catalog_connection_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="catalog_conn_id 'no_such_catalog' is not an Airflow connection"):
+        iceberg_catalog.catalog_secrets({"type": "iceberg", "identifier": "lake.orders",
+                                         "catalog_conn_id": "no_such_catalog"})

@@ -284,7 +284,11 @@ def test_empty_catalog_options_use_the_embedded_catalog_under_airflow_home(tmp_p
     assert scan_ids(table) == [1, 2]
 
 
-def test_secret_resolver_adds_catalog_properties_at_commit_time(tmp_path: Path) -> None:
+def test_secret_resolver_adds_catalog_properties_at_commit_time(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.core import tables
+
+    monkeypatch.setattr(tables, "_SECRET_RESOLVERS", [])  # only this test's resolver
     lake = Lake(tmp_path)
     real_uri = lake.catalog_props["uri"]
     lake.catalog_props = {**lake.catalog_props, "uri": "sqlite:////nonexistent/never.db"}
@@ -293,14 +297,10 @@ def test_secret_resolver_adds_catalog_properties_at_commit_time(tmp_path: Path) 
         return {"uri": real_uri} if options.get("catalog_conn_id") == "lake_conn" else {}
 
     register_secret_resolver(resolve)
-    try:
-        manifest = lake.stage(1, eu_us([1], [2]))
-        manifest = dataclasses.replace(manifest, table={**manifest.table, "catalog_conn_id": "lake_conn"})
-        commit_table(lake.request(1, manifest))
-    finally:
-        from airflow_seatunnel_ckpt.core import tables
-
-        tables._SECRET_RESOLVERS.remove(resolve)
+    manifest = lake.stage(1, eu_us([1], [2]))
+    manifest = dataclasses.replace(manifest, table={**manifest.table, "catalog_conn_id": "lake_conn"})
+    assert real_uri not in str(manifest.to_dict())
+    commit_table(lake.request(1, manifest))
     assert scan_ids(load_catalog("lake", **{**lake.catalog_props, "uri": real_uri}).load_table(IDENT)) == [1, 2]
 
 
@@ -382,3 +382,41 @@ def test_a_crash_at_every_step_of_a_table_commit_leaves_each_row_once(tmp_path: 
     run = faults.crash_at_every_mutation(plan, setup, lambda w: w[0].pipeline.commit(w[1]), resume, check)
     assert any("catalog.commit_table (landed" in c for c in run.crashed_at)
     assert run.crash_points >= 4
+
+
+TOTALS = pa.schema([("customer", pa.string()), ("total", pa.float64())])
+
+
+def totals(rows: dict[str, float]) -> pa.Table:
+    return pa.table({"customer": list(rows), "total": list(rows.values())}, schema=TOTALS)
+
+
+def upsert_manifest(lake: Lake, epoch: int, rows: dict[str, float]) -> SinkManifest:
+    manifest = lake.stage(epoch, {"": totals(rows)}, sink="totals", partition_by=[])
+    return dataclasses.replace(manifest, table={**manifest.table, "identifier": "lake.totals", "key": ["customer"]})
+
+
+def test_upsert_key_replaces_the_rows_of_the_epochs_keys_in_one_commit(tmp_path: Path) -> None:
+    lake = Lake(tmp_path)
+    for epoch, rows in enumerate([{"c0": 1.0, "c1": 2.0, "c2": 3.0}, {"c0": 10.0, "c3": 4.0}], start=1):
+        result = commit_table(lake.request(epoch, upsert_manifest(lake, epoch, rows)))
+        assert result.how == "upserted"
+    assert commit_table(lake.request(2, upsert_manifest(lake, 2, {"c0": 10.0, "c3": 4.0}))).how == "already"
+    table = load_catalog("lake", **lake.catalog_props).load_table("lake.totals")
+    want = [("c0", 10.0), ("c1", 2.0), ("c2", 3.0), ("c3", 4.0)]
+    assert sorted(tuple(r.values()) for r in table.scan().to_arrow().to_pylist()) == want
+    assert duckdb_rows(table, "customer, total") == want  # one row per key: no row_number() in readers
+    assert table.properties["seatunnel-ckpt.orders.totals.epoch"] == "2"
+
+
+def test_upsert_refuses_a_key_twice_in_one_epoch_and_commits_nothing(tmp_path: Path) -> None:
+    lake = Lake(tmp_path)
+    commit_table(lake.request(1, upsert_manifest(lake, 1, {"c0": 1.0})))
+    manifest = lake.stage(2, {"": pa.concat_tables([totals({"c0": 2.0}), totals({"c0": 3.0})])}, sink="totals",
+                          partition_by=[])
+    manifest = dataclasses.replace(manifest, table={**manifest.table, "identifier": "lake.totals",
+                                                    "key": ["customer"]})
+    with pytest.raises(ConfigError, match=r"hold key \['customer'\] more than once.*'c0'"):
+        commit_table(lake.request(2, manifest))
+    table = load_catalog("lake", **lake.catalog_props).load_table("lake.totals")
+    assert table.scan().to_arrow().to_pylist() == [{"customer": "c0", "total": 1.0}]

@@ -20,7 +20,8 @@ epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "ca
    :func:`storage.publish_files`: idempotent, verified, never deleting anything.
 4. **one transaction**: ``add_files`` (duplicate-file check on) or, for a ``snapshot`` sink,
    one OVERWRITE snapshot that removes every current data file and adds the epoch's, plus
-   the marker property. pyiceberg's own commit retry is switched off for it: on a conflict
+   the marker property; with upsert ``key`` columns, the table's rows of the epoch's keys
+   are deleted in the same transaction first. pyiceberg's own commit retry is switched off for it: on a conflict
    it rebases an append *without* re-checking duplicates, so two committers of one epoch
    (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
    outcome reloads the table and goes back to step 1.
@@ -33,10 +34,12 @@ import logging
 import os
 import posixpath
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
@@ -50,6 +53,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids, parquet_file_to_data_file
 from pyiceberg.schema import promote
 from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.upsert_util import create_match_filter, has_duplicate_rows
 from pyiceberg.transforms import IdentityTransform
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
@@ -66,6 +70,7 @@ PROPERTY_PREFIX = "seatunnel-ckpt"
 PARTITION_PREFIX = "__partition_"
 APPENDED = "appended"
 REPLACED = "replaced"
+UPSERTED = "upserted"
 ALREADY = "already"
 
 
@@ -122,6 +127,7 @@ def commit(request: TableCommit) -> PublishedSink:
         file_schema = _staged_schema(request, placed) if request.sink.files else None
         added = _check_schema(table, file_schema, where) if file_schema is not None else []
         _check_partitioning(table, request, where)
+        _check_key(table, request, where)
         paths = place_files(request, placed)
         try:
             how = _commit_once(table, request, paths, file_schema, added, where)
@@ -308,6 +314,17 @@ def _check_partitioning(table: Table, request: TableCommit, where: str) -> None:
             "partition field. Set partition_by to the table's identity partition columns, or write a new table")
 
 
+def _check_key(table: Table, request: TableCommit, where: str) -> None:
+    key = list(request.table.get("key") or [])
+    missing = [k for k in key if k not in table.schema().column_names]
+    if missing:
+        raise ConfigError(f"{where}: upsert key column(s) {missing} are not in the table "
+                          f"(columns: {table.schema().column_names}); fix the sink's key option")
+    if key and request.sink.mode is SinkMode.SNAPSHOT:
+        raise ConfigError(f"{where}: a snapshot sink replaces the whole table, an upsert key would do "
+                          "nothing; remove key, or use mode 'changes' with key to upsert")
+
+
 def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_schema: pa.Schema | None,
                  added: Sequence[str], where: str) -> str:
     """One transaction: (schema additions,) the files, the marker. Raises on conflict."""
@@ -316,11 +333,18 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
                f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store}
     view = _without_library_retry(table)
     snapshot = request.sink.mode is SinkMode.SNAPSHOT
+    key = [str(k) for k in request.table.get("key") or []]
     try:
         with view.transaction() as tx:
             if added and file_schema is not None:
                 with tx.update_schema() as update:
                     update.union_by_name(pa.schema([file_schema.field(name) for name in added]))
+            if key:  # upsert: the epoch's rows replace the table's rows of the same keys
+                keys = _epoch_keys(view, paths, key, where)
+                if keys.num_rows and tx.table_metadata.current_snapshot() is not None:
+                    with warnings.catch_warnings():  # new keys only: "did not match any records" is normal
+                        warnings.filterwarnings("ignore", "Delete operation did not match")
+                        tx.delete(create_match_filter(keys, key), snapshot_properties=summary)
             if not snapshot:
                 tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
             else:
@@ -340,7 +364,24 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
         raise ConfigError(f"{where}: the table refused the epoch's files before committing ({exc}); nothing "
                           "was committed. Fix the cause, then retry the commit") from exc
     table.metadata, table.metadata_location = view.metadata, view.metadata_location
-    return REPLACED if snapshot else APPENDED
+    return REPLACED if snapshot else UPSERTED if key else APPENDED
+
+
+def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:
+    """The key columns of the epoch's placed files; ConfigError if a key appears twice."""
+    parts = []
+    for path in paths:
+        with table.io.new_input(path).open() as fh:
+            parts.append(pq.read_table(fh, columns=list(key)))
+    keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([]) for k in key})
+    if keys.num_rows and has_duplicate_rows(keys, list(key)):
+        counts = keys.group_by(list(key)).aggregate([([], "count_all")])
+        dupes = counts.filter(pc.field("count_all") > 1).slice(0, 5).to_pylist()
+        raise ConfigError(
+            f"{where}: the epoch's rows hold key {list(key)} more than once (e.g. {dupes}); an upsert needs one "
+            "row per key. Reduce the rows to one per key in the stage (a key_value state's output is), then "
+            "retry the commit; nothing was committed")
+    return keys
 
 
 def _without_library_retry(table: Table) -> Table:
