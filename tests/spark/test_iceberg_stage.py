@@ -20,20 +20,22 @@ from tests.spark.conftest import OrdersPipeline, order_row
 
 
 def orders_and_totals(ctx: StageContext, spark: Any) -> None:
-    """The stage run here (by import path): new orders appended, whole current totals replaced."""
+    """The stage run here (by import path): new orders appended, totals upserted and replaced."""
     fresh = ctx.key_set("seen_orders").dedup(ctx.source("orders").read(), key="order_id").cache()
     ctx.sink("orders_table").write(fresh)
-    totals = ctx.key_value("customer_totals").aggregate(
-        fresh, key="customer", aggregates={"total": ("sum", "amount")}, mode="snapshot")
-    ctx.sink("customer_totals").write(totals)
+    state = ctx.key_value("customer_totals")
+    changed = state.aggregate(fresh, key="customer", aggregates={"total": ("sum", "amount")})
+    ctx.sink("totals_upsert").write(changed)  # the changed keys only
+    ctx.sink("customer_totals").write(state.snapshot())  # every key
     fresh.unpersist()
 
 
 def iceberg_spec(orders: OrdersPipeline, run_id: str, catalog: dict[str, str]) -> StageSpec:
-    """Orders appended into ``lake.orders`` (partitioned by customer), totals as a snapshot table."""
+    """Orders appended (partitioned by customer), totals as a snapshot table and upserted by key."""
     common = {"type": "iceberg", "catalog": catalog, "catalog_name": "lake"}
     sinks = {"orders_table": {**common, "table": "lake.orders", "partition_by": ["customer"]},
-             "customer_totals": {**common, "table": "lake.customer_totals", "mode": "snapshot"}}
+             "customer_totals": {**common, "table": "lake.customer_totals", "mode": "snapshot"},
+             "totals_upsert": {**common, "table": "lake.totals_by_key", "key": ["customer"]}}
     return orders.spec(run_id, stage="tests.spark.test_iceberg_stage:orders_and_totals", sinks=sinks)
 
 
@@ -64,6 +66,8 @@ def test_stage_into_iceberg_tables_commits_every_order_once_with_partitions(
     got = duckdb_rows(totals, "customer, total")
     assert got == sorted(want.items())  # the current totals only: the older snapshot was replaced
     assert len(totals.snapshots()) == 2
+    # the upserted table: epoch 2 changed c0 and c2 only, yet every key is current, once
+    assert duckdb_rows(lake.load_table("lake.totals_by_key"), "customer, total") == sorted(want.items())
 
 
 def test_sink_without_catalog_resolves_the_embedded_catalog_when_built(tmp_path: Path,
@@ -85,3 +89,9 @@ def test_sink_refuses_secrets_in_catalog_options_and_names_the_way_out() -> None
 def test_sink_refuses_a_table_name_without_namespace() -> None:
     with pytest.raises(ConfigError, match="table must be '<namespace>.<name>', got 'orders'"):
         IcebergSink("orders", "orders")
+
+
+def test_sink_upsert_key_needs_changes_mode() -> None:
+    assert IcebergSink("t", "lake.t", key=["customer"]).table["key"] == ["customer"]
+    with pytest.raises(ConfigError, match="key \\(upsert\\) needs mode 'changes'"):
+        IcebergSink("t", "lake.t", key=["customer"], mode="snapshot")
