@@ -13,6 +13,7 @@ import datetime as dt
 import glob
 import io
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -149,13 +150,30 @@ def test_commit_retry_after_success_is_already_and_adds_no_snapshot(tmp_path: Pa
     assert len(data_file_paths(table)) == len(set(data_file_paths(table))) == 2
 
 
-def test_racing_committers_of_one_epoch_land_it_once(tmp_path: Path) -> None:
+def both_commit_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hold each committer's first transaction until the other has read the marker too."""
+    barrier, real = threading.Barrier(2, timeout=30), iceberg._commit_once
+    waited: set[int] = set()
+
+    def commit_once(*args: Any) -> str:
+        if threading.get_ident() not in waited:
+            waited.add(threading.get_ident())
+            barrier.wait()
+        return real(*args)
+
+    monkeypatch.setattr(iceberg, "_commit_once", commit_once)
+
+
+def test_racing_committers_of_one_epoch_land_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
     lake = Lake(tmp_path)
     manifest = lake.stage(1, eu_us([1, 2], [3]))
     commit_table(lake.request(1, manifest))
     # epoch 2 is raced: both committers start from the same table version
     manifest = lake.stage(2, eu_us([4, 5], [6]))
+    both_commit_at_once(monkeypatch)
     outcomes = at_once([lambda: commit_table(lake.request(2, manifest)) for _ in range(2)])
+    assert "commit conflict" in caplog.text  # the loser's commit failed, then it read the marker
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     assert not errors, errors
     assert sorted(o.how for o in outcomes if not isinstance(o, BaseException)) == ["already", "appended"]
@@ -163,6 +181,19 @@ def test_racing_committers_of_one_epoch_land_it_once(tmp_path: Path) -> None:
     assert [s.summary["seatunnel-ckpt.epoch"] for s in table.snapshots() if s.summary] == ["1", "2"]
     assert scan_ids(table) == [1, 2, 3, 4, 5, 6]
     assert [r[0] for r in duckdb_rows(table)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_with_pyiceberg_retry_left_on_a_raced_epoch_lands_twice(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why the commit turns the library's retry off (if this fails, pyiceberg fixed the trap)."""
+    monkeypatch.setattr(iceberg, "_without_library_retry", lambda table: table)
+    lake = Lake(tmp_path)
+    commit_table(lake.request(1, lake.stage(1, eu_us([1, 2], [3]))))
+    manifest = lake.stage(2, eu_us([4, 5], [6]))
+    both_commit_at_once(monkeypatch)
+    outcomes = at_once([lambda: commit_table(lake.request(2, manifest)) for _ in range(2)])
+    assert [getattr(o, "how", o) for o in outcomes] == ["appended", "appended"]
+    assert scan_ids(lake.table()) == [1, 2, 3, 4, 4, 5, 5, 6, 6]
 
 
 def test_crash_after_placing_files_commits_rows_once(tmp_path: Path) -> None:
