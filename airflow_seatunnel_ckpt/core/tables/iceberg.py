@@ -56,8 +56,9 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.upsert_util import create_match_filter, has_duplicate_rows
 from pyiceberg.transforms import IdentityTransform
 
+from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
-from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
+from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
 from airflow_seatunnel_ckpt.core.tables import TableCommit
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
@@ -99,7 +100,7 @@ def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Cata
     except Exception as exc:  # pyiceberg raises ValueError, ImportError, driver errors...
         raise ConfigError(
             f"cannot open Iceberg catalog {options.get('catalog_name') or 'default'!r} "
-            f"(properties {sorted(props)}): {exc}. Check the sink's catalog options and its "
+            f"(properties {sorted(props)}): {redact_url(str(exc))}. Check the sink's catalog options and its "
             "catalog_conn_id connection") from exc
 
 
@@ -112,6 +113,15 @@ def commit(request: TableCommit) -> PublishedSink:
             f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: the Iceberg table must be named "
             f"'<namespace>.<table>', got {identifier!r}; fix the sink's 'table' option")
     catalog = open_catalog(options, request.secrets())
+    try:
+        return _commit(catalog, identifier, request)
+    finally:
+        engine = getattr(catalog, "engine", None)  # a SQL catalog's connection pool: not kept per commit
+        if engine is not None:
+            engine.dispose()
+
+
+def _commit(catalog: Catalog, identifier: str, request: TableCommit) -> PublishedSink:
     where = f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} (table {identifier})"
     for attempt in range(request.retries + 1):
         table = _load(catalog, identifier)
@@ -119,7 +129,7 @@ def commit(request: TableCommit) -> PublishedSink:
             return _published(request, table, ALREADY)
         if table is None:
             if not request.sink.files:  # an empty snapshot of a table that never existed
-                return _published(request, None, "empty")
+                return _published(request, None, EMPTY)
             table = _create(catalog, identifier, _staged_schema(request, None), request, where)
             if _committed_epoch(table, request, where) >= request.epoch:
                 return _published(request, table, ALREADY)
