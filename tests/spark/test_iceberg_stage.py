@@ -95,3 +95,15 @@ def test_sink_upsert_key_needs_changes_mode() -> None:
     assert IcebergSink("t", "lake.t", key=["customer"]).table["key"] == ["customer"]
     with pytest.raises(ConfigError, match="key \\(upsert\\) needs mode 'changes'"):
         IcebergSink("t", "lake.t", key=["customer"], mode="snapshot")
+
+
+def test_declaring_an_iceberg_sink_at_parse_time_imports_neither_pyiceberg_nor_pyspark() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from airflow_seatunnel_ckpt.spark.declaration import EntryDeclaration\n"
+            "EntryDeclaration.check('sink', 'orders', {'type': 'iceberg', 'table': 'lake.orders'}, where='dag')\n"
+            "print(sorted(m for m in ('pyiceberg', 'pyspark') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
