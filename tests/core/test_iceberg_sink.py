@@ -3,7 +3,8 @@
 Files are staged by hand with pyarrow into a real store, the commit goes into a real
 pyiceberg SQL catalog on SQLite (or a warehouse on the moto S3 server), and what the table
 holds is read back by pyiceberg *and* by DuckDB's iceberg extension (an independent reader
-of the metadata files).
+of the metadata files). One module holds the sink's whole contract (commit, retries,
+races, crash points, schema, modes, upsert, S3), hence a little over the usual length.
 """
 
 from __future__ import annotations
