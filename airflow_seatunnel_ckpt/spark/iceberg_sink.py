@@ -31,7 +31,7 @@ class IcebergSink(TableSink):
     :param partition_by: identity partition columns of the table.
     :param mode: ``changes`` (each epoch appends) or ``snapshot`` (each epoch replaces the
         table's rows, in one snapshot).
-    :param key: upsert key columns (``changes`` mode only): each epoch's rows replace the
+    :param merge_keys: upsert key columns (as the Delta sink's) (``changes`` mode only): each epoch's rows replace the
         table's rows with the same key, in the epoch's one transaction, so a "totals per
         customer" table read directly is always current. One row per key per epoch.
     """
@@ -41,7 +41,7 @@ class IcebergSink(TableSink):
     def __init__(self, name: str, table: str, catalog: Mapping[str, Any] | None = None,
                  catalog_name: str = "default", catalog_conn_id: str | None = None,
                  partition_by: Sequence[str] | None = None, mode: str = SinkMode.CHANGES.value,
-                 key: Sequence[str] | None = None) -> None:
+                 merge_keys: Sequence[str] | None = None) -> None:
         if not isinstance(table, str) or len([p for p in table.split(".") if p]) < 2:
             raise ConfigError(f"iceberg sink {name!r}: table must be '<namespace>.<name>', got {table!r}")
         if catalog is not None and not isinstance(catalog, Mapping):
@@ -53,11 +53,11 @@ class IcebergSink(TableSink):
                 f"iceberg sink {name!r}: catalog option(s) {secrets} look like secrets; sink options are stored "
                 "in the checkpoint store in clear. Put them in an Airflow connection and name it in "
                 "catalog_conn_id (its extras are pyiceberg properties, login/password the credential)")
-        keys = [key] if isinstance(key, str) else list(key or [])
+        keys = [merge_keys] if isinstance(merge_keys, str) else list(merge_keys or [])
         if any(not isinstance(k, str) or not k for k in keys):
-            raise ConfigError(f"iceberg sink {name!r}: key must be column names, got {key!r}")
+            raise ConfigError(f"iceberg sink {name!r}: merge_keys must be column names, got {merge_keys!r}")
         if keys and mode != SinkMode.CHANGES.value:
-            raise ConfigError(f"iceberg sink {name!r}: key (upsert) needs mode 'changes'; a {mode!r} sink "
+            raise ConfigError(f"iceberg sink {name!r}: merge_keys (upsert) needs mode 'changes'; a {mode!r} sink "
                               "replaces the whole table each epoch")
         props = {str(k): str(v) for k, v in (catalog or {}).items()}
         if not props and not catalog_conn_id:
@@ -66,5 +66,5 @@ class IcebergSink(TableSink):
         if catalog_conn_id:
             options["catalog_conn_id"] = catalog_conn_id
         if keys:
-            options["key"] = keys
+            options["merge_keys"] = keys
         super().__init__(name, f"iceberg://{catalog_name}/{table}", options, partition_by=partition_by, mode=mode)

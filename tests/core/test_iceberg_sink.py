@@ -425,14 +425,15 @@ def totals(rows: dict[str, float]) -> pa.Table:
 
 def upsert_manifest(lake: Lake, epoch: int, rows: dict[str, float]) -> SinkManifest:
     manifest = lake.stage(epoch, {"": totals(rows)}, sink="totals", partition_by=[])
-    return dataclasses.replace(manifest, table={**manifest.table, "identifier": "lake.totals", "key": ["customer"]})
+    return dataclasses.replace(manifest, table={**manifest.table, "identifier": "lake.totals",
+                                                "merge_keys": ["customer"]})
 
 
 def test_upsert_key_replaces_the_rows_of_the_epochs_keys_in_one_commit(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
     for epoch, rows in enumerate([{"c0": 1.0, "c1": 2.0, "c2": 3.0}, {"c0": 10.0, "c3": 4.0}], start=1):
         result = commit_table(lake.request(epoch, upsert_manifest(lake, epoch, rows)))
-        assert result.how == "upserted"
+        assert result.how == "merged"
     assert commit_table(lake.request(2, upsert_manifest(lake, 2, {"c0": 10.0, "c3": 4.0}))).how == "already"
     table = load_catalog("lake", **lake.catalog_props).load_table("lake.totals")
     want = [("c0", 10.0), ("c1", 2.0), ("c2", 3.0), ("c3", 4.0)]
@@ -447,7 +448,7 @@ def test_upsert_refuses_a_key_twice_in_one_epoch_and_commits_nothing(tmp_path: P
     manifest = lake.stage(2, {"": pa.concat_tables([totals({"c0": 2.0}), totals({"c0": 3.0})])}, sink="totals",
                           partition_by=[])
     manifest = dataclasses.replace(manifest, table={**manifest.table, "identifier": "lake.totals",
-                                                    "key": ["customer"]})
+                                                    "merge_keys": ["customer"]})
     with pytest.raises(ConfigError, match=r"hold key \['customer'\] more than once.*'c0'"):
         commit_table(lake.request(2, manifest))
     table = load_catalog("lake", **lake.catalog_props).load_table("lake.totals")

@@ -35,7 +35,7 @@ def iceberg_spec(orders: OrdersPipeline, run_id: str, catalog: dict[str, str]) -
     common = {"type": "iceberg", "catalog": catalog, "catalog_name": "lake"}
     sinks = {"orders_table": {**common, "table": "lake.orders", "partition_by": ["customer"]},
              "customer_totals": {**common, "table": "lake.customer_totals", "mode": "snapshot"},
-             "totals_upsert": {**common, "table": "lake.totals_by_key", "key": ["customer"]}}
+             "totals_upsert": {**common, "table": "lake.totals_by_key", "merge_keys": ["customer"]}}
     return orders.spec(run_id, stage="tests.spark.test_iceberg_stage:orders_and_totals", sinks=sinks)
 
 
@@ -92,9 +92,9 @@ def test_sink_refuses_a_table_name_without_namespace() -> None:
 
 
 def test_sink_upsert_key_needs_changes_mode() -> None:
-    assert IcebergSink("t", "lake.t", key=["customer"]).table["key"] == ["customer"]
-    with pytest.raises(ConfigError, match="key \\(upsert\\) needs mode 'changes'"):
-        IcebergSink("t", "lake.t", key=["customer"], mode="snapshot")
+    assert IcebergSink("t", "lake.t", merge_keys=["customer"]).table["merge_keys"] == ["customer"]
+    with pytest.raises(ConfigError, match="merge_keys \\(upsert\\) needs mode 'changes'"):
+        IcebergSink("t", "lake.t", merge_keys=["customer"], mode="snapshot")
 
 
 def test_declaring_an_iceberg_sink_at_parse_time_imports_neither_pyiceberg_nor_pyspark() -> None:

@@ -20,7 +20,7 @@ epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "ca
    :func:`storage.publish_files`: idempotent, verified, never deleting anything.
 4. **one transaction**: ``add_files`` (duplicate-file check on) or, for a ``snapshot`` sink,
    one OVERWRITE snapshot that removes every current data file and adds the epoch's, plus
-   the marker property; with upsert ``key`` columns, the table's rows of the epoch's keys
+   the marker property; with ``merge_keys`` (upsert), the table's rows of the epoch's keys
    are deleted in the same transaction first. pyiceberg's own commit retry is switched off for it: on a conflict
    it rebases an append *without* re-checking duplicates, so two committers of one epoch
    (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
@@ -71,7 +71,7 @@ PROPERTY_PREFIX = "seatunnel-ckpt"
 PARTITION_PREFIX = "__partition_"
 APPENDED = "appended"
 REPLACED = "replaced"
-UPSERTED = "upserted"
+MERGED = "merged"
 ALREADY = "already"
 
 
@@ -325,14 +325,14 @@ def _check_partitioning(table: Table, request: TableCommit, where: str) -> None:
 
 
 def _check_key(table: Table, request: TableCommit, where: str) -> None:
-    key = list(request.table.get("key") or [])
+    key = list(request.table.get("merge_keys") or [])
     missing = [k for k in key if k not in table.schema().column_names]
     if missing:
         raise ConfigError(f"{where}: upsert key column(s) {missing} are not in the table "
-                          f"(columns: {table.schema().column_names}); fix the sink's key option")
+                          f"(columns: {table.schema().column_names}); fix the sink's merge_keys option")
     if key and request.sink.mode is SinkMode.SNAPSHOT:
-        raise ConfigError(f"{where}: a snapshot sink replaces the whole table, an upsert key would do "
-                          "nothing; remove key, or use mode 'changes' with key to upsert")
+        raise ConfigError(f"{where}: a snapshot sink replaces the whole table, merge_keys would do "
+                          "nothing; remove merge_keys, or use mode 'changes' with merge_keys to upsert")
 
 
 def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_schema: pa.Schema | None,
@@ -343,7 +343,7 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
                f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store}
     view = _without_library_retry(table)
     snapshot = request.sink.mode is SinkMode.SNAPSHOT
-    key = [str(k) for k in request.table.get("key") or []]
+    key = [str(k) for k in request.table.get("merge_keys") or []]
     try:
         with view.transaction() as tx:
             if added and file_schema is not None:
@@ -374,7 +374,7 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
         raise ConfigError(f"{where}: the table refused the epoch's files before committing ({exc}); nothing "
                           "was committed. Fix the cause, then retry the commit") from exc
     table.metadata, table.metadata_location = view.metadata, view.metadata_location
-    return REPLACED if snapshot else UPSERTED if key else APPENDED
+    return REPLACED if snapshot else MERGED if key else APPENDED
 
 
 def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:
