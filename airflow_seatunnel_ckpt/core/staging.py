@@ -50,7 +50,9 @@ def check_manifest(sink: SinkManifest, epoch: int, attempt: int) -> None:
     validate_name(sink.sink, "sink name")
     try:
         refuse_password(sink.target_url, f"sink {sink.sink!r} target URL")
-        if "://" in sink.target_url:  # a target no backend can publish to: refuse before the decision
+        # A target no backend can publish to: refuse before the decision. A table sink's
+        # target names the table (``iceberg://<catalog>/<table>``); its format commits it.
+        if "://" in sink.target_url and sink.table is None:
             backend_for(sink.target_url.split("://", 1)[0].lower())
     except StorageError as exc:
         raise ConfigError(str(exc)) from None

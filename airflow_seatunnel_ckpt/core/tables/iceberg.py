@@ -1,0 +1,412 @@
+"""Iceberg table commits: one epoch of one sink becomes one Iceberg snapshot, exactly once.
+
+``commit(request)`` (called by :func:`core.tables.commit_table` for a commit-decided
+epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "catalog":
+{...}, "catalog_name": ..., "partition_by": [...]}``:
+
+1. **marker first.** The table property ``seatunnel-ckpt.<pipeline>.<sink>.epoch`` holds
+   the last epoch of this pipeline's sink committed into the table. Epochs commit in order
+   (the protocol commits an epoch only after earlier ones are decided), so a value
+   ``>= epoch`` means this epoch is in the table: nothing is done, ``how="already"``.
+   The property survives snapshot expiry; the snapshot summary (pipeline, sink, epoch)
+   is for people reading the history.
+2. **table and schema.** The table is created on first use from the staged files' Parquet
+   schema (identity partitions on ``partition_by``). Later epochs may add columns (added
+   as optional columns, in the same transaction as the data); a column that disappeared,
+   changed type or became nullable is refused *before* anything is placed or committed,
+   naming the column, both types and the way out.
+3. **placement.** The staged files are put at deterministic paths inside the table's
+   location (``data/<col>=<value>/<pipeline>-e<epoch>-<sink>/<file>``) with
+   :func:`storage.publish_files`: idempotent, verified, never deleting anything.
+4. **one transaction**: ``add_files`` (duplicate-file check on) or, for a ``snapshot`` sink,
+   one OVERWRITE snapshot that removes every current data file and adds the epoch's, plus
+   the marker property; with ``merge_keys`` (upsert), the table's rows of the epoch's keys
+   are deleted in the same transaction first. pyiceberg's own commit retry is switched off for it: on a conflict
+   it rebases an append *without* re-checking duplicates, so two committers of one epoch
+   (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
+   outcome reloads the table and goes back to step 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import posixpath
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    ResolveError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids, parquet_file_to_data_file
+from pyiceberg.schema import promote
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.upsert_util import create_match_filter, has_duplicate_rows
+from pyiceberg.transforms import IdentityTransform
+
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
+from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
+from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
+from airflow_seatunnel_ckpt.core.tables import TableCommit
+from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
+
+log = logging.getLogger(__name__)
+
+#: Prefix of the table properties and snapshot summary keys this package writes.
+PROPERTY_PREFIX = "seatunnel-ckpt"
+#: Hidden directory prefix of the staged partition columns (spark/table_sinks.py).
+PARTITION_PREFIX = "__partition_"
+APPENDED = "appended"
+REPLACED = "replaced"
+MERGED = "merged"
+ALREADY = "already"
+
+
+def marker_keys(pipeline: str, sink: str) -> tuple[str, str]:
+    """The table properties holding this sink's last committed epoch and its store."""
+    return f"{PROPERTY_PREFIX}.{pipeline}.{sink}.epoch", f"{PROPERTY_PREFIX}.{pipeline}.{sink}.store"
+
+
+def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Catalog:
+    """The sink's catalog: its properties plus resolved secrets.
+
+    With neither catalog properties nor a connection (a manifest of a sink that did not
+    resolve them), the embedded catalog of this process's ``$AIRFLOW_HOME``.
+    """
+    given = options.get("catalog") or ({} if options.get("catalog_conn_id") else embedded_catalog())
+    props = {str(k): str(v) for k, v in given.items()}
+    props.update({str(k): str(v) for k, v in secrets.items()})
+    uri = props.get("uri", "")
+    if uri.startswith("sqlite:///"):  # SQLite creates the file but not its directory
+        os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+    warehouse = props.get("warehouse", "")
+    if warehouse.startswith("file://"):
+        os.makedirs(warehouse[len("file://"):], exist_ok=True)
+    try:
+        return load_catalog(str(options.get("catalog_name") or "default"), **props)
+    except Exception as exc:  # pyiceberg raises ValueError, ImportError, driver errors...
+        raise ConfigError(
+            f"cannot open Iceberg catalog {options.get('catalog_name') or 'default'!r} "
+            f"(properties {sorted(props)}): {redact_url(str(exc))}. Check the sink's catalog options and its "
+            "catalog_conn_id connection") from exc
+
+
+def commit(request: TableCommit) -> PublishedSink:
+    """Commit ``request``'s epoch into its Iceberg table exactly once (see the module docs)."""
+    options = request.table
+    identifier = options.get("identifier")
+    if not isinstance(identifier, str) or "." not in identifier.strip("."):
+        raise ConfigError(
+            f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: the Iceberg table must be named "
+            f"'<namespace>.<table>', got {identifier!r}; fix the sink's 'table' option")
+    catalog = open_catalog(options, request.secrets())
+    try:
+        return _commit(catalog, identifier, request)
+    finally:
+        engine = getattr(catalog, "engine", None)  # a SQL catalog's connection pool: not kept per commit
+        if engine is not None:
+            engine.dispose()
+
+
+def _commit(catalog: Catalog, identifier: str, request: TableCommit) -> PublishedSink:
+    where = f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} (table {identifier})"
+    for attempt in range(request.retries + 1):
+        table = _load(catalog, identifier)
+        if table is not None and _committed_epoch(table, request, where) >= request.epoch:
+            return _published(request, table, ALREADY)
+        if table is None:
+            if not request.sink.files:  # an empty snapshot of a table that never existed
+                return _published(request, None, EMPTY)
+            table = _create(catalog, identifier, _staged_schema(request, None), request, where)
+            if _committed_epoch(table, request, where) >= request.epoch:
+                return _published(request, table, ALREADY)
+        placed = table_storage(table, request)
+        file_schema = _staged_schema(request, placed) if request.sink.files else None
+        added = _check_schema(table, file_schema, where) if file_schema is not None else []
+        _check_partitioning(table, request, where)
+        _check_key(table, request, where)
+        paths = place_files(request, placed)
+        try:
+            how = _commit_once(table, request, paths, file_schema, added, where)
+        except (CommitFailedException, CommitStateUnknownException) as exc:
+            # Another committer may have landed this very epoch: reload and read the marker.
+            if attempt == request.retries:
+                raise PublishError(
+                    f"{where}: the Iceberg commit failed {attempt + 1} time(s), last: {exc}. Nothing is "
+                    "duplicated (the marker is read before every try); the epoch stays COMMITTING: run the "
+                    "commit or the recovery DAG again") from exc
+            log.warning("%s: commit conflict (%s), reloading the table (try %d of %d)",
+                        where, exc, attempt + 1, request.retries)
+            time.sleep(min(0.05 * 2 ** attempt, 5.0))
+            continue
+        return _published(request, table, how)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _load(catalog: Catalog, identifier: str) -> Table | None:
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+
+
+def _committed_epoch(table: Table, request: TableCommit, where: str) -> int:
+    epoch_key, store_key = marker_keys(request.pipeline, request.sink.sink)
+    props = table.metadata.properties
+    store = props.get(store_key)
+    if store is not None and store != request.store:
+        raise PublishError(
+            f"{where}: the table records this pipeline's sink as written from store {store!r} (property "
+            f"{store_key}), not {request.store!r}; its epochs would mix with another pipeline's of the same "
+            "name. Give this sink its own table, or, if the store deliberately moved, remove both "
+            f"{PROPERTY_PREFIX}.{request.pipeline}.{request.sink.sink}.* properties and commit again")
+    value = props.get(epoch_key)
+    if value is None:
+        return -1
+    try:
+        return int(value)
+    except ValueError:
+        raise PublishError(
+            f"{where}: table property {epoch_key} is {value!r}, not an epoch number; set it to the last "
+            "epoch committed into the table (see the snapshot summaries) and commit again") from None
+
+
+def _create(catalog: Catalog, identifier: str, schema: pa.Schema, request: TableCommit, where: str) -> Table:
+    namespace = identifier.rsplit(".", 1)[0]
+    with contextlib.suppress(NamespaceAlreadyExistsError):  # a concurrent committer created it
+        catalog.create_namespace_if_not_exists(namespace)
+    partition_by = list(request.table.get("partition_by") or [])
+    missing = [c for c in partition_by if c not in schema.names]
+    if missing:
+        raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
+                          f"(columns: {schema.names}); fix the sink's partition_by")
+    try:
+        tx = catalog.create_table_transaction(identifier, schema)
+        if partition_by:
+            with tx.update_spec() as spec:
+                for column in partition_by:
+                    spec.add_identity(column)
+        tx.commit_transaction()
+        log.info("%s: created the table, partitioned by %s", where, partition_by or "nothing")
+    except TableAlreadyExistsError:  # a concurrent committer created it
+        pass
+    return catalog.load_table(identifier)
+
+
+def table_storage(table: Table, request: TableCommit) -> Storage:
+    """The table's location as a :class:`Storage` (credentials: catalog's S3 properties or the store's)."""
+    location = table.metadata.location.rstrip("/")
+    options: dict[str, Any] = {}
+    props = {**table.io.properties}
+    if location.startswith(("s3://", "s3a://")):
+        client: dict[str, Any] = {}
+        if "s3.endpoint" in props:
+            client["endpoint_url"] = props["s3.endpoint"]
+        if "s3.region" in props or "client.region" in props:
+            client["region_name"] = props.get("s3.region") or props["client.region"]
+        if "s3.access-key-id" in props:
+            options["key"] = props["s3.access-key-id"]
+            options["secret"] = props.get("s3.secret-access-key")
+        if client:
+            options["client_kwargs"] = client
+        location = "s3://" + location.split("://", 1)[1]
+    if not options and location.split("://", 1)[0] == request.staged.protocol:
+        options = dict(request.staged.storage_options)  # same store kind: reuse the store's access
+    # Not open_storage(): its probe for conditional create would refuse an object store
+    # without it, and placing data files needs none (the table's own commit decides).
+    return backend_for(location.split("://", 1)[0].lower())(location, options)
+
+
+def final_dir(request: TableCommit, staged_dir: str) -> str:
+    """Where the files of one staged directory go, relative to the table location.
+
+    ``__partition_region=EU`` becomes ``data/region=EU/<pipeline>-e<epoch>-<sink>``: an
+    Iceberg-style partition path and a name no other epoch or sink shares.
+    """
+    parts = [p[len(PARTITION_PREFIX):] if p.startswith(PARTITION_PREFIX) else p
+             for p in staged_dir.split("/") if p]
+    return posixpath.join("data", *parts, f"{request.pipeline}-e{request.epoch}-{request.sink.sink}")
+
+
+def _groups(request: TableCommit) -> dict[str, list[FileInfo]]:
+    groups: dict[str, list[FileInfo]] = {}
+    for f in request.sink.files:
+        folder, name = posixpath.split(f.path)
+        groups.setdefault(folder, []).append(FileInfo(name, f.size, f.crc32c))
+    return groups
+
+
+def place_files(request: TableCommit, placed: Storage) -> list[str]:
+    """Put the staged files at their final paths in the table (idempotent); their URLs."""
+    urls: list[str] = []
+    for folder, files in sorted(_groups(request).items()):
+        src = posixpath.join(request.sink.staging, folder) if folder else request.sink.staging
+        dst = final_dir(request, folder)
+        publish_files(request.staged, src, placed, dst, files)
+        urls += [placed.url_of(f"{dst}/{f.path}") for f in files]
+    return urls
+
+
+def _staged_schema(request: TableCommit, placed: Storage | None) -> pa.Schema:
+    """The Parquet schema of the epoch's first file: from staging, or where it was placed."""
+    folder, files = sorted(_groups(request).items())[0]
+    candidates = [(request.staged, posixpath.join(request.sink.staging, folder, files[0].path))]
+    if placed is not None:
+        candidates.append((placed, f"{final_dir(request, folder)}/{files[0].path}"))
+    for storage, path in candidates:
+        try:
+            with storage.open_read(path) as fh:
+                schema = pq.read_schema(fh)
+        except FileNotFoundError:
+            continue
+        drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
+        for i in reversed(drop):  # never written by TableSink, but never let them into a table
+            schema = schema.remove(i)
+        return schema
+    raise PublishError(f"cannot read the schema of {candidates[0][0].describe_path(candidates[0][1])}: it is "
+                       "neither in staging nor in the table; the epoch stays COMMITTING")
+
+
+def _check_schema(table: Table, file_schema: pa.Schema, where: str) -> list[str]:
+    """Columns to add to the table; ConfigError for every other difference (nothing committed)."""
+    current = table.schema()
+    incoming = _pyarrow_to_schema_without_ids(file_schema)
+    have = {f.name: f for f in current.fields}
+    new = {f.name: f for f in incoming.fields}
+    problems = []
+    for name, field in have.items():
+        if name not in new:
+            problems.append(f"column {name!r} ({field.field_type}) is in the table but not in the epoch's files: "
+                            f"write it again (null where unknown), or drop it from the table first "
+                            f"(table.update_schema().delete_column({name!r}))")
+            continue
+        got = new[name]
+        if got.field_type != field.field_type and field.field_type.is_primitive:
+            try:
+                promote(got.field_type, field.field_type)
+            except ResolveError:
+                problems.append(f"column {name!r} is {field.field_type} in the table but {got.field_type} in the "
+                                f"epoch's files: cast it back to {field.field_type} in the stage, or write a new "
+                                "table")
+                continue
+        if field.required and not got.required:
+            problems.append(f"column {name!r} is required in the table but nullable in the epoch's files: make "
+                            f"it optional (table.update_schema().make_column_optional({name!r})) or make the "
+                            "stage's column non-null")
+    if problems:
+        raise ConfigError(f"{where}: the epoch's files do not fit the table's schema; nothing was committed. "
+                          + "; ".join(problems) + ". Then retry the commit")
+    return [name for name in new if name not in have]
+
+
+def _check_partitioning(table: Table, request: TableCommit, where: str) -> None:
+    wanted = list(request.table.get("partition_by") or [])
+    schema = table.schema()
+    spec = table.spec()
+    found = [schema.find_column_name(f.source_id) for f in spec.fields]
+    if found != wanted or not all(isinstance(f.transform, IdentityTransform) for f in spec.fields):
+        raise ConfigError(
+            f"{where}: the table is partitioned by {[str(f) for f in spec.fields] or 'nothing'}, the sink stages "
+            f"files partitioned by identity of {wanted or 'nothing'}; each data file must hold one value of each "
+            "partition field. Set partition_by to the table's identity partition columns, or write a new table")
+
+
+def _check_key(table: Table, request: TableCommit, where: str) -> None:
+    key = list(request.table.get("merge_keys") or [])
+    missing = [k for k in key if k not in table.schema().column_names]
+    if missing:
+        raise ConfigError(f"{where}: upsert key column(s) {missing} are not in the table "
+                          f"(columns: {table.schema().column_names}); fix the sink's merge_keys option")
+    if key and request.sink.mode is SinkMode.SNAPSHOT:
+        raise ConfigError(f"{where}: a snapshot sink replaces the whole table, merge_keys would do "
+                          "nothing; remove merge_keys, or use mode 'changes' with merge_keys to upsert")
+
+
+def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_schema: pa.Schema | None,
+                 added: Sequence[str], where: str) -> str:
+    """One transaction: (schema additions,) the files, the marker. Raises on conflict."""
+    epoch_key, store_key = marker_keys(request.pipeline, request.sink.sink)
+    summary = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
+               f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store}
+    view = _without_library_retry(table)
+    snapshot = request.sink.mode is SinkMode.SNAPSHOT
+    key = [str(k) for k in request.table.get("merge_keys") or []]
+    try:
+        with view.transaction() as tx:
+            if added and file_schema is not None:
+                with tx.update_schema() as update:
+                    update.union_by_name(pa.schema([file_schema.field(name) for name in added]))
+            if key:  # upsert: the epoch's rows replace the table's rows of the same keys
+                keys = _epoch_keys(view, paths, key, where)
+                if keys.num_rows and tx.table_metadata.current_snapshot() is not None:
+                    with warnings.catch_warnings():  # new keys only: "did not match any records" is normal
+                        warnings.filterwarnings("ignore", "Delete operation did not match")
+                        tx.delete(create_match_filter(keys, key), snapshot_properties=summary)
+            if not snapshot:
+                tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
+            else:
+                if tx.table_metadata.name_mapping() is None:  # as add_files does: files carry no field ids
+                    tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
+                                       tx.table_metadata.schema().name_mapping.model_dump_json()})
+                current = tx.table_metadata.current_snapshot()
+                old = [entry.data_file for manifest in (current.manifests(view.io) if current else [])
+                       for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)]
+                with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+                    for data_file in old:
+                        overwrite.delete_data_file(data_file)
+                    for path in paths:
+                        overwrite.append_data_file(parquet_file_to_data_file(view.io, tx.table_metadata, path))
+            tx.set_properties({epoch_key: str(request.epoch), store_key: request.store})
+    except ValueError as exc:  # pyiceberg's schema/partition/duplicate checks, before the commit
+        raise ConfigError(f"{where}: the table refused the epoch's files before committing ({exc}); nothing "
+                          "was committed. Fix the cause, then retry the commit") from exc
+    table.metadata, table.metadata_location = view.metadata, view.metadata_location
+    return REPLACED if snapshot else MERGED if key else APPENDED
+
+
+def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:
+    """The key columns of the epoch's placed files; ConfigError if a key appears twice."""
+    parts = []
+    for path in paths:
+        with table.io.new_input(path).open() as fh:
+            parts.append(pq.read_table(fh, columns=list(key)))
+    keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([]) for k in key})
+    if keys.num_rows and has_duplicate_rows(keys, list(key)):
+        counts = keys.group_by(list(key)).aggregate([([], "count_all")])
+        dupes = counts.filter(pc.field("count_all") > 1).slice(0, 5).to_pylist()
+        raise ConfigError(
+            f"{where}: the epoch's rows hold key {list(key)} more than once (e.g. {dupes}); an upsert needs one "
+            "row per key. Reduce the rows to one per key in the stage (a key_value state's output is), then "
+            "retry the commit; nothing was committed")
+    return keys
+
+
+def _without_library_retry(table: Table) -> Table:
+    """A copy of ``table`` whose commits are never retried by pyiceberg itself.
+
+    The retry count is read from the table's properties when a transaction commits; it is
+    overridden in this in-memory copy only (other writers of the table keep theirs), and
+    never written, since only the transaction's updates are sent to the catalog.
+    """
+    props = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    return Table(table.name(), table.metadata.model_copy(update={"properties": props}), table.metadata_location,
+                 table.io, table.catalog)
+
+
+def _published(request: TableCommit, table: Table | None, how: str) -> PublishedSink:
+    location = table.metadata.location.rstrip("/") if table is not None else ""
+    return PublishedSink(request.sink.sink, request.sink.target_url, location, len(request.sink.files),
+                         request.sink.rows, request.sink.bytes, how)
