@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.tables import delta_planning, iceberg_planning, planning
+from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog, secret_keys
 from airflow_seatunnel_ckpt.core.tables.planning import TableSourceError
 from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source, SourceError, file_identity
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
@@ -77,8 +78,14 @@ class IcebergSource(Source):
         if catalog is not None and not isinstance(catalog, Mapping):
             raise ConfigError(f"iceberg source {name!r}: catalog must be a mapping of pyiceberg catalog "
                               f"properties, got {type(catalog).__name__}")
+        secrets = secret_keys(catalog or {})
+        if secrets:
+            raise ConfigError(f"iceberg source {name!r}: catalog option(s) {secrets} look like secrets; source "
+                              "options are recorded in the checkpoint store in clear. Give the catalog's "
+                              "credentials to the Spark driver's environment (e.g. PYICEBERG_CATALOG__* variables)")
         self.table = table
-        self.catalog = dict(catalog or {})
+        # Resolved here, as the Iceberg sink does: every process reads the same catalog.
+        self.catalog = {str(k): str(v) for k, v in (catalog or {}).items()} or embedded_catalog()
         self.catalog_name = catalog_name
         self.start = planning.check_start(name, self.kind, start)
         self.skip = {"overwrite": _flag(self.kind, name, "skip_overwrites", skip_overwrites),

@@ -7,11 +7,11 @@ added (pyiceberg's incremental append scan); see :mod:`.planning` for the contra
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 from airflow_seatunnel_ckpt.core.tables.planning import (
     DataFile,
     TableSourceError,
@@ -26,20 +26,12 @@ if TYPE_CHECKING:
 ICEBERG_APPEND, ICEBERG_REPLACE = "append", "replace"
 
 
-def default_catalog_properties() -> dict[str, str]:
-    """The embedded catalog a table sink uses when it names none: a SQL catalog on SQLite
-    under ``$AIRFLOW_HOME`` (``~/airflow``), with the warehouse beside it."""
-    home = os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
-    root = os.path.join(os.path.abspath(home), "seatunnel-ckpt-warehouse")
-    return {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}"}
-
-
 def load_iceberg_table(identifier: str, catalog_name: str, catalog: Mapping[str, Any], where: str) -> IcebergTable:
-    """Load an Iceberg table through pyiceberg (default: the embedded catalog)."""
+    """Load an Iceberg table through pyiceberg (default: the embedded catalog the sinks use)."""
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchTableError
 
-    props = {k: str(v) for k, v in (dict(catalog) or default_catalog_properties()).items()}
+    props = {k: str(v) for k, v in (dict(catalog) or embedded_catalog()).items()}
     try:
         return load_catalog(catalog_name, **props).load_table(identifier)
     except NoSuchTableError as exc:
