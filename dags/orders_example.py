@@ -3,7 +3,7 @@
 Runs the example DAG ``dags/orders_pipeline.py`` for several consecutive hours with
 Airflow's ``dag.test()`` (every task in this process, metadata in SQLite) inside a
 throwaway ``AIRFLOW_HOME``, each hour with a new order file, then prints what every
-epoch committed and checks the table holds each input order exactly once.
+epoch committed and checks the Iceberg table holds each input order exactly once.
 
 This module also holds the example's pieces the DAG imports: the order-file generator
 and the PySpark stage. It lives in the DAGs folder, beside the DAG, and is imported as
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 PIPELINE = "orders"
 SOURCE = "orders"
 SINK = "orders_table"
+#: The Iceberg table the example commits each epoch into (namespace.name).
+TABLE = "shop.orders"
 #: First logical date of the example (hour 0 of the generated data).
 START = datetime(2026, 1, 1, tzinfo=UTC)
 #: The folder of this file: the repository's ``dags/``.
@@ -45,6 +47,28 @@ def example_dir() -> str:
     """Root of the example's input and table (the store is the provider's default store)."""
     return os.environ.get("SEATUNNEL_CKPT_EXAMPLE_DIR") or os.path.join(
         os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow"), "seatunnel-ckpt-example")
+
+
+def iceberg_catalog(base: str | None = None) -> dict[str, str]:
+    """The example's Iceberg catalog: SQL on SQLite with a local warehouse, below its data.
+
+    A sink that names no catalog uses the same kind of catalog under ``$AIRFLOW_HOME``;
+    the example keeps its own beside its data, so that each run of it is separate.
+    """
+    warehouse = os.path.join(os.path.abspath(base or example_dir()), "warehouse")
+    return {"type": "sql", "uri": f"sqlite:///{warehouse}/catalog.db", "warehouse": f"file://{warehouse}"}
+
+
+def published_order_ids(base: str | None = None) -> list[str]:
+    """Order ids of every row of the orders table, as any Iceberg reader sees it (pyiceberg)."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        table = load_catalog("example", **iceberg_catalog(base)).load_table(TABLE)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return []  # no epoch committed yet
+    return table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()
 
 
 # -- the source system ---------------------------------------------------------------------
@@ -138,17 +162,6 @@ def _configure_environment(work: Path, dags_folder: Path, verbose: bool) -> None
     })
 
 
-def _table_rows(table: Path) -> list[str]:
-    """Order ids of every row published into the table (all epochs)."""
-    import pyarrow.dataset as ds
-
-    files = [str(p) for p in table.rglob("*.parquet")]
-    if not files:
-        return []
-    return ds.dataset(files, format="parquet").to_table(columns=["order_id"]).column(
-        "order_id").to_pylist()
-
-
 def _input_ids(input_dir: Path) -> set[str]:
     ids: set[str] = set()
     for path in sorted(input_dir.glob("orders-*.json")):
@@ -216,12 +229,13 @@ def _run(hours: int, dag_file: Path, work: Path) -> int:
         print(f"  {status.epoch:>5}  {state:<10} {files:>5} {rows:>6}  {status.run_id}")
 
     data = work / "data"
-    published = _table_rows(data / "warehouse" / "orders")
+    published = published_order_ids(str(data))
     unique_input = _input_ids(data / "input" / "orders")
     inputs = (data / "input" / "orders").glob("*.json")
     lines = sum(len(p.read_text().splitlines()) for p in inputs)
     print(f"\ninput: {lines} order lines, {len(unique_input)} unique orders")
-    print(f"table: {len(published)} rows, {len(set(published))} unique orders")
+    print(f"Iceberg table {TABLE} ({iceberg_catalog(str(data))['uri']}): {len(published)} rows, "
+          f"{len(set(published))} unique orders")
     exact = len(published) == len(set(published)) and set(published) == unique_input
     ok = exact and all(state == "success" for _, state in runs)
     print("exactly once: " + ("yes" if exact else "NO"))

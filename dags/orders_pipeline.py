@@ -11,8 +11,11 @@ epoch of the checkpointed pipeline ``orders``:
 2. ``orders.prepared`` -- waits (deferrable) until the stage is prepared and verifies;
 3. ``orders.decide`` -- records commit or abort (abort, plus ``quarantine_alert``, when a
    sanity check on the row count fails);
-4. ``orders.commit`` publishes into the table (one ``epoch=<e>`` directory per epoch) and
-   emits an asset event; ``orders.abort`` cleans up when anything before it failed.
+4. ``orders.commit`` commits the epoch's files into the Apache Iceberg table
+   ``shop.orders`` (one snapshot per epoch, on a SQLite catalog beside the example's data:
+   no server) and emits an asset event; ``orders.abort`` cleans up when anything before
+   it failed. DuckDB, Spark, Trino or pyiceberg read the table; none of them ever sees a
+   half-committed epoch.
 
 The generator and the stage function live beside this file, in ``orders_example.py``:
 Airflow puts the DAGs folder on ``sys.path`` when it parses a DAG and runs a task, so
@@ -41,15 +44,16 @@ from orders_example import (
     PIPELINE,
     SINK,
     SOURCE,
+    TABLE,
     example_dir,
     generate_orders,
+    iceberg_catalog,
 )
 
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 
 BASE = example_dir()
 INPUT_DIR = os.path.join(BASE, "input", "orders")
-TABLE_URL = "file://" + os.path.join(BASE, "warehouse", "orders")
 
 with DAG(
     dag_id="orders_pipeline",
@@ -86,7 +90,7 @@ with DAG(
                 "stage": "orders_example:dedup_orders",
                 "sources": {SOURCE: {"type": "file", "path": "file://" + INPUT_DIR,
                                      "format": "json"}},
-                "sinks": {SINK: {"type": "file", "path": TABLE_URL, "format": "parquet",
+                "sinks": {SINK: {"type": "iceberg", "table": TABLE, "catalog": iceberg_catalog(BASE),
                                  "partition_by": ["order_date"]}},
                 "key_groups": 4,
                 "spark_conf": {"spark.sql.shuffle.partitions": "4",

@@ -18,7 +18,6 @@ from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.core.tables import commit_table
 from tests.core.conftest import StoreSpec
 from tests.core.test_delta_sink import (
-    DUCKDB_DELTA,
     deltalake_rows,
     duckdb_rows,
     logged_adds,
@@ -26,6 +25,7 @@ from tests.core.test_delta_sink import (
     rows,
     stage,
 )
+from tests.tables import duckdb_connection
 
 
 @pytest.fixture
@@ -59,11 +59,8 @@ def test_timestamp_and_date_statistics_bound_every_row(store: Storage, table_uri
     assert late.num_rows == 0
     hit = DeltaTable(table_uri).to_pyarrow_table(filters=[("seen_at", ">=", pa.scalar(ts[1], utc))])
     assert hit.column("id").to_pylist() == [2]
-    import duckdb
-
-    con = duckdb.connect()
-    con.execute(f"LOAD '{DUCKDB_DELTA}'")
-    found = con.execute(f"SELECT id FROM delta_scan('{table_uri}') WHERE seen_at >= ?", [ts[1]]).fetchall()
+    found = duckdb_connection("delta").execute(
+        f"SELECT id FROM delta_scan('{table_uri}') WHERE seen_at >= ?", [ts[1]]).fetchall()
     assert found == [(2,)]  # DuckDB skips files on these bounds too
 
 

@@ -29,9 +29,8 @@ from tests.core import faults
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import at_once
 from tests.core.faults import SimulatedCrash
+from tests.tables import duckdb_delta_rows
 
-DUCKDB_DELTA = (Path(pa.__file__).parent.parent / "duckdb_ext" / "extensions" / "v1.4.4" / "linux_amd64"
-                / "delta.duckdb_extension")
 SCHEMA = pa.schema([("id", pa.int64()), ("country", pa.string()), ("amount", pa.float64())])
 
 
@@ -63,11 +62,7 @@ def by_country(epoch: int, **countries: list[int]) -> dict[str, pa.Table]:
 
 
 def duckdb_rows(uri: str) -> list[tuple[Any, ...]]:
-    import duckdb
-
-    con = duckdb.connect()
-    con.execute(f"LOAD '{DUCKDB_DELTA}'")
-    return con.execute(f"SELECT * FROM delta_scan('{uri}') ORDER BY id").fetchall()
+    return duckdb_delta_rows(uri, order_by="id")
 
 
 def deltalake_rows(uri: str, **options: str) -> list[tuple[Any, ...]]:

@@ -22,6 +22,7 @@ from airflow_seatunnel_ckpt.core.tables import commit_table
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import at_once
 from tests.core.test_delta_sink import request, stage
+from tests.tables import duckdb_delta_rows
 
 TOTALS = pa.schema([("customer", pa.string()), ("total", pa.float64())])
 
@@ -44,13 +45,7 @@ def table_rows(uri: str) -> list[tuple[Any, ...]]:
 
 
 def duckdb_rows_by(uri: str, column: str) -> list[tuple[Any, ...]]:
-    import duckdb
-
-    from tests.core.test_delta_sink import DUCKDB_DELTA
-
-    con = duckdb.connect()
-    con.execute(f"LOAD '{DUCKDB_DELTA}'")
-    return con.execute(f"SELECT * FROM delta_scan('{uri}') ORDER BY {column}").fetchall()
+    return duckdb_delta_rows(uri, order_by=column)
 
 
 @pytest.fixture

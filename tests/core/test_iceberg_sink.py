@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import glob
 import io
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, register_secret_resolver
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 from tests.core.epochs import at_once
+from tests.tables import duckdb_connection
 
 IDENT = "lake.orders"
 SCHEMA = pa.schema([("order_id", pa.int64()), ("region", pa.string()), ("amount", pa.float64()),
@@ -100,12 +99,7 @@ def eu_us(ids_eu: list[int], ids_us: list[int], schema: pa.Schema = SCHEMA) -> d
 
 def duckdb_rows(table: Table, columns: str = "order_id, region, amount, ts") -> list[tuple[Any, ...]]:
     """The table's rows as DuckDB's iceberg extension reads them from the metadata file."""
-    import duckdb
-
-    ext = os.path.join(os.path.dirname(duckdb.__file__), "..", "duckdb_ext", "extensions", "v1.4.4", "linux_amd64")
-    con = duckdb.connect()
-    for name in ("avro", "iceberg"):
-        con.execute(f"LOAD '{glob.glob(os.path.join(ext, name + '.duckdb_extension'))[0]}'")
+    con = duckdb_connection("avro", "iceberg")
     metadata = table.metadata_location.removeprefix("file://")
     return sorted(con.execute(f"SELECT {columns} FROM iceberg_scan('{metadata}')").fetchall())
 

@@ -4,7 +4,6 @@ reading the same tables with its own extensions."""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 from collections.abc import Iterator
@@ -18,25 +17,13 @@ import pytest
 from airflow_seatunnel_ckpt.core.tables import delta_planning, iceberg_planning, planning
 from airflow_seatunnel_ckpt.core.tables.iceberg_planning import SnapshotStep
 from airflow_seatunnel_ckpt.core.tables.planning import TableSourceError
+from tests.tables import duckdb_connection
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("day", pa.string())])
 
 
 def rows(ids: range | list[int], day: str = "mon") -> pa.Table:
     return pa.Table.from_pylist([{"id": i, "day": day} for i in ids], schema=SCHEMA)
-
-
-def duckdb_connection() -> Any:
-    """DuckDB with its iceberg and delta extensions loaded from the installed wheels."""
-    import duckdb
-
-    con = duckdb.connect()
-    base = os.path.dirname(duckdb.__file__)
-    ext_dir = glob.glob(os.path.join(base, "..", "duckdb_ext", "extensions", "*", "*"))
-    assert ext_dir, "duckdb extension wheels not installed"
-    for name in ("avro", "iceberg", "delta"):
-        con.execute(f"LOAD '{os.path.join(ext_dir[0], name + '.duckdb_extension')}'")
-    return con
 
 
 def epochs(plan_one: Any, count: int, between: Any = None) -> Iterator[dict[str, Any]]:

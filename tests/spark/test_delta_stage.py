@@ -10,25 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import run_stage
 from airflow_seatunnel_ckpt.spark.delta_sink import DeltaSink
 from tests.spark.conftest import OrdersPipeline, order_row
+from tests.tables import duckdb_connection
 
 pytestmark = [pytest.mark.spark]
 
-DUCKDB_DELTA = (Path(pa.__file__).parent.parent / "duckdb_ext" / "extensions" / "v1.4.4" / "linux_amd64"
-                / "delta.duckdb_extension")
-
 
 def delta_scan(table: Path, query: str = "SELECT * FROM t ORDER BY order_id") -> tuple[list[str], list[Any]]:
-    import duckdb
-
-    con = duckdb.connect()
-    con.execute(f"LOAD '{DUCKDB_DELTA}'")
+    con = duckdb_connection("delta")
     con.execute(f"CREATE VIEW t AS SELECT * FROM delta_scan('{table}')")
     result = con.execute(query)
     return [d[0] for d in result.description], result.fetchall()
