@@ -65,7 +65,8 @@ def published_order_ids(base: str | None = None) -> list[str]:
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
     try:
-        table = load_catalog("example", **iceberg_catalog(base)).load_table(TABLE)
+        # The name is part of a SQL catalog's rows: the sink's catalog_name ("default").
+        table = load_catalog("default", **iceberg_catalog(base)).load_table(TABLE)
     except (NoSuchTableError, NoSuchNamespaceError):
         return []  # no epoch committed yet
     return table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()

@@ -20,13 +20,16 @@ def duckdb_connection(*extensions: str) -> Any:
     return con
 
 
-def duckdb_iceberg_rows(catalog: Mapping[str, str], identifier: str) -> list[dict[str, Any]]:
-    """Every row of an Iceberg table as DuckDB reads its current metadata file ([] if no table)."""
+def duckdb_iceberg_rows(catalog: Mapping[str, str], identifier: str,
+                        catalog_name: str = "default") -> list[dict[str, Any]]:
+    """Every row of an Iceberg table as DuckDB reads its current metadata file ([] if no table).
+
+    ``catalog_name`` must be the sink's: a SQL catalog keys its rows by it."""
     from pyiceberg.catalog import load_catalog
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
     try:
-        table = load_catalog("reader", **catalog).load_table(identifier)
+        table = load_catalog(catalog_name, **catalog).load_table(identifier)
     except (NoSuchTableError, NoSuchNamespaceError):
         return []
     con = duckdb_connection("avro", "iceberg")
