@@ -31,13 +31,20 @@ RESERVED_TASK_IDS = ("prepared", "decide", "commit", "abort")
 
 
 def _assets_for(pipeline: str, stages: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """One asset per sink whose path is a literal URL (templated paths get none)."""
+    """One asset per sink, named by the sink's target: the directory URL of a file or Delta
+    sink, ``iceberg://<catalog>/<namespace>.<table>`` of an Iceberg one. A sink with
+    templated options gets none (its target is known only when the task runs)."""
+    from airflow_seatunnel_ckpt.spark.declaration import is_templated
+    from airflow_seatunnel_ckpt.spark.sinks import sink_from_options
+
     assets = {}
     for options in stages.values():
         for sink, sink_options in (options.get("sinks") or {}).items():
-            path = str(sink_options.get("path", ""))
-            if "://" in path and "{{" not in path:
-                assets[sink] = sink_asset(pipeline, sink, path)
+            if is_templated(sink_options):
+                continue
+            target = sink_from_options(sink, sink_options).target_url
+            if "://" in target:
+                assets[sink] = sink_asset(pipeline, sink, target)
     return assets
 
 
