@@ -97,6 +97,8 @@ def _environment(home: Path, dags: Path, data: Path, port: int) -> dict[str, str
         # The package under test, importable from every task process.
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "SEATUNNEL_CKPT_EXAMPLE_DIR": str(data),
+        # A killed or terminated stage is retried after 2 s instead of the example's 30 s.
+        "SEATUNNEL_CKPT_EXAMPLE_RETRY_DELAY_S": "2",
         "SEATUNNEL_CKPT_STORE": "file://" + str(data / "checkpoints"),
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,

@@ -4,15 +4,18 @@ Four runs of ``orders_pipeline`` (hours 0-3 of the example's deterministic order
 generator) go through a real scheduler, LocalExecutor task processes, dag-processor,
 triggerer and api-server (see ``conftest.py``):
 
-* three runs are triggered and succeed;
+* three runs are triggered and succeed; the third one's stage task process gets SIGTERM
+  mid-stage (what Airflow's supervisor sends when a running task is marked failed or
+  loses its heartbeat) -- the stage's ``on_kill`` must stop Spark at once without a py4j
+  traceback flood, and the retry finishes the epoch;
 * every task of the first, committed run is cleared (``clearTaskInstances``) and runs
   again -- its epoch must not publish twice;
 * the fourth run's stage task process is SIGKILLed while its Spark session runs; Airflow
   retries it and the run succeeds.
 
 Then the store and the table are read independently: every epoch ended COMMITTED or
-ABORTED, the table holds every generated order exactly once, the killed try's log has
-no py4j traceback flood, and no process of the deployment is left running.
+ABORTED, the table holds every generated order exactly once, the killed try's JVM did
+not outlive it, and no process of the deployment is left running once it is stopped.
 """
 
 from __future__ import annotations
@@ -31,13 +34,17 @@ from airflow_seatunnel_ckpt.core import CheckpointStore
 from airflow_seatunnel_ckpt.core.models import EpochState
 from tests.deployment.conftest import AirflowDeployment, DeploymentError, tail
 
-pytestmark = [pytest.mark.slow, pytest.mark.airflow, pytest.mark.spark]
+# The whole deployment (start, four runs, a retry each for SIGTERM and SIGKILL, stop) takes
+# 3-6 minutes on a loaded two-core machine, more than the suite's default 600 s allows.
+pytestmark = [pytest.mark.slow, pytest.mark.airflow, pytest.mark.spark, pytest.mark.timeout(1500)]
 
 DAG_ID = "orders_pipeline"
 STAGE_TASK = "orders.ingest"
 PARTICIPANT = "ingest"
 #: Generous for a loaded two-core machine; a healthy run of the example takes ~30-60 s.
 RUN_TIMEOUT_S = 420
+#: How long a SIGTERMed stage may take to stop; Airflow's supervisor would SIGKILL it later.
+TERM_GRACE_S = 60
 
 
 def _example() -> Any:
@@ -108,8 +115,9 @@ def _stage_is_mid_work(deployment: AirflowDeployment, run_id: str) -> bool:
     return pipeline.prepared_for_run(run_id, PARTICIPANT) is None
 
 
-def _kill_stage_while_spark_runs(deployment: AirflowDeployment, run_id: str) -> tuple[int, int, list[int]]:
-    """SIGKILL the stage's task process mid-stage; return (pid, try number, pids of its JVMs)."""
+def _signal_stage_while_spark_runs(deployment: AirflowDeployment, run_id: str,
+                                   signum: signal.Signals) -> tuple[int, int, list[int]]:
+    """Send ``signum`` to the stage's task process mid-stage; return (pid, try number, pids of its JVMs)."""
 
     def running_stage() -> tuple[int, int] | None:
         ti = _task(deployment, run_id, STAGE_TASK)
@@ -123,8 +131,18 @@ def _kill_stage_while_spark_runs(deployment: AirflowDeployment, run_id: str) -> 
     pid, try_number = deployment.wait_for(f"{STAGE_TASK} of {run_id} to be mid-stage", running_stage,
                                           timeout=RUN_TIMEOUT_S, interval=0.25)
     jvms = [child.pid for child in psutil.Process(pid).children(recursive=True) if "java" in child.name()]
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signum)
     return pid, try_number, jvms
+
+
+def _try_ended(deployment: AirflowDeployment, run_id: str, try_number: int) -> str | None:
+    """How try ``try_number`` of the stage ended (``"retried"`` once a later try exists), None while it runs."""
+    ti = _task(deployment, run_id, STAGE_TASK)
+    if ti["try_number"] > try_number:
+        return "retried"
+    if ti["state"] in (None, "running"):
+        return None
+    return str(ti["state"])
 
 
 def _published_order_ids(table: Path) -> list[str]:
@@ -148,8 +166,23 @@ def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_de
 
     # Three runs, queued at once; max_active_runs=1 runs them in logical-date order.
     runs = [_trigger(deployment, hour) for hour in range(3)]
-    for run_id in runs:
+    for run_id in runs[:2]:
         _wait_success(deployment, run_id)
+
+    # Terminate the third run's stage (SIGTERM: what Airflow sends when a running task is
+    # marked failed or loses its heartbeat) mid-stage: on_kill must stop Spark at once,
+    # quietly, and the retry must finish the epoch.
+    termed_run = runs[2]
+    termed_pid, termed_try, _ = _signal_stage_while_spark_runs(deployment, termed_run, signal.SIGTERM)
+    ended = deployment.wait_for(f"the SIGTERMed stage try of {termed_run} to end",
+                                lambda: _try_ended(deployment, termed_run, termed_try),
+                                timeout=TERM_GRACE_S, interval=0.5)
+    assert ended != "success", "the SIGTERMed stage ran on to success instead of stopping"
+    termed_log = _task_log(deployment, termed_run, STAGE_TASK, termed_try)
+    assert "terminated: cancelling the Spark jobs" in termed_log.read_text(errors="replace"), tail(termed_log)
+    noise = _py4j_traceback_lines(termed_log)
+    assert len(noise) <= 2, f"py4j traceback lines in {termed_log} (pid {termed_pid}):\n" + "\n".join(noise[:20])
+    _wait_success(deployment, termed_run)
 
     # Clear every task of the first, committed run: it runs again and must not publish twice.
     cleared = deployment.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", {
@@ -160,7 +193,7 @@ def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_de
 
     # Kill the fourth run's stage task process while its Spark session runs; Airflow retries it.
     killed_run = _trigger(deployment, 3)
-    killed_pid, killed_try, killed_jvms = _kill_stage_while_spark_runs(deployment, killed_run)
+    killed_pid, killed_try, killed_jvms = _signal_stage_while_spark_runs(deployment, killed_run, signal.SIGKILL)
     assert killed_jvms, f"the stage task process {killed_pid} ran no Spark JVM when it was killed"
     _wait_success(deployment, killed_run)
     retried = _task(deployment, killed_run, STAGE_TASK)
