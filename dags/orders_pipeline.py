@@ -26,6 +26,9 @@ Every task is safe to retry or clear. Configuration (environment, read at parse 
 ``SEATUNNEL_CKPT_EXAMPLE_DIR``
     root of the example's input and table; default ``$AIRFLOW_HOME/seatunnel-ckpt-example``.
 
+``SEATUNNEL_CKPT_EXAMPLE_RETRY_DELAY_S``
+    seconds before a failed task is retried; default 30 (the deployment test uses less).
+
 The checkpoint store is deliberately not set here: the DAG uses the provider's default
 store, exactly as the recovery DAG ``seatunnel_ckpt_recovery`` does, so the two can never
 watch different stores (the connection ``seatunnel_ckpt_default`` when defined, else
@@ -63,7 +66,8 @@ with DAG(
     catchup=False,
     # Epochs are decided in order; a second concurrent run would only wait for the first.
     max_active_runs=1,
-    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 1, "retry_delay": timedelta(
+        seconds=float(os.environ.get("SEATUNNEL_CKPT_EXAMPLE_RETRY_DELAY_S", "30")))},
     tags=["seatunnel-ckpt", "example"],
     doc_md=__doc__,
 ) as dag:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -317,6 +319,39 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         if began_here and not result.reused:
             self._end_dry_run(result.epoch, f"prepared as attempt {result.attempt}")
         return result.to_dict()
+
+    def on_kill(self) -> None:
+        """Stop the in-process Spark work when Airflow terminates this task (SIGTERM).
+
+        Airflow 3's task runner only calls ``on_kill`` on SIGTERM (marked failed in the UI,
+        a lost heartbeat); without this the embedded stage runs on until the supervisor
+        escalates to SIGKILL. Cancelling the jobs makes the stage fail now (its attempt stays
+        unprepared; a retry stages anew). The ``py4j`` loggers are silenced first: every
+        py4j call still in flight while the JVM goes away logs a broken-pipe or
+        connection-refused traceback, which would bury the one error that matters.
+        The work runs in a thread: the handler interrupts the main thread in the middle of
+        a py4j call, whose connection it must not reuse. ``spark-submit`` stages are left to
+        the Spark provider's hook, which kills its own child process.
+        """
+        for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        pyspark = sys.modules.get("pyspark")
+        context = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
+        if self.conn_id or context is None:
+            return
+        self.log.warning("terminated: cancelling the Spark jobs of stage %s and stopping its session; "
+                         "this attempt stays unprepared", self.participant)
+
+        def stop() -> None:
+            try:
+                context.cancelAllJobs()
+                context.stop()
+            except Exception as exc:  # the JVM may already be gone: nothing left to stop
+                _log.debug("stopping the Spark session after SIGTERM: %s", exc)
+
+        stopper = threading.Thread(target=stop, name="stage-on-kill", daemon=True)
+        stopper.start()
+        stopper.join(timeout=20)
 
     def _end_dry_run(self, epoch: int, outcome: str) -> None:
         """Abort the epoch a run with try number 0 (``airflow tasks test``) began.

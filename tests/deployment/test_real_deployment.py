@@ -1,0 +1,241 @@
+"""The example pipeline in a real Airflow 3 deployment, driven only through the REST API.
+
+Four runs of ``orders_pipeline`` (hours 0-3 of the example's deterministic order
+generator) go through a real scheduler, LocalExecutor task processes, dag-processor,
+triggerer and api-server (see ``conftest.py``):
+
+* three runs are triggered and succeed; the third one's stage task process gets SIGTERM
+  mid-stage (what Airflow's supervisor sends when a running task is marked failed or
+  loses its heartbeat) -- the stage's ``on_kill`` must stop Spark at once without a py4j
+  traceback flood, and the retry finishes the epoch;
+* every task of the first, committed run is cleared (``clearTaskInstances``) and runs
+  again -- its epoch must not publish twice;
+* the fourth run's stage task process is SIGKILLed while its Spark session runs; Airflow
+  retries it and the run succeeds.
+
+Then the store and the table are read independently: every epoch ended COMMITTED or
+ABORTED, the table holds every generated order exactly once, the killed try's JVM did
+not outlive it, and no process of the deployment is left running once it is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pyarrow.dataset as ds
+import pytest
+
+from airflow_seatunnel_ckpt.core import CheckpointStore
+from airflow_seatunnel_ckpt.core.models import EpochState
+from tests.deployment.conftest import AirflowDeployment, DeploymentError, tail
+
+# The whole deployment (start, four runs, a retry each for SIGTERM and SIGKILL, stop) takes
+# 3-6 minutes on a loaded two-core machine, more than the suite's default 600 s allows.
+pytestmark = [pytest.mark.slow, pytest.mark.airflow, pytest.mark.spark, pytest.mark.timeout(1500)]
+
+DAG_ID = "orders_pipeline"
+STAGE_TASK = "orders.ingest"
+PARTICIPANT = "ingest"
+#: Generous for a loaded two-core machine; a healthy run of the example takes ~30-60 s.
+RUN_TIMEOUT_S = 420
+#: How long a SIGTERMed stage may take to stop; Airflow's supervisor would SIGKILL it later.
+TERM_GRACE_S = 60
+
+
+def _example() -> Any:
+    """The example's module (``dags/orders_example.py``), for its deterministic generator."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "dags" / "orders_example.py"
+    spec = importlib.util.spec_from_file_location("orders_example_for_deployment_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _example()
+
+
+def _trigger(deployment: AirflowDeployment, hour: int) -> str:
+    """Trigger the run of ``hour`` (logical date and run-after both at that hour)."""
+    when = (EXAMPLE.START + timedelta(hours=hour)).isoformat()
+    run_id = f"deploy_h{hour}"
+    deployment.api("POST", f"/dags/{DAG_ID}/dagRuns",
+                   {"dag_run_id": run_id, "logical_date": when, "run_after": when})
+    return run_id
+
+
+def _run_state(deployment: AirflowDeployment, run_id: str) -> str:
+    return str(deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"])
+
+
+def _task(deployment: AirflowDeployment, run_id: str, task_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}")
+    return result
+
+
+def _task_log(deployment: AirflowDeployment, run_id: str, task_id: str, try_number: int) -> Path:
+    return (deployment.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={task_id}"
+            / f"attempt={try_number}.log")
+
+
+def _wait_success(deployment: AirflowDeployment, run_id: str, *, and_then: Any = None) -> None:
+    """Wait until ``run_id`` succeeded (and ``and_then()`` holds); fail at once if it failed."""
+
+    def done() -> bool:
+        state = _run_state(deployment, run_id)
+        if state == "failed":
+            tis = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+            failed = [ti for ti in tis if ti["state"] in ("failed", "upstream_failed")]
+            logs = "\n".join(f"---- {ti['task_id']} try {ti['try_number']}:\n"
+                             f"{tail(_task_log(deployment, run_id, ti['task_id'], ti['try_number']))}"
+                             for ti in failed)
+            raise DeploymentError(f"run {run_id} failed: {[(t['task_id'], t['state']) for t in tis]}\n{logs}")
+        return state == "success" and (and_then is None or and_then())
+
+    deployment.wait_for(f"run {run_id} to succeed", done, timeout=RUN_TIMEOUT_S)
+
+
+def _stage_is_mid_work(deployment: AirflowDeployment, run_id: str) -> bool:
+    """True while the run's stage is between pinning its input and preparing.
+
+    The runner pins the input plan after its SparkSession is up and before it stages any
+    output, so a kill now lands in the middle of the stage's Spark work.
+    """
+    pipeline = CheckpointStore.from_url(deployment.store_url).pipeline(EXAMPLE.PIPELINE)
+    epoch = pipeline.epoch_for_run(run_id, DAG_ID)
+    if epoch is None or pipeline.txlog.read_plan(epoch, PARTICIPANT) is None:
+        return False
+    return pipeline.prepared_for_run(run_id, PARTICIPANT) is None
+
+
+def _signal_stage_while_spark_runs(deployment: AirflowDeployment, run_id: str,
+                                   signum: signal.Signals) -> tuple[int, int, list[int]]:
+    """Send ``signum`` to the stage's task process mid-stage; return (pid, try number, pids of its JVMs)."""
+
+    def running_stage() -> tuple[int, int] | None:
+        ti = _task(deployment, run_id, STAGE_TASK)
+        if ti["state"] == "success":
+            raise DeploymentError(f"{STAGE_TASK} of {run_id} finished before it was seen mid-stage")
+        pid = ti.get("pid")
+        if ti["state"] == "running" and pid and _stage_is_mid_work(deployment, run_id):
+            return int(pid), int(ti["try_number"])
+        return None
+
+    pid, try_number = deployment.wait_for(f"{STAGE_TASK} of {run_id} to be mid-stage", running_stage,
+                                          timeout=RUN_TIMEOUT_S, interval=0.25)
+    jvms = [child.pid for child in psutil.Process(pid).children(recursive=True) if "java" in child.name()]
+    os.kill(pid, signum)
+    return pid, try_number, jvms
+
+
+def _try_ended(deployment: AirflowDeployment, run_id: str, try_number: int) -> str | None:
+    """How try ``try_number`` of the stage ended (``"retried"`` once a later try exists), None while it runs."""
+    ti = _task(deployment, run_id, STAGE_TASK)
+    if ti["try_number"] > try_number:
+        return "retried"
+    if ti["state"] in (None, "running"):
+        return None
+    return str(ti["state"])
+
+
+def _published_order_ids(data: Path) -> list[str]:
+    """Every ``order_id`` the example published, read independently of the commit code.
+
+    The example publishes into an Iceberg table (read here with pyiceberg's scan into
+    Arrow) when its module names one (``TABLE``, ``iceberg_catalog``); otherwise into a
+    parquet directory per epoch (read with pyarrow, hive partitions).
+    """
+    if hasattr(EXAMPLE, "iceberg_catalog") and hasattr(EXAMPLE, "TABLE"):
+        from pyiceberg.catalog import load_catalog
+
+        table = load_catalog("default", **EXAMPLE.iceberg_catalog(str(data))).load_table(EXAMPLE.TABLE)
+        column = table.scan(selected_fields=("order_id",)).to_arrow().column("order_id")
+    else:
+        dataset = ds.dataset(str(data / "warehouse" / "orders"), format="parquet", partitioning="hive")
+        column = dataset.to_table(columns=["order_id"]).column("order_id")
+    return [str(v) for v in column.to_pylist()]
+
+
+def _py4j_traceback_lines(log: Path) -> list[str]:
+    """Lines of a task log that belong to py4j errors or tracebacks."""
+    text = log.read_text(errors="replace")
+    return [line for line in text.splitlines()
+            if "py4j" in line.lower() and ("Traceback" in line or "Error" in line or "File " in line)]
+
+
+def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_deployment(
+    airflow_deployment: AirflowDeployment,
+) -> None:
+    deployment = airflow_deployment
+    deployment.api("PATCH", f"/dags/{DAG_ID}", {"is_paused": False})
+
+    # Three runs, queued at once; max_active_runs=1 runs them in logical-date order.
+    runs = [_trigger(deployment, hour) for hour in range(3)]
+    for run_id in runs[:2]:
+        _wait_success(deployment, run_id)
+
+    # Terminate the third run's stage (SIGTERM: what Airflow sends when a running task is
+    # marked failed or loses its heartbeat) mid-stage: on_kill must stop Spark at once,
+    # quietly, and the retry must finish the epoch.
+    termed_run = runs[2]
+    termed_pid, termed_try, _ = _signal_stage_while_spark_runs(deployment, termed_run, signal.SIGTERM)
+    ended = deployment.wait_for(f"the SIGTERMed stage try of {termed_run} to end",
+                                lambda: _try_ended(deployment, termed_run, termed_try),
+                                timeout=TERM_GRACE_S, interval=0.5)
+    assert ended != "success", "the SIGTERMed stage ran on to success instead of stopping"
+    termed_log = _task_log(deployment, termed_run, STAGE_TASK, termed_try)
+    assert "terminated: cancelling the Spark jobs" in termed_log.read_text(errors="replace"), tail(termed_log)
+    noise = _py4j_traceback_lines(termed_log)
+    assert len(noise) <= 2, f"py4j traceback lines in {termed_log} (pid {termed_pid}):\n" + "\n".join(noise[:20])
+    _wait_success(deployment, termed_run)
+
+    # Clear every task of the first, committed run: it runs again and must not publish twice.
+    cleared = deployment.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", {
+        "dry_run": False, "dag_run_id": runs[0], "only_failed": False, "reset_dag_runs": True})
+    assert {ti["task_id"] for ti in cleared["task_instances"]} >= {STAGE_TASK, "orders.commit"}
+    _wait_success(deployment, runs[0],
+                  and_then=lambda: _task(deployment, runs[0], "orders.commit")["try_number"] >= 2)
+
+    # Kill the fourth run's stage task process while its Spark session runs; Airflow retries it.
+    killed_run = _trigger(deployment, 3)
+    killed_pid, killed_try, killed_jvms = _signal_stage_while_spark_runs(deployment, killed_run, signal.SIGKILL)
+    assert killed_jvms, f"the stage task process {killed_pid} ran no Spark JVM when it was killed"
+    _wait_success(deployment, killed_run)
+    retried = _task(deployment, killed_run, STAGE_TASK)
+    assert retried["try_number"] > killed_try, f"the stage was not retried after the kill: {retried}"
+    # The killed task's JVM does not outlive it (PySpark's gateway exits when its parent's pipe closes).
+    orphans = [pid for pid in killed_jvms if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert not orphans, f"the killed stage's JVM(s) {orphans} still run after the retry succeeded"
+
+    # The store: every epoch decided and finished.
+    pipeline = CheckpointStore.from_url(deployment.store_url).pipeline(EXAMPLE.PIPELINE)
+    statuses = pipeline.list_epochs()
+    assert statuses, "no epoch in the store"
+    assert {s.state for s in statuses} <= {EpochState.COMMITTED, EpochState.ABORTED}, \
+        [(s.epoch, s.state, s.run_id) for s in statuses]
+    committed_runs = [s.run_id for s in statuses if s.state is EpochState.COMMITTED]
+    assert sorted(committed_runs) == sorted([*runs, killed_run]), committed_runs
+
+    # The table: every generated order exactly once (the generator is deterministic).
+    expected = {order["order_id"] for hour in range(4) for order in EXAMPLE.orders_of_hour(hour)}
+    published = _published_order_ids(deployment.data)
+    duplicates = sorted({i for i in published if published.count(i) > 1})
+    assert not duplicates, f"{len(duplicates)} orders published twice, e.g. {duplicates[:5]}"
+    assert set(published) == expected, (sorted(expected - set(published))[:5], sorted(set(published) - expected)[:5])
+
+    # The killed try's log: what the supervisor recorded, without a py4j traceback flood.
+    killed_log = _task_log(deployment, killed_run, STAGE_TASK, killed_try)
+    assert killed_log.is_file(), f"no log of the killed try at {killed_log}"
+    noise = _py4j_traceback_lines(killed_log)
+    assert len(noise) <= 2, f"py4j traceback lines in {killed_log} (pid {killed_pid}):\n" + "\n".join(noise[:20])
+
+    # Nothing of the deployment is left running once it is stopped by PID.
+    leftovers = deployment.stop()
+    assert not leftovers, f"processes left running after the deployment stopped: {leftovers}"
