@@ -123,11 +123,14 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
             report.actions.append(RecoveryAction(epoch, action, reason, error=str(exc)))
             log.error("pipeline %s: recovery action %s on epoch %s failed: %s", pipeline.name, action, epoch, exc)
 
-    states: dict[int, EpochState] = {}
+    # Epochs at or below the settled watermark are final: the record says which committed
+    # and which aborted, so only the epochs above it are listed and read, one by one.
+    seen, above = pipeline.txlog.open_epochs()
+    states: dict[int, EpochState] = seen.record.states()
     # Epochs whose records cannot be read: nothing of theirs is touched (their staging may
     # be the only copy of output a commit decision still has to publish).
     damaged: set[int] = set()
-    for epoch in pipeline.epochs():
+    for epoch in above:
         try:
             state = pipeline.state(epoch)
             begin = pipeline.txlog.read_begin(epoch) if not state.decided else None
@@ -202,4 +205,8 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
                             lambda p=f.path: pipeline.storage.delete(p))
                 except FileNotFoundError:
                     pass
+    if not dry_run:
+        # States read above are still true if final (they never change), so the watermark
+        # moves over them; an epoch this run just finished is settled by the next run.
+        pipeline.txlog.settle(seen, states)
     return report
