@@ -8,13 +8,19 @@ after a first one settled the history -- and counts the store calls they make
 record switched off (every reader sees watermark 0: a state read per epoch, as before
 this change). Figures are printed, never asserted.
 
-    PYTHONPATH=. .venv/bin/python bench/bench_log_scale.py [--sizes 10,400,10000] [--memory-sizes 10,400]
+With ``--s3-sizes`` it also runs S3 on moto (127.0.0.1) and counts the HTTP requests of
+the same run per operation (a botocore ``before-send`` hook on s3fs's client), and the
+requests per epoch of one whole epoch (begin .. commit) plus that recovery run.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_log_scale.py [--sizes 10,400,10000] [--memory-sizes 10,400] \
+        [--s3-sizes 10,2000]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -74,7 +80,22 @@ def without_settled_record() -> Iterator[None]:
 
 def build(url: str, epochs: int) -> Pipeline:
     """``epochs`` settled epochs written record by record, then two real committed epochs."""
-    p = CheckpointStore(CheckpointConfig.from_mapping({"storage_url": url, "max_retain": 1})).pipeline("orders")
+    return build_on(url, {}, epochs)
+
+
+def real_epoch(p: Pipeline, run_id: str) -> int:
+    """One real epoch: begin, a participant with a staged sink and a checkpoint, decide, commit."""
+    epoch = p.begin(run_id).epoch
+    prepare_participant(p, run_id, Participant(), base=RestorePoint(None, RestoreSource.EMPTY), epoch=epoch)
+    p.decide(epoch, Decision.COMMIT, "ok", by="bench")
+    p.commit(epoch)
+    return epoch
+
+
+def build_on(url: str, options: dict[str, Any], epochs: int) -> Pipeline:
+    """:func:`build` on a store that takes ``options``."""
+    config = CheckpointConfig.from_mapping({"storage_url": url, "storage_options": options, "max_retain": 1})
+    p = CheckpointStore(config).pipeline("orders")
 
     def put(epoch: int, name: str, payload: dict[str, Any]) -> None:
         p.storage.create_exclusive(layout.record_path(epoch, name), codec.encode_json(payload))
@@ -90,10 +111,7 @@ def build(url: str, epochs: int) -> Pipeline:
         else:
             put(e, "aborted", {"type": "aborted", "epoch": e, "at": 1.0})
     for i in range(2):
-        epoch = p.begin(f"real-{i}").epoch
-        prepare_participant(p, f"real-{i}", Participant(), base=RestorePoint(None, RestoreSource.EMPTY), epoch=epoch)
-        p.decide(epoch, Decision.COMMIT, "ok", by="bench")
-        p.commit(epoch)
+        real_epoch(p, f"real-{i}")
     return p
 
 
@@ -112,12 +130,60 @@ def measure(url: str, epochs: int, before: bool) -> tuple[float, Counter[str]]:
     return took, counts
 
 
+def s3_requests(sizes: list[int]) -> None:
+    """Requests of one recover+retain run (and of one more epoch) on moto, settled watermark on and off."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    print(f"\n{'s3 (moto)':10} {'epochs':>7} {'mode':6} {'recover+retain requests':>24}  {'one epoch + recovery':>21}"
+          "  by operation (recover+retain)")
+    try:
+        for n in sizes:
+            for before in (True, False):
+                bucket = f"bench-{uuid.uuid4().hex[:16]}"
+                boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+                url = f"s3://{bucket}/root/store"
+                p = build_on(url, options, n)
+                counts: Counter[str] = Counter()
+                client = p.storage.fs.s3
+                client.meta.events.register(
+                    "before-send.s3",
+                    lambda event_name, _c=counts, **kw: _c.update([event_name.rsplit(".", 1)[-1]]))
+                guard = without_settled_record() if before else contextlib.nullcontext()
+                with guard:
+                    p.recover(dry_run=False)
+                    p.retain()
+                    counts.clear()
+                    p.recover(dry_run=False)
+                    p.retain()
+                    run = sum(counts.values())
+                    by_op = dict(counts.most_common())
+                    counts.clear()
+                    real_epoch(p, "one-more")
+                    p.recover(dry_run=False)
+                    per_epoch = sum(counts.values())
+                mode = "before" if before else "after"
+                print(f"{'':10} {n:>7} {mode:6} {run:>24}  {per_epoch:>21}  {by_op}", flush=True)
+    finally:
+        server.stop()
+
+
 def main() -> None:
     """Print one line per backend, size and mode, then the after/before ratios."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10,400,10000", help="settled epochs on file://")
     ap.add_argument("--memory-sizes", default="10,400", help="settled epochs on memory:// (its listings scan "
                     "the whole process-wide store, so 'before' grows quadratically there)")
+    ap.add_argument("--s3-sizes", default="", help="settled epochs on S3 (moto on 127.0.0.1), e.g. 10,2000")
     args = ap.parse_args()
     real_fsync = os.fsync
     os.fsync = lambda fd: None  # building thousands of records is not what is measured
@@ -142,6 +208,8 @@ def main() -> None:
                         root = CheckpointStore(CheckpointConfig.from_mapping({"storage_url": root_url})).storage
                         root.delete("", recursive=True)  # memory listings scan every file left
                 print(f"{'':8} {n:>7} ratio after/before {result[False] / result[True]:.3f}", flush=True)
+        if args.s3_sizes:
+            s3_requests([int(x) for x in args.s3_sizes.split(",") if x])
     finally:
         os.fsync = real_fsync
         shutil.rmtree(work, ignore_errors=True)

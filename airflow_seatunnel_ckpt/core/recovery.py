@@ -125,7 +125,8 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
 
     # Epochs at or below the settled watermark are final: the record says which committed
     # and which aborted, so only the epochs above it are listed and read, one by one.
-    seen, above = pipeline.txlog.open_epochs()
+    seen = pipeline.txlog.settled.read()
+    above = [e for e in pipeline.epochs() if e > seen.record.watermark]
     states: dict[int, EpochState] = seen.record.states()
     # Epochs whose records cannot be read: nothing of theirs is touched (their staging may
     # be the only copy of output a commit decision still has to publish).
@@ -206,7 +207,18 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
                 except FileNotFoundError:
                     pass
     if not dry_run:
-        # States read above are still true if final (they never change), so the watermark
-        # moves over them; an epoch this run just finished is settled by the next run.
+        # States read above are still true if final (they never change); the epochs this
+        # run finished or aborted are read again, so one run both resolves and settles them.
+        for action in report.actions:
+            if action.done and action.epoch is not None and action.action in _RESOLVING:
+                try:
+                    states[action.epoch] = pipeline.state(action.epoch)
+                except CheckpointError:
+                    states.pop(action.epoch, None)
         pipeline.txlog.settle(seen, states)
     return report
+
+
+#: The actions that leave an epoch final once done.
+_RESOLVING = (RecoveryStep.FINISH_COMMIT, RecoveryStep.FINISH_ABORT, RecoveryStep.ABORT_TIMEOUT,
+              RecoveryStep.ABORT_DEAD_OWNER)

@@ -37,6 +37,10 @@ from airflow_seatunnel_ckpt.core.storage import Storage
 KEEP_VERSIONS = 4
 #: Lost races a writer retries before it leaves the advance to the next run.
 MAX_ATTEMPTS = 20
+#: Newly final epochs a run needs before it writes a version. Batching bounds the writes
+#: (one PUT, LIST and prune per advance, not per recovery run) while readers still read at
+#: most this many settled-but-unrecorded epochs one by one; a small store is never touched.
+MIN_ADVANCE = 8
 
 Ranges = list[tuple[int, int]]
 
@@ -184,13 +188,15 @@ class SettledLog:
             problems.append(exc)
             return None
 
-    def advance(self, seen: SettledRead, states_above: Mapping[int, EpochState]) -> SettledRecord | None:
+    def advance(self, seen: SettledRead, states_above: Mapping[int, EpochState],
+                min_advance: int | None = None) -> SettledRecord | None:
         """Move the watermark over the final epochs just above it; returns the record written, or None.
 
         ``states_above`` are states the caller read of epochs above ``seen.record``'s
         watermark. The new watermark is the end of the unbroken run of *final* epochs
         right above the old one: an epoch that is not final, damaged (absent from the
-        mapping) or missing stops it, so an epoch still open is never covered.
+        mapping) or missing stops it, so an epoch still open is never covered. Nothing is
+        written unless it moves by at least ``min_advance`` (default :data:`MIN_ADVANCE`).
         """
         base = seen.record
         watermark = base.watermark
@@ -198,7 +204,7 @@ class SettledLog:
         while (state := states_above.get(watermark + 1)) is not None and state.final:
             watermark += 1
             (committed if state is EpochState.COMMITTED else aborted).append(watermark)
-        if watermark <= base.watermark:
+        if watermark - base.watermark < max(1, MIN_ADVANCE if min_advance is None else min_advance):
             return None
         newest = seen.newest_version
         for _ in range(MAX_ATTEMPTS):

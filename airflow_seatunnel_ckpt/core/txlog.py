@@ -408,14 +408,16 @@ class TransactionLog:
         out.update((epoch, self.state(epoch)) for epoch in above)
         return seen, out
 
-    def settle(self, seen: SettledRead, states: dict[int, EpochState]) -> SettledRecord | None:
+    def settle(self, seen: SettledRead, states: dict[int, EpochState],
+               min_advance: int | None = None) -> SettledRecord | None:
         """Advance the settled watermark over the final epochs in ``states`` above ``seen``'s.
 
         ``states`` are states the caller read *after* reading ``seen`` (final states never
-        change, so an older read is still true). Returns the record written, or None.
+        change, so an older read is still true). Returns the record written, or None (also
+        when it would move by fewer than ``min_advance`` epochs, see :data:`settled.MIN_ADVANCE`).
         """
         watermark = seen.record.watermark
-        return self.settled.advance(seen, {e: s for e, s in states.items() if e > watermark})
+        return self.settled.advance(seen, {e: s for e, s in states.items() if e > watermark}, min_advance)
 
     def status(self, epoch: int) -> EpochStatus:
         """Everything the log holds about ``epoch``."""

@@ -16,10 +16,19 @@ from typing import Any
 
 import pytest
 
-from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, RestorePoint, RestoreSource, codec, layout
+from airflow_seatunnel_ckpt.core import (
+    Decision,
+    EpochState,
+    Pipeline,
+    RestorePoint,
+    RestoreSource,
+    codec,
+    layout,
+    settled,
+)
 from airflow_seatunnel_ckpt.core.errors import RecoveryError
 from airflow_seatunnel_ckpt.core.models import BeginRecord, DecisionRecord
-from airflow_seatunnel_ckpt.core.settled import KEEP_VERSIONS
+from airflow_seatunnel_ckpt.core.settled import KEEP_VERSIONS, MIN_ADVANCE
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, at_once, flip_byte, prepare_participant, published
@@ -32,6 +41,12 @@ LATER = 10 * 24 * 3600.0
 def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     """Durability syncs are irrelevant to what these tests prove and cost most of their time."""
     monkeypatch.setattr("os.fsync", lambda fd: None)
+
+
+@pytest.fixture
+def settle_every_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Advance the watermark by any number of epochs (not in batches of MIN_ADVANCE)."""
+    monkeypatch.setattr(settled, "MIN_ADVANCE", 1)
 
 
 def _backends(cls: type[Storage]) -> list[type[Storage]]:
@@ -162,6 +177,7 @@ def test_restore_fallback_reads_each_committed_record_once(fast_spec: StoreSpec,
 # -- safety ------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("settle_every_epoch")
 def test_open_and_late_decided_epochs_are_never_covered_by_the_watermark(fast_spec: StoreSpec) -> None:
     p = fast_spec.pipeline()
     settled_history(p, 20)
@@ -173,8 +189,9 @@ def test_open_and_late_decided_epochs_are_never_covered_by_the_watermark(fast_sp
     assert newest_settled(p) == 20  # stops below the COMMITTING epoch
     assert p.txlog.states()[committing] is EpochState.COMMITTING
 
-    p.recover(dry_run=False)  # publishes it; the same run saw it COMMITTING
+    p.recover(dry_run=False)  # publishes it, reads it again, settles it
     assert p.state(committing) is EpochState.COMMITTED
+    assert newest_settled(p) == committing
     open_epoch = p.begin("late").epoch
     p.recover(dry_run=False)
     assert newest_settled(p) == committing
@@ -189,6 +206,7 @@ def test_open_and_late_decided_epochs_are_never_covered_by_the_watermark(fast_sp
     assert p.txlog.settled.read().record.states()[open_epoch] is EpochState.ABORTED
 
 
+@pytest.mark.usefixtures("settle_every_epoch")
 def test_an_aborting_epoch_stops_the_watermark_though_later_ones_committed(fast_spec: StoreSpec) -> None:
     """A new epoch may begin while an older one is ABORTING; the watermark must not jump it."""
     p = fast_spec.pipeline()
@@ -204,6 +222,7 @@ def test_an_aborting_epoch_stops_the_watermark_though_later_ones_committed(fast_
     assert p.txlog.states()[later] is EpochState.COMMITTED
 
 
+@pytest.mark.usefixtures("settle_every_epoch")
 def test_a_damaged_newest_settled_record_falls_back_and_loses_nothing(fast_spec: StoreSpec) -> None:
     p = fast_spec.pipeline()
     settled_history(p, 50)
@@ -273,6 +292,18 @@ def test_an_epoch_below_the_watermark_is_never_reported_open_or_unknown(fast_spe
     assert set(p.txlog.states()) == set(range(1, newest + 1))
     assert all(s.final for s in p.txlog.states().values())
     assert published(p, "orders")[newest]
+
+
+def test_recovery_writes_no_settled_version_for_fewer_than_min_advance_new_final_epochs(
+        fast_spec: StoreSpec) -> None:
+    """Advances are batched: a small store, or a run that finished one epoch, writes nothing."""
+    p = fast_spec.pipeline()
+    settled_history(p, MIN_ADVANCE - 1)
+    p.recover(dry_run=False)
+    assert p.txlog.settled.versions() == []
+    real_epoch(p, "real")  # now MIN_ADVANCE final epochs above watermark 0
+    p.recover(dry_run=False)
+    assert newest_settled(p) == MIN_ADVANCE
 
 
 def test_verify_names_a_damaged_settled_record(fast_spec: StoreSpec, capsys: pytest.CaptureFixture[str]) -> None:
