@@ -71,7 +71,7 @@ def without_settled_record() -> Iterator[None]:
     """The code before the settled watermark: every reader sees none, nobody writes one."""
     read, advance = settled.SettledLog.read, settled.SettledLog.advance
     settled.SettledLog.read = lambda self: settled.SettledRead(settled.EMPTY, 0, [])  # type: ignore[method-assign]
-    settled.SettledLog.advance = lambda self, seen, states: None  # type: ignore[method-assign]
+    settled.SettledLog.advance = lambda self, *args: None  # type: ignore[method-assign]
     try:
         yield
     finally:

@@ -197,13 +197,13 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
                 f"{layout.checkpoint_dir(epoch)} belongs to an aborted or unknown epoch",
                 lambda e=epoch: pipeline.checkpoints.delete(e))
     if pipeline.storage.protocol in ("file", "local"):
-        for f in pipeline.storage.walk("", include_temp=True):
-            if f.path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
-                full = pipeline.storage.full_path(f.path)
+        for path in _temp_file_candidates(pipeline, seen.record.watermark):
+            if path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
+                full = pipeline.storage.full_path(path)
                 try:
                     if now - os.path.getmtime(full) > timeout:
-                        act(None, RecoveryStep.DROP_TEMP, f"{f.path} is a temp file left by a killed writer",
-                            lambda p=f.path: pipeline.storage.delete(p))
+                        act(None, RecoveryStep.DROP_TEMP, f"{path} is a temp file left by a killed writer",
+                            lambda p=path: pipeline.storage.delete(p))
                 except FileNotFoundError:
                     pass
     if not dry_run:
@@ -217,6 +217,37 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
                     states.pop(action.epoch, None)
         pipeline.txlog.settle(seen, states)
     return report
+
+
+def _temp_file_candidates(pipeline: Pipeline, watermark: int) -> list[str]:
+    """Every file of a local store where a killed writer's temp file may lie, but the log's history.
+
+    The directories of settled epochs (swept by the run that settled them, when they were
+    still above the watermark) and the run index (one directory per run ever) are left
+    out: walking them made this sweep O(all epochs). A temp file there is inert, as every
+    listing skips temp names, and costs only its bytes.
+    """
+    def children(path: str) -> list[tuple[str, bool]]:
+        try:
+            with os.scandir(pipeline.storage.full_path(path)) as entries:
+                return sorted((e.name, e.is_dir(follow_symlinks=False)) for e in entries)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    out: list[str] = []
+    for name, is_dir in children(""):
+        if not is_dir:
+            out.append(name)
+        elif name != layout.TXLOG:
+            out += [f"{name}/{f.path}" for f in pipeline.storage.walk(name, include_temp=True)]
+    for name, is_dir in children(layout.TXLOG):
+        path = f"{layout.TXLOG}/{name}"
+        epoch = layout.parse_txlog_dir(name)
+        if not is_dir:
+            out.append(path)
+        elif name != "runs" and (epoch is None or epoch > watermark):
+            out += [f"{path}/{f.path}" for f in pipeline.storage.walk(path, include_temp=True)]
+    return out
 
 
 #: The actions that leave an epoch final once done.

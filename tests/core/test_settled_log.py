@@ -29,7 +29,7 @@ from airflow_seatunnel_ckpt.core import (
 from airflow_seatunnel_ckpt.core.errors import RecoveryError
 from airflow_seatunnel_ckpt.core.models import BeginRecord, DecisionRecord
 from airflow_seatunnel_ckpt.core.settled import KEEP_VERSIONS, MIN_ADVANCE
-from airflow_seatunnel_ckpt.core.storage import Storage
+from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, at_once, flip_byte, prepare_participant, published
 
@@ -320,3 +320,32 @@ def test_verify_names_a_damaged_settled_record(fast_spec: StoreSpec, capsys: pyt
     out = capsys.readouterr().out
     assert code == 1
     assert layout.settled_path(version) in out and "settled record" in out
+
+
+def test_recovery_on_a_local_store_does_not_walk_the_settled_history(
+        local_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temp-file sweep walks everything but settled epoch directories and the run index."""
+    from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
+
+    p = local_spec.pipeline()
+    settled_history(p, 300)
+    real_epoch(p, "real")
+    p.recover(dry_run=False)
+    debris = f"{layout.STAGING}/{TEMP_PREFIX}debris"
+    p.storage.write_atomic(f"{layout.STAGING}/keep", b"x")
+    with open(p.storage.full_path(debris), "wb") as fh:
+        fh.write(b"x")
+    walked: list[str] = []
+    walk = LocalStorage.walk
+
+    def recording(self: Storage, path: str = "", include_temp: bool = False) -> Any:
+        walked.append(path)
+        return walk(self, path, include_temp)
+
+    monkeypatch.setattr(LocalStorage, "walk", recording)
+
+    report = p.recover(dry_run=False, now=time.time() + LATER)
+
+    assert [(a.action, a.done) for a in report.actions if a.action == "drop-temp"] == [("drop-temp", True)]
+    assert not p.storage.exists(debris)
+    assert "" not in walked and not [w for w in walked if w.startswith(f"{layout.TXLOG}/epoch-")], walked
