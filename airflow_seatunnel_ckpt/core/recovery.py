@@ -222,10 +222,12 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
 def _temp_file_candidates(pipeline: Pipeline, watermark: int) -> list[str]:
     """Every file of a local store where a killed writer's temp file may lie, but the log's history.
 
-    The directories of settled epochs (swept by the run that settled them, when they were
-    still above the watermark) and the run index (one directory per run ever) are left
-    out: walking them made this sweep O(all epochs). A temp file there is inert, as every
-    listing skips temp names, and costs only its bytes.
+    The directories of settled epochs (swept by every run while they were above the
+    watermark) are left out: walking them made this sweep O(all epochs). A temp file left
+    there (one still younger than the timeout when its epoch settled) is inert, as every
+    listing skips temp names, and costs only its bytes. The run index (one directory per
+    run ever) is still walked: a killed ``begin`` leaves its temp file there, and nothing
+    tells which run directories belong to settled epochs without reading them.
     """
     def children(path: str) -> list[tuple[str, bool]]:
         try:
@@ -245,7 +247,7 @@ def _temp_file_candidates(pipeline: Pipeline, watermark: int) -> list[str]:
         epoch = layout.parse_txlog_dir(name)
         if not is_dir:
             out.append(path)
-        elif name != "runs" and (epoch is None or epoch > watermark):
+        elif epoch is None or epoch > watermark:
             out += [f"{path}/{f.path}" for f in pipeline.storage.walk(path, include_temp=True)]
     return out
 

@@ -261,8 +261,8 @@ def test_every_settled_record_damaged_falls_back_to_a_full_listing(fast_spec: St
     assert p.committed_epochs() == [e for e in range(1, 31) if e % 7]
 
 
-def test_concurrent_recoveries_advance_the_watermark_consistently(fast_spec: StoreSpec) -> None:
-    p = fast_spec.pipeline()
+def test_concurrent_recoveries_advance_the_watermark_consistently(store_spec: StoreSpec) -> None:
+    p = store_spec.pipeline()
     settled_history(p, 200)
     p.txlog.settle(*p.txlog.view())  # v1 at 200
     for epoch in range(201, 241):  # 40 more, settled by the racing runs
@@ -270,7 +270,7 @@ def test_concurrent_recoveries_advance_the_watermark_consistently(fast_spec: Sto
         write_record(p, epoch, "decision", DecisionRecord(epoch, Decision.ABORT, "x", "test", 1.0).to_dict())
         write_record(p, epoch, "aborted", {"type": "aborted", "epoch": epoch, "at": 1.0})
 
-    outcomes = at_once([lambda: fast_spec.pipeline().recover(dry_run=False) for _ in range(4)])
+    outcomes = at_once([lambda: store_spec.pipeline().recover(dry_run=False) for _ in range(4)])
 
     assert not [o for o in outcomes if isinstance(o, BaseException)]
     record = p.txlog.settled.read().record
@@ -324,7 +324,7 @@ def test_verify_names_a_damaged_settled_record(fast_spec: StoreSpec, capsys: pyt
 
 def test_recovery_on_a_local_store_does_not_walk_the_settled_history(
         local_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The temp-file sweep walks everything but settled epoch directories and the run index."""
+    """The temp-file sweep walks everything but settled epoch directories."""
     from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 
     p = local_spec.pipeline()
