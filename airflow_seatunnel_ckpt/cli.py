@@ -299,6 +299,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     results = [_verify_epoch(p, epoch) for epoch in epochs]
     lines = [f"epoch {r['epoch']}: {r['verdict']}" for r in results]
     lines += [f"  {x}" for r in results for x in r["problems"]]
+    # The settled watermark is a summary (readers fall back past a damaged version), but a
+    # damaged file in the store is damage all the same: name it.
+    for exc in p.txlog.settled.damaged():
+        results.append({"settled_record": exc.path, "ok": False, "verdict": "DAMAGED", "problems": [str(exc)]})
+        lines.append(f"settled record {exc.path}: DAMAGED\n  {exc}")
     if not all(r["ok"] for r in results):
         lines.append(f"damaged files are named above; `seatunnel-ckpt recover {p.name}` shows how recovery "
                      "resolves them, `seatunnel-ckpt cat <path>` shows a file")

@@ -166,3 +166,22 @@ def parse_staging_epoch(name: str) -> int | None:
     """The epoch of an ``epoch=<e>`` staging directory name, or None."""
     m = _STAGING_EPOCH.fullmatch(name)
     return int(m.group(1)) if m else None
+
+
+#: ``_txlog/_settled``: the settled watermark's versions (see :mod:`settled`).
+SETTLED = f"{TXLOG}/_settled"
+SETTLED_WIDTH = 12
+_SETTLED_FILE = re.compile(r"v(\d{12})")
+
+
+def settled_path(version: int) -> str:
+    """``_txlog/_settled/v<NNNNNNNNNNNN>``: one write-once version of the settled watermark."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 10**SETTLED_WIDTH:
+        raise ValueError(f"settled record version must be an integer in 1..{10**SETTLED_WIDTH - 1}, got {version!r}")
+    return f"{SETTLED}/v{version:0{SETTLED_WIDTH}d}"
+
+
+def parse_settled_name(name: str) -> int | None:
+    """The version of a ``v<NNNNNNNNNNNN>`` settled record name, or None for anything else."""
+    m = _SETTLED_FILE.fullmatch(name)
+    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None

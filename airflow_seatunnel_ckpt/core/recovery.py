@@ -123,11 +123,15 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
             report.actions.append(RecoveryAction(epoch, action, reason, error=str(exc)))
             log.error("pipeline %s: recovery action %s on epoch %s failed: %s", pipeline.name, action, epoch, exc)
 
-    states: dict[int, EpochState] = {}
+    # Epochs at or below the settled watermark are final: the record says which committed
+    # and which aborted, so only the epochs above it are listed and read, one by one.
+    seen = pipeline.txlog.settled.read()
+    above = [e for e in pipeline.epochs() if e > seen.record.watermark]
+    states: dict[int, EpochState] = seen.record.states()
     # Epochs whose records cannot be read: nothing of theirs is touched (their staging may
     # be the only copy of output a commit decision still has to publish).
     damaged: set[int] = set()
-    for epoch in pipeline.epochs():
+    for epoch in above:
         try:
             state = pipeline.state(epoch)
             begin = pipeline.txlog.read_begin(epoch) if not state.decided else None
@@ -193,13 +197,61 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
                 f"{layout.checkpoint_dir(epoch)} belongs to an aborted or unknown epoch",
                 lambda e=epoch: pipeline.checkpoints.delete(e))
     if pipeline.storage.protocol in ("file", "local"):
-        for f in pipeline.storage.walk("", include_temp=True):
-            if f.path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
-                full = pipeline.storage.full_path(f.path)
+        for path in _temp_file_candidates(pipeline, seen.record.watermark):
+            if path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
+                full = pipeline.storage.full_path(path)
                 try:
                     if now - os.path.getmtime(full) > timeout:
-                        act(None, RecoveryStep.DROP_TEMP, f"{f.path} is a temp file left by a killed writer",
-                            lambda p=f.path: pipeline.storage.delete(p))
+                        act(None, RecoveryStep.DROP_TEMP, f"{path} is a temp file left by a killed writer",
+                            lambda p=path: pipeline.storage.delete(p))
                 except FileNotFoundError:
                     pass
+    if not dry_run:
+        # States read above are still true if final (they never change); the epochs this
+        # run finished or aborted are read again, so one run both resolves and settles them.
+        for action in report.actions:
+            if action.done and action.epoch is not None and action.action in _RESOLVING:
+                try:
+                    states[action.epoch] = pipeline.state(action.epoch)
+                except CheckpointError:
+                    states.pop(action.epoch, None)
+        pipeline.txlog.settle(seen, states)
     return report
+
+
+def _temp_file_candidates(pipeline: Pipeline, watermark: int) -> list[str]:
+    """Every file of a local store where a killed writer's temp file may lie, but the log's history.
+
+    The directories of settled epochs (swept by every run while they were above the
+    watermark) are left out: walking them made this sweep O(all epochs). A temp file left
+    there (one still younger than the timeout when its epoch settled) is inert, as every
+    listing skips temp names, and costs only its bytes. The run index (one directory per
+    run ever) is still walked: a killed ``begin`` leaves its temp file there, and nothing
+    tells which run directories belong to settled epochs without reading them.
+    """
+    def children(path: str) -> list[tuple[str, bool]]:
+        try:
+            with os.scandir(pipeline.storage.full_path(path)) as entries:
+                return sorted((e.name, e.is_dir(follow_symlinks=False)) for e in entries)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    out: list[str] = []
+    for name, is_dir in children(""):
+        if not is_dir:
+            out.append(name)
+        elif name != layout.TXLOG:
+            out += [f"{name}/{f.path}" for f in pipeline.storage.walk(name, include_temp=True)]
+    for name, is_dir in children(layout.TXLOG):
+        path = f"{layout.TXLOG}/{name}"
+        epoch = layout.parse_txlog_dir(name)
+        if not is_dir:
+            out.append(path)
+        elif epoch is None or epoch > watermark:
+            out += [f"{path}/{f.path}" for f in pipeline.storage.walk(path, include_temp=True)]
+    return out
+
+
+#: The actions that leave an epoch final once done.
+_RESOLVING = (RecoveryStep.FINISH_COMMIT, RecoveryStep.FINISH_ABORT, RecoveryStep.ABORT_TIMEOUT,
+              RecoveryStep.ABORT_DEAD_OWNER)

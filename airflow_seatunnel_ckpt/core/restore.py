@@ -141,8 +141,14 @@ def _rebuild_from_log(txlog: TransactionLog, checkpoints: CheckpointManager, new
 
 def _from_older(txlog: TransactionLog, checkpoints: CheckpointManager, newest: int, committed: list[int],
                 deep: bool, problems: list[Problem]) -> RestorePoint:
+    # Walking back, the rows published after ``older`` only grow by the epoch just left
+    # behind: one running sum reads each ``committed`` record once (not once per candidate).
+    published_after = 0
+    later = newest
     for older in reversed(committed[:-1]):
-        if _published_rows_between(txlog, committed, older, newest) > 0 or txlog.is_retired(older):
+        published_after += _published_rows(txlog, later)
+        later = older
+        if published_after > 0 or txlog.is_retired(older):
             break
         if not checkpoints.verify(older, deep=deep):
             return _from_metadata(checkpoints.read_metadata(older), RestoreSource.OLDER, checkpoints.storage,
@@ -151,9 +157,8 @@ def _from_older(txlog: TransactionLog, checkpoints: CheckpointManager, newest: i
                                  "no fallback can restore it without risking duplicates"))
 
 
-def _published_rows_between(txlog: TransactionLog, committed: list[int], older: int, newest: int) -> int:
-    return sum(p.rows for epoch in committed if older < epoch <= newest
-               for p in (txlog.read_published(epoch) or []))
+def _published_rows(txlog: TransactionLog, epoch: int) -> int:
+    return sum(p.rows for p in (txlog.read_published(epoch) or []))
 
 
 def _way_out(storage: Storage, pipeline: str, epoch: int, problems: list[Problem], why: str) -> str:

@@ -59,8 +59,8 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
     report = RetentionReport(pipeline.name, dry_run)
     # One read of the log decides everything below: an epoch changes state while
     # retention runs, and two reads could put it in neither the committed nor the
-    # unfinished set.
-    states = pipeline.txlog.states()
+    # unfinished set. Settled epochs come from the settled record: final, so unchanging.
+    seen, states = pipeline.txlog.view()
     committed = [e for e, s in states.items() if s is EpochState.COMMITTED]
     unfinished = {e for e, s in states.items() if not s.final}
     kept = committed[-keep_n:]
@@ -104,6 +104,8 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
             pipeline.txlog.retire(epoch)
         report.removed_files += len(pipeline.checkpoints.delete(epoch, keep=keep_here))
     _sweep_losing_parts(pipeline, kept, referenced, report)
+    if not dry_run:  # the next run reads only the epochs above the new watermark
+        pipeline.txlog.settle(seen, states)
     return report
 
 

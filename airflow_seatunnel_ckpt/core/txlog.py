@@ -41,6 +41,7 @@ from airflow_seatunnel_ckpt.core.models import (
     PublishedSink,
 )
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
+from airflow_seatunnel_ckpt.core.settled import SettledLog, SettledRead, SettledRecord
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 R = TypeVar("R")
@@ -61,6 +62,8 @@ class TransactionLog:
         self.storage = storage
         self.pipeline = pipeline
         self._max_chunk = max_chunk
+        #: The settled watermark: the compacted summary of every epoch known final.
+        self.settled = SettledLog(storage, pipeline, max_chunk)
 
     # -- record I/O --------------------------------------------------------------------
     def _write_once(self, path: str, payload: dict[str, Any]) -> None:
@@ -370,24 +373,51 @@ class TransactionLog:
         return EpochState.OPEN
 
     def committed_epochs(self) -> list[int]:
-        """Committed epochs, ascending."""
-        return [e for e in self.epochs() if self.state(e) is EpochState.COMMITTED]
+        """Committed epochs, ascending (the settled record, plus one state per epoch above it)."""
+        return [e for e, s in self.states().items() if s is EpochState.COMMITTED]
 
     def last_committed_epoch(self) -> int | None:
-        """The newest committed epoch, or None (reads the newest epochs only)."""
+        """The newest committed epoch, or None (reads the epochs above the watermark only)."""
+        seen = self.settled.read()
         for epoch in reversed(self.epochs()):
+            if epoch <= seen.record.watermark:
+                break
             if self.state(epoch) is EpochState.COMMITTED:
                 return epoch
-        return None
+        return seen.record.last_committed()
+
+    def open_epochs(self, seen: SettledRead | None = None) -> tuple[SettledRead, list[int]]:
+        """The settled record and the epochs above its watermark (those whose state may change)."""
+        seen = seen if seen is not None else self.settled.read()
+        return seen, [e for e in self.epochs() if e > seen.record.watermark]
 
     def states(self) -> dict[int, EpochState]:
         """Every epoch with its state, ascending: one view of the log to decide from.
 
-        Each epoch's state is read once. A caller that must not act on an epoch whose
-        state changes meanwhile treats every epoch newer than the newest one it saw as
-        unknown (see :mod:`retention`).
+        Settled epochs come from the settled record (final, so they cannot change); each
+        epoch above its watermark is read once. A caller that must not act on an epoch
+        whose state changes meanwhile treats every epoch newer than the newest one it saw
+        as unknown (see :mod:`retention`).
         """
-        return {epoch: self.state(epoch) for epoch in self.epochs()}
+        return self.view()[1]
+
+    def view(self) -> tuple[SettledRead, dict[int, EpochState]]:
+        """:meth:`states` together with the settled record it was built on (for :meth:`settle`)."""
+        seen, above = self.open_epochs()
+        out = seen.record.states()
+        out.update((epoch, self.state(epoch)) for epoch in above)
+        return seen, out
+
+    def settle(self, seen: SettledRead, states: dict[int, EpochState],
+               min_advance: int | None = None) -> SettledRecord | None:
+        """Advance the settled watermark over the final epochs in ``states`` above ``seen``'s.
+
+        ``states`` are states the caller read *after* reading ``seen`` (final states never
+        change, so an older read is still true). Returns the record written, or None (also
+        when it would move by fewer than ``min_advance`` epochs, see :data:`settled.MIN_ADVANCE`).
+        """
+        watermark = seen.record.watermark
+        return self.settled.advance(seen, {e: s for e, s in states.items() if e > watermark}, min_advance)
 
     def status(self, epoch: int) -> EpochStatus:
         """Everything the log holds about ``epoch``."""

@@ -1,0 +1,231 @@
+"""The settled watermark: a compacted summary of the transaction log's finished epochs.
+
+Every epoch at or below the watermark is *final*: COMMITTED or ABORTED with its
+``committed``/``aborted`` acknowledgement written, so nothing will ever happen to it
+again. The record says which of them committed and which aborted, so recovery,
+retention, restore and the CLI need not list and read one directory per epoch ever
+(the idea of Spark's ``HDFSMetadataLog`` compaction and Flink's completed checkpoint
+store).
+
+The record is a summary, never the truth: the per-epoch records stay where they are
+and win. It is safe under concurrency with plain put-if-absent and no lock:
+
+* versions ``_txlog/_settled/v<N>`` are write-once; the newest intact one wins;
+* a writer creates version ``newest listed + 1`` only if it moves the watermark up, and
+  retries on a lost race while its watermark is still higher than the winner's;
+* a record only summarises states that never change (final ones), so two writers that
+  saw the log at different times can only disagree on *how far* the watermark goes,
+  never on what lies below it;
+* a reader that finds the newest version damaged falls back to an older one, and with
+  none intact to watermark 0 (a full listing): slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_seatunnel_ckpt.core import codec, layout
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.storage import Storage
+
+#: How many versions stay after a writer advanced: enough to fall back past a damaged one.
+KEEP_VERSIONS = 4
+#: Lost races a writer retries before it leaves the advance to the next run.
+MAX_ATTEMPTS = 20
+#: Newly final epochs a run needs before it writes a version. Batching bounds the writes
+#: (one PUT, LIST and prune per advance, not per recovery run) while readers still read at
+#: most this many settled-but-unrecorded epochs one by one; a small store is never touched.
+MIN_ADVANCE = 8
+
+Ranges = list[tuple[int, int]]
+
+
+def to_ranges(epochs: Iterable[int]) -> Ranges:
+    """Ascending epochs as closed ranges ``[(first, last), ...]`` (compact for long runs)."""
+    out: Ranges = []
+    for e in sorted(epochs):
+        if out and e == out[-1][1] + 1:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((e, e))
+    return out
+
+
+def _expand(ranges: Ranges) -> list[int]:
+    return [e for first, last in ranges for e in range(first, last + 1)]
+
+
+@dataclass(frozen=True)
+class SettledRecord:
+    """One version of the settled watermark: every epoch <= ``watermark`` is final."""
+
+    version: int
+    watermark: int
+    committed: Ranges = field(default_factory=list)
+    aborted: Ranges = field(default_factory=list)
+    created_at: float = 0.0
+
+    def committed_epochs(self) -> list[int]:
+        """The committed epochs at or below the watermark, ascending."""
+        return _expand(self.committed)
+
+    def last_committed(self) -> int | None:
+        """The newest committed epoch at or below the watermark, or None."""
+        return self.committed[-1][1] if self.committed else None
+
+    def states(self) -> dict[int, EpochState]:
+        """Every settled epoch with its (final) state, ascending."""
+        out = dict.fromkeys(self.committed_epochs(), EpochState.COMMITTED)
+        out.update(dict.fromkeys(_expand(self.aborted), EpochState.ABORTED))
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as stored (framed, checksummed JSON)."""
+        return {"type": "settled", "version": self.version, "watermark": self.watermark,
+                "committed": [list(r) for r in self.committed], "aborted": [list(r) for r in self.aborted],
+                "created_at": self.created_at}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str, version: int) -> SettledRecord:
+        """Parse and check a stored record; CorruptCheckpointError names what is wrong."""
+        def bad(what: str) -> CorruptCheckpointError:
+            return CorruptCheckpointError(
+                f"{where}: settled record {what}. Nothing is lost: it only summarises the per-epoch records; "
+                "readers fall back to an older version or a full listing, the next `seatunnel-ckpt recover "
+                "--apply` writes a newer version, and this file can be deleted", where)
+
+        if not isinstance(d, dict) or d.get("type") != "settled":
+            raise bad("is not a settled record (no 'type': 'settled')")
+        if d.get("version") != version:
+            raise bad(f"says version {d.get('version')!r} but its file name says {version}")
+        watermark = d.get("watermark")
+        if isinstance(watermark, bool) or not isinstance(watermark, int) or watermark < 0:
+            raise bad(f"has watermark {watermark!r}, expected an integer >= 0")
+        parsed: dict[str, Ranges] = {}
+        for key in ("committed", "aborted"):
+            raw = d.get(key)
+            if not isinstance(raw, list):
+                raise bad(f"has no list {key!r}")
+            ranges: Ranges = []
+            for item in raw:
+                ok = (isinstance(item, list) and len(item) == 2
+                      and all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+                      and 1 <= item[0] <= item[1] <= watermark and (not ranges or item[0] > ranges[-1][1] + 1))
+                if not ok:
+                    raise bad(f"has {key} range {item!r}: expected ascending, disjoint [first, last] "
+                              f"within 1..{watermark}")
+                ranges.append((item[0], item[1]))
+            parsed[key] = ranges
+        if set(_expand(parsed["committed"])) & set(_expand(parsed["aborted"])):
+            raise bad("names an epoch both committed and aborted")
+        created = d.get("created_at", 0.0)
+        return cls(version, watermark, parsed["committed"], parsed["aborted"],
+                   float(created) if isinstance(created, (int, float)) else 0.0)
+
+
+#: The record a log without any settled version starts from: nothing is known final.
+EMPTY = SettledRecord(0, 0)
+
+
+@dataclass(frozen=True)
+class SettledRead:
+    """What a reader found: the newest intact record, the newest version listed, the damage."""
+
+    record: SettledRecord
+    newest_version: int
+    damaged: list[CorruptCheckpointError] = field(default_factory=list)
+
+
+class SettledLog:
+    """The versions of one pipeline's settled watermark (``_txlog/_settled``)."""
+
+    def __init__(self, storage: Storage, pipeline: str, max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> None:
+        self.storage = storage
+        self.pipeline = pipeline
+        self._max_chunk = max_chunk
+
+    def versions(self) -> list[int]:
+        """Every version present, ascending (one listing)."""
+        found = (layout.parse_settled_name(n) for n in self.storage.list_dir(layout.SETTLED))
+        return sorted(v for v in found if v is not None)
+
+    def read(self) -> SettledRead:
+        """The newest intact version (one listing, usually one read); :data:`EMPTY` if none."""
+        versions = self.versions()
+        damaged: list[CorruptCheckpointError] = []
+        for version in reversed(versions):
+            record = self._read_version(version, damaged)
+            if record is not None:
+                return SettledRead(record, versions[-1], damaged)
+        return SettledRead(EMPTY, versions[-1] if versions else 0, damaged)
+
+    def damaged(self) -> list[CorruptCheckpointError]:
+        """Every version present that cannot be read back (for ``verify``; reads them all)."""
+        problems: list[CorruptCheckpointError] = []
+        for version in self.versions():
+            self._read_version(version, problems)
+        return problems
+
+    def _read_version(self, version: int, problems: list[CorruptCheckpointError]) -> SettledRecord | None:
+        path = layout.settled_path(version)
+        where = self.storage.describe_path(path)
+        try:
+            data = self.storage.read(path)
+        except FileNotFoundError:  # pruned by a writer since the listing
+            return None
+        try:
+            return SettledRecord.from_dict(codec.decode_json(data, where, max_chunk=self._max_chunk), where, version)
+        except CorruptCheckpointError as exc:
+            if "settled record" not in str(exc):  # a frame or checksum error: say what it is
+                exc = CorruptCheckpointError(
+                    f"{exc}. It is a settled record (a summary of final epochs): nothing is lost; readers fall "
+                    "back to an older version or a full listing, and the file can be deleted", where)
+            problems.append(exc)
+            return None
+
+    def advance(self, seen: SettledRead, states_above: Mapping[int, EpochState],
+                min_advance: int | None = None) -> SettledRecord | None:
+        """Move the watermark over the final epochs just above it; returns the record written, or None.
+
+        ``states_above`` are states the caller read of epochs above ``seen.record``'s
+        watermark. The new watermark is the end of the unbroken run of *final* epochs
+        right above the old one: an epoch that is not final, damaged (absent from the
+        mapping) or missing stops it, so an epoch still open is never covered. Nothing is
+        written unless it moves by at least ``min_advance`` (default :data:`MIN_ADVANCE`).
+        """
+        base = seen.record
+        watermark = base.watermark
+        committed, aborted = base.committed_epochs(), _expand(base.aborted)
+        while (state := states_above.get(watermark + 1)) is not None and state.final:
+            watermark += 1
+            (committed if state is EpochState.COMMITTED else aborted).append(watermark)
+        if watermark - base.watermark < max(1, MIN_ADVANCE if min_advance is None else min_advance):
+            return None
+        newest = seen.newest_version
+        for _ in range(MAX_ATTEMPTS):
+            record = SettledRecord(newest + 1, watermark, to_ranges(committed), to_ranges(aborted), time.time())
+            try:
+                self.storage.create_exclusive(layout.settled_path(record.version), codec.encode_json(record.to_dict()))
+            except AlreadyExistsError:
+                # Another writer advanced first. Its record and ours summarise the same
+                # immutable states; ours is worth writing only if it reaches further.
+                again = self.read()
+                if again.record.watermark >= watermark:
+                    return None
+                newest = again.newest_version
+                continue
+            self._prune(record.version)
+            return record
+        return None
+
+    def _prune(self, newest: int) -> None:
+        """Delete versions older than the newest :data:`KEEP_VERSIONS`: the listing stays O(1)."""
+        for version in self.versions():
+            if version <= newest - KEEP_VERSIONS:
+                with contextlib.suppress(FileNotFoundError):
+                    self.storage.delete(layout.settled_path(version))

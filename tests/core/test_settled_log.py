@@ -1,0 +1,351 @@
+"""The settled watermark: recovery, retention and restore cost O(open epochs), not O(all epochs).
+
+Histories of thousands of finished epochs are written record by record (``begin``,
+``decision``, ``committed``/``aborted``, ``retired``) exactly as the protocol leaves them,
+so a test builds one in a second; the newest epochs are real ones with checkpoints and
+published output. Store calls are counted on the ``Storage`` class (every backend goes
+through it); tests assert the counts, never timings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from airflow_seatunnel_ckpt.core import (
+    Decision,
+    EpochState,
+    Pipeline,
+    RestorePoint,
+    RestoreSource,
+    codec,
+    layout,
+    settled,
+)
+from airflow_seatunnel_ckpt.core.errors import RecoveryError
+from airflow_seatunnel_ckpt.core.models import BeginRecord, DecisionRecord
+from airflow_seatunnel_ckpt.core.settled import KEEP_VERSIONS, MIN_ADVANCE
+from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
+from tests.core.conftest import StoreSpec
+from tests.core.epochs import Participant, at_once, flip_byte, prepare_participant, published
+
+EMPTY_POINT = RestorePoint(None, RestoreSource.EMPTY)
+LATER = 10 * 24 * 3600.0
+
+
+@pytest.fixture(autouse=True)
+def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Durability syncs are irrelevant to what these tests prove and cost most of their time."""
+    monkeypatch.setattr("os.fsync", lambda fd: None)
+
+
+@pytest.fixture
+def settle_every_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Advance the watermark by any number of epochs (not in batches of MIN_ADVANCE)."""
+    monkeypatch.setattr(settled, "MIN_ADVANCE", 1)
+
+
+def _backends(cls: type[Storage]) -> list[type[Storage]]:
+    return [cls] + [sub for child in cls.__subclasses__() for sub in _backends(child)]
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Counts of the store calls every backend makes (a backend's own overrides included)."""
+    counts: Counter[str] = Counter()
+    for cls in _backends(Storage):
+        for name in ("list_dir", "read", "exists", "walk", "create_exclusive"):
+            if name not in vars(cls):
+                continue
+            original = vars(cls)[name]
+
+            def counted(self: Storage, *args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
+                counts[_name] += 1
+                return _original(self, *args, **kw)
+
+            monkeypatch.setattr(cls, name, counted)
+    yield counts
+
+
+def write_record(p: Pipeline, epoch: int, name: str, payload: dict[str, Any]) -> None:
+    p.storage.create_exclusive(layout.record_path(epoch, name), codec.encode_json(payload))
+
+
+def settled_history(p: Pipeline, count: int, aborted_every: int = 7, retired: bool = True) -> None:
+    """Epochs 1..count, final: every ``aborted_every``-th aborted, the others committed (and retired)."""
+    for epoch in range(1, count + 1):
+        write_record(p, epoch, "begin", BeginRecord(epoch, f"run-{epoch}", 1.0).to_dict())
+        commit = epoch % aborted_every != 0
+        decision = Decision.COMMIT if commit else Decision.ABORT
+        write_record(p, epoch, "decision", DecisionRecord(epoch, decision, "history", "test", 1.0).to_dict())
+        if commit:
+            write_record(p, epoch, "committed", {"type": "committed", "epoch": epoch, "at": 1.0, "published": []})
+            if retired:
+                write_record(p, epoch, "retired", {"type": "retired", "epoch": epoch, "at": 1.0})
+        else:
+            write_record(p, epoch, "aborted", {"type": "aborted", "epoch": epoch, "at": 1.0})
+
+
+def real_epoch(p: Pipeline, run_id: str, commit: bool = True, participant: Participant | None = None) -> int:
+    """A real epoch with a checkpoint and published output; decided but left COMMITTING if not ``commit``."""
+    epoch = p.begin(run_id).epoch
+    prepare_participant(p, run_id, participant or Participant(), base=EMPTY_POINT, epoch=epoch)
+    p.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+    if commit:
+        p.commit(epoch)
+    return epoch
+
+
+def history_size(spec: StoreSpec) -> int:
+    """Thousands of epochs on disk; fewer in memory, whose every listing scans the whole store."""
+    return 2000 if spec.backend == "file" else 500
+
+
+def newest_settled(p: Pipeline) -> int:
+    return p.txlog.settled.read().record.watermark
+
+
+# -- cost --------------------------------------------------------------------------------
+
+
+def test_recovery_and_retention_read_only_the_epochs_above_the_watermark(
+        fast_spec: StoreSpec, calls: Counter[str]) -> None:
+    p = fast_spec.pipeline(max_retain=2)
+    settled_history(p, history_size(fast_spec))
+    real = [real_epoch(p, f"real-{i}") for i in range(3)]
+    p.recover(dry_run=False)  # the first run lists every epoch once and settles them
+    open_epoch = p.begin("open-run").epoch
+
+    calls.clear()
+    report = fast_spec.pipeline(max_retain=2).recover(dry_run=False)
+    recovery_calls = dict(calls)
+    calls.clear()
+    retention = fast_spec.pipeline(max_retain=2).retain()
+    retention_calls = dict(calls)
+
+    assert [(a.epoch, str(a.action)) for a in report.actions] == [(open_epoch, "wait")]
+    # Thousands of settled epochs, yet a handful of calls: the settled and _txlog listings, the
+    # newest settled version, the open epoch, staging, checkpoints.
+    assert recovery_calls.get("list_dir", 0) <= 8, recovery_calls
+    assert recovery_calls.get("read", 0) + recovery_calls.get("exists", 0) <= 8, recovery_calls
+    assert retention.kept == real[-2:]
+    assert retention.removed_checkpoints == [real[0]]
+    # Retention reads the kept checkpoints and the retired one, not the 2,000 older epochs.
+    assert retention_calls.get("list_dir", 0) <= 10, retention_calls
+    assert retention_calls.get("read", 0) + retention_calls.get("exists", 0) <= 12, retention_calls
+    assert newest_settled(p) == real[-1]
+
+
+def test_restore_and_last_committed_read_only_the_epochs_above_the_watermark(
+        fast_spec: StoreSpec, calls: Counter[str]) -> None:
+    p = fast_spec.pipeline()
+    history = history_size(fast_spec)
+    settled_history(p, history)
+    newest = real_epoch(p, "real")
+    p.recover(dry_run=False)
+
+    calls.clear()
+    assert p.last_committed_epoch() == newest
+    point = p.restore_point()
+    assert point.epoch == newest and point.how is RestoreSource.PRIMARY
+    assert calls.get("list_dir", 0) <= 10, dict(calls)
+    calls.clear()
+    assert p.committed_epochs()[-2:] == [history - 1 if history % 7 == 0 else history, newest]
+    assert calls.get("list_dir", 0) <= 4 and calls.get("read", 0) <= 2, dict(calls)
+
+
+def test_restore_fallback_reads_each_committed_record_once(fast_spec: StoreSpec, calls: Counter[str]) -> None:
+    """Newest checkpoint and its log damaged, no older checkpoint intact, nothing published in
+    between: the search back through 300 committed epochs is linear, not 300 x 300 reads."""
+    p = fast_spec.pipeline()
+    settled_history(p, 300, aborted_every=10**9, retired=False)  # committed, checkpoints gone
+    newest = real_epoch(p, "real", participant=Participant(sinks={}))
+    flip_byte(p.storage, layout.metadata_path(newest))
+    flip_byte(p.storage, layout.record_path(newest, "prepared-ingest"))  # no rebuild from the log
+    p.recover(dry_run=False)
+
+    calls.clear()
+    with pytest.raises(RecoveryError, match="without risking duplicates"):
+        p.restore_point()
+    assert calls["read"] < 3 * 300, dict(calls)
+
+
+# -- safety ------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("settle_every_epoch")
+def test_open_and_late_decided_epochs_are_never_covered_by_the_watermark(fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline()
+    settled_history(p, 20)
+    committing = real_epoch(p, "committing", commit=False)  # decided commit, not published
+    p.recover(dry_run=True)
+    assert newest_settled(p) == 0  # a dry run writes nothing
+
+    p.txlog.settle(*p.txlog.view())
+    assert newest_settled(p) == 20  # stops below the COMMITTING epoch
+    assert p.txlog.states()[committing] is EpochState.COMMITTING
+
+    p.recover(dry_run=False)  # publishes it, reads it again, settles it
+    assert p.state(committing) is EpochState.COMMITTED
+    assert newest_settled(p) == committing
+    open_epoch = p.begin("late").epoch
+    p.recover(dry_run=False)
+    assert newest_settled(p) == committing
+    assert p.txlog.states()[open_epoch] is EpochState.OPEN
+    assert open_epoch not in p.txlog.settled.read().record.states()
+
+    # Decided late (aborted after the watermark moved): reported as it is, then settled.
+    p.abort(open_epoch, "its run is dead", by="test")
+    assert p.txlog.states()[open_epoch] is EpochState.ABORTED
+    p.recover(dry_run=False)
+    assert newest_settled(p) == open_epoch
+    assert p.txlog.settled.read().record.states()[open_epoch] is EpochState.ABORTED
+
+
+@pytest.mark.usefixtures("settle_every_epoch")
+def test_an_aborting_epoch_stops_the_watermark_though_later_ones_committed(fast_spec: StoreSpec) -> None:
+    """A new epoch may begin while an older one is ABORTING; the watermark must not jump it."""
+    p = fast_spec.pipeline()
+    settled_history(p, 5)
+    write_record(p, 6, "begin", BeginRecord(6, "run-6", 1.0).to_dict())
+    write_record(p, 6, "decision", DecisionRecord(6, Decision.ABORT, "dead", "test", 1.0).to_dict())
+    later = real_epoch(p, "after-aborting")
+
+    p.txlog.settle(*p.txlog.view())
+
+    assert newest_settled(p) == 5
+    assert p.txlog.states()[6] is EpochState.ABORTING
+    assert p.txlog.states()[later] is EpochState.COMMITTED
+
+
+@pytest.mark.usefixtures("settle_every_epoch")
+def test_a_damaged_newest_settled_record_falls_back_and_loses_nothing(fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline()
+    settled_history(p, 50)
+    p.txlog.settle(*p.txlog.view())
+    newest = real_epoch(p, "real")
+    p.recover(dry_run=False)
+    versions = p.txlog.settled.versions()
+    assert len(versions) == 2 and newest_settled(p) == newest
+    flip_byte(p.storage, layout.settled_path(versions[-1]))
+    committed = [e for e in range(1, 51) if e % 7] + [newest]
+
+    seen = p.txlog.settled.read()
+    assert seen.record.version == versions[0] and seen.record.watermark == 50
+    assert [exc.path for exc in seen.damaged] == [p.storage.describe_path(layout.settled_path(versions[-1]))]
+    assert p.committed_epochs() == committed
+    assert p.last_committed_epoch() == newest
+    assert p.restore_point().epoch == newest
+    # The next run writes a newer version above the damaged one.
+    p.begin("next")
+    p.recover(dry_run=False)
+    assert p.txlog.settled.read().record.version == versions[-1] + 1
+    assert p.committed_epochs() == committed
+
+
+def test_every_settled_record_damaged_falls_back_to_a_full_listing(fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline()
+    settled_history(p, 30)
+    p.txlog.settle(*p.txlog.view())
+    (version,) = p.txlog.settled.versions()
+    p.storage.write_atomic(layout.settled_path(version), codec.encode_json(
+        {"type": "settled", "version": version, "watermark": 30, "committed": [[1, 40]], "aborted": []}))
+
+    seen = p.txlog.settled.read()
+    assert seen.record.watermark == 0
+    assert "committed range [1, 40]" in str(seen.damaged[0])
+    assert p.committed_epochs() == [e for e in range(1, 31) if e % 7]
+
+
+def test_concurrent_recoveries_advance_the_watermark_consistently(store_spec: StoreSpec) -> None:
+    p = store_spec.pipeline()
+    settled_history(p, 200)
+    p.txlog.settle(*p.txlog.view())  # v1 at 200
+    for epoch in range(201, 241):  # 40 more, settled by the racing runs
+        write_record(p, epoch, "begin", BeginRecord(epoch, f"run-{epoch}", 1.0).to_dict())
+        write_record(p, epoch, "decision", DecisionRecord(epoch, Decision.ABORT, "x", "test", 1.0).to_dict())
+        write_record(p, epoch, "aborted", {"type": "aborted", "epoch": epoch, "at": 1.0})
+
+    outcomes = at_once([lambda: store_spec.pipeline().recover(dry_run=False) for _ in range(4)])
+
+    assert not [o for o in outcomes if isinstance(o, BaseException)]
+    record = p.txlog.settled.read().record
+    assert record.watermark == 240
+    truth = {e: p.state(e) for e in range(1, 241)}
+    assert record.states() == truth  # no epoch skipped, none misfiled
+    assert len(p.txlog.settled.versions()) <= KEEP_VERSIONS
+
+
+def test_an_epoch_below_the_watermark_is_never_reported_open_or_unknown(fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline()
+    settled_history(p, 30)
+    newest = real_epoch(p, "real")
+    p.recover(dry_run=False)
+
+    report = p.recover(dry_run=False, now=time.time() + LATER)
+
+    assert report.actions == []
+    assert set(p.txlog.states()) == set(range(1, newest + 1))
+    assert all(s.final for s in p.txlog.states().values())
+    assert published(p, "orders")[newest]
+
+
+def test_recovery_writes_no_settled_version_for_fewer_than_min_advance_new_final_epochs(
+        fast_spec: StoreSpec) -> None:
+    """Advances are batched: a small store, or a run that finished one epoch, writes nothing."""
+    p = fast_spec.pipeline()
+    settled_history(p, MIN_ADVANCE - 1)
+    p.recover(dry_run=False)
+    assert p.txlog.settled.versions() == []
+    real_epoch(p, "real")  # now MIN_ADVANCE final epochs above watermark 0
+    p.recover(dry_run=False)
+    assert newest_settled(p) == MIN_ADVANCE
+
+
+def test_verify_names_a_damaged_settled_record(fast_spec: StoreSpec, capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_seatunnel_ckpt import cli
+
+    p = fast_spec.pipeline()
+    settled_history(p, 10)
+    p.txlog.settle(*p.txlog.view())
+    (version,) = p.txlog.settled.versions()
+    flip_byte(p.storage, layout.settled_path(version))
+
+    code = cli.main(["--store", fast_spec.sub_url("store"), "verify", p.name, "--last", "1"])
+
+    out = capsys.readouterr().out
+    assert code == 1
+    assert layout.settled_path(version) in out and "settled record" in out
+
+
+def test_recovery_on_a_local_store_does_not_walk_the_settled_history(
+        local_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The temp-file sweep walks everything but settled epoch directories."""
+    from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
+
+    p = local_spec.pipeline()
+    settled_history(p, 300)
+    real_epoch(p, "real")
+    p.recover(dry_run=False)
+    debris = f"{layout.STAGING}/{TEMP_PREFIX}debris"
+    p.storage.write_atomic(f"{layout.STAGING}/keep", b"x")
+    with open(p.storage.full_path(debris), "wb") as fh:
+        fh.write(b"x")
+    walked: list[str] = []
+    walk = LocalStorage.walk
+
+    def recording(self: Storage, path: str = "", include_temp: bool = False) -> Any:
+        walked.append(path)
+        return walk(self, path, include_temp)
+
+    monkeypatch.setattr(LocalStorage, "walk", recording)
+
+    report = p.recover(dry_run=False, now=time.time() + LATER)
+
+    assert [(a.action, a.done) for a in report.actions if a.action == "drop-temp"] == [("drop-temp", True)]
+    assert not p.storage.exists(debris)
+    assert "" not in walked and not [w for w in walked if w.startswith(f"{layout.TXLOG}/epoch-")], walked
