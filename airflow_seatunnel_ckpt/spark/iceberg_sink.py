@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog, secret_keys
+from airflow_seatunnel_ckpt.core.tables.catalogs import checked_table_options, embedded_catalog
 from airflow_seatunnel_ckpt.spark.table_sinks import TableSink
 
 
@@ -42,24 +42,16 @@ class IcebergSink(TableSink):
                  catalog_name: str = "default", catalog_conn_id: str | None = None,
                  partition_by: Sequence[str] | None = None, mode: str = SinkMode.CHANGES.value,
                  merge_keys: Sequence[str] | None = None) -> None:
-        if not isinstance(table, str) or len([p for p in table.split(".") if p]) < 2:
-            raise ConfigError(f"iceberg sink {name!r}: table must be '<namespace>.<name>', got {table!r}")
-        if catalog is not None and not isinstance(catalog, Mapping):
-            raise ConfigError(f"iceberg sink {name!r}: catalog must be a mapping of pyiceberg catalog properties, "
-                              f"got {type(catalog).__name__}")
-        secrets = secret_keys(catalog or {})
-        if secrets:
-            raise ConfigError(
-                f"iceberg sink {name!r}: catalog option(s) {secrets} look like secrets; sink options are stored "
-                "in the checkpoint store in clear. Put them in an Airflow connection and name it in "
-                "catalog_conn_id (its extras are pyiceberg properties, login/password the credential)")
+        props = checked_table_options(
+            f"iceberg sink {name!r}", table, catalog,
+            "Put them in an Airflow connection and name it in catalog_conn_id (its extras are pyiceberg "
+            "properties, login/password the credential)")
         keys = [merge_keys] if isinstance(merge_keys, str) else list(merge_keys or [])
         if any(not isinstance(k, str) or not k for k in keys):
             raise ConfigError(f"iceberg sink {name!r}: merge_keys must be column names, got {merge_keys!r}")
         if keys and mode != SinkMode.CHANGES.value:
             raise ConfigError(f"iceberg sink {name!r}: merge_keys (upsert) needs mode 'changes'; a {mode!r} sink "
                               "replaces the whole table each epoch")
-        props = {str(k): str(v) for k, v in (catalog or {}).items()}
         if not props and not catalog_conn_id:
             props = embedded_catalog()
         options: dict[str, Any] = {"identifier": table, "catalog_name": catalog_name, "catalog": props}

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.tables import delta_planning, iceberg_planning, planning
-from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog, secret_keys
+from airflow_seatunnel_ckpt.core.tables.catalogs import checked_table_options, embedded_catalog
 from airflow_seatunnel_ckpt.core.tables.planning import TableSourceError
 from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source, SourceError, file_identity
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
@@ -73,19 +73,12 @@ class IcebergSource(Source):
                  catalog_name: str = "default", start: str = "earliest", skip_overwrites: bool = False,
                  skip_deletes: bool = False) -> None:
         super().__init__(name)
-        if not isinstance(table, str) or "." not in table.strip("."):
-            raise ConfigError(f"iceberg source {name!r}: table must be 'namespace.name', got {table!r}")
-        if catalog is not None and not isinstance(catalog, Mapping):
-            raise ConfigError(f"iceberg source {name!r}: catalog must be a mapping of pyiceberg catalog "
-                              f"properties, got {type(catalog).__name__}")
-        secrets = secret_keys(catalog or {})
-        if secrets:
-            raise ConfigError(f"iceberg source {name!r}: catalog option(s) {secrets} look like secrets; source "
-                              "options are recorded in the checkpoint store in clear. Give the catalog's "
-                              "credentials to the Spark driver's environment (e.g. PYICEBERG_CATALOG__* variables)")
+        catalog = checked_table_options(
+            f"iceberg source {name!r}", table, catalog,
+            "Give the catalog's credentials to the Spark driver's environment (PYICEBERG_CATALOG__* variables)")
         self.table = table
         # Resolved here, as the Iceberg sink does: every process reads the same catalog.
-        self.catalog = {str(k): str(v) for k, v in (catalog or {}).items()} or embedded_catalog()
+        self.catalog = catalog or embedded_catalog()
         self.catalog_name = catalog_name
         self.start = planning.check_start(name, self.kind, start)
         self.skip = {"overwrite": _flag(self.kind, name, "skip_overwrites", skip_overwrites),
