@@ -13,45 +13,6 @@ from tests.airflow.epoch_test_dags import PIPELINE, build_epoch_dag, logical_dat
 pytestmark = pytest.mark.airflow
 
 
-def asset_events(dag_id: str, run_id: str) -> list[tuple[str, Any]]:
-    from airflow.models.asset import AssetEvent, AssetModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        return [tuple(row) for row in session.execute(
-            select(AssetModel.uri, AssetEvent.extra).join(AssetEvent.asset)
-            .where(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run_id)).all()]
-
-
-def test_epoch_without_rows_emits_no_asset_event_and_publishes_no_directory(
-        run_at: Any, tmp_path: Path) -> None:
-    from airflow_seatunnel_ckpt.operators.commit import sink_asset
-
-    store, target = tmp_path / "store", tmp_path / "table"
-    asset = sink_asset(PIPELINE, "orders_table", f"file://{target}")
-    quiet = build_epoch_dag("quiet", f"file://{store}", f"file://{target}",
-                            participants={"ingest": {"rows": 0}},
-                            commit={"sink_assets": {"orders_table": asset}})
-    run = run_at(quiet, logical_date(0))
-
-    assert run.state == "success"
-    pipeline = CheckpointStore.from_url(f"file://{store}").pipeline(PIPELINE)
-    assert pipeline.state(1) is EpochState.COMMITTED
-    assert not list(target.glob("epoch=*"))
-    assert asset_events("quiet", run.run_id) == []
-    commit_ti = next(ti for ti in run.get_task_instances() if ti.task_id == "orders.commit")
-    assert commit_ti.xcom_pull(task_ids="orders.commit")["empty"] == ["orders_table"]
-
-    # The same DAG with rows: one event, as before.
-    busy = build_epoch_dag("quiet", f"file://{store}", f"file://{target}",
-                           commit={"sink_assets": {"orders_table": asset}})
-    second = run_at(busy, logical_date(1))
-    assert second.state == "success"
-    [(uri, extra)] = asset_events("quiet", second.run_id)
-    assert uri == f"file://{target}" and extra["epoch"] == 2 and extra["rows"] == 3
-
-
 def _events_of(uri: str) -> list[tuple[Any, Any]]:
     """Every asset event of ``uri``: (extra, partition key), oldest first."""
     from airflow.models.asset import AssetEvent, AssetModel
@@ -63,23 +24,50 @@ def _events_of(uri: str) -> list[tuple[Any, Any]]:
             select(AssetEvent).join(AssetEvent.asset).where(AssetModel.uri == uri).order_by(AssetEvent.id))]
 
 
-def test_a_cleared_commit_emits_no_second_event_and_the_epoch_is_the_partition_key(
-        run_at: Any, clear_and_rerun: Any, tmp_path: Path) -> None:
+def _dag_with_asset(dag_id: str, tmp_path: Path, **kwargs: Any) -> tuple[Any, str]:
+    """An epoch DAG whose commit has the sink's asset; the DAG and the asset's URI."""
     from airflow_seatunnel_ckpt.operators.commit import sink_asset
 
-    store, target = tmp_path / "store", tmp_path / "table"
-    asset = sink_asset(PIPELINE, "orders_table", f"file://{target}")
-    dag = build_epoch_dag("replay", f"file://{store}", f"file://{target}",
-                          commit={"sink_assets": {"orders_table": asset}})
+    uri = f"file://{tmp_path / 'table'}"
+    dag = build_epoch_dag(dag_id, f"file://{tmp_path / 'store'}", uri,
+                          commit={"sink_assets": {"orders_table": sink_asset(PIPELINE, "orders_table", uri)}},
+                          **kwargs)
+    return dag, uri
+
+
+def test_epoch_without_rows_emits_no_asset_event_and_publishes_no_directory(
+        run_at: Any, tmp_path: Path) -> None:
+    quiet, uri = _dag_with_asset("quiet", tmp_path, participants={"ingest": {"rows": 0}})
+    run = run_at(quiet, logical_date(0))
+
+    assert run.state == "success"
+    pipeline = CheckpointStore.from_url(f"file://{tmp_path / 'store'}").pipeline(PIPELINE)
+    assert pipeline.state(1) is EpochState.COMMITTED
+    assert not list((tmp_path / "table").glob("epoch=*"))
+    assert _events_of(uri) == []
+    commit_ti = next(ti for ti in run.get_task_instances() if ti.task_id == "orders.commit")
+    assert commit_ti.xcom_pull(task_ids="orders.commit")["empty"] == ["orders_table"]
+
+    # The same DAG with rows: one event, as before.
+    busy, _ = _dag_with_asset("quiet", tmp_path)
+    second = run_at(busy, logical_date(1))
+    assert second.state == "success"
+    [(extra, _)] = _events_of(uri)
+    assert extra["epoch"] == 2 and extra["rows"] == 3
+
+
+def test_a_cleared_commit_emits_no_second_event_and_the_epoch_is_the_partition_key(
+        run_at: Any, clear_and_rerun: Any, tmp_path: Path) -> None:
+    dag, uri = _dag_with_asset("replay", tmp_path)
     run = run_at(dag, logical_date(0))
     assert run.state == "success"
-    [(extra, partition)] = _events_of(f"file://{target}")
+    [(extra, partition)] = _events_of(uri)
     assert extra["epoch"] == 1 and extra["replayed"] is False and partition == "epoch=1"
 
     rerun = clear_and_rerun(dag, run.run_id, ["orders.commit"])
 
     assert rerun.state == "success"
-    assert len(_events_of(f"file://{target}")) == 1  # downstream DAGs are not woken for nothing
+    assert len(_events_of(uri)) == 1  # downstream DAGs are not woken for nothing
 
 
 def test_a_retried_commit_whose_earlier_try_left_no_event_emits_it(
@@ -88,12 +76,7 @@ def test_a_retried_commit_whose_earlier_try_left_no_event_emits_it(
     from airflow.utils.session import create_session
     from sqlalchemy import delete
 
-    from airflow_seatunnel_ckpt.operators.commit import sink_asset
-
-    store, target = tmp_path / "store", tmp_path / "table"
-    asset = sink_asset(PIPELINE, "orders_table", f"file://{target}")
-    dag = build_epoch_dag("lost_event", f"file://{store}", f"file://{target}",
-                          commit={"sink_assets": {"orders_table": asset}})
+    dag, uri = _dag_with_asset("lost_event", tmp_path)
     run = run_at(dag, logical_date(0))
     # As if the try that committed died before Airflow recorded its success (and event).
     with create_session() as session:
@@ -102,5 +85,5 @@ def test_a_retried_commit_whose_earlier_try_left_no_event_emits_it(
     rerun = clear_and_rerun(dag, run.run_id, ["orders.commit"])
 
     assert rerun.state == "success"
-    [(extra, partition)] = _events_of(f"file://{target}")
+    [(extra, partition)] = _events_of(uri)
     assert extra["epoch"] == 1 and extra["replayed"] is True and partition == "epoch=1"

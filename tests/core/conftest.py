@@ -116,3 +116,15 @@ def make_local_spec(tmp_path: Path) -> Callable[[], StoreSpec]:
         return StoreSpec("file", f"file://{tmp_path}/ex-{next(counter)}")
 
     return make
+
+
+@pytest.fixture
+def store(local_spec: StoreSpec) -> Storage:
+    """The checkpoint store of a table-sink test (local disk)."""
+    return local_spec.storage("store")
+
+
+@pytest.fixture
+def table_uri(tmp_path: Path) -> str:
+    """Where a table-sink test's Delta table lives."""
+    return str(tmp_path / "tables" / "orders")

@@ -7,7 +7,6 @@ checked in the log as plain JSON and through both readers, deltalake and DuckDB.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -16,7 +15,6 @@ from deltalake import DeltaTable
 from airflow_seatunnel_ckpt.core.errors import PublishError
 from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.core.tables import commit_table
-from tests.core.conftest import StoreSpec
 from tests.core.test_delta_sink import (
     deltalake_rows,
     duckdb_rows,
@@ -26,16 +24,6 @@ from tests.core.test_delta_sink import (
     stage,
 )
 from tests.tables import duckdb_connection
-
-
-@pytest.fixture
-def store(local_spec: StoreSpec) -> Storage:
-    return local_spec.storage("store")
-
-
-@pytest.fixture
-def table_uri(tmp_path: Path) -> str:
-    return str(tmp_path / "tables" / "orders")
 
 
 def test_timestamp_and_date_statistics_bound_every_row(store: Storage, table_uri: str) -> None:

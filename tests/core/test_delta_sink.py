@@ -85,15 +85,6 @@ def expected(**countries: list[int]) -> list[tuple[Any, ...]]:
     return sorted((i, c, i * 1.5) for c, ids in countries.items() for i in ids)
 
 
-@pytest.fixture
-def store(local_spec: StoreSpec) -> Storage:
-    return local_spec.storage("store")
-
-
-@pytest.fixture
-def table_uri(tmp_path: Path) -> str:
-    return str(tmp_path / "tables" / "orders")
-
 
 def test_one_epoch_is_read_once_with_its_partition_values_by_deltalake_and_duckdb(
         store: Storage, table_uri: str) -> None:

@@ -19,7 +19,6 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.core.tables import commit_table
-from tests.core.conftest import StoreSpec
 from tests.core.epochs import at_once
 from tests.core.test_delta_sink import request, stage
 from tests.tables import duckdb_delta_rows
@@ -46,11 +45,6 @@ def table_rows(uri: str) -> list[tuple[Any, ...]]:
 
 def duckdb_rows_by(uri: str, column: str) -> list[tuple[Any, ...]]:
     return duckdb_delta_rows(uri, order_by=column)
-
-
-@pytest.fixture
-def store(local_spec: StoreSpec) -> Storage:
-    return local_spec.storage("store")
 
 
 @pytest.fixture
