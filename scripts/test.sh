@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/bootstrap.sh
+# The Checkpoints page is tested in a real headless Chromium (Debian's package).
+bash scripts/install-browser.sh
 
 status=0
 .venv/bin/python -m pytest -p no:cacheprovider -q "$@" || status=$?
