@@ -22,6 +22,6 @@ else
 fi
 echo "install-browser: installing Debian's chromium (for the Checkpoints page tests)"
 export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get install -y -q --no-install-recommends chromium >/dev/null \
-    || { "${sudo[@]}" apt-get update -q >/dev/null && "${sudo[@]}" apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+"${sudo[@]}" apt-get install -y -q chromium >/dev/null \
+    || { "${sudo[@]}" apt-get update -q >/dev/null && "${sudo[@]}" apt-get install -y -q chromium >/dev/null; }
 echo "install-browser: $(/usr/bin/chromium --version 2>/dev/null || echo 'chromium did not install')"
