@@ -290,3 +290,31 @@ def test_epoch_dag_emits_datasets_statistics_run_facet_and_spark_parent_run(
     assert published[table]["outputFacets"]["outputStatistics"]["rowCount"] == len(table_rows) == 6
     # The Spark application was told the stage task's OpenLineage run as its parent.
     assert {r["parent_run_id"] for r in rows} == {stage["COMPLETE"]["run"]["runId"]}
+
+
+# -- iceberg:// asset URIs ---------------------------------------------------------------------
+
+def test_iceberg_asset_uris_are_normalised_refused_when_malformed_and_converted_to_the_same_dataset(
+        airflow_home: Path) -> None:
+    from airflow.sdk import Asset
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    from airflow_seatunnel_ckpt.lineage.assets import create_asset
+    from airflow_seatunnel_ckpt.lineage.naming import dataset_name
+
+    manager = ProvidersManagerTaskRuntime()
+    assert {"iceberg"} <= set(manager.asset_uri_handlers)
+    assert manager.asset_factories["iceberg"] is create_asset
+    # file:// stays common-io's (the file and Delta sinks' tables): not replaced by this provider.
+    assert manager.asset_uri_handlers["file"].__module__.startswith("airflow.providers.common.io")
+
+    asset = Asset(uri="iceberg://default/sales.orders/?x=1#f")
+    assert asset.uri == "iceberg://default/sales.orders"
+    assert create_asset(table="sales.orders").uri == asset.uri
+    with pytest.raises(ValueError, match=r"<namespace>\.<table>"):
+        Asset(uri="iceberg://default/orders")
+    with pytest.raises(ValueError, match="names no catalog"):
+        Asset(uri="iceberg:///sales.orders")
+    converted = manager.asset_to_openlineage_converters["iceberg"](asset, None)
+    expected = dataset_name("iceberg://default/sales.orders")
+    assert (converted.namespace, converted.name) == (expected.namespace, expected.name)
