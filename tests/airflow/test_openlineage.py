@@ -135,6 +135,54 @@ def test_stage_start_reports_declared_sources_and_sinks_with_openlineage_names(t
     assert "secret" not in json.dumps([d.namespace + d.name for d in lineage.outputs])
 
 
+def test_stage_reports_the_recorded_offsets_once_prepared_and_the_declared_datasets_before(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.core import CheckpointStore
+    from airflow_seatunnel_ckpt.lineage.facets import RUN_FACET_KEY
+    from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
+
+    store_url, target = f"file://{tmp_path}/store", f"file://{tmp_path}/out"
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh"}
+    task = SparkStageOperator(
+        task_id="ingest", pipeline="orders", storage_url=store_url,
+        stage="airflow_seatunnel_ckpt.spark.runner:run_stage",
+        sources={"files": {"type": "file", "path": f"{tmp_path}/in", "format": "json"},
+                 "upstream": {"type": "iceberg", "table": "bronze.orders", "catalog": catalog}},
+        sinks={"out": {"type": "file", "path": target, "format": "json"}})
+    pipeline = CheckpointStore.from_url(store_url).pipeline("orders")
+    epoch = pipeline.begin("manual__1").epoch
+    ti = SimpleNamespace(run_id="manual__1", dag_id="", try_number=3, task_id="ingest")
+
+    failed = task.get_openlineage_facets_on_failure(ti)  # begun, never prepared: a try that died
+
+    assert [d.inputFacets for d in failed.inputs] == [{}, {}]
+    assert [(d.name, d.outputFacets) for d in failed.outputs] == [(f"{tmp_path}/out", {})]
+    facet = failed.run_facets[RUN_FACET_KEY]
+    assert (facet.epoch, facet.attempt, facet.state) == (epoch, 3, "OPEN")
+
+    staging = pipeline.staging_path(epoch, 2, "out")
+    pipeline.storage.write_atomic(f"{staging}/part-0.jsonl", b'{"a": 1}\n')
+    manifest = pipeline.manifest_for_staged(epoch, 2, "out", target, 1, fmt="json")
+    pipeline.prepare(epoch, "ingest", 2, run_id="manual__1", sinks=[manifest], sources={
+        "files": {"files": ["a.json", "b.json"],
+                  "identity": {"a.json": {"size": 10, "mtime": 1.0}, "b.json": {"size": 5, "mtime": 2.0}}},
+        "upstream": {"snapshot_id": 123, "after_snapshot_id": None,
+                     "files": [{"path": f"{tmp_path}/wh/x.parquet", "size": 100, "records": 7}]}})
+
+    done = task.get_openlineage_facets_on_complete(ti)
+
+    inputs = {d.name: d for d in done.inputs}
+    files = inputs[f"{tmp_path}/in"].inputFacets["inputStatistics"]
+    assert (files.fileCount, files.size, files.rowCount) == (2, 15, None)
+    table = inputs["bronze.orders"]
+    stats = table.inputFacets["inputStatistics"]
+    assert (stats.fileCount, stats.size, stats.rowCount) == (1, 100, 7)
+    assert table.facets["version"].datasetVersion == "123"
+    [output] = done.outputs
+    assert output.outputFacets["outputStatistics"].rowCount == 1
+    facet = done.run_facets[RUN_FACET_KEY]
+    assert (facet.epoch, facet.attempt, facet.state) == (epoch, 2, "PREPARED")  # the attempt that prepared
+
+
 def test_commit_complete_reports_what_each_sink_published_and_the_decision(tmp_path: Path) -> None:
     from openlineage.client.serde import Serde
 
