@@ -223,7 +223,8 @@ def _table_facets(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
     if kind == "iceberg":
         from openlineage.client.generated.catalog_dataset import CatalogDatasetFacet
 
-        catalog = options.get("catalog") if isinstance(options.get("catalog"), Mapping) else {}
+        given = options.get("catalog")
+        catalog: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
         uri, warehouse = catalog.get("uri"), catalog.get("warehouse")
         facets["catalog"] = CatalogDatasetFacet(
             framework="iceberg", type=str(catalog.get("type") or "unknown"),

@@ -99,6 +99,41 @@ def test_openlineage_is_off_and_no_listener_runs_without_a_transport(airflow_hom
     assert not [p for p in plugins if isinstance(p, OpenLineageListener)]
 
 
+_WITHOUT_OPENLINEAGE = """
+import sys
+from importlib.abc import MetaPathFinder
+
+class NotInstalled(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        # the client, and every module of the provider but the metadata Airflow's discovery reads
+        provider = name.startswith("airflow.providers.openlineage.") and not name.endswith(".get_provider_info")
+        if name.split(".")[0] == "openlineage" or provider:
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+import os
+os.environ["AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO"] = "True"
+from airflow_seatunnel_ckpt.operators.commit import CommitEpochOperator
+from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
+from airflow_seatunnel_ckpt.lineage import facets
+from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
+assert facets.CheckpointEpochRunFacet is None
+assert facets.EpochFacts(pipeline="p").run_facets() == {}
+assert with_openlineage_spark_properties({"spark.x": "1"}, {}) == {"spark.x": "1"}
+print("ok")
+"""
+
+
+def test_the_provider_imports_and_submits_without_the_openlineage_packages(airflow_home: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_OPENLINEAGE], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
 # -- the facet methods ------------------------------------------------------------------------
 
 def test_stage_start_reports_declared_sources_and_sinks_with_openlineage_names(tmp_path: Path) -> None:
