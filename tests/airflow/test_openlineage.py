@@ -83,22 +83,6 @@ def by_name(datasets: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, A
     return {(d["namespace"], d["name"]): d for d in datasets}
 
 
-# -- OpenLineage stays off for everything else ----------------------------------------------
-
-def test_openlineage_is_off_and_no_listener_runs_without_a_transport(airflow_home: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow.providers.openlineage import conf
-    from airflow.providers.openlineage.plugins.listener import OpenLineageListener
-    from airflow.sdk.listener import get_listener_manager
-
-    for name in ("TRANSPORT", "CONFIG_PATH", "DISABLED"):
-        monkeypatch.delenv(f"AIRFLOW__OPENLINEAGE__{name}", raising=False)
-    monkeypatch.delenv("OPENLINEAGE_URL", raising=False)
-    assert conf.is_disabled()
-    plugins = get_listener_manager().pm.get_plugins()
-    assert not [p for p in plugins if isinstance(p, OpenLineageListener)]
-
-
 _WITHOUT_OPENLINEAGE = """
 import sys
 from importlib.abc import MetaPathFinder
@@ -401,3 +385,20 @@ def test_iceberg_asset_uris_are_normalised_refused_when_malformed_and_converted_
     converted = manager.asset_to_openlineage_converters["iceberg"](asset, None)
     expected = dataset_name("iceberg://default/sales.orders")
     assert (converted.namespace, converted.name) == (expected.namespace, expected.name)
+
+
+# -- OpenLineage stays off for everything else ----------------------------------------------
+
+def test_openlineage_is_off_and_no_listener_runs_without_a_transport(airflow_home: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.providers.openlineage import conf
+    from airflow.providers.openlineage.plugins.listener import OpenLineageListener
+    from airflow.sdk.listener import get_listener_manager
+
+    for name in ("TRANSPORT", "CONFIG_PATH", "DISABLED"):
+        monkeypatch.delenv(f"AIRFLOW__OPENLINEAGE__{name}", raising=False)
+    monkeypatch.delenv("OPENLINEAGE_URL", raising=False)
+    assert conf.is_disabled()
+    # Last in this module: the tests above that turned it on left no listener behind.
+    plugins = get_listener_manager().pm.get_plugins()
+    assert not [p for p in plugins if isinstance(p, OpenLineageListener)]
