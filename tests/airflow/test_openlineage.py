@@ -50,16 +50,21 @@ def openlineage_events(airflow_home: Path, tmp_path: Path,
     (``execute_in_thread``) rather than a fork of the test process. Returns a reader of
     the events written so far.
     """
+    from airflow.listeners.listener import get_listener_manager as scheduler_listener_manager
     from airflow.providers.openlineage.plugins.listener import OpenLineageListener
     from airflow.sdk.listener import get_listener_manager
 
+    # Both listener managers load the plugins once per process; loaded now, with no transport,
+    # they leave OpenLineage's own listener out. Loaded after the transport is set, they would
+    # register it for every later test of the session.
+    manager = get_listener_manager()
+    scheduler_listener_manager()
     events_file = tmp_path / "openlineage.jsonl"
     monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT",
                        json.dumps({"type": "file", "log_file_path": str(events_file), "append": True}))
     monkeypatch.setenv("AIRFLOW__OPENLINEAGE__EXECUTE_IN_THREAD", "True")
     monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "lineage-test")
     listener = OpenLineageListener()  # its own client, built from the transport above
-    manager = get_listener_manager()
     manager.add_listener(listener)
 
     def read() -> list[dict[str, Any]]:
@@ -74,8 +79,10 @@ def openlineage_events(airflow_home: Path, tmp_path: Path,
 
 
 def events_of(events: list[dict[str, Any]], job: str) -> dict[str, dict[str, Any]]:
-    """``eventType -> event`` of one job (``<dag_id>.<task_id>``); the last of each type wins."""
-    return {e["eventType"]: e for e in events if e["job"]["name"] == job}
+    """``eventType -> event`` of one job (``<dag_id>.<task_id>``), each type emitted exactly once."""
+    mine = [e for e in events if e["job"]["name"] == job]
+    assert len({e["eventType"] for e in mine}) == len(mine), f"repeated events of {job} (two listeners?)"
+    return {e["eventType"]: e for e in mine}
 
 
 def by_name(datasets: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
