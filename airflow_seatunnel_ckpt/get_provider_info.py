@@ -111,4 +111,15 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_seatunnel_ckpt.triggers.prepared"],
             }
         ],
+        # Iceberg sink tables (iceberg://<catalog>/<namespace>.<table>). The file and Delta
+        # sinks' file:// and s3:// URIs belong to the common-io and Amazon providers; claiming
+        # them here would replace those providers' handlers for every DAG of the deployment.
+        "asset-uris": [
+            {
+                "schemes": ["iceberg"],
+                "handler": "airflow_seatunnel_ckpt.lineage.assets.sanitize_uri",
+                "factory": "airflow_seatunnel_ckpt.lineage.assets.create_asset",
+                "to_openlineage_converter": "airflow_seatunnel_ckpt.lineage.assets.convert_asset_to_openlineage",
+            }
+        ],
     }

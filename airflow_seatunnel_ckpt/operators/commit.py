@@ -15,6 +15,7 @@ from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
 
 if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
 
@@ -133,6 +134,26 @@ class CommitEpochOperator(BasePipelineOperator):
         return {"pipeline": self.pipeline, "epoch": epoch, "state": EpochState.COMMITTED.value,
                 "files": files, "rows": rows, "sinks": published, "already_committed": already,
                 "empty": result.empty, "not_written": result.not_written}
+
+    def get_openlineage_facets_on_start(self) -> OperatorLineage:
+        """OpenLineage at the start: the sink assets' tables as outputs, the pipeline."""
+        from airflow_seatunnel_ckpt.lineage.epoch import commit_lineage
+
+        return commit_lineage(pipeline_name=self.pipeline,
+                              sink_targets={name: asset.uri for name, asset in self.sink_assets.items()})
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
+        """OpenLineage once done: the epoch's inputs and what each sink published (rows, files, bytes)."""
+        from airflow_seatunnel_ckpt.lineage.epoch import commit_lineage
+
+        return commit_lineage(pipeline_name=self.pipeline,
+                              sink_targets={name: asset.uri for name, asset in self.sink_assets.items()},
+                              pipeline=self.hook.get_pipeline(self.pipeline), run_id=task_instance.run_id,
+                              dag_id=task_instance.dag_id)
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> OperatorLineage:
+        """OpenLineage of a failed try: the epoch's state and decision, the sinks still to publish."""
+        return self.get_openlineage_facets_on_complete(task_instance)
 
     def _announced(self, asset: Asset, epoch: int, decided_at: float) -> bool:
         """Whether Airflow already holds ``asset``'s event for ``epoch`` (an earlier try's).

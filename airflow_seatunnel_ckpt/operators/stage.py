@@ -19,6 +19,7 @@ from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, Base
 from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
 
 if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
     from airflow_seatunnel_ckpt.core import Pipeline
@@ -262,6 +263,7 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
+        from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
         from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
         from airflow_seatunnel_ckpt.spark.submit import submit_stage
 
@@ -288,7 +290,8 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
             pipeline=self.pipeline, participant=self.participant, run_id=run_id, attempt=attempt,
             stage=self.stage, sources=self.sources, sinks=self.sinks,
             store=self.hook.config.to_mapping(include_secrets=True),
-            spark_conf=self.spark_conf, airflow_context=airflow_context_of(context, self.task_id),
+            spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if self.conn_id else self.spark_conf,
+            airflow_context=airflow_context_of(context, self.task_id),
             **optional)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s",
                       self.pipeline, self.stage, self.participant, attempt,
@@ -319,6 +322,25 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         if began_here and not result.reused:
             self._end_dry_run(result.epoch, f"prepared as attempt {result.attempt}")
         return result.to_dict()
+
+    def get_openlineage_facets_on_start(self) -> OperatorLineage:
+        """OpenLineage at the start: the declared sources and sinks, the pipeline and participant."""
+        from airflow_seatunnel_ckpt.lineage.epoch import stage_lineage
+
+        return stage_lineage(pipeline_name=self.pipeline, participant=self.participant,
+                             sources=self.sources, sinks=self.sinks)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
+        """OpenLineage once done: what the epoch's prepared record says was read and staged."""
+        from airflow_seatunnel_ckpt.lineage.epoch import stage_lineage
+
+        return stage_lineage(pipeline_name=self.pipeline, participant=self.participant, sources=self.sources,
+                             sinks=self.sinks, pipeline=self.hook.get_pipeline(self.pipeline),
+                             run_id=task_instance.run_id, attempt=attempt_for_try(task_instance.try_number))
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> OperatorLineage:
+        """OpenLineage of a failed try: as on completion (a try that did not prepare reports the declared datasets)."""
+        return self.get_openlineage_facets_on_complete(task_instance)
 
     def on_kill(self) -> None:
         """Stop the in-process Spark work when Airflow terminates this task (SIGTERM).

@@ -1,0 +1,135 @@
+"""What the stage and commit tasks of an epoch report to OpenLineage, gathered from the store.
+
+The operators' ``get_openlineage_facets_on_*`` methods are thin calls into here. A START
+event is built from the task's declared options alone (the run's epoch is not known yet
+and the event must not wait on the store); COMPLETE and FAIL events read the run's epoch
+from the transaction log: the prepared record (sources consumed, sinks staged) for a
+stage, the published sinks and every participant's prepared record for the commit. A
+store that cannot be read costs the statistics, never the event: the declared datasets
+are reported instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.lineage.facets import (
+    EpochFacts,
+    declared_output_datasets,
+    input_datasets,
+    operator_lineage,
+    published_output_datasets,
+    staged_output_datasets,
+)
+
+if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    from airflow_seatunnel_ckpt.core import Pipeline
+    from airflow_seatunnel_ckpt.core.models import EpochStatus
+
+_log = logging.getLogger(__name__)
+
+
+def declared_sinks(sinks: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, Mapping[str, Any] | None]]:
+    """Sink name -> (target URL, table options) of a stage's sink options (unbuildable ones left out)."""
+    from airflow_seatunnel_ckpt.spark.sinks import sink_from_options
+
+    out: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
+    for name, options in sinks.items():
+        try:
+            sink = sink_from_options(name, options)
+        except CheckpointError as exc:  # checked in execute; lineage never fails a task
+            _log.info("sink %r left out of the lineage: %s", name, exc)
+            continue
+        out[name] = (sink.target_url, getattr(sink, "table", None))
+    return out
+
+
+def stage_lineage(*, pipeline_name: str, participant: str, sources: Mapping[str, Mapping[str, Any]],
+                  sinks: Mapping[str, Mapping[str, Any]], pipeline: Pipeline | None = None,
+                  run_id: str | None = None, attempt: int | None = None) -> OperatorLineage:
+    """A stage task's lineage; with ``pipeline`` and ``run_id``, what its epoch recorded.
+
+    Prepared: the inputs carry what the recorded offsets read, the outputs what the
+    winning attempt staged (a sink it did not write is reported without statistics).
+    Not prepared (a failed try, or START): the declared sources and sinks.
+    """
+    facts = EpochFacts(pipeline=pipeline_name, participant=participant, attempt=attempt)
+    declared = declared_sinks(sinks)
+    status = _run_status(pipeline, run_id, None)
+    record = status.prepared.get(participant) if status is not None else None
+    if status is not None:
+        facts.epoch, facts.state = status.epoch, status.state.value
+        facts.decision = status.decision.decision.value if status.decision else None
+    if record is None:
+        return operator_lineage(input_datasets(sources), declared_output_datasets(declared), facts)
+    facts.attempt = record.attempt
+    unwritten = {name: declared[name] for name in record.not_written if name in declared}
+    outputs = staged_output_datasets(record.sinks) + declared_output_datasets(unwritten)
+    return operator_lineage(input_datasets(sources, record.sources), outputs, facts)
+
+
+def commit_lineage(*, pipeline_name: str, sink_targets: Mapping[str, str], pipeline: Pipeline | None = None,
+                   run_id: str | None = None, dag_id: str | None = None) -> OperatorLineage:
+    """The commit task's lineage; with ``pipeline`` and ``run_id``, what its epoch recorded.
+
+    ``sink_targets``: sink name -> target URL known without the store (the commit's sink
+    assets), the outputs of a START event. Later: the inputs every participant consumed
+    (their declared sources, with the recorded offsets), and the outputs each sink
+    published with its statistics -- or, before anything was published (a failed try),
+    the sinks the participants staged.
+    """
+    facts = EpochFacts(pipeline=pipeline_name)
+    status = _run_status(pipeline, run_id, dag_id)
+    if status is None or pipeline is None:
+        return operator_lineage([], declared_output_datasets({n: (u, None) for n, u in sink_targets.items()}), facts)
+    facts.epoch, facts.state = status.epoch, status.state.value
+    facts.decision = status.decision.decision.value if status.decision else None
+    facts.attempts = {name: record.attempt for name, record in sorted(status.prepared.items())}
+    manifests = [m for record in status.prepared.values() for m in record.sinks]
+    if any(sink.published for sink in status.published):
+        outputs = published_output_datasets(status.published, {m.sink: m.table for m in manifests})
+    else:
+        outputs = declared_output_datasets({m.sink: (m.target_url, m.table) for m in manifests})
+    return operator_lineage(_consumed_inputs(pipeline, status), outputs, facts)
+
+
+def _run_status(pipeline: Pipeline | None, run_id: str | None, dag_id: str | None) -> EpochStatus | None:
+    """The status of the run's epoch, or None (no store given, no epoch, or an unreadable store)."""
+    if pipeline is None or not run_id:
+        return None
+    try:
+        epoch = pipeline.epoch_for_run(run_id, dag_id=dag_id)
+        return pipeline.status(epoch) if epoch is not None else None
+    except CheckpointError as exc:
+        _log.warning("pipeline %s: cannot read run %r's epoch for lineage (%s); reporting the declared "
+                     "datasets only", pipeline.name, run_id, exc)
+        return None
+
+
+def _consumed_inputs(pipeline: Pipeline, status: EpochStatus) -> list[Any]:
+    """Every participant's declared sources (pipeline descriptor) with its recorded offsets."""
+    try:
+        descriptor = pipeline.descriptor()
+    except CheckpointError as exc:
+        _log.warning("pipeline %s: cannot read its descriptor for lineage (%s); no inputs reported",
+                     pipeline.name, exc)
+        return []
+    if descriptor is None:
+        return []
+    inputs: list[Any] = []
+    seen: set[tuple[str, str]] = set()
+    for name, record in sorted(status.prepared.items()):
+        declared = descriptor.participants.get(name)
+        if declared is None:
+            continue
+        sources = {src: {"type": endpoint.type, **endpoint.options} for src, endpoint in declared.sources.items()}
+        for dataset in input_datasets(sources, record.sources):
+            if (dataset.namespace, dataset.name) not in seen:
+                seen.add((dataset.namespace, dataset.name))
+                inputs.append(dataset)
+    return inputs

@@ -1,0 +1,252 @@
+"""OpenLineage datasets and run facet of an epoch's stage and commit tasks.
+
+The operators' ``get_openlineage_facets_on_*`` methods hand this module what the store
+says (stage options, prepared records, published sinks) and get an ``OperatorLineage``
+back. Inputs are the locations and tables the epoch consumed, with what the recorded
+source offsets say was read (files, bytes, rows, the Iceberg snapshot or Delta version);
+outputs are the sink targets with what was staged or published (rows, files, bytes), and
+the table format. The run facet :class:`CheckpointEpochRunFacet` carries the pipeline,
+epoch, attempt and decision.
+
+The OpenLineage provider is optional: nothing here is imported unless the provider calls
+the operators' methods, and :data:`CheckpointEpochRunFacet` is ``None`` without the
+``openlineage-python`` client (install the ``openlineage`` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest, SourceState
+from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
+from airflow_seatunnel_ckpt.lineage.naming import dataset_name, source_url
+
+if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+#: Key of :class:`CheckpointEpochRunFacet` in a run's facets.
+RUN_FACET_KEY = "seatunnelCheckpointEpoch"
+#: The facet's JSON schema, shipped beside this module (``CheckpointEpochRunFacet.json``).
+SCHEMA_URL = ("https://raw.githubusercontent.com/airflow-seatunnel-ckpt/airflow-seatunnel-ckpt/main/"
+              "airflow_seatunnel_ckpt/lineage/CheckpointEpochRunFacet.json#/$defs/CheckpointEpochRunFacet")
+
+try:  # the client is optional: the provider works without lineage
+    import attr
+    from openlineage.client.generated.base import RunFacet as _RunFacet
+except ImportError:  # pragma: no cover - exercised only without the openlineage extra
+    CheckpointEpochRunFacet: Any = None
+else:
+
+    @attr.define
+    class CheckpointEpochRunFacet(_RunFacet):  # type: ignore[no-redef]
+        """Where a task run stands in the pipeline's two-phase commit.
+
+        ``attempt`` is the stage attempt whose output stands (a stage task) and
+        ``attempts`` every participant's winning attempt (the commit task); ``decision``
+        is ``commit``/``abort`` once the branch decided, else ``None``; ``state`` is the
+        epoch's state in the transaction log when the event was built.
+        """
+
+        pipeline: str
+        epoch: int | None = attr.field(default=None)
+        attempt: int | None = attr.field(default=None)
+        decision: str | None = attr.field(default=None)
+        participant: str | None = attr.field(default=None)
+        state: str | None = attr.field(default=None)
+        attempts: dict[str, int] | None = attr.field(default=None)
+
+        @staticmethod
+        def _get_schema() -> str:
+            return SCHEMA_URL
+
+
+@dataclass
+class EpochFacts:
+    """What the run facet says (plain data; see :class:`CheckpointEpochRunFacet`)."""
+
+    pipeline: str
+    epoch: int | None = None
+    attempt: int | None = None
+    decision: str | None = None
+    participant: str | None = None
+    state: str | None = None
+    attempts: dict[str, int] = field(default_factory=dict)
+
+    def run_facets(self) -> dict[str, Any]:
+        """``{RUN_FACET_KEY: facet}``, or ``{}`` without the OpenLineage client."""
+        if CheckpointEpochRunFacet is None:
+            return {}
+        return {RUN_FACET_KEY: CheckpointEpochRunFacet(
+            pipeline=self.pipeline, epoch=self.epoch, attempt=self.attempt, decision=self.decision,
+            participant=self.participant, state=self.state, attempts=dict(self.attempts) or None)}
+
+
+def input_datasets(sources: Mapping[str, Mapping[str, Any]],
+                   consumed: Mapping[str, SourceState] | None = None) -> list[Any]:
+    """One ``InputDataset`` per source, with what ``consumed`` (the recorded offsets) read."""
+    from airflow.providers.common.compat.openlineage.facet import InputDataset
+
+    out: list[Any] = []
+    seen: set[tuple[str, str]] = set()
+    for name, options in sorted(sources.items()):
+        url = source_url(options)
+        if url is None:
+            continue
+        ds = dataset_name(url)
+        if (ds.namespace, ds.name) in seen:
+            continue
+        seen.add((ds.namespace, ds.name))
+        state = (consumed or {}).get(name)
+        kind = str(options.get("type", "file"))
+        if kind == "iceberg" and not options.get("catalog"):
+            # as the Iceberg source resolves it: the embedded catalog
+            options = {**options, "catalog": embedded_catalog()}
+        facets = _table_facets(options, kind)
+        input_facets: dict[str, Any] = {}
+        if state is not None:
+            facets.update(_version_facets(state.offsets))
+            input_facets = _input_facets(state.offsets)
+        out.append(InputDataset(namespace=ds.namespace, name=ds.name, facets=facets, inputFacets=input_facets))
+    return out
+
+
+def declared_output_datasets(sinks: Mapping[str, tuple[str, Mapping[str, Any] | None]]) -> list[Any]:
+    """``OutputDataset`` per sink ``name -> (target_url, table options)``, no statistics."""
+    from airflow.providers.common.compat.openlineage.facet import OutputDataset
+
+    out = []
+    for _name, (target, table) in sorted(sinks.items()):
+        ds = dataset_name(target)
+        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=_sink_facets(table)))
+    return _unique(out)
+
+
+def staged_output_datasets(manifests: Iterable[SinkManifest]) -> list[Any]:
+    """``OutputDataset`` per staged sink, with the rows, files and bytes the attempt staged."""
+    from airflow.providers.common.compat.openlineage.facet import (
+        OutputDataset,
+        OutputStatisticsOutputDatasetFacet,
+    )
+
+    out = []
+    for manifest in sorted(manifests, key=lambda m: m.sink):
+        ds = dataset_name(manifest.target_url)
+        stats = OutputStatisticsOutputDatasetFacet(rowCount=manifest.rows, size=manifest.bytes,
+                                                   fileCount=len(manifest.files))
+        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=_sink_facets(manifest.table),
+                                 outputFacets={"outputStatistics": stats}))
+    return _unique(out)
+
+
+def published_output_datasets(published: Iterable[PublishedSink],
+                              tables: Mapping[str, Mapping[str, Any] | None]) -> list[Any]:
+    """``OutputDataset`` per sink that published something, with its published statistics.
+
+    ``tables``: sink name -> the sink's table options (from its manifest), for the table
+    facets. A sink that published nothing (empty, not written) is not an output.
+    """
+    from airflow.providers.common.compat.openlineage.facet import (
+        OutputDataset,
+        OutputStatisticsOutputDatasetFacet,
+    )
+
+    out = []
+    for sink in sorted(published, key=lambda s: s.sink):
+        if not sink.published:
+            continue
+        ds = dataset_name(sink.target_url)
+        stats = OutputStatisticsOutputDatasetFacet(rowCount=sink.rows, size=sink.bytes, fileCount=sink.files)
+        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=_sink_facets(tables.get(sink.sink)),
+                                 outputFacets={"outputStatistics": stats}))
+    return _unique(out)
+
+
+def operator_lineage(inputs: list[Any], outputs: list[Any], facts: EpochFacts) -> OperatorLineage:
+    """The ``OperatorLineage`` the provider's listener puts in the task's event."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=facts.run_facets())
+
+
+def _input_facets(offsets: Mapping[str, Any]) -> dict[str, Any]:
+    """Statistics and version of what a source's recorded offsets say the epoch read.
+
+    File-like offsets list ``files`` (names, sizes in ``identity``); table offsets list
+    ``files`` as ``{"path", "size", "records"}`` and pin ``snapshot_id`` (Iceberg) or
+    ``version`` (Delta). Unknown shapes (a custom source) give no statistics.
+    """
+    from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
+
+    files = offsets.get("files")
+    if not isinstance(files, list):
+        return {}
+    size = rows = 0
+    sized = counted = True
+    identity = offsets.get("identity") if isinstance(offsets.get("identity"), Mapping) else {}
+    for entry in files:
+        if isinstance(entry, Mapping):
+            size_value, rows_value = entry.get("size"), entry.get("records")
+        else:
+            known = identity.get(str(entry)) if identity else None
+            size_value = known.get("size") if isinstance(known, Mapping) else None
+            rows_value = None
+        sized = sized and isinstance(size_value, int)
+        counted = counted and isinstance(rows_value, int)
+        size += size_value if isinstance(size_value, int) else 0
+        rows += rows_value if isinstance(rows_value, int) else 0
+    stats = InputStatisticsInputDatasetFacet(fileCount=len(files), size=size if sized else None,
+                                             rowCount=rows if counted and files else None)
+    return {"inputStatistics": stats}
+
+
+def _version_facets(offsets: Mapping[str, Any]) -> dict[str, Any]:
+    """The table version an epoch read up to: Iceberg ``snapshot_id``, Delta ``version``."""
+    for key in ("snapshot_id", "version"):
+        value = offsets.get(key)
+        if isinstance(value, int | str) and not isinstance(value, bool) and value != "":
+            from openlineage.client.generated.dataset_version_dataset import DatasetVersionDatasetFacet
+
+            return {"version": DatasetVersionDatasetFacet(datasetVersion=str(value))}
+    return {}
+
+
+def _table_facets(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """Dataset facets of a source or sink that is a table (Iceberg, Delta); ``{}`` for files."""
+    if kind not in ("iceberg", "delta"):
+        return {}
+    from openlineage.client.generated.storage_dataset import StorageDatasetFacet
+
+    facets: dict[str, Any] = {"storage": StorageDatasetFacet(storageLayer=kind, fileFormat="parquet")}
+    if kind == "iceberg":
+        from openlineage.client.generated.catalog_dataset import CatalogDatasetFacet
+
+        given = options.get("catalog")
+        catalog: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+        uri, warehouse = catalog.get("uri"), catalog.get("warehouse")
+        facets["catalog"] = CatalogDatasetFacet(
+            framework="iceberg", type=str(catalog.get("type") or "unknown"),
+            name=str(options.get("catalog_name") or "default"),
+            metadataUri=redact_url(uri) if isinstance(uri, str) else None,
+            warehouseUri=redact_url(warehouse) if isinstance(warehouse, str) else None, source="pyiceberg")
+    return facets
+
+
+def _sink_facets(table: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Dataset facets of a sink from its manifest's table options (None: a file sink)."""
+    if not table:
+        return {}
+    return _table_facets(table, str(table.get("type", "")))
+
+
+def _unique(datasets: list[Any]) -> list[Any]:
+    """``datasets`` without repeats of a namespace and name (two sinks into one table)."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for ds in datasets:
+        if (ds.namespace, ds.name) not in seen:
+            seen.add((ds.namespace, ds.name))
+            out.append(ds)
+    return out
