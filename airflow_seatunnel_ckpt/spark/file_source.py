@@ -13,22 +13,28 @@ arrive late land in a later epoch. A Kafka-like source would plan ``{partition: 
 to)}`` ranges from the last committed end offsets and read them with Spark's batch
 reader; register it with :func:`~airflow_seatunnel_ckpt.spark.sources.register_source`.
 
-The module is over 400 lines because :class:`FileSource` is one concept with one option
-table: listing with file identities, planning, and the checked read of csv/json.
+The module is over 450 lines because :class:`FileSource` is one concept with one option
+table: bounded listing with file identities, planning against the consumed-file index,
+and the checked read of csv/json.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_seatunnel_ckpt.core import file_index, source_log
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.file_index import FileIndex
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from airflow_seatunnel_ckpt.core.restore import RestorePoint
 
 #: Formats Spark reads and writes without extra packages.
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
@@ -40,6 +46,11 @@ ON_CHANGE = ("error", "reread")
 CORRUPT_COLUMN = "_corrupt_record"
 #: Unparseable records an error message shows.
 MAX_REPORTED = 5
+#: ``max_file_age`` as text: a number and a unit (Spark's ``maxFileAge`` spelling, "7d").
+AGE_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hour|hours|d|day|days|w|week|weeks)\s*$")
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: Characters that make a ``prefixes`` entry a glob pattern.
+GLOB_CHARS = ("*", "?", "[")
 
 
 class SourceError(CheckpointError):
@@ -92,6 +103,14 @@ class Source(ABC):
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """The input the planned ``offsets`` describe, as a DataFrame."""
 
+    def plan_from(self, point: RestorePoint) -> dict[str, Any]:
+        """This epoch's offsets, planned from the restore point the epoch starts from.
+
+        The default hands :meth:`plan` the source's whole history; a source that can
+        plan from less (the file source's consumed-file index) overrides it.
+        """
+        return self.plan(point.source_entries(self.name))
+
 
 class FileSource(Source):
     """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.
@@ -105,6 +124,15 @@ class FileSource(Source):
     * ``schema``: DDL schema string (recommended for json/csv; also used for an epoch
       without new files);
     * ``max_files_per_epoch``: read at most this many new files (oldest names first);
+    * ``prefixes``: list only below these subdirectories of ``path`` (relative to it; each
+      may be a glob such as ``"dt=*/hour=*/"`` or an Airflow template such as
+      ``"dt={{ ds }}/"``, rendered per run). File names stay relative to ``path``, so the
+      consumed history is the same whichever prefixes a run lists; a file delivered late
+      into a prefix no later run lists is not read (list ``{{ prev_ds }}`` too);
+    * ``max_file_age``: ignore files modified more than this before the newest file
+      consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
+      ``maxFileAge``), and forget consumed files once they are that old, so the
+      consumed-file index holds only the window;
     * ``storage_options``: fsspec options used to list the directory;
     * ``allow_missing``: plan an empty epoch while the directory does not exist (default
       False: a missing directory is an error, so a mistyped path is noticed at once; on
@@ -119,10 +147,13 @@ class FileSource(Source):
     Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
     ``.crc``, in-progress uploads), as Spark does.
 
-    Offsets are ``{"files": [name, ...], "identity": {name: {"size": n, "mtime": t}}}``
-    (``"etag"`` instead of ``"mtime"`` where the store keeps one). A file listed in
-    ``files`` without an identity (offsets written before identities were recorded) is
-    consumed with an unknown identity and never counts as changed.
+    Offsets are ``{"files": [name, ...], "identity": {name: {"size": n, "mtime": t}},
+    "consumed_index": {"max_file_age": s}}`` (with ``"etag"`` too where the store keeps
+    one: then the ETag decides whether a file changed). The checkpoint keeps the consumed
+    files as a sorted index (:mod:`~airflow_seatunnel_ckpt.core.file_index`), and planning
+    looks up the listed names only. A file listed in ``files`` without an identity
+    (offsets written before identities were recorded) is consumed with an unknown
+    identity and never counts as changed.
 
     csv and json are read in Spark's ``PERMISSIVE`` mode with a corrupt-record column
     (``columnNameOfCorruptRecord``), so a record that does not parse -- a wrong type, a
@@ -144,6 +175,8 @@ class FileSource(Source):
         allow_missing: bool = False,
         on_change: str = "error",
         bad_records: str | None = None,
+        prefixes: Sequence[str] | None = None,
+        max_file_age: float | str | None = None,
     ) -> None:
         super().__init__(name)
         if format not in FILE_FORMATS:
@@ -182,6 +215,8 @@ class FileSource(Source):
         self.allow_missing = allow_missing
         self.on_change = on_change
         self.bad_records = fsspec_url(bad_records).rstrip("/") if bad_records else None
+        self.prefixes = parse_prefixes(name, prefixes)
+        self.max_file_age = parse_age(name, max_file_age)
 
     # -- listing ---------------------------------------------------------------------------
     def list_files(self) -> list[str]:
@@ -189,7 +224,8 @@ class FileSource(Source):
         return sorted(self.list_identities())
 
     def list_identities(self) -> dict[str, dict[str, Any]]:
-        """Every data file below the directory (relative name) with its identity.
+        """Every data file below the directory (or its ``prefixes``) with its identity,
+        by name relative to the directory.
 
         :raises SourceError: the directory does not exist and ``allow_missing`` is off.
         """
@@ -198,7 +234,7 @@ class FileSource(Source):
         try:
             fs, root = url_to_fs(self.url, **self.storage_options)
             exists = fs.exists(root)
-            found = fs.find(root, detail=True) if exists else {}
+            found = self._find(fs, root) if exists else {}
         except FileNotFoundError:
             exists, found = False, {}
         except Exception as exc:
@@ -214,39 +250,76 @@ class FileSource(Source):
         root = root.rstrip("/") + "/"
         out = {}
         for full, info in found.items():
+            if info.get("type") == "directory":
+                continue
             rel = (
                 str(full)[len(root) :]
                 if str(full).startswith(root)
                 else posixpath.basename(str(full))
             )
             if rel and not any(seg.startswith(("_", ".")) for seg in rel.split("/")):
-                out[rel] = file_identity(info)
+                out[rel] = listed_identity(info)
         return out
+
+    def _find(self, fs: Any, root: str) -> dict[str, Any]:
+        """``fs.find`` below the root, or below each prefix only (a missing prefix is empty:
+        the partition of a run may not exist yet)."""
+        if self.prefixes is None:
+            return dict(fs.find(root, detail=True))
+        base = root.rstrip("/")
+        found: dict[str, Any] = {}
+        for prefix in self.prefixes:
+            target = f"{base}/{prefix}".rstrip("/")
+            if any(c in prefix for c in GLOB_CHARS):
+                matches = fs.glob(target, detail=True)
+                for path, info in matches.items():
+                    if info.get("type") == "directory":
+                        found.update(fs.find(path, detail=True))
+                    else:
+                        found[path] = info
+            elif fs.exists(target):
+                found.update(fs.find(target, detail=True))
+        return found
 
     # -- planning --------------------------------------------------------------------------
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
-        """The files below the directory that no committed epoch consumed.
+        """The files below the directory that no committed epoch consumed, given the
+        history as entries (a history rebuilt from the log, or a caller without a restore
+        point). See :meth:`plan_indexed`."""
+        where = f"file source {self.name!r}"
+        try:
+            rows = file_index.rows_from_entries(history, where)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+        return self.plan_indexed(FileIndex.from_table(rows))
 
-        A consumed file whose identity changed since is an error (``on_change="error"``)
-        or planned again (``"reread"``).
+    def plan_from(self, point: RestorePoint) -> dict[str, Any]:
+        """Plan from the restore point's consumed-file index: the directory, the deltas
+        since the last compaction, and the segments the listed names fall in."""
+        chain = point.source_chains.get(self.name)
+        # A subclass that plans differently (pipeline_output) plans from its history.
+        if type(self).plan is not FileSource.plan:
+            return super().plan_from(point)
+        if self.name in point.rebuilt_sources or not chain or point.storage is None:
+            return self.plan(point.source_entries(self.name))
+        return self.plan_indexed(source_log.open_index(point.storage, chain))
+
+    def plan_indexed(self, index: FileIndex) -> dict[str, Any]:
+        """The listed files that the index does not hold, oldest names first.
+
+        A held file whose identity changed since is an error (``on_change="error"``) or
+        planned again (``"reread"``); a file older than the watermark (``max_file_age``
+        before the newest consumed file) is ignored.
         """
-        consumed: dict[str, dict[str, Any] | None] = {}
-        for entry in history:
-            offsets = entry.get("offsets") or {}
-            files = offsets.get("files", [])
-            identity = offsets.get("identity") or {}
-            if not isinstance(files, list) or not isinstance(identity, dict):
-                raise SourceError(
-                    f"file source {self.name!r}: committed offsets of epoch {entry.get('epoch')} "
-                    f"have no file list: {entry!r}"
-                )
-            for f in files:
-                consumed[f] = identity.get(f)  # None: consumed, identity unknown
         listing = self.list_identities()
-        changed = sorted(
-            f for f, ident in listing.items()
-            if consumed.get(f) is not None and consumed[f] != ident
-        )
+        watermark = index.watermark(self.max_file_age)
+        if watermark is not None:
+            # A file whose mtime is unknown cannot be aged: it is kept (read, not lost).
+            mtimes = {f: file_index.mtime_seconds(ident.get("mtime")) for f, ident in listing.items()}
+            listing = {f: ident for f, ident in listing.items()
+                       if mtimes[f] is None or mtimes[f] >= watermark}
+        consumed = index.lookup(listing)
+        changed = sorted(f for f in consumed if not file_index.same_file(consumed[f], listing[f]))
         if changed and self.on_change == "error":
             shown = "; ".join(
                 f"{self.url}/{f}: consumed as {consumed[f]}, now {listing[f]}" for f in changed[:5]
@@ -258,10 +331,11 @@ class FileSource(Source):
                 "set on_change='reread' on the source to read a changed file again in full "
                 "(its new content supersedes the old; rows already published stay published)"
             )
-        new = [f for f in sorted(listing) if f not in consumed or f in changed]
+        new = sorted(f for f in listing if f not in consumed or f in changed)
         if self.max_files_per_epoch is not None:
             new = new[: self.max_files_per_epoch]
-        return {"files": new, "identity": {f: listing[f] for f in new}}
+        return {"files": new, "identity": {f: listing[f] for f in new},
+                source_log.INDEX_KEY: {"max_file_age": self.max_file_age}}
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
@@ -405,3 +479,56 @@ def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
     elif modified is not None:
         ident["mtime"] = str(modified)  # e.g. an RFC 3339 string: compared as given
     return ident
+
+
+def listed_identity(info: Mapping[str, Any]) -> dict[str, Any]:
+    """A listed file's identity for the file source: :func:`file_identity`, plus the
+    modification time next to an ETag (the watermark needs it; the ETag still decides
+    whether the file changed)."""
+    ident = file_identity(info)
+    if "mtime" not in ident:
+        modified = next((info[k] for k in ("mtime", "LastModified", "last_modified", "updated",
+                                           "created") if info.get(k) is not None), None)
+        seconds = file_index.mtime_seconds(modified)
+        if seconds is not None:
+            ident["mtime"] = seconds
+    return ident
+
+
+def parse_prefixes(name: str, prefixes: Any) -> list[str] | None:
+    """The ``prefixes`` option checked: relative subdirectories of ``path`` (or globs)."""
+    if prefixes is None:
+        return None
+    if isinstance(prefixes, str) or not isinstance(prefixes, (list, tuple)) or not prefixes:
+        raise ConfigError(
+            f"file source {name!r}: prefixes must be a non-empty list of subdirectories of 'path', "
+            f'e.g. ["dt={{{{ ds }}}}/"] or ["dt=*/hour=*/"], got {prefixes!r}')
+    out = []
+    for prefix in prefixes:
+        parts = prefix.strip("/").split("/") if isinstance(prefix, str) else []
+        if (not isinstance(prefix, str) or not prefix.strip("/") or prefix.startswith("/") or "://" in prefix
+                or any(p in ("", ".", "..") for p in parts)):
+            raise ConfigError(
+                f"file source {name!r}: prefixes entry {prefix!r} must be a subdirectory relative to "
+                "'path' (no leading '/', no scheme, no '.' or '..'); put the fixed part of the location "
+                "in 'path' and the part that changes per run (a date, a glob) in 'prefixes'")
+        out.append(prefix.strip("/"))
+    return out
+
+
+def parse_age(name: str, value: Any) -> float | None:
+    """The ``max_file_age`` option in seconds: a positive number, or text like ``"7d"``."""
+    if value is None:
+        return None
+    seconds: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = AGE_TEXT.match(value.lower())
+        if match:
+            seconds = float(match.group(1)) * AGE_UNITS[match.group(2)[0]]
+    if seconds is None or not seconds > 0 or seconds == float("inf"):
+        raise ConfigError(
+            f"file source {name!r}: max_file_age must be a positive number of seconds or a duration "
+            f'such as "7d", "12h", "30m", got {value!r}; leave it out to keep every consumed file')
+    return seconds
