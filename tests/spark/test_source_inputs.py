@@ -237,3 +237,100 @@ def test_broken_json_lines_are_quarantined_with_their_file(
     assert sorted(r["record"] for r in rows) == [
         '{"order_id": 2, "customer": ', '{"order_id": 3, "customer": "c0", "amount": "three"}']
     assert all(r["file"].endswith("/b.json") for r in rows)
+
+
+# -- bounded planning: prefixes, the time watermark, the consumed-file index --------------
+
+def deliver(root: Path, name: str, mtime: float) -> None:
+    """A small csv input file at ``root/name`` modified at ``mtime``."""
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("x\n1\n")
+    os.utime(path, (mtime, mtime))
+
+
+def test_prefixes_list_only_their_subdirectories_and_name_files_from_path(tmp_path: Path) -> None:
+    for name in ("dt=2026-11-22/a.csv", "dt=2026-11-23/b.csv", "other/c.csv"):
+        deliver(tmp_path, name, 1_000.0)
+    day = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=2026-11-23/"])
+    assert day.plan([])["files"] == ["dt=2026-11-23/b.csv"]
+    # Names stay relative to 'path': what an earlier run consumed is known whatever it listed.
+    assert day.plan([{"epoch": 1, "offsets": {"files": ["dt=2026-11-23/b.csv"]}}])["files"] == []
+    glob = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=*/"])
+    assert glob.plan([])["files"] == ["dt=2026-11-22/a.csv", "dt=2026-11-23/b.csv"]
+    # A partition that does not exist yet is an empty epoch, not an error.
+    assert FileSource("orders", f"file://{tmp_path}", format="csv",
+                      prefixes=["dt=2026-11-24/"]).plan([])["files"] == []
+
+
+def test_max_files_per_epoch_takes_the_oldest_names_inside_the_prefixes(tmp_path: Path) -> None:
+    for hour in (3, 1, 2):
+        deliver(tmp_path, f"dt=1/hour={hour}/part.csv", 1_000.0)
+    deliver(tmp_path, "dt=0/hour=0/part.csv", 1_000.0)
+    source = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=1/hour=*/"],
+                        max_files_per_epoch=2)
+    assert source.plan([])["files"] == ["dt=1/hour=1/part.csv", "dt=1/hour=2/part.csv"]
+
+
+def test_max_file_age_ignores_files_older_than_the_newest_consumed_file_minus_the_age(tmp_path: Path) -> None:
+    day = 86_400.0
+    deliver(tmp_path, "consumed.csv", 10 * day)
+    deliver(tmp_path, "late-but-old.csv", 8 * day)  # never consumed, two days older
+    deliver(tmp_path, "late-recent.csv", 9.5 * day)
+    history = [{"epoch": 1, "offsets": {"files": ["consumed.csv"],
+                                        "identity": {"consumed.csv": {"size": 4, "mtime": 10 * day}}}}]
+    windowed = FileSource("orders", f"file://{tmp_path}", format="csv", max_file_age="1d")
+    plan = windowed.plan(history)
+    assert plan["files"] == ["late-recent.csv"]
+    assert plan["consumed_index"] == {"max_file_age": day}
+    unbounded = FileSource("orders", f"file://{tmp_path}", format="csv")
+    assert unbounded.plan(history)["files"] == ["late-but-old.csv", "late-recent.csv"]
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("prefixes", "dt=1/", "non-empty list"),
+    ("prefixes", [], "non-empty list"),
+    ("prefixes", ["/abs/dt=1"], "relative to 'path'"),
+    ("prefixes", ["../elsewhere"], "no '.' or '..'"),
+    ("prefixes", ["s3://bucket/dt=1"], "no scheme"),
+    ("max_file_age", 0, "positive number"),
+    ("max_file_age", "7 fortnights", '"7d"'),
+    ("max_file_age", True, "positive number"),
+])
+def test_bad_prefixes_or_max_file_age_are_config_errors_naming_the_option(
+        tmp_path: Path, option: str, value: Any, says: str) -> None:
+    from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=option) as failure:
+        FileSource("orders", f"file://{tmp_path}", **{option: value})
+    assert says in str(failure.value) and "'orders'" in str(failure.value)
+
+
+def test_a_pipeline_upgraded_in_place_restores_source_parts_of_the_earlier_format(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_seatunnel_ckpt.core.source_log import INDEX_KEY, is_index_chain
+
+    planned = FileSource.plan_indexed
+
+    def earlier_release(self: FileSource, index: Any) -> dict[str, Any]:
+        offsets = planned(self, index)
+        offsets.pop(INDEX_KEY)  # the offsets an earlier release recorded: files + identity
+        return offsets
+
+    monkeypatch.setattr(FileSource, "plan_indexed", earlier_release)
+    orders.add_file("a", [1, 2])
+    orders.commit(run_stage(orders.spec("run-1"), spark))
+    assert not is_index_chain(orders.pipeline.restore_point().source_chains["orders"])
+    monkeypatch.undo()  # the upgrade
+
+    orders.add_file("b", [3])
+    second = run_stage(orders.spec("run-2"), spark)
+    assert second.sources["orders"]["files"] == ["b.parquet"]
+    orders.commit(second)
+    assert is_index_chain(orders.pipeline.restore_point().source_chains["orders"])
+    third = run_stage(orders.spec("run-3"), spark)
+    assert third.sources["orders"]["files"] == []
+    orders.commit(third)
+    assert published_ids() == [1, 2, 3]
