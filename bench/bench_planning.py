@@ -46,13 +46,11 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from airflow_seatunnel_ckpt.core import CheckpointConfig, layout  # noqa: E402
-from airflow_seatunnel_ckpt.core.checkpoint import write_json_part  # noqa: E402
-from airflow_seatunnel_ckpt.core.models import PartRef  # noqa: E402
-from airflow_seatunnel_ckpt.core.source_log import INDEX_KEY, codec_options, write_source_part  # noqa: E402
-from airflow_seatunnel_ckpt.core.storage import open_storage  # noqa: E402
+from airflow_seatunnel_ckpt.core import CheckpointConfig, layout
+from airflow_seatunnel_ckpt.core.checkpoint import write_json_part
+from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.source_log import INDEX_KEY, codec_options, write_source_part
+from airflow_seatunnel_ckpt.core.storage import open_storage
 
 HOUR = 3600.0
 SOURCE = "in"
