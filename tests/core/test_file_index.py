@@ -12,7 +12,7 @@ from airflow_seatunnel_ckpt.core import file_index as fi
 from airflow_seatunnel_ckpt.core.checkpoint import read_json_part, write_json_part
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartRef
-from airflow_seatunnel_ckpt.core.source_log import INDEX_KEY, is_index_chain, open_index
+from airflow_seatunnel_ckpt.core.source_log import INDEX_KEY, is_index_chain, open_index, write_source_part
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, flip_byte, run_epoch
 
@@ -96,11 +96,13 @@ def test_files_older_than_the_watermark_leave_the_index_at_compaction(local_spec
 def test_a_segment_wholly_older_than_the_watermark_is_dropped_unread(local_spec: StoreSpec,
                                                                      small_segments: None) -> None:
     p = local_spec.pipeline(full_checkpoint_interval=1)
-    epoch_with(p, 1, [f"old/part-{i}" for i in range(4)], mtime=DAY, age=DAY)
-    (old_segment,) = chain_of(p)[1:]
-    p.storage.delete(old_segment.path)  # were it read, the next compaction would fail
-    epoch_with(p, 2, ["new/part-0"], mtime=10 * DAY, age=DAY)
-    assert names(p) == ["new/part-0"]
+    old = write_source_part(p.storage, p.config, 1, 1, "in", offsets([f"old/part-{i}" for i in range(4)], DAY, DAY),
+                            [], False, lambda: [])
+    (old_segment,) = old.chain[1:]
+    p.storage.delete(old_segment.path)  # were it read, this compaction would fail
+    new = write_source_part(p.storage, p.config, 2, 1, "in", offsets(["new/part-0"], 10 * DAY, DAY),
+                            old.chain, False, lambda: [])
+    assert open_index(p.storage, new.chain).table().column("path").to_pylist() == ["new/part-0"]
 
 
 def test_an_entries_history_of_an_earlier_release_is_converted_by_the_next_epoch(local_spec: StoreSpec) -> None:

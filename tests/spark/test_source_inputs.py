@@ -334,3 +334,41 @@ def test_a_pipeline_upgraded_in_place_restores_source_parts_of_the_earlier_forma
     assert third.sources["orders"]["files"] == []
     orders.commit(third)
     assert published_ids() == [1, 2, 3]
+
+
+def test_planning_reads_the_index_segments_of_the_listed_names_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, file_index
+    from airflow_seatunnel_ckpt.core.source_log import write_source_part
+
+    monkeypatch.setattr(file_index, "SEGMENT_ROWS", 2)
+    p = CheckpointStore(CheckpointConfig.from_mapping({"storage_url": f"file://{tmp_path / 'store'}"})).pipeline("o")
+    inputs = tmp_path / "in"
+    history = [{"epoch": d, "offsets": {"files": [f"dt={d}/a.csv", f"dt={d}/b.csv"]}} for d in range(1, 6)]
+    state = write_source_part(p.storage, p.config, 5, 1, "orders",
+                              {**history[-1]["offsets"], "consumed_index": {"max_file_age": None}},
+                              [], True, lambda: history[:-1])
+    assert len(state.chain) == 6  # the directory and one segment per day
+    for segment in state.chain[1:5]:  # days 1..4: no run lists them any more
+        p.storage.delete(segment.path)
+    for name in ("dt=5/a.csv", "dt=5/b.csv", "dt=5/c.csv"):
+        deliver(inputs, name, 1_000.0)
+    point = p.restore_point()
+    point.storage, point.source_chains = p.storage, {"orders": state.chain}
+    source = FileSource("orders", f"file://{inputs}", format="csv", prefixes=["dt=5/"])
+
+    assert source.plan_from(point)["files"] == ["dt=5/c.csv"]
+
+
+@pytest.mark.s3
+def test_prefixes_and_identities_on_an_object_store(moto_server: Any, s3_bucket: str) -> None:
+    fs = moto_server.filesystem()
+    for name in ("in/dt=1/a.csv", "in/dt=2/b.csv", "in/dt=2/_tmp/c.csv", "in/other/d.csv"):
+        fs.pipe(f"{s3_bucket}/{name}".removeprefix("s3://"), b"x\n1\n")
+    source = FileSource("orders", f"{s3_bucket}/in", format="csv", prefixes=["dt=*/"],
+                        storage_options=moto_server.storage_options)
+    plan = source.plan([{"epoch": 1, "offsets": {"files": ["dt=1/a.csv"]}}])
+    assert plan["files"] == ["dt=2/b.csv"]
+    ident = plan["identity"]["dt=2/b.csv"]
+    # The ETag decides whether a file changed; the mtime is kept for the watermark.
+    assert ident["size"] == 4 and ident["etag"] and isinstance(ident["mtime"], float)
