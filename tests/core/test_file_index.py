@@ -179,3 +179,16 @@ def test_a_directory_of_a_future_version_is_refused_naming_the_part(local_spec: 
 def test_a_file_is_the_same_by_size_then_etag_then_mtime(consumed: dict[str, Any] | None,
                                                           listed: dict[str, Any], same: bool) -> None:
     assert fi.same_file(consumed, listed) is same
+
+
+def test_retention_keeps_the_segments_a_newer_checkpoint_carries_by_reference(
+        local_spec: StoreSpec, small_segments: None) -> None:
+    p = local_spec.pipeline(full_checkpoint_interval=2)
+    for e in range(1, 10):
+        epoch_with(p, e, [f"dt={e}/part-{i}" for i in range(4)])
+        p.retain(max_retain=1)
+    chain = chain_of(p)
+    assert min(ref.epoch for ref in chain) < 8  # segments written by checkpoints retention removed
+    point = p.restore_point()
+    assert point.how == "primary" and not p.checkpoints.verify(9, deep=True)
+    assert len(names(p)) == 36
