@@ -193,6 +193,15 @@ class FileIndex:
             return None
         return self.newest_mtime - max_file_age
 
+    def greatest_path(self) -> str | None:
+        """The greatest file name the index holds (from the directory and the deltas: no
+        segment is read); None when it is empty."""
+        import pyarrow.compute as pc
+
+        names = [seg.last for seg, _ in self.segments]
+        names += [pc.max(d.column("path")).as_py() for d in self.deltas]
+        return max(names) if names else None
+
     def lookup(self, paths: Iterable[str]) -> dict[str, dict[str, Any] | None]:
         """The consumed identity of each of ``paths`` that the index holds (absent: not
         consumed, or aged out). Reads only the segments whose key range covers a path."""

@@ -129,6 +129,11 @@ class FileSource(Source):
       ``"dt={{ ds }}/"``, rendered per run). File names stay relative to ``path``, so the
       consumed history is the same whichever prefixes a run lists; a file delivered late
       into a prefix no later run lists is not read (list ``{{ prev_ds }}`` too);
+    * ``ordered_prefixes``: the glob ``prefixes`` match partition directories whose names
+      sort in time order (``dt=2026-11-23/hour=07``): list only those at or after the
+      partition of the greatest file name consumed so far (default False). A year of
+      partitions then costs one directory listing per glob level, not a listing of every
+      file; a file delivered late into an older partition is not read;
     * ``max_file_age``: ignore files modified more than this before the newest file
       consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
       ``maxFileAge``), and forget consumed files once they are that old, so the
@@ -177,6 +182,7 @@ class FileSource(Source):
         bad_records: str | None = None,
         prefixes: Sequence[str] | None = None,
         max_file_age: float | str | None = None,
+        ordered_prefixes: bool = False,
     ) -> None:
         super().__init__(name)
         if format not in FILE_FORMATS:
@@ -216,6 +222,14 @@ class FileSource(Source):
         self.on_change = on_change
         self.bad_records = fsspec_url(bad_records).rstrip("/") if bad_records else None
         self.prefixes = parse_prefixes(name, prefixes)
+        if not isinstance(ordered_prefixes, bool):
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes must be true or false, got {ordered_prefixes!r}")
+        if ordered_prefixes and not any(c in p for p in self.prefixes or [] for c in GLOB_CHARS):
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes applies to glob prefixes (such as "
+                '["dt=*/hour=*/"]); add one to \'prefixes\' or remove ordered_prefixes')
+        self.ordered_prefixes = ordered_prefixes
         self.max_file_age = parse_age(name, max_file_age)
 
     # -- listing ---------------------------------------------------------------------------
@@ -223,9 +237,10 @@ class FileSource(Source):
         """Every data file below the directory, relative to it, sorted."""
         return sorted(self.list_identities())
 
-    def list_identities(self) -> dict[str, dict[str, Any]]:
+    def list_identities(self, floor: str | None = None) -> dict[str, dict[str, Any]]:
         """Every data file below the directory (or its ``prefixes``) with its identity,
-        by name relative to the directory.
+        by name relative to the directory. With ``ordered_prefixes``, glob partitions that
+        sort before ``floor``'s (a relative file name) are not listed.
 
         :raises SourceError: the directory does not exist and ``allow_missing`` is off.
         """
@@ -234,7 +249,7 @@ class FileSource(Source):
         try:
             fs, root = url_to_fs(self.url, **self.storage_options)
             exists = fs.exists(root)
-            found = self._find(fs, root) if exists else {}
+            found = self._find(fs, root, floor) if exists else {}
         except FileNotFoundError:
             exists, found = False, {}
         except Exception as exc:
@@ -261,7 +276,7 @@ class FileSource(Source):
                 out[rel] = listed_identity(info)
         return out
 
-    def _find(self, fs: Any, root: str) -> dict[str, Any]:
+    def _find(self, fs: Any, root: str, floor: str | None) -> dict[str, Any]:
         """``fs.find`` below the root, or below each prefix only (a missing prefix is empty:
         the partition of a run may not exist yet)."""
         if self.prefixes is None:
@@ -270,7 +285,14 @@ class FileSource(Source):
         found: dict[str, Any] = {}
         for prefix in self.prefixes:
             target = f"{base}/{prefix}".rstrip("/")
-            if any(c in prefix for c in GLOB_CHARS):
+            if any(c in prefix for c in GLOB_CHARS) and self.ordered_prefixes:
+                matches = _expand_ordered(fs, base, prefix, floor)
+                for path, info in matches.items():
+                    if info.get("type") == "directory":
+                        found.update(fs.find(path, detail=True))
+                    else:
+                        found[path] = info
+            elif any(c in prefix for c in GLOB_CHARS):
                 matches = fs.glob(target, detail=True)
                 for path, info in matches.items():
                     if info.get("type") == "directory":
@@ -311,7 +333,7 @@ class FileSource(Source):
         planned again (``"reread"``); a file older than the watermark (``max_file_age``
         before the newest consumed file) is ignored.
         """
-        listing = self.list_identities()
+        listing = self.list_identities(index.greatest_path() if self.ordered_prefixes else None)
         watermark = index.watermark(self.max_file_age)
         if watermark is not None:
             # A file whose mtime is unknown cannot be aged: it is kept (read, not lost).
@@ -479,6 +501,38 @@ def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
     elif modified is not None:
         ident["mtime"] = str(modified)  # e.g. an RFC 3339 string: compared as given
     return ident
+
+
+def _expand_ordered(fs: Any, base: str, prefix: str, floor: str | None) -> dict[str, Any]:
+    """The entries a glob ``prefix`` matches below ``base``, one directory level at a time,
+    skipping at each glob level the names that sort before ``floor``'s at that depth."""
+    from fnmatch import fnmatchcase
+
+    current: dict[str, Any] = {base: {"type": "directory"}}
+    components = prefix.split("/")
+    for depth, component in enumerate(components):
+        bound = "/".join(floor.split("/")[: depth + 1]) if floor else None
+        last = depth == len(components) - 1
+        found: dict[str, Any] = {}
+        for parent in current:
+            if not any(c in component for c in GLOB_CHARS):
+                target = f"{parent}/{component}"
+                if fs.exists(target):
+                    found[target] = fs.info(target)
+                continue
+            try:
+                entries = fs.ls(parent, detail=True)
+            except FileNotFoundError:
+                continue
+            for info in entries:
+                path = str(info["name"]).rstrip("/")
+                rel = path[len(base) + 1:]
+                if not fnmatchcase(posixpath.basename(path), component) or (bound and rel < bound):
+                    continue
+                if info.get("type") == "directory" or last:
+                    found[path] = info
+        current = found
+    return current
 
 
 def listed_identity(info: Mapping[str, Any]) -> dict[str, Any]:

@@ -372,3 +372,33 @@ def test_prefixes_and_identities_on_an_object_store(moto_server: Any, s3_bucket:
     ident = plan["identity"]["dt=2/b.csv"]
     # The ETag decides whether a file changed; the mtime is kept for the watermark.
     assert ident["size"] == 4 and ident["etag"] and isinstance(ident["mtime"], float)
+    ordered = FileSource("orders", f"{s3_bucket}/in", format="csv", prefixes=["dt=*/"], ordered_prefixes=True,
+                         storage_options=moto_server.storage_options)
+    fs.pipe(f"{s3_bucket}/in/dt=1/late.csv".removeprefix("s3://"), b"x\n1\n")
+    assert ordered.plan([{"epoch": 1, "offsets": {"files": ["dt=1/a.csv", "dt=2/b.csv"]}}])["files"] == []
+    assert ordered.plan([{"epoch": 1, "offsets": {"files": ["dt=1/a.csv"]}}])["files"] == [
+        "dt=1/late.csv", "dt=2/b.csv"]
+
+
+def test_ordered_prefixes_list_only_partitions_from_the_greatest_consumed_one(tmp_path: Path) -> None:
+    for name in ("dt=1/hour=1/a.csv", "dt=1/hour=2/b.csv", "dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"):
+        deliver(tmp_path, name, 1_000.0)
+    history = [{"epoch": 1, "offsets": {"files": ["dt=1/hour=1/a.csv", "dt=1/hour=2/b.csv"]}}]
+    deliver(tmp_path, "dt=1/hour=1/late.csv", 1_000.0)  # into a partition before the greatest consumed
+    ordered = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=*/hour=*/"],
+                         ordered_prefixes=True)
+    # dt=1/hour=1 is not listed; dt=1/hour=2 (the greatest consumed name's) and later are.
+    assert ordered.plan(history)["files"] == ["dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"]
+    assert ordered.plan([])["files"] == [
+        "dt=1/hour=1/a.csv", "dt=1/hour=1/late.csv", "dt=1/hour=2/b.csv", "dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"]
+    unordered = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=*/hour=*/"])
+    assert unordered.plan(history)["files"] == ["dt=1/hour=1/late.csv", "dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"]
+
+
+def test_ordered_prefixes_without_a_glob_prefix_is_a_config_error(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ordered_prefixes applies to glob prefixes"):
+        FileSource("orders", f"file://{tmp_path}", prefixes=["dt=1/"], ordered_prefixes=True)
+    with pytest.raises(ConfigError, match="ordered_prefixes must be true or false"):
+        FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes="yes")
