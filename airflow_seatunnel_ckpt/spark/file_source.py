@@ -13,15 +13,15 @@ arrive late land in a later epoch. A Kafka-like source would plan ``{partition: 
 to)}`` ranges from the last committed end offsets and read them with Spark's batch
 reader; register it with :func:`~airflow_seatunnel_ckpt.spark.sources.register_source`.
 
-The module is over 450 lines because :class:`FileSource` is one concept with one option
-table: bounded listing with file identities, planning against the consumed-file index,
-and the checked read of csv/json.
+The module is over 400 lines because :class:`FileSource` is one concept with one option
+table: listing, planning against the consumed-file index, and the checked read of
+csv/json. How a directory is listed (prefixes, globs, identities) is in
+:mod:`~airflow_seatunnel_ckpt.spark.file_listing`.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +29,16 @@ from typing import TYPE_CHECKING, Any
 from airflow_seatunnel_ckpt.core import file_index, source_log
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.core.file_index import FileIndex
+from airflow_seatunnel_ckpt.spark.file_listing import (
+    file_identity as file_identity,  # where sources.py and table_sources.py import it from
+)
+from airflow_seatunnel_ckpt.spark.file_listing import (
+    find_below,
+    is_glob,
+    listed_identity,
+    parse_age,
+    parse_prefixes,
+)
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 
 if TYPE_CHECKING:
@@ -46,13 +56,6 @@ ON_CHANGE = ("error", "reread")
 CORRUPT_COLUMN = "_corrupt_record"
 #: Unparseable records an error message shows.
 MAX_REPORTED = 5
-#: ``max_file_age`` as text: a number and a unit (Spark's ``maxFileAge`` spelling, "7d").
-AGE_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hour|hours|d|day|days|w|week|weeks)\s*$")
-AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-#: Characters that make a ``prefixes`` entry a glob pattern.
-GLOB_CHARS = ("*", "?", "[")
-
-
 class SourceError(CheckpointError):
     """A source cannot plan or read its input (missing path, unreadable file, no schema)."""
 
@@ -225,7 +228,7 @@ class FileSource(Source):
         if not isinstance(ordered_prefixes, bool):
             raise ConfigError(
                 f"file source {name!r}: ordered_prefixes must be true or false, got {ordered_prefixes!r}")
-        if ordered_prefixes and not any(c in p for p in self.prefixes or [] for c in GLOB_CHARS):
+        if ordered_prefixes and not any(is_glob(p) for p in self.prefixes or []):
             raise ConfigError(
                 f"file source {name!r}: ordered_prefixes applies to glob prefixes (such as "
                 '["dt=*/hour=*/"]); add one to \'prefixes\' or remove ordered_prefixes')
@@ -249,7 +252,7 @@ class FileSource(Source):
         try:
             fs, root = url_to_fs(self.url, **self.storage_options)
             exists = fs.exists(root)
-            found = self._find(fs, root, floor) if exists else {}
+            found = find_below(fs, root, self.prefixes, self.ordered_prefixes, floor) if exists else {}
         except FileNotFoundError:
             exists, found = False, {}
         except Exception as exc:
@@ -275,33 +278,6 @@ class FileSource(Source):
             if rel and not any(seg.startswith(("_", ".")) for seg in rel.split("/")):
                 out[rel] = listed_identity(info)
         return out
-
-    def _find(self, fs: Any, root: str, floor: str | None) -> dict[str, Any]:
-        """``fs.find`` below the root, or below each prefix only (a missing prefix is empty:
-        the partition of a run may not exist yet)."""
-        if self.prefixes is None:
-            return dict(fs.find(root, detail=True))
-        base = root.rstrip("/")
-        found: dict[str, Any] = {}
-        for prefix in self.prefixes:
-            target = f"{base}/{prefix}".rstrip("/")
-            if any(c in prefix for c in GLOB_CHARS) and self.ordered_prefixes:
-                matches = _expand_ordered(fs, base, prefix, floor)
-                for path, info in matches.items():
-                    if info.get("type") == "directory":
-                        found.update(fs.find(path, detail=True))
-                    else:
-                        found[path] = info
-            elif any(c in prefix for c in GLOB_CHARS):
-                matches = fs.glob(target, detail=True)
-                for path, info in matches.items():
-                    if info.get("type") == "directory":
-                        found.update(fs.find(path, detail=True))
-                    else:
-                        found[path] = info
-            elif fs.exists(target):
-                found.update(fs.find(target, detail=True))
-        return found
 
     # -- planning --------------------------------------------------------------------------
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
@@ -482,107 +458,3 @@ class FileSource(Source):
         except OSError:
             return None
         return None
-
-
-def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A listed file's identity from its fsspec info: size and the store's ETag (object
-    stores) or modification time; a file re-uploaded under the same name changes it."""
-    ident: dict[str, Any] = {"size": int(info.get("size") or 0)}
-    etag = info.get("ETag") or info.get("etag")
-    if etag:
-        ident["etag"] = str(etag).strip('"')
-        return ident
-    modified = next((info[k] for k in ("mtime", "LastModified", "last_modified", "updated",
-                                       "created") if info.get(k) is not None), None)
-    if hasattr(modified, "timestamp"):
-        modified = modified.timestamp()
-    if isinstance(modified, (int, float)):
-        ident["mtime"] = float(modified)
-    elif modified is not None:
-        ident["mtime"] = str(modified)  # e.g. an RFC 3339 string: compared as given
-    return ident
-
-
-def _expand_ordered(fs: Any, base: str, prefix: str, floor: str | None) -> dict[str, Any]:
-    """The entries a glob ``prefix`` matches below ``base``, one directory level at a time,
-    skipping at each glob level the names that sort before ``floor``'s at that depth."""
-    from fnmatch import fnmatchcase
-
-    current: dict[str, Any] = {base: {"type": "directory"}}
-    components = prefix.split("/")
-    for depth, component in enumerate(components):
-        bound = "/".join(floor.split("/")[: depth + 1]) if floor else None
-        last = depth == len(components) - 1
-        found: dict[str, Any] = {}
-        for parent in current:
-            if not any(c in component for c in GLOB_CHARS):
-                target = f"{parent}/{component}"
-                if fs.exists(target):
-                    found[target] = fs.info(target)
-                continue
-            try:
-                entries = fs.ls(parent, detail=True)
-            except FileNotFoundError:
-                continue
-            for info in entries:
-                path = str(info["name"]).rstrip("/")
-                rel = path[len(base) + 1:]
-                if not fnmatchcase(posixpath.basename(path), component) or (bound and rel < bound):
-                    continue
-                if info.get("type") == "directory" or last:
-                    found[path] = info
-        current = found
-    return current
-
-
-def listed_identity(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A listed file's identity for the file source: :func:`file_identity`, plus the
-    modification time next to an ETag (the watermark needs it; the ETag still decides
-    whether the file changed)."""
-    ident = file_identity(info)
-    if "mtime" not in ident:
-        modified = next((info[k] for k in ("mtime", "LastModified", "last_modified", "updated",
-                                           "created") if info.get(k) is not None), None)
-        seconds = file_index.mtime_seconds(modified)
-        if seconds is not None:
-            ident["mtime"] = seconds
-    return ident
-
-
-def parse_prefixes(name: str, prefixes: Any) -> list[str] | None:
-    """The ``prefixes`` option checked: relative subdirectories of ``path`` (or globs)."""
-    if prefixes is None:
-        return None
-    if isinstance(prefixes, str) or not isinstance(prefixes, (list, tuple)) or not prefixes:
-        raise ConfigError(
-            f"file source {name!r}: prefixes must be a non-empty list of subdirectories of 'path', "
-            f'e.g. ["dt={{{{ ds }}}}/"] or ["dt=*/hour=*/"], got {prefixes!r}')
-    out = []
-    for prefix in prefixes:
-        parts = prefix.strip("/").split("/") if isinstance(prefix, str) else []
-        if (not isinstance(prefix, str) or not prefix.strip("/") or prefix.startswith("/") or "://" in prefix
-                or any(p in ("", ".", "..") for p in parts)):
-            raise ConfigError(
-                f"file source {name!r}: prefixes entry {prefix!r} must be a subdirectory relative to "
-                "'path' (no leading '/', no scheme, no '.' or '..'); put the fixed part of the location "
-                "in 'path' and the part that changes per run (a date, a glob) in 'prefixes'")
-        out.append(prefix.strip("/"))
-    return out
-
-
-def parse_age(name: str, value: Any) -> float | None:
-    """The ``max_file_age`` option in seconds: a positive number, or text like ``"7d"``."""
-    if value is None:
-        return None
-    seconds: float | None = None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        match = AGE_TEXT.match(value.lower())
-        if match:
-            seconds = float(match.group(1)) * AGE_UNITS[match.group(2)[0]]
-    if seconds is None or not seconds > 0 or seconds == float("inf"):
-        raise ConfigError(
-            f"file source {name!r}: max_file_age must be a positive number of seconds or a duration "
-            f'such as "7d", "12h", "30m", got {value!r}; leave it out to keep every consumed file')
-    return seconds
