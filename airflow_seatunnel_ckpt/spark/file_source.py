@@ -14,21 +14,37 @@ to)}`` ranges from the last committed end offsets and read them with Spark's bat
 reader; register it with :func:`~airflow_seatunnel_ckpt.spark.sources.register_source`.
 
 The module is over 400 lines because :class:`FileSource` is one concept with one option
-table: listing with file identities, planning, and the checked read of csv/json.
+table: listing, planning against the consumed-file index, and the checked read of
+csv/json. How a directory is listed (prefixes, globs, identities) is in
+:mod:`~airflow_seatunnel_ckpt.spark.file_listing`.
 """
 
 from __future__ import annotations
 
 import posixpath
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_seatunnel_ckpt.core import file_index, source_log
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.file_index import FileIndex
+from airflow_seatunnel_ckpt.spark.file_listing import (
+    file_identity as file_identity,  # where sources.py and table_sources.py import it from
+)
+from airflow_seatunnel_ckpt.spark.file_listing import (
+    find_below,
+    is_glob,
+    listed_identity,
+    parse_age,
+    parse_prefixes,
+)
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from airflow_seatunnel_ckpt.core.restore import RestorePoint
 
 #: Formats Spark reads and writes without extra packages.
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
@@ -40,8 +56,6 @@ ON_CHANGE = ("error", "reread")
 CORRUPT_COLUMN = "_corrupt_record"
 #: Unparseable records an error message shows.
 MAX_REPORTED = 5
-
-
 class SourceError(CheckpointError):
     """A source cannot plan or read its input (missing path, unreadable file, no schema)."""
 
@@ -92,6 +106,14 @@ class Source(ABC):
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """The input the planned ``offsets`` describe, as a DataFrame."""
 
+    def plan_from(self, point: RestorePoint) -> dict[str, Any]:
+        """This epoch's offsets, planned from the restore point the epoch starts from.
+
+        The default hands :meth:`plan` the source's whole history; a source that can
+        plan from less (the file source's consumed-file index) overrides it.
+        """
+        return self.plan(point.source_entries(self.name))
+
 
 class FileSource(Source):
     """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.
@@ -105,6 +127,20 @@ class FileSource(Source):
     * ``schema``: DDL schema string (recommended for json/csv; also used for an epoch
       without new files);
     * ``max_files_per_epoch``: read at most this many new files (oldest names first);
+    * ``prefixes``: list only below these subdirectories of ``path`` (relative to it; each
+      may be a glob such as ``"dt=*/hour=*/"`` or an Airflow template such as
+      ``"dt={{ ds }}/"``, rendered per run). File names stay relative to ``path``, so the
+      consumed history is the same whichever prefixes a run lists; a file delivered late
+      into a prefix no later run lists is not read (list ``{{ prev_ds }}`` too);
+    * ``ordered_prefixes``: the glob ``prefixes`` match partition directories whose names
+      sort in time order (``dt=2026-11-23/hour=07``): list only those at or after the
+      partition of the greatest file name consumed so far (default False). A year of
+      partitions then costs one directory listing per glob level, not a listing of every
+      file; a file delivered late into an older partition is not read;
+    * ``max_file_age``: ignore files modified more than this before the newest file
+      consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
+      ``maxFileAge``), and forget consumed files once they are that old, so the
+      consumed-file index holds only the window;
     * ``storage_options``: fsspec options used to list the directory;
     * ``allow_missing``: plan an empty epoch while the directory does not exist (default
       False: a missing directory is an error, so a mistyped path is noticed at once; on
@@ -119,10 +155,13 @@ class FileSource(Source):
     Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
     ``.crc``, in-progress uploads), as Spark does.
 
-    Offsets are ``{"files": [name, ...], "identity": {name: {"size": n, "mtime": t}}}``
-    (``"etag"`` instead of ``"mtime"`` where the store keeps one). A file listed in
-    ``files`` without an identity (offsets written before identities were recorded) is
-    consumed with an unknown identity and never counts as changed.
+    Offsets are ``{"files": [name, ...], "identity": {name: {"size": n, "mtime": t}},
+    "consumed_index": {"max_file_age": s}}`` (with ``"etag"`` too where the store keeps
+    one: then the ETag decides whether a file changed). The checkpoint keeps the consumed
+    files as a sorted index (:mod:`~airflow_seatunnel_ckpt.core.file_index`), and planning
+    looks up the listed names only. A file listed in ``files`` without an identity
+    (offsets written before identities were recorded) is consumed with an unknown
+    identity and never counts as changed.
 
     csv and json are read in Spark's ``PERMISSIVE`` mode with a corrupt-record column
     (``columnNameOfCorruptRecord``), so a record that does not parse -- a wrong type, a
@@ -144,6 +183,9 @@ class FileSource(Source):
         allow_missing: bool = False,
         on_change: str = "error",
         bad_records: str | None = None,
+        prefixes: Sequence[str] | None = None,
+        max_file_age: float | str | None = None,
+        ordered_prefixes: bool = False,
     ) -> None:
         super().__init__(name)
         if format not in FILE_FORMATS:
@@ -182,14 +224,26 @@ class FileSource(Source):
         self.allow_missing = allow_missing
         self.on_change = on_change
         self.bad_records = fsspec_url(bad_records).rstrip("/") if bad_records else None
+        self.prefixes = parse_prefixes(name, prefixes)
+        if not isinstance(ordered_prefixes, bool):
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes must be true or false, got {ordered_prefixes!r}")
+        if ordered_prefixes and not any(is_glob(p) for p in self.prefixes or []):
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes applies to glob prefixes (such as "
+                '["dt=*/hour=*/"]); add one to \'prefixes\' or remove ordered_prefixes')
+        self.ordered_prefixes = ordered_prefixes
+        self.max_file_age = parse_age(name, max_file_age)
 
     # -- listing ---------------------------------------------------------------------------
     def list_files(self) -> list[str]:
         """Every data file below the directory, relative to it, sorted."""
         return sorted(self.list_identities())
 
-    def list_identities(self) -> dict[str, dict[str, Any]]:
-        """Every data file below the directory (relative name) with its identity.
+    def list_identities(self, floor: str | None = None) -> dict[str, dict[str, Any]]:
+        """Every data file below the directory (or its ``prefixes``) with its identity,
+        by name relative to the directory. With ``ordered_prefixes``, glob partitions that
+        sort before ``floor``'s (a relative file name) are not listed.
 
         :raises SourceError: the directory does not exist and ``allow_missing`` is off.
         """
@@ -198,7 +252,7 @@ class FileSource(Source):
         try:
             fs, root = url_to_fs(self.url, **self.storage_options)
             exists = fs.exists(root)
-            found = fs.find(root, detail=True) if exists else {}
+            found = find_below(fs, root, self.prefixes, self.ordered_prefixes, floor) if exists else {}
         except FileNotFoundError:
             exists, found = False, {}
         except Exception as exc:
@@ -214,39 +268,56 @@ class FileSource(Source):
         root = root.rstrip("/") + "/"
         out = {}
         for full, info in found.items():
+            if info.get("type") == "directory":
+                continue
             rel = (
                 str(full)[len(root) :]
                 if str(full).startswith(root)
                 else posixpath.basename(str(full))
             )
             if rel and not any(seg.startswith(("_", ".")) for seg in rel.split("/")):
-                out[rel] = file_identity(info)
+                out[rel] = listed_identity(info)
         return out
 
     # -- planning --------------------------------------------------------------------------
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
-        """The files below the directory that no committed epoch consumed.
+        """The files below the directory that no committed epoch consumed, given the
+        history as entries (a history rebuilt from the log, or a caller without a restore
+        point). See :meth:`plan_indexed`."""
+        where = f"file source {self.name!r}"
+        try:
+            rows = file_index.rows_from_entries(history, where)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+        return self.plan_indexed(FileIndex.from_table(rows))
 
-        A consumed file whose identity changed since is an error (``on_change="error"``)
-        or planned again (``"reread"``).
+    def plan_from(self, point: RestorePoint) -> dict[str, Any]:
+        """Plan from the restore point's consumed-file index: the directory, the deltas
+        since the last compaction, and the segments the listed names fall in."""
+        chain = point.source_chains.get(self.name)
+        # A subclass that plans differently (pipeline_output) plans from its history.
+        if type(self).plan is not FileSource.plan:
+            return super().plan_from(point)
+        if self.name in point.rebuilt_sources or not chain or point.storage is None:
+            return self.plan(point.source_entries(self.name))
+        return self.plan_indexed(source_log.open_index(point.storage, chain))
+
+    def plan_indexed(self, index: FileIndex) -> dict[str, Any]:
+        """The listed files that the index does not hold, oldest names first.
+
+        A held file whose identity changed since is an error (``on_change="error"``) or
+        planned again (``"reread"``); a file older than the watermark (``max_file_age``
+        before the newest consumed file) is ignored.
         """
-        consumed: dict[str, dict[str, Any] | None] = {}
-        for entry in history:
-            offsets = entry.get("offsets") or {}
-            files = offsets.get("files", [])
-            identity = offsets.get("identity") or {}
-            if not isinstance(files, list) or not isinstance(identity, dict):
-                raise SourceError(
-                    f"file source {self.name!r}: committed offsets of epoch {entry.get('epoch')} "
-                    f"have no file list: {entry!r}"
-                )
-            for f in files:
-                consumed[f] = identity.get(f)  # None: consumed, identity unknown
-        listing = self.list_identities()
-        changed = sorted(
-            f for f, ident in listing.items()
-            if consumed.get(f) is not None and consumed[f] != ident
-        )
+        listing = self.list_identities(index.greatest_path() if self.ordered_prefixes else None)
+        watermark = index.watermark(self.max_file_age)
+        if watermark is not None:
+            # A file whose mtime is unknown cannot be aged: it is kept (read, not lost).
+            mtimes = {f: file_index.mtime_seconds(ident.get("mtime")) for f, ident in listing.items()}
+            listing = {f: ident for f, ident in listing.items()
+                       if mtimes[f] is None or mtimes[f] >= watermark}
+        consumed = index.lookup(listing)
+        changed = sorted(f for f in consumed if not file_index.same_file(consumed[f], listing[f]))
         if changed and self.on_change == "error":
             shown = "; ".join(
                 f"{self.url}/{f}: consumed as {consumed[f]}, now {listing[f]}" for f in changed[:5]
@@ -258,10 +329,11 @@ class FileSource(Source):
                 "set on_change='reread' on the source to read a changed file again in full "
                 "(its new content supersedes the old; rows already published stay published)"
             )
-        new = [f for f in sorted(listing) if f not in consumed or f in changed]
+        new = sorted(f for f in listing if f not in consumed or f in changed)
         if self.max_files_per_epoch is not None:
             new = new[: self.max_files_per_epoch]
-        return {"files": new, "identity": {f: listing[f] for f in new}}
+        return {"files": new, "identity": {f: listing[f] for f in new},
+                source_log.INDEX_KEY: {"max_file_age": self.max_file_age}}
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
@@ -386,22 +458,3 @@ class FileSource(Source):
         except OSError:
             return None
         return None
-
-
-def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A listed file's identity from its fsspec info: size and the store's ETag (object
-    stores) or modification time; a file re-uploaded under the same name changes it."""
-    ident: dict[str, Any] = {"size": int(info.get("size") or 0)}
-    etag = info.get("ETag") or info.get("etag")
-    if etag:
-        ident["etag"] = str(etag).strip('"')
-        return ident
-    modified = next((info[k] for k in ("mtime", "LastModified", "last_modified", "updated",
-                                       "created") if info.get(k) is not None), None)
-    if hasattr(modified, "timestamp"):
-        modified = modified.timestamp()
-    if isinstance(modified, (int, float)):
-        ident["mtime"] = float(modified)
-    elif modified is not None:
-        ident["mtime"] = str(modified)  # e.g. an RFC 3339 string: compared as given
-    return ident

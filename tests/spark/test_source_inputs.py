@@ -237,3 +237,168 @@ def test_broken_json_lines_are_quarantined_with_their_file(
     assert sorted(r["record"] for r in rows) == [
         '{"order_id": 2, "customer": ', '{"order_id": 3, "customer": "c0", "amount": "three"}']
     assert all(r["file"].endswith("/b.json") for r in rows)
+
+
+# -- bounded planning: prefixes, the time watermark, the consumed-file index --------------
+
+def deliver(root: Path, name: str, mtime: float) -> None:
+    """A small csv input file at ``root/name`` modified at ``mtime``."""
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("x\n1\n")
+    os.utime(path, (mtime, mtime))
+
+
+def test_prefixes_list_only_their_subdirectories_and_name_files_from_path(tmp_path: Path) -> None:
+    for name in ("dt=2026-11-22/a.csv", "dt=2026-11-23/b.csv", "other/c.csv"):
+        deliver(tmp_path, name, 1_000.0)
+    day = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=2026-11-23/"])
+    assert day.plan([])["files"] == ["dt=2026-11-23/b.csv"]
+    # Names stay relative to 'path': what an earlier run consumed is known whatever it listed.
+    assert day.plan([{"epoch": 1, "offsets": {"files": ["dt=2026-11-23/b.csv"]}}])["files"] == []
+    glob = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=*/"])
+    assert glob.plan([])["files"] == ["dt=2026-11-22/a.csv", "dt=2026-11-23/b.csv"]
+    # A partition that does not exist yet is an empty epoch, not an error.
+    assert FileSource("orders", f"file://{tmp_path}", format="csv",
+                      prefixes=["dt=2026-11-24/"]).plan([])["files"] == []
+
+
+def test_max_files_per_epoch_takes_the_oldest_names_inside_the_prefixes(tmp_path: Path) -> None:
+    for hour in (3, 1, 2):
+        deliver(tmp_path, f"dt=1/hour={hour}/part.csv", 1_000.0)
+    deliver(tmp_path, "dt=0/hour=0/part.csv", 1_000.0)
+    source = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=1/hour=*/"],
+                        max_files_per_epoch=2)
+    assert source.plan([])["files"] == ["dt=1/hour=1/part.csv", "dt=1/hour=2/part.csv"]
+
+
+def test_max_file_age_ignores_files_older_than_the_newest_consumed_file_minus_the_age(tmp_path: Path) -> None:
+    day = 86_400.0
+    deliver(tmp_path, "consumed.csv", 10 * day)
+    deliver(tmp_path, "late-but-old.csv", 8 * day)  # never consumed, two days older
+    deliver(tmp_path, "late-recent.csv", 9.5 * day)
+    history = [{"epoch": 1, "offsets": {"files": ["consumed.csv"],
+                                        "identity": {"consumed.csv": {"size": 4, "mtime": 10 * day}}}}]
+    windowed = FileSource("orders", f"file://{tmp_path}", format="csv", max_file_age="1d")
+    plan = windowed.plan(history)
+    assert plan["files"] == ["late-recent.csv"]
+    assert plan["consumed_index"] == {"max_file_age": day}
+    unbounded = FileSource("orders", f"file://{tmp_path}", format="csv")
+    assert unbounded.plan(history)["files"] == ["late-but-old.csv", "late-recent.csv"]
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("prefixes", "dt=1/", "non-empty list"),
+    ("prefixes", [], "non-empty list"),
+    ("prefixes", ["/abs/dt=1"], "relative to 'path'"),
+    ("prefixes", ["../elsewhere"], "no '.' or '..'"),
+    ("prefixes", ["s3://bucket/dt=1"], "no scheme"),
+    ("max_file_age", 0, "positive number"),
+    ("max_file_age", "7 fortnights", '"7d"'),
+    ("max_file_age", True, "positive number"),
+])
+def test_bad_prefixes_or_max_file_age_are_config_errors_naming_the_option(
+        tmp_path: Path, option: str, value: Any, says: str) -> None:
+    from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=option) as failure:
+        FileSource("orders", f"file://{tmp_path}", **{option: value})
+    assert says in str(failure.value) and "'orders'" in str(failure.value)
+
+
+def test_a_pipeline_upgraded_in_place_restores_source_parts_of_the_earlier_format(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_seatunnel_ckpt.core.source_log import INDEX_KEY, is_index_chain
+
+    planned = FileSource.plan_indexed
+
+    def earlier_release(self: FileSource, index: Any) -> dict[str, Any]:
+        offsets = planned(self, index)
+        offsets.pop(INDEX_KEY)  # the offsets an earlier release recorded: files + identity
+        return offsets
+
+    monkeypatch.setattr(FileSource, "plan_indexed", earlier_release)
+    orders.add_file("a", [1, 2])
+    orders.commit(run_stage(orders.spec("run-1"), spark))
+    assert not is_index_chain(orders.pipeline.restore_point().source_chains["orders"])
+    monkeypatch.undo()  # the upgrade
+
+    orders.add_file("b", [3])
+    second = run_stage(orders.spec("run-2"), spark)
+    assert second.sources["orders"]["files"] == ["b.parquet"]
+    orders.commit(second)
+    assert is_index_chain(orders.pipeline.restore_point().source_chains["orders"])
+    third = run_stage(orders.spec("run-3"), spark)
+    assert third.sources["orders"]["files"] == []
+    orders.commit(third)
+    assert published_ids() == [1, 2, 3]
+
+
+def test_planning_reads_the_index_segments_of_the_listed_names_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, file_index
+    from airflow_seatunnel_ckpt.core.source_log import write_source_part
+
+    monkeypatch.setattr(file_index, "SEGMENT_ROWS", 2)
+    p = CheckpointStore(CheckpointConfig.from_mapping({"storage_url": f"file://{tmp_path / 'store'}"})).pipeline("o")
+    inputs = tmp_path / "in"
+    history = [{"epoch": d, "offsets": {"files": [f"dt={d}/a.csv", f"dt={d}/b.csv"]}} for d in range(1, 6)]
+    state = write_source_part(p.storage, p.config, 5, 1, "orders",
+                              {**history[-1]["offsets"], "consumed_index": {"max_file_age": None}},
+                              [], True, lambda: history[:-1])
+    assert len(state.chain) == 6  # the directory and one segment per day
+    for segment in state.chain[1:5]:  # days 1..4: no run lists them any more
+        p.storage.delete(segment.path)
+    for name in ("dt=5/a.csv", "dt=5/b.csv", "dt=5/c.csv"):
+        deliver(inputs, name, 1_000.0)
+    point = p.restore_point()
+    point.storage, point.source_chains = p.storage, {"orders": state.chain}
+    source = FileSource("orders", f"file://{inputs}", format="csv", prefixes=["dt=5/"])
+
+    assert source.plan_from(point)["files"] == ["dt=5/c.csv"]
+
+
+@pytest.mark.s3
+def test_prefixes_and_identities_on_an_object_store(moto_server: Any, s3_bucket: str) -> None:
+    fs = moto_server.filesystem()
+    for name in ("in/dt=1/a.csv", "in/dt=2/b.csv", "in/dt=2/_tmp/c.csv", "in/other/d.csv"):
+        fs.pipe(f"{s3_bucket}/{name}".removeprefix("s3://"), b"x\n1\n")
+    source = FileSource("orders", f"{s3_bucket}/in", format="csv", prefixes=["dt=*/"],
+                        storage_options=moto_server.storage_options)
+    plan = source.plan([{"epoch": 1, "offsets": {"files": ["dt=1/a.csv"]}}])
+    assert plan["files"] == ["dt=2/b.csv"]
+    ident = plan["identity"]["dt=2/b.csv"]
+    # The ETag decides whether a file changed; the mtime is kept for the watermark.
+    assert ident["size"] == 4 and ident["etag"] and isinstance(ident["mtime"], float)
+    ordered = FileSource("orders", f"{s3_bucket}/in", format="csv", prefixes=["dt=*/"], ordered_prefixes=True,
+                         storage_options=moto_server.storage_options)
+    fs.pipe(f"{s3_bucket}/in/dt=1/late.csv".removeprefix("s3://"), b"x\n1\n")
+    assert ordered.plan([{"epoch": 1, "offsets": {"files": ["dt=1/a.csv", "dt=2/b.csv"]}}])["files"] == []
+    assert ordered.plan([{"epoch": 1, "offsets": {"files": ["dt=1/a.csv"]}}])["files"] == [
+        "dt=1/late.csv", "dt=2/b.csv"]
+
+
+def test_ordered_prefixes_list_only_partitions_from_the_greatest_consumed_one(tmp_path: Path) -> None:
+    for name in ("dt=1/hour=1/a.csv", "dt=1/hour=2/b.csv", "dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"):
+        deliver(tmp_path, name, 1_000.0)
+    history = [{"epoch": 1, "offsets": {"files": ["dt=1/hour=1/a.csv", "dt=1/hour=2/b.csv"]}}]
+    deliver(tmp_path, "dt=1/hour=1/late.csv", 1_000.0)  # into a partition before the greatest consumed
+    ordered = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=*/hour=*/"],
+                         ordered_prefixes=True)
+    # dt=1/hour=1 is not listed; dt=1/hour=2 (the greatest consumed name's) and later are.
+    assert ordered.plan(history)["files"] == ["dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"]
+    assert ordered.plan([])["files"] == [
+        "dt=1/hour=1/a.csv", "dt=1/hour=1/late.csv", "dt=1/hour=2/b.csv", "dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"]
+    unordered = FileSource("orders", f"file://{tmp_path}", format="csv", prefixes=["dt=*/hour=*/"])
+    assert unordered.plan(history)["files"] == ["dt=1/hour=1/late.csv", "dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"]
+
+
+def test_ordered_prefixes_without_a_glob_prefix_is_a_config_error(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ordered_prefixes applies to glob prefixes"):
+        FileSource("orders", f"file://{tmp_path}", prefixes=["dt=1/"], ordered_prefixes=True)
+    with pytest.raises(ConfigError, match="ordered_prefixes must be true or false"):
+        FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes="yes")

@@ -1,0 +1,342 @@
+"""The consumed-file index of a file source: sorted Arrow segments and a time watermark.
+
+Planning a file source asks one question of its history: "was this listed file consumed,
+and with which identity?". Answering it from every epoch's offsets costs O(all files ever
+consumed) per epoch. The index answers it for the listed names only:
+
+* a **base** of sorted, immutable Arrow segments of ``(path, size, mtime, etag, epoch)``,
+  each covering a key range ``[first, last]`` that a small JSON *directory* part records
+  (with the row count and the segment's oldest and newest mtime);
+* one small sorted **delta** part per epoch (the files that epoch consumed);
+* periodic **compaction** (every ``full_checkpoint_interval`` epochs) merges the deltas
+  into the segments they overlap, and drops files older than the **watermark**:
+  ``newest mtime ever consumed - max_file_age`` (Spark's ``maxFileAge``). Segments no
+  delta touches and no file of which aged out are carried over by reference, unread.
+
+A lookup reads the directory, the deltas, and only the segments whose key range covers
+a listed name; files named in time order (``dt=.../hour=.../part-N``) make that the last
+segment or none. The index holds files inside the window only, so what each epoch reads
+is bounded by the window, not by the pipeline's age.
+
+A source chain in this shape is ``[directory, *segments, *deltas]``; the directory part
+is named with the token ``index`` so that a chain's shape is known without reading it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
+
+#: Rows per base segment: small enough that a lookup touching one segment stays cheap,
+#: large enough that a million files make a directory of a few dozen entries.
+SEGMENT_ROWS = 32_768
+#: The path token of a directory part (``part-0-<attempt>-index``).
+DIRECTORY_TOKEN = "index"
+#: The directory's format name and version (a future shape is refused, not misread).
+FORMAT = "file-index"
+VERSION = 1
+
+
+def schema() -> Any:
+    """The Arrow schema of segments and deltas."""
+    import pyarrow as pa
+
+    return pa.schema([("path", pa.string()), ("size", pa.int64()), ("mtime", pa.float64()),
+                      ("etag", pa.string()), ("epoch", pa.int64())])
+
+
+def mtime_seconds(value: Any) -> float | None:
+    """A modification time as POSIX seconds: numbers as they are, RFC 3339 strings parsed;
+    None when unknown or unparseable (such a file is never aged out)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def same_file(consumed: Mapping[str, Any] | None, listed: Mapping[str, Any]) -> bool:
+    """Whether a listed file is the one consumed under its name.
+
+    The size must match; then the ETag where both have one, else the modification time
+    where both have one. An unknown consumed identity (offsets older than identities)
+    never counts as changed. Comparing only what both sides know lets identities recorded
+    before mtime was kept next to the ETag still match.
+    """
+    if consumed is None:
+        return True
+    size = consumed.get("size")
+    if size is not None and listed.get("size") is not None and int(size) != int(listed["size"]):
+        return False
+    if consumed.get("etag") and listed.get("etag"):
+        return str(consumed["etag"]) == str(listed["etag"])
+    old, new = mtime_seconds(consumed.get("mtime")), mtime_seconds(listed.get("mtime"))
+    if old is not None and new is not None:
+        return old == new
+    return True
+
+
+def rows_table(rows: Iterable[tuple[str, Mapping[str, Any] | None, int]]) -> Any:
+    """An index table, sorted by path, from ``(path, identity or None, epoch)`` rows; a
+    path listed twice keeps its latest epoch's identity (a re-read file)."""
+    import pyarrow as pa
+
+    latest: dict[str, tuple[Mapping[str, Any] | None, int]] = {}
+    for path, ident, epoch in rows:
+        if path not in latest or epoch >= latest[path][1]:
+            latest[path] = (ident, epoch)
+    paths = sorted(latest)
+    idents = [latest[p][0] or {} for p in paths]
+    return pa.table({
+        "path": pa.array(paths, pa.string()),
+        "size": pa.array([None if i.get("size") is None else int(i["size"]) for i in idents], pa.int64()),
+        "mtime": pa.array([mtime_seconds(i.get("mtime")) for i in idents], pa.float64()),
+        "etag": pa.array([None if not i.get("etag") else str(i["etag"]) for i in idents], pa.string()),
+        "epoch": pa.array([latest[p][1] for p in paths], pa.int64()),
+    }, schema=schema())
+
+
+def rows_from_entries(entries: Sequence[Mapping[str, Any]], where: str) -> Any:
+    """An index table from history entries ``{"epoch", "offsets": {"files", "identity"}}``
+    (a history in the shape before the index, or rebuilt from the transaction log)."""
+    rows: list[tuple[str, Mapping[str, Any] | None, int]] = []
+    for entry in entries:
+        offsets = entry.get("offsets") or {}
+        files = offsets.get("files", [])
+        identity = offsets.get("identity") or {}
+        if not isinstance(files, list) or not isinstance(identity, dict):
+            raise CorruptCheckpointError(
+                f"{where}: committed offsets of epoch {entry.get('epoch')} have no file list: {entry!r}", where)
+        epoch = int(entry.get("epoch") or 0)
+        rows += [(str(f), identity.get(f), epoch) for f in files]
+    return rows_table(rows)
+
+
+def identity_of(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The identity dict of one index row (None when nothing is known about the file)."""
+    ident = {k: row[k] for k in ("size", "mtime", "etag") if row.get(k) is not None}
+    return ident or None
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One base segment as the directory describes it (the part's checksum is in the chain)."""
+
+    path: str
+    first: str  #: smallest path in the segment
+    last: str  #: largest path in the segment
+    rows: int
+    oldest: float | None  #: smallest known mtime (None: no file's mtime is known)
+    newest: float | None  #: largest known mtime
+    undated: int = 0  #: files whose mtime is unknown (never aged out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The segment's entry in the directory part."""
+        return {"path": self.path, "first": self.first, "last": self.last, "rows": self.rows,
+                "oldest": self.oldest, "newest": self.newest, "undated": self.undated}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Segment:
+        """A segment from its directory entry (``where`` names the directory part in errors)."""
+        try:
+            return cls(str(d["path"]), str(d["first"]), str(d["last"]), int(d["rows"]),
+                       None if d["oldest"] is None else float(d["oldest"]),
+                       None if d["newest"] is None else float(d["newest"]), int(d.get("undated", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"{where}: malformed segment entry {d!r}: {exc}", where) from exc
+
+    def covers(self, path: str) -> bool:
+        """Whether ``path`` falls in the segment's key range."""
+        return self.first <= path <= self.last
+
+
+class FileIndex:
+    """What a file source consumed, inside the watermark window (see the module docstring).
+
+    :param segments: the base segments with a loader each (reads the part when called).
+    :param deltas: the tables of the epochs since the base, oldest first.
+    :param newest_mtime: the newest modification time of any file consumed so far.
+    """
+
+    def __init__(self, segments: Sequence[tuple[Segment, Callable[[], Any]]], deltas: Sequence[Any],
+                 newest_mtime: float | None) -> None:
+        self.segments = list(segments)
+        self.deltas = [d for d in deltas if d.num_rows]
+        newest = [newest_mtime] + [_max(d.column("mtime")) for d in self.deltas]
+        known = [m for m in newest if m is not None]
+        self.newest_mtime: float | None = max(known) if known else None
+        self.segments_read = 0  #: segments loaded by lookups so far (for tests and benches)
+
+    @classmethod
+    def from_table(cls, table: Any) -> FileIndex:
+        """An index over one in-memory table (a history in the shape before the index)."""
+        if table.num_rows == 0:
+            return cls([], [], None)
+        seg = describe(table, "<memory>")
+        return cls([(seg, lambda: table)], [], seg.newest)
+
+    def watermark(self, max_file_age: float | None) -> float | None:
+        """Files modified before this are ignored (None: no age limit or nothing seen yet)."""
+        if max_file_age is None or self.newest_mtime is None:
+            return None
+        return self.newest_mtime - max_file_age
+
+    def greatest_path(self) -> str | None:
+        """The greatest file name the index holds (from the directory and the deltas: no
+        segment is read); None when it is empty."""
+        import pyarrow.compute as pc
+
+        names = [seg.last for seg, _ in self.segments]
+        names += [pc.max(d.column("path")).as_py() for d in self.deltas]
+        return max(names) if names else None
+
+    def lookup(self, paths: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        """The consumed identity of each of ``paths`` that the index holds (absent: not
+        consumed, or aged out). Reads only the segments whose key range covers a path."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        wanted = sorted(set(paths))
+        if not wanted:
+            return {}
+        needle = pa.array(wanted, pa.string())
+        found: dict[str, tuple[int, dict[str, Any] | None]] = {}
+        tables = [load for seg, load in self.segments if _covers_any(seg, wanted)]
+        self.segments_read += len(tables)
+        for table in [load() for load in tables] + self.deltas:
+            hits = table.filter(pc.is_in(table.column("path"), value_set=needle))
+            for row in hits.to_pylist():
+                if row["path"] not in found or row["epoch"] >= found[row["path"]][0]:
+                    found[row["path"]] = (row["epoch"], identity_of(row))
+        return {p: ident for p, (_, ident) in found.items()}
+
+    def table(self) -> Any:
+        """Every row of the index, one per path (the latest epoch's), sorted by path."""
+        import pyarrow as pa
+
+        tables = [load() for _, load in self.segments] + self.deltas
+        return _latest(pa.concat_tables(tables) if tables else schema().empty_table())
+
+    def entries(self) -> list[dict[str, Any]]:
+        """The index as history entries ``{"epoch", "offsets": {"files", "identity"}}``,
+        oldest epoch first (what a restore point hands to sources that want entries)."""
+        by_epoch: dict[int, dict[str, Any]] = {}
+        for row in self.table().to_pylist():
+            offsets = by_epoch.setdefault(int(row["epoch"]), {"files": [], "identity": {}})
+            offsets["files"].append(row["path"])
+            ident = identity_of(row)
+            if ident is not None:
+                offsets["identity"][row["path"]] = ident
+        return [{"epoch": e, "offsets": by_epoch[e]} for e in sorted(by_epoch)]
+
+    def compact(self, max_file_age: float | None) -> tuple[list[Segment | Any], float | None]:
+        """The base after merging the deltas and dropping aged-out files.
+
+        Returns the new base as a list of items, each either an unchanged :class:`Segment`
+        (carried by reference, not read) or a ``pyarrow.Table`` to write as a new segment,
+        and the newest mtime. A segment is rewritten only when a delta path falls in its
+        key range or some of its files aged out; one wholly older than the watermark is
+        dropped unread.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        watermark = self.watermark(max_file_age)
+        delta = _latest(pa.concat_tables(self.deltas)) if self.deltas else schema().empty_table()
+        delta_paths = delta.column("path").to_pylist()
+        kept: list[Segment | Any] = []
+        touched = [delta]
+        for seg, load in self.segments:
+            if watermark is not None and not seg.undated and seg.newest is not None and seg.newest < watermark:
+                continue  # every file in it aged out
+            aging = watermark is not None and seg.oldest is not None and seg.oldest < watermark
+            if not aging and not _covers_any(seg, delta_paths):
+                kept.append(seg)
+                continue
+            touched.append(load())
+        merged = _latest(pa.concat_tables(touched))
+        if watermark is not None:
+            mtime = merged.column("mtime")
+            merged = merged.filter(pc.or_(pc.is_null(mtime), pc.greater_equal(mtime, watermark)))
+        for start in range(0, merged.num_rows, SEGMENT_ROWS):
+            kept.append(merged.slice(start, SEGMENT_ROWS))
+        return kept, self.newest_mtime
+
+
+def describe(table: Any, path: str) -> Segment:
+    """The directory entry of a sorted, non-empty segment table written at ``path``."""
+    paths = table.column("path")
+    mtime = table.column("mtime")
+    return Segment(path, paths[0].as_py(), paths[-1].as_py(), table.num_rows, _min(mtime), _max(mtime),
+                   mtime.null_count)
+
+
+def directory_doc(segments: Sequence[Segment], newest_mtime: float | None) -> dict[str, Any]:
+    """The JSON document of a directory part."""
+    return {"format": FORMAT, "version": VERSION, "newest_mtime": newest_mtime,
+            "segments": [s.to_dict() for s in segments]}
+
+
+def parse_directory(doc: Any, where: str) -> tuple[list[Segment], float | None]:
+    """The segments and newest mtime a directory part records."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise CorruptCheckpointError(f"{where}: not a file-index directory part", where)
+    if doc.get("version") != VERSION:
+        raise CorruptCheckpointError(
+            f"{where}: file-index version {doc.get('version')!r}, this release reads version {VERSION}; "
+            "upgrade the package that reads this checkpoint", where)
+    segments = doc.get("segments")
+    if not isinstance(segments, list):
+        raise CorruptCheckpointError(f"{where}: file-index directory has no 'segments' list", where)
+    newest = doc.get("newest_mtime")
+    return [Segment.from_dict(s, where) for s in segments], None if newest is None else float(newest)
+
+
+def _latest(table: Any) -> Any:
+    """One row per path (the highest epoch), sorted by path."""
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return table
+    table = table.sort_by([("path", "ascending"), ("epoch", "descending")])
+    paths = table.column("path")
+    if table.num_rows > 1:
+        import pyarrow as pa
+
+        # Sorted by path, then newest epoch first: keep each path's first row.
+        previous = pa.concat_arrays([pa.array([None], pa.string()), paths.combine_chunks().slice(0, len(paths) - 1)])
+        first = pc.fill_null(pc.not_equal(paths.combine_chunks(), previous), True)
+        table = table.filter(first)
+    return table
+
+
+def _covers_any(seg: Segment, sorted_paths: Sequence[str]) -> bool:
+    """Whether any of ``sorted_paths`` (sorted) falls in the segment's key range."""
+    i = bisect.bisect_left(sorted_paths, seg.first)
+    return i < len(sorted_paths) and sorted_paths[i] <= seg.last
+
+
+def _max(column: Any) -> float | None:
+    import pyarrow.compute as pc
+
+    value = pc.max(column).as_py()
+    return None if value is None else float(value)
+
+
+def _min(column: Any) -> float | None:
+    import pyarrow.compute as pc
+
+    value = pc.min(column).as_py()
+    return None if value is None else float(value)
