@@ -416,11 +416,16 @@ class Pipeline:
         """The parts the committed checkpoints these records built on cover (verified by their decisions).
 
         A base must be decided commit: an aborted epoch's ``_metadata`` (completed just
-        before an abort won) never counts.
+        before an abort won) never counts, nor does a base whose decision record is damaged.
         """
-        bases = {r.base_epoch for r in records if r.base_epoch is not None}
-        committed = [e for e in bases
-                     if (d := self.txlog.read_decision(e)) is not None and d.decision is Decision.COMMIT]
+        committed = []
+        for base in {r.base_epoch for r in records if r.base_epoch is not None}:
+            try:
+                decision = self.txlog.read_decision(base)
+            except CheckpointError:  # a damaged record proves nothing: read the parts instead
+                continue
+            if decision is not None and decision.decision is Decision.COMMIT:
+                committed.append(base)
         return self.checkpoints.covered_parts(committed)
 
     def _carried_sources(self, epoch: int, base_epoch: int, present: set[str],
@@ -525,7 +530,8 @@ class Pipeline:
             summary["mode"] = sink.mode.value
         owner = {"store": redact_url(self.storage.url.rsplit("/", 1)[0]), "pipeline": self.name}
         how = publish_sink_dir(self.storage, sink.staging, target, dst, sink.files, summary,
-                               owner=owner, retries=self.config.max_retries)
+                               owner=owner, retries=self.config.max_retries,
+                               concurrency=self.config.publish_concurrency)
         if sink.mode is SinkMode.SNAPSHOT:
             snapshots = {e: name for name in target.list_dir("")
                          if (e := layout.parse_staging_epoch(name)) is not None}

@@ -74,9 +74,12 @@ def verify_staged(storage: Storage, sink: SinkManifest, deep: bool) -> list[Prob
         # FileNotFoundError at either step: missing, or removed meanwhile by an
         # abort that won the decision while this verification ran.
         try:
-            size = storage.size(path)
+            # One request on an object store: the size and the CRC32C it keeps.
+            found = storage.file_info(path)
+            size = found.size
             wrong_crc = (size == f.size and deep and f.crc32c is not None
-                         and storage.checksum(path) != f.crc32c)
+                         and (found.crc32c if found.crc32c is not None else storage.computed_checksum(path))
+                         != f.crc32c)
         except FileNotFoundError:
             problems.append(Problem(storage.describe_path(path), "staged file is missing"))
             continue
