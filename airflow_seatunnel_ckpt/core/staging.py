@@ -78,7 +78,7 @@ def verify_staged(storage: Storage, sink: SinkManifest, deep: bool) -> list[Prob
             found = storage.file_info(path)
             size = found.size
             wrong_crc = (size == f.size and deep and f.crc32c is not None
-                         and (found.crc32c if found.crc32c is not None else storage.computed_checksum(path))
+                         and (found.crc32c if found.crc32c is not None else storage.checksum(path))
                          != f.crc32c)
         except FileNotFoundError:
             problems.append(Problem(storage.describe_path(path), "staged file is missing"))

@@ -200,7 +200,7 @@ def holds(storage: Storage, path: str, f: FileInfo, verify: bool = True) -> bool
             return False
         if not verify or f.crc32c is None:
             return True
-        crc = found.crc32c if found.crc32c is not None else storage.computed_checksum(path)
+        crc = found.crc32c if found.crc32c is not None else storage.checksum(path)
         return crc == f.crc32c
     except FileNotFoundError:
         return False
@@ -213,7 +213,7 @@ def staged_problem(storage: Storage, path: str, f: FileInfo, verify: bool = True
         if found.size != f.size:
             return f"is {found.size} bytes, the manifest says {f.size}"
         if verify and f.crc32c is not None:
-            crc = found.crc32c if found.crc32c is not None else storage.computed_checksum(path)
+            crc = found.crc32c if found.crc32c is not None else storage.checksum(path)
             if crc != f.crc32c:
                 return (f"has CRC32C {crc:#010x}, the manifest says {f.crc32c:#010x} "
                         "(it changed after the commit decision)")
