@@ -6,12 +6,15 @@
    first publish, or must name this store and pipeline -- two pipelines never mix epochs
    in one directory;
 2. files already at the destination with the manifest's size and CRC32C are kept (a
-   retry or a concurrent publisher); the others are **verified in staging** against the
-   manifest (size and CRC32C: a file damaged after the decision is refused by name);
+   retry or a concurrent publisher; the destination is listed once); the others are
+   **verified in staging** against the manifest (size and CRC32C: a file damaged after
+   the decision is refused by name) before the first one moves;
 3. the backend is asked **how** to move them: one directory rename where it can
    (:meth:`Storage.rename_dir`), copy file by file elsewhere; either way only the
    manifest's files are published (Spark's ``_SUCCESS`` and Hadoop ``.crc`` files stay
-   behind);
+   behind). Checks and copies run up to ``concurrency`` at a time: on an object store
+   each is one request (a ``HEAD`` answering size and CRC32C, a ``CopyObject``) whose
+   latency, not bandwidth, is the cost;
 4. temp debris of a killed publisher is removed from the epoch directory and the
    ``_SUCCESS`` summary is written last.
 
