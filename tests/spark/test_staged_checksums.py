@@ -84,3 +84,24 @@ def test_a_file_not_committed_by_the_writer_job_is_not_staged_output(spark: Any,
     manifest = p.manifest_for_staged(epoch, 1, "orders", sink.target_url, sink.rows)
     assert "part-99999-failed-attempt.snappy.parquet" not in {f.path for f in manifest.files}
     assert len(manifest.files) == 3
+
+
+@pytest.mark.s3
+def test_on_s3_the_executors_checksum_is_the_one_the_store_verified_and_keeps(
+    spark: Any, moto_server: Any, s3_bucket: str
+) -> None:
+    # Each staged object is one PUT carrying the executor's CRC32C, which S3 checks on
+    # arrival and returns with HEAD: both sides of the manifest agree without a read.
+    config = CheckpointConfig.from_mapping({"storage_url": f"{s3_bucket}/store",
+                                            "storage_options": moto_server.storage_options})
+    p = CheckpointStore(config).pipeline("crc")
+    epoch = p.begin("run-1").epoch
+    sink = FileSink("orders", f"{s3_bucket}/target")
+    sink.bind(p.staging_url(epoch, 1, "orders"), p.storage.storage_options)
+    assert sink.write(spark.createDataFrame(_rows(90)).repartition(2)) == 90
+    manifest = p.manifest_for_staged(epoch, 1, "orders", sink.target_url, sink.rows)
+    assert len(manifest.files) == 2
+    for f in manifest.files:
+        path = f"{manifest.staging}/{f.path}"
+        assert p.storage.stored_checksum(path) == f.crc32c
+        assert crc32c.crc32c(p.storage.read(path)) == f.crc32c
