@@ -333,3 +333,11 @@ def test_on_s3_publishing_a_file_costs_one_check_and_one_copy(s3_spec: StoreSpec
 def test_on_s3_files_are_published_in_parallel_up_to_the_configured_concurrency(s3_spec: StoreSpec) -> None:
     requests = _commit_requests(s3_spec, 12, "run-1", latency_s=0.05)
     assert 2 <= requests.max_copying <= 4  # publish_concurrency=4
+
+
+@pytest.mark.parametrize("value", [0, 257, "8", True])
+def test_a_publish_concurrency_outside_1_to_256_is_refused_naming_the_setting(value: object) -> None:
+    from airflow_seatunnel_ckpt.core import CheckpointConfig
+
+    with pytest.raises(ConfigError, match="publish_concurrency must be an integer in 1..256"):
+        CheckpointConfig.from_mapping({"storage_url": "memory://x", "publish_concurrency": value})
