@@ -14,7 +14,7 @@ once a chain reaches it, the next change writes the key group in full again.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +169,12 @@ def read_chain(storage: Storage, chain: list[PartRef], key_columns: list[str]) -
     return table
 
 
+def same_part(trusted: PartRef | None, ref: PartRef) -> bool:
+    """Whether ``ref`` names exactly the bytes of the ``trusted`` reference (same path, size and CRC32C)."""
+    return (trusted is not None and trusted.path == ref.path and trusted.size == ref.size
+            and trusted.crc32c == ref.crc32c)
+
+
 def needs_full(chain: list[PartRef], incremental: bool, full_checkpoint_interval: int) -> bool:
     """Whether the next change to a key group must be written in full (bounds the chain)."""
     return not incremental or not chain or len(chain) >= full_checkpoint_interval
@@ -213,12 +219,21 @@ class CheckpointManager:
         return self.storage.exists(layout.metadata_path(epoch))
 
     def verify_parts(
-        self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None
+        self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None,
+        trusted: Mapping[str, PartRef] | None = None,
     ) -> list[Problem]:
-        """Check that each part exists with its recorded size (and, if ``deep``, CRC32C + frame)."""
+        """Check that each part exists with its recorded size (and, if ``deep``, CRC32C + frame).
+
+        ``trusted`` (see :meth:`covered_parts`) names parts an earlier committed checkpoint
+        already verified: a part listed there with the same size and CRC32C is not read
+        again. A part at a trusted path whose size or CRC32C differs from the trusted one
+        is checked like any other -- the record names different bytes than those verified.
+        """
         storage = storage or self.storage
         problems = []
         for ref in parts:
+            if trusted is not None and same_part(trusted.get(ref.path), ref):
+                continue
             where = storage.describe_path(ref.path)
             if deep:
                 try:
@@ -234,6 +249,25 @@ class CheckpointManager:
             if size != ref.size:
                 problems.append(Problem(where, f"size is {size} bytes, expected {ref.size}"))
         return problems
+
+    def covered_parts(self, epochs: Iterable[int]) -> dict[str, PartRef]:
+        """Every part the ``_metadata`` of checkpoints ``epochs`` lists, by path.
+
+        The caller passes committed epochs only. Their ``_metadata`` was written by the
+        commit decision after the parts new in that epoch were read and checked (size,
+        CRC32C, frame), and every older part it lists was covered by the checkpoint it
+        built on: so these parts, with exactly these sizes and checksums, were verified
+        once. A checkpoint whose ``_metadata`` cannot be read covers nothing (its parts
+        are then read like new ones). The deep :meth:`verify` trusts nothing.
+        """
+        covered: dict[str, PartRef] = {}
+        for epoch in sorted(set(epochs)):
+            try:
+                meta = self.read_metadata(epoch)
+            except CorruptCheckpointError:
+                continue
+            covered.update((p.path, p) for p in meta.parts())
+        return covered
 
     def verify(self, epoch: int, deep: bool = True, storage: Storage | None = None) -> list[Problem]:
         """Every problem with checkpoint ``epoch`` ([] means it restores correctly)."""

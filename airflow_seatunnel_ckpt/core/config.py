@@ -143,6 +143,9 @@ class CheckpointConfig:
     max_retries: int = 3
     #: Upper bound for the decompressed size of any single stored frame chunk (bytes).
     max_chunk_bytes: int = 64 * 1024 * 1024
+    #: How many files a publish checks and copies at once on a store without a directory
+    #: rename (object stores): each is a request whose latency, not bandwidth, dominates.
+    publish_concurrency: int = 8
 
     def __post_init__(self) -> None:
         self._validate()
@@ -231,3 +234,5 @@ class CheckpointConfig:
              f"max_retries must be an integer in 0..100, got {self.max_retries!r}")
         need(is_int(self.max_chunk_bytes) and 1024 <= self.max_chunk_bytes <= 1 << 31,
              f"max_chunk_bytes must be an integer in 1024..2**31, got {self.max_chunk_bytes!r}")
+        need(is_int(self.publish_concurrency) and 1 <= self.publish_concurrency <= 256,
+             f"publish_concurrency must be an integer in 1..256, got {self.publish_concurrency!r}")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import layout, markers, replication, source_log, staging
@@ -297,31 +297,33 @@ class Pipeline:
             self.storage, self.config, epoch, attempt, source, offsets, chain, rebuilt,
             lambda: base.source_entries(source) if base else [])
 
-    def _verify_record(self, record: PreparedRecord, deep: bool) -> list[Problem]:
+    def _verify_record(self, record: PreparedRecord, deep: bool,
+                       trusted: Mapping[str, PartRef] | None = None) -> list[Problem]:
         parts = [p for op in record.operators.values() for p in op.parts()]
         parts += [p for s in record.sources.values() for p in s.chain]
-        problems = self.checkpoints.verify_parts(parts, deep=deep)
+        problems = self.checkpoints.verify_parts(parts, deep=deep, trusted=trusted)
         for sink in record.sinks:
             problems += staging.verify_staged(self.storage, sink, deep)
         return problems
 
     def verify_prepared(self, epoch: int, participants: list[str] | None = None,
-                        deep: bool = True) -> list[Problem]:
+                        deep: bool = True, trusted: Mapping[str, PartRef] | None = None) -> list[Problem]:
         """Problems with the prepared participants of ``epoch`` ([] = ready to commit).
 
         With ``participants``, a participant that has not prepared is a problem too.
+        ``trusted``: parts already verified (see :meth:`CheckpointManager.verify_parts`).
         """
         prepared = self.txlog.prepared(validate_epoch(epoch))
         where = self.storage.describe_path(layout.txlog_dir(epoch))
         problems = [Problem(where, f"{name!r} is not prepared") for name in unprepared(prepared, participants or [])]
         for name, record in sorted(prepared.items()):
             if participants is None or name in participants:
-                problems += self._verify_record(record, deep)
+                problems += self._verify_record(record, deep, trusted)
         return problems
 
     # -- decide ------------------------------------------------------------------------
     def decide(self, epoch: int, decision: Decision, reason: str, by: str = "",
-               participants: list[str] | None = None) -> DecisionRecord:
+               participants: list[str] | None = None, *, verify_all: bool = False) -> DecisionRecord:
         """Create the epoch's one decision; returns the winner (possibly not ``decision``).
 
         For commit, every participant the pipeline's descriptor declares must be prepared
@@ -330,6 +332,11 @@ class Pipeline:
         that must be prepared, never fewer than the declared ones. Only a pipeline
         without a descriptor (used from the core alone) commits "every participant that
         prepared" by default.
+
+        The commit decision reads what is new in the epoch (its state parts, its staged
+        files) and trusts the parts the participants' committed base checkpoints already
+        verified, so its cost follows the epoch, not the state's history;
+        ``verify_all=True`` reads every part (as ``seatunnel-ckpt verify`` does).
         """
         validate_epoch(epoch)
         existing = self.txlog.read_decision(epoch)
@@ -338,7 +345,7 @@ class Pipeline:
         winners: dict[str, int] = {}
         if decision is Decision.COMMIT:
             try:
-                meta = self._complete_checkpoint(epoch, participants)
+                meta = self._complete_checkpoint(epoch, participants, verify_all)
             except CheckpointError:
                 # A concurrent abort may have won meanwhile and removed the staging being
                 # verified or the checkpoint directory being completed: its decision is
@@ -353,7 +360,8 @@ class Pipeline:
                  record.by, record.reason)
         return record
 
-    def _complete_checkpoint(self, epoch: int, participants: list[str] | None) -> CheckpointMetadata:
+    def _complete_checkpoint(self, epoch: int, participants: list[str] | None,
+                             verify_all: bool = False) -> CheckpointMetadata:
         prepared = self.txlog.prepared(epoch)
         declared = self.declared_participants()
         if declared is None:
@@ -369,7 +377,8 @@ class Pipeline:
                 f"{missing or 'no participant'} ({why}); wait for the stage(s) or abort the epoch. A "
                 "participant removed from the pipeline is dropped from the declared set by the next run "
                 "of its DAG's task group")
-        problems = self.verify_prepared(epoch, chosen, deep=True)
+        trusted = None if verify_all else self._verified_before(prepared[p] for p in chosen)
+        problems = self.verify_prepared(epoch, chosen, deep=True, trusted=trusted)
         if problems:
             raise NotPreparedError(
                 f"pipeline {self.name!r} epoch {epoch}: cannot commit, prepared output does not verify: "
@@ -402,6 +411,22 @@ class Pipeline:
             base_epoch=max(bases) if bases else None, operators=operators, sources=sources, sinks=sinks,
             source_metas=source_metas)
         return self.checkpoints.complete(meta)
+
+    def _verified_before(self, records: Iterable[PreparedRecord]) -> dict[str, PartRef]:
+        """The parts the committed checkpoints these records built on cover (verified by their decisions).
+
+        A base must be decided commit: an aborted epoch's ``_metadata`` (completed just
+        before an abort won) never counts, nor does a base whose decision record is damaged.
+        """
+        committed = []
+        for base in {r.base_epoch for r in records if r.base_epoch is not None}:
+            try:
+                decision = self.txlog.read_decision(base)
+            except CheckpointError:  # a damaged record proves nothing: read the parts instead
+                continue
+            if decision is not None and decision.decision is Decision.COMMIT:
+                committed.append(base)
+        return self.checkpoints.covered_parts(committed)
 
     def _carried_sources(self, epoch: int, base_epoch: int, present: set[str],
                          attempt: int) -> dict[str, SourceState]:
@@ -505,7 +530,8 @@ class Pipeline:
             summary["mode"] = sink.mode.value
         owner = {"store": redact_url(self.storage.url.rsplit("/", 1)[0]), "pipeline": self.name}
         how = publish_sink_dir(self.storage, sink.staging, target, dst, sink.files, summary,
-                               owner=owner, retries=self.config.max_retries)
+                               owner=owner, retries=self.config.max_retries,
+                               concurrency=self.config.publish_concurrency)
         if sink.mode is SinkMode.SNAPSHOT:
             snapshots = {e: name for name in target.list_dir("")
                          if (e := layout.parse_staging_epoch(name)) is not None}

@@ -8,9 +8,17 @@ exactly those bytes are still there before the commit decision.
 
 from __future__ import annotations
 
+import json
+
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.checkpoint import Problem
-from airflow_seatunnel_ckpt.core.errors import ConfigError, FencedAttemptError, InvalidNameError, StorageError
+from airflow_seatunnel_ckpt.core.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    FencedAttemptError,
+    InvalidNameError,
+    StorageError,
+)
 from airflow_seatunnel_ckpt.core.models import SinkManifest
 from airflow_seatunnel_ckpt.core.names import validate_name
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, clean_relpath, refuse_password
@@ -28,6 +36,13 @@ def _bookkeeping(name: str) -> bool:
     return name.startswith(".") or (name.startswith("_") and "=" not in name)
 
 
+#: In a staging directory: the files the writer's job committed, with the size and
+#: CRC32C each executor computed as it wrote them (``{"files": [{"path", "size",
+#: "crc32c"}]}``). Written by ``spark.staged_writer``; a ``_`` file, so no reader takes
+#: it for data and no publish copies it.
+FILES_LIST = "_seatunnel_files.json"
+
+
 def manifest_of(storage: Storage, staging: str, sink: str, target_url: str, rows: int,
                 fmt: str = "parquet") -> SinkManifest:
     """List what was staged in ``staging`` for ``sink`` as a manifest (data files only).
@@ -38,11 +53,53 @@ def manifest_of(storage: Storage, staging: str, sink: str, target_url: str, rows
     ``.part-0.crc``), and so is a ``*.crc`` file; a partition directory such as
     ``_tenant=a`` is data. Each file's CRC32C is recorded, so the commit decision and the
     publish can prove that exactly these bytes get published.
+
+    If the writer left a :data:`FILES_LIST`, it is the file list (a file a failed task
+    attempt left is not output) and its checksums, computed where the bytes were
+    written, are taken as they are: the staging is listed once and no data is read.
+    Otherwise each file's checksum is the store's, or computed by reading it.
     """
-    files = [FileInfo(f.path, f.size, storage.checksum(f"{staging}/{f.path}"))
-             for f in storage.walk(staging)
-             if not any(map(_bookkeeping, f.path.split("/"))) and not f.path.endswith(".crc")]
+    found = {f.path: f for f in storage.walk(staging)
+             if not any(map(_bookkeeping, f.path.split("/"))) and not f.path.endswith(".crc")}
+    written = _files_list(storage, staging)
+    if written is None:
+        files = [FileInfo(f.path, f.size, storage.checksum(f"{staging}/{f.path}")) for f in found.values()]
+    else:
+        for f in written:
+            if found.get(f.path) is None or found[f.path].size != f.size:
+                where = storage.describe_path(f"{staging}/{f.path}")
+                what = "is missing" if f.path not in found else f"is {found[f.path].size} bytes"
+                raise CorruptCheckpointError(
+                    f"{where}: the writer committed it with {f.size} bytes ({FILES_LIST}), but it {what}; "
+                    "the staged output changed after the write -- run the stage again (a new attempt)", where)
+        files = written
     return SinkManifest(validate_name(sink, "sink name"), target_url, staging, files, rows, fmt)
+
+
+def _files_list(storage: Storage, staging: str) -> list[FileInfo] | None:
+    """The writer's :data:`FILES_LIST` of ``staging``, checked; None if there is none."""
+    path = f"{staging}/{FILES_LIST}"
+    where = storage.describe_path(path)
+    try:
+        data = storage.read(path)
+    except FileNotFoundError:
+        return None
+    try:
+        entries = json.loads(data)["files"]
+        if not isinstance(entries, list):
+            raise TypeError("'files' is not a list")
+        out = []
+        for e in entries:
+            size, crc = e["size"], e["crc32c"]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (size, crc)) or size < 0 \
+                    or not 0 <= crc < 1 << 32:
+                raise ValueError(f"bad size or crc32c in {e!r}")
+            out.append(FileInfo(inside_pipeline(str(e["path"]), f"{FILES_LIST} entry"), size, crc))
+    except (ValueError, TypeError, KeyError, InvalidNameError) as exc:
+        raise CorruptCheckpointError(
+            f"{where}: not a valid list of written files ({exc}); run the stage again (a new attempt)",
+            where) from None
+    return sorted(out, key=lambda f: f.path)
 
 
 def check_manifest(sink: SinkManifest, epoch: int, attempt: int) -> None:
@@ -74,9 +131,12 @@ def verify_staged(storage: Storage, sink: SinkManifest, deep: bool) -> list[Prob
         # FileNotFoundError at either step: missing, or removed meanwhile by an
         # abort that won the decision while this verification ran.
         try:
-            size = storage.size(path)
+            # One request on an object store: the size and the CRC32C it keeps.
+            found = storage.file_info(path)
+            size = found.size
             wrong_crc = (size == f.size and deep and f.crc32c is not None
-                         and storage.checksum(path) != f.crc32c)
+                         and (found.crc32c if found.crc32c is not None else storage.checksum(path))
+                         != f.crc32c)
         except FileNotFoundError:
             problems.append(Problem(storage.describe_path(path), "staged file is missing"))
             continue

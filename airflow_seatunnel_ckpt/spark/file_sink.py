@@ -40,6 +40,8 @@ class Sink:
         self.name = name
         self.target_url = target_url
         self.staging_url: str | None = None
+        #: fsspec options of the store holding the staging (for executors writing it).
+        self.staging_options: dict[str, Any] = {}
         self.rows: int | None = None
         try:
             self.mode = SinkMode(mode)
@@ -50,9 +52,10 @@ class Sink:
                 "replaces the table with each epoch's rows"
             ) from None
 
-    def bind(self, staging_url: str) -> None:
-        """Called by the runner: stage into ``staging_url``."""
+    def bind(self, staging_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        """Called by the runner: stage into ``staging_url`` (opened with ``storage_options``)."""
         self.staging_url = staging_url
+        self.staging_options = dict(storage_options or {})
 
     @property
     def written(self) -> bool:
@@ -120,9 +123,41 @@ class FileSink(Sink):
             )
         observation = Observation(f"sink_{self.name}_{uuid.uuid4().hex[:8]}")
         observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
-        writer = observed.write.format(self.format).options(**self.options).mode("overwrite")
-        if self.partition_by:
-            writer = writer.partitionBy(*self.partition_by)
-        writer.save(hadoop_path(self.staging_url))
+        if self._checksummed_on_executors(df):
+            self._write_checksummed(observed)
+        else:
+            # Spark's own writer: the manifest's checksums are then taken from the store,
+            # or computed on the driver by reading the staged files (core.staging.manifest_of).
+            writer = observed.write.format(self.format).options(**self.options).mode("overwrite")
+            if self.partition_by:
+                writer = writer.partitionBy(*self.partition_by)
+            writer.save(hadoop_path(self.staging_url))
         self.rows = int(observation.get.get("rows", 0))
         return self.rows
+
+    def _checksummed_on_executors(self, df: DataFrame) -> bool:
+        """Whether :mod:`.staged_writer` writes this output exactly as Spark's Parquet writer would lay it out."""
+        from airflow_seatunnel_ckpt.spark import staged_writer
+
+        types = dict(df.dtypes)
+        return (self.format == "parquet"
+                and set(self.options) <= {"compression"}
+                and str(self.options.get("compression", "snappy")).lower() in staged_writer.COMPRESSIONS
+                and all(staged_writer.supported_partition_type(types.get(c, "")) for c in self.partition_by))
+
+    def _write_checksummed(self, df: DataFrame) -> None:
+        """Stage Parquet whose CRC32C each executor computes as it writes (see :mod:`.staged_writer`)."""
+        import json
+
+        from airflow_seatunnel_ckpt.spark import staged_writer
+
+        assert self.staging_url is not None
+        df.sparkSession.dataSource.register(staged_writer.StagedParquetSource)
+        if self.partition_by:  # one open file per task at a time, as Spark's writer sorts
+            df = df.sortWithinPartitions(*self.partition_by)
+        (df.write.format(staged_writer.NAME).mode("append")
+         .option("path", self.staging_url)
+         .option(staged_writer.OPTIONS_KEY, json.dumps(self.staging_options))
+         .option("partition_by", json.dumps(self.partition_by))
+         .option("compression", str(self.options.get("compression", "snappy")))
+         .save())

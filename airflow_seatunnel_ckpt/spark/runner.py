@@ -268,7 +268,7 @@ def _bound_sinks(pipeline: Pipeline, epoch: int, spec: StageSpec) -> dict[str, S
     sinks = {}
     for name, opts in spec.sinks.items():
         sink = sink_from_options(name, opts)
-        sink.bind(pipeline.staging_url(epoch, spec.attempt, name))
+        sink.bind(pipeline.staging_url(epoch, spec.attempt, name), pipeline.storage.storage_options)
         sinks[name] = sink
     return sinks
 
@@ -326,7 +326,7 @@ def _quarantine_sinks(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: 
                 "(its bad_records option); rename the sink"
             )
         sink = sink_from_options(sink_name, {"type": "file", "path": target, "format": "json"})
-        sink.bind(pipeline.staging_url(epoch, spec.attempt, sink_name))
+        sink.bind(pipeline.staging_url(epoch, spec.attempt, sink_name), pipeline.storage.storage_options)
         out[name] = sink
     return out
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -256,3 +257,87 @@ def test_a_sink_target_on_an_unsupported_store_is_refused_at_prepare_before_any_
     with pytest.raises(ConfigError, match="'hdfs' is not supported"):
         staged_epoch(p, DATA, target="hdfs://namenode:8020/warehouse/orders")
     assert p.state(1) is EpochState.OPEN
+
+
+# -- what publishing costs on S3 --------------------------------------------------------------
+
+
+class S3Requests:
+    """Every request the store's S3 client sends, by operation, and how many copies were in flight at once.
+
+    A botocore event hook on the client s3fs uses; ``latency_s`` delays each request as
+    a remote store's round trip would, so that overlapping requests can be observed.
+    """
+
+    def __init__(self, storage: Storage, latency_s: float = 0.0) -> None:
+        import asyncio
+
+        self.ops: list[str] = []
+        self.copying = 0
+        self.max_copying = 0
+        storage.exists("")  # the client exists once the first request was made
+        events = storage.fs.s3.meta.events
+
+        async def before(model: Any, **_: Any) -> None:
+            self.ops.append(model.name)
+            if model.name == "CopyObject":
+                self.copying += 1
+                self.max_copying = max(self.max_copying, self.copying)
+            if latency_s:
+                await asyncio.sleep(latency_s)
+
+        def after(model: Any, **_: Any) -> None:
+            if model.name == "CopyObject":
+                self.copying -= 1
+
+        # A request ends in after-call, or in after-call-error when the store answers an error.
+        ends = ("after-call.s3", "after-call-error.s3")
+        events.register("before-call.s3", before)
+        for end in ends:
+            events.register(end, after)
+        self._unregister = lambda: [events.unregister("before-call.s3", before),
+                                    *(events.unregister(end, after) for end in ends)]
+
+    def close(self) -> None:
+        self._unregister()
+
+
+def _commit_requests(spec: StoreSpec, files: int, run_id: str, latency_s: float = 0.0) -> S3Requests:
+    p = spec.pipeline(f"requests-{files}", publish_concurrency=4)
+    epoch, _ = staged_epoch(p, {f"part-{i:05d}.parquet": bytes([i]) * (10 + i) for i in range(files)},
+                            run_id=run_id)
+    p.decide(epoch, Decision.COMMIT, "ok", by="test")
+    requests = S3Requests(p.storage, latency_s)
+    try:
+        p.commit(epoch)
+    finally:
+        requests.close()
+    assert p.state(epoch) is EpochState.COMMITTED
+    assert len(target_files(p, epoch, target_url(p, "orders"))) == files + 1  # + _SUCCESS
+    return requests
+
+
+@pytest.mark.s3
+def test_on_s3_publishing_a_file_costs_one_check_and_one_copy(s3_spec: StoreSpec) -> None:
+    # The requests a commit adds per staged file: its size and kept CRC32C in one HEAD,
+    # one server-side copy. The destination is listed once, not probed file by file, and
+    # no HEAD precedes a copy whose own outcome says as much.
+    few, many = _commit_requests(s3_spec, 2, "run-1"), _commit_requests(s3_spec, 22, "run-1")
+    per_file = (len(many.ops) - len(few.ops)) / 20
+    copies = many.ops.count("CopyObject") - few.ops.count("CopyObject")
+    assert copies == 20
+    assert per_file <= 2.0, (per_file, sorted(set(many.ops)), {op: many.ops.count(op) for op in set(many.ops)})
+
+
+@pytest.mark.s3
+def test_on_s3_files_are_published_in_parallel_up_to_the_configured_concurrency(s3_spec: StoreSpec) -> None:
+    requests = _commit_requests(s3_spec, 12, "run-1", latency_s=0.05)
+    assert 2 <= requests.max_copying <= 4  # publish_concurrency=4
+
+
+@pytest.mark.parametrize("value", [0, 257, "8", True])
+def test_a_publish_concurrency_outside_1_to_256_is_refused_naming_the_setting(value: object) -> None:
+    from airflow_seatunnel_ckpt.core import CheckpointConfig
+
+    with pytest.raises(ConfigError, match="publish_concurrency must be an integer in 1..256"):
+        CheckpointConfig.from_mapping({"storage_url": "memory://x", "publish_concurrency": value})

@@ -10,6 +10,7 @@ Spark's ``CheckpointFileManager`` and Flink's file sinks rely on:
 * :meth:`Storage.list_dir`, :meth:`Storage.walk`, :meth:`Storage.delete`
 * :meth:`Storage.size`, :meth:`Storage.exists`, :meth:`Storage.modified` (the store's clock)
 * :meth:`Storage.checksum` -- CRC32C, from the store when it keeps one
+* :meth:`Storage.file_info` -- size and kept CRC32C together (one request on an object store)
 
 A backend is a subclass that declares its :class:`Capabilities` and implements
 :meth:`Storage._put_if_absent`, the one primitive that carries the conditional-create
@@ -171,6 +172,14 @@ class Storage(abc.ABC):
     def stored_checksum(self, path: str) -> int | None:
         """The CRC32C the store keeps for ``path`` (no data read), or None if it keeps none."""
         return None
+
+    def file_info(self, path: str) -> FileInfo:
+        """Size of the file at ``path`` and the CRC32C the store keeps (None if none), in one request where it can.
+
+        FileNotFoundError if absent. What publish asks of each file it checks: an object
+        store answers both in one ``HEAD``.
+        """
+        return FileInfo(path, self.size(path), self.stored_checksum(path))
 
     def exists(self, path: str) -> bool:
         """Whether a file or directory exists at ``path``."""

@@ -7,7 +7,8 @@
 * Checksums: every object this backend writes carries a CRC32C additional checksum
   (``x-amz-checksum-crc32c``, computed here, verified by S3 on upload); copies ask S3 to
   compute one (``CopyObject`` with ``ChecksumAlgorithm=CRC32C``). ``HEAD`` with
-  ``ChecksumMode=ENABLED`` returns it, so verifying a file costs no read of its data.
+  ``ChecksumMode=ENABLED`` returns it with the size, so verifying a file costs one request
+  and no read of its data.
   Objects without a full-object CRC32C (written by other tools, multipart uploads) are
   read and checksummed instead.
 """
@@ -23,7 +24,7 @@ import crc32c
 import tenacity
 
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, StorageError
-from airflow_seatunnel_ckpt.core.storage.base import Capabilities, Data, Storage, chunks
+from airflow_seatunnel_ckpt.core.storage.base import Capabilities, Data, FileInfo, Storage, chunks
 
 #: Payloads up to this size are sent in one PUT with their CRC32C; larger ones stream as a
 #: multipart upload without a full-object checksum (then verifying them reads them).
@@ -39,6 +40,12 @@ def _crc32c_kwargs(payload: bytes) -> dict[str, str]:
 def _precondition_failed(exc: OSError) -> bool:
     text = f"{type(exc).__name__} {exc}"
     return "PreconditionFailed" in text or "412" in text
+
+
+def _too_large(exc: BaseException) -> bool:
+    """S3 refuses a single CopyObject of a source above 5 GiB (then copy in parts)."""
+    text = f"{type(exc).__name__} {exc}"
+    return "EntityTooLarge" in text or "InvalidRequest" in text or "copy source is larger" in text
 
 
 def _busy(exc: BaseException) -> bool:
@@ -63,17 +70,23 @@ class ObjectStorage(Storage):
         return self.fs.call_s3("head_object", Bucket=bucket, Key=key, **kwargs)  # type: ignore[no-any-return]
 
     def stored_checksum(self, path: str) -> int | None:
+        return self.file_info(path).crc32c
+
+    def file_info(self, path: str) -> FileInfo:
+        # One HEAD answers both: ContentLength, and the CRC32C with ChecksumMode=ENABLED.
         try:
             head = self._head(self.full_path(path), ChecksumMode="ENABLED")
         except FileNotFoundError:
             raise
         except Exception as exc:
-            raise self._err("reading the checksum of", path, exc) from exc
+            raise self._err("reading the size and checksum of", path, exc) from exc
         value = head.get("ChecksumCRC32C")
         # A composite checksum ("...-<parts>") covers the parts, not the object.
         if not value or "-" in value or head.get("ChecksumType") == "COMPOSITE":
-            return None
-        return int.from_bytes(base64.b64decode(value), "big")
+            crc = None
+        else:
+            crc = int.from_bytes(base64.b64decode(value), "big")
+        return FileInfo(path, int(head["ContentLength"]), crc)
 
     def modified(self, path: str) -> float:
         try:
@@ -142,6 +155,18 @@ class ObjectStorage(Storage):
             return False
 
     def _copy_in_store(self, source_full: str, full: str) -> bool:
-        # Server-side copy: the object appears whole, and S3 computes its CRC32C.
-        self.fs.cp_file(source_full, full, ChecksumAlgorithm="CRC32C")
+        # Server-side copy: the object appears whole, and S3 computes its CRC32C. One
+        # CopyObject request: s3fs's cp_file would HEAD the source first only to choose
+        # between a plain and a multipart copy, which objects up to 5 GiB never need.
+        src_bucket, src_key, _ = self.fs.split_path(source_full)
+        bucket, key, _ = self.fs.split_path(full)
+        try:
+            self.fs.call_s3("copy_object", Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32C",
+                            CopySource={"Bucket": src_bucket, "Key": src_key})
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            if not _too_large(exc):
+                raise
+            self.fs.cp_file(source_full, full, ChecksumAlgorithm="CRC32C")  # a multipart copy
         return True

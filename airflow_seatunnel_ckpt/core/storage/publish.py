@@ -6,12 +6,15 @@
    first publish, or must name this store and pipeline -- two pipelines never mix epochs
    in one directory;
 2. files already at the destination with the manifest's size and CRC32C are kept (a
-   retry or a concurrent publisher); the others are **verified in staging** against the
-   manifest (size and CRC32C: a file damaged after the decision is refused by name);
+   retry or a concurrent publisher; the destination is listed once); the others are
+   **verified in staging** against the manifest (size and CRC32C: a file damaged after
+   the decision is refused by name) before the first one moves;
 3. the backend is asked **how** to move them: one directory rename where it can
    (:meth:`Storage.rename_dir`), copy file by file elsewhere; either way only the
    manifest's files are published (Spark's ``_SUCCESS`` and Hadoop ``.crc`` files stay
-   behind);
+   behind). Checks and copies run up to ``concurrency`` at a time: on an object store
+   each is one request (a ``HEAD`` answering size and CRC32C, a ``CopyObject``) whose
+   latency, not bandwidth, is the cost;
 4. temp debris of a killed publisher is removed from the epoch directory and the
    ``_SUCCESS`` summary is written last.
 
@@ -24,15 +27,21 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import tenacity
 
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, StorageError
 from airflow_seatunnel_ckpt.core.storage.base import BLOCK, TEMP_PREFIX, FileInfo, Storage
 
+T = TypeVar("T")
+
+#: How many files a publish checks and copies at once when the caller does not say
+#: (``CheckpointConfig.publish_concurrency``).
+DEFAULT_CONCURRENCY = 8
 #: The marker naming a sink target's owner (store and pipeline), at the target's root.
 #: Readers skip it like every ``_`` file (Spark, Hive, pandas).
 OWNER_MARKER = "_seatunnel_ckpt_owner"
@@ -53,11 +62,12 @@ class PublishMethod(StrEnum):
 
 def publish_sink_dir(source: Storage, staging: str, target: Storage, dst: str, files: Sequence[FileInfo],
                      summary: Mapping[str, Any], *, owner: Mapping[str, str], retries: int,
-                     deadline_s: float = 300.0) -> PublishMethod:
+                     deadline_s: float = 300.0, concurrency: int = DEFAULT_CONCURRENCY) -> PublishMethod:
     """Publish one sink's staged ``files`` to ``target:dst`` and write its ``_SUCCESS``.
 
     Transient store errors are retried ``retries`` times (exponential backoff, at most
-    ``deadline_s`` in all); a :class:`PublishError` is not retried.
+    ``deadline_s`` in all); a :class:`PublishError` is not retried. Up to ``concurrency``
+    files are checked and copied at once (see :func:`publish_files`).
     """
 
     @tenacity.retry(retry=tenacity.retry_if_exception(
@@ -65,7 +75,7 @@ def publish_sink_dir(source: Storage, staging: str, target: Storage, dst: str, f
                     stop=tenacity.stop_after_attempt(retries + 1) | tenacity.stop_after_delay(deadline_s),
                     wait=tenacity.wait_exponential(multiplier=0.05, max=5), reraise=True)
     def attempt() -> PublishMethod:
-        how = publish_files(source, staging, target, dst, files, owner=owner)
+        how = publish_files(source, staging, target, dst, files, owner=owner, concurrency=concurrency)
         # A publisher killed while writing into the epoch directory (the _SUCCESS mark,
         # a copied file) left a temp file in the user-visible output. The directory
         # belongs to this epoch alone, so any temp in it is such debris; a concurrent
@@ -110,7 +120,8 @@ def retire_older_snapshots(target: Storage, snapshots: Mapping[int, str], epoch:
 
 
 def publish_files(source: Storage, src: str, target: Storage, dst: str, files: Iterable[FileInfo], *,
-                  owner: Mapping[str, str] | None = None, verify: bool = True) -> PublishMethod:
+                  owner: Mapping[str, str] | None = None, verify: bool = True,
+                  concurrency: int = DEFAULT_CONCURRENCY) -> PublishMethod:
     """Make exactly ``files`` (relative to ``source:src``) present below ``target:dst``.
 
     Idempotent: files already at the destination with the expected size (and CRC32C, when
@@ -118,15 +129,25 @@ def publish_files(source: Storage, src: str, target: Storage, dst: str, files: I
     :class:`PublishError` naming the file if one is neither at the destination nor intact
     in staging. ``verify=False`` checks sizes only (for callers that just checksummed the
     staging themselves).
+
+    Requests: one listing of the destination (not a probe per file); per file to move, one
+    request for its staged size and kept checksum and one copy (or a single directory
+    rename); up to ``concurrency`` files at a time, every staged file checked before the
+    first is copied.
     """
     expected = list(files)
     if owner is not None:
         claim_target(target, owner)
-    missing = [f for f in expected if not holds(target, f"{dst}/{f.path}", f, verify)]
+    # What the destination already has: a retry's or a concurrent publisher's copies.
+    listed = {f.path: f.size for f in target.walk(dst)}
+    same_size = [f for f in expected if listed.get(f.path) == f.size]
+    kept = {f.path for f, ok in zip(same_size, _each(
+        lambda f: holds(target, f"{dst}/{f.path}", f, verify), same_size, concurrency), strict=True) if ok}
+    missing = [f for f in expected if f.path not in kept]
     if not missing:
         return PublishMethod.ALREADY
-    for f in missing:
-        problem = staged_problem(source, f"{src}/{f.path}", f, verify)
+    problems = _each(lambda f: staged_problem(source, f"{src}/{f.path}", f, verify), missing, concurrency)
+    for f, problem in zip(missing, problems, strict=True):
         # Re-check the destination: a concurrent publisher (a retry, the recovery DAG)
         # may have moved the staged file there since ``missing`` was computed.
         if problem and not holds(target, f"{dst}/{f.path}", f, verify):
@@ -139,29 +160,51 @@ def publish_files(source: Storage, src: str, target: Storage, dst: str, files: I
         # Only the manifest is published: the writer's own bookkeeping (Spark's empty
         # _SUCCESS, Hadoop .crc files) would otherwise move along with the directory.
         # (A copy publishes the manifest's files only; the staging goes as a whole later.)
-        listed = {f.path for f in expected}
+        names = {f.path for f in expected}
         for f in source.walk(src, include_temp=True):
-            if f.path not in listed:
+            if f.path not in names:
                 source.delete(f"{src}/{f.path}")
         if source.rename_dir(src, target, dst):
             return PublishMethod.RENAME
-    for f in missing:
-        if holds(target, f"{dst}/{f.path}", f, verify):
-            continue
+
+    def copy(f: FileInfo) -> None:
+        # No probe of the destination first: a copy over a concurrent publisher's copy of
+        # the same verified staged bytes changes nothing a reader could see.
         try:
             copy_file(source, f"{src}/{f.path}", target, f"{dst}/{f.path}")
         except (FileNotFoundError, StorageError):
+            # The staged file may be gone because a concurrent publisher finished first.
             if not holds(target, f"{dst}/{f.path}", f, verify):
                 raise
+
+    _each(copy, missing, concurrency)
     return PublishMethod.COPY
+
+
+def _each(call: Callable[[FileInfo], T], files: Sequence[FileInfo], concurrency: int) -> list[T]:
+    """``call`` on every file, up to ``concurrency`` at a time; results in order, the first error raised.
+
+    Every call has finished (or failed) when this returns or raises: nothing keeps writing
+    into the destination behind the caller's back.
+    """
+    if concurrency <= 1 or len(files) <= 1:
+        return [call(f) for f in files]
+    with ThreadPoolExecutor(max_workers=min(concurrency, len(files)), thread_name_prefix="publish") as pool:
+        futures = [pool.submit(call, f) for f in files]
+        wait(futures)
+    return [future.result() for future in futures]
 
 
 def holds(storage: Storage, path: str, f: FileInfo, verify: bool = True) -> bool:
     """Whether ``path`` has ``f``'s size and (with ``verify``, when known) its CRC32C."""
     try:
-        if storage.size(path) != f.size:
+        found = storage.file_info(path)
+        if found.size != f.size:
             return False
-        return not verify or f.crc32c is None or storage.checksum(path) == f.crc32c
+        if not verify or f.crc32c is None:
+            return True
+        crc = found.crc32c if found.crc32c is not None else storage.checksum(path)
+        return crc == f.crc32c
     except FileNotFoundError:
         return False
 
@@ -169,11 +212,11 @@ def holds(storage: Storage, path: str, f: FileInfo, verify: bool = True) -> bool
 def staged_problem(storage: Storage, path: str, f: FileInfo, verify: bool = True) -> str:
     """What is wrong with staged file ``path`` against its manifest entry ("" = nothing)."""
     try:
-        size = storage.size(path)
-        if size != f.size:
-            return f"is {size} bytes, the manifest says {f.size}"
+        found = storage.file_info(path)
+        if found.size != f.size:
+            return f"is {found.size} bytes, the manifest says {f.size}"
         if verify and f.crc32c is not None:
-            crc = storage.checksum(path)
+            crc = found.crc32c if found.crc32c is not None else storage.checksum(path)
             if crc != f.crc32c:
                 return (f"has CRC32C {crc:#010x}, the manifest says {f.crc32c:#010x} "
                         "(it changed after the commit decision)")

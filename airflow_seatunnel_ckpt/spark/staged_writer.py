@@ -1,0 +1,185 @@
+"""Staging Parquet with each file's CRC32C computed by the executor that writes it.
+
+Spark's own file writer gives the driver nothing but a directory: to record each staged
+file's CRC32C in the manifest the driver would have to read every output byte again. A
+Python data source writer (Spark 4) instead encodes the executor's Arrow batches with
+pyarrow, checksums the bytes as it stores them, and returns ``(path, size, CRC32C)`` in
+its task's commit message. The job commit -- only the messages of task attempts that
+Spark committed -- writes them to ``<staging>/_seatunnel_files.json``
+(:data:`core.staging.FILES_LIST`), which :func:`core.staging.manifest_of` takes as the
+authoritative file list: the driver lists the directory once and reads no data, and a
+file left by a failed task attempt is not output.
+
+Each file is buffered on the executor (up to :data:`ROLL_BYTES`, then the next file
+starts) and stored with one atomic write, so an object store gets a single PUT carrying
+the CRC32C, which it verifies on arrival. Partitioned output is sorted by the partition
+columns within each task first (as Spark does), so a task holds one open file at a time.
+Used by :class:`~airflow_seatunnel_ckpt.spark.file_sink.FileSink` for Parquet with at
+most a ``compression`` option and partition columns of the types in
+:func:`supported_partition_type`; everything else is written by Spark's writer.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+
+from airflow_seatunnel_ckpt.core.staging import FILES_LIST
+
+#: The data source name this module registers.
+NAME = "seatunnel_staged_parquet"
+#: A staged file is closed and the next one started once it holds this many bytes.
+ROLL_BYTES = 64 * 1024 * 1024
+#: Spark's directory name for a null partition value.
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+#: The option carrying the store's fsspec options: its name matches Spark's default
+#: ``spark.redaction.regex`` (``secret``), so the plan and the UI show it redacted.
+OPTIONS_KEY = "secret.storage_options"
+# Characters Spark escapes in partition directory names (ExternalCatalogUtils.escapePathName).
+_ESCAPED = set('"#%\'*/:=?\\\x7f{[]^') | {chr(c) for c in range(1, 32)}
+
+
+def supported_partition_type(type_name: str) -> bool:
+    """Whether a partition column of this Spark type (``simpleString``) is named here exactly as Spark names it."""
+    return type_name in ("string", "tinyint", "smallint", "int", "bigint", "boolean", "date")
+
+
+def partition_dir_value(value: Any) -> str:
+    """A partition value as Spark writes it in a directory name (``col=<this>``)."""
+    if value is None:
+        return NULL_PARTITION
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if text == "":
+        return NULL_PARTITION  # Spark writes an empty string as the null partition too
+    return "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in text)
+
+
+@dataclass
+class StagedFiles(WriterCommitMessage):
+    """One task's commit message: the files it stored, relative to the staging directory."""
+
+    files: list[dict[str, Any]] = field(default_factory=list)
+
+
+class StagedParquetSource(DataSource):
+    """``df.write.format("seatunnel_staged_parquet").option("path", <staging URL>)``."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name to write with."""
+        return NAME
+
+    def writer(self, schema: Any, overwrite: bool) -> StagedParquetWriter:
+        """The writer of one job (``overwrite`` is moot: every attempt stages into a new directory)."""
+        return StagedParquetWriter(dict(self.options))
+
+
+class StagedParquetWriter(DataSourceArrowWriter):
+    """Writes a task's batches as Parquet files into the staging directory, checksumming each."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.url = options["path"]
+        self.storage_options = json.loads(options.get(OPTIONS_KEY) or "{}")
+        self.partition_by = json.loads(options.get("partition_by") or "[]")
+        self.compression = COMPRESSIONS[(options.get("compression") or "snappy").lower()]
+
+    def write(self, iterator: Iterator[Any]) -> StagedFiles:
+        """Store this task's rows; runs on an executor."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark import TaskContext
+
+        from airflow_seatunnel_ckpt.core.codec import crc32c
+        from airflow_seatunnel_ckpt.core.storage import open_storage
+
+        storage = open_storage(self.url, self.storage_options)
+        context = TaskContext.get()
+        task = f"{context.partitionId():05d}" if context is not None else "00000"
+        # Unique per task attempt: a retried task never overwrites a file a reader of the
+        # first attempt's commit message could be pointed at.
+        token = uuid.uuid4().hex[:12]
+        stored: list[dict[str, Any]] = []
+        current: tuple[str, pa.BufferOutputStream, pq.ParquetWriter] | None = None
+
+        def close() -> None:
+            nonlocal current
+            if current is None:
+                return
+            path, sink, writer = current
+            writer.close()
+            data = sink.getvalue()
+            storage.write_atomic(path, memoryview(data))
+            stored.append({"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))})
+            current = None
+
+        def open_file(directory: str, schema: pa.Schema) -> None:
+            nonlocal current
+            codec = "" if self.compression == "none" else f".{self.compression}"
+            name = f"part-{task}-{token}-{len(stored):04d}{codec}.parquet"
+            path = f"{directory}/{name}" if directory else name
+            sink = pa.BufferOutputStream()
+            current = (path, sink, pq.ParquetWriter(sink, schema, compression=self.compression))
+
+        directory = None
+        for batch in iterator:
+            table = pa.Table.from_batches([batch])
+            for part_dir, rows in self._by_partition(table):
+                if current is not None and (part_dir != directory or current[1].tell() >= ROLL_BYTES):
+                    close()
+                if current is None:
+                    open_file(part_dir, rows.schema)
+                    directory = part_dir
+                assert current is not None
+                current[2].write_table(rows)
+        close()
+        return StagedFiles(stored)
+
+    def _by_partition(self, table: Any) -> Iterator[tuple[str, Any]]:
+        """``(directory, rows without the partition columns)`` for each run of equal partition values.
+
+        The task's rows are sorted by the partition columns, so each value is one run.
+        """
+        if not self.partition_by:
+            yield "", table
+            return
+        import numpy as np
+        import pyarrow.compute as pc
+
+        n = table.num_rows
+        columns = [table.column(c) for c in self.partition_by]
+        data = table.drop_columns(self.partition_by)
+        changed = np.zeros(max(n - 1, 0), dtype=bool)
+        for col in columns:
+            if n < 2:
+                break
+            a, b = col.slice(0, n - 1), col.slice(1)
+            differs = pc.or_(pc.xor(pc.is_null(a), pc.is_null(b)), pc.fill_null(pc.not_equal(a, b), False))
+            changed |= differs.to_numpy(zero_copy_only=False)
+        starts = [0, *(np.flatnonzero(changed) + 1).tolist()]
+        for start, end in zip(starts, [*starts[1:], n], strict=True):
+            directory = "/".join(f"{quote_name(c)}={partition_dir_value(col[start].as_py())}"
+                                 for c, col in zip(self.partition_by, columns, strict=True))
+            yield directory, data.slice(start, end - start)
+
+    def commit(self, messages: list[Any]) -> None:
+        """The job commit: list exactly the committed tasks' files in the staging directory."""
+        from airflow_seatunnel_ckpt.core.storage import open_storage
+
+        files = sorted((f for m in messages if m is not None for f in m.files), key=lambda f: f["path"])
+        payload = json.dumps({"files": files}, separators=(",", ":")).encode()
+        open_storage(self.url, self.storage_options).write_atomic(FILES_LIST, payload)
+
+
+def quote_name(column: str) -> str:
+    """A partition column's name as Spark writes it in a directory name."""
+    return "".join(f"%{ord(c):02X}" if c in _ESCAPED else c for c in column)
+
+
+#: Spark's parquet ``compression`` values and pyarrow's names for them.
+COMPRESSIONS = {"none": "none", "uncompressed": "none", "snappy": "snappy", "gzip": "gzip", "zstd": "zstd",
+                "lz4_raw": "lz4", "brotli": "brotli"}
