@@ -28,6 +28,11 @@ class PartReport:
     #: empty tasks, whose key group is only known from that index.
     aligned: bool = True
     part: PartRef | None = None  #: None: the key group is unchanged
+    #: How many of the restored chain's newest runs ``part`` replaces (a compaction
+    #: merged them with the epoch's changes); a FULL part replaces the whole chain.
+    replaces: int = 0
+    #: Bytes of state the task read (indexes, blooms, blocks; compaction included).
+    read: int = 0
 
     @property
     def empty(self) -> bool:
