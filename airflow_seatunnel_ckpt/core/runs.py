@@ -243,6 +243,7 @@ class RunReader:
 
     def __init__(self, storage: Storage, ref: PartRef, key_columns: list[str], data: bytes | None = None) -> None:
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         self.storage, self.ref, self.key_columns, self._data = storage, ref, key_columns, data
         self.where = storage.describe_path(ref.path)
@@ -250,9 +251,10 @@ class RunReader:
         self._whole: Any = None
         if ref.index is None:  # a part of the FULL+DELTA format: one in-memory block
             table = read_arrow_part(storage, ref)
-            table = table.take(sort_keys(table, key_columns).sort_indices()) if table.num_rows else table
+            table = table.take(pc.sort_indices(sort_keys(table, key_columns))) if table.num_rows else table
             keys = sort_keys(table, key_columns)
-            self._whole, self.schema, self.bloom = table, table.schema, None
+            self._whole, self.schema = table, table.schema
+            self.bloom: Bloom | None = None
             rows = [table.num_rows] if table.num_rows else []
             self.index = pa.table({"first": keys[:1], "last": keys[-1:] if len(keys) else keys[:0],
                                    "offset": pa.array([0] * len(rows), pa.int64()),
