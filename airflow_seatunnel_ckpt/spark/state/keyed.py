@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
-from airflow_seatunnel_ckpt.core.run_chain import live_runs
 from airflow_seatunnel_ckpt.spark.state.executor import (
     dedup_partition,
     merge_partition,
     read_partition,
     state_schema,
 )
-from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportList, choose_reports
+from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportList, choose_reports, next_chain
 from airflow_seatunnel_ckpt.spark.state.settings import (
     DEFAULT_CHUNK_ROWS,
     KEY_GROUP_COLUMN,
@@ -249,16 +248,8 @@ class KeyedState:
         written = 0
         for key_group in range(self.key_groups):
             report = reports[key_group]
-            ref = report.part
-            before = list(restored.get(key_group, []))
-            if report.replaces:
-                before = before[: len(before) - report.replaces]
-            if ref is None:
-                chain = before
-            else:
-                written += ref.size
-                chain = [ref] if ref.kind == "full" else [*before, ref]
-            chain = live_runs(chain, min_epoch)
+            written += report.part.size if report.part is not None else 0
+            chain = next_chain(list(restored.get(key_group, [])), report, min_epoch)
             if chain:
                 chains[key_group] = chain
         return chains, written
