@@ -5,17 +5,21 @@ each epoch's changed keys become one new run, and a lookup asks the runs newest 
 a key found in a newer run is never looked up in an older one. A run is one file in the
 state file format (``core/codec.py``, payload kind ``RUN``)::
 
-    header | block chunk * | index chunk | bloom chunk * | trailer
+    header | block chunk * | bloom chunk * | index chunk | trailer
 
 * A *block* is up to ``block_rows`` rows (and about 2 MiB) in key order, one Arrow IPC
   stream, framed as exactly one chunk: a ranged read of its bytes is verified by the
   chunk's own CRC32C and decoded without the rest of the file.
-* The *index* (Arrow IPC) gives each block's first and last key, byte range and row
-  count; its schema metadata holds the run's data schema and the bloom filter's size.
-  ``PartRef.index`` says where it starts, so a reader fetches the index (and the header,
-  for the codec) with two ranged reads.
-* The *bloom filter* (about 10 bits per key, 7 hashes: ~1% false positives) lets a
-  lookup of keys the run does not hold skip the run without reading a block.
+* Each block has its own *bloom filter* (about 10 bits per key, 7 hashes: ~1% false
+  positives), one chunk each, stored together after the blocks (a partitioned filter,
+  as RocksDB's): a lookup reads only the filters of the blocks whose key range holds
+  one of its keys -- adjacent ones in one ranged read -- and then only the blocks whose
+  filter says "maybe". Keys the run does not hold cost filter bits, not blocks; a few
+  keys in a large run cost a few filters and blocks, not the whole run's filter.
+* The *index* (Arrow IPC) gives each block's first and last key, row count and the
+  byte ranges of the block and of its filter; its schema metadata holds the run's data
+  schema. ``PartRef.index`` says where it starts, so a reader fetches the index (and
+  the header, for the codec) with two ranged reads.
 
 Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
 injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
@@ -43,8 +47,6 @@ DEFAULT_BLOCK_ROWS = 65536
 BLOCK_BYTES = 2 * 1024 * 1024
 BLOOM_BITS_PER_KEY = 10
 BLOOM_HASHES = 7
-#: Bloom bits per chunk (a chunk must stay below the readers' ``max_chunk``).
-_BLOOM_CHUNK = 16 * 1024 * 1024
 _TRAILER_SIZE = 24
 _RUN_FORMAT = b"1"
 
@@ -163,7 +165,6 @@ def write_run(
     key_columns: list[str],
     schema: Any,
     *,
-    expected_rows: int,
     epoch: int,
     key_group: int = 0,
     delta: bool = False,
@@ -174,15 +175,15 @@ def write_run(
 ) -> PartRef:
     """Write sorted, key-unique ``pieces`` (ascending, non-overlapping) as one run.
 
-    Streams: memory is one block plus the bloom filter (sized for ``expected_rows``, an
-    upper bound of the rows written).
+    Streams: memory is one block plus the blocks' bloom filters (~1.25 bytes a key).
     """
     import pyarrow as pa
 
     writer = codec.ChunkWriter(kind=codec.PayloadKind.RUN, epoch=epoch, base_epoch=base_epoch,
                                delta=delta, codec=compression, level=level)
-    bloom = Bloom.sized(expected_rows)
-    entries: dict[str, list[Any]] = {"first": [], "last": [], "offset": [], "length": [], "rows": []}
+    entries: dict[str, list[Any]] = {n: [] for n in ("first", "last", "offset", "length", "rows",
+                                                     "bloom_offset", "bloom_length")}
+    blooms: list[bytes] = []
     size = crc = index_at = 0
 
     def emit(piece: bytes) -> bytes:
@@ -197,26 +198,29 @@ def write_run(
         for block in _blocks(pieces, block_rows):
             block = block.select(schema.names).cast(schema)
             keys = sort_keys(block, key_columns)
+            bloom = Bloom.sized(block.num_rows)
             bloom.add(key_hashes(keys))
+            blooms.append(bloom.bits.tobytes())
             chunk = writer.chunk(next(iter(codec.arrow_ipc_pieces(block))))
             for name, value in (("first", keys[0]), ("last", keys[-1]), ("offset", size),
                                 ("length", len(chunk)), ("rows", block.num_rows)):
                 entries[name].append(value)
             yield emit(chunk)
+        for bits in blooms:
+            chunk = writer.chunk(bits)
+            entries["bloom_offset"].append(size)
+            entries["bloom_length"].append(len(chunk))
+            yield emit(chunk)
         index_at = size
         key_type = sort_keys(schema.empty_table(), key_columns).type
         index = pa.table({"first": pa.array([k.as_py() for k in entries["first"]], key_type),
                           "last": pa.array([k.as_py() for k in entries["last"]], key_type),
-                          **{n: pa.array(entries[n], pa.int64()) for n in ("offset", "length", "rows")}})
-        bloom_bytes = bloom.bits.tobytes()
-        bloom_chunks = [bloom_bytes[i: i + _BLOOM_CHUNK] for i in range(0, len(bloom_bytes), _BLOOM_CHUNK)]
+                          **{n: pa.array(entries[n], pa.int64())
+                             for n in ("offset", "length", "rows", "bloom_offset", "bloom_length")}})
         index = index.replace_schema_metadata({
             b"run_format": _RUN_FORMAT, b"key_columns": json.dumps(key_columns).encode(),
-            b"data_schema": schema.serialize().to_pybytes(), b"bloom_bits": str(bloom.nbits).encode(),
-            b"bloom_hashes": str(bloom.hashes).encode(), b"bloom_chunks": str(len(bloom_chunks)).encode()})
+            b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(BLOOM_HASHES).encode()})
         yield emit(writer.chunk(next(iter(codec.arrow_ipc_pieces(index)))))
-        for piece in bloom_chunks:
-            yield emit(writer.chunk(piece))
         yield emit(writer.trailer())
 
     storage.write_atomic(path, framed())
@@ -254,7 +258,6 @@ class RunReader:
             table = table.take(pc.sort_indices(sort_keys(table, key_columns))) if table.num_rows else table
             keys = sort_keys(table, key_columns)
             self._whole, self.schema = table, table.schema
-            self.bloom: Bloom | None = None
             rows = [table.num_rows] if table.num_rows else []
             self.index = pa.table({"first": keys[:1], "last": keys[-1:] if len(keys) else keys[:0],
                                    "offset": pa.array([0] * len(rows), pa.int64()),
@@ -295,15 +298,11 @@ class RunReader:
             if meta[b"run_format"] != _RUN_FORMAT:
                 raise CorruptCheckpointError(f"{self.where}: unknown run format {meta[b'run_format']!r}", self.where)
             self.schema = pa.ipc.read_schema(pa.py_buffer(meta[b"data_schema"]))
-            nbits, hashes, nchunks = (int(meta[k]) for k in (b"bloom_bits", b"bloom_hashes", b"bloom_chunks"))
+            hashes = int(meta[b"bloom_hashes"])
         except (KeyError, ValueError, pa.ArrowInvalid) as exc:
             raise CorruptCheckpointError(f"{self.where}: run index is damaged ({exc})", self.where) from exc
-        bloom = b"".join(_chunks_in(tail, self.where, self.codec, 1 + nchunks)[1:])
-        if len(bloom) * 8 != nbits:
-            raise CorruptCheckpointError(f"{self.where}: bloom filter has {len(bloom) * 8} bits, index says {nbits}",
-                                         self.where)
         self.index = index.replace_schema_metadata(None)
-        self.bloom = Bloom(np.frombuffer(bloom, dtype=np.uint8), nbits, hashes)
+        self._hashes = hashes
 
     @property
     def rows(self) -> int:
@@ -328,7 +327,7 @@ class RunReader:
             yield self.block(i)
 
     def locate(self, keys: Any) -> np.ndarray:
-        """Per key, the block that could hold it, or -1 (outside every block, or not in the bloom)."""
+        """Per key, the block that may hold it, or -1 (outside every block, or not in its bloom)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -337,7 +336,6 @@ class RunReader:
         if not n or not nblocks:
             return out
         keys = keys.cast(self.index.schema.field("last").type)
-        maybe = self.bloom.might_contain(key_hashes(keys)) if self.bloom is not None else np.ones(n, bool)
         # searchsorted for any orderable key type: sort the keys together with the blocks'
         # last keys; a key's block is the number of last keys sorting before it.
         both = pa.table({"k": pa.concat_arrays([keys, self.index.column("last").combine_chunks()]),
@@ -348,12 +346,36 @@ class RunReader:
         block = np.empty(n + nblocks, np.int64)
         block[order] = before
         block = block[:n]
-        inside = maybe & (block < nblocks)
+        inside = block < nblocks
         if inside.any():
             firsts = self.index.column("first").take(pa.array(np.where(inside, block, 0)))
             inside &= pc.fill_null(pc.greater_equal(keys, firsts), False).to_numpy(zero_copy_only=False)
+        if self._whole is None and inside.any():
+            inside &= self._bloom_says_maybe(keys, block, inside)
         out[inside] = block[inside]
         return out
+
+    def _bloom_says_maybe(self, keys: Any, block: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        """Per key (inside its block's range): whether its block's bloom filter may hold it.
+
+        The filters of adjacent candidate blocks are fetched in one ranged read.
+        """
+        maybe = np.zeros(len(keys), dtype=bool)
+        where = np.nonzero(inside)[0]
+        hashes = key_hashes(keys.take(where))
+        wanted = np.unique(block[where])
+        offsets = self.index.column("bloom_offset").to_numpy()
+        lengths = self.index.column("bloom_length").to_numpy()
+        for span in np.split(wanted, np.nonzero(np.diff(wanted) != 1)[0] + 1):
+            start = int(offsets[span[0]])
+            data = self._read(start, int(offsets[span[-1]] + lengths[span[-1]]))
+            for b in span:
+                at = int(offsets[b]) - start
+                bits = codec.decode_chunk(memoryview(data)[at: at + int(lengths[b])], self.where, self.codec)
+                mine = block[where] == b
+                bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes)
+                maybe[where[mine]] = bloom.might_contain(hashes[mine])
+        return maybe
 
 
 def is_live(table: Any, min_epoch: int | None, run_epoch: int) -> Any:

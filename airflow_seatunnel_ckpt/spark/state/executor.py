@@ -78,13 +78,15 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
     if table is not None and table.num_rows:
         table = _sorted_by_keys(table, key_cols)
         ref = write_run(store, settings.part_path(key_group, secrets.token_hex(6)), [table], key_cols, table.schema,
-                        expected_rows=table.num_rows, epoch=settings.epoch, key_group=key_group,
+                        epoch=settings.epoch, key_group=key_group,
                         delta=bool(chain), base_epoch=chain[-1].epoch if chain else None,
                         block_rows=policy.block_rows, level=policy.compression_level,
                         compression=policy.compression)
     if not chain:
         return ref, 0, 0
-    if settings.must_write_full(key_group):
+    if settings.must_write_full(key_group) or any(r.index is None for r in chain):
+        # A chain of the earlier format (parts read whole) is migrated into one run on
+        # its first change, once: lookups in it would otherwise read it whole every epoch.
         start: int | None = 0
     else:
         sizes = [r.size for r in chain] + ([ref.size] if ref is not None else [])
@@ -101,11 +103,10 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
     if not sources:  # every replaced run expired: nothing left of them
         return ref, len(chain) - start, 0
     schema = merged_schema(schemas, drop_tombstones=start == 0)
-    rows = sum(r.rows for r in readers) + (table.num_rows if ref is not None else 0)
     merged = write_run(
         store, settings.part_path(key_group, secrets.token_hex(6)),
         merge_sorted(sources, key_cols, schema, epochs=epochs, drop_dead=start == 0, min_epoch=settings.min_epoch),
-        key_cols, schema, expected_rows=rows, epoch=settings.epoch, key_group=key_group, delta=start > 0,
+        key_cols, schema, epoch=settings.epoch, key_group=key_group, delta=start > 0,
         base_epoch=chain[start - 1].epoch if start > 0 else None, block_rows=policy.block_rows,
         level=policy.compression_level, compression=policy.compression)
     return merged, len(chain) - start, sum(r.bytes_read for r in readers)
