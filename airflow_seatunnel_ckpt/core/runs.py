@@ -122,8 +122,12 @@ class Bloom:
 
     def add(self, hashes: np.ndarray) -> None:
         """Add keys (by hash)."""
+        # Set bits in a bool array and pack them (bit i of byte j is position 8j + i, as
+        # might_contain reads them): much faster than ``np.bitwise_or.at`` per position.
+        flags = np.unpackbits(self.bits, bitorder="little").astype(bool)
         for pos in self._positions(hashes):
-            np.bitwise_or.at(self.bits, pos >> 3, (1 << (pos & 7)).astype(np.uint8))
+            flags[pos] = True
+        self.bits = np.packbits(flags, bitorder="little")
 
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
         """Per key: False means certainly absent."""
