@@ -157,3 +157,14 @@ def test_part_ref_round_trips_its_index_and_parts_without_one_keep_mains_form() 
     assert PartRef.from_dict(ref.to_dict()) == ref
     legacy = PartRef("p", 10, 1, 2, 3, PartKind.DELTA)
     assert "index" not in legacy.to_dict() and PartRef.from_dict(legacy.to_dict()).index is None
+
+
+def test_runs_are_looked_up_by_ranged_reads_on_every_backend(store_spec: Any) -> None:
+    storage = store_spec.storage()
+    keys = random_keys(20_000)
+    ref = written_run(storage, keys)
+    wanted = pa.concat_arrays([keys.slice(0, 3), random_keys(3, seed=42)])
+    positions, rows, read = lookup(storage, [ref], ["k"], wanted)
+    assert sorted(positions.tolist()) == [0, 1, 2] and rows.num_rows == 3
+    assert read < ref.size / 2
+    assert read_chain(storage, [ref], ["k"]).num_rows == 20_000
