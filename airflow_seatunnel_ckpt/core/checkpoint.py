@@ -5,10 +5,12 @@ last and exclusively, by the commit decision, and lists every part the checkpoin
 -- including parts that live in older checkpoints (incremental checkpoints reference
 unchanged key groups instead of rewriting them, and chain delta parts onto a full one).
 
-Keyed state is stored one part per key group. A key group's *chain* is one full part
-followed by delta parts, each holding only the keys that changed in its epoch (upserts,
-plus tombstones for removed keys). Chains are bounded by ``full_checkpoint_interval``:
-once a chain reaches it, the next change writes the key group in full again.
+Keyed state is stored per key group as a *chain*: an ordered list of parts, each holding
+only the keys that changed in its epoch (upserts, plus tombstones for removed keys), later
+parts overriding earlier ones. Parts are sorted runs read by bounded lookups
+(``core/runs.py``) and chains are bounded by size-tiered compaction
+(``core/run_chain.py``); chains written before runs (one full part + deltas, read whole,
+bounded by ``full_checkpoint_interval``) are still read, and migrated on their next change.
 """
 
 from __future__ import annotations
