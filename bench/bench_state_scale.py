@@ -161,17 +161,18 @@ def bench_big(root: Path, keys: int, rows: int, groups: int) -> None:
     store = open_storage(f"file://{root}")
     per_group = keys // groups
     for g in range(groups):
-        # Keys of group g are g, g + G, g + 2G, ...: written sorted, in pieces (bounded memory).
+        # Keys of group g are 2nG + g (even quotient): written sorted, in pieces (bounded
+        # memory). The epoch's new keys have odd quotients: inside every block's key range.
         def pieces(g: int = g) -> Any:
             for lo in range(0, per_group, 1_000_000):
                 n = min(1_000_000, per_group - lo)
-                yield pa.table({"id": pa.array(np.arange(lo, lo + n, dtype=np.int64) * groups + g)})
+                yield pa.table({"id": pa.array(np.arange(lo, lo + n, dtype=np.int64) * 2 * groups + g)})
         schema = pa.schema([("id", pa.int64())])
         chains[g] = [write_run(store, f"checkpoint_1/operators/seen/part-{g}", pieces(), ["id"], schema,
                                epoch=1, key_group=g)]
     built = time.perf_counter() - start
     rng = np.random.default_rng(3)
-    ids = rng.integers(keys, 4 * keys, size=rows)
+    ids = (2 * rng.integers(0, per_group, size=rows) + 1) * groups + rng.integers(0, groups, size=rows)
     start = time.perf_counter()
     _, fresh, written, read = run_epoch(root, 2, chains, ids, groups)
     took = time.perf_counter() - start

@@ -72,7 +72,7 @@ def lookup(
         ordered = candidates[np.argsort(blocks[candidates], kind="stable")]
         ids = blocks[ordered]
         for group in np.split(ordered, np.nonzero(np.diff(ids))[0] + 1) if len(ordered) else []:
-            table = reader.block(int(blocks[group[0]]))
+            table = reader.block(int(blocks[group[0]]), cache=True)
             block_keys = sort_keys(table, key_columns)
             at = pc.index_in(sub.take(pa.array(group)).cast(block_keys.type), value_set=block_keys)
             at = np.asarray(at.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)

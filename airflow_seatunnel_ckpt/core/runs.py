@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from airflow_seatunnel_ckpt.core import codec
+from airflow_seatunnel_ckpt.core.block_cache import BLOCK_CACHE
 from airflow_seatunnel_ckpt.core.checkpoint import TOMBSTONE, key_array, read_arrow_part
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
@@ -234,6 +235,8 @@ def write_run(
 
 # -- reading ------------------------------------------------------------------------------
 
+
+
 def _chunks_in(data: bytes, where: str, compression: codec.Codec, count: int) -> list[bytes]:
     """``count`` consecutive chunks at the start of ``data``, each verified and decoded."""
     out, pos = [], 0
@@ -269,7 +272,14 @@ class RunReader:
                                    "rows": pa.array(rows, pa.int64())})
             self.bytes_read = ref.size
             return
+        cached = BLOCK_CACHE.get(self._cache_key("index")) if data is None else None
+        if cached is not None:
+            self.codec, self.schema, self.index, self._hashes = cached
+            return
         self._read_index()
+        if data is None:
+            BLOCK_CACHE.put(self._cache_key("index"), (self.codec, self.schema, self.index, self._hashes),
+                            self.index.nbytes + 4096)
 
     def _read(self, start: int, end: int) -> bytes:
         if self._data is not None:
@@ -313,10 +323,22 @@ class RunReader:
         """Rows in the run."""
         return int(sum(self.index.column("rows").to_pylist()))
 
-    def block(self, i: int) -> Any:
-        """Block ``i`` as a table: one ranged read, verified by its chunk's CRC32C."""
+    def _cache_key(self, what: Any) -> tuple[Any, ...]:
+        return (self.storage.url_of(self.ref.path), self.ref.size, self.ref.crc32c, what)
+
+    def block(self, i: int, cache: bool = False) -> Any:
+        """Block ``i`` as a table: one ranged read, verified by its chunk's CRC32C
+        (or, with ``cache``, the copy this process decoded before)."""
         if self._whole is not None:
             return self._whole
+        if cache and (hit := BLOCK_CACHE.get(self._cache_key(i))) is not None:
+            return hit
+        table = self._read_block(i)
+        if cache:
+            BLOCK_CACHE.put(self._cache_key(i), table, table.nbytes)
+        return table
+
+    def _read_block(self, i: int) -> Any:
         start, length = (int(self.index.column(c)[i].as_py()) for c in ("offset", "length"))
         table = codec.read_arrow(codec.decode_chunk(self._read(start, start + length), self.where, self.codec),
                                  self.where)
@@ -370,15 +392,20 @@ class RunReader:
         wanted = np.unique(block[where])
         offsets = self.index.column("bloom_offset").to_numpy()
         lengths = self.index.column("bloom_length").to_numpy()
-        for span in np.split(wanted, np.nonzero(np.diff(wanted) != 1)[0] + 1):
+        filters = {int(b): BLOCK_CACHE.get(self._cache_key(("bloom", int(b)))) for b in wanted}
+        missing = np.array([b for b, bits in filters.items() if bits is None], dtype=np.int64)
+        for span in np.split(missing, np.nonzero(np.diff(missing) != 1)[0] + 1) if len(missing) else []:
             start = int(offsets[span[0]])
             data = self._read(start, int(offsets[span[-1]] + lengths[span[-1]]))
             for b in span:
                 at = int(offsets[b]) - start
                 bits = codec.decode_chunk(memoryview(data)[at: at + int(lengths[b])], self.where, self.codec)
-                mine = block[where] == b
-                bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes)
-                maybe[where[mine]] = bloom.might_contain(hashes[mine])
+                filters[int(b)] = bits
+                BLOCK_CACHE.put(self._cache_key(("bloom", int(b))), bits, len(bits))
+        for b, bits in filters.items():
+            mine = block[where] == b
+            bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes)
+            maybe[where[mine]] = bloom.might_contain(hashes[mine])
         return maybe
 
 

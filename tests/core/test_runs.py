@@ -168,3 +168,15 @@ def test_runs_are_looked_up_by_ranged_reads_on_every_backend(store_spec: Any) ->
     assert sorted(positions.tolist()) == [0, 1, 2] and rows.num_rows == 3
     assert read < ref.size / 2
     assert read_chain(storage, [ref], ["k"]).num_rows == 20_000
+
+
+def test_a_repeated_lookup_in_the_same_process_is_served_from_the_block_cache(tmp_path: Path) -> None:
+    storage = CountingStorage(f"file://{tmp_path}")
+    keys = random_keys(20_000)
+    ref = written_run(storage, keys)
+    wanted = pa.concat_arrays([keys.slice(0, 50), random_keys(500, seed=8)])
+    first = lookup(storage, [ref], ["k"], wanted)
+    storage.ranges.clear()
+    again = lookup(storage, [ref], ["k"], wanted)
+    assert storage.ranges == [] and again[2] == 0  # index, filters and blocks: all decoded before
+    assert sorted(again[0].tolist()) == sorted(first[0].tolist()) == list(range(50))
