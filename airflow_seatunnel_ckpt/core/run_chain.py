@@ -55,7 +55,6 @@ def lookup(
     not expired); ``rows`` holds those rows in the same order (None when none).
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     pending = np.arange(len(keys), dtype=np.int64)
     positions: list[np.ndarray] = []
@@ -74,8 +73,7 @@ def lookup(
         for group in np.split(ordered, np.nonzero(np.diff(ids))[0] + 1) if len(ordered) else []:
             table = reader.block(int(blocks[group[0]]), cache=True)
             block_keys = sort_keys(table, key_columns)
-            at = pc.index_in(sub.take(pa.array(group)).cast(block_keys.type), value_set=block_keys)
-            at = np.asarray(at.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            at = _positions_in(block_keys, sub.take(pa.array(group)).cast(block_keys.type))
             hit = at >= 0
             rows = table.take(pa.array(at[hit]))
             live = np.asarray(is_live(rows, min_epoch, ref.epoch).to_numpy(zero_copy_only=False), dtype=bool)
@@ -88,6 +86,24 @@ def lookup(
         return np.zeros(0, dtype=np.int64), None, read
     rows = pa.concat_tables([t for t in found if t.num_rows], promote_options="permissive")
     return np.concatenate(positions), rows, read
+
+
+def _positions_in(block_keys: Any, wanted: Any) -> np.ndarray:
+    """Per wanted key, its row in the block (sorted, unique keys), or -1.
+
+    Integer keys are binary-searched (O(wanted x log block)); hashing the block's keys, as
+    ``index_in`` does, would cost the whole block for every lookup that touches it.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_integer(block_keys.type) and not block_keys.null_count and len(block_keys):
+        stored = block_keys.to_numpy()
+        query = wanted.to_numpy(zero_copy_only=False)
+        at = np.minimum(np.searchsorted(stored, query), len(stored) - 1)
+        return np.where(stored[at] == query, at, -1).astype(np.int64)
+    found = pc.index_in(wanted, value_set=block_keys)
+    return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def plan_compaction(sizes: Sequence[int], fanout: int = DEFAULT_FANOUT, max_runs: int = 64) -> int | None:
