@@ -5,10 +5,12 @@ last and exclusively, by the commit decision, and lists every part the checkpoin
 -- including parts that live in older checkpoints (incremental checkpoints reference
 unchanged key groups instead of rewriting them, and chain delta parts onto a full one).
 
-Keyed state is stored one part per key group. A key group's *chain* is one full part
-followed by delta parts, each holding only the keys that changed in its epoch (upserts,
-plus tombstones for removed keys). Chains are bounded by ``full_checkpoint_interval``:
-once a chain reaches it, the next change writes the key group in full again.
+Keyed state is stored per key group as a *chain*: an ordered list of parts, each holding
+only the keys that changed in its epoch (upserts, plus tombstones for removed keys), later
+parts overriding earlier ones. Parts are sorted runs read by bounded lookups
+(``core/runs.py``) and chains are bounded by size-tiered compaction
+(``core/run_chain.py``); chains written before runs (one full part + deltas, read whole,
+bounded by ``full_checkpoint_interval``) are still read, and migrated on their next change.
 """
 
 from __future__ import annotations
@@ -155,18 +157,33 @@ def apply_delta(base: Any, delta: Any, key_columns: list[str]) -> Any:
 
 
 def read_chain(storage: Storage, chain: list[PartRef], key_columns: list[str]) -> Any:
-    """Restore one key group: read its full part and apply each delta in order."""
+    """Restore one key group: read its runs oldest first, each upserting the ones before.
+
+    Accepts both formats: sorted runs (``core/runs.py``, ``PartRef.index`` set) and the
+    earlier one full part + deltas read whole, and chains mixing them (a pipeline
+    upgraded in place). A FULL part may only come first; a chain of runs may start with
+    a DELTA (its older runs expired as a whole under a TTL).
+    """
+    from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, read_run_table
+
     if not chain:
         raise ValueError("a key group chain needs at least one part")
-    if chain[0].kind is not PartKind.FULL or any(p.kind is not PartKind.DELTA for p in chain[1:]):
+    legacy_start = chain[0].index is None and chain[0].kind is not PartKind.FULL
+    if legacy_start or any(p.kind is not PartKind.DELTA for p in chain[1:]):
         where = storage.describe_path(chain[0].path)
         raise CorruptCheckpointError(f"{where}: chain must be one full part followed by deltas", where)
-    table = read_arrow_part(storage, chain[0])
+
+    def read(ref: PartRef) -> Any:
+        return read_arrow_part(storage, ref) if ref.index is None else read_run_table(storage, ref)
+
+    table = read(chain[0])
     if TOMBSTONE in table.column_names:
-        table = table.drop_columns([TOMBSTONE])
+        import pyarrow.compute as pc
+
+        table = table.filter(pc.invert(pc.fill_null(table.column(TOMBSTONE), False))).drop_columns([TOMBSTONE])
     for ref in chain[1:]:
-        table = apply_delta(table, read_arrow_part(storage, ref), key_columns)
-    return table
+        table = apply_delta(table, read(ref), key_columns)
+    return table.drop_columns([EPOCH_COLUMN]) if EPOCH_COLUMN in table.column_names else table
 
 
 def same_part(trusted: PartRef | None, ref: PartRef) -> bool:
@@ -176,8 +193,16 @@ def same_part(trusted: PartRef | None, ref: PartRef) -> bool:
 
 
 def needs_full(chain: list[PartRef], incremental: bool, full_checkpoint_interval: int) -> bool:
-    """Whether the next change to a key group must be written in full (bounds the chain)."""
-    return not incremental or not chain or len(chain) >= full_checkpoint_interval
+    """Whether the next change to a key group must be written in full.
+
+    With sorted runs a chain is bounded by compaction (``core/run_chain.py``), not by
+    periodic full rewrites: ``full_checkpoint_interval`` only still bounds a chain that
+    holds parts of the earlier format (read whole), which the next change compacts.
+    """
+    if not incremental or not chain:
+        return True
+    legacy = any(p.index is None for p in chain)
+    return legacy and len(chain) >= full_checkpoint_interval
 
 
 class CheckpointManager:

@@ -66,6 +66,9 @@ class PayloadKind(enum.IntEnum):
     JSON = 1
     ARROW = 2
     BYTES = 3
+    #: A sorted run of keyed state: one chunk per block of rows, then its index chunks
+    #: (see ``core/runs.py``); older releases refuse it instead of misreading it.
+    RUN = 4
 
 
 class Codec(enum.IntEnum):
@@ -168,6 +171,67 @@ def encode_stream(
     end = _CHUNK.pack(0, 0, 0) + _TRAILER_TAIL.pack(total, count)
     running = crc32c(end, running)
     yield end + _U32.pack(running)
+
+
+class ChunkWriter:
+    """Frames a state file one caller-chosen chunk at a time.
+
+    :func:`encode_stream` re-cuts its payload into equal chunks; a sorted run needs each
+    block of rows to be exactly one chunk, so that a ranged read of the block's bytes can
+    be verified (by the chunk's own CRC32C) and decoded without the rest of the file.
+    The bytes produced are the same format: :func:`decode` reads the whole file.
+    """
+
+    def __init__(self, *, kind: PayloadKind, epoch: int = 0, base_epoch: int | None = None,
+                 delta: bool = False, codec: Codec = Codec.ZSTD, level: int = 3) -> None:
+        flags = (FLAG_DELTA if delta else 0) | (int(codec) << _CODEC_SHIFT)
+        header = _HEADER.pack(MAGIC, FORMAT_VERSION, flags, int(kind), 0, epoch, base_epoch or 0)
+        self._header = header + _HEADER_CRC.pack(crc32c(header))
+        self._running = crc32c(self._header)
+        self._comp = _Compressor(codec, level)
+        self._total = self._count = 0
+
+    def header(self) -> bytes:
+        """The file's fixed header (first bytes of the file)."""
+        return self._header
+
+    def chunk(self, raw: bytes | memoryview) -> bytes:
+        """One chunk holding exactly ``raw`` (non-empty), framed."""
+        if not len(raw):
+            raise ValueError("a chunk needs at least one byte")
+        stored = self._comp.compress(bytes(raw))
+        lengths = _CHUNK.pack(len(raw), len(stored), 0)[:8]
+        head = lengths + _U32.pack(crc32c(stored, crc32c(lengths)))
+        self._running = crc32c(stored, crc32c(head, self._running))
+        self._total += len(raw)
+        self._count += 1
+        return head + stored
+
+    def trailer(self) -> bytes:
+        """The trailer closing the file (after the last chunk)."""
+        end = _CHUNK.pack(0, 0, 0) + _TRAILER_TAIL.pack(self._total, self._count)
+        return end + _U32.pack(crc32c(end, self._running))
+
+
+def decode_chunk(data: bytes | memoryview, path: str, codec: Codec, *,
+                 max_chunk: int = DEFAULT_MAX_CHUNK) -> bytes:
+    """Verify and decompress exactly one chunk given as its stored bytes (a ranged read).
+
+    The chunk's own CRC32C covers its lengths and stored bytes, so a block read without
+    the rest of its file is still checked before it is decompressed.
+    """
+    view = memoryview(data).cast("B")
+    if len(view) < _CHUNK.size:
+        raise CorruptCheckpointError(f"{path}: a block is truncated ({len(view)} bytes)", path)
+    raw_len, stored_len, stored_crc = _CHUNK.unpack(view[:_CHUNK.size])
+    if raw_len == 0 or raw_len > max_chunk or stored_len != len(view) - _CHUNK.size:
+        raise CorruptCheckpointError(
+            f"{path}: a block's chunk header claims {raw_len} raw / {stored_len} stored bytes, "
+            f"the index gives it {len(view) - _CHUNK.size} (damaged file or index)", path)
+    stored = view[_CHUNK.size:]
+    if crc32c(stored, crc32c(view[:8])) != stored_crc:
+        raise CorruptCheckpointError(f"{path}: checksum mismatch in a block", path)
+    return _decompress(codec, stored, raw_len, path)
 
 
 def _recut(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:

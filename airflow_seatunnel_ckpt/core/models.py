@@ -98,10 +98,16 @@ class PartRef:
     epoch: int  #: the epoch that wrote it (may be older than the checkpoint using it)
     key_group: int = 0
     kind: PartKind = PartKind.FULL
+    #: Byte offset of a sorted run's index in the file (``core/runs.py``); None for a
+    #: part read whole (every part written before sorted runs).
+    index: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "size": self.size, "crc32c": self.crc32c, "epoch": self.epoch,
-                "key_group": self.key_group, "kind": str(self.kind)}
+        out: dict[str, Any] = {"path": self.path, "size": self.size, "crc32c": self.crc32c, "epoch": self.epoch,
+                               "key_group": self.key_group, "kind": str(self.kind)}
+        if self.index is not None:
+            out["index"] = self.index
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> PartRef:
@@ -111,7 +117,8 @@ class PartRef:
         except ValueError:
             raise CorruptCheckpointError(f"{path}: part kind must be full or delta, found {raw!r}", path) from None
         return cls(_get(d, "path", str, path), _get(d, "size", int, path), _get(d, "crc32c", int, path),
-                   _get(d, "epoch", int, path), _get(d, "key_group", int, path), kind)
+                   _get(d, "epoch", int, path), _get(d, "key_group", int, path), kind,
+                   _get(d, "index", int, path, optional=True))
 
 
 #: A key group's restore recipe: one full part followed by the deltas to apply in order.

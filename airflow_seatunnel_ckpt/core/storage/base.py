@@ -147,6 +147,16 @@ class Storage(abc.ABC):
         except Exception as exc:
             raise self._err("reading", path, exc) from exc
 
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` (exclusive) of the file at ``path``: one ranged read
+        (a GET with a Range header on object stores); FileNotFoundError if absent."""
+        try:
+            return bytes(self.fs.cat_file(self.full_path(path), start=start, end=end))
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            raise self._err("reading", path, exc) from exc
+
     def open_read(self, path: str) -> IO[bytes]:
         """A binary file object for streaming reads; FileNotFoundError if absent."""
         try:

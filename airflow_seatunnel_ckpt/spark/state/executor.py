@@ -15,8 +15,10 @@ import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.checkpoint import key_array, read_chain, write_arrow_part
+from airflow_seatunnel_ckpt.core.checkpoint import TOMBSTONE, read_chain
 from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.run_chain import live_runs, lookup, merge_sorted, merged_schema, plan_compaction
+from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, RunReader, sort_keys, write_run
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport
 from airflow_seatunnel_ckpt.spark.state.settings import (
     DEFAULT_CHUNK_ROWS,
@@ -32,27 +34,82 @@ if TYPE_CHECKING:
 
 
 def load_key_group(settings: StateSettings, key_group: int) -> pa.Table | None:
-    """The key group's restored state, or None when it has none yet."""
-    chain = settings.chain(key_group)
+    """The key group's whole restored state (snapshot, schema), or None when it has none yet."""
+    chain = live_runs(settings.chain(key_group), settings.min_epoch)
     if not chain:
         return None
     return read_chain(settings.restore_from.open(), chain, list(settings.key_columns))
 
 
-def write_key_group(settings: StateSettings, key_group: int, table: pa.Table, full: bool) -> PartRef:
-    """Write ``table`` as the key group's new part, under a name no other task uses."""
+def state_schema(settings: StateSettings, key_group: int) -> pa.Schema:
+    """The state's columns, from the newest part of ``key_group``'s chain (its index only)."""
+    ref = settings.chain(key_group)[-1]
+    schema = RunReader(settings.restore_from.open(), ref, list(settings.key_columns)).schema
+    for internal in (EPOCH_COLUMN, TOMBSTONE):
+        if internal in schema.names:
+            schema = schema.remove(schema.get_field_index(internal))
+    return schema
+
+
+def lookup_keys(settings: StateSettings, key_group: int, keys: pa.Array) -> tuple[Any, pa.Table | None, int]:
+    """``core.run_chain.lookup`` of unique ``keys`` in ``key_group``'s restored chain."""
+    return lookup(settings.restore_from.open(), settings.chain(key_group), list(settings.key_columns), keys,
+                  min_epoch=settings.min_epoch)
+
+
+def _sorted_by_keys(table: pa.Table, key_cols: list[str]) -> pa.Table:
+    """``table`` in run order (see ``core.runs.sort_keys``)."""
+    import pyarrow.compute as pc
+
+    return table.take(pc.sort_indices(sort_keys(table, key_cols))) if table.num_rows else table
+
+
+def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | None) -> tuple[PartRef | None, int, int]:
+    """Write the epoch's changed rows of ``key_group`` as a new run and compact when due.
+
+    Returns ``(part, replaces, bytes read)``: the part to append to the restored chain
+    after dropping its ``replaces`` newest runs (a FULL part replaces it whole).
+    """
     chain = settings.chain(key_group)
-    return write_arrow_part(
-        settings.store.open(),
-        settings.part_path(key_group, secrets.token_hex(6)),
-        table,
-        epoch=settings.epoch,
-        key_group=key_group,
-        delta=not full,
-        base_epoch=None if full else chain[-1].epoch,
-        level=settings.policy.compression_level,
-        compression=settings.policy.compression,
-    )
+    store = settings.store.open()
+    key_cols = list(settings.key_columns)
+    policy = settings.policy
+    ref: PartRef | None = None
+    if table is not None and table.num_rows:
+        table = _sorted_by_keys(table, key_cols)
+        ref = write_run(store, settings.part_path(key_group, secrets.token_hex(6)), [table], key_cols, table.schema,
+                        epoch=settings.epoch, key_group=key_group,
+                        delta=bool(chain), base_epoch=chain[-1].epoch if chain else None,
+                        block_rows=policy.block_rows, level=policy.compression_level,
+                        compression=policy.compression)
+    if not chain:
+        return ref, 0, 0
+    if settings.must_write_full(key_group) or any(r.index is None for r in chain):
+        # A chain of the earlier format (parts read whole) is migrated into one run on
+        # its first change, once: lookups in it would otherwise read it whole every epoch.
+        start: int | None = 0
+    else:
+        sizes = [r.size for r in chain] + ([ref.size] if ref is not None else [])
+        start = plan_compaction(sizes, policy.fanout, max_runs=max(policy.full_checkpoint_interval, 2 * policy.fanout))
+    if start is None or start >= len(chain):
+        return ref, 0, 0
+    # The merge replaces chain[start:] and the new run (left unreported: the driver
+    # removes this attempt's unreported parts).
+    restore = settings.restore_from.open()
+    readers = [RunReader(restore, r, key_cols) for r in live_runs(chain[start:], settings.min_epoch)]
+    sources = [reader.blocks() for reader in readers] + ([iter([table])] if ref is not None else [])
+    epochs = [r.ref.epoch for r in readers] + ([settings.epoch] if ref is not None else [])
+    schemas = [r.schema for r in readers] + ([table.schema] if ref is not None else [])
+    if not sources:  # every replaced run expired: nothing left of them
+        return ref, len(chain) - start, 0
+    schema = merged_schema(schemas, drop_tombstones=start == 0)
+    merged = write_run(
+        store, settings.part_path(key_group, secrets.token_hex(6)),
+        merge_sorted(sources, key_cols, schema, epochs=epochs, drop_dead=start == 0, min_epoch=settings.min_epoch),
+        key_cols, schema, epoch=settings.epoch, key_group=key_group, delta=start > 0,
+        base_epoch=chain[start - 1].epoch if start > 0 else None, block_rows=policy.block_rows,
+        level=policy.compression_level, compression=policy.compression)
+    return merged, len(chain) - start, sum(r.bytes_read for r in readers)
 
 
 def _batch_key_group(batch: pa.RecordBatch, seen: int | None) -> int:
@@ -84,15 +141,13 @@ def _report(
     partition: int,
     rows: int,
     changed: int,
-    part: PartRef | None,
+    written: tuple[PartRef | None, int, int],
+    read: int,
 ) -> None:
-    report = PartReport(key_group, rows, changed, aligned=key_group == partition, part=part)
+    part, replaces, merge_read = written
+    report = PartReport(key_group, rows, changed, aligned=key_group == partition, part=part,
+                        replaces=replaces, read=read + merge_read)
     accumulator.add([report])
-
-
-def _sorted_by_keys(table: pa.Table, key_cols: list[str]) -> pa.Table:
-    """``table`` in key order, so that a part's bytes do not depend on the order rows arrived in."""
-    return table.sort_by([(c, "ascending") for c in key_cols]) if table.num_rows else table
 
 
 def _first_unseen(keys: pa.Array | pa.ChunkedArray, known: pa.Array | None) -> pa.Array:
@@ -119,32 +174,42 @@ def dedup_partition(
 ) -> Iterator[pa.RecordBatch]:
     """Executor side of :meth:`KeySet.dedup` for one key group (one task).
 
-    Yields the rows whose key is neither in the restored key set nor earlier in this
-    epoch's input (first occurrence wins), then writes the new keys as the key group's
-    part and reports it.
+    Yields the rows whose key is neither live in the restored key set nor earlier in
+    this epoch's input (first occurrence wins), then writes the new keys as the key
+    group's new run and reports it. The restored set is never loaded: each chunk of
+    input looks its keys up in the runs (``core.run_chain.lookup``).
     """
+    import numpy as np
     import pyarrow as pa
 
     partition = _task_partition()
     key_cols = list(settings.key_columns)
     key_group: int | None = None
-    restored: pa.Table | None = None
-    known: pa.Array | None = None
+    known: pa.Array | None = None  #: this epoch's new keys so far (bounded by the input)
     new_tables: list[pa.Table] = []
     pending: list[pa.RecordBatch] = []
-    pending_rows = rows_in = 0
+    pending_rows = rows_in = read = 0
 
     def flush() -> Iterator[pa.RecordBatch]:
-        nonlocal known, pending, pending_rows
+        nonlocal known, pending, pending_rows, read
         if not pending:
             return
+        assert key_group is not None
         table = pa.Table.from_batches(pending)
         pending, pending_rows = [], 0
-        keys = key_array(table, key_cols)
-        fresh = table.take(_first_unseen(keys, known)).drop_columns([KEY_GROUP_COLUMN])
+        keys = sort_keys(table, key_cols)
+        firsts = _first_unseen(keys, known)
+        found, _, bytes_read = lookup_keys(settings, key_group, keys.take(firsts))
+        read += bytes_read
+        fresh_mask = np.ones(len(firsts), dtype=bool)
+        fresh_mask[found] = False
+        fresh = table.take(firsts.filter(pa.array(fresh_mask))).drop_columns([KEY_GROUP_COLUMN])
         if fresh.num_rows:
-            new_tables.append(fresh.select(key_cols))
-            added = key_array(fresh, key_cols).combine_chunks()
+            stored = fresh.select(key_cols)
+            if settings.ttl_epochs is not None:
+                stored = stored.append_column(EPOCH_COLUMN, pa.array(np.full(fresh.num_rows, settings.epoch, np.int64)))
+            new_tables.append(stored)
+            added = sort_keys(fresh, key_cols)
             known = added if known is None else pa.concat_arrays([known, added.cast(known.type)])
             yield from fresh.to_batches()
 
@@ -152,14 +217,7 @@ def dedup_partition(
         if batch.num_rows == 0:
             continue
         _refuse_null_keys(batch, key_cols, settings.name)
-        if key_group is None:
-            key_group = _batch_key_group(batch, None)
-            restored = load_key_group(settings, key_group)
-            known = (
-                key_array(restored, key_cols).combine_chunks() if restored is not None else None
-            )
-        else:
-            _batch_key_group(batch, key_group)
+        key_group = _batch_key_group(batch, key_group)
         pending.append(batch)
         pending_rows += batch.num_rows
         rows_in += batch.num_rows
@@ -171,24 +229,12 @@ def dedup_partition(
     # reports nothing, so the runner evaluates again instead of keeping a partial part.
     if key_group is None:  # no input: the partition index is the key group
         key_group = partition
-        restored = load_key_group(settings, key_group) if settings.policy.force_full else None
     new_keys = pa.concat_tables(new_tables) if new_tables else None
-    ref: PartRef | None = None
-    if new_keys is not None or (settings.policy.force_full and restored is not None):
-        full = settings.must_write_full(key_group)
-        if full:
-            parts = [
-                t
-                for t in (restored.select(key_cols) if restored is not None else None, new_keys)
-                if t is not None
-            ]
-            table = pa.concat_tables(parts, promote_options="default")
-        else:
-            assert new_keys is not None
-            table = new_keys
-        ref = write_key_group(settings, key_group, _sorted_by_keys(table, key_cols), full)
+    written: tuple[PartRef | None, int, int] = (None, 0, 0)
+    if new_keys is not None or (settings.policy.force_full and settings.chain(key_group)):
+        written = write_key_group(settings, key_group, new_keys)
     changed = 0 if new_keys is None else new_keys.num_rows
-    _report(accumulator, key_group, partition, rows_in, changed, ref)
+    _report(accumulator, key_group, partition, rows_in, changed, written, read)
 
 
 def _merge_values(old: Any, new: Any, how: Aggregate) -> Any:
@@ -235,11 +281,12 @@ def merge_partition(
 ) -> Iterator[pa.RecordBatch]:
     """Executor side of :meth:`KeyValueState.aggregate` for one key group (one task).
 
-    The input holds this epoch's partial aggregate per key; each is merged into the key's
-    restored value, the merged rows are yielded and written as the key group's part.
+    The input holds this epoch's partial aggregate per key; the restored values of those
+    keys only are looked up in the runs, merged, yielded and written as the key group's
+    new run.
     """
+    import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     partition = _task_partition()
     key_cols = list(settings.key_columns)
@@ -251,45 +298,32 @@ def merge_partition(
             tables.append(pa.Table.from_batches([batch]).drop_columns([KEY_GROUP_COLUMN]))
     if key_group is None:  # no input: the partition index is the key group
         key_group = partition
-    restored = load_key_group(settings, key_group) if tables or settings.policy.force_full else None
-    ref: PartRef | None = None
-    changed = 0
+    written: tuple[PartRef | None, int, int] = (None, 0, 0)
+    changed = read = 0
     if tables:
         partial = pa.concat_tables(tables)
         _refuse_null_keys(partial, key_cols, settings.name)
+        found, old, read = lookup_keys(settings, key_group, sort_keys(partial, key_cols))
         merged = partial
-        if restored is not None and restored.num_rows:
-            old = restored.rename_columns(
-                [c if c in key_cols else f"{c}__old" for c in restored.column_names]
-            )
-            joined = partial.join(old, keys=key_cols, join_type="left outer", use_threads=False)
-            columns = {c: joined.column(c) for c in key_cols}
+        if old is not None:
+            at = np.full(partial.num_rows, -1, dtype=np.int64)
+            at[found] = np.arange(len(found))
+            take = pa.array(at, mask=at < 0)
+            columns = {c: partial.column(c) for c in key_cols}
             for name, how in aggregates.items():
-                if f"{name}__old" not in joined.column_names:  # a new aggregate column: empty so far
-                    columns[name] = joined.column(name)
+                if name not in old.column_names:  # a new aggregate column: empty so far
+                    columns[name] = partial.column(name)
                     continue
-                value = _merge_values(joined.column(f"{name}__old"), joined.column(name), how)
+                value = _merge_values(old.column(name).take(take), partial.column(name), how)
                 columns[name] = value.cast(partial.schema.field(name).type)
             merged = pa.table(columns).select(partial.column_names).cast(partial.schema)
         changed = merged.num_rows
         yield from merged.to_batches()
-        full = settings.must_write_full(key_group)
-        if full and restored is not None and restored.num_rows:
-            keep = pc.invert(
-                pc.is_in(key_array(restored, key_cols), value_set=key_array(merged, key_cols))
-            )
-            kept = restored.filter(keep)
-            for field in merged.schema:  # a new aggregate column is null for the keys kept as they were
-                if field.name not in kept.column_names:
-                    kept = kept.append_column(field.name, pa.nulls(kept.num_rows, field.type))
-            part = pa.concat_tables([kept.select(merged.column_names).cast(merged.schema), merged])
-        else:
-            part = merged
-        ref = write_key_group(settings, key_group, _sorted_by_keys(part, key_cols), full)
-    elif settings.policy.force_full and restored is not None:
-        ref = write_key_group(settings, key_group, _sorted_by_keys(restored, key_cols), True)
+        written = write_key_group(settings, key_group, merged)
+    elif settings.policy.force_full and settings.chain(key_group):
+        written = write_key_group(settings, key_group, None)
     rows = sum(t.num_rows for t in tables)
-    _report(accumulator, key_group, partition, rows, changed, ref)
+    _report(accumulator, key_group, partition, rows, changed, written, read)
 
 
 def read_partition(

@@ -8,6 +8,7 @@ entry point; splitting by kind would duplicate that sequence.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
@@ -18,11 +19,11 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
 from airflow_seatunnel_ckpt.spark.state.executor import (
     dedup_partition,
-    load_key_group,
     merge_partition,
     read_partition,
+    state_schema,
 )
-from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportList, choose_reports
+from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportList, choose_reports, next_chain
 from airflow_seatunnel_ckpt.spark.state.settings import (
     DEFAULT_CHUNK_ROWS,
     KEY_GROUP_COLUMN,
@@ -236,20 +237,21 @@ class KeyedState:
     def _next_chains(self, reports: Mapping[int, PartReport]) -> tuple[dict[int, list[PartRef]], int]:
         """Each key group's chain after this epoch, and the bytes of the parts it added.
 
-        A new full part starts a new chain, a delta extends the restored one, and a key
-        group that reported no part keeps its restored chain (incremental checkpoints).
+        A new full part starts a new chain, a delta replaces the restored chain's newest
+        ``replaces`` runs (a compaction; none: it extends the chain), and a key group that
+        reported no part keeps its restored chain (incremental checkpoints). Under a TTL,
+        runs whose every key expired drop out without being read.
         """
         chains: dict[int, list[PartRef]] = {}
         restored = self.settings.chains
+        min_epoch = self.settings.min_epoch
         written = 0
         for key_group in range(self.key_groups):
-            ref = reports[key_group].part
-            if ref is None:
-                if restored.get(key_group):
-                    chains[key_group] = list(restored[key_group])
-                continue
-            written += ref.size
-            chains[key_group] = [ref] if ref.kind == "full" else [*restored.get(key_group, []), ref]
+            report = reports[key_group]
+            written += report.part.size if report.part is not None else 0
+            chain = next_chain(list(restored.get(key_group, [])), report, min_epoch)
+            if chain:
+                chains[key_group] = chain
         return chains, written
 
     def _key_groups_with_input(self, key_groups: list[int]) -> list[int]:
@@ -319,9 +321,7 @@ class KeyedState:
         if sample is not None:
             from pyspark.sql.pandas.types import from_arrow_schema
 
-            table = load_key_group(settings, sample)
-            assert table is not None
-            return from_arrow_schema(table.schema)
+            return from_arrow_schema(state_schema(settings, sample))
         if self._output is not None:
             return self._updated_schema()
         raise StateError(
@@ -345,14 +345,25 @@ class KeySet(KeyedState):
     kind = StateKind.KEY_SET
 
     def dedup(
-        self, df: DataFrame, key: str | Sequence[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
+        self,
+        df: DataFrame,
+        key: str | Sequence[str],
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        ttl_epochs: int | None = None,
     ) -> DataFrame:
         """Rows of ``df`` whose key no committed epoch has seen, one row per key.
 
         Among rows of this epoch with the same key the first one read is kept (like
         ``dropDuplicates``). The new keys become part of the state this epoch prepares.
+        ``ttl_epochs`` makes it a de-duplication window: a key is forgotten (accepted as
+        new again) once ``ttl_epochs`` epochs passed since the epoch that last wrote it.
         """
+        if ttl_epochs is not None and (isinstance(ttl_epochs, bool) or not isinstance(ttl_epochs, int)
+                                       or ttl_epochs < 1):
+            raise ConfigError(f"key set {self.name!r}: ttl_epochs must be a positive integer or None, "
+                              f"got {ttl_epochs!r}")
         settings, accumulator = self._bind(key)
+        settings = self.settings = dataclasses.replace(settings, ttl_epochs=ttl_epochs)
         fn = functools.partial(
             dedup_partition, settings=settings, accumulator=accumulator, chunk_rows=chunk_rows
         )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pyspark.accumulators import AccumulatorParam
 
 from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.run_chain import live_runs
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,11 @@ class PartReport:
     #: empty tasks, whose key group is only known from that index.
     aligned: bool = True
     part: PartRef | None = None  #: None: the key group is unchanged
+    #: How many of the restored chain's newest runs ``part`` replaces (a compaction
+    #: merged them with the epoch's changes); a FULL part replaces the whole chain.
+    replaces: int = 0
+    #: Bytes of state the task read (indexes, blooms, blocks; compaction included).
+    read: int = 0
 
     @property
     def empty(self) -> bool:
@@ -66,3 +72,17 @@ def choose_reports(reports: Iterable[PartReport]) -> tuple[dict[int, PartReport]
     chosen = {**without_rows, **with_rows}
     unsure = set() if aligned else set(without_rows) - set(with_rows)
     return chosen, unsure
+
+
+def next_chain(restored: list[PartRef], report: PartReport, min_epoch: int | None = None) -> list[PartRef]:
+    """A key group's chain after this epoch, from its restored chain and its report.
+
+    A FULL part starts a new chain; a DELTA replaces the restored chain's newest
+    ``replaces`` runs (a compaction; none: it extends the chain); no part keeps the
+    restored chain (incremental checkpoints). Under a TTL, runs whose every key expired
+    drop out without being read.
+    """
+    before = restored[: len(restored) - report.replaces] if report.replaces else list(restored)
+    ref = report.part
+    chain = before if ref is None else [ref] if ref.kind == "full" else [*before, ref]
+    return live_runs(chain, min_epoch)

@@ -19,6 +19,8 @@ from airflow_seatunnel_ckpt.core.checkpoint import needs_full
 from airflow_seatunnel_ckpt.core.codec import Codec
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
+from airflow_seatunnel_ckpt.core.run_chain import DEFAULT_FANOUT
+from airflow_seatunnel_ckpt.core.runs import DEFAULT_BLOCK_ROWS
 from airflow_seatunnel_ckpt.core.storage import open_storage
 
 if TYPE_CHECKING:
@@ -78,6 +80,11 @@ class PartPolicy:
     compression: Codec
     compression_level: int
     force_full: bool = False  #: restored from another store: write every key group in full
+    #: Rows per block of a sorted run: what a lookup reads at a time (memory per task is
+    #: the epoch's input plus the runs' bloom filters plus one block).
+    block_rows: int = DEFAULT_BLOCK_ROWS
+    #: Runs of similar size that are merged into one (size-tiered compaction).
+    fanout: int = DEFAULT_FANOUT
 
     @classmethod
     def from_config(cls, config: CheckpointConfig, *, force_full: bool = False) -> PartPolicy:
@@ -110,6 +117,14 @@ class StateSettings:
     restored: OperatorState | None = None  #: the state in the last committed checkpoint
     #: The key columns: the checkpoint's, until the stage's update binds them.
     key_columns: tuple[str, ...] = ()
+    #: Key sets only: a key is forgotten this many epochs after the epoch that last wrote
+    #: it (None: never). Like Flink's StateTtlConfig with OnCreateAndWrite updates.
+    ttl_epochs: int | None = None
+
+    @property
+    def min_epoch(self) -> int | None:
+        """The oldest epoch whose keys are still live under the TTL (None: no TTL)."""
+        return None if self.ttl_epochs is None else self.epoch - self.ttl_epochs + 1
 
     def __post_init__(self) -> None:
         restored = self.restored

@@ -1,0 +1,205 @@
+"""A key group's chain of sorted runs: bounded lookups, size-tiered compaction, TTL.
+
+The chain is the ordered list of parts in ``_metadata`` (oldest first), as before; what
+changed is how it is used. A lookup reads, per run newest first, only the index, the
+bloom filter and the blocks that may hold a key still unresolved (``core/runs.py``), so
+an epoch costs its input plus O(runs x blocks touched), not the state's size.
+
+Compaction replaces periodic full rewrites: when the newest ``fanout`` runs are of
+similar size they are merged -- with any older run not larger than the result -- in one
+streaming k-way merge, block by block (memory: one block per source). Run sizes then
+grow geometrically, so a chain holds O(fanout x log(state)) runs and a key is rewritten
+O(log(state)) times over its life. A merge that reaches the chain's oldest run writes a
+FULL run and drops tombstones and expired keys; any other merge writes a DELTA run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from airflow_seatunnel_ckpt.core.checkpoint import TOMBSTONE
+from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, RunReader, is_live, sort_keys
+from airflow_seatunnel_ckpt.core.storage import Storage
+
+#: Runs of similar size that trigger a merge.
+DEFAULT_FANOUT = 4
+
+
+def live_runs(chain: Sequence[PartRef], min_epoch: int | None) -> list[PartRef]:
+    """``chain`` without the runs whose every row is expired (dropped unread).
+
+    A run's epoch is the epoch that wrote it, an upper bound of its rows' epochs. Parts
+    of the earlier format (no index) stay: such a chain must keep its FULL part first,
+    and the next change compacts it into runs anyway.
+    """
+    if min_epoch is None:
+        return list(chain)
+    return [ref for ref in chain if ref.epoch >= min_epoch or ref.index is None]
+
+
+def lookup(
+    storage: Storage,
+    chain: Sequence[PartRef],
+    key_columns: list[str],
+    keys: Any,
+    *,
+    min_epoch: int | None = None,
+) -> tuple[np.ndarray, Any, int]:
+    """Find unique ``keys`` in the chain: ``(positions, rows, bytes read)``.
+
+    ``positions`` index ``keys`` for each key whose newest row is live (not a tombstone,
+    not expired); ``rows`` holds those rows in the same order (None when none).
+    """
+    import pyarrow as pa
+
+    pending = np.arange(len(keys), dtype=np.int64)
+    positions: list[np.ndarray] = []
+    found: list[Any] = []
+    read = 0
+    for ref in reversed(live_runs(chain, min_epoch)):
+        if not len(pending):
+            break
+        reader = RunReader(storage, ref, key_columns)
+        sub = keys.take(pa.array(pending))
+        blocks = reader.locate(sub)
+        resolved = np.zeros(len(pending), dtype=bool)
+        candidates = np.nonzero(blocks >= 0)[0]
+        ordered = candidates[np.argsort(blocks[candidates], kind="stable")]
+        ids = blocks[ordered]
+        for group in np.split(ordered, np.nonzero(np.diff(ids))[0] + 1) if len(ordered) else []:
+            table = reader.block(int(blocks[group[0]]), cache=True)
+            block_keys = sort_keys(table, key_columns)
+            at = _positions_in(block_keys, sub.take(pa.array(group)).cast(block_keys.type))
+            hit = at >= 0
+            rows = table.take(pa.array(at[hit]))
+            live = np.asarray(is_live(rows, min_epoch, ref.epoch).to_numpy(zero_copy_only=False), dtype=bool)
+            resolved[group[hit]] = True
+            positions.append(pending[group[hit]][live])
+            found.append(rows.filter(pa.array(live)))
+        read += reader.bytes_read
+        pending = pending[~resolved]
+    if not positions or not sum(len(p) for p in positions):
+        return np.zeros(0, dtype=np.int64), None, read
+    rows = pa.concat_tables([t for t in found if t.num_rows], promote_options="permissive")
+    return np.concatenate(positions), rows, read
+
+
+def _positions_in(block_keys: Any, wanted: Any) -> np.ndarray:
+    """Per wanted key, its row in the block (sorted, unique keys), or -1.
+
+    Integer keys are binary-searched (O(wanted x log block)); hashing the block's keys, as
+    ``index_in`` does, would cost the whole block for every lookup that touches it.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_integer(block_keys.type) and not block_keys.null_count and len(block_keys):
+        stored = block_keys.to_numpy()
+        query = wanted.to_numpy(zero_copy_only=False)
+        at = np.minimum(np.searchsorted(stored, query), len(stored) - 1)
+        return np.where(stored[at] == query, at, -1).astype(np.int64)
+    found = pc.index_in(wanted, value_set=block_keys)
+    return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def plan_compaction(sizes: Sequence[int], fanout: int = DEFAULT_FANOUT, max_runs: int = 64) -> int | None:
+    """Where the merge of a chain with run ``sizes`` (oldest first) starts, or None.
+
+    Merges the newest ``fanout`` runs when the largest is at most ``fanout`` times the
+    smallest, then absorbs each older run not larger than what is merged so far.
+    ``max_runs`` caps the chain (a safety bound: merge everything).
+    """
+    n = len(sizes)
+    if n > max_runs:
+        return 0
+    if n < fanout:
+        return None
+    tail = sizes[n - fanout:]
+    if max(tail) > fanout * max(1, min(tail)):
+        return None
+    start, total = n - fanout, sum(tail)
+    while start > 0 and sizes[start - 1] <= total:
+        start -= 1
+        total += sizes[start]
+    return start
+
+
+def merged_schema(schemas: Sequence[Any], drop_tombstones: bool) -> Any:
+    """One schema for a merge's output: the newest source's columns first, then older ones'."""
+    import pyarrow as pa
+
+    schema = pa.unify_schemas(list(reversed(schemas)), promote_options="permissive")
+    if drop_tombstones and TOMBSTONE in schema.names:
+        schema = schema.remove(schema.get_field_index(TOMBSTONE))
+    return schema
+
+
+def _conform(table: Any, schema: Any) -> Any:
+    """``table`` with ``schema``'s columns: missing ones null (a column added later)."""
+    import pyarrow as pa
+
+    for field in schema:
+        if field.name not in table.column_names:
+            table = table.append_column(field.name, pa.nulls(table.num_rows, field.type))
+    return table.select(schema.names).cast(schema)
+
+
+def merge_sorted(
+    sources: Sequence[Iterator[Any]],
+    key_columns: list[str],
+    schema: Any,
+    *,
+    epochs: Sequence[int],
+    drop_dead: bool,
+    min_epoch: int | None,
+) -> Iterator[Any]:
+    """K-way merge of sorted block streams (oldest source first): newest row per key wins.
+
+    Each round emits every row up to the smallest last key among the sources' current
+    blocks, so memory is one block per source. With ``drop_dead`` tombstones and expired
+    rows are dropped (the merge covers the chain's oldest run: nothing older to shadow).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def advance(i: int) -> Any:
+        for block in sources[i]:
+            if block.num_rows:
+                return block
+        return None
+
+    current = [advance(i) for i in range(len(sources))]
+    while any(c is not None for c in current):
+        active = [i for i, c in enumerate(current) if c is not None]
+        lasts = [sort_keys(current[i].slice(current[i].num_rows - 1), key_columns) for i in active]
+        bound = pc.min(pa.concat_arrays([x.cast(lasts[0].type) for x in lasts]))
+        pieces = []
+        for i in active:
+            block = current[i]
+            upto = int(pc.sum(pc.less_equal(sort_keys(block, key_columns), bound)).as_py() or 0)
+            piece = block.slice(0, upto)
+            tomb = piece.column(TOMBSTONE) if TOMBSTONE in piece.column_names else None
+            piece = _conform(piece, schema)
+            if min_epoch is not None and EPOCH_COLUMN in schema.names:
+                # Rows written before the TTL was on carry their run's epoch (an upper bound).
+                j = schema.get_field_index(EPOCH_COLUMN)
+                piece = piece.set_column(j, EPOCH_COLUMN, pc.fill_null(piece.column(j), epochs[i]))
+            if tomb is not None and TOMBSTONE not in schema.names:
+                piece = piece.append_column(TOMBSTONE, tomb)
+            pieces.append(piece.append_column("__rank", pa.array(np.full(piece.num_rows, i, np.int32))))
+            current[i] = block.slice(upto) if upto < block.num_rows else advance(i)
+        combined = pa.concat_tables(pieces, promote_options="permissive")
+        combined = combined.append_column("__k", sort_keys(combined, key_columns))
+        combined = combined.sort_by([("__k", "ascending"), ("__rank", "descending")])
+        keys = combined.column("__k").combine_chunks()
+        first = np.ones(len(keys), dtype=bool)
+        if len(keys) > 1:
+            first[1:] = pc.not_equal(keys.slice(1), keys.slice(0, len(keys) - 1)).to_numpy(zero_copy_only=False)
+        out = combined.filter(pa.array(first))
+        if drop_dead:
+            out = out.filter(is_live(out, min_epoch, max(epochs)))
+        yield _conform(out.drop_columns(["__k", "__rank"]), schema)

@@ -1,0 +1,443 @@
+"""Sorted runs: keyed state looked up by key, block by block, instead of loaded whole.
+
+A key group's state is an ordered list of immutable *runs* (an LSM without a memtable):
+each epoch's changed keys become one new run, and a lookup asks the runs newest first, so
+a key found in a newer run is never looked up in an older one. A run is one file in the
+state file format (``core/codec.py``, payload kind ``RUN``)::
+
+    header | block chunk * | bloom chunk * | index chunk | trailer
+
+* A *block* is up to ``block_rows`` rows (and about 2 MiB) in key order, one Arrow IPC
+  stream, framed as exactly one chunk: a ranged read of its bytes is verified by the
+  chunk's own CRC32C and decoded without the rest of the file.
+* Each block has its own *bloom filter* (about 10 bits per key, 7 hashes: ~1% false
+  positives), one chunk each, stored together after the blocks (a partitioned filter,
+  as RocksDB's): a lookup reads only the filters of the blocks whose key range holds
+  one of its keys -- adjacent ones in one ranged read -- and then only the blocks whose
+  filter says "maybe". Keys the run does not hold cost filter bits, not blocks; a few
+  keys in a large run cost a few filters and blocks, not the whole run's filter.
+* The *index* (Arrow IPC) gives each block's first and last key, row count and the
+  byte ranges of the block and of its filter; its schema metadata holds the run's data
+  schema. ``PartRef.index`` says where it starts, so a reader fetches the index (and
+  the header, for the codec) with two ranged reads.
+
+Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
+injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
+file: deep verification and :func:`read_run_table` read it with :func:`codec.decode_stream`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from airflow_seatunnel_ckpt.core import codec
+from airflow_seatunnel_ckpt.core.block_cache import BLOCK_CACHE
+from airflow_seatunnel_ckpt.core.checkpoint import TOMBSTONE, key_array, read_arrow_part
+from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
+from airflow_seatunnel_ckpt.core.storage import Storage
+
+#: Column of a key-set row with a TTL: the epoch that last wrote the key.
+EPOCH_COLUMN = "__epoch"
+DEFAULT_BLOCK_ROWS = 65536
+#: A block is cut smaller than ``block_rows`` when its rows would exceed this many bytes.
+BLOCK_BYTES = 2 * 1024 * 1024
+BLOOM_BITS_PER_KEY = 10
+BLOOM_HASHES = 7
+_TRAILER_SIZE = 24
+_RUN_FORMAT = b"1"
+
+
+def sort_keys(table: Any, key_columns: list[str]) -> Any:
+    """The keys a run is ordered and searched by, as one array."""
+    import pyarrow as pa
+
+    keys = key_array(table, key_columns)
+    return keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+
+
+# -- hashing and the bloom filter ---------------------------------------------------------
+
+_U = np.uint64
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a well-spread 64-bit hash of a 64-bit value."""
+    with np.errstate(over="ignore"):
+        x = x + _U(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> _U(27))) * _U(0x94D049BB133111EB)
+    return x ^ (x >> _U(31))  # type: ignore[no-any-return]
+
+
+def key_hashes(keys: Any) -> np.ndarray:
+    """A stable 64-bit hash per key (persisted in blooms: never change it for a format).
+
+    Integer-like keys hash their 64-bit value; any other key hashes its bytes (as a
+    string) with FNV-1a 64, one numpy pass per byte position.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = keys.type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
+        as_int = keys.cast(pa.int32()).cast(pa.int64()) if pa.types.is_date32(t) else keys.cast(pa.int64())
+        values = np.asarray(as_int.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        return _mix(values.view(np.uint64))
+    data = pc.cast(keys, pa.large_binary()).fill_null(b"")
+    if isinstance(data, pa.ChunkedArray):
+        data = data.combine_chunks()
+    offsets = np.frombuffer(data.buffers()[1], dtype=np.int64)[data.offset: data.offset + len(data) + 1]
+    raw = np.frombuffer(data.buffers()[2], dtype=np.uint8) if data.buffers()[2] is not None else np.zeros(1, np.uint8)
+    starts, lens = offsets[:-1], np.diff(offsets)
+    h = np.full(len(data), 0xCBF29CE484222325, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(int(lens.max()) if len(lens) else 0):
+            live = np.nonzero(lens > j)[0]
+            h[live] = (h[live] ^ raw[starts[live] + j].astype(np.uint64)) * _U(0x100000001B3)
+    return _mix(h ^ lens.astype(np.uint64))
+
+
+class Bloom:
+    """A bloom filter over key hashes (double hashing, bits in a numpy byte array)."""
+
+    def __init__(self, bits: np.ndarray, nbits: int, hashes: int = BLOOM_HASHES) -> None:
+        self.bits, self.nbits, self.hashes = bits, nbits, hashes
+
+    @classmethod
+    def sized(cls, keys: int) -> Bloom:
+        """An empty filter for up to ``keys`` keys at ~1% false positives."""
+        nbits = max(64, keys * BLOOM_BITS_PER_KEY + 7) // 8 * 8
+        return cls(np.zeros(nbits // 8, dtype=np.uint8), nbits)
+
+    def _positions(self, hashes: np.ndarray) -> Iterator[np.ndarray]:
+        h1 = _mix(hashes)
+        h2 = _mix(hashes ^ _U(0x5BD1E9955BD1E995)) | _U(1)
+        with np.errstate(over="ignore"):
+            for i in range(self.hashes):
+                yield ((h1 + _U(i) * h2) % _U(self.nbits)).astype(np.int64)
+
+    def add(self, hashes: np.ndarray) -> None:
+        """Add keys (by hash)."""
+        # Set bits in a bool array and pack them (bit i of byte j is position 8j + i, as
+        # might_contain reads them): much faster than ``np.bitwise_or.at`` per position.
+        flags = np.unpackbits(self.bits, bitorder="little").astype(bool)
+        for pos in self._positions(hashes):
+            flags[pos] = True
+        self.bits = np.packbits(flags, bitorder="little")
+
+    def might_contain(self, hashes: np.ndarray) -> np.ndarray:
+        """Per key: False means certainly absent."""
+        out = np.ones(len(hashes), dtype=bool)
+        for pos in self._positions(hashes):
+            out &= ((self.bits[pos >> 3] >> (pos & 7).astype(np.uint8)) & 1).astype(bool)
+        return out
+
+
+# -- writing ------------------------------------------------------------------------------
+
+def _blocks(pieces: Iterable[Any], block_rows: int) -> Iterator[Any]:
+    """Re-cut sorted tables into blocks of at most ``block_rows`` rows and ~BLOCK_BYTES."""
+    import pyarrow as pa
+
+    buffered: list[Any] = []
+    rows = 0
+    limit = block_rows
+    for piece in pieces:
+        if not piece.num_rows:
+            continue
+        if not buffered and rows == 0 and piece.nbytes:
+            limit = max(1, min(block_rows, int(BLOCK_BYTES * piece.num_rows / piece.nbytes)))
+        buffered.append(piece)
+        rows += piece.num_rows
+        while rows >= limit:
+            table = pa.concat_tables(buffered)
+            yield table.slice(0, limit)
+            rest = table.slice(limit)
+            buffered, rows = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+    if rows:
+        yield pa.concat_tables(buffered)
+
+
+def write_run(
+    storage: Storage,
+    path: str,
+    pieces: Iterable[Any],
+    key_columns: list[str],
+    schema: Any,
+    *,
+    epoch: int,
+    key_group: int = 0,
+    delta: bool = False,
+    base_epoch: int | None = None,
+    block_rows: int = DEFAULT_BLOCK_ROWS,
+    level: int = 3,
+    compression: codec.Codec = codec.Codec.ZSTD,
+) -> PartRef:
+    """Write sorted, key-unique ``pieces`` (ascending, non-overlapping) as one run.
+
+    Streams: memory is one block plus the blocks' bloom filters (~1.25 bytes a key).
+    """
+    import pyarrow as pa
+
+    writer = codec.ChunkWriter(kind=codec.PayloadKind.RUN, epoch=epoch, base_epoch=base_epoch,
+                               delta=delta, codec=compression, level=level)
+    entries: dict[str, list[Any]] = {n: [] for n in ("first", "last", "offset", "length", "rows",
+                                                     "bloom_offset", "bloom_length")}
+    blooms: list[bytes] = []
+    size = crc = index_at = 0
+
+    def emit(piece: bytes) -> bytes:
+        nonlocal size, crc
+        size += len(piece)
+        crc = codec.crc32c(piece, crc)
+        return piece
+
+    def framed() -> Iterator[bytes]:
+        nonlocal index_at
+        yield emit(writer.header())
+        for block in _blocks(pieces, block_rows):
+            block = block.select(schema.names).cast(schema)
+            keys = sort_keys(block, key_columns)
+            bloom = Bloom.sized(block.num_rows)
+            bloom.add(key_hashes(keys))
+            blooms.append(bloom.bits.tobytes())
+            chunk = writer.chunk(next(iter(codec.arrow_ipc_pieces(block))))
+            for name, value in (("first", keys[0]), ("last", keys[-1]), ("offset", size),
+                                ("length", len(chunk)), ("rows", block.num_rows)):
+                entries[name].append(value)
+            yield emit(chunk)
+        for bits in blooms:
+            chunk = writer.chunk(bits)
+            entries["bloom_offset"].append(size)
+            entries["bloom_length"].append(len(chunk))
+            yield emit(chunk)
+        index_at = size
+        key_type = sort_keys(schema.empty_table(), key_columns).type
+        index = pa.table({"first": pa.array([k.as_py() for k in entries["first"]], key_type),
+                          "last": pa.array([k.as_py() for k in entries["last"]], key_type),
+                          **{n: pa.array(entries[n], pa.int64())
+                             for n in ("offset", "length", "rows", "bloom_offset", "bloom_length")}})
+        index = index.replace_schema_metadata({
+            b"run_format": _RUN_FORMAT, b"key_columns": json.dumps(key_columns).encode(),
+            b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(BLOOM_HASHES).encode()})
+        yield emit(writer.chunk(next(iter(codec.arrow_ipc_pieces(index)))))
+        yield emit(writer.trailer())
+
+    storage.write_atomic(path, framed())
+    return PartRef(path=path, size=size, crc32c=crc, epoch=epoch, key_group=key_group,
+                   kind=PartKind.DELTA if delta else PartKind.FULL, index=index_at)
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+
+def _chunks_in(data: bytes, where: str, compression: codec.Codec, count: int) -> list[bytes]:
+    """``count`` consecutive chunks at the start of ``data``, each verified and decoded."""
+    out, pos = [], 0
+    for _ in range(count):
+        if len(data) < pos + 12:
+            raise CorruptCheckpointError(f"{where}: run index is truncated", where)
+        stored_len = int.from_bytes(data[pos + 4: pos + 8], "big")
+        out.append(codec.decode_chunk(memoryview(data)[pos: pos + 12 + stored_len], where, compression))
+        pos += 12 + stored_len
+    return out
+
+
+class RunReader:
+    """One run (or a part written before runs, read whole) of a key group's chain."""
+
+    def __init__(self, storage: Storage, ref: PartRef, key_columns: list[str], data: bytes | None = None) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.storage, self.ref, self.key_columns, self._data = storage, ref, key_columns, data
+        self.where = storage.describe_path(ref.path)
+        self.bytes_read = 0
+        self._whole: Any = None
+        if ref.index is None:  # a part of the FULL+DELTA format: one in-memory block
+            table = read_arrow_part(storage, ref)
+            table = table.take(pc.sort_indices(sort_keys(table, key_columns))) if table.num_rows else table
+            keys = sort_keys(table, key_columns)
+            self._whole, self.schema = table, table.schema
+            rows = [table.num_rows] if table.num_rows else []
+            self.index = pa.table({"first": keys[:1], "last": keys[-1:] if len(keys) else keys[:0],
+                                   "offset": pa.array([0] * len(rows), pa.int64()),
+                                   "length": pa.array([ref.size] * len(rows), pa.int64()),
+                                   "rows": pa.array(rows, pa.int64())})
+            self.bytes_read = ref.size
+            return
+        cached = BLOCK_CACHE.get(self._cache_key("index")) if data is None else None
+        if cached is not None:
+            self.codec, self.schema, self.index, self._hashes = cached
+            return
+        self._read_index()
+        if data is None:
+            BLOCK_CACHE.put(self._cache_key("index"), (self.codec, self.schema, self.index, self._hashes),
+                            self.index.nbytes + 4096)
+
+    def _read(self, start: int, end: int) -> bytes:
+        if self._data is not None:
+            return self._data[start:end]
+        try:
+            data = self.storage.read_range(self.ref.path, start, end)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{self.where}: checkpoint part is missing", self.where) from None
+        self.bytes_read += len(data)
+        if len(data) != end - start:
+            raise CorruptCheckpointError(
+                f"{self.where}: file is truncated (bytes {start}..{end} of {self.ref.size} recorded)", self.where)
+        return data
+
+    def _read_index(self) -> None:
+        import io
+
+        import pyarrow as pa
+
+        ref = self.ref
+        assert ref.index is not None
+        if not codec.HEADER_SIZE <= ref.index <= ref.size - _TRAILER_SIZE:
+            raise CorruptCheckpointError(f"{self.where}: run index offset {ref.index} is outside the file", self.where)
+        self.codec = codec.read_header(io.BytesIO(self._read(0, codec.HEADER_SIZE)), self.where).codec
+        tail = self._read(ref.index, ref.size)
+        (first,) = _chunks_in(tail, self.where, self.codec, 1)
+        index = codec.read_arrow(first, self.where)
+        meta = index.schema.metadata or {}
+        try:
+            if meta[b"run_format"] != _RUN_FORMAT:
+                raise CorruptCheckpointError(f"{self.where}: unknown run format {meta[b'run_format']!r}", self.where)
+            self.schema = pa.ipc.read_schema(pa.py_buffer(meta[b"data_schema"]))
+            hashes = int(meta[b"bloom_hashes"])
+        except (KeyError, ValueError, pa.ArrowInvalid) as exc:
+            raise CorruptCheckpointError(f"{self.where}: run index is damaged ({exc})", self.where) from exc
+        self.index = index.replace_schema_metadata(None)
+        self._hashes = hashes
+
+    @property
+    def rows(self) -> int:
+        """Rows in the run."""
+        return int(sum(self.index.column("rows").to_pylist()))
+
+    def _cache_key(self, what: Any) -> tuple[Any, ...]:
+        return (self.storage.url_of(self.ref.path), self.ref.size, self.ref.crc32c, what)
+
+    def block(self, i: int, cache: bool = False) -> Any:
+        """Block ``i`` as a table: one ranged read, verified by its chunk's CRC32C
+        (or, with ``cache``, the copy this process decoded before)."""
+        if self._whole is not None:
+            return self._whole
+        if cache and (hit := BLOCK_CACHE.get(self._cache_key(i))) is not None:
+            return hit
+        table = self._read_block(i)
+        if cache:
+            BLOCK_CACHE.put(self._cache_key(i), table, table.nbytes)
+        return table
+
+    def _read_block(self, i: int) -> Any:
+        start, length = (int(self.index.column(c)[i].as_py()) for c in ("offset", "length"))
+        table = codec.read_arrow(codec.decode_chunk(self._read(start, start + length), self.where, self.codec),
+                                 self.where)
+        if table.num_rows != self.index.column("rows")[i].as_py():
+            raise CorruptCheckpointError(f"{self.where}: block {i} has {table.num_rows} rows, the index says "
+                                         f"{self.index.column('rows')[i].as_py()}", self.where)
+        return table
+
+    def blocks(self) -> Iterator[Any]:
+        """Every block in key order (one at a time)."""
+        for i in range(self.index.num_rows):
+            yield self.block(i)
+
+    def locate(self, keys: Any) -> np.ndarray:
+        """Per key, the block that may hold it, or -1 (outside every block, or not in its bloom)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n, nblocks = len(keys), self.index.num_rows
+        out = np.full(n, -1, dtype=np.int64)
+        if not n or not nblocks:
+            return out
+        keys = keys.cast(self.index.schema.field("last").type)
+        # searchsorted for any orderable key type: sort the keys together with the blocks'
+        # last keys; a key's block is the number of last keys sorting before it.
+        both = pa.table({"k": pa.concat_arrays([keys, self.index.column("last").combine_chunks()]),
+                         "f": np.concatenate([np.zeros(n, np.int8), np.ones(nblocks, np.int8)])})
+        order = pc.sort_indices(both, [("k", "ascending"), ("f", "ascending")]).to_numpy()
+        flags = both.column("f").to_numpy()[order]
+        before = np.cumsum(flags) - flags
+        block = np.empty(n + nblocks, np.int64)
+        block[order] = before
+        block = block[:n]
+        inside = block < nblocks
+        if inside.any():
+            firsts = self.index.column("first").take(pa.array(np.where(inside, block, 0)))
+            inside &= pc.fill_null(pc.greater_equal(keys, firsts), False).to_numpy(zero_copy_only=False)
+        if self._whole is None and inside.any():
+            inside &= self._bloom_says_maybe(keys, block, inside)
+        out[inside] = block[inside]
+        return out
+
+    def _bloom_says_maybe(self, keys: Any, block: np.ndarray, inside: np.ndarray) -> np.ndarray:
+        """Per key (inside its block's range): whether its block's bloom filter may hold it.
+
+        The filters of adjacent candidate blocks are fetched in one ranged read.
+        """
+        maybe = np.zeros(len(keys), dtype=bool)
+        where = np.nonzero(inside)[0]
+        hashes = key_hashes(keys.take(where))
+        wanted = np.unique(block[where])
+        offsets = self.index.column("bloom_offset").to_numpy()
+        lengths = self.index.column("bloom_length").to_numpy()
+        filters = {int(b): BLOCK_CACHE.get(self._cache_key(("bloom", int(b)))) for b in wanted}
+        missing = np.array([b for b, bits in filters.items() if bits is None], dtype=np.int64)
+        for span in np.split(missing, np.nonzero(np.diff(missing) != 1)[0] + 1) if len(missing) else []:
+            start = int(offsets[span[0]])
+            data = self._read(start, int(offsets[span[-1]] + lengths[span[-1]]))
+            for b in span:
+                at = int(offsets[b]) - start
+                bits = codec.decode_chunk(memoryview(data)[at: at + int(lengths[b])], self.where, self.codec)
+                filters[int(b)] = bits
+                BLOCK_CACHE.put(self._cache_key(("bloom", int(b))), bits, len(bits))
+        for b, bits in filters.items():
+            mine = block[where] == b
+            bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes)
+            maybe[where[mine]] = bloom.might_contain(hashes[mine])
+        return maybe
+
+
+def is_live(table: Any, min_epoch: int | None, run_epoch: int) -> Any:
+    """Per row: neither a tombstone nor expired (rows older than ``min_epoch``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    live = pa.array(np.ones(table.num_rows, bool))
+    if TOMBSTONE in table.column_names:
+        live = pc.and_(live, pc.invert(pc.fill_null(table.column(TOMBSTONE), False)))
+    if min_epoch is not None:
+        # A row written before the TTL was on has no epoch: its run's epoch bounds it.
+        written = (pc.fill_null(table.column(EPOCH_COLUMN), run_epoch) if EPOCH_COLUMN in table.column_names
+                   else pa.array(np.full(table.num_rows, run_epoch, np.int64)))
+        live = pc.and_(live, pc.greater_equal(written, min_epoch))
+    return live
+
+
+def read_run_table(storage: Storage, ref: PartRef) -> Any:
+    """A whole run as one table, checked against its reference (size, whole-file CRC32C)."""
+    import pyarrow as pa
+
+    where = storage.describe_path(ref.path)
+    try:
+        data = storage.read(ref.path)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{where}: checkpoint part is missing", where) from None
+    if len(data) != ref.size:
+        raise CorruptCheckpointError(f"{where}: size is {len(data)} bytes, _metadata says {ref.size}", where)
+    if codec.crc32c(data) != ref.crc32c:
+        raise CorruptCheckpointError(f"{where}: checksum does not match the one recorded in _metadata", where)
+    reader = RunReader(storage, ref, [], data=data)
+    tables = list(reader.blocks())
+    return pa.concat_tables(tables) if tables else reader.schema.empty_table()

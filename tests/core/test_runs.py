@@ -1,0 +1,182 @@
+"""Sorted runs: bounded lookups (counted ranged reads), compaction plan, damage detection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from airflow_seatunnel_ckpt.core.checkpoint import read_chain
+from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
+from airflow_seatunnel_ckpt.core.run_chain import lookup, plan_compaction
+from airflow_seatunnel_ckpt.core.runs import RunReader, sort_keys, write_run
+from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
+
+
+class CountingStorage(LocalStorage):
+    """A real local store that records each ranged read (what a lookup fetched)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.ranges: list[tuple[int, int]] = []
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        self.ranges.append((start, end))
+        return super().read_range(path, start, end)
+
+
+def random_keys(n: int, seed: int = 1) -> pa.Array:
+    rng = np.random.default_rng(seed)
+    return pa.array([f"user-{v:016x}" for v in rng.integers(0, 2**62, size=n)])
+
+
+def written_run(storage: LocalStorage, keys: pa.Array, block_rows: int = 1000, **options: Any) -> PartRef:
+    table = pa.table({"k": keys, "v": pa.array(np.arange(len(keys)))})
+    table = table.take(pc.sort_indices(sort_keys(table, ["k"])))
+    return write_run(storage, "checkpoint_1/operators/s/part-0", [table], ["k"], table.schema, epoch=1,
+                     block_rows=block_rows, **options)
+
+
+def block_reads(storage: CountingStorage, reader: RunReader) -> int:
+    """Ranged reads that fetched a data block (not the header, index or bloom filters)."""
+    starts = set(reader.index.column("offset").to_pylist())
+    return sum(1 for start, _ in storage.ranges if start in starts)
+
+
+def test_a_lookup_of_keys_in_a_few_blocks_reads_only_those_blocks(tmp_path: Path) -> None:
+    storage = CountingStorage(f"file://{tmp_path}")
+    keys = random_keys(100_000)
+    ref = written_run(storage, keys)
+    wanted = keys.take(pc.sort_indices(keys)).slice(50_000, 20)  # 20 neighbouring keys: one or two blocks
+    positions, rows, read = lookup(storage, [ref], ["k"], wanted)
+    assert sorted(rows.column("k").to_pylist()) == wanted.to_pylist() and len(positions) == 20
+    reader = RunReader(storage, ref, ["k"])
+    assert 1 <= block_reads(storage, reader) <= 2
+    assert read < ref.size / 20  # 2 ranged reads of header and index, 1-2 filters and blocks
+
+
+def test_a_lookup_of_new_keys_reads_no_blocks_beyond_bloom_false_positives(tmp_path: Path) -> None:
+    storage = CountingStorage(f"file://{tmp_path}")
+    ref = written_run(storage, random_keys(100_000))
+    fresh = random_keys(5_000, seed=99)  # none of them in the run
+    positions, rows, read = lookup(storage, [ref], ["k"], fresh)
+    assert len(positions) == 0 and rows is None
+    reader = RunReader(storage, ref, ["k"])
+    assert block_reads(storage, reader) <= 5_000 * 0.03  # ~1% false positives, never a block per key
+    assert read < ref.size * 0.4  # filters (10 bits a key) + index, not the blocks
+
+
+def test_a_key_found_in_a_newer_run_is_not_looked_up_in_older_ones(tmp_path: Path) -> None:
+    storage = CountingStorage(f"file://{tmp_path}")
+    old = written_run(storage, random_keys(10_000))
+    new_keys = random_keys(10_000, seed=5)
+    table = pa.table({"k": new_keys, "v": pa.array(np.full(10_000, -1))})
+    table = table.take(pc.sort_indices(sort_keys(table, ["k"])))
+    new = write_run(storage, "checkpoint_2/operators/s/part-0", [table], ["k"], table.schema, epoch=2,
+                    delta=True, base_epoch=1, block_rows=1000)
+    storage.ranges.clear()
+    _, rows, _ = lookup(storage, [old, new], ["k"], new_keys.slice(0, 5))
+    assert rows.column("v").to_pylist() == [-1] * 5
+    old_reader = RunReader(CountingStorage(f"file://{tmp_path}"), old, ["k"])
+    old_size_reads = [r for r in storage.ranges if r[1] == old.size]
+    assert not old_size_reads, "the older run's index was read although every key was found"
+    assert read_chain(storage, [old, new], ["k"]).num_rows == 20_000 and old_reader.rows == 10_000
+
+
+def test_compaction_plan_keeps_runs_logarithmic() -> None:
+    sizes: list[int] = []
+    most = 0
+    rewritten = 0
+    for _ in range(2000):
+        sizes.append(100)
+        start = plan_compaction(sizes)
+        if start is not None:
+            rewritten += sum(sizes[start:])
+            sizes[start:] = [sum(sizes[start:])]
+        most = max(most, len(sizes))
+    assert most <= 4 * 7  # fanout x log4(2000)
+    assert rewritten <= 2000 * 100 * 8  # each row rewritten O(log) times
+    assert plan_compaction([1000, 10, 10, 10]) is None
+    assert plan_compaction([10, 10, 10, 10]) == 0
+    assert plan_compaction([1] * 70, max_runs=64) == 0
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_block_is_refused_naming_the_file(tmp_path: Path) -> None:
+    storage = LocalStorage(f"file://{tmp_path}")
+    keys = random_keys(5_000)
+    ref = written_run(storage, keys)
+    reader = RunReader(storage, ref, ["k"])
+    second = int(reader.index.column("offset")[1].as_py())
+    flip_byte(tmp_path / ref.path, second + 40)
+    wanted = sort_keys(reader.block(0), ["k"]).slice(0, 3)  # block 0 is intact
+    assert len(lookup(storage, [ref], ["k"], wanted)[0]) == 3
+    with pytest.raises(CorruptCheckpointError, match=r"part-0.*checksum mismatch in a block"):
+        reader.block(1)
+    with pytest.raises(CorruptCheckpointError, match="part-0"):
+        read_chain(storage, [ref], ["k"])
+
+
+def test_a_damaged_index_is_refused_naming_the_file(tmp_path: Path) -> None:
+    storage = LocalStorage(f"file://{tmp_path}")
+    ref = written_run(storage, random_keys(5_000))
+    flip_byte(tmp_path / ref.path, ref.index + 20)
+    with pytest.raises(CorruptCheckpointError, match=r"part-0.*checksum mismatch"):
+        lookup(storage, [ref], ["k"], random_keys(3))
+
+
+def test_an_index_offset_outside_the_file_is_refused(tmp_path: Path) -> None:
+    storage = LocalStorage(f"file://{tmp_path}")
+    ref = written_run(storage, random_keys(100))
+    bad = PartRef(ref.path, ref.size, ref.crc32c, ref.epoch, 0, PartKind.FULL, index=ref.size + 5)
+    with pytest.raises(CorruptCheckpointError, match="index offset .* outside the file"):
+        RunReader(storage, bad, ["k"])
+
+
+def test_a_truncated_run_is_refused(tmp_path: Path) -> None:
+    storage = LocalStorage(f"file://{tmp_path}")
+    ref = written_run(storage, random_keys(3_000))
+    path = tmp_path / ref.path
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(CorruptCheckpointError, match="truncated"):
+        RunReader(storage, ref, ["k"])
+
+
+def test_part_ref_round_trips_its_index_and_parts_without_one_keep_mains_form() -> None:
+    ref = PartRef("p", 10, 1, 2, 3, PartKind.DELTA, index=7)
+    assert PartRef.from_dict(ref.to_dict()) == ref
+    legacy = PartRef("p", 10, 1, 2, 3, PartKind.DELTA)
+    assert "index" not in legacy.to_dict() and PartRef.from_dict(legacy.to_dict()).index is None
+
+
+def test_runs_are_looked_up_by_ranged_reads_on_every_backend(store_spec: Any) -> None:
+    storage = store_spec.storage()
+    keys = random_keys(20_000)
+    ref = written_run(storage, keys)
+    wanted = pa.concat_arrays([keys.slice(0, 3), random_keys(3, seed=42)])
+    positions, rows, read = lookup(storage, [ref], ["k"], wanted)
+    assert sorted(positions.tolist()) == [0, 1, 2] and rows.num_rows == 3
+    assert read < ref.size / 2
+    assert read_chain(storage, [ref], ["k"]).num_rows == 20_000
+
+
+def test_a_repeated_lookup_in_the_same_process_is_served_from_the_block_cache(tmp_path: Path) -> None:
+    storage = CountingStorage(f"file://{tmp_path}")
+    keys = random_keys(20_000)
+    ref = written_run(storage, keys)
+    wanted = pa.concat_arrays([keys.slice(0, 50), random_keys(500, seed=8)])
+    first = lookup(storage, [ref], ["k"], wanted)
+    storage.ranges.clear()
+    again = lookup(storage, [ref], ["k"], wanted)
+    assert storage.ranges == [] and again[2] == 0  # index, filters and blocks: all decoded before
+    assert sorted(again[0].tolist()) == sorted(first[0].tolist()) == list(range(50))
