@@ -15,7 +15,6 @@ bounded by ``full_checkpoint_interval``) are still read, and migrated on their n
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +22,34 @@ from typing import Any
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartKind, PartRef
+from airflow_seatunnel_ckpt.core.parts import (  # part I/O, re-exported for the modules that read checkpoints
+    TOMBSTONE as TOMBSTONE,
+)
+from airflow_seatunnel_ckpt.core.parts import (
+    apply_delta as apply_delta,
+)
+from airflow_seatunnel_ckpt.core.parts import (
+    key_array as key_array,
+)
+from airflow_seatunnel_ckpt.core.parts import (
+    read_arrow_part as read_arrow_part,
+)
+from airflow_seatunnel_ckpt.core.parts import (
+    read_json_part as read_json_part,
+)
+from airflow_seatunnel_ckpt.core.parts import (
+    read_part as read_part,
+)
+from airflow_seatunnel_ckpt.core.parts import (
+    write_arrow_part as write_arrow_part,
+)
+from airflow_seatunnel_ckpt.core.parts import (
+    write_json_part as write_json_part,
+)
+from airflow_seatunnel_ckpt.core.parts import (
+    write_part as write_part,
+)
 from airflow_seatunnel_ckpt.core.storage import Storage
-
-#: Column marking removed keys in a delta part of key -> value state.
-TOMBSTONE = "__deleted"
 
 
 @dataclass(frozen=True)
@@ -38,122 +61,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.what}"
-
-
-def write_part(
-    storage: Storage,
-    path: str,
-    pieces: Iterable[bytes],
-    *,
-    kind: codec.PayloadKind,
-    epoch: int,
-    key_group: int = 0,
-    delta: bool = False,
-    base_epoch: int | None = None,
-    level: int = 3,
-    compression: codec.Codec = codec.Codec.ZSTD,
-) -> PartRef:
-    """Frame and write one state part atomically; returns its reference (size + CRC32C).
-
-    Streams: the payload pieces are compressed chunk by chunk as they are written. Safe to
-    call on a Spark executor (needs only the storage URL and options).
-    """
-    size = 0
-    crc = 0
-
-    def framed() -> Iterable[bytes]:
-        nonlocal size, crc
-        for piece in codec.encode_stream(pieces, kind=kind, epoch=epoch, base_epoch=base_epoch, delta=delta,
-                                         codec=compression, level=level):
-            size += len(piece)
-            crc = codec.crc32c(piece, crc)
-            yield piece
-
-    storage.write_atomic(path, framed())
-    return PartRef(path=path, size=size, crc32c=crc, epoch=epoch, key_group=key_group,
-                   kind=PartKind.DELTA if delta else PartKind.FULL)
-
-
-def write_arrow_part(storage: Storage, path: str, table: Any, **options: Any) -> PartRef:
-    """Write a ``pyarrow.Table`` as one state part (Arrow IPC payload)."""
-    return write_part(storage, path, codec.arrow_ipc_pieces(table), kind=codec.PayloadKind.ARROW, **options)
-
-
-def write_json_part(storage: Storage, path: str, obj: Any, **options: Any) -> PartRef:
-    """Write a JSON document as one state part."""
-    payload = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-    return write_part(storage, path, [payload], kind=codec.PayloadKind.JSON, **options)
-
-
-def read_part(storage: Storage, ref: PartRef, max_chunk: int = codec.DEFAULT_MAX_CHUNK,
-              ) -> tuple[codec.FrameHeader, bytearray]:
-    """Read one part, checking size and CRC32C against its reference, then its frame."""
-    where = storage.describe_path(ref.path)
-    try:
-        data = storage.read(ref.path)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{where}: checkpoint part is missing", where) from None
-    if len(data) != ref.size:
-        raise CorruptCheckpointError(f"{where}: size is {len(data)} bytes, _metadata says {ref.size}", where)
-    if codec.crc32c(data) != ref.crc32c:
-        raise CorruptCheckpointError(f"{where}: checksum does not match the one recorded in _metadata", where)
-    return codec.decode(data, where, max_chunk=max_chunk)
-
-
-def read_json_part(storage: Storage, ref: PartRef) -> Any:
-    """Read a JSON state part."""
-    header, payload = read_part(storage, ref)
-    where = storage.describe_path(ref.path)
-    if header.kind is not codec.PayloadKind.JSON:
-        raise CorruptCheckpointError(f"{where}: expected a JSON part, found {header.kind.name}", where)
-    try:
-        return json.loads(payload)
-    except ValueError as exc:
-        raise CorruptCheckpointError(f"{where}: not valid JSON: {exc}", where) from exc
-
-
-def read_arrow_part(storage: Storage, ref: PartRef) -> Any:
-    """Read an Arrow state part as a ``pyarrow.Table``."""
-    header, payload = read_part(storage, ref)
-    where = storage.describe_path(ref.path)
-    if header.kind is not codec.PayloadKind.ARROW:
-        raise CorruptCheckpointError(f"{where}: expected an Arrow part, found {header.kind.name}", where)
-    return codec.read_arrow(payload, where)
-
-
-def key_array(table: Any, key_columns: list[str]) -> Any:
-    """One array of keys for ``table``: the key column, or the columns joined for a composite key."""
-    import pyarrow.compute as pc
-
-    if len(key_columns) == 1:
-        return table.column(key_columns[0])
-    # A composite key is encoded injectively: each component becomes "N" when null, else
-    # "V<length>:<value>". Joining with a separator instead would make ("a\x1fb", "c") and
-    # ("a", "b\x1fc") one key, and any null component would make every such key equal.
-    parts = []
-    for name in key_columns:
-        text = pc.cast(table.column(name), "string")
-        length = pc.cast(pc.binary_length(text), "string")
-        encoded = pc.binary_join_element_wise("V", length, ":", text, "")
-        parts.append(pc.fill_null(encoded, "N"))
-    return pc.binary_join_element_wise(*parts, "")
-
-
-def apply_delta(base: Any, delta: Any, key_columns: list[str]) -> Any:
-    """Apply one delta table to a base table: upsert by key, drop tombstoned keys."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if delta.num_rows == 0:
-        return base
-    keep = pc.invert(pc.is_in(key_array(base, key_columns), value_set=key_array(delta, key_columns)))
-    if TOMBSTONE in delta.column_names:
-        delta = delta.filter(pc.invert(pc.fill_null(delta.column(TOMBSTONE), False))).drop_columns([TOMBSTONE])
-    # A delta may carry a column the base does not have yet (a new aggregate column): the
-    # base's rows get nulls in it.
-    columns = list(base.column_names) + [c for c in delta.column_names if c not in base.column_names]
-    return pa.concat_tables([base.filter(keep), delta.select([c for c in columns if c in delta.column_names])],
-                            promote_options="default").select(columns)
 
 
 def read_chain(storage: Storage, chain: list[PartRef], key_columns: list[str]) -> Any:

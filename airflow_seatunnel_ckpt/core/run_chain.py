@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from airflow_seatunnel_ckpt.core.checkpoint import TOMBSTONE
 from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.parts import TOMBSTONE
 from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, RunReader, is_live, sort_keys
 from airflow_seatunnel_ckpt.core.storage import Storage
 

@@ -36,9 +36,9 @@ import numpy as np
 
 from airflow_seatunnel_ckpt.core import codec
 from airflow_seatunnel_ckpt.core.block_cache import BLOCK_CACHE
-from airflow_seatunnel_ckpt.core.checkpoint import TOMBSTONE, key_array, read_arrow_part
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
+from airflow_seatunnel_ckpt.core.parts import TOMBSTONE, key_array, read_arrow_part
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: Column of a key-set row with a TTL: the epoch that last wrote the key.
