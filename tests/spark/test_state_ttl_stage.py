@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import run_stage
 from airflow_seatunnel_ckpt.spark.context import StageContext
 from tests.spark.conftest import OrdersPipeline
@@ -34,3 +35,17 @@ def test_a_key_older_than_the_ttl_is_accepted_again_after_a_restore(
     chains = orders.pipeline.status(3).prepared["ingest"].operators["seen_orders"].chains
     # Epoch 1's runs expired as a whole and left the chains without being read.
     assert chains and all(ref.epoch >= 2 for chain in chains.values() for ref in chain)
+
+
+def dedup_with_a_zero_ttl(ctx: StageContext, spark: Any) -> None:
+    """A window of no epochs: a mistake, refused before any Spark job."""
+    ctx.sink("orders_table").write(ctx.key_set("seen_orders").dedup(ctx.source("orders").read(), key="order_id",
+                                                                    ttl_epochs=0))
+
+
+def test_a_ttl_that_is_not_a_positive_number_of_epochs_is_refused_naming_the_state(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    orders.add_file("f1", [1, 2])
+    with pytest.raises(ConfigError, match=r"key set 'seen_orders': ttl_epochs must be a positive integer.*got 0"):
+        run_stage(orders.spec("run-1", stage="tests.spark.test_state_ttl_stage:dedup_with_a_zero_ttl"), spark)
