@@ -73,8 +73,8 @@ def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
     """One epoch's row: the console's ``epochs`` entry plus files, bytes and the lease."""
     data, table = _epoch_entry(p, epoch)
     row = EpochRow(epoch, data["state"], decision=str(table["decision"]))
-    if "damaged" in data:
-        row.damaged = data["damaged"]
+    if "damaged" in data:  # the message names the file; shown once, in place of the run
+        row.damaged, row.decision = data["damaged"], "?"
         return row
     row.run_id = data.get("run_id") or "-"
     row.logical_date = data.get("logical_date") or "-"

@@ -50,8 +50,12 @@ def build_store(url: str) -> dict[str, Any]:
     clicks = store.pipeline("clicks")
     c1 = _run(clicks, "c-1", 1)
     clicks.decide(c1, Decision.COMMIT, "all prepared", by="test")
+    events = store.pipeline("events")
+    v1 = _run(events, "v-1", 1)
+    events.decide(v1, Decision.COMMIT, "all prepared", by="test")
     return {"states": {1: "COMMITTED", 2: "ABORTED", 3: "COMMITTED", 4: "OPEN"},
-            "damaged": f"orders/{damaged}", "open": e4, "committing": c1}
+            "damaged": f"orders/{damaged}", "open": e4, "committing": c1,
+            "events_committing": v1}
 
 
 @pytest.fixture
@@ -142,3 +146,14 @@ def test_provider_registers_the_plugin_with_a_nav_view_and_a_dag_run_tab() -> No
     assert {v.destination for v in views} == {"nav", "dag_run"}
     tab = next(v for v in views if v.destination == "dag_run")
     assert "{DAG_ID}" in tab.href and "{RUN_ID}" in tab.href
+
+
+def test_package_declares_the_plugin_entry_point_for_lazy_provider_discovery() -> None:
+    # Airflow's default (lazy_discover_providers) ignores the provider info's plugins.
+    import tomllib
+
+    from airflow_seatunnel_ckpt.plugins.checkpoints import CheckpointsPlugin
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    entry = pyproject["project"]["entry-points"]["airflow.plugins"]["seatunnel_ckpt_checkpoints"]
+    assert entry == f"{CheckpointsPlugin.__module__}:{CheckpointsPlugin.__name__}"
