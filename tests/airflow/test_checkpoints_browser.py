@@ -117,6 +117,7 @@ def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PageServer
         deployment.start("api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
         tokens = {user: deployment.wait_for(f"a token for {user}", lambda u=user: _login(base_url, u), timeout=180)
                   for user in PASSWORDS}
+        deployment.token = tokens["admin"]  # for AirflowDeployment.api()
         yield PageServer(deployment, store_url, expected, tokens)
     finally:
         leftovers = deployment.stop()
@@ -209,6 +210,23 @@ def test_admin_sees_the_store_and_aborts_the_open_epoch_with_the_actor_logged(
                                                                     "INC-42: stage host lost")
     page.context.close()
     shutil.rmtree(page_server.deployment.home / "logs", ignore_errors=True)
+
+
+def test_airflow_ui_shows_the_page_under_its_nav_entry(page_server: PageServer, browser: Any) -> None:
+    plugins = page_server.deployment.api("GET", "/plugins")
+    views = [v for p in plugins["plugins"] for v in p["external_views"]]
+    assert {(v["url_route"], v["destination"]) for v in views} >= {
+        ("seatunnel-checkpoints", "nav"), ("seatunnel-checkpoint-epoch", "dag_run")}
+    page = _page_as(browser, page_server, "admin")
+    page.goto(f"{page_server.deployment.base_url}/plugin/seatunnel-checkpoints")
+    frame = page.frame_locator("iframe")
+    frame.locator("table.pipelines").wait_for(timeout=60_000)
+    assert frame.locator("table.pipelines a", has_text="orders").count() == 1
+    page.screenshot(path=str(SCREENSHOT.with_name("checkpoints-in-airflow.png")))
+    # The DAG run tab's page (the UI fills in {DAG_ID} and {RUN_ID}): that run's epoch.
+    page.goto(page_server.url("/run?dag_id=orders_dag&run_id=run-2"))
+    assert _shown(page) == {2: "ABORTED"}
+    page.context.close()
 
 
 def _post(server: PageServer, user: str, path: str, reason: str) -> tuple[int, Any]:
