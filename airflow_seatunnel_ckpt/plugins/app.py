@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from airflow_seatunnel_ckpt.core import EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.recovery import RecoveryStep
+from airflow_seatunnel_ckpt.core.recovery import RecoveryStep, recover
 from airflow_seatunnel_ckpt.plugins import overview
 from airflow_seatunnel_ckpt.plugins.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 
@@ -53,6 +53,25 @@ def _authorize(user: Any, method: str, dag_id: str) -> None:
         what = f"DAG {dag_id!r}" if dag_id else "DAGs"
         raise HTTPException(status_code=403, detail=f"user {user.get_name()!r} may not {method} {what}: "
                             "ask an admin for edit permission on the DAG that owns this pipeline")
+
+
+def run_finished_in_db(run_id: str, dag_id: str) -> bool | None:
+    """Whether the DAG run that began an epoch is over, from the metadata database.
+
+    The API server has the database, so the page's recovery (dry run and real) judges an
+    undecided epoch as the recovery DAG does: ``None`` (unknown) when the run is not there.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from airflow_seatunnel_ckpt.operators.stage import TERMINAL_RUN_STATES
+
+    if not dag_id:
+        return None
+    with create_session() as session:
+        state = session.scalar(select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    return None if state is None else str(getattr(state, "value", state)) in TERMINAL_RUN_STATES
 
 
 class ActionBody(BaseModel):
@@ -109,7 +128,7 @@ def create_app() -> FastAPI:
         configured, store = _open(store_key)
         p = _pipeline(store, name)
         _authorize(user, "GET", overview.owner_dag_id(p))
-        view = overview.pipeline_view(store, name)
+        view = overview.pipeline_view(store, name, run_finished=run_finished_in_db)
         return _render("pipeline.html", store=configured, view=view, user=user.get_name())
 
     @app.get("/run", response_class=HTMLResponse)
@@ -165,11 +184,11 @@ def create_app() -> FastAPI:
     def run_recovery(store_key: str, name: str, body: ActionBody, user: User) -> JSONResponse:
         """Carry out what recovery's dry run shows; each epoch it acts on records the user."""
         p = _guarded(store_key, name, user)
-        planned = p.recover(dry_run=True)
+        planned = recover(p, dry_run=True, run_finished=run_finished_in_db)
         known = set(p.epochs())
         for epoch in sorted({a.epoch for a in planned.actions if a.action in _RESOLVING and a.epoch in known}):
             p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
-        report = p.recover(dry_run=False)
+        report = recover(p, dry_run=False, run_finished=run_finished_in_db)
         # 200 even when an action failed or an epoch needs inspecting: the report names
         # them, and the page (reloaded) shows them in recovery's dry run again.
         return JSONResponse(report.to_dict())

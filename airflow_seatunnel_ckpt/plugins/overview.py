@@ -16,6 +16,7 @@ from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.lease import liveness
 from airflow_seatunnel_ckpt.core.models import EpochStatus
+from airflow_seatunnel_ckpt.core.recovery import RunFinished, recover
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
 #: States an on-call engineer may abort from the page (undecided ones).
@@ -108,16 +109,26 @@ class PipelineView:
 
 
 def owner_dag_id(p: StoredPipeline) -> str:
-    """The DAG owning the pipeline (its descriptor), for authorisation; "" when unknown."""
+    """The DAG owning the pipeline, for authorisation: its descriptor's owner, else the DAG
+    that began its newest epoch; "" when neither is known."""
     try:
         descriptor = p.descriptor()
+        if descriptor is not None:
+            return descriptor.owner_dag_id
+        epochs = p.epochs()
+        begin = p.txlog.read_begin(epochs[-1]) if epochs else None
     except CheckpointError:
         return ""
-    return descriptor.owner_dag_id if descriptor is not None else ""
+    return begin.dag_id if begin is not None else ""
 
 
-def pipeline_view(store: CheckpointStore, name: str, last: int = 50) -> PipelineView:
-    """The newest ``last`` epochs of ``name`` with verify results and recovery's dry run."""
+def pipeline_view(store: CheckpointStore, name: str, last: int = 50,
+                  run_finished: RunFinished | None = None) -> PipelineView:
+    """The newest ``last`` epochs of ``name`` with verify results and recovery's dry run.
+
+    ``run_finished`` answers whether an epoch's DAG run is over (the API server asks its
+    database), so the dry run says what the recovery DAG would do, not only the lease.
+    """
     p = store.pipeline(name)
     epochs = p.epochs()[-last:]
     rows = [epoch_row(p, e) for e in reversed(epochs)]
@@ -128,9 +139,8 @@ def pipeline_view(store: CheckpointStore, name: str, last: int = 50) -> Pipeline
     verify = [_verify_epoch(p, e) for e in reversed(epochs)]
     verify += [{"settled_record": exc.path, "ok": False, "verdict": "DAMAGED", "problems": [str(exc)]}
                for exc in p.txlog.settled.damaged()]
-    recovery = p.recover(dry_run=True).to_dict()
-    owner = owner_dag_id(p) or next((r.dag_id for r in rows if r.dag_id), "")
-    return PipelineView(name, owner, rows, restore, verify, recovery)
+    recovery = recover(p, dry_run=True, run_finished=run_finished).to_dict()
+    return PipelineView(name, owner_dag_id(p), rows, restore, verify, recovery)
 
 
 def pipelines_summary(store: CheckpointStore) -> list[dict[str, Any]]:

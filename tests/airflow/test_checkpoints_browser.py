@@ -275,3 +275,16 @@ def test_run_recovery_from_the_page_carries_out_the_dry_run_and_records_the_acto
     [action] = events.txlog.actions(epoch)
     assert (action["action"], action["by"], action["reason"]) == ("recover", "admin (Airflow UI)",
                                                                     "INC-44: finish the publish")
+
+
+def test_bad_requests_are_refused_with_what_was_wrong(page_server: PageServer) -> None:
+    status, body = _post(page_server, "admin", "/stores/nope/pipelines/orders/epochs/1/abort", "x")
+    assert status == 404 and "no checkpoint store 'nope'" in body["detail"] and "config-1" in body["detail"]
+    status, body = _post(page_server, "admin", "/stores/config-1/pipelines/nope/epochs/1/abort", "x")
+    assert status == 404 and "no pipeline 'nope'" in body["detail"] and "orders" in body["detail"]
+    status, body = _post(page_server, "admin", "/stores/config-1/pipelines/orders/epochs/1/abort", "x")
+    assert status == 409 and "COMMITTED" in body["detail"] and "undecided" in body["detail"], body
+    status, body = _post(page_server, "admin", "/stores/config-1/pipelines/orders/epochs/99/abort", "x")
+    assert status == 404 and "99" in body["detail"], body
+    status, body = _post(page_server, "admin", "/stores/config-1/pipelines/orders/epochs/1/abort", "")
+    assert status == 422, body  # a reason is required: it goes into the transaction log
