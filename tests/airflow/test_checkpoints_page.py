@@ -157,3 +157,47 @@ def test_package_declares_the_plugin_entry_point_for_lazy_provider_discovery() -
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     entry = pyproject["project"]["entry-points"]["airflow.plugins"]["seatunnel_ckpt_checkpoints"]
     assert entry == f"{CheckpointsPlugin.__module__}:{CheckpointsPlugin.__name__}"
+
+
+def test_stores_come_from_connections_the_config_option_and_the_default(
+    airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    from airflow_seatunnel_ckpt.plugins.stores import UnknownStoreError, configured_stores, find_store
+
+    for name in ("by-conn", "by-config", "default"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setenv("AIRFLOW__SEATUNNEL_CKPT__STORES", f"file://{tmp_path}/by-config, file://{tmp_path}/by-conn")
+    monkeypatch.setenv("SEATUNNEL_CKPT_STORE", f"file://{tmp_path}/default")
+    conn = Connection(conn_id="ui_store", conn_type="seatunnel_ckpt", host=f"file://{tmp_path}/by-conn")
+    bad = Connection(conn_id="ui_bad", conn_type="seatunnel_ckpt", extra='{"max_retain": 0}')
+    with create_session() as session:
+        session.add_all([conn, bad])
+    try:
+        stores = {s.key: s for s in configured_stores()}
+        # The connection's URL is listed once (the option repeats it).
+        assert [k for k in stores if k.startswith(("ui_", "config-", "default"))] == \
+            ["ui_bad", "ui_store", "config-1", "default"]
+        assert stores["ui_store"].open().storage.exists("")
+        assert stores["ui_bad"].config is None and "max_retain" in stores["ui_bad"].problem
+        with pytest.raises(UnknownStoreError, match="configured stores: .*ui_store"):
+            find_store("nope")
+    finally:
+        with create_session() as session:
+            session.query(Connection).filter(Connection.conn_id.in_(["ui_store", "ui_bad"])).delete()
+
+
+def test_recovery_on_the_page_aborts_an_epoch_whose_dag_run_is_over(
+    airflow_home: Path, store: Any,
+) -> None:
+    # The page's recovery asks the metadata database, as the recovery DAG asks Airflow.
+    from airflow_seatunnel_ckpt.plugins.app import run_finished_in_db
+    from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
+
+    ckpt, expected = store
+    assert run_finished_in_db("run-4", DAG_ID) is None  # no such run: only the lease decides
+    view = pipeline_view(ckpt, "orders", run_finished=lambda run_id, dag_id: run_id == "run-4")
+    assert [(a["epoch"], a["action"]) for a in view.recovery["actions"] if a["epoch"] == expected["open"]] == \
+        [(expected["open"], "abort-dead-owner")]
