@@ -14,7 +14,7 @@ user and the reason before it is carried out.
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel, Field
@@ -123,12 +123,16 @@ def create_app() -> FastAPI:
         return _render("stores.html", stores=listed, user=user.get_name())
 
     @app.get("/stores/{store_key}/pipelines/{name}", response_class=HTMLResponse)
-    def pipeline_page(store_key: str, name: str, user: User) -> HTMLResponse:
-        """A pipeline's epochs, verify results and recovery's dry run."""
+    def pipeline_page(store_key: str, name: str, user: User,
+                      last: Annotated[int, Query(ge=1, le=500)] = 20) -> HTMLResponse:
+        """A pipeline's newest ``last`` epochs, their verify results and recovery's dry run.
+
+        ``last`` bounds the page's cost: verify reads every part of each committed checkpoint.
+        """
         configured, store = _open(store_key)
         p = _pipeline(store, name)
         _authorize(user, "GET", overview.owner_dag_id(p))
-        view = overview.pipeline_view(store, name, run_finished=run_finished_in_db)
+        view = overview.pipeline_view(store, name, last=last, run_finished=run_finished_in_db)
         return _render("pipeline.html", store=configured, view=view, user=user.get_name())
 
     @app.get("/run", response_class=HTMLResponse)

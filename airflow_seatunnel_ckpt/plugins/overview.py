@@ -122,7 +122,7 @@ def owner_dag_id(p: StoredPipeline) -> str:
     return begin.dag_id if begin is not None else ""
 
 
-def pipeline_view(store: CheckpointStore, name: str, last: int = 50,
+def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
                   run_finished: RunFinished | None = None) -> PipelineView:
     """The newest ``last`` epochs of ``name`` with verify results and recovery's dry run.
 

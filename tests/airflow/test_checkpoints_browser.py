@@ -226,6 +226,8 @@ def test_airflow_ui_shows_the_page_under_its_nav_entry(page_server: PageServer, 
     # The DAG run tab's page (the UI fills in {DAG_ID} and {RUN_ID}): that run's epoch.
     page.goto(page_server.url("/run?dag_id=orders_dag&run_id=run-2"))
     assert _shown(page) == {2: "ABORTED"}
+    page.goto(page_server.url(_pipeline_path() + "?last=2"))
+    assert set(_shown(page)) == {3, 4}
     page.context.close()
 
 
