@@ -34,7 +34,9 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parents[2]
-SCREENSHOT = REPO / "docs" / "images" / "checkpoints-page.png"
+#: Where the screenshots go: docs/images with SEATUNNEL_CKPT_SCREENSHOTS=1 (to refresh the
+#: README's pictures), else the test's temporary directory (a test run leaves the tree clean).
+SCREENSHOT_ENV = "SEATUNNEL_CKPT_SCREENSHOTS"
 PASSWORDS = {"admin": secrets.token_hex(8), "viewer": secrets.token_hex(8)}
 
 pytestmark = [
@@ -52,6 +54,7 @@ class PageServer:
     store_url: str
     expected: dict[str, Any]
     tokens: dict[str, str]
+    screenshots: Path
 
     def url(self, path: str) -> str:
         return f"{self.deployment.base_url}/seatunnel-ckpt{path}"
@@ -118,7 +121,9 @@ def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PageServer
         tokens = {user: deployment.wait_for(f"a token for {user}", lambda u=user: _login(base_url, u), timeout=180)
                   for user in PASSWORDS}
         deployment.token = tokens["admin"]  # for AirflowDeployment.api()
-        yield PageServer(deployment, store_url, expected, tokens)
+        shots = REPO / "docs" / "images" if os.environ.get(SCREENSHOT_ENV) == "1" else root / "screenshots"
+        shots.mkdir(parents=True, exist_ok=True)
+        yield PageServer(deployment, store_url, expected, tokens, shots)
     finally:
         leftovers = deployment.stop()
         if leftovers:
@@ -192,8 +197,7 @@ def test_admin_sees_the_store_and_aborts_the_open_epoch_with_the_actor_logged(
     assert damaged in page.inner_text("tr[data-epoch='3']")
     assert damaged in page.inner_text("table.verify")
     assert "worker-7" in page.inner_text(f"tr[data-epoch='{page_server.expected['open']}']")
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    page.screenshot(path=str(page_server.screenshots / "checkpoints-page.png"), full_page=True)
 
     open_epoch = page_server.expected["open"]
     page.fill("#reason", "INC-42: stage host lost")
@@ -222,7 +226,7 @@ def test_airflow_ui_shows_the_page_under_its_nav_entry(page_server: PageServer, 
     frame = page.frame_locator("iframe")
     frame.locator("table.pipelines").wait_for(timeout=60_000)
     assert frame.locator("table.pipelines a", has_text="orders").count() == 1
-    page.screenshot(path=str(SCREENSHOT.with_name("checkpoints-in-airflow.png")))
+    page.screenshot(path=str(page_server.screenshots / "checkpoints-in-airflow.png"))
     # The DAG run tab's page (the UI fills in {DAG_ID} and {RUN_ID}): that run's epoch.
     page.goto(page_server.url("/run?dag_id=orders_dag&run_id=run-2"))
     assert _shown(page) == {2: "ABORTED"}
