@@ -4,18 +4,18 @@ Plugin apps get no authentication from the API server, so every route depends on
 API server's own security: ``get_user`` (the JWT of the UI session cookie or a bearer
 token) and the auth manager's ``is_authorized_dag``. Reading needs read access to DAGs;
 an action needs edit ("PUT") access to the DAG that owns the pipeline (its descriptor's
-owner, else the DAG of the epoch's run). Actions are POSTs with a JSON body, which a
+owner, else the DAG that began its newest epoch). Actions are POSTs with a JSON body, which a
 cross-site HTML form cannot send, and each is written to the transaction log with the
 user and the reason before it is carried out.
 """
 
-# No ``from __future__ import annotations``: FastAPI reads the routes' annotations, and the
-# ``User`` dependency type is local to create_app (its import needs the API server).
+# No ``from __future__ import annotations``: FastAPI reads the routes' annotations at runtime.
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel, Field
 
@@ -36,12 +36,22 @@ _templates = Environment(loader=FileSystemLoader(Path(__file__).parent / "templa
                          autoescape=select_autoescape(["html"]))
 
 
-def _user_dep() -> Any:
-    # Imported when the app is built, inside the API server: the plugin module itself is
-    # imported by every Airflow process that loads plugins.
+async def current_user(request: Request) -> Any:
+    """The signed-in user, as the API server's own ``get_user`` resolves it (bearer token,
+    else the UI's session cookie); its HTTP 401/403 when there is none or it is invalid.
+
+    ``get_user`` is imported per request, not with the module: every Airflow process that
+    loads plugins imports this one, and the API server's security module costs a second.
+    """
     from airflow.api_fastapi.core_api.security import get_user
 
-    return Depends(get_user)
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    bearer = HTTPAuthorizationCredentials(scheme=scheme, credentials=token) if scheme and token else None
+    return await get_user(request=request, _oauth_token=None, bearer_credentials=bearer)
+
+
+#: A route parameter carrying the signed-in user.
+User = Annotated[Any, Depends(current_user)]
 
 
 def _authorize(user: Any, method: str, dag_id: str) -> None:
@@ -108,7 +118,6 @@ def _actor(user: Any) -> str:
 def create_app() -> FastAPI:
     """The app the plugin registers (``fastapi_apps``)."""
     app = FastAPI(title="SeaTunnel checkpoints", docs_url=None, redoc_url=None, openapi_url=None)
-    User = Annotated[Any, _user_dep()]
 
     @app.get("/", response_class=HTMLResponse)
     def stores_page(user: User) -> HTMLResponse:
