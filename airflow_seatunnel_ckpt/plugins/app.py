@@ -11,7 +11,7 @@ user and the reason before it is carried out.
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at runtime.
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -54,7 +54,7 @@ async def current_user(request: Request) -> Any:
 User = Annotated[Any, Depends(current_user)]
 
 
-def _authorize(user: Any, method: str, dag_id: str) -> None:
+def _authorize(user: Any, method: Literal["GET", "PUT"], dag_id: str) -> None:
     """HTTP 403 unless the auth manager lets ``user`` do ``method`` on the DAG ``dag_id``."""
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
@@ -199,7 +199,8 @@ def create_app() -> FastAPI:
         p = _guarded(store_key, name, user)
         planned = recover(p, dry_run=True, run_finished=run_finished_in_db)
         known = set(p.epochs())
-        for epoch in sorted({a.epoch for a in planned.actions if a.action in _RESOLVING and a.epoch in known}):
+        for epoch in sorted({a.epoch for a in planned.actions
+                             if a.action in _RESOLVING and a.epoch is not None and a.epoch in known}):
             p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
         report = recover(p, dry_run=False, run_finished=run_finished_in_db)
         # 200 even when an action failed or an epoch needs inspecting: the report names
