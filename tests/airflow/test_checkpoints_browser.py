@@ -294,3 +294,17 @@ def test_bad_requests_are_refused_with_what_was_wrong(page_server: PageServer) -
     assert status == 404 and "99" in body["detail"], body
     status, body = _post(page_server, "admin", "/stores/config-1/pipelines/orders/epochs/1/abort", "")
     assert status == 422, body  # a reason is required: it goes into the transaction log
+
+
+def test_an_action_sent_as_a_form_would_send_it_is_refused(page_server: PageServer) -> None:
+    # A cross-site HTML form can POST text/plain with the session cookie; actions read JSON only.
+    epoch = page_server.expected["open"]
+    request = urllib.request.Request(
+        page_server.url(f"{_pipeline_path()}/epochs/{epoch}/abort"), method="POST",
+        data=b'{"reason": "forged"}',
+        headers={"Content-Type": "text/plain", "Cookie": f"_token={page_server.tokens['admin']}"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == 422
+    p = CheckpointStore.from_url(page_server.store_url).pipeline("orders")
+    assert all(a["reason"] != "forged" for a in p.txlog.actions(epoch))
