@@ -111,6 +111,13 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_seatunnel_ckpt.triggers.prepared"],
             }
         ],
+        # The "Checkpoints" page of the Airflow UI (a FastAPI app and external views).
+        "plugins": [
+            {
+                "name": "seatunnel_ckpt_checkpoints",
+                "plugin-class": "airflow_seatunnel_ckpt.plugins.checkpoints.CheckpointsPlugin",
+            }
+        ],
         # Iceberg sink tables (iceberg://<catalog>/<namespace>.<table>). The file and Delta
         # sinks' file:// and s3:// URIs belong to the common-io and Amazon providers; claiming
         # them here would replace those providers' handlers for every DAG of the deployment.

@@ -53,6 +53,8 @@ ABORTED = "aborted"
 RETIRED = "retired"
 PREPARED_PREFIX = "prepared-"
 PLAN_PREFIX = "plan-"
+#: An operator's action on the epoch (who, what, why); never read by the state machine.
+ACTION_PREFIX = "action-"
 
 
 class TransactionLog:
@@ -342,6 +344,32 @@ class TransactionLog:
     def _acknowledge(self, epoch: int, name: str, payload: dict[str, Any]) -> None:
         with contextlib.suppress(AlreadyExistsError):
             self._write_once(layout.record_path(epoch, name), payload)
+
+    def record_action(self, epoch: int, action: str, by: str, reason: str, **details: Any) -> str:
+        """Write an ``action-*`` record: who did what to the epoch, and why. Returns its name.
+
+        An audit trail for operators' actions (abort, retry publish, recovery run from the
+        UI): the state is still derived from the protocol's records alone, so an action
+        record never changes what an epoch is.
+        """
+        validate_epoch(epoch)
+        payload = {"type": "action", "epoch": epoch, "action": action, "by": by, "reason": reason,
+                   "at": time.time(), **details}
+        stamp = time.time_ns()
+        while True:  # two actions in the same nanosecond: the next free name
+            name = f"{ACTION_PREFIX}{stamp:020d}-{action}"
+            try:
+                self._write_once(layout.record_path(epoch, name), payload)
+                return name
+            except AlreadyExistsError:
+                stamp += 1
+
+    def actions(self, epoch: int) -> list[dict[str, Any]]:
+        """The epoch's ``action-*`` records, oldest first (CorruptCheckpointError on a damaged one)."""
+        names = sorted(n for n in self.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+                       if n.startswith(ACTION_PREFIX))
+        records = [self.read_record(layout.record_path(epoch, n), lambda data, _where: data) for n in names]
+        return [r for r in records if r is not None]
 
     def read_published(self, epoch: int) -> list[PublishedSink] | None:
         """What the ``committed`` record says was published, or None if not committed."""

@@ -1,0 +1,219 @@
+"""The Checkpoints page's FastAPI app, mounted by the API server under :data:`URL_PREFIX`.
+
+Plugin apps get no authentication from the API server, so every route depends on the
+API server's own security: ``get_user`` (the JWT of the UI session cookie or a bearer
+token) and the auth manager's ``is_authorized_dag``. Reading needs read access to DAGs;
+an action needs edit ("PUT") access to the DAG that owns the pipeline (its descriptor's
+owner, else the DAG that began its newest epoch). Actions are POSTs with a JSON body, which a
+cross-site HTML form cannot send, and each is written to the transaction log with the
+user and the reason before it is carried out.
+"""
+
+# No ``from __future__ import annotations``: FastAPI reads the routes' annotations at runtime.
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from pydantic import BaseModel, Field
+
+from airflow_seatunnel_ckpt.core import EpochState
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.recovery import RecoveryStep, recover
+from airflow_seatunnel_ckpt.plugins import overview
+from airflow_seatunnel_ckpt.plugins.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
+
+#: Recovery steps that decide or finish an epoch: the ones recorded with the user who ran recovery.
+_RESOLVING = frozenset({RecoveryStep.FINISH_COMMIT, RecoveryStep.FINISH_ABORT, RecoveryStep.ABORT_TIMEOUT,
+                        RecoveryStep.ABORT_DEAD_OWNER})
+
+#: Where the API server mounts the app (also the external views' hrefs).
+URL_PREFIX = "/seatunnel-ckpt"
+
+_templates = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                         autoescape=select_autoescape(["html"]))
+
+
+async def current_user(request: Request) -> Any:
+    """The signed-in user, as the API server's own ``get_user`` resolves it (bearer token,
+    else the UI's session cookie); its HTTP 401/403 when there is none or it is invalid.
+
+    ``get_user`` is imported per request, not with the module: every Airflow process that
+    loads plugins imports this one, and the API server's security module costs a second.
+    """
+    from airflow.api_fastapi.core_api.security import get_user
+
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    bearer = HTTPAuthorizationCredentials(scheme=scheme, credentials=token) if scheme and token else None
+    return await get_user(request=request, _oauth_token=None, bearer_credentials=bearer)
+
+
+#: A route parameter carrying the signed-in user.
+User = Annotated[Any, Depends(current_user)]
+
+
+def _authorize(user: Any, method: Literal["GET", "PUT"], dag_id: str) -> None:
+    """HTTP 403 unless the auth manager lets ``user`` do ``method`` on the DAG ``dag_id``."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    if not get_auth_manager().is_authorized_dag(method=method, details=DagDetails(id=dag_id or None), user=user):
+        what = f"DAG {dag_id!r}" if dag_id else "DAGs"
+        raise HTTPException(status_code=403, detail=f"user {user.get_name()!r} may not {method} {what}: "
+                            "ask an admin for edit permission on the DAG that owns this pipeline")
+
+
+def run_finished_in_db(run_id: str, dag_id: str) -> bool | None:
+    """Whether the DAG run that began an epoch is over, from the metadata database.
+
+    The API server has the database, so the page's recovery (dry run and real) judges an
+    undecided epoch as the recovery DAG does: ``None`` (unknown) when the run is not there.
+    """
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from airflow_seatunnel_ckpt.operators.stage import TERMINAL_RUN_STATES
+
+    if not dag_id:
+        return None
+    with create_session() as session:
+        state = session.scalar(select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    return None if state is None else str(getattr(state, "value", state)) in TERMINAL_RUN_STATES
+
+
+class ActionBody(BaseModel):
+    """An action's request: why the on-call engineer does it (written to the log)."""
+
+    reason: str = Field(min_length=1, max_length=500)
+
+
+def _render(name: str, **context: Any) -> HTMLResponse:
+    return HTMLResponse(_templates.get_template(name).render(prefix=URL_PREFIX, **context))
+
+
+def _open(key: str) -> tuple[ConfiguredStore, Any]:
+    try:
+        configured = find_store(key)
+        return configured, configured.open()
+    except UnknownStoreError as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from exc
+    except CheckpointError as exc:
+        raise HTTPException(status_code=502, detail=str(exc)) from exc
+
+
+def _pipeline(store: Any, name: str) -> Any:
+    if name not in store.list_pipelines():
+        raise HTTPException(status_code=404, detail=f"no pipeline {name!r} in {store.storage.describe()}; "
+                            f"pipelines: {', '.join(store.list_pipelines()) or 'none'}")
+    return store.pipeline(name)
+
+
+def _actor(user: Any) -> str:
+    return f"{user.get_name()} (Airflow UI)"
+
+
+def create_app() -> FastAPI:
+    """The app the plugin registers (``fastapi_apps``)."""
+    app = FastAPI(title="SeaTunnel checkpoints", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/", response_class=HTMLResponse)
+    def stores_page(user: User) -> HTMLResponse:
+        """Every configured store with its pipelines."""
+        _authorize(user, "GET", "")
+        listed = []
+        for configured in configured_stores():
+            try:
+                listed.append((configured, overview.pipelines_summary(configured.open()), ""))
+            except CheckpointError as exc:
+                listed.append((configured, [], str(exc)))
+        return _render("stores.html", stores=listed, user=user.get_name())
+
+    @app.get("/stores/{store_key}/pipelines/{name}", response_class=HTMLResponse)
+    def pipeline_page(store_key: str, name: str, user: User,
+                      last: Annotated[int, Query(ge=1, le=500)] = 20) -> HTMLResponse:
+        """A pipeline's newest ``last`` epochs, their verify results and recovery's dry run.
+
+        ``last`` bounds the page's cost: verify reads every part of each committed checkpoint.
+        """
+        configured, store = _open(store_key)
+        p = _pipeline(store, name)
+        _authorize(user, "GET", overview.owner_dag_id(p))
+        view = overview.pipeline_view(store, name, last=last, run_finished=run_finished_in_db)
+        return _render("pipeline.html", store=configured, view=view, user=user.get_name())
+
+    @app.get("/run", response_class=HTMLResponse)
+    def run_tab(dag_id: str, run_id: str, user: User) -> HTMLResponse:
+        """The DAG run tab: the epoch(s) this run began, in every configured store."""
+        _authorize(user, "GET", dag_id)
+        found = []
+        for configured in configured_stores():
+            try:
+                found += [(configured, name, row) for name, row in
+                          overview.epochs_of_run(configured.open(), dag_id, run_id)]
+            except CheckpointError:
+                continue  # the nav page names a store that cannot be opened
+        return _render("run.html", dag_id=dag_id, run_id=run_id, found=found, user=user.get_name())
+
+    def _guarded(store_key: str, name: str, user: Any) -> Any:
+        _, store = _open(store_key)
+        p = _pipeline(store, name)
+        _authorize(user, "PUT", overview.owner_dag_id(p))
+        return p
+
+    @app.post("/stores/{store_key}/pipelines/{name}/epochs/{epoch}/abort")
+    def abort(store_key: str, name: str, epoch: int, body: ActionBody, user: User) -> JSONResponse:
+        """Abort an undecided (OPEN or PREPARED) epoch."""
+        p = _guarded(store_key, name, user)
+        state = _state(p, epoch)
+        if state not in overview.ABORTABLE:
+            raise HTTPException(status_code=409, detail=f"epoch {epoch} is {state.value}: only an undecided "
+                                "(OPEN or PREPARED) epoch can be aborted")
+        p.txlog.record_action(epoch, "abort", _actor(user), body.reason)
+        try:
+            record = p.abort(epoch, body.reason, by=_actor(user))
+        except CheckpointError as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from exc
+        return JSONResponse({"epoch": epoch, "decision": record.to_dict()})
+
+    @app.post("/stores/{store_key}/pipelines/{name}/epochs/{epoch}/retry-publish")
+    def retry_publish(store_key: str, name: str, epoch: int, body: ActionBody, user: User) -> JSONResponse:
+        """Publish a COMMITTING epoch again (idempotent; the decision stays)."""
+        p = _guarded(store_key, name, user)
+        state = _state(p, epoch)
+        if state is not EpochState.COMMITTING:
+            raise HTTPException(status_code=409, detail=f"epoch {epoch} is {state.value}: only a COMMITTING "
+                                "epoch's publish can be retried")
+        p.txlog.record_action(epoch, "retry-publish", _actor(user), body.reason)
+        try:
+            result = p.commit(epoch)
+        except CheckpointError as exc:
+            raise HTTPException(status_code=502, detail=f"publish failed again: {exc}") from exc
+        return JSONResponse({"epoch": epoch, "commit": result.to_dict()})
+
+    @app.post("/stores/{store_key}/pipelines/{name}/recover")
+    def run_recovery(store_key: str, name: str, body: ActionBody, user: User) -> JSONResponse:
+        """Carry out what recovery's dry run shows; each epoch it acts on records the user."""
+        p = _guarded(store_key, name, user)
+        planned = recover(p, dry_run=True, run_finished=run_finished_in_db)
+        known = set(p.epochs())
+        for epoch in sorted({a.epoch for a in planned.actions
+                             if a.action in _RESOLVING and a.epoch is not None and a.epoch in known}):
+            p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
+        report = recover(p, dry_run=False, run_finished=run_finished_in_db)
+        # 200 even when an action failed or an epoch needs inspecting: the report names
+        # them, and the page (reloaded) shows them in recovery's dry run again.
+        return JSONResponse(report.to_dict())
+
+    return app
+
+
+def _state(p: Any, epoch: int) -> EpochState:
+    try:
+        return p.state(epoch)
+    except CorruptCheckpointError as exc:
+        raise HTTPException(status_code=409, detail=f"a record of epoch {epoch} is damaged: {exc}") from exc
+    except CheckpointError as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from exc

@@ -1,0 +1,174 @@
+"""What the Checkpoints page shows of a store, a pipeline and an epoch.
+
+Every state and verdict comes from the functions the ``seatunnel-ckpt`` console uses
+(``epochs``/``show``/``verify``/``recover --dry-run``): the page never derives an epoch's
+state itself, so the page and the console cannot disagree. This module has no web code;
+:mod:`.app` renders what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_seatunnel_ckpt.cli import _epoch_entry, _verify_epoch
+from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.lease import liveness
+from airflow_seatunnel_ckpt.core.models import EpochStatus
+from airflow_seatunnel_ckpt.core.recovery import RunFinished, recover
+from airflow_seatunnel_ckpt.core.store import StoredPipeline
+
+#: States an on-call engineer may abort from the page (undecided ones).
+ABORTABLE = frozenset({EpochState.OPEN, EpochState.PREPARED})
+
+
+@dataclass
+class EpochRow:
+    """One epoch as the page lists it."""
+
+    epoch: int
+    state: str
+    run_id: str = "-"
+    logical_date: str = "-"
+    dag_id: str = ""
+    rows: dict[str, int] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)
+    checkpoint_bytes: int | None = None
+    decision: str = "-"
+    lease: str = ""  #: OPEN epochs: holder, last renewal and the liveness verdict
+    damaged: str = ""  #: the damaged record's message (naming the file)
+
+    @property
+    def abortable(self) -> bool:
+        """Whether the page offers "abort" (an undecided epoch)."""
+        return self.state in {s.value for s in ABORTABLE}
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the page offers "retry publish" (decided commit, not yet acknowledged)."""
+        return self.state == EpochState.COMMITTING.value
+
+
+def _files_per_sink(status: EpochStatus) -> dict[str, int]:
+    """Files per sink: published ones once committed, else what the participants staged."""
+    if status.published:
+        return dict(sorted((pub.sink, pub.files) for pub in status.published))
+    out: dict[str, int] = {}
+    for record in status.prepared.values():
+        for manifest in record.sinks:
+            out[manifest.sink] = out.get(manifest.sink, 0) + len(manifest.files)
+    return dict(sorted(out.items()))
+
+
+def _checkpoint_bytes(p: StoredPipeline, epoch: int) -> int | None:
+    if not p.checkpoints.has_metadata(epoch):
+        return None
+    try:
+        return sum(part.size for part in p.checkpoints.read_metadata(epoch).parts())
+    except CorruptCheckpointError:
+        return None  # verify names the damaged file
+
+
+def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
+    """One epoch's row: the console's ``epochs`` entry plus files, bytes and the lease."""
+    data, table = _epoch_entry(p, epoch)
+    row = EpochRow(epoch, data["state"], decision=str(table["decision"]))
+    if "damaged" in data:  # the message names the file; shown once, in place of the run
+        row.damaged, row.decision = data["damaged"], "?"
+        return row
+    row.run_id = data.get("run_id") or "-"
+    row.logical_date = data.get("logical_date") or "-"
+    status = p.status(epoch)
+    row.dag_id = status.begin.dag_id if status.begin else ""
+    row.rows = dict(data.get("rows") or {})
+    row.files = _files_per_sink(status)
+    row.checkpoint_bytes = _checkpoint_bytes(p, epoch)
+    if row.state == EpochState.OPEN.value:
+        try:
+            judged = liveness(p, epoch)
+        except CheckpointError as exc:
+            row.lease = f"cannot judge: {exc}"
+        else:
+            holder = judged.lease.describe_holder() if judged.lease else "no lease yet"
+            age = f", last renewal {judged.age_s:.0f}s ago" if judged.age_s is not None else ""
+            row.lease = f"{holder}{age} -- {judged.liveness.value}"
+    return row
+
+
+@dataclass
+class PipelineView:
+    """Everything the pipeline page shows."""
+
+    name: str
+    owner_dag_id: str
+    epochs: list[EpochRow]
+    restore_point: dict[str, Any]
+    verify: list[dict[str, Any]]
+    recovery: dict[str, Any]
+
+
+def owner_dag_id(p: StoredPipeline) -> str:
+    """The DAG owning the pipeline, for authorisation: its descriptor's owner, else the DAG
+    that began its newest epoch; "" when neither is known."""
+    try:
+        descriptor = p.descriptor()
+        if descriptor is not None:
+            return descriptor.owner_dag_id
+        epochs = p.epochs()
+        begin = p.txlog.read_begin(epochs[-1]) if epochs else None
+    except CheckpointError:
+        return ""
+    return begin.dag_id if begin is not None else ""
+
+
+def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
+                  run_finished: RunFinished | None = None) -> PipelineView:
+    """The newest ``last`` epochs of ``name`` with verify results and recovery's dry run.
+
+    ``run_finished`` answers whether an epoch's DAG run is over (the API server asks its
+    database), so the dry run says what the recovery DAG would do, not only the lease.
+    """
+    p = store.pipeline(name)
+    epochs = p.epochs()[-last:]
+    rows = [epoch_row(p, e) for e in reversed(epochs)]
+    try:
+        restore = p.restore_point(deep=False).to_dict()
+    except CheckpointError as exc:
+        restore = {"error": str(exc)}
+    verify = [_verify_epoch(p, e) for e in reversed(epochs)]
+    verify += [{"settled_record": exc.path, "ok": False, "verdict": "DAMAGED", "problems": [str(exc)]}
+               for exc in p.txlog.settled.damaged()]
+    recovery = recover(p, dry_run=True, run_finished=run_finished).to_dict()
+    return PipelineView(name, owner_dag_id(p), rows, restore, verify, recovery)
+
+
+def pipelines_summary(store: CheckpointStore) -> list[dict[str, Any]]:
+    """Per pipeline: epoch count, newest committed epoch and the newest epoch's state."""
+    out = []
+    for name in store.list_pipelines():
+        p = store.pipeline(name)
+        epochs = p.epochs()
+        try:
+            last_committed: Any = p.last_committed_epoch()
+            newest_state = p.state(epochs[-1]).value if epochs else "-"
+        except CorruptCheckpointError:
+            last_committed, newest_state = "?", "DAMAGED"
+        out.append({"pipeline": name, "epochs": len(epochs), "last_committed": last_committed,
+                    "newest": epochs[-1] if epochs else None, "newest_state": newest_state,
+                    "owner_dag_id": owner_dag_id(p)})
+    return out
+
+
+def epochs_of_run(store: CheckpointStore, dag_id: str, run_id: str) -> list[tuple[str, EpochRow]]:
+    """The epochs (per pipeline of ``store``) that the DAG run ``dag_id``/``run_id`` began."""
+    out = []
+    for name in store.list_pipelines():
+        p = store.pipeline(name)
+        try:
+            epoch = p.epoch_for_run(run_id, dag_id or None)
+        except CheckpointError:
+            continue
+        if epoch is not None:
+            out.append((name, epoch_row(p, epoch)))
+    return out
