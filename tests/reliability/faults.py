@@ -50,6 +50,9 @@ class _Injector:
         self.count = 0
         self.paused = False
         self.local = threading.local()
+        # Publish copies files from a thread pool: counting, logging and the crash check of
+        # one mutation must not interleave with another thread's, or a crash point is lost.
+        self.lock = threading.Lock()
         self.fd = os.open(plan.op_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600) if plan.op_log else None
 
     # -- the semantic operation a low-level call belongs to ------------------------------
@@ -73,18 +76,20 @@ class _Injector:
         stack = self.context()
         if not stack:
             return  # not a store mutation (e.g. a temp file of a library)
-        self.count += 1
         kind, path = stack[-1]
-        if self.fd is not None:
-            line = json.dumps({"n": self.count, "op": kind, "path": path, "low": low}) + "\n"
-            os.write(self.fd, line.encode())
-        if self.plan.crash_at == self.count:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.plan.pause_at == self.count:
-            os.kill(os.getpid(), signal.SIGSTOP)
-        if self.plan.pause_on and not self.paused and re.search(self.plan.pause_on, f"{kind} {path} {low}"):
-            self.paused = True
-            os.kill(os.getpid(), signal.SIGSTOP)
+        with self.lock:
+            self.count += 1
+            n = self.count
+            if self.fd is not None:
+                line = json.dumps({"n": n, "op": kind, "path": path, "low": low}) + "\n"
+                os.write(self.fd, line.encode())
+            if self.plan.crash_at == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.plan.pause_at == n:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            if self.plan.pause_on and not self.paused and re.search(self.plan.pause_on, f"{kind} {path} {low}"):
+                self.paused = True
+                os.kill(os.getpid(), signal.SIGSTOP)
 
     def end(self) -> None:
         """The step finished: log its total, and die here if asked to crash after the last op."""
