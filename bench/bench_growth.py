@@ -28,6 +28,9 @@ live in the driver JVM). Each variant (``ours``, ``rocksdb``) runs in a fresh pr
 its own so that the peak resident memory of its JVM and of its Python workers, sampled
 from ``/proc`` during the measured epoch, is its own.
 
+One file on purpose, a little over the usual 450 lines: a bench runs as a script, and its
+two modes share the data, the variants and the session.
+
 Usage (repository root)::
 
     PYTHONPATH=. .venv/bin/python bench/bench_growth.py [--epochs 50] [--rows 400000]
@@ -196,7 +199,10 @@ class Streaming(Variant):
         ops = [p["stateOperators"][0] for p in batches if p.get("stateOperators")]
         return {"seconds": seconds, "batches": len(batches),
                 "rows": sum(op.get("numRowsUpdated", 0) for op in ops),
-                "state_rows": ops[-1].get("numRowsTotal") if ops else None}
+                "state_rows": ops[-1].get("numRowsTotal") if ops else None,
+                # Where the batch's time went, by Spark's own account (addBatch, walCommit, ...).
+                "duration_ms": batches[-1].get("durationMs") if batches else None,
+                "state_metrics": ops[-1] if ops else None}
 
 
 def make_variant(name: str, spark: Any, work: Path, key_groups: int) -> Variant:
@@ -211,15 +217,19 @@ def make_variant(name: str, spark: Any, work: Path, key_groups: int) -> Variant:
 # -- session and machine ----------------------------------------------------------------------
 
 
-def start_spark(memory: str, key_groups: int) -> Any:
-    """The one ``local[2]`` session, set up as ``bench_spark_stage.py`` sets it up."""
+def start_spark(memory: str, key_groups: int, extra: list[str] | None = None) -> Any:
+    """The one ``local[2]`` session, set up as ``bench_spark_stage.py`` sets it up.
+
+    ``extra``: ``key=value`` Spark settings on top (``--conf``), e.g. the state store's
+    ``spark.sql.streaming.stateStore.maintenanceInterval``.
+    """
     here = str(Path(__file__).resolve().parent)
     sys.path.insert(0, here)  # the stage's module, for the driver and (below) the Python workers
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .appName("bench-growth")
         .config("spark.ui.enabled", "false")
@@ -231,8 +241,13 @@ def start_spark(memory: str, key_groups: int) -> Any:
         .config("spark.sql.shuffle.partitions", str(key_groups))
         .config("spark.sql.adaptive.coalescePartitions.enabled", "false")
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        .getOrCreate()
     )
+    for setting in extra or []:
+        key, sep, value = setting.partition("=")
+        if not sep:
+            raise SystemExit(f"--conf {setting!r}: expected key=value")
+        builder = builder.config(key.strip(), value.strip())
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -319,7 +334,7 @@ def run_growth(args: argparse.Namespace, names: list[str], work: Path) -> dict[s
     """Every epoch through every variant; prints a line per epoch and the ratios."""
     inputs = plan_inputs([args.rows] * args.epochs, args.repeat_fraction, "events")
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    spark = start_spark(args.memory, args.key_groups)
+    spark = start_spark(args.memory, args.key_groups, args.conf)
     variants = [make_variant(n, spark, work, args.key_groups) for n in names]
     print(f"{args.epochs} epochs x {args.rows:,} rows ({args.repeat_fraction:.0%} repeats), "
           f"key groups {args.key_groups}, driver memory {args.memory}; {load()}", flush=True)
@@ -347,7 +362,26 @@ def run_growth(args: argparse.Namespace, names: list[str], work: Path) -> dict[s
         print(f"{n:5d} {keys:11,d} " + " ".join(f"{c:9.2f}" for c in cells)
               + f"  {split:24s} {os.getloadavg()[0]:6.2f}", flush=True)
     spark.stop()
+    for name in (n for n in names if n in PROVIDERS and figures[n]):
+        print(f"{name}: {state_note(figures[name][max(figures[name])])}")
     return summarise(args, names, figures)
+
+
+def state_note(fig: dict[str, Any]) -> str:
+    """What a streaming epoch's state store reported: size, and for RocksDB the restore cost.
+
+    Each epoch starts the query afresh, so the provider loads its state again; with
+    changelog checkpointing that is the newest uploaded snapshot plus every changelog
+    after it (snapshots are uploaded by a background maintenance task that a short query
+    may not live long enough to run).
+    """
+    ops = fig.get("state_metrics") or {}
+    custom = ops.get("customMetrics", {})
+    note = f"{ops.get('numRowsTotal', 0):,} state rows, {ops.get('memoryUsedBytes', 0) / 2**20:,.0f} MiB"
+    if "rocksdbNumReplayChangelogFiles" in custom:
+        note += (f"; restore replayed {custom['rocksdbNumReplayChangelogFiles']} changelog files, "
+                 f"load {custom.get('rocksdbLoadLatencyMs', 0) / 1000:.1f} s summed over tasks")
+    return note
 
 
 def summarise(args: argparse.Namespace, names: list[str], figures: dict[str, Any]) -> dict[str, Any]:
@@ -397,7 +431,7 @@ def run_keys_variant(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     inputs = plan_inputs(sizes, 0.0, "keys") + [
         InputFile("keys-new.parquet", args.new_rows, args.new_rows - round(args.new_rows * args.repeat_fraction),
                   args.keys)]
-    spark = start_spark(args.memory, args.key_groups)
+    spark = start_spark(args.memory, args.key_groups, args.conf)
     variant = make_variant(args.keys_variant, spark, work, args.key_groups)
     t0 = time.perf_counter()
     for n, spec in enumerate(inputs[:-1], start=1):
@@ -438,6 +472,8 @@ def run_keys(args: argparse.Namespace, names: list[str], work: Path) -> dict[str
               f"JVM RSS {r['jvm_rss_at_start'] / mib:,.0f} MiB at start, peak {r['jvm_rss_peak'] / mib:,.0f} MiB; "
               f"Python workers peak {r['python_rss_peak'] / mib:,.0f} MiB; rows {r['epoch'].get('rows')} "
               f"(expected {r['expected_rows']}); {load()}", flush=True)
+        if r["epoch"].get("duration_ms"):
+            print(f"{'':8s} streaming batch, ms: {r['epoch']['duration_ms']}; {state_note(r['epoch'])}")
     done = {r["variant"]: r for r in results if not r.get("stalled")}
     if "ours" in done and "rocksdb" in done:
         print(f"ours / SS(rocksdb) epoch time: "
@@ -455,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="variants: ours, default, rocksdb (default: all three; keys mode: ours,rocksdb)")
     p.add_argument("--key-groups", type=int, default=8, help="ours' key groups = shuffle partitions of all")
     p.add_argument("--timeout", type=float, default=600, help="seconds a streaming epoch may take")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark setting for the shared session (repeatable)")
     p.add_argument("--memory", default=None, help="spark.driver.memory (default 4g; keys mode 2g)")
     p.add_argument("--keys", type=int, default=0, help="keys mode: build a key set of this many keys")
     p.add_argument("--build-rows", type=int, default=10_000_000, help="keys mode: rows per building epoch")
