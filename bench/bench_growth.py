@@ -86,20 +86,20 @@ def plan_inputs(sizes: list[int], repeat_fraction: float, prefix: str) -> list[I
     files, issued = [], 0
     for i, rows in enumerate(sizes):
         new = rows if i == 0 else rows - round(rows * repeat_fraction)
-        files.append(InputFile(f"{prefix}-{i + 1:05d}.parquet", rows, new, issued))
+        # The name carries what the file holds, so files of other runs are never taken for it.
+        files.append(InputFile(f"{prefix}-{i + 1:05d}-{rows}-{new}-{issued}.parquet", rows, new, issued))
         issued += new
     return files
 
 
 def write_input(directory: Path, spec: InputFile, seed: int = 11) -> Path:
-    """Write ``spec`` (deterministic; kept and reused when already there)."""
+    """Write ``spec`` (deterministic; kept and reused when already there, as its name says what it holds)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = directory / spec.name
-    marker = directory / f"_{spec.name}-{spec.rows}-{spec.new}-{spec.first_new}"
-    if marker.exists() and path.exists():
+    if path.exists():
         return path
     rng = np.random.default_rng([seed, spec.first_new])
     ordinals = np.arange(spec.first_new, spec.first_new + spec.new, dtype=np.int64)
@@ -116,8 +116,9 @@ def write_input(directory: Path, spec: InputFile, seed: int = 11) -> Path:
             "ts": pa.array((1_700_000_000_000_000 + ids % 10**9).astype("datetime64[us]")),
         }
     )
-    pq.write_table(table, path)
-    marker.write_text("ok")
+    # Written aside and renamed: an interrupted run leaves no half file under the real name.
+    pq.write_table(table, directory / f".{spec.name}.tmp")
+    os.replace(directory / f".{spec.name}.tmp", path)
     return path
 
 
@@ -429,8 +430,8 @@ def run_keys_variant(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if args.keys % args.build_rows:
         sizes.append(args.keys % args.build_rows)
     inputs = plan_inputs(sizes, 0.0, "keys") + [
-        InputFile("keys-new.parquet", args.new_rows, args.new_rows - round(args.new_rows * args.repeat_fraction),
-                  args.keys)]
+        InputFile(f"keys-new-{args.new_rows}-{args.repeat_fraction}-{args.keys}.parquet", args.new_rows,
+                  args.new_rows - round(args.new_rows * args.repeat_fraction), args.keys)]
     spark = start_spark(args.memory, args.key_groups, args.conf)
     variant = make_variant(args.keys_variant, spark, work, args.key_groups)
     t0 = time.perf_counter()
@@ -502,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
     args = p.parse_args(argv)
+    if not args.keys and args.epochs < 4:
+        p.error(f"--epochs must be at least 4 (an early window from epoch 3 and a later one), got {args.epochs}")
+    if not 0 <= args.repeat_fraction < 1:
+        p.error(f"--repeat-fraction must be in [0, 1), got {args.repeat_fraction}")
+    if min(args.rows, args.new_rows, args.build_rows) < 1 or args.keys < 0:
+        p.error("--rows, --new-rows and --build-rows must be positive, --keys not negative")
     args.memory = args.memory or ("2g" if args.keys else "4g")
     default = "ours,rocksdb" if args.keys else "ours,default,rocksdb"
     names = [n.strip() for n in (args.providers or default).split(",") if n.strip()]
