@@ -140,6 +140,7 @@ class Variant:
         os.link(path, self.work / "in" / path.name)
 
     def epoch(self, n: int, timeout: float) -> dict[str, Any]:
+        """Run epoch ``n`` over the input added so far; ``seconds`` and what the variant reports."""
         raise NotImplementedError
 
 
@@ -179,6 +180,7 @@ class Streaming(Variant):
 
     def epoch(self, n: int, timeout: float) -> dict[str, Any]:
         self.spark.conf.set("spark.sql.streaming.stateStore.providerClass", PROVIDERS[self.name])
+        # A streaming file source needs its schema up front; reading it is left untimed.
         schema = self.spark.read.parquet(f"file://{next((self.work / 'in').iterdir())}").schema
         t0 = time.perf_counter()
         query = (
