@@ -411,6 +411,10 @@ def summarise(args: argparse.Namespace, names: list[str], figures: dict[str, Any
         decide = {e: f["decide"] for e, f in figures["ours"].items()}
         r, me, ml = window_ratio(decide, early, late)
         line(f"ours decide growth {tag}", r, 1.1, f"{me * 1000:.0f} ms -> {ml * 1000:.0f} ms")
+        # Incremental checkpoints: bytes written per epoch should follow the new keys, not the state.
+        written = {e: float(f["state_bytes"]) for e, f in figures["ours"].items()}
+        r, me, ml = window_ratio(written, early, late)
+        line(f"ours checkpoint bytes growth {tag}", r, None, f"{me:,.0f} -> {ml:,.0f} bytes per epoch")
         ours_late = [series["ours"][e] for e in late if e in series["ours"]]
         for base in (b for b in names if b in PROVIDERS):
             base_late = [series[base][e] for e in late if e in series[base] and series[base][e] == series[base][e]]
