@@ -94,6 +94,30 @@ def config_from_connection(
     return CheckpointConfig.from_mapping(values)
 
 
+#: Storage option names whose values are credentials (fsspec/s3fs, gcsfs, adlfs spellings).
+_SECRET_OPTION = ("secret", "password", "token", "credential", "private", "account_key", "sas")
+
+
+def _is_secret_option(name: str) -> bool:
+    lowered = name.lower()
+    return lowered == "key" or any(word in lowered for word in _SECRET_OPTION)
+
+
+def mask_store_secrets(options: Mapping[str, Any]) -> None:
+    """Register the credential values of ``options`` (nested too) with Airflow's secrets masker.
+
+    By key name, not every value: masking an endpoint URL or a region would blank those
+    words out of every log line. ``key`` (s3fs's access key id) counts as a credential.
+    """
+    from airflow.sdk.log import mask_secret
+
+    for name, value in options.items():
+        if isinstance(value, Mapping):
+            mask_store_secrets(value)
+        elif isinstance(value, str) and _is_secret_option(str(name)):
+            mask_secret(value, str(name))
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     """Where a task's checkpoint store is: the three store arguments every task accepts.
@@ -163,8 +187,14 @@ class StoreSettings:
         return os.environ.get(DEFAULT_CONN_ENV) or DEFAULT_CONN_ID, bool(os.environ.get(DEFAULT_CONN_ENV))
 
     def config(self, conn: Connection | None) -> CheckpointConfig:
-        """The checkpoint configuration with ``conn`` (the connection found, or None)."""
-        return config_from_connection(conn, self.storage_url, self.store_config)
+        """The checkpoint configuration with ``conn`` (the connection found, or None).
+
+        Its credentials are registered with Airflow's secrets masker, so that a log line or
+        an error that happens to contain one shows ``***``.
+        """
+        config = config_from_connection(conn, self.storage_url, self.store_config)
+        mask_store_secrets(config.storage_options)
+        return config
 
 
 @dataclass(frozen=True)

@@ -212,3 +212,20 @@ def test_test_connection_probes_conditional_create_and_names_what_fails(
                                                                  "host": "hdfs://namenode/ckpt"}))
     ok, message = CheckpointStoreHook("broken_store").test_connection()
     assert not ok and "hdfs" in message
+
+
+def test_store_credentials_given_in_store_config_are_masked_in_task_logs(airflow_home: Path, tmp_path: Path) -> None:
+    """A credential passed as a task argument (not a connection, which Airflow masks itself)
+    is registered with the secrets masker once the task resolves its store."""
+    from airflow.sdk._shared.secrets_masker import redact
+
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+    token = "tok-" + SECRET
+    hook = CheckpointStoreHook(storage_url=f"file://{tmp_path}/store",
+                               store_config={"storage_options": {"secret": SECRET, "auto_mkdir": True,
+                                                                 "client_kwargs": {"session_token": token,
+                                                                                   "region_name": "eu-west-1"}}})
+    hook.get_config()
+    line = f"listing failed for secret={SECRET} token={token} in eu-west-1"
+    assert redact(line) == "listing failed for secret=*** token=*** in eu-west-1"
