@@ -70,6 +70,11 @@ def write_json_part(storage: Storage, path: str, obj: Any, **options: Any) -> Pa
 def read_part(storage: Storage, ref: PartRef, max_chunk: int = codec.DEFAULT_MAX_CHUNK,
               ) -> tuple[codec.FrameHeader, bytearray]:
     """Read one part, checking size and CRC32C against its reference, then its frame."""
+    return codec.decode(read_checked(storage, ref), storage.describe_path(ref.path), max_chunk=max_chunk)
+
+
+def read_checked(storage: Storage, ref: PartRef) -> bytes:
+    """A part's bytes, whole, checked against its reference's size and CRC32C."""
     where = storage.describe_path(ref.path)
     try:
         data = storage.read(ref.path)
@@ -79,7 +84,7 @@ def read_part(storage: Storage, ref: PartRef, max_chunk: int = codec.DEFAULT_MAX
         raise CorruptCheckpointError(f"{where}: size is {len(data)} bytes, _metadata says {ref.size}", where)
     if codec.crc32c(data) != ref.crc32c:
         raise CorruptCheckpointError(f"{where}: checksum does not match the one recorded in _metadata", where)
-    return codec.decode(data, where, max_chunk=max_chunk)
+    return data
 
 
 def read_json_part(storage: Storage, ref: PartRef) -> Any:

@@ -38,7 +38,7 @@ from airflow_seatunnel_ckpt.core import codec
 from airflow_seatunnel_ckpt.core.block_cache import BLOCK_CACHE
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
-from airflow_seatunnel_ckpt.core.parts import TOMBSTONE, key_array, read_arrow_part
+from airflow_seatunnel_ckpt.core.parts import TOMBSTONE, key_array, read_arrow_part, read_checked
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: Column of a key-set row with a TTL: the epoch that last wrote the key.
@@ -429,15 +429,6 @@ def read_run_table(storage: Storage, ref: PartRef) -> Any:
     """A whole run as one table, checked against its reference (size, whole-file CRC32C)."""
     import pyarrow as pa
 
-    where = storage.describe_path(ref.path)
-    try:
-        data = storage.read(ref.path)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{where}: checkpoint part is missing", where) from None
-    if len(data) != ref.size:
-        raise CorruptCheckpointError(f"{where}: size is {len(data)} bytes, _metadata says {ref.size}", where)
-    if codec.crc32c(data) != ref.crc32c:
-        raise CorruptCheckpointError(f"{where}: checksum does not match the one recorded in _metadata", where)
-    reader = RunReader(storage, ref, [], data=data)
+    reader = RunReader(storage, ref, [], data=read_checked(storage, ref))
     tables = list(reader.blocks())
     return pa.concat_tables(tables) if tables else reader.schema.empty_table()
