@@ -9,6 +9,7 @@ does when no transport is configured.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -304,6 +305,10 @@ def test_epoch_dag_emits_datasets_statistics_run_facet_and_spark_parent_run(
     from tests.tables import duckdb_iceberg_rows
 
     monkeypatch.setenv("AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO", "True")
+    # The stage function lives in this test module: spark-submit's driver imports it from
+    # the repository root, which pytest puts on this process's sys.path only.
+    repo = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL", json.dumps({"conn_type": "spark", "host": "local[1]"}))
     inputs, stamped = tmp_path / "input", tmp_path / "stamped"
     inputs.mkdir()
