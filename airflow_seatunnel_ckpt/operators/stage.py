@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, conf
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, abort_command, default_holder, liveness
+from airflow_seatunnel_ckpt.core.lease import abort_command, liveness
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
+from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome, SubmissionRecord
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
 from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_seatunnel_ckpt.core import Pipeline
+    from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
 
 #: DAG run states after which a run never touches its epoch again.
 TERMINAL_RUN_STATES = ("success", "failed")
@@ -52,6 +57,13 @@ def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None
         return str(getattr(state, "value", state)) in TERMINAL_RUN_STATES
 
     return finished
+
+
+def _is_deferral(exc: BaseException) -> bool:
+    """Whether ``exc`` is Airflow's deferral of the task (not a failure)."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    return isinstance(exc, TaskDeferred)
 
 
 #: The attempt id of a run with try number 0, which Airflow gives a task it runs without the
@@ -239,6 +251,10 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         spark_submit_kwargs: Mapping[str, Any] | None = None,
         pending_poke_interval: float = 15.0,
         pending_wait_timeout: float | None = None,
+        python: str | None = None,
+        archives: Sequence[str] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 10.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -260,12 +276,16 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
         self.pending_poke_interval = pending_poke_interval
         self.pending_wait_timeout = pending_wait_timeout
+        self.python = python
+        self.archives = list(archives or [])
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self._submission: SubmissionRecord | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
         from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
         from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
-        from airflow_seatunnel_ckpt.spark.submit import submit_stage
 
         # The rendered values (a templated path, format or URL) are checked now.
         StageDeclaration.check(participant=self.participant, stage=self.stage_callable or self.stage,
@@ -299,17 +319,19 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
                       else "in-process on local Spark")
         try:
             if self.conn_id:
-                # The launcher holds the lease too until the driver (which renews it from
-                # run_stage) is up: a cluster that queues the application is not a dead stage.
-                with LeaseKeeper.for_pipeline(self.store_pipeline, epoch, self.participant, attempt,
-                                              holder=default_holder(run_id=run_id, role="spark-submit launcher")):
-                    result = submit_stage(spec, conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs)
-            else:
-                result = run_stage(spec, stage_fn=self.stage_callable)
-        except BaseException:
-            if began_here:
+                # Detached: a deferred, cleared or killed try leaves it running, and the next
+                # try reconnects to it. An ``airflow tasks test`` run waits in-process.
+                return self._submit(context, spec, epoch, wait=dry_run or not self.deferrable,
+                                    began_here=began_here)
+            result = run_stage(spec, stage_fn=self.stage_callable)
+        except BaseException as exc:
+            if began_here and not _is_deferral(exc):
                 self._end_dry_run(epoch, "failed")
             raise
+        return self._prepared(result, attempt, began_here)
+
+    def _prepared(self, result: StageResult, attempt: int, began_here: bool = False) -> dict[str, Any]:
+        """Log and return (XCom) a stage result."""
         if result.reused:
             self.log.warning("attempt %s did not prepare: attempt %s's prepared output for epoch "
                              "%s stands", attempt, result.attempt, result.epoch)
@@ -322,6 +344,94 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         if began_here and not result.reused:
             self._end_dry_run(result.epoch, f"prepared as attempt {result.attempt}")
         return result.to_dict()
+
+    # -- spark-submit: detached, deferred, reconnected ---------------------------------------
+    def _submit(self, context: Context, spec: StageSpec, epoch: int, *, wait: bool,
+                began_here: bool = False) -> dict[str, Any]:
+        """Launch the stage (or find the attempt of an earlier try still running), then wait or defer."""
+        from airflow_seatunnel_ckpt.spark.submit import SubmitOptions, start_submission
+
+        pipeline = self.store_pipeline
+        record = self._running_submission(epoch)
+        if record is not None:
+            self.log.warning("epoch %s: %s attempt %s, submitted by an earlier try from %s (pid %s), is still "
+                             "running: reconnecting to it instead of submitting again", epoch, self.participant,
+                             record.attempt, record.host, record.launcher_pid)
+        else:
+            options = SubmitOptions(conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs,
+                                    python=self.python, archives=tuple(self.archives))
+            record = start_submission(spec, epoch, options)
+            self.log.info("epoch %s: submitted %s attempt %s (%s, deploy mode %s); launcher pid %s on %s, "
+                          "log %s", epoch, self.participant, record.attempt, record.master,
+                          record.deploy_mode or "client", record.launcher_pid, record.host, record.log)
+        self._submission = record
+        if wait:
+            from airflow_seatunnel_ckpt.spark.submit import wait_for_submission
+
+            check = wait_for_submission(pipeline, record, poll_s=min(self.poll_interval, 2.0),
+                                        on_line=self._spark_line)
+            return self._finish_submission(context, check, began_here)
+        self.defer(trigger=self._trigger_for(record), method_name="execute_complete")
+        raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
+
+    def _trigger_for(self, record: SubmissionRecord) -> Any:
+        from airflow_seatunnel_ckpt.triggers.submission import StageSubmissionTrigger
+
+        return StageSubmissionTrigger(
+            pipeline=self.pipeline, epoch=record.epoch, participant=self.participant, attempt=record.attempt,
+            store_conn_id=self.store_conn_id, storage_url=self.storage_url, store_config=self.store_config,
+            poll_interval=self.poll_interval, log=record.log, log_host=record.host)
+
+    def _running_submission(self, epoch: int) -> SubmissionRecord | None:
+        """The newest submitted attempt of this participant in ``epoch`` that still runs, if any."""
+        from airflow_seatunnel_ckpt.core.submissions import judge_submission, read_submission, submitted_attempts
+
+        pipeline = self.store_pipeline
+        for attempt in reversed(submitted_attempts(pipeline, epoch, self.participant)):
+            check = judge_submission(pipeline, epoch, self.participant, attempt)
+            if check.outcome is SubmissionOutcome.RUNNING:
+                return read_submission(pipeline, epoch, self.participant, attempt)
+        return None
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resume once the submission trigger fired."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from airflow_seatunnel_ckpt.spark.submit import SubmitError
+
+        if not event:
+            raise AirflowFailException("the submission trigger fired without an event")
+        if event.get("error"):
+            raise SubmitError(f"pipeline {self.pipeline}: {event.get('message')}")
+        return self._finish_submission(context, SubmissionCheck.from_dict(event))
+
+    def _finish_submission(self, context: Context, check: SubmissionCheck,
+                           began_here: bool = False) -> dict[str, Any]:
+        """The result of a finished submission; a reconnected attempt that failed is submitted anew."""
+        from airflow_seatunnel_ckpt.spark.submit import result_of
+
+        self._submission = None
+        self._remove_local_log(check)
+        mine = attempt_for_try(context["ti"].try_number)
+        if check.outcome in (SubmissionOutcome.FAILED, SubmissionOutcome.LOST) and check.attempt != mine:
+            self.log.warning("%s; submitting this try's own attempt %s", check.message, mine)
+            return self.execute(context)
+        return self._prepared(result_of(self.store_pipeline, self.participant, check, self.stage), mine,
+                              began_here)
+
+    def _remove_local_log(self, check: SubmissionCheck) -> None:
+        """Show the end of a failed attempt's output, and remove its launch log when it is on this host."""
+        from airflow_seatunnel_ckpt.core.submissions import read_submission
+
+        record = read_submission(self.store_pipeline, check.epoch, self.participant, check.attempt)
+        if record is None or record.host != socket.gethostname() or not check.outcome.done:
+            return
+        with contextlib.suppress(OSError):
+            os.remove(record.log)
+
+    def _spark_line(self, line: str) -> None:
+        """A line of spark-submit's output, into the task log (at INFO: Spark's stderr is not an error)."""
+        self.log.info("%s", line)
 
     def get_openlineage_facets_on_start(self) -> OperatorLineage:
         """OpenLineage at the start: the declared sources and sinks, the pipeline and participant."""
@@ -352,9 +462,21 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         py4j call still in flight while the JVM goes away logs a broken-pipe or
         connection-refused traceback, which would bury the one error that matters.
         The work runs in a thread: the handler interrupts the main thread in the middle of
-        a py4j call, whose connection it must not reuse. ``spark-submit`` stages are left to
-        the Spark provider's hook, which kills its own child process.
+        a py4j call, whose connection it must not reuse.
+
+        A ``spark-submit`` stage this try is waiting for in-process (``deferrable=False``) is
+        terminated with its launcher's process group (``spark-submit`` passes SIGTERM on to
+        a cluster-mode application as it does on Ctrl-C); its exit record then says so. A
+        deferred try holds no process: its submission runs on, and the next try reconnects.
         """
+        submission = self._submission
+        if submission is not None and submission.host == socket.gethostname():
+            from airflow_seatunnel_ckpt.spark.launch import terminate
+
+            self.log.warning("terminated: stopping spark-submit of %s attempt %s (launcher pid %s)",
+                             self.participant, submission.attempt, submission.launcher_pid)
+            terminate(submission.launcher_pid)
+            return
         for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
         pyspark = sys.modules.get("pyspark")
