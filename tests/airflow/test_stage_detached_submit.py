@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
+#: Short leases, so that a lost submission is recognised within seconds.
+LEASE = {"lease_timeout_s": 8, "lease_renew_s": 1}
 #: Folder of the markers the stages below leave and wait for (set per test).
 MARKERS_ENV = "SEATUNNEL_TEST_MARKERS"
 
@@ -60,6 +62,7 @@ def waiting_stage(ctx: StageContext, spark: SparkSession) -> None:
 def packed_env_stage(ctx: StageContext, spark: SparkSession) -> None:
     """Stage each order with the value of ``SEATUNNEL_PACKED_ENV`` seen by the executor's Python."""
     import pyarrow as pa
+    from pyspark.sql.types import StringType, StructField, StructType
 
     def tag(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import os as executor_os
@@ -69,7 +72,7 @@ def packed_env_stage(ctx: StageContext, spark: SparkSession) -> None:
             yield batch.append_column("python_env", pa.array([seen] * batch.num_rows, pa.string()))
 
     orders = ctx.source("orders").read()
-    schema = orders.schema.add("python_env", "string")
+    schema = StructType([*orders.schema.fields, StructField("python_env", StringType())])
     ctx.sink("orders_out").write(orders.mapInArrow(tag, schema))
 
 
@@ -100,7 +103,7 @@ def make_stage(tmp_path: Path, stage: str, **kwargs: Any) -> Any:
     }
     return SparkStageOperator(
         task_id="ingest", pipeline="orders", storage_url=f"file://{tmp_path}/store",
-        store_config={"lease_timeout_s": 8, "lease_renew_s": 1},
+        store_config=LEASE,
         stage=f"{__name__}:{stage}",
         sources={"orders": {"type": "file", "path": f"file://{inputs}", "format": "json"}},
         sinks={"orders_out": {"type": "file", "path": f"file://{tmp_path}/out", "format": "json"}},
@@ -195,7 +198,7 @@ def test_a_failed_stage_fails_the_task_with_the_drivers_error_from_the_store(
 def test_a_lost_submission_is_judged_lost_and_the_retry_submits_its_own_attempt(
         airflow_home: Path, tmp_path: Path, markers: Path) -> None:
     stage = make_stage(tmp_path, "waiting_stage")
-    pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store").pipeline("orders")
+    pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store", **LEASE).pipeline("orders")
     deferred(stage, 1)
     wait_until(lambda: len(started(markers)) == 1, what="the application to start")
     record = read_submission(pipeline, 1, "ingest", 1)
@@ -285,9 +288,12 @@ def test_on_a_cluster_the_driver_gets_the_spec_by_files_and_executors_run_the_sh
     assert (result["epoch"], result["attempt"], result["rows"]) == (1, 1, 6)
     import pyarrow.json as pj
 
-    rows = [r for f in sorted((tmp_path / "out").glob("epoch=1/**/part-*")) for r in pj.read_json(f).to_pylist()]
-    assert {r["python_env"] for r in rows} == {"packed"}  # every row went through the shipped Python
+    staged = tmp_path / "store" / "orders" / "_staging" / "epoch=1" / "attempt=1" / "orders_out"
+    rows = [r for f in sorted(staged.glob("**/part-*")) for r in pj.read_json(f).to_pylist()]
+    # Every row went through the shipped environment's Python.
+    assert len(rows) == 6 and {r["python_env"] for r in rows} == {"packed"}
     pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store").pipeline("orders")
     record = read_submission(pipeline, 1, "ingest", 1)
     assert record.master == spark_standalone.master_url
+    wait_until(lambda: read_exit(pipeline, 1, "ingest", 1) is not None, 60, "the launcher's exit record")
     assert read_exit(pipeline, 1, "ingest", 1).returncode == 0
