@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 SUBMISSION_PREFIX = "submission-"
 EXIT_PREFIX = "exit-"
+CANCEL_PREFIX = "cancel-"
 #: Lines of ``spark-submit`` output kept in an exit record.
 TAIL_LINES = 40
 
@@ -49,6 +50,11 @@ def submission_name(participant: str, attempt: int) -> str:
 def exit_name(participant: str, attempt: int) -> str:
     """``exit-<participant>-a<attempt>``."""
     return f"{EXIT_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+
+
+def cancel_name(participant: str, attempt: int) -> str:
+    """``cancel-<participant>-a<attempt>``."""
+    return f"{CANCEL_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
 def _field(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -99,10 +105,13 @@ class ExitRecord:
     returncode: int
     tail: list[str] = field(default_factory=list)
     at: float = 0.0
+    #: Why the launcher stopped ``spark-submit`` itself ("" when it ended on its own).
+    stopped: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": "submission-exit", "epoch": self.epoch, "participant": self.participant,
-                "attempt": self.attempt, "returncode": self.returncode, "tail": list(self.tail), "at": self.at}
+                "attempt": self.attempt, "returncode": self.returncode, "tail": list(self.tail), "at": self.at,
+                "stopped": self.stopped}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> ExitRecord:
@@ -111,7 +120,8 @@ class ExitRecord:
         tail = _field(d, "tail", list, where)
         return cls(_field(d, "epoch", int, where), _field(d, "participant", str, where),
                    _field(d, "attempt", int, where), _field(d, "returncode", int, where),
-                   [str(line) for line in tail], float(_field(d, "at", (int, float), where)))
+                   [str(line) for line in tail], float(_field(d, "at", (int, float), where)),
+                   str(d.get("stopped") or ""))
 
 
 def record_submission(pipeline: Pipeline, record: SubmissionRecord) -> None:
@@ -125,6 +135,35 @@ def record_exit(pipeline: Pipeline, record: ExitRecord) -> None:
     path = layout.record_path(record.epoch, exit_name(record.participant, record.attempt))
     with contextlib.suppress(AlreadyExistsError):
         pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
+
+
+def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: int, *, by: str,
+                   reason: str) -> None:
+    """Ask the launcher of ``attempt`` to stop its application (it looks at every lease renewal)."""
+    path = layout.record_path(validate_epoch(epoch), cancel_name(participant, attempt))
+    with contextlib.suppress(AlreadyExistsError):
+        pipeline.storage.create_exclusive(path, codec.encode_json(
+            {"type": "submission-cancel", "epoch": epoch, "participant": participant, "attempt": attempt,
+             "by": by, "reason": reason}))
+
+
+def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
+    """Why the launcher of ``attempt`` should stop its application now ("" = let it run).
+
+    A cancel request for the attempt, or the epoch decided before the participant prepared
+    (aborted: the application's work can never be committed).
+    """
+    names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    if PREPARED_PREFIX + participant in names:
+        return ""
+    cancel = cancel_name(participant, attempt)
+    if cancel in names:
+        request = pipeline.txlog.read_record(layout.record_path(epoch, cancel), lambda d, _where: d) or {}
+        return f"cancelled by {request.get('by', '?')}: {request.get('reason', '')}"
+    state = pipeline.txlog.state(epoch, list(names))
+    if state.decided:
+        return f"epoch {epoch} was decided ({state.value}) before {participant} prepared"
+    return ""
 
 
 def read_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> SubmissionRecord | None:
@@ -227,6 +266,8 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
     if ended is not None:
         how = ("finished without preparing the participant" if ended.returncode == 0
                else f"failed with exit code {ended.returncode}")
+        if ended.stopped:
+            how = f"was stopped ({ended.stopped}), exit code {ended.returncode}"
         return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt {attempt} "
                      f"{how}", returncode=ended.returncode, tail=ended.tail)
     timeout = pipeline.config.lease_timeout_s

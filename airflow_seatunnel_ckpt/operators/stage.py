@@ -471,10 +471,14 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         """
         submission = self._submission
         if submission is not None and submission.host == socket.gethostname():
+            from airflow_seatunnel_ckpt.core.submissions import request_cancel
             from airflow_seatunnel_ckpt.spark.launch import terminate
 
             self.log.warning("terminated: stopping spark-submit of %s attempt %s (launcher pid %s)",
                              self.participant, submission.attempt, submission.launcher_pid)
+            with contextlib.suppress(Exception):  # the launcher is stopped below in any case
+                request_cancel(self.store_pipeline, submission.epoch, self.participant, submission.attempt,
+                               by=f"stage {self.where}", reason="the stage task was terminated")
             terminate(submission.launcher_pid)
             return
         for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):

@@ -12,7 +12,11 @@ tracks. It
    ``spark-submit`` waits for the application; in client and local mode it *is* the
    driver), so that the attempt is seen alive even while a cluster queues it;
 2. writes ``spark-submit``'s output to the log file the submission record names;
-3. when ``spark-submit`` exits, writes the attempt's exit record (return code, last lines
+3. stops ``spark-submit`` (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`) when a cancel
+   is requested for the attempt (the deferred task was marked failed or cleared in the
+   UI) or the epoch is decided before the participant prepared (aborted: the work can
+   never be committed) -- it looks at every lease renewal;
+4. when ``spark-submit`` exits, writes the attempt's exit record (return code, last lines
    of output) to the store, then removes its private working directory (the spec, which
    holds the store's credentials, and the plan).
 
@@ -41,6 +45,8 @@ from typing import Any
 
 #: Private directory (0700) of one launch: the spec and the plan. Removed by the launcher.
 WORKDIR_PREFIX = "seatunnel-ckpt-submit-"
+#: Seconds spark-submit gets to stop after SIGTERM before it is killed.
+STOP_GRACE_S = 30.0
 #: Folder of launch logs, beside the working directories (the log outlives them).
 LOG_FOLDER = "seatunnel-ckpt-submit-logs"
 
@@ -142,6 +148,17 @@ def _load_plan(path: str) -> dict[str, Any]:
     return plan
 
 
+def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> str:
+    """:func:`~airflow_seatunnel_ckpt.core.submissions.stop_reason`; a store hiccup lets it run."""
+    from airflow_seatunnel_ckpt.core.submissions import stop_reason
+
+    try:
+        return stop_reason(pipeline, epoch, participant, attempt)
+    except Exception as exc:  # the next look tries again
+        print(f"seatunnel-ckpt launcher: could not look for a stop request: {exc}", flush=True)
+        return ""
+
+
 def run(plan: Mapping[str, Any]) -> int:
     """Run ``spark-submit`` as the plan says, holding the lease; write the exit record."""
     from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
@@ -163,11 +180,29 @@ def run(plan: Mapping[str, Any]) -> int:
     signal.signal(signal.SIGINT, forward)
     holder = default_holder(run_id=spec.run_id, role="spark-submit launcher")
     returncode = 1
+    stopped = ""
     try:
-        with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, spec.attempt, holder=holder):
+        keeper = LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, spec.attempt, holder=holder)
+        with keeper:
             child = subprocess.Popen(plan["command"], stdin=subprocess.DEVNULL, stdout=sys.stdout,
                                      stderr=subprocess.STDOUT, env=env, cwd=plan.get("cwd") or None)
-            returncode = child.wait()
+            while True:
+                try:
+                    returncode = child.wait(timeout=keeper.renew_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if not stopped:
+                    stopped = _stop_reason(pipeline, epoch, spec.participant, spec.attempt)
+                    if stopped:
+                        print(f"seatunnel-ckpt launcher: stopping spark-submit: {stopped}", flush=True)
+                        child.terminate()
+                        try:
+                            returncode = child.wait(timeout=STOP_GRACE_S)
+                        except subprocess.TimeoutExpired:
+                            child.kill()
+                            returncode = child.wait()
+                        break
     finally:
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         try:
@@ -177,7 +212,7 @@ def run(plan: Mapping[str, Any]) -> int:
             pass
         try:
             record_exit(pipeline, ExitRecord(epoch, spec.participant, spec.attempt, returncode, list(tail),
-                                             time.time()))
+                                             time.time(), stopped))
         finally:
             shutil.rmtree(plan["workdir"], ignore_errors=True)
     return returncode

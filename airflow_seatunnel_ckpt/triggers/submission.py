@@ -72,6 +72,23 @@ class StageSubmissionTrigger(BaseTrigger):
             },
         )
 
+    async def on_kill(self) -> None:
+        """The deferred task was marked failed, cleared or marked success: stop its application.
+
+        Asks the attempt's launcher, through the store, to stop ``spark-submit`` (it looks
+        at every lease renewal). Not called when the triggerer restarts or the trigger moves.
+        """
+        from airflow_seatunnel_ckpt.core.submissions import request_cancel
+
+        hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
+        config = await hook.aget_config()
+        pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
+        await asyncio.to_thread(request_cancel, pipeline, self.epoch, self.participant, self.attempt,
+                                by=f"triggerer on {socket.gethostname()}",
+                                reason="the deferred stage task was acted on in Airflow (marked or cleared)")
+        self.log.warning("pipeline %s epoch %s: asked %s attempt %s to stop", self.pipeline, self.epoch,
+                         self.participant, self.attempt)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield one event once the submitted attempt is done."""
         from airflow_seatunnel_ckpt.spark.launch import LogFollower

@@ -297,3 +297,34 @@ def test_on_a_cluster_the_driver_gets_the_spec_by_files_and_executors_run_the_sh
     assert record.master == spark_standalone.master_url
     wait_until(lambda: read_exit(pipeline, 1, "ingest", 1) is not None, 60, "the launcher's exit record")
     assert read_exit(pipeline, 1, "ingest", 1).returncode == 0
+
+
+def test_an_aborted_epoch_or_a_killed_deferred_task_stops_the_running_application(
+        airflow_home: Path, tmp_path: Path, markers: Path) -> None:
+    """The launcher stops spark-submit when the epoch is aborted, or when Airflow kills the deferred task."""
+    stage = make_stage(tmp_path, "waiting_stage")
+    pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store", **LEASE).pipeline("orders")
+    deferred(stage, 1)
+    wait_until(lambda: len(started(markers)) == 1, what="the application to start")
+    pipeline.abort(1, "aborted by an operator while the stage ran", by="test")
+    wait_until(lambda: read_exit(pipeline, 1, "ingest", 1) is not None, 90, "the launcher to stop")
+    ended = read_exit(pipeline, 1, "ingest", 1)
+    assert "decided (ABORTED)" in ended.stopped and ended.returncode != 0, ended
+    assert judge_submission(pipeline, 1, "ingest", 1).outcome is SubmissionOutcome.DECIDED
+
+    # Next run, next epoch: the deferred task is marked failed in the UI; the triggerer calls on_kill.
+    context = {**context_of(1), "run_id": "manual__second"}
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferral:
+        make_stage(tmp_path, "waiting_stage").execute(context)
+    trigger = deferral.value.trigger
+    assert trigger.epoch == 2
+    wait_until(lambda: len(started(markers)) == 2, what="the second application to start")
+    asyncio.run(trigger.on_kill())
+    wait_until(lambda: read_exit(pipeline, 2, "ingest", 1) is not None, 90, "the launcher to stop")
+    ended = read_exit(pipeline, 2, "ingest", 1)
+    assert ended.stopped.startswith("cancelled by triggerer") and ended.returncode != 0, ended
+    assert pipeline.txlog.read_prepared(2, "ingest") is None
+    check = judge_submission(pipeline, 2, "ingest", 1)
+    assert check.outcome is SubmissionOutcome.FAILED and "was stopped" in check.message
