@@ -349,7 +349,7 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
     def _submit(self, context: Context, spec: StageSpec, epoch: int, *, wait: bool,
                 began_here: bool = False) -> dict[str, Any]:
         """Launch the stage (or find the attempt of an earlier try still running), then wait or defer."""
-        from airflow_seatunnel_ckpt.spark.submit import SubmitOptions, start_submission
+        from airflow_seatunnel_ckpt.spark.submit import SubmitError, SubmitOptions, start_submission
 
         pipeline = self.store_pipeline
         record = self._running_submission(epoch)
@@ -358,6 +358,12 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
                              "running: reconnecting to it instead of submitting again", epoch, self.participant,
                              record.attempt, record.host, record.launcher_pid)
         else:
+            from airflow_seatunnel_ckpt.core.submissions import judge_submission, submitted_attempts
+
+            if spec.attempt in submitted_attempts(pipeline, epoch, self.participant):
+                ended = judge_submission(pipeline, epoch, self.participant, spec.attempt)
+                raise SubmitError(f"{ended.message}; an attempt is submitted once: clear the task (a new try "
+                                  "is a new attempt)")
             options = SubmitOptions(conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs,
                                     python=self.python, archives=tuple(self.archives))
             record = start_submission(spec, epoch, options)
