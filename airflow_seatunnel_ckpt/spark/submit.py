@@ -41,6 +41,7 @@ from airflow_seatunnel_ckpt.core.submissions import (
     judge_submission,
     record_submission,
 )
+from airflow_seatunnel_ckpt.spark.session import LOOPBACK
 from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
 
 if TYPE_CHECKING:
@@ -171,8 +172,7 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions) -> t
     listed = [f for f in str(hook_kwargs.get("files") or "").split(",") if f]
     hook_kwargs["files"] = ",".join([*listed, str(spec_file)])
     master = options.master if options.master or options.conn_id else "local[*]"
-    env = {**({} if options.python else {"PYSPARK_PYTHON": sys.executable}), **dict(given_env),
-           **dict(options.env_vars)}
+    env = {**dict(given_env), **dict(options.env_vars)}
     if shutil.which(options.spark_binary) is None:
         launcher_dir = spark_submit_binary_dir()
         if launcher_dir:
@@ -182,9 +182,17 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions) -> t
                          name=f"{spec.pipeline}-{spec.participant}"[:200], env_vars=env,
                          spark_binary=options.spark_binary, **hook_kwargs)
     deploy_mode = hook._connection.get("deploy_mode")
-    if deploy_mode != "cluster":
+    if deploy_mode != "cluster":  # (the hook holds ``env`` itself: it reads it when building)
         env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        if not options.python:
+            env.setdefault("PYSPARK_PYTHON", sys.executable)
     hook._conf = spark_conf_for(spec, options, deploy_mode)
+    if str(hook._connection.get("master") or "").startswith("local"):
+        # A local-mode application serves only the worker it runs on: its driver, block
+        # manager and UI listen on loopback unless the user's spark_conf says otherwise.
+        env.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        for key in ("spark.driver.bindAddress", "spark.driver.host"):
+            hook._conf.setdefault(key, LOOPBACK)
     # The provider builds (and masks) the command; only running it is done here.
     command = hook._build_spark_submit_command(DRIVER_SCRIPT)
     return command, env, hook
