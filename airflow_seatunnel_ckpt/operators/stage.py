@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, conf
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, abort_command, default_holder, liveness
+from airflow_seatunnel_ckpt.core.lease import abort_command, liveness
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
+from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.operators.submitted import SubmittedStageMixin, attempt_for_try
 from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
 
 if TYPE_CHECKING:
@@ -23,6 +27,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_seatunnel_ckpt.core import Pipeline
+    from airflow_seatunnel_ckpt.spark.spec import StageResult
 
 #: DAG run states after which a run never touches its epoch again.
 TERMINAL_RUN_STATES = ("success", "failed")
@@ -54,18 +59,11 @@ def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None
     return finished
 
 
-#: The attempt id of a run with try number 0, which Airflow gives a task it runs without the
-#: scheduler (``airflow tasks test``). It is kept apart from the ids of real tries (1, 2, ...)
-#: so that such a run never shares a staging directory or lease with a scheduled try of the
-#: same DAG run; which of them prepares first still wins, as for any two attempts.
-UNSCHEDULED_ATTEMPT = 1_000_000
+def _is_deferral(exc: BaseException) -> bool:
+    """Whether ``exc`` is Airflow's deferral of the task (not a failure)."""
+    from airflow.sdk.exceptions import TaskDeferred
 
-
-def attempt_for_try(try_number: int) -> int:
-    """The stage's attempt id for Airflow's ``try_number`` (see :data:`UNSCHEDULED_ATTEMPT`)."""
-    if try_number == 0:
-        return UNSCHEDULED_ATTEMPT
-    return try_number
+    return isinstance(exc, TaskDeferred)
 
 
 def airflow_context_of(context: Context, task_id: str) -> dict[str, Any]:
@@ -174,7 +172,7 @@ class PendingEpochWaitMixin(BasePipelineOperator):
         return max(0.0, (datetime.now(tz=UTC) - first).total_seconds())
 
 
-class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
+class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperator):
     """Run a PySpark stage for the run's epoch and log it *prepared*.
 
     The stage function (``"package.module:function"``, see
@@ -239,6 +237,10 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         spark_submit_kwargs: Mapping[str, Any] | None = None,
         pending_poke_interval: float = 15.0,
         pending_wait_timeout: float | None = None,
+        python: str | None = None,
+        archives: Sequence[str] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 10.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -260,12 +262,16 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
         self.pending_poke_interval = pending_poke_interval
         self.pending_wait_timeout = pending_wait_timeout
+        self.python = python
+        self.archives = list(archives or [])
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self._submission: SubmissionRecord | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
         from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
         from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
-        from airflow_seatunnel_ckpt.spark.submit import submit_stage
 
         # The rendered values (a templated path, format or URL) are checked now.
         StageDeclaration.check(participant=self.participant, stage=self.stage_callable or self.stage,
@@ -299,17 +305,19 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
                       else "in-process on local Spark")
         try:
             if self.conn_id:
-                # The launcher holds the lease too until the driver (which renews it from
-                # run_stage) is up: a cluster that queues the application is not a dead stage.
-                with LeaseKeeper.for_pipeline(self.store_pipeline, epoch, self.participant, attempt,
-                                              holder=default_holder(run_id=run_id, role="spark-submit launcher")):
-                    result = submit_stage(spec, conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs)
-            else:
-                result = run_stage(spec, stage_fn=self.stage_callable)
-        except BaseException:
-            if began_here:
+                # Detached: a deferred, cleared or killed try leaves it running, and the next
+                # try reconnects to it. An ``airflow tasks test`` run waits in-process.
+                return self._submit(context, spec, epoch, wait=dry_run or not self.deferrable,
+                                    began_here=began_here)
+            result = run_stage(spec, stage_fn=self.stage_callable)
+        except BaseException as exc:
+            if began_here and not _is_deferral(exc):
                 self._end_dry_run(epoch, "failed")
             raise
+        return self._prepared(result, attempt, began_here)
+
+    def _prepared(self, result: StageResult, attempt: int, began_here: bool = False) -> dict[str, Any]:
+        """Log and return (XCom) a stage result."""
         if result.reused:
             self.log.warning("attempt %s did not prepare: attempt %s's prepared output for epoch "
                              "%s stands", attempt, result.attempt, result.epoch)
@@ -352,9 +360,25 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         py4j call still in flight while the JVM goes away logs a broken-pipe or
         connection-refused traceback, which would bury the one error that matters.
         The work runs in a thread: the handler interrupts the main thread in the middle of
-        a py4j call, whose connection it must not reuse. ``spark-submit`` stages are left to
-        the Spark provider's hook, which kills its own child process.
+        a py4j call, whose connection it must not reuse.
+
+        A ``spark-submit`` stage this try is waiting for in-process (``deferrable=False``) is
+        terminated with its launcher's process group (``spark-submit`` passes SIGTERM on to
+        a cluster-mode application as it does on Ctrl-C); its exit record then says so. A
+        deferred try holds no process: its submission runs on, and the next try reconnects.
         """
+        submission = self._submission
+        if submission is not None and submission.host == socket.gethostname():
+            from airflow_seatunnel_ckpt.core.submissions import request_cancel
+            from airflow_seatunnel_ckpt.spark.launch import terminate
+
+            self.log.warning("terminated: stopping spark-submit of %s attempt %s (launcher pid %s)",
+                             self.participant, submission.attempt, submission.launcher_pid)
+            with contextlib.suppress(Exception):  # the launcher is stopped below in any case
+                request_cancel(self.store_pipeline, submission.epoch, self.participant, submission.attempt,
+                               by=f"stage {self.where}", reason="the stage task was terminated")
+            terminate(submission.launcher_pid)
+            return
         for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
         pyspark = sys.modules.get("pyspark")

@@ -2,15 +2,18 @@
 
 ::
 
-    spark-submit --master spark://host:7077 .../airflow_seatunnel_ckpt/spark/driver.py \\
-        --spec-file spec.json [--result-file result.json]
-    python -m airflow_seatunnel_ckpt.spark.driver --spec-file spec.json
+    spark-submit --master spark://host:7077 --files /private/dir/spec.json \\
+        .../airflow_seatunnel_ckpt/spark/driver.py --spec-file spec.json
+    python -m airflow_seatunnel_ckpt.spark.driver --spec-file /path/spec.json
 
 The spec is a :class:`~airflow_seatunnel_ckpt.spark.spec.StageSpec` in JSON (it holds the
-store's storage options, so it travels in a file, never on the command line). The result
--- the :class:`~airflow_seatunnel_ckpt.spark.spec.StageResult` -- is written atomically
-to ``--result-file`` (a local path or an fsspec URL). Exit status 0 means the participant
-is prepared for the epoch (by this or an earlier attempt).
+store's storage options, so it travels in a file, never on the command line). A
+``--spec-file`` that is not a path on the driver's host is looked up among the files
+``spark-submit`` shipped (``--files``): in the working directory (YARN and Kubernetes
+cluster mode put them there) and through ``SparkFiles``. The outcome is in the store --
+the participant's prepared record -- and optionally in ``--result-file`` (a local path or
+an fsspec URL). Exit status 0 means the participant is prepared for the epoch (by this
+or an earlier attempt).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -51,10 +55,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     from airflow_seatunnel_ckpt.spark.session import stage_session
     from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
-    with open(args.spec_file, encoding="utf-8") as fh:
-        spec = StageSpec.from_json(fh.read())
+    submitted = _under_spark_submit()
+    text = _read_local(args.spec_file)
+    if text is None and submitted:
+        # Shipped with --files: reachable once the application's SparkContext is up.
+        from pyspark import SparkFiles
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.getOrCreate()
+        text = _read_local(SparkFiles.get(os.path.basename(args.spec_file)))
+    if text is None:
+        raise SystemExit(f"spec file {args.spec_file!r} is neither a file on this host nor among the files "
+                         "spark-submit shipped (--files); the stage task ships it: re-run the task")
+    spec = StageSpec.from_json(text)
     # Under spark-submit the launcher's --master and --conf win; run directly, the spec's.
-    spark = stage_session(spec, submitted=_under_spark_submit())
+    spark = stage_session(spec, submitted=submitted)
     try:
         result = run_stage(spec, spark)
         if args.result_file:
@@ -74,18 +89,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _read_local(path: str) -> str | None:
+    """The text of ``path`` on this host, or None if there is no such file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except FileNotFoundError:
+        return None
+
+
 def _under_spark_submit() -> bool:
     """Whether this Python was started by spark-submit (which passes its gateway)."""
-    import os
-
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 if __name__ == "__main__":
     # Run as a script (spark-submit), Python puts this file's folder first on sys.path,
     # where the package's modules would shadow top-level names: take it off.
-    import os
-
     _here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
     sys.exit(main())

@@ -1,27 +1,53 @@
-"""Run a stage on any Spark master through the Apache Spark provider's ``SparkSubmitHook``.
+"""Run a stage on any Spark master with ``spark-submit``, detached from the task that launched it.
 
-The hook launches ``spark-submit`` with this package's driver module
-(:mod:`airflow_seatunnel_ckpt.spark.driver`); the spec travels in a private temporary
-file and the result comes back through another. The Spark configuration of the spec goes
-to ``--conf`` untouched. A stage in a single-file top-level module (typically beside the
-DAG in Airflow's DAGs folder) travels with ``--py-files``.
+The command is built by the Apache Spark provider's ``SparkSubmitHook`` (connection,
+deploy mode, Kerberos, ``--conf``...); it is run by the detached launcher
+(:mod:`airflow_seatunnel_ckpt.spark.launch`), so that the application outlives a
+deferred, cleared or killed task and a retry can find it again (see
+:mod:`airflow_seatunnel_ckpt.core.submissions`).
+
+Nothing travels through the task's file system. The spec goes with ``--files`` (Spark
+ships it to the driver wherever the driver runs: its working directory in YARN and
+Kubernetes cluster mode, ``SparkFiles`` otherwise); the driver's working directory is
+an empty one of its own. The result is the participant's prepared record in the store,
+and how ``spark-submit`` ended is the attempt's exit record there. The Spark
+configuration of the spec goes to ``--conf`` untouched. A stage in a single-file
+top-level module (typically beside the DAG in Airflow's DAGs folder) travels with
+``--py-files``. The Python of the executors (and of a cluster-mode driver) is the one
+the user names (``python``, e.g. ``./environment/bin/python`` of a packed environment
+shipped with ``archives``); without one, this interpreter, which suits local and client
+mode on hosts that share it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
+import logging
 import os
 import shutil
+import socket
 import sys
-import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
-from airflow_seatunnel_ckpt.core.models import SinkManifest
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.submissions import (
+    SubmissionCheck,
+    SubmissionOutcome,
+    SubmissionRecord,
+    judge_submission,
+    record_submission,
+)
+from airflow_seatunnel_ckpt.spark.session import LOOPBACK
 from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core import Pipeline
+
+_log = logging.getLogger(__name__)
 
 #: The script spark-submit runs.
 DRIVER_SCRIPT = str(Path(__file__).with_name("driver.py"))
@@ -97,6 +123,142 @@ def _hook_class() -> Any:
     return StageSubmitHook
 
 
+#: Name of the spec among the files shipped with ``--files``.
+SPEC_NAME = "seatunnel-ckpt-spec.json"
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """How to submit: the Spark connection or master, and what the application needs."""
+
+    conn_id: str | None = None
+    master: str | None = None
+    spark_binary: str = "spark-submit"
+    hook_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    #: Python of the executors (and of a cluster-mode driver): ``spark.pyspark.python``.
+    python: str | None = None
+    #: Archives unpacked in the executors' working directories (``spark.archives``),
+    #: e.g. ``"hdfs:///envs/stage.tar.gz#environment"`` (a packed virtual environment).
+    archives: Sequence[str] = ()
+
+
+def spark_conf_for(spec: StageSpec, options: SubmitOptions, deploy_mode: str | None) -> dict[str, str]:
+    """The ``--conf`` of the application: the spec's, plus the Python and archives it names.
+
+    The user's own ``spark.pyspark.*`` / ``spark.archives`` keys are never overridden. A
+    local or client-mode driver runs this interpreter (it has PySpark and this package);
+    executors run ``options.python`` when given, else this interpreter -- except in cluster
+    mode, where nothing of this host is assumed to exist.
+    """
+    conf = {str(k): str(v) for k, v in spec.spark_conf.items()}
+    if options.archives:
+        listed = [a for a in conf.get("spark.archives", "").split(",") if a]
+        conf["spark.archives"] = ",".join([*listed, *(a for a in options.archives if a not in listed)])
+    cluster = deploy_mode == "cluster"
+    if options.python:
+        conf.setdefault("spark.pyspark.python", options.python)
+    elif not cluster:
+        conf.setdefault("spark.pyspark.python", sys.executable)
+    if not cluster:
+        conf.setdefault("spark.pyspark.driver.python", sys.executable)
+    return conf
+
+
+def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions) -> tuple[list[str], dict[str, str], Any]:
+    """The ``spark-submit`` command line, its environment, and the hook that built it."""
+    hook_kwargs = _with_py_files(options.hook_kwargs, stage_module_files(spec.stage))
+    given_env = hook_kwargs.pop("env_vars", None) or {}
+    listed = [f for f in str(hook_kwargs.get("files") or "").split(",") if f]
+    hook_kwargs["files"] = ",".join([*listed, str(spec_file)])
+    master = options.master if options.master or options.conn_id else "local[*]"
+    env = {**dict(given_env), **dict(options.env_vars)}
+    if shutil.which(options.spark_binary) is None:
+        launcher_dir = spark_submit_binary_dir()
+        if launcher_dir:
+            env["PATH"] = os.pathsep.join([launcher_dir, env.get("PATH", os.environ.get("PATH", ""))])
+    hook = _hook_class()(master=master, conn_id=options.conn_id or "spark_default",
+                         application_args=["--spec-file", spec_file.name],
+                         name=f"{spec.pipeline}-{spec.participant}"[:200], env_vars=env,
+                         spark_binary=options.spark_binary, **hook_kwargs)
+    deploy_mode = hook._connection.get("deploy_mode")
+    if deploy_mode != "cluster":  # (the hook holds ``env`` itself: it reads it when building)
+        env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        if not options.python:
+            env.setdefault("PYSPARK_PYTHON", sys.executable)
+    hook._conf = spark_conf_for(spec, options, deploy_mode)
+    if str(hook._connection.get("master") or "").startswith("local"):
+        # A local-mode application serves only the worker it runs on: its driver, block
+        # manager and UI listen on loopback unless the user's spark_conf says otherwise.
+        env.setdefault("SPARK_LOCAL_IP", LOOPBACK)
+        for key in ("spark.driver.bindAddress", "spark.driver.host"):
+            hook._conf.setdefault(key, LOOPBACK)
+    # The provider builds (and masks) the command; only running it is done here.
+    command = hook._build_spark_submit_command(DRIVER_SCRIPT)
+    return command, env, hook
+
+
+def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> SubmissionRecord:
+    """Launch ``spec``'s stage for ``epoch`` detached and record the submission in the store."""
+    from airflow_seatunnel_ckpt.spark.launch import launch_detached, log_path, private_workdir, write_private
+
+    workdir = private_workdir()
+    try:
+        spec_file = workdir / SPEC_NAME
+        write_private(spec_file, spec.to_json())
+        command, env, hook = build_command(spec, spec_file, options)
+        # The driver's working directory is empty: the spec reaches it only the way it
+        # reaches a driver on another host (``--files``).
+        driver_dir = workdir / "driver"
+        driver_dir.mkdir(mode=0o700)
+        log = log_path(f"{spec.pipeline}-e{epoch}-{spec.participant}-a{spec.attempt}")
+        launch = launch_detached(workdir=workdir, spec_file=spec_file, epoch=epoch, command=command, env=env,
+                                 log=log, cwd=str(driver_dir))
+    except Exception as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise SubmitError(f"spark-submit of stage {spec.stage!r} (pipeline {spec.pipeline!r}, run {spec.run_id!r}, "
+                          f"attempt {spec.attempt}) could not be launched: {exc}") from exc
+    record = SubmissionRecord(epoch, spec.participant, spec.attempt, socket.gethostname(), launch.pid, launch.log,
+                              str(hook._connection.get("master") or ""),
+                              str(hook._connection.get("deploy_mode") or ""), time.time())
+    record_submission(pipeline_of(spec), record)
+    return record
+
+
+def pipeline_of(spec: StageSpec) -> Pipeline:
+    """The spec's pipeline in its store."""
+    from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
+
+    return CheckpointStore(CheckpointConfig.from_mapping(spec.store)).pipeline(spec.pipeline)
+
+
+def wait_for_submission(pipeline: Pipeline, record: SubmissionRecord, *, poll_s: float = 2.0,
+                        timeout_s: float | None = None, on_line: Callable[[str], None] | None = None
+                        ) -> SubmissionCheck:
+    """Poll until the submitted attempt is done (blocking; the trigger does the same asynchronously)."""
+    from airflow_seatunnel_ckpt.spark.launch import LogFollower
+
+    follower = LogFollower(record.log) if on_line is not None else None
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        check = judge_submission(pipeline, record.epoch, record.participant, record.attempt)
+        if follower is not None and on_line is not None:
+            for line in follower.new_lines():
+                on_line(line)
+        if check.outcome.done:
+            return check
+        if deadline is not None and time.monotonic() >= deadline:
+            raise SubmitError(f"{check.message}; gave up waiting after {timeout_s:g}s")
+        time.sleep(poll_s)
+
+
+def submission_error(spec_stage: str, check: SubmissionCheck) -> SubmitError:
+    """The error of a submitted attempt that did not prepare, with the end of its output."""
+    tail = "\n".join(check.tail[-20:])
+    return SubmitError(f"stage {spec_stage!r}: {check.message}" + (f"; last lines of spark-submit:\n{tail}"
+                                                                   if tail else "; see the launch log"))
+
+
 def submit_stage(
     spec: StageSpec,
     conn_id: str | None = None,
@@ -105,8 +267,11 @@ def submit_stage(
     *,
     hook_kwargs: Mapping[str, Any] | None = None,
     env_vars: Mapping[str, str] | None = None,
+    python: str | None = None,
+    archives: Sequence[str] = (),
+    poll_s: float = 1.0,
 ) -> StageResult:
-    """Run ``spec``'s stage through ``spark-submit`` and return its result.
+    """Run ``spec``'s stage through ``spark-submit``, wait for it, and return its result.
 
     :param conn_id: Airflow Spark connection (master, deploy mode, binary). Without it
         the master is ``master`` or, failing that, ``local[*]``.
@@ -118,71 +283,26 @@ def submit_stage(
         ``executor_memory``...). The stage's own module is added to ``py_files`` when it
         is a single-file top-level module (see :func:`stage_module_files`).
     :param env_vars: environment of the spark-submit process.
+    :param python: Python of the executors (``spark.pyspark.python``).
+    :param archives: archives for ``spark.archives`` (e.g. a packed environment).
     """
-    if conn_id is None and master is None:
-        master = "local[*]"
-    with tempfile.TemporaryDirectory(prefix="seatunnel-ckpt-submit-") as tmp:
-        spec_file = Path(tmp) / "spec.json"
-        result_file = Path(tmp) / "result.json"
-        fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(spec.to_json())
-        env = {
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            **(env_vars or {}),
-        }
-        launcher_dir = spark_submit_binary_dir() if shutil.which(spark_binary) is None else None
-        if launcher_dir:
-            env["PATH"] = os.pathsep.join(
-                [launcher_dir, env.get("PATH", os.environ.get("PATH", ""))]
-            )
-        conf = {
-            "spark.pyspark.python": sys.executable,
-            "spark.pyspark.driver.python": sys.executable,
-            **{str(k): str(v) for k, v in spec.spark_conf.items()},
-        }
-        kwargs: dict[str, Any] = {
-            "conf": conf,
-            "name": f"{spec.pipeline}-{spec.participant}"[:200],
-            "env_vars": env,
-            "spark_binary": spark_binary,
-            **_with_py_files(hook_kwargs or {}, stage_module_files(spec.stage)),
-        }
-        hook = _hook_class()(
-            master=master,
-            conn_id=conn_id or "spark_default",
-            application_args=["--spec-file", str(spec_file), "--result-file", str(result_file)],
-            **kwargs,
-        )
-        try:
-            hook.submit(DRIVER_SCRIPT)
-        except Exception as exc:
-            raise SubmitError(
-                f"spark-submit of stage {spec.stage!r} (pipeline {spec.pipeline!r}, run "
-                f"{spec.run_id!r}, attempt {spec.attempt}) failed: {exc}"
-            ) from exc
-        if not result_file.exists():
-            raise SubmitError(
-                f"spark-submit of stage {spec.stage!r} finished but the driver wrote no result to "
-                f"{result_file}; see the spark-submit log"
-            )
-        return result_from_dict(json.loads(result_file.read_text(encoding="utf-8")))
+    options = SubmitOptions(conn_id, master, spark_binary, dict(hook_kwargs or {}), dict(env_vars or {}),
+                            python, tuple(archives))
+    pipeline = pipeline_of(spec)
+    epoch = pipeline.begin(spec.run_id).epoch
+    earlier = pipeline.prepared_for_run(spec.run_id, spec.participant)
+    if earlier is not None:
+        return StageResult.from_prepared(pipeline.name, earlier, reused=True)
+    record = start_submission(spec, epoch, options)
+    check = wait_for_submission(pipeline, record, poll_s=poll_s, on_line=_log.info)
+    return result_of(pipeline, spec.participant, check, spec.stage)
 
 
-def result_from_dict(data: Mapping[str, Any]) -> StageResult:
-    """Rebuild a :class:`StageResult` from :meth:`StageResult.to_dict` output."""
-    try:
-        return StageResult(
-            pipeline=data["pipeline"],
-            participant=data["participant"],
-            epoch=int(data["epoch"]),
-            attempt=int(data["attempt"]),
-            run_id=data["run_id"],
-            manifests=[SinkManifest.from_dict(m) for m in data["manifests"]],
-            sources={k: dict(v) for k, v in data["sources"].items()},
-            checkpoint_bytes=int(data["checkpoint_bytes"]),
-            reused=bool(data["reused"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ConfigError(f"not a stage result: {exc}") from exc
+def result_of(pipeline: Pipeline, participant: str, check: SubmissionCheck, stage: str) -> StageResult:
+    """The stage result of a finished submission: its prepared record, or the reason it has none."""
+    if check.outcome is not SubmissionOutcome.PREPARED:
+        raise submission_error(stage, check)
+    record = pipeline.txlog.read_prepared(check.epoch, participant)
+    if record is None:  # pragma: no cover - a prepared record never disappears
+        raise SubmitError(f"{check.message}, but its prepared record is gone")
+    return StageResult.from_prepared(pipeline.name, record, reused=record.attempt != check.attempt)

@@ -5,7 +5,8 @@ its own process group, logging to a file under the deployment's temporary direct
 They share a temporary ``AIRFLOW_HOME`` with a SQLite metadata database (migrated with
 ``airflow db migrate``) and run tasks with the LocalExecutor (Airflow 3.3 accepts it on
 SQLite). The DAGs folder holds copies of the example pipeline's two files, so the
-recovery DAG and anything else in ``dags/`` stays out of the deployment.
+recovery DAG and anything else in ``dags/`` stays out of the deployment, and of
+``tests/deployment/dags/`` (a pipeline whose stage is submitted and deferred).
 
 The REST API (``/api/v2``) is reached with a JWT from ``GET /auth/token``, which the
 default SimpleAuthManager hands out without credentials when
@@ -101,6 +102,8 @@ def _environment(home: Path, dags: Path, data: Path, port: int) -> dict[str, str
         "SEATUNNEL_CKPT_EXAMPLE_RETRY_DELAY_S": "2",
         "SEATUNNEL_CKPT_STORE": "file://" + str(data / "checkpoints"),
         "SPARK_LOCAL_IP": "127.0.0.1",
+        # The Spark connection of tests/deployment/dags/submitted_orders.py (spark-submit, local[1]).
+        "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[1]"}),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
@@ -245,6 +248,8 @@ def airflow_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Air
         directory.mkdir()
     for name in EXAMPLE_FILES:
         shutil.copy(REPO / "dags" / name, dags / name)
+    for path in (Path(__file__).parent / "dags").glob("*.py"):
+        shutil.copy(path, dags / path.name)
     port = free_port()
     deployment = AirflowDeployment(home=home, data=data, base_url=f"http://127.0.0.1:{port}",
                                    env=_environment(home, dags, data, port), log_dir=log_dir)

@@ -170,6 +170,71 @@ def _py4j_traceback_lines(log: Path) -> list[str]:
             if "py4j" in line.lower() and ("Traceback" in line or "Error" in line or "File " in line)]
 
 
+SUBMITTED_DAG = "submitted_orders"
+
+
+def _submitted_task(deployment: AirflowDeployment, run_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = deployment.api(
+        "GET", f"/dags/{SUBMITTED_DAG}/dagRuns/{run_id}/taskInstances/{STAGE_TASK}")
+    return result
+
+
+def test_a_submitted_stage_defers_and_a_clear_while_deferred_stops_it_and_resubmits(
+    airflow_deployment: AirflowDeployment,
+) -> None:
+    """``tests/deployment/dags/submitted_orders.py``: the stage goes through spark-submit and defers.
+
+    The stage is seen *deferred* (its task process gone, the trigger watching the store in
+    the triggerer), then cleared from the REST API while deferred: the triggerer's
+    ``on_kill`` asks the launcher to stop attempt 1, the new try submits attempt 2, and the
+    epoch commits each order once.
+    """
+    import json as json_lib
+
+    from airflow_seatunnel_ckpt.core.submissions import read_exit, submitted_attempts
+
+    deployment = airflow_deployment
+    root = deployment.data / "submitted"
+    (root / "input").mkdir(parents=True)
+    (root / "input" / "orders-0.json").write_text(
+        "".join(json_lib.dumps({"order_id": f"s-{i}", "amount": i}) + "\n" for i in range(5)))
+    deployment.wait_for("the dag-processor to parse submitted_orders", lambda: deployment.api(
+        "GET", f"/dags?dag_id_pattern={SUBMITTED_DAG}").get("total_entries"), timeout=240)
+    deployment.api("PATCH", f"/dags/{SUBMITTED_DAG}", {"is_paused": False})
+    run_id = "submitted_1"
+    deployment.api("POST", f"/dags/{SUBMITTED_DAG}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
+
+    deployment.wait_for("the submitted stage to defer", lambda: _submitted_task(deployment, run_id)["state"]
+                        == "deferred", timeout=RUN_TIMEOUT_S, interval=0.5)
+    pipeline = CheckpointStore.from_url(f"file://{root}/checkpoints").pipeline("submitted_orders")
+    assert submitted_attempts(pipeline, 1, PARTICIPANT) == [1]
+
+    deployment.api("POST", f"/dags/{SUBMITTED_DAG}/clearTaskInstances", {
+        "dry_run": False, "dag_run_id": run_id, "task_ids": [STAGE_TASK], "only_failed": False,
+        "reset_dag_runs": True})
+    stopped = deployment.wait_for("attempt 1's launcher to stop it", lambda: read_exit(pipeline, 1, PARTICIPANT, 1),
+                                  timeout=120, interval=0.5)
+    assert stopped.stopped.startswith("cancelled by triggerer"), stopped
+    (root / "release").touch()
+
+    def succeeded() -> bool:
+        state = deployment.api("GET", f"/dags/{SUBMITTED_DAG}/dagRuns/{run_id}")["state"]
+        if state == "failed":
+            raise DeploymentError(f"run {run_id} of {SUBMITTED_DAG} failed: "
+                                  f"{deployment.api('GET', f'/dags/{SUBMITTED_DAG}/dagRuns/{run_id}/taskInstances')}")
+        return state == "success"
+
+    deployment.wait_for(f"{SUBMITTED_DAG} run {run_id} to succeed", succeeded, timeout=RUN_TIMEOUT_S)
+    assert _submitted_task(deployment, run_id)["try_number"] == 2
+    assert submitted_attempts(pipeline, 1, PARTICIPANT) == [1, 2]
+    assert pipeline.state(1) is EpochState.COMMITTED and pipeline.txlog.read_prepared(1, PARTICIPANT).attempt == 2
+    published = [json_lib.loads(line)["order_id"] for f in sorted((root / "out").glob("epoch=1/**/part-*"))
+                 for line in f.read_text().splitlines() if line]
+    assert sorted(published) == [f"s-{i}" for i in range(5)]
+    deployment.wait_for("attempt 2's launcher to exit", lambda: read_exit(pipeline, 1, PARTICIPANT, 2),
+                        timeout=60, interval=0.5)
+
+
 def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_deployment(
     airflow_deployment: AirflowDeployment,
 ) -> None:

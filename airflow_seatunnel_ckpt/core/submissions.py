@@ -1,0 +1,294 @@
+"""Submitted stages: who launched which attempt, how it ended, and whether it still runs.
+
+A stage submitted with ``spark-submit`` runs detached from the Airflow task that
+launched it: the task defers (or its worker dies, or the task is cleared) while the Spark
+application goes on. Two write-once records in the epoch's transaction log let anyone --
+the trigger watching it, a retry of the task, the Checkpoints page -- find the
+application again and learn how it ended, without the launching process:
+
+* ``submission-<participant>-a<attempt>``: written by the task right after launching:
+  the launcher's host and pid, where its log goes, the master and deploy mode;
+* ``exit-<participant>-a<attempt>``: written by the launcher when ``spark-submit`` exits:
+  its return code and the last lines of its output (the driver's error, for a stage
+  that failed).
+
+Whether the application still runs is the participant's lease (:mod:`.lease`): the
+launcher renews it while ``spark-submit`` runs (in cluster mode ``spark-submit`` waits for
+the application), and the driver renews it while the stage runs, wherever the driver is.
+:func:`judge_submission` is the one place that turns these records into an outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core import codec, layout
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.lease import read_lease, store_now
+from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
+from airflow_seatunnel_ckpt.core.txlog import PREPARED_PREFIX
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core import Pipeline
+
+SUBMISSION_PREFIX = "submission-"
+EXIT_PREFIX = "exit-"
+CANCEL_PREFIX = "cancel-"
+#: Lines of ``spark-submit`` output kept in an exit record.
+TAIL_LINES = 40
+
+
+def submission_name(participant: str, attempt: int) -> str:
+    """``submission-<participant>-a<attempt>``."""
+    return f"{SUBMISSION_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+
+
+def exit_name(participant: str, attempt: int) -> str:
+    """``exit-<participant>-a<attempt>``."""
+    return f"{EXIT_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+
+
+def cancel_name(participant: str, attempt: int) -> str:
+    """``cancel-<participant>-a<attempt>``."""
+    return f"{CANCEL_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+
+
+def _field(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = d.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise CorruptCheckpointError(f"{where}: field {key!r} must be {getattr(kind, '__name__', kind)}, "
+                                     f"got {value!r}; the record is damaged: remove it only if no stage runs")
+    return value
+
+
+@dataclass(frozen=True)
+class SubmissionRecord:
+    """An attempt of a participant launched through ``spark-submit``."""
+
+    epoch: int
+    participant: str
+    attempt: int
+    host: str
+    launcher_pid: int
+    log: str
+    master: str = ""
+    deploy_mode: str = ""
+    submitted_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "submission", "epoch": self.epoch, "participant": self.participant,
+                "attempt": self.attempt, "host": self.host, "launcher_pid": self.launcher_pid, "log": self.log,
+                "master": self.master, "deploy_mode": self.deploy_mode, "submitted_at": self.submitted_at}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> SubmissionRecord:
+        if d.get("type") != "submission":
+            raise CorruptCheckpointError(f"{where}: not a submission record (type {d.get('type')!r})")
+        return cls(_field(d, "epoch", int, where), _field(d, "participant", str, where),
+                   _field(d, "attempt", int, where), _field(d, "host", str, where),
+                   _field(d, "launcher_pid", int, where), _field(d, "log", str, where),
+                   str(d.get("master") or ""), str(d.get("deploy_mode") or ""),
+                   float(_field(d, "submitted_at", (int, float), where)))
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """How ``spark-submit`` of an attempt ended."""
+
+    epoch: int
+    participant: str
+    attempt: int
+    returncode: int
+    tail: list[str] = field(default_factory=list)
+    at: float = 0.0
+    #: Why the launcher stopped ``spark-submit`` itself ("" when it ended on its own).
+    stopped: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "submission-exit", "epoch": self.epoch, "participant": self.participant,
+                "attempt": self.attempt, "returncode": self.returncode, "tail": list(self.tail), "at": self.at,
+                "stopped": self.stopped}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> ExitRecord:
+        if d.get("type") != "submission-exit":
+            raise CorruptCheckpointError(f"{where}: not a submission exit record (type {d.get('type')!r})")
+        tail = _field(d, "tail", list, where)
+        return cls(_field(d, "epoch", int, where), _field(d, "participant", str, where),
+                   _field(d, "attempt", int, where), _field(d, "returncode", int, where),
+                   [str(line) for line in tail], float(_field(d, "at", (int, float), where)),
+                   str(d.get("stopped") or ""))
+
+
+def record_submission(pipeline: Pipeline, record: SubmissionRecord) -> None:
+    """Write the attempt's submission record (write-once: an attempt is launched once)."""
+    path = layout.record_path(record.epoch, submission_name(record.participant, record.attempt))
+    pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
+
+
+def record_exit(pipeline: Pipeline, record: ExitRecord) -> None:
+    """Write the attempt's exit record; a second one (a launcher run twice) keeps the first."""
+    path = layout.record_path(record.epoch, exit_name(record.participant, record.attempt))
+    with contextlib.suppress(AlreadyExistsError):
+        pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
+
+
+def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: int, *, by: str,
+                   reason: str) -> None:
+    """Ask the launcher of ``attempt`` to stop its application (it looks at every lease renewal)."""
+    path = layout.record_path(validate_epoch(epoch), cancel_name(participant, attempt))
+    with contextlib.suppress(AlreadyExistsError):
+        pipeline.storage.create_exclusive(path, codec.encode_json(
+            {"type": "submission-cancel", "epoch": epoch, "participant": participant, "attempt": attempt,
+             "by": by, "reason": reason}))
+
+
+def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
+    """Why the launcher of ``attempt`` should stop its application now ("" = let it run).
+
+    A cancel request for the attempt, or the epoch decided before the participant prepared
+    (aborted: the application's work can never be committed).
+    """
+    names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    if PREPARED_PREFIX + participant in names:
+        return ""
+    cancel = cancel_name(participant, attempt)
+    if cancel in names:
+        request = pipeline.txlog.read_record(layout.record_path(epoch, cancel), lambda d, _where: d) or {}
+        return f"cancelled by {request.get('by', '?')}: {request.get('reason', '')}"
+    state = pipeline.txlog.state(epoch, list(names))
+    if state.decided:
+        return f"epoch {epoch} was decided ({state.value}) before {participant} prepared"
+    return ""
+
+
+def read_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> SubmissionRecord | None:
+    path = layout.record_path(validate_epoch(epoch), submission_name(participant, attempt))
+    return pipeline.txlog.read_record(path, SubmissionRecord.from_dict)
+
+
+def read_exit(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> ExitRecord | None:
+    path = layout.record_path(validate_epoch(epoch), exit_name(participant, attempt))
+    return pipeline.txlog.read_record(path, ExitRecord.from_dict)
+
+
+def submitted_attempts(pipeline: Pipeline, epoch: int, participant: str,
+                       names: Sequence[str] | None = None) -> list[int]:
+    """Attempts of ``participant`` in ``epoch`` that have a submission record, oldest first."""
+    prefix = f"{SUBMISSION_PREFIX}{validate_name(participant, 'participant name')}-a"
+    if names is None:
+        names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    attempts = []
+    for name in names:
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            attempts.append(int(name[len(prefix):]))
+    return sorted(attempts)
+
+
+class SubmissionOutcome(enum.StrEnum):
+    """What waiting for a submitted attempt has come to."""
+
+    #: The participant is prepared (by this attempt or an earlier one): the stage is done.
+    PREPARED = "prepared"
+    #: Still running: launched recently, or its lease is being renewed.
+    RUNNING = "running"
+    #: ``spark-submit`` exited without the participant being prepared.
+    FAILED = "failed"
+    #: No exit record, and nobody renewed the lease within ``lease_timeout_s``: the
+    #: launcher and the driver are gone (a lost machine, a killed process group).
+    LOST = "lost"
+    #: The epoch was decided (aborted) before the participant prepared.
+    DECIDED = "decided"
+
+    @property
+    def done(self) -> bool:
+        return self is not SubmissionOutcome.RUNNING
+
+
+@dataclass(frozen=True)
+class SubmissionCheck:
+    """One look at a submitted attempt (plain data: it travels in a trigger event)."""
+
+    outcome: SubmissionOutcome
+    message: str
+    epoch: int
+    participant: str
+    attempt: int
+    prepared_attempt: int | None = None
+    returncode: int | None = None
+    tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outcome": self.outcome.value, "message": self.message, "epoch": self.epoch,
+                "participant": self.participant, "attempt": self.attempt,
+                "prepared_attempt": self.prepared_attempt, "returncode": self.returncode, "tail": list(self.tail)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SubmissionCheck:
+        try:
+            return cls(SubmissionOutcome(d["outcome"]), str(d["message"]), int(d["epoch"]), str(d["participant"]),
+                       int(d["attempt"]), None if d.get("prepared_attempt") is None else int(d["prepared_attempt"]),
+                       None if d.get("returncode") is None else int(d["returncode"]),
+                       [str(x) for x in d.get("tail") or []])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptCheckpointError(f"not a submission check: {exc}: {dict(d)!r}") from exc
+
+
+def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int,
+                     *, now: float | None = None) -> SubmissionCheck:
+    """Where the submitted ``attempt`` of ``participant`` in ``epoch`` stands (the one judgement).
+
+    In order: prepared (by any attempt) wins; a decided epoch ends the wait; an exit record
+    means ``spark-submit`` is over; a lease of this attempt renewed within
+    ``lease_timeout_s`` -- or, before the first renewal, a submission record younger than
+    that -- means it runs; anything else is lost.
+    """
+    names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    txlog = pipeline.txlog
+
+    def check(outcome: SubmissionOutcome, message: str, **extra: Any) -> SubmissionCheck:
+        return SubmissionCheck(outcome, message, epoch, participant, attempt, **extra)
+
+    prepared = txlog.read_prepared(epoch, participant) if PREPARED_PREFIX + participant in names else None
+    if prepared is not None:
+        by = "this attempt" if prepared.attempt == attempt else f"attempt {prepared.attempt}"
+        return check(SubmissionOutcome.PREPARED, f"epoch {epoch}: {participant} was prepared by {by}",
+                     prepared_attempt=prepared.attempt)
+    state = txlog.state(epoch, list(names))
+    if state.decided:
+        return check(SubmissionOutcome.DECIDED, f"epoch {epoch} was decided ({state.value}) before "
+                     f"{participant} prepared")
+    ended = read_exit(pipeline, epoch, participant, attempt) if exit_name(participant, attempt) in names else None
+    if ended is not None:
+        how = ("finished without preparing the participant" if ended.returncode == 0
+               else f"failed with exit code {ended.returncode}")
+        if ended.stopped:
+            how = f"was stopped ({ended.stopped}), exit code {ended.returncode}"
+        return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt {attempt} "
+                     f"{how}", returncode=ended.returncode, tail=ended.tail)
+    timeout = pipeline.config.lease_timeout_s
+    now = store_now(pipeline.storage) if now is None else now
+    lease_name = f"{layout.LEASE_PREFIX}{participant}"
+    if lease_name in names:
+        lease = read_lease(pipeline.storage, epoch, participant)
+        if lease is not None and lease.attempt == attempt:
+            age = now - pipeline.storage.modified(layout.lease_path(epoch, participant))
+            if age <= timeout:
+                return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} runs "
+                             f"({lease.describe_holder()}, lease renewed {max(age, 0):.0f}s ago)")
+            return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} is lost: its "
+                         f"lease ({lease.describe_holder()}) was last renewed {age:.0f}s ago, over "
+                         f"lease_timeout_s={timeout:g}, and spark-submit left no exit record")
+    submitted = submission_name(participant, attempt)
+    if submitted in names:
+        age = now - pipeline.storage.modified(layout.record_path(epoch, submitted))
+        if age <= timeout:
+            return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} was "
+                         f"submitted {max(age, 0):.0f}s ago and has not taken the lease yet")
+        return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} was submitted "
+                     f"{age:.0f}s ago and never took the lease (lease_timeout_s={timeout:g})")
+    return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} has no submission record")

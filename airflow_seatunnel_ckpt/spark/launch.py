@@ -1,0 +1,230 @@
+"""The detached launcher of a submitted stage: runs ``spark-submit`` beyond the task's life.
+
+::
+
+    python -m airflow_seatunnel_ckpt.spark.launch --plan <workdir>/plan.json
+
+The stage task starts this process in a session of its own (:func:`launch_detached`) and
+may then defer, be cleared, or die: the launcher is not its child in any way Airflow
+tracks. It
+
+1. holds the participant's lease while ``spark-submit`` runs (in cluster mode
+   ``spark-submit`` waits for the application; in client and local mode it *is* the
+   driver), so that the attempt is seen alive even while a cluster queues it;
+2. writes ``spark-submit``'s output to the log file the submission record names;
+3. stops ``spark-submit`` (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`) when a cancel
+   is requested for the attempt (the deferred task was marked failed or cleared in the
+   UI) or the epoch is decided before the participant prepared (aborted: the work can
+   never be committed) -- it looks at every lease renewal;
+4. when ``spark-submit`` exits, writes the attempt's exit record (return code, last lines
+   of output) to the store, then removes its private working directory (the spec, which
+   holds the store's credentials, and the plan).
+
+SIGTERM (the task's ``on_kill``, a killed process group) is passed on to ``spark-submit``;
+the exit record is still written. Nothing read here is executed: the plan is JSON whose
+command is the one the task built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: Private directory (0700) of one launch: the spec and the plan. Removed by the launcher.
+WORKDIR_PREFIX = "seatunnel-ckpt-submit-"
+#: Seconds spark-submit gets to stop after SIGTERM before it is killed.
+STOP_GRACE_S = 30.0
+#: Folder of launch logs, beside the working directories (the log outlives them).
+LOG_FOLDER = "seatunnel-ckpt-submit-logs"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launcher started by :func:`launch_detached`."""
+
+    pid: int
+    log: str
+    workdir: str
+
+
+def private_workdir() -> Path:
+    """A new private (0700) temporary directory for a launch's spec and plan."""
+    return Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX))
+
+
+def write_private(path: Path, text: str) -> None:
+    """Create ``path`` readable by this user only (it may hold store credentials)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
+def log_path(name: str) -> Path:
+    """Where the launch log of ``name`` goes (a folder of this user's temporary directory)."""
+    folder = Path(tempfile.gettempdir()) / LOG_FOLDER
+    folder.mkdir(mode=0o700, exist_ok=True)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:150]
+    return folder / f"{safe}-{os.getpid()}-{time.time_ns()}.log"
+
+
+def launch_detached(*, workdir: Path, spec_file: Path, epoch: int, command: Sequence[str],
+                    env: Mapping[str, str], log: Path, cwd: str | None = None) -> Launch:
+    """Start the launcher for ``command`` in a new session and return at once.
+
+    :param workdir: private directory holding ``spec_file``; the launcher removes it.
+    :param env: variables added to this process's environment for ``spark-submit``.
+    :param cwd: working directory of ``spark-submit`` (default: ``workdir``).
+    """
+    plan = {"command": list(command), "env": dict(env), "log": str(log), "spec_file": str(spec_file),
+            "epoch": int(epoch), "workdir": str(workdir), "cwd": cwd or str(workdir)}
+    plan_file = workdir / "plan.json"
+    write_private(plan_file, json.dumps(plan))
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "airflow_seatunnel_ckpt.spark.launch", "--plan", str(plan_file)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            close_fds=True, cwd=str(workdir))
+    return Launch(process.pid, str(log), str(workdir))
+
+
+def terminate(pid: int, grace_s: float = 20.0) -> bool:
+    """SIGTERM the launcher's process group (launcher, ``spark-submit``, local driver); True if it was there."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    return True
+
+
+class LogFollower:
+    """New lines of a launch log since the last look (the log is local to the launching host)."""
+
+    def __init__(self, path: str, offset: int = 0) -> None:
+        self.path = path
+        self.offset = offset
+
+    def new_lines(self, limit: int = 2000) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read(4 << 20)
+        except OSError:
+            return []
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        lines = data[: end + 1].decode("utf-8", errors="replace").splitlines()
+        return lines[-limit:]
+
+
+def _load_plan(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        plan = json.load(fh)
+    if not isinstance(plan, dict) or not isinstance(plan.get("command"), list) or not plan["command"]:
+        raise SystemExit(f"launch plan {path} has no command: it was not written by the stage task")
+    return plan
+
+
+def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> str:
+    """:func:`~airflow_seatunnel_ckpt.core.submissions.stop_reason`; a store hiccup lets it run."""
+    from airflow_seatunnel_ckpt.core.submissions import stop_reason
+
+    try:
+        return stop_reason(pipeline, epoch, participant, attempt)
+    except Exception as exc:  # the next look tries again
+        print(f"seatunnel-ckpt launcher: could not look for a stop request: {exc}", flush=True)
+        return ""
+
+
+def run(plan: Mapping[str, Any]) -> int:
+    """Run ``spark-submit`` as the plan says, holding the lease; write the exit record."""
+    from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
+    from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
+    from airflow_seatunnel_ckpt.core.submissions import TAIL_LINES, ExitRecord, record_exit
+    from airflow_seatunnel_ckpt.spark.spec import StageSpec
+
+    spec = StageSpec.from_json(Path(plan["spec_file"]).read_text(encoding="utf-8"))
+    pipeline = CheckpointStore(CheckpointConfig.from_mapping(spec.store)).pipeline(spec.pipeline)
+    epoch = int(plan["epoch"])
+    env = {**os.environ, **{str(k): str(v) for k, v in dict(plan.get("env") or {}).items()}}
+    child: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, _frame: Any) -> None:
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    holder = default_holder(run_id=spec.run_id, role="spark-submit launcher")
+    returncode = 1
+    stopped = ""
+    try:
+        keeper = LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, spec.attempt, holder=holder)
+        with keeper:
+            child = subprocess.Popen(plan["command"], stdin=subprocess.DEVNULL, stdout=sys.stdout,
+                                     stderr=subprocess.STDOUT, env=env, cwd=plan.get("cwd") or None)
+            while True:
+                try:
+                    returncode = child.wait(timeout=keeper.renew_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if not stopped:
+                    stopped = _stop_reason(pipeline, epoch, spec.participant, spec.attempt)
+                    if stopped:
+                        print(f"seatunnel-ckpt launcher: stopping spark-submit: {stopped}", flush=True)
+                        child.terminate()
+                        try:
+                            returncode = child.wait(timeout=STOP_GRACE_S)
+                        except subprocess.TimeoutExpired:
+                            child.kill()
+                            returncode = child.wait()
+                        break
+    finally:
+        tail: deque[str] = deque(maxlen=TAIL_LINES)
+        try:
+            with open(plan["log"], encoding="utf-8", errors="replace") as fh:
+                tail.extend(line.rstrip("\n") for line in fh)
+        except OSError:
+            pass
+        try:
+            record_exit(pipeline, ExitRecord(epoch, spec.participant, spec.attempt, returncode, list(tail),
+                                             time.time(), stopped))
+        finally:
+            shutil.rmtree(plan["workdir"], ignore_errors=True)
+    return returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="airflow_seatunnel_ckpt.spark.launch",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", required=True, help="the launch plan the stage task wrote")
+    args = parser.parse_args(argv)
+    return run(_load_plan(args.plan))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Trigger that watches a submitted stage, in the triggerer, until it is prepared or over."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_seatunnel_ckpt.core import CheckpointStore
+from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome, judge_submission
+from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+
+class StageSubmissionTrigger(BaseTrigger):
+    """Poll the store until the submitted attempt is prepared, failed, lost or fenced.
+
+    Fires one event, a :class:`~airflow_seatunnel_ckpt.core.submissions.SubmissionCheck`
+    as a dict (:func:`~airflow_seatunnel_ckpt.core.submissions.judge_submission` decides).
+    Everything it needs is in the store -- the prepared record, the launcher's exit
+    record, the participant's lease -- so it works from any triggerer, wherever the driver
+    runs. While it waits, the launch log's new lines go to the task's log when the log is
+    on this host (a triggerer beside the worker, ``dag.test``).
+
+    Serialised kwargs never contain storage options (they are stored in the metadata
+    database); credentials come from the connection, which the trigger resolves itself.
+    """
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        epoch: int,
+        participant: str,
+        attempt: int,
+        store_conn_id: str | None = None,
+        storage_url: str | None = None,
+        store_config: Mapping[str, Any] | None = None,
+        poll_interval: float = 5.0,
+        log: str = "",
+        log_host: str = "",
+    ) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.epoch = int(epoch)
+        self.participant = participant
+        self.attempt = int(attempt)
+        self.store_conn_id = store_conn_id
+        self.storage_url = storage_url
+        self.store_config = {k: v for k, v in (store_config or {}).items() if k != "storage_options"}
+        self.poll_interval = float(poll_interval)
+        self.log_file = log
+        self.log_host = log_host
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and kwargs to re-create the trigger in the triggerer."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "pipeline": self.pipeline,
+                "epoch": self.epoch,
+                "participant": self.participant,
+                "attempt": self.attempt,
+                "store_conn_id": self.store_conn_id,
+                "storage_url": self.storage_url,
+                "store_config": self.store_config,
+                "poll_interval": self.poll_interval,
+                "log": self.log_file,
+                "log_host": self.log_host,
+            },
+        )
+
+    async def on_kill(self) -> None:
+        """The deferred task was marked failed, cleared or marked success: stop its application.
+
+        Asks the attempt's launcher, through the store, to stop ``spark-submit`` (it looks
+        at every lease renewal). Not called when the triggerer restarts or the trigger moves.
+        """
+        from airflow_seatunnel_ckpt.core.submissions import request_cancel
+
+        hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
+        config = await hook.aget_config()
+        pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
+        await asyncio.to_thread(request_cancel, pipeline, self.epoch, self.participant, self.attempt,
+                                by=f"triggerer on {socket.gethostname()}",
+                                reason="the deferred stage task was acted on in Airflow (marked or cleared)")
+        self.log.warning("pipeline %s epoch %s: asked %s attempt %s to stop", self.pipeline, self.epoch,
+                         self.participant, self.attempt)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Yield one event once the submitted attempt is done."""
+        from airflow_seatunnel_ckpt.spark.launch import LogFollower
+
+        follower = (LogFollower(self.log_file)
+                    if self.log_file and self.log_host == socket.gethostname() else None)
+        hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
+        try:
+            config = await hook.aget_config()
+            store = await asyncio.to_thread(CheckpointStore, config)
+            pipeline = store.pipeline(self.pipeline)
+            last = ""
+            while True:
+                check = await asyncio.to_thread(judge_submission, pipeline, self.epoch, self.participant,
+                                                self.attempt)
+                if follower is not None:
+                    for line in await asyncio.to_thread(follower.new_lines):
+                        self.log.info("%s", line)
+                if check.outcome.done:
+                    yield TriggerEvent(check.to_dict())
+                    return
+                if check.message != last:
+                    self.log.info("pipeline %s: %s", self.pipeline, check.message)
+                    last = check.message
+                await asyncio.sleep(self.poll_interval)
+        except Exception as exc:  # the task, not the triggerer, must report the failure
+            error = SubmissionCheck(SubmissionOutcome.LOST, f"watching the submission failed: "
+                                    f"{type(exc).__name__}: {exc}", self.epoch, self.participant, self.attempt)
+            yield TriggerEvent({**error.to_dict(), "error": True})
