@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +29,37 @@ if TYPE_CHECKING:
 TERMINAL_RUN_STATES = ("success", "failed")
 
 _log = logging.getLogger(__name__)
+
+
+class StageTerminatedError(RuntimeError):
+    """The stage task was terminated (SIGTERM) while its in-process Spark work ran.
+
+    Raised in place of whatever the interrupted Spark call raised once ``on_kill`` had
+    stopped the session (a cancelled job, a JVM gone under a py4j call): those are
+    consequences of the termination, and their chained tracebacks only bury it.
+    """
+
+
+class _DropPy4JRecords(logging.Filter):
+    """Drops log records written by py4j's code (it logs through the *root* logger too)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"{os.sep}py4j{os.sep}" not in (record.pathname or "")
+
+
+def quiet_py4j() -> None:
+    """Silence py4j for the rest of this process: once the JVM goes away, every py4j call in
+    flight logs a broken-pipe, connection-refused or empty-answer traceback.
+
+    py4j writes them through its own loggers and through the root logger
+    (``logging.info("Exception while sending command.", exc_info=True)``), so its loggers
+    are raised to CRITICAL and the root logger drops records whose code is py4j's.
+    """
+    for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    root = logging.getLogger()
+    if not any(isinstance(f, _DropPy4JRecords) for f in root.filters):
+        root.addFilter(_DropPy4JRecords())
 
 
 def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None) -> Callable[[str, str], bool | None]:
@@ -306,9 +338,10 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
                     result = submit_stage(spec, conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs)
             else:
                 result = run_stage(spec, stage_fn=self.stage_callable)
-        except BaseException:
+        except BaseException as exc:
             if began_here:
                 self._end_dry_run(epoch, "failed")
+            self._raise_if_terminated(exc, epoch, attempt)
             raise
         if result.reused:
             self.log.warning("attempt %s did not prepare: attempt %s's prepared output for epoch "
@@ -348,15 +381,16 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         Airflow 3's task runner only calls ``on_kill`` on SIGTERM (marked failed in the UI,
         a lost heartbeat); without this the embedded stage runs on until the supervisor
         escalates to SIGKILL. Cancelling the jobs makes the stage fail now (its attempt stays
-        unprepared; a retry stages anew). The ``py4j`` loggers are silenced first: every
-        py4j call still in flight while the JVM goes away logs a broken-pipe or
-        connection-refused traceback, which would bury the one error that matters.
+        unprepared; a retry stages anew) with one error, :class:`StageTerminatedError`
+        (see :meth:`_raise_if_terminated`). py4j is silenced first (:func:`quiet_py4j`):
+        every py4j call still in flight while the JVM goes away would log a traceback; so
+        is the JVM's log, which reports each cancelled task as an error.
         The work runs in a thread: the handler interrupts the main thread in the middle of
         a py4j call, whose connection it must not reuse. ``spark-submit`` stages are left to
         the Spark provider's hook, which kills its own child process.
         """
-        for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+        quiet_py4j()
+        self._terminated = True
         pyspark = sys.modules.get("pyspark")
         context = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
         if self.conn_id or context is None:
@@ -366,6 +400,9 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
 
         def stop() -> None:
             try:
+                # The JVM logs the jobs' cancellation (and, when it got the signal too, its
+                # own shutdown racing the running tasks) as errors with stack traces.
+                context.setLogLevel("OFF")
                 context.cancelAllJobs()
                 context.stop()
             except Exception as exc:  # the JVM may already be gone: nothing left to stop
@@ -374,6 +411,22 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         stopper = threading.Thread(target=stop, name="stage-on-kill", daemon=True)
         stopper.start()
         stopper.join(timeout=20)
+
+    def _raise_if_terminated(self, exc: BaseException, epoch: int, attempt: int) -> None:
+        """After ``on_kill``, replace the interrupted Spark call's error by one clear error.
+
+        The cancelled job's Java stack trace, py4j's network errors and PySpark's clean-up
+        on a stopped context are all consequences of the termination; the task fails with
+        :class:`StageTerminatedError` alone (``from None``: no chained tracebacks). An
+        error of the task runner itself (timeout, deferral) passes through unchanged.
+        """
+        if not getattr(self, "_terminated", False) or not isinstance(exc, Exception):
+            return
+        _log.debug("the interrupted stage raised %s: %s", type(exc).__name__, exc)
+        raise StageTerminatedError(
+            f"stage {self.participant} of pipeline {self.pipeline!r} was terminated "
+            f"(SIGTERM) while Spark ran: epoch {epoch}, attempt {attempt} stays "
+            "unprepared and a retry stages anew (nothing was published)") from None
 
     def _end_dry_run(self, epoch: int, outcome: str) -> None:
         """Abort the epoch a run with try number 0 (``airflow tasks test``) began.
