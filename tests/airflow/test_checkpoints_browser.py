@@ -210,8 +210,13 @@ def test_admin_sees_the_store_and_aborts_the_open_epoch_with_the_actor_logged(
     assert decision is not None and decision.by == "admin (Airflow UI)"
     assert decision.reason == "INC-42: stage host lost"
     [action] = p.txlog.actions(open_epoch)
-    assert (action["action"], action["by"], action["reason"]) == ("abort", "admin (Airflow UI)",
-                                                                    "INC-42: stage host lost")
+    assert (action.record.action, action.record.by, action.record.reason) == ("abort", "admin (Airflow UI)",
+                                                                              "INC-42: stage host lost")
+    assert action.outcome is not None and action.outcome.outcome.value == "succeeded"
+    # The reloaded page's action history shows who, why and the outcome.
+    history = page.locator(f"table.history tr[data-epoch='{open_epoch}'][data-action='abort']")
+    assert history.count() == 1 and history.get_attribute("data-outcome") == "succeeded"
+    assert "admin (Airflow UI)" in history.inner_text() and "INC-42: stage host lost" in history.inner_text()
     page.context.close()
     shutil.rmtree(page_server.deployment.home / "logs", ignore_errors=True)
 
@@ -260,7 +265,9 @@ def test_retry_publish_of_a_committing_epoch_needs_edit_permission_and_records_t
     assert status == 200, body
     assert clicks.state(epoch) is EpochState.COMMITTED
     [action] = clicks.txlog.actions(epoch)
-    assert (action["action"], action["by"]) == ("retry-publish", "admin (Airflow UI)")
+    assert (action.record.action, action.record.by) == ("retry-publish", "admin (Airflow UI)")
+    assert action.outcome is not None and action.outcome.outcome.value == "succeeded"
+    assert body["outcome"]["outcome"] == "succeeded" and "published" in body["outcome"]["detail"]
     # Only a COMMITTING epoch's publish is retried.
     status, body = _post(page_server, "admin", path, "again")
     assert status == 409 and "COMMITTED" in body["detail"], body
@@ -279,8 +286,10 @@ def test_run_recovery_from_the_page_carries_out_the_dry_run_and_records_the_acto
     assert [(a["epoch"], a["action"], a["done"]) for a in body["actions"]] == [(epoch, "finish-commit", True)]
     assert events.state(epoch) is EpochState.COMMITTED
     [action] = events.txlog.actions(epoch)
-    assert (action["action"], action["by"], action["reason"]) == ("recover", "admin (Airflow UI)",
-                                                                    "INC-44: finish the publish")
+    assert (action.record.action, action.record.by, action.record.reason) == ("recover", "admin (Airflow UI)",
+                                                                              "INC-44: finish the publish")
+    assert action.outcome is not None and action.outcome.outcome.value == "succeeded"
+    assert action.outcome.detail.startswith("finish-commit: ")
 
 
 def test_bad_requests_are_refused_with_what_was_wrong(page_server: PageServer) -> None:
@@ -307,4 +316,4 @@ def test_an_action_sent_as_a_form_would_send_it_is_refused(page_server: PageServ
         urllib.request.urlopen(request, timeout=30)
     assert caught.value.code == 422
     p = CheckpointStore.from_url(page_server.store_url).pipeline("orders")
-    assert all(a["reason"] != "forged" for a in p.txlog.actions(epoch))
+    assert all(a.record.reason != "forged" for a in p.txlog.actions(epoch))
