@@ -38,6 +38,16 @@ REPO = Path(__file__).resolve().parents[2]
 #: README's pictures), else the test's temporary directory (a test run leaves the tree clean).
 SCREENSHOT_ENV = "SEATUNNEL_CKPT_SCREENSHOTS"
 PASSWORDS = {"admin": secrets.token_hex(8), "viewer": secrets.token_hex(8)}
+#: The DAG of the store's ``orders`` pipeline (``build_store`` begins its epochs as runs of it).
+ORDERS_DAG = """
+from datetime import datetime, timezone
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+with DAG("orders_dag", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)):
+    EmptyOperator(task_id="ingest")
+"""
 
 pytestmark = [
     pytest.mark.browser,
@@ -111,11 +121,14 @@ def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PageServer
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     })
     (root / "dags").mkdir()
+    # The DAG whose runs began the store's ``orders`` epochs, so that the UI has its run pages.
+    (root / "dags" / "orders_dag.py").write_text(ORDERS_DAG)
     deployment = AirflowDeployment(home=home, data=root, base_url=base_url, env=env, log_dir=log_dir)
-    migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, cwd=home,
-                             capture_output=True, text=True, timeout=300)
-    if migrate.returncode != 0:
-        raise DeploymentError(f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}")
+    for command in (["db", "migrate"], ["dags", "reserialize"]):
+        done = subprocess.run([sys.executable, "-m", "airflow", *command], env=env, cwd=home,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise DeploymentError(f"airflow {' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     try:
         deployment.start("api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
         tokens = {user: deployment.wait_for(f"a token for {user}", lambda u=user: _login(base_url, u), timeout=180)
@@ -237,6 +250,36 @@ def test_airflow_ui_shows_the_page_under_its_nav_entry(page_server: PageServer, 
     assert _shown(page) == {2: "ABORTED"}
     page.goto(page_server.url(_pipeline_path() + "?last=2"))
     assert set(_shown(page)) == {3, 4}
+    page.context.close()
+
+
+def test_dag_run_tab_in_the_airflow_ui_shows_that_runs_epoch_as_the_store_has_it(
+    page_server: PageServer, browser: Any,
+) -> None:
+    # A run of orders_dag with the run id that began epoch 2 (aborted) of ``orders``.
+    deployment = page_server.deployment
+    deployment.api("POST", "/dags/orders_dag/dagRuns", {"dag_run_id": "run-2", "logical_date": None})
+    p = CheckpointStore.from_url(page_server.store_url).pipeline("orders")
+    epoch = p.epoch_for_run("run-2", "orders_dag")
+    status = p.status(epoch)
+    rows = {m.sink: m.rows for record in status.prepared.values() for m in record.sinks}
+    page = _page_as(browser, page_server, "admin")
+    page.goto(f"{deployment.base_url}/dags/orders_dag/runs/run-2")
+    tab = page.get_by_role("link", name="Checkpoint epoch")
+    tab.wait_for(timeout=60_000)
+    tab.click()
+    page.wait_for_url("**/dags/orders_dag/runs/run-2/plugin/seatunnel-checkpoint-epoch", timeout=60_000)
+    frame = page.frame_locator("iframe[title='Checkpoint epoch']")
+    row = frame.locator(f"table.epochs tr[data-epoch='{epoch}']")
+    row.wait_for(timeout=60_000)
+    assert frame.locator("table.epochs tr[data-epoch]").count() == 1
+    assert row.get_attribute("data-state") == status.state.value == "ABORTED"
+    cells = [row.locator("td").nth(i).inner_text().strip() for i in range(4)]
+    assert cells[0] == str(epoch) and "run-2" in cells[2], cells
+    # Rows per sink as the store has them (what the run's attempt staged: 2 rows in ``orders``).
+    assert rows == {"orders": 2}
+    assert cells[3].split() == [f"{sink}={count}" for sink, count in sorted(rows.items())], cells
+    page.screenshot(path=str(page_server.screenshots / "checkpoints-run-tab.png"))
     page.context.close()
 
 
