@@ -9,10 +9,14 @@ task process does. The test sends SIGTERM while the stage's Spark job runs.
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import UTC, datetime
 
 import tests.conftest as session  # sets the Airflow environment before Airflow is imported
+
+# The test session's loopback setting is left out: the stage task's own defaults are tested.
+os.environ.pop("SPARK_LOCAL_IP", None)
 
 
 def main(store_url: str, input_dir: str) -> None:
@@ -26,8 +30,8 @@ def main(store_url: str, input_dir: str) -> None:
             stage="tests.spark.stages:sleep_inside_a_spark_job",
             sources={"orders": {"type": "file", "path": input_dir, "format": "json"}},
             sinks={"out": {"type": "file", "path": f"{input_dir}-out", "format": "json"}},
-            spark_conf={"spark.master": "local[1]", "spark.ui.enabled": "false",
-                        "spark.ui.showConsoleProgress": "false",
+            # As the example's stage: no address, the Spark UI on (the defaults are tested).
+            spark_conf={"spark.master": "local[1]", "spark.ui.showConsoleProgress": "false",
                         "spark.driver.extraJavaOptions": session.FAST_JVM_OPTIONS})
     session.sync_dag_to_db(dag)
     dag.test(logical_date=datetime(2026, 1, 1, tzinfo=UTC))
