@@ -418,10 +418,11 @@ class SparkStageOperator(PendingEpochWaitMixin, BaseOperator):
         The cancelled job's Java stack trace, py4j's network errors and PySpark's clean-up
         on a stopped context are all consequences of the termination; the task fails with
         :class:`StageTerminatedError` alone (``from None``: no chained tracebacks). An
-        error of the task runner itself (timeout, deferral) passes through unchanged.
+        error of the task runner itself (timeout, deferral), and a ``spark-submit`` stage's
+        error, pass through unchanged.
         """
-        if not getattr(self, "_terminated", False) or not isinstance(exc, Exception):
-            return
+        if self.conn_id or not getattr(self, "_terminated", False) or not isinstance(exc, Exception):
+            return  # (a spark-submit stage's error is the hook's to tell)
         _log.debug("the interrupted stage raised %s: %s", type(exc).__name__, exc)
         raise StageTerminatedError(
             f"stage {self.participant} of pipeline {self.pipeline!r} was terminated "
