@@ -605,11 +605,3 @@ class ActionEntry:
     name: str  #: the action record's file name in the epoch's log directory
     record: ActionRecord
     outcome: OutcomeRecord | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for ``--json`` output and the page."""
-        out = {"record": self.name, **self.record.to_dict()}
-        out["outcome"] = self.outcome.outcome.value if self.outcome else None
-        out["outcome_detail"] = self.outcome.detail if self.outcome else ""
-        out["outcome_at"] = self.outcome.at if self.outcome else None
-        return out

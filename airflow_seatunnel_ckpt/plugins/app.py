@@ -227,6 +227,11 @@ def create_app() -> FastAPI:
             for epoch, action in recorded.items():
                 p.txlog.record_outcome(epoch, action, ActionOutcome.FAILED, f"recovery failed: {exc}")
             raise
+        # An epoch the real run resolved that the dry run did not show (it died meanwhile)
+        # is recorded too, after the fact.
+        for epoch in sorted({a.epoch for a in report.actions if a.action in _RESOLVING and a.epoch is not None
+                             and a.epoch not in recorded and a.epoch in known}):
+            recorded[epoch] = p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
         for epoch, action in recorded.items():
             p.txlog.record_outcome(epoch, action, *_recovery_outcome(report, epoch))
         # 200 even when an action failed or an epoch needs inspecting: the report names
