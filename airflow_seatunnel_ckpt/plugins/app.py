@@ -6,7 +6,8 @@ token) and the auth manager's ``is_authorized_dag``. Reading needs read access t
 an action needs edit ("PUT") access to the DAG that owns the pipeline (its descriptor's
 owner, else the DAG that began its newest epoch). Actions are POSTs with a JSON body, which a
 cross-site HTML form cannot send, and each is written to the transaction log with the
-user and the reason before it is carried out.
+user and the reason before it is carried out, and with its outcome (succeeded, refused,
+failed: what it did or the error) once it is over.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at runtime.
