@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +16,7 @@ from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, abort_command, defaul
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.operators.termination import StageTerminatedError, quiet_py4j
 from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
 
 if TYPE_CHECKING:
@@ -29,37 +29,6 @@ if TYPE_CHECKING:
 TERMINAL_RUN_STATES = ("success", "failed")
 
 _log = logging.getLogger(__name__)
-
-
-class StageTerminatedError(RuntimeError):
-    """The stage task was terminated (SIGTERM) while its in-process Spark work ran.
-
-    Raised in place of whatever the interrupted Spark call raised once ``on_kill`` had
-    stopped the session (a cancelled job, a JVM gone under a py4j call): those are
-    consequences of the termination, and their chained tracebacks only bury it.
-    """
-
-
-class _DropPy4JRecords(logging.Filter):
-    """Drops log records written by py4j's code (it logs through the *root* logger too)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return f"{os.sep}py4j{os.sep}" not in (record.pathname or "")
-
-
-def quiet_py4j() -> None:
-    """Silence py4j for the rest of this process: once the JVM goes away, every py4j call in
-    flight logs a broken-pipe, connection-refused or empty-answer traceback.
-
-    py4j writes them through its own loggers and through the root logger
-    (``logging.info("Exception while sending command.", exc_info=True)``), so its loggers
-    are raised to CRITICAL and the root logger drops records whose code is py4j's.
-    """
-    for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    root = logging.getLogger()
-    if not any(isinstance(f, _DropPy4JRecords) for f in root.filters):
-        root.addFilter(_DropPy4JRecords())
 
 
 def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None) -> Callable[[str, str], bool | None]:
