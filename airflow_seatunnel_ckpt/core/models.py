@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, IncompatibleFormatError
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 
 T = TypeVar("T")
@@ -503,3 +503,105 @@ class EpochStatus:
             "decision": self.decision.to_dict() if self.decision else None,
             "published": [p.to_dict() for p in self.published],
         }
+
+
+#: Format version of the ``action-*`` and ``outcome-*`` records this release writes and reads.
+ACTION_FORMAT_VERSION = 1
+
+
+class ActionOutcome(enum.StrEnum):
+    """How an operator's action on an epoch ended (``OutcomeRecord.outcome``)."""
+
+    SUCCEEDED = "succeeded"  #: done as asked
+    REFUSED = "refused"  #: not done: the epoch's state does not allow it (nothing changed)
+    FAILED = "failed"  #: tried and failed (``detail`` holds the error); the next try may succeed
+
+
+def _format_version(d: Mapping[str, Any], path: str, what: str) -> int:
+    """The record's ``format_version`` (1 when absent: the first action records had none)."""
+    version = _get(d, "format_version", int, path, optional=True)
+    if version is None:
+        return ACTION_FORMAT_VERSION
+    if version != ACTION_FORMAT_VERSION:
+        raise IncompatibleFormatError(
+            f"{path}: {what} record format version {version} is not supported (this release reads "
+            f"{ACTION_FORMAT_VERSION}); read it with the release that wrote it", path)
+    return version
+
+
+def _expect_type(d: Mapping[str, Any], expected: str, path: str) -> None:
+    found = _get(d, "type", str, path)
+    if found != expected:
+        raise CorruptCheckpointError(f"{path}: expected a record of type {expected!r}, found {found!r}", path)
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """``action-<ns>-<action>``: who did what to an epoch, and why, written before doing it.
+
+    An audit record only: an epoch's state never depends on it. ``details`` are further
+    plain values the caller gave (strings and numbers).
+    """
+
+    epoch: int
+    action: str
+    by: str
+    reason: str
+    at: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "action", "format_version": ACTION_FORMAT_VERSION, "epoch": self.epoch,
+                "action": self.action, "by": self.by, "reason": self.reason, "at": self.at, **self.details}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> ActionRecord:
+        _expect_type(d, "action", path)
+        _format_version(d, path, "action")
+        known = {"type", "format_version", "epoch", "action", "by", "reason", "at"}
+        details = {k: v for k, v in d.items() if k not in known}
+        if not all(isinstance(v, (str, int, float, bool)) or v is None for v in details.values()):
+            raise CorruptCheckpointError(f"{path}: an action record's further fields must be plain values", path)
+        return cls(_get(d, "epoch", int, path), _get(d, "action", str, path), _get(d, "by", str, path),
+                   _get(d, "reason", str, path), _get(d, "at", (int, float), path), details)
+
+
+@dataclass(frozen=True)
+class OutcomeRecord:
+    """``outcome-<ns>-<action>``: how the action of the same name suffix ended.
+
+    Written once the action is over; an action record without one was interrupted (its
+    outcome is unknown, the epoch's state tells what happened).
+    """
+
+    epoch: int
+    action: str
+    outcome: ActionOutcome
+    detail: str
+    at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "action-outcome", "format_version": ACTION_FORMAT_VERSION, "epoch": self.epoch,
+                "action": self.action, "outcome": self.outcome.value, "detail": self.detail, "at": self.at}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> OutcomeRecord:
+        _expect_type(d, "action-outcome", path)
+        _format_version(d, path, "action outcome")
+        raw = _get(d, "outcome", str, path)
+        try:
+            outcome = ActionOutcome(raw)
+        except ValueError:
+            raise CorruptCheckpointError(
+                f"{path}: outcome must be one of {[o.value for o in ActionOutcome]}, found {raw!r}", path) from None
+        return cls(_get(d, "epoch", int, path), _get(d, "action", str, path), outcome,
+                   _get(d, "detail", str, path), _get(d, "at", (int, float), path))
+
+
+@dataclass(frozen=True)
+class ActionEntry:
+    """One action on an epoch with its outcome (None: none recorded, the action was interrupted)."""
+
+    name: str  #: the action record's file name in the epoch's log directory
+    record: ActionRecord
+    outcome: OutcomeRecord | None

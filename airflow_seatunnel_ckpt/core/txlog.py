@@ -32,11 +32,15 @@ from airflow_seatunnel_ckpt.core.errors import (
     PendingEpochError,
 )
 from airflow_seatunnel_ckpt.core.models import (
+    ActionEntry,
+    ActionOutcome,
+    ActionRecord,
     BeginRecord,
     Decision,
     DecisionRecord,
     EpochState,
     EpochStatus,
+    OutcomeRecord,
     PreparedRecord,
     PublishedSink,
 )
@@ -55,6 +59,8 @@ PREPARED_PREFIX = "prepared-"
 PLAN_PREFIX = "plan-"
 #: An operator's action on the epoch (who, what, why); never read by the state machine.
 ACTION_PREFIX = "action-"
+#: How the action of the same suffix ended (see :meth:`TransactionLog.record_outcome`).
+OUTCOME_PREFIX = "outcome-"
 
 
 class TransactionLog:
@@ -346,30 +352,64 @@ class TransactionLog:
             self._write_once(layout.record_path(epoch, name), payload)
 
     def record_action(self, epoch: int, action: str, by: str, reason: str, **details: Any) -> str:
-        """Write an ``action-*`` record: who did what to the epoch, and why. Returns its name.
+        """Write an ``action-*`` record: who does what to the epoch, and why. Returns its name.
 
-        An audit trail for operators' actions (abort, retry publish, recovery run from the
-        UI): the state is still derived from the protocol's records alone, so an action
-        record never changes what an epoch is.
+        Written *before* the action is carried out; :meth:`record_outcome` then says how it
+        ended. An audit trail for operators' actions (abort, retry publish, recovery run from
+        the UI): the state is still derived from the protocol's records alone, so an action
+        record never changes what an epoch is. ``details`` are further plain values.
         """
         validate_epoch(epoch)
-        payload = {"type": "action", "epoch": epoch, "action": action, "by": by, "reason": reason,
-                   "at": time.time(), **details}
         stamp = time.time_ns()
         while True:  # two actions in the same nanosecond: the next free name
             name = f"{ACTION_PREFIX}{stamp:020d}-{action}"
+            record = ActionRecord(epoch, action, by, reason, time.time(), dict(details))
             try:
-                self._write_once(layout.record_path(epoch, name), payload)
+                self._write_once(layout.record_path(epoch, name), record.to_dict())
                 return name
             except AlreadyExistsError:
                 stamp += 1
 
-    def actions(self, epoch: int) -> list[dict[str, Any]]:
-        """The epoch's ``action-*`` records, oldest first (CorruptCheckpointError on a damaged one)."""
-        names = sorted(n for n in self.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
-                       if n.startswith(ACTION_PREFIX))
-        records = [self.read_record(layout.record_path(epoch, n), lambda data, _where: data) for n in names]
-        return [r for r in records if r is not None]
+    def record_outcome(self, epoch: int, action_name: str, outcome: ActionOutcome, detail: str = "") -> OutcomeRecord:
+        """Write how the action ``action_name`` (as :meth:`record_action` returned it) ended.
+
+        ``detail``: what it did, or the error / the reason it was refused. Idempotent in
+        the sense of write-once: a second outcome for the same action is refused
+        (:class:`AlreadyExistsError`), the first one stands.
+        """
+        validate_epoch(epoch)
+        if not action_name.startswith(ACTION_PREFIX):
+            raise ValueError(f"{action_name!r} is not an action record's name (it starts with {ACTION_PREFIX!r})")
+        suffix = action_name[len(ACTION_PREFIX):]
+        record = OutcomeRecord(epoch, suffix.split("-", 1)[-1], ActionOutcome(outcome), detail, time.time())
+        self._write_once(layout.record_path(epoch, OUTCOME_PREFIX + suffix), record.to_dict())
+        return record
+
+    def actions(self, epoch: int) -> list[ActionEntry]:
+        """The epoch's actions with their outcomes, oldest first.
+
+        A damaged or malformed action or outcome record raises :class:`CorruptCheckpointError`
+        naming the file (a record of a newer format: :class:`IncompatibleFormatError`).
+        """
+        names = self.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+        outcomes = {n[len(OUTCOME_PREFIX):] for n in names if n.startswith(OUTCOME_PREFIX)}
+        out = []
+        for name in sorted(n for n in names if n.startswith(ACTION_PREFIX)):
+            record = self.read_action(epoch, name)
+            if record is None:
+                continue
+            suffix = name[len(ACTION_PREFIX):]
+            outcome = self.read_outcome(epoch, OUTCOME_PREFIX + suffix) if suffix in outcomes else None
+            out.append(ActionEntry(name, record, outcome))
+        return out
+
+    def read_action(self, epoch: int, name: str) -> ActionRecord | None:
+        """The ``action-*`` record ``name`` (None if absent; CorruptCheckpointError if damaged or malformed)."""
+        return self.read_record(layout.record_path(epoch, name), ActionRecord.from_dict)
+
+    def read_outcome(self, epoch: int, name: str) -> OutcomeRecord | None:
+        """The ``outcome-*`` record ``name`` (None if absent; CorruptCheckpointError if damaged or malformed)."""
+        return self.read_record(layout.record_path(epoch, name), OutcomeRecord.from_dict)
 
     def read_published(self, epoch: int) -> list[PublishedSink] | None:
         """What the ``committed`` record says was published, or None if not committed."""
@@ -461,8 +501,9 @@ class TransactionLog:
         """Every record of ``epoch`` that cannot be read back: checksum, frame or shape ([] = intact).
 
         Read-only; each error names the file. Records are parsed as the protocol parses
-        them (``begin``, ``prepared-*``, ``plan-*``, ``decision``, ``committed``); the
-        others (``aborted``, ``retired``, leases) must at least decode as framed JSON.
+        them (``begin``, ``prepared-*``, ``plan-*``, ``decision``, ``committed``, and the
+        ``action-*``/``outcome-*`` audit records); the others (``aborted``, ``retired``,
+        leases) must at least decode as framed JSON.
         """
         validate_epoch(epoch)
         problems = []
@@ -484,4 +525,8 @@ class TransactionLog:
             return self.read_prepared(epoch, name[len(PREPARED_PREFIX):])
         if name.startswith(PLAN_PREFIX):
             return self.read_plan(epoch, name[len(PLAN_PREFIX):])
+        if name.startswith(ACTION_PREFIX):
+            return self.read_action(epoch, name)
+        if name.startswith(OUTCOME_PREFIX):
+            return self.read_outcome(epoch, name)
         return self.read_record(layout.record_path(epoch, name), lambda data, _where: data)

@@ -20,6 +20,7 @@ from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
 from airflow_seatunnel_ckpt.operators.submitted import SubmittedStageMixin, attempt_for_try
+from airflow_seatunnel_ckpt.operators.termination import StageTerminatedError, quiet_py4j
 from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
 
 if TYPE_CHECKING:
@@ -313,6 +314,7 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         except BaseException as exc:
             if began_here and not _is_deferral(exc):
                 self._end_dry_run(epoch, "failed")
+            self._raise_if_terminated(exc, epoch, attempt)
             raise
         return self._prepared(result, attempt, began_here)
 
@@ -356,9 +358,10 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         Airflow 3's task runner only calls ``on_kill`` on SIGTERM (marked failed in the UI,
         a lost heartbeat); without this the embedded stage runs on until the supervisor
         escalates to SIGKILL. Cancelling the jobs makes the stage fail now (its attempt stays
-        unprepared; a retry stages anew). The ``py4j`` loggers are silenced first: every
-        py4j call still in flight while the JVM goes away logs a broken-pipe or
-        connection-refused traceback, which would bury the one error that matters.
+        unprepared; a retry stages anew) with one error, :class:`StageTerminatedError`
+        (see :meth:`_raise_if_terminated`). py4j is silenced first (:func:`quiet_py4j`):
+        every py4j call still in flight while the JVM goes away would log a traceback; so
+        is the JVM's log, which reports each cancelled task as an error.
         The work runs in a thread: the handler interrupts the main thread in the middle of
         a py4j call, whose connection it must not reuse.
 
@@ -379,8 +382,8 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
                                by=f"stage {self.where}", reason="the stage task was terminated")
             terminate(submission.launcher_pid)
             return
-        for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+        quiet_py4j()
+        self._terminated = True
         pyspark = sys.modules.get("pyspark")
         context = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
         if self.conn_id or context is None:
@@ -390,6 +393,9 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
 
         def stop() -> None:
             try:
+                # The JVM logs the jobs' cancellation (and, when it got the signal too, its
+                # own shutdown racing the running tasks) as errors with stack traces.
+                context.setLogLevel("OFF")
                 context.cancelAllJobs()
                 context.stop()
             except Exception as exc:  # the JVM may already be gone: nothing left to stop
@@ -398,6 +404,23 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         stopper = threading.Thread(target=stop, name="stage-on-kill", daemon=True)
         stopper.start()
         stopper.join(timeout=20)
+
+    def _raise_if_terminated(self, exc: BaseException, epoch: int, attempt: int) -> None:
+        """After ``on_kill``, replace the interrupted Spark call's error by one clear error.
+
+        The cancelled job's Java stack trace, py4j's network errors and PySpark's clean-up
+        on a stopped context are all consequences of the termination; the task fails with
+        :class:`StageTerminatedError` alone (``from None``: no chained tracebacks). An
+        error of the task runner itself (timeout, deferral), and a ``spark-submit`` stage's
+        error, pass through unchanged.
+        """
+        if self.conn_id or not getattr(self, "_terminated", False) or not isinstance(exc, Exception):
+            return  # (a spark-submit stage's error is the hook's to tell)
+        _log.debug("the interrupted stage raised %s: %s", type(exc).__name__, exc)
+        raise StageTerminatedError(
+            f"stage {self.participant} of pipeline {self.pipeline!r} was terminated "
+            f"(SIGTERM) while Spark ran: epoch {epoch}, attempt {attempt} stays "
+            "unprepared and a retry stages anew (nothing was published)") from None
 
     def _end_dry_run(self, epoch: int, outcome: str) -> None:
         """Abort the epoch a run with try number 0 (``airflow tasks test``) began.

@@ -6,10 +6,12 @@ token) and the auth manager's ``is_authorized_dag``. Reading needs read access t
 an action needs edit ("PUT") access to the DAG that owns the pipeline (its descriptor's
 owner, else the DAG that began its newest epoch). Actions are POSTs with a JSON body, which a
 cross-site HTML form cannot send, and each is written to the transaction log with the
-user and the reason before it is carried out.
+user and the reason before it is carried out, and with its outcome (succeeded, refused,
+failed: what it did or the error) once it is over.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at runtime.
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,8 +22,9 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel, Field
 
 from airflow_seatunnel_ckpt.core import EpochState
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.recovery import RecoveryStep, recover
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, DecisionConflictError
+from airflow_seatunnel_ckpt.core.models import ActionOutcome
+from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RecoveryStep, recover
 from airflow_seatunnel_ckpt.plugins import overview
 from airflow_seatunnel_ckpt.plugins.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 
@@ -34,6 +37,16 @@ URL_PREFIX = "/seatunnel-ckpt"
 
 _templates = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                          autoescape=select_autoescape(["html"]))
+
+
+def _utc(at: Any) -> str:
+    """A record's epoch seconds as ``2026-11-25 19:30:00`` (UTC), "-" when unknown."""
+    if not isinstance(at, (int, float)):
+        return "-"
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+_templates.filters["utc"] = _utc
 
 
 async def current_user(request: Request) -> Any:
@@ -168,46 +181,91 @@ def create_app() -> FastAPI:
         """Abort an undecided (OPEN or PREPARED) epoch."""
         p = _guarded(store_key, name, user)
         state = _state(p, epoch)
+        action = p.txlog.record_action(epoch, "abort", _actor(user), body.reason)
         if state not in overview.ABORTABLE:
-            raise HTTPException(status_code=409, detail=f"epoch {epoch} is {state.value}: only an undecided "
-                                "(OPEN or PREPARED) epoch can be aborted")
-        p.txlog.record_action(epoch, "abort", _actor(user), body.reason)
+            raise _refused(p, epoch, action, f"epoch {epoch} is {state.value}: only an undecided "
+                           "(OPEN or PREPARED) epoch can be aborted")
         try:
             record = p.abort(epoch, body.reason, by=_actor(user))
-        except CheckpointError as exc:
-            raise HTTPException(status_code=409, detail=str(exc)) from exc
-        return JSONResponse({"epoch": epoch, "decision": record.to_dict()})
+        except DecisionConflictError as exc:
+            raise _refused(p, epoch, action, f"epoch {epoch} was decided meanwhile: {exc}") from exc
+        except Exception as exc:  # a store error, or anything else: the outcome names it
+            raise _failed(p, epoch, action, 502, f"abort failed: {exc}") from exc
+        done = f"decided abort; staging and checkpoint removed (state {p.state(epoch).value})"
+        outcome = p.txlog.record_outcome(epoch, action, ActionOutcome.SUCCEEDED, done)
+        return JSONResponse({"epoch": epoch, "decision": record.to_dict(), "outcome": outcome.to_dict()})
 
     @app.post("/stores/{store_key}/pipelines/{name}/epochs/{epoch}/retry-publish")
     def retry_publish(store_key: str, name: str, epoch: int, body: ActionBody, user: User) -> JSONResponse:
         """Publish a COMMITTING epoch again (idempotent; the decision stays)."""
         p = _guarded(store_key, name, user)
         state = _state(p, epoch)
+        action = p.txlog.record_action(epoch, "retry-publish", _actor(user), body.reason)
         if state is not EpochState.COMMITTING:
-            raise HTTPException(status_code=409, detail=f"epoch {epoch} is {state.value}: only a COMMITTING "
-                                "epoch's publish can be retried")
-        p.txlog.record_action(epoch, "retry-publish", _actor(user), body.reason)
+            raise _refused(p, epoch, action, f"epoch {epoch} is {state.value}: only a COMMITTING "
+                           "epoch's publish can be retried")
         try:
             result = p.commit(epoch)
-        except CheckpointError as exc:
-            raise HTTPException(status_code=502, detail=f"publish failed again: {exc}") from exc
-        return JSONResponse({"epoch": epoch, "commit": result.to_dict()})
+        except Exception as exc:  # a store or target error, or anything else: the outcome names it
+            raise _failed(p, epoch, action, 502, f"publish failed again: {exc}") from exc
+        published = ", ".join(f"{s.sink}: {s.rows} rows in {s.files} files" for s in result.sinks)
+        outcome = p.txlog.record_outcome(epoch, action, ActionOutcome.SUCCEEDED,
+                                         f"published ({published or 'no sink'}); epoch COMMITTED")
+        return JSONResponse({"epoch": epoch, "commit": result.to_dict(), "outcome": outcome.to_dict()})
 
     @app.post("/stores/{store_key}/pipelines/{name}/recover")
     def run_recovery(store_key: str, name: str, body: ActionBody, user: User) -> JSONResponse:
-        """Carry out what recovery's dry run shows; each epoch it acts on records the user."""
+        """Carry out what recovery's dry run shows; each epoch it acts on records the user and the outcome."""
         p = _guarded(store_key, name, user)
         planned = recover(p, dry_run=True, run_finished=run_finished_in_db)
         known = set(p.epochs())
-        for epoch in sorted({a.epoch for a in planned.actions
-                             if a.action in _RESOLVING and a.epoch is not None and a.epoch in known}):
-            p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
-        report = recover(p, dry_run=False, run_finished=run_finished_in_db)
+        recorded = {epoch: p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
+                    for epoch in sorted({a.epoch for a in planned.actions
+                                         if a.action in _RESOLVING and a.epoch is not None and a.epoch in known})}
+        try:
+            report = recover(p, dry_run=False, run_finished=run_finished_in_db)
+        except Exception as exc:
+            for epoch, action in recorded.items():
+                p.txlog.record_outcome(epoch, action, ActionOutcome.FAILED, f"recovery failed: {exc}")
+            raise
+        # An epoch the real run resolved that the dry run did not show (it died meanwhile)
+        # is recorded too, after the fact.
+        for epoch in sorted({a.epoch for a in report.actions if a.action in _RESOLVING and a.epoch is not None
+                             and a.epoch not in recorded and a.epoch in known}):
+            recorded[epoch] = p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
+        for epoch, action in recorded.items():
+            p.txlog.record_outcome(epoch, action, *_recovery_outcome(report, epoch))
         # 200 even when an action failed or an epoch needs inspecting: the report names
         # them, and the page (reloaded) shows them in recovery's dry run again.
         return JSONResponse(report.to_dict())
 
     return app
+
+
+def _refused(p: Any, epoch: int, action: str, detail: str) -> HTTPException:
+    """Record the action as refused (nothing changed); the HTTP 409 to raise."""
+    p.txlog.record_outcome(epoch, action, ActionOutcome.REFUSED, detail)
+    return HTTPException(status_code=409, detail=detail)
+
+
+def _failed(p: Any, epoch: int, action: str, status: int, detail: str) -> HTTPException:
+    """Record the action as failed with its error; the HTTP error to raise."""
+    p.txlog.record_outcome(epoch, action, ActionOutcome.FAILED, detail)
+    return HTTPException(status_code=status, detail=detail)
+
+
+def _recovery_outcome(report: RecoveryReport, epoch: int) -> tuple[ActionOutcome, str]:
+    """What recovery did to ``epoch``: its steps (and errors) from the real run's report."""
+    steps = [a for a in report.actions if a.epoch == epoch]
+    if not steps:
+        return ActionOutcome.REFUSED, "nothing to do any more: the epoch changed since the dry run"
+    said = "; ".join(f"{a.action}: {a.reason}" + (f" -- failed: {a.error}" if a.error else "")
+                     + ("" if a.done or a.error else " (not done)") for a in steps)
+    if any(a.error for a in steps):
+        return ActionOutcome.FAILED, said
+    if not any(a.done for a in steps):
+        return ActionOutcome.REFUSED, said
+    return ActionOutcome.SUCCEEDED, said
 
 
 def _state(p: Any, epoch: int) -> EpochState:

@@ -97,6 +97,43 @@ def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
 
 
 @dataclass
+class HistoryRow:
+    """One operator action on an epoch, as the page's action history lists it."""
+
+    epoch: int
+    action: str = ""
+    by: str = ""
+    reason: str = ""
+    at: float | None = None
+    #: succeeded / refused / failed; "unknown" when no outcome was recorded (interrupted)
+    outcome: str = ""
+    detail: str = ""
+    damaged: str = ""  #: a damaged or malformed action record's message (naming the file)
+
+
+def action_history(p: StoredPipeline, epochs: list[int]) -> list[HistoryRow]:
+    """The actions recorded on ``epochs`` with their outcomes, newest first.
+
+    An epoch whose action or outcome record is damaged gets one row naming the file.
+    """
+    rows = []
+    for epoch in epochs:
+        try:
+            entries = p.txlog.actions(epoch)
+        except CheckpointError as exc:
+            rows.append(HistoryRow(epoch, damaged=str(exc)))
+            continue
+        for entry in entries:
+            record, outcome = entry.record, entry.outcome
+            rows.append(HistoryRow(
+                epoch, record.action, record.by, record.reason, record.at,
+                outcome.outcome.value if outcome else "unknown",
+                outcome.detail if outcome else "no outcome recorded: the action was interrupted; the "
+                                               "epoch's state shows what happened"))
+    return sorted(rows, key=lambda r: (r.at or 0.0, r.epoch), reverse=True)
+
+
+@dataclass
 class PipelineView:
     """Everything the pipeline page shows."""
 
@@ -106,6 +143,7 @@ class PipelineView:
     restore_point: dict[str, Any]
     verify: list[dict[str, Any]]
     recovery: dict[str, Any]
+    history: list[HistoryRow] = field(default_factory=list)
 
 
 def owner_dag_id(p: StoredPipeline) -> str:
@@ -140,7 +178,7 @@ def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
     verify += [{"settled_record": exc.path, "ok": False, "verdict": "DAMAGED", "problems": [str(exc)]}
                for exc in p.txlog.settled.damaged()]
     recovery = recover(p, dry_run=True, run_finished=run_finished).to_dict()
-    return PipelineView(name, owner_dag_id(p), rows, restore, verify, recovery)
+    return PipelineView(name, owner_dag_id(p), rows, restore, verify, recovery, action_history(p, epochs))
 
 
 def pipelines_summary(store: CheckpointStore) -> list[dict[str, Any]]:

@@ -38,6 +38,16 @@ REPO = Path(__file__).resolve().parents[2]
 #: README's pictures), else the test's temporary directory (a test run leaves the tree clean).
 SCREENSHOT_ENV = "SEATUNNEL_CKPT_SCREENSHOTS"
 PASSWORDS = {"admin": secrets.token_hex(8), "viewer": secrets.token_hex(8)}
+#: The DAG of the store's ``orders`` pipeline (``build_store`` begins its epochs as runs of it).
+ORDERS_DAG = """
+from datetime import datetime, timezone
+
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+with DAG("orders_dag", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)):
+    EmptyOperator(task_id="ingest")
+"""
 
 pytestmark = [
     pytest.mark.browser,
@@ -111,11 +121,14 @@ def page_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PageServer
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     })
     (root / "dags").mkdir()
+    # The DAG whose runs began the store's ``orders`` epochs, so that the UI has its run pages.
+    (root / "dags" / "orders_dag.py").write_text(ORDERS_DAG)
     deployment = AirflowDeployment(home=home, data=root, base_url=base_url, env=env, log_dir=log_dir)
-    migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, cwd=home,
-                             capture_output=True, text=True, timeout=300)
-    if migrate.returncode != 0:
-        raise DeploymentError(f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}")
+    for command in (["db", "migrate"], ["dags", "reserialize"]):
+        done = subprocess.run([sys.executable, "-m", "airflow", *command], env=env, cwd=home,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise DeploymentError(f"airflow {' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     try:
         deployment.start("api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
         tokens = {user: deployment.wait_for(f"a token for {user}", lambda u=user: _login(base_url, u), timeout=180)
@@ -210,8 +223,13 @@ def test_admin_sees_the_store_and_aborts_the_open_epoch_with_the_actor_logged(
     assert decision is not None and decision.by == "admin (Airflow UI)"
     assert decision.reason == "INC-42: stage host lost"
     [action] = p.txlog.actions(open_epoch)
-    assert (action["action"], action["by"], action["reason"]) == ("abort", "admin (Airflow UI)",
-                                                                    "INC-42: stage host lost")
+    assert (action.record.action, action.record.by, action.record.reason) == ("abort", "admin (Airflow UI)",
+                                                                              "INC-42: stage host lost")
+    assert action.outcome is not None and action.outcome.outcome.value == "succeeded"
+    # The reloaded page's action history shows who, why and the outcome.
+    history = page.locator(f"table.history tr[data-epoch='{open_epoch}'][data-action='abort']")
+    assert history.count() == 1 and history.get_attribute("data-outcome") == "succeeded"
+    assert "admin (Airflow UI)" in history.inner_text() and "INC-42: stage host lost" in history.inner_text()
     page.context.close()
     shutil.rmtree(page_server.deployment.home / "logs", ignore_errors=True)
 
@@ -232,6 +250,36 @@ def test_airflow_ui_shows_the_page_under_its_nav_entry(page_server: PageServer, 
     assert _shown(page) == {2: "ABORTED"}
     page.goto(page_server.url(_pipeline_path() + "?last=2"))
     assert set(_shown(page)) == {3, 4}
+    page.context.close()
+
+
+def test_dag_run_tab_in_the_airflow_ui_shows_that_runs_epoch_as_the_store_has_it(
+    page_server: PageServer, browser: Any,
+) -> None:
+    # A run of orders_dag with the run id that began epoch 2 (aborted) of ``orders``.
+    deployment = page_server.deployment
+    deployment.api("POST", "/dags/orders_dag/dagRuns", {"dag_run_id": "run-2", "logical_date": None})
+    p = CheckpointStore.from_url(page_server.store_url).pipeline("orders")
+    epoch = p.epoch_for_run("run-2", "orders_dag")
+    status = p.status(epoch)
+    rows = {m.sink: m.rows for record in status.prepared.values() for m in record.sinks}
+    page = _page_as(browser, page_server, "admin")
+    page.goto(f"{deployment.base_url}/dags/orders_dag/runs/run-2")
+    tab = page.get_by_role("link", name="Checkpoint epoch")
+    tab.wait_for(timeout=60_000)
+    tab.click()
+    page.wait_for_url("**/dags/orders_dag/runs/run-2/plugin/seatunnel-checkpoint-epoch", timeout=60_000)
+    frame = page.frame_locator("iframe[title='Checkpoint epoch']")
+    row = frame.locator(f"table.epochs tr[data-epoch='{epoch}']")
+    row.wait_for(timeout=60_000)
+    assert frame.locator("table.epochs tr[data-epoch]").count() == 1
+    assert row.get_attribute("data-state") == status.state.value == "ABORTED"
+    cells = [row.locator("td").nth(i).inner_text().strip() for i in range(4)]
+    assert cells[0] == str(epoch) and "run-2" in cells[2], cells
+    # Rows per sink as the store has them (what the run's attempt staged: 2 rows in ``orders``).
+    assert rows == {"orders": 2}
+    assert cells[3].split() == [f"{sink}={count}" for sink, count in sorted(rows.items())], cells
+    page.screenshot(path=str(page_server.screenshots / "checkpoints-run-tab.png"))
     page.context.close()
 
 
@@ -260,7 +308,9 @@ def test_retry_publish_of_a_committing_epoch_needs_edit_permission_and_records_t
     assert status == 200, body
     assert clicks.state(epoch) is EpochState.COMMITTED
     [action] = clicks.txlog.actions(epoch)
-    assert (action["action"], action["by"]) == ("retry-publish", "admin (Airflow UI)")
+    assert (action.record.action, action.record.by) == ("retry-publish", "admin (Airflow UI)")
+    assert action.outcome is not None and action.outcome.outcome.value == "succeeded"
+    assert body["outcome"]["outcome"] == "succeeded" and "published" in body["outcome"]["detail"]
     # Only a COMMITTING epoch's publish is retried.
     status, body = _post(page_server, "admin", path, "again")
     assert status == 409 and "COMMITTED" in body["detail"], body
@@ -279,8 +329,10 @@ def test_run_recovery_from_the_page_carries_out_the_dry_run_and_records_the_acto
     assert [(a["epoch"], a["action"], a["done"]) for a in body["actions"]] == [(epoch, "finish-commit", True)]
     assert events.state(epoch) is EpochState.COMMITTED
     [action] = events.txlog.actions(epoch)
-    assert (action["action"], action["by"], action["reason"]) == ("recover", "admin (Airflow UI)",
-                                                                    "INC-44: finish the publish")
+    assert (action.record.action, action.record.by, action.record.reason) == ("recover", "admin (Airflow UI)",
+                                                                              "INC-44: finish the publish")
+    assert action.outcome is not None and action.outcome.outcome.value == "succeeded"
+    assert action.outcome.detail.startswith("finish-commit: ")
 
 
 def test_bad_requests_are_refused_with_what_was_wrong(page_server: PageServer) -> None:
@@ -307,4 +359,4 @@ def test_an_action_sent_as_a_form_would_send_it_is_refused(page_server: PageServ
         urllib.request.urlopen(request, timeout=30)
     assert caught.value.code == 422
     p = CheckpointStore.from_url(page_server.store_url).pipeline("orders")
-    assert all(a["reason"] != "forged" for a in p.txlog.actions(epoch))
+    assert all(a.record.reason != "forged" for a in p.txlog.actions(epoch))

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from airflow_seatunnel_ckpt.core import CheckpointStore, Decision, EpochState, layout
+from airflow_seatunnel_ckpt.core import CheckpointStore, Decision, EpochState, codec, layout
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.lease import LeaseKeeper
+from airflow_seatunnel_ckpt.core.models import ActionOutcome
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 from tests.core.epochs import Participant, flip_byte, prepare_participant
 
@@ -124,11 +126,165 @@ def test_run_tab_finds_the_epoch_of_a_dag_run(store: Any) -> None:
 def test_action_records_name_who_and_why_and_do_not_change_the_state(store: Any) -> None:
     ckpt, expected = store
     p = ckpt.pipeline("orders")
-    p.txlog.record_action(expected["open"], "abort", "alice (Airflow UI)", "INC-1: worker lost")
+    name = p.txlog.record_action(expected["open"], "abort", "alice (Airflow UI)", "INC-1: worker lost")
     assert p.state(expected["open"]) is EpochState.OPEN
     assert p.txlog.damaged_records(expected["open"]) == []
-    [action] = p.txlog.actions(expected["open"])
-    assert (action["action"], action["by"], action["reason"]) == ("abort", "alice (Airflow UI)", "INC-1: worker lost")
+    [entry] = p.txlog.actions(expected["open"])
+    assert (entry.name, entry.record.action, entry.record.by, entry.record.reason) == \
+        (name, "abort", "alice (Airflow UI)", "INC-1: worker lost")
+    assert entry.outcome is None  # not ended yet (or interrupted)
+    p.txlog.record_outcome(expected["open"], name, ActionOutcome.REFUSED, "changed my mind")
+    [entry] = p.txlog.actions(expected["open"])
+    assert entry.outcome is not None
+    assert (entry.outcome.action, entry.outcome.outcome, entry.outcome.detail) == \
+        ("abort", ActionOutcome.REFUSED, "changed my mind")
+    assert p.state(expected["open"]) is EpochState.OPEN
+    assert p.txlog.damaged_records(expected["open"]) == []
+    # Both records are versioned JSON in the checksummed frame, read back field by field.
+    raw = codec.decode_json(p.storage.read(layout.record_path(expected["open"], name)), name)
+    assert (raw["type"], raw["format_version"]) == ("action", 1)
+    with pytest.raises(AlreadyExistsError):  # write-once: the first outcome stands
+        p.txlog.record_outcome(expected["open"], name, ActionOutcome.SUCCEEDED)
+
+
+@pytest.mark.parametrize(("payload", "problem"), [
+    ({"type": "action", "format_version": 1, "epoch": 4, "action": "abort", "reason": "r", "at": 1.0},
+     "field 'by' is missing"),
+    ({"type": "action", "format_version": 2, "epoch": 4, "action": "abort", "by": "x", "reason": "r", "at": 1.0},
+     "format version 2 is not supported"),
+    ({"type": "decision", "format_version": 1, "epoch": 4, "action": "abort", "by": "x", "reason": "r", "at": 1.0},
+     "expected a record of type 'action'"),
+    ({"type": "action", "epoch": 4, "action": "abort", "by": "x", "reason": "r", "at": 1.0, "extra": {"a": 1}},
+     "further fields must be plain values"),
+])
+def test_a_malformed_action_record_is_a_clear_error_naming_the_file(
+    store: Any, payload: dict[str, Any], problem: str,
+) -> None:
+    from airflow_seatunnel_ckpt.plugins.overview import action_history
+
+    ckpt, expected = store
+    p = ckpt.pipeline("orders")
+    name = f"action-{1:020d}-abort"
+    p.storage.create_exclusive(layout.record_path(expected["open"], name), codec.encode_json(payload))
+    with pytest.raises(CorruptCheckpointError, match=problem) as caught:
+        p.txlog.actions(expected["open"])
+    assert name in str(caught.value)
+    [damaged] = p.txlog.damaged_records(expected["open"])
+    assert problem in str(damaged) and name in str(damaged)
+    # The page names it in the action history instead of failing.
+    [row] = action_history(p, [expected["open"]])
+    assert problem in row.damaged and name in row.damaged
+
+
+def test_a_malformed_outcome_record_is_a_clear_error_naming_the_file(store: Any) -> None:
+    ckpt, expected = store
+    p = ckpt.pipeline("orders")
+    name = p.txlog.record_action(expected["open"], "abort", "alice", "why")
+    outcome = "outcome-" + name[len("action-"):]
+    p.storage.create_exclusive(layout.record_path(expected["open"], outcome), codec.encode_json(
+        {"type": "action-outcome", "format_version": 1, "epoch": 4, "action": "abort", "outcome": "maybe",
+         "detail": "", "at": 1.0}))
+    with pytest.raises(CorruptCheckpointError, match="outcome must be one of .*'maybe'") as caught:
+        p.txlog.actions(expected["open"])
+    assert outcome in str(caught.value)
+
+
+class _User:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def get_name(self) -> str:
+        return self.name
+
+
+@pytest.fixture
+def page(airflow_home: Path, store: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The page's app in this process, signed in as ``alice`` with every permission.
+
+    Authentication and authorisation are the API server's (tested through a real one in
+    ``test_checkpoints_browser.py``); here only what the routes do with the store counts.
+    """
+    from fastapi.testclient import TestClient
+
+    from airflow_seatunnel_ckpt.plugins import app as page_app
+
+    ckpt, _ = store
+    monkeypatch.setenv("AIRFLOW__SEATUNNEL_CKPT__STORES", ckpt.storage.url)
+    monkeypatch.setenv("SEATUNNEL_CKPT_STORE", f"{ckpt.storage.url}-absent-default")
+    monkeypatch.setattr(page_app, "_authorize", lambda user, method, dag_id: None)
+    monkeypatch.setattr(page_app, "run_finished_in_db", lambda run_id, dag_id: None)
+    app = page_app.create_app()
+    app.dependency_overrides[page_app.current_user] = lambda: _User("alice")
+    return TestClient(app)
+
+
+def _history(html: str) -> list[tuple[str, str, str]]:
+    """(epoch, action, outcome) of each action history row, in page order."""
+    import re
+
+    return re.findall(r'<tr data-epoch="(\d+)" data-action="([\w-]+)" data-outcome="(\w+)">', html)
+
+
+def test_page_actions_record_their_outcome_and_the_history_shows_it(page: Any, store: Any) -> None:
+    ckpt, expected = store
+    orders = "/stores/config-1/pipelines/orders"
+    # Refused: epoch 1 is COMMITTED (nothing changes, the refusal is recorded with who and why).
+    response = page.post(f"{orders}/epochs/1/abort", json={"reason": "INC-7: wrong epoch"})
+    assert response.status_code == 409 and "COMMITTED" in response.json()["detail"]
+    [refused] = ckpt.pipeline("orders").txlog.actions(1)
+    assert refused.outcome is not None and refused.outcome.outcome is ActionOutcome.REFUSED
+    assert "only an undecided" in refused.outcome.detail and refused.record.by == "alice (Airflow UI)"
+    # Succeeded: the OPEN epoch is aborted.
+    response = page.post(f"{orders}/epochs/{expected['open']}/abort", json={"reason": "INC-8: host lost"})
+    assert response.status_code == 200, response.text
+    assert response.json()["outcome"]["outcome"] == "succeeded"
+    [aborted] = ckpt.pipeline("orders").txlog.actions(expected["open"])
+    assert aborted.outcome is not None and aborted.outcome.outcome is ActionOutcome.SUCCEEDED
+    assert "decided abort" in aborted.outcome.detail and "ABORTED" in aborted.outcome.detail
+    # Succeeded: the COMMITTING epoch is published.
+    response = page.post(f"/stores/config-1/pipelines/clicks/epochs/{expected['committing']}/retry-publish",
+                         json={"reason": "INC-12: target back"})
+    assert response.status_code == 200, response.text
+    [published] = ckpt.pipeline("clicks").txlog.actions(expected["committing"])
+    assert published.outcome is not None and published.outcome.outcome is ActionOutcome.SUCCEEDED
+    assert published.outcome.detail == "published (orders: 2 rows in 2 files); epoch COMMITTED"
+    # Recovery: the outcome says what it did to the epoch.
+    response = page.post("/stores/config-1/pipelines/events/recover", json={"reason": "INC-9: finish it"})
+    assert response.status_code == 200, response.text
+    [recovered] = ckpt.pipeline("events").txlog.actions(expected["events_committing"])
+    assert recovered.outcome is not None and recovered.outcome.outcome is ActionOutcome.SUCCEEDED
+    assert recovered.outcome.detail.startswith("finish-commit: ")
+    # The pipeline page's action history: newest first, with the outcomes.
+    html = page.get(orders).text
+    assert _history(html) == [(str(expected["open"]), "abort", "succeeded"), ("1", "abort", "refused")]
+    assert "INC-8: host lost" in html and "INC-7: wrong epoch" in html and "only an undecided" in html
+    assert ("1", "recover", "succeeded") in [(e, a, o) for e, a, o in _history(page.get(
+        "/stores/config-1/pipelines/events").text)]
+
+
+def test_a_failed_retry_publish_is_recorded_with_its_error(page: Any, store: Any) -> None:
+    ckpt, expected = store
+    clicks = ckpt.pipeline("clicks")
+    epoch = expected["committing"]
+    # The prepared record the decision names is gone: publishing cannot work.
+    [prepared] = [n for n in clicks.storage.list_dir(layout.txlog_dir(epoch)) if n.startswith("prepared-")]
+    clicks.storage.delete(layout.record_path(epoch, prepared))
+    response = page.post(f"/stores/config-1/pipelines/clicks/epochs/{epoch}/retry-publish",
+                         json={"reason": "INC-10: try again"})
+    assert response.status_code == 502 and "publish failed again" in response.json()["detail"]
+    [failed] = clicks.txlog.actions(epoch)
+    assert failed.outcome is not None and failed.outcome.outcome is ActionOutcome.FAILED
+    assert "is missing from" in failed.outcome.detail and "restore it from a backup" in failed.outcome.detail
+    assert clicks.state(epoch) is EpochState.COMMITTING
+    assert (str(epoch), "retry-publish", "failed") in _history(page.get("/stores/config-1/pipelines/clicks").text)
+
+
+def test_an_interrupted_action_shows_its_outcome_as_unknown(page: Any, store: Any) -> None:
+    ckpt, expected = store
+    ckpt.pipeline("orders").txlog.record_action(expected["open"], "abort", "bob (Airflow UI)", "INC-11")
+    html = page.get("/stores/config-1/pipelines/orders").text
+    assert _history(html) == [(str(expected["open"]), "abort", "unknown")]
+    assert "the action was interrupted" in html
 
 
 def test_provider_registers_the_plugin_with_a_nav_view_and_a_dag_run_tab() -> None:

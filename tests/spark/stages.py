@@ -161,3 +161,19 @@ def record_airflow_context(ctx: StageContext, spark: Any) -> None:
         seen["params_writable"] = False
     seen["airflow_fields"] = sorted(seen)
     Path(os.environ[CONTEXT_FILE_ENV]).write_text(json.dumps(seen))
+
+
+def sleep_inside_a_spark_job(ctx: StageContext, spark: Any) -> None:
+    """Run a Spark job whose task tells the test it runs (marker file), then sleeps.
+
+    The job is in flight when the test terminates the task: the driver's main thread waits
+    in a py4j call, the JVM's executor waits on a Python worker.
+    """
+    marker, told = os.environ[STAGED_MARKER_ENV], f"{ctx.epoch} {ctx.attempt}"
+
+    def slow(value: int) -> int:  # runs in a Python worker: refers to no driver object
+        Path(marker).write_text(told)
+        time.sleep(600)
+        return value
+
+    spark.sparkContext.parallelize([1], 1).map(slow).collect()
