@@ -176,6 +176,22 @@ def read_exit(pipeline: Pipeline, epoch: int, participant: str, attempt: int) ->
     return pipeline.txlog.read_record(path, ExitRecord.from_dict)
 
 
+def submissions_of(pipeline: Pipeline, epoch: int) -> list[tuple[SubmissionRecord, ExitRecord | None]]:
+    """Every submitted attempt of ``epoch`` with its exit record (None while running or lost)."""
+    names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    found = []
+    for name in sorted(n for n in names if n.startswith(SUBMISSION_PREFIX)):
+        participant, _, attempt = name[len(SUBMISSION_PREFIX):].rpartition("-a")
+        if not participant or not attempt.isdigit():
+            continue  # not a name this module writes
+        record = read_submission(pipeline, epoch, participant, int(attempt))
+        if record is not None:
+            ended = read_exit(pipeline, epoch, participant, int(attempt)) \
+                if exit_name(participant, int(attempt)) in names else None
+            found.append((record, ended))
+    return found
+
+
 def submitted_attempts(pipeline: Pipeline, epoch: int, participant: str,
                        names: Sequence[str] | None = None) -> list[int]:
     """Attempts of ``participant`` in ``epoch`` that have a submission record, oldest first."""

@@ -18,6 +18,7 @@ from airflow_seatunnel_ckpt.core.lease import liveness
 from airflow_seatunnel_ckpt.core.models import EpochStatus
 from airflow_seatunnel_ckpt.core.recovery import RunFinished, recover
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
+from airflow_seatunnel_ckpt.core.submissions import ExitRecord, SubmissionRecord, submissions_of
 
 #: States an on-call engineer may abort from the page (undecided ones).
 ABORTABLE = frozenset({EpochState.OPEN, EpochState.PREPARED})
@@ -37,6 +38,8 @@ class EpochRow:
     checkpoint_bytes: int | None = None
     decision: str = "-"
     lease: str = ""  #: OPEN epochs: holder, last renewal and the liveness verdict
+    #: Attempts launched through spark-submit: where from, and how spark-submit ended.
+    submissions: list[str] = field(default_factory=list)
     damaged: str = ""  #: the damaged record's message (naming the file)
 
     @property
@@ -84,6 +87,7 @@ def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
     row.rows = dict(data.get("rows") or {})
     row.files = _files_per_sink(status)
     row.checkpoint_bytes = _checkpoint_bytes(p, epoch)
+    row.submissions = [_describe_submission(record, ended) for record, ended in submissions_of(p, epoch)]
     if row.state == EpochState.OPEN.value:
         try:
             judged = liveness(p, epoch)
@@ -131,6 +135,16 @@ def action_history(p: StoredPipeline, epochs: list[int]) -> list[HistoryRow]:
                 outcome.detail if outcome else "no outcome recorded: the action was interrupted; the "
                                                "epoch's state shows what happened"))
     return sorted(rows, key=lambda r: (r.at or 0.0, r.epoch), reverse=True)
+
+
+def _describe_submission(record: SubmissionRecord, ended: ExitRecord | None) -> str:
+    """``ingest attempt 2: spark-submit from host (launcher pid 7, local[1]); exit 1, stopped: ...``."""
+    text = (f"{record.participant} attempt {record.attempt}: spark-submit from {record.host} "
+            f"(launcher pid {record.launcher_pid}, {record.master or 'master ?'})")
+    if ended is None:
+        return f"{text}; no exit record (running, or lost: see the lease)"
+    text += f"; exit code {ended.returncode}"
+    return f"{text}, stopped: {ended.stopped}" if ended.stopped else text
 
 
 @dataclass

@@ -94,6 +94,25 @@ def test_damaged_record_is_named_in_the_row_and_in_verify(store: Any) -> None:
     assert verdicts[1]["ok"] and verdicts[4]["ok"]
 
 
+def test_submitted_attempts_show_where_they_were_launched_from_and_how_they_ended(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.core.submissions import ExitRecord, SubmissionRecord, record_exit, record_submission
+    from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
+
+    store = CheckpointStore.from_url(f"file://{tmp_path}/store")
+    p = store.pipeline("orders")
+    epoch = p.begin("run-1", DAG_ID).epoch
+    for attempt in (1, 2):
+        record_submission(p, SubmissionRecord(epoch, "ingest", attempt, "worker-3", 100 + attempt, "/tmp/x.log",
+                                              "yarn", "cluster", 0.0))
+    record_exit(p, ExitRecord(epoch, "ingest", 1, 143, ["..."], 0.0, "cancelled by triggerer on t-1: cleared"))
+    row = next(r for r in pipeline_view(store, "orders").epochs if r.epoch == epoch)
+    assert row.submissions == [
+        "ingest attempt 1: spark-submit from worker-3 (launcher pid 101, yarn); exit code 143, stopped: "
+        "cancelled by triggerer on t-1: cleared",
+        "ingest attempt 2: spark-submit from worker-3 (launcher pid 102, yarn); no exit record (running, or lost: "
+        "see the lease)"]
+
+
 def test_open_epoch_shows_its_lease_holder_and_last_renewal(store: Any) -> None:
     from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
 
