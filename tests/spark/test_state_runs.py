@@ -209,3 +209,44 @@ def test_not_incremental_writes_every_key_group_in_full(tmp_path: Path) -> None:
         assert len(chain) == 1 and chain[0].kind == "full"
     assert sorted(pc.unique(read_chain(open_storage(f"file://{tmp_path}"), chain, ["id"])["id"]).to_pylist()) == [
         1, 2, 3, 4]
+
+
+def run_key_groups(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids: np.ndarray,
+                   groups: int) -> tuple[dict[int, list[PartRef]], int]:
+    """One epoch of de-duplication over every key group, as the tasks of one update run it."""
+    location = StoreLocation(f"file://{root}", {})
+    policy = PartPolicy(True, 10, Codec.ZSTD, 3, block_rows=4096, fanout=4)
+    restored = OperatorState(groups, ["id"], chains, StateKind.KEY_SET.value)
+    settings = StateSettings("seen", StateKind.KEY_SET, groups, epoch, 1, location, location, policy, restored,
+                             ("id",))
+    new_chains, written = {}, 0
+    for g in range(groups):
+        mine = ids[ids % groups == g]
+        table = pa.table({"id": pa.array(mine, pa.int64()), KEY_GROUP_COLUMN: pa.array(np.full(len(mine), g, np.int32))})
+        sink = Reports()
+        out = list(dedup_partition(iter(table.to_batches()), settings=settings, accumulator=sink))  # type: ignore[arg-type]
+        assert sum(b.num_rows for b in out) == len(mine)  # every key is new
+        report = sink.reports[0]
+        written += sum(p.size for p in (report.part, getattr(report, "merged", None)) if p is not None)
+        new_chains[g] = next_chain(list(chains.get(g, [])), report)
+    return new_chains, written
+
+
+def test_every_epoch_writes_o_changed_keys_and_runs_stay_bounded(tmp_path: Path) -> None:
+    """5% new keys per epoch over 36 epochs: no epoch -- compaction epochs included --
+    writes more than 0.15 of the state's bytes, and lookups touch a bounded number of runs."""
+    groups, keys = 8, 160_000
+    rng = np.random.default_rng(4)
+    chains, _ = run_key_groups(tmp_path, 1, {}, rng.permutation(np.arange(keys, dtype=np.int64)), groups)
+    ratios, most_runs = [], 0
+    for epoch in range(2, 38):
+        state = sum(ref.size for chain in chains.values() for ref in chain)
+        new = np.arange(keys, keys + keys // 20, dtype=np.int64)
+        keys += len(new)
+        chains, written = run_key_groups(tmp_path, epoch, chains, rng.permutation(new), groups)
+        ratios.append(written / state)
+        most_runs = max(most_runs, *(len(c) for c in chains.values()))
+    assert max(ratios) <= 0.15, [round(r, 3) for r in ratios]
+    assert most_runs <= 12
+    stored = read_chain(open_storage(f"file://{tmp_path}"), chains[3], ["id"])
+    assert sorted(stored["id"].to_pylist()) == [k for k in range(keys) if k % groups == 3]
