@@ -15,7 +15,7 @@ FULL run and drops tombstones and expired keys; any other merge writes a DELTA r
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,15 @@ from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: Runs of similar size that trigger a merge.
 DEFAULT_FANOUT = 4
+#: What an epoch's merges may write, as a fraction of the state's bytes.
+DEFAULT_BUDGET = 0.08
+#: Key groups merge in turns: each in one epoch out of this many.
+DEFAULT_TURNS = 4
+#: A key group may always merge this many bytes in its turn: below it, a run's fixed
+#: costs (a file, its header, index and filters) outweigh any byte budget.
+DEFAULT_MERGE_FLOOR = 1024 * 1024
+#: A chain longer than this merges whole, whatever the budget (a safety bound).
+MAX_RUNS = 64
 
 
 def live_runs(chain: Sequence[PartRef], min_epoch: int | None) -> list[PartRef]:
@@ -106,26 +115,76 @@ def _positions_in(block_keys: Any, wanted: Any) -> np.ndarray:
     return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def plan_compaction(sizes: Sequence[int], fanout: int = DEFAULT_FANOUT, max_runs: int = 64) -> int | None:
-    """Where the merge of a chain with run ``sizes`` (oldest first) starts, or None.
+def plan_compaction(
+    sizes: Sequence[int],
+    cap: int | None,
+    fanout: int = DEFAULT_FANOUT,
+    soft_runs: int = 2 * DEFAULT_FANOUT,
+    max_runs: int = MAX_RUNS,
+) -> tuple[int, int] | None:
+    """Which runs of a chain with run ``sizes`` (oldest first) to merge: ``(start, end)``.
 
-    Merges the newest ``fanout`` runs when the largest is at most ``fanout`` times the
-    smallest, then absorbs each older run not larger than what is merged so far.
-    ``max_runs`` caps the chain (a safety bound: merge everything).
+    The merged window ``sizes[start:end]`` is contiguous, anywhere in the chain, and its
+    total is at most ``cap`` bytes (None: no merge this epoch). Preferred: a size-tiered
+    window -- ``fanout`` neighbouring runs within ``fanout`` times of each other, widened
+    to the left over older runs not larger than the window so far -- the one merging the
+    most runs. When none fits and the chain holds more than ``soft_runs`` runs, the
+    cheapest window of ``fanout`` (or fewer, at least 2) neighbours that fits. Above
+    ``max_runs`` (a safety bound no even load reaches) the whole chain merges, cap or not.
     """
     n = len(sizes)
     if n > max_runs:
-        return 0
-    if n < fanout:
+        return 0, n
+    if cap is None or n < 2:
         return None
-    tail = sizes[n - fanout:]
-    if max(tail) > fanout * max(1, min(tail)):
+    best: tuple[int, int, int, int] | None = None
+    for end in range(fanout, n + 1):
+        start = end - fanout
+        window = sizes[start:end]
+        total = sum(window)
+        if max(window) > fanout * max(1, min(window)) or total > cap:
+            continue
+        while start > 0 and sizes[start - 1] <= total and total + sizes[start - 1] <= cap:
+            start -= 1
+            total += sizes[start]
+        candidate = (end - start, -total, start, end)
+        if best is None or candidate > best:
+            best = candidate
+    if best is not None:
+        return best[2], best[3]
+    if n > soft_runs:
+        for width in range(min(fanout, n), 1, -1):
+            total, start = min((sum(sizes[i:i + width]), i) for i in range(n - width + 1))
+            if total <= cap:
+                return start, start + width
+    return None
+
+
+def compaction_cap(
+    chains: Mapping[int, Sequence[PartRef]],
+    key_groups: int,
+    key_group: int,
+    epoch: int,
+    *,
+    budget: float = DEFAULT_BUDGET,
+    turns: int = DEFAULT_TURNS,
+    floor: int = DEFAULT_MERGE_FLOOR,
+    min_epoch: int | None = None,
+) -> int | None:
+    """The most bytes ``key_group`` may merge in ``epoch`` (None: not its turn).
+
+    Key groups take turns: in an epoch, only those with ``(epoch + key_group) % turns ==
+    0`` merge, and they share ``budget`` times the state's bytes (every key group's
+    restored chain), or ``floor`` bytes each if more. An epoch then writes its changes
+    plus at most that budget, whatever the key groups' history. A pure function of the
+    restored checkpoint and the epoch: every attempt of an epoch plans the same merges.
+    """
+    turns = max(1, min(turns, key_groups))
+    if (epoch + key_group) % turns:
         return None
-    start, total = n - fanout, sum(tail)
-    while start > 0 and sizes[start - 1] <= total:
-        start -= 1
-        total += sizes[start]
-    return start
+    in_turn = sum(1 for g in range(key_groups) if (epoch + g) % turns == 0)
+    state = sum(ref.size for chain in chains.values() for ref in live_runs(chain, min_epoch))
+    return max(floor, int(budget * state / in_turn))
 
 
 def merged_schema(schemas: Sequence[Any], drop_tombstones: bool) -> Any:

@@ -13,7 +13,7 @@ import pytest
 from airflow_seatunnel_ckpt.core.checkpoint import read_chain
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
-from airflow_seatunnel_ckpt.core.run_chain import lookup, plan_compaction
+from airflow_seatunnel_ckpt.core.run_chain import compaction_cap, lookup, plan_compaction
 from airflow_seatunnel_ckpt.core.runs import RunReader, sort_keys, write_run
 from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 
@@ -88,22 +88,47 @@ def test_a_key_found_in_a_newer_run_is_not_looked_up_in_older_ones(tmp_path: Pat
     assert read_chain(storage, [old, new], ["k"]).num_rows == 20_000 and old_reader.rows == 10_000
 
 
-def test_compaction_plan_keeps_runs_logarithmic() -> None:
-    sizes: list[int] = []
+@pytest.mark.parametrize("groups", [1, 8, 64])
+def test_compaction_plan_keeps_every_epoch_within_budget_and_runs_bounded(groups: int) -> None:
+    """300 epochs, each adding 5% of the state to every key group: merges stay within the
+    epoch's budget in every epoch and chains stay short, for any number of key groups."""
+    chains: dict[int, list[int]] = {g: [1000] for g in range(groups)}
     most = 0
-    rewritten = 0
-    for _ in range(2000):
-        sizes.append(100)
-        start = plan_compaction(sizes)
-        if start is not None:
-            rewritten += sum(sizes[start:])
-            sizes[start:] = [sum(sizes[start:])]
-        most = max(most, len(sizes))
-    assert most <= 4 * 7  # fanout x log4(2000)
-    assert rewritten <= 2000 * 100 * 8  # each row rewritten O(log) times
-    assert plan_compaction([1000, 10, 10, 10]) is None
-    assert plan_compaction([10, 10, 10, 10]) == 0
-    assert plan_compaction([1] * 70, max_runs=64) == 0
+    for epoch in range(2, 302):
+        state = sum(sum(c) for c in chains.values())
+        refs = {g: [PartRef(f"p{i}", s, 0, 1, g) for i, s in enumerate(c)] for g, c in chains.items()}
+        merged = 0
+        for g, sizes in chains.items():
+            window = plan_compaction(sizes, compaction_cap(refs, groups, g, epoch, floor=0))
+            if window is not None:
+                start, end = window
+                merged += sum(sizes[start:end])
+                sizes[start:end] = [sum(sizes[start:end])]
+            sizes.append(max(1, state // 20 // groups))
+            most = max(most, len(sizes))
+        assert merged <= 0.08 * state + groups, epoch
+    # With fewer key groups than turns a key group's runs are at most ~8% of the state
+    # each (what one epoch may merge): about 1 / 0.08 of them, plus the newest tiers.
+    assert most <= (16 if groups >= 4 else 24)
+
+
+def test_compaction_plan_picks_a_window_within_the_cap() -> None:
+    assert plan_compaction([1000, 10, 10, 10, 10], cap=100) == (1, 5)  # the tier of similar runs
+    assert plan_compaction([1000, 10, 10, 10, 10], cap=None) is None  # not this key group's turn
+    assert plan_compaction([1000, 10, 10, 10, 10], cap=30) is None  # no tier fits, chain short
+    # A tier anywhere in the chain, not only the newest runs; the big run in between stays.
+    assert plan_compaction([10, 10, 10, 10, 500, 20], cap=100) == (0, 4)
+    # A long chain merges its cheapest neighbours when no tier fits the cap.
+    assert plan_compaction([500, 40, 400, 30, 300, 20, 200, 10, 100], cap=250) == (5, 8)
+    assert plan_compaction([1] * 70, cap=None) == (0, 70)  # the safety bound
+
+
+def test_key_groups_take_turns_and_share_the_budget() -> None:
+    chains = {g: [PartRef("p", 1000, 0, 1, g)] for g in range(8)}
+    caps = [compaction_cap(chains, 8, g, epoch=5, floor=0) for g in range(8)]
+    assert [c is not None for c in caps] == [(5 + g) % 4 == 0 for g in range(8)]
+    assert sum(c for c in caps if c is not None) == pytest.approx(0.08 * 8000, abs=2)
+    assert compaction_cap(chains, 8, 3, epoch=5) == 1024 * 1024  # the floor for tiny states
 
 
 def flip_byte(path: Path, offset: int) -> None:

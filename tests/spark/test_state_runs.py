@@ -85,7 +85,7 @@ def epoch_input(rng: np.random.Generator, composite: bool, rows: int = 150, span
     return pa.table(columns)
 
 
-@pytest.mark.parametrize(("composite", "ttl"), [(False, None), (True, None), (False, 3)])
+@pytest.mark.parametrize(("composite", "ttl"), [(False, None), (True, None), (False, 3), (False, 6)])
 def test_key_set_dedup_matches_a_naive_set_over_many_epochs_with_compaction(
     tmp_path: Path, composite: bool, ttl: int | None
 ) -> None:
@@ -105,10 +105,10 @@ def test_key_set_dedup_matches_a_naive_set_over_many_epochs_with_compaction(
                 written[key] = epoch
                 expected.append(key)
         assert key_tuples(out, keys) == expected, f"epoch {epoch}"
-        compactions += report.replaces > 0
+        compactions += report.merged is not None or report.replaces > 0
         chain = next_chain(chain, report, settings.min_epoch)
         assert len(chain) <= 8, [r.size for r in chain]  # compaction bounds the chain
-    assert compactions >= 3
+    assert compactions >= 3 or ttl == 3  # a 3-epoch TTL keeps chains below the fanout
     stored = read_chain(open_storage(f"file://{tmp_path}"), chain, keys)
     live_keys = {k for k, e in written.items() if ttl is None or 40 - e < ttl}
     assert live_keys <= set(key_tuples(stored, keys))
@@ -215,19 +215,22 @@ def run_key_groups(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids
                    groups: int) -> tuple[dict[int, list[PartRef]], int]:
     """One epoch of de-duplication over every key group, as the tasks of one update run it."""
     location = StoreLocation(f"file://{root}", {})
-    policy = PartPolicy(True, 10, Codec.ZSTD, 3, block_rows=4096, fanout=4)
+    # No merge floor: this state (~1 MB) is below the default 1 MiB a key group may
+    # always merge, and the budget is what is under test.
+    policy = PartPolicy(True, 10, Codec.ZSTD, 3, block_rows=4096, fanout=4, compaction_floor=0)
     restored = OperatorState(groups, ["id"], chains, StateKind.KEY_SET.value)
     settings = StateSettings("seen", StateKind.KEY_SET, groups, epoch, 1, location, location, policy, restored,
                              ("id",))
     new_chains, written = {}, 0
     for g in range(groups):
         mine = ids[ids % groups == g]
-        table = pa.table({"id": pa.array(mine, pa.int64()), KEY_GROUP_COLUMN: pa.array(np.full(len(mine), g, np.int32))})
+        table = pa.table({"id": pa.array(mine, pa.int64()),
+                          KEY_GROUP_COLUMN: pa.array(np.full(len(mine), g, np.int32))})
         sink = Reports()
         out = list(dedup_partition(iter(table.to_batches()), settings=settings, accumulator=sink))  # type: ignore[arg-type]
         assert sum(b.num_rows for b in out) == len(mine)  # every key is new
         report = sink.reports[0]
-        written += sum(p.size for p in (report.part, getattr(report, "merged", None)) if p is not None)
+        written += sum(p.size for p in report.parts)
         new_chains[g] = next_chain(list(chains.get(g, [])), report)
     return new_chains, written
 
@@ -247,6 +250,6 @@ def test_every_epoch_writes_o_changed_keys_and_runs_stay_bounded(tmp_path: Path)
         ratios.append(written / state)
         most_runs = max(most_runs, *(len(c) for c in chains.values()))
     assert max(ratios) <= 0.15, [round(r, 3) for r in ratios]
-    assert most_runs <= 12
+    assert most_runs <= 2 * 4 + 4  # soft bound (2 x fanout) + the runs added between turns
     stored = read_chain(open_storage(f"file://{tmp_path}"), chains[3], ["id"])
     assert sorted(stored["id"].to_pylist()) == [k for k in range(keys) if k % groups == 3]
