@@ -48,6 +48,8 @@ DEFAULT_BLOCK_ROWS = 65536
 BLOCK_BYTES = 2 * 1024 * 1024
 BLOOM_BITS_PER_KEY = 10
 BLOOM_HASHES = 7
+#: How filter bits are placed (``Bloom``); runs written before layout 2 say nothing (1).
+BLOOM_LAYOUT = 2
 _TRAILER_SIZE = 24
 _RUN_FORMAT = b"1"
 
@@ -103,31 +105,66 @@ def key_hashes(keys: Any) -> np.ndarray:
 
 
 class Bloom:
-    """A bloom filter over key hashes (double hashing, bits in a numpy byte array)."""
+    """A bloom filter over key hashes (double hashing, bits in a numpy byte array).
 
-    def __init__(self, bits: np.ndarray, nbits: int, hashes: int = BLOOM_HASHES) -> None:
-        self.bits, self.nbits, self.hashes = bits, nbits, hashes
+    Two position functions (the run index's ``bloom_layout`` says which one a run used):
+
+    * layout 1 (runs written first): positions ``(h1 + i*h2) mod nbits`` of two further
+      mixes of the key hash, in 64-bit arithmetic;
+    * layout 2 (written now): the key hash's halves are ``h1`` and ``h2``, and position
+      ``i`` is ``((h1 + i*h2) mod 2**32) * nbits >> 32`` (Lemire's multiply-shift range
+      reduction): no 64-bit modulo and no second mixing, about half the cost to build,
+      the same false-positive rate (0.8-0.9% at 10 bits and 7 hashes).
+    """
+
+    def __init__(self, bits: np.ndarray, nbits: int, hashes: int = BLOOM_HASHES, layout: int = 1) -> None:
+        if layout not in (1, 2):
+            raise ValueError(f"unknown bloom filter layout {layout}")
+        self.bits, self.nbits, self.hashes, self.layout = bits, nbits, hashes, layout
 
     @classmethod
     def sized(cls, keys: int) -> Bloom:
-        """An empty filter for up to ``keys`` keys at ~1% false positives."""
+        """An empty filter for up to ``keys`` keys at ~1% false positives (the layout runs are written in)."""
         nbits = max(64, keys * BLOOM_BITS_PER_KEY + 7) // 8 * 8
-        return cls(np.zeros(nbits // 8, dtype=np.uint8), nbits)
+        return cls(np.zeros(nbits // 8, dtype=np.uint8), nbits, layout=BLOOM_LAYOUT)
 
     def _positions(self, hashes: np.ndarray) -> Iterator[np.ndarray]:
+        if self.layout == 2:
+            yield from self._positions_2(hashes)
+            return
         h1 = _mix(hashes)
         h2 = _mix(hashes ^ _U(0x5BD1E9955BD1E995)) | _U(1)
         with np.errstate(over="ignore"):
             for i in range(self.hashes):
                 yield ((h1 + _U(i) * h2) % _U(self.nbits)).astype(np.int64)
 
+    def _positions_2(self, hashes: np.ndarray) -> np.ndarray:
+        """Layout 2's positions, one row per hash function, in int64 arithmetic (exact:
+        ``at`` < 2**32 and ``nbits`` < 2**31, so the product fits)."""
+        if self.nbits >= 2**31:
+            raise ValueError(f"a bloom filter of {self.nbits} bits is larger than layout 2 allows")
+        at = (hashes & _U(0xFFFFFFFF)).view(np.int64)
+        step = ((hashes >> _U(32)) | _U(1)).view(np.int64)
+        out = np.empty((self.hashes, len(hashes)), dtype=np.int64)
+        for i in range(self.hashes):
+            if i:
+                at += step
+                at &= 0xFFFFFFFF
+            np.multiply(at, self.nbits, out=out[i])
+        out >>= 32
+        return out
+
     def add(self, hashes: np.ndarray) -> None:
         """Add keys (by hash)."""
         # Set bits in a bool array and pack them (bit i of byte j is position 8j + i, as
         # might_contain reads them): much faster than ``np.bitwise_or.at`` per position.
-        flags = np.unpackbits(self.bits, bitorder="little").astype(bool)
-        for pos in self._positions(hashes):
-            flags[pos] = True
+        flags = (np.unpackbits(self.bits, bitorder="little").astype(bool) if self.bits.any()
+                 else np.zeros(len(self.bits) * 8, dtype=bool))
+        if self.layout == 2:
+            flags[self._positions_2(hashes).ravel()] = True
+        else:
+            for pos in self._positions(hashes):
+                flags[pos] = True
         self.bits = np.packbits(flags, bitorder="little")
 
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
@@ -222,9 +259,11 @@ def write_run(
                           "last": pa.array([k.as_py() for k in entries["last"]], key_type),
                           **{n: pa.array(entries[n], pa.int64())
                              for n in ("offset", "length", "rows", "bloom_offset", "bloom_length")}})
-        index = index.replace_schema_metadata({
-            b"run_format": _RUN_FORMAT, b"key_columns": json.dumps(key_columns).encode(),
-            b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(BLOOM_HASHES).encode()})
+        meta = {b"run_format": _RUN_FORMAT, b"key_columns": json.dumps(key_columns).encode(),
+                b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(BLOOM_HASHES).encode()}
+        if BLOOM_LAYOUT != 1:  # layout 1 runs say nothing, as those written before layouts
+            meta[b"bloom_layout"] = str(BLOOM_LAYOUT).encode()
+        index = index.replace_schema_metadata(meta)
         yield emit(writer.chunk(next(iter(codec.arrow_ipc_pieces(index)))))
         yield emit(writer.trailer())
 
@@ -274,12 +313,12 @@ class RunReader:
             return
         cached = BLOCK_CACHE.get(self._cache_key("index")) if data is None else None
         if cached is not None:
-            self.codec, self.schema, self.index, self._hashes = cached
+            self.codec, self.schema, self.index, self._hashes, self._layout = cached
             return
         self._read_index()
         if data is None:
-            BLOCK_CACHE.put(self._cache_key("index"), (self.codec, self.schema, self.index, self._hashes),
-                            self.index.nbytes + 4096)
+            BLOCK_CACHE.put(self._cache_key("index"),
+                            (self.codec, self.schema, self.index, self._hashes, self._layout), self.index.nbytes + 4096)
 
     def _read(self, start: int, end: int) -> bytes:
         if self._data is not None:
@@ -313,10 +352,15 @@ class RunReader:
                 raise CorruptCheckpointError(f"{self.where}: unknown run format {meta[b'run_format']!r}", self.where)
             self.schema = pa.ipc.read_schema(pa.py_buffer(meta[b"data_schema"]))
             hashes = int(meta[b"bloom_hashes"])
+            layout = int(meta.get(b"bloom_layout", b"1"))
+            if layout not in (1, 2):
+                raise CorruptCheckpointError(
+                    f"{self.where}: unknown bloom filter layout {layout} (written by a newer version? "
+                    "upgrade airflow-seatunnel-ckpt to read it)", self.where)
         except (KeyError, ValueError, pa.ArrowInvalid) as exc:
             raise CorruptCheckpointError(f"{self.where}: run index is damaged ({exc})", self.where) from exc
         self.index = index.replace_schema_metadata(None)
-        self._hashes = hashes
+        self._hashes, self._layout = hashes, layout
 
     @property
     def rows(self) -> int:
@@ -404,7 +448,7 @@ class RunReader:
                 BLOCK_CACHE.put(self._cache_key(("bloom", int(b))), bits, len(bits))
         for b, bits in filters.items():
             mine = block[where] == b
-            bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes)
+            bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes, self._layout)
             maybe[where[mine]] = bloom.might_contain(hashes[mine])
         return maybe
 

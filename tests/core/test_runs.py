@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from airflow_seatunnel_ckpt.core import runs
 from airflow_seatunnel_ckpt.core.checkpoint import read_chain
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
@@ -69,6 +70,25 @@ def test_a_lookup_of_new_keys_reads_no_blocks_beyond_bloom_false_positives(tmp_p
     reader = RunReader(storage, ref, ["k"])
     assert block_reads(storage, reader) <= 5_000 * 0.03  # ~1% false positives, never a block per key
     assert read < ref.size * 0.4  # filters (10 bits a key) + index, not the blocks
+
+
+@pytest.mark.parametrize("layout", [1, 2])
+def test_runs_of_either_bloom_layout_find_their_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      layout: int) -> None:
+    """Runs written before bloom layout 2 (no ``bloom_layout`` in the index) still look up."""
+    monkeypatch.setattr(runs, "BLOOM_LAYOUT", layout)
+    storage = CountingStorage(f"file://{tmp_path}")
+    keys = random_keys(50_000)
+    ref = written_run(storage, keys)
+    meta = RunReader(storage, ref, ["k"], data=(tmp_path / ref.path).read_bytes())
+    assert meta._layout == layout
+    present = keys.slice(0, 3_000)
+    positions, rows, _ = lookup(storage, [ref], ["k"], present)
+    assert len(positions) == 3_000
+    reader = RunReader(storage, ref, ["k"])
+    absent = random_keys(20_000, seed=98)
+    blocks = reader.locate(absent)
+    assert (blocks >= 0).mean() < 0.015  # ~0.9% false positives in both layouts
 
 
 def test_a_key_found_in_a_newer_run_is_not_looked_up_in_older_ones(tmp_path: Path) -> None:

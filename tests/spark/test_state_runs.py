@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.checkpoint import read_chain, write_arrow_part
 from airflow_seatunnel_ckpt.core.codec import Codec
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
@@ -213,7 +214,8 @@ def test_not_incremental_writes_every_key_group_in_full(tmp_path: Path) -> None:
 
 def run_key_groups(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids: np.ndarray,
                    groups: int) -> tuple[dict[int, list[PartRef]], int]:
-    """One epoch of de-duplication over every key group, as the tasks of one update run it."""
+    """One epoch of de-duplication over every key group, as the tasks of one update run it;
+    also the bytes its tasks wrote (every file of the epoch, reported or not)."""
     location = StoreLocation(f"file://{root}", {})
     # No merge floor: this state (~1 MB) is below the default 1 MiB a key group may
     # always merge, and the budget is what is under test.
@@ -221,7 +223,7 @@ def run_key_groups(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids
     restored = OperatorState(groups, ["id"], chains, StateKind.KEY_SET.value)
     settings = StateSettings("seen", StateKind.KEY_SET, groups, epoch, 1, location, location, policy, restored,
                              ("id",))
-    new_chains, written = {}, 0
+    new_chains = {}
     for g in range(groups):
         mine = ids[ids % groups == g]
         table = pa.table({"id": pa.array(mine, pa.int64()),
@@ -229,9 +231,8 @@ def run_key_groups(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids
         sink = Reports()
         out = list(dedup_partition(iter(table.to_batches()), settings=settings, accumulator=sink))  # type: ignore[arg-type]
         assert sum(b.num_rows for b in out) == len(mine)  # every key is new
-        report = sink.reports[0]
-        written += sum(p.size for p in report.parts)
-        new_chains[g] = next_chain(list(chains.get(g, [])), report)
+        new_chains[g] = next_chain(list(chains.get(g, [])), sink.reports[0])
+    written = sum(f.stat().st_size for f in (root / layout.checkpoint_dir(epoch)).rglob("*") if f.is_file())
     return new_chains, written
 
 

@@ -85,9 +85,11 @@ class Written(NamedTuple):
 def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | None) -> Written:
     """Write the epoch's changed rows of ``key_group`` as a new run and compact when due.
 
-    The new run is appended to the restored chain. A compaction merges a window of the
-    restored chain's runs into one run that takes their place, within the epoch's merge
-    budget (``core.run_chain.compaction_cap``), so the epoch writes O(its changes) bytes.
+    The new run is appended to the restored chain. A compaction merges a window of
+    neighbouring runs into one run that takes their place, within the epoch's merge budget
+    (``core.run_chain.compaction_cap``), so the epoch writes O(its changes) bytes; a window
+    that ends with the new run takes the changes from memory and replaces the chain's
+    newest runs.
     A chain that must be written in full (or holds parts of the earlier format) becomes
     one FULL run of its runs and the changes.
     """
@@ -113,10 +115,15 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
     cap = compaction_cap(settings.chains, settings.key_groups, key_group, settings.epoch,
                          budget=policy.compaction_budget, turns=policy.compaction_turns, floor=policy.compaction_floor,
                          min_epoch=settings.min_epoch)
-    window = plan_compaction([r.size for r in chain], cap, policy.fanout, soft_runs=2 * policy.fanout)
+    sizes = [r.size for r in chain] + ([ref.size] if ref is not None else [])
+    window = plan_compaction(sizes, cap, policy.fanout, soft_runs=2 * policy.fanout)
     if window is None:
         return Written(ref)
     start, end = window
+    if ref is not None and end == len(sizes):
+        # The window ends with the new run: the merge takes the changes from memory and
+        # replaces the chain's newest runs (the new run's file is left unreported).
+        return _merge(settings, key_group, chain[start:], start, table, base=chain[start - 1] if start else None)
     merged = _merge(settings, key_group, chain[start:end], start, None, base=chain[start - 1] if start else None)
     return Written(ref, 0, merged.read, merged.part, start, end)
 
