@@ -82,7 +82,7 @@ def test_unchanged_key_groups_reference_older_parts_and_chains_stay_bounded(
         chains = orders.pipeline.status(epoch).prepared["ingest"].operators["seen_orders"].chains
         assert all(ref.epoch == 1 for g in range(1, KEY_GROUPS) for ref in chains[g])
         assert chains[0][-1].epoch == epoch
-    # full_checkpoint_interval=3: epoch 4 finds a chain of 3 and writes key group 0 in full.
+    # Epoch 4: its changes and the three similar runs before them merge into one FULL run.
     assert [(ref.epoch, ref.kind) for ref in chains[0]] == [(4, "full")]
     assert len(orders.published()) == 5 * KEY_GROUPS + 15
 
