@@ -28,6 +28,7 @@ file: deep verification and :func:`read_run_table` read it with :func:`codec.dec
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -48,6 +49,9 @@ DEFAULT_BLOCK_ROWS = 65536
 BLOCK_BYTES = 2 * 1024 * 1024
 BLOOM_BITS_PER_KEY = 10
 BLOOM_HASHES = 7
+#: Layout 2 (register-blocked, see ``Bloom``): bits per key and bits set per key.
+BLOOM_BITS_PER_KEY_2 = 13
+BLOOM_HASHES_2 = 6
 #: How filter bits are placed (``Bloom``); runs written before layout 2 say nothing (1).
 BLOOM_LAYOUT = 2
 _TRAILER_SIZE = 24
@@ -68,12 +72,15 @@ _U = np.uint64
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser: a well-spread 64-bit hash of a 64-bit value."""
+    """splitmix64's finaliser: a well-spread 64-bit hash of a 64-bit value (a new array)."""
     with np.errstate(over="ignore"):
         x = x + _U(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> _U(30))) * _U(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> _U(27))) * _U(0x94D049BB133111EB)
-    return x ^ (x >> _U(31))  # type: ignore[no-any-return]
+        x ^= x >> _U(30)
+        x *= _U(0xBF58476D1CE4E5B9)
+        x ^= x >> _U(27)
+        x *= _U(0x94D049BB133111EB)
+        x ^= x >> _U(31)
+    return x
 
 
 def key_hashes(keys: Any) -> np.ndarray:
@@ -88,7 +95,8 @@ def key_hashes(keys: Any) -> np.ndarray:
     t = keys.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
         as_int = keys.cast(pa.int32()).cast(pa.int64()) if pa.types.is_date32(t) else keys.cast(pa.int64())
-        values = np.asarray(as_int.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        values = np.asarray((as_int.fill_null(0) if as_int.null_count else as_int).to_numpy(zero_copy_only=False),
+                            dtype=np.int64)
         return _mix(values.view(np.uint64))
     data = pc.cast(keys, pa.large_binary()).fill_null(b"")
     if isinstance(data, pa.ChunkedArray):
@@ -104,71 +112,80 @@ def key_hashes(keys: Any) -> np.ndarray:
     return _mix(h ^ lens.astype(np.uint64))
 
 
+@functools.cache
+def _word_masks(hashes: int) -> np.ndarray:
+    """Layout 2's 65,536 word masks: mask ``j`` sets bits ``(mix(j) >> 6i) & 63`` for
+    ``i < hashes`` (fewer when two coincide). Part of the format: never change it."""
+    mixed = _mix(np.arange(65536, dtype=np.uint64))
+    masks = np.zeros(65536, dtype=np.uint64)
+    for i in range(hashes):
+        masks |= _U(1) << ((mixed >> _U(6 * i)) & _U(63))
+    return masks
+
+
 class Bloom:
-    """A bloom filter over key hashes (double hashing, bits in a numpy byte array).
+    """A bloom filter over key hashes, in one of two layouts (the run index says which).
 
-    Two position functions (the run index's ``bloom_layout`` says which one a run used):
-
-    * layout 1 (runs written first): positions ``(h1 + i*h2) mod nbits`` of two further
-      mixes of the key hash, in 64-bit arithmetic;
-    * layout 2 (written now): the key hash's halves are ``h1`` and ``h2``, and position
-      ``i`` is ``((h1 + i*h2) mod 2**32) * nbits >> 32`` (Lemire's multiply-shift range
-      reduction): no 64-bit modulo and no second mixing, about half the cost to build,
-      the same false-positive rate (0.8-0.9% at 10 bits and 7 hashes).
+    * Layout 1 (the first runs): a standard filter of ``nbits`` bits, 10 bits a key, 7
+      hashes at positions ``(h1 + i*h2) mod nbits`` of two further mixes of the key hash;
+      0.8% false positives. Building it is ``hashes`` random writes a key.
+    * Layout 2 (written now): register-blocked, as RocksDB's and Impala's blocked
+      filters: a key's bits all lie in one 64-bit word, ``((h mod 2**32) * words) >> 32``,
+      and are the word mask ``_word_masks(hashes)[h >> 48]``. 13 bits a key and 6 hashes
+      give layout 1's 0.8% false positives (a word holds few keys, so it needs 30% more
+      bits than a standard filter) for one read-modify-write a key instead of 7 random
+      writes: building costs about half, and a probe reads one word.
     """
 
     def __init__(self, bits: np.ndarray, nbits: int, hashes: int = BLOOM_HASHES, layout: int = 1) -> None:
         if layout not in (1, 2):
             raise ValueError(f"unknown bloom filter layout {layout}")
+        if layout == 2 and (nbits % 64 or not nbits):
+            raise ValueError(f"a layout 2 bloom filter holds whole 64-bit words, not {nbits} bits")
         self.bits, self.nbits, self.hashes, self.layout = bits, nbits, hashes, layout
 
     @classmethod
     def sized(cls, keys: int) -> Bloom:
         """An empty filter for up to ``keys`` keys at ~1% false positives (the layout runs are written in)."""
+        if BLOOM_LAYOUT == 2:
+            words = max(1, (keys * BLOOM_BITS_PER_KEY_2 + 63) // 64)
+            return cls(np.zeros(words * 8, dtype=np.uint8), words * 64, BLOOM_HASHES_2, layout=2)
         nbits = max(64, keys * BLOOM_BITS_PER_KEY + 7) // 8 * 8
-        return cls(np.zeros(nbits // 8, dtype=np.uint8), nbits, layout=BLOOM_LAYOUT)
+        return cls(np.zeros(nbits // 8, dtype=np.uint8), nbits, BLOOM_HASHES, layout=1)
 
     def _positions(self, hashes: np.ndarray) -> Iterator[np.ndarray]:
-        if self.layout == 2:
-            yield from self._positions_2(hashes)
-            return
         h1 = _mix(hashes)
         h2 = _mix(hashes ^ _U(0x5BD1E9955BD1E995)) | _U(1)
         with np.errstate(over="ignore"):
             for i in range(self.hashes):
                 yield ((h1 + _U(i) * h2) % _U(self.nbits)).astype(np.int64)
 
-    def _positions_2(self, hashes: np.ndarray) -> np.ndarray:
-        """Layout 2's positions, one row per hash function, in int64 arithmetic (exact:
-        ``at`` < 2**32 and ``nbits`` < 2**31, so the product fits)."""
-        if self.nbits >= 2**31:
-            raise ValueError(f"a bloom filter of {self.nbits} bits is larger than layout 2 allows")
-        at = (hashes & _U(0xFFFFFFFF)).view(np.int64)
-        step = ((hashes >> _U(32)) | _U(1)).view(np.int64)
-        out = np.empty((self.hashes, len(hashes)), dtype=np.int64)
-        for i in range(self.hashes):
-            if i:
-                at += step
-                at &= 0xFFFFFFFF
-            np.multiply(at, self.nbits, out=out[i])
-        out >>= 32
-        return out
+    def _words(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Layout 2: each key's word and mask."""
+        word = (hashes & _U(0xFFFFFFFF)).view(np.int64)
+        word *= self.nbits // 64
+        word >>= 32
+        return word, _word_masks(self.hashes)[(hashes >> _U(48)).view(np.int64)]
 
     def add(self, hashes: np.ndarray) -> None:
         """Add keys (by hash)."""
+        if self.layout == 2:
+            words = np.frombuffer(self.bits, dtype="<u8").copy()
+            np.bitwise_or.at(words, *self._words(hashes))
+            self.bits = words.view(np.uint8)
+            return
         # Set bits in a bool array and pack them (bit i of byte j is position 8j + i, as
         # might_contain reads them): much faster than ``np.bitwise_or.at`` per position.
-        flags = (np.unpackbits(self.bits, bitorder="little").astype(bool) if self.bits.any()
-                 else np.zeros(len(self.bits) * 8, dtype=bool))
-        if self.layout == 2:
-            flags[self._positions_2(hashes).ravel()] = True
-        else:
-            for pos in self._positions(hashes):
-                flags[pos] = True
+        flags = np.unpackbits(self.bits, bitorder="little").astype(bool)
+        for pos in self._positions(hashes):
+            flags[pos] = True
         self.bits = np.packbits(flags, bitorder="little")
 
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
         """Per key: False means certainly absent."""
+        if self.layout == 2:
+            word, mask = self._words(hashes)
+            return (np.frombuffer(self.bits, dtype="<u8")[word] & mask) == mask  # type: ignore[no-any-return]
         out = np.ones(len(hashes), dtype=bool)
         for pos in self._positions(hashes):
             out &= ((self.bits[pos >> 3] >> (pos & 7).astype(np.uint8)) & 1).astype(bool)
@@ -260,7 +277,7 @@ def write_run(
                           **{n: pa.array(entries[n], pa.int64())
                              for n in ("offset", "length", "rows", "bloom_offset", "bloom_length")}})
         meta = {b"run_format": _RUN_FORMAT, b"key_columns": json.dumps(key_columns).encode(),
-                b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(BLOOM_HASHES).encode()}
+                b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(Bloom.sized(1).hashes).encode()}
         if BLOOM_LAYOUT != 1:  # layout 1 runs say nothing, as those written before layouts
             meta[b"bloom_layout"] = str(BLOOM_LAYOUT).encode()
         index = index.replace_schema_metadata(meta)
@@ -448,7 +465,11 @@ class RunReader:
                 BLOCK_CACHE.put(self._cache_key(("bloom", int(b))), bits, len(bits))
         for b, bits in filters.items():
             mine = block[where] == b
-            bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes, self._layout)
+            try:
+                bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes, self._layout)
+            except ValueError as exc:
+                raise CorruptCheckpointError(f"{self.where}: bloom filter of block {b} is damaged ({exc})",
+                                             self.where) from exc
             maybe[where[mine]] = bloom.might_contain(hashes[mine])
         return maybe
 
