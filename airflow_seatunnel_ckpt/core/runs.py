@@ -10,8 +10,8 @@ state file format (``core/codec.py``, payload kind ``RUN``)::
 * A *block* is up to ``block_rows`` rows (and about 2 MiB) in key order, one Arrow IPC
   stream, framed as exactly one chunk: a ranged read of its bytes is verified by the
   chunk's own CRC32C and decoded without the rest of the file.
-* Each block has its own *bloom filter* (about 10 bits per key, 7 hashes: ~1% false
-  positives), one chunk each, stored together after the blocks (a partitioned filter,
+* Each block has its own *bloom filter* (~0.8% false positives; two layouts, see
+  :class:`Bloom`), one chunk each, stored together after the blocks (a partitioned filter,
   as RocksDB's): a lookup reads only the filters of the blocks whose key range holds
   one of its keys -- adjacent ones in one ranged read -- and then only the blocks whose
   filter says "maybe". Keys the run does not hold cost filter bits, not blocks; a few
@@ -24,6 +24,9 @@ state file format (``core/codec.py``, payload kind ``RUN``)::
 Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
 injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
 file: deep verification and :func:`read_run_table` read it with :func:`codec.decode_stream`.
+
+The module is longer than 450 lines because it is one file format: its hashing, both
+bloom filter layouts, writer and reader must change together.
 """
 
 from __future__ import annotations
@@ -423,20 +426,29 @@ class RunReader:
         if not n or not nblocks:
             return out
         keys = keys.cast(self.index.schema.field("last").type)
-        # searchsorted for any orderable key type: sort the keys together with the blocks'
-        # last keys; a key's block is the number of last keys sorting before it.
-        both = pa.table({"k": pa.concat_arrays([keys, self.index.column("last").combine_chunks()]),
-                         "f": np.concatenate([np.zeros(n, np.int8), np.ones(nblocks, np.int8)])})
-        order = pc.sort_indices(both, [("k", "ascending"), ("f", "ascending")]).to_numpy()
-        flags = both.column("f").to_numpy()[order]
-        before = np.cumsum(flags) - flags
-        block = np.empty(n + nblocks, np.int64)
-        block[order] = before
-        block = block[:n]
-        inside = block < nblocks
-        if inside.any():
-            firsts = self.index.column("first").take(pa.array(np.where(inside, block, 0)))
-            inside &= pc.fill_null(pc.greater_equal(keys, firsts), False).to_numpy(zero_copy_only=False)
+        lasts = self.index.column("last").combine_chunks()
+        if pa.types.is_integer(keys.type) and not keys.null_count and not lasts.null_count:
+            # Integer keys: numpy's binary search of the blocks' last keys, O(n log blocks).
+            wanted = keys.to_numpy()
+            block = np.searchsorted(lasts.to_numpy(), wanted, side="left").astype(np.int64)
+            inside = block < nblocks
+            firsts = self.index.column("first").combine_chunks().to_numpy()
+            inside &= wanted >= firsts[np.where(inside, block, 0)]
+        else:
+            # Any other orderable key type: sort the keys together with the blocks' last
+            # keys; a key's block is the number of last keys sorting before it.
+            both = pa.table({"k": pa.concat_arrays([keys, lasts]),
+                             "f": np.concatenate([np.zeros(n, np.int8), np.ones(nblocks, np.int8)])})
+            order = pc.sort_indices(both, [("k", "ascending"), ("f", "ascending")]).to_numpy()
+            flags = both.column("f").to_numpy()[order]
+            before = np.cumsum(flags) - flags
+            block = np.empty(n + nblocks, np.int64)
+            block[order] = before
+            block = block[:n]
+            inside = block < nblocks
+            if inside.any():
+                firsts = self.index.column("first").take(pa.array(np.where(inside, block, 0)))
+                inside &= pc.fill_null(pc.greater_equal(keys, firsts), False).to_numpy(zero_copy_only=False)
         if self._whole is None and inside.any():
             inside &= self._bloom_says_maybe(keys, block, inside)
         out[inside] = block[inside]

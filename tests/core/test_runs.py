@@ -148,7 +148,7 @@ def test_key_groups_take_turns_and_share_the_budget() -> None:
     caps = [compaction_cap(chains, 8, g, epoch=5, floor=0) for g in range(8)]
     assert [c is not None for c in caps] == [(5 + g) % 4 == 0 for g in range(8)]
     assert sum(c for c in caps if c is not None) == pytest.approx(0.08 * 8000, abs=2)
-    assert compaction_cap(chains, 8, 3, epoch=5) == 1024 * 1024  # the floor for tiny states
+    assert compaction_cap(chains, 8, 3, epoch=5) == 64 * 1024  # the floor for tiny states
 
 
 def flip_byte(path: Path, offset: int) -> None:

@@ -217,8 +217,8 @@ def run_key_groups(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids
     """One epoch of de-duplication over every key group, as the tasks of one update run it;
     also the bytes its tasks wrote (every file of the epoch, reported or not)."""
     location = StoreLocation(f"file://{root}", {})
-    # No merge floor: this state (~1 MB) is below the default 1 MiB a key group may
-    # always merge, and the budget is what is under test.
+    # No merge floor: this state (~1 MB) is small enough for the 64 KiB a key group may
+    # always merge to matter, and the budget is what is under test.
     policy = PartPolicy(True, 10, Codec.ZSTD, 3, block_rows=4096, fanout=4, compaction_floor=0)
     restored = OperatorState(groups, ["id"], chains, StateKind.KEY_SET.value)
     settings = StateSettings("seen", StateKind.KEY_SET, groups, epoch, 1, location, location, policy, restored,

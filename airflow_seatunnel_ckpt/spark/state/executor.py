@@ -114,7 +114,7 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
                         compression=policy.compression)
     cap = compaction_cap(settings.chains, settings.key_groups, key_group, settings.epoch,
                          budget=policy.compaction_budget, turns=policy.compaction_turns, floor=policy.compaction_floor,
-                         min_epoch=settings.min_epoch)
+                         changes=ref.size if ref is not None else 0, min_epoch=settings.min_epoch)
     sizes = [r.size for r in chain] + ([ref.size] if ref is not None else [])
     window = plan_compaction(sizes, cap, policy.fanout, soft_runs=2 * policy.fanout)
     if window is None:
