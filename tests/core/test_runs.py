@@ -91,6 +91,23 @@ def test_runs_of_either_bloom_layout_find_their_keys(tmp_path: Path, monkeypatch
     assert (blocks >= 0).mean() < 0.015  # ~0.9% false positives in both layouts
 
 
+def test_a_bloom_filter_of_a_wrong_size_is_refused_naming_the_file(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = CountingStorage(f"file://{tmp_path}")
+    keys = random_keys(2_000)
+    real_add = runs.Bloom.add
+
+    def add_then_cut(self: runs.Bloom, hashes: np.ndarray) -> None:  # a filter of 7 bytes too few
+        real_add(self, hashes)
+        self.bits = self.bits[:-7]
+
+    monkeypatch.setattr(runs.Bloom, "add", add_then_cut)
+    ref = written_run(storage, keys)
+    monkeypatch.undo()
+    with pytest.raises(CorruptCheckpointError, match="part-0: bloom filter of block .* is damaged"):
+        lookup(storage, [ref], ["k"], keys.slice(0, 10))
+
+
 def test_a_key_found_in_a_newer_run_is_not_looked_up_in_older_ones(tmp_path: Path) -> None:
     storage = CountingStorage(f"file://{tmp_path}")
     old = written_run(storage, random_keys(10_000))
