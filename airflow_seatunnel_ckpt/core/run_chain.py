@@ -29,7 +29,7 @@ import numpy as np
 
 from airflow_seatunnel_ckpt.core.models import PartRef
 from airflow_seatunnel_ckpt.core.parts import TOMBSTONE
-from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, RunReader, is_live, sort_keys
+from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, RunReader, is_live, key_hashes, sort_keys
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: Runs of similar size that trigger a merge.
@@ -73,6 +73,7 @@ def lookup(
     import pyarrow as pa
 
     pending = np.arange(len(keys), dtype=np.int64)
+    hashes: np.ndarray | None = None  # of every key, computed once for all the runs
     positions: list[np.ndarray] = []
     found: list[Any] = []
     read = 0
@@ -81,7 +82,9 @@ def lookup(
             break
         reader = RunReader(storage, ref, key_columns)
         sub = keys.take(pa.array(pending))
-        blocks = reader.locate(sub)
+        if hashes is None and reader.index.num_rows:
+            hashes = key_hashes(keys)
+        blocks = reader.locate(sub, None if hashes is None else hashes[pending])
         resolved = np.zeros(len(pending), dtype=bool)
         candidates = np.nonzero(blocks >= 0)[0]
         ordered = candidates[np.argsort(blocks[candidates], kind="stable")]

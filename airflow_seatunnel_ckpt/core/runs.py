@@ -416,8 +416,12 @@ class RunReader:
         for i in range(self.index.num_rows):
             yield self.block(i)
 
-    def locate(self, keys: Any) -> np.ndarray:
-        """Per key, the block that may hold it, or -1 (outside every block, or not in its bloom)."""
+    def locate(self, keys: Any, hashes: np.ndarray | None = None) -> np.ndarray:
+        """Per key, the block that may hold it, or -1 (outside every block, or not in its bloom).
+
+        ``hashes``: the keys' :func:`key_hashes`, when the caller has them (a lookup
+        hashes its keys once for every run it asks).
+        """
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -450,18 +454,19 @@ class RunReader:
                 firsts = self.index.column("first").take(pa.array(np.where(inside, block, 0)))
                 inside &= pc.fill_null(pc.greater_equal(keys, firsts), False).to_numpy(zero_copy_only=False)
         if self._whole is None and inside.any():
-            inside &= self._bloom_says_maybe(keys, block, inside)
+            inside &= self._bloom_says_maybe(keys, block, inside, hashes)
         out[inside] = block[inside]
         return out
 
-    def _bloom_says_maybe(self, keys: Any, block: np.ndarray, inside: np.ndarray) -> np.ndarray:
+    def _bloom_says_maybe(self, keys: Any, block: np.ndarray, inside: np.ndarray,
+                          hashes: np.ndarray | None) -> np.ndarray:
         """Per key (inside its block's range): whether its block's bloom filter may hold it.
 
         The filters of adjacent candidate blocks are fetched in one ranged read.
         """
         maybe = np.zeros(len(keys), dtype=bool)
         where = np.nonzero(inside)[0]
-        hashes = key_hashes(keys.take(where))
+        hashes = key_hashes(keys.take(where)) if hashes is None else hashes[where]
         wanted = np.unique(block[where])
         offsets = self.index.column("bloom_offset").to_numpy()
         lengths = self.index.column("bloom_length").to_numpy()
