@@ -19,7 +19,7 @@ import pytest
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.checkpoint import read_chain, write_arrow_part
 from airflow_seatunnel_ckpt.core.codec import Codec
-from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
+from airflow_seatunnel_ckpt.core.models import OperatorState, PartKind, PartRef
 from airflow_seatunnel_ckpt.core.storage import open_storage
 from airflow_seatunnel_ckpt.spark.state.executor import dedup_partition, merge_partition
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport, next_chain
@@ -27,6 +27,7 @@ from airflow_seatunnel_ckpt.spark.state.settings import (
     KEY_GROUP_COLUMN,
     Aggregate,
     PartPolicy,
+    StateError,
     StateKind,
     StateSettings,
     StoreLocation,
@@ -254,3 +255,11 @@ def test_every_epoch_writes_o_changed_keys_and_runs_stay_bounded(tmp_path: Path)
     assert most_runs <= 2 * 4 + 4  # soft bound (2 x fanout) + the runs added between turns
     stored = read_chain(open_storage(f"file://{tmp_path}"), chains[3], ["id"])
     assert sorted(stored["id"].to_pylist()) == [k for k in range(keys) if k % groups == 3]
+
+
+def test_a_compaction_report_outside_the_restored_chain_is_refused() -> None:
+    ref = PartRef("checkpoint_3/operators/seen/part-0-1-ab", 10, 0, 3, 0, PartKind.DELTA, index=1)
+    report = PartReport(0, 1, 1, part=None, merged=ref, merge_start=1, merge_end=4)
+    with pytest.raises(StateError, match="key group 0 reported a compaction of runs 1..4, but its restored chain "
+                                         "holds 2 runs"):
+        next_chain([ref, ref], report)

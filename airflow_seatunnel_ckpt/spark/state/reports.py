@@ -15,6 +15,7 @@ from pyspark.accumulators import AccumulatorParam
 
 from airflow_seatunnel_ckpt.core.models import PartRef
 from airflow_seatunnel_ckpt.core.run_chain import live_runs
+from airflow_seatunnel_ckpt.spark.state.settings import StateError
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,12 @@ def next_chain(restored: list[PartRef], report: PartReport, min_epoch: int | Non
     """
     if report.merged is not None:
         if not 0 <= report.merge_start < report.merge_end <= len(restored):
-            raise ValueError(f"key group {report.key_group}: compaction of runs {report.merge_start}.."
-                             f"{report.merge_end} is outside its chain of {len(restored)}")
+            # A task planned its merge on another chain than the one restored here: the
+            # report cannot be applied (never the case when tasks and driver share settings).
+            raise StateError(
+                f"keyed state: key group {report.key_group} reported a compaction of runs "
+                f"{report.merge_start}..{report.merge_end}, but its restored chain holds {len(restored)} "
+                "runs; the update's tasks ran against another checkpoint -- retry the stage")
         restored = [*restored[:report.merge_start], report.merged, *restored[report.merge_end:]]
     before = restored[: len(restored) - report.replaces] if report.replaces else list(restored)
     ref = report.part
