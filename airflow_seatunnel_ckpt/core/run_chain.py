@@ -233,8 +233,9 @@ def merge_sorted(
     """K-way merge of sorted block streams (oldest source first): newest row per key wins.
 
     Each round emits every row up to the smallest last key among the sources' current
-    blocks, so memory is one block per source. With ``drop_dead`` tombstones and expired
-    rows are dropped (the merge covers the chain's oldest run: nothing older to shadow).
+    blocks, so memory is one block per source. Expired rows are always dropped (any
+    older row of the key is older still, so expired too); tombstones only with
+    ``drop_dead`` (the merge covers the chain's oldest run: nothing older to shadow).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -275,4 +276,6 @@ def merge_sorted(
         out = combined.filter(pa.array(first))
         if drop_dead:
             out = out.filter(is_live(out, min_epoch, max(epochs)))
+        elif min_epoch is not None and EPOCH_COLUMN in out.column_names:
+            out = out.filter(pc.greater_equal(out.column(EPOCH_COLUMN), min_epoch))
         yield _conform(out.drop_columns(["__k", "__rank"]), schema)

@@ -14,7 +14,7 @@ from airflow_seatunnel_ckpt.core import runs
 from airflow_seatunnel_ckpt.core.checkpoint import read_chain
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
-from airflow_seatunnel_ckpt.core.run_chain import compaction_cap, lookup, plan_compaction
+from airflow_seatunnel_ckpt.core.run_chain import compaction_cap, lookup, merge_sorted, merged_schema, plan_compaction
 from airflow_seatunnel_ckpt.core.runs import RunReader, sort_keys, write_run
 from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 
@@ -242,3 +242,21 @@ def test_a_repeated_lookup_in_the_same_process_is_served_from_the_block_cache(tm
     again = lookup(storage, [ref], ["k"], wanted)
     assert storage.ranges == [] and again[2] == 0  # index, filters and blocks: all decoded before
     assert sorted(again[0].tolist()) == sorted(first[0].tolist()) == list(range(50))
+
+
+def test_a_merge_drops_expired_rows_always_and_tombstones_only_from_the_first_run() -> None:
+    older = pa.table({"k": pa.array([1, 2, 3], pa.int64()), "__epoch": pa.array([1, 5, 5], pa.int64()),
+                      "__deleted": pa.array([False, False, False])})
+    newer = pa.table({"k": pa.array([2, 4], pa.int64()), "__epoch": pa.array([6, 6], pa.int64()),
+                      "__deleted": pa.array([True, False])})
+    schema = merged_schema([older.schema, newer.schema], drop_tombstones=False)
+
+    def merged(drop_dead: bool) -> dict[str, list[Any]]:
+        out = merge_sorted([iter([older]), iter([newer])], ["k"], schema, epochs=[5, 6], drop_dead=drop_dead,
+                           min_epoch=3)
+        return pa.concat_tables(list(out)).to_pydict()
+
+    # Key 1 expired (epoch 1 < 3): dropped by any merge. Key 2's tombstone stays unless
+    # nothing older can hold key 2.
+    assert merged(False) == {"k": [2, 3, 4], "__epoch": [6, 5, 6], "__deleted": [True, False, False]}
+    assert merged(True)["k"] == [3, 4]
