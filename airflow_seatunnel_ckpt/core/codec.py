@@ -101,7 +101,7 @@ class _Compressor:
             self._lz4 = lz4.frame
             self._level = max(0, level)
 
-    def compress(self, raw: bytes) -> bytes:
+    def compress(self, raw: bytes | memoryview) -> bytes:
         if self.codec is Codec.ZSTD:
             return self._z.compress(raw)
         return self._lz4.compress(raw, compression_level=self._level)  # type: ignore[no-any-return]
