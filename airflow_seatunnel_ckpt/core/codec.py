@@ -101,7 +101,7 @@ class _Compressor:
             self._lz4 = lz4.frame
             self._level = max(0, level)
 
-    def compress(self, raw: bytes) -> bytes:
+    def compress(self, raw: bytes | memoryview) -> bytes:
         if self.codec is Codec.ZSTD:
             return self._z.compress(raw)
         return self._lz4.compress(raw, compression_level=self._level)  # type: ignore[no-any-return]
@@ -199,7 +199,7 @@ class ChunkWriter:
         """One chunk holding exactly ``raw`` (non-empty), framed."""
         if not len(raw):
             raise ValueError("a chunk needs at least one byte")
-        stored = self._comp.compress(bytes(raw))
+        stored = self._comp.compress(raw)  # any buffer: the IPC payload is not copied first
         lengths = _CHUNK.pack(len(raw), len(stored), 0)[:8]
         head = lengths + _U32.pack(crc32c(stored, crc32c(lengths)))
         self._running = crc32c(stored, crc32c(head, self._running))

@@ -10,10 +10,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from airflow_seatunnel_ckpt.core import runs
 from airflow_seatunnel_ckpt.core.checkpoint import read_chain
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
-from airflow_seatunnel_ckpt.core.run_chain import lookup, plan_compaction
+from airflow_seatunnel_ckpt.core.run_chain import compaction_cap, lookup, merge_sorted, merged_schema, plan_compaction
 from airflow_seatunnel_ckpt.core.runs import RunReader, sort_keys, write_run
 from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 
@@ -71,6 +72,42 @@ def test_a_lookup_of_new_keys_reads_no_blocks_beyond_bloom_false_positives(tmp_p
     assert read < ref.size * 0.4  # filters (10 bits a key) + index, not the blocks
 
 
+@pytest.mark.parametrize("layout", [1, 2])
+def test_runs_of_either_bloom_layout_find_their_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      layout: int) -> None:
+    """Runs written before bloom layout 2 (no ``bloom_layout`` in the index) still look up."""
+    monkeypatch.setattr(runs, "BLOOM_LAYOUT", layout)
+    storage = CountingStorage(f"file://{tmp_path}")
+    keys = random_keys(50_000)
+    ref = written_run(storage, keys)
+    meta = RunReader(storage, ref, ["k"], data=(tmp_path / ref.path).read_bytes())
+    assert meta._layout == layout
+    present = keys.slice(0, 3_000)
+    positions, rows, _ = lookup(storage, [ref], ["k"], present)
+    assert len(positions) == 3_000
+    reader = RunReader(storage, ref, ["k"])
+    absent = random_keys(20_000, seed=98)
+    blocks = reader.locate(absent)
+    assert (blocks >= 0).mean() < 0.015  # ~0.9% false positives in both layouts
+
+
+def test_a_bloom_filter_of_a_wrong_size_is_refused_naming_the_file(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = CountingStorage(f"file://{tmp_path}")
+    keys = random_keys(2_000)
+    real_add = runs.Bloom.add
+
+    def add_then_cut(self: runs.Bloom, hashes: np.ndarray) -> None:  # a filter of 7 bytes too few
+        real_add(self, hashes)
+        self.bits = self.bits[:-7]
+
+    monkeypatch.setattr(runs.Bloom, "add", add_then_cut)
+    ref = written_run(storage, keys)
+    monkeypatch.undo()
+    with pytest.raises(CorruptCheckpointError, match="part-0: bloom filter of block .* is damaged"):
+        lookup(storage, [ref], ["k"], keys.slice(0, 10))
+
+
 def test_a_key_found_in_a_newer_run_is_not_looked_up_in_older_ones(tmp_path: Path) -> None:
     storage = CountingStorage(f"file://{tmp_path}")
     old = written_run(storage, random_keys(10_000))
@@ -88,22 +125,47 @@ def test_a_key_found_in_a_newer_run_is_not_looked_up_in_older_ones(tmp_path: Pat
     assert read_chain(storage, [old, new], ["k"]).num_rows == 20_000 and old_reader.rows == 10_000
 
 
-def test_compaction_plan_keeps_runs_logarithmic() -> None:
-    sizes: list[int] = []
+@pytest.mark.parametrize("groups", [1, 8, 64])
+def test_compaction_plan_keeps_every_epoch_within_budget_and_runs_bounded(groups: int) -> None:
+    """300 epochs, each adding 5% of the state to every key group: merges stay within the
+    epoch's budget in every epoch and chains stay short, for any number of key groups."""
+    chains: dict[int, list[int]] = {g: [1000] for g in range(groups)}
     most = 0
-    rewritten = 0
-    for _ in range(2000):
-        sizes.append(100)
-        start = plan_compaction(sizes)
-        if start is not None:
-            rewritten += sum(sizes[start:])
-            sizes[start:] = [sum(sizes[start:])]
-        most = max(most, len(sizes))
-    assert most <= 4 * 7  # fanout x log4(2000)
-    assert rewritten <= 2000 * 100 * 8  # each row rewritten O(log) times
-    assert plan_compaction([1000, 10, 10, 10]) is None
-    assert plan_compaction([10, 10, 10, 10]) == 0
-    assert plan_compaction([1] * 70, max_runs=64) == 0
+    for epoch in range(2, 302):
+        state = sum(sum(c) for c in chains.values())
+        refs = {g: [PartRef(f"p{i}", s, 0, 1, g) for i, s in enumerate(c)] for g, c in chains.items()}
+        merged = 0
+        for g, sizes in chains.items():
+            window = plan_compaction(sizes, compaction_cap(refs, groups, g, epoch, floor=0))
+            if window is not None:
+                start, end = window
+                merged += sum(sizes[start:end])
+                sizes[start:end] = [sum(sizes[start:end])]
+            sizes.append(max(1, state // 20 // groups))
+            most = max(most, len(sizes))
+        assert merged <= 0.08 * state + groups, epoch
+    # With fewer key groups than turns a key group's runs are at most ~8% of the state
+    # each (what one epoch may merge): about 1 / 0.08 of them, plus the newest tiers.
+    assert most <= (16 if groups >= 4 else 24)
+
+
+def test_compaction_plan_picks_a_window_within_the_cap() -> None:
+    assert plan_compaction([1000, 10, 10, 10, 10], cap=100) == (1, 5)  # the tier of similar runs
+    assert plan_compaction([1000, 10, 10, 10, 10], cap=None) is None  # not this key group's turn
+    assert plan_compaction([1000, 10, 10, 10, 10], cap=30) is None  # no tier fits, chain short
+    # A tier anywhere in the chain, not only the newest runs; the big run in between stays.
+    assert plan_compaction([10, 10, 10, 10, 500, 20], cap=100) == (0, 4)
+    # A long chain merges its cheapest neighbours when no tier fits the cap.
+    assert plan_compaction([500, 40, 400, 30, 300, 20, 200, 10, 100], cap=250) == (5, 8)
+    assert plan_compaction([1] * 70, cap=None) == (0, 70)  # the safety bound
+
+
+def test_key_groups_take_turns_and_share_the_budget() -> None:
+    chains = {g: [PartRef("p", 1000, 0, 1, g)] for g in range(8)}
+    caps = [compaction_cap(chains, 8, g, epoch=5, floor=0) for g in range(8)]
+    assert [c is not None for c in caps] == [(5 + g) % 4 == 0 for g in range(8)]
+    assert sum(c for c in caps if c is not None) == pytest.approx(0.08 * 8000, abs=2)
+    assert compaction_cap(chains, 8, 3, epoch=5) == 64 * 1024  # the floor for tiny states
 
 
 def flip_byte(path: Path, offset: int) -> None:
@@ -180,3 +242,21 @@ def test_a_repeated_lookup_in_the_same_process_is_served_from_the_block_cache(tm
     again = lookup(storage, [ref], ["k"], wanted)
     assert storage.ranges == [] and again[2] == 0  # index, filters and blocks: all decoded before
     assert sorted(again[0].tolist()) == sorted(first[0].tolist()) == list(range(50))
+
+
+def test_a_merge_drops_expired_rows_always_and_tombstones_only_from_the_first_run() -> None:
+    older = pa.table({"k": pa.array([1, 2, 3], pa.int64()), "__epoch": pa.array([1, 5, 5], pa.int64()),
+                      "__deleted": pa.array([False, False, False])})
+    newer = pa.table({"k": pa.array([2, 4], pa.int64()), "__epoch": pa.array([6, 6], pa.int64()),
+                      "__deleted": pa.array([True, False])})
+    schema = merged_schema([older.schema, newer.schema], drop_tombstones=False)
+
+    def merged(drop_dead: bool) -> dict[str, list[Any]]:
+        out = merge_sorted([iter([older]), iter([newer])], ["k"], schema, epochs=[5, 6], drop_dead=drop_dead,
+                           min_epoch=3)
+        return pa.concat_tables(list(out)).to_pydict()
+
+    # Key 1 expired (epoch 1 < 3): dropped by any merge. Key 2's tombstone stays unless
+    # nothing older can hold key 2.
+    assert merged(False) == {"k": [2, 3, 4], "__epoch": [6, 5, 6], "__deleted": [True, False, False]}
+    assert merged(True)["k"] == [3, 4]

@@ -82,9 +82,44 @@ def test_unchanged_key_groups_reference_older_parts_and_chains_stay_bounded(
         chains = orders.pipeline.status(epoch).prepared["ingest"].operators["seen_orders"].chains
         assert all(ref.epoch == 1 for g in range(1, KEY_GROUPS) for ref in chains[g])
         assert chains[0][-1].epoch == epoch
-    # full_checkpoint_interval=3: epoch 4 finds a chain of 3 and writes key group 0 in full.
+    # Epoch 4: its changes and the three similar runs before them merge into one FULL run.
     assert [(ref.epoch, ref.kind) for ref in chains[0]] == [(4, "full")]
     assert len(orders.published()) == 5 * KEY_GROUPS + 15
+
+
+def test_a_compaction_of_older_runs_commits_beside_the_new_run_and_restores(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    from pyspark.sql import functions as F
+
+    groups = {
+        r.g: r.ids
+        for r in spark.range(1, 12000)
+        .groupBy(F.pmod(F.hash("id"), F.lit(KEY_GROUPS)).alias("g"))
+        .agg(F.sort_array(F.collect_list("id")).alias("ids"))
+        .collect()
+    }
+    ours = groups[0]
+    orders.add_file("all", [i for g in range(KEY_GROUPS) for i in groups[g][:5]])
+    orders.commit(run_stage(orders.spec("run-1"), spark))
+    for epoch in range(2, 8):  # small runs; key group 0 merges in its turns (epochs 4 and 8)
+        orders.add_file(f"g0-{epoch}", ours[5 * epoch: 5 * epoch + 5])
+        orders.commit(run_stage(orders.spec(f"run-{epoch}"), spark))
+    # Epoch 8's changes are much larger than the runs before them: key group 0 merges its
+    # four similar restored runs into one, and its new run follows that merge's output.
+    orders.add_file("g0-8", ours[40:2040])
+    eighth = run_stage(orders.spec("run-8"), spark)
+    orders.commit(eighth)
+    chain = orders.pipeline.status(8).prepared["ingest"].operators["seen_orders"].chains[0]
+    assert [(ref.epoch, ref.kind) for ref in chain] == [(8, "full"), (8, "delta")]
+    # Epoch 9 looks its keys up in that chain (a part the driver had removed would fail
+    # it): ids of every earlier epoch are duplicates.
+    orders.add_file("g0-9", [*ours[:2040:97], *ours[2040:2045]])
+    ninth = run_stage(orders.spec("run-9"), spark)
+    assert ninth.rows == 5
+    orders.commit(ninth)
+    first = {i for g in range(KEY_GROUPS) for i in groups[g][:5]}
+    assert published_ids() == sorted(first | set(ours[10:2045]))
 
 
 def test_key_value_state_keeps_running_totals_across_epochs(

@@ -13,11 +13,18 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_seatunnel_ckpt.core.checkpoint import TOMBSTONE, read_chain
 from airflow_seatunnel_ckpt.core.models import PartRef
-from airflow_seatunnel_ckpt.core.run_chain import live_runs, lookup, merge_sorted, merged_schema, plan_compaction
+from airflow_seatunnel_ckpt.core.run_chain import (
+    compaction_cap,
+    live_runs,
+    lookup,
+    merge_sorted,
+    merged_schema,
+    plan_compaction,
+)
 from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, RunReader, sort_keys, write_run
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport
 from airflow_seatunnel_ckpt.spark.state.settings import (
@@ -64,52 +71,89 @@ def _sorted_by_keys(table: pa.Table, key_cols: list[str]) -> pa.Table:
     return table.take(pc.sort_indices(sort_keys(table, key_cols))) if table.num_rows else table
 
 
-def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | None) -> tuple[PartRef | None, int, int]:
+class Written(NamedTuple):
+    """What :func:`write_key_group` wrote (see :class:`PartReport` for the fields)."""
+
+    part: PartRef | None = None
+    replaces: int = 0
+    read: int = 0
+    merged: PartRef | None = None
+    merge_start: int = 0
+    merge_end: int = 0
+
+
+def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | None) -> Written:
     """Write the epoch's changed rows of ``key_group`` as a new run and compact when due.
 
-    Returns ``(part, replaces, bytes read)``: the part to append to the restored chain
-    after dropping its ``replaces`` newest runs (a FULL part replaces it whole).
+    The new run is appended to the restored chain. A compaction merges a window of
+    neighbouring runs into one run that takes their place, within the epoch's merge budget
+    (``core.run_chain.compaction_cap``), so the epoch writes O(its changes) bytes; a window
+    that ends with the new run takes the changes from memory and replaces the chain's
+    newest runs.
+    A chain that must be written in full (or holds parts of the earlier format) becomes
+    one FULL run of its runs and the changes.
     """
     chain = settings.chain(key_group)
     store = settings.store.open()
     key_cols = list(settings.key_columns)
     policy = settings.policy
-    ref: PartRef | None = None
     if table is not None and table.num_rows:
         table = _sorted_by_keys(table, key_cols)
+    else:
+        table = None
+    if chain and (settings.must_write_full(key_group) or any(r.index is None for r in chain)):
+        # A chain of the earlier format (parts read whole) is migrated into one run on
+        # its first change, once: lookups in it would otherwise read it whole every epoch.
+        return _merge(settings, key_group, chain, 0, table)
+    ref: PartRef | None = None
+    if table is not None:
         ref = write_run(store, settings.part_path(key_group, secrets.token_hex(6)), [table], key_cols, table.schema,
                         epoch=settings.epoch, key_group=key_group,
                         delta=bool(chain), base_epoch=chain[-1].epoch if chain else None,
                         block_rows=policy.block_rows, level=policy.compression_level,
                         compression=policy.compression)
-    if not chain:
-        return ref, 0, 0
-    if settings.must_write_full(key_group) or any(r.index is None for r in chain):
-        # A chain of the earlier format (parts read whole) is migrated into one run on
-        # its first change, once: lookups in it would otherwise read it whole every epoch.
-        start: int | None = 0
-    else:
-        sizes = [r.size for r in chain] + ([ref.size] if ref is not None else [])
-        start = plan_compaction(sizes, policy.fanout, max_runs=max(policy.full_checkpoint_interval, 2 * policy.fanout))
-    if start is None or start >= len(chain):
-        return ref, 0, 0
-    # The merge replaces chain[start:] and the new run (left unreported: the driver
-    # removes this attempt's unreported parts).
+    cap = compaction_cap(settings.chains, settings.key_groups, key_group, settings.epoch,
+                         budget=policy.compaction_budget, turns=policy.compaction_turns, floor=policy.compaction_floor,
+                         changes=ref.size if ref is not None else 0, min_epoch=settings.min_epoch)
+    sizes = [r.size for r in chain] + ([ref.size] if ref is not None else [])
+    window = plan_compaction(sizes, cap, policy.fanout, soft_runs=2 * policy.fanout)
+    if window is None:
+        return Written(ref)
+    start, end = window
+    if ref is not None and end == len(sizes):
+        # The window ends with the new run: the merge takes the changes from memory and
+        # replaces the chain's newest runs (the new run's file is left unreported).
+        return _merge(settings, key_group, chain[start:], start, table, base=chain[start - 1] if start else None)
+    merged = _merge(settings, key_group, chain[start:end], start, None, base=chain[start - 1] if start else None)
+    return Written(ref, 0, merged.read, merged.part, start, end)
+
+
+def _merge(settings: StateSettings, key_group: int, runs: list[PartRef], start: int, table: pa.Table | None,
+           base: PartRef | None = None) -> Written:
+    """Merge ``runs`` (the restored chain's from ``start`` on) and ``table`` into one run.
+
+    With ``table`` (the epoch's changes, sorted) the result replaces the whole chain:
+    ``Written.part`` with ``replaces``; without, it is ``Written.part`` to be placed where
+    ``runs`` were. A merge from the chain's first run drops tombstones and expired rows
+    (nothing older to shadow) and writes a FULL run; any other a DELTA run.
+    """
+    policy = settings.policy
+    key_cols = list(settings.key_columns)
     restore = settings.restore_from.open()
-    readers = [RunReader(restore, r, key_cols) for r in live_runs(chain[start:], settings.min_epoch)]
-    sources = [reader.blocks() for reader in readers] + ([iter([table])] if ref is not None else [])
-    epochs = [r.ref.epoch for r in readers] + ([settings.epoch] if ref is not None else [])
-    schemas = [r.schema for r in readers] + ([table.schema] if ref is not None else [])
-    if not sources:  # every replaced run expired: nothing left of them
-        return ref, len(chain) - start, 0
+    readers = [RunReader(restore, r, key_cols) for r in live_runs(runs, settings.min_epoch)]
+    sources = [reader.blocks() for reader in readers] + ([iter([table])] if table is not None else [])
+    epochs = [r.ref.epoch for r in readers] + ([settings.epoch] if table is not None else [])
+    schemas = [r.schema for r in readers] + ([table.schema] if table is not None else [])
+    if not sources:  # every merged run expired and nothing new: nothing left of them
+        return Written(None, len(runs), 0)
     schema = merged_schema(schemas, drop_tombstones=start == 0)
-    merged = write_run(
-        store, settings.part_path(key_group, secrets.token_hex(6)),
+    part = write_run(
+        settings.store.open(), settings.part_path(key_group, secrets.token_hex(6)),
         merge_sorted(sources, key_cols, schema, epochs=epochs, drop_dead=start == 0, min_epoch=settings.min_epoch),
         key_cols, schema, epoch=settings.epoch, key_group=key_group, delta=start > 0,
-        base_epoch=chain[start - 1].epoch if start > 0 else None, block_rows=policy.block_rows,
+        base_epoch=base.epoch if base is not None else None, block_rows=policy.block_rows,
         level=policy.compression_level, compression=policy.compression)
-    return merged, len(chain) - start, sum(r.bytes_read for r in readers)
+    return Written(part, len(runs), sum(r.bytes_read for r in readers))
 
 
 def _batch_key_group(batch: pa.RecordBatch, seen: int | None) -> int:
@@ -141,12 +185,12 @@ def _report(
     partition: int,
     rows: int,
     changed: int,
-    written: tuple[PartRef | None, int, int],
+    written: Written,
     read: int,
 ) -> None:
-    part, replaces, merge_read = written
-    report = PartReport(key_group, rows, changed, aligned=key_group == partition, part=part,
-                        replaces=replaces, read=read + merge_read)
+    report = PartReport(key_group, rows, changed, aligned=key_group == partition, part=written.part,
+                        replaces=written.replaces, read=read + written.read, merged=written.merged,
+                        merge_start=written.merge_start, merge_end=written.merge_end)
     accumulator.add([report])
 
 
@@ -230,7 +274,7 @@ def dedup_partition(
     if key_group is None:  # no input: the partition index is the key group
         key_group = partition
     new_keys = pa.concat_tables(new_tables) if new_tables else None
-    written: tuple[PartRef | None, int, int] = (None, 0, 0)
+    written = Written()
     if new_keys is not None or (settings.policy.force_full and settings.chain(key_group)):
         written = write_key_group(settings, key_group, new_keys)
     changed = 0 if new_keys is None else new_keys.num_rows
@@ -298,7 +342,7 @@ def merge_partition(
             tables.append(pa.Table.from_batches([batch]).drop_columns([KEY_GROUP_COLUMN]))
     if key_group is None:  # no input: the partition index is the key group
         key_group = partition
-    written: tuple[PartRef | None, int, int] = (None, 0, 0)
+    written = Written()
     changed = read = 0
     if tables:
         partial = pa.concat_tables(tables)

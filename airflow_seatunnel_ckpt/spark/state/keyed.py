@@ -228,7 +228,7 @@ class KeyedState:
             for g in to_check:
                 reports[g] = PartReport(g, rows=0, changed=0)
         chains, written = self._next_chains(reports)
-        self._remove_unreported_parts({r.part.path for r in reports.values() if r.part})
+        self._remove_unreported_parts({p.path for r in reports.values() for p in r.parts})
         state = OperatorState(
             self.key_groups, list(self.settings.key_columns), chains, self.kind.value
         )
@@ -237,8 +237,9 @@ class KeyedState:
     def _next_chains(self, reports: Mapping[int, PartReport]) -> tuple[dict[int, list[PartRef]], int]:
         """Each key group's chain after this epoch, and the bytes of the parts it added.
 
-        A new full part starts a new chain, a delta replaces the restored chain's newest
-        ``replaces`` runs (a compaction; none: it extends the chain), and a key group that
+        A compaction's output takes the place of the runs it merged, a new full part
+        starts a new chain, a delta extends it (or replaces its newest ``replaces`` runs),
+        and a key group that
         reported no part keeps its restored chain (incremental checkpoints). Under a TTL,
         runs whose every key expired drop out without being read.
         """
@@ -248,7 +249,7 @@ class KeyedState:
         written = 0
         for key_group in range(self.key_groups):
             report = reports[key_group]
-            written += report.part.size if report.part is not None else 0
+            written += sum(p.size for p in report.parts)
             chain = next_chain(list(restored.get(key_group, [])), report, min_epoch)
             if chain:
                 chains[key_group] = chain

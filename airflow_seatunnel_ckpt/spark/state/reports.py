@@ -15,6 +15,7 @@ from pyspark.accumulators import AccumulatorParam
 
 from airflow_seatunnel_ckpt.core.models import PartRef
 from airflow_seatunnel_ckpt.core.run_chain import live_runs
+from airflow_seatunnel_ckpt.spark.state.settings import StateError
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,16 @@ class PartReport:
     replaces: int = 0
     #: Bytes of state the task read (indexes, blooms, blocks; compaction included).
     read: int = 0
+    #: A compaction's output: it replaces the restored chain's runs
+    #: ``[merge_start, merge_end)`` in place (``part`` is then appended as usual).
+    merged: PartRef | None = None
+    merge_start: int = 0
+    merge_end: int = 0
+
+    @property
+    def parts(self) -> list[PartRef]:
+        """The parts the task wrote and reports (its new run, its compaction's output)."""
+        return [p for p in (self.merged, self.part) if p is not None]
 
     @property
     def empty(self) -> bool:
@@ -77,11 +88,20 @@ def choose_reports(reports: Iterable[PartReport]) -> tuple[dict[int, PartReport]
 def next_chain(restored: list[PartRef], report: PartReport, min_epoch: int | None = None) -> list[PartRef]:
     """A key group's chain after this epoch, from its restored chain and its report.
 
-    A FULL part starts a new chain; a DELTA replaces the restored chain's newest
-    ``replaces`` runs (a compaction; none: it extends the chain); no part keeps the
-    restored chain (incremental checkpoints). Under a TTL, runs whose every key expired
-    drop out without being read.
+    A compaction's output first takes the place of the runs it merged; then a FULL part
+    starts a new chain, a DELTA replaces the restored chain's newest ``replaces`` runs
+    (none: it extends the chain), and no part keeps the chain (incremental checkpoints).
+    Under a TTL, runs whose every key expired drop out without being read.
     """
+    if report.merged is not None:
+        if not 0 <= report.merge_start < report.merge_end <= len(restored):
+            # A task planned its merge on another chain than the one restored here: the
+            # report cannot be applied (never the case when tasks and driver share settings).
+            raise StateError(
+                f"keyed state: key group {report.key_group} reported a compaction of runs "
+                f"{report.merge_start}..{report.merge_end}, but its restored chain holds {len(restored)} "
+                "runs; the update's tasks ran against another checkpoint -- retry the stage")
+        restored = [*restored[:report.merge_start], report.merged, *restored[report.merge_end:]]
     before = restored[: len(restored) - report.replaces] if report.replaces else list(restored)
     ref = report.part
     chain = before if ref is None else [ref] if ref.kind == "full" else [*before, ref]

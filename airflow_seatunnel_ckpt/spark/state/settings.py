@@ -19,7 +19,7 @@ from airflow_seatunnel_ckpt.core.checkpoint import needs_full
 from airflow_seatunnel_ckpt.core.codec import Codec
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
-from airflow_seatunnel_ckpt.core.run_chain import DEFAULT_FANOUT
+from airflow_seatunnel_ckpt.core.run_chain import DEFAULT_BUDGET, DEFAULT_FANOUT, DEFAULT_MERGE_FLOOR, DEFAULT_TURNS
 from airflow_seatunnel_ckpt.core.runs import DEFAULT_BLOCK_ROWS
 from airflow_seatunnel_ckpt.core.storage import open_storage
 
@@ -85,6 +85,12 @@ class PartPolicy:
     block_rows: int = DEFAULT_BLOCK_ROWS
     #: Runs of similar size that are merged into one (size-tiered compaction).
     fanout: int = DEFAULT_FANOUT
+    #: What one epoch's merges may write, as a fraction of the state's bytes.
+    compaction_budget: float = DEFAULT_BUDGET
+    #: Key groups merge in turns, each in one epoch out of this many.
+    compaction_turns: int = DEFAULT_TURNS
+    #: Bytes a key group may always merge in its turn (tiny states merge freely).
+    compaction_floor: int = DEFAULT_MERGE_FLOOR
 
     @classmethod
     def from_config(cls, config: CheckpointConfig, *, force_full: bool = False) -> PartPolicy:
