@@ -12,7 +12,14 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome, SubmissionRecord
+from airflow_seatunnel_ckpt.core.submissions import (
+    SubmissionCheck,
+    SubmissionOutcome,
+    SubmissionRecord,
+    judge_submission,
+    read_submission,
+    submitted_attempts,
+)
 from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
 
 if TYPE_CHECKING:
@@ -70,8 +77,6 @@ class SubmittedStageMixin(BasePipelineOperator):
                              "running: reconnecting to it instead of submitting again", epoch, self.participant,
                              record.attempt, record.host, record.launcher_pid)
         else:
-            from airflow_seatunnel_ckpt.core.submissions import judge_submission, submitted_attempts
-
             if spec.attempt in submitted_attempts(pipeline, epoch, self.participant):
                 ended = judge_submission(pipeline, epoch, self.participant, spec.attempt)
                 raise SubmitError(f"{ended.message}; an attempt is submitted once: clear the task (a new try "
@@ -102,8 +107,6 @@ class SubmittedStageMixin(BasePipelineOperator):
 
     def _running_submission(self, epoch: int) -> SubmissionRecord | None:
         """The newest submitted attempt of this participant in ``epoch`` that still runs, if any."""
-        from airflow_seatunnel_ckpt.core.submissions import judge_submission, read_submission, submitted_attempts
-
         pipeline = self.store_pipeline
         for attempt in reversed(submitted_attempts(pipeline, epoch, self.participant)):
             check = judge_submission(pipeline, epoch, self.participant, attempt)
@@ -138,9 +141,7 @@ class SubmittedStageMixin(BasePipelineOperator):
                               began_here)
 
     def _remove_local_log(self, check: SubmissionCheck) -> None:
-        """Show the end of a failed attempt's output, and remove its launch log when it is on this host."""
-        from airflow_seatunnel_ckpt.core.submissions import read_submission
-
+        """Remove the attempt's launch log once its outcome is taken (its last lines are in the exit record)."""
         record = read_submission(self.store_pipeline, check.epoch, self.participant, check.attempt)
         if record is None or record.host != socket.gethostname() or not check.outcome.done:
             return
