@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.lease import read_lease, store_now
+from airflow_seatunnel_ckpt.core.models import _get
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.txlog import PREPARED_PREFIX
 
@@ -57,14 +58,6 @@ def cancel_name(participant: str, attempt: int) -> str:
     return f"{CANCEL_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
-def _field(d: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    value = d.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
-        raise CorruptCheckpointError(f"{where}: field {key!r} must be {getattr(kind, '__name__', kind)}, "
-                                     f"got {value!r}; the record is damaged: remove it only if no stage runs")
-    return value
-
-
 @dataclass(frozen=True)
 class SubmissionRecord:
     """An attempt of a participant launched through ``spark-submit``."""
@@ -88,11 +81,11 @@ class SubmissionRecord:
     def from_dict(cls, d: Mapping[str, Any], where: str) -> SubmissionRecord:
         if d.get("type") != "submission":
             raise CorruptCheckpointError(f"{where}: not a submission record (type {d.get('type')!r})")
-        return cls(_field(d, "epoch", int, where), _field(d, "participant", str, where),
-                   _field(d, "attempt", int, where), _field(d, "host", str, where),
-                   _field(d, "launcher_pid", int, where), _field(d, "log", str, where),
+        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
+                   _get(d, "attempt", int, where), _get(d, "host", str, where),
+                   _get(d, "launcher_pid", int, where), _get(d, "log", str, where),
                    str(d.get("master") or ""), str(d.get("deploy_mode") or ""),
-                   float(_field(d, "submitted_at", (int, float), where)))
+                   float(_get(d, "submitted_at", (int, float), where)))
 
 
 @dataclass(frozen=True)
@@ -117,10 +110,10 @@ class ExitRecord:
     def from_dict(cls, d: Mapping[str, Any], where: str) -> ExitRecord:
         if d.get("type") != "submission-exit":
             raise CorruptCheckpointError(f"{where}: not a submission exit record (type {d.get('type')!r})")
-        tail = _field(d, "tail", list, where)
-        return cls(_field(d, "epoch", int, where), _field(d, "participant", str, where),
-                   _field(d, "attempt", int, where), _field(d, "returncode", int, where),
-                   [str(line) for line in tail], float(_field(d, "at", (int, float), where)),
+        tail = _get(d, "tail", list, where)
+        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
+                   _get(d, "attempt", int, where), _get(d, "returncode", int, where),
+                   [str(line) for line in tail], float(_get(d, "at", (int, float), where)),
                    str(d.get("stopped") or ""))
 
 
