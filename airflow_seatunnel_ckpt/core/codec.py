@@ -188,18 +188,27 @@ class ChunkWriter:
         header = _HEADER.pack(MAGIC, FORMAT_VERSION, flags, int(kind), 0, epoch, base_epoch or 0)
         self._header = header + _HEADER_CRC.pack(crc32c(header))
         self._running = crc32c(self._header)
-        self._comp = _Compressor(codec, level)
+        self._codec, self._level = codec, level
+        self._comps = {level: _Compressor(codec, level)}
         self._total = self._count = 0
 
     def header(self) -> bytes:
         """The file's fixed header (first bytes of the file)."""
         return self._header
 
-    def chunk(self, raw: bytes | memoryview) -> bytes:
-        """One chunk holding exactly ``raw`` (non-empty), framed."""
+    def chunk(self, raw: bytes | memoryview, *, level: int | None = None) -> bytes:
+        """One chunk holding exactly ``raw`` (non-empty), framed.
+
+        ``level``: this chunk's compression level instead of the file's (e.g. a cheap pass
+        for bytes that barely compress); any level decodes the same way.
+        """
         if not len(raw):
             raise ValueError("a chunk needs at least one byte")
-        stored = self._comp.compress(raw)  # any buffer: the IPC payload is not copied first
+        level = self._level if level is None else level
+        comp = self._comps.get(level)
+        if comp is None:
+            comp = self._comps[level] = _Compressor(self._codec, level)
+        stored = comp.compress(raw)  # any buffer: the IPC payload is not copied first
         lengths = _CHUNK.pack(len(raw), len(stored), 0)[:8]
         head = lengths + _U32.pack(crc32c(stored, crc32c(lengths)))
         self._running = crc32c(stored, crc32c(head, self._running))
