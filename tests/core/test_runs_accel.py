@@ -30,7 +30,9 @@ from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 
 REPO = Path(__file__).resolve().parents[2]
 ACCEL = runs.ACCELERATOR
-needs_accel = pytest.mark.skipif(ACCEL is None, reason="the compiled loops are not built in this install")
+SWITCHED_OFF = os.environ.get(runs.NO_ACCELERATOR_ENV, "") not in ("", "0")
+needs_accel = pytest.mark.skipif(ACCEL is None, reason="the compiled loops are not built in this install, or "
+                                                       f"{runs.NO_ACCELERATOR_ENV} switched them off")
 
 
 @pytest.fixture(autouse=True)
@@ -63,6 +65,8 @@ def test_the_compiled_loops_are_built_where_a_c_compiler_is() -> None:
     every run write its filter time."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine: the install falls back to numpy")
+    if SWITCHED_OFF:
+        pytest.skip(f"{runs.NO_ACCELERATOR_ENV} switched them off")
     assert ACCEL is not None, ("airflow_seatunnel_ckpt/core/_runs_accel.c is not built: re-run "
                                "scripts/bootstrap.sh (pip install -e .) and read its compiler output")
 
