@@ -67,8 +67,10 @@ def test_the_compiled_loops_are_built_where_a_c_compiler_is() -> None:
         pytest.skip("no C compiler on this machine: the install falls back to numpy")
     if SWITCHED_OFF:
         pytest.skip(f"{runs.NO_ACCELERATOR_ENV} switched them off")
-    assert ACCEL is not None, ("airflow_seatunnel_ckpt/core/_runs_accel.c is not built: re-run "
-                               "scripts/bootstrap.sh (pip install -e .) and read its compiler output")
+    assert ACCEL is not None, (
+        f"airflow_seatunnel_ckpt/core/_runs_accel.c is not built next to {runs.__file__}: run scripts/bootstrap.sh "
+        "(pip install -e .), or `python scripts/build_ext.py` in a checkout used through PYTHONPATH, and read the "
+        "compiler's output")
 
 
 def test_the_environment_switch_forces_the_numpy_path() -> None:
