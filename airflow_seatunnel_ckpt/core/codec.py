@@ -188,18 +188,27 @@ class ChunkWriter:
         header = _HEADER.pack(MAGIC, FORMAT_VERSION, flags, int(kind), 0, epoch, base_epoch or 0)
         self._header = header + _HEADER_CRC.pack(crc32c(header))
         self._running = crc32c(self._header)
-        self._comp = _Compressor(codec, level)
+        self._codec, self._level = codec, level
+        self._comps = {level: _Compressor(codec, level)}
         self._total = self._count = 0
 
     def header(self) -> bytes:
         """The file's fixed header (first bytes of the file)."""
         return self._header
 
-    def chunk(self, raw: bytes | memoryview) -> bytes:
-        """One chunk holding exactly ``raw`` (non-empty), framed."""
+    def chunk(self, raw: bytes | memoryview, *, level: int | None = None) -> bytes:
+        """One chunk holding exactly ``raw`` (non-empty), framed.
+
+        ``level``: this chunk's compression level instead of the file's (e.g. a cheap pass
+        for bytes that barely compress); any level decodes the same way.
+        """
         if not len(raw):
             raise ValueError("a chunk needs at least one byte")
-        stored = self._comp.compress(raw)  # any buffer: the IPC payload is not copied first
+        level = self._level if level is None else level
+        comp = self._comps.get(level)
+        if comp is None:
+            comp = self._comps[level] = _Compressor(self._codec, level)
+        stored = comp.compress(raw)  # any buffer: the IPC payload is not copied first
         lengths = _CHUNK.pack(len(raw), len(stored), 0)[:8]
         head = lengths + _U32.pack(crc32c(stored, crc32c(lengths)))
         self._running = crc32c(stored, crc32c(head, self._running))
@@ -401,11 +410,16 @@ def arrow_ipc_pieces(table: Any) -> Iterator[bytes]:
     """Serialise a ``pyarrow.Table`` as an Arrow IPC stream, one record batch at a time."""
     import pyarrow as pa
 
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    # Measured first, then written into a buffer of exactly that size: a growing
+    # BufferOutputStream reallocates and copies as it goes (half the cost of a 1 MiB block).
+    mock = pa.MockOutputStream()
+    with pa.ipc.new_stream(mock, table.schema) as writer:
         writer.write_table(table)
-    # The IPC buffer is already contiguous; hand it on without copying through Python.
-    yield memoryview(sink.getvalue())  # type: ignore[misc]
+    buffer = pa.allocate_buffer(mock.size())
+    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buffer), table.schema) as writer:
+        writer.write_table(table)
+    # The IPC buffer is contiguous; hand it on without copying through Python.
+    yield memoryview(buffer)  # type: ignore[misc]
 
 
 def read_arrow(payload: bytes | bytearray | memoryview, path: str) -> Any:

@@ -21,6 +21,10 @@ state file format (``core/codec.py``, payload kind ``RUN``)::
   schema. ``PartRef.index`` says where it starts, so a reader fetches the index (and
   the header, for the codec) with two ranged reads.
 
+Hashing and the layout 2 filter loops run in a small compiled module (``_runs_accel.c``)
+when it was built, else in numpy; numpy's code is the format's definition and both give
+byte-identical hashes and filters (:data:`ACCELERATOR` says which path is active).
+
 Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
 injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
 file: deep verification and :func:`read_run_table` read it with :func:`codec.decode_stream`.
@@ -33,6 +37,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -57,8 +63,30 @@ BLOOM_BITS_PER_KEY_2 = 13
 BLOOM_HASHES_2 = 6
 #: How filter bits are placed (``Bloom``); runs written before layout 2 say nothing (1).
 BLOOM_LAYOUT = 2
+#: zstd level of the bloom filter chunks: their bits are near-random (a level 3 pass saves
+#: ~6% of their bytes), so they get the cheapest pass; readers decode any zstd frame.
+BLOOM_CHUNK_LEVEL = -1
 _TRAILER_SIZE = 24
 _RUN_FORMAT = b"1"
+#: Set (to anything but "" or "0") to use numpy even where the compiled loops are built.
+NO_ACCELERATOR_ENV = "SEATUNNEL_CKPT_NO_ACCELERATOR"
+
+
+def _load_accelerator() -> Any:
+    """The compiled loops (``_runs_accel``), or None: not built, switched off, or a
+    big-endian machine (the loops read filter words in native order, the format is little-endian)."""
+    if os.environ.get(NO_ACCELERATOR_ENV, "") not in ("", "0") or sys.byteorder != "little":
+        return None
+    try:
+        from airflow_seatunnel_ckpt.core import _runs_accel
+    except ImportError:  # an install without a C compiler: numpy does the same work
+        return None
+    return _runs_accel
+
+
+#: The compiled hashing and filter loops in use, or None when numpy computes them. Tests
+#: force the numpy path by setting it to None (or the environment variable above).
+ACCELERATOR: Any = _load_accelerator()
 
 
 def sort_keys(table: Any, key_columns: list[str]) -> Any:
@@ -90,22 +118,39 @@ def key_hashes(keys: Any) -> np.ndarray:
     """A stable 64-bit hash per key (persisted in blooms: never change it for a format).
 
     Integer-like keys hash their 64-bit value; any other key hashes its bytes (as a
-    string) with FNV-1a 64, one numpy pass per byte position.
+    string) with FNV-1a 64 and its length. This numpy code (one pass per byte position)
+    is the definition; :data:`ACCELERATOR`, when built, computes the same in one pass.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    accel = ACCELERATOR
     t = keys.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
         as_int = keys.cast(pa.int32()).cast(pa.int64()) if pa.types.is_date32(t) else keys.cast(pa.int64())
         values = np.asarray((as_int.fill_null(0) if as_int.null_count else as_int).to_numpy(zero_copy_only=False),
                             dtype=np.int64)
+        if accel is not None:
+            out = np.empty(len(values), dtype=np.uint64)
+            accel.mix(np.ascontiguousarray(values), out)
+            return out
         return _mix(values.view(np.uint64))
-    data = pc.cast(keys, pa.large_binary()).fill_null(b"")
+    if accel is not None and (pa.types.is_string(t) or pa.types.is_binary(t)):
+        # Their bytes as they are (32-bit offsets): the large_binary cast would copy them.
+        data = keys.fill_null("" if pa.types.is_string(t) else b"") if keys.null_count else keys
+        width = 4
+    else:
+        data = pc.cast(keys, pa.large_binary()).fill_null(b"")
+        width = 8
     if isinstance(data, pa.ChunkedArray):
         data = data.combine_chunks()
-    offsets = np.frombuffer(data.buffers()[1], dtype=np.int64)[data.offset: data.offset + len(data) + 1]
+    offsets = np.frombuffer(data.buffers()[1], dtype=np.int32 if width == 4 else np.int64)
+    offsets = offsets[data.offset: data.offset + len(data) + 1]
     raw = np.frombuffer(data.buffers()[2], dtype=np.uint8) if data.buffers()[2] is not None else np.zeros(1, np.uint8)
+    if accel is not None:
+        out = np.empty(len(data), dtype=np.uint64)
+        accel.fnv1a(offsets if len(offsets) else np.zeros(1, offsets.dtype), width, raw, out)
+        return out
     starts, lens = offsets[:-1], np.diff(offsets)
     h = np.full(len(data), 0xCBF29CE484222325, dtype=np.uint64)
     with np.errstate(over="ignore"):
@@ -173,6 +218,11 @@ class Bloom:
     def add(self, hashes: np.ndarray) -> None:
         """Add keys (by hash)."""
         if self.layout == 2:
+            if ACCELERATOR is not None:
+                bits = np.array(self.bits, dtype=np.uint8)  # a copy, as numpy's path makes
+                ACCELERATOR.bloom_add(bits, np.ascontiguousarray(hashes, dtype=np.uint64), _word_masks(self.hashes))
+                self.bits = bits
+                return
             words = np.frombuffer(self.bits, dtype="<u8").copy()
             np.bitwise_or.at(words, *self._words(hashes))
             self.bits = words.view(np.uint8)
@@ -187,6 +237,11 @@ class Bloom:
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
         """Per key: False means certainly absent."""
         if self.layout == 2:
+            if ACCELERATOR is not None:
+                out = np.empty(len(hashes), dtype=bool)
+                ACCELERATOR.bloom_probe(np.ascontiguousarray(self.bits, dtype=np.uint8),
+                                        np.ascontiguousarray(hashes, dtype=np.uint64), _word_masks(self.hashes), out)
+                return out
             word, mask = self._words(hashes)
             return (np.frombuffer(self.bits, dtype="<u8")[word] & mask) == mask  # type: ignore[no-any-return]
         out = np.ones(len(hashes), dtype=bool)
@@ -269,7 +324,7 @@ def write_run(
                 entries[name].append(value)
             yield emit(chunk)
         for bits in blooms:
-            chunk = writer.chunk(bits)
+            chunk = writer.chunk(bits, level=BLOOM_CHUNK_LEVEL)
             entries["bloom_offset"].append(size)
             entries["bloom_length"].append(len(chunk))
             yield emit(chunk)

@@ -90,6 +90,17 @@ def test_encoding_is_deterministic() -> None:
     assert codec.encode(payload, epoch=3) == codec.encode(payload, epoch=3)
 
 
+def test_chunks_written_at_their_own_levels_decode_as_one_file() -> None:
+    """A sorted run stores its near-random bloom filter chunks at a cheap level: same format."""
+    writer = codec.ChunkWriter(kind=PayloadKind.RUN, epoch=4, level=3)
+    pieces = [b"the quick brown fox " * 50, os.urandom(4096), b"jumps " * 30]
+    chunks = [writer.chunk(pieces[0]), writer.chunk(pieces[1], level=-1), writer.chunk(pieces[2], level=1)]
+    data = writer.header() + b"".join(chunks) + writer.trailer()
+    assert decode_all(data) == b"".join(pieces)
+    for chunk, piece in zip(chunks, pieces, strict=True):
+        assert codec.decode_chunk(chunk, PATH, codec.Codec.ZSTD) == piece
+
+
 # -- damage -------------------------------------------------------------------------------
 
 
