@@ -1,7 +1,7 @@
 """Keyed state at scale: per-epoch cost against a growing key set, and state beyond memory.
 
 Runs the executor side of ``KeySet.dedup`` (``spark/state/executor.py``, what each
-``mapInArrow`` task runs) in-process, key group by key group, on a local store -- Spark's
+task's de-duplication UDF runs) in-process, key group by key group, on a local store -- Spark's
 own overhead is measured by ``bench_spark_stage.py``. Each epoch restores from the chains
 the previous one committed, as a pipeline does.
 

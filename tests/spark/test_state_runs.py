@@ -1,6 +1,6 @@
 """Keyed state on sorted runs: the executor functions against naive in-memory models.
 
-The executor functions are pure functions over Arrow batches (what ``mapInArrow`` runs),
+The executor functions are pure functions over Arrow batches (what the tasks run),
 so these tests call them in-process on a real local store, epoch after epoch, each epoch
 with settings rebuilt from the chain the previous one committed -- as a restarted
 pipeline restores them. Spark itself runs in ``test_stage_runtime.py``.
