@@ -1,7 +1,7 @@
 """Keyed state at scale: per-epoch cost against a growing key set, and state beyond memory.
 
 Runs the executor side of ``KeySet.dedup`` (``spark/state/executor.py``, what each
-``mapInArrow`` task runs) in-process, key group by key group, on a local store -- Spark's
+task's de-duplication UDF runs) in-process, key group by key group, on a local store -- Spark's
 own overhead is measured by ``bench_spark_stage.py``. Each epoch restores from the chains
 the previous one committed, as a pipeline does.
 
@@ -37,7 +37,7 @@ import zstandard
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
 from airflow_seatunnel_ckpt.core.runs import RunReader, sort_keys, write_run
-from airflow_seatunnel_ckpt.spark.state.executor import dedup_partition
+from airflow_seatunnel_ckpt.spark.state.executor import dedup_keep
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport, next_chain
 from airflow_seatunnel_ckpt.spark.state.settings import (
     KEY_GROUP_COLUMN,
@@ -80,8 +80,9 @@ def run_epoch(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids: np.
         table = pa.table({"id": pa.array(mine, pa.int64()),
                           KEY_GROUP_COLUMN: pa.array(np.full(len(mine), g, np.int32))})
         sink = Reports()
-        out = dedup_partition(iter(table.to_batches()), settings=settings, accumulator=sink)  # type: ignore[arg-type]
-        fresh += sum(b.num_rows for b in out)
+        masks = dedup_keep(iter((b.column(0), b.column(1)) for b in table.to_batches()), settings=settings,
+                           accumulator=sink)  # type: ignore[arg-type]
+        fresh += sum(int(pc.sum(m).as_py() or 0) for m in masks)
         report = sink.reports[0]
         read += report.read
         chain = next_chain(list(chains.get(g, [])), report)

@@ -35,6 +35,12 @@ from airflow_seatunnel_ckpt.core.staging import FILES_LIST
 NAME = "seatunnel_staged_parquet"
 #: A staged file is closed and the next one started once it holds this many bytes.
 ROLL_BYTES = 64 * 1024 * 1024
+#: Rows are buffered into row groups of up to this many bytes (of Arrow data) or rows, as
+#: Spark's writer fills ``parquet.block.size``: Spark hands a writer batches of
+#: ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (10,000), and a row group per
+#: batch would make files of many tiny row groups (larger, slower to write and to read).
+ROW_GROUP_BYTES = 32 * 1024 * 1024
+ROW_GROUP_ROWS = 1_048_576
 #: Spark's directory name for a null partition value.
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: The option carrying the store's fsspec options: its name matches Spark's default
@@ -126,16 +132,34 @@ class StagedParquetWriter(DataSourceArrowWriter):
             current = (path, sink, pq.ParquetWriter(sink, schema, compression=self.compression))
 
         directory = None
+        buffered: list[pa.Table] = []
+        buffered_rows = buffered_bytes = 0
+
+        def write_buffered() -> None:
+            nonlocal buffered, buffered_rows, buffered_bytes
+            if buffered:
+                assert current is not None
+                current[2].write_table(pa.concat_tables(buffered), row_group_size=ROW_GROUP_ROWS)
+            buffered, buffered_rows, buffered_bytes = [], 0, 0
+
         for batch in iterator:
             table = pa.Table.from_batches([batch])
             for part_dir, rows in self._by_partition(table):
-                if current is not None and (part_dir != directory or current[1].tell() >= ROLL_BYTES):
+                if current is not None and part_dir != directory:
+                    write_buffered()
                     close()
                 if current is None:
                     open_file(part_dir, rows.schema)
                     directory = part_dir
-                assert current is not None
-                current[2].write_table(rows)
+                buffered.append(rows)
+                buffered_rows += rows.num_rows
+                buffered_bytes += rows.nbytes
+                if buffered_rows >= ROW_GROUP_ROWS or buffered_bytes >= ROW_GROUP_BYTES:
+                    write_buffered()
+                    assert current is not None
+                    if current[1].tell() >= ROLL_BYTES:
+                        close()
+        write_buffered()
         close()
         return StagedFiles(stored)
 

@@ -71,6 +71,13 @@ def dedup_but_stage_one_row(ctx: StageContext, spark: Any) -> None:
     ctx.sink("orders_table").write(fresh.orderBy("order_id").limit(1))
 
 
+def dedup_then_keep_even(ctx: StageContext, spark: Any) -> None:
+    """Filter the de-duplicated rows: every input key must still reach the state."""
+    new = ctx.source("orders").read()
+    fresh = ctx.key_set("seen_orders").dedup(new, key="order_id")
+    ctx.sink("orders_table").write(fresh.filter(fresh.order_id % 2 == 0))
+
+
 def dedup_by_composite_key(ctx: StageContext, spark: Any) -> None:
     """A key set over two columns, source and sink in the formats the spec names."""
     new = ctx.source("orders").read()

@@ -243,6 +243,18 @@ def test_state_is_complete_even_when_the_stage_consumes_part_of_the_result(
     assert published_ids() == [1, 6]
 
 
+def test_a_filter_after_dedup_does_not_keep_keys_from_the_state(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    """Spark must not move the stage's own filter below the de-duplication."""
+    orders.add_file("a", [1, 2, 3, 4])
+    orders.commit(run_stage(orders.spec("run-1", stage="tests.spark.stages:dedup_then_keep_even"), spark))
+    assert published_ids() == [2, 4]
+    orders.add_file("b", [1, 3, 5, 6])  # 1 and 3 were seen (and filtered out) in epoch 1
+    orders.commit(run_stage(orders.spec("run-2"), spark))
+    assert published_ids() == [2, 4, 5, 6]
+
+
 def test_json_source_csv_sink_and_a_composite_key(spark: Any, orders: OrdersPipeline) -> None:
     import json
 

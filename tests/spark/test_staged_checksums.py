@@ -105,3 +105,25 @@ def test_on_s3_the_executors_checksum_is_the_one_the_store_verified_and_keeps(
         path = f"{manifest.staging}/{f.path}"
         assert p.storage.stored_checksum(path) == f.crc32c
         assert crc32c.crc32c(p.storage.read(path)) == f.crc32c
+
+
+def test_a_task_writes_row_groups_of_many_arrow_batches(spark: Any, tmp_path: Path) -> None:
+    """Spark hands the writer batches of ``arrow.maxRecordsPerBatch`` rows; a row group per
+    batch would make files of many tiny row groups. Partitioned output still starts a file
+    per partition value."""
+    import pyarrow.parquet as pq
+
+    p = CheckpointStore(CheckpointConfig.from_mapping({"storage_url": f"file://{tmp_path}/store"})).pipeline("rg")
+    epoch = p.begin("run-1").epoch
+    sink = FileSink("events", f"file://{tmp_path}/target", partition_by=["tenant"])
+    sink.bind(p.staging_url(epoch, 1, "events"), p.storage.storage_options)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
+    try:
+        df = spark.range(30_000).selectExpr("id", "IF(id < 25000, 'big', 'small') AS tenant").coalesce(1)
+        assert sink.write(df) == 30_000
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    root = Path(p.storage.full_path(p.staging_path(epoch, 1, "events")))
+    files = {f.parent.name: pq.ParquetFile(f).metadata for f in root.rglob("*.parquet")}
+    assert {name: (m.num_rows, m.num_row_groups) for name, m in files.items()} == {
+        "tenant=big": (25_000, 1), "tenant=small": (5_000, 1)}

@@ -1,6 +1,6 @@
 """Keyed state on sorted runs: the executor functions against naive in-memory models.
 
-The executor functions are pure functions over Arrow batches (what ``mapInArrow`` runs),
+The executor functions are pure functions over Arrow batches (what the tasks run),
 so these tests call them in-process on a real local store, epoch after epoch, each epoch
 with settings rebuilt from the chain the previous one committed -- as a restarted
 pipeline restores them. Spark itself runs in ``test_stage_runtime.py``.
@@ -21,7 +21,7 @@ from airflow_seatunnel_ckpt.core.checkpoint import read_chain, write_arrow_part
 from airflow_seatunnel_ckpt.core.codec import Codec
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartKind, PartRef
 from airflow_seatunnel_ckpt.core.storage import open_storage
-from airflow_seatunnel_ckpt.spark.state.executor import dedup_partition, merge_partition
+from airflow_seatunnel_ckpt.spark.state.executor import dedup_keep, merge_partition
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport, next_chain
 from airflow_seatunnel_ckpt.spark.state.settings import (
     KEY_GROUP_COLUMN,
@@ -58,11 +58,21 @@ def batches_of(table: pa.Table) -> list[pa.RecordBatch]:
     return with_group.to_batches(max_chunksize=97)
 
 
+def dedup_rows(settings: StateSettings, batches: list[pa.RecordBatch], sink: Reports) -> pa.Table:
+    """The rows ``dedup_keep`` keeps, as Spark's filter would (the key-group column dropped)."""
+    columns = [*settings.key_columns, KEY_GROUP_COLUMN]
+    masks = list(dedup_keep(iter(tuple(b.column(c) for c in columns) for b in batches),
+                            settings=settings, accumulator=sink))  # type: ignore[arg-type]
+    assert sum(len(m) for m in masks) == sum(b.num_rows for b in batches)
+    table = pa.Table.from_batches(batches).drop_columns([KEY_GROUP_COLUMN])
+    return table.filter(pa.chunked_array(masks, pa.bool_())) if masks else table
+
+
 def run_dedup(settings: StateSettings, table: pa.Table) -> tuple[pa.Table, PartReport]:
     sink = Reports()
-    out = list(dedup_partition(iter(batches_of(table)), settings=settings, accumulator=sink))  # type: ignore[arg-type]
+    out = dedup_rows(settings, batches_of(table), sink)
     assert len(sink.reports) == 1
-    return (pa.Table.from_batches(out) if out else table.slice(0, 0)), sink.reports[0]
+    return out, sink.reports[0]
 
 
 def run_merge(settings: StateSettings, partial: pa.Table) -> tuple[pa.Table, PartReport]:
@@ -231,8 +241,8 @@ def run_key_groups(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids
         table = pa.table({"id": pa.array(mine, pa.int64()),
                           KEY_GROUP_COLUMN: pa.array(np.full(len(mine), g, np.int32))})
         sink = Reports()
-        out = list(dedup_partition(iter(table.to_batches()), settings=settings, accumulator=sink))  # type: ignore[arg-type]
-        assert sum(b.num_rows for b in out) == len(mine)  # every key is new
+        out = dedup_rows(settings, table.to_batches(), sink)
+        assert out.num_rows == len(mine)  # every key is new
         windows += sink.reports[0].merged is not None
         new_chains[g] = next_chain(list(chains.get(g, [])), sink.reports[0])
     written = sum(f.stat().st_size for f in (root / layout.checkpoint_dir(epoch)).rglob("*") if f.is_file())

@@ -25,14 +25,15 @@ Where each step lives:
 
 - :mod:`.settings` -- :class:`StateSettings`, the one typed object the runner builds per
   state and Spark ships to the tasks (kinds, aggregates, store locations, part policy);
-- :mod:`.executor` -- what runs inside ``mapInArrow``: de-duplicate, merge or read one
-  key group and load/write its parts (steps 2 and 3);
+- :mod:`.executor` -- what runs on the executors, one task per key group: de-duplicate
+  (a scalar Arrow UDF over the keys), merge or read (``mapInArrow``) and load/write the
+  key group's parts (steps 2 and 3);
 - :mod:`.reports` -- the accumulator protocol between the tasks and the driver;
 - :mod:`.keyed` -- the driver side: :class:`KeySet`, :class:`KeyValueState`, the
   repartitioning of step 1 and the reconciliation of the reports into chains.
 """
 
-from airflow_seatunnel_ckpt.spark.state.executor import dedup_partition, merge_partition, read_partition
+from airflow_seatunnel_ckpt.spark.state.executor import dedup_keep, merge_partition, read_partition
 from airflow_seatunnel_ckpt.spark.state.keyed import KeyedState, KeySet, KeyValueState
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportList
 from airflow_seatunnel_ckpt.spark.state.settings import (
@@ -60,7 +61,7 @@ __all__ = [
     "StateKind",
     "StateSettings",
     "StoreLocation",
-    "dedup_partition",
+    "dedup_keep",
     "merge_partition",
     "read_partition",
 ]

@@ -1,4 +1,4 @@
-"""Executor side of keyed state: what runs inside ``mapInArrow``, one task per key group.
+"""Executor side of keyed state: what runs in the tasks, one task per key group.
 
 Pure functions over Arrow batches plus the loading and writing of one key group's parts.
 A task receives the rows of exactly one key group (the driver repartitions by key into
@@ -209,32 +209,36 @@ def _first_unseen(keys: pa.Array | pa.ChunkedArray, known: pa.Array | None) -> p
     return firsts
 
 
-def dedup_partition(
-    batches: Iterator[pa.RecordBatch],
+def dedup_keep(
+    batches: Iterator[tuple[pa.Array, ...]],
     *,
     settings: StateSettings,
     accumulator: Accumulator[list[PartReport]],
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-) -> Iterator[pa.RecordBatch]:
+) -> Iterator[pa.Array]:
     """Executor side of :meth:`KeySet.dedup` for one key group (one task).
 
-    Yields the rows whose key is neither live in the restored key set nor earlier in
-    this epoch's input (first occurrence wins), then writes the new keys as the key
-    group's new run and reports it. The restored set is never loaded: each chunk of
-    input looks its keys up in the runs (``core.run_chain.lookup``).
+    A scalar Arrow iterator UDF over the key columns and the key-group column: yields,
+    per input row and in input order, whether the row is kept -- its key is neither live
+    in the restored key set nor earlier in this epoch's input (first occurrence wins).
+    Only the keys pass through Python; the rows stay in the JVM. At the end of its input
+    it writes the new keys as the key group's new run and reports it. The restored set
+    is never loaded: each chunk of input looks its keys up in the runs
+    (``core.run_chain.lookup``).
     """
     import numpy as np
     import pyarrow as pa
 
     partition = _task_partition()
     key_cols = list(settings.key_columns)
+    names = [*key_cols, KEY_GROUP_COLUMN]
     key_group: int | None = None
     known: pa.Array | None = None  #: this epoch's new keys so far (bounded by the input)
     new_tables: list[pa.Table] = []
     pending: list[pa.RecordBatch] = []
     pending_rows = rows_in = read = 0
 
-    def flush() -> Iterator[pa.RecordBatch]:
+    def flush() -> Iterator[pa.Array]:
         nonlocal known, pending, pending_rows, read
         if not pending:
             return
@@ -247,18 +251,23 @@ def dedup_partition(
         read += bytes_read
         fresh_mask = np.ones(len(firsts), dtype=bool)
         fresh_mask[found] = False
-        fresh = table.take(firsts.filter(pa.array(fresh_mask))).drop_columns([KEY_GROUP_COLUMN])
-        if fresh.num_rows:
-            stored = fresh.select(key_cols)
+        fresh_at = firsts.filter(pa.array(fresh_mask))
+        keep = np.zeros(table.num_rows, dtype=bool)
+        keep[fresh_at.to_numpy()] = True
+        if len(fresh_at):
+            stored = table.take(fresh_at).select(key_cols)
             if settings.ttl_epochs is not None:
-                stored = stored.append_column(EPOCH_COLUMN, pa.array(np.full(fresh.num_rows, settings.epoch, np.int64)))
+                epochs = np.full(stored.num_rows, settings.epoch, np.int64)
+                stored = stored.append_column(EPOCH_COLUMN, pa.array(epochs))
             new_tables.append(stored)
-            added = sort_keys(fresh, key_cols)
+            added = sort_keys(stored, key_cols)
             known = added if known is None else pa.concat_arrays([known, added.cast(known.type)])
-            yield from fresh.to_batches()
+        yield pa.array(keep)
 
-    for batch in batches:
+    for columns in batches:
+        batch = pa.RecordBatch.from_arrays(list(columns), names=names)
         if batch.num_rows == 0:
+            yield pa.array(np.zeros(0, dtype=bool))
             continue
         _refuse_null_keys(batch, key_cols, settings.name)
         key_group = _batch_key_group(batch, key_group)

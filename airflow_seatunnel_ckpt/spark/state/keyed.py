@@ -12,13 +12,14 @@ import dataclasses
 import functools
 import logging
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
 from airflow_seatunnel_ckpt.spark.state.executor import (
-    dedup_partition,
+    dedup_keep,
     merge_partition,
     read_partition,
     state_schema,
@@ -365,11 +366,22 @@ class KeySet(KeyedState):
                               f"got {ttl_epochs!r}")
         settings, accumulator = self._bind(key)
         settings = self.settings = dataclasses.replace(settings, ttl_epochs=ttl_epochs)
-        fn = functools.partial(
-            dedup_partition, settings=settings, accumulator=accumulator, chunk_rows=chunk_rows
-        )
+        from pyspark.sql import functions as F
+
+        # A scalar Arrow iterator UDF over the keys only, as a filter: the rows stay in the
+        # JVM and only the key columns travel to Python and a boolean back (``mapInArrow``
+        # would ship every column both ways). Non-deterministic, so that Spark neither
+        # evaluates it twice nor moves a later filter below it (every input key must reach
+        # the state, whatever the stage does with the rows afterwards).
+        with warnings.catch_warnings():  # a partial has no type hints to infer the UDF type from
+            warnings.simplefilter("ignore", UserWarning)
+            keep = F.arrow_udf(functools.partial(dedup_keep, settings=settings, accumulator=accumulator,
+                                                 chunk_rows=chunk_rows),
+                               "boolean", F.ArrowUDFType.SCALAR_ITER).asNondeterministic()
         self._input = df
-        self._output = self._by_key_group(df, settings.key_columns).mapInArrow(fn, df.schema)
+        columns = [F.col(c) for c in (*settings.key_columns, KEY_GROUP_COLUMN)]
+        self._output = (self._by_key_group(df, settings.key_columns)
+                        .filter(keep(*columns)).drop(KEY_GROUP_COLUMN))
         self._planned()
         return self._output
 
