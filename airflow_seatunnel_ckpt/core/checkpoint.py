@@ -55,9 +55,6 @@ from airflow_seatunnel_ckpt.core.parts import (
 )
 from airflow_seatunnel_ckpt.core.storage import Storage
 
-#: Parts a deep verification reads at once (threads: the reads and CRC32C release the GIL).
-VERIFY_CONCURRENCY = 8
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -167,7 +164,7 @@ class CheckpointManager:
         frame -- decoded (decompressed) with ``decode``, or only walked and checksummed
         chunk by chunk without it (:func:`codec.check_frame`: the same bytes the writer
         checksummed, about 20 times cheaper; what the commit decision uses). Deep reads run
-        ``VERIFY_CONCURRENCY`` at a time: on an object store each is a GET's latency.
+        ``storage.read_concurrency`` at a time (on an object store each is a round trip).
         ``trusted`` (see :meth:`covered_parts`) names parts an earlier committed checkpoint
         already verified: a part listed there with the same size and CRC32C is not read
         again. A part at a trusted path whose size or CRC32C differs from the trusted one
@@ -193,8 +190,8 @@ class CheckpointManager:
                 return Problem(where, "missing")
             return None if size == ref.size else Problem(where, f"size is {size} bytes, expected {ref.size}")
 
-        if deep and len(todo) > 1:
-            with ThreadPoolExecutor(min(VERIFY_CONCURRENCY, len(todo)), "verify-part") as pool:
+        if deep and len(todo) > 1 and storage.read_concurrency > 1:
+            with ThreadPoolExecutor(min(storage.read_concurrency, len(todo)), "verify-part") as pool:
                 found = list(pool.map(check, todo))
         else:
             found = [check(ref) for ref in todo]
