@@ -315,7 +315,11 @@ class Pipeline:
         ``trusted``: parts already verified; ``decode=False``: deep reads check each part's
         checksums and frame without decompressing it (see :meth:`CheckpointManager.verify_parts`).
         """
-        prepared = self.txlog.prepared(validate_epoch(epoch))
+        return self._verify_prepared(self.txlog.prepared(validate_epoch(epoch)), epoch, participants, deep,
+                                     trusted, decode)
+
+    def _verify_prepared(self, prepared: Mapping[str, PreparedRecord], epoch: int, participants: list[str] | None,
+                         deep: bool, trusted: Mapping[str, PartRef] | None, decode: bool) -> list[Problem]:
         where = self.storage.describe_path(layout.txlog_dir(epoch))
         problems = [Problem(where, f"{name!r} is not prepared") for name in unprepared(prepared, participants or [])]
         for name, record in sorted(prepared.items()):
@@ -382,7 +386,7 @@ class Pipeline:
         # The decision reads every new part whole and checks its CRC32C and frame, but does
         # not decompress it (``verify_all`` does): a CRC32C pass instead of zstd per byte.
         trusted = None if verify_all else self._verified_before(prepared[p] for p in chosen)
-        problems = self.verify_prepared(epoch, chosen, deep=True, trusted=trusted, decode=verify_all)
+        problems = self._verify_prepared(prepared, epoch, chosen, deep=True, trusted=trusted, decode=verify_all)
         if problems:
             raise NotPreparedError(
                 f"pipeline {self.name!r} epoch {epoch}: cannot commit, prepared output does not verify: "
