@@ -111,6 +111,16 @@ class PartRef:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> PartRef:
+        # Records list every part of every chain: the well-formed case is checked in one
+        # pass (exact types: a bool is not a number), anything else by the field checker.
+        if type(d) is dict:
+            index = d.get("index")
+            values = (d.get("path"), d.get("size"), d.get("crc32c"), d.get("epoch"), d.get("key_group"))
+            raw_kind = d.get("kind")
+            kind = _PART_KINDS.get(raw_kind) if type(raw_kind) is str else None
+            if (kind is not None and type(values[0]) is str and all(type(v) is int for v in values[1:])
+                    and (index is None or type(index) is int)):
+                return cls(*values, kind, index)  # type: ignore[arg-type]
         raw = _get(d, "kind", str, path)
         try:
             kind = PartKind(raw)
@@ -120,6 +130,8 @@ class PartRef:
                    _get(d, "epoch", int, path), _get(d, "key_group", int, path), kind,
                    _get(d, "index", int, path, optional=True))
 
+
+_PART_KINDS = {str(k): k for k in PartKind}
 
 #: A key group's restore recipe: one full part followed by the deltas to apply in order.
 Chain = list[PartRef]

@@ -73,6 +73,11 @@ def read_part(storage: Storage, ref: PartRef, max_chunk: int = codec.DEFAULT_MAX
     return codec.decode(read_checked(storage, ref), storage.describe_path(ref.path), max_chunk=max_chunk)
 
 
+def check_part(storage: Storage, ref: PartRef, max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> None:
+    """Read one part and check size, CRC32C and frame against its reference, without decoding it."""
+    codec.check_frame(read_checked(storage, ref), storage.describe_path(ref.path), max_chunk=max_chunk)
+
+
 def read_checked(storage: Storage, ref: PartRef) -> bytes:
     """A part's bytes, whole, checked against its reference's size and CRC32C."""
     where = storage.describe_path(ref.path)

@@ -27,11 +27,16 @@ def decode_all(data: bytes) -> bytes:
     return codec.decode(data, PATH)[1]
 
 
-def must_refuse(data: bytes, what: str) -> CorruptCheckpointError:
+def must_refuse(data: bytes, what: str, *, by_framing: bool = True) -> CorruptCheckpointError:
+    """Refused by ``decode``, and -- unless only decompression can tell -- by ``check_frame`` too."""
     with pytest.raises(CorruptCheckpointError) as info:
         decode_all(data)
     assert info.value.path == PATH, what
     assert PATH in str(info.value), what
+    if by_framing:
+        with pytest.raises(CorruptCheckpointError) as checked:
+            codec.check_frame(data, PATH)
+        assert PATH in str(checked.value), what
     return info.value
 
 
@@ -337,3 +342,21 @@ def test_a_large_payload_streams_through_encode_and_decode_in_bounded_memory(
     # One chunk in flight (raw + compressed + slack), not the 48 MiB payload.
     assert write_peak < 8 * chunk
     assert read_peak < 8 * chunk
+
+
+def test_check_frame_verifies_everything_but_the_compressed_stream() -> None:
+    """The commit decision's check: checksums, lengths and trailer, no decompression. A
+    chunk whose stored bytes are not a zstd frame but carry a correct CRC32C (only a broken
+    writer makes one) passes the frame check; decoding refuses it."""
+    payload = os.urandom(300) + b"abc" * 300
+    framed = codec.encode(payload, epoch=4, chunk_size=256)
+    assert codec.check_frame(framed, PATH) == codec.decode(framed, PATH)[0]
+    stored = b"not a zstd frame"
+    lengths = struct.pack(">II", 64, len(stored))
+    bad = lengths + struct.pack(">I", codec.crc32c(stored, codec.crc32c(lengths))) + stored
+    forged = codec.ChunkWriter(kind=PayloadKind.BYTES)
+    forged._running = codec.crc32c(bad, forged._running)  # a writer that framed garbage
+    forged._total, forged._count = 64, 1
+    data = forged.header() + bad + forged.trailer()
+    codec.check_frame(data, PATH)
+    must_refuse(data, "stored bytes that do not decompress", by_framing=False)

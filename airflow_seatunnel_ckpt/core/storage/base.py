@@ -95,6 +95,10 @@ class Storage(abc.ABC):
     capabilities: ClassVar[Capabilities]
     #: fsspec options the backend always sets (they win over the user's).
     fs_options: ClassVar[Mapping[str, Any]] = {}
+    #: Whole-file reads worth running at once (deep verification): one on a local disk or
+    #: in memory, where a thread pool costs more than it saves; more on object stores,
+    #: where each read is a round trip.
+    read_concurrency: ClassVar[int] = 1
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         refuse_password(url)

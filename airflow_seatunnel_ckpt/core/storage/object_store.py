@@ -63,6 +63,7 @@ class ObjectStorage(Storage):
     # Another process's new objects must never look absent: no listing cache at all
     # (instead of invalidating it before every call).
     fs_options = {"use_listings_cache": False}
+    read_concurrency = 8
 
     # -- reads -------------------------------------------------------------------------
     def _head(self, full: str, **kwargs: Any) -> dict[str, Any]:
