@@ -16,6 +16,19 @@ from tests.spark.stages import InjectedFailure
 pytestmark = [pytest.mark.spark]
 
 
+def ids_by_key_group(spark: Any, end: int) -> dict[int, list[int]]:
+    """Order ids 1..end-1 by key group, computed by the JVM exactly as the runtime does."""
+    from pyspark.sql import functions as F
+
+    return {
+        r.g: r.ids
+        for r in spark.range(1, end)
+        .groupBy(F.pmod(F.hash("id"), F.lit(KEY_GROUPS)).alias("g"))
+        .agg(F.sort_array(F.collect_list("id")).alias("ids"))
+        .collect()
+    }
+
+
 def test_two_epochs_of_incremental_dedup_publish_every_unique_row_once(
     spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
@@ -62,16 +75,7 @@ def test_epoch_without_new_input_stages_nothing_and_keeps_the_state(
 def test_unchanged_key_groups_reference_older_parts_and_chains_stay_bounded(
     spark: Any, orders: OrdersPipeline
 ) -> None:
-    from pyspark.sql import functions as F
-
-    # Order ids by key group, computed by the JVM exactly as the runtime does.
-    groups = {
-        r.g: r.ids
-        for r in spark.range(1, 200)
-        .groupBy(F.pmod(F.hash("id"), F.lit(KEY_GROUPS)).alias("g"))
-        .agg(F.sort_array(F.collect_list("id")).alias("ids"))
-        .collect()
-    }
+    groups = ids_by_key_group(spark, 200)
     orders.add_file("all", [i for g in range(KEY_GROUPS) for i in groups[g][:5]])
     orders.commit(run_stage(orders.spec("run-1"), spark))
     # Later epochs only touch key group 0: the other key groups keep epoch 1's part.
@@ -90,15 +94,7 @@ def test_unchanged_key_groups_reference_older_parts_and_chains_stay_bounded(
 def test_a_compaction_of_older_runs_commits_beside_the_new_run_and_restores(
     spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
-    from pyspark.sql import functions as F
-
-    groups = {
-        r.g: r.ids
-        for r in spark.range(1, 12000)
-        .groupBy(F.pmod(F.hash("id"), F.lit(KEY_GROUPS)).alias("g"))
-        .agg(F.sort_array(F.collect_list("id")).alias("ids"))
-        .collect()
-    }
+    groups = ids_by_key_group(spark, 12000)
     ours = groups[0]
     orders.add_file("all", [i for g in range(KEY_GROUPS) for i in groups[g][:5]])
     orders.commit(run_stage(orders.spec("run-1"), spark))
