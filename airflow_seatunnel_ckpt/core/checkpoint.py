@@ -216,13 +216,15 @@ class CheckpointManager:
             covered.update((p.path, p) for p in meta.parts())
         return covered
 
-    def verify(self, epoch: int, deep: bool = True, storage: Storage | None = None) -> list[Problem]:
-        """Every problem with checkpoint ``epoch`` ([] means it restores correctly)."""
+    def verify(self, epoch: int, deep: bool = True, storage: Storage | None = None,
+               decode: bool = True) -> list[Problem]:
+        """Every problem with checkpoint ``epoch`` ([] means it restores correctly; ``deep`` and
+        ``decode`` as :meth:`verify_parts`)."""
         try:
             meta = self.read_metadata(epoch, storage)
         except CorruptCheckpointError as exc:
             return [Problem(exc.path, str(exc).split(": ", 1)[-1])]
-        return self.verify_parts(meta.parts(), deep=deep, storage=storage)
+        return self.verify_parts(meta.parts(), deep=deep, storage=storage, decode=decode)
 
     def deletable(self, epoch: int, keep: Iterable[str] = ()) -> list[str]:
         """The files :meth:`delete` would remove from checkpoint ``epoch`` (changes nothing)."""

@@ -11,6 +11,11 @@ does not verify, it tries, in order:
 
 Otherwise it stops with :class:`RecoveryError` naming the damaged file and the way out.
 It never restores uncommitted state.
+
+"Verifies" with ``deep`` (a retried stage) is the commit decision's check: each part read
+whole, its size, CRC32C and frame checked without decompressing it
+(:func:`codec.check_frame`): any damage in place changes a checksum, and the restore's own
+reads decode what they use. Without ``deep``: each part exists with its recorded size.
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ def restore_point(txlog: TransactionLog, checkpoints: CheckpointManager, config:
     newest = txlog.last_committed_epoch()
     if newest is None:
         return RestorePoint(None, RestoreSource.EMPTY)
-    problems = checkpoints.verify(newest, deep=deep)
+    problems = checkpoints.verify(newest, deep=deep, decode=False)
     if not problems:
         return _from_metadata(checkpoints.read_metadata(newest), RestoreSource.PRIMARY, checkpoints.storage, [])
     log.warning("pipeline %s: checkpoint %d does not verify: %s", txlog.pipeline, newest,
@@ -104,7 +109,7 @@ def _from_metadata(meta: CheckpointMetadata, how: RestoreSource, storage: Storag
 def _from_secondary(pipeline: str, checkpoints: CheckpointManager, config: CheckpointConfig, newest: int,
                     deep: bool, problems: list[Problem]) -> RestorePoint | None:
     secondary = secondary_storage(config, pipeline)
-    if secondary is None or checkpoints.verify(newest, deep=deep, storage=secondary):
+    if secondary is None or checkpoints.verify(newest, deep=deep, storage=secondary, decode=False):
         return None
     meta = checkpoints.read_metadata(newest, storage=secondary)
     return _from_metadata(meta, RestoreSource.SECONDARY, secondary, problems)
@@ -122,7 +127,7 @@ def _rebuild_from_log(txlog: TransactionLog, checkpoints: CheckpointManager, new
     operators: dict[str, OperatorState] = {}
     for record in records:
         operators.update(record.operators)
-    if checkpoints.verify_parts([p for op in operators.values() for p in op.parts()], deep=deep):
+    if checkpoints.verify_parts([p for op in operators.values() for p in op.parts()], deep=deep, decode=False):
         return None
     # Source state: the union of what every committed epoch consumed, from the log.
     sources: dict[str, list[Entry]] = {}
@@ -150,7 +155,7 @@ def _from_older(txlog: TransactionLog, checkpoints: CheckpointManager, newest: i
         later = older
         if published_after > 0 or txlog.is_retired(older):
             break
-        if not checkpoints.verify(older, deep=deep):
+        if not checkpoints.verify(older, deep=deep, decode=False):
             return _from_metadata(checkpoints.read_metadata(older), RestoreSource.OLDER, checkpoints.storage,
                                   problems)
     raise RecoveryError(_way_out(checkpoints.storage, txlog.pipeline, newest, problems,
