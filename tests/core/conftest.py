@@ -128,3 +128,19 @@ def store(local_spec: StoreSpec) -> Storage:
 def table_uri(tmp_path: Path) -> str:
     """Where a table-sink test's Delta table lives."""
     return str(tmp_path / "tables" / "orders")
+
+
+@pytest.fixture
+def decompressed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The path of every chunk the codec decompresses from now on (the codec still runs)."""
+    from airflow_seatunnel_ckpt.core import codec
+
+    paths: list[str] = []
+    real = codec._decompress
+
+    def spy(codec_: codec.Codec, stored: bytes, raw_len: int, path: str, dctx: Any = None) -> bytes:
+        paths.append(path)
+        return real(codec_, stored, raw_len, path, dctx)
+
+    monkeypatch.setattr(codec, "_decompress", spy)
+    return paths
