@@ -373,3 +373,15 @@ def test_a_retry_skips_a_checkpoint_damaged_in_place_that_failed_the_first_attem
     retry = run_stage(orders.spec("run-2", attempt=2), spark)
     orders.commit(retry)
     assert sorted(r["order_id"] for r in orders.published()) == [1, 2, 3, 4]
+
+
+def test_a_key_set_on_a_pyspark_without_arrow_udfs_says_to_upgrade(
+    spark: Any, orders: OrdersPipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PySpark 4.0 (which cannot run beside 4.2 here) has no ``arrow_udf``: the stage fails with what to do."""
+    from pyspark.sql import functions as F
+
+    monkeypatch.delattr(F, "arrow_udf")
+    orders.add_file("a", [1, 2])
+    with pytest.raises(StateError, match="PySpark 4.1 or later"):
+        run_stage(orders.spec("run-1"), spark)
