@@ -10,7 +10,12 @@ application again and learn how it ended, without the launching process:
   the launcher's host and pid, where its log goes, the master and deploy mode;
 * ``exit-<participant>-a<attempt>``: written by the launcher when ``spark-submit`` exits:
   its return code and the last lines of its output (the driver's error, for a stage
-  that failed).
+  that failed);
+* ``deferred-<participant>-a<attempt>``: written by the try that handed the attempt to
+  the triggerer, just before it deferred. A later try that finds the attempt still
+  running knows that deferral was ended in Airflow (the task cleared or marked, its
+  trigger timed out or failed) and stops the attempt instead of watching it;
+* ``cancel-<participant>-a<attempt>``: anyone asking the launcher to stop the attempt.
 
 Whether the application still runs is the participant's lease (:mod:`.lease`): the
 launcher renews it while ``spark-submit`` runs (in cluster mode ``spark-submit`` waits for
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
 SUBMISSION_PREFIX = "submission-"
 EXIT_PREFIX = "exit-"
 CANCEL_PREFIX = "cancel-"
+DEFERRED_PREFIX = "deferred-"
 #: Lines of ``spark-submit`` output kept in an exit record.
 TAIL_LINES = 40
 
@@ -56,6 +62,11 @@ def exit_name(participant: str, attempt: int) -> str:
 def cancel_name(participant: str, attempt: int) -> str:
     """``cancel-<participant>-a<attempt>``."""
     return f"{CANCEL_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+
+
+def deferred_name(participant: str, attempt: int) -> str:
+    """``deferred-<participant>-a<attempt>``."""
+    return f"{DEFERRED_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,47 @@ def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: in
         pipeline.storage.create_exclusive(path, codec.encode_json(
             {"type": "submission-cancel", "epoch": epoch, "participant": participant, "attempt": attempt,
              "by": by, "reason": reason}))
+
+
+@dataclass(frozen=True)
+class DeferralRecord:
+    """A try of the stage task handed the watch of an attempt to the triggerer."""
+
+    epoch: int
+    participant: str
+    attempt: int
+    try_number: int
+    host: str
+    at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "submission-deferral", "epoch": self.epoch, "participant": self.participant,
+                "attempt": self.attempt, "try_number": self.try_number, "host": self.host, "at": self.at}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> DeferralRecord:
+        if d.get("type") != "submission-deferral":
+            raise CorruptCheckpointError(f"{where}: not a submission deferral record (type {d.get('type')!r})")
+        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
+                   _get(d, "attempt", int, where), _get(d, "try_number", int, where),
+                   _get(d, "host", str, where), float(_get(d, "at", (int, float), where)))
+
+
+def record_deferral(pipeline: Pipeline, record: DeferralRecord) -> None:
+    """Write that a try deferred on the attempt; the first deferral on it is kept.
+
+    Only the first matters: once a try deferred on an attempt, any later try that finds it
+    running stops it (see :func:`read_deferral`), so no second try ever defers on it.
+    """
+    path = layout.record_path(record.epoch, deferred_name(record.participant, record.attempt))
+    with contextlib.suppress(AlreadyExistsError):
+        pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
+
+
+def read_deferral(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> DeferralRecord | None:
+    """The try that handed ``attempt`` to the triggerer, if one did."""
+    path = layout.record_path(validate_epoch(epoch), deferred_name(participant, attempt))
+    return pipeline.txlog.read_record(path, DeferralRecord.from_dict)
 
 
 def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:

@@ -306,8 +306,8 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
                       else "in-process on local Spark")
         try:
             if self.conn_id:
-                # Detached: a deferred, cleared or killed try leaves it running, and the next
-                # try reconnects to it. An ``airflow tasks test`` run waits in-process.
+                # Detached: a killed try leaves it running, and the next try reconnects to it;
+                # a try ended while deferred has it stopped. ``airflow tasks test`` waits in-process.
                 return self._submit(context, spec, epoch, wait=dry_run or not self.deferrable,
                                     began_here=began_here)
             result = run_stage(spec, stage_fn=self.stage_callable)
@@ -368,7 +368,8 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         A ``spark-submit`` stage this try is waiting for in-process (``deferrable=False``) is
         terminated with its launcher's process group (``spark-submit`` passes SIGTERM on to
         a cluster-mode application as it does on Ctrl-C); its exit record then says so. A
-        deferred try holds no process: its submission runs on, and the next try reconnects.
+        deferred try holds no process: its trigger's ``on_kill`` stops the submission, and so
+        does the next try if the trigger never ran (see ``_stop_if_handed_to_triggerer``).
         """
         submission = self._submission
         if submission is not None and submission.host == socket.gethostname():

@@ -1,5 +1,9 @@
 """The stage task's ``spark-submit`` path: submit detached, wait or defer, reconnect on retry.
 
+A retry reconnects to the attempt of a try whose worker died while it waited in-process; it
+stops the attempt of a try that had deferred on it (that try was ended in Airflow: cleared,
+marked, or its trigger timed out) and submits its own.
+
 See :mod:`airflow_seatunnel_ckpt.core.submissions` for the records and the judgement,
 and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
 """
@@ -9,15 +13,20 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.submissions import (
+    DeferralRecord,
     SubmissionCheck,
     SubmissionOutcome,
     SubmissionRecord,
     judge_submission,
+    read_deferral,
     read_submission,
+    record_deferral,
+    request_cancel,
     submitted_attempts,
 )
 from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
@@ -72,6 +81,8 @@ class SubmittedStageMixin(BasePipelineOperator):
 
         pipeline = self.store_pipeline
         record = self._running_submission(epoch)
+        if record is not None and self._stop_if_handed_to_triggerer(record, context["ti"].try_number, spec.attempt):
+            record = None
         if record is not None:
             self.log.warning("epoch %s: %s attempt %s, submitted by an earlier try from %s (pid %s), is still "
                              "running: reconnecting to it instead of submitting again", epoch, self.participant,
@@ -94,6 +105,10 @@ class SubmittedStageMixin(BasePipelineOperator):
             check = wait_for_submission(pipeline, record, poll_s=min(self.poll_interval, 2.0),
                                         on_line=self._spark_line)
             return self._finish_submission(context, check, began_here)
+        # From here the attempt is the triggerer's to watch: a later try that finds it running
+        # stops it (see _stop_if_handed_to_triggerer).
+        record_deferral(pipeline, DeferralRecord(epoch, self.participant, record.attempt,
+                                                 context["ti"].try_number, socket.gethostname(), time.time()))
         self.defer(trigger=self._trigger_for(record), method_name="execute_complete")
         raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
 
@@ -104,6 +119,30 @@ class SubmittedStageMixin(BasePipelineOperator):
             pipeline=self.pipeline, epoch=record.epoch, participant=self.participant, attempt=record.attempt,
             store_conn_id=self.store_conn_id, storage_url=self.storage_url, store_config=self.store_config,
             poll_interval=self.poll_interval, log=record.log, log_host=record.host)
+
+    def _stop_if_handed_to_triggerer(self, record: SubmissionRecord, try_number: int, attempt: int) -> bool:
+        """Stop a running attempt that an earlier try deferred on; True if it was asked to stop.
+
+        A try that deferred holds no process, so this try cannot have followed its worker's
+        death: Airflow ended that deferral -- the task was cleared (run it again, maybe with
+        a fixed stage), marked, or its trigger timed out or failed. The trigger's ``on_kill``
+        stops the attempt too, but only when the triggerer had started that trigger and gets
+        to it before this try looks; the store's record makes the outcome the same either way.
+        A try whose worker died while it waited in-process left no such record: its attempt
+        is reconnected to.
+        """
+        deferral = read_deferral(self.store_pipeline, record.epoch, self.participant, record.attempt)
+        if deferral is None or deferral.try_number == try_number:
+            return False
+        request_cancel(self.store_pipeline, record.epoch, self.participant, record.attempt,
+                       by=f"try {try_number} on {socket.gethostname()}",
+                       reason=f"try {deferral.try_number} deferred on it and was ended in Airflow (cleared, "
+                              "marked, or its trigger timed out or failed); this try runs the stage anew")
+        self.log.warning("epoch %s: %s attempt %s is still running, but try %s, which deferred on it, was ended "
+                         "in Airflow (cleared, marked, or its trigger timed out or failed): asked it to stop; "
+                         "submitting attempt %s", record.epoch, self.participant, record.attempt,
+                         deferral.try_number, attempt)
+        return True
 
     def _running_submission(self, epoch: int) -> SubmissionRecord | None:
         """The newest submitted attempt of this participant in ``epoch`` that still runs, if any."""

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from airflow_seatunnel_ckpt.core import CheckpointStore
 from airflow_seatunnel_ckpt.core.submissions import (
     SubmissionOutcome,
     judge_submission,
+    read_deferral,
     read_exit,
     read_submission,
     submitted_attempts,
@@ -152,21 +154,44 @@ def started(markers: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
+class ZombieTry:
+    """Try 1 waiting in-process (``deferrable=False``) in a thread, as a try whose worker Airflow lost.
+
+    Its process still waits, but the scheduler has moved on to try 2: the case a retry
+    reconnects for. What it ends with (a result or an error) is kept.
+    """
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.outcome: dict[str, Any] = {}
+        stage = make_stage(tmp_path, "waiting_stage", deferrable=False)
+
+        def run() -> None:
+            try:
+                self.outcome["result"] = stage.execute(context_of(1))
+            except BaseException as exc:  # kept for the test to look at
+                self.outcome["error"] = exc
+
+        self.thread = threading.Thread(target=run, name="zombie-try-1", daemon=True)
+        self.thread.start()
+
+    def join(self) -> dict[str, Any]:
+        self.thread.join(240)
+        assert not self.thread.is_alive(), "try 1 did not end"
+        return self.outcome
+
+
 def test_a_retry_reconnects_to_the_running_submission_instead_of_submitting_again(
         airflow_home: Path, tmp_path: Path, markers: Path) -> None:
-    stage = make_stage(tmp_path, "waiting_stage")
     pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store").pipeline("orders")
-
-    first = deferred(stage, 1)
-    assert (first.participant, first.attempt, first.epoch) == ("ingest", 1, 1)
+    first = ZombieTry(tmp_path)
+    wait_until(lambda: len(started(markers)) == 1, what="the application to start")
     record = read_submission(pipeline, 1, "ingest", 1)
     assert record is not None and record.launcher_pid > 0
-    wait_until(lambda: len(started(markers)) == 1, what="the application to start")
 
-    # The first try is gone (its worker died, or the task was cleared while deferred); the
-    # retry finds attempt 1 running and watches it rather than launching a second application.
+    # Try 1's worker is lost to Airflow while spark-submit runs on: the retry finds attempt 1
+    # running and watches it rather than launching a second application.
     second = deferred(make_stage(tmp_path, "waiting_stage"), 2)
-    assert (second.attempt, second.epoch) == (1, 1)
+    assert (second.participant, second.attempt, second.epoch) == ("ingest", 1, 1)
     assert submitted_attempts(pipeline, 1, "ingest") == [1]
 
     (markers / "release").touch()
@@ -176,9 +201,74 @@ def test_a_retry_reconnects_to_the_running_submission_instead_of_submitting_agai
     assert (result["epoch"], result["attempt"], result["rows"]) == (1, 1, 6)
     assert len(started(markers)) == 1  # one application ran
     assert pipeline.txlog.read_prepared(1, "ingest").attempt == 1
+    assert first.join()["result"]["attempt"] == 1
     wait_until(lambda: read_exit(pipeline, 1, "ingest", 1) is not None, 60, "the launcher's exit record")
     assert read_exit(pipeline, 1, "ingest", 1).returncode == 0
     assert not Path(record.log).exists()  # the launch log is removed once the outcome is taken
+
+
+def test_a_try_cleared_while_deferred_has_its_attempt_stopped_and_the_next_try_submits_anew(
+        airflow_home: Path, tmp_path: Path, markers: Path) -> None:
+    """A clear of a deferred stage runs the stage again, whether or not the triggerer ran the trigger.
+
+    Try 1 defers on attempt 1; the task is cleared before any triggerer ran the trigger (so
+    no ``on_kill``). Try 2 finds attempt 1 running and try 1's deferral record: it asks
+    attempt 1 to stop and submits attempt 2, which prepares. (Before, try 2 watched attempt
+    1, which a clear meant to replace -- with a fixed stage, say.)
+    """
+    pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store", **LEASE).pipeline("orders")
+    first = deferred(make_stage(tmp_path, "waiting_stage"), 1)
+    assert first.attempt == 1
+    assert read_deferral(pipeline, 1, "ingest", 1).try_number == 1
+    wait_until(lambda: len(started(markers)) == 1, what="the application to start")
+
+    second = deferred(make_stage(tmp_path, "waiting_stage"), 2)
+    assert (second.attempt, second.epoch) == (2, 1)
+    assert submitted_attempts(pipeline, 1, "ingest") == [1, 2]
+    wait_until(lambda: read_exit(pipeline, 1, "ingest", 1) is not None, 90, "attempt 1's launcher to stop it")
+    stopped = read_exit(pipeline, 1, "ingest", 1)
+    assert stopped.stopped.startswith("cancelled by try 2") and "try 1 deferred on it" in stopped.stopped, stopped
+    assert stopped.returncode != 0
+
+    (markers / "release").touch()
+    event = fire(second)
+    assert event["outcome"] == "prepared", event
+    result = make_stage(tmp_path, "waiting_stage").execute_complete(context_of(2), event)
+    assert (result["epoch"], result["attempt"], result["rows"]) == (1, 2, 6)
+    assert pipeline.txlog.read_prepared(1, "ingest").attempt == 2
+    # The triggerer's on_kill for try 1, arriving late, changes nothing.
+    asyncio.run(first.on_kill())
+    assert read_exit(pipeline, 1, "ingest", 1) == stopped
+
+
+def test_a_reconnected_attempt_that_is_stopped_is_replaced_by_the_trys_own_attempt(
+        airflow_home: Path, tmp_path: Path, markers: Path) -> None:
+    """Try 2 watches try 1's attempt; when that attempt is stopped, try 2 submits attempt 2 and defers on it."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_seatunnel_ckpt.core.submissions import request_cancel
+
+    pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store", **LEASE).pipeline("orders")
+    first = ZombieTry(tmp_path)
+    wait_until(lambda: len(started(markers)) == 1, what="the application to start")
+    second = deferred(make_stage(tmp_path, "waiting_stage"), 2)
+    assert second.attempt == 1
+
+    request_cancel(pipeline, 1, "ingest", 1, by="an operator", reason="stopped on purpose")
+    event = fire(second)
+    assert event["outcome"] == "failed" and "was stopped" in event["message"], event
+    with pytest.raises(TaskDeferred) as again:
+        make_stage(tmp_path, "waiting_stage").execute_complete(context_of(2), event)
+    third = again.value.trigger
+    assert (third.attempt, third.epoch) == (2, 1) and again.value.method_name == "execute_complete"
+    assert submitted_attempts(pipeline, 1, "ingest") == [1, 2]
+
+    (markers / "release").touch()
+    event = fire(third)
+    assert event["outcome"] == "prepared", event
+    result = make_stage(tmp_path, "waiting_stage").execute_complete(context_of(2), event)
+    assert (result["epoch"], result["attempt"], result["rows"]) == (1, 2, 6)
+    assert "was stopped" in str(first.join()["error"])  # try 1, still waiting in-process, saw its attempt stop
 
 
 def test_a_failed_stage_fails_the_task_with_the_drivers_error_from_the_store(

@@ -185,9 +185,11 @@ def test_a_submitted_stage_defers_and_a_clear_while_deferred_stops_it_and_resubm
     """``tests/deployment/dags/submitted_orders.py``: the stage goes through spark-submit and defers.
 
     The stage is seen *deferred* (its task process gone, the trigger watching the store in
-    the triggerer), then cleared from the REST API while deferred: the triggerer's
-    ``on_kill`` asks the launcher to stop attempt 1, the new try submits attempt 2, and the
-    epoch commits each order once.
+    the triggerer), then cleared from the REST API while deferred: attempt 1 is stopped, the
+    new try submits attempt 2, and the epoch commits each order once. Who asks attempt 1's
+    launcher to stop is a race: the triggerer's ``on_kill``, if it had started the trigger
+    and gets there first, else try 2, which finds try 1's deferral record (a clear within a
+    second of the deferral ends the trigger before the triggerer ever runs it).
     """
     import json as json_lib
 
@@ -214,7 +216,7 @@ def test_a_submitted_stage_defers_and_a_clear_while_deferred_stops_it_and_resubm
         "reset_dag_runs": True})
     stopped = deployment.wait_for("attempt 1's launcher to stop it", lambda: read_exit(pipeline, 1, PARTICIPANT, 1),
                                   timeout=120, interval=0.5)
-    assert stopped.stopped.startswith("cancelled by triggerer"), stopped
+    assert stopped.stopped.startswith(("cancelled by triggerer", "cancelled by try 2")), stopped
     (root / "release").touch()
 
     def succeeded() -> bool:
