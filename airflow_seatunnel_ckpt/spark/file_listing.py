@@ -61,7 +61,7 @@ def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
         return ident
     modified = next((info[k] for k in ("mtime", "LastModified", "last_modified", "updated",
                                        "created") if info.get(k) is not None), None)
-    if hasattr(modified, "timestamp"):
+    if modified is not None and hasattr(modified, "timestamp"):
         modified = modified.timestamp()
     if isinstance(modified, (int, float)):
         ident["mtime"] = float(modified)

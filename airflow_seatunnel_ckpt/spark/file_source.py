@@ -315,7 +315,7 @@ class FileSource(Source):
             # A file whose mtime is unknown cannot be aged: it is kept (read, not lost).
             mtimes = {f: file_index.mtime_seconds(ident.get("mtime")) for f, ident in listing.items()}
             listing = {f: ident for f, ident in listing.items()
-                       if mtimes[f] is None or mtimes[f] >= watermark}
+                       if (mtime := mtimes[f]) is None or mtime >= watermark}
         consumed = index.lookup(listing)
         changed = sorted(f for f in consumed if not file_index.same_file(consumed[f], listing[f]))
         if changed and self.on_change == "error":
@@ -390,6 +390,9 @@ class FileSource(Source):
             reader = reader.option("enforceSchema", self.options.get("enforceSchema", "false"))
         if self.schema:
             declared = StructType.fromDDL(self.schema)
+            if not isinstance(declared, StructType):
+                raise SourceError(f"file source {self.name!r}: schema {self.schema!r} is not a list of columns "
+                                  "('name TYPE, ...'): give the columns as a Spark DDL string")
         else:
             declared = reader.load(paths).schema  # inferred, as Spark would
         fields = [f for f in declared.fields if f.name != corrupt]

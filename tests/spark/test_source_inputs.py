@@ -146,6 +146,14 @@ def test_extra_csv_column_fails_instead_of_being_dropped(
         run_stage(text_spec(orders, "run-1", "csv"), spark)
 
 
+def test_a_schema_that_is_not_a_list_of_columns_is_an_error_naming_it(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    write_text(orders, "a.json", '{"order_id": 1, "customer": "c1", "amount": 1.0}\n')
+    with pytest.raises(SourceError, match=r"schema 'bigint' is not a list of columns"):
+        run_stage(text_spec(orders, "run-1", "json", schema="bigint"), spark)
+
+
 def test_broken_json_line_fails_naming_file_and_line_not_a_null_key(
     spark: Any, orders: OrdersPipeline
 ) -> None:
