@@ -69,6 +69,11 @@ def deferred_name(participant: str, attempt: int) -> str:
     return f"{DEFERRED_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
+def _expect_type(d: Mapping[str, Any], type_: str, what: str, where: str) -> None:
+    if d.get("type") != type_:
+        raise CorruptCheckpointError(f"{where}: not a {what} (type {d.get('type')!r})")
+
+
 @dataclass(frozen=True)
 class SubmissionRecord:
     """An attempt of a participant launched through ``spark-submit``."""
@@ -90,8 +95,7 @@ class SubmissionRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> SubmissionRecord:
-        if d.get("type") != "submission":
-            raise CorruptCheckpointError(f"{where}: not a submission record (type {d.get('type')!r})")
+        _expect_type(d, "submission", "submission record", where)
         return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
                    _get(d, "attempt", int, where), _get(d, "host", str, where),
                    _get(d, "launcher_pid", int, where), _get(d, "log", str, where),
@@ -119,8 +123,7 @@ class ExitRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> ExitRecord:
-        if d.get("type") != "submission-exit":
-            raise CorruptCheckpointError(f"{where}: not a submission exit record (type {d.get('type')!r})")
+        _expect_type(d, "submission-exit", "submission exit record", where)
         tail = _get(d, "tail", list, where)
         return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
                    _get(d, "attempt", int, where), _get(d, "returncode", int, where),
@@ -168,8 +171,7 @@ class DeferralRecord:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str) -> DeferralRecord:
-        if d.get("type") != "submission-deferral":
-            raise CorruptCheckpointError(f"{where}: not a submission deferral record (type {d.get('type')!r})")
+        _expect_type(d, "submission-deferral", "submission deferral record", where)
         return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
                    _get(d, "attempt", int, where), _get(d, "try_number", int, where),
                    _get(d, "host", str, where), float(_get(d, "at", (int, float), where)))
