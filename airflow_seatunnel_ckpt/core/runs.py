@@ -117,7 +117,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def key_hashes(keys: Any) -> np.ndarray:
     """A stable 64-bit hash per key (persisted in blooms: never change it for a format).
 
-    Integer-like keys hash their 64-bit value; any other key hashes its bytes (as a
+    Integer-like keys hash their 64-bit value (an unsigned 64-bit key its bit pattern, which
+    for keys below 2**63 is the same value); any other key hashes its bytes (as a
     string) with FNV-1a 64 and its length. This numpy code (one pass per byte position)
     is the definition; :data:`ACCELERATOR`, when built, computes the same in one pass.
     """
@@ -127,7 +128,10 @@ def key_hashes(keys: Any) -> np.ndarray:
     accel = ACCELERATOR
     t = keys.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
-        as_int = keys.cast(pa.int32()).cast(pa.int64()) if pa.types.is_date32(t) else keys.cast(pa.int64())
+        if pa.types.is_date32(t):
+            as_int = keys.cast(pa.int32()).cast(pa.int64())
+        else:  # unsafe: uint64 keys of 2**63 and up keep their bits (a safe cast refuses them)
+            as_int = pc.cast(keys, pa.int64(), safe=not pa.types.is_uint64(t))
         values = np.asarray((as_int.fill_null(0) if as_int.null_count else as_int).to_numpy(zero_copy_only=False),
                             dtype=np.int64)
         if accel is not None:

@@ -83,7 +83,7 @@ def test_the_environment_switch_forces_the_numpy_path() -> None:
 KEY_CASES: dict[str, pa.Array | pa.ChunkedArray] = {
     "int64": pa.array([0, 1, -1, 2**63 - 1, -(2**63), None, 42], pa.int64()),
     "int32": pa.array([7, None, -(2**31), 2**31 - 1], pa.int32()),
-    "uint64": pa.array([2**63 - 1, 0, None], pa.uint64()),  # above 2**63 the cast refuses (both paths)
+    "uint64": pa.array([2**63 - 1, 0, None, 2**63, 2**64 - 1], pa.uint64()),
     "date": pa.array([dt.date(1970, 1, 1), dt.date(1969, 12, 31), None, dt.date(2026, 11, 25)], pa.date32()),
     "timestamp": pa.array([dt.datetime(2026, 1, 1, 12, 30), None, dt.datetime(1900, 1, 1)], pa.timestamp("us")),
     "bool": pa.array([True, False, None]),
@@ -105,6 +105,14 @@ KEY_CASES: dict[str, pa.Array | pa.ChunkedArray] = {
 def test_hashes_are_identical_on_both_paths(case: str) -> None:
     hashes = assert_same_hashes(KEY_CASES[case])
     assert len(hashes) == len(KEY_CASES[case])
+
+
+def test_unsigned_64_bit_keys_hash_their_bits_and_small_ones_as_signed_keys_do() -> None:
+    """Keys of 2**63 and up used to fail the int64 cast ("not in range") on both paths."""
+    unsigned = key_hashes(pa.array([0, 5, 2**63 - 1, 2**63, 2**64 - 1], pa.uint64()))
+    signed = key_hashes(pa.array([0, 5, 2**63 - 1, -(2**63), -1], pa.int64()))
+    assert unsigned.tobytes() == signed.tobytes()
+    assert len(set(unsigned.tolist())) == 5
 
 
 @needs_accel
