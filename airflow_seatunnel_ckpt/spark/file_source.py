@@ -21,6 +21,7 @@ csv/json. How a directory is listed (prefixes, globs, identities) is in
 
 from __future__ import annotations
 
+import logging
 import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -56,6 +57,10 @@ ON_CHANGE = ("error", "reread")
 CORRUPT_COLUMN = "_corrupt_record"
 #: Unparseable records an error message shows.
 MAX_REPORTED = 5
+
+log = logging.getLogger(__name__)
+
+
 class SourceError(CheckpointError):
     """A source cannot plan or read its input (missing path, unreadable file, no schema)."""
 
@@ -106,8 +111,8 @@ class Source(ABC):
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """The input the planned ``offsets`` describe, as a DataFrame."""
 
-    def plan_from(self, point: RestorePoint) -> dict[str, Any]:
-        """This epoch's offsets, planned from the restore point the epoch starts from.
+    def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:
+        """The offsets of ``epoch``, planned from the restore point the epoch starts from.
 
         The default hands :meth:`plan` the source's whole history; a source that can
         plan from less (the file source's consumed-file index) overrides it.
@@ -136,7 +141,12 @@ class FileSource(Source):
       sort in time order (``dt=2026-11-23/hour=07``): list only those at or after the
       partition of the greatest file name consumed so far (default False). A year of
       partitions then costs one directory listing per glob level, not a listing of every
-      file; a file delivered late into an older partition is not read;
+      file; a file delivered late into an older partition is not read, unless
+      ``backfill_every`` is set;
+    * ``backfill_every``: with ``ordered_prefixes``, every this many epochs one epoch lists
+      every partition the prefixes match, so a file delivered late into an older partition
+      is read then (Auto Loader's ``cloudFiles.backfillInterval``, counted in epochs): the
+      epochs whose numbers pass a multiple of it since the restored one;
     * ``max_file_age``: ignore files modified more than this before the newest file
       consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
       ``maxFileAge``), and forget consumed files once they are that old, so the
@@ -186,6 +196,7 @@ class FileSource(Source):
         prefixes: Sequence[str] | None = None,
         max_file_age: float | str | None = None,
         ordered_prefixes: bool = False,
+        backfill_every: int | None = None,
     ) -> None:
         super().__init__(name)
         if format not in FILE_FORMATS:
@@ -233,6 +244,15 @@ class FileSource(Source):
                 f"file source {name!r}: ordered_prefixes applies to glob prefixes (such as "
                 '["dt=*/hour=*/"]); add one to \'prefixes\' or remove ordered_prefixes')
         self.ordered_prefixes = ordered_prefixes
+        if backfill_every is not None and (isinstance(backfill_every, bool) or not isinstance(backfill_every, int)
+                                           or backfill_every < 1):
+            raise ConfigError(
+                f"file source {name!r}: backfill_every must be a positive number of epochs, got {backfill_every!r}")
+        if backfill_every is not None and not ordered_prefixes:
+            raise ConfigError(
+                f"file source {name!r}: backfill_every applies with ordered_prefixes (without it every epoch "
+                "lists every partition already); remove it, or set ordered_prefixes")
+        self.backfill_every = backfill_every
         self.max_file_age = parse_age(name, max_file_age)
 
     # -- listing ---------------------------------------------------------------------------
@@ -284,32 +304,48 @@ class FileSource(Source):
         """The files below the directory that no committed epoch consumed, given the
         history as entries (a history rebuilt from the log, or a caller without a restore
         point). See :meth:`plan_indexed`."""
-        where = f"file source {self.name!r}"
+        return self.plan_indexed(self._index_of(history))
+
+    def _index_of(self, history: list[dict[str, Any]]) -> FileIndex:
+        """The consumed-file index of history entries."""
         try:
-            rows = file_index.rows_from_entries(history, where)
+            rows = file_index.rows_from_entries(history, f"file source {self.name!r}")
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
-        return self.plan_indexed(FileIndex.from_table(rows))
+        return FileIndex.from_table(rows)
 
-    def plan_from(self, point: RestorePoint) -> dict[str, Any]:
+    def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:
         """Plan from the restore point's consumed-file index: the directory, the deltas
         since the last compaction, and the segments the listed names fall in."""
         chain = point.source_chains.get(self.name)
         # A subclass that plans differently (pipeline_output) plans from its history.
         if type(self).plan is not FileSource.plan:
-            return super().plan_from(point)
+            return super().plan_from(point, epoch)
+        backfill = self.backfill_due(point.epoch, epoch)
         if self.name in point.rebuilt_sources or not chain or point.storage is None:
-            return self.plan(point.source_entries(self.name))
-        return self.plan_indexed(source_log.open_index(point.storage, chain))
+            entries = point.source_entries(self.name)
+            return self.plan_indexed(self._index_of(entries), backfill=backfill)
+        return self.plan_indexed(source_log.open_index(point.storage, chain), backfill=backfill)
 
-    def plan_indexed(self, index: FileIndex) -> dict[str, Any]:
+    def backfill_due(self, restored: int | None, epoch: int | None) -> bool:
+        """True if the epoch planned after ``restored`` lists every partition (``backfill_every``)."""
+        if self.backfill_every is None or epoch is None:
+            return False
+        return epoch // self.backfill_every > (restored or 0) // self.backfill_every
+
+    def plan_indexed(self, index: FileIndex, *, backfill: bool = False) -> dict[str, Any]:
         """The listed files that the index does not hold, oldest names first.
 
         A held file whose identity changed since is an error (``on_change="error"``) or
         planned again (``"reread"``); a file older than the watermark (``max_file_age``
-        before the newest consumed file) is ignored.
+        before the newest consumed file) is ignored. ``backfill`` lists the partitions
+        ``ordered_prefixes`` would skip.
         """
-        listing = self.list_identities(index.greatest_path() if self.ordered_prefixes else None)
+        floor = index.greatest_path() if self.ordered_prefixes and not backfill else None
+        if backfill:
+            log.info("file source %r: backfill epoch (backfill_every=%s): listing every partition the prefixes "
+                     "match", self.name, self.backfill_every)
+        listing = self.list_identities(floor)
         watermark = index.watermark(self.max_file_age)
         if watermark is not None:
             # A file whose mtime is unknown cannot be aged: it is kept (read, not lost).

@@ -255,11 +255,11 @@ def _fixed_offsets(
     """
 
     def make_plan() -> dict[str, dict[str, Any]]:
-        return {name: src.plan_from(base) for name, src in sources.items()}
+        return {name: src.plan_from(base, epoch) for name, src in sources.items()}
 
     fixed = pipeline.pin_inputs(epoch, spec.participant, spec.attempt, make_plan)
     return {
-        name: dict(fixed[name]) if name in fixed else src.plan_from(base)
+        name: dict(fixed[name]) if name in fixed else src.plan_from(base, epoch)
         for name, src in sources.items()
     }
 

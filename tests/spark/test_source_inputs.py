@@ -403,6 +403,43 @@ def test_ordered_prefixes_list_only_partitions_from_the_greatest_consumed_one(tm
     assert unordered.plan(history)["files"] == ["dt=1/hour=1/late.csv", "dt=1/hour=2/c.csv", "dt=2/hour=1/d.csv"]
 
 
+def test_backfill_every_reads_a_file_delivered_late_into_an_older_partition(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    """``ordered_prefixes`` skips partitions before the newest consumed one; every 4th epoch lists them all."""
+    def deliver_csv(name: str, order_id: int) -> None:
+        path = orders.input_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"order_id,customer,amount\n{order_id},c{order_id},1.5\n")
+
+    def epoch(n: int) -> list[str]:
+        result = run_stage(text_spec(orders, f"run-{n}", "csv", prefixes=["dt=*/"], ordered_prefixes=True,
+                                     backfill_every=4), spark)
+        assert result.epoch == n
+        orders.commit(result)
+        return list(result.sources["orders"]["files"])
+
+    deliver_csv("dt=1/a.csv", 1)
+    assert epoch(1) == ["dt=1/a.csv"]
+    deliver_csv("dt=2/b.csv", 2)
+    assert epoch(2) == ["dt=2/b.csv"]
+    deliver_csv("dt=1/late.csv", 3)  # into a partition before the newest consumed one
+    assert epoch(3) == []  # not listed (the price of ordered_prefixes)
+    assert epoch(4) == ["dt=1/late.csv"]  # the backfill epoch lists every partition
+    assert epoch(5) == []
+    assert sorted(r["order_id"] for r in orders.published()) == [1, 2, 3]
+
+
+def test_backfill_is_due_in_the_epochs_that_pass_a_multiple_since_the_restored_one(tmp_path: Path) -> None:
+    source = FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes=True,
+                        backfill_every=4)
+    assert [e for e in range(1, 13) if source.backfill_due(e - 1, e)] == [4, 8, 12]
+    # Epoch 4 was aborted: epoch 5, planned from epoch 3, is the backfill instead.
+    assert source.backfill_due(3, 5) and not source.backfill_due(5, 6)
+    assert not FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"],
+                          ordered_prefixes=True).backfill_due(3, 4)
+
+
 def test_ordered_prefixes_without_a_glob_prefix_is_a_config_error(tmp_path: Path) -> None:
     from airflow_seatunnel_ckpt.core.errors import ConfigError
 
@@ -410,3 +447,9 @@ def test_ordered_prefixes_without_a_glob_prefix_is_a_config_error(tmp_path: Path
         FileSource("orders", f"file://{tmp_path}", prefixes=["dt=1/"], ordered_prefixes=True)
     with pytest.raises(ConfigError, match="ordered_prefixes must be true or false"):
         FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes="yes")
+    with pytest.raises(ConfigError, match="backfill_every applies with ordered_prefixes"):
+        FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], backfill_every=24)
+    for bad in (0, -1, 1.5, True, "24"):
+        with pytest.raises(ConfigError, match="backfill_every must be a positive number of epochs"):
+            FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes=True,
+                       backfill_every=bad)
