@@ -1,7 +1,9 @@
 """Which checkpoint stores the page shows.
 
 Three sources, in this order: every Airflow connection of type ``seatunnel_ckpt`` (one
-connection per store), the URLs of the ``[seatunnel_ckpt] stores`` option (comma
+connection per store), from the metadata database and from ``AIRFLOW_CONN_<ID>``
+environment variables (which win over a database connection of the same id, as they do
+when a task looks the connection up), the URLs of the ``[seatunnel_ckpt] stores`` option (comma
 separated, for stores without a connection), and the provider's default store
 (``$SEATUNNEL_CKPT_STORE``, else ``$AIRFLOW_HOME/seatunnel-ckpt``) when it exists.
 Each store gets a key that is safe in a URL path: the connection id, ``config-<n>`` or
@@ -10,7 +12,9 @@ Each store gets a key that is safe in a URL path: the connection id, ``config-<n
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
 from airflow_seatunnel_ckpt.core.config import default_storage_url
@@ -50,15 +54,38 @@ def _connections() -> list[ConfiguredStore]:
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
 
-    out = []
+    found: dict[str, tuple[Any, str]] = {}
     with create_session() as session:
-        conns = session.query(Connection).filter(Connection.conn_type == CONN_TYPE).order_by(Connection.conn_id).all()
-        for conn in conns:
-            try:
-                out.append(ConfiguredStore(conn.conn_id, f"connection {conn.conn_id}", config_from_connection(conn)))
-            except CheckpointError as exc:
-                out.append(ConfiguredStore(conn.conn_id, f"connection {conn.conn_id}", None, str(exc)))
+        for conn in session.query(Connection).filter(Connection.conn_type == CONN_TYPE).all():
+            found[conn.conn_id] = (conn, f"connection {conn.conn_id}")
+    found.update(_environment_connections())
+    out = []
+    for conn_id, (conn, source) in sorted(found.items()):
+        try:
+            out.append(ConfiguredStore(conn_id, source, config_from_connection(conn)))
+        except CheckpointError as exc:
+            out.append(ConfiguredStore(conn_id, source, None, str(exc)))
     return out
+
+
+def _environment_connections() -> dict[str, tuple[Any, str]]:
+    """Connections of our type defined as ``AIRFLOW_CONN_<ID>`` variables (ids in lower case, as Airflow
+    looks them up); a variable Airflow cannot parse is not ours to judge and is skipped."""
+    from airflow.secrets.environment_variables import CONN_ENV_PREFIX, EnvironmentVariablesBackend
+
+    backend = EnvironmentVariablesBackend()
+    found = {}
+    for name in sorted(os.environ):
+        conn_id = name[len(CONN_ENV_PREFIX):].lower() if name.startswith(CONN_ENV_PREFIX) else ""
+        if not conn_id or conn_id.startswith("_"):  # a team-scoped variable (AIRFLOW_CONN__<TEAM>___<ID>)
+            continue
+        try:
+            conn = backend.get_connection(conn_id)
+        except Exception:  # malformed for Airflow too, which reports it itself
+            continue
+        if conn is not None and conn.conn_type == CONN_TYPE:
+            found[conn_id] = (conn, f"connection {conn_id} (environment variable {name})")
+    return found
 
 
 def _configured_urls() -> list[str]:

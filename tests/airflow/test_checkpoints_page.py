@@ -7,6 +7,7 @@ compared with what the console functions and the store say. The browser test
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -342,26 +343,38 @@ def test_stores_come_from_connections_the_config_option_and_the_default(
 
     from airflow_seatunnel_ckpt.plugins.stores import UnknownStoreError, configured_stores, find_store
 
-    for name in ("by-conn", "by-config", "default"):
+    for name in ("by-conn", "by-config", "default", "by-env", "env-wins"):
         (tmp_path / name).mkdir()
     monkeypatch.setenv("AIRFLOW__SEATUNNEL_CKPT__STORES", f"file://{tmp_path}/by-config, file://{tmp_path}/by-conn")
     monkeypatch.setenv("SEATUNNEL_CKPT_STORE", f"file://{tmp_path}/default")
+    # Connections in environment variables (JSON and URI forms); one shadows a database connection,
+    # as it does for a task; another type, and one Airflow cannot parse, are not stores.
+    monkeypatch.setenv("AIRFLOW_CONN_UI_ENV", json.dumps({"conn_type": "seatunnel_ckpt",
+                                                          "host": f"file://{tmp_path}/by-env"}))
+    monkeypatch.setenv("AIRFLOW_CONN_UI_SHADOWED", json.dumps({"conn_type": "seatunnel_ckpt",
+                                                               "extra": {"storage_url": f"file://{tmp_path}/env-wins"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_UI_OTHER", "postgres://user:pw@127.0.0.1:5432/db")
+    monkeypatch.setenv("AIRFLOW_CONN_UI_GARBLED", "{not json")
     conn = Connection(conn_id="ui_store", conn_type="seatunnel_ckpt", host=f"file://{tmp_path}/by-conn")
     bad = Connection(conn_id="ui_bad", conn_type="seatunnel_ckpt", extra='{"max_retain": 0}')
+    shadowed = Connection(conn_id="ui_shadowed", conn_type="seatunnel_ckpt", host=f"file://{tmp_path}/by-config")
     with create_session() as session:
-        session.add_all([conn, bad])
+        session.add_all([conn, bad, shadowed])
     try:
         stores = {s.key: s for s in configured_stores()}
         # The connection's URL is listed once (the option repeats it).
         assert [k for k in stores if k.startswith(("ui_", "config-", "default"))] == \
-            ["ui_bad", "ui_store", "config-1", "default"]
+            ["ui_bad", "ui_env", "ui_shadowed", "ui_store", "config-1", "default"]
         assert stores["ui_store"].open().storage.exists("")
+        assert stores["ui_env"].config.storage_url == f"file://{tmp_path}/by-env"
+        assert stores["ui_env"].source == "connection ui_env (environment variable AIRFLOW_CONN_UI_ENV)"
+        assert stores["ui_shadowed"].config.storage_url == f"file://{tmp_path}/env-wins"
         assert stores["ui_bad"].config is None and "max_retain" in stores["ui_bad"].problem
         with pytest.raises(UnknownStoreError, match="configured stores: .*ui_store"):
             find_store("nope")
     finally:
         with create_session() as session:
-            session.query(Connection).filter(Connection.conn_id.in_(["ui_store", "ui_bad"])).delete()
+            session.query(Connection).filter(Connection.conn_id.in_(["ui_store", "ui_bad", "ui_shadowed"])).delete()
 
 
 def test_recovery_on_the_page_aborts_an_epoch_whose_dag_run_is_over(
