@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 #: Modules of the core that make up the protocol, which storage must not know about.
 PROTOCOL = ("pipeline", "txlog", "recovery", "restore", "retention", "checkpoint", "models", "store",
-            "staging", "markers", "source_log", "replication")
+            "staging", "markers", "source_log", "replication", "sweep")
 
 
 def module_name(path: Path) -> str:

@@ -21,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import layout
+from airflow_seatunnel_ckpt.core import layout, sweep
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.lease import Liveness, liveness, store_now, wait_for
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState
 from airflow_seatunnel_ckpt.core.pipeline import Pipeline
-from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX
+from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
 
 log = logging.getLogger(__name__)
 
@@ -196,16 +196,30 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
             act(epoch, RecoveryStep.DROP_CHECKPOINT,
                 f"{layout.checkpoint_dir(epoch)} belongs to an aborted or unknown epoch",
                 lambda e=epoch: pipeline.checkpoints.delete(e))
-    if pipeline.storage.protocol in ("file", "local"):
-        for path in _temp_file_candidates(pipeline, seen.record.watermark):
-            if path.rsplit("/", 1)[-1].startswith(TEMP_PREFIX):
-                full = pipeline.storage.full_path(path)
+    if pipeline.storage.protocol in sweep.LOCAL_PROTOCOLS:
+        def drop_old(storage: Storage, paths: list[str]) -> None:
+            for path in paths:
                 try:
-                    if now - os.path.getmtime(full) > timeout:
-                        act(None, RecoveryStep.DROP_TEMP, f"{path} is a temp file left by a killed writer",
-                            lambda p=path: pipeline.storage.delete(p))
+                    if now - os.path.getmtime(storage.full_path(path)) > timeout:
+                        act(None, RecoveryStep.DROP_TEMP,
+                            f"{storage.describe_path(path)} is a temp file left by a killed writer",
+                            lambda s=storage, p=path: s.delete(p))
                 except FileNotFoundError:
                     pass
+
+        drop_old(pipeline.storage, [p for p in _temp_file_candidates(pipeline, seen.record.watermark)
+                                    if p.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)])
+        # The roots of the sinks that epochs above the watermark published to: a killed
+        # first claim of a target leaves its temp file there (settled epochs' were swept).
+        roots: dict[str, Storage] = {}
+        for epoch in above:
+            if states.get(epoch) is EpochState.COMMITTED:
+                try:
+                    roots.update((t.url, t) for t in sweep.sink_roots(pipeline, epoch))
+                except CorruptCheckpointError:
+                    continue  # verify names it; recovery does not repair an epoch's records
+        for target in roots.values():
+            drop_old(target, sweep.temp_files(target, "", recursive=False))
     if not dry_run:
         # States read above are still true if final (they never change); the epochs this
         # run finished or aborted are read again, so one run both resolves and settles them.
@@ -215,17 +229,18 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
                     states[action.epoch] = pipeline.state(action.epoch)
                 except CheckpointError:
                     states.pop(action.epoch, None)
-        pipeline.txlog.settle(seen, states)
+        for path in sweep.settle(pipeline, seen, states, now=now, timeout=timeout):
+            report.actions.append(RecoveryAction(None, RecoveryStep.DROP_TEMP,
+                                                 f"{path} is a temp file left by a killed writer", done=True))
     return report
 
 
 def _temp_file_candidates(pipeline: Pipeline, watermark: int) -> list[str]:
     """Every file of a local store where a killed writer's temp file may lie, but the log's history.
 
-    The directories of settled epochs (swept by every run while they were above the
-    watermark) are left out: walking them made this sweep O(all epochs). A temp file left
-    there (one still younger than the timeout when its epoch settled) is inert, as every
-    listing skips temp names, and costs only its bytes. The run index (one directory per
+    The directories of settled epochs are left out: walking them made this sweep O(all
+    epochs), and :func:`.sweep.settle` swept each one (and the roots of the sinks it
+    published to) before the watermark covered it. The run index (one directory per
     run ever) is still walked: a killed ``begin`` leaves its temp file there, and nothing
     tells which run directories belong to settled epochs without reading them.
     """

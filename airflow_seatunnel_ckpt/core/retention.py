@@ -14,10 +14,11 @@ mistakes it for damage and never falls back to it.
 from __future__ import annotations
 
 import posixpath
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import layout
+from airflow_seatunnel_ckpt.core import layout, sweep
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.pipeline import Pipeline
@@ -39,6 +40,8 @@ class RetentionReport:
     partly_kept: list[int] = field(default_factory=list)
     #: files in kept checkpoints that nothing references (parts of attempts that lost)
     removed_unreferenced: list[str] = field(default_factory=list)
+    #: temp files killed writers left in the epochs the settled watermark now covers
+    removed_temp_files: list[str] = field(default_factory=list)
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -46,7 +49,8 @@ class RetentionReport:
         return {"pipeline": self.pipeline, "dry_run": self.dry_run, "kept": self.kept,
                 "removed_checkpoints": self.removed_checkpoints, "removed_files": self.removed_files,
                 "kept_for_reference": self.kept_for_reference, "partly_kept": self.partly_kept,
-                "removed_unreferenced": self.removed_unreferenced, "note": self.note}
+                "removed_unreferenced": self.removed_unreferenced, "removed_temp_files": self.removed_temp_files,
+                "note": self.note}
 
 
 def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = False) -> RetentionReport:
@@ -105,7 +109,8 @@ def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = Fa
         report.removed_files += len(pipeline.checkpoints.delete(epoch, keep=keep_here))
     _sweep_losing_parts(pipeline, kept, referenced, report)
     if not dry_run:  # the next run reads only the epochs above the new watermark
-        pipeline.txlog.settle(seen, states)
+        report.removed_temp_files = sweep.settle(pipeline, seen, states, now=time.time(),
+                                                 timeout=pipeline.config.prepared_timeout_s)
     return report
 
 

@@ -29,9 +29,9 @@ from airflow_seatunnel_ckpt.core import (
 from airflow_seatunnel_ckpt.core.errors import RecoveryError
 from airflow_seatunnel_ckpt.core.models import BeginRecord, DecisionRecord
 from airflow_seatunnel_ckpt.core.settled import KEEP_VERSIONS, MIN_ADVANCE
-from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
+from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage, open_storage
 from tests.core.conftest import StoreSpec
-from tests.core.epochs import Participant, at_once, flip_byte, prepare_participant, published
+from tests.core.epochs import Participant, at_once, flip_byte, prepare_participant, published, target_url
 
 EMPTY_POINT = RestorePoint(None, RestoreSource.EMPTY)
 LATER = 10 * 24 * 3600.0
@@ -349,3 +349,69 @@ def test_recovery_on_a_local_store_does_not_walk_the_settled_history(
     assert [(a.action, a.done) for a in report.actions if a.action == "drop-temp"] == [("drop-temp", True)]
     assert not p.storage.exists(debris)
     assert "" not in walked and not [w for w in walked if w.startswith(f"{layout.TXLOG}/epoch-")], walked
+
+
+@pytest.mark.parametrize("run", ["recovery", "retention"])
+def test_settling_removes_what_killed_writers_left_in_the_epochs_it_covers(
+        local_spec: StoreSpec, settle_every_epoch: None, run: str) -> None:
+    """Below the watermark nobody looks again: temp files there are swept before it covers them.
+
+    A record write killed before its link leaves ``.tmp-*`` in the epoch's log directory; a
+    first claim of a sink killed the same way leaves one at the sink's root. Before, an
+    epoch settled with them (retention settles without any sweep; recovery swept only
+    directories above the watermark, never sink roots), and they stayed forever.
+    """
+    import os
+
+    p = local_spec.pipeline()
+    epochs = [real_epoch(p, f"run-{i}") for i in range(3)]
+    sink_root = open_storage(target_url(p, "orders"), p.storage.storage_options)
+    stale = time.time() - 2 * p.config.prepared_timeout_s
+    killed_record = f"{layout.txlog_dir(epochs[0])}/{TEMP_PREFIX}killed-record"
+    killed_claim = f"{TEMP_PREFIX}killed-claim"
+    in_flight = f"{layout.txlog_dir(epochs[2])}/{TEMP_PREFIX}in-flight"
+    for storage, path, mtime in ((p.storage, killed_record, stale), (sink_root, killed_claim, stale),
+                                 (p.storage, in_flight, time.time())):
+        with open(storage.full_path(path), "wb") as fh:
+            fh.write(b"half a record")
+        os.utime(storage.full_path(path), (mtime, mtime))
+
+    def settle() -> list[str]:
+        if run == "recovery":
+            report = p.recover(dry_run=False)
+            return [a.reason.split(" is a temp file")[0] for a in report.actions if a.action == "drop-temp"]
+        return p.retain().removed_temp_files
+
+    removed = settle()
+    assert not os.path.exists(p.storage.full_path(killed_record))
+    assert not os.path.exists(sink_root.full_path(killed_claim))
+    assert len(removed) == 2 and any("killed-claim" in r for r in removed), removed
+    # Epoch 3 still holds a temp file younger than the timeout (its writer may be finishing):
+    # the watermark stops before it, and the file stays.
+    assert newest_settled(p) == epochs[1]
+    assert os.path.exists(p.storage.full_path(in_flight))
+    os.utime(p.storage.full_path(in_flight), (stale, stale))
+    settle()
+    assert not os.path.exists(p.storage.full_path(in_flight))
+    assert newest_settled(p) == epochs[2]
+    assert published(p, "orders").keys() == set(epochs)
+
+
+def test_recovery_removes_a_killed_claims_temp_file_from_the_root_of_a_sink(local_spec: StoreSpec) -> None:
+    """Epochs above the watermark too: a killed first claim's temp file at a sink root is swept."""
+    import os
+
+    p = local_spec.pipeline()
+    epochs = [real_epoch(p, f"run-{i}") for i in range(2)]
+    sink_root = open_storage(target_url(p, "orders"), p.storage.storage_options)
+    killed_claim = sink_root.full_path(f"{TEMP_PREFIX}killed-claim")
+    with open(killed_claim, "wb") as fh:
+        fh.write(b"{")
+
+    assert p.recover(dry_run=False).actions == []  # younger than the timeout: a claim may be in flight
+    assert os.path.exists(killed_claim)
+    report = p.recover(dry_run=False, now=time.time() + LATER)
+    assert [(a.action, a.done) for a in report.actions] == [("drop-temp", True)]
+    assert "killed-claim" in report.actions[0].reason
+    assert not os.path.exists(killed_claim)
+    assert newest_settled(p) == 0 and published(p, "orders").keys() == set(epochs)
