@@ -322,8 +322,8 @@ def test_a_pipeline_upgraded_in_place_restores_source_parts_of_the_earlier_forma
 
     planned = FileSource.plan_indexed
 
-    def earlier_release(self: FileSource, index: Any) -> dict[str, Any]:
-        offsets = planned(self, index)
+    def earlier_release(self: FileSource, index: Any, **options: Any) -> dict[str, Any]:
+        offsets = planned(self, index, **options)
         offsets.pop(INDEX_KEY)  # the offsets an earlier release recorded: files + identity
         return offsets
 
