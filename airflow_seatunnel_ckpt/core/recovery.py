@@ -198,14 +198,10 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
                 lambda e=epoch: pipeline.checkpoints.delete(e))
     if pipeline.storage.protocol in sweep.LOCAL_PROTOCOLS:
         def drop_old(storage: Storage, paths: list[str]) -> None:
-            for path in paths:
-                try:
-                    if now - os.path.getmtime(storage.full_path(path)) > timeout:
-                        act(None, RecoveryStep.DROP_TEMP,
-                            f"{storage.describe_path(path)} is a temp file left by a killed writer",
-                            lambda s=storage, p=path: s.delete(p))
-                except FileNotFoundError:
-                    pass
+            for path in sweep.by_age(storage, paths, now, timeout)[0]:
+                act(None, RecoveryStep.DROP_TEMP,
+                    f"{storage.describe_path(path)} is a temp file left by a killed writer",
+                    lambda s=storage, p=path: s.delete(p))
 
         drop_old(pipeline.storage, [p for p in _temp_file_candidates(pipeline, seen.record.watermark)
                                     if p.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)])

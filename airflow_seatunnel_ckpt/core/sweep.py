@@ -48,19 +48,33 @@ def temp_files(storage: Storage, path: str, recursive: bool = True) -> list[str]
         return []
 
 
-def _sweep(storage: Storage, paths: list[str], now: float, timeout: float, removed: list[str]) -> bool:
-    """Remove the ``paths`` older than ``timeout``; True if none younger is left."""
-    clean = True
+def by_age(storage: Storage, paths: list[str], now: float, timeout: float) -> tuple[list[str], bool]:
+    """The ``paths`` older than ``timeout`` (a killed writer's), and whether a younger one is there.
+
+    A path gone meanwhile (its writer finished, another sweeper removed it) is neither.
+    """
+    old, young = [], False
     for path in paths:
         try:
-            if now - os.path.getmtime(storage.full_path(path)) <= timeout:
-                clean = False
-                continue
+            if now - os.path.getmtime(storage.full_path(path)) > timeout:
+                old.append(path)
+            else:
+                young = True
+        except FileNotFoundError:
+            continue
+    return old, young
+
+
+def _sweep(storage: Storage, paths: list[str], now: float, timeout: float, removed: list[str]) -> bool:
+    """Remove the ``paths`` older than ``timeout``; True if none younger is left."""
+    old, young = by_age(storage, paths, now, timeout)
+    for path in old:
+        try:
             storage.delete(path)
         except FileNotFoundError:
-            continue  # its writer finished (or another sweeper removed it) meanwhile
+            continue
         removed.append(storage.describe_path(path))
-    return clean
+    return not young
 
 
 def sink_roots(pipeline: Pipeline, epoch: int) -> list[Storage]:
