@@ -6,10 +6,12 @@ runs longer than the timeout, forever. Instead the attempt running a stage holds
 every ``lease_renew_s`` (:class:`LeaseKeeper`). An undecided epoch is *dead*, and anyone
 may abort it, only when (:func:`liveness`):
 
-* it is OPEN and its lease was not renewed for ``lease_timeout_s`` (or no lease was ever
-  taken and its ``begin`` is that old), or
+* it is OPEN and its lease was not renewed for ``lease_timeout_s`` -- or for the lease's
+  own ``timeout_s``, when its holder renews for a longer one (:func:`lease_timeout`) -- (or
+  no lease was ever taken and its ``begin`` is that old), or
 * it is PREPARED and still undecided ``prepared_timeout_s`` after it was prepared (never
-  counted from ``begin``), or
+  counted from ``begin``) -- unless a declared participant has not begun yet while the
+  owning DAG run is known to be running (a stage queued behind a pool), or
 * the DAG run that owns it is known to be finished (the Airflow layer asks Airflow; the
   core only takes the answer).
 
@@ -37,7 +39,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import codec, layout
-from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState, _get
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
@@ -216,10 +218,30 @@ def read_lease(storage: Storage, epoch: int, participant: str) -> LeaseRecord | 
 
 # -- liveness -----------------------------------------------------------------------------
 
+def lease_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> float:
+    """Seconds after its last renewal that ``lease`` is dead: its holder's timeout or the observer's, the larger.
+
+    The lease carries the ``timeout_s`` its holder renews for (``renew_s < timeout_s / 2``);
+    an observer configured with a shorter ``lease_timeout_s`` (the CLI's or the recovery
+    DAG's default) must not judge the stage dead between two of its renewals.
+    """
+    own = lease.timeout_s if lease is not None and lease.timeout_s > 0 else 0.0
+    return max(own, config.lease_timeout_s)
+
+
+def describe_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> str:
+    """``lease_timeout_s=180`` or ``the lease's timeout_s=600 (lease_timeout_s=180)`` for messages."""
+    timeout = lease_timeout(config, lease)
+    if timeout > config.lease_timeout_s:
+        return f"the lease's timeout_s={timeout:g} (lease_timeout_s={config.lease_timeout_s:g})"
+    return f"lease_timeout_s={config.lease_timeout_s:g}"
+
+
 class Liveness(enum.StrEnum):
     """Whether an epoch's owner may still finish it (see the module docstring)."""
 
-    #: OPEN, and its stage renewed its lease recently (or began recently and has none yet)
+    #: OPEN, and its stage renewed its lease recently (or began recently and has none yet);
+    #: or PREPARED with a declared participant not begun yet while its DAG run still runs
     ALIVE = "alive"
     #: PREPARED, undecided, within ``prepared_timeout_s`` of its prepare: the decision is due
     AWAITING_DECISION = "awaiting-decision"
@@ -303,32 +325,43 @@ def liveness(pipeline: Pipeline, epoch: int, owner_run_finished: bool | None = N
             return None
 
     prepared = {n[len(PREPARED_PREFIX):] for n in names if n.startswith(PREPARED_PREFIX)}
-    # The freshest lease of a participant still running (a prepared one is finished).
-    freshest: tuple[float, str, LeaseRecord | None] | None = None
+    # The leases of the participants still running (a prepared one is finished), each
+    # judged with the larger of its holder's timeout and this observer's: a stage set up
+    # to renew rarely is not dead by the shorter timeout of whoever looks at it.
+    leases: list[tuple[float, float, str, LeaseRecord | None]] = []
     for name in names:
         if not name.startswith(layout.LEASE_PREFIX) or name[len(layout.LEASE_PREFIX):] in prepared:
             continue
         age = age_of(name)
         if age is None:
             continue
-        if freshest is None or age < freshest[0]:
-            try:
-                record = read_lease(storage, epoch, name[len(layout.LEASE_PREFIX):])
-            except CheckpointError:
-                record = None  # unreadable content: its modification time still counts
-            freshest = (age, name[len(layout.LEASE_PREFIX):], record)
+        participant = name[len(layout.LEASE_PREFIX):]
+        try:
+            record = read_lease(storage, epoch, participant)
+        except CheckpointError:
+            record = None  # unreadable content: its modification time still counts
+        leases.append((age, lease_timeout(config, record), participant, record))
 
-    if freshest is not None:
-        age, participant, record = freshest
+    if leases:
+        # The lease furthest from expiring speaks for the epoch.
+        age, timeout, participant, record = min(leases, key=lambda item: item[0] - item[1])
         who = f"lease of {participant!r}" + (f" ({record.describe_holder()}, generation {record.generation})"
                                              if record else "")
-        if age <= config.lease_timeout_s:
+        if age <= timeout:
             return verdict(Liveness.ALIVE, f"{who} renewed {max(age, 0):.0f}s ago, within timeout "
-                           f"(lease_timeout_s={config.lease_timeout_s:g})", age, record)
+                           f"({describe_timeout(config, record)})", age, record)
         if state is EpochState.OPEN:
-            return verdict(Liveness.EXPIRED, f"{who} last renewed {age:.0f}s ago, over lease_timeout_s="
-                           f"{config.lease_timeout_s:g}", age, record)
+            return verdict(Liveness.EXPIRED, f"{who} last renewed {age:.0f}s ago, over "
+                           f"{describe_timeout(config, record)}", age, record)
     if state is EpochState.PREPARED:
+        declared = pipeline.declared_participants() or []
+        waiting = sorted(set(declared) - prepared - {n[len(layout.LEASE_PREFIX):] for n in names
+                                                     if n.startswith(layout.LEASE_PREFIX)})
+        if waiting and owner_run_finished is False:
+            # A declared stage of a run still running has not begun (queued behind a pool,
+            # or waiting for upstream tasks): it takes its lease when it starts.
+            return verdict(Liveness.ALIVE, f"prepared by {sorted(prepared)}; {waiting} not begun yet and its DAG "
+                           f"run {run_id or '?'!r} is still running, so they may still start")
         ages = [a for a in (age_of(PREPARED_PREFIX + p) for p in sorted(prepared)) if a is not None]
         age = min(ages) if ages else config.prepared_timeout_s + 1
         if age > config.prepared_timeout_s:

@@ -15,7 +15,11 @@ application again and learn how it ended, without the launching process:
   the triggerer, just before it deferred. A later try that finds the attempt still
   running knows that deferral was ended in Airflow (the task cleared or marked, its
   trigger timed out or failed) and stops the attempt instead of watching it;
-* ``cancel-<participant>-a<attempt>``: anyone asking the launcher to stop the attempt.
+* ``fence-<participant>-a<attempt>``: the attempt's one chance to prepare, created once,
+  either by its prepare (*preparing*, just before its ``prepared`` record) or by anyone
+  asking the launcher to stop the attempt (*cancelled*). One file, so a cancelled attempt
+  never prepares, and a cancel that comes after the attempt began to prepare loses and
+  says so (the canceller then takes that attempt's outcome instead of replacing it).
 
 Whether the application still runs is the participant's lease (:mod:`.lease`): the
 launcher renews it while ``spark-submit`` runs (in cluster mode ``spark-submit`` waits for
@@ -27,13 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import codec, layout
-from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import read_lease, store_now
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError, FencedAttemptError
+from airflow_seatunnel_ckpt.core.lease import describe_timeout, lease_timeout, read_lease, store_now
 from airflow_seatunnel_ckpt.core.models import _get
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.txlog import PREPARED_PREFIX
@@ -43,7 +48,7 @@ if TYPE_CHECKING:
 
 SUBMISSION_PREFIX = "submission-"
 EXIT_PREFIX = "exit-"
-CANCEL_PREFIX = "cancel-"
+FENCE_PREFIX = "fence-"
 DEFERRED_PREFIX = "deferred-"
 #: Lines of ``spark-submit`` output kept in an exit record.
 TAIL_LINES = 40
@@ -59,9 +64,9 @@ def exit_name(participant: str, attempt: int) -> str:
     return f"{EXIT_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
-def cancel_name(participant: str, attempt: int) -> str:
-    """``cancel-<participant>-a<attempt>``."""
-    return f"{CANCEL_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+def fence_name(participant: str, attempt: int) -> str:
+    """``fence-<participant>-a<attempt>``."""
+    return f"{FENCE_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
 def deferred_name(participant: str, attempt: int) -> str:
@@ -144,14 +149,76 @@ def record_exit(pipeline: Pipeline, record: ExitRecord) -> None:
         pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
 
 
+@dataclass(frozen=True)
+class FenceRecord:
+    """Whether an attempt may prepare: settled once, by its prepare or by a cancel, whichever came first."""
+
+    epoch: int
+    participant: str
+    attempt: int
+    #: True: a cancel came first and the attempt never prepares; False: the attempt prepares.
+    cancelled: bool
+    by: str
+    reason: str = ""
+    at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "attempt-fence", "epoch": self.epoch, "participant": self.participant,
+                "attempt": self.attempt, "cancelled": self.cancelled, "by": self.by, "reason": self.reason,
+                "at": self.at}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> FenceRecord:
+        _expect_type(d, "attempt-fence", "attempt fence record", where)
+        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
+                   _get(d, "attempt", int, where), _get(d, "cancelled", bool, where), _get(d, "by", str, where),
+                   str(d.get("reason") or ""), float(_get(d, "at", (int, float), where)))
+
+
+def _settle_fence(pipeline: Pipeline, record: FenceRecord) -> FenceRecord:
+    """Create the attempt's fence record as ``record``, or return the one that came first."""
+    path = layout.record_path(validate_epoch(record.epoch), fence_name(record.participant, record.attempt))
+    try:
+        pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
+        return record
+    except AlreadyExistsError:
+        stored = pipeline.txlog.read_record(path, FenceRecord.from_dict)
+    if stored is None:  # pragma: no cover - a fence record is never removed while its epoch is undecided
+        raise CorruptCheckpointError(f"{pipeline.storage.describe_path(path)} exists but cannot be read back")
+    return stored
+
+
+def read_fence(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> FenceRecord | None:
+    """The attempt's fence record: whether it was cancelled or began to prepare (None: neither yet)."""
+    path = layout.record_path(validate_epoch(epoch), fence_name(participant, attempt))
+    return pipeline.txlog.read_record(path, FenceRecord.from_dict)
+
+
+def claim_prepare(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> None:
+    """Settle ``attempt``'s fence as *preparing*, or raise :class:`FencedAttemptError` if it was cancelled.
+
+    Called by :meth:`Pipeline.prepare` right before it creates the ``prepared`` record: a
+    cancel written before this point refuses the prepare; one written after it finds the
+    fence settled and loses (:func:`request_cancel` returns False).
+    """
+    fence = _settle_fence(pipeline, FenceRecord(epoch, participant, attempt, False, f"attempt {attempt}",
+                                                "preparing", time.time()))
+    if fence.cancelled:
+        raise FencedAttemptError(
+            f"pipeline {pipeline.name!r} epoch {epoch}: attempt {attempt} of {participant!r} was cancelled by "
+            f"{fence.by} ({fence.reason}) before it prepared; it cannot prepare and its staged output will never "
+            "be published (the attempt that replaced it prepares instead)")
+
+
 def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: int, *, by: str,
-                   reason: str) -> None:
-    """Ask the launcher of ``attempt`` to stop its application (it looks at every lease renewal)."""
-    path = layout.record_path(validate_epoch(epoch), cancel_name(participant, attempt))
-    with contextlib.suppress(AlreadyExistsError):
-        pipeline.storage.create_exclusive(path, codec.encode_json(
-            {"type": "submission-cancel", "epoch": epoch, "participant": participant, "attempt": attempt,
-             "by": by, "reason": reason}))
+                   reason: str) -> bool:
+    """Cancel ``attempt``: it never prepares, and its launcher stops it (it looks at every lease renewal).
+
+    Returns False when the attempt began to prepare first: the cancel is void, the attempt's
+    prepare stands, and the caller must take that attempt's outcome rather than replace it.
+    """
+    fence = _settle_fence(pipeline, FenceRecord(epoch, participant, attempt, True, by, reason, time.time()))
+    return fence.cancelled
 
 
 @dataclass(frozen=True)
@@ -197,16 +264,19 @@ def read_deferral(pipeline: Pipeline, epoch: int, participant: str, attempt: int
 def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
     """Why the launcher of ``attempt`` should stop its application now ("" = let it run).
 
-    A cancel request for the attempt, or the epoch decided before the participant prepared
-    (aborted: the application's work can never be committed).
+    The attempt cancelled (its fence settled by a cancel, not by its prepare), or the epoch
+    decided before the participant prepared (aborted: the application's work can never be
+    committed).
     """
     names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
     if PREPARED_PREFIX + participant in names:
         return ""
-    cancel = cancel_name(participant, attempt)
-    if cancel in names:
-        request = pipeline.txlog.read_record(layout.record_path(epoch, cancel), lambda d, _where: d) or {}
-        return f"cancelled by {request.get('by', '?')}: {request.get('reason', '')}"
+    if fence_name(participant, attempt) in names:
+        fence = read_fence(pipeline, epoch, participant, attempt)
+        if fence is not None and fence.cancelled:
+            return f"cancelled by {fence.by}: {fence.reason}"
+        if fence is not None:
+            return ""  # it is preparing: let it finish
     state = pipeline.txlog.state(epoch, list(names))
     if state.decided:
         return f"epoch {epoch} was decided ({state.value}) before {participant} prepared"
@@ -301,14 +371,26 @@ class SubmissionCheck:
             raise CorruptCheckpointError(f"not a submission check: {exc}: {dict(d)!r}") from exc
 
 
+def returns_at_submission(record: SubmissionRecord) -> bool:
+    """Whether ``spark-submit`` of this submission may exit 0 while its driver still runs.
+
+    Spark standalone in cluster mode returns once the master accepted the driver, unless
+    ``spark.standalone.submit.waitAppCompletion`` is true (the launch sets it, but a user's
+    ``spark_conf`` may turn it off). YARN and Kubernetes wait for the application by default.
+    """
+    return record.deploy_mode == "cluster" and record.master.startswith("spark://")
+
+
 def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int,
                      *, now: float | None = None) -> SubmissionCheck:
     """Where the submitted ``attempt`` of ``participant`` in ``epoch`` stands (the one judgement).
 
     In order: prepared (by any attempt) wins; a decided epoch ends the wait; an exit record
-    means ``spark-submit`` is over; a lease of this attempt renewed within
-    ``lease_timeout_s`` -- or, before the first renewal, a submission record younger than
-    that -- means it runs; anything else is lost.
+    means ``spark-submit`` is over -- except a clean exit of a submission that returns at
+    submission (:func:`returns_at_submission`), whose driver is judged by its lease; a lease
+    of this attempt renewed within its timeout (:func:`~.lease.lease_timeout`) -- or, before
+    the first renewal, a submission record younger than ``lease_timeout_s`` -- means it
+    runs; anything else is lost.
     """
     names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
     txlog = pipeline.txlog
@@ -326,32 +408,50 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
         return check(SubmissionOutcome.DECIDED, f"epoch {epoch} was decided ({state.value}) before "
                      f"{participant} prepared")
     ended = read_exit(pipeline, epoch, participant, attempt) if exit_name(participant, attempt) in names else None
-    if ended is not None:
+    detached = None
+    if ended is not None and ended.returncode == 0 and not ended.stopped:
+        submitted_as = read_submission(pipeline, epoch, participant, attempt)
+        if submitted_as is not None and returns_at_submission(submitted_as):
+            detached = ended  # the driver may run on: judged by its lease below
+    if ended is not None and detached is None:
         how = ("finished without preparing the participant" if ended.returncode == 0
                else f"failed with exit code {ended.returncode}")
         if ended.stopped:
             how = f"was stopped ({ended.stopped}), exit code {ended.returncode}"
         return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt {attempt} "
                      f"{how}", returncode=ended.returncode, tail=ended.tail)
-    timeout = pipeline.config.lease_timeout_s
     now = store_now(pipeline.storage) if now is None else now
     lease_name = f"{layout.LEASE_PREFIX}{participant}"
     if lease_name in names:
         lease = read_lease(pipeline.storage, epoch, participant)
         if lease is not None and lease.attempt == attempt:
             age = now - pipeline.storage.modified(layout.lease_path(epoch, participant))
+            timeout = lease_timeout(pipeline.config, lease)
             if age <= timeout:
+                returned = (" (spark-submit returned at submission, standalone cluster mode; its driver holds the "
+                            "lease)" if detached is not None else "")
                 return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} runs "
-                             f"({lease.describe_holder()}, lease renewed {max(age, 0):.0f}s ago)")
+                             f"({lease.describe_holder()}, lease renewed {max(age, 0):.0f}s ago){returned}")
+            if detached is not None:
+                return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt "
+                             f"{attempt} returned at submission (standalone cluster mode) and its driver's lease was "
+                             f"last renewed {age:.0f}s ago, over {describe_timeout(pipeline.config, lease)}, without "
+                             "preparing the participant", returncode=detached.returncode, tail=detached.tail)
             return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} is lost: its "
                          f"lease ({lease.describe_holder()}) was last renewed {age:.0f}s ago, over "
-                         f"lease_timeout_s={timeout:g}, and spark-submit left no exit record")
+                         f"{describe_timeout(pipeline.config, lease)}, and spark-submit left no exit record")
+    timeout = pipeline.config.lease_timeout_s
     submitted = submission_name(participant, attempt)
     if submitted in names:
         age = now - pipeline.storage.modified(layout.record_path(epoch, submitted))
         if age <= timeout:
             return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} was "
                          f"submitted {max(age, 0):.0f}s ago and has not taken the lease yet")
+        if detached is not None:
+            return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt {attempt} "
+                         f"returned at submission (standalone cluster mode) {age:.0f}s ago and no driver ever took "
+                         f"the lease (lease_timeout_s={timeout:g})", returncode=detached.returncode,
+                         tail=detached.tail)
         return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} was submitted "
                      f"{age:.0f}s ago and never took the lease (lease_timeout_s={timeout:g})")
     return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} has no submission record")

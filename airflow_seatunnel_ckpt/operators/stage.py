@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, conf
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
-from airflow_seatunnel_ckpt.core.lease import abort_command, liveness
+from airflow_seatunnel_ckpt.core.lease import abort_command, lease_timeout, liveness
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
 from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord
 from airflow_seatunnel_ckpt.operators import metrics
@@ -123,6 +123,7 @@ class PendingEpochWaitMixin(BasePipelineOperator):
 
         epoch = exc.epoch
         state = pipeline.state(epoch)
+        lease_s = pipeline.config.lease_timeout_s
         if state is EpochState.COMMITTING:
             try:
                 pipeline.commit(epoch)
@@ -147,11 +148,12 @@ class PendingEpochWaitMixin(BasePipelineOperator):
                     self.log.info("epoch %s was decided commit meanwhile; it rolls forward", epoch)
                 return True
             judged_text = judged.describe()
+            lease_s = lease_timeout(pipeline.config, judged.lease)  # its holder's, when longer
         waited = self._waited_s(context)
         limit = self.pending_wait_timeout
         if limit is None:
             config = pipeline.config
-            limit = max(config.lease_timeout_s, config.prepared_timeout_s) + 60
+            limit = max(lease_s, config.prepared_timeout_s) + 60
         command = abort_command(pipeline, epoch)
         if waited >= limit:
             raise PendingEpochError(
@@ -216,8 +218,8 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         ``executor_memory``, ``deploy_mode`` ...).
     :param pending_poke_interval: seconds between looks at an earlier undecided epoch.
     :param pending_wait_timeout: seconds to wait for it in all before failing; default
-        ``max(lease_timeout_s, prepared_timeout_s) + 60``, by when a dead epoch is
-        always recognised as dead.
+        ``max(lease_timeout_s, prepared_timeout_s) + 60`` (with the blocking stage's own
+        lease timeout when it is longer), by when a dead epoch is always recognised as dead.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "stage", "sources", "sinks",

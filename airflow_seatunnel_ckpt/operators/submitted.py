@@ -121,7 +121,10 @@ class SubmittedStageMixin(BasePipelineOperator):
             poll_interval=self.poll_interval, log=record.log, log_host=record.host)
 
     def _stop_if_handed_to_triggerer(self, record: SubmissionRecord, try_number: int, attempt: int) -> bool:
-        """Stop a running attempt that an earlier try deferred on; True if it was asked to stop.
+        """Stop a running attempt that an earlier try deferred on; True if it was cancelled.
+
+        False also when the cancel came after the attempt began to prepare (its fence record
+        says so): the attempt is then watched to its end like a reconnected one.
 
         A try that deferred holds no process, so this try cannot have followed its worker's
         death: Airflow ended that deferral -- the task was cleared (run it again, maybe with
@@ -134,10 +137,18 @@ class SubmittedStageMixin(BasePipelineOperator):
         deferral = read_deferral(self.store_pipeline, record.epoch, self.participant, record.attempt)
         if deferral is None or deferral.try_number == try_number:
             return False
-        request_cancel(self.store_pipeline, record.epoch, self.participant, record.attempt,
-                       by=f"try {try_number} on {socket.gethostname()}",
-                       reason=f"try {deferral.try_number} deferred on it and was ended in Airflow (cleared, "
-                              "marked, or its trigger timed out or failed); this try runs the stage anew")
+        cancelled = request_cancel(self.store_pipeline, record.epoch, self.participant, record.attempt,
+                                   by=f"try {try_number} on {socket.gethostname()}",
+                                   reason=f"try {deferral.try_number} deferred on it and was ended in Airflow "
+                                          "(cleared, marked, or its trigger timed out or failed); this try runs "
+                                          "the stage anew")
+        if not cancelled:
+            # It began to prepare before the cancel: its prepare stands (a clear after the
+            # prepare would have found it prepared), so this try takes its outcome.
+            self.log.warning("epoch %s: %s attempt %s, which try %s deferred on, was already preparing when this "
+                             "try asked it to stop: waiting for it instead of submitting attempt %s", record.epoch,
+                             self.participant, record.attempt, deferral.try_number, attempt)
+            return False
         self.log.warning("epoch %s: %s attempt %s is still running, but try %s, which deferred on it, was ended "
                          "in Airflow (cleared, marked, or its trigger timed out or failed): asked it to stop; "
                          "submitting attempt %s", record.epoch, self.participant, record.attempt,

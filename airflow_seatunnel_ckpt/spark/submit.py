@@ -187,6 +187,11 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions) -> t
         if not options.python:
             env.setdefault("PYSPARK_PYTHON", sys.executable)
     hook._conf = spark_conf_for(spec, options, deploy_mode)
+    if deploy_mode == "cluster" and str(hook._connection.get("master") or "").startswith("spark://"):
+        # Standalone cluster mode returns once the master accepted the driver; the exit
+        # record must mean "the application ended" (a user's explicit "false" is judged by
+        # the driver's lease instead: see core.submissions.returns_at_submission).
+        hook._conf.setdefault("spark.standalone.submit.waitAppCompletion", "true")
     if str(hook._connection.get("master") or "").startswith("local"):
         # A local-mode application serves only the worker it runs on: its driver, block
         # manager and UI listen on loopback unless the user's spark_conf says otherwise.

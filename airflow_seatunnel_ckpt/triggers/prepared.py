@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -15,6 +15,10 @@ from airflow_seatunnel_ckpt.hooks.checkpoint_store import (
     PreparedCheck,
     check_prepared,
 )
+from airflow_seatunnel_ckpt.triggers.store_errors import STORE_ERROR_TOLERANCE_S, StoreErrorBudget
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core import Pipeline
 
 
 class EpochPreparedTrigger(BaseTrigger):
@@ -25,6 +29,9 @@ class EpochPreparedTrigger(BaseTrigger):
     absolute wall-clock time so it survives the trigger moving to another triggerer, and
     it is enforced here rather than only through the deferral timeout (which Airflow's
     in-process ``dag.test`` does not apply).
+
+    A failing read of the store is polled through for ``store_error_timeout`` seconds
+    before the trigger reports it (an ``error`` event).
 
     The store is read in a worker thread: the core's storage calls are blocking and must
     not stall the triggerer's event loop. Serialised kwargs never contain storage options
@@ -43,6 +50,7 @@ class EpochPreparedTrigger(BaseTrigger):
         store_config: Mapping[str, Any] | None = None,
         poll_interval: float = 5.0,
         deadline: float | None = None,
+        store_error_timeout: float = STORE_ERROR_TOLERANCE_S,
     ) -> None:
         super().__init__()
         self.pipeline = pipeline
@@ -54,6 +62,7 @@ class EpochPreparedTrigger(BaseTrigger):
                              if k != "storage_options"}
         self.poll_interval = float(poll_interval)
         self.deadline = deadline
+        self.store_error_timeout = float(store_error_timeout)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and kwargs to re-create the trigger in the triggerer."""
@@ -68,33 +77,51 @@ class EpochPreparedTrigger(BaseTrigger):
                 "store_config": self.store_config,
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
+                "store_error_timeout": self.store_error_timeout,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield one event once waiting can no longer change the outcome."""
+        """Yield one event once waiting can no longer change the outcome.
+
+        A failing read of the store is polled through for ``store_error_timeout`` seconds
+        (:class:`~.store_errors.StoreErrorBudget`) before it is reported.
+        """
         hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
-        try:
-            config = await hook.aget_config()
-            store = await asyncio.to_thread(CheckpointStore, config)
-            pipeline = store.pipeline(self.pipeline)
-            while True:
-                check = await asyncio.to_thread(
-                    check_prepared, pipeline, self.run_id, self.participants)
+        budget = StoreErrorBudget(self.store_error_timeout)
+        pipeline: Pipeline | None = None
+        while True:
+            check: PreparedCheck | None = None
+            try:
+                if pipeline is None:
+                    config = await hook.aget_config()
+                    pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
+                check = await asyncio.to_thread(check_prepared, pipeline, self.run_id, self.participants)
+            except Exception as exc:  # the task, not the triggerer, must report a lasting failure
+                if not budget.tolerate(exc):
+                    error = PreparedCheck(PreparedCheck.Outcome.ERROR,
+                                          f"{type(exc).__name__}: {exc} ({budget.describe()})")
+                    yield TriggerEvent(error.to_dict())
+                    return
+                self.log.warning("pipeline %s run %s: reading the store failed (%s: %s); polling again, %s",
+                                 self.pipeline, self.run_id, type(exc).__name__, exc, budget.describe())
+            else:
+                budget.succeeded()
                 if check.done:
                     yield TriggerEvent(check.to_dict())
                     return
-                if self.deadline is not None and time.time() >= self.deadline:
+            if self.deadline is not None and time.time() >= self.deadline:
+                if check is None:
+                    timeout = PreparedCheck(PreparedCheck.Outcome.TIMEOUT,
+                                            f"timed out: the store could not be read ({budget.describe()})")
+                else:
                     timeout = PreparedCheck(PreparedCheck.Outcome.TIMEOUT, f"timed out: {check.message}",
-                                            check.epoch, check.state, check.missing,
-                                            check.participants)
-                    yield TriggerEvent(timeout.to_dict())
-                    return
+                                            check.epoch, check.state, check.missing, check.participants)
+                yield TriggerEvent(timeout.to_dict())
+                return
+            if check is not None:
                 self.log.info("pipeline %s run %s: %s", self.pipeline, self.run_id, check.message)
-                delay = self.poll_interval
-                if self.deadline is not None:
-                    delay = max(0.0, min(delay, self.deadline - time.time()))
-                await asyncio.sleep(delay)
-        except Exception as exc:  # the task, not the triggerer, must report the failure
-            error = PreparedCheck(PreparedCheck.Outcome.ERROR, f"{type(exc).__name__}: {exc}")
-            yield TriggerEvent(error.to_dict())
+            delay = self.poll_interval
+            if self.deadline is not None:
+                delay = max(0.0, min(delay, self.deadline - time.time()))
+            await asyncio.sleep(delay)

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_seatunnel_ckpt.core import CheckpointStore
 from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome, judge_submission
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_seatunnel_ckpt.triggers.store_errors import STORE_ERROR_TOLERANCE_S, StoreErrorBudget
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core import Pipeline
 
 
 class StageSubmissionTrigger(BaseTrigger):
@@ -23,6 +27,9 @@ class StageSubmissionTrigger(BaseTrigger):
     record, the participant's lease -- so it works from any triggerer, wherever the driver
     runs. While it waits, the launch log's new lines go to the task's log when the log is
     on this host (a triggerer beside the worker, ``dag.test``).
+
+    A failing read of the store is polled through for ``store_error_timeout`` seconds
+    before the trigger reports it.
 
     Serialised kwargs never contain storage options (they are stored in the metadata
     database); credentials come from the connection, which the trigger resolves itself.
@@ -41,6 +48,7 @@ class StageSubmissionTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         log: str = "",
         log_host: str = "",
+        store_error_timeout: float = STORE_ERROR_TOLERANCE_S,
     ) -> None:
         super().__init__()
         self.pipeline = pipeline
@@ -53,6 +61,7 @@ class StageSubmissionTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.log_file = log
         self.log_host = log_host
+        self.store_error_timeout = float(store_error_timeout)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Class path and kwargs to re-create the trigger in the triggerer."""
@@ -69,6 +78,7 @@ class StageSubmissionTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "log": self.log_file,
                 "log_host": self.log_host,
+                "store_error_timeout": self.store_error_timeout,
             },
         )
 
@@ -83,38 +93,59 @@ class StageSubmissionTrigger(BaseTrigger):
         hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
         config = await hook.aget_config()
         pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
-        await asyncio.to_thread(request_cancel, pipeline, self.epoch, self.participant, self.attempt,
-                                by=f"triggerer on {socket.gethostname()}",
-                                reason="the deferred stage task was acted on in Airflow (marked or cleared)")
-        self.log.warning("pipeline %s epoch %s: asked %s attempt %s to stop", self.pipeline, self.epoch,
-                         self.participant, self.attempt)
+        cancelled = await asyncio.to_thread(
+            request_cancel, pipeline, self.epoch, self.participant, self.attempt,
+            by=f"triggerer on {socket.gethostname()}",
+            reason="the deferred stage task was acted on in Airflow (marked or cleared)")
+        if cancelled:
+            self.log.warning("pipeline %s epoch %s: asked %s attempt %s to stop", self.pipeline, self.epoch,
+                             self.participant, self.attempt)
+        else:
+            self.log.warning("pipeline %s epoch %s: %s attempt %s was already preparing; its prepare stands",
+                             self.pipeline, self.epoch, self.participant, self.attempt)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield one event once the submitted attempt is done."""
+        """Yield one event once the submitted attempt is done.
+
+        A failing read of the store is polled through for ``store_error_timeout`` seconds
+        (:class:`~.store_errors.StoreErrorBudget`): reporting it at once would fail the task,
+        and its next try would stop the healthy attempt this trigger watches.
+        """
         from airflow_seatunnel_ckpt.spark.launch import LogFollower
 
         follower = (LogFollower(self.log_file)
                     if self.log_file and self.log_host == socket.gethostname() else None)
         hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
-        try:
-            config = await hook.aget_config()
-            store = await asyncio.to_thread(CheckpointStore, config)
-            pipeline = store.pipeline(self.pipeline)
-            last = ""
-            while True:
+        budget = StoreErrorBudget(self.store_error_timeout)
+        pipeline: Pipeline | None = None
+        last = ""
+        while True:
+            try:
+                if pipeline is None:
+                    config = await hook.aget_config()
+                    pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
                 check = await asyncio.to_thread(judge_submission, pipeline, self.epoch, self.participant,
                                                 self.attempt)
-                if follower is not None:
-                    for line in await asyncio.to_thread(follower.new_lines):
-                        self.log.info("%s", line)
-                if check.outcome.done:
-                    yield TriggerEvent(check.to_dict())
-                    return
-                if check.message != last:
-                    self.log.info("pipeline %s: %s", self.pipeline, check.message)
-                    last = check.message
-                await asyncio.sleep(self.poll_interval)
-        except Exception as exc:  # the task, not the triggerer, must report the failure
-            error = SubmissionCheck(SubmissionOutcome.LOST, f"watching the submission failed: "
-                                    f"{type(exc).__name__}: {exc}", self.epoch, self.participant, self.attempt)
-            yield TriggerEvent({**error.to_dict(), "error": True})
+            except Exception as exc:  # the task, not the triggerer, must report a lasting failure
+                if budget.tolerate(exc):
+                    self.log.warning("pipeline %s: watching %s attempt %s: reading the store failed (%s: %s); "
+                                     "polling again, %s", self.pipeline, self.participant, self.attempt,
+                                     type(exc).__name__, exc, budget.describe())
+                    await asyncio.sleep(self.poll_interval)
+                    continue
+                error = SubmissionCheck(SubmissionOutcome.LOST, f"watching the submission failed: "
+                                        f"{type(exc).__name__}: {exc} ({budget.describe()})", self.epoch,
+                                        self.participant, self.attempt)
+                yield TriggerEvent({**error.to_dict(), "error": True})
+                return
+            budget.succeeded()
+            if follower is not None:
+                for line in await asyncio.to_thread(follower.new_lines):
+                    self.log.info("%s", line)
+            if check.outcome.done:
+                yield TriggerEvent(check.to_dict())
+                return
+            if check.message != last:
+                self.log.info("pipeline %s: %s", self.pipeline, check.message)
+                last = check.message
+            await asyncio.sleep(self.poll_interval)
