@@ -64,3 +64,19 @@ def test_python_and_archives_and_cluster_mode_assume_nothing_of_the_worker(
     assert "spark.pyspark.python" not in conf and "spark.pyspark.driver.python" not in conf
     assert not [k for k in conf if k.endswith("PYSPARK_PYTHON")] and "PYSPARK_PYTHON" not in env
     assert command[command.index("--deploy-mode") + 1] == "cluster"
+
+
+def test_standalone_cluster_mode_waits_for_the_application_unless_the_user_says_otherwise(
+        airflow_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without it spark-submit returns once the master accepted the driver, and its exit
+    # record would read as "finished without preparing" while the driver still runs.
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_STANDALONE", json.dumps(
+        {"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077, "extra": {"deploy-mode": "cluster"}}))
+    command, _, _ = build_command(spec(), Path("/p") / SPEC_NAME, SubmitOptions(conn_id="spark_standalone"))
+    assert confs(command)["spark.standalone.submit.waitAppCompletion"] == "true"
+    mine = spec(**{"spark.standalone.submit.waitAppCompletion": "false"})
+    command, _, _ = build_command(mine, Path("/p") / SPEC_NAME, SubmitOptions(conn_id="spark_standalone"))
+    assert confs(command)["spark.standalone.submit.waitAppCompletion"] == "false"
+    # Client mode, YARN and Kubernetes wait anyway: nothing is added there.
+    command, _, _ = build_command(spec(), Path("/p") / SPEC_NAME, SubmitOptions(master="spark://127.0.0.1:7077"))
+    assert "spark.standalone.submit.waitAppCompletion" not in confs(command)

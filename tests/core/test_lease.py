@@ -326,3 +326,85 @@ def test_a_store_that_cannot_tell_the_time_leaves_the_epoch_alone(
     assert [(a.epoch, a.action) for a in report.actions] == [(epoch, "inspect")]
     assert "unavailable" in report.actions[0].error
     assert p.state(epoch) is EpochState.OPEN
+
+
+# -- the holder's own timeout ---------------------------------------------------------------
+
+def test_a_lease_renewed_for_a_longer_timeout_of_its_own_is_alive_for_recovery_and_the_cli(
+    local_spec: StoreSpec, capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+    import os
+
+    from airflow_seatunnel_ckpt.cli import main
+
+    p = local_spec.pipeline()  # lease_timeout_s=180: the default of the CLI and the recovery DAG
+    epoch = p.begin("run-1").epoch
+    # The stage renews every 120 s for a 600 s timeout (its own configuration).
+    assert LeaseKeeper(p.storage, epoch, "ingest", 1, renew_s=120, timeout_s=600).renew()
+    renewed = p.storage.modified(layout.lease_path(epoch, "ingest"))
+
+    judged = liveness(p, epoch, now=renewed + 200)
+    assert judged.liveness is Liveness.ALIVE, judged.describe()
+    assert "the lease's timeout_s=600 (lease_timeout_s=180)" in judged.reason
+    report = recover(local_spec.pipeline(), dry_run=False, now=renewed + 200)
+    assert [(a.action, a.done) for a in report.actions] == [("wait", False)], report.to_dict()
+    assert liveness(p, epoch, now=renewed + 601).liveness is Liveness.EXPIRED
+
+    # The CLI judges by the store's own clock: the renewal is made 200 s old.
+    lease_file = p.storage.full_path(layout.lease_path(epoch, "ingest"))
+    os.utime(lease_file, (time.time() - 200, time.time() - 200))
+    assert main(["--store", local_spec.sub_url("store"), "--json", "recover", "orders", "--apply"]) == 0
+    [cli_report] = json.loads(capsys.readouterr().out)
+    assert [(a["action"], a["done"]) for a in cli_report["actions"]] == [("wait", False)], cli_report
+    assert p.state(epoch) is EpochState.OPEN
+
+
+# -- a participant not begun yet ------------------------------------------------------------
+
+def test_a_participant_queued_behind_a_pool_does_not_let_recovery_abort_its_running_run(
+    fast_spec: StoreSpec,
+) -> None:
+    from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor
+
+    p = fast_spec.pipeline()
+    ensure_descriptor(p, dag_id="orders_dag", participants={
+        "ingest": ParticipantDescriptor.from_spec({}, {}), "enrich": ParticipantDescriptor.from_spec({}, {})})
+    epoch = p.begin("run-1").epoch
+    prepare_participant(p, "run-1", Participant(), epoch=epoch)  # 'enrich' waits for a pool slot: no lease
+    prepared_at = p.storage.modified(layout.record_path(epoch, "prepared-ingest"))
+    long_after = prepared_at + p.config.prepared_timeout_s + p.config.lease_timeout_s + 60
+
+    def run_is(finished: bool | None) -> Callable[[str, str], bool | None]:
+        return lambda run_id, dag_id: finished
+
+    report = recover(fast_spec.pipeline(), dry_run=False, now=long_after, run_finished=run_is(False))
+    assert [(a.action, a.done) for a in report.actions] == [("wait", False)], report.to_dict()
+    assert "['enrich'] not begun yet" in report.actions[0].reason
+    assert p.state(epoch) is EpochState.PREPARED
+
+    # 'enrich' starts and prepares: the epoch commits both.
+    prepare_participant(p, "run-1", Participant(name="enrich", sinks={"enriched": [b"e1"]}), epoch=epoch)
+    p.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+    p.commit(epoch)
+    assert published(p, "enriched") == {epoch: expected_files([b"e1"])}
+
+
+def test_a_prepared_epoch_with_a_participant_not_begun_still_times_out_once_its_run_is_not_known_running(
+    fast_spec: StoreSpec,
+) -> None:
+    from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor
+
+    p = fast_spec.pipeline()
+    ensure_descriptor(p, dag_id="orders_dag", participants={
+        "ingest": ParticipantDescriptor.from_spec({}, {}), "enrich": ParticipantDescriptor.from_spec({}, {})})
+    unknown = prepare_participant(p, "run-1", Participant()).epoch
+    prepared_at = p.storage.modified(layout.record_path(unknown, "prepared-ingest"))
+    late = prepared_at + p.config.prepared_timeout_s + 1
+    # No orchestrator to ask (the CLI): the prepared timeout decides, as before.
+    report = recover(fast_spec.pipeline(), dry_run=False, now=late)
+    assert [(a.epoch, a.action, a.done) for a in report.actions] == [(unknown, "abort-timeout", True)]
+    # Its run is finished: aborted at once.
+    finished = prepare_participant(p, "run-2", Participant()).epoch
+    report = recover(fast_spec.pipeline(), dry_run=False, run_finished=lambda run_id, dag_id: True)
+    assert [(a.epoch, a.action, a.done) for a in report.actions] == [(finished, "abort-dead-owner", True)]
