@@ -77,7 +77,6 @@ from airflow_seatunnel_ckpt.core.storage import (
     publish_sink_dir,
 )
 from airflow_seatunnel_ckpt.core.storage.publish import retire_older_snapshots
-from airflow_seatunnel_ckpt.core.submissions import claim_prepare
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
 from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 
@@ -241,7 +240,8 @@ class Pipeline:
         reports them, see :attr:`CommitResult.not_written`).
         Idempotent for the same attempt; another attempt gets :class:`FencedAttemptError`,
         and so does an attempt that was cancelled (:func:`submissions.request_cancel`) before
-        it prepared: the cancel and the prepare settle one write-once fence record.
+        it prepared: the cancel and the prepare settle one write-once fence record
+        (:meth:`TransactionLog.write_prepared`).
         """
         validate_epoch(epoch)
         validate_attempt(attempt)
@@ -278,9 +278,6 @@ class Pipeline:
             raise NotPreparedError(
                 f"pipeline {self.name!r} epoch {epoch}: cannot prepare {participant!r}: "
                 + "; ".join(map(str, problems[:5])))
-        # A cancelled attempt never prepares: its fence is settled here, right before the
-        # prepared record, by this prepare or by the cancel that came first.
-        claim_prepare(self, epoch, participant, attempt)
         stored = self.txlog.write_prepared(record)
         markers.write_markers(self.storage, stored)
         log.info("pipeline %s epoch %d: %s attempt %d prepared (%d rows in %d sinks)",

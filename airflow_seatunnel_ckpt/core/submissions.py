@@ -15,11 +15,12 @@ application again and learn how it ended, without the launching process:
   the triggerer, just before it deferred. A later try that finds the attempt still
   running knows that deferral was ended in Airflow (the task cleared or marked, its
   trigger timed out or failed) and stops the attempt instead of watching it;
-* ``fence-<participant>-a<attempt>``: the attempt's one chance to prepare, created once,
-  either by its prepare (*preparing*, just before its ``prepared`` record) or by anyone
-  asking the launcher to stop the attempt (*cancelled*). One file, so a cancelled attempt
-  never prepares, and a cancel that comes after the attempt began to prepare loses and
-  says so (the canceller then takes that attempt's outcome instead of replacing it).
+* ``fence-<participant>-a<attempt>`` (:meth:`.TransactionLog.settle_fence`): the attempt's
+  one chance to prepare, created once, either by its prepare (*preparing*, just before its
+  ``prepared`` record) or by anyone asking the launcher to stop the attempt
+  (*cancelled*, :func:`request_cancel`). One file, so a cancelled attempt never prepares,
+  and a cancel that comes after the attempt began to prepare loses and says so (the
+  canceller then takes that attempt's outcome instead of replacing it).
 
 Whether the application still runs is the participant's lease (:mod:`.lease`): the
 launcher renews it while ``spark-submit`` runs (in cluster mode ``spark-submit`` waits for
@@ -37,18 +38,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import codec, layout
-from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError, FencedAttemptError
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.lease import describe_timeout, lease_timeout, read_lease, store_now
 from airflow_seatunnel_ckpt.core.models import _get
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
-from airflow_seatunnel_ckpt.core.txlog import PREPARED_PREFIX
+from airflow_seatunnel_ckpt.core.txlog import PREPARED_PREFIX, FenceRecord, fence_name
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core import Pipeline
 
 SUBMISSION_PREFIX = "submission-"
 EXIT_PREFIX = "exit-"
-FENCE_PREFIX = "fence-"
 DEFERRED_PREFIX = "deferred-"
 #: Lines of ``spark-submit`` output kept in an exit record.
 TAIL_LINES = 40
@@ -62,11 +62,6 @@ def submission_name(participant: str, attempt: int) -> str:
 def exit_name(participant: str, attempt: int) -> str:
     """``exit-<participant>-a<attempt>``."""
     return f"{EXIT_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
-
-
-def fence_name(participant: str, attempt: int) -> str:
-    """``fence-<participant>-a<attempt>``."""
-    return f"{FENCE_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
 def deferred_name(participant: str, attempt: int) -> str:
@@ -149,65 +144,9 @@ def record_exit(pipeline: Pipeline, record: ExitRecord) -> None:
         pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
 
 
-@dataclass(frozen=True)
-class FenceRecord:
-    """Whether an attempt may prepare: settled once, by its prepare or by a cancel, whichever came first."""
-
-    epoch: int
-    participant: str
-    attempt: int
-    #: True: a cancel came first and the attempt never prepares; False: the attempt prepares.
-    cancelled: bool
-    by: str
-    reason: str = ""
-    at: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "attempt-fence", "epoch": self.epoch, "participant": self.participant,
-                "attempt": self.attempt, "cancelled": self.cancelled, "by": self.by, "reason": self.reason,
-                "at": self.at}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str) -> FenceRecord:
-        _expect_type(d, "attempt-fence", "attempt fence record", where)
-        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
-                   _get(d, "attempt", int, where), _get(d, "cancelled", bool, where), _get(d, "by", str, where),
-                   str(d.get("reason") or ""), float(_get(d, "at", (int, float), where)))
-
-
-def _settle_fence(pipeline: Pipeline, record: FenceRecord) -> FenceRecord:
-    """Create the attempt's fence record as ``record``, or return the one that came first."""
-    path = layout.record_path(validate_epoch(record.epoch), fence_name(record.participant, record.attempt))
-    try:
-        pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
-        return record
-    except AlreadyExistsError:
-        stored = pipeline.txlog.read_record(path, FenceRecord.from_dict)
-    if stored is None:  # pragma: no cover - a fence record is never removed while its epoch is undecided
-        raise CorruptCheckpointError(f"{pipeline.storage.describe_path(path)} exists but cannot be read back")
-    return stored
-
-
 def read_fence(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> FenceRecord | None:
     """The attempt's fence record: whether it was cancelled or began to prepare (None: neither yet)."""
-    path = layout.record_path(validate_epoch(epoch), fence_name(participant, attempt))
-    return pipeline.txlog.read_record(path, FenceRecord.from_dict)
-
-
-def claim_prepare(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> None:
-    """Settle ``attempt``'s fence as *preparing*, or raise :class:`FencedAttemptError` if it was cancelled.
-
-    Called by :meth:`Pipeline.prepare` right before it creates the ``prepared`` record: a
-    cancel written before this point refuses the prepare; one written after it finds the
-    fence settled and loses (:func:`request_cancel` returns False).
-    """
-    fence = _settle_fence(pipeline, FenceRecord(epoch, participant, attempt, False, f"attempt {attempt}",
-                                                "preparing", time.time()))
-    if fence.cancelled:
-        raise FencedAttemptError(
-            f"pipeline {pipeline.name!r} epoch {epoch}: attempt {attempt} of {participant!r} was cancelled by "
-            f"{fence.by} ({fence.reason}) before it prepared; it cannot prepare and its staged output will never "
-            "be published (the attempt that replaced it prepares instead)")
+    return pipeline.txlog.read_fence(epoch, participant, attempt)
 
 
 def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: int, *, by: str,
@@ -217,7 +156,7 @@ def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: in
     Returns False when the attempt began to prepare first: the cancel is void, the attempt's
     prepare stands, and the caller must take that attempt's outcome rather than replace it.
     """
-    fence = _settle_fence(pipeline, FenceRecord(epoch, participant, attempt, True, by, reason, time.time()))
+    fence = pipeline.txlog.settle_fence(FenceRecord(epoch, participant, attempt, True, by, reason, time.time()))
     return fence.cancelled
 
 

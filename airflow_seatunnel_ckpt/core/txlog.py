@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from airflow_seatunnel_ckpt.core import codec, layout
@@ -43,6 +44,7 @@ from airflow_seatunnel_ckpt.core.models import (
     OutcomeRecord,
     PreparedRecord,
     PublishedSink,
+    _get,
 )
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.settled import SettledLog, SettledRead, SettledRecord
@@ -61,6 +63,40 @@ PLAN_PREFIX = "plan-"
 ACTION_PREFIX = "action-"
 #: How the action of the same suffix ended (see :meth:`TransactionLog.record_outcome`).
 OUTCOME_PREFIX = "outcome-"
+#: Whether an attempt may prepare: settled once, by its prepare or by a cancel (``fence-<p>-a<n>``).
+FENCE_PREFIX = "fence-"
+
+
+def fence_name(participant: str, attempt: int) -> str:
+    """``fence-<participant>-a<attempt>``."""
+    return f"{FENCE_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+
+
+@dataclass(frozen=True)
+class FenceRecord:
+    """Whether an attempt may prepare: settled once, by its prepare or by a cancel, whichever came first."""
+
+    epoch: int
+    participant: str
+    attempt: int
+    #: True: a cancel came first and the attempt never prepares; False: the attempt prepares.
+    cancelled: bool
+    by: str
+    reason: str = ""
+    at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "attempt-fence", "epoch": self.epoch, "participant": self.participant,
+                "attempt": self.attempt, "cancelled": self.cancelled, "by": self.by, "reason": self.reason,
+                "at": self.at}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str) -> FenceRecord:
+        if d.get("type") != "attempt-fence":
+            raise CorruptCheckpointError(f"{where}: not an attempt fence record (type {d.get('type')!r})")
+        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
+                   _get(d, "attempt", int, where), _get(d, "cancelled", bool, where), _get(d, "by", str, where),
+                   str(d.get("reason") or ""), float(_get(d, "at", (int, float), where)))
 
 
 class TransactionLog:
@@ -245,12 +281,21 @@ class TransactionLog:
 
         Returns the stored record: the caller's own, or the identical one of the same
         attempt written before (a retry of a completed prepare). Raises
-        :class:`FencedAttemptError` if another attempt already prepared the participant or
-        the epoch is already decided.
+        :class:`FencedAttemptError` if another attempt already prepared the participant,
+        the epoch is already decided, or the attempt was cancelled (:meth:`settle_fence`).
         """
         validate_attempt(record.attempt)
         participant = validate_name(record.participant, "participant name")
         self.require_undecided(record.epoch, f"attempt {record.attempt} of {participant!r} cannot prepare")
+        # A cancelled attempt never prepares: its fence is settled right before the
+        # prepared record, by this prepare or by the cancel that came first.
+        fence = self.settle_fence(FenceRecord(record.epoch, participant, record.attempt, False,
+                                              f"attempt {record.attempt}", "preparing", time.time()))
+        if fence.cancelled:
+            raise FencedAttemptError(
+                f"pipeline {self.pipeline!r} epoch {record.epoch}: attempt {record.attempt} of {participant!r} "
+                f"was cancelled by {fence.by} ({fence.reason}) before it prepared; it cannot prepare and its "
+                "staged output will never be published (the attempt that replaced it prepares instead)")
         path = layout.record_path(record.epoch, PREPARED_PREFIX + participant)
         try:
             self._write_once(path, record.to_dict())
@@ -264,6 +309,28 @@ class TransactionLog:
                 f"prepared by attempt {stored.attempt if stored else '?'}; attempt {record.attempt} is stale and "
                 "its staged output will never be published"
             ) from None
+
+    def settle_fence(self, record: FenceRecord) -> FenceRecord:
+        """Create the attempt's fence record as ``record``, or return the one that came first.
+
+        The prepare of the attempt (:meth:`write_prepared`) and anyone cancelling it both
+        settle this one write-once file, so exactly one of them wins: a cancelled attempt
+        never prepares, and a cancel after the prepare began finds the fence settled.
+        """
+        path = layout.record_path(validate_epoch(record.epoch), fence_name(record.participant, record.attempt))
+        try:
+            self._write_once(path, record.to_dict())
+            return record
+        except AlreadyExistsError:
+            stored = self.read_record(path, FenceRecord.from_dict)
+        if stored is None:  # pragma: no cover - a fence record is never removed while its epoch is undecided
+            raise CorruptCheckpointError(f"{self.storage.describe_path(path)} exists but cannot be read back")
+        return stored
+
+    def read_fence(self, epoch: int, participant: str, attempt: int) -> FenceRecord | None:
+        """The attempt's fence record (None: neither prepared nor cancelled yet)."""
+        return self.read_record(layout.record_path(validate_epoch(epoch), fence_name(participant, attempt)),
+                                FenceRecord.from_dict)
 
     def require_undecided(self, epoch: int, what: str) -> None:
         """Raise :class:`FencedAttemptError` (saying ``what`` cannot happen) once ``epoch`` is decided."""

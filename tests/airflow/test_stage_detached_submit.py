@@ -389,6 +389,33 @@ def test_on_a_cluster_the_driver_gets_the_spec_by_files_and_executors_run_the_sh
     assert read_exit(pipeline, 1, "ingest", 1).returncode == 0
 
 
+@pytest.mark.cluster
+def test_standalone_cluster_mode_fails_with_sparks_own_refusal_not_as_finished_without_preparing(
+        airflow_home: Path, spark_standalone: Any, tmp_path: Path, markers: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a standalone cluster-mode submission comes to with Spark 4.2: refused by ``spark-submit``.
+
+    In that mode ``spark-submit`` would return as soon as the master accepted the driver
+    (the launch asks it to wait, and a clean early exit is judged by the driver's lease:
+    ``tests/core/test_submissions.py``); for a Python application Spark refuses the mode
+    outright, and the task fails with that message from the exit record.
+    """
+    from airflow_seatunnel_ckpt.spark.submit import SubmitError
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", spark_standalone.airflow_conn_uri)
+    stage = make_stage(tmp_path, "waiting_stage", conn_id="spark_cluster", deferrable=False,
+                       spark_submit_kwargs={"deploy_mode": "cluster",
+                                            "env_vars": {"SPARK_HOME": str(spark_standalone.spark_home)}})
+    with pytest.raises(SubmitError, match="exit code") as failure:
+        stage.execute(context_of(1))
+    assert "not supported for python applications on standalone clusters" in str(failure.value)
+    pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store").pipeline("orders")
+    record = read_submission(pipeline, 1, "ingest", 1)
+    assert (record.master, record.deploy_mode) == (spark_standalone.master_url, "cluster")
+    assert read_exit(pipeline, 1, "ingest", 1).returncode != 0
+    assert started(markers) == []  # no driver ever ran
+
+
 def test_an_aborted_epoch_or_a_killed_deferred_task_stops_the_running_application(
         airflow_home: Path, tmp_path: Path, markers: Path) -> None:
     """The launcher stops spark-submit when the epoch is aborted, or when Airflow kills the deferred task."""
