@@ -403,9 +403,10 @@ def test_standalone_cluster_mode_fails_with_sparks_own_refusal_not_as_finished_w
     from airflow_seatunnel_ckpt.spark.submit import SubmitError
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", spark_standalone.airflow_conn_uri)
+    # spark-submit on PATH: the provider's hook takes no environment in this mode.
+    monkeypatch.setenv("PATH", os.pathsep.join([str(spark_standalone.spark_home / "bin"), os.environ["PATH"]]))
     stage = make_stage(tmp_path, "waiting_stage", conn_id="spark_cluster", deferrable=False,
-                       spark_submit_kwargs={"deploy_mode": "cluster",
-                                            "env_vars": {"SPARK_HOME": str(spark_standalone.spark_home)}})
+                       spark_submit_kwargs={"deploy_mode": "cluster"})
     with pytest.raises(SubmitError, match="exit code") as failure:
         stage.execute(context_of(1))
     assert "not supported for python applications on standalone clusters" in str(failure.value)
