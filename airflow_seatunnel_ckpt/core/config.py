@@ -123,7 +123,8 @@ class CheckpointConfig:
     #: written is aborted by recovery (seconds, by the store's clock).
     prepared_timeout_s: float = 600.0
     #: An OPEN epoch whose stage lease was not renewed for this long is dead: recovery,
-    #: or the next run's stage, may abort it (seconds, by the store's clock).
+    #: or the next run's stage, may abort it (seconds, by the store's clock). A lease
+    #: renewed for a longer timeout of its own is judged by that one.
     lease_timeout_s: float = 180.0
     #: How often a running stage renews its lease; must be below ``lease_timeout_s / 2``.
     lease_renew_s: float = 30.0
