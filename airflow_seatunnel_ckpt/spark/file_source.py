@@ -439,10 +439,15 @@ class FileSource(Source):
             .option("columnNameOfCorruptRecord", corrupt)
             .load(paths)
         )
-        good = parsed.where(F.col(corrupt).isNull()).drop(corrupt)
-        # Reading the corrupt column alone from raw files is refused by Spark, so the
-        # rejected rows also carry what did parse (useful when fixing the record anyway).
-        rejected = parsed.where(F.col(corrupt).isNotNull()).select(
+        # Spark's csv/json parsers convert only the columns a query uses and flag a record
+        # for those only: a stage counting one column would keep a record whose other
+        # column does not parse, while the quarantine (which reads them all) has it too.
+        # Both filters refer to every column, so whatever a query of either side prunes,
+        # the parser converts every column and both sides decide each record alike.
+        every_column = F.size(F.array(*[F.col(f.name).isNull() for f in fields])) == len(fields)
+        good = parsed.where(F.col(corrupt).isNull() & every_column).drop(corrupt)
+        # The rejected rows also carry what did parse (useful when fixing the record).
+        rejected = parsed.where(F.col(corrupt).isNotNull() & every_column).select(
             F.lit(self.name).alias("source"),
             F.col("_metadata.file_path").alias("file"),
             F.col(corrupt).alias("record"),

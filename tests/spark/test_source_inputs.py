@@ -185,6 +185,31 @@ def test_bad_records_needs_a_text_format() -> None:
         FileSource("orders", "file:///in", format="parquet", bad_records="file:///q")
 
 
+def test_a_quarantined_record_reaches_no_sink_and_no_keyed_state_when_the_stage_skips_its_bad_column(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    # The stage never uses 'amount': Spark then parsed 'customer' only, and the record
+    # whose amount does not parse was quarantined and counted in the state as well.
+    quarantine = orders.root / "out" / "quarantine"
+
+    def epoch(n: int) -> None:
+        spec = text_spec(orders, f"run-{n}", "json", stage="tests.spark.stages:count_per_customer",
+                         bad_records=f"file://{quarantine}")
+        result = run_stage(spec, spark)
+        assert result.epoch == n
+        orders.commit(result)
+
+    write_text(orders, "a.json", '{"order_id": 1, "customer": "c1", "amount": 1.0}\n'
+                                 '{"order_id": 2, "customer": "c1", "amount": "yesterday"}\n')
+    epoch(1)
+    write_text(orders, "b.json", '{"order_id": 3, "customer": "c1", "amount": 3.0}\n'
+                                 '{"order_id": 4, "customer": "c1", "amount": "today"}\n')
+    epoch(2)
+    assert sorted(r["order_id"] for r in orders.published()) == [1, 3]
+    assert [r["orders"] for r in orders.published("totals")] == [1, 2]  # c1 after epoch 1, then 2
+    assert sorted(json.loads(r["record"])["order_id"] for r in published_json(quarantine)) == [2, 4]
+
+
 # -- null keys in keyed state ------------------------------------------------------------
 
 def test_null_key_error_names_the_input_file_that_has_it(
