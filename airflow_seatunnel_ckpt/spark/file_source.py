@@ -39,6 +39,7 @@ from airflow_seatunnel_ckpt.spark.file_listing import (
     listed_identity,
     parse_age,
     parse_prefixes,
+    prefix_matcher,
 )
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 
@@ -254,16 +255,25 @@ class FileSource(Source):
                 "lists every partition already); remove it, or set ordered_prefixes")
         self.backfill_every = backfill_every
         self.max_file_age = parse_age(name, max_file_age)
+        if ordered_prefixes and max_files_per_epoch is not None and self.max_file_age is not None:
+            # A capped epoch must take the oldest names (or the floor skips the ones left
+            # waiting) and the oldest modification times (or the watermark passes them);
+            # when the two orders disagree, one of the files left waiting would be lost.
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes, max_files_per_epoch and max_file_age together could "
+                "leave a waiting file behind both the partition floor and the age watermark; remove one of them "
+                "(max_files_per_epoch, usually: without it every epoch takes all it lists)")
 
     # -- listing ---------------------------------------------------------------------------
     def list_files(self) -> list[str]:
         """Every data file below the directory, relative to it, sorted."""
         return sorted(self.list_identities())
 
-    def list_identities(self, floor: str | None = None) -> dict[str, dict[str, Any]]:
+    def list_identities(self, floors: Mapping[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
         """Every data file below the directory (or its ``prefixes``) with its identity,
-        by name relative to the directory. With ``ordered_prefixes``, glob partitions that
-        sort before ``floor``'s (a relative file name) are not listed.
+        by name relative to the directory. With ``ordered_prefixes``, the partitions of a
+        glob prefix that sort before its floor's are not listed (``floors``: prefix -> the
+        relative file name, see :meth:`floors`).
 
         :raises SourceError: the directory does not exist and ``allow_missing`` is off.
         """
@@ -272,7 +282,7 @@ class FileSource(Source):
         try:
             fs, root = url_to_fs(self.url, **self.storage_options)
             exists = fs.exists(root)
-            found = find_below(fs, root, self.prefixes, self.ordered_prefixes, floor) if exists else {}
+            found = find_below(fs, root, self.prefixes, self.ordered_prefixes, floors) if exists else {}
         except FileNotFoundError:
             exists, found = False, {}
         except Exception as exc:
@@ -333,20 +343,35 @@ class FileSource(Source):
             return False
         return epoch // self.backfill_every > (restored or 0) // self.backfill_every
 
+    def floors(self, index: FileIndex) -> dict[str, str | None]:
+        """Each glob prefix's floor for ``ordered_prefixes``: the greatest consumed file name
+        below a partition the prefix matches (None: none yet, every partition is listed).
+        Each prefix has its own, so one prefix's newer partitions never hide another's."""
+        return {p: index.greatest_path(*prefix_matcher(p)) for p in self.prefixes or [] if is_glob(p)}
+
     def plan_indexed(self, index: FileIndex, *, backfill: bool = False) -> dict[str, Any]:
-        """The listed files that the index does not hold, oldest names first.
+        """The listed files that the index does not hold.
 
         A held file whose identity changed since is an error (``on_change="error"``) or
         planned again (``"reread"``); a file older than the watermark (``max_file_age``
-        before the newest consumed file) is ignored. ``backfill`` lists the partitions
-        ``ordered_prefixes`` would skip.
+        before the newest consumed file, never below what the index forgot) is ignored.
+        ``max_files_per_epoch`` takes the oldest names first, or, with ``max_file_age``,
+        the oldest modification times first (so the watermark never passes a file left
+        waiting). ``backfill`` lists the partitions ``ordered_prefixes`` would skip.
         """
-        floor = index.greatest_path() if self.ordered_prefixes and not backfill else None
+        floors = self.floors(index) if self.ordered_prefixes and not backfill else None
         if backfill:
             log.info("file source %r: backfill epoch (backfill_every=%s): listing every partition the prefixes "
                      "match", self.name, self.backfill_every)
-        listing = self.list_identities(floor)
-        watermark = index.watermark(self.max_file_age)
+        listing = self.list_identities(floors)
+        watermark = index.listing_watermark(self.max_file_age)
+        wanted = index.watermark(self.max_file_age)
+        if index.aged_below is not None and (wanted is None or wanted < index.aged_below):
+            log.warning(
+                "file source %r: max_file_age=%s is wider than the consumed-file index kept (it forgot the files "
+                "modified before %s under max_file_age=%s): files modified before then are still ignored, so none "
+                "is read twice; the wider window applies once the newest file is that much newer",
+                self.name, self.max_file_age, index.aged_below, index.max_file_age)
         if watermark is not None:
             # A file whose mtime is unknown cannot be aged: it is kept (read, not lost).
             mtimes = {f: file_index.mtime_seconds(ident.get("mtime")) for f, ident in listing.items()}
@@ -367,7 +392,13 @@ class FileSource(Source):
             )
         new = sorted(f for f in listing if f not in consumed or f in changed)
         if self.max_files_per_epoch is not None:
-            new = new[: self.max_files_per_epoch]
+            if self.max_file_age is not None:
+                # Spark's order under maxFileAge: the files left waiting are never older than
+                # the newest one taken, so the watermark this epoch moves cannot pass them.
+                # A file whose mtime is unknown is never aged: it goes first. Ties keep name order.
+                mtimes = {f: file_index.mtime_seconds(listing[f].get("mtime")) for f in new}
+                new.sort(key=lambda f: (mtimes[f] is not None, mtimes[f] or 0.0))
+            new = sorted(new[: self.max_files_per_epoch])
         return {"files": new, "identity": {f: listing[f] for f in new},
                 source_log.INDEX_KEY: {"max_file_age": self.max_file_age}}
 
