@@ -132,7 +132,9 @@ class FileSource(Source):
     * ``options``: reader options passed to Spark (``{"header": "true"}``);
     * ``schema``: DDL schema string (recommended for json/csv; also used for an epoch
       without new files);
-    * ``max_files_per_epoch``: read at most this many new files (oldest names first);
+    * ``max_files_per_epoch``: read at most this many new files (oldest names first; with
+      ``max_file_age``, oldest modification times first, as Spark does, so the watermark
+      never passes a file left waiting);
     * ``prefixes``: list only below these subdirectories of ``path`` (relative to it; each
       may be a glob such as ``"dt=*/hour=*/"`` or an Airflow template such as
       ``"dt={{ ds }}/"``, rendered per run). File names stay relative to ``path``, so the
@@ -140,7 +142,9 @@ class FileSource(Source):
       into a prefix no later run lists is not read (list ``{{ prev_ds }}`` too);
     * ``ordered_prefixes``: the glob ``prefixes`` match partition directories whose names
       sort in time order (``dt=2026-11-23/hour=07``): list only those at or after the
-      partition of the greatest file name consumed so far (default False). A year of
+      partition of the greatest file name consumed so far below that prefix (each prefix
+      has its own floor; default False). Not with both ``max_files_per_epoch`` and
+      ``max_file_age`` (a waiting file could fall behind one of them). A year of
       partitions then costs one directory listing per glob level, not a listing of every
       file; a file delivered late into an older partition is not read, unless
       ``backfill_every`` is set;
@@ -151,7 +155,8 @@ class FileSource(Source):
     * ``max_file_age``: ignore files modified more than this before the newest file
       consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
       ``maxFileAge``), and forget consumed files once they are that old, so the
-      consumed-file index holds only the window;
+      consumed-file index holds only the window. A wider window later (or none) never
+      lists below what the index forgot, so no consumed file is read twice;
     * ``storage_options``: fsspec options used to list the directory;
     * ``allow_missing``: plan an empty epoch while the directory does not exist (default
       False: a missing directory is an error, so a mistyped path is noticed at once; on
@@ -161,7 +166,8 @@ class FileSource(Source):
       ``"reread"`` (read it again in full: the new content supersedes the old);
     * ``bad_records``: a directory URL; csv/json records Spark cannot parse against the
       schema go there (as JSON lines: source, file, record, parsed) as a sink published
-      with the epoch, instead of failing the epoch.
+      with the epoch, instead of failing the epoch; such a record reaches no other sink
+      and no state, whichever columns the stage uses.
 
     Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
     ``.crc``, in-progress uploads), as Spark does.
