@@ -392,7 +392,8 @@ def _greatest_in(table: Any, under: str, matches: Callable[[str], bool] | None, 
     paths = table.column("path")
     if under:
         paths = paths.filter(pc.starts_with(paths, under))
-    for name in sorted(paths.to_pylist(), reverse=True):
+    names: list[str] = paths.to_pylist()
+    for name in sorted(names, reverse=True):
         if best is not None and name <= best:
             break
         if matches is None or matches(name):
