@@ -12,6 +12,10 @@ consumed) per epoch. The index answers it for the listed names only:
   into the segments they overlap, and drops files older than the **watermark**:
   ``newest mtime ever consumed - max_file_age`` (Spark's ``maxFileAge``). Segments no
   delta touches and no file of which aged out are carried over by reference, unread.
+  The directory records the window it applied (``max_file_age`` and ``aged_below``, the
+  highest watermark a compaction dropped files below): the index cannot tell whether a
+  file older than ``aged_below`` was consumed, so planning never lists below it, whatever
+  ``max_file_age`` says now (a wider window, or none, starts from there).
 
 A lookup reads the directory, the deltas, and only the segments whose key range covers
 a listed name; files named in time order (``dt=.../hour=.../part-N``) make that the last
@@ -168,16 +172,24 @@ class FileIndex:
     :param segments: the base segments with a loader each (reads the part when called).
     :param deltas: the tables of the epochs since the base, oldest first.
     :param newest_mtime: the newest modification time of any file consumed so far.
+    :param aged_below: the highest watermark a compaction dropped consumed files below
+        (None: the index forgot nothing).
+    :param max_file_age: the ``max_file_age`` of the compaction that set ``aged_below``
+        (for messages).
     """
 
     def __init__(self, segments: Sequence[tuple[Segment, Callable[[], Any]]], deltas: Sequence[Any],
-                 newest_mtime: float | None) -> None:
+                 newest_mtime: float | None, aged_below: float | None = None,
+                 max_file_age: float | None = None) -> None:
         self.segments = list(segments)
         self.deltas = [d for d in deltas if d.num_rows]
         newest = [newest_mtime] + [_max(d.column("mtime")) for d in self.deltas]
         known = [m for m in newest if m is not None]
         self.newest_mtime: float | None = max(known) if known else None
+        self.aged_below = aged_below
+        self.max_file_age = max_file_age
         self.segments_read = 0  #: segments loaded by lookups so far (for tests and benches)
+        self._loaded: dict[int, Any] = {}
 
     @classmethod
     def from_table(cls, table: Any) -> FileIndex:
@@ -188,19 +200,50 @@ class FileIndex:
         return cls([(seg, lambda: table)], [], seg.newest)
 
     def watermark(self, max_file_age: float | None) -> float | None:
-        """Files modified before this are ignored (None: no age limit or nothing seen yet)."""
+        """``max_file_age`` before the newest consumed file (None: no age limit or nothing
+        seen yet): what compaction ages by."""
         if max_file_age is None or self.newest_mtime is None:
             return None
         return self.newest_mtime - max_file_age
 
-    def greatest_path(self) -> str | None:
-        """The greatest file name the index holds (from the directory and the deltas: no
-        segment is read); None when it is empty."""
+    def listing_watermark(self, max_file_age: float | None) -> float | None:
+        """Listed files modified before this are ignored: :meth:`watermark`, never below
+        ``aged_below`` (a file older than that may have been consumed and forgotten, so a
+        wider window than the index kept would read it again)."""
+        marks = [m for m in (self.watermark(max_file_age), self.aged_below) if m is not None]
+        return max(marks) if marks else None
+
+    def greatest_path(self, under: str = "", matches: Callable[[str], bool] | None = None) -> str | None:
+        """The greatest file name the index holds; None when it holds none.
+
+        Without arguments it comes from the directory and the deltas (no segment is read).
+        ``under`` and ``matches`` ask for the greatest name that starts with ``under`` and
+        that ``matches`` accepts: the segments whose key range holds such names are read,
+        greatest first, until one has it (usually the last, or none).
+        """
         import pyarrow.compute as pc
 
-        names = [seg.last for seg, _ in self.segments]
-        names += [pc.max(d.column("path")).as_py() for d in self.deltas]
-        return max(names) if names else None
+        if not under and matches is None:
+            names = [seg.last for seg, _ in self.segments]
+            names += [pc.max(d.column("path")).as_py() for d in self.deltas]
+            return max(names) if names else None
+        best: str | None = None
+        for table in self.deltas:
+            best = _greatest_in(table, under, matches, best)
+        candidates = sorted((i for i, (seg, _) in enumerate(self.segments) if _may_hold(seg, under)),
+                            key=lambda i: self.segments[i][0].last, reverse=True)
+        for i in candidates:
+            if best is not None and self.segments[i][0].last <= best:
+                break  # every later candidate's names are smaller still
+            best = _greatest_in(self._load(i), under, matches, best)
+        return best
+
+    def _load(self, i: int) -> Any:
+        """Segment ``i``'s table, read once per index."""
+        if i not in self._loaded:
+            self._loaded[i] = self.segments[i][1]()
+            self.segments_read += 1
+        return self._loaded[i]
 
     def lookup(self, paths: Iterable[str]) -> dict[str, dict[str, Any] | None]:
         """The consumed identity of each of ``paths`` that the index holds (absent: not
@@ -213,9 +256,8 @@ class FileIndex:
             return {}
         needle = pa.array(wanted, pa.string())
         found: dict[str, tuple[int, dict[str, Any] | None]] = {}
-        tables = [load for seg, load in self.segments if _covers_any(seg, wanted)]
-        self.segments_read += len(tables)
-        for table in [load() for load in tables] + self.deltas:
+        tables = [self._load(i) for i, (seg, _) in enumerate(self.segments) if _covers_any(seg, wanted)]
+        for table in tables + self.deltas:
             hits = table.filter(pc.is_in(table.column("path"), value_set=needle))
             for row in hits.to_pylist():
                 if row["path"] not in found or row["epoch"] >= found[row["path"]][0]:
@@ -241,14 +283,14 @@ class FileIndex:
                 offsets["identity"][row["path"]] = ident
         return [{"epoch": e, "offsets": by_epoch[e]} for e in sorted(by_epoch)]
 
-    def compact(self, max_file_age: float | None) -> tuple[list[Segment | Any], float | None]:
+    def compact(self, max_file_age: float | None) -> tuple[list[Segment | Any], float | None, float | None]:
         """The base after merging the deltas and dropping aged-out files.
 
         Returns the new base as a list of items, each either an unchanged :class:`Segment`
         (carried by reference, not read) or a ``pyarrow.Table`` to write as a new segment,
-        and the newest mtime. A segment is rewritten only when a delta path falls in its
-        key range or some of its files aged out; one wholly older than the watermark is
-        dropped unread.
+        the newest mtime, and the new ``aged_below``. A segment is rewritten only when a
+        delta path falls in its key range or some of its files aged out; one wholly older
+        than the watermark is dropped unread.
         """
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -272,7 +314,8 @@ class FileIndex:
             merged = merged.filter(pc.or_(pc.is_null(mtime), pc.greater_equal(mtime, watermark)))
         for start in range(0, merged.num_rows, SEGMENT_ROWS):
             kept.append(merged.slice(start, SEGMENT_ROWS))
-        return kept, self.newest_mtime
+        aged_below = max((m for m in (watermark, self.aged_below) if m is not None), default=None)
+        return kept, self.newest_mtime, aged_below
 
 
 def describe(table: Any, path: str) -> Segment:
@@ -283,14 +326,25 @@ def describe(table: Any, path: str) -> Segment:
                    mtime.null_count)
 
 
-def directory_doc(segments: Sequence[Segment], newest_mtime: float | None) -> dict[str, Any]:
-    """The JSON document of a directory part."""
-    return {"format": FORMAT, "version": VERSION, "newest_mtime": newest_mtime,
-            "segments": [s.to_dict() for s in segments]}
+def directory_doc(segments: Sequence[Segment], newest_mtime: float | None, aged_below: float | None = None,
+                  max_file_age: float | None = None) -> dict[str, Any]:
+    """The JSON document of a directory part (with the window its compaction applied)."""
+    return {"format": FORMAT, "version": VERSION, "newest_mtime": newest_mtime, "aged_below": aged_below,
+            "max_file_age": max_file_age, "segments": [s.to_dict() for s in segments]}
 
 
-def parse_directory(doc: Any, where: str) -> tuple[list[Segment], float | None]:
-    """The segments and newest mtime a directory part records."""
+@dataclass(frozen=True)
+class Directory:
+    """What a directory part records: the segments, the newest mtime, the window applied."""
+
+    segments: list[Segment]
+    newest_mtime: float | None
+    aged_below: float | None = None
+    max_file_age: float | None = None
+
+
+def parse_directory(doc: Any, where: str) -> Directory:
+    """The segments, newest mtime and window a directory part records."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CorruptCheckpointError(f"{where}: not a file-index directory part", where)
     if doc.get("version") != VERSION:
@@ -300,8 +354,11 @@ def parse_directory(doc: Any, where: str) -> tuple[list[Segment], float | None]:
     segments = doc.get("segments")
     if not isinstance(segments, list):
         raise CorruptCheckpointError(f"{where}: file-index directory has no 'segments' list", where)
-    newest = doc.get("newest_mtime")
-    return [Segment.from_dict(s, where) for s in segments], None if newest is None else float(newest)
+    window = {k: doc.get(k) for k in ("newest_mtime", "aged_below", "max_file_age")}
+    if any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in window.values()):
+        raise CorruptCheckpointError(f"{where}: file-index directory has a non-numeric time in {window!r}", where)
+    floats = {k: None if v is None else float(v) for k, v in window.items()}
+    return Directory([Segment.from_dict(s, where) for s in segments], **floats)
 
 
 def _latest(table: Any) -> Any:
@@ -320,6 +377,28 @@ def _latest(table: Any) -> Any:
         first = pc.fill_null(pc.not_equal(paths.combine_chunks(), previous), True)
         table = table.filter(first)
     return table
+
+
+def _may_hold(seg: Segment, under: str) -> bool:
+    """Whether the segment's key range holds names that start with ``under`` (they form
+    one contiguous range of the sort order)."""
+    return seg.last >= under and (seg.first <= under or seg.first.startswith(under))
+
+
+def _greatest_in(table: Any, under: str, matches: Callable[[str], bool] | None, best: str | None) -> str | None:
+    """The greatest of ``best`` and the names in ``table`` that start with ``under`` and match."""
+    import pyarrow.compute as pc
+
+    paths = table.column("path")
+    if under:
+        paths = paths.filter(pc.starts_with(paths, under))
+    names: list[str] = paths.to_pylist()
+    for name in sorted(names, reverse=True):
+        if best is not None and name <= best:
+            break
+        if matches is None or matches(name):
+            return name
+    return best
 
 
 def _covers_any(seg: Segment, sorted_paths: Sequence[str]) -> bool:

@@ -54,7 +54,8 @@ def open_index(storage: Storage, chain: list[PartRef]) -> FileIndex:
         where = storage.describe_path(chain[0].path) if chain else "<empty chain>"
         return FileIndex.from_table(file_index.rows_from_entries(_read_entries(storage, chain), where))
     where = storage.describe_path(chain[0].path)
-    segments, newest = file_index.parse_directory(read_json_part(storage, chain[0]), where)
+    directory = file_index.parse_directory(read_json_part(storage, chain[0]), where)
+    segments = directory.segments
     refs = {ref.path: ref for ref in chain[1:1 + len(segments)]}
     missing = [s.path for s in segments if s.path not in refs]
     if missing:
@@ -64,7 +65,8 @@ def open_index(storage: Storage, chain: list[PartRef]) -> FileIndex:
         return lambda: read_arrow_part(storage, ref)
 
     deltas = [read_arrow_part(storage, ref) for ref in chain[1 + len(segments):]]
-    return FileIndex([(s, loader(refs[s.path])) for s in segments], deltas, newest)
+    return FileIndex([(s, loader(refs[s.path])) for s in segments], deltas, directory.newest_mtime,
+                     directory.aged_below, directory.max_file_age)
 
 
 def read_history(storage: Storage, chain: list[PartRef]) -> list[Entry]:
@@ -146,8 +148,11 @@ def _write_index_part(storage: Storage, config: CheckpointConfig, epoch: int, at
         index = FileIndex([], [file_index.rows_from_entries(history(), where), delta], None)
     else:
         prior = open_index(storage, base_chain)
-        index = FileIndex(prior.segments, [*prior.deltas, delta], prior.newest_mtime)
-    items, newest = index.compact(max_file_age)
+        index = FileIndex(prior.segments, [*prior.deltas, delta], prior.newest_mtime, prior.aged_below,
+                          prior.max_file_age)
+    items, newest, aged_below = index.compact(max_file_age)
+    # The age the window was last narrowed by (kept while no compaction ages any more).
+    window_age = max_file_age if aged_below != index.aged_below else index.max_file_age
     segments: list[file_index.Segment] = []
     refs: list[PartRef] = []
     for number, item in enumerate(items):
@@ -159,11 +164,11 @@ def _write_index_part(storage: Storage, config: CheckpointConfig, epoch: int, at
         refs.append(write_arrow_part(storage, path, item, epoch=epoch, **options))
         segments.append(file_index.describe(item, path))
     directory = layout.part_path(epoch, "sources", source, 0, attempt, token=file_index.DIRECTORY_TOKEN)
-    head = write_json_part(storage, directory, file_index.directory_doc(segments, newest), epoch=epoch, **options)
+    head = write_json_part(storage, directory, file_index.directory_doc(segments, newest, aged_below, window_age),
+                           epoch=epoch, **options)
     return SourceState(offsets, [head, *refs])
 
 
 def _segment_count(storage: Storage, chain: list[PartRef]) -> int:
     where = storage.describe_path(chain[0].path)
-    segments, _ = file_index.parse_directory(read_json_part(storage, chain[0]), where)
-    return len(segments)
+    return len(file_index.parse_directory(read_json_part(storage, chain[0]), where).segments)

@@ -2,7 +2,8 @@
 
 Prefixes are subdirectories of ``path`` (rendered by Airflow when templated, expanded
 with the store's ``glob`` when they hold a glob); ordered glob prefixes are expanded one
-directory level at a time from the partition of the greatest consumed name. Identities
+directory level at a time from their floor: the partition of the greatest consumed name
+that the prefix matches (each prefix has its own). Identities
 (size, ETag, mtime) come from the listing, and the option checks of ``prefixes`` and
 ``max_file_age`` live here with them.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import file_index
@@ -29,10 +30,28 @@ def is_glob(prefix: str) -> bool:
     return any(c in prefix for c in GLOB_CHARS)
 
 
-def find_below(fs: Any, root: str, prefixes: list[str] | None, ordered: bool, floor: str | None) -> dict[str, Any]:
+def prefix_matcher(prefix: str) -> tuple[str, Callable[[str], bool]]:
+    """The literal start of a glob ``prefix`` and a test of whether a file name (relative
+    to ``path``) lies below a directory the prefix matches: what finds a prefix's floor
+    in the consumed-file index."""
+    from fnmatch import fnmatchcase
+
+    components = prefix.split("/")
+    head = prefix[: min((prefix.index(c) for c in GLOB_CHARS if c in prefix), default=len(prefix))]
+
+    def matches(name: str) -> bool:
+        parts = name.split("/")
+        return len(parts) >= len(components) and all(
+            fnmatchcase(part, pattern) for part, pattern in zip(parts, components, strict=False))
+
+    return head, matches
+
+
+def find_below(fs: Any, root: str, prefixes: list[str] | None, ordered: bool,
+               floors: Mapping[str, str | None] | None) -> dict[str, Any]:
     """``fs.find`` below the root, or below each prefix only (a missing prefix is empty:
     the partition of a run may not exist yet); ``ordered`` glob prefixes skip the
-    partitions before ``floor``'s (see :func:`_expand_ordered`)."""
+    partitions before their floor's, ``floors[prefix]`` (see :func:`_expand_ordered`)."""
     if prefixes is None:
         return dict(fs.find(root, detail=True))
     base = root.rstrip("/")
@@ -40,6 +59,7 @@ def find_below(fs: Any, root: str, prefixes: list[str] | None, ordered: bool, fl
     for prefix in prefixes:
         target = f"{base}/{prefix}".rstrip("/")
         if is_glob(prefix):
+            floor = (floors or {}).get(prefix)
             matches = _expand_ordered(fs, base, prefix, floor) if ordered else fs.glob(target, detail=True)
             for path, info in matches.items():
                 if info.get("type") == "directory":

@@ -39,6 +39,7 @@ from airflow_seatunnel_ckpt.spark.file_listing import (
     listed_identity,
     parse_age,
     parse_prefixes,
+    prefix_matcher,
 )
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 
@@ -131,7 +132,9 @@ class FileSource(Source):
     * ``options``: reader options passed to Spark (``{"header": "true"}``);
     * ``schema``: DDL schema string (recommended for json/csv; also used for an epoch
       without new files);
-    * ``max_files_per_epoch``: read at most this many new files (oldest names first);
+    * ``max_files_per_epoch``: read at most this many new files (oldest names first; with
+      ``max_file_age``, oldest modification times first, as Spark does, so the watermark
+      never passes a file left waiting);
     * ``prefixes``: list only below these subdirectories of ``path`` (relative to it; each
       may be a glob such as ``"dt=*/hour=*/"`` or an Airflow template such as
       ``"dt={{ ds }}/"``, rendered per run). File names stay relative to ``path``, so the
@@ -139,7 +142,9 @@ class FileSource(Source):
       into a prefix no later run lists is not read (list ``{{ prev_ds }}`` too);
     * ``ordered_prefixes``: the glob ``prefixes`` match partition directories whose names
       sort in time order (``dt=2026-11-23/hour=07``): list only those at or after the
-      partition of the greatest file name consumed so far (default False). A year of
+      partition of the greatest file name consumed so far below that prefix (each prefix
+      has its own floor; default False). Not with both ``max_files_per_epoch`` and
+      ``max_file_age`` (a waiting file could fall behind one of them). A year of
       partitions then costs one directory listing per glob level, not a listing of every
       file; a file delivered late into an older partition is not read, unless
       ``backfill_every`` is set;
@@ -150,7 +155,8 @@ class FileSource(Source):
     * ``max_file_age``: ignore files modified more than this before the newest file
       consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
       ``maxFileAge``), and forget consumed files once they are that old, so the
-      consumed-file index holds only the window;
+      consumed-file index holds only the window. A wider window later (or none) never
+      lists below what the index forgot, so no consumed file is read twice;
     * ``storage_options``: fsspec options used to list the directory;
     * ``allow_missing``: plan an empty epoch while the directory does not exist (default
       False: a missing directory is an error, so a mistyped path is noticed at once; on
@@ -160,7 +166,8 @@ class FileSource(Source):
       ``"reread"`` (read it again in full: the new content supersedes the old);
     * ``bad_records``: a directory URL; csv/json records Spark cannot parse against the
       schema go there (as JSON lines: source, file, record, parsed) as a sink published
-      with the epoch, instead of failing the epoch.
+      with the epoch, instead of failing the epoch; such a record reaches no other sink
+      and no state, whichever columns the stage uses.
 
     Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
     ``.crc``, in-progress uploads), as Spark does.
@@ -254,16 +261,25 @@ class FileSource(Source):
                 "lists every partition already); remove it, or set ordered_prefixes")
         self.backfill_every = backfill_every
         self.max_file_age = parse_age(name, max_file_age)
+        if ordered_prefixes and max_files_per_epoch is not None and self.max_file_age is not None:
+            # A capped epoch must take the oldest names (or the floor skips the ones left
+            # waiting) and the oldest modification times (or the watermark passes them);
+            # when the two orders disagree, one of the files left waiting would be lost.
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes, max_files_per_epoch and max_file_age together could "
+                "leave a waiting file behind both the partition floor and the age watermark; remove one of them "
+                "(max_files_per_epoch, usually: without it every epoch takes all it lists)")
 
     # -- listing ---------------------------------------------------------------------------
     def list_files(self) -> list[str]:
         """Every data file below the directory, relative to it, sorted."""
         return sorted(self.list_identities())
 
-    def list_identities(self, floor: str | None = None) -> dict[str, dict[str, Any]]:
+    def list_identities(self, floors: Mapping[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
         """Every data file below the directory (or its ``prefixes``) with its identity,
-        by name relative to the directory. With ``ordered_prefixes``, glob partitions that
-        sort before ``floor``'s (a relative file name) are not listed.
+        by name relative to the directory. With ``ordered_prefixes``, the partitions of a
+        glob prefix that sort before its floor's are not listed (``floors``: prefix -> the
+        relative file name, see :meth:`floors`).
 
         :raises SourceError: the directory does not exist and ``allow_missing`` is off.
         """
@@ -272,7 +288,7 @@ class FileSource(Source):
         try:
             fs, root = url_to_fs(self.url, **self.storage_options)
             exists = fs.exists(root)
-            found = find_below(fs, root, self.prefixes, self.ordered_prefixes, floor) if exists else {}
+            found = find_below(fs, root, self.prefixes, self.ordered_prefixes, floors) if exists else {}
         except FileNotFoundError:
             exists, found = False, {}
         except Exception as exc:
@@ -333,20 +349,35 @@ class FileSource(Source):
             return False
         return epoch // self.backfill_every > (restored or 0) // self.backfill_every
 
+    def floors(self, index: FileIndex) -> dict[str, str | None]:
+        """Each glob prefix's floor for ``ordered_prefixes``: the greatest consumed file name
+        below a partition the prefix matches (None: none yet, every partition is listed).
+        Each prefix has its own, so one prefix's newer partitions never hide another's."""
+        return {p: index.greatest_path(*prefix_matcher(p)) for p in self.prefixes or [] if is_glob(p)}
+
     def plan_indexed(self, index: FileIndex, *, backfill: bool = False) -> dict[str, Any]:
-        """The listed files that the index does not hold, oldest names first.
+        """The listed files that the index does not hold.
 
         A held file whose identity changed since is an error (``on_change="error"``) or
         planned again (``"reread"``); a file older than the watermark (``max_file_age``
-        before the newest consumed file) is ignored. ``backfill`` lists the partitions
-        ``ordered_prefixes`` would skip.
+        before the newest consumed file, never below what the index forgot) is ignored.
+        ``max_files_per_epoch`` takes the oldest names first, or, with ``max_file_age``,
+        the oldest modification times first (so the watermark never passes a file left
+        waiting). ``backfill`` lists the partitions ``ordered_prefixes`` would skip.
         """
-        floor = index.greatest_path() if self.ordered_prefixes and not backfill else None
+        floors = self.floors(index) if self.ordered_prefixes and not backfill else None
         if backfill:
             log.info("file source %r: backfill epoch (backfill_every=%s): listing every partition the prefixes "
                      "match", self.name, self.backfill_every)
-        listing = self.list_identities(floor)
-        watermark = index.watermark(self.max_file_age)
+        listing = self.list_identities(floors)
+        watermark = index.listing_watermark(self.max_file_age)
+        wanted = index.watermark(self.max_file_age)
+        if index.aged_below is not None and (wanted is None or wanted < index.aged_below):
+            log.warning(
+                "file source %r: max_file_age=%s is wider than the consumed-file index kept (it forgot the files "
+                "modified before %s under max_file_age=%s): files modified before then are still ignored, so none "
+                "is read twice; the wider window applies once the newest file is that much newer",
+                self.name, self.max_file_age, index.aged_below, index.max_file_age)
         if watermark is not None:
             # A file whose mtime is unknown cannot be aged: it is kept (read, not lost).
             mtimes = {f: file_index.mtime_seconds(ident.get("mtime")) for f, ident in listing.items()}
@@ -367,7 +398,13 @@ class FileSource(Source):
             )
         new = sorted(f for f in listing if f not in consumed or f in changed)
         if self.max_files_per_epoch is not None:
-            new = new[: self.max_files_per_epoch]
+            if self.max_file_age is not None:
+                # Spark's order under maxFileAge: the files left waiting are never older than
+                # the newest one taken, so the watermark this epoch moves cannot pass them.
+                # A file whose mtime is unknown is never aged: it goes first. Ties keep name order.
+                mtimes = {f: file_index.mtime_seconds(listing[f].get("mtime")) for f in new}
+                new.sort(key=lambda f: (mtimes[f] is not None, mtimes[f] or 0.0))
+            new = sorted(new[: self.max_files_per_epoch])
         return {"files": new, "identity": {f: listing[f] for f in new},
                 source_log.INDEX_KEY: {"max_file_age": self.max_file_age}}
 
@@ -439,10 +476,15 @@ class FileSource(Source):
             .option("columnNameOfCorruptRecord", corrupt)
             .load(paths)
         )
-        good = parsed.where(F.col(corrupt).isNull()).drop(corrupt)
-        # Reading the corrupt column alone from raw files is refused by Spark, so the
-        # rejected rows also carry what did parse (useful when fixing the record anyway).
-        rejected = parsed.where(F.col(corrupt).isNotNull()).select(
+        # Spark's csv/json parsers convert only the columns a query uses and flag a record
+        # for those only: a stage counting one column would keep a record whose other
+        # column does not parse, while the quarantine (which reads them all) has it too.
+        # Both filters refer to every column, so whatever a query of either side prunes,
+        # the parser converts every column and both sides decide each record alike.
+        every_column = F.size(F.array(*[F.col(f.name).isNull() for f in fields])) == len(fields)
+        good = parsed.where(F.col(corrupt).isNull() & every_column).drop(corrupt)
+        # The rejected rows also carry what did parse (useful when fixing the record).
+        rejected = parsed.where(F.col(corrupt).isNotNull() & every_column).select(
             F.lit(self.name).alias("source"),
             F.col("_metadata.file_path").alias("file"),
             F.col(corrupt).alias("record"),

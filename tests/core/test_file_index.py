@@ -93,6 +93,51 @@ def test_files_older_than_the_watermark_leave_the_index_at_compaction(local_spec
         "dt=5", "dt=6", "dt=7"]
 
 
+def test_a_compaction_records_the_window_it_forgot_and_a_wider_one_never_lists_below_it(
+        local_spec: StoreSpec, small_segments: None) -> None:
+    p = local_spec.pipeline(full_checkpoint_interval=2)
+    for day in range(1, 8):
+        epoch_with(p, day, [f"dt={day}/part-{i}" for i in range(4)], mtime=day * DAY, age=2 * DAY)
+    index = open_index(p.storage, chain_of(p))
+    assert (index.aged_below, index.max_file_age) == (5 * DAY, 2 * DAY)
+    # Files of days 1..4 may have been consumed and forgotten: no window lists them again.
+    assert index.listing_watermark(30 * DAY) == index.listing_watermark(None) == 5 * DAY
+    assert index.listing_watermark(1 * DAY) == 6 * DAY  # a narrower window applies as it is
+    # Without max_file_age compactions forget nothing more, and the window stays recorded.
+    epoch_with(p, 8, ["dt=8/part-0"], mtime=8 * DAY)
+    epoch_with(p, 9, ["dt=9/part-0"], mtime=9 * DAY)
+    later = open_index(p.storage, chain_of(p))
+    assert (later.aged_below, later.max_file_age) == (5 * DAY, 2 * DAY)
+    assert "dt=5/part-0" in later.table().column("path").to_pylist()
+
+
+def test_a_directory_without_a_recorded_window_forgot_nothing(local_spec: StoreSpec) -> None:
+    p = local_spec.pipeline(full_checkpoint_interval=1)
+    epoch_with(p, 1, ["a"])
+    head, *rest = chain_of(p)
+    doc = {k: v for k, v in read_json_part(p.storage, head).items() if k not in ("aged_below", "max_file_age")}
+    written = write_json_part(p.storage, head.path, doc, epoch=1)
+    index = open_index(p.storage, [written, *rest])
+    assert index.aged_below is None and index.listing_watermark(None) is None
+
+
+def test_the_greatest_name_below_a_prefix_reads_only_the_segments_that_may_hold_it(
+        local_spec: StoreSpec, small_segments: None) -> None:
+    p = local_spec.pipeline(full_checkpoint_interval=1)
+    for e in range(1, 4):
+        epoch_with(p, e, [f"{region}/dt={e}/part-{i}" for region in ("eu", "us") for i in range(2)])
+    index = open_index(p.storage, chain_of(p))
+
+    def in_partition(name: str) -> bool:
+        return name.count("/") >= 2
+
+    assert index.greatest_path() == "us/dt=3/part-1"  # from the directory alone
+    assert index.greatest_path("eu/dt=", in_partition) == "eu/dt=3/part-1"
+    assert index.segments_read == 1
+    assert index.greatest_path("ap/dt=", in_partition) is None and index.segments_read == 1
+    assert index.greatest_path("eu/dt=", lambda name: name.startswith("eu/dt=1/")) == "eu/dt=1/part-1"
+
+
 def test_a_segment_wholly_older_than_the_watermark_is_dropped_unread(local_spec: StoreSpec,
                                                                      small_segments: None) -> None:
     p = local_spec.pipeline(full_checkpoint_interval=1)

@@ -46,6 +46,15 @@ def dedup_and_totals(ctx: StageContext, spark: Any) -> None:
     fresh.unpersist()
 
 
+def count_per_customer(ctx: StageContext, spark: Any) -> None:
+    """Ids and customers into one sink, a running order count per customer into another:
+    no query of the stage uses the ``amount`` column."""
+    new = ctx.source("orders").read()
+    ctx.sink("orders_table").write(new.select("order_id", "customer"))
+    counts = ctx.key_value("customer_totals").aggregate(new, key="customer", aggregates={"orders": ("count", "*")})
+    ctx.sink("customer_totals").write(counts)
+
+
 def fail_after_staging(ctx: StageContext, spark: Any) -> None:
     """Stage output and state parts, then fail before the runner can prepare."""
     dedup_orders(ctx, spark)

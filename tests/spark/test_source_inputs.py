@@ -185,6 +185,31 @@ def test_bad_records_needs_a_text_format() -> None:
         FileSource("orders", "file:///in", format="parquet", bad_records="file:///q")
 
 
+def test_a_quarantined_record_reaches_no_sink_and_no_keyed_state_when_the_stage_skips_its_bad_column(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    # The stage never uses 'amount': Spark then parsed 'customer' only, and the record
+    # whose amount does not parse was quarantined and counted in the state as well.
+    quarantine = orders.root / "out" / "quarantine"
+
+    def epoch(n: int) -> None:
+        spec = text_spec(orders, f"run-{n}", "json", stage="tests.spark.stages:count_per_customer",
+                         bad_records=f"file://{quarantine}")
+        result = run_stage(spec, spark)
+        assert result.epoch == n
+        orders.commit(result)
+
+    write_text(orders, "a.json", '{"order_id": 1, "customer": "c1", "amount": 1.0}\n'
+                                 '{"order_id": 2, "customer": "c1", "amount": "yesterday"}\n')
+    epoch(1)
+    write_text(orders, "b.json", '{"order_id": 3, "customer": "c1", "amount": 3.0}\n'
+                                 '{"order_id": 4, "customer": "c1", "amount": "today"}\n')
+    epoch(2)
+    assert sorted(r["order_id"] for r in orders.published()) == [1, 3]
+    assert [r["orders"] for r in orders.published("totals")] == [1, 2]  # c1 after epoch 1, then 2
+    assert sorted(json.loads(r["record"])["order_id"] for r in published_json(quarantine)) == [2, 4]
+
+
 # -- null keys in keyed state ------------------------------------------------------------
 
 def test_null_key_error_names_the_input_file_that_has_it(
@@ -453,3 +478,104 @@ def test_ordered_prefixes_without_a_glob_prefix_is_a_config_error(tmp_path: Path
         with pytest.raises(ConfigError, match="backfill_every must be a positive number of epochs"):
             FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes=True,
                        backfill_every=bad)
+
+
+# -- the options together, over whole epochs ---------------------------------------------
+
+def deliver_order(orders: OrdersPipeline, name: str, order_id: int, mtime: float | None = None) -> None:
+    """A one-order csv input file at ``name`` below the input directory (modified at ``mtime``)."""
+    path = orders.input_dir / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"order_id,customer,amount\n{order_id},c{order_id},1.5\n")
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def run_epochs(orders: OrdersPipeline, spark: Any, first: int, count: int,
+               stage: str = "tests.spark.stages:count_per_customer", **source: Any) -> list[list[str]]:
+    """Run and commit ``count`` epochs from epoch ``first``: the files each one read."""
+    read = []
+    for n in range(first, first + count):
+        result = run_stage(text_spec(orders, f"run-{n}", "csv", stage=stage, **source), spark)
+        assert result.epoch == n
+        orders.commit(result)
+        read.append(list(result.sources["orders"]["files"]))
+    return read
+
+
+def published_order_ids(orders: OrdersPipeline) -> list[int]:
+    return sorted(r["order_id"] for r in orders.published())
+
+
+def test_ordered_prefixes_keep_a_floor_per_prefix_so_new_partitions_of_each_are_read(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    # One floor for all prefixes was the greatest consumed name: us/... hid every new eu/
+    # partition, and manual/... every new dt= partition.
+    regions = {"prefixes": ["eu/dt=*/", "us/dt=*/"], "ordered_prefixes": True}
+    deliver_order(orders, "eu/dt=1/a.csv", 1)
+    deliver_order(orders, "us/dt=1/b.csv", 2)
+    assert run_epochs(orders, spark, 1, 1, **regions) == [["eu/dt=1/a.csv", "us/dt=1/b.csv"]]
+    deliver_order(orders, "eu/dt=2/c.csv", 3)
+    deliver_order(orders, "us/dt=2/d.csv", 4)
+    assert run_epochs(orders, spark, 2, 2, **regions) == [["eu/dt=2/c.csv", "us/dt=2/d.csv"], []]
+    assert published_order_ids(orders) == [1, 2, 3, 4]
+
+
+def test_ordered_partitions_continue_after_a_plain_prefix_whose_names_sort_later(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    mixed = {"prefixes": ["dt=*/", "manual/"], "ordered_prefixes": True}
+    deliver_order(orders, "dt=1/a.csv", 1)
+    deliver_order(orders, "manual/m.csv", 2)
+    assert run_epochs(orders, spark, 1, 1, **mixed) == [["dt=1/a.csv", "manual/m.csv"]]
+    deliver_order(orders, "dt=2/b.csv", 3)
+    deliver_order(orders, "manual/n.csv", 4)
+    assert run_epochs(orders, spark, 2, 2, **mixed) == [["dt=2/b.csv", "manual/n.csv"], []]
+    assert published_order_ids(orders) == [1, 2, 3, 4]
+
+
+def test_a_capped_backlog_under_max_file_age_is_read_once_whatever_its_names_say(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    # Oldest names first took a.csv (the newest file) first: the watermark moved a day
+    # before it, past b.csv, which was listed and waiting for the cap, and never read.
+    day = 86_400.0
+    deliver_order(orders, "a.csv", 1, mtime=10 * day)
+    deliver_order(orders, "b.csv", 2, mtime=8.5 * day)
+    deliver_order(orders, "c.csv", 3, mtime=9.8 * day)
+    read = run_epochs(orders, spark, 1, 4, max_files_per_epoch=1, max_file_age="1d")
+    assert read == [["b.csv"], ["c.csv"], ["a.csv"], []]
+    assert published_order_ids(orders) == [1, 2, 3]
+
+
+def test_widening_or_removing_max_file_age_after_compaction_reads_no_file_twice(
+    spark: Any, orders: OrdersPipeline
+) -> None:
+    from airflow_seatunnel_ckpt.core.source_log import open_index
+
+    day = 86_400.0
+    for n, mtime in enumerate((1 * day, 5 * day, 10 * day), start=1):
+        deliver_order(orders, f"f{n}.csv", n, mtime=mtime)
+        assert run_epochs(orders, spark, n, 1, max_file_age="1d") == [[f"f{n}.csv"]]
+    assert run_epochs(orders, spark, 4, 1, max_file_age="1d") == [[]]
+    point = orders.pipeline.restore_point()
+    index = open_index(orders.pipeline.storage, point.source_chains["orders"])
+    # Epoch 4 compacted (interval 3) and forgot f1 and f2: they are outside the window.
+    assert index.table().column("path").to_pylist() == ["f3.csv"]
+
+    assert run_epochs(orders, spark, 5, 1, max_file_age="30d") == [[]]  # wider
+    deliver_order(orders, "f4.csv", 4, mtime=11 * day)
+    assert run_epochs(orders, spark, 6, 2) == [["f4.csv"], []]  # removed
+    deliver_order(orders, "f5.csv", 5, mtime=3 * day)  # older than what the index forgot
+    deliver_order(orders, "f6.csv", 6, mtime=12 * day)
+    assert run_epochs(orders, spark, 8, 1, max_file_age="30d") == [["f6.csv"]]
+    assert published_order_ids(orders) == [1, 2, 3, 4, 6]
+
+
+def test_ordered_prefixes_with_max_files_per_epoch_and_max_file_age_is_a_config_error(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ordered_prefixes, max_files_per_epoch and max_file_age together"):
+        FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes=True,
+                   max_files_per_epoch=10, max_file_age="7d")
