@@ -19,7 +19,7 @@ import pytest
 from deltalake import DeltaTable
 
 from airflow_seatunnel_ckpt.core import Decision
-from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
+from airflow_seatunnel_ckpt.core.errors import PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
@@ -226,12 +226,13 @@ def test_a_changed_column_type_is_refused_before_anything_is_committed(store: St
     changed = pa.table({"id": ["x"], "country": ["DE"], "amount": [1.0]})
     manifest = stage(store, 2, {"__partition_country=DE/p.parquet": changed}, uri=table_uri)
 
-    with pytest.raises(ConfigError, match=r"id: table has PrimitiveType\(\"long\"\), the epoch's files have "
+    with pytest.raises(SinkRefusedError, match=r"id: table has PrimitiveType\(\"long\"\), the epoch's files have "
                                           r"PrimitiveType\(\"string\"\).*Cast or add the columns"):
         commit_table(request(store, 2, manifest))
     assert DeltaTable(table_uri).version() == 0
     missing = pa.table({"id": [2], "country": ["DE"]})
-    with pytest.raises(ConfigError, match=r"Columns missing from the files: amount \(PrimitiveType\(\"double\"\)\)"):
+    with pytest.raises(SinkRefusedError,
+                       match=r"Columns missing from the files: amount \(PrimitiveType\(\"double\"\)\)"):
         commit_table(request(store, 3, stage(store, 3, {"__partition_country=DE/p.parquet": missing}, uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
 
@@ -350,7 +351,7 @@ def test_a_sink_partitioned_unlike_its_existing_table_is_refused(store: Storage,
     commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     flat = stage(store, 2, {"p.parquet": rows([2], "DE")}, uri=table_uri, partition_by=())
 
-    with pytest.raises(ConfigError, match=r"the table is partitioned by \['country'\], the sink by \[\]"):
+    with pytest.raises(SinkRefusedError, match=r"the table is partitioned by \['country'\], the sink by \[\]"):
         commit_table(request(store, 2, flat))
     assert DeltaTable(table_uri).version() == 0
 
@@ -386,7 +387,7 @@ def test_an_epoch_behind_the_tables_transaction_is_refused_not_skipped(store: St
     commit_table(request(store, 5, stage(store, 5, by_country(5, DE=[5]), uri=table_uri)))
     fresh = stage(store, 1, by_country(1, DE=[1]), uri=table_uri)
 
-    with pytest.raises(PublishError, match=r"application transaction 'orders/orders' is at epoch 5, beyond this "
+    with pytest.raises(SinkRefusedError, match=r"application transaction 'orders/orders' is at epoch 5, beyond this "
                                            r"epoch.*Give this sink its own table"):
         commit_table(request(store, 1, fresh))
     assert DeltaTable(table_uri).version() == 0
@@ -396,7 +397,7 @@ def test_a_table_with_column_mapping_is_refused_for_added_files(store: Storage, 
     DeltaTable.create(table_uri, SCHEMA, partition_by=["country"],
                       configuration={"delta.columnMapping.mode": "name"})
 
-    with pytest.raises(ConfigError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
+    with pytest.raises(SinkRefusedError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
         commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
 
@@ -419,6 +420,6 @@ def test_a_snapshot_sink_into_an_append_only_table_is_refused_at_once(store: Sto
     commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     manifest = stage(store, 2, by_country(2, DE=[2]), uri=table_uri, mode=SinkMode.SNAPSHOT)
 
-    with pytest.raises(ConfigError, match=r"append-only \(delta.appendOnly=true\)"):
+    with pytest.raises(SinkRefusedError, match=r"append-only \(delta.appendOnly=true\)"):
         commit_table(request(store, 2, manifest))
     assert DeltaTable(table_uri).version() == 1

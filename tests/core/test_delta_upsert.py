@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.errors import SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.core.tables import commit_table
@@ -95,7 +95,7 @@ def test_an_epoch_repeating_a_key_is_refused_before_anything_is_committed(
         commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=1.0))))
     twice = {"a.parquet": totals(c9=1.0)["part-00000.parquet"], "b.parquet": totals(c9=2.0)["part-00000.parquet"]}
 
-    with pytest.raises(ConfigError, match=r"1 key\(s\) appear more than once .*\{'customer': 'c9'\}"):
+    with pytest.raises(SinkRefusedError, match=r"1 key\(s\) appear more than once .*\{'customer': 'c9'\}"):
         commit_table(request(store, epoch, upsert(store, epoch, uri, twice)))
     assert DeltaTable.is_deltatable(uri) is (epoch == 2)
     if epoch == 2:
@@ -106,7 +106,7 @@ def test_a_null_merge_key_is_refused(store: Storage, uri: str) -> None:
     commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=1.0))))
     nulls = {"a.parquet": pa.table({"customer": [None], "total": [1.0]}, schema=TOTALS)}
 
-    with pytest.raises(ConfigError, match=r"merge key column 'customer' is NULL in 1 row\(s\)"):
+    with pytest.raises(SinkRefusedError, match=r"merge key column 'customer' is NULL in 1 row\(s\)"):
         commit_table(request(store, 2, upsert(store, 2, uri, nulls)))
     assert DeltaTable(uri).version() == 0
 
@@ -115,6 +115,6 @@ def test_merge_keys_on_a_snapshot_sink_are_refused(store: Storage, uri: str) -> 
     manifest = upsert(store, 1, uri, totals(c0=1.0))
     snapshot = SinkManifest(manifest.sink, manifest.target_url, manifest.staging, manifest.files, manifest.rows,
                             mode=SinkMode.SNAPSHOT, table=manifest.table)
-    with pytest.raises(ConfigError, match=r"merge_keys \(an upsert\) make no sense with it"):
+    with pytest.raises(SinkRefusedError, match=r"merge_keys \(an upsert\) make no sense with it"):
         commit_table(request(store, 1, snapshot))
     assert not DeltaTable.is_deltatable(uri)

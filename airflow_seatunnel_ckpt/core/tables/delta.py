@@ -63,12 +63,12 @@ from deltalake.transaction import (
 )
 
 from airflow_seatunnel_ckpt.core.config import redact_url
-from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, StorageError
+from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRefusedError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
-from airflow_seatunnel_ckpt.core.tables import TableCommit, delta_upsert
+from airflow_seatunnel_ckpt.core.tables import TableCommit, check_merge_keys, delta_upsert, staged_rows, staged_schema
 from airflow_seatunnel_ckpt.core.tables.delta_files import footer_stats, partition_dir
 
 log = logging.getLogger(__name__)
@@ -89,10 +89,7 @@ def commit(request: TableCommit) -> PublishedSink:
     app_id = f"{request.pipeline}/{request.sink.sink}"
     where = (f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} "
              f"(Delta table {redact_url(uri)})")
-    keys = delta_upsert.merge_keys(request)
-    if keys and request.sink.mode is SinkMode.SNAPSHOT:
-        raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
-                          "sense with it. Drop merge_keys, or use mode 'changes'")
+    keys = _merge_keys(request, where)
     placed: list[PlacedFile] | None = None  # placed once; every attempt commits the same actions
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
@@ -103,15 +100,8 @@ def commit(request: TableCommit) -> PublishedSink:
         # been a racing committer landing this very epoch.
         table = _load(uri, delta_options, where)
         version = table.transaction_version(app_id) if table is not None else None
-        if version is not None and version > request.epoch:
-            # Epochs of one store commit in order (a COMMITTING epoch blocks the next), so
-            # a newer version was written through another store under the same names, or
-            # by this store before it was reset: "already" would silently drop this epoch.
-            raise PublishError(
-                f"{where}: the table's application transaction {app_id!r} is at epoch {version}, beyond this "
-                f"epoch: another checkpoint store's pipeline of the same name (or this store before it was reset) "
-                "commits this sink into the table, and its epochs are not this store's. Nothing was committed. "
-                "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
+        if table is not None:
+            check_marker(table, request, where)
         if version == request.epoch:
             log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
             return _published(request, uri, PublishMethod.ALREADY)
@@ -129,7 +119,7 @@ def commit(request: TableCommit) -> PublishedSink:
                 log.warning("%s: merge attempt %d failed (%s); reading the table again", where, attempt + 1, exc)
                 continue
         if keys:  # a new table: created from the placed files, so the keys must be unique already
-            delta_upsert.check_keys(delta_upsert.epoch_rows(request), keys, where)
+            check_merge_keys(staged_rows(request), keys, where)
         if placed is None:
             placed, how = place_files(request, target, where)
             actions, schema = add_actions(request, target, placed, where)
@@ -153,6 +143,80 @@ def commit(request: TableCommit) -> PublishedSink:
         f"{where}: the Delta commit failed {request.retries + 1} time(s), last with: {problem}. The epoch stays "
         "COMMITTING and nothing was removed; the placed files are kept and a retry of the commit (or the "
         "recovery DAG) adds them once")
+
+
+def precheck(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
+
+    From the table's log and the staged files' Parquet footers (and, for ``merge_keys``,
+    their key columns): the keys are unique and never NULL, the table's marker is not past
+    the epoch, its properties allow the sink's mode, and the schema and partitioning fit.
+    """
+    uri = _table_uri(request)
+    _, delta_options = storage_options(request, uri)
+    where = f"{request.where} (Delta table {redact_url(uri)})"
+    keys = _merge_keys(request, where)
+    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    schema = staged_schema(request, where)
+    if schema is None:
+        return
+    if keys:
+        check_merge_keys(staged_rows(request, [k for k in keys if k in schema.names]), keys, where)
+    table = _load(uri, delta_options, where)
+    if table is None:
+        missing = [c for c in partition_by if c not in schema.names]
+        if missing:
+            raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files (columns: "
+                              f"{schema.names}); fix the sink's partition_by")
+        return
+    check_marker(table, request, where)
+    check_table(table, request, keys, where)
+    check_schema(table, schema, partition_by, where)
+
+
+def check_marker(table: DeltaTable, request: TableCommit, where: str) -> None:
+    """Refuse a table whose application transaction for this sink is past the epoch.
+
+    Epochs of one store commit in order (a COMMITTING epoch blocks the next), so a newer
+    version was written through another store under the same names, or by this store
+    before it was reset: "already" would silently drop this epoch. The one place the
+    table's marker is judged before the decision (:func:`precheck`) and before each try.
+    """
+    app_id = f"{request.pipeline}/{request.sink.sink}"
+    version = table.transaction_version(app_id)
+    if version is not None and version > request.epoch:
+        raise SinkRefusedError(
+            f"{where}: the table's application transaction {app_id!r} is at epoch {version}, beyond this "
+            f"epoch: another checkpoint store's pipeline of the same name (or this store before it was reset) "
+            "commits this sink into the table, and its epochs are not this store's. Nothing was committed. "
+            "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
+
+
+def check_table(table: DeltaTable, request: TableCommit, keys: Sequence[str], where: str) -> None:
+    """ConfigError if the table's properties forbid what the sink does (column mapping, append-only)."""
+    configuration = table.metadata().configuration
+    mapping = configuration.get("delta.columnMapping.mode") or "none"
+    if mapping != "none" and not keys:
+        # Data files of such a table name columns by their physical names; ours use the
+        # logical ones. delta-rs commits them anyway and the table can no longer be read
+        # ("Partition column ... not found in schema").
+        raise ConfigError(
+            f"{where}: the table uses column mapping (delta.columnMapping.mode={mapping}); files written by Spark "
+            "without Delta name their columns logically and cannot be added to it. Write to a table without "
+            "column mapping, or use merge_keys (delta-rs writes the files of a MERGE itself)")
+    if configuration.get("delta.appendOnly") == "true" and (keys or request.sink.mode is SinkMode.SNAPSHOT):
+        what = "an upsert sink (merge_keys) updates" if keys else "a snapshot sink replaces"
+        raise ConfigError(
+            f"{where}: the table is append-only (delta.appendOnly=true) and {what} its rows. "
+            "Use mode 'changes' without merge_keys, or unset delta.appendOnly on the table")
+
+
+def _merge_keys(request: TableCommit, where: str) -> list[str]:
+    keys = delta_upsert.merge_keys(request)
+    if keys and request.sink.mode is SinkMode.SNAPSHOT:
+        raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
+                          "sense with it. Drop merge_keys, or use mode 'changes'")
+    return keys
 
 
 def _table_uri(request: TableCommit) -> str:
@@ -316,19 +380,7 @@ def _create(request: TableCommit, uri: str, options: dict[str, str], actions: li
 def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], schema: pa.Schema | None,
             app_id: str, where: str) -> None:
     partition_by = [str(c) for c in request.table.get("partition_by") or []]
-    mapping = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
-    if mapping != "none":
-        # Data files of such a table name columns by their physical names; ours use the
-        # logical ones. delta-rs commits them anyway and the table can no longer be read
-        # ("Partition column ... not found in schema").
-        raise ConfigError(
-            f"{where}: the table uses column mapping (delta.columnMapping.mode={mapping}); files written by Spark "
-            "without Delta name their columns logically and cannot be added to it. Write to a table without "
-            "column mapping, or use merge_keys (delta-rs writes the files of a MERGE itself)")
-    if request.sink.mode is SinkMode.SNAPSHOT and table.metadata().configuration.get("delta.appendOnly") == "true":
-        raise ConfigError(
-            f"{where}: the table is append-only (delta.appendOnly=true) and a snapshot sink replaces its rows. "
-            "Use mode 'changes', or unset delta.appendOnly on the table")
+    check_table(table, request, (), where)
     added = check_schema(table, schema, partition_by, where) if schema is not None else []
     if added:
         # A metadata-only commit of its own: create_write_transaction would take the files
@@ -343,8 +395,9 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
 
 
 def _upsert(request: TableCommit, table: DeltaTable, keys: list[str], app_id: str, where: str) -> None:
-    rows = delta_upsert.epoch_rows(request)
-    delta_upsert.check_keys(rows, keys, where)
+    rows = staged_rows(request)
+    check_merge_keys(rows, keys, where)
+    check_table(table, request, keys, where)
     added = check_schema(table, rows.schema, [str(c) for c in request.table.get("partition_by") or []], where)
     if added:
         table.alter.add_columns(added)

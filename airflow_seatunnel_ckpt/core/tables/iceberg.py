@@ -35,11 +35,10 @@ import os
 import posixpath
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
@@ -53,14 +52,14 @@ from pyiceberg.exceptions import (
 from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids, parquet_file_to_data_file
 from pyiceberg.schema import promote
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.upsert_util import create_match_filter, has_duplicate_rows
+from pyiceberg.table.upsert_util import create_match_filter
 from pyiceberg.transforms import IdentityTransform
 
 from airflow_seatunnel_ckpt.core.config import redact_url
-from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
+from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
-from airflow_seatunnel_ckpt.core.tables import TableCommit
+from airflow_seatunnel_ckpt.core.tables import TableCommit, check_merge_keys, staged_rows, staged_schema
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 
 log = logging.getLogger(__name__)
@@ -106,15 +105,77 @@ def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Cata
 
 def commit(request: TableCommit) -> PublishedSink:
     """Commit ``request``'s epoch into its Iceberg table exactly once (see the module docs)."""
-    options = request.table
-    identifier = options.get("identifier")
+    identifier = _identifier(request)
+    with _catalog(request) as catalog:
+        return _commit(catalog, identifier, request)
+
+
+def precheck(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
+
+    From the table's metadata and the staged files' Parquet footers (and, for
+    ``merge_keys``, their key columns): the keys are unique and never NULL, the table's
+    marker is this store's and not past the epoch, and the schema and partitioning fit.
+    """
+    identifier = _identifier(request)
+    where = f"{request.where} (table {identifier})"
+    key = [str(k) for k in request.table.get("merge_keys") or []]
+    schema = staged_schema(request, where)
+    if schema is None:
+        return
+    drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
+    for i in reversed(drop):
+        schema = schema.remove(i)
+    if key:
+        check_merge_keys(staged_rows(request, [k for k in key if k in schema.names]), key, where)
+    with _catalog(request) as catalog:
+        table = _load(catalog, identifier)
+        if table is None:
+            missing = [c for c in request.table.get("partition_by") or [] if c not in schema.names]
+            if missing:
+                raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
+                                  f"(columns: {schema.names}); fix the sink's partition_by")
+            _check_key(schema.names, request, where)
+            return
+        check_marker(table, request, where)
+        _check_schema(table, schema, where)
+        _check_partitioning(table, request, where)
+        _check_key(table.schema().column_names, request, where)
+
+
+def check_marker(table: Table, request: TableCommit, where: str) -> None:
+    """Refuse, before the decision, a table whose marker for this sink is not this store's or
+    is past the epoch (epochs of one store commit in order: a newer marker was written by
+    another store, or by this one before it was reset, and "already" would drop this epoch).
+
+    Reads the marker with :func:`_committed_epoch`; never writes it.
+    """
+    try:
+        committed = _committed_epoch(table, request, where)
+    except PublishError as exc:
+        raise SinkRefusedError(str(exc)) from exc
+    if committed > request.epoch:
+        epoch_key, _ = marker_keys(request.pipeline, request.sink.sink)
+        raise SinkRefusedError(
+            f"{where}: the table's marker {epoch_key} is at epoch {committed}, beyond this epoch: another checkpoint "
+            "store's pipeline of the same name (or this store before it was reset) commits this sink into the "
+            "table. Nothing was committed. Give this sink its own table, or rename the pipeline or the sink")
+
+
+def _identifier(request: TableCommit) -> str:
+    identifier = request.table.get("identifier")
     if not isinstance(identifier, str) or "." not in identifier.strip("."):
         raise ConfigError(
             f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: the Iceberg table must be named "
             f"'<namespace>.<table>', got {identifier!r}; fix the sink's 'table' option")
-    catalog = open_catalog(options, request.secrets())
+    return identifier
+
+
+@contextlib.contextmanager
+def _catalog(request: TableCommit) -> Iterator[Catalog]:
+    catalog = open_catalog(request.table, request.secrets())
     try:
-        return _commit(catalog, identifier, request)
+        yield catalog
     finally:
         engine = getattr(catalog, "engine", None)  # a SQL catalog's connection pool: not kept per commit
         if engine is not None:
@@ -137,7 +198,7 @@ def _commit(catalog: Catalog, identifier: str, request: TableCommit) -> Publishe
         file_schema = _staged_schema(request, placed) if request.sink.files else None
         added = _check_schema(table, file_schema, where) if file_schema is not None else []
         _check_partitioning(table, request, where)
-        _check_key(table, request, where)
+        _check_key(table.schema().column_names, request, where)
         paths = place_files(request, placed)
         try:
             how = _commit_once(table, request, paths, file_schema, added, where)
@@ -308,7 +369,7 @@ def _check_schema(table: Table, file_schema: pa.Schema, where: str) -> list[str]
                             "stage's column non-null")
     if problems:
         raise ConfigError(f"{where}: the epoch's files do not fit the table's schema; nothing was committed. "
-                          + "; ".join(problems) + ". Then retry the commit")
+                          + "; ".join(problems))
     return [name for name in new if name not in have]
 
 
@@ -324,12 +385,12 @@ def _check_partitioning(table: Table, request: TableCommit, where: str) -> None:
             "partition field. Set partition_by to the table's identity partition columns, or write a new table")
 
 
-def _check_key(table: Table, request: TableCommit, where: str) -> None:
+def _check_key(columns: Sequence[str], request: TableCommit, where: str) -> None:
     key = list(request.table.get("merge_keys") or [])
-    missing = [k for k in key if k not in table.schema().column_names]
+    missing = [k for k in key if k not in columns]
     if missing:
         raise ConfigError(f"{where}: upsert key column(s) {missing} are not in the table "
-                          f"(columns: {table.schema().column_names}); fix the sink's merge_keys option")
+                          f"(columns: {list(columns)}); fix the sink's merge_keys option")
     if key and request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a snapshot sink replaces the whole table, merge_keys would do "
                           "nothing; remove merge_keys, or use mode 'changes' with merge_keys to upsert")
@@ -378,19 +439,14 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
 
 
 def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:
-    """The key columns of the epoch's placed files; ConfigError if a key appears twice."""
+    """The key columns of the epoch's placed files; ConfigError if a key is NULL or appears twice
+    (refused before the decision already, :func:`precheck`)."""
     parts = []
     for path in paths:
         with table.io.new_input(path).open() as fh:
             parts.append(pq.read_table(fh, columns=list(key)))
     keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([]) for k in key})
-    if keys.num_rows and has_duplicate_rows(keys, list(key)):
-        counts = keys.group_by(list(key)).aggregate([([], "count_all")])
-        dupes = counts.filter(pc.field("count_all") > 1).slice(0, 5).to_pylist()
-        raise ConfigError(
-            f"{where}: the epoch's rows hold key {list(key)} more than once (e.g. {dupes}); an upsert needs one "
-            "row per key. Reduce the rows to one per key in the stage (a key_value state's output is), then "
-            "retry the commit; nothing was committed")
+    check_merge_keys(keys, list(key), where)
     return keys
 
 
