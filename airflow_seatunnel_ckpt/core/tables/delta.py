@@ -37,6 +37,11 @@ Decisions (docs/tables/delta.md has the user's view):
   file and the new add actions are one version, so readers see the old or the new table.
 * ``merge_keys`` (an upsert): the epoch's rows are MERGEd into an existing table, with the
   same application transaction in the same version (:mod:`.delta_upsert`).
+* **refusals come first**: :func:`precheck` runs every refusal (schema, partitioning, merge
+  keys, ``delta.appendOnly``, column mapping, a transaction version past the epoch) when
+  the epoch is decided, from the table's log and the staged files' footers, so a refused
+  epoch is aborted instead of decided commit; the commit repeats them for a table altered
+  in between.
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "ca
    it rebases an append *without* re-checking duplicates, so two committers of one epoch
    (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
    outcome reloads the table and goes back to step 1.
+
+:func:`precheck` runs the refusals of steps 1, 2 and 4 (marker, schema, partitioning, merge
+keys unique and not NULL) when the epoch is decided, from the staged files alone, so that a
+refused epoch is aborted instead of decided commit; the commit repeats them for a table
+altered in between.
 """
 
 from __future__ import annotations
