@@ -157,7 +157,8 @@ def commit_table(request: TableCommit) -> PublishedSink:
 
     Only transient failures are left at this point (the epoch stays COMMITTING for a retry,
     as :class:`PublishError`, also for any exception of the table library). A refusal means
-    the table changed after the decision: :class:`SinkRefusedError`, with the way out.
+    the table changed after the decision: :class:`SinkRefusedError`, with the way out
+    (``seatunnel-ckpt resolve --skip-sink``, :meth:`Pipeline.skip_sink`).
     """
     try:
         return _format(request)[0](request)
@@ -165,11 +166,11 @@ def commit_table(request: TableCommit) -> PublishedSink:
         if exc.retryable:
             raise
         raise SinkRefusedError(
-            f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}, which is decided commit: the table "
-            "changed after the decision. Put the table back as it was (then run the commit again), or publish the "
-            f"epoch without this sink: seatunnel-ckpt resolve {request.pipeline} {request.epoch} --skip-sink "
-            f"{request.sink.sink} --reason '...' (recorded in the transaction log; the sink misses this epoch's "
-            "rows)]") from exc
+            f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}, which is decided commit (the checks "
+            "passed at the decision, so the table or the committing process changed since); a retry cannot change "
+            "it. Undo that change (then run the commit again), or publish the epoch without this sink: "
+            f"seatunnel-ckpt resolve {request.pipeline} {request.epoch} --skip-sink {request.sink.sink} --reason "
+            "'...' (recorded in the transaction log; the sink misses this epoch's rows)]") from exc
     except Exception as exc:  # the table library's own error (pyiceberg, deltalake, pyarrow): ours, named
         raise PublishError(
             f"{request.where}: the {request.table.get('type')} commit failed in the table library: "
