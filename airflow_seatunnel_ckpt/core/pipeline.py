@@ -345,11 +345,11 @@ class Pipeline:
         and verify (:class:`NotPreparedError` names a missing one), and the checkpoint's
         ``_metadata`` is completed first. Every table sink must accept the epoch's staged
         output (:func:`core.tables.precheck_table`): a refusal aborts the epoch here, with
-        the refusal as the reason (the returned record says ABORT), so that the table is
-        never asked to take an epoch it refuses after the decision. ``participants`` may name more participants
-        that must be prepared, never fewer than the declared ones. Only a pipeline
-        without a descriptor (used from the core alone) commits "every participant that
-        prepared" by default.
+        the refusal as the reason (the returned record says ABORT), so that no table is
+        asked after the decision to take an epoch it refuses. ``participants`` may name
+        more participants that must be prepared, never fewer than the declared ones. Only
+        a pipeline without a descriptor (used from the core alone) commits "every
+        participant that prepared" by default.
 
         The commit decision reads what is new in the epoch (its state parts, its staged
         files) and trusts the parts the participants' committed base checkpoints already
@@ -446,7 +446,7 @@ class Pipeline:
 
         The rule: everything that can refuse an epoch is checked before the decision (a
         refusal after it would wedge the epoch COMMITTING). :func:`precheck_table` raises
-        :class:`SinkRefusedError`; the branch task then aborts the epoch.
+        :class:`SinkRefusedError`, and :meth:`decide` aborts the epoch with it as the reason.
         """
         for record in records:
             for sink in record.sinks:

@@ -27,9 +27,10 @@ table's epoch marker), from the staged files and their Parquet footers, and rais
 After the decision :func:`commit_table` only fails for transient reasons; a refusal then
 means the table changed after the decision, and it fails at once, naming
 ``seatunnel-ckpt resolve --skip-sink`` as the way on. An exception of a table library is
-wrapped in :class:`PublishError` naming the pipeline, epoch and sink. Secrets (catalog credentials) are never
-in the manifest: :func:`register_secret_resolver` lets the Airflow layer add them from a
-connection when the commit runs.
+wrapped in :class:`PublishError` naming the pipeline, epoch and sink.
+
+Secrets (catalog credentials) are never in the manifest: :func:`register_secret_resolver`
+lets the Airflow layer add them from a connection when the commit runs.
 """
 
 from __future__ import annotations
@@ -37,15 +38,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
 from airflow_seatunnel_ckpt.core.storage.base import Storage
+
+if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never needs it
+    import pyarrow as pa
 
 #: Table type -> module defining ``commit(request) -> PublishedSink`` (imported on first use).
 _BUILTIN = {
@@ -180,6 +180,9 @@ def commit_table(request: TableCommit) -> PublishedSink:
 
 def staged_rows(request: TableCommit, columns: list[str] | None = None) -> pa.Table:
     """The epoch's staged rows (``columns`` only, if given), read from the checkpoint store."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     tables = []
     for f in request.sink.files:
         if f.path.endswith(".parquet"):
@@ -195,6 +198,8 @@ def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
 
     ConfigError if two files differ: the stage must write one schema per sink.
     """
+    import pyarrow.parquet as pq
+
     schema: pa.Schema | None = None
     for f in request.sink.files:
         if not f.path.endswith(".parquet"):
@@ -211,6 +216,8 @@ def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
 
 def check_merge_keys(rows: pa.Table, keys: list[str], where: str) -> None:
     """ConfigError unless every key column exists, holds no NULL and no key repeats."""
+    import pyarrow.compute as pc
+
     if not rows.num_rows:
         return
     missing = [k for k in keys if k not in rows.column_names]
