@@ -75,6 +75,13 @@ class PublishError(StorageError):
     """Publishing staged output failed part-way; the epoch stays COMMITTING for a retry."""
 
 
+class TableOwnershipError(PublishError):
+    """A table sink's table belongs to another pipeline or store, or records epochs this store's log lacks.
+
+    Raised before anything is placed or committed; the message names both owners and the way out.
+    """
+
+
 class RecoveryError(CheckpointError):
     """No safe restore point exists; the message says which file is damaged and the way out."""
 

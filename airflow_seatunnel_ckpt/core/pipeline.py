@@ -77,6 +77,7 @@ from airflow_seatunnel_ckpt.core.storage import (
     publish_sink_dir,
 )
 from airflow_seatunnel_ckpt.core.storage.publish import retire_older_snapshots
+from airflow_seatunnel_ckpt.core.store_id import store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
 from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 
@@ -93,6 +94,8 @@ class Pipeline:
                  target_options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.name = validate_name(name, "pipeline name")
         self.config = config
+        #: The store's root (where the pipelines and the store id live).
+        self.root = root
         self.storage = root.child(self.name)
         self.txlog = TransactionLog(self.storage, self.name, config.max_chunk_bytes)
         self.checkpoints = CheckpointManager(self.storage, config.max_chunk_bytes)
@@ -516,6 +519,15 @@ class Pipeline:
                         "remove them from the stage's sinks", self.name, epoch, result.not_written)
         return result
 
+    def table_commit(self, epoch: int, sink: SinkManifest) -> TableCommit:
+        """What a table sink's commit of ``epoch`` needs (also what the checks before the decision read)."""
+        return TableCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink, self.storage,
+                           self.config.max_retries, store_id=self.store_id())
+
+    def store_id(self) -> str:
+        """The id of this pipeline's store (:mod:`core.store_id`; created on first use)."""
+        return store_id(self.root)
+
     def target_storage(self, target_url: str) -> Storage:
         """Storage for a sink's target; reuses the store's options for the same protocol."""
         options = self._target_options.get(target_url)
@@ -528,8 +540,7 @@ class Pipeline:
         if not sink.publishes:  # no rows: no empty epoch directory (the epoch is still recorded)
             return PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, EMPTY)
         if sink.table is not None:  # one table transaction instead of an epoch directory
-            return commit_table(TableCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink,
-                                            self.storage, self.config.max_retries))
+            return commit_table(self.table_commit(epoch, sink))
         target = self.target_storage(sink.target_url)
         dst = layout.published_dir(epoch)
         summary = {"pipeline": self.name, "epoch": epoch, "sink": sink.sink, "rows": sink.rows,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import io
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
 import airflow_seatunnel_ckpt.core.tables.iceberg as iceberg
-from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, register_secret_resolver
@@ -50,12 +51,12 @@ class Lake:
     """A checkpoint store, a SQLite catalog and a warehouse under one tmp dir."""
 
     def __init__(self, root: Path, store_url: str | None = None, store_options: dict[str, Any] | None = None,
-                 catalog: dict[str, str] | None = None) -> None:
+                 catalog: dict[str, str] | None = None, pipeline: str = "orders") -> None:
         self.root = root
         self.catalog_props = catalog or {"type": "sql", "uri": f"sqlite:///{root}/catalog.db",
                                          "warehouse": f"file://{root}/warehouse"}
         config = {"storage_url": store_url or f"file://{root}/store", "storage_options": store_options or {}}
-        self.pipeline: Pipeline = CheckpointStore(CheckpointConfig.from_mapping(config)).pipeline("orders")
+        self.pipeline: Pipeline = CheckpointStore(CheckpointConfig.from_mapping(config)).pipeline(pipeline)
 
     def options(self, partition_by: list[str] | None = None, **extra: Any) -> dict[str, Any]:
         return {"type": "iceberg", "identifier": IDENT, "catalog_name": "lake", "catalog": self.catalog_props,
@@ -76,7 +77,7 @@ class Lake:
 
     def request(self, epoch: int, manifest: SinkManifest, retries: int = 3) -> TableCommit:
         store = self.pipeline.storage.url.rsplit("/", 1)[0]  # as Pipeline.commit names the store
-        return TableCommit("orders", store, epoch, manifest, self.pipeline.storage, retries)
+        return TableCommit(self.pipeline.name, store, epoch, manifest, self.pipeline.storage, retries)
 
     def run_epoch(self, run_id: str, parts: dict[str, pa.Table], **kwargs: Any) -> int:
         """begin, stage, prepare, decide commit, commit: the whole protocol."""
@@ -128,7 +129,8 @@ def test_epoch_commit_is_one_snapshot_readable_by_pyiceberg_and_duckdb(tmp_path:
     assert snap.summary["seatunnel-ckpt.pipeline"] == "orders"
     assert table.properties["seatunnel-ckpt.orders.orders.epoch"] == str(epoch)
     # deterministic, Iceberg-style paths inside the table location
-    assert all(f"/data/region={r}/orders-e{epoch}-orders/part-00000.parquet" in p
+    short = lake.pipeline.store_id().replace("-", "")[:12]
+    assert all(f"/data/region={r}/orders/orders/{short}-e{epoch}/part-00000.parquet" in p
                for p, r in zip(data_file_paths(table), ["EU", "US"], strict=True))
     assert "commit.retry.num-retries" not in table.properties  # the override is never written
 
@@ -282,12 +284,97 @@ def test_changes_mode_appends_every_epoch(tmp_path: Path) -> None:
     assert scan_ids(lake.table()) == [1, 2, 3, 4]
 
 
-def test_marker_of_another_store_is_refused(tmp_path: Path) -> None:
+def eu(ids: list[int]) -> dict[str, pa.Table]:
+    """One partition (EU) of an epoch's rows."""
+    return {"__partition_region=EU": orders(ids, "EU")}
+
+
+def prepared(lake: Lake, run_id: str, parts: dict[str, pa.Table]) -> tuple[int, SinkManifest]:
+    """begin, stage and prepare one epoch of the lake's pipeline."""
+    epoch = lake.pipeline.begin(run_id).epoch
+    manifest = lake.stage(epoch, parts)
+    lake.pipeline.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[manifest])
+    return epoch, manifest
+
+
+def decided_and_committed(lake: Lake, epoch: int) -> None:
+    """Decide commit and commit: a refusal comes from either (before the decision, or at the commit)."""
+    lake.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+    lake.pipeline.commit(epoch)
+
+
+def test_a_wiped_and_recreated_store_is_refused_naming_both_stores_not_taken_as_already(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, lake.stage(1, eu_us([1], [2]))))
-    other = dataclasses.replace(lake.request(2, lake.stage(2, eu_us([3], [4]))), store="file:///elsewhere")
-    with pytest.raises(PublishError, match=f"written from store 'file://{tmp_path}/store'"):
-        commit_table(other)
+    for run, ids in (("r1", [1]), ("r2", [2]), ("r3", [3])):
+        lake.run_epoch(run, eu_us(ids, []))
+    old = lake.pipeline.store_id()
+    shutil.rmtree(tmp_path / "store")  # an ephemeral AIRFLOW_HOME with an external catalog
+
+    fresh = Lake(tmp_path)  # same URL, same catalog; epochs restart at 1
+    epoch, manifest = prepared(fresh, "r1", eu([101]))
+    assert epoch == 1
+    with pytest.raises(PublishError) as refused:  # it used to be recorded COMMITTED with how=already
+        decided_and_committed(fresh, epoch)
+    new = fresh.pipeline.store_id()
+    assert new != old
+    for store_id in (old, new):
+        assert f"store {store_id} (file://{tmp_path}/store)" in str(refused.value)
+    assert fresh.pipeline.state(epoch) is not EpochState.COMMITTED
+    assert scan_ids(lake.table()) == [1, 2, 3]
+
+    from airflow_seatunnel_ckpt.core.tables import check_table_identity
+    with pytest.raises(PublishError, match=old):  # the check before the decision refuses it too
+        check_table_identity(fresh.pipeline.table_commit(epoch, manifest))
+
+
+def test_a_second_store_with_a_pipeline_of_the_same_name_is_refused_naming_both(tmp_path: Path) -> None:
+    lake_a = Lake(tmp_path)
+    lake_b = Lake(tmp_path, store_url=f"file://{tmp_path}/store-b")  # the same catalog and table
+    lake_a.run_epoch("r1", eu([1]))
+    epoch, _ = prepared(lake_b, "r1", eu([101]))
+
+    with pytest.raises(PublishError) as refused:
+        decided_and_committed(lake_b, epoch)
+    message = str(refused.value)
+    assert f"store {lake_a.pipeline.store_id()} (file://{tmp_path}/store)" in message
+    assert f"store {lake_b.pipeline.store_id()} (file://{tmp_path}/store-b)" in message
+    assert scan_ids(lake_a.table()) == [1]
+    lake_a.run_epoch("r2", eu([2]))  # the owner carries on
+    assert scan_ids(lake_a.table()) == [1, 2]
+
+
+def test_a_second_pipeline_into_the_table_is_refused_until_the_owner_property_is_removed(tmp_path: Path) -> None:
+    clicks = Lake(tmp_path, pipeline="clicks")
+    clicks.run_epoch("r1", eu([1, 2]))
+    backfill = Lake(tmp_path, pipeline="clicks_backfill")  # same store, same table
+    epoch, _ = prepared(backfill, "b1", eu([1]))
+
+    with pytest.raises(PublishError, match=r"belongs to pipeline 'clicks' of store .*not to pipeline "
+                                           r"'clicks_backfill'.*remove its table property seatunnel-ckpt.owner"):
+        decided_and_committed(backfill, epoch)
+    assert scan_ids(clicks.table()) == [1, 2]
+
+    with clicks.table().transaction() as tx:  # the documented way out: the table is handed over
+        tx.remove_properties("seatunnel-ckpt.owner")
+    if backfill.pipeline.state(epoch) is EpochState.COMMITTING:  # refused at the commit: commit it again
+        backfill.pipeline.commit(epoch)
+    else:  # refused before the decision (aborted): the run runs again
+        backfill.run_epoch("b2", eu([1]))
+    assert scan_ids(clicks.table()) == [1, 1, 2]
+    with pytest.raises(PublishError, match=r"belongs to pipeline 'clicks_backfill'"):
+        clicks.run_epoch("r2", eu([3]))
+
+
+def test_placement_names_of_pipelines_and_sinks_with_dashes_never_collide(tmp_path: Path) -> None:
+    """Pipeline 'a' sink 'e1-x' and pipeline 'a-e1' sink 'x' used to share 'data/region=EU/a-e1-e1-x/'."""
+    first, second = Lake(tmp_path, pipeline="a"), Lake(tmp_path, pipeline="a-e1")
+    commit_table(first.request(1, first.stage(1, eu([1]), sink="e1-x")))
+    with first.table().transaction() as tx:  # handed over to the other pipeline
+        tx.remove_properties("seatunnel-ckpt.owner")
+    commit_table(second.request(1, second.stage(1, eu([2, 3]), sink="x")))
+
+    assert scan_ids(first.table()) == [1, 2, 3]
+    assert len(set(data_file_paths(first.table()))) == 2
 
 
 def test_partitioning_that_differs_from_the_table_is_refused(tmp_path: Path) -> None:

@@ -8,11 +8,14 @@ commit is the moment the rows become visible to every reader of the table:
 * the files are first placed at their final, deterministic location inside the table
   (:func:`storage.publish_files`: idempotent, verified against the manifest's sizes and
   CRC32C, never deleting anything);
-* then one transaction per sink per epoch adds them, recording the pipeline and epoch in
-  the table itself (Iceberg: a table property and the snapshot summary; Delta: an
-  application transaction ``txnAppId = <pipeline>/<sink>``, ``txnVersion = epoch``), so a
-  retry, a racing recovery run or the console reads the table first and commits nothing
-  twice.
+* then one transaction per sink per epoch adds them, recording the store id, pipeline,
+  sink and epoch in the table itself (Iceberg: table properties and the snapshot summary;
+  Delta: an application transaction ``txnAppId = seatunnel-ckpt/<store id>/<pipeline>/<sink>``,
+  ``txnVersion = epoch``), so a retry, a racing recovery run or the console reads the
+  table first and commits nothing twice;
+* the table's owner (store id and pipeline) is recorded in it too, and a second owner is
+  refused (:mod:`.markers`, which :func:`check_table_identity` exposes to the checks made
+  before the commit decision).
 
 The formats live in their own modules and are imported on first use, so a pipeline
 without table sinks never imports pyiceberg or deltalake. Each module defines
@@ -56,6 +59,9 @@ class TableCommit:
     staged: Storage
     #: Transient failures are retried this many times (with backoff) before raising.
     retries: int
+    #: The store's id (:mod:`core.store_id`), recorded in the table with the epoch. Empty:
+    #: read from the store, the parent of ``staged`` (see :func:`markers.store_id_of`).
+    store_id: str = ""
 
     @property
     def table(self) -> Mapping[str, Any]:
@@ -79,6 +85,25 @@ def register_secret_resolver(resolve: Callable[[Mapping[str, Any]], Mapping[str,
     """Add a resolver of a table sink's secrets (called at commit time; see :class:`TableCommit`)."""
     if resolve not in _SECRET_RESOLVERS:
         _SECRET_RESOLVERS.append(resolve)
+
+
+def check_table_identity(request: TableCommit) -> None:
+    """Refuse ``request`` if its table belongs to another pipeline or store, or holds epochs this store lacks.
+
+    Reads the table and writes nothing (a table that does not exist yet passes): the check
+    to make before the commit decision, so that a refusal aborts the epoch (the commit
+    makes it again before writing). Raises :class:`errors.TableOwnershipError` naming both
+    owners and the way out; see :mod:`.markers`. Formats registered by others judge their
+    own tables.
+    """
+    type_name = str(request.table.get("type"))
+    if type_name not in _BUILTIN:
+        return
+    try:
+        module = importlib.import_module(_BUILTIN[type_name][0])
+    except ImportError:  # the commit names the library to install
+        return
+    module.check_identity(request)
 
 
 def commit_table(request: TableCommit) -> PublishedSink:

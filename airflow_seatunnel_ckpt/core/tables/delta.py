@@ -3,21 +3,26 @@
 :func:`commit` turns a commit-decided epoch's staged Parquet files into one Delta
 transaction, exactly once:
 
-1. **already?** The table's application transaction ``txnAppId = <pipeline>/<sink>`` is
-   read first (:meth:`DeltaTable.transaction_version`); a version ``>= epoch`` means a
-   previous attempt (a retry, a racing recovery run) committed the epoch: nothing is
-   written, the result says ``already``.
+1. **already?** The table's owner (``<table>/_seatunnel_ckpt_owner``, as a file sink's
+   target has: another pipeline or store is refused) and its application transaction ``txnAppId =
+   seatunnel-ckpt/<store id>/<pipeline>/<sink>`` are read first
+   (:meth:`DeltaTable.transaction_version`, :mod:`.markers`); a version ``>= epoch``
+   means a previous attempt (a retry, a racing recovery run) committed the epoch --
+   provided this pipeline's log has that epoch decided commit, else it is refused:
+   nothing is written, the result says ``already``.
 2. **place.** Each staged file is copied to a deterministic path inside the table root,
-   ``<col>=<value>/<pipeline>-e<epoch>-<sink>-<n>.parquet`` (``n``: the file's position in
-   the manifest), verified against the manifest's size and CRC32C. Idempotent: a file
+   ``<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>-<n>.parquet`` (``n``: the file's
+   position in the manifest), verified against the manifest's size and CRC32C. Idempotent: a file
    already there intact is kept, so a commit killed after placing re-places nothing.
    The directory name is for people only -- Delta readers take partition values from the
    log -- so values are reduced to URL-safe characters there and never need decoding.
 3. **commit.** One ``create_write_transaction`` (``create_table_with_add_actions`` for a new
    table) whose add actions hold *relative* paths, the manifest's sizes, partition values
    and statistics read from each file's Parquet footer, and whose commit properties carry
-   the application transaction ``(<pipeline>/<sink>, epoch)`` plus the pipeline, sink,
-   epoch and store as commit info. delta-rs writes the log entry with put-if-absent, so of
+   the application transaction ``(seatunnel-ckpt/<store id>/<pipeline>/<sink>, epoch)``
+   plus the pipeline, sink, epoch and store as commit info. The owner file is created
+   (create-exclusive) before the first commit of an unowned table.
+   delta-rs writes the log entry with put-if-absent, so of
    two committers of one version exactly one wins (on S3 through conditional writes, no
    lock). The library's own commit retry is off: the loser reloads the table and reads the
    transaction version again (step 1), at most ``request.retries`` times.
@@ -68,7 +73,7 @@ from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
-from airflow_seatunnel_ckpt.core.tables import TableCommit, delta_upsert
+from airflow_seatunnel_ckpt.core.tables import TableCommit, delta_upsert, markers
 from airflow_seatunnel_ckpt.core.tables.delta_files import footer_stats, partition_dir
 
 log = logging.getLogger(__name__)
@@ -81,14 +86,29 @@ class PlacedFile:
     path: str
 
 
+def identify(request: TableCommit) -> tuple[str, str]:
+    """The sink's table URL and how messages name the epoch's commit."""
+    uri = _table_uri(request)
+    return uri, (f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} "
+                 f"(Delta table {redact_url(uri)})")
+
+
+def check_identity(request: TableCommit) -> None:
+    """Refuse another owner's table, or epochs this store's log lacks, reading only (:mod:`.markers`)."""
+    uri, where = identify(request)
+    fs_options, delta_options = storage_options(request, uri)
+    owner = markers.read_owner_file(open_storage(uri, fs_options), where)
+    table = load(uri, delta_options, where)
+    markers.check_marker(request, owner, markers.delta_marker(table, request) if table is not None else None, where,
+                         decided=markers.log_reaches(request, request.epoch, decided=False))
+
+
 def commit(request: TableCommit) -> PublishedSink:
     """Commit ``request``'s staged files as one Delta table version (see the module docs)."""
-    uri = _table_uri(request)
+    uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
     target = open_storage(uri, fs_options)
-    app_id = f"{request.pipeline}/{request.sink.sink}"
-    where = (f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} "
-             f"(Delta table {redact_url(uri)})")
+    app_id = markers.delta_app_id(request)
     keys = delta_upsert.merge_keys(request)
     if keys and request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
@@ -101,24 +121,19 @@ def commit(request: TableCommit) -> PublishedSink:
     for attempt in itertools.count():
         # Read the table first, also after the last failed attempt: a conflict may have
         # been a racing committer landing this very epoch.
-        table = _load(uri, delta_options, where)
-        version = table.transaction_version(app_id) if table is not None else None
-        if version is not None and version > request.epoch:
-            # Epochs of one store commit in order (a COMMITTING epoch blocks the next), so
-            # a newer version was written through another store under the same names, or
-            # by this store before it was reset: "already" would silently drop this epoch.
-            raise PublishError(
-                f"{where}: the table's application transaction {app_id!r} is at epoch {version}, beyond this "
-                f"epoch: another checkpoint store's pipeline of the same name (or this store before it was reset) "
-                "commits this sink into the table, and its epochs are not this store's. Nothing was committed. "
-                "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
-        if version == request.epoch:
+        table = load(uri, delta_options, where)
+        owner = markers.read_owner_file(target, where)
+        version = markers.check_marker(request, owner, markers.delta_marker(table, request) if table else None,
+                                       where, decided=True)
+        if version is not None and version >= request.epoch:
             log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
             return _published(request, uri, PublishMethod.ALREADY)
         if attempt > request.retries:
             break
         if attempt:
             time.sleep(min(0.05 * 2 ** attempt, 5.0))
+        if owner is None:
+            markers.claim_owner_file(target, request, where)
         if keys and table is not None:
             try:
                 _upsert(request, table, keys, app_id, where)
@@ -202,7 +217,8 @@ def _delta_uri(uri: str) -> str:
     return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
 
 
-def _load(uri: str, options: dict[str, str], where: str) -> DeltaTable | None:
+def load(uri: str, options: dict[str, str], where: str) -> DeltaTable | None:
+    """The table, or None if there is none at ``uri``."""
     try:
         return DeltaTable(_delta_uri(uri), storage_options=options or None)
     except TableNotFoundError:
@@ -220,7 +236,7 @@ def place_files(request: TableCommit, target: Storage, where: str) -> tuple[list
         if not f.path.endswith(".parquet"):
             continue  # Spark's bookkeeping never reaches the manifest; anything else is no data file
         source = f"{request.sink.staging}/{f.path}"
-        dest = f"{partition_dir(f.path)}{request.pipeline}-e{request.epoch}-{request.sink.sink}-{n:05d}.parquet"
+        dest = f"{partition_dir(f.path)}{markers.placement(request)}-{n:05d}.parquet"
         if not holds(target, dest, f):
             problem = staged_problem(staged, source, f)
             if problem and not holds(target, dest, f):
@@ -300,7 +316,7 @@ def _properties(request: TableCommit, app_id: str) -> CommitProperties:
     # committer of this epoch and for any other writer, instead of delta-rs's own rebase.
     return CommitProperties(
         custom_metadata={"pipeline": request.pipeline, "sink": request.sink.sink, "epoch": request.epoch,
-                         "store": request.store},
+                         "store": request.store, "store_id": markers.store_id_of(request)},
         max_commit_retries=0, app_transactions=[Transaction(app_id, request.epoch)])
 
 
