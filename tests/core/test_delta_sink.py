@@ -475,13 +475,12 @@ def test_a_wiped_and_recreated_store_is_refused_naming_both_stores(tmp_path: Pat
     spec = StoreSpec("file", f"file://{tmp_path}/home")
     for run in ("r1", "r2", "r3"):
         committed_epoch(spec.pipeline(), run, table_uri, DE=[int(run[1])])
-    old = spec.pipeline().store_id()
+    old = store_id(spec.storage("store"))
     shutil.rmtree(tmp_path / "home" / "store")  # an ephemeral AIRFLOW_HOME: same URL, epochs restart at 1
 
     pipeline = spec.pipeline()
     epoch, manifest = prepared_epoch(pipeline, "r1", table_uri, DE=[101])
     assert epoch == 1
-    from airflow_seatunnel_ckpt.core.tables import check_table_identity
     with pytest.raises(PublishError) as refused:
         decided_and_committed(pipeline, epoch)
     new = pipeline.store_id()
@@ -490,6 +489,7 @@ def test_a_wiped_and_recreated_store_is_refused_naming_both_stores(tmp_path: Pat
     assert f"store {new} (file://{tmp_path}/home/store)" in str(refused.value)
     assert duckdb_rows(table_uri) == expected(DE=[1, 2, 3])  # nothing written, and nothing taken as "already"
     assert pipeline.state(epoch) is not EpochState.COMMITTED
+    from airflow_seatunnel_ckpt.core.tables import check_table_identity
     with pytest.raises(PublishError, match=old):  # the check before the decision refuses it too
         check_table_identity(pipeline.table_commit(epoch, manifest))
 

@@ -27,6 +27,8 @@ import airflow_seatunnel_ckpt.core.tables.iceberg as iceberg
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
+from airflow_seatunnel_ckpt.core.storage import open_storage
+from airflow_seatunnel_ckpt.core.store_id import store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, register_secret_resolver
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 from tests.core.epochs import at_once
@@ -297,6 +299,13 @@ def prepared(lake: Lake, run_id: str, parts: dict[str, pa.Table]) -> tuple[int, 
     return epoch, manifest
 
 
+def release(table: Table) -> None:
+    """Remove the table's owner property (the way out of a refused second owner)."""
+    if "seatunnel-ckpt.owner" in table.properties:
+        with table.transaction() as tx:
+            tx.remove_properties("seatunnel-ckpt.owner")
+
+
 def decided_and_committed(lake: Lake, epoch: int) -> None:
     """Decide commit and commit: a refusal comes from either (before the decision, or at the commit)."""
     lake.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
@@ -307,7 +316,7 @@ def test_a_wiped_and_recreated_store_is_refused_naming_both_stores_not_taken_as_
     lake = Lake(tmp_path)
     for run, ids in (("r1", [1]), ("r2", [2]), ("r3", [3])):
         lake.run_epoch(run, eu_us(ids, []))
-    old = lake.pipeline.store_id()
+    old = store_id(open_storage(f"file://{tmp_path}/store"))
     shutil.rmtree(tmp_path / "store")  # an ephemeral AIRFLOW_HOME with an external catalog
 
     fresh = Lake(tmp_path)  # same URL, same catalog; epochs restart at 1
@@ -317,8 +326,8 @@ def test_a_wiped_and_recreated_store_is_refused_naming_both_stores_not_taken_as_
         decided_and_committed(fresh, epoch)
     new = fresh.pipeline.store_id()
     assert new != old
-    for store_id in (old, new):
-        assert f"store {store_id} (file://{tmp_path}/store)" in str(refused.value)
+    for each in (old, new):
+        assert f"store {each} (file://{tmp_path}/store)" in str(refused.value)
     assert fresh.pipeline.state(epoch) is not EpochState.COMMITTED
     assert scan_ids(lake.table()) == [1, 2, 3]
 
@@ -354,8 +363,7 @@ def test_a_second_pipeline_into_the_table_is_refused_until_the_owner_property_is
         decided_and_committed(backfill, epoch)
     assert scan_ids(clicks.table()) == [1, 2]
 
-    with clicks.table().transaction() as tx:  # the documented way out: the table is handed over
-        tx.remove_properties("seatunnel-ckpt.owner")
+    release(clicks.table())  # the documented way out: the table is handed over
     if backfill.pipeline.state(epoch) is EpochState.COMMITTING:  # refused at the commit: commit it again
         backfill.pipeline.commit(epoch)
     else:  # refused before the decision (aborted): the run runs again
@@ -369,8 +377,7 @@ def test_placement_names_of_pipelines_and_sinks_with_dashes_never_collide(tmp_pa
     """Pipeline 'a' sink 'e1-x' and pipeline 'a-e1' sink 'x' used to share 'data/region=EU/a-e1-e1-x/'."""
     first, second = Lake(tmp_path, pipeline="a"), Lake(tmp_path, pipeline="a-e1")
     commit_table(first.request(1, first.stage(1, eu([1]), sink="e1-x")))
-    with first.table().transaction() as tx:  # handed over to the other pipeline
-        tx.remove_properties("seatunnel-ckpt.owner")
+    release(first.table())  # handed over to the other pipeline
     commit_table(second.request(1, second.stage(1, eu([2, 3]), sink="x")))
 
     assert scan_ids(first.table()) == [1, 2, 3]
