@@ -175,16 +175,14 @@ def placement(request: TableCommit) -> str:
     return f"{request.pipeline}/{request.sink.sink}/{short(store_id_of(request))}-e{request.epoch}"
 
 
-def _release_hint(request: TableCommit) -> str:
+def _recorded_in(request: TableCommit) -> tuple[str, str]:
+    """Where the table records its owner, and how to release it (for messages)."""
     if request.table.get("type") == "delta":
         uri = str(request.table.get("uri") or request.sink.target_url).rstrip("/")
-        how = f"delete its owner marker {uri}/{OWNER_MARKER}"
-    else:
-        how = (f"remove its table property {OWNER}, e.g. with pyiceberg: catalog.load_table("
-               f"{request.table.get('identifier')!r}).transaction().remove_properties({OWNER!r})"
-               ".commit_transaction()")
-    return (f"if the table was deliberately handed over (the store was recreated or moved, the pipeline "
-            f"renamed), release it -- {how} -- and commit again: the next commit claims it")
+        return f"owner marker {uri}/{OWNER_MARKER}", f"delete its owner marker {uri}/{OWNER_MARKER}"
+    return f"table property {OWNER}", (
+        f"remove its table property {OWNER}, e.g. with pyiceberg: catalog.load_table("
+        f"{request.table.get('identifier')!r}).transaction().remove_properties({OWNER!r}).commit_transaction()")
 
 
 def check_owner(request: TableCommit, found: Owner | None, where: str) -> None:
@@ -192,13 +190,19 @@ def check_owner(request: TableCommit, found: Owner | None, where: str) -> None:
     mine = owner_for(request)
     if found is None or (found.store_id, found.pipeline) == (mine.store_id, mine.pipeline):
         return
-    same_store = found.store_id == mine.store_id
-    why = ("another pipeline of this store writes it" if same_store
-           else "another checkpoint store (or this store before it was wiped and recreated: its id changed) "
-                "writes it, and the epochs of the two stores are unrelated")
+    if found.store_id == mine.store_id:
+        why = "another pipeline of this store writes it"
+    elif found.store and found.store == mine.store:
+        why = ("the store at this URL was wiped and recreated since (a new store id), so its epochs restarted "
+               "and are not the table's")
+    else:
+        why = "another checkpoint store writes it, and the epochs of two stores are unrelated"
+    recorded, release = _recorded_in(request)
     raise TableOwnershipError(
-        f"{where}: the table belongs to {found.describe()} (table property {OWNER}), not to {mine.describe()}: "
-        f"{why}. Nothing was committed. Give this sink its own table; or {_release_hint(request)}")
+        f"{where}: the table belongs to {found.describe()} ({recorded}), not to {mine.describe()}: {why}. "
+        f"Nothing was committed. Give this sink its own table; or, if the table was deliberately handed over "
+        f"(the store was recreated or moved, another pipeline takes over), {release}, and commit again: the "
+        "next commit claims it")
 
 
 def log_reaches(request: TableCommit, epoch: int, decided: bool) -> bool:
