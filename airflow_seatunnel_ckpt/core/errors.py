@@ -113,6 +113,16 @@ class SinkRefusedError(CheckpointError):
     retryable = False
 
 
+class TableOwnershipError(SinkRefusedError):
+    """A table sink's table belongs to another pipeline or store, or records epochs this store's log lacks.
+
+    A refusal like any other of :class:`SinkRefusedError` (not retryable): checked before the
+    commit decision, it aborts the epoch with nothing written to the table; the message names
+    both owners and the way out (release the table: remove its Iceberg owner property, delete
+    its Delta owner marker).
+    """
+
+
 def retryable(exc: BaseException) -> bool:
     """Whether running the step again may succeed: False for this package's refusals.
 

@@ -81,6 +81,7 @@ from airflow_seatunnel_ckpt.core.storage import (
     publish_sink_dir,
 )
 from airflow_seatunnel_ckpt.core.storage.publish import retire_older_snapshots
+from airflow_seatunnel_ckpt.core.store_id import store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, precheck_table
 from airflow_seatunnel_ckpt.core.txlog import ACTION_PREFIX, TransactionLog
 
@@ -102,6 +103,8 @@ class Pipeline:
                  target_options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.name = validate_name(name, "pipeline name")
         self.config = config
+        #: The store's root (where the pipelines and the store id live).
+        self.root = root
         self.storage = root.child(self.name)
         self.txlog = TransactionLog(self.storage, self.name, config.max_chunk_bytes)
         self.checkpoints = CheckpointManager(self.storage, config.max_chunk_bytes)
@@ -445,17 +448,16 @@ class Pipeline:
         """Refuse the commit decision when a table sink would refuse the epoch's staged output.
 
         The rule: everything that can refuse an epoch is checked before the decision (a
-        refusal after it would wedge the epoch COMMITTING). :func:`precheck_table` raises
-        :class:`SinkRefusedError`, and :meth:`decide` aborts the epoch with it as the reason.
+        refusal after it would wedge the epoch COMMITTING): the staged rows and schema, the
+        table's properties, and its owner and markers (another store's or pipeline's table,
+        a marker this store's log lacks). :func:`precheck_table` raises
+        :class:`SinkRefusedError` (:class:`TableOwnershipError` for the owner and markers),
+        and :meth:`decide` aborts the epoch with it as the reason.
         """
         for record in records:
             for sink in record.sinks:
                 if sink.table is not None and sink.publishes:
-                    precheck_table(self._table_commit(epoch, sink))
-
-    def _table_commit(self, epoch: int, sink: SinkManifest) -> TableCommit:
-        return TableCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink, self.storage,
-                           self.config.max_retries)
+                    precheck_table(self.table_commit(epoch, sink))
 
     def _verified_before(self, records: Iterable[PreparedRecord]) -> dict[str, PartRef]:
         """The parts the committed checkpoints these records built on cover (verified by their decisions).
@@ -601,6 +603,15 @@ class Pipeline:
             return set()
         return {str(a.record.details.get("sink")) for a in self.txlog.actions(epoch) if a.record.action == SKIP_SINK}
 
+    def table_commit(self, epoch: int, sink: SinkManifest) -> TableCommit:
+        """What a table sink's commit of ``epoch`` needs (also what the checks before the decision read)."""
+        return TableCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink, self.storage,
+                           self.config.max_retries, store_id=self.store_id())
+
+    def store_id(self) -> str:
+        """The id of this pipeline's store (:mod:`core.store_id`; created on first use)."""
+        return store_id(self.root)
+
     def target_storage(self, target_url: str) -> Storage:
         """Storage for a sink's target; reuses the store's options for the same protocol."""
         options = self._target_options.get(target_url)
@@ -613,7 +624,7 @@ class Pipeline:
         if not sink.publishes:  # no rows: no empty epoch directory (the epoch is still recorded)
             return PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, EMPTY)
         if sink.table is not None:  # one table transaction instead of an epoch directory
-            return commit_table(self._table_commit(epoch, sink))
+            return commit_table(self.table_commit(epoch, sink))
         target = self.target_storage(sink.target_url)
         dst = layout.published_dir(epoch)
         summary = {"pipeline": self.name, "epoch": epoch, "sink": sink.sink, "rows": sink.rows,

@@ -18,9 +18,10 @@ from deltalake import DeltaTable
 from airflow_seatunnel_ckpt.core.errors import SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage
+from airflow_seatunnel_ckpt.core.store_id import store_id
 from airflow_seatunnel_ckpt.core.tables import commit_table
 from tests.core.epochs import at_once
-from tests.core.test_delta_sink import request, stage
+from tests.core.test_delta_sink import app_id, request, stage
 from tests.tables import duckdb_delta_rows
 
 TOTALS = pa.schema([("customer", pa.string()), ("total", pa.float64())])
@@ -59,7 +60,7 @@ def test_upserted_epochs_leave_one_row_per_key_with_the_newest_values(store: Sto
     assert merged.how == "merged"
     assert table_rows(uri) == [("c0", 10.0), ("c1", 25.0), ("c2", 30.0)]
     table = DeltaTable(uri)
-    assert (table.version(), table.transaction_version("orders/totals")) == (1, 2)
+    assert (table.version(), table.transaction_version(app_id(store_id(store), "totals"))) == (1, 2)
     # The merge's rows and the epoch's transaction are one version of the log.
     actions = [json.loads(line) for line in Path(uri, "_delta_log", "00000000000000000001.json").read_text()
                .splitlines()]

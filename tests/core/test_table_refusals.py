@@ -18,6 +18,7 @@ import dataclasses
 import datetime as dt
 import json
 import re
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,9 @@ def test_an_iceberg_refusal_aborts_the_epoch_before_any_table_change_and_the_nex
 def test_an_iceberg_table_marked_by_another_store_aborts_the_epoch_and_a_table_of_its_own_commits(
         tmp_path: Path) -> None:
     case = IcebergCase(tmp_path)
-    other = dataclasses.replace(case.lake.request(1, case.lake.stage(1, eu_us([1], [2]))), store="file:///elsewhere")
+    other_id = str(uuid.uuid4())  # another checkpoint store (its id), at another URL
+    other = dataclasses.replace(case.lake.request(1, case.lake.stage(1, eu_us([1], [2]))), store="file:///elsewhere",
+                                store_id=other_id)
     commit_table(other)
     before = case.seen("lake.orders")
 
@@ -153,7 +156,8 @@ def test_an_iceberg_table_marked_by_another_store_aborts_the_epoch_and_a_table_o
     record = case.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
 
     assert record.decision is Decision.ABORT
-    assert "written from store 'file:///elsewhere'" in record.reason and "Give this sink its own table" in record.reason
+    assert f"belongs to pipeline 'orders' of store {other_id} (file:///elsewhere)" in record.reason
+    assert "another checkpoint store writes it" in record.reason and "Give this sink its own table" in record.reason
     assert case.seen("lake.orders") == before
 
     def own_table(epoch: int) -> SinkManifest:
@@ -272,7 +276,7 @@ def test_a_delta_refusal_aborts_the_epoch_before_any_table_change_and_the_next_e
 
 
 def test_a_delta_table_past_the_epoch_aborts_it_and_a_table_of_its_own_commits(tmp_path: Path) -> None:
-    """A reset store (or another store's pipeline of the same name) must not lose its epochs as "already"."""
+    """A pipeline removed and started again in its store must not lose its epochs as "already"."""
     case = DeltaCase(tmp_path)
     commit_table(TableCommit("orders", "file:///elsewhere", 5, case.orders(delta.by_country(5, DE=[5]))(5),
                              case.pipeline.storage, 3))
@@ -282,7 +286,8 @@ def test_a_delta_table_past_the_epoch_aborts_it_and_a_table_of_its_own_commits(t
     record = case.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
 
     assert record.decision is Decision.ABORT
-    assert "application transaction 'orders/orders' is at epoch 5, beyond this epoch" in record.reason
+    assert "the table records epoch 5 of this pipeline's sink as committed by this store" in record.reason
+    assert "has no commit decision for epoch 5" in record.reason
     assert "Give this sink its own table" in record.reason and WAY_OUT in record.reason
     assert case.seen("orders") == before
     commit_epoch(case.pipeline, "r2", case.orders(delta.by_country(2, DE=[2]), table="orders_here"))

@@ -8,11 +8,13 @@ commit is the moment the rows become visible to every reader of the table:
 * the files are first placed at their final, deterministic location inside the table
   (:func:`storage.publish_files`: idempotent, verified against the manifest's sizes and
   CRC32C, never deleting anything);
-* then one transaction per sink per epoch adds them, recording the pipeline and epoch in
-  the table itself (Iceberg: a table property and the snapshot summary; Delta: an
-  application transaction ``txnAppId = <pipeline>/<sink>``, ``txnVersion = epoch``), so a
-  retry, a racing recovery run or the console reads the table first and commits nothing
-  twice.
+* then one transaction per sink per epoch adds them, recording the store id, pipeline,
+  sink and epoch in the table itself (Iceberg: table properties and the snapshot summary;
+  Delta: an application transaction ``txnAppId = seatunnel-ckpt/<store id>/<pipeline>/<sink>``,
+  ``txnVersion = epoch``), so a retry, a racing recovery run or the console reads the
+  table first and commits nothing twice;
+* the table's owner (store id and pipeline) is recorded in it too, and a second owner is
+  refused (:mod:`.markers`).
 
 The formats live in their own modules and are imported on first use, so a pipeline
 without table sinks never imports pyiceberg or deltalake. Each module defines
@@ -22,8 +24,9 @@ None``.
 Everything that can refuse an epoch is checked before the commit decision:
 :func:`precheck_table` runs in ``Pipeline.decide`` for every table sink (merge keys unique
 and not NULL, schema and partitioning against the existing table, table properties, the
-table's epoch marker), from the staged files and their Parquet footers, and raises
-:class:`SinkRefusedError` so that the epoch is aborted and the table stays untouched.
+table's owner and epoch marker), from the staged files and their Parquet footers, and raises
+:class:`SinkRefusedError` (:class:`TableOwnershipError` for another owner's table or a marker
+this store's log lacks) so that the epoch is aborted and the table stays untouched.
 After the decision :func:`commit_table` only fails for transient reasons; a refusal then
 means the table changed after the decision, and it fails at once, naming
 ``seatunnel-ckpt resolve --skip-sink`` as the way on. An exception of a table library is
@@ -72,6 +75,9 @@ class TableCommit:
     staged: Storage
     #: Transient failures are retried this many times (with backoff) before raising.
     retries: int
+    #: The store's id (:mod:`core.store_id`), recorded in the table with the epoch. Empty:
+    #: read from the store, the parent of ``staged`` (see :func:`markers.store_id_of`).
+    store_id: str = ""
 
     @property
     def table(self) -> Mapping[str, Any]:
@@ -129,6 +135,11 @@ def _format(request: TableCommit) -> tuple[Callable[[TableCommit], PublishedSink
     return _FORMATS[type_name], _PRECHECKS[type_name]
 
 
+def _refusal(exc: CheckpointError) -> type[SinkRefusedError]:
+    """The class a refusal is raised as: its own if it is one already (TableOwnershipError)."""
+    return type(exc) if isinstance(exc, SinkRefusedError) else SinkRefusedError
+
+
 def precheck_table(request: TableCommit) -> None:
     """Refuse, before the commit decision, an epoch that ``request``'s table would refuse.
 
@@ -141,7 +152,7 @@ def precheck_table(request: TableCommit) -> None:
     except CheckpointError as exc:
         if exc.retryable:
             raise
-        raise SinkRefusedError(
+        raise _refusal(exc)(
             f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}: the epoch is aborted before any "
             "change to the table, and its input is read again by the next run; fix the stage (or the table, "
             "or the sink's options) before it]") from exc
@@ -165,7 +176,7 @@ def commit_table(request: TableCommit) -> PublishedSink:
     except CheckpointError as exc:
         if exc.retryable:
             raise
-        raise SinkRefusedError(
+        raise _refusal(exc)(
             f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}, which is decided commit (the checks "
             "passed at the decision, so the table or the committing process changed since); a retry cannot change "
             "it. Undo that change (then run the commit again), or publish the epoch without this sink: "

@@ -7,8 +7,8 @@ directly ("totals per customer") instead of picking the newest row per key thems
 The epoch's staged rows are read (they are one epoch of one keyed result: small) and
 merged with delta-rs ``MERGE`` (update every matched row, insert the others). delta-rs
 takes the commit properties with the MERGE, so the application transaction
-``(<pipeline>/<sink>, epoch)`` is in the *same* table version as the merged rows: a retry
-that finds the transaction version adds nothing, exactly as for appends. Unlike an
+``(seatunnel-ckpt/<store id>/<pipeline>/<sink>, epoch)`` is in the *same* table version as
+the merged rows: a retry that finds the transaction version adds nothing, exactly as for appends. Unlike an
 append, MERGE writes new data files itself (the staged files are read, not added); a new
 table is still created from the placed files (see :mod:`.delta`).
 
