@@ -29,9 +29,11 @@ from deltalake import DeltaTable
 
 from airflow_seatunnel_ckpt.cli import main as cli_main
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
-from airflow_seatunnel_ckpt.core.errors import PublishError, SinkRefusedError
+from airflow_seatunnel_ckpt.core.errors import PublishError, SinkRefusedError, TableOwnershipError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
+from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
+from airflow_seatunnel_ckpt.core.tables.markers import Owner
 from tests.core import test_delta_sink as delta
 from tests.core.test_iceberg_sink import SCHEMA, Lake, eu_us, orders, scan_ids
 from tests.tables import duckdb_delta_rows
@@ -344,6 +346,27 @@ def test_a_table_altered_after_the_decision_fails_the_commit_at_once_and_resolve
     following = commit_epoch(case.pipeline, "r3", case.orders(delta.by_country(3, FR=[3])))
     assert case.pipeline.state(following) is EpochState.COMMITTED
     assert duckdb_delta_rows(case.uri("orders"), order_by="id") == [(1, "DE", 1.5), (3, "FR", 4.5)]
+
+
+def test_a_table_claimed_by_another_pipeline_after_the_decision_fails_the_commit_at_once_naming_skip_sink(
+        tmp_path: Path) -> None:
+    """The commit keeps the ownership check as a safety net: a refusal there is final, not a retried PublishError."""
+    case = DeltaCase(tmp_path)
+    commit_epoch(case.pipeline, "r1", case.orders(delta.by_country(1, DE=[1])))
+    epoch = prepare(case.pipeline, "r2", case.orders(delta.by_country(2, DE=[2])))
+    assert case.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test").decision is Decision.COMMIT
+    # Between the decision and the commit the table is handed over to another pipeline of the store.
+    Path(case.uri("orders"), OWNER_MARKER).write_bytes(
+        Owner(case.pipeline.store_id(), "orders_backfill", "file:///store").to_json())
+    before = case.seen("orders")
+
+    with pytest.raises(TableOwnershipError, match=r"belongs to pipeline 'orders_backfill'.*"
+                                                  r"seatunnel-ckpt resolve orders 2 --skip-sink orders") as refused:
+        case.pipeline.commit(epoch)
+    assert isinstance(refused.value, SinkRefusedError) and not refused.value.retryable
+    assert case.pipeline.state(epoch) is EpochState.COMMITTING
+    assert case.seen("orders") == before
+    assert case.placed(epoch) == []
 
 
 def test_resolve_is_refused_for_an_epoch_that_is_not_committing(tmp_path: Path,
