@@ -12,6 +12,7 @@ reader went away (e.g. piped into head).
     seatunnel-ckpt recover orders           # dry run: what would be done
     seatunnel-ckpt recover --all --apply
     seatunnel-ckpt commit orders 12 | abort orders 12 --reason "bad input"
+    seatunnel-ckpt resolve orders 12 --skip-sink totals --reason "table altered after the decision"
     seatunnel-ckpt retain orders --keep 5   # retention (also accepted as: gc)
     seatunnel-ckpt cat orders/_txlog/epoch-000000000012/decision
     seatunnel-ckpt cat s3://bucket/ckpt/orders/checkpoint_12/_metadata --json
@@ -31,6 +32,7 @@ _metadata, markers) and JSON parts as JSON, Arrow parts as their schema and rows
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -347,6 +349,17 @@ def cmd_abort(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_resolve(args: argparse.Namespace) -> int:
+    p = _pipeline(args)
+    by = args.by or f"cli ({getpass.getuser()})"
+    result = p.skip_sink(args.epoch, args.skip_sink, args.reason, by=by)
+    _emit(args, result.to_dict(), "\n".join(
+        f"committed epoch {result.epoch}: {s.sink} " + (f"{s.rows} rows, {s.files} files" if s.published
+                                                        else f"nothing published ({s.how.replace('_', ' ')})")
+        for s in result.sinks))
+    return 0
+
+
 def cmd_retain(args: argparse.Namespace) -> int:
     p = _pipeline(args)
     report = p.retain(max_retain=args.keep, dry_run=args.dry_run)
@@ -478,6 +491,10 @@ class ConsoleParser(argparse.ArgumentParser):
 
 #: What each command's ``--help`` says under its usage line.
 DESCRIPTIONS = {
+    "resolve": "The way on for an epoch decided commit whose table sink refuses it after the decision (the "
+               "table was altered in between, so every commit fails at once): writes a skip-sink action naming "
+               "who and why to the transaction log, then commits the epoch without that sink. The sink misses "
+               "the epoch's rows; the state and the other sinks commit. Only a COMMITTING epoch qualifies.",
     "pipelines": "List the pipelines in the store: how many epochs each has, the newest committed one and "
                  "the state of the newest.",
     "epochs": "List a pipeline's epochs: state, the Airflow logical date and run id of the DAG run that "
@@ -560,6 +577,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("epoch", type=int)
     sp.add_argument("--reason", default="aborted from the command line")
     sp.set_defaults(fn=cmd_abort)
+    sp = sub.add_parser("resolve", help="commit a COMMITTING epoch without a sink whose table refuses it")
+    sp.add_argument("pipeline")
+    sp.add_argument("epoch", type=int)
+    sp.add_argument("--skip-sink", required=True, metavar="SINK", help="the sink to publish nothing for")
+    sp.add_argument("--reason", required=True, help="why (kept in the transaction log)")
+    sp.add_argument("--by", help="who decides it (default: cli and the user name)")
+    sp.set_defaults(fn=cmd_resolve)
     # ``gc`` is the command's earlier name, still accepted; without help= it is not listed.
     for name, kwargs in (("retain", {"help": "retention: delete old checkpoints, keeping incremental bases"}),
                          ("gc", {})):

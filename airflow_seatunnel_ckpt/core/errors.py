@@ -9,19 +9,33 @@ from __future__ import annotations
 
 
 class CheckpointError(Exception):
-    """Root of every error raised by this package."""
+    """Root of every error raised by this package.
+
+    ``retryable`` says whether running the same step again may succeed (a store or a
+    network failing, a conflict). A refusal that a retry cannot change -- a configuration,
+    a name, an epoch's staged rows that a table will not take -- sets it to False, so that
+    Airflow fails the task at once instead of retrying it (see :func:`retryable`).
+    """
+
+    retryable: bool = True
 
 
 class ConfigError(CheckpointError, ValueError):
     """A configuration value is missing, of the wrong type or out of range."""
 
+    retryable = False
+
 
 class InvalidNameError(CheckpointError, ValueError):
     """A pipeline, participant, source, sink or operator name is not a safe path segment."""
 
+    retryable = False
+
 
 class InvalidEpochError(CheckpointError, ValueError):
     """An epoch number is negative, not an integer or absurdly large."""
+
+    retryable = False
 
 
 class StorageError(CheckpointError):
@@ -62,9 +76,13 @@ class PendingEpochError(CheckpointError):
 class FencedAttemptError(CheckpointError):
     """A stale attempt tried to prepare over, or publish, the winning attempt's work."""
 
+    retryable = False
+
 
 class DecisionConflictError(CheckpointError):
     """The epoch's single decision record says the opposite of what was asked."""
+
+    retryable = False
 
 
 class NotPreparedError(CheckpointError):
@@ -81,3 +99,33 @@ class RecoveryError(CheckpointError):
 
 class PipelineOwnershipError(CheckpointError):
     """A DAG tried to run a pipeline that another DAG owns (per the pipeline's descriptor)."""
+
+    retryable = False
+
+
+class SinkRefusedError(CheckpointError):
+    """A sink's table refuses the epoch's staged output: a merge key twice or NULL, a column
+    dropped or of another type, another partitioning, a table property (append-only, column
+    mapping), the table's epoch marker. Raised before the commit decision, it aborts the
+    epoch; after it (the table changed in between), the commit fails at once and
+    ``seatunnel-ckpt resolve --skip-sink`` is the way on."""
+
+    retryable = False
+
+
+class TableOwnershipError(SinkRefusedError):
+    """A table sink's table belongs to another pipeline or store, or records epochs this store's log lacks.
+
+    A refusal like any other of :class:`SinkRefusedError` (not retryable): checked before the
+    commit decision, it aborts the epoch with nothing written to the table; the message names
+    both owners and the way out (release the table: remove its Iceberg owner property, delete
+    its Delta owner marker).
+    """
+
+
+def retryable(exc: BaseException) -> bool:
+    """Whether running the step again may succeed: False for this package's refusals.
+
+    Anything else (a storage, network or library failure) is assumed transient.
+    """
+    return getattr(exc, "retryable", True) if isinstance(exc, CheckpointError) else True

@@ -373,6 +373,9 @@ class DecisionRecord:
 EMPTY = "empty"
 #: ``PublishedSink.how`` of a sink the stage declared but did not write in the epoch.
 NOT_WRITTEN = "not_written"
+#: ``PublishedSink.how`` of a sink an operator skipped (``seatunnel-ckpt resolve --skip-sink``):
+#: its table refused the commit-decided epoch, and the epoch committed without it.
+SKIPPED = "skipped"
 
 
 @dataclass(frozen=True)
@@ -387,13 +390,14 @@ class PublishedSink:
     bytes: int
     #: "renamed", "copied" or "already"; "empty" when the sink staged no rows and nothing
     #: was published (no directory, no ``_SUCCESS``), "not_written" when the stage did not
-    #: write the sink at all (see :attr:`published`)
+    #: write the sink at all, "skipped" when an operator published the epoch without it
+    #: (see :attr:`published`)
     how: str = ""
 
     @property
     def published(self) -> bool:
         """Whether the epoch has a published directory in the sink's target."""
-        return self.how not in (EMPTY, NOT_WRITTEN)
+        return self.how not in (EMPTY, NOT_WRITTEN, SKIPPED)
 
     def to_dict(self) -> dict[str, Any]:
         return {"sink": self.sink, "target_url": self.target_url, "epoch_dir": self.epoch_dir, "files": self.files,

@@ -44,15 +44,19 @@ from airflow_seatunnel_ckpt.core.checkpoint import CheckpointManager, Problem, w
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import (
     CheckpointError,
+    ConfigError,
     DecisionConflictError,
     EpochNotFoundError,
     FencedAttemptError,
     NotPreparedError,
     PublishError,
+    SinkRefusedError,
 )
 from airflow_seatunnel_ckpt.core.models import (
     EMPTY,
     NOT_WRITTEN,
+    SKIPPED,
+    ActionOutcome,
     BeginRecord,
     CheckpointMetadata,
     CommitResult,
@@ -77,13 +81,19 @@ from airflow_seatunnel_ckpt.core.storage import (
     publish_sink_dir,
 )
 from airflow_seatunnel_ckpt.core.storage.publish import retire_older_snapshots
-from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
-from airflow_seatunnel_ckpt.core.txlog import TransactionLog
+from airflow_seatunnel_ckpt.core.store_id import store_id
+from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, precheck_table
+from airflow_seatunnel_ckpt.core.txlog import ACTION_PREFIX, TransactionLog
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.descriptor import PipelineDescriptor
 
 log = logging.getLogger(__name__)
+
+#: The reason of an abort decision taken because a table sink refused the epoch.
+SINK_REFUSED = "commit refused by a sink: "
+#: The action (an ``action-*`` record) that lets a COMMITTING epoch commit without one sink.
+SKIP_SINK = "skip-sink"
 
 
 class Pipeline:
@@ -93,6 +103,8 @@ class Pipeline:
                  target_options: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.name = validate_name(name, "pipeline name")
         self.config = config
+        #: The store's root (where the pipelines and the store id live).
+        self.root = root
         self.storage = root.child(self.name)
         self.txlog = TransactionLog(self.storage, self.name, config.max_chunk_bytes)
         self.checkpoints = CheckpointManager(self.storage, config.max_chunk_bytes)
@@ -337,10 +349,13 @@ class Pipeline:
 
         For commit, every participant the pipeline's descriptor declares must be prepared
         and verify (:class:`NotPreparedError` names a missing one), and the checkpoint's
-        ``_metadata`` is completed first. ``participants`` may name more participants
-        that must be prepared, never fewer than the declared ones. Only a pipeline
-        without a descriptor (used from the core alone) commits "every participant that
-        prepared" by default.
+        ``_metadata`` is completed first. Every table sink must accept the epoch's staged
+        output (:func:`core.tables.precheck_table`): a refusal aborts the epoch here, with
+        the refusal as the reason (the returned record says ABORT), so that no table is
+        asked after the decision to take an epoch it refuses. ``participants`` may name
+        more participants that must be prepared, never fewer than the declared ones. Only
+        a pipeline without a descriptor (used from the core alone) commits "every
+        participant that prepared" by default.
 
         The commit decision reads what is new in the epoch (its state parts, its staged
         files) and trusts the parts the participants' committed base checkpoints already
@@ -355,6 +370,14 @@ class Pipeline:
         if decision is Decision.COMMIT:
             try:
                 meta = self._complete_checkpoint(epoch, participants, verify_all)
+            except SinkRefusedError as exc:
+                log.warning("pipeline %s epoch %d: %s; aborting the epoch", self.name, epoch, exc)
+                try:
+                    return self.abort(epoch, f"{SINK_REFUSED}{exc}", by)
+                except DecisionConflictError:  # a concurrent commit decision won: it stands
+                    existing = self.txlog.read_decision(epoch)
+                    assert existing is not None
+                    return existing
             except CheckpointError:
                 # A concurrent abort may have won meanwhile and removed the staging being
                 # verified or the checkpoint directory being completed: its decision is
@@ -395,6 +418,7 @@ class Pipeline:
                 f"pipeline {self.name!r} epoch {epoch}: cannot commit, prepared output does not verify: "
                 + "; ".join(map(str, problems[:5])) + "; abort the epoch so its input is processed again")
         records = [prepared[p] for p in chosen]
+        self._precheck_sinks(epoch, records)
         operators: dict[str, OperatorState] = {}
         sources: dict[str, SourceState] = {}
         sinks: dict[str, PartRef] = {}
@@ -422,6 +446,21 @@ class Pipeline:
             base_epoch=max(bases) if bases else None, operators=operators, sources=sources, sinks=sinks,
             source_metas=source_metas)
         return self.checkpoints.complete(meta)
+
+    def _precheck_sinks(self, epoch: int, records: Iterable[PreparedRecord]) -> None:
+        """Refuse the commit decision when a table sink would refuse the epoch's staged output.
+
+        The rule: everything that can refuse an epoch is checked before the decision (a
+        refusal after it would wedge the epoch COMMITTING): the staged rows and schema, the
+        table's properties, and its owner and markers (another store's or pipeline's table,
+        a marker this store's log lacks). :func:`precheck_table` raises
+        :class:`SinkRefusedError` (:class:`TableOwnershipError` for the owner and markers),
+        and :meth:`decide` aborts the epoch with it as the reason.
+        """
+        for record in records:
+            for sink in record.sinks:
+                if sink.table is not None and sink.publishes:
+                    precheck_table(self.table_commit(epoch, sink))
 
     def _verified_before(self, records: Iterable[PreparedRecord]) -> dict[str, PartRef]:
         """The parts the committed checkpoints these records built on cover (verified by their decisions).
@@ -478,6 +517,7 @@ class Pipeline:
 
         Idempotent; already-published files are recognised by size. A failure leaves the
         epoch COMMITTING for the next retry or the recovery DAG -- nothing is deleted.
+        A sink named by a ``skip-sink`` action (:meth:`skip_sink`) publishes nothing.
         """
         validate_epoch(epoch)
         decision = self.txlog.read_decision(epoch)
@@ -496,7 +536,10 @@ class Pipeline:
                 f"pipeline {self.name!r} epoch {epoch}: a prepared record of the attempts the decision names "
                 f"({decision.participants}) is missing from {self.storage.describe_path(layout.txlog_dir(epoch))}; "
                 "restore it from a backup of the store, then commit again")
-        published = [self._publish_sink(epoch, sink) for record in records for sink in record.sinks]
+        skipped = self.skipped_sinks(epoch)
+        published = [PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, SKIPPED)
+                     if sink.sink in skipped else self._publish_sink(epoch, sink)
+                     for record in records for sink in record.sinks]
         # A declared sink the stage did not write is recorded as such, so that "nothing
         # arrived" is visible in the committed record and the commit summary.
         published += [PublishedSink(name, "", "", 0, 0, 0, NOT_WRITTEN)
@@ -519,6 +562,59 @@ class Pipeline:
                         "remove them from the stage's sinks", self.name, epoch, result.not_written)
         return result
 
+    def skip_sink(self, epoch: int, sink: str, reason: str, by: str) -> CommitResult:
+        """Commit a COMMITTING epoch without ``sink``: the way on when its table refuses the epoch.
+
+        Only for an epoch decided commit whose sink cannot publish for a reason a retry
+        cannot change (its table was altered after the decision). A ``skip-sink`` action
+        naming who and why is written to the transaction log first; from then on every
+        commit of the epoch publishes nothing for the sink (``how="skipped"``): the sink
+        misses this epoch's rows, the state and the other sinks commit. The outcome record
+        says how the commit ended.
+        """
+        validate_epoch(epoch)
+        if not reason.strip() or not by.strip():
+            raise ConfigError(f"pipeline {self.name!r} epoch {epoch}: skipping sink {sink!r} needs a reason and "
+                              "who decides it (they are kept in the transaction log)")
+        state = self.state(epoch)
+        if state is not EpochState.COMMITTING:
+            raise DecisionConflictError(
+                f"pipeline {self.name!r} epoch {epoch} is {state.value}: only an epoch decided commit and not "
+                f"yet published (COMMITTING) can be published without sink {sink!r}. An undecided epoch whose "
+                "sink refuses it is aborted by the decision")
+        records = self.txlog.winning_records(epoch) or []
+        sinks = sorted({s.sink for record in records for s in record.sinks})
+        if sink not in sinks:
+            raise ConfigError(f"pipeline {self.name!r} epoch {epoch} has no sink {sink!r} to skip; its sinks: "
+                              f"{sinks}")
+        action = self.txlog.record_action(epoch, SKIP_SINK, by, reason, sink=sink)
+        try:
+            result = self.commit(epoch)
+        except Exception as exc:
+            self.txlog.record_outcome(epoch, action, ActionOutcome.FAILED, f"commit failed: {exc}")
+            raise
+        self.txlog.record_outcome(epoch, action, ActionOutcome.SUCCEEDED,
+                                  f"committed without sink {sink!r} (its rows of this epoch are not published)")
+        log.warning("pipeline %s epoch %d: committed without sink %s, by %s: %s", self.name, epoch, sink, by,
+                    reason)
+        return result
+
+    def skipped_sinks(self, epoch: int) -> set[str]:
+        """The sinks ``skip-sink`` actions of ``epoch`` name (see :meth:`skip_sink`)."""
+        names = self.storage.list_dir(layout.txlog_dir(epoch))
+        if not any(n.startswith(ACTION_PREFIX) and n.endswith(f"-{SKIP_SINK}") for n in names):
+            return set()
+        return {str(a.record.details.get("sink")) for a in self.txlog.actions(epoch) if a.record.action == SKIP_SINK}
+
+    def table_commit(self, epoch: int, sink: SinkManifest) -> TableCommit:
+        """What a table sink's commit of ``epoch`` needs (also what the checks before the decision read)."""
+        return TableCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink, self.storage,
+                           self.config.max_retries, store_id=self.store_id())
+
+    def store_id(self) -> str:
+        """The id of this pipeline's store (:mod:`core.store_id`; created on first use)."""
+        return store_id(self.root)
+
     def target_storage(self, target_url: str) -> Storage:
         """Storage for a sink's target; reuses the store's options for the same protocol."""
         options = self._target_options.get(target_url)
@@ -531,8 +627,7 @@ class Pipeline:
         if not sink.publishes:  # no rows: no empty epoch directory (the epoch is still recorded)
             return PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, EMPTY)
         if sink.table is not None:  # one table transaction instead of an epoch directory
-            return commit_table(TableCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink,
-                                            self.storage, self.config.max_retries))
+            return commit_table(self.table_commit(epoch, sink))
         target = self.target_storage(sink.target_url)
         dst = layout.published_dir(epoch)
         summary = {"pipeline": self.name, "epoch": epoch, "sink": sink.sink, "rows": sink.rows,

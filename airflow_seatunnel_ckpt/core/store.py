@@ -17,6 +17,7 @@ from airflow_seatunnel_ckpt.core.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, recover
 from airflow_seatunnel_ckpt.core.retention import RetentionReport, retain
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
+from airflow_seatunnel_ckpt.core.store_id import store_id
 
 
 class StoredPipeline(Pipeline):
@@ -48,6 +49,10 @@ class CheckpointStore:
 
     def __repr__(self) -> str:
         return f"CheckpointStore({self.storage.describe()!r})"
+
+    def store_id(self) -> str:
+        """The store's id (a UUID written once, on first use: :mod:`core.store_id`)."""
+        return store_id(self.storage)
 
     def pipeline(self, name: str, overrides: Mapping[str, Any] | None = None) -> StoredPipeline:
         """The pipeline called ``name`` (validated; created lazily on first write).

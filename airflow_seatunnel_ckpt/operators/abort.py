@@ -10,7 +10,11 @@ from airflow.sdk import TriggerRule
 from airflow_seatunnel_ckpt.core.errors import DecisionConflictError
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    BasePipelineOperator,
+    refusals_fail_at_once,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -53,7 +57,11 @@ class AbortEpochOperator(BasePipelineOperator):
         self.reason = reason
 
     def execute(self, context: Context) -> dict[str, Any]:
-        """Abort, or explain why there is nothing to abort."""
+        """Abort, or explain why there is nothing to abort (a refusal fails at once, without retries)."""
+        with refusals_fail_at_once():
+            return self._abort(context)
+
+    def _abort(self, context: Context) -> dict[str, Any]:
         pipeline = self.store_pipeline
         epoch = self.epoch_of_run(context)
         if epoch is None:

@@ -15,13 +15,16 @@ another DAG with a pipeline of the same name is refused before anything is writt
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor
+from airflow_seatunnel_ckpt.core.errors import retryable
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook, StoreSettings
 
 if TYPE_CHECKING:
@@ -33,6 +36,25 @@ if TYPE_CHECKING:
 STORE_TEMPLATE_FIELDS: tuple[str, ...] = ("store_conn_id", "storage_url")
 #: Template fields every pipeline task declares.
 PIPELINE_TEMPLATE_FIELDS: tuple[str, ...] = ("pipeline", *STORE_TEMPLATE_FIELDS)
+
+
+@contextlib.contextmanager
+def refusals_fail_at_once() -> Iterator[None]:
+    """Turn a refusal that a retry cannot change into ``AirflowFailException`` (no retries).
+
+    A configuration error, a sink refusing an epoch, a decision conflict
+    (:func:`core.errors.retryable` is False) would fail every retry the same way, for as
+    long as the task's retries last; a storage or network failure is raised as it is and
+    retried by Airflow.
+    """
+    try:
+        yield
+    except AirflowFailException:
+        raise
+    except Exception as exc:
+        if retryable(exc):
+            raise
+        raise AirflowFailException(f"{type(exc).__name__}: {exc} (not retried: a retry cannot change it)") from exc
 
 
 class BaseStoreOperator(BaseOperator):

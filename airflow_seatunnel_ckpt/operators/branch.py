@@ -11,7 +11,12 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, NotPreparedError
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState, EpochStatus
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.core.pipeline import SINK_REFUSED
+from airflow_seatunnel_ckpt.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    BasePipelineOperator,
+    refusals_fail_at_once,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -84,7 +89,15 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         self.check = check
 
     def choose_branch(self, context: Context) -> str | list[str]:
-        """Record (or read) the decision and return the task id(s) to follow."""
+        """Record (or read) the decision and return the task id(s) to follow.
+
+        A sink refusing the epoch aborts it in the decision itself (``Pipeline.decide``);
+        a refusal a retry cannot change fails the task at once, without retries.
+        """
+        with refusals_fail_at_once():
+            return self._choose(context)
+
+    def _choose(self, context: Context) -> str | list[str]:
         pipeline = self.store_pipeline
         epoch = self.epoch_of_run(context)
         if epoch is None:
@@ -144,7 +157,9 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
             self.log.warning("epoch %s: %s; deciding ABORT instead", epoch, reason)
             record = pipeline.decide(epoch, Decision.ABORT, reason, by=by,
                                      participants=self.participants)
-        if record.decision is not verdict.decision or record.by != by:
+        if record.by == by and record.reason.startswith(SINK_REFUSED):
+            self.log.warning("epoch %s: decided ABORT: %s", epoch, record.reason)
+        elif record.decision is not verdict.decision or record.by != by:
             self.log.warning("epoch %s: another actor decided first: %s by %s (%s)", epoch,
                              record.decision.value.upper(), record.by, record.reason)
         else:

@@ -12,7 +12,11 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.operators.base import (
+    PIPELINE_TEMPLATE_FIELDS,
+    BasePipelineOperator,
+    refusals_fail_at_once,
+)
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
@@ -39,9 +43,11 @@ class CommitEpochOperator(BasePipelineOperator):
 
     Thin over ``Pipeline.commit``: publishing is idempotent (already-published files are
     recognised), so a retry, a clear or a second commit after a crash only finishes what
-    is missing. A failure raises, and Airflow retries with exponential backoff (defaults
-    below); the epoch stays COMMITTING in between and nothing is ever deleted. An epoch
-    decided ABORT, or not decided at all, fails the task at once, without retries.
+    is missing. A transient failure raises, and Airflow retries with exponential backoff
+    (defaults below); the epoch stays COMMITTING in between and nothing is ever deleted.
+    An epoch decided ABORT, or not decided at all, and a refusal a retry cannot change (a
+    sink whose table was altered after the decision: ``seatunnel-ckpt resolve
+    --skip-sink`` is the way on) fail the task at once, without retries.
 
     :param sink_assets: asset per sink name (see :func:`sink_asset`); each gets an asset
         event per commit that published something for the sink. They are added to
@@ -93,7 +99,9 @@ class CommitEpochOperator(BasePipelineOperator):
             self.log.info("epoch %s is %s (decided COMMIT by %s: %s); publishing", epoch,
                           status.state.value, decision.by, decision.reason)
         # Raises on a failed or ambiguous publish; the epoch stays COMMITTING for the retry.
-        result = pipeline.commit(epoch)
+        # A refusal a retry cannot change (a table altered after the decision) fails at once.
+        with refusals_fail_at_once():
+            result = pipeline.commit(epoch)
         published = [sink.to_dict() for sink in result.sinks if sink.published]
         quiet = {sink.sink for sink in result.sinks if not sink.published}
         for sink in published:

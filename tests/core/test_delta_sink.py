@@ -9,6 +9,8 @@ and DuckDB's ``delta_scan`` (the delta extension wheel, delta-kernel-rs undernea
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,11 +20,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from airflow_seatunnel_ckpt.core import Decision
-from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
+from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline
+from airflow_seatunnel_ckpt.core.errors import PublishError, SinkRefusedError, TableOwnershipError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
-from airflow_seatunnel_ckpt.core.storage import Storage
+from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
+from airflow_seatunnel_ckpt.core.store_id import short, store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
 from airflow_seatunnel_ckpt.core.tables import delta as delta_commit
 from tests.core import faults
@@ -54,7 +57,17 @@ def stage(store: Storage, epoch: int, files: dict[str, pa.Table], *, uri: str, s
 
 
 def request(store: Storage, epoch: int, manifest: SinkManifest, retries: int = 3) -> TableCommit:
-    return TableCommit("orders", "file:///store", epoch, manifest, store, retries)
+    return TableCommit("orders", "file:///store", epoch, manifest, store, retries, store_id=store_id(store))
+
+
+def app_id(store: str, sink: str = "orders") -> str:
+    """The application transaction id of pipeline ``orders``'s ``sink`` from the store with id ``store``."""
+    return f"seatunnel-ckpt/{store}/orders/{sink}"
+
+
+def placed(store: str, epoch: int, n: int, sink: str = "orders") -> str:
+    """Where the ``n``-th staged file of an epoch lands below its partition directory."""
+    return f"orders/{sink}/{short(store)}-e{epoch}-{n:05d}.parquet"
 
 
 def by_country(epoch: int, **countries: list[int]) -> dict[str, pa.Table]:
@@ -99,12 +112,12 @@ def test_one_epoch_is_read_once_with_its_partition_values_by_deltalake_and_duckd
     assert table.schema().to_arrow().names == ["id", "country", "amount"]  # no duplicated partition column
     assert table.metadata().partition_columns == ["country"]
     current = adds(table_uri)
-    assert sorted(a["path"] for a in current) == [f"country={c}/orders-e1-orders-{n:05d}.parquet"
+    assert sorted(a["path"] for a in current) == [f"country={c}/{placed(store_id(store), 1, n)}"
                                                for n, c in enumerate(["DE", "FR"])]
     assert {a["partition.country"] for a in current} == {"DE", "FR"}
     assert sorted(a["num_records"] for a in current) == [1, 2]
     assert {a["min.id"] for a in current} == {1, 3} and {a["max.id"] for a in current} == {2, 3}
-    assert table.transaction_version("orders/orders") == 1
+    assert table.transaction_version(app_id(store_id(store))) == 1
     info = table.history(1)[0]
     assert (info["pipeline"], info["sink"], info["epoch"], info["store"]) == ("orders", "orders", 1, "file:///store")
     # A filter on the partition column prunes on the log's values and keeps the right rows.
@@ -126,7 +139,7 @@ def test_changes_epochs_append_one_table_version_each(store: Storage, table_uri:
     commit_table(request(store, 2, stage(store, 2, by_country(2, DE=[2], FR=[3]), uri=table_uri)))
 
     table = DeltaTable(table_uri)
-    assert (table.version(), table.transaction_version("orders/orders")) == (1, 2)
+    assert (table.version(), table.transaction_version(app_id(store_id(store)))) == (1, 2)
     assert duckdb_rows(table_uri) == expected(DE=[1, 2], FR=[3])
 
 
@@ -160,8 +173,8 @@ def test_a_commit_killed_after_placing_the_files_commits_them_once_when_rerun(
     monkeypatch.setattr(delta_commit, "create_table_with_add_actions", killed)
     with pytest.raises(SimulatedCrash):
         commit_table(request(store, 1, manifest))
-    assert sorted(p.name for p in Path(table_uri).rglob("*.parquet")) == [
-        "orders-e1-orders-00000.parquet", "orders-e1-orders-00001.parquet"]
+    assert sorted(str(p.relative_to(table_uri)) for p in Path(table_uri).rglob("*.parquet")) == [
+        f"country=DE/{placed(store_id(store), 1, 0)}", f"country=FR/{placed(store_id(store), 1, 1)}"]
 
     monkeypatch.setattr(delta_commit, "create_table_with_add_actions", real)
     assert commit_table(request(store, 1, manifest)).how == "copied"  # by the killed attempt: kept as they were
@@ -186,7 +199,7 @@ def test_a_commit_killed_after_the_log_commit_is_recorded_as_already_by_the_reru
     monkeypatch.setattr(pipeline.txlog, "acknowledge_committed", killed)
     with pytest.raises(SimulatedCrash):
         pipeline.commit(epoch)
-    assert DeltaTable(table_uri).transaction_version("orders/orders") == epoch
+    assert DeltaTable(table_uri).transaction_version(app_id(pipeline.store_id())) == epoch
 
     result = local_spec.pipeline().commit(epoch)  # a new process: the commit task's retry
     assert [s.how for s in result.sinks] == ["already"]
@@ -216,7 +229,7 @@ def test_a_placed_file_whose_size_differs_is_refused_before_the_log_commit(
         return placed, how
 
     monkeypatch.setattr(delta_commit, "place_files", place_then_damage)
-    with pytest.raises(PublishError, match=r"country=DE/orders-e1-orders-00000\.parquet is 12 bytes, the manifest"):
+    with pytest.raises(PublishError, match=rf"country=DE/{placed(store_id(store), 1, 0)} is 12 bytes, the manifest"):
         commit_table(request(store, 1, manifest))
     assert not DeltaTable.is_deltatable(table_uri)
 
@@ -226,12 +239,13 @@ def test_a_changed_column_type_is_refused_before_anything_is_committed(store: St
     changed = pa.table({"id": ["x"], "country": ["DE"], "amount": [1.0]})
     manifest = stage(store, 2, {"__partition_country=DE/p.parquet": changed}, uri=table_uri)
 
-    with pytest.raises(ConfigError, match=r"id: table has PrimitiveType\(\"long\"\), the epoch's files have "
+    with pytest.raises(SinkRefusedError, match=r"id: table has PrimitiveType\(\"long\"\), the epoch's files have "
                                           r"PrimitiveType\(\"string\"\).*Cast or add the columns"):
         commit_table(request(store, 2, manifest))
     assert DeltaTable(table_uri).version() == 0
     missing = pa.table({"id": [2], "country": ["DE"]})
-    with pytest.raises(ConfigError, match=r"Columns missing from the files: amount \(PrimitiveType\(\"double\"\)\)"):
+    with pytest.raises(SinkRefusedError,
+                       match=r"Columns missing from the files: amount \(PrimitiveType\(\"double\"\)\)"):
         commit_table(request(store, 3, stage(store, 3, {"__partition_country=DE/p.parquet": missing}, uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
 
@@ -244,7 +258,7 @@ def test_an_added_column_evolves_the_table_and_older_rows_read_null(store: Stora
     want = [(1, "DE", 1.5, None), (2, "DE", 3.0, "new")]
     assert deltalake_rows(table_uri) == want
     assert duckdb_rows(table_uri) == want
-    assert DeltaTable(table_uri).transaction_version("orders/orders") == 2
+    assert DeltaTable(table_uri).transaction_version(app_id(store_id(store))) == 2
 
 
 def test_snapshot_epochs_replace_the_table_in_one_version_each(store: Storage, table_uri: str) -> None:
@@ -273,7 +287,8 @@ def test_s3_options_of_the_store_become_delta_rs_storage_options(store: Storage)
         storage_options = {"key": "AK", "secret": "SK",
                            "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}}
 
-    fs, opts = delta_commit.storage_options(request(S3Store(), 1, manifest), "s3://b/t")  # type: ignore[arg-type]
+    s3_request = TableCommit("orders", "s3://store-bucket", 1, manifest, S3Store(), 3)  # type: ignore[arg-type]
+    fs, opts = delta_commit.storage_options(s3_request, "s3://b/t")
     assert fs == S3Store.storage_options
     assert opts == {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
                     "AWS_REGION": "eu-west-1", "AWS_ALLOW_HTTP": "true"}
@@ -298,7 +313,7 @@ def test_an_epoch_commits_once_into_a_delta_table_on_s3(s3_spec: StoreSpec, moto
     root = uri[len("s3://"):]
     logged = [json.loads(line)["add"]["path"] for line in fs.cat(f"{root}/_delta_log/00000000000000000000.json")
               .decode().splitlines() if '"add"' in line]
-    assert sorted(logged) == ["country=DE/orders-e1-orders-00000.parquet", "country=FR/orders-e1-orders-00001.parquet"]
+    assert sorted(logged) == [f"country={c}/{placed(store_id(store), 1, n)}" for n, c in enumerate(["DE", "FR"])]
     total = sum(pq.read_table(fs.open(f"{root}/{p}")).num_rows for p in logged)
     assert total == 3
 
@@ -335,7 +350,7 @@ def test_a_commit_killed_at_any_step_lands_the_epoch_exactly_once_when_resumed(
         spec, uri, epoch = world
         assert spec.pipeline().commit(epoch).already_committed
         table = DeltaTable(uri)
-        assert (table.version(), table.transaction_version("orders/orders")) == (1, epoch)
+        assert (table.version(), table.transaction_version(app_id(spec.pipeline().store_id()))) == (1, epoch)
         assert duckdb_rows(uri) == expected(DE=[1, 2], FR=[3, 9])
         assert len(logged_adds(uri)) == 3
 
@@ -350,7 +365,7 @@ def test_a_sink_partitioned_unlike_its_existing_table_is_refused(store: Storage,
     commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     flat = stage(store, 2, {"p.parquet": rows([2], "DE")}, uri=table_uri, partition_by=())
 
-    with pytest.raises(ConfigError, match=r"the table is partitioned by \['country'\], the sink by \[\]"):
+    with pytest.raises(SinkRefusedError, match=r"the table is partitioned by \['country'\], the sink by \[\]"):
         commit_table(request(store, 2, flat))
     assert DeltaTable(table_uri).version() == 0
 
@@ -386,8 +401,9 @@ def test_an_epoch_behind_the_tables_transaction_is_refused_not_skipped(store: St
     commit_table(request(store, 5, stage(store, 5, by_country(5, DE=[5]), uri=table_uri)))
     fresh = stage(store, 1, by_country(1, DE=[1]), uri=table_uri)
 
-    with pytest.raises(PublishError, match=r"application transaction 'orders/orders' is at epoch 5, beyond this "
-                                           r"epoch.*Give this sink its own table"):
+    with pytest.raises(TableOwnershipError, match=r"the table records epoch 5 of this pipeline's sink as committed "
+                                                  r"by this store.*log of pipeline 'orders' has no commit decision "
+                                                  r"for epoch 5.*Give this sink its own table"):
         commit_table(request(store, 1, fresh))
     assert DeltaTable(table_uri).version() == 0
 
@@ -396,7 +412,7 @@ def test_a_table_with_column_mapping_is_refused_for_added_files(store: Storage, 
     DeltaTable.create(table_uri, SCHEMA, partition_by=["country"],
                       configuration={"delta.columnMapping.mode": "name"})
 
-    with pytest.raises(ConfigError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
+    with pytest.raises(SinkRefusedError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
         commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
 
@@ -419,6 +435,106 @@ def test_a_snapshot_sink_into_an_append_only_table_is_refused_at_once(store: Sto
     commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     manifest = stage(store, 2, by_country(2, DE=[2]), uri=table_uri, mode=SinkMode.SNAPSHOT)
 
-    with pytest.raises(ConfigError, match=r"append-only \(delta.appendOnly=true\)"):
+    with pytest.raises(SinkRefusedError, match=r"append-only \(delta.appendOnly=true\)"):
         commit_table(request(store, 2, manifest))
     assert DeltaTable(table_uri).version() == 1
+
+
+# -- whose table it is: store ids, owners, placement names -------------------------------
+
+def prepared_epoch(pipeline: Pipeline, run_id: str, uri: str, **countries: list[int]) -> tuple[int, SinkManifest]:
+    """begin, stage and prepare one epoch of ``pipeline``'s sink ``orders`` into the table at ``uri``."""
+    epoch = pipeline.begin(run_id).epoch
+    manifest = stage(pipeline.storage, epoch, by_country(epoch, **countries), uri=uri,
+                     staging=pipeline.staging_path(epoch, 1, "orders"))
+    pipeline.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[manifest], operators={}, sources={},
+                     base=pipeline.restore_point())
+    return epoch, manifest
+
+
+def committed_epoch(pipeline: Pipeline, run_id: str, uri: str, **countries: list[int]) -> int:
+    """A whole epoch: prepared, decided commit, committed."""
+    epoch, _ = prepared_epoch(pipeline, run_id, uri, **countries)
+    assert pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test").decision is Decision.COMMIT
+    pipeline.commit(epoch)
+    return epoch
+
+
+def refused_at_the_decision(pipeline: Pipeline, run_id: str, uri: str, **countries: list[int]) -> str:
+    """Prepare an epoch, ask for commit: it must be decided ABORT before anything reaches the table; the reason."""
+    version = DeltaTable(uri).version()
+    epoch, _ = prepared_epoch(pipeline, run_id, uri, **countries)
+    record = pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+    assert record.decision is Decision.ABORT, "an ownership refusal must come before the commit decision"
+    assert pipeline.state(epoch) is EpochState.ABORTED
+    assert DeltaTable(uri).version() == version  # no table version, and no file of the epoch placed
+    assert not list(Path(uri).rglob(f"{pipeline.name}/orders/{short(pipeline.store_id())}-e{epoch}-*"))
+    return record.reason
+
+
+def test_a_wiped_and_recreated_store_is_aborted_before_the_decision_naming_both_stores(
+        tmp_path: Path, table_uri: str) -> None:
+    spec = StoreSpec("file", f"file://{tmp_path}/home")
+    for run in ("r1", "r2", "r3"):
+        committed_epoch(spec.pipeline(), run, table_uri, DE=[int(run[1])])
+    old = store_id(spec.storage("store"))
+    shutil.rmtree(tmp_path / "home" / "store")  # an ephemeral AIRFLOW_HOME: same URL, epochs restart at 1
+
+    pipeline = spec.pipeline()
+    reason = refused_at_the_decision(pipeline, "r1", table_uri, DE=[101])  # it used to commit as "already"
+    new = pipeline.store_id()
+    assert new != old
+    assert f"store {old} (file://{tmp_path}/home/store)" in reason
+    assert f"store {new} (file://{tmp_path}/home/store)" in reason
+    assert "was wiped and recreated" in reason and "delete its owner marker" in reason
+    assert duckdb_rows(table_uri) == expected(DE=[1, 2, 3])
+
+    Path(table_uri, OWNER_MARKER).unlink()  # the documented way out: the table is handed over
+    committed_epoch(pipeline, "r2", table_uri, DE=[102])
+    assert duckdb_rows(table_uri) == expected(DE=[1, 2, 3, 102])
+
+
+def test_a_second_store_with_a_pipeline_of_the_same_name_is_aborted_before_the_decision_not_skipped(
+        tmp_path: Path, table_uri: str) -> None:
+    store_a, store_b = StoreSpec("file", f"file://{tmp_path}/a"), StoreSpec("file", f"file://{tmp_path}/b")
+    committed_epoch(store_a.pipeline(), "r1", table_uri, DE=[1])
+    b = store_b.pipeline()
+
+    reason = refused_at_the_decision(b, "r1", table_uri, DE=[101])  # it used to be "already": B's epoch 1 lost
+    assert store_a.pipeline().store_id() in reason and b.store_id() in reason
+    assert f"file://{tmp_path}/a/store" in reason and f"file://{tmp_path}/b/store" in reason
+    assert duckdb_rows(table_uri) == expected(DE=[1])
+    committed_epoch(store_a.pipeline(), "r2", table_uri, DE=[2])  # the owner carries on
+    assert duckdb_rows(table_uri) == expected(DE=[1, 2])
+    own = str(Path(table_uri).with_name("orders_b"))  # the way out: a table of its own
+    committed_epoch(b, "r2", own, DE=[102])
+    assert duckdb_rows(own) == expected(DE=[102])
+
+
+def test_a_second_pipeline_into_the_table_is_aborted_before_the_decision_until_the_owner_marker_is_removed(
+        local_spec: StoreSpec, table_uri: str) -> None:
+    committed_epoch(local_spec.pipeline("clicks"), "r1", table_uri, DE=[1, 2])
+    backfill = local_spec.pipeline("clicks_backfill")
+
+    reason = refused_at_the_decision(backfill, "b1", table_uri, DE=[1])
+    assert re.search(r"belongs to pipeline 'clicks' of store .*not to pipeline 'clicks_backfill'.*"
+                     r"delete its owner marker", reason), reason
+    assert duckdb_rows(table_uri) == expected(DE=[1, 2])
+
+    Path(table_uri, OWNER_MARKER).unlink()  # the documented way out: the table is handed over
+    committed_epoch(backfill, "b2", table_uri, DE=[1])
+    assert duckdb_rows(table_uri) == expected(DE=[1, 1, 2])
+    assert "belongs to pipeline 'clicks_backfill'" in refused_at_the_decision(
+        local_spec.pipeline("clicks"), "r2", table_uri, DE=[3])
+
+
+def test_placement_names_of_pipelines_and_sinks_with_dashes_never_collide(store: Storage, table_uri: str) -> None:
+    """Pipeline 'a' sink 'e1-x' and pipeline 'a-e1' sink 'x' used to share 'a-e1-e1-x-00000.parquet'."""
+    first = stage(store, 1, by_country(1, DE=[1]), uri=table_uri, sink="e1-x")
+    commit_table(TableCommit("a", "file:///store", 1, first, store, 3, store_id=store_id(store)))
+    Path(table_uri, OWNER_MARKER).unlink(missing_ok=True)  # handed over to the other pipeline
+    second = stage(store, 1, by_country(1, DE=[2, 3]), uri=table_uri, sink="x", staging="staging/other")
+    commit_table(TableCommit("a-e1", "file:///store", 1, second, store, 3, store_id=store_id(store)))
+
+    assert duckdb_rows(table_uri) == expected(DE=[1, 2, 3])
+    assert len({a["path"] for a in adds(table_uri)}) == 2

@@ -15,12 +15,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.errors import SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage
+from airflow_seatunnel_ckpt.core.store_id import store_id
 from airflow_seatunnel_ckpt.core.tables import commit_table
 from tests.core.epochs import at_once
-from tests.core.test_delta_sink import request, stage
+from tests.core.test_delta_sink import app_id, request, stage
 from tests.tables import duckdb_delta_rows
 
 TOTALS = pa.schema([("customer", pa.string()), ("total", pa.float64())])
@@ -59,7 +60,7 @@ def test_upserted_epochs_leave_one_row_per_key_with_the_newest_values(store: Sto
     assert merged.how == "merged"
     assert table_rows(uri) == [("c0", 10.0), ("c1", 25.0), ("c2", 30.0)]
     table = DeltaTable(uri)
-    assert (table.version(), table.transaction_version("orders/totals")) == (1, 2)
+    assert (table.version(), table.transaction_version(app_id(store_id(store), "totals"))) == (1, 2)
     # The merge's rows and the epoch's transaction are one version of the log.
     actions = [json.loads(line) for line in Path(uri, "_delta_log", "00000000000000000001.json").read_text()
                .splitlines()]
@@ -95,7 +96,7 @@ def test_an_epoch_repeating_a_key_is_refused_before_anything_is_committed(
         commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=1.0))))
     twice = {"a.parquet": totals(c9=1.0)["part-00000.parquet"], "b.parquet": totals(c9=2.0)["part-00000.parquet"]}
 
-    with pytest.raises(ConfigError, match=r"1 key\(s\) appear more than once .*\{'customer': 'c9'\}"):
+    with pytest.raises(SinkRefusedError, match=r"1 key\(s\) appear more than once .*\{'customer': 'c9'\}"):
         commit_table(request(store, epoch, upsert(store, epoch, uri, twice)))
     assert DeltaTable.is_deltatable(uri) is (epoch == 2)
     if epoch == 2:
@@ -106,7 +107,7 @@ def test_a_null_merge_key_is_refused(store: Storage, uri: str) -> None:
     commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=1.0))))
     nulls = {"a.parquet": pa.table({"customer": [None], "total": [1.0]}, schema=TOTALS)}
 
-    with pytest.raises(ConfigError, match=r"merge key column 'customer' is NULL in 1 row\(s\)"):
+    with pytest.raises(SinkRefusedError, match=r"merge key column 'customer' is NULL in 1 row\(s\)"):
         commit_table(request(store, 2, upsert(store, 2, uri, nulls)))
     assert DeltaTable(uri).version() == 0
 
@@ -115,6 +116,6 @@ def test_merge_keys_on_a_snapshot_sink_are_refused(store: Storage, uri: str) -> 
     manifest = upsert(store, 1, uri, totals(c0=1.0))
     snapshot = SinkManifest(manifest.sink, manifest.target_url, manifest.staging, manifest.files, manifest.rows,
                             mode=SinkMode.SNAPSHOT, table=manifest.table)
-    with pytest.raises(ConfigError, match=r"merge_keys \(an upsert\) make no sense with it"):
+    with pytest.raises(SinkRefusedError, match=r"merge_keys \(an upsert\) make no sense with it"):
         commit_table(request(store, 1, snapshot))
     assert not DeltaTable.is_deltatable(uri)

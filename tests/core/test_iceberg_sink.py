@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import io
+import re
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,11 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.table import Table
 
 import airflow_seatunnel_ckpt.core.tables.iceberg as iceberg
-from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline
-from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
+from airflow_seatunnel_ckpt.core.errors import SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
+from airflow_seatunnel_ckpt.core.storage import open_storage
+from airflow_seatunnel_ckpt.core.store_id import short, store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, register_secret_resolver
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 from tests.core.epochs import at_once
@@ -50,12 +54,12 @@ class Lake:
     """A checkpoint store, a SQLite catalog and a warehouse under one tmp dir."""
 
     def __init__(self, root: Path, store_url: str | None = None, store_options: dict[str, Any] | None = None,
-                 catalog: dict[str, str] | None = None) -> None:
+                 catalog: dict[str, str] | None = None, pipeline: str = "orders") -> None:
         self.root = root
         self.catalog_props = catalog or {"type": "sql", "uri": f"sqlite:///{root}/catalog.db",
                                          "warehouse": f"file://{root}/warehouse"}
         config = {"storage_url": store_url or f"file://{root}/store", "storage_options": store_options or {}}
-        self.pipeline: Pipeline = CheckpointStore(CheckpointConfig.from_mapping(config)).pipeline("orders")
+        self.pipeline: Pipeline = CheckpointStore(CheckpointConfig.from_mapping(config)).pipeline(pipeline)
 
     def options(self, partition_by: list[str] | None = None, **extra: Any) -> dict[str, Any]:
         return {"type": "iceberg", "identifier": IDENT, "catalog_name": "lake", "catalog": self.catalog_props,
@@ -76,7 +80,7 @@ class Lake:
 
     def request(self, epoch: int, manifest: SinkManifest, retries: int = 3) -> TableCommit:
         store = self.pipeline.storage.url.rsplit("/", 1)[0]  # as Pipeline.commit names the store
-        return TableCommit("orders", store, epoch, manifest, self.pipeline.storage, retries)
+        return TableCommit(self.pipeline.name, store, epoch, manifest, self.pipeline.storage, retries)
 
     def run_epoch(self, run_id: str, parts: dict[str, pa.Table], **kwargs: Any) -> int:
         """begin, stage, prepare, decide commit, commit: the whole protocol."""
@@ -128,7 +132,8 @@ def test_epoch_commit_is_one_snapshot_readable_by_pyiceberg_and_duckdb(tmp_path:
     assert snap.summary["seatunnel-ckpt.pipeline"] == "orders"
     assert table.properties["seatunnel-ckpt.orders.orders.epoch"] == str(epoch)
     # deterministic, Iceberg-style paths inside the table location
-    assert all(f"/data/region={r}/orders-e{epoch}-orders/part-00000.parquet" in p
+    short = lake.pipeline.store_id().replace("-", "")[:12]
+    assert all(f"/data/region={r}/orders/orders/{short}-e{epoch}/part-00000.parquet" in p
                for p, r in zip(data_file_paths(table), ["EU", "US"], strict=True))
     assert "commit.retry.num-retries" not in table.properties  # the override is never written
 
@@ -242,7 +247,7 @@ def test_type_change_is_refused_before_anything_is_committed(tmp_path: Path) -> 
     changed = pa.schema([f if f.name != "amount" else pa.field("amount", pa.string()) for f in SCHEMA])
     parts = {"__partition_region=EU": pa.table({"order_id": [3], "region": ["EU"], "amount": ["3.0"],
                                                 "ts": [dt.datetime(2026, 1, 2)]}, schema=changed)}
-    with pytest.raises(ConfigError, match=r"column 'amount' is double in the table but string") as err:
+    with pytest.raises(SinkRefusedError, match=r"column 'amount' is double in the table but string") as err:
         commit_table(lake.request(2, lake.stage(2, parts)))
     assert "nothing was committed" in str(err.value)
     table = lake.table()
@@ -255,7 +260,7 @@ def test_dropped_column_is_refused_naming_the_column(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
     commit_table(lake.request(1, lake.stage(1, eu_us([1], [2]))))
     narrower = pa.schema([f for f in SCHEMA if f.name != "amount"])
-    with pytest.raises(ConfigError, match=r"column 'amount' \(double\) is in the table but not in the epoch's"):
+    with pytest.raises(SinkRefusedError, match=r"column 'amount' \(double\) is in the table but not in the epoch's"):
         commit_table(lake.request(2, lake.stage(2, eu_us([3], [4], narrower))))
     assert len(lake.table().snapshots()) == 1
 
@@ -282,18 +287,115 @@ def test_changes_mode_appends_every_epoch(tmp_path: Path) -> None:
     assert scan_ids(lake.table()) == [1, 2, 3, 4]
 
 
-def test_marker_of_another_store_is_refused(tmp_path: Path) -> None:
+def eu(ids: list[int]) -> dict[str, pa.Table]:
+    """One partition (EU) of an epoch's rows."""
+    return {"__partition_region=EU": orders(ids, "EU")}
+
+
+def prepared(lake: Lake, run_id: str, parts: dict[str, pa.Table]) -> tuple[int, SinkManifest]:
+    """begin, stage and prepare one epoch of the lake's pipeline."""
+    epoch = lake.pipeline.begin(run_id).epoch
+    manifest = lake.stage(epoch, parts)
+    lake.pipeline.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[manifest])
+    return epoch, manifest
+
+
+def release(table: Table) -> None:
+    """Remove the table's owner property (the way out of a refused second owner)."""
+    if "seatunnel-ckpt.owner" in table.properties:
+        with table.transaction() as tx:
+            tx.remove_properties("seatunnel-ckpt.owner")
+
+
+def refused_at_the_decision(lake: Lake, run_id: str, parts: dict[str, pa.Table]) -> str:
+    """Prepare an epoch, ask for commit: it must be decided ABORT before anything reaches the table; the reason."""
+    before = lake.table().metadata_location
+    epoch, _ = prepared(lake, run_id, parts)
+    record = lake.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+    assert record.decision is Decision.ABORT, "an ownership refusal must come before the commit decision"
+    assert lake.pipeline.state(epoch) is EpochState.ABORTED
+    assert lake.table().metadata_location == before  # no snapshot, no property, and no file placed
+    placement = f"{lake.pipeline.name}/orders/{short(lake.pipeline.store_id())}-e{epoch}"
+    assert not list((lake.root / "warehouse").rglob(placement))
+    return record.reason
+
+
+def test_a_wiped_and_recreated_store_is_aborted_before_the_decision_naming_both_stores_not_taken_as_already(
+        tmp_path: Path) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, lake.stage(1, eu_us([1], [2]))))
-    other = dataclasses.replace(lake.request(2, lake.stage(2, eu_us([3], [4]))), store="file:///elsewhere")
-    with pytest.raises(PublishError, match=f"written from store 'file://{tmp_path}/store'"):
-        commit_table(other)
+    for run, ids in (("r1", [1]), ("r2", [2]), ("r3", [3])):
+        lake.run_epoch(run, eu_us(ids, []))
+    old = store_id(open_storage(f"file://{tmp_path}/store"))
+    shutil.rmtree(tmp_path / "store")  # an ephemeral AIRFLOW_HOME with an external catalog
+
+    fresh = Lake(tmp_path)  # same URL, same catalog; epochs restart at 1
+    reason = refused_at_the_decision(fresh, "r1", eu([101]))  # it used to be recorded COMMITTED, how=already
+    new = fresh.pipeline.store_id()
+    assert new != old
+    for each in (old, new):
+        assert f"store {each} (file://{tmp_path}/store)" in reason
+    assert "was wiped and recreated" in reason and "remove its table property seatunnel-ckpt.owner" in reason
+    assert scan_ids(lake.table()) == [1, 2, 3]
+
+    release(lake.table())  # the documented way out: the table is handed over to the new store
+    fresh.run_epoch("r2", eu([102]))
+    assert scan_ids(lake.table()) == [1, 2, 3, 102]
+
+
+def test_a_second_store_with_a_pipeline_of_the_same_name_is_aborted_before_the_decision_naming_both(
+        tmp_path: Path) -> None:
+    lake_a = Lake(tmp_path)
+    lake_b = Lake(tmp_path, store_url=f"file://{tmp_path}/store-b")  # the same catalog and table
+    lake_a.run_epoch("r1", eu([1]))
+
+    reason = refused_at_the_decision(lake_b, "r1", eu([101]))
+    assert f"store {lake_a.pipeline.store_id()} (file://{tmp_path}/store)" in reason
+    assert f"store {lake_b.pipeline.store_id()} (file://{tmp_path}/store-b)" in reason
+    assert scan_ids(lake_a.table()) == [1]
+    lake_a.run_epoch("r2", eu([2]))  # the owner carries on
+    assert scan_ids(lake_a.table()) == [1, 2]
+    epoch = lake_b.pipeline.begin("r2").epoch  # the way out: a table of its own
+    staged = lake_b.stage(epoch, eu([102]))
+    assert staged.table is not None
+    lake_b.pipeline.prepare(epoch, "ingest", 1, run_id="r2", sinks=[
+        dataclasses.replace(staged, table={**staged.table, "identifier": "lake.orders_b"})])
+    assert lake_b.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test").decision is Decision.COMMIT
+    lake_b.pipeline.commit(epoch)
+    assert scan_ids(load_catalog("lake", **lake_b.catalog_props).load_table("lake.orders_b")) == [102]
+
+
+def test_a_second_pipeline_into_the_table_is_aborted_before_the_decision_until_the_owner_property_is_removed(
+        tmp_path: Path) -> None:
+    clicks = Lake(tmp_path, pipeline="clicks")
+    clicks.run_epoch("r1", eu([1, 2]))
+    backfill = Lake(tmp_path, pipeline="clicks_backfill")  # same store, same table
+
+    reason = refused_at_the_decision(backfill, "b1", eu([1]))
+    assert re.search(r"belongs to pipeline 'clicks' of store .*not to pipeline 'clicks_backfill'.*"
+                     r"remove its table property seatunnel-ckpt.owner", reason), reason
+    assert scan_ids(clicks.table()) == [1, 2]
+
+    release(clicks.table())  # the documented way out: the table is handed over
+    backfill.run_epoch("b2", eu([1]))
+    assert scan_ids(clicks.table()) == [1, 1, 2]
+    assert "belongs to pipeline 'clicks_backfill'" in refused_at_the_decision(clicks, "r2", eu([3]))
+
+
+def test_placement_names_of_pipelines_and_sinks_with_dashes_never_collide(tmp_path: Path) -> None:
+    """Pipeline 'a' sink 'e1-x' and pipeline 'a-e1' sink 'x' used to share 'data/region=EU/a-e1-e1-x/'."""
+    first, second = Lake(tmp_path, pipeline="a"), Lake(tmp_path, pipeline="a-e1")
+    commit_table(first.request(1, first.stage(1, eu([1]), sink="e1-x")))
+    release(first.table())  # handed over to the other pipeline
+    commit_table(second.request(1, second.stage(1, eu([2, 3]), sink="x")))
+
+    assert scan_ids(first.table()) == [1, 2, 3]
+    assert len(set(data_file_paths(first.table()))) == 2
 
 
 def test_partitioning_that_differs_from_the_table_is_refused(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
     commit_table(lake.request(1, lake.stage(1, eu_us([1], [2]))))
-    with pytest.raises(ConfigError, match="partitioned by identity of nothing"):
+    with pytest.raises(SinkRefusedError, match="partitioned by identity of nothing"):
         commit_table(lake.request(2, lake.stage(2, {"": orders([3], "EU")}, partition_by=[])))
 
 
@@ -443,7 +545,7 @@ def test_upsert_refuses_a_key_twice_in_one_epoch_and_commits_nothing(tmp_path: P
                           partition_by=[])
     manifest = dataclasses.replace(manifest, table={**manifest.table, "identifier": "lake.totals",
                                                     "merge_keys": ["customer"]})
-    with pytest.raises(ConfigError, match=r"hold key \['customer'\] more than once.*'c0'"):
+    with pytest.raises(SinkRefusedError, match=r"1 key\(s\) appear more than once.*'c0'"):
         commit_table(lake.request(2, manifest))
     table = load_catalog("lake", **lake.catalog_props).load_table("lake.totals")
     assert table.scan().to_arrow().to_pylist() == [{"customer": "c0", "total": 1.0}]

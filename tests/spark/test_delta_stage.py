@@ -49,7 +49,8 @@ def test_a_stage_writing_a_delta_sink_commits_each_epoch_once_into_the_table(
     _, by_customer = delta_scan(table, "SELECT customer, count(*) FROM t GROUP BY customer ORDER BY customer")
     assert by_customer == [("c0", 1), ("c1", 2), ("c2", 1)]
     delta = DeltaTable(str(table))
-    assert (delta.version(), delta.transaction_version("orders/orders_table")) == (1, second.epoch)
+    app_id = f"seatunnel-ckpt/{orders.pipeline.store_id()}/orders/orders_table"
+    assert (delta.version(), delta.transaction_version(app_id)) == (1, second.epoch)
     assert sorted(delta.to_pyarrow_table().column("order_id").to_pylist()) == [1, 2, 3, 4]
 
 

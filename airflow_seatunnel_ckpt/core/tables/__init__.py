@@ -8,17 +8,32 @@ commit is the moment the rows become visible to every reader of the table:
 * the files are first placed at their final, deterministic location inside the table
   (:func:`storage.publish_files`: idempotent, verified against the manifest's sizes and
   CRC32C, never deleting anything);
-* then one transaction per sink per epoch adds them, recording the pipeline and epoch in
-  the table itself (Iceberg: a table property and the snapshot summary; Delta: an
-  application transaction ``txnAppId = <pipeline>/<sink>``, ``txnVersion = epoch``), so a
-  retry, a racing recovery run or the console reads the table first and commits nothing
-  twice.
+* then one transaction per sink per epoch adds them, recording the store id, pipeline,
+  sink and epoch in the table itself (Iceberg: table properties and the snapshot summary;
+  Delta: an application transaction ``txnAppId = seatunnel-ckpt/<store id>/<pipeline>/<sink>``,
+  ``txnVersion = epoch``), so a retry, a racing recovery run or the console reads the
+  table first and commits nothing twice;
+* the table's owner (store id and pipeline) is recorded in it too, and a second owner is
+  refused (:mod:`.markers`).
 
 The formats live in their own modules and are imported on first use, so a pipeline
 without table sinks never imports pyiceberg or deltalake. Each module defines
-``commit(request: TableCommit) -> PublishedSink``. Secrets (catalog credentials) are never
-in the manifest: :func:`register_secret_resolver` lets the Airflow layer add them from a
-connection when the commit runs.
+``commit(request: TableCommit) -> PublishedSink`` and ``precheck(request: TableCommit) ->
+None``.
+
+Everything that can refuse an epoch is checked before the commit decision:
+:func:`precheck_table` runs in ``Pipeline.decide`` for every table sink (merge keys unique
+and not NULL, schema and partitioning against the existing table, table properties, the
+table's owner and epoch marker), from the staged files and their Parquet footers, and raises
+:class:`SinkRefusedError` (:class:`TableOwnershipError` for another owner's table or a marker
+this store's log lacks) so that the epoch is aborted and the table stays untouched.
+After the decision :func:`commit_table` only fails for transient reasons; a refusal then
+means the table changed after the decision, and it fails at once, naming
+``seatunnel-ckpt resolve --skip-sink`` as the way on. An exception of a table library is
+wrapped in :class:`PublishError` naming the pipeline, epoch and sink.
+
+Secrets (catalog credentials) are never in the manifest: :func:`register_secret_resolver`
+lets the Airflow layer add them from a connection when the commit runs.
 """
 
 from __future__ import annotations
@@ -26,11 +41,14 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
 from airflow_seatunnel_ckpt.core.storage.base import Storage
+
+if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never needs it
+    import pyarrow as pa
 
 #: Table type -> module defining ``commit(request) -> PublishedSink`` (imported on first use).
 _BUILTIN = {
@@ -38,6 +56,7 @@ _BUILTIN = {
     "delta": ("airflow_seatunnel_ckpt.core.tables.delta", "deltalake"),
 }
 _FORMATS: dict[str, Callable[[TableCommit], PublishedSink]] = {}
+_PRECHECKS: dict[str, Callable[[TableCommit], None]] = {}
 #: Called with a table sink's options before its commit; returns extra properties holding
 #: secrets (e.g. a catalog's credentials from an Airflow connection named in the options).
 _SECRET_RESOLVERS: list[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = []
@@ -56,11 +75,19 @@ class TableCommit:
     staged: Storage
     #: Transient failures are retried this many times (with backoff) before raising.
     retries: int
+    #: The store's id (:mod:`core.store_id`), recorded in the table with the epoch. Empty:
+    #: read from the store, the parent of ``staged`` (see :func:`markers.store_id_of`).
+    store_id: str = ""
 
     @property
     def table(self) -> Mapping[str, Any]:
         assert self.sink.table is not None
         return self.sink.table
+
+    @property
+    def where(self) -> str:
+        """The pipeline, epoch and sink, for messages."""
+        return f"pipeline {self.pipeline!r} epoch {self.epoch} sink {self.sink.sink!r}"
 
     def secrets(self) -> dict[str, Any]:
         """Extra properties the registered resolvers add for this sink (credentials)."""
@@ -70,9 +97,15 @@ class TableCommit:
         return out
 
 
-def register_table_format(type_name: str, commit: Callable[[TableCommit], PublishedSink]) -> None:
-    """Make sinks with ``table={"type": type_name, ...}`` commit through ``commit``."""
+def register_table_format(type_name: str, commit: Callable[[TableCommit], PublishedSink],
+                          precheck: Callable[[TableCommit], None] | None = None) -> None:
+    """Make sinks with ``table={"type": type_name, ...}`` commit through ``commit``.
+
+    ``precheck`` (called before the commit decision) raises :class:`SinkRefusedError` or
+    :class:`ConfigError` for an epoch the table would refuse; without it nothing is checked.
+    """
     _FORMATS[type_name] = commit
+    _PRECHECKS[type_name] = precheck or (lambda request: None)
 
 
 def register_secret_resolver(resolve: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> None:
@@ -81,23 +114,136 @@ def register_secret_resolver(resolve: Callable[[Mapping[str, Any]], Mapping[str,
         _SECRET_RESOLVERS.append(resolve)
 
 
-def commit_table(request: TableCommit) -> PublishedSink:
-    """Commit one table sink of a commit-decided epoch (idempotent: see the module docs)."""
+def _format(request: TableCommit) -> tuple[Callable[[TableCommit], PublishedSink], Callable[[TableCommit], None]]:
+    """The sink's table format: its ``commit`` and ``precheck`` (a built-in one imported on first use)."""
     type_name = str(request.table.get("type"))
-    commit = _FORMATS.get(type_name)
-    if commit is None and type_name in _BUILTIN:
+    if type_name not in _FORMATS and type_name in _BUILTIN:
         module, library = _BUILTIN[type_name]
         try:
-            commit = importlib.import_module(module).commit
+            loaded = importlib.import_module(module)
         except ImportError as exc:
             raise ConfigError(
-                f"pipeline {request.pipeline!r} epoch {request.epoch}: sink {request.sink.sink!r} is a {type_name} "
-                f"table, but {library} cannot be imported here ({exc}). Install it where the commit runs "
-                f"(pip install 'airflow-seatunnel-ckpt[{type_name}]'), then retry the commit") from exc
-        _FORMATS[type_name] = commit
-    if commit is None:
+                f"{request.where}: the sink is a {type_name} table, but {library} cannot be imported here ({exc}). "
+                f"Install it where the branch and commit tasks run (pip install "
+                f"'airflow-seatunnel-ckpt[{type_name}]')") from exc
+        register_table_format(type_name, loaded.commit, loaded.precheck)
+    if type_name not in _FORMATS:
         raise ConfigError(
-            f"pipeline {request.pipeline!r} epoch {request.epoch}: sink {request.sink.sink!r} names the unknown "
-            f"table type {type_name!r}; known: {sorted({*_BUILTIN, *_FORMATS})}. Register it with "
-            "register_table_format() in the process that commits, then retry the commit")
-    return commit(request)
+            f"{request.where}: the sink names the unknown table type {type_name!r}; known: "
+            f"{sorted({*_BUILTIN, *_FORMATS})}. Register it with register_table_format() in the processes that "
+            "decide and commit")
+    return _FORMATS[type_name], _PRECHECKS[type_name]
+
+
+def _refusal(exc: CheckpointError) -> type[SinkRefusedError]:
+    """The class a refusal is raised as: its own if it is one already (TableOwnershipError)."""
+    return type(exc) if isinstance(exc, SinkRefusedError) else SinkRefusedError
+
+
+def precheck_table(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch that ``request``'s table would refuse.
+
+    Raises :class:`SinkRefusedError` naming the sink, the rows or columns and the way out;
+    the caller aborts the epoch, and the table is unchanged. A transient failure (the
+    catalog or the store unreachable) raises as it is: the decision can be tried again.
+    """
+    try:
+        _format(request)[1](request)
+    except CheckpointError as exc:
+        if exc.retryable:
+            raise
+        raise _refusal(exc)(
+            f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}: the epoch is aborted before any "
+            "change to the table, and its input is read again by the next run; fix the stage (or the table, "
+            "or the sink's options) before it]") from exc
+    except Exception as exc:  # the table library's own error: not known to be final, so not a refusal
+        raise PublishError(
+            f"{request.where}: checking the epoch against its {request.table.get('type')} table failed in the "
+            f"table library: {type(exc).__name__}: {exc}. The epoch is not decided; decide again (clear the "
+            "branch task) once the table can be read") from exc
+
+
+def commit_table(request: TableCommit) -> PublishedSink:
+    """Commit one table sink of a commit-decided epoch (idempotent: see the module docs).
+
+    Only transient failures are left at this point (the epoch stays COMMITTING for a retry,
+    as :class:`PublishError`, also for any exception of the table library). A refusal means
+    the table changed after the decision: :class:`SinkRefusedError`, with the way out
+    (``seatunnel-ckpt resolve --skip-sink``, :meth:`Pipeline.skip_sink`).
+    """
+    try:
+        return _format(request)[0](request)
+    except CheckpointError as exc:
+        if exc.retryable:
+            raise
+        raise _refusal(exc)(
+            f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}, which is decided commit (the checks "
+            "passed at the decision, so the table or the committing process changed since); a retry cannot change "
+            "it. Undo that change (then run the commit again), or publish the epoch without this sink: "
+            f"seatunnel-ckpt resolve {request.pipeline} {request.epoch} --skip-sink {request.sink.sink} --reason "
+            "'...' (recorded in the transaction log; the sink misses this epoch's rows)]") from exc
+    except Exception as exc:  # the table library's own error (pyiceberg, deltalake, pyarrow): ours, named
+        raise PublishError(
+            f"{request.where}: the {request.table.get('type')} commit failed in the table library: "
+            f"{type(exc).__name__}: {exc}. The epoch stays COMMITTING and nothing is duplicated; run the commit "
+            "or the recovery DAG again") from exc
+
+
+def staged_rows(request: TableCommit, columns: list[str] | None = None) -> pa.Table:
+    """The epoch's staged rows (``columns`` only, if given), read from the checkpoint store."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = []
+    for f in request.sink.files:
+        if f.path.endswith(".parquet"):
+            with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
+                table = pq.read_table(fh, columns=columns)
+            if table.num_rows:
+                tables.append(table.replace_schema_metadata(None))
+    return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
+    """The one Parquet schema of the epoch's staged files, from their footers (None: no file).
+
+    ConfigError if two files differ: the stage must write one schema per sink.
+    """
+    import pyarrow.parquet as pq
+
+    schema: pa.Schema | None = None
+    for f in request.sink.files:
+        if not f.path.endswith(".parquet"):
+            continue
+        with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
+            found = pq.read_schema(fh).remove_metadata()
+        if schema is None:
+            schema = found
+        elif not found.equals(schema):
+            raise ConfigError(f"{where}: staged file {f.path} has schema {found}, the epoch's first file has "
+                              f"{schema}; the stage must write one schema per sink")
+    return schema
+
+
+def check_merge_keys(rows: pa.Table, keys: list[str], where: str) -> None:
+    """ConfigError unless every key column exists, holds no NULL and no key repeats."""
+    import pyarrow.compute as pc
+
+    if not rows.num_rows:
+        return
+    missing = [k for k in keys if k not in rows.column_names]
+    if missing:
+        raise ConfigError(f"{where}: merge key column(s) {missing} are not in the epoch's rows "
+                          f"(columns: {rows.column_names}); set merge_keys to columns the stage writes")
+    for key in keys:
+        nulls = rows.column(key).null_count
+        if nulls:
+            raise ConfigError(f"{where}: merge key column {key!r} is NULL in {nulls} row(s); a NULL key matches "
+                              "no row and would be inserted again every epoch. Filter or fill them in the stage")
+    counts = rows.group_by(list(keys)).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
+    if repeated.num_rows:
+        example = {k: repeated.column(k)[0].as_py() for k in keys}
+        raise ConfigError(f"{where}: {repeated.num_rows} key(s) appear more than once in the epoch's rows, e.g. "
+                          f"{example}; an upsert needs one row per key. Aggregate or de-duplicate in the stage "
+                          "(a key_value state's output has one row per key)")

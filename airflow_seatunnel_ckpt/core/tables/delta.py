@@ -3,21 +3,26 @@
 :func:`commit` turns a commit-decided epoch's staged Parquet files into one Delta
 transaction, exactly once:
 
-1. **already?** The table's application transaction ``txnAppId = <pipeline>/<sink>`` is
-   read first (:meth:`DeltaTable.transaction_version`); a version ``>= epoch`` means a
-   previous attempt (a retry, a racing recovery run) committed the epoch: nothing is
-   written, the result says ``already``.
+1. **already?** The table's owner (``<table>/_seatunnel_ckpt_owner``, as a file sink's
+   target has: another pipeline or store is refused) and its application transaction ``txnAppId =
+   seatunnel-ckpt/<store id>/<pipeline>/<sink>`` are read first
+   (:meth:`DeltaTable.transaction_version`, :mod:`.markers`); a version ``>= epoch``
+   means a previous attempt (a retry, a racing recovery run) committed the epoch --
+   provided this pipeline's log has that epoch decided commit, else it is refused:
+   nothing is written, the result says ``already``.
 2. **place.** Each staged file is copied to a deterministic path inside the table root,
-   ``<col>=<value>/<pipeline>-e<epoch>-<sink>-<n>.parquet`` (``n``: the file's position in
-   the manifest), verified against the manifest's size and CRC32C. Idempotent: a file
+   ``<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>-<n>.parquet`` (``n``: the file's
+   position in the manifest), verified against the manifest's size and CRC32C. Idempotent: a file
    already there intact is kept, so a commit killed after placing re-places nothing.
    The directory name is for people only -- Delta readers take partition values from the
    log -- so values are reduced to URL-safe characters there and never need decoding.
 3. **commit.** One ``create_write_transaction`` (``create_table_with_add_actions`` for a new
    table) whose add actions hold *relative* paths, the manifest's sizes, partition values
    and statistics read from each file's Parquet footer, and whose commit properties carry
-   the application transaction ``(<pipeline>/<sink>, epoch)`` plus the pipeline, sink,
-   epoch and store as commit info. delta-rs writes the log entry with put-if-absent, so of
+   the application transaction ``(seatunnel-ckpt/<store id>/<pipeline>/<sink>, epoch)``
+   plus the pipeline, sink, epoch and store as commit info. The owner file is created
+   (create-exclusive) before the first commit of an unowned table.
+   delta-rs writes the log entry with put-if-absent, so of
    two committers of one version exactly one wins (on S3 through conditional writes, no
    lock). The library's own commit retry is off: the loser reloads the table and reads the
    transaction version again (step 1), at most ``request.retries`` times.
@@ -37,6 +42,12 @@ Decisions (docs/tables/delta.md has the user's view):
   file and the new add actions are one version, so readers see the old or the new table.
 * ``merge_keys`` (an upsert): the epoch's rows are MERGEd into an existing table, with the
   same application transaction in the same version (:mod:`.delta_upsert`).
+* **refusals come first**: :func:`precheck` runs every refusal (schema, partitioning, merge
+  keys, ``delta.appendOnly``, column mapping, the table's owner, an application transaction
+  this store's log lacks or past the epoch) when
+  the epoch is decided, from the table's log and the staged files' footers, so a refused
+  epoch is aborted instead of decided commit; the commit repeats them for a table altered
+  in between.
 """
 
 from __future__ import annotations
@@ -63,12 +74,19 @@ from deltalake.transaction import (
 )
 
 from airflow_seatunnel_ckpt.core.config import redact_url
-from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, StorageError
+from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRefusedError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
-from airflow_seatunnel_ckpt.core.tables import TableCommit, delta_upsert
+from airflow_seatunnel_ckpt.core.tables import (
+    TableCommit,
+    check_merge_keys,
+    delta_upsert,
+    markers,
+    staged_rows,
+    staged_schema,
+)
 from airflow_seatunnel_ckpt.core.tables.delta_files import footer_stats, partition_dir
 
 log = logging.getLogger(__name__)
@@ -81,18 +99,33 @@ class PlacedFile:
     path: str
 
 
+def identify(request: TableCommit) -> tuple[str, str]:
+    """The sink's table URL and how messages name the epoch's commit."""
+    uri = _table_uri(request)
+    return uri, (f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} "
+                 f"(Delta table {redact_url(uri)})")
+
+
+def table_epoch(request: TableCommit, target: Storage, table: DeltaTable | None, where: str, *,
+                decided: bool) -> tuple[markers.Owner | None, int | None]:
+    """The table's owner and this store's pipeline's sink's epoch in it: the one place they are read.
+
+    Refuses another owner's table, or an application transaction this pipeline's log lacks,
+    with :class:`TableOwnershipError` (:func:`markers.check_marker`; ``decided``: the epoch
+    is decided commit, False before the decision). Reads only.
+    """
+    owner = markers.read_owner_file(target, where)
+    marker = markers.delta_marker(table, request) if table is not None else None
+    return owner, markers.check_marker(request, owner, marker, where, decided=decided)
+
+
 def commit(request: TableCommit) -> PublishedSink:
     """Commit ``request``'s staged files as one Delta table version (see the module docs)."""
-    uri = _table_uri(request)
+    uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
     target = open_storage(uri, fs_options)
-    app_id = f"{request.pipeline}/{request.sink.sink}"
-    where = (f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} "
-             f"(Delta table {redact_url(uri)})")
-    keys = delta_upsert.merge_keys(request)
-    if keys and request.sink.mode is SinkMode.SNAPSHOT:
-        raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
-                          "sense with it. Drop merge_keys, or use mode 'changes'")
+    app_id = markers.delta_app_id(request)
+    keys = _merge_keys(request, where)
     placed: list[PlacedFile] | None = None  # placed once; every attempt commits the same actions
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
@@ -101,24 +134,17 @@ def commit(request: TableCommit) -> PublishedSink:
     for attempt in itertools.count():
         # Read the table first, also after the last failed attempt: a conflict may have
         # been a racing committer landing this very epoch.
-        table = _load(uri, delta_options, where)
-        version = table.transaction_version(app_id) if table is not None else None
-        if version is not None and version > request.epoch:
-            # Epochs of one store commit in order (a COMMITTING epoch blocks the next), so
-            # a newer version was written through another store under the same names, or
-            # by this store before it was reset: "already" would silently drop this epoch.
-            raise PublishError(
-                f"{where}: the table's application transaction {app_id!r} is at epoch {version}, beyond this "
-                f"epoch: another checkpoint store's pipeline of the same name (or this store before it was reset) "
-                "commits this sink into the table, and its epochs are not this store's. Nothing was committed. "
-                "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
-        if version == request.epoch:
+        table = load(uri, delta_options, where)
+        owner, version = table_epoch(request, target, table, where, decided=True)
+        if version is not None and version >= request.epoch:
             log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
             return _published(request, uri, PublishMethod.ALREADY)
         if attempt > request.retries:
             break
         if attempt:
             time.sleep(min(0.05 * 2 ** attempt, 5.0))
+        if owner is None:
+            markers.claim_owner_file(target, request, where)
         if keys and table is not None:
             try:
                 _upsert(request, table, keys, app_id, where)
@@ -129,7 +155,7 @@ def commit(request: TableCommit) -> PublishedSink:
                 log.warning("%s: merge attempt %d failed (%s); reading the table again", where, attempt + 1, exc)
                 continue
         if keys:  # a new table: created from the placed files, so the keys must be unique already
-            delta_upsert.check_keys(delta_upsert.epoch_rows(request), keys, where)
+            check_merge_keys(staged_rows(request), keys, where)
         if placed is None:
             placed, how = place_files(request, target, where)
             actions, schema = add_actions(request, target, placed, where)
@@ -153,6 +179,68 @@ def commit(request: TableCommit) -> PublishedSink:
         f"{where}: the Delta commit failed {request.retries + 1} time(s), last with: {problem}. The epoch stays "
         "COMMITTING and nothing was removed; the placed files are kept and a retry of the commit (or the "
         "recovery DAG) adds them once")
+
+
+def precheck(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
+
+    From the table's log, its owner marker and the staged files' Parquet footers (and, for
+    ``merge_keys``, their key columns): the keys are unique and never NULL, the table is
+    this store's pipeline's (or nobody's) and its application transaction is not past the
+    epoch (:func:`table_epoch`, :class:`TableOwnershipError`), its properties allow the
+    sink's mode, and the schema and partitioning fit.
+    """
+    uri, where = identify(request)
+    fs_options, delta_options = storage_options(request, uri)
+    keys = _merge_keys(request, where)
+    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    schema = staged_schema(request, where)
+    if schema is None:
+        return
+    if keys:
+        check_merge_keys(staged_rows(request, [k for k in keys if k in schema.names]), keys, where)
+    table = load(uri, delta_options, where)
+    _, version = table_epoch(request, open_storage(uri, fs_options), table, where, decided=False)
+    if version is not None and version > request.epoch:
+        raise SinkRefusedError(
+            f"{where}: the table's application transaction {markers.delta_app_id(request)!r} is at epoch "
+            f"{version}, beyond this epoch, and this store commits its epochs in order. Nothing was committed. "
+            "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
+    if table is None:
+        missing = [c for c in partition_by if c not in schema.names]
+        if missing:
+            raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files (columns: "
+                              f"{schema.names}); fix the sink's partition_by")
+        return
+    check_table(table, request, keys, where)
+    check_schema(table, schema, partition_by, where)
+
+
+def check_table(table: DeltaTable, request: TableCommit, keys: Sequence[str], where: str) -> None:
+    """ConfigError if the table's properties forbid what the sink does (column mapping, append-only)."""
+    configuration = table.metadata().configuration
+    mapping = configuration.get("delta.columnMapping.mode") or "none"
+    if mapping != "none" and not keys:
+        # Data files of such a table name columns by their physical names; ours use the
+        # logical ones. delta-rs commits them anyway and the table can no longer be read
+        # ("Partition column ... not found in schema").
+        raise ConfigError(
+            f"{where}: the table uses column mapping (delta.columnMapping.mode={mapping}); files written by Spark "
+            "without Delta name their columns logically and cannot be added to it. Write to a table without "
+            "column mapping, or use merge_keys (delta-rs writes the files of a MERGE itself)")
+    if configuration.get("delta.appendOnly") == "true" and (keys or request.sink.mode is SinkMode.SNAPSHOT):
+        what = "an upsert sink (merge_keys) updates" if keys else "a snapshot sink replaces"
+        raise ConfigError(
+            f"{where}: the table is append-only (delta.appendOnly=true) and {what} its rows. "
+            "Use mode 'changes' without merge_keys, or unset delta.appendOnly on the table")
+
+
+def _merge_keys(request: TableCommit, where: str) -> list[str]:
+    keys = delta_upsert.merge_keys(request)
+    if keys and request.sink.mode is SinkMode.SNAPSHOT:
+        raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
+                          "sense with it. Drop merge_keys, or use mode 'changes'")
+    return keys
 
 
 def _table_uri(request: TableCommit) -> str:
@@ -202,7 +290,8 @@ def _delta_uri(uri: str) -> str:
     return "s3://" + uri[len("s3a://"):] if uri.startswith("s3a://") else uri
 
 
-def _load(uri: str, options: dict[str, str], where: str) -> DeltaTable | None:
+def load(uri: str, options: dict[str, str], where: str) -> DeltaTable | None:
+    """The table, or None if there is none at ``uri``."""
     try:
         return DeltaTable(_delta_uri(uri), storage_options=options or None)
     except TableNotFoundError:
@@ -220,7 +309,7 @@ def place_files(request: TableCommit, target: Storage, where: str) -> tuple[list
         if not f.path.endswith(".parquet"):
             continue  # Spark's bookkeeping never reaches the manifest; anything else is no data file
         source = f"{request.sink.staging}/{f.path}"
-        dest = f"{partition_dir(f.path)}{request.pipeline}-e{request.epoch}-{request.sink.sink}-{n:05d}.parquet"
+        dest = f"{partition_dir(f.path)}{markers.placement(request)}-{n:05d}.parquet"
         if not holds(target, dest, f):
             problem = staged_problem(staged, source, f)
             if problem and not holds(target, dest, f):
@@ -300,7 +389,7 @@ def _properties(request: TableCommit, app_id: str) -> CommitProperties:
     # committer of this epoch and for any other writer, instead of delta-rs's own rebase.
     return CommitProperties(
         custom_metadata={"pipeline": request.pipeline, "sink": request.sink.sink, "epoch": request.epoch,
-                         "store": request.store},
+                         "store": request.store, "store_id": markers.store_id_of(request)},
         max_commit_retries=0, app_transactions=[Transaction(app_id, request.epoch)])
 
 
@@ -316,19 +405,7 @@ def _create(request: TableCommit, uri: str, options: dict[str, str], actions: li
 def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], schema: pa.Schema | None,
             app_id: str, where: str) -> None:
     partition_by = [str(c) for c in request.table.get("partition_by") or []]
-    mapping = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
-    if mapping != "none":
-        # Data files of such a table name columns by their physical names; ours use the
-        # logical ones. delta-rs commits them anyway and the table can no longer be read
-        # ("Partition column ... not found in schema").
-        raise ConfigError(
-            f"{where}: the table uses column mapping (delta.columnMapping.mode={mapping}); files written by Spark "
-            "without Delta name their columns logically and cannot be added to it. Write to a table without "
-            "column mapping, or use merge_keys (delta-rs writes the files of a MERGE itself)")
-    if request.sink.mode is SinkMode.SNAPSHOT and table.metadata().configuration.get("delta.appendOnly") == "true":
-        raise ConfigError(
-            f"{where}: the table is append-only (delta.appendOnly=true) and a snapshot sink replaces its rows. "
-            "Use mode 'changes', or unset delta.appendOnly on the table")
+    check_table(table, request, (), where)
     added = check_schema(table, schema, partition_by, where) if schema is not None else []
     if added:
         # A metadata-only commit of its own: create_write_transaction would take the files
@@ -343,8 +420,9 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
 
 
 def _upsert(request: TableCommit, table: DeltaTable, keys: list[str], app_id: str, where: str) -> None:
-    rows = delta_upsert.epoch_rows(request)
-    delta_upsert.check_keys(rows, keys, where)
+    rows = staged_rows(request)
+    check_merge_keys(rows, keys, where)
+    check_table(table, request, keys, where)
     added = check_schema(table, rows.schema, [str(c) for c in request.table.get("partition_by") or []], where)
     if added:
         table.alter.add_columns(added)

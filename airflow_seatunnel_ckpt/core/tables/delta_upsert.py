@@ -7,14 +7,15 @@ directly ("totals per customer") instead of picking the newest row per key thems
 The epoch's staged rows are read (they are one epoch of one keyed result: small) and
 merged with delta-rs ``MERGE`` (update every matched row, insert the others). delta-rs
 takes the commit properties with the MERGE, so the application transaction
-``(<pipeline>/<sink>, epoch)`` is in the *same* table version as the merged rows: a retry
-that finds the transaction version adds nothing, exactly as for appends. Unlike an
+``(seatunnel-ckpt/<store id>/<pipeline>/<sink>, epoch)`` is in the *same* table version as
+the merged rows: a retry that finds the transaction version adds nothing, exactly as for appends. Unlike an
 append, MERGE writes new data files itself (the staged files are read, not added); a new
 table is still created from the placed files (see :mod:`.delta`).
 
 Keys a row is merged on must be unique in the epoch and never NULL (a NULL key matches
-nothing and would be inserted again every epoch): both are refused before the merge. Keys
-are never deleted by an upsert.
+nothing and would be inserted again every epoch): both are refused before the commit
+decision (:func:`.delta.precheck`, with :func:`core.tables.check_merge_keys`), and again
+before the merge. Keys are never deleted by an upsert.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from deltalake.transaction import CommitProperties
 
@@ -42,38 +41,6 @@ def merge_keys(request: TableCommit) -> list[str]:
         raise ConfigError(f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: merge_keys must be a list of "
                           f"column names, got {keys!r}")
     return list(keys)
-
-
-def epoch_rows(request: TableCommit) -> pa.Table:
-    """The epoch's staged rows, read from the checkpoint store (files without rows skipped)."""
-    tables = []
-    for f in request.sink.files:
-        if f.path.endswith(".parquet"):
-            with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
-                table = pq.read_table(fh)
-            if table.num_rows:
-                tables.append(table.replace_schema_metadata(None))
-    return pa.concat_tables(tables) if tables else pa.table({})
-
-
-def check_keys(rows: pa.Table, keys: Sequence[str], where: str) -> None:
-    """ConfigError unless every key column exists, holds no NULL and no key repeats."""
-    missing = [k for k in keys if k not in rows.column_names]
-    if missing:
-        raise ConfigError(f"{where}: merge key column(s) {missing} are not in the epoch's rows "
-                          f"(columns: {rows.column_names}); set merge_keys to columns the stage writes")
-    for key in keys:
-        nulls = rows.column(key).null_count
-        if nulls:
-            raise ConfigError(f"{where}: merge key column {key!r} is NULL in {nulls} row(s); a NULL key matches "
-                              "no row and would be inserted again every epoch. Filter or fill them in the stage")
-    counts = rows.group_by(list(keys)).aggregate([([], "count_all")])
-    repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
-    if repeated.num_rows:
-        example = {k: repeated.column(k)[0].as_py() for k in keys}
-        raise ConfigError(f"{where}: {repeated.num_rows} key(s) appear more than once in the epoch's rows, e.g. "
-                          f"{example}; an upsert needs one row per key. Aggregate or de-duplicate in the stage "
-                          "(a key_value state's output has one row per key)")
 
 
 def merge(table: DeltaTable, rows: pa.Table, keys: Sequence[str], properties: CommitProperties) -> dict[str, Any]:

@@ -4,27 +4,35 @@
 epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "catalog":
 {...}, "catalog_name": ..., "partition_by": [...]}``:
 
-1. **marker first.** The table property ``seatunnel-ckpt.<pipeline>.<sink>.epoch`` holds
-   the last epoch of this pipeline's sink committed into the table. Epochs commit in order
-   (the protocol commits an epoch only after earlier ones are decided), so a value
-   ``>= epoch`` means this epoch is in the table: nothing is done, ``how="already"``.
-   The property survives snapshot expiry; the snapshot summary (pipeline, sink, epoch)
-   is for people reading the history.
+1. **marker first.** The table properties ``seatunnel-ckpt.<pipeline>.<sink>.{epoch,store-id}``
+   hold the last epoch of this pipeline's sink committed into the table and the id of
+   the store that committed it; ``seatunnel-ckpt.owner`` names the table's owner
+   (:mod:`.markers`). Another owner is refused. Epochs commit in order (the protocol
+   commits an epoch only after earlier ones are decided), so this store's value
+   ``>= epoch`` means this epoch is in the table -- if this pipeline's log has that epoch
+   decided commit (else the store was reset, and the epoch is refused): nothing is done,
+   ``how="already"``. The properties survive snapshot expiry; the snapshot summary
+   (store id, pipeline, sink, epoch) is for people reading the history.
 2. **table and schema.** The table is created on first use from the staged files' Parquet
    schema (identity partitions on ``partition_by``). Later epochs may add columns (added
    as optional columns, in the same transaction as the data); a column that disappeared,
    changed type or became nullable is refused *before* anything is placed or committed,
    naming the column, both types and the way out.
 3. **placement.** The staged files are put at deterministic paths inside the table's
-   location (``data/<col>=<value>/<pipeline>-e<epoch>-<sink>/<file>``) with
+   location (``data/<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>/<file>``) with
    :func:`storage.publish_files`: idempotent, verified, never deleting anything.
 4. **one transaction**: ``add_files`` (duplicate-file check on) or, for a ``snapshot`` sink,
    one OVERWRITE snapshot that removes every current data file and adds the epoch's, plus
-   the marker property; with ``merge_keys`` (upsert), the table's rows of the epoch's keys
+   the marker and owner properties; with ``merge_keys`` (upsert), the table's rows of the epoch's keys
    are deleted in the same transaction first. pyiceberg's own commit retry is switched off for it: on a conflict
    it rebases an append *without* re-checking duplicates, so two committers of one epoch
    (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
    outcome reloads the table and goes back to step 1.
+
+:func:`precheck` runs the refusals of steps 1, 2 and 4 (owner and marker, schema, partitioning,
+merge keys unique and not NULL) when the epoch is decided, from the staged files alone, so that a
+refused epoch is aborted instead of decided commit; the commit repeats them for a table
+altered in between.
 """
 
 from __future__ import annotations
@@ -35,11 +43,10 @@ import os
 import posixpath
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
@@ -53,14 +60,14 @@ from pyiceberg.exceptions import (
 from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids, parquet_file_to_data_file
 from pyiceberg.schema import promote
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.upsert_util import create_match_filter, has_duplicate_rows
+from pyiceberg.table.upsert_util import create_match_filter
 from pyiceberg.transforms import IdentityTransform
 
 from airflow_seatunnel_ckpt.core.config import redact_url
-from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError
+from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
-from airflow_seatunnel_ckpt.core.tables import TableCommit
+from airflow_seatunnel_ckpt.core.tables import TableCommit, check_merge_keys, markers, staged_rows, staged_schema
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 
 log = logging.getLogger(__name__)
@@ -73,11 +80,6 @@ APPENDED = "appended"
 REPLACED = "replaced"
 MERGED = "merged"
 ALREADY = "already"
-
-
-def marker_keys(pipeline: str, sink: str) -> tuple[str, str]:
-    """The table properties holding this sink's last committed epoch and its store."""
-    return f"{PROPERTY_PREFIX}.{pipeline}.{sink}.epoch", f"{PROPERTY_PREFIX}.{pipeline}.{sink}.store"
 
 
 def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Catalog:
@@ -104,27 +106,81 @@ def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Cata
             "catalog_conn_id connection") from exc
 
 
-def commit(request: TableCommit) -> PublishedSink:
-    """Commit ``request``'s epoch into its Iceberg table exactly once (see the module docs)."""
-    options = request.table
-    identifier = options.get("identifier")
+def identify(request: TableCommit) -> tuple[str, str]:
+    """The sink's table identifier (checked) and how messages name the epoch's commit."""
+    identifier = request.table.get("identifier")
     if not isinstance(identifier, str) or "." not in identifier.strip("."):
         raise ConfigError(
             f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: the Iceberg table must be named "
             f"'<namespace>.<table>', got {identifier!r}; fix the sink's 'table' option")
-    catalog = open_catalog(options, request.secrets())
+    return identifier, f"{request.where} (table {identifier})"
+
+
+def dispose(catalog: Catalog) -> None:
+    """Close a SQL catalog's connection pool (not kept from one commit to the next)."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def _catalog(request: TableCommit) -> Iterator[Catalog]:
+    catalog = open_catalog(request.table, request.secrets())
     try:
-        return _commit(catalog, identifier, request)
+        yield catalog
     finally:
-        engine = getattr(catalog, "engine", None)  # a SQL catalog's connection pool: not kept per commit
-        if engine is not None:
-            engine.dispose()
+        dispose(catalog)
 
 
-def _commit(catalog: Catalog, identifier: str, request: TableCommit) -> PublishedSink:
-    where = f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} (table {identifier})"
+def commit(request: TableCommit) -> PublishedSink:
+    """Commit ``request``'s epoch into its Iceberg table exactly once (see the module docs)."""
+    identifier, where = identify(request)
+    with _catalog(request) as catalog:
+        return _commit(catalog, identifier, request, where)
+
+
+def precheck(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
+
+    From the table's metadata and the staged files' Parquet footers (and, for
+    ``merge_keys``, their key columns): the keys are unique and never NULL, the table is
+    this store's pipeline's (or nobody's) and its marker is not past the epoch
+    (:func:`_committed_epoch`, :class:`TableOwnershipError`), and the schema and
+    partitioning fit.
+    """
+    identifier, where = identify(request)
+    key = [str(k) for k in request.table.get("merge_keys") or []]
+    schema = staged_schema(request, where)
+    if schema is None:
+        return
+    drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
+    for i in reversed(drop):
+        schema = schema.remove(i)
+    if key:
+        check_merge_keys(staged_rows(request, [k for k in key if k in schema.names]), key, where)
+    with _catalog(request) as catalog:
+        table = load(catalog, identifier)
+        if table is None:
+            missing = [c for c in request.table.get("partition_by") or [] if c not in schema.names]
+            if missing:
+                raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
+                                  f"(columns: {schema.names}); fix the sink's partition_by")
+            _check_key(schema.names, request, where)
+            return
+        committed = _committed_epoch(table, request, where, decided=False)
+        if committed > request.epoch:
+            raise SinkRefusedError(
+                f"{where}: the table's marker {markers.marker_keys(request.pipeline, request.sink.sink)['epoch']} "
+                f"is at epoch {committed}, beyond this epoch, and this store commits its epochs in order. Nothing "
+                "was committed. Give this sink its own table, or rename the pipeline or the sink")
+        _check_schema(table, schema, where)
+        _check_partitioning(table, request, where)
+        _check_key(table.schema().column_names, request, where)
+
+
+def _commit(catalog: Catalog, identifier: str, request: TableCommit, where: str) -> PublishedSink:
     for attempt in range(request.retries + 1):
-        table = _load(catalog, identifier)
+        table = load(catalog, identifier)
         if table is not None and _committed_epoch(table, request, where) >= request.epoch:
             return _published(request, table, ALREADY)
         if table is None:
@@ -137,7 +193,7 @@ def _commit(catalog: Catalog, identifier: str, request: TableCommit) -> Publishe
         file_schema = _staged_schema(request, placed) if request.sink.files else None
         added = _check_schema(table, file_schema, where) if file_schema is not None else []
         _check_partitioning(table, request, where)
-        _check_key(table, request, where)
+        _check_key(table.schema().column_names, request, where)
         paths = place_files(request, placed)
         try:
             how = _commit_once(table, request, paths, file_schema, added, where)
@@ -156,32 +212,25 @@ def _commit(catalog: Catalog, identifier: str, request: TableCommit) -> Publishe
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _load(catalog: Catalog, identifier: str) -> Table | None:
+def load(catalog: Catalog, identifier: str) -> Table | None:
+    """The table, or None if the catalog has none of that name."""
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
         return None
 
 
-def _committed_epoch(table: Table, request: TableCommit, where: str) -> int:
-    epoch_key, store_key = marker_keys(request.pipeline, request.sink.sink)
+def _committed_epoch(table: Table, request: TableCommit, where: str, *, decided: bool = True) -> int:
+    """This store's last epoch of the sink in the table (-1: none): the one place its marker is read.
+
+    Refuses another owner's table, or a marker this pipeline's log lacks, with
+    :class:`TableOwnershipError` (:func:`markers.check_marker`; ``decided``: the epoch is
+    decided commit, False before the decision).
+    """
     props = table.metadata.properties
-    store = props.get(store_key)
-    if store is not None and store != request.store:
-        raise PublishError(
-            f"{where}: the table records this pipeline's sink as written from store {store!r} (property "
-            f"{store_key}), not {request.store!r}; its epochs would mix with another pipeline's of the same "
-            "name. Give this sink its own table, or, if the store deliberately moved, remove both "
-            f"{PROPERTY_PREFIX}.{request.pipeline}.{request.sink.sink}.* properties and commit again")
-    value = props.get(epoch_key)
-    if value is None:
-        return -1
-    try:
-        return int(value)
-    except ValueError:
-        raise PublishError(
-            f"{where}: table property {epoch_key} is {value!r}, not an epoch number; set it to the last "
-            "epoch committed into the table (see the snapshot summaries) and commit again") from None
+    marker = markers.iceberg_marker(props, request, where)
+    committed = markers.check_marker(request, markers.Owner.parse(props), marker, where, decided=decided)
+    return -1 if committed is None else committed
 
 
 def _create(catalog: Catalog, identifier: str, schema: pa.Schema, request: TableCommit, where: str) -> Table:
@@ -233,12 +282,13 @@ def table_storage(table: Table, request: TableCommit) -> Storage:
 def final_dir(request: TableCommit, staged_dir: str) -> str:
     """Where the files of one staged directory go, relative to the table location.
 
-    ``__partition_region=EU`` becomes ``data/region=EU/<pipeline>-e<epoch>-<sink>``: an
-    Iceberg-style partition path and a name no other epoch or sink shares.
+    ``__partition_region=EU`` becomes ``data/region=EU/<pipeline>/<sink>/<store>-e<epoch>``:
+    an Iceberg-style partition path and a name no other store, pipeline, sink or epoch
+    shares (:func:`markers.placement`).
     """
     parts = [p[len(PARTITION_PREFIX):] if p.startswith(PARTITION_PREFIX) else p
              for p in staged_dir.split("/") if p]
-    return posixpath.join("data", *parts, f"{request.pipeline}-e{request.epoch}-{request.sink.sink}")
+    return posixpath.join("data", *parts, markers.placement(request))
 
 
 def _groups(request: TableCommit) -> dict[str, list[FileInfo]]:
@@ -308,7 +358,7 @@ def _check_schema(table: Table, file_schema: pa.Schema, where: str) -> list[str]
                             "stage's column non-null")
     if problems:
         raise ConfigError(f"{where}: the epoch's files do not fit the table's schema; nothing was committed. "
-                          + "; ".join(problems) + ". Then retry the commit")
+                          + "; ".join(problems))
     return [name for name in new if name not in have]
 
 
@@ -324,12 +374,12 @@ def _check_partitioning(table: Table, request: TableCommit, where: str) -> None:
             "partition field. Set partition_by to the table's identity partition columns, or write a new table")
 
 
-def _check_key(table: Table, request: TableCommit, where: str) -> None:
+def _check_key(columns: Sequence[str], request: TableCommit, where: str) -> None:
     key = list(request.table.get("merge_keys") or [])
-    missing = [k for k in key if k not in table.schema().column_names]
+    missing = [k for k in key if k not in columns]
     if missing:
         raise ConfigError(f"{where}: upsert key column(s) {missing} are not in the table "
-                          f"(columns: {table.schema().column_names}); fix the sink's merge_keys option")
+                          f"(columns: {list(columns)}); fix the sink's merge_keys option")
     if key and request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a snapshot sink replaces the whole table, merge_keys would do "
                           "nothing; remove merge_keys, or use mode 'changes' with merge_keys to upsert")
@@ -338,9 +388,9 @@ def _check_key(table: Table, request: TableCommit, where: str) -> None:
 def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_schema: pa.Schema | None,
                  added: Sequence[str], where: str) -> str:
     """One transaction: (schema additions,) the files, the marker. Raises on conflict."""
-    epoch_key, store_key = marker_keys(request.pipeline, request.sink.sink)
     summary = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
-               f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store}
+               f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store,
+               f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
     view = _without_library_retry(table)
     snapshot = request.sink.mode is SinkMode.SNAPSHOT
     key = [str(k) for k in request.table.get("merge_keys") or []]
@@ -369,7 +419,7 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
                         overwrite.delete_data_file(data_file)
                     for path in paths:
                         overwrite.append_data_file(parquet_file_to_data_file(view.io, tx.table_metadata, path))
-            tx.set_properties({epoch_key: str(request.epoch), store_key: request.store})
+            tx.set_properties(markers.marker_for(request))
     except ValueError as exc:  # pyiceberg's schema/partition/duplicate checks, before the commit
         raise ConfigError(f"{where}: the table refused the epoch's files before committing ({exc}); nothing "
                           "was committed. Fix the cause, then retry the commit") from exc
@@ -378,19 +428,14 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
 
 
 def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:
-    """The key columns of the epoch's placed files; ConfigError if a key appears twice."""
+    """The key columns of the epoch's placed files; ConfigError if a key is NULL or appears twice
+    (refused before the decision already, :func:`precheck`)."""
     parts = []
     for path in paths:
         with table.io.new_input(path).open() as fh:
             parts.append(pq.read_table(fh, columns=list(key)))
     keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([]) for k in key})
-    if keys.num_rows and has_duplicate_rows(keys, list(key)):
-        counts = keys.group_by(list(key)).aggregate([([], "count_all")])
-        dupes = counts.filter(pc.field("count_all") > 1).slice(0, 5).to_pylist()
-        raise ConfigError(
-            f"{where}: the epoch's rows hold key {list(key)} more than once (e.g. {dupes}); an upsert needs one "
-            "row per key. Reduce the rows to one per key in the stage (a key_value state's output is), then "
-            "retry the commit; nothing was committed")
+    check_merge_keys(keys, list(key), where)
     return keys
 
 
