@@ -186,7 +186,7 @@ def _rewrite(pipeline: Pipeline, op: OperatorState, name: str, epoch: int, key_g
             part = part.sort_by([(k, "ascending") for k in op.key_columns])  # as the executors write parts
             path = layout.part_path(epoch, "operators", name, group, _ATTEMPT)
             chains[group] = [write_arrow_part(storage, path, part, epoch=epoch, key_group=group, level=level)]
-    return OperatorState(key_groups, list(op.key_columns), chains, op.state_kind)
+    return dataclasses.replace(op, key_groups=key_groups, chains=chains)  # kind, keys and shape carried
 
 
 def _with_states(participant_states: Callable[[dict[str, StateDescriptor]], dict[str, StateDescriptor]]
