@@ -1,15 +1,16 @@
 """Evolving a pipeline's keyed state on purpose: rename, drop, reset, rescale.
 
-A stage whose keyed states differ from the committed ones is refused before it prepares
-(see :func:`descriptor.state_changes`); these commands are the explicit way to change
-them. Each one:
+A stage whose keyed states differ from the committed ones (the shapes the restored
+checkpoint records, ``OperatorState.shape``) is refused before it prepares (see
+:func:`descriptor.state_changes`); these commands are the explicit way to change them.
+Each one:
 
 1. runs only when every epoch is settled (COMMITTED or ABORTED), so it never races a
    stage's epoch;
 2. restores the newest committed checkpoint (the primary; a damaged one is refused);
 3. writes an **evolution epoch**: a normal epoch with its own ``begin`` (run id
    ``evolution__<action>__<ms>``), one ``prepared`` record per participant (no sink
-   output, the changed states, every source's history carried over), the ``decision``
+   output, the changed states with their shapes, every source's history carried over), the ``decision``
    (``by`` and ``reason`` say who changed what and why) and ``committed``. Restore,
    retention and recovery therefore need no special case, and the transaction log is
    the audit trail;
