@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
 # Create or refresh the project virtualenv in .venv.
 #
-# Idempotent: the install is skipped while a stamp matching the sha256 of pyproject.toml,
-# constraints.txt and the compiled extension's C sources exists in .venv. Needs Python 3.11
-# (and Java 17 for the Spark tests) on the machine, and a C compiler for the compiled loops
-# of the state format (without one they run in numpy). Override the interpreter with
-# PYTHON=/path/to/python3.11.
+# Idempotent: the install is skipped while a stamp matching the sha256 of pyproject.toml
+# and constraints.txt exists in .venv. Needs Python 3.11 (and Java 17 for the Spark tests)
+# on the machine. Override the interpreter with PYTHON=/path/to/python3.11.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,14 +27,13 @@ if [[ ! -x $VENV/bin/python ]]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
-# The C sources are in the digest: a change to them rebuilds the compiled extension.
-digest=$(cat pyproject.toml constraints.txt airflow_seatunnel_ckpt/core/*.c | sha256sum | cut -d' ' -f1)
+digest=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 stamp="$VENV/.bootstrap-$digest"
 if [[ -f $stamp ]]; then
     exit 0
 fi
 
-echo "bootstrap: installing airflow-seatunnel-ckpt[test] into $VENV (pyproject.toml or a C source changed)"
+echo "bootstrap: installing airflow-seatunnel-ckpt[test] into $VENV (pyproject.toml or constraints.txt changed)"
 "$VENV/bin/python" -m pip install --quiet --progress-bar off \
     --constraint constraints.txt --editable '.[test]'
 

@@ -49,6 +49,7 @@ from airflow_seatunnel_ckpt.core.errors import (
     IncompatibleFormatError,
     PipelineOwnershipError,
 )
+from airflow_seatunnel_ckpt.core.models import OperatorState, StateShape
 from airflow_seatunnel_ckpt.core.names import validate_name
 
 if TYPE_CHECKING:
@@ -172,18 +173,25 @@ class StateDescriptor:
         cols = _get(d, "key_columns", list, path)
         if not all(isinstance(c, str) for c in cols):
             raise CorruptCheckpointError(f"{path}: state key_columns must be strings", path)
-        aggregate = _get(d, "aggregate", dict, path, optional=True)
-        if aggregate is not None and not all(
-                isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in aggregate.values()):
-            raise CorruptCheckpointError(f"{path}: state aggregate must map a column to [function, column]", path)
-        schema = _get(d, "schema", list, path, optional=True)
-        if schema is not None and not all(
-                isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("type"), str)
-                for c in schema):
-            raise CorruptCheckpointError(f"{path}: state schema must be a list of {{name, type}}", path)
+        shape = StateShape.from_dict(d, path)
         return cls(_get(d, "kind", str, path), list(cols), _get(d, "key_groups", int, path, optional=True),
-                   {k: list(v) for k, v in aggregate.items()} if aggregate is not None else None,
-                   [{"name": c["name"], "type": c["type"]} for c in schema] if schema is not None else None)
+                   shape.aggregate, shape.schema)
+
+    @property
+    def state_shape(self) -> StateShape:
+        """The aggregate and columns, as a checkpoint records them with the state's chains."""
+        return StateShape(self.aggregate, self.schema)
+
+    @classmethod
+    def of_operator(cls, op: OperatorState, recorded: StateDescriptor | None = None) -> StateDescriptor:
+        """The committed shape of a restored state, from its checkpoint.
+
+        Kind, key columns and key groups are the checkpoint's; so are the aggregate and
+        columns when the checkpoint recorded them. A checkpoint written before states
+        recorded their shape has none: then ``recorded`` (a descriptor's) supplies them.
+        """
+        shape = op.shape or (recorded.state_shape if recorded is not None else StateShape())
+        return cls(op.state_kind, list(op.key_columns), op.key_groups, shape.aggregate, shape.schema)
 
 
 @dataclass(frozen=True)

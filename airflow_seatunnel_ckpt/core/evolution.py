@@ -1,15 +1,16 @@
 """Evolving a pipeline's keyed state on purpose: rename, drop, reset, rescale.
 
-A stage whose keyed states differ from the committed ones is refused before it prepares
-(see :func:`descriptor.state_changes`); these commands are the explicit way to change
-them. Each one:
+A stage whose keyed states differ from the committed ones (the shapes the restored
+checkpoint records, ``OperatorState.shape``) is refused before it prepares (see
+:func:`descriptor.state_changes`); these commands are the explicit way to change them.
+Each one:
 
 1. runs only when every epoch is settled (COMMITTED or ABORTED), so it never races a
    stage's epoch;
 2. restores the newest committed checkpoint (the primary; a damaged one is refused);
 3. writes an **evolution epoch**: a normal epoch with its own ``begin`` (run id
    ``evolution__<action>__<ms>``), one ``prepared`` record per participant (no sink
-   output, the changed states, every source's history carried over), the ``decision``
+   output, the changed states with their shapes, every source's history carried over), the ``decision``
    (``by`` and ``reason`` say who changed what and why) and ``committed``. Restore,
    retention and recovery therefore need no special case, and the transaction log is
    the audit trail;
@@ -186,7 +187,7 @@ def _rewrite(pipeline: Pipeline, op: OperatorState, name: str, epoch: int, key_g
             part = part.sort_by([(k, "ascending") for k in op.key_columns])  # as the executors write parts
             path = layout.part_path(epoch, "operators", name, group, _ATTEMPT)
             chains[group] = [write_arrow_part(storage, path, part, epoch=epoch, key_group=group, level=level)]
-    return OperatorState(key_groups, list(op.key_columns), chains, op.state_kind)
+    return dataclasses.replace(op, key_groups=key_groups, chains=chains)  # kind, keys and shape carried
 
 
 def _with_states(participant_states: Callable[[dict[str, StateDescriptor]], dict[str, StateDescriptor]]

@@ -138,17 +138,56 @@ Chain = list[PartRef]
 
 
 @dataclass(frozen=True)
+class StateShape:
+    """What a keyed state's stored values mean beyond its kind, keys and key groups.
+
+    Recorded with the state's chains (``OperatorState.shape``) by the epoch that updated
+    it, so every run restoring the checkpoint can refuse an update that would misread
+    the stored values, whoever runs it. ``aggregate`` maps a key -> value state's output
+    column to ``[function, input column]`` (None for a key set); ``schema`` is the
+    state's columns as ``[{"name": ..., "type": ...}]`` (Spark's type names).
+    """
+
+    aggregate: dict[str, list[str]] | None = None
+    schema: list[dict[str, str]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"aggregate": {k: list(v) for k, v in sorted(self.aggregate.items())} if self.aggregate else None,
+                "schema": [dict(c) for c in self.schema] if self.schema is not None else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> StateShape:
+        aggregate = _get(d, "aggregate", dict, path, optional=True)
+        if aggregate is not None and not all(
+                isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in aggregate.values()):
+            raise CorruptCheckpointError(f"{path}: state aggregate must map a column to [function, column]", path)
+        schema = _get(d, "schema", list, path, optional=True)
+        if schema is not None and not all(
+                isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("type"), str)
+                for c in schema):
+            raise CorruptCheckpointError(f"{path}: state schema must be a list of {{name, type}}", path)
+        return cls({k: list(v) for k, v in aggregate.items()} if aggregate is not None else None,
+                   [{"name": c["name"], "type": c["type"]} for c in schema] if schema is not None else None)
+
+
+@dataclass(frozen=True)
 class OperatorState:
-    """The keyed state of one operator in one checkpoint: a chain per key group."""
+    """The keyed state of one operator in one checkpoint: a chain per key group, and its shape."""
 
     key_groups: int
     key_columns: list[str]
     chains: dict[int, Chain]
     state_kind: str = "key_set"  #: "key_set" or "key_value"
+    #: Aggregate and columns, as the epoch that last updated the state wrote them (None in
+    #: records written before states recorded their shape).
+    shape: StateShape | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key_groups": self.key_groups, "key_columns": list(self.key_columns), "state_kind": self.state_kind,
-                "chains": {str(k): [p.to_dict() for p in chain] for k, chain in sorted(self.chains.items())}}
+        out = {"key_groups": self.key_groups, "key_columns": list(self.key_columns), "state_kind": self.state_kind,
+               "chains": {str(k): [p.to_dict() for p in chain] for k, chain in sorted(self.chains.items())}}
+        if self.shape is not None:
+            out["shape"] = self.shape.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> OperatorState:
@@ -161,7 +200,9 @@ class OperatorState:
         cols = _get(d, "key_columns", list, path)
         if not all(isinstance(c, str) for c in cols):
             raise CorruptCheckpointError(f"{path}: key_columns must be strings", path)
-        return cls(_get(d, "key_groups", int, path), cols, chains, _get(d, "state_kind", str, path))
+        shape = _get(d, "shape", dict, path, optional=True)
+        return cls(_get(d, "key_groups", int, path), cols, chains, _get(d, "state_kind", str, path),
+                   StateShape.from_dict(shape, path) if shape is not None else None)
 
     def parts(self) -> list[PartRef]:
         """Every part any chain needs."""

@@ -21,9 +21,8 @@ state file format (``core/codec.py``, payload kind ``RUN``)::
   schema. ``PartRef.index`` says where it starts, so a reader fetches the index (and
   the header, for the codec) with two ranged reads.
 
-Hashing and the layout 2 filter loops run in a small compiled module (``_runs_accel.c``)
-when it was built, else in numpy; numpy's code is the format's definition and both give
-byte-identical hashes and filters (:data:`ACCELERATOR` says which path is active).
+Hashing and the filters are numpy code, and that code is the format's definition (the
+hashes and filter bits are pinned by ``tests/core/test_runs.py``).
 
 Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
 injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
@@ -37,8 +36,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import sys
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -68,25 +65,6 @@ BLOOM_LAYOUT = 2
 BLOOM_CHUNK_LEVEL = -1
 _TRAILER_SIZE = 24
 _RUN_FORMAT = b"1"
-#: Set (to anything but "" or "0") to use numpy even where the compiled loops are built.
-NO_ACCELERATOR_ENV = "SEATUNNEL_CKPT_NO_ACCELERATOR"
-
-
-def _load_accelerator() -> Any:
-    """The compiled loops (``_runs_accel``), or None: not built, switched off, or a
-    big-endian machine (the loops read filter words in native order, the format is little-endian)."""
-    if os.environ.get(NO_ACCELERATOR_ENV, "") not in ("", "0") or sys.byteorder != "little":
-        return None
-    try:
-        from airflow_seatunnel_ckpt.core import _runs_accel
-    except ImportError:  # an install without a C compiler: numpy does the same work
-        return None
-    return _runs_accel
-
-
-#: The compiled hashing and filter loops in use, or None when numpy computes them. Tests
-#: force the numpy path by setting it to None (or the environment variable above).
-ACCELERATOR: Any = _load_accelerator()
 
 
 def sort_keys(table: Any, key_columns: list[str]) -> Any:
@@ -119,13 +97,11 @@ def key_hashes(keys: Any) -> np.ndarray:
 
     Integer-like keys hash their 64-bit value (an unsigned 64-bit key its bit pattern, which
     for keys below 2**63 is the same value); any other key hashes its bytes (as a
-    string) with FNV-1a 64 and its length. This numpy code (one pass per byte position)
-    is the definition; :data:`ACCELERATOR`, when built, computes the same in one pass.
+    string) with FNV-1a 64 and its length (one numpy pass per byte position).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    accel = ACCELERATOR
     t = keys.type
     if pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_temporal(t):
         if pa.types.is_date32(t):
@@ -134,27 +110,12 @@ def key_hashes(keys: Any) -> np.ndarray:
             as_int = pc.cast(keys, pa.int64(), safe=not pa.types.is_uint64(t))
         values = np.asarray((as_int.fill_null(0) if as_int.null_count else as_int).to_numpy(zero_copy_only=False),
                             dtype=np.int64)
-        if accel is not None:
-            out = np.empty(len(values), dtype=np.uint64)
-            accel.mix(np.ascontiguousarray(values), out)
-            return out
         return _mix(values.view(np.uint64))
-    if accel is not None and (pa.types.is_string(t) or pa.types.is_binary(t)):
-        # Their bytes as they are (32-bit offsets): the large_binary cast would copy them.
-        data = keys.fill_null("" if pa.types.is_string(t) else b"") if keys.null_count else keys
-        width = 4
-    else:
-        data = pc.cast(keys, pa.large_binary()).fill_null(b"")
-        width = 8
+    data = pc.cast(keys, pa.large_binary()).fill_null(b"")
     if isinstance(data, pa.ChunkedArray):
         data = data.combine_chunks()
-    offsets = np.frombuffer(data.buffers()[1], dtype=np.int32 if width == 4 else np.int64)
-    offsets = offsets[data.offset: data.offset + len(data) + 1]
+    offsets = np.frombuffer(data.buffers()[1], dtype=np.int64)[data.offset: data.offset + len(data) + 1]
     raw = np.frombuffer(data.buffers()[2], dtype=np.uint8) if data.buffers()[2] is not None else np.zeros(1, np.uint8)
-    if accel is not None:
-        out = np.empty(len(data), dtype=np.uint64)
-        accel.fnv1a(offsets if len(offsets) else np.zeros(1, offsets.dtype), width, raw, out)
-        return out
     starts, lens = offsets[:-1], np.diff(offsets)
     h = np.full(len(data), 0xCBF29CE484222325, dtype=np.uint64)
     with np.errstate(over="ignore"):
@@ -222,11 +183,6 @@ class Bloom:
     def add(self, hashes: np.ndarray) -> None:
         """Add keys (by hash)."""
         if self.layout == 2:
-            if ACCELERATOR is not None:
-                bits = np.array(self.bits, dtype=np.uint8)  # a copy, as numpy's path makes
-                ACCELERATOR.bloom_add(bits, np.ascontiguousarray(hashes, dtype=np.uint64), _word_masks(self.hashes))
-                self.bits = bits
-                return
             words = np.frombuffer(self.bits, dtype="<u8").copy()
             np.bitwise_or.at(words, *self._words(hashes))
             self.bits = words.view(np.uint8)
@@ -241,11 +197,6 @@ class Bloom:
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
         """Per key: False means certainly absent."""
         if self.layout == 2:
-            if ACCELERATOR is not None:
-                out = np.empty(len(hashes), dtype=bool)
-                ACCELERATOR.bloom_probe(np.ascontiguousarray(self.bits, dtype=np.uint8),
-                                        np.ascontiguousarray(hashes, dtype=np.uint64), _word_masks(self.hashes), out)
-                return out
             word, mask = self._words(hashes)
             return (np.frombuffer(self.bits, dtype="<u8")[word] & mask) == mask  # type: ignore[no-any-return]
         out = np.ones(len(hashes), dtype=bool)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
+from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, FencedAttemptError
 from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.models import OperatorState, SinkManifest
@@ -363,11 +364,17 @@ def _state_factory(
             restored=base.operators.get(name),
         )
         state = kind(spark, settings)
-        # Only a state with committed values is held to its recorded shape: the shape of
-        # one whose epochs were all aborted, or that was reset, is free.
-        if name in base.operators and descriptor is not None and name in recorded:
-            state.recorded = recorded[name]
-            state.recorded_where = f"pipeline descriptor v{descriptor.version} in {pipeline.storage.describe()}"
+        # Only a state with committed values is held to its shape, and the shape is the
+        # restored checkpoint's (the descriptor's only for a checkpoint written before
+        # states recorded theirs): a state whose epochs were all aborted, or that was
+        # reset, is free, and a run without Airflow (no descriptor) is held all the same.
+        restored = base.operators.get(name)
+        if restored is not None:
+            state.recorded = StateDescriptor.of_operator(restored, recorded.get(name))
+            where = f"checkpoint {base.epoch} in {pipeline.storage.describe()}"
+            if restored.shape is None and name in recorded and descriptor is not None:
+                where = f"pipeline descriptor v{descriptor.version} in {pipeline.storage.describe()}"
+            state.recorded_where = where
             state.pipeline_name = pipeline.name
         # A rename in the code is refused when the renamed state's update is planned,
         # before any Spark job of the stage wrote staging or state parts.
@@ -388,7 +395,7 @@ def _record_state_shapes(pipeline: Pipeline, participant: str, states: Mapping[s
     without Airflow) is left without one. A failure to record is logged, never fatal:
     the epoch is already prepared.
     """
-    from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor, record_states
+    from airflow_seatunnel_ckpt.core.descriptor import record_states
 
     shapes: dict[str, StateDescriptor] = {}
     for name, state in states.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +261,116 @@ def test_a_merge_drops_expired_rows_always_and_tombstones_only_from_the_first_ru
     # nothing older can hold key 2.
     assert merged(False) == {"k": [2, 3, 4], "__epoch": [6, 5, 6], "__deleted": [True, False, False]}
     assert merged(True)["k"] == [3, 4]
+
+
+# -- the format's hashing and filter bits, pinned -------------------------------------------
+# Persisted in every run's filters: a change to any of them would make existing runs answer
+# "absent" for keys they hold. The values were computed by this numpy code and, before it
+# was removed, by the compiled loops too (they agreed bit for bit).
+
+def test_key_hashes_are_the_formats_definition() -> None:
+    from airflow_seatunnel_ckpt.core.parts import key_array
+
+    ints = runs.key_hashes(pa.array([0, 1, -1, 2**63 - 1, None, 42], pa.int64()))
+    strings = runs.key_hashes(pa.array(["", "a", None, "héllo wörld", "x" * 300], pa.string()))
+    composite = runs.key_hashes(key_array(pa.table({"a": pa.array([1, None, 3], pa.int64()),
+                                                     "b": pa.array(["x", "y", None])}), ["a", "b"]))
+    assert [hex(h) for h in ints.tolist()] == [
+        "0xe220a8397b1dcdaf", "0x910a2dec89025cc1", "0xe4d971771b652c20", "0x2a67d7552e039ea7",
+        "0xe220a8397b1dcdaf", "0xbdd732262feb6e95"]  # a null key hashes as 0
+    assert [hex(h) for h in strings.tolist()] == [
+        "0xc3817c016ba4ff30", "0xc0fc99fea7ab959c", "0xc3817c016ba4ff30", "0xe42a62774d95af40",
+        "0x1a8f77bdc2f11d08"]  # a null key hashes as ""
+    assert [hex(h) for h in composite.tolist()] == ["0x3d56eac971c3fa14", "0x3a3e94fe2b6a4e70", "0xe07afb6bffdd18b0"]
+
+
+@pytest.mark.parametrize("keys, expected", [
+    (pa.array([dt.date(1970, 1, 1), dt.date(1969, 12, 31), None, dt.date(2026, 11, 25)], pa.date32()),
+     ["0xe220a8397b1dcdaf", "0xe4d971771b652c20", "0xe220a8397b1dcdaf", "0xb85a2112c7fd670c"]),
+    (pa.array([dt.datetime(2026, 1, 1, 12, 30), None], pa.timestamp("us")),
+     ["0x73fc1136c74edb1c", "0xe220a8397b1dcdaf"]),
+    (pa.array([True, False, None]), ["0x910a2dec89025cc1", "0xe220a8397b1dcdaf", "0xe220a8397b1dcdaf"]),
+    (pa.array([7, -(2**31)], pa.int32()), ["0x63cbe1e459320dd7", "0xee1591ea220fb185"]),
+    (pa.array([b"", b"\x00", None, bytes(range(256))], pa.binary()),
+     ["0xc3817c016ba4ff30", "0x701933c8c2bc583e", "0xc3817c016ba4ff30", "0x3d891d7eb8105c07"]),
+    (pa.array(["", "a", None, "héllo"], pa.large_string()),
+     ["0xc3817c016ba4ff30", "0xc0fc99fea7ab959c", "0xc3817c016ba4ff30", "0xa37b85adde3f0b61"]),
+    (pa.array(["zero", "one", "two", "three", None, "five"]).slice(2, 3),
+     ["0xa21217285a51af93", "0x771a9b877354e457", "0xc3817c016ba4ff30"]),
+    (pa.chunked_array([["a", None], ["bc", ""]]),
+     ["0xc0fc99fea7ab959c", "0xc3817c016ba4ff30", "0xaf3f413f2b7d6e57", "0xc3817c016ba4ff30"]),
+], ids=["date", "timestamp", "bool", "int32", "binary", "large_string", "sliced strings", "chunked strings"])
+def test_every_key_type_hashes_as_the_format_defines(keys: Any, expected: list[str]) -> None:
+    assert [hex(h) for h in runs.key_hashes(keys).tolist()] == expected
+
+
+def test_a_layout_2_filter_has_the_formats_bits() -> None:
+    import hashlib
+
+    keys = runs._mix(np.arange(10_000, dtype=np.uint64))
+    bloom = runs.Bloom.sized(len(keys))
+    bloom.add(keys)
+    assert len(bloom.bits) == 16_256
+    assert hashlib.sha256(bloom.bits.tobytes()).hexdigest() == (
+        "c48aa31205e3d9391b079247f037fd11a8bda3dd89a98103ae387f8a9b9db3e9")
+    assert bloom.might_contain(keys).all()
+
+
+def test_unsigned_64_bit_keys_hash_their_bits_and_small_ones_as_signed_keys_do() -> None:
+    """Keys of 2**63 and up used to fail the int64 cast ("not in range")."""
+    unsigned = runs.key_hashes(pa.array([0, 5, 2**63 - 1, 2**63, 2**64 - 1], pa.uint64()))
+    signed = runs.key_hashes(pa.array([0, 5, 2**63 - 1, -(2**63), -1], pa.int64()))
+    assert unsigned.tobytes() == signed.tobytes()
+    assert len(set(unsigned.tolist())) == 5
+
+
+_CHANGED_OFFSETS = """
+import threading
+import time
+import numpy as np
+import pyarrow as pa
+from airflow_seatunnel_ckpt.core import runs
+
+n = 20_000
+base = pa.array([f"key-{i:08d}" for i in range(n)])
+offsets = bytearray(base.buffers()[1].to_pybytes())
+view = np.frombuffer(offsets, dtype=np.int32)  # the keys' own offsets, writable
+keys = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), base.buffers()[2]])
+stop = threading.Event()
+
+def change() -> None:
+    good = int(view[n // 2])
+    while not stop.is_set():
+        view[n // 2] = 1 << 30
+        view[n // 2] = good
+
+thread = threading.Thread(target=change)
+thread.start()
+refused = 0
+try:
+    deadline = time.monotonic() + 10  # the compiled loops crashed within this in every run
+    while time.monotonic() < deadline:
+        try:
+            runs.key_hashes(keys)
+        except (IndexError, ValueError, pa.ArrowException):
+            refused += 1
+finally:
+    stop.set()
+    thread.join()
+print("survived", refused)
+"""
+
+
+def test_hashing_string_keys_never_reads_outside_their_buffer_while_another_thread_changes_the_offsets() -> None:
+    """An offset changed between a check and the read that trusts it must cost an error, not memory
+    outside the buffer (the compiled loops released the GIL between the two and crashed the process)."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    done = subprocess.run([sys.executable, "-c", _CHANGED_OFFSETS], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, f"the process died (return code {done.returncode}): {done.stderr[-2000:]}"
+    assert done.stdout.startswith("survived")

@@ -55,3 +55,8 @@ def every_source_to_every_sink(ctx: StageContext, spark: Any) -> None:
         rows = rows.unionByName(frame)
     for _, sink in sorted(ctx.sinks.items()):
         sink.write(rows)
+
+
+def totals_renamed_as_max(ctx: StageContext, spark: Any) -> None:
+    """The renamed state, now a max."""
+    _totals(ctx, "totals_by_customer", "customer", {"total": ("max", "amount")})

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor, read_descriptor
-from airflow_seatunnel_ckpt.core.evolution import rename_state, rescale
+from airflow_seatunnel_ckpt.core.evolution import rename_state, rescale, reset_state
 from airflow_seatunnel_ckpt.spark import StateError, run_stage
 from tests.spark.conftest import OrdersPipeline, order_row
 
@@ -60,7 +60,7 @@ def test_a_stage_that_changes_a_committed_state_is_refused_before_it_prepares(
     assert "customer_totals" in str(failure.value) and "seatunnel-ckpt state reset" in str(failure.value)
     if stage != "totals_by_order":  # (key columns are checked against the checkpoint, which has no name)
         assert "seatunnel-ckpt state reset orders customer_totals" in str(failure.value)
-        assert "pipeline descriptor v" in str(failure.value)
+        assert "checkpoint 2 in " in str(failure.value)  # the shape is the restored checkpoint's
     assert orders.pipeline.txlog.prepared(3) == {}  # nothing prepared: the epoch can only be aborted
     orders.pipeline.abort(3, "refused shape")
     orders.commit(run_stage(orders.spec("run-4", stage=f"{STAGES}:totals"), spark))
@@ -168,3 +168,67 @@ def test_adding_and_removing_sources_and_sinks_between_epochs_keeps_every_histor
     assert ids("two") == [3, 4, 5, 10, 11]
     assert sorted(p.name for p in (orders.root / "out" / "one").glob("epoch=*")) == [
         "epoch=1", "epoch=2", "epoch=4"]
+
+
+def _max_per_customer(order_ids: range) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for i in order_ids:
+        row = order_row(i)
+        out[row["customer"]] = max(out.get(row["customer"], row["amount"]), row["amount"])
+    return out
+
+
+@pytest.mark.parametrize("stage, key_groups, wrong, way_out", [
+    ("totals_as_max", 4, r"aggregate column 'total': sum\(amount\) -> max\(amount\).*"
+                         r"seatunnel-ckpt state reset orders customer_totals", "reset"),
+    ("totals_by_order", 4, r"keyed by \['customer'\] in the checkpoint, not \['order_id'\].*"
+                           r"seatunnel-ckpt state reset", "reset"),
+    ("totals", 3, r"checkpointed with 4 key groups, the stage asks for 3.*"
+                  r"seatunnel-ckpt rescale <pipeline> --key-groups 3", "rescale"),
+])
+def test_without_airflow_a_changed_state_is_refused_by_the_checkpoints_shape_until_an_evolution_command(
+        spark: Any, orders: OrdersPipeline, stage: str, key_groups: int, wrong: str, way_out: str) -> None:
+    # run_stage alone, as a script or spark-submit would: no pipeline descriptor is ever written.
+    orders.add_file("a", [1, 2, 3])
+    orders.commit(run_stage(orders.spec("run-1", stage=f"{STAGES}:totals"), spark))
+    orders.add_file("b", [4, 5])
+
+    with pytest.raises(StateError, match=wrong):
+        run_stage(orders.spec("run-2", stage=f"{STAGES}:{stage}", key_groups=key_groups), spark)
+
+    assert read_descriptor(orders.pipeline.storage) is None
+    assert orders.pipeline.txlog.prepared(2) == {}  # refused before prepare: the epoch can only be aborted
+    orders.pipeline.abort(2, "refused shape")
+    if way_out == "reset":
+        reset_state(orders.pipeline, "customer_totals", by="test")
+    else:
+        rescale(orders.pipeline, key_groups, by="test")
+    orders.commit(run_stage(orders.spec("run-4", stage=f"{STAGES}:{stage}", key_groups=key_groups), spark))
+
+    state = orders.pipeline.restore_point().operators["customer_totals"]
+    assert state.shape is not None and state.key_groups == key_groups
+    last = orders.published("totals")[-len(_expected(range(4, 6))):]
+    if stage == "totals_as_max":  # started over: the max of epoch 4's orders only
+        assert state.shape.aggregate == {"total": ["max", "amount"]}
+        assert {r["customer"]: r["total"] for r in last} == _max_per_customer(range(4, 6))
+    elif stage == "totals_by_order":
+        assert state.key_columns == ["order_id"]
+    else:  # rescaled: the running sums continued, and the checkpoint kept the state's shape
+        assert state.shape.aggregate == {"total": ["sum", "amount"]}
+        assert _latest_totals(orders) == _expected(range(1, 6))
+
+
+def test_without_airflow_a_renamed_state_keeps_its_shape_in_the_checkpoint(
+        spark: Any, orders: OrdersPipeline) -> None:
+    orders.add_file("a", [1, 2, 3])
+    orders.commit(run_stage(orders.spec("run-1", stage=f"{STAGES}:totals"), spark))
+    rename_state(orders.pipeline, "customer_totals", "totals_by_customer", by="test")
+    orders.add_file("b", [4])
+
+    with pytest.raises(StateError, match=r"keyed state 'totals_by_customer' differs from its committed shape "
+                                         r"\(checkpoint 2 in .*sum\(amount\) -> max\(amount\)"):
+        run_stage(orders.spec("run-2", stage=f"{STAGES}:totals_renamed_as_max"), spark)
+    orders.pipeline.abort(3, "refused shape")
+
+    orders.commit(run_stage(orders.spec("run-3", stage=f"{STAGES}:totals_renamed"), spark))
+    assert _latest_totals(orders) == _expected(range(1, 5))

@@ -86,7 +86,7 @@ class KeyedState:
         self._accumulator: Accumulator[list[PartReport]] | None = None
         self._output: DataFrame | None = None
         self._input: DataFrame | None = None
-        #: The state's committed shape (the pipeline descriptor's), checked by each update.
+        #: The state's committed shape (its checkpoint's), checked by each update.
         self.recorded: StateDescriptor | None = None
         #: Where the recorded shape is kept and the pipeline's name (for error messages).
         self.recorded_where = ""
@@ -230,8 +230,12 @@ class KeyedState:
                 reports[g] = PartReport(g, rows=0, changed=0)
         chains, written = self._next_chains(reports)
         self._remove_unreported_parts({p.path for r in reports.values() for p in r.parts})
+        # The shape goes with the chains: the next run restoring them is held to it, on
+        # every path (run_stage alone, spark-submit, Airflow).
+        shape = self.shape()
         state = OperatorState(
-            self.key_groups, list(self.settings.key_columns), chains, self.kind.value
+            self.key_groups, list(self.settings.key_columns), chains, self.kind.value,
+            shape.state_shape if shape is not None else None,
         )
         return state, written
 
