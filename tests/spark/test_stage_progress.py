@@ -1,0 +1,52 @@
+"""What a running stage shows in its task log: Spark's progress while it runs, and rows
+read, kept and quarantined per source and written per sink once it ran."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from airflow_seatunnel_ckpt.spark import run_stage
+from tests.spark.conftest import OrdersPipeline
+from tests.spark.test_source_inputs import text_spec, write_text
+
+pytestmark = [pytest.mark.spark]
+
+
+def test_a_running_stage_logs_spark_progress_and_rows_per_source_and_sink(
+    spark: Any, orders: OrdersPipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    orders.add_file("a", range(1, 41))
+    orders.add_file("b", range(31, 61))  # 10 repeats of a: kept, then de-duplicated
+    spec = orders.spec("run-1", stage="tests.spark.stages:dedup_orders_slowly",
+                       sinks={"orders_table": {"type": "file", "path": f"file://{orders.root / 'out' / 'orders'}"}})
+    with caplog.at_level(logging.INFO, logger="airflow_seatunnel_ckpt"):
+        result = run_stage(spec, spark, progress_interval=0.2)
+    assert result.rows == 60
+    lines = [r.getMessage() for r in caplog.records]
+    running = [line for line in lines if "ingest attempt 1 running: Spark stage" in line]
+    assert running, lines
+    assert any("tasks done" in line and line.startswith("pipeline orders epoch 1:") for line in running)
+    assert any("rows read" in line for line in running), running
+    assert len(running) == len(set(running)), "a line is logged only when the progress changed"
+    summary = [line for line in lines if line.startswith("pipeline orders epoch 1: ingest attempt 1 rows:")]
+    assert summary == ["pipeline orders epoch 1: ingest attempt 1 rows: source orders: 70 read, 70 kept; "
+                       "sink orders_table: 60 written"]
+
+
+def test_quarantined_records_get_a_warning_with_their_count(
+    spark: Any, orders: OrdersPipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    quarantine = orders.root / "out" / "quarantine"
+    write_text(orders, "a.csv", "order_id,customer,amount\n1,c1,1.5\n2,c2,abc\n3,c0,3.0,x\n4,c1,4.0\n")
+    with caplog.at_level(logging.INFO, logger="airflow_seatunnel_ckpt"):
+        run_stage(text_spec(orders, "run-1", "csv", bad_records=f"file://{quarantine}"), spark,
+                  progress_interval=0.2)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("source 'orders': 2 record(s) did not parse and were quarantined into sink "
+               "'orders.bad_records'" in w and str(quarantine) in w for w in warnings), warnings
+    summary = [r.getMessage() for r in caplog.records if " rows: source orders" in r.getMessage()]
+    assert len(summary) == 1
+    assert "source orders: 4 read, 2 kept, 2 quarantined; sink orders_table: 2 written" in summary[0]
