@@ -11,8 +11,10 @@ each sink's rows.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +35,11 @@ DEFAULT_INTERVAL_S = 10.0
 class StageProgress:
     """Log the progress of the Spark jobs a stage runs, from a daemon thread.
 
-    Use as a context manager around the stage's Spark work; leaving it stops the thread
-    (also when the stage fails). Each line names the Spark stages that are active, their
-    tasks done of all, and the rows their finished tasks read::
+    Use as a context manager around the stage's Spark work, in the thread that runs it;
+    leaving it stops the thread (also when the stage fails). The jobs this thread starts
+    carry a job tag, so a session shared with other stages of the process shows only this
+    stage's jobs. Each line names the Spark stages that are active, their tasks done of
+    all, and the rows their finished tasks read::
 
         pipeline orders epoch 7: ingest running: Spark stage 3: 5/8 tasks done, 120000 rows read
 
@@ -50,8 +54,10 @@ class StageProgress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last = ""
+        self.tag = f"seatunnel-ckpt-progress-{uuid.uuid4().hex}"
 
     def __enter__(self) -> StageProgress:
+        self.sc.addJobTag(self.tag)  # thread-local: the jobs of the calling thread only
         self._thread = threading.Thread(target=self._run, name=f"stage-progress {self.label}", daemon=True)
         self._thread.start()
         return self
@@ -63,6 +69,8 @@ class StageProgress:
     def stop(self) -> None:
         """Stop polling and wait (briefly) for the thread to end."""
         self._stop.set()
+        with contextlib.suppress(Exception):
+            self.sc.removeJobTag(self.tag)
         if self._thread is not None:
             self._thread.join(timeout=max(self.interval, 1.0) + 5.0)
             self._thread = None
@@ -83,7 +91,7 @@ class StageProgress:
         tracker = self.sc.statusTracker()
         records = _input_records(self.sc)
         parts = []
-        for stage_id in sorted(tracker.getActiveStageIds()):
+        for stage_id in sorted(set(tracker.getActiveStageIds()) & self._tagged_stages()):
             info = tracker.getStageInfo(stage_id)
             if info is None:
                 continue
@@ -95,13 +103,26 @@ class StageProgress:
             parts.append(text)
         return "; ".join(parts)
 
+    def _tagged_stages(self) -> set[int]:
+        """Spark stages of the jobs carrying this stage's tag."""
+        tracker = self.sc.statusTracker()
+        job_ids = self.sc._jsc.sc().statusTracker().getJobIdsForTag(self.tag)  # type: ignore[union-attr]
+        stages: set[int] = set()
+        for job_id in job_ids:
+            info = tracker.getJobInfo(int(job_id))
+            if info is not None:
+                stages.update(int(s) for s in info.stageIds)
+        return stages
+
 
 def _input_records(sc: SparkContext) -> dict[int, int]:
-    """Input records of the finished tasks per active Spark stage, from the status store
-    Spark's UI reads (kept without the UI too); empty if this Spark does not expose it."""
+    """Rows the finished tasks of each active Spark stage read (from files or tables, and
+    from the shuffle of earlier stages), from the status store Spark's UI reads (kept
+    without the UI too); empty if this Spark does not expose it."""
     try:
         stages = sc._jsc.sc().statusStore().activeStages()  # type: ignore[union-attr]
-        return {int(s.stageId()): int(s.inputRecords()) for s in _scala_items(stages)}
+        return {int(s.stageId()): int(s.inputRecords()) + int(s.shuffleReadRecords())
+                for s in _scala_items(stages)}
     except Exception:
         return {}
 

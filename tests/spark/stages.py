@@ -187,14 +187,13 @@ def sleep_inside_a_spark_job(ctx: StageContext, spark: Any) -> None:
 
 
 def dedup_orders_slowly(ctx: StageContext, spark: Any) -> None:
-    """:func:`dedup_orders` over four partitions whose tasks each take half a second, so the
-    stage runs long enough for its progress to be seen."""
+    """:func:`dedup_orders` over six partitions whose tasks each take half a second (three
+    waves on two cores), so the stage runs long enough for its progress to be seen."""
 
     def slow(batches: Any) -> Any:  # runs in a Python worker
         time.sleep(0.5)
         yield from batches
 
     new = ctx.source("orders").read()
-    new = new.repartition(4).mapInArrow(slow, new.schema)
-    fresh = ctx.key_set("seen_orders").dedup(new, key="order_id")
+    fresh = ctx.key_set("seen_orders").dedup(new.repartition(6).mapInArrow(slow, new.schema), key="order_id")
     ctx.sink("orders_table").write(fresh)

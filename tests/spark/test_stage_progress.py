@@ -4,6 +4,9 @@ read, kept and quarantined per source and written per sink once it ran."""
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -18,13 +21,13 @@ pytestmark = [pytest.mark.spark]
 def test_a_running_stage_logs_spark_progress_and_rows_per_source_and_sink(
     spark: Any, orders: OrdersPipeline, caplog: pytest.LogCaptureFixture
 ) -> None:
-    orders.add_file("a", range(1, 41))
-    orders.add_file("b", range(31, 61))  # 10 repeats of a: kept, then de-duplicated
+    for i in range(6):  # each file overlaps the previous one by 2 rows
+        orders.add_file(f"f{i}", range(i * 8 + 1, i * 8 + 11))
     spec = orders.spec("run-1", stage="tests.spark.stages:dedup_orders_slowly",
                        sinks={"orders_table": {"type": "file", "path": f"file://{orders.root / 'out' / 'orders'}"}})
     with caplog.at_level(logging.INFO, logger="airflow_seatunnel_ckpt"):
-        result = run_stage(spec, spark, progress_interval=0.2)
-    assert result.rows == 60
+        result = run_stage(spec, spark, progress_interval=0.1)
+    assert result.rows == 50
     lines = [r.getMessage() for r in caplog.records]
     running = [line for line in lines if "ingest attempt 1 running: Spark stage" in line]
     assert running, lines
@@ -32,8 +35,8 @@ def test_a_running_stage_logs_spark_progress_and_rows_per_source_and_sink(
     assert any("rows read" in line for line in running), running
     assert len(running) == len(set(running)), "a line is logged only when the progress changed"
     summary = [line for line in lines if line.startswith("pipeline orders epoch 1: ingest attempt 1 rows:")]
-    assert summary == ["pipeline orders epoch 1: ingest attempt 1 rows: source orders: 70 read, 70 kept; "
-                       "sink orders_table: 60 written"]
+    assert summary == ["pipeline orders epoch 1: ingest attempt 1 rows: source orders: 60 read, 60 kept; "
+                       "sink orders_table: 50 written"]
 
 
 def test_quarantined_records_get_a_warning_with_their_count(
@@ -50,3 +53,29 @@ def test_quarantined_records_get_a_warning_with_their_count(
     summary = [r.getMessage() for r in caplog.records if " rows: source orders" in r.getMessage()]
     assert len(summary) == 1
     assert "source orders: 4 read, 2 kept, 2 quarantined; sink orders_table: 2 written" in summary[0]
+
+
+def test_progress_shows_only_the_stages_jobs_not_other_jobs_of_a_shared_session(
+    spark: Any, orders: OrdersPipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    orders.add_file("a", range(1, 41))
+    spec = orders.spec("run-1", stage="tests.spark.stages:dedup_orders_slowly",
+                       sinks={"orders_table": {"type": "file", "path": f"file://{orders.root / 'out' / 'orders'}"}})
+    sc = spark.sparkContext
+
+    def other_job() -> None:  # another user of the same session, in its own thread
+        sc.setJobGroup("someone-else", "not the stage's")
+        sc.parallelize(range(6), 6).map(lambda x: time.sleep(0.4) or x).collect()
+
+    other = threading.Thread(target=other_job)
+    with caplog.at_level(logging.INFO, logger="airflow_seatunnel_ckpt"):
+        other.start()
+        run_stage(spec, spark, progress_interval=0.1)
+        other.join()
+    tracker = sc.statusTracker()
+    others = {s for j in tracker.getJobIdsForGroup("someone-else") for s in tracker.getJobInfo(j).stageIds}
+    assert others
+    running = [r.getMessage() for r in caplog.records if " running: Spark stage" in r.getMessage()]
+    assert running
+    shown = {int(m) for line in running for m in re.findall(r"Spark stage (\d+):", line)}
+    assert shown and not shown & others, (shown, others)
