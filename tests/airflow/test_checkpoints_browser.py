@@ -250,7 +250,7 @@ def test_pipeline_page_shows_charts_of_the_last_epochs_with_aborted_ones_marked(
         assert [m.get_attribute("data-epoch") for m in svg.locator("g.mark.aborted").all()] == ["9"]
     # Charts are drawn by the server: nothing is fetched, no script draws them.
     assert page.locator("script[src]").count() == 0
-    page.locator(".charts").screenshot(path=str(page_server.screenshots / "checkpoints-charts.png"))
+    page.locator(".charts-block").screenshot(path=str(page_server.screenshots / "checkpoints-charts.png"))
     page.context.close()
 
 
