@@ -119,7 +119,14 @@ class BoundSource:
 
     def _counting(self, data: DataFrame) -> DataFrame:
         """``data`` with its rows counted by the first Spark action over it (an observed
-        metric of the stage's own job, not another pass)."""
+        metric of the stage's own job, not another pass).
+
+        Only a file source's: its input is this epoch's new files, read whole. A table
+        source's read is left as it is, because Spark pushes no filter through the counting
+        step and the stage's filters would then no longer prune the table scan.
+        """
+        if not isinstance(self.source, FileSource):
+            return data
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -131,7 +138,8 @@ class BoundSource:
     def rows_kept(self) -> int | None:
         """Rows this source handed to the stage (quarantined records not included), as
         counted by the first Spark action over what :meth:`read` returned; the largest
-        count if it was read more than once; None if no action ran over it."""
+        count if it was read more than once; None if no action ran over it or the source
+        is not a file source (see :meth:`_counting`)."""
         counts = []
         for observation in self._counted:
             try:

@@ -148,7 +148,7 @@ def log_row_counts(label: str, sources: Mapping[str, BoundSource], sinks: Mappin
         quarantined = quarantine.rows if quarantine is not None and quarantine.written else 0
         assert quarantined is not None
         if kept is None:
-            text = f"source {name}: rows read unknown (no Spark action ran over it)"
+            text = f"source {name}: read (rows not counted)"
         else:
             text = f"source {name}: {kept + quarantined} read, {kept} kept"
         if quarantine is not None:
