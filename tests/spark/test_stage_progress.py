@@ -4,9 +4,13 @@ read, kept and quarantined per source and written per sink once it ran."""
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,3 +83,29 @@ def test_progress_shows_only_the_stages_jobs_not_other_jobs_of_a_shared_session(
     assert running
     shown = {int(m) for line in running for m in re.findall(r"Spark stage (\d+):", line)}
     assert shown and not shown & others, (shown, others)
+
+
+@pytest.mark.slow
+def test_a_driver_process_prints_the_progress_and_the_rows_to_its_output(
+    orders: OrdersPipeline, tmp_path: Path
+) -> None:
+    """What spark-submit runs (the driver module): its output is the task log."""
+    from tests.spark.test_stage_processes import SMALL_DRIVER, _python_path
+
+    for i in range(6):
+        orders.add_file(f"f{i}", range(i * 8 + 1, i * 8 + 11))
+    spec = orders.spec("run-1", stage="tests.spark.stages:dedup_orders_slowly", master="local[2]",
+                       spark_conf=SMALL_DRIVER,
+                       sinks={"orders_table": {"type": "file", "path": f"file://{orders.root / 'out' / 'orders'}"}})
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(spec.to_json())
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow_seatunnel_ckpt.spark.driver", "--spec-file", str(spec_file),
+         "--progress-interval", "0.1"],
+        env={**os.environ, "PYTHONPATH": _python_path()}, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "INFO airflow_seatunnel_ckpt.spark.progress: pipeline orders epoch 1: ingest attempt 1 running: " \
+           "Spark stage" in done.stderr, done.stderr[-3000:]
+    assert ("pipeline orders epoch 1: ingest attempt 1 rows: source orders: 60 read, 60 kept; "
+            "sink orders_table: 50 written") in done.stderr
