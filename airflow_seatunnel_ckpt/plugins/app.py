@@ -25,7 +25,7 @@ from airflow_seatunnel_ckpt.core import EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, DecisionConflictError
 from airflow_seatunnel_ckpt.core.models import ActionOutcome
 from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RecoveryStep, recover
-from airflow_seatunnel_ckpt.plugins import overview
+from airflow_seatunnel_ckpt.plugins import charts, overview
 from airflow_seatunnel_ckpt.plugins.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 
 #: Recovery steps that decide or finish an epoch: the ones recorded with the user who ran recovery.
@@ -155,7 +155,9 @@ def create_app() -> FastAPI:
         p = _pipeline(store, name)
         _authorize(user, "GET", overview.owner_dag_id(p))
         view = overview.pipeline_view(store, name, last=last, run_finished=run_finished_in_db)
-        return _render("pipeline.html", store=configured, view=view, user=user.get_name())
+        points = charts.epoch_points(p, max(last, charts.DEFAULT_LAST))
+        return _render("pipeline.html", store=configured, view=view, user=user.get_name(),
+                       charts=charts.pipeline_charts(points), charts_epochs=len(points))
 
     @app.get("/run", response_class=HTMLResponse)
     def run_tab(dag_id: str, run_id: str, user: User) -> HTMLResponse:

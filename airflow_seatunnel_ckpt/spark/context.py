@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,7 +16,7 @@ from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError
 from airflow_seatunnel_ckpt.spark.state import KeyedState, KeySet, KeyValueState
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Observation, SparkSession
 
 
 def _date(value: Any, what: str) -> datetime | None:
@@ -90,6 +91,7 @@ class BoundSource:
         self.quarantine = quarantine
         self.epoch = epoch
         self.was_read = False
+        self._counted: list[Observation] = []
 
     @property
     def name(self) -> str:
@@ -105,15 +107,48 @@ class BoundSource:
         self.was_read = True
         try:
             if self.quarantine is None or not isinstance(self.source, FileSource):
-                return self.source.read(self.spark, self.offsets)
+                return self._counting(self.source.read(self.spark, self.offsets))
             data, rejected = self.source.read_checked(self.spark, self.offsets)
             if rejected is not None and not self.quarantine.written:
                 self.quarantine.write(rejected)
-            return data
+            return self._counting(data)
         except SourceError as exc:
             if self.epoch is None:
                 raise
             raise SourceError(f"epoch {self.epoch}: {exc}") from exc
+
+    def _counting(self, data: DataFrame) -> DataFrame:
+        """``data`` with its rows counted by the first Spark action over it (an observed
+        metric of the stage's own job, not another pass).
+
+        Only a file source's: its input is this epoch's new files, read whole. A table
+        source's read is left as it is, because Spark pushes no filter through the counting
+        step and the stage's filters would then no longer prune the table scan.
+        """
+        if not isinstance(self.source, FileSource):
+            return data
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        observation = Observation(f"source_{self.name}_{uuid.uuid4().hex[:8]}")
+        self._counted.append(observation)
+        return data.observe(observation, F.count(F.lit(1)).alias("rows"))
+
+    @property
+    def rows_kept(self) -> int | None:
+        """Rows this source handed to the stage (quarantined records not included), as
+        counted by the first Spark action over what :meth:`read` returned; the largest
+        count if it was read more than once; None if no action ran over it or the source
+        is not a file source (see :meth:`_counting`)."""
+        counts = []
+        for observation in self._counted:
+            try:
+                # get blocks until an action ran: ask the JVM side's future first.
+                if observation._jo is not None and observation._jo.future().isCompleted():
+                    counts.append(int(observation.get.get("rows", 0)))
+            except Exception:  # a failed action leaves no count
+                continue
+        return max(counts) if counts else None
 
     @property
     def consumed(self) -> dict[str, Any]:

@@ -43,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spec-file", required=True, help="StageSpec as JSON")
     parser.add_argument("--result-file", help="where to write the StageResult as JSON")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--progress-interval", type=float, default=None,
+                        help="seconds between two progress lines of the running Spark jobs (default 10)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level,
@@ -71,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Under spark-submit the launcher's --master and --conf win; run directly, the spec's.
     spark = stage_session(spec, submitted=submitted)
     try:
-        result = run_stage(spec, spark)
+        interval = {} if args.progress_interval is None else {"progress_interval": args.progress_interval}
+        result = run_stage(spec, spark, **interval)
         if args.result_file:
             _write_result(args.result_file, result.to_dict())
         print(

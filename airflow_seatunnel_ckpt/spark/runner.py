@@ -35,6 +35,7 @@ from airflow_seatunnel_ckpt.core.models import OperatorState, SinkManifest
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
 from airflow_seatunnel_ckpt.spark.context import AirflowContext, BoundSource, StageContext
 from airflow_seatunnel_ckpt.spark.declaration import STAGE_PATH
+from airflow_seatunnel_ckpt.spark.progress import DEFAULT_INTERVAL_S, StageProgress, log_row_counts
 from airflow_seatunnel_ckpt.spark.session import stage_session
 from airflow_seatunnel_ckpt.spark.sinks import Sink, sink_from_options
 from airflow_seatunnel_ckpt.spark.sources import FileSource, Source, SourceError, source_from_options
@@ -87,6 +88,7 @@ def run_stage(
     *,
     stage_fn: StageFunction | None = None,
     submitted: bool = False,
+    progress_interval: float = DEFAULT_INTERVAL_S,
 ) -> StageResult:
     """Run ``spec``'s stage for its run's epoch and log it prepared.
 
@@ -94,6 +96,8 @@ def run_stage(
         (``spec.master`` or ``local[*]``, with ``spec.spark_conf``).
     :param stage_fn: the stage function itself, instead of importing ``spec.stage``.
     :param submitted: running under ``spark-submit`` (its ``--master`` is kept).
+    :param progress_interval: seconds between two looks at Spark's progress while the
+        stage runs (logged when it changed; see :class:`~.progress.StageProgress`).
     :raises FencedAttemptError: the epoch was decided before this attempt prepared.
     """
     started = time.monotonic()
@@ -115,11 +119,12 @@ def run_stage(
     # it takes, and a dead one once renewals stop (under spark-submit: this driver).
     with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, spec.attempt,
                                   holder=default_holder(run_id=spec.run_id)):
-        return _run_leased(spec, spark, stage_fn, submitted, config, pipeline, epoch, started)
+        return _run_leased(spec, spark, stage_fn, submitted, config, pipeline, epoch, started, progress_interval)
 
 
 def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunction | None, submitted: bool,
-                config: CheckpointConfig, pipeline: Pipeline, epoch: int, started: float) -> StageResult:
+                config: CheckpointConfig, pipeline: Pipeline, epoch: int, started: float,
+                progress_interval: float = DEFAULT_INTERVAL_S) -> StageResult:
     """Steps 3-7 of :func:`run_stage`, while the lease is held."""
     fn = stage_fn or load_stage_function(spec.stage)
     session = spark or stage_session(spec, submitted=submitted)
@@ -164,14 +169,17 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
 
     operators: dict[str, OperatorState] = {}
     written = 0
+    label = f"pipeline {spec.pipeline} epoch {epoch}: {spec.participant} attempt {spec.attempt}"
     try:
-        fn(ctx, session)
-        _refuse_renamed_states(pipeline, base, spec.participant, ctx.states)
-        for name, state in ctx.states.items():
-            operator, size = state.finish()
-            written += size
-            if operator is not None:
-                operators[name] = operator
+        # Spark's progress goes to the task log while the stage and its state writes run.
+        with StageProgress(session.sparkContext, label, progress_interval):
+            fn(ctx, session)
+            _refuse_renamed_states(pipeline, base, spec.participant, ctx.states)
+            for name, state in ctx.states.items():
+                operator, size = state.finish()
+                written += size
+                if operator is not None:
+                    operators[name] = operator
     except Exception as exc:
         null_key = null_key_error(exc)
         if null_key is None:
@@ -195,6 +203,7 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
                 "commit). Write it (an empty DataFrame is fine) or remove it from the stage's sinks",
                 spec.pipeline, epoch, spec.stage, name,
             )
+    log_row_counts(label, bound, sinks)
     try:
         record = pipeline.prepare(
             epoch,

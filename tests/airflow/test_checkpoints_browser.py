@@ -234,6 +234,26 @@ def test_admin_sees_the_store_and_aborts_the_open_epoch_with_the_actor_logged(
     shutil.rmtree(page_server.deployment.home / "logs", ignore_errors=True)
 
 
+def test_pipeline_page_shows_charts_of_the_last_epochs_with_aborted_ones_marked(
+    page_server: PageServer, browser: Any,
+) -> None:
+    page = _page_as(browser, page_server, "viewer")
+    page.goto(page_server.url("/stores/config-1/pipelines/payments"))
+    charts = page.locator(".charts figure")
+    assert [charts.nth(i).get_attribute("data-chart") for i in range(charts.count())] == [
+        "rows: payments", "stage duration (begin to prepared)", "commit duration (decision to committed)",
+        "checkpoint bytes", "quarantined rows (bad_records)"]
+    for i in range(charts.count()):
+        svg = charts.nth(i).locator("svg.chart")
+        assert svg.count() == 1 and svg.is_visible()
+        assert svg.locator("g.mark").count() == 14
+        assert [m.get_attribute("data-epoch") for m in svg.locator("g.mark.aborted").all()] == ["9"]
+    # Charts are drawn by the server: nothing is fetched, no script draws them.
+    assert page.locator("script[src]").count() == 0
+    page.locator(".charts-block").screenshot(path=str(page_server.screenshots / "checkpoints-charts.png"))
+    page.context.close()
+
+
 def test_airflow_ui_shows_the_page_under_its_nav_entry(page_server: PageServer, browser: Any) -> None:
     plugins = page_server.deployment.api("GET", "/plugins")
     views = [v for p in plugins["plugins"] for v in p["external_views"]]

@@ -18,6 +18,7 @@ from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckp
 from airflow_seatunnel_ckpt.core.lease import LeaseKeeper
 from airflow_seatunnel_ckpt.core.models import ActionOutcome
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
+from tests.airflow.test_checkpoint_charts import build_charted_pipeline
 from tests.core.epochs import Participant, flip_byte, prepare_participant
 
 DAG_ID = "orders_dag"
@@ -33,7 +34,8 @@ def _run(p: StoredPipeline, run_id: str, hour: int) -> int:
 
 def build_store(url: str) -> dict[str, Any]:
     """``orders``: 1 COMMITTED, 2 ABORTED, 3 COMMITTED with a damaged decision record,
-    4 OPEN with a renewed lease; ``clicks``: 1 COMMITTING (decided commit, not published).
+    4 OPEN with a renewed lease; ``clicks``: 1 COMMITTING (decided commit, not published);
+    ``payments``: the 14 epochs of :func:`build_charted_pipeline` (the charts' data).
     Returns what a test asserts against."""
     store = CheckpointStore.from_url(url)
     p = store.pipeline("orders")
@@ -56,6 +58,7 @@ def build_store(url: str) -> dict[str, Any]:
     events = store.pipeline("events")
     v1 = _run(events, "v-1", 1)
     events.decide(v1, Decision.COMMIT, "all prepared", by="test")
+    build_charted_pipeline(store)
     return {"states": {1: "COMMITTED", 2: "ABORTED", 3: "COMMITTED", 4: "OPEN"},
             "damaged": f"orders/{damaged}", "open": e4, "committing": c1,
             "events_committing": v1}
@@ -305,6 +308,17 @@ def test_an_interrupted_action_shows_its_outcome_as_unknown(page: Any, store: An
     html = page.get("/stores/config-1/pipelines/orders").text
     assert _history(html) == [(str(expected["open"]), "abort", "unknown")]
     assert "the action was interrupted" in html
+
+
+def test_pipeline_page_shows_a_chart_per_measure_with_a_mark_per_epoch(page: Any) -> None:
+    import re
+
+    html = page.get("/stores/config-1/pipelines/payments").text
+    svgs = re.findall(r'<svg class="chart".*?</svg>', html, re.S)
+    assert len(svgs) == 5  # rows of the sink, stage and commit durations, checkpoint bytes, quarantined rows
+    for svg in svgs:
+        assert len(re.findall(r'<g class="mark ', svg)) == 14
+        assert re.findall(r'<g class="mark aborted" data-epoch="(\d+)"', svg) == ["9"]
 
 
 def test_provider_registers_the_plugin_with_a_nav_view_and_a_dag_run_tab() -> None:

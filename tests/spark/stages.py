@@ -193,3 +193,16 @@ def sleep_inside_a_spark_job(ctx: StageContext, spark: Any) -> None:
         return value
 
     spark.sparkContext.parallelize([1], 1).map(slow).collect()
+
+
+def dedup_orders_slowly(ctx: StageContext, spark: Any) -> None:
+    """:func:`dedup_orders` over six partitions whose tasks each take half a second (three
+    waves on two cores), so the stage runs long enough for its progress to be seen."""
+
+    def slow(batches: Any) -> Any:  # runs in a Python worker
+        time.sleep(0.5)
+        yield from batches
+
+    new = ctx.source("orders").read()
+    fresh = ctx.key_set("seen_orders").dedup(new.repartition(6).mapInArrow(slow, new.schema), key="order_id")
+    ctx.sink("orders_table").write(fresh)

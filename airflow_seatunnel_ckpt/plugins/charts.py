@@ -1,0 +1,173 @@
+"""Small charts of a pipeline's last epochs for the Checkpoints page, as inline SVG.
+
+Per epoch, what the transaction log and the checkpoint already record: rows per sink
+(published once committed, else staged), the stage's duration (``begin`` to the last
+``prepared``), the commit's (``decision`` to ``committed``), the checkpoint's bytes and
+the rows quarantined into ``<source>.bad_records`` sinks. One bar per epoch, aborted
+epochs marked, so a slow or growing epoch stands out at a glance. Rendered here in Python
+(no JavaScript library, nothing fetched): the page works offline.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from html import escape
+
+from markupsafe import Markup
+
+from airflow_seatunnel_ckpt.cli import _rows_per_sink
+from airflow_seatunnel_ckpt.core import layout
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.store import StoredPipeline
+from airflow_seatunnel_ckpt.core.txlog import COMMITTED
+from airflow_seatunnel_ckpt.plugins.overview import _checkpoint_bytes
+
+#: How a source's quarantine sink is named (``<source>.bad_records``, see spark.runner).
+QUARANTINE_SUFFIX = ".bad_records"
+#: Epochs the charts show by default.
+DEFAULT_LAST = 30
+
+_WIDTH, _HEIGHT = 320, 110
+_LEFT, _RIGHT, _TOP, _BOTTOM = 46, 6, 8, 18
+
+
+@dataclass
+class EpochPoint:
+    """What one epoch recorded, as the charts plot it (None: not recorded or not yet)."""
+
+    epoch: int
+    state: str
+    rows: dict[str, int] = field(default_factory=dict)
+    quarantined: int = 0
+    stage_s: float | None = None
+    commit_s: float | None = None
+    checkpoint_bytes: int | None = None
+
+
+@dataclass
+class Chart:
+    """One chart of the page: a title and its SVG."""
+
+    title: str
+    svg: Markup
+
+
+def _committed_at(p: StoredPipeline, epoch: int) -> float | None:
+    """When the ``committed`` acknowledgement was written (its ``at``)."""
+    at = p.txlog.read_record(layout.record_path(epoch, COMMITTED), lambda d, _path: d.get("at"))
+    return float(at) if isinstance(at, (int, float)) else None
+
+
+def epoch_point(p: StoredPipeline, epoch: int) -> EpochPoint:
+    """One epoch's point, from its log records and checkpoint (a damaged record: no values)."""
+    try:
+        status = p.status(epoch)
+    except CheckpointError:
+        return EpochPoint(epoch, "DAMAGED")
+    point = EpochPoint(epoch, status.state.value)
+    rows = _rows_per_sink(status)
+    point.quarantined = sum(n for sink, n in rows.items() if sink.endswith(QUARANTINE_SUFFIX))
+    point.rows = {sink: n for sink, n in rows.items() if not sink.endswith(QUARANTINE_SUFFIX)}
+    if status.begin is not None and status.prepared:
+        prepared_at = max(r.prepared_at for r in status.prepared.values())
+        point.stage_s = max(0.0, prepared_at - status.begin.created_at)
+    if status.state is EpochState.COMMITTED and status.decision is not None:
+        try:
+            committed_at = _committed_at(p, epoch)
+        except CheckpointError:
+            committed_at = None
+        if committed_at is not None:
+            point.commit_s = max(0.0, committed_at - status.decision.decided_at)
+    point.checkpoint_bytes = _checkpoint_bytes(p, epoch)
+    return point
+
+
+def epoch_points(p: StoredPipeline, last: int = DEFAULT_LAST) -> list[EpochPoint]:
+    """The newest ``last`` epochs' points, oldest first."""
+    return [epoch_point(p, e) for e in p.epochs()[-last:]]
+
+
+def _human(value: float, unit: str) -> str:
+    """``1.2 MB``, ``3.4 min``, ``12 k`` rows: short enough for an axis label."""
+    if unit == "bytes":
+        for suffix, size in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+            if value >= size:
+                return f"{value / size:.1f} {suffix}"
+        return f"{value:.0f} B"
+    if unit == "s":
+        if value >= 3600:
+            return f"{value / 3600:.1f} h"
+        return f"{value / 60:.1f} min" if value >= 120 else f"{value:.1f} s"
+    for suffix, size in (("M", 1e6), ("k", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f} {suffix}"
+    return f"{value:.0f}"
+
+
+def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPoint], float | None],
+              unit: str = "rows") -> Markup:
+    """An SVG bar chart: one ``<g class="mark">`` per epoch (a bar, or a cross where the epoch
+    recorded no value), aborted epochs in red with a cross, epochs not yet decided in grey;
+    a dashed line at the median. Every text is escaped."""
+    plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
+    values = [value(pt) for pt in points]
+    known = [v for v in values if v is not None]
+    top = max(known, default=0.0) or 1.0
+    step = plot_w / max(len(points), 1)
+    bar_w = max(step * 0.75, 1.0)
+    base_y = _TOP + plot_h
+    out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_HEIGHT}" '
+           f'viewBox="0 0 {_WIDTH} {_HEIGHT}" role="img" aria-label="{escape(title)}">',
+           f"<title>{escape(title)}</title>",
+           f'<line class="axis" x1="{_LEFT}" y1="{base_y}" x2="{_WIDTH - _RIGHT}" y2="{base_y}"/>',
+           f'<text class="label" x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{escape(_human(top, unit))}</text>',
+           f'<text class="label" x="{_LEFT - 4}" y="{base_y}" text-anchor="end">0</text>']
+    for i, (pt, v) in enumerate(zip(points, values, strict=True)):
+        x = _LEFT + i * step + (step - bar_w) / 2
+        kind = "aborted" if pt.state in ("ABORTED", "ABORTING") else (
+            "committed" if pt.state == "COMMITTED" else "other")
+        shown = "no value" if v is None else _human(v, unit) + ("" if unit in ("bytes", "s") else f" {unit}")
+        tip = escape(f"epoch {pt.epoch} ({pt.state}): {shown}")
+        out.append(f'<g class="mark {kind}" data-epoch="{pt.epoch}"><title>{tip}</title>')
+        if v is not None:
+            h = max(v / top * plot_h, 1.0)
+            out.append(f'<rect x="{x:.1f}" y="{base_y - h:.1f}" width="{bar_w:.1f}" height="{h:.1f}"/>')
+        if v is None or kind == "aborted":
+            cx, cy, r = x + bar_w / 2, base_y - 4, min(bar_w / 2, 3.5)
+            out.append(f'<path class="cross" d="M{cx - r:.1f},{cy - r:.1f}L{cx + r:.1f},{cy + r:.1f}'
+                       f'M{cx - r:.1f},{cy + r:.1f}L{cx + r:.1f},{cy - r:.1f}"/>')
+        out.append("</g>")
+    if len(known) >= 3:
+        y = base_y - statistics.median(known) / top * plot_h
+        out.append(f'<line class="median" x1="{_LEFT}" y1="{y:.1f}" x2="{_WIDTH - _RIGHT}" y2="{y:.1f}">'
+                   f"<title>median {escape(_human(statistics.median(known), unit))}</title></line>")
+    if points:
+        out.append(f'<text class="label" x="{_LEFT}" y="{_HEIGHT - 4}">{points[0].epoch}</text>')
+        out.append(f'<text class="label" x="{_WIDTH - _RIGHT}" y="{_HEIGHT - 4}" text-anchor="end">'
+                   f"epoch {points[-1].epoch}</text>")
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
+def pipeline_charts(points: Sequence[EpochPoint]) -> list[Chart]:
+    """The page's charts: rows of each sink, stage and commit durations, checkpoint bytes,
+    and quarantined rows when a source quarantines records."""
+    sinks = sorted({sink for pt in points for sink in pt.rows})
+    charts = [Chart(f"rows: {sink}", bar_chart(f"rows written to {sink} per epoch", points,
+                                               lambda pt, s=sink: pt.rows.get(s)))
+              for sink in sinks]
+    charts += [
+        Chart("stage duration (begin to prepared)",
+              bar_chart("stage duration per epoch", points, lambda pt: pt.stage_s, "s")),
+        Chart("commit duration (decision to committed)",
+              bar_chart("commit duration per epoch", points, lambda pt: pt.commit_s, "s")),
+        Chart("checkpoint bytes", bar_chart("checkpoint bytes per epoch", points,
+                                            lambda pt: pt.checkpoint_bytes, "bytes")),
+    ]
+    if any(pt.quarantined for pt in points):
+        charts.append(Chart("quarantined rows (bad_records)",
+                            bar_chart("rows quarantined per epoch", points, lambda pt: pt.quarantined)))
+    return charts
