@@ -1,6 +1,6 @@
-"""Recovery DAG: every few minutes, resolve what crashes left half done in every pipeline.
+"""Recovery DAG: every minute, resolve what crashes left half done in every pipeline.
 
-For each pipeline of the checkpoint store (one mapped task per pipeline):
+For each pipeline of every checkpoint store (one mapped task per pipeline):
 
 * an epoch decided COMMIT whose publish never finished is published (roll forward);
 * an undecided epoch is aborted once it is dead -- its stage's lease expired
@@ -13,16 +13,22 @@ For each pipeline of the checkpoint store (one mapped task per pipeline):
 Every action goes through the same write-once decision record the pipeline DAGs use, so
 this DAG is safe to run at any time, next to running pipelines, and to clear or retry.
 
-The store: this DAG sets none, so it uses the provider's default store -- the same one
-every pipeline DAG that sets none uses (``dags/orders_pipeline.py`` does not), so the two
-can never diverge. The default is the connection ``seatunnel_ckpt_default`` when it is
-defined (``$SEATUNNEL_CKPT_STORE_CONN_ID`` names another), else ``$SEATUNNEL_CKPT_STORE``,
-else ``$AIRFLOW_HOME/seatunnel-ckpt``; all are read when a task runs. Each pipeline is
-recovered with its own settings (``prepared_timeout_s``, ``max_retain`` ...), which its
-DAG recorded in the pipeline's descriptor in the store.
+The stores: every store the Checkpoints page lists, found the same way when a task runs --
+connections of type ``seatunnel_ckpt`` defined as ``AIRFLOW_CONN_<ID>`` variables, the URLs
+and connection ids listed in ``[seatunnel_ckpt] stores``, and the provider's default store
+(the connection ``seatunnel_ckpt_default`` when defined, else ``$SEATUNNEL_CKPT_STORE``, else
+``$AIRFLOW_HOME/seatunnel-ckpt``), the one every pipeline DAG that sets no store uses. A
+connection kept only in the metadata database cannot be listed by a task: name its id in
+``[seatunnel_ckpt] stores`` (the log of ``list_pipelines`` and the page say which stores are
+not watched). Each pipeline is recovered with its own settings (``prepared_timeout_s``,
+``lease_timeout_s``, ``max_retain`` ...), which its DAG recorded in the pipeline's
+descriptor in the store.
 
-A run that finds no pipeline in the store logs a WARNING naming the store and fails: a
-recovery DAG that watches another store than the pipelines write must not look green.
+Every minute: with a pipeline's ``lease_timeout_s`` of 30 s, an epoch whose worker was lost
+is aborted within about a minute (see docs/DEPLOYMENT.md for the settings that go with it).
+
+A run that finds no pipeline in any store logs a WARNING naming the stores and fails: a
+recovery DAG that watches other stores than the pipelines write must not look green.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from datetime import UTC, datetime, timedelta
 from airflow.sdk import DAG
 
 from airflow_seatunnel_ckpt.operators.recovery import (
-    ListPipelinesOperator,
+    ListAllPipelinesOperator,
     RecoverPipelineOperator,
     RetainCheckpointsOperator,
 )
@@ -40,17 +46,15 @@ from airflow_seatunnel_ckpt.operators.recovery import (
 with DAG(
     dag_id="seatunnel_ckpt_recovery",
     description="Finish or abort half-done epochs of every checkpointed pipeline",
-    schedule=timedelta(minutes=5),
+    schedule=timedelta(minutes=1),
     start_date=datetime(2026, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
     tags=["seatunnel-ckpt", "recovery"],
     doc_md=__doc__,
 ) as dag:
-    pipelines = ListPipelinesOperator(task_id="list_pipelines")
-    recovered = RecoverPipelineOperator.partial(task_id="recover").expand(
-        pipeline=pipelines.output)
-    retained = RetainCheckpointsOperator.partial(task_id="retain").expand(
-        pipeline=pipelines.output)
+    pipelines = ListAllPipelinesOperator(task_id="list_pipelines")
+    recovered = RecoverPipelineOperator.partial(task_id="recover").expand_kwargs(pipelines.output)
+    retained = RetainCheckpointsOperator.partial(task_id="retain").expand_kwargs(pipelines.output)
     recovered >> retained

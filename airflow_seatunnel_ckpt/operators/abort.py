@@ -15,9 +15,12 @@ from airflow_seatunnel_ckpt.operators.base import (
     BasePipelineOperator,
     refusals_fail_at_once,
 )
+from airflow_seatunnel_ckpt.sensors.stages import unprepared_reason
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_seatunnel_ckpt.core.models import EpochStatus
 
 #: Upstream states that mean the epoch cannot reach its commit.
 _UNHAPPY = ("failed", "upstream_failed", "removed")
@@ -65,8 +68,9 @@ class AbortEpochOperator(BasePipelineOperator):
         pipeline = self.store_pipeline
         epoch = self.epoch_of_run(context)
         if epoch is None:
-            self.log.info("run %s never began an epoch (its stage failed before that); "
-                          "nothing to abort", context["run_id"])
+            why = (unprepared_reason(self, context, None)
+                   or f"run {context['run_id']!r} never began an epoch (its stage failed before that)")
+            self.log.info("%s; nothing to abort", why)
             return {"pipeline": self.pipeline, "epoch": None, "action": "none"}
         status = pipeline.status(epoch)
         decision = status.decision
@@ -76,7 +80,7 @@ class AbortEpochOperator(BasePipelineOperator):
             self.log.info("epoch %s is already ABORTED (%s); nothing to do", epoch,
                           decision.reason if decision else "")
             return {"pipeline": self.pipeline, "epoch": epoch, "action": "already_aborted"}
-        reason = decision.reason if decision is not None else self._reason(context)
+        reason = decision.reason if decision is not None else self._reason(context, epoch, status)
         self.log.info("aborting epoch %s (%s): %s", epoch, status.state.value, reason)
         try:
             pipeline.abort(epoch, reason)
@@ -103,9 +107,14 @@ class AbortEpochOperator(BasePipelineOperator):
         return {"pipeline": self.pipeline, "epoch": epoch, "action": "rolled_forward",
                 "files": files}
 
-    def _reason(self, context: Context) -> str:
+    def _reason(self, context: Context, epoch: int, status: EpochStatus) -> str:
         if self.reason:
             return self.reason
+        if status.state is EpochState.OPEN:
+            expected = self.store_pipeline.declared_participants() or []
+            why = unprepared_reason(self, context, epoch, [p for p in expected if p not in status.prepared])
+            if why:
+                return why
         upstream = sorted(self.upstream_task_ids)
         try:
             states = context["ti"].get_task_states(

@@ -17,6 +17,7 @@ from airflow_seatunnel_ckpt.operators.base import (
     BasePipelineOperator,
     refusals_fail_at_once,
 )
+from airflow_seatunnel_ckpt.sensors.stages import unprepared_reason
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -101,9 +102,10 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         pipeline = self.store_pipeline
         epoch = self.epoch_of_run(context)
         if epoch is None:
+            why = unprepared_reason(self, context, None) or "its stage never began one"
             raise AirflowFailException(
-                f"pipeline {self.pipeline}: run {context['run_id']!r} has no epoch; its stage "
-                "never began one, so there is nothing to decide")
+                f"pipeline {self.pipeline}: run {context['run_id']!r} has no epoch, so there is "
+                f"nothing to decide: {why}")
         status = pipeline.status(epoch)
         record = status.decision
         if record is not None:
@@ -146,6 +148,12 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         by = f"{context['dag'].dag_id}.{self.task_id} (run {context['run_id']}, " \
              f"try {context['ti'].try_number})"
         verdict = self.evaluate(status)
+        if verdict.decision is Decision.ABORT and status.state is EpochState.OPEN:
+            expected = self.participants or pipeline.declared_participants() or []
+            missing = [p for p in expected if p not in status.prepared]
+            why = unprepared_reason(self, context, epoch, missing)
+            if why:
+                verdict = Verdict(Decision.ABORT, f"{verdict.reason}; {why}")
         self.log.info("epoch %s: asking for %s because %s", epoch,
                       verdict.decision.value.upper(), verdict.reason)
         try:

@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_seatunnel_ckpt.core.errors import RecoveryError
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, RecoveryError
 from airflow_seatunnel_ckpt.core.recovery import recover
 from airflow_seatunnel_ckpt.core.retention import retain
+from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_seatunnel_ckpt.hooks.stores import CONFIG_OPTION, CONFIG_SECTION, configured_stores
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -66,6 +70,66 @@ class ListPipelinesOperator(BaseStoreOperator):
         self.log.info("store %s holds %d pipeline(s): %s", hook.describe(), len(names),
                       ", ".join(names))
         return names
+
+
+class ListAllPipelinesOperator(BaseOperator):
+    """Return every pipeline of every store the Checkpoints page lists, as task arguments.
+
+    One mapping per pipeline, ``{"pipeline", "store_conn_id", "storage_url"}``, to map the
+    recovery and retention tasks over with ``expand_kwargs``. The stores are found as the
+    page finds them (:func:`~airflow_seatunnel_ckpt.hooks.stores.configured_stores`):
+    connections of type ``seatunnel_ckpt`` from ``AIRFLOW_CONN_<ID>`` variables, the URLs
+    and connection ids of ``[seatunnel_ckpt] stores``, and the default store. A connection
+    that lives only in the metadata database cannot be listed by a task: name it in
+    ``[seatunnel_ckpt] stores``; the log says so, and the page marks such a store.
+
+    A store that cannot be opened is logged as a WARNING and skipped (the others are still
+    recovered). When no store holds a pipeline the task warns, naming the stores it read,
+    and, with ``expect_pipelines`` (the default), fails: a recovery DAG that protects
+    nothing must not look green.
+
+    :param expect_pipelines: fail when no store holds a pipeline.
+    """
+
+    ui_color = "#ebdef0"
+
+    def __init__(self, *, expect_pipelines: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.expect_pipelines = expect_pipelines
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        """List the pipelines of every store recovery can see."""
+        found: list[dict[str, Any]] = []
+        read: list[str] = []
+        for configured in configured_stores(database=False):
+            where = f"store {configured.key!r} ({configured.source})"
+            try:
+                store = configured.open()
+                names = sorted(store.list_pipelines())
+            except CheckpointError as exc:
+                self.log.warning("%s is not watched: %s", where, exc)
+                continue
+            read.append(f"{where}: {redact_url(store.config.storage_url)}")
+            self.log.info("%s at %s holds %d pipeline(s): %s", where, redact_url(store.config.storage_url),
+                          len(names), ", ".join(names) or "none")
+            found += [{"pipeline": name, **configured.store_kwargs()} for name in names]
+        self.log.info(
+            "connections that live only in the metadata database cannot be listed by a task and are not "
+            "watched unless [%s] %s names them (ids or URLs, comma separated); the Checkpoints page marks "
+            "the stores this DAG does not watch", CONFIG_SECTION, CONFIG_OPTION)
+        if not found:
+            default = CheckpointStoreHook()
+            message = (
+                f"every store this DAG watches holds no pipeline (read: {'; '.join(read) or 'none'}; the default store "
+                f"{default.describe()}). If pipeline DAGs use this provider, they write to a store this DAG "
+                f"does not see: name it in [{CONFIG_SECTION}] {CONFIG_OPTION} (a connection id or a URL), "
+                "or define its connection as an AIRFLOW_CONN_<ID> variable of the workers. Before any "
+                "pipeline's first stage has run this is expected; pass expect_pipelines=False for stores "
+                "that are empty on purpose.")
+            self.log.warning("%s", message)
+            if self.expect_pipelines:
+                raise AirflowFailException(message)
+        return found
 
 
 class RecoverPipelineOperator(BasePipelineOperator):

@@ -11,6 +11,12 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import PreparedCheck
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.sensors.stages import (
+    explain_unprepared,
+    stage_task_states,
+    stage_tasks_of,
+    stages_finished,
+)
 from airflow_seatunnel_ckpt.triggers.prepared import EpochPreparedTrigger
 
 if TYPE_CHECKING:
@@ -24,14 +30,19 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
     and their checkpoint parts and staged files match the recorded sizes and checksums,
     or when the epoch is already decided for commit (a cleared sensor re-ran).
     Fails without retrying, with the reason in the log, when the epoch was aborted or
-    its prepared output is corrupt; a timeout fails the sensor as usual. Either way the
-    abort task (trigger rule ``all_done``) takes over.
+    its prepared output is corrupt, and -- at once, not after ``timeout`` -- when every
+    stage task of the run has finished while the epoch is still not prepared (a stage
+    marked success or skipped without running, or marked while it ran): nothing can
+    prepare it any more. A timeout fails the sensor as usual. Either way the abort task
+    (trigger rule ``all_done``) takes over.
 
     Works in ``poke`` and ``reschedule`` mode, and with ``deferrable=True`` hands the
     waiting to :class:`EpochPreparedTrigger` in the triggerer.
 
     :param participants: stages that must prepare; ``None`` accepts any one participant.
     :param deferrable: wait in the triggerer instead of holding a worker slot.
+    :param stage_task_ids: the tasks that prepare the run's epoch; ``None``: the upstream
+        tasks that declare a participant (the stages of ``checkpointed_epoch``).
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "participants")
@@ -42,17 +53,19 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
         *,
         participants: Sequence[str] | None = None,
         deferrable: bool = False,
+        stage_task_ids: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.participants = list(participants) if participants else None
         self.deferrable = deferrable
+        self.stage_task_ids = list(stage_task_ids) if stage_task_ids is not None else None
 
     def execute(self, context: Context) -> Any:
         """Check once; then poke, reschedule or defer until the outcome is known."""
         if not self.deferrable:
             return super().execute(context)
-        check = self.hook.check_prepared(self.pipeline, context["run_id"], self.participants)
+        check = self._check(context)
         if check.done:
             return self._finish(check)
         self.log.info("%s; deferring to the triggerer (poll every %ss, timeout %ss)",
@@ -74,7 +87,7 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         """One look at the store (poke and reschedule mode)."""
-        check = self.hook.check_prepared(self.pipeline, context["run_id"], self.participants)
+        check = self._check(context)
         if not check.done:
             self.log.info("pipeline %s: %s", self.pipeline, check.message)
             return False
@@ -85,6 +98,32 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
         if not event:
             raise AirflowFailException("the prepared-state trigger fired without an event")
         return self._finish(PreparedCheck.from_dict(event))
+
+    def _check(self, context: Context) -> PreparedCheck:
+        """The store's answer; when it says *waiting*, fail at once if no stage can still prepare.
+
+        The stage tasks' states are read after the store, and the store once more after
+        that: a stage that prepared and then finished is seen as prepared, never as ended.
+        """
+        run_id = context["run_id"]
+        check = self.hook.check_prepared(self.pipeline, run_id, self.participants)
+        if check.done:
+            return check
+        if self.stage_task_ids is not None:
+            stage_ids = self.stage_task_ids
+        else:
+            stages = stage_tasks_of(self)
+            if set(check.missing) - set(stages.values()):
+                return check  # a participant no stage of this DAG prepares may still come
+            stage_ids = sorted(stages)
+        states = stage_task_states(context, stage_ids)
+        if states is None or not stages_finished(states, stage_ids):
+            return check
+        check = self.hook.check_prepared(self.pipeline, run_id, self.participants)
+        if check.done:
+            return check
+        raise AirflowFailException(f"pipeline {self.pipeline}: "
+                                   + explain_unprepared(states, run_id, check.epoch, check.missing))
 
     def _finish(self, check: PreparedCheck) -> dict[str, Any]:
         if check.outcome in ("prepared", "decided"):

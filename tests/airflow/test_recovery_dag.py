@@ -109,3 +109,53 @@ def test_recovery_uses_the_settings_the_pipeline_dag_recorded(
     # max_retain=1: only the newest committed checkpoint is left.
     assert pipeline.checkpoints.epochs() == [2]
     assert published_rows(target) == rows_for(first.run_id, "ingest", 3) + rows_for(second.run_id, "ingest", 3)
+
+
+def _stale_epoch(root: Path, pipeline: str) -> None:
+    """Epoch 1 of ``pipeline`` in the store at ``root`` began an hour ago and never prepared."""
+    store = CheckpointStore.from_url(f"file://{root}")
+    store.pipeline(pipeline).txlog.begin("scheduled__stale", now=time.time() - 3600)
+    hour_ago = time.time() - 3600
+    os.utime(root / pipeline / "_txlog" / "epoch-000000000001" / "begin", (hour_ago, hour_ago))
+
+
+def test_recovery_dag_watches_every_store_the_page_lists_and_the_page_names_the_one_it_cannot(
+        run_at: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, airflow_home: Path) -> None:
+    import json
+
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+
+    from airflow_seatunnel_ckpt.hooks.stores import configured_stores
+
+    # The default store, a connection in an environment variable, a database connection that
+    # [seatunnel_ckpt] stores names, and one it does not name (a task cannot list it).
+    for name, pipeline in (("default", "orders"), ("by-env", "payments"), ("by-db", "invoices"),
+                           ("hidden", "refunds")):
+        _stale_epoch(tmp_path / name, pipeline)
+    monkeypatch.setenv("AIRFLOW_CONN_RECOVERY_ENV", json.dumps(
+        {"conn_type": "seatunnel_ckpt", "host": f"file://{tmp_path}/by-env"}))
+    monkeypatch.setenv("AIRFLOW__SEATUNNEL_CKPT__STORES", "recovery_db")
+    named = Connection(conn_id="recovery_db", conn_type="seatunnel_ckpt", host=f"file://{tmp_path}/by-db")
+    hidden = Connection(conn_id="recovery_hidden", conn_type="seatunnel_ckpt", host=f"file://{tmp_path}/hidden")
+    with create_session() as session:
+        session.add_all([named, hidden])
+    try:
+        run = run_at(load_recovery_dag(f"file://{tmp_path}/default", monkeypatch), logical_date(0))
+        page = {s.key: s for s in configured_stores()}
+    finally:
+        with create_session() as session:
+            session.query(Connection).filter(
+                Connection.conn_id.in_(["recovery_db", "recovery_hidden"])).delete()
+
+    assert run.state == "success", task_states(run)
+    assert sorted(k for k in task_states(run) if k.startswith("recover[")) == \
+        ["recover[0]", "recover[1]", "recover[2]"]
+    for name, pipeline in (("default", "orders"), ("by-env", "payments"), ("by-db", "invoices")):
+        assert CheckpointStore.from_url(f"file://{tmp_path}/{name}").pipeline(pipeline).state(1) \
+            is EpochState.ABORTED, name
+    # Not visible to a task: left alone, and the page says so and how to add it.
+    assert CheckpointStore.from_url(f"file://{tmp_path}/hidden").pipeline("refunds").state(1) is EpochState.OPEN
+    assert {k: s.watched_by_recovery for k, s in page.items() if k.startswith(("recovery_", "default"))} == \
+        {"recovery_db": True, "recovery_env": True, "recovery_hidden": False, "default": True}
+    assert "AIRFLOW__SEATUNNEL_CKPT__STORES=recovery_hidden" in page["recovery_hidden"].recovery_note

@@ -4,9 +4,11 @@ Each component is its own ``airflow`` process, started with :class:`subprocess.P
 its own process group, logging to a file under the deployment's temporary directory.
 They share a temporary ``AIRFLOW_HOME`` with a SQLite metadata database (migrated with
 ``airflow db migrate``) and run tasks with the LocalExecutor (Airflow 3.3 accepts it on
-SQLite). The DAGs folder holds copies of the example pipeline's two files, so the
-recovery DAG and anything else in ``dags/`` stays out of the deployment, and of
-``tests/deployment/dags/`` (a pipeline whose stage is submitted and deferred).
+SQLite). The DAGs folder holds copies of the example pipeline's two files and of the
+recovery DAG (which runs only when a test triggers it: the deployment schedules nothing by
+itself), and of ``tests/deployment/dags/`` (a pipeline whose stage is submitted and
+deferred). The settings that bring a stuck epoch under a minute (docs/DEPLOYMENT.md) are
+set: Airflow's task heartbeat timeout of 20 s, checked every 5 s.
 
 The REST API (``/api/v2``) is reached with a JWT from ``GET /auth/token``, which the
 default SimpleAuthManager hands out without credentials when
@@ -42,8 +44,11 @@ import pytest
 from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-#: The files of the example pipeline, copied into the deployment's DAGs folder.
-EXAMPLE_FILES = ("orders_pipeline.py", "orders_example.py")
+#: The files of the example pipeline and the recovery DAG, copied into the deployment's DAGs folder.
+EXAMPLE_FILES = ("orders_pipeline.py", "orders_example.py", "seatunnel_ckpt_recovery.py")
+#: A store connection the tests create through the REST API (so it lives only in the
+#: metadata database); ``[seatunnel_ckpt] stores`` names it, so the recovery DAG watches it.
+SIDE_STORE_CONN_ID = "side_store"
 #: The order in which components start; they stop in reverse.
 COMPONENTS = ("api-server", "dag-processor", "scheduler", "triggerer")
 
@@ -92,6 +97,12 @@ def _environment(home: Path, dags: Path, data: Path, port: int) -> dict[str, str
         # Only the runs the test triggers: no run for the latest hourly interval on unpause.
         "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
+        # docs/DEPLOYMENT.md: a lost worker (its supervisor gone) is noticed in 20-25 s, not 300 s.
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20",
+        "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+        "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "5",
+        # The recovery DAG watches the default store and the database connection named here.
+        "AIRFLOW__SEATUNNEL_CKPT__STORES": SIDE_STORE_CONN_ID,
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
         "AIRFLOW__TRIGGERER__CAPACITY": "10",

@@ -1,6 +1,6 @@
 """The example pipeline in a real Airflow 3 deployment, driven only through the REST API.
 
-Four runs of ``orders_pipeline`` (hours 0-3 of the example's deterministic order
+Six runs of ``orders_pipeline`` (hours 0-5 of the example's deterministic order
 generator) go through a real scheduler, LocalExecutor task processes, dag-processor,
 triggerer and api-server (see ``conftest.py``):
 
@@ -10,8 +10,16 @@ triggerer and api-server (see ``conftest.py``):
   traceback flood, and the retry finishes the epoch;
 * every task of the first, committed run is cleared (``clearTaskInstances``) and runs
   again -- its epoch must not publish twice;
-* the fourth run's stage task process is SIGKILLed while its Spark session runs; Airflow
-  retries it and the run succeeds.
+* the fourth run's worker is lost while its Spark session runs (its supervisor and the
+  task's process group SIGKILLed); Airflow notices when the heartbeats stop, retries the
+  stage and the run succeeds -- the retry must start within 60 s of the kill with the
+  settings of docs/DEPLOYMENT.md (the seconds to the committed epoch are printed too);
+* the fifth run's stage is marked success before it runs: its sensor fails at once saying
+  so, and the sixth run (queued behind it) commits both hours' input; its stage must start
+  within 60 s of the mark.
+
+Before those, the recovery DAG recovers a pipeline on a store whose connection only the
+metadata database holds (named in ``[seatunnel_ckpt] stores``).
 
 Then the store and the table are read independently: every epoch ended COMMITTED or
 ABORTED, the table holds every generated order exactly once, the killed try's JVM did
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,7 +41,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore
 from airflow_seatunnel_ckpt.core.models import EpochState
-from tests.deployment.conftest import AirflowDeployment, DeploymentError, tail
+from tests.deployment.conftest import SIDE_STORE_CONN_ID, AirflowDeployment, DeploymentError, tail
 
 # The whole deployment (start, four runs, a retry each for SIGTERM and SIGKILL, stop) takes
 # 3-6 minutes on a loaded two-core machine, more than the suite's default 600 s allows.
@@ -69,6 +78,24 @@ def _trigger(deployment: AirflowDeployment, hour: int) -> str:
     deployment.api("POST", f"/dags/{DAG_ID}/dagRuns",
                    {"dag_run_id": run_id, "logical_date": when, "run_after": when})
     return run_id
+
+
+def _started(ti: dict[str, Any]) -> float:
+    """``time.time()`` at which a task instance (its latest try) started, from the REST API."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(ti["start_date"]).replace("Z", "+00:00")).timestamp()
+
+
+def _mark_success(deployment: AirflowDeployment, run_id: str, task_id: str) -> bool:
+    """The UI's "Mark success" on a task instance (False while the run's task instances do not exist yet)."""
+    try:
+        deployment.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}", {"new_state": "success"})
+    except DeploymentError as exc:
+        if "HTTP 404" in str(exc):
+            return False
+        raise
+    return True
 
 
 def _run_state(deployment: AirflowDeployment, run_id: str) -> str:
@@ -115,9 +142,14 @@ def _stage_is_mid_work(deployment: AirflowDeployment, run_id: str) -> bool:
     return pipeline.prepared_for_run(run_id, PARTICIPANT) is None
 
 
-def _signal_stage_while_spark_runs(deployment: AirflowDeployment, run_id: str,
-                                   signum: signal.Signals) -> tuple[int, int, list[int]]:
-    """Send ``signum`` to the stage's task process mid-stage; return (pid, try number, pids of its JVMs)."""
+def _signal_stage_while_spark_runs(deployment: AirflowDeployment, run_id: str, signum: signal.Signals,
+                                   *, lose_worker: bool = False) -> tuple[int, int, list[int]]:
+    """Send ``signum`` to the stage's task process mid-stage; return (pid, try number, pids of its JVMs).
+
+    ``lose_worker``: a lost worker instead -- SIGKILL its supervisor (the LocalExecutor worker
+    process, the task process's parent) and then the task's whole process group (the task and
+    its JVM); nobody is left to tell Airflow, which notices only when the heartbeats stop.
+    """
 
     def running_stage() -> tuple[int, int] | None:
         ti = _task(deployment, run_id, STAGE_TASK)
@@ -131,8 +163,33 @@ def _signal_stage_while_spark_runs(deployment: AirflowDeployment, run_id: str,
     pid, try_number = deployment.wait_for(f"{STAGE_TASK} of {run_id} to be mid-stage", running_stage,
                                           timeout=RUN_TIMEOUT_S, interval=0.25)
     jvms = [child.pid for child in psutil.Process(pid).children(recursive=True) if "java" in child.name()]
-    os.kill(pid, signum)
+    if lose_worker:
+        supervisor = psutil.Process(pid).parent()
+        assert supervisor is not None and supervisor.pid not in {p.pid for p in deployment.processes.values()}, \
+            f"the parent of task process {pid} is not a worker: {supervisor}"
+        os.kill(supervisor.pid, signal.SIGKILL)
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    else:
+        os.kill(pid, signum)
     return pid, try_number, jvms
+
+
+def _seconds_to_commit(deployment: AirflowDeployment, run_id: str, since: float) -> float:
+    """Seconds from ``since`` (``time.time()`` of a fault) until the epoch of ``run_id`` is COMMITTED."""
+    pipeline = CheckpointStore.from_url(deployment.store_url).pipeline(EXAMPLE.PIPELINE)
+
+    def committed() -> float | None:
+        epoch = pipeline.epoch_for_run(run_id, DAG_ID)
+        if epoch is not None and pipeline.state(epoch) is EpochState.COMMITTED:
+            return time.time() - since
+        if _run_state(deployment, run_id) == "failed":
+            raise DeploymentError(f"run {run_id} failed: "
+                                  f"{deployment.api('GET', f'/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances')}")
+        return None
+
+    took: float = deployment.wait_for(f"the epoch of {run_id} to commit", committed, timeout=RUN_TIMEOUT_S,
+                                      interval=0.5)
+    return took
 
 
 def _try_ended(deployment: AirflowDeployment, run_id: str, try_number: int) -> str | None:
@@ -237,6 +294,50 @@ def test_a_submitted_stage_defers_and_a_clear_while_deferred_stops_it_and_resubm
                         timeout=60, interval=0.5)
 
 
+RECOVERY_DAG = "seatunnel_ckpt_recovery"
+
+
+def _stale_epoch(store_url: str, pipeline: str) -> int:
+    """An epoch of ``pipeline`` that began an hour ago (by the store's clock) and never took a
+    lease: what a worker lost before its stage's first lease renewal leaves behind."""
+    p = CheckpointStore.from_url(store_url).pipeline(pipeline)
+    epoch = p.txlog.begin("scheduled__lost_worker", now=time.time() - 3600).epoch
+    begin = Path(store_url.removeprefix("file://")) / pipeline / "_txlog" / f"epoch-{epoch:012d}" / "begin"
+    hour_ago = time.time() - 3600
+    os.utime(begin, (hour_ago, hour_ago))
+    return epoch
+
+
+def test_the_recovery_dag_recovers_a_pipeline_on_a_connections_store(
+    airflow_deployment: AirflowDeployment,
+) -> None:
+    """A store from a connection created through the REST API (so only the metadata database
+    holds it), named in ``[seatunnel_ckpt] stores``: the recovery DAG's tasks, which cannot
+    list the database's connections, find it by id and abort its dead epoch."""
+    deployment = airflow_deployment
+    side_url = f"file://{deployment.data / 'side-store'}"
+    deployment.api("POST", "/connections", {"connection_id": SIDE_STORE_CONN_ID, "conn_type": "seatunnel_ckpt",
+                                            "host": side_url})
+    epoch = _stale_epoch(side_url, "payments")
+    deployment.wait_for(f"the dag-processor to parse {RECOVERY_DAG}", lambda: deployment.api(
+        "GET", f"/dags?dag_id_pattern={RECOVERY_DAG}").get("total_entries"), timeout=240)
+    deployment.api("PATCH", f"/dags/{RECOVERY_DAG}", {"is_paused": False})
+    started = time.monotonic()
+    deployment.api("POST", f"/dags/{RECOVERY_DAG}/dagRuns", {"dag_run_id": "recovery_1", "logical_date": None})
+    pipeline = CheckpointStore.from_url(side_url).pipeline("payments")
+    deployment.wait_for("the recovery DAG to abort the connection store's dead epoch",
+                        lambda: pipeline.state(epoch) is EpochState.ABORTED, timeout=RUN_TIMEOUT_S, interval=0.5)
+    took = time.monotonic() - started
+    print(f"\nrecovery run triggered -> dead epoch of a connection's store aborted: {took:.1f}s")
+    status = pipeline.status(epoch)
+    assert status.decision is not None and status.decision.by == "recovery", status.decision
+    deployment.wait_for("the recovery run to finish", lambda: deployment.api(
+        "GET", f"/dags/{RECOVERY_DAG}/dagRuns/recovery_1")["state"] in ("success", "failed"), timeout=120)
+    assert deployment.api("GET", f"/dags/{RECOVERY_DAG}/dagRuns/recovery_1")["state"] == "success"
+    # Nothing else triggers it: the example's runs below must not race a recovery run.
+    deployment.api("PATCH", f"/dags/{RECOVERY_DAG}", {"is_paused": True})
+
+
 def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_deployment(
     airflow_deployment: AirflowDeployment,
 ) -> None:
@@ -270,16 +371,48 @@ def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_de
     _wait_success(deployment, runs[0],
                   and_then=lambda: _task(deployment, runs[0], "orders.commit")["try_number"] >= 2)
 
-    # Kill the fourth run's stage task process while its Spark session runs; Airflow retries it.
+    # Lose the worker of the fourth run's stage while its Spark session runs: SIGKILL its
+    # supervisor and the task's process group. Airflow notices when the heartbeats stop
+    # ([scheduler] task_instance_heartbeat_timeout, 20 s here) and retries the stage.
     killed_run = _trigger(deployment, 3)
-    killed_pid, killed_try, killed_jvms = _signal_stage_while_spark_runs(deployment, killed_run, signal.SIGKILL)
+    killed_pid, killed_try, killed_jvms = _signal_stage_while_spark_runs(deployment, killed_run, signal.SIGKILL,
+                                                                        lose_worker=True)
+    lost_at = time.time()
     assert killed_jvms, f"the stage task process {killed_pid} ran no Spark JVM when it was killed"
+    lost_s = _seconds_to_commit(deployment, killed_run, lost_at)
     _wait_success(deployment, killed_run)
     retried = _task(deployment, killed_run, STAGE_TASK)
     assert retried["try_number"] > killed_try, f"the stage was not retried after the kill: {retried}"
+    lost_resumed_s = _started(retried) - lost_at
+    print(f"\nworker lost mid-stage -> the stage's retry started: {lost_resumed_s:.1f}s, "
+          f"-> the run's epoch committed: {lost_s:.1f}s")
     # The killed task's JVM does not outlive it (PySpark's gateway exits when its parent's pipe closes).
     orphans = [pid for pid in killed_jvms if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert not orphans, f"the killed stage's JVM(s) {orphans} still run after the retry succeeded"
+
+    # Mark the fifth run's stage success before it runs (the UI's "Mark success"); the sixth
+    # run waits behind it (max_active_runs=1). The sensor sees at once that nothing will
+    # prepare the fifth run's epoch, and the sixth run processes both hours' input.
+    marked_run = _trigger(deployment, 4)
+    deployment.wait_for(f"{STAGE_TASK} of {marked_run} to be marked success", lambda: _mark_success(
+        deployment, marked_run, STAGE_TASK), timeout=60, interval=0.5)
+    marked_at = time.time()
+    next_run = _trigger(deployment, 5)
+    marked_s = _seconds_to_commit(deployment, next_run, marked_at)
+    _wait_success(deployment, next_run)
+    marked_resumed_s = _started(_task(deployment, next_run, STAGE_TASK)) - marked_at
+    print(f"\nstage marked success without running -> the next run's stage started: {marked_resumed_s:.1f}s, "
+          f"-> its epoch committed: {marked_s:.1f}s")
+    assert _run_state(deployment, marked_run) == "failed"
+    assert _task(deployment, marked_run, STAGE_TASK)["try_number"] == 0, "the marked stage ran after all"
+    sensor = _task(deployment, marked_run, "orders.prepared")
+    assert sensor["state"] == "failed", sensor
+    sensor_log = _task_log(deployment, marked_run, "orders.prepared", sensor["try_number"]).read_text(errors="replace")
+    assert "the stage was marked success without running" in sensor_log, sensor_log[-2000:]
+    assert _task(deployment, marked_run, "orders.abort")["state"] == "success"
+    # What the settings decide is how long the pipeline waits before the work starts again;
+    # the stage's own run after that is Spark's time (minutes on a loaded two-core machine).
+    assert lost_resumed_s < 60 and marked_resumed_s < 60, (lost_resumed_s, marked_resumed_s)
 
     # The store: every epoch decided and finished.
     pipeline = CheckpointStore.from_url(deployment.store_url).pipeline(EXAMPLE.PIPELINE)
@@ -288,10 +421,11 @@ def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_de
     assert {s.state for s in statuses} <= {EpochState.COMMITTED, EpochState.ABORTED}, \
         [(s.epoch, s.state, s.run_id) for s in statuses]
     committed_runs = [s.run_id for s in statuses if s.state is EpochState.COMMITTED]
-    assert sorted(committed_runs) == sorted([*runs, killed_run]), committed_runs
+    assert sorted(committed_runs) == sorted([*runs, killed_run, next_run]), committed_runs
+    assert pipeline.epoch_for_run(marked_run, DAG_ID) is None
 
     # The table: every generated order exactly once (the generator is deterministic).
-    expected = {order["order_id"] for hour in range(4) for order in EXAMPLE.orders_of_hour(hour)}
+    expected = {order["order_id"] for hour in range(6) for order in EXAMPLE.orders_of_hour(hour)}
     published = _published_order_ids(deployment.data)
     duplicates = sorted({i for i in published if published.count(i) > 1})
     assert not duplicates, f"{len(duplicates)} orders published twice, e.g. {duplicates[:5]}"

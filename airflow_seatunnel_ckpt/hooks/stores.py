@@ -1,0 +1,204 @@
+"""Which checkpoint stores there are: the Checkpoints page shows them, the recovery DAG watches them.
+
+Three sources, in this order: every Airflow connection of type ``seatunnel_ckpt`` (one
+connection per store), from the metadata database and from ``AIRFLOW_CONN_<ID>``
+environment variables (which win over a database connection of the same id, as they do
+when a task looks the connection up), the entries of the ``[seatunnel_ckpt] stores`` option
+(comma separated: store URLs, for stores without a connection, and ids of connections, for
+connections a task cannot list), and the provider's default store (its default connection
+when defined, else ``$SEATUNNEL_CKPT_STORE``, else ``$AIRFLOW_HOME/seatunnel-ckpt``, when it
+exists). Each store gets a key that is safe in a URL path: the connection id, ``config-<n>``
+or ``default``.
+
+The recovery DAG's tasks call :func:`configured_stores` with ``database=False``: Airflow 3
+gives a task no access to the metadata database, only to connections it names by id, so a
+connection that lives only in the database is watched when ``[seatunnel_ckpt] stores`` names
+it (or it is the default connection). The page marks the stores recovery cannot see
+(:attr:`ConfiguredStore.watched_by_recovery`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
+from airflow_seatunnel_ckpt.core.config import default_storage_url
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.hooks.checkpoint_store import CONN_TYPE, config_from_connection
+
+#: The Airflow configuration section and option listing extra store URLs.
+CONFIG_SECTION, CONFIG_OPTION = "seatunnel_ckpt", "stores"
+
+
+class UnknownStoreError(CheckpointError, LookupError):
+    """The page was asked for a store key that no connection or setting defines."""
+
+
+@dataclass(frozen=True)
+class ConfiguredStore:
+    """One store the page shows: its key, where it comes from, and its configuration."""
+
+    key: str
+    source: str  #: "connection <id>", "[seatunnel_ckpt] stores" or "default store"
+    config: CheckpointConfig | None
+    #: why the store cannot be opened (a bad connection), shown instead of its pipelines
+    problem: str = ""
+    #: the connection the store comes from (None: a URL of the option, or the default URL)
+    conn_id: str | None = None
+    #: whether the recovery DAG's tasks find this store too (see the module docstring)
+    watched_by_recovery: bool = True
+
+    @property
+    def recovery_note(self) -> str:
+        """Empty when the recovery DAG watches this store; else why not and how to add it."""
+        if self.watched_by_recovery:
+            return ""
+        return (f"The recovery DAG does not watch this store: a task cannot list the connections of "
+                f"the metadata database. Add {self.key!r} to [{CONFIG_SECTION}] {CONFIG_OPTION} (e.g. "
+                f"AIRFLOW__SEATUNNEL_CKPT__STORES={self.key}) on the workers and the API server, or "
+                f"define the connection as AIRFLOW_CONN_{self.key.upper()} there.")
+
+    def store_kwargs(self) -> dict[str, Any]:
+        """The store arguments of a task on this store (``store_conn_id`` or ``storage_url``)."""
+        if self.conn_id is not None:
+            return {"store_conn_id": self.conn_id, "storage_url": None}
+        return {"store_conn_id": None, "storage_url": self.config.storage_url if self.config else None}
+
+    def open(self) -> CheckpointStore:
+        """The store; CheckpointError when it is misconfigured or its root does not exist."""
+        if self.config is None:
+            raise CheckpointError(f"store {self.key!r} ({self.source}): {self.problem}")
+        store = CheckpointStore(self.config)
+        if not store.storage.exists(""):
+            raise CheckpointError(f"store {self.key!r} ({self.source}): {store.storage.describe()} does not exist; "
+                                  "check the connection's storage URL")
+        return store
+
+
+def _connections(database: bool, named: set[str]) -> list[ConfiguredStore]:
+    """Connections of our type; ``named``: ids a task can look up (so recovery watches them)."""
+    found: dict[str, tuple[Any, str, bool]] = {}
+    if database:
+        from airflow.models.connection import Connection
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            for conn in session.query(Connection).filter(Connection.conn_type == CONN_TYPE).all():
+                found[conn.conn_id] = (conn, f"connection {conn.conn_id}", conn.conn_id in named)
+    found.update({conn_id: (conn, source, True) for conn_id, (conn, source) in _environment_connections().items()})
+    out = []
+    for conn_id, (conn, source, watched) in sorted(found.items()):
+        try:
+            out.append(ConfiguredStore(conn_id, source, config_from_connection(conn), conn_id=conn_id,
+                                       watched_by_recovery=watched))
+        except CheckpointError as exc:
+            out.append(ConfiguredStore(conn_id, source, None, str(exc), conn_id=conn_id,
+                                       watched_by_recovery=watched))
+    return out
+
+
+def _looked_up(conn_id: str, source: str) -> ConfiguredStore | None:
+    """A connection read by id (what a task can do); None when it is not defined."""
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+    try:
+        return ConfiguredStore(conn_id, source, CheckpointStoreHook(store_conn_id=conn_id).get_config(),
+                               conn_id=conn_id)
+    except AirflowNotFoundException:
+        return None
+    except CheckpointError as exc:
+        return ConfiguredStore(conn_id, source, None, str(exc), conn_id=conn_id)
+
+
+def _environment_connections() -> dict[str, tuple[Any, str]]:
+    """Connections of our type defined as ``AIRFLOW_CONN_<ID>`` variables (ids in lower case, as Airflow
+    looks them up); a variable Airflow cannot parse is not ours to judge and is skipped."""
+    from airflow.secrets.environment_variables import CONN_ENV_PREFIX, EnvironmentVariablesBackend
+
+    backend = EnvironmentVariablesBackend()
+    found = {}
+    for name in sorted(os.environ):
+        conn_id = name[len(CONN_ENV_PREFIX):].lower() if name.startswith(CONN_ENV_PREFIX) else ""
+        if not conn_id or conn_id.startswith("_"):  # a team-scoped variable (AIRFLOW_CONN__<TEAM>___<ID>)
+            continue
+        try:
+            conn = backend.get_connection(conn_id)
+        except Exception:  # malformed for Airflow too, which reports it itself
+            continue
+        if conn is not None and conn.conn_type == CONN_TYPE:
+            found[conn_id] = (conn, f"connection {conn_id} (environment variable {name})")
+    return found
+
+
+def _configured_urls() -> list[str]:
+    from airflow.configuration import conf
+
+    raw = conf.get(CONFIG_SECTION, CONFIG_OPTION, fallback="") or ""
+    return [url.strip() for url in raw.split(",") if url.strip()]
+
+
+def configured_stores(*, database: bool = True) -> list[ConfiguredStore]:
+    """Every store the page shows (see the module docstring); duplicates of a URL are dropped.
+
+    :param database: also list the connections of the metadata database (the page does; a
+        task cannot, so the recovery DAG passes ``False``).
+    """
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import StoreSettings
+
+    option = f"[{CONFIG_SECTION}] {CONFIG_OPTION}"
+    entries = _configured_urls()
+    named = {entry for entry in entries if "://" not in entry}
+    default_conn_id, _ = StoreSettings().connection_ids()
+    stores = _connections(database, named | {default_conn_id or ""})
+    known = {store.key for store in stores}
+    n = 0
+    for entry in entries:
+        if "://" not in entry:  # a connection id
+            if entry not in known:
+                looked_up = _looked_up(entry, f"connection {entry} ({option})")
+                stores.append(looked_up or ConfiguredStore(
+                    entry, option, None, f"{option} names connection {entry!r}, which is not defined",
+                    conn_id=entry))
+                known.add(entry)
+            continue
+        n += 1
+        try:
+            config = CheckpointConfig.from_mapping({"storage_url": entry})
+            stores.append(ConfiguredStore(f"config-{n}", option, config))
+        except CheckpointError as exc:
+            stores.append(ConfiguredStore(f"config-{n}", option, None, str(exc)))
+    if default_conn_id and default_conn_id not in known:
+        found = _looked_up(default_conn_id, f"connection {default_conn_id} (the default store)")
+        if found is not None:
+            stores.append(found)
+            known.add(default_conn_id)
+    if default_conn_id not in known:
+        default = CheckpointConfig.from_mapping({"storage_url": default_storage_url()})
+        if CheckpointStore(default).storage.exists(""):
+            stores.append(ConfiguredStore("default", "default store", default))
+    kept: dict[str, int] = {}
+    unique: list[ConfiguredStore] = []
+    for store in stores:
+        url = store.config.storage_url if store.config else f"?{store.key}"
+        if url not in kept:
+            kept[url] = len(unique)
+            unique.append(store)
+        elif store.watched_by_recovery:  # recovery finds the URL through this entry
+            unique[kept[url]] = replace(unique[kept[url]], watched_by_recovery=True)
+    return unique
+
+
+def find_store(key: str) -> ConfiguredStore:
+    """The configured store called ``key``; UnknownStoreError names the ones there are."""
+    stores = configured_stores()
+    for store in stores:
+        if store.key == key:
+            return store
+    raise UnknownStoreError(f"no checkpoint store {key!r}; configured stores: "
+                            f"{', '.join(s.key for s in stores) or 'none'} (connections of type {CONN_TYPE!r}, "
+                            f"[{CONFIG_SECTION}] {CONFIG_OPTION}, or $SEATUNNEL_CKPT_STORE)")
+
