@@ -361,6 +361,7 @@ def _state_factory(
             restore_from=restore_from,
             policy=policy,
             restored=base.operators.get(name),
+            pipeline=pipeline.name,
         )
         state = kind(spark, settings)
         # Only a state with committed values is held to its recorded shape: the shape of
@@ -368,7 +369,6 @@ def _state_factory(
         if name in base.operators and descriptor is not None and name in recorded:
             state.recorded = recorded[name]
             state.recorded_where = f"pipeline descriptor v{descriptor.version} in {pipeline.storage.describe()}"
-            state.pipeline_name = pipeline.name
         # A rename in the code is refused when the renamed state's update is planned,
         # before any Spark job of the stage wrote staging or state parts.
         state.before_update = lambda _: _refuse_renamed_states(pipeline, base, spec.participant, opened)
