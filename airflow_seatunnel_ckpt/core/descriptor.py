@@ -91,11 +91,15 @@ def _get(d: Any, key: str, kind: type | tuple[type, ...], path: str, optional: b
     return value
 
 
+#: Option names that match :data:`_SECRET_KEY` but hold column names, never credentials.
+_COLUMN_OPTIONS = ("merge_keys",)
+
+
 def public_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` without credentials: secret-named keys dropped, URLs redacted (recursively)."""
     out: dict[str, Any] = {}
     for name, value in options.items():
-        if _SECRET_KEY.search(str(name)):
+        if _SECRET_KEY.search(str(name)) and str(name) not in _COLUMN_OPTIONS:
             continue
         if isinstance(value, Mapping):
             out[str(name)] = public_options(value)

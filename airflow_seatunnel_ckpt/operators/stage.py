@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, conf
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
-from airflow_seatunnel_ckpt.core.lease import abort_command, liveness
+from airflow_seatunnel_ckpt.core.lease import EpochLiveness, Liveness, abort_command, liveness
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
 from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord
 from airflow_seatunnel_ckpt.operators import metrics
@@ -82,6 +82,20 @@ def airflow_context_of(context: Context, task_id: str) -> dict[str, Any]:
     ).to_dict()
 
 
+def _what_the_wait_is_for(judged: EpochLiveness, pipeline: Pipeline) -> str:
+    """Why a live-looking earlier epoch is waited for, and until when at the latest.
+
+    A stage killed outright (SIGKILL, a lost host) leaves its lease as it last renewed it:
+    it looks alive until the lease is ``lease_timeout_s`` old, however dead its process is.
+    """
+    if judged.liveness is not Liveness.ALIVE or judged.age_s is None:
+        return ""
+    left = max(pipeline.config.lease_timeout_s - judged.age_s, 0)
+    holder = "its stage" if judged.lease is None else f"its stage ({judged.lease.describe_holder()})"
+    return (f"; waiting for {holder} to prepare, or -- if that stage was killed and renews its lease no more -- "
+            f"for the lease to expire in {left:.0f}s at the latest, when this run aborts the epoch")
+
+
 class PendingEpochWaitMixin(BasePipelineOperator):
     """Begin the run's epoch; an earlier undecided epoch is waited for, or aborted if dead.
 
@@ -146,7 +160,7 @@ class PendingEpochWaitMixin(BasePipelineOperator):
                 except DecisionConflictError:
                     self.log.info("epoch %s was decided commit meanwhile; it rolls forward", epoch)
                 return True
-            judged_text = judged.describe()
+            judged_text = judged.describe() + _what_the_wait_is_for(judged, pipeline)
         waited = self._waited_s(context)
         limit = self.pending_wait_timeout
         if limit is None:

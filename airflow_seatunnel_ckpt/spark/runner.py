@@ -427,7 +427,9 @@ def _refuse_renamed_states(pipeline: Pipeline, base: RestorePoint, participant: 
                        if op.state_kind == state.kind.value and list(op.key_columns) == keys)
         if alike:
             raise StateError(
-                f"pipeline {pipeline.name!r} epoch {base.epoch}: participant {participant!r} updates a new keyed "
+                f"pipeline {pipeline.name!r} epoch {state.settings.epoch}"
+                + (f" (restoring checkpoint {base.epoch})" if base.epoch is not None else "")
+                + f": participant {participant!r} updates a new keyed "
                 f"state {name!r} (a {state.kind.value} keyed by {list(state.settings.key_columns)}) but no longer "
                 f"opens the committed state(s) {alike} of the same kind and keys: this looks like a rename, "
                 f"which would start {name!r} from zero. Way out: `seatunnel-ckpt state rename {pipeline.name} "

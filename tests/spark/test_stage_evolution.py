@@ -91,8 +91,10 @@ def test_renaming_a_state_in_the_code_is_refused_and_the_rename_command_keeps_it
     orders.add_file("c", [7, 8])
 
     with pytest.raises(StateError, match=r"looks like a rename.*seatunnel-ckpt state rename orders "
-                                         r"customer_totals totals_by_customer"):
+                                         r"customer_totals totals_by_customer") as refused:
         run_stage(orders.spec("run-3", stage=f"{STAGES}:totals_renamed"), spark)
+    # The refused epoch is the one the stage ran for (3), not the checkpoint it restored (2).
+    assert str(refused.value).startswith("pipeline 'orders' epoch 3 (restoring checkpoint 2): participant 'ingest'")
     # Refused when the update was planned: no Spark job ran, so neither staged output
     # nor a state part of epoch 3 exists.
     store = orders.root / "store"
