@@ -312,11 +312,13 @@ def read_descriptor(storage: Storage, version: int | None = None,
     return descriptor
 
 
-def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Any) -> PipelineDescriptor:
+def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Any,
+                write: bool = True) -> PipelineDescriptor:
     """Write ``make(latest)`` as the next version unless its content equals ``latest``'s.
 
     Versions are created exclusively: of two writers racing for one version number, the
-    loser reads the winner's version and tries again on top of it.
+    loser reads the winner's version and tries again on top of it. ``write=False`` (a dry
+    run) checks and returns what would be written, and writes nothing.
     """
     for _ in range(20):
         candidate: PipelineDescriptor = make(latest)
@@ -324,6 +326,10 @@ def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Any
             pipeline.__dict__["_descriptor"] = latest  # what Pipeline.descriptor() caches
             return latest
         version = latest.version + 1 if latest else 1
+        if not write:
+            log.info("pipeline %s: dry run: descriptor version %d not written (it would record what this "
+                     "run declared or learned)", pipeline.name, version)
+            return candidate
         candidate = dataclasses.replace(candidate, version=version, created_at=time.time())
         try:
             pipeline.storage.create_exclusive(layout.descriptor_path(version), codec.encode_json(candidate.to_dict()))
@@ -358,6 +364,7 @@ def ensure_descriptor(
     config: CheckpointConfig | None = None,
     store_conn_id: str | None = None,
     complete: bool = True,
+    write: bool = True,
 ) -> PipelineDescriptor:
     """Make sure the pipeline's descriptor says what this DAG declares; return the newest version.
 
@@ -369,6 +376,8 @@ def ensure_descriptor(
         settings without secrets are stored.
     :param complete: ``participants`` is the whole declared set (a task group knows it);
         ``False`` adds or updates only these, keeping the others declared.
+    :param write: ``False`` for a dry run (``airflow tasks test``): ownership is checked,
+        nothing is written, and the stored (or no) descriptor stays what runs see.
     """
     if not isinstance(dag_id, str) or not dag_id:
         raise PipelineOwnershipError(f"pipeline {pipeline.name!r}: a descriptor needs the owner DAG's id")
@@ -392,7 +401,7 @@ def ensure_descriptor(
                                   store_conn_id, legacy_runs_dag_id=legacy)
 
     latest = read_descriptor(pipeline.storage, max_chunk=max_chunk)
-    return _write_next(pipeline, latest, make)
+    return _write_next(pipeline, latest, make, write)
 
 
 def record_states(pipeline: Pipeline, participant: str,

@@ -295,6 +295,8 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         run_id = context["run_id"]
         try_number = context["ti"].try_number
         attempt = attempt_for_try(try_number)
+        # Before the store is opened: a dry run writes no descriptor version.
+        self.dry_run = try_number == 0
         existing = self._already_prepared(run_id)
         if existing is not None:
             # Checked here too so that spark-submit is not even launched.
@@ -312,7 +314,7 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
             stage=self.stage, sources=self.sources, sinks=self.sinks,
             store=self.hook.config.to_mapping(include_secrets=True),
             spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if self.conn_id else self.spark_conf,
-            airflow_context=airflow_context_of(context, self.task_id),
+            airflow_context=airflow_context_of(context, self.task_id), dry_run=dry_run,
             **optional)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s",
                       self.pipeline, self.stage, self.participant, attempt,

@@ -221,7 +221,11 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
         )
         return StageResult.from_prepared(pipeline.name, winner, reused=True)
     result = StageResult.from_prepared(pipeline.name, record, reused=False)
-    _record_state_shapes(pipeline, spec.participant, ctx.states)
+    if spec.dry_run:
+        log.info("pipeline %s: dry run: the shapes of its keyed states are not recorded in the descriptor",
+                 pipeline.name)
+    else:
+        _record_state_shapes(pipeline, spec.participant, ctx.states)
     log.info(
         "pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), "
         "%d checkpoint bytes "
