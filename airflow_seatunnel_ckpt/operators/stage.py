@@ -13,8 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
 
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
-from airflow_seatunnel_ckpt.core.lease import EpochLiveness, Liveness, abort_command, liveness
+from airflow_seatunnel_ckpt.core.lease import (
+    EpochLiveness,
+    Liveness,
+    abort_command,
+    liveness,
+    read_lease,
+    store_now,
+)
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
 from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord
 from airflow_seatunnel_ckpt.operators import metrics
@@ -306,6 +314,7 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         # Begin here, before Spark starts: an earlier undecided epoch is waited for (or
         # aborted when dead) without launching anything or spending a retry.
         epoch = self.begin_epoch(context).epoch
+        self._log_earlier_attempt(epoch, attempt)
         optional: dict[str, Any] = {}
         if self.key_groups is not None:
             optional["key_groups"] = self.key_groups
@@ -334,6 +343,30 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
             raise
         return self._prepared(result, attempt, began_here)
 
+    def _log_earlier_attempt(self, epoch: int, attempt: int) -> None:
+        """Say what an earlier attempt of this stage left in the epoch: its lease.
+
+        A try that was killed outright (SIGKILL: out of memory, a lost worker) logs nothing
+        itself; Airflow reports only the signal. Its lease tells who ran it and when it last
+        renewed, i.e. about when it died. Only read, never fatal.
+        """
+        pipeline = self.store_pipeline
+        try:
+            lease = read_lease(pipeline.storage, epoch, self.participant)
+            if lease is None or lease.attempt == attempt:
+                return
+            age = store_now(pipeline.storage) - pipeline.storage.modified(layout.lease_path(epoch, self.participant))
+        except (CheckpointError, OSError) as exc:
+            self.log.info("epoch %s: could not read the lease an earlier attempt of %s left: %s",
+                          epoch, self.participant, exc)
+            return
+        self.log.warning(
+            "epoch %s: an earlier attempt of %s ran and did not prepare: its lease says %s, last renewed %.0fs ago "
+            "(renewal every %gs; generation %s). It ended there -- killed (e.g. SIGKILL when out of memory), its "
+            "worker lost, or failed -- and this attempt %s runs the stage again; the earlier attempt's staging "
+            "is never published", epoch, self.participant, lease.describe_holder(), max(age, 0),
+            pipeline.config.lease_renew_s, lease.generation, attempt)
+
     def _prepared(self, result: StageResult, attempt: int, began_here: bool = False) -> dict[str, Any]:
         """Log and return (XCom) a stage result."""
         if result.reused:
@@ -341,9 +374,9 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
                              "%s stands", attempt, result.attempt, result.epoch)
         else:
             metrics.checkpoint_written(self.metric_tags(), result.checkpoint_bytes)
-        self.log.info("epoch %s: %s attempt %s prepared: %s rows staged in %s; %s checkpoint "
+        self.log.info("epoch %s: %s attempt %s prepared: rows staged per sink: %s; %s checkpoint "
                       "bytes written", result.epoch, self.participant, result.attempt,
-                      result.rows, ", ".join(m.sink for m in result.manifests) or "no sink",
+                      ", ".join(f"{m.sink}={m.rows}" for m in result.manifests) or "no sink",
                       result.checkpoint_bytes)
         if began_here and not result.reused:
             self._end_dry_run(result.epoch, f"prepared as attempt {result.attempt}")
