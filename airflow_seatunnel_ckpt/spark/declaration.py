@@ -3,8 +3,9 @@
 :class:`StageDeclaration` is the typed form of a stage operator's arguments (the stage
 function, its sources and sinks). It is built in the operator's constructor, so a mistake
 (an unknown option, an unknown source or sink type or format, a sink on a protocol no
-backend can publish to, a stage that is not ``"module:function"``) is an import error of
-the DAG file (``airflow dags list-import-errors``), not a failed task at 3 a.m.
+backend can publish to, a stage that is not ``"module:function"`` or whose module does not
+define that function, a source schema that is not Spark DDL) is an import error of the DAG
+file (``airflow dags list-import-errors``), not a failed task at 3 a.m.
 
 Templated values (``"{{ ds }}"`` in a path) are left alone when the DAG is parsed and
 checked once rendered, when the task runs (:meth:`StageDeclaration.check` again).
