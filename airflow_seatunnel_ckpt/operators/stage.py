@@ -314,7 +314,7 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         # Begin here, before Spark starts: an earlier undecided epoch is waited for (or
         # aborted when dead) without launching anything or spending a retry.
         epoch = self.begin_epoch(context).epoch
-        if not self.conn_id:  # (a submitted attempt outlives its try: the retry reconnects to it)
+        if not self.conn_id and not dry_run:  # (a submitted attempt outlives its try: a retry reconnects)
             self._log_earlier_attempt(epoch, attempt)
         optional: dict[str, Any] = {}
         if self.key_groups is not None:
