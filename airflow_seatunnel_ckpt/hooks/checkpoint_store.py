@@ -11,7 +11,9 @@ extras::
                   "prepared_timeout_s": 1800}}'
 
 ``login`` / ``password`` fill the ``key`` / ``secret`` storage options (the names s3fs uses)
-when the extras do not set them.
+when the extras do not set them. Extras as the UI's connection form saves them are read as
+meant: a field left empty (``null``) is the default, a number typed as text is that number
+(:func:`~airflow_seatunnel_ckpt.core.config.form_values`); an error names the connection.
 
 Where the store is comes from one place, :class:`StoreSettings`, for the hook and every
 task: an explicit ``store_conn_id``, else an explicit ``storage_url``, else the provider's
