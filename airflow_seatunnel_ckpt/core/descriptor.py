@@ -351,8 +351,10 @@ def _check_owner(pipeline: Pipeline, latest: PipelineDescriptor | None, dag_id: 
     raise PipelineOwnershipError(
         f"pipeline {pipeline.name!r} in {pipeline.storage.describe()} belongs to DAG {latest.owner_dag_id!r} "
         f"(descriptor {where}); DAG {dag_id!r} may not run it: two DAGs sharing a pipeline would share its "
-        f"state and consumed-input history. Way out: give this DAG's pipeline another name, or, if "
-        f"{dag_id!r} replaces {latest.owner_dag_id!r}, transfer the pipeline with "
+        f"state and consumed-input history. Way out: give this DAG's pipeline another name -- a new "
+        f"pipeline starts with no state and no consumed-input history, so it reads its sources from the "
+        f"start and publishes again what {pipeline.name!r} already published, if both read the same "
+        f"input -- or, if {dag_id!r} replaces {latest.owner_dag_id!r}, transfer the pipeline with "
         f"`seatunnel-ckpt describe {pipeline.name} --transfer-to {dag_id}`.")
 
 
