@@ -213,7 +213,7 @@ class CheckpointConfig:
         if "lease_renew_s" not in values and isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
             # A lease timeout set alone (the connection form has no renewal field) keeps the
             # renewal well inside it: a third of it, at most the default.
-            values["lease_renew_s"] = min(known["lease_renew_s"].default, timeout / 3)
+            values["lease_renew_s"] = min(cls.lease_renew_s, timeout / 3)
         return cls(**values)
 
     def to_mapping(self, include_secrets: bool = True) -> dict[str, Any]:

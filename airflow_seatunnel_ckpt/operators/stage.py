@@ -304,7 +304,7 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         try_number = context["ti"].try_number
         attempt = attempt_for_try(try_number)
         # Before the store is opened: a dry run writes no descriptor version.
-        self.dry_run = try_number == 0
+        self.is_dry_run = try_number == 0
         existing = self._already_prepared(run_id)
         if existing is not None:
             # Checked here too so that spark-submit is not even launched.
