@@ -36,13 +36,14 @@ import getpass
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import EpochStatus
+from airflow_seatunnel_ckpt.core.models import EpochStatus, PublishedSink
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
@@ -68,14 +69,34 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+#: Width the long texts below a table's rows (``below``) are wrapped to.
+TEXT_WIDTH = 100
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str], below: Sequence[str] = ()) -> str:
+    """Rows as aligned columns; the ``below`` fields (long sentences) follow their row,
+    indented and wrapped, instead of widening every row to the longest of them."""
     if not rows:
         return "(none)"
     cells = [[str(r.get(c, "")) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     line = "  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))
-    body = ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    body: list[str] = []
+    for row, cell in zip(rows, cells, strict=True):
+        body.append("  ".join(v.ljust(w) for v, w in zip(cell, widths, strict=True)).rstrip())
+        for name in below:
+            if row.get(name) not in (None, ""):
+                body += textwrap.wrap(f"{name}: {row[name]}", TEXT_WIDTH, initial_indent="    ",
+                                      subsequent_indent="      ", break_on_hyphens=False)
     return "\n".join([line.rstrip(), *body])
+
+
+def _published_where(pub: PublishedSink) -> str:
+    """Where a sink's epoch was published: ``<target>/epoch=<e>`` for a file sink; a table
+    sink's ``epoch_dir`` is already the table's own location."""
+    if "://" in pub.epoch_dir or pub.epoch_dir.startswith("/"):
+        return pub.epoch_dir
+    return f"{pub.target_url}/{pub.epoch_dir}"
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -249,7 +270,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         lines.append("checkpoint: not completed (no _metadata)")
     for pub in published:
-        lines.append(f"  published {pub.sink}: {pub.rows} rows, {pub.files} files -> {pub.target_url}/{pub.epoch_dir}"
+        lines.append(f"  published {pub.sink}: {pub.rows} rows, {pub.files} files -> {_published_where(pub)}"
                      if pub.published else f"  {pub.sink}: nothing published ({pub.how.replace('_', ' ')})")
     if damaged:
         lines.append(f"note: `seatunnel-ckpt verify {p.name} {args.epoch}` checks every record and the checkpoint; "
@@ -322,7 +343,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     overrides = {"prepared_timeout_s": args.timeout} if args.timeout is not None else None
     reports = [_pipeline(args, n, store, overrides=overrides).recover(dry_run=not args.apply) for n in names]
     rows = [{"pipeline": r.pipeline, **a.to_dict()} for r in reports for a in r.actions]
-    text = _table(rows, ["pipeline", "epoch", "action", "reason", "done", "error"])
+    text = _table(rows, ["pipeline", "epoch", "action", "done"], below=["reason", "error"])
     if not args.apply:
         text += "\n(dry run: nothing changed; pass --apply to carry it out)"
     _emit(args, [r.to_dict() for r in reports], text)
@@ -336,7 +357,7 @@ def cmd_commit(args: argparse.Namespace) -> int:
         raise CheckpointError(f"epoch {args.epoch} was already decided abort: {decision.reason}")
     result = p.commit(args.epoch)
     _emit(args, result.to_dict(), "\n".join(
-        f"committed epoch {result.epoch}: {s.sink} {s.rows} rows, {s.files} files -> {s.target_url}/{s.epoch_dir}"
+        f"committed epoch {result.epoch}: {s.sink} {s.rows} rows, {s.files} files -> {_published_where(s)}"
         if s.published else f"committed epoch {result.epoch}: {s.sink} nothing published ({s.how.replace('_', ' ')})"
         for s in result.sinks) or f"committed epoch {result.epoch} (no sinks)")
     return 0

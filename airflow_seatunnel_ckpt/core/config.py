@@ -11,6 +11,7 @@ batch mode the Airflow schedule is the checkpoint interval (one epoch per DAG ru
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -107,6 +108,45 @@ def _without_deprecated(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Values as a form or a text source writes them, as the typed config reads them.
+
+    Airflow's connection form stores every extra it shows: an empty field as ``null`` (or
+    ``""``), a number as the text typed (``"300"``), a JSON field as JSON or its text. Here
+    an empty value means the field's default (the key is left out), a number field's text
+    is its number, a true/false field's ``"true"`` / ``"false"`` its truth value and
+    ``storage_options`` given as JSON text its object. Anything else is kept as given, for
+    :meth:`CheckpointConfig.from_mapping` to check (and name the field of) as usual.
+    """
+    kinds = {f.name: type(f.default) for f in dataclasses.fields(CheckpointConfig)
+             if f.default is not dataclasses.MISSING and f.default is not None}
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None or (isinstance(value, str) and not value.strip()):
+            continue  # an empty field: the default
+        kind = kinds.get(name)
+        if isinstance(value, str) and kind in (int, float):
+            text = value.strip()
+            try:
+                value = int(text) if kind is int else float(text)
+            except ValueError:
+                raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a number'}, "
+                                  f"got {value!r}") from None
+        elif isinstance(value, str) and kind is bool:
+            truth = {"true": True, "false": False}.get(value.strip().lower())
+            if truth is None:
+                raise ConfigError(f"{name} must be true or false, got {value!r}")
+            value = truth
+        elif isinstance(value, str) and name == "storage_options":
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ConfigError(f"storage_options must be a JSON object, got text that is not JSON: "
+                                  f"{exc}") from None
+        out[name] = value
+    return out
+
+
 @dataclass(frozen=True)
 class CheckpointConfig:
     """How and where checkpoints, transaction logs and staged output are kept.
@@ -126,7 +166,8 @@ class CheckpointConfig:
     #: or the next run's stage, may abort it (seconds, by the store's clock). A lease
     #: renewed for a longer timeout of its own is judged by that one.
     lease_timeout_s: float = 180.0
-    #: How often a running stage renews its lease; must be below ``lease_timeout_s / 2``.
+    #: How often a running stage renews its lease; must be below ``lease_timeout_s / 2``
+    #: (:meth:`from_mapping` given only ``lease_timeout_s`` makes it a third of that, at most 30).
     lease_renew_s: float = 30.0
     #: How many committed checkpoints retention keeps (plus every base they still need).
     max_retain: int = 10
@@ -168,7 +209,13 @@ class CheckpointConfig:
             raise ConfigError(
                 f"unknown checkpoint config keys {unknown}; known keys: {sorted(known)}"
             )
-        return cls(**dict(values))
+        values = dict(values)
+        timeout = values.get("lease_timeout_s")
+        if "lease_renew_s" not in values and isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            # A lease timeout set alone (the connection form has no renewal field) keeps the
+            # renewal well inside it: a third of it, at most the default.
+            values["lease_renew_s"] = min(cls.lease_renew_s, timeout / 3)
+        return cls(**values)
 
     def to_mapping(self, include_secrets: bool = True) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable); ``include_secrets=False`` drops options."""

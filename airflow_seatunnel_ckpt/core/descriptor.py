@@ -92,11 +92,15 @@ def _get(d: Any, key: str, kind: type | tuple[type, ...], path: str, optional: b
     return value
 
 
+#: Option names that match :data:`_SECRET_KEY` but hold column names, never credentials.
+_COLUMN_OPTIONS = ("merge_keys",)
+
+
 def public_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """``options`` without credentials: secret-named keys dropped, URLs redacted (recursively)."""
     out: dict[str, Any] = {}
     for name, value in options.items():
-        if _SECRET_KEY.search(str(name)):
+        if _SECRET_KEY.search(str(name)) and str(name) not in _COLUMN_OPTIONS:
             continue
         if isinstance(value, Mapping):
             out[str(name)] = public_options(value)
@@ -316,11 +320,13 @@ def read_descriptor(storage: Storage, version: int | None = None,
     return descriptor
 
 
-def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Any) -> PipelineDescriptor:
+def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Any,
+                write: bool = True) -> PipelineDescriptor:
     """Write ``make(latest)`` as the next version unless its content equals ``latest``'s.
 
     Versions are created exclusively: of two writers racing for one version number, the
-    loser reads the winner's version and tries again on top of it.
+    loser reads the winner's version and tries again on top of it. ``write=False`` (a dry
+    run) checks and returns what would be written, and writes nothing.
     """
     for _ in range(20):
         candidate: PipelineDescriptor = make(latest)
@@ -328,6 +334,10 @@ def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Any
             pipeline.__dict__["_descriptor"] = latest  # what Pipeline.descriptor() caches
             return latest
         version = latest.version + 1 if latest else 1
+        if not write:
+            log.info("pipeline %s: dry run: descriptor version %d not written (it would record what this "
+                     "run declared or learned)", pipeline.name, version)
+            return candidate
         candidate = dataclasses.replace(candidate, version=version, created_at=time.time())
         try:
             pipeline.storage.create_exclusive(layout.descriptor_path(version), codec.encode_json(candidate.to_dict()))
@@ -349,8 +359,10 @@ def _check_owner(pipeline: Pipeline, latest: PipelineDescriptor | None, dag_id: 
     raise PipelineOwnershipError(
         f"pipeline {pipeline.name!r} in {pipeline.storage.describe()} belongs to DAG {latest.owner_dag_id!r} "
         f"(descriptor {where}); DAG {dag_id!r} may not run it: two DAGs sharing a pipeline would share its "
-        f"state and consumed-input history. Way out: give this DAG's pipeline another name, or, if "
-        f"{dag_id!r} replaces {latest.owner_dag_id!r}, transfer the pipeline with "
+        f"state and consumed-input history. Way out: give this DAG's pipeline another name -- a new "
+        f"pipeline starts with no state and no consumed-input history, so it reads its sources from the "
+        f"start and publishes again what {pipeline.name!r} already published, if both read the same "
+        f"input -- or, if {dag_id!r} replaces {latest.owner_dag_id!r}, transfer the pipeline with "
         f"`seatunnel-ckpt describe {pipeline.name} --transfer-to {dag_id}`.")
 
 
@@ -362,6 +374,7 @@ def ensure_descriptor(
     config: CheckpointConfig | None = None,
     store_conn_id: str | None = None,
     complete: bool = True,
+    write: bool = True,
 ) -> PipelineDescriptor:
     """Make sure the pipeline's descriptor says what this DAG declares; return the newest version.
 
@@ -373,6 +386,8 @@ def ensure_descriptor(
         settings without secrets are stored.
     :param complete: ``participants`` is the whole declared set (a task group knows it);
         ``False`` adds or updates only these, keeping the others declared.
+    :param write: ``False`` for a dry run (``airflow tasks test``): ownership is checked,
+        nothing is written, and the stored (or no) descriptor stays what runs see.
     """
     if not isinstance(dag_id, str) or not dag_id:
         raise PipelineOwnershipError(f"pipeline {pipeline.name!r}: a descriptor needs the owner DAG's id")
@@ -396,7 +411,7 @@ def ensure_descriptor(
                                   store_conn_id, legacy_runs_dag_id=legacy)
 
     latest = read_descriptor(pipeline.storage, max_chunk=max_chunk)
-    return _write_next(pipeline, latest, make)
+    return _write_next(pipeline, latest, make, write)
 
 
 def record_states(pipeline: Pipeline, participant: str,

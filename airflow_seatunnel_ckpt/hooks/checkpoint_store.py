@@ -11,7 +11,9 @@ extras::
                   "prepared_timeout_s": 1800}}'
 
 ``login`` / ``password`` fill the ``key`` / ``secret`` storage options (the names s3fs uses)
-when the extras do not set them.
+when the extras do not set them. Extras as the UI's connection form saves them are read as
+meant: a field left empty (``null``) is the default, a number typed as text is that number
+(:func:`~airflow_seatunnel_ckpt.core.config.form_values`); an error names the connection.
 
 Where the store is comes from one place, :class:`StoreSettings`, for the hook and every
 task: an explicit ``store_conn_id``, else an explicit ``storage_url``, else the provider's
@@ -38,7 +40,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
-from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.config import form_values, redact_url
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState, unprepared
 from airflow_seatunnel_ckpt.hooks import iceberg_catalog  # noqa: F401  (registers the catalog secret resolver)
@@ -78,7 +80,12 @@ def config_from_connection(
         extra = conn.extra_dejson
         if not isinstance(extra, Mapping):
             raise ConfigError(f"connection {conn.conn_id!r}: extras must be a JSON object")
-        values.update(extra)
+        try:
+            # As the UI's connection form saves them: empty fields null, numbers as text.
+            values.update(form_values(extra))
+        except ConfigError as exc:
+            raise ConfigError(f"connection {conn.conn_id!r}: {exc}; fix the field in the connection "
+                              "(Admin > Connections) or its extras") from exc
         if "storage_url" not in values and conn.host:
             values["storage_url"] = conn.host
         options = dict(values.get("storage_options") or {})
@@ -91,7 +98,14 @@ def config_from_connection(
     if storage_url:
         values["storage_url"] = storage_url
     values.update(overrides or {})
-    return CheckpointConfig.from_mapping(values)
+    try:
+        return CheckpointConfig.from_mapping(values)
+    except ConfigError as exc:
+        if conn is None:
+            raise
+        given = f" and the task's store_config {sorted(overrides)}" if overrides else ""
+        raise ConfigError(f"connection {conn.conn_id!r}{given}: {exc}; fix the field in the connection "
+                          "(Admin > Connections) or its extras") from exc
 
 
 #: Storage option names whose values are credentials (fsspec/s3fs, gcsfs, adlfs spellings).

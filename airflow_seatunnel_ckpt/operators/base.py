@@ -112,6 +112,8 @@ class BasePipelineOperator(BaseStoreOperator):
     declared_participant: tuple[str, ParticipantDescriptor] | None = None
     #: Every participant of the pipeline, when the task group that built the task knows them.
     declared_pipeline: dict[str, ParticipantDescriptor] | None = None
+    #: Set by a stage run with try number 0 (``airflow tasks test``): the descriptor is not written.
+    is_dry_run: bool = False
 
     def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -139,7 +141,7 @@ class BasePipelineOperator(BaseStoreOperator):
                 participants, complete = dict([self.declared_participant]), False
             descriptor = ensure_descriptor(
                 pipeline, dag_id=self._dag_id(), participants=participants, config=self.hook.config,
-                store_conn_id=self.hook.resolved_conn_id, complete=complete)
+                store_conn_id=self.hook.resolved_conn_id, complete=complete, write=not self.is_dry_run)
             if pipeline.config != descriptor.apply_config(pipeline.config, self.store_config):
                 pipeline = self.hook.get_pipeline(self.pipeline)
         return pipeline

@@ -126,12 +126,18 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         if missing:
             return Verdict(Decision.ABORT, f"participants {missing} never prepared")
         rows = sum(record.rows for record in status.prepared.values())
+        # Each sink gets its own copy of a row: say how many each got, not their sum alone.
+        per_sink: dict[str, int] = {}
+        for record in status.prepared.values():
+            for manifest in record.sinks:
+                per_sink[manifest.sink] = per_sink.get(manifest.sink, 0) + manifest.rows
+        staged = ", ".join(f"{sink}={n}" for sink, n in sorted(per_sink.items()))
         if self.min_rows is not None and rows < self.min_rows:
-            return Verdict(Decision.ABORT, f"{CHECK_FAILED}{rows} rows staged, fewer than the "
-                                           f"minimum {self.min_rows}")
+            return Verdict(Decision.ABORT, f"{CHECK_FAILED}{rows} rows staged over all sinks ({staged}), fewer "
+                                           f"than the minimum {self.min_rows}")
         if self.max_rows is not None and rows > self.max_rows:
-            return Verdict(Decision.ABORT, f"{CHECK_FAILED}{rows} rows staged, more than the "
-                                           f"maximum {self.max_rows}")
+            return Verdict(Decision.ABORT, f"{CHECK_FAILED}{rows} rows staged over all sinks ({staged}), more "
+                                           f"than the maximum {self.max_rows}")
         if self.check is not None:
             name = getattr(self.check, "__name__", repr(self.check))
             outcome = self.check(status)
@@ -139,9 +145,8 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
                 return Verdict(Decision.ABORT, f"{CHECK_FAILED}{name} returned False")
             if isinstance(outcome, str):
                 return Verdict(Decision.ABORT, f"{CHECK_FAILED}{name}: {outcome}")
-        sinks = sorted({s.sink for r in status.prepared.values() for s in r.sinks})
         return Verdict(Decision.COMMIT, f"{', '.join(sorted(status.prepared))} prepared and "
-                                        f"verified; {rows} rows staged for {', '.join(sinks)}")
+                                        f"verified; rows staged per sink: {staged or 'no sink'}")
 
     def _decide(self, context: Context, epoch: int, status: EpochStatus) -> DecisionRecord:
         pipeline = self.store_pipeline

@@ -13,8 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
 
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
-from airflow_seatunnel_ckpt.core.lease import abort_command, lease_timeout, liveness
+from airflow_seatunnel_ckpt.core.lease import (
+    EpochLiveness,
+    Liveness,
+    abort_command,
+    lease_timeout,
+    liveness,
+    read_lease,
+    store_now,
+)
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
 from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord
 from airflow_seatunnel_ckpt.operators import metrics
@@ -82,6 +91,21 @@ def airflow_context_of(context: Context, task_id: str) -> dict[str, Any]:
     ).to_dict()
 
 
+def _what_the_wait_is_for(judged: EpochLiveness, pipeline: Pipeline) -> str:
+    """Why a live-looking earlier epoch is waited for, and until when at the latest.
+
+    A stage killed outright (SIGKILL, a lost host) leaves its lease as it last renewed it:
+    it looks alive until the lease is as old as its timeout (the holder's own when longer than
+    ``lease_timeout_s``), however dead its process is.
+    """
+    if judged.liveness is not Liveness.ALIVE or judged.age_s is None:
+        return ""
+    left = max(lease_timeout(pipeline.config, judged.lease) - judged.age_s, 0)
+    holder = "its stage" if judged.lease is None else f"its stage ({judged.lease.describe_holder()})"
+    return (f"; waiting for {holder} to prepare, or -- if that stage was killed and renews its lease no more -- "
+            f"for the lease to expire in {left:.0f}s at the latest, when this run aborts the epoch")
+
+
 class PendingEpochWaitMixin(BasePipelineOperator):
     """Begin the run's epoch; an earlier undecided epoch is waited for, or aborted if dead.
 
@@ -147,7 +171,7 @@ class PendingEpochWaitMixin(BasePipelineOperator):
                 except DecisionConflictError:
                     self.log.info("epoch %s was decided commit meanwhile; it rolls forward", epoch)
                 return True
-            judged_text = judged.describe()
+            judged_text = judged.describe() + _what_the_wait_is_for(judged, pipeline)
             lease_s = lease_timeout(pipeline.config, judged.lease)  # its holder's, when longer
         waited = self._waited_s(context)
         limit = self.pending_wait_timeout
@@ -283,6 +307,8 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         run_id = context["run_id"]
         try_number = context["ti"].try_number
         attempt = attempt_for_try(try_number)
+        # Before the store is opened: a dry run writes no descriptor version.
+        self.is_dry_run = try_number == 0
         existing = self._already_prepared(run_id)
         if existing is not None:
             # Checked here too so that spark-submit is not even launched.
@@ -292,6 +318,8 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         # Begin here, before Spark starts: an earlier undecided epoch is waited for (or
         # aborted when dead) without launching anything or spending a retry.
         epoch = self.begin_epoch(context).epoch
+        if not self.conn_id and not dry_run:  # (a submitted attempt outlives its try: a retry reconnects)
+            self._log_earlier_attempt(epoch, attempt)
         optional: dict[str, Any] = {}
         if self.key_groups is not None:
             optional["key_groups"] = self.key_groups
@@ -300,7 +328,7 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
             stage=self.stage, sources=self.sources, sinks=self.sinks,
             store=self.hook.config.to_mapping(include_secrets=True),
             spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if self.conn_id else self.spark_conf,
-            airflow_context=airflow_context_of(context, self.task_id),
+            airflow_context=airflow_context_of(context, self.task_id), dry_run=dry_run,
             **optional)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s",
                       self.pipeline, self.stage, self.participant, attempt,
@@ -320,6 +348,30 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
             raise
         return self._prepared(result, attempt, began_here)
 
+    def _log_earlier_attempt(self, epoch: int, attempt: int) -> None:
+        """Say what an earlier attempt of this stage left in the epoch: its lease.
+
+        A try that was killed outright (SIGKILL: out of memory, a lost worker) logs nothing
+        itself; Airflow reports only the signal. Its lease tells who ran it and when it last
+        renewed, i.e. about when it died. Only read, never fatal.
+        """
+        pipeline = self.store_pipeline
+        try:
+            lease = read_lease(pipeline.storage, epoch, self.participant)
+            if lease is None or lease.attempt == attempt:
+                return
+            age = store_now(pipeline.storage) - pipeline.storage.modified(layout.lease_path(epoch, self.participant))
+        except (CheckpointError, OSError) as exc:
+            self.log.info("epoch %s: could not read the lease an earlier attempt of %s left: %s",
+                          epoch, self.participant, exc)
+            return
+        self.log.warning(
+            "epoch %s: an earlier attempt of %s ran and did not prepare: its lease says %s, last renewed %.0fs ago "
+            "(renewal every %gs; generation %s). It ended there -- killed (e.g. SIGKILL when out of memory), its "
+            "worker lost, or failed -- and this attempt %s runs the stage again; the earlier attempt's staging "
+            "is never published", epoch, self.participant, lease.describe_holder(), max(age, 0),
+            pipeline.config.lease_renew_s, lease.generation, attempt)
+
     def _prepared(self, result: StageResult, attempt: int, began_here: bool = False) -> dict[str, Any]:
         """Log and return (XCom) a stage result."""
         if result.reused:
@@ -327,9 +379,9 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
                              "%s stands", attempt, result.attempt, result.epoch)
         else:
             metrics.checkpoint_written(self.metric_tags(), result.checkpoint_bytes)
-        self.log.info("epoch %s: %s attempt %s prepared: %s rows staged in %s; %s checkpoint "
+        self.log.info("epoch %s: %s attempt %s prepared: rows staged per sink: %s; %s checkpoint "
                       "bytes written", result.epoch, self.participant, result.attempt,
-                      result.rows, ", ".join(m.sink for m in result.manifests) or "no sink",
+                      ", ".join(f"{m.sink}={m.rows}" for m in result.manifests) or "no sink",
                       result.checkpoint_bytes)
         if began_here and not result.reused:
             self._end_dry_run(result.epoch, f"prepared as attempt {result.attempt}")

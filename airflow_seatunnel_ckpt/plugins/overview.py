@@ -37,6 +37,8 @@ class EpochRow:
     files: dict[str, int] = field(default_factory=dict)
     checkpoint_bytes: int | None = None
     decision: str = "-"
+    #: The participants that prepared, each with its winning attempt (``ingest@2``), as the console shows them.
+    participants: str = "-"
     lease: str = ""  #: OPEN epochs: holder, last renewal and the liveness verdict
     #: Attempts launched through spark-submit: where from, and how spark-submit ended.
     submissions: list[str] = field(default_factory=list)
@@ -80,6 +82,7 @@ def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
     if "damaged" in data:  # the message names the file; shown once, in place of the run
         row.damaged, row.decision = data["damaged"], "?"
         return row
+    row.participants = str(table["participants"])
     row.run_id = data.get("run_id") or "-"
     row.logical_date = data.get("logical_date") or "-"
     status = p.status(epoch)
@@ -87,7 +90,8 @@ def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
     row.rows = dict(data.get("rows") or {})
     row.files = _files_per_sink(status)
     row.checkpoint_bytes = _checkpoint_bytes(p, epoch)
-    row.submissions = [_describe_submission(record, ended) for record, ended in submissions_of(p, epoch)]
+    row.submissions = [_describe_submission(record, ended, status.state)
+                       for record, ended in submissions_of(p, epoch)]
     if row.state == EpochState.OPEN.value:
         try:
             judged = liveness(p, epoch)
@@ -137,11 +141,16 @@ def action_history(p: StoredPipeline, epochs: list[int]) -> list[HistoryRow]:
     return sorted(rows, key=lambda r: (r.at or 0.0, r.epoch), reverse=True)
 
 
-def _describe_submission(record: SubmissionRecord, ended: ExitRecord | None) -> str:
+def _describe_submission(record: SubmissionRecord, ended: ExitRecord | None, state: EpochState) -> str:
     """``ingest attempt 2: spark-submit from host (launcher pid 7, local[1]); exit 1, stopped: ...``."""
     text = (f"{record.participant} attempt {record.attempt}: spark-submit from {record.host} "
             f"(launcher pid {record.launcher_pid}, {record.master or 'master ?'})")
     if ended is None:
+        if state in (EpochState.ABORTING, EpochState.ABORTED):
+            return (f"{text}; no exit record: the epoch was aborted, so this attempt was stopped or lost "
+                    "before it recorded an exit (it can no longer prepare)")
+        if state.decided:
+            return f"{text}; no exit record: the epoch was decided without it (another attempt prepared)"
         return f"{text}; no exit record (running, or lost: see the lease)"
     text += f"; exit code {ended.returncode}"
     return f"{text}, stopped: {ended.stopped}" if ended.stopped else text

@@ -3,8 +3,9 @@
 :class:`StageDeclaration` is the typed form of a stage operator's arguments (the stage
 function, its sources and sinks). It is built in the operator's constructor, so a mistake
 (an unknown option, an unknown source or sink type or format, a sink on a protocol no
-backend can publish to, a stage that is not ``"module:function"``) is an import error of
-the DAG file (``airflow dags list-import-errors``), not a failed task at 3 a.m.
+backend can publish to, a stage that is not ``"module:function"`` or whose module does not
+define that function, a source schema that is not Spark DDL) is an import error of the DAG
+file (``airflow dags list-import-errors``), not a failed task at 3 a.m.
 
 Templated values (``"{{ ds }}"`` in a path) are left alone when the DAG is parsed and
 checked once rendered, when the task runs (:meth:`StageDeclaration.check` again).
@@ -15,7 +16,11 @@ parse of every DAG file.
 
 from __future__ import annotations
 
+import ast
+import difflib
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +30,7 @@ from airflow_seatunnel_ckpt.core.names import validate_name
 from airflow_seatunnel_ckpt.core.storage.registry import backend_for
 from airflow_seatunnel_ckpt.spark import sinks as _sinks  # noqa: F401 -- registers the built-in sink types
 from airflow_seatunnel_ckpt.spark import sources as _sources  # noqa: F401 -- registers the built-in source types
+from airflow_seatunnel_ckpt.spark.ddl import checked_schema
 from airflow_seatunnel_ckpt.spark.registry import REGISTRIES
 
 #: ``package.module:function`` (the function may be a dotted attribute path, ``Class.method``).
@@ -59,6 +65,8 @@ def stage_import_path(stage: Any, *, where: str, importable: bool) -> str:
                 f"{where}: stage {stage!r} is not an import path of the form 'package.module:function' "
                 "(e.g. 'my_pipelines.orders:dedup_orders'); pass that string, or the function itself"
             )
+        if not is_templated(stage):
+            _check_module_defines(stage, where)
         return stage
     if not callable(stage):
         raise ConfigError(
@@ -91,6 +99,79 @@ def stage_import_path(stage: Any, *, where: str, importable: bool) -> str:
     return path
 
 
+def _module_source(module: str) -> str | None:
+    """The path of ``module``'s source file on ``sys.path``, found without importing anything
+    (an import could import PySpark, or run the user's code, on every parse); None if absent."""
+    parts = module.split(".")
+    for root in sys.path or ["."]:
+        base = os.path.join(root or ".", *parts)
+        for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
+
+
+def _top_level_names(tree: ast.Module) -> set[str] | None:
+    """Names a module defines at its top level (None: it may define names we cannot see)."""
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> bool:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+                if node.name == "__getattr__":
+                    return False  # names made up on access
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    if alias.name == "*":
+                        return False
+                    names.add(alias.asname or alias.name.split(".")[0])
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for target in targets:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+                blocks = [node.body, getattr(node, "orelse", []), getattr(node, "finalbody", [])]
+                blocks += [h.body for h in getattr(node, "handlers", [])]
+                if isinstance(node, ast.For):
+                    names.update(n.id for n in ast.walk(node.target) if isinstance(n, ast.Name))
+                if not all(visit(block) for block in blocks):
+                    return False
+            elif isinstance(node, ast.Expr) and "globals" in ast.dump(node):
+                return False  # globals()[...] = ...: names set dynamically
+        return True
+
+    return names if visit(tree.body) else None
+
+
+def _check_module_defines(stage: str, where: str) -> None:
+    """Refuse ``module:function`` when the module's source, read without importing it,
+    clearly defines no ``function``. A module not on this process's path (shipped to the
+    Spark driver only), or one that makes names dynamically, is left to run time."""
+    module, _, attribute = stage.partition(":")
+    first = attribute.split(".", 1)[0]
+    loaded = sys.modules.get(module)
+    if loaded is not None and hasattr(loaded, first):
+        return
+    path = _module_source(module)
+    if path is None:
+        return
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return  # the import at run time reports it with Python's own message
+    defined = _top_level_names(tree)
+    if defined is None or first in defined:
+        return
+    functions = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    close = difflib.get_close_matches(first, sorted(defined), n=1)
+    raise ConfigError(
+        f"{where}: stage {stage!r}: module {module!r} ({path}) defines no {first!r}"
+        + (f"; did you mean {close[0]!r}?" if close else "")
+        + f" Its functions: {functions or 'none'}. Fix the stage's 'module:function' path")
+
+
 @dataclass(frozen=True)
 class EntryDeclaration:
     """One source or sink of a stage: its kind, name, type and options as written."""
@@ -120,6 +201,9 @@ class EntryDeclaration:
             registry.check_keys(name, options)
             if registry.is_builtin(type_name) and not is_templated(options):
                 registry.build(name, options)  # the built-in types check their values, with no I/O
+            schema = options.get("schema")
+            if kind == "source" and registry.is_builtin(type_name) and schema is not None and not is_templated(schema):
+                checked_schema(schema, f"source {name!r}")  # Spark would parse it only when the stage reads
             path = options.get("path")
             if kind == "sink" and isinstance(path, str) and "://" in path and not is_templated(path):
                 backend_for(path.split("://", 1)[0].lower())  # commit must be able to publish there

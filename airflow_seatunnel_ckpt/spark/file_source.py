@@ -163,7 +163,8 @@ class FileSource(Source):
       an object store an empty prefix does not exist either);
     * ``on_change``: what to do when a file an epoch consumed changed since (another
       size, modification time or ETag under the same name): ``"error"`` (default) or
-      ``"reread"`` (read it again in full: the new content supersedes the old);
+      ``"reread"`` (read it again in full: every row is new input, so a de-duplicating stage drops
+      the rows whose keys it already saw, corrected ones included);
     * ``bad_records``: a directory URL; csv/json records Spark cannot parse against the
       schema go there (as JSON lines: source, file, record, parsed) as a sink published
       with the epoch, instead of failing the epoch; such a record reaches no other sink

@@ -231,7 +231,11 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
         )
         return StageResult.from_prepared(pipeline.name, winner, reused=True)
     result = StageResult.from_prepared(pipeline.name, record, reused=False)
-    _record_state_shapes(pipeline, spec.participant, ctx.states)
+    if spec.dry_run:
+        log.info("pipeline %s: dry run: the shapes of its keyed states are not recorded in the descriptor",
+                 pipeline.name)
+    else:
+        _record_state_shapes(pipeline, spec.participant, ctx.states)
     log.info(
         "pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), "
         "%d checkpoint bytes "
@@ -371,6 +375,7 @@ def _state_factory(
             restore_from=restore_from,
             policy=policy,
             restored=base.operators.get(name),
+            pipeline=pipeline.name,
         )
         state = kind(spark, settings)
         # Only a state with committed values is held to its shape, and the shape is the
@@ -443,7 +448,9 @@ def _refuse_renamed_states(pipeline: Pipeline, base: RestorePoint, participant: 
                        if op.state_kind == state.kind.value and list(op.key_columns) == keys)
         if alike:
             raise StateError(
-                f"pipeline {pipeline.name!r} epoch {base.epoch}: participant {participant!r} updates a new keyed "
+                f"pipeline {pipeline.name!r} epoch {state.settings.epoch}"
+                + (f" (restoring checkpoint {base.epoch})" if base.epoch is not None else "")
+                + f": participant {participant!r} updates a new keyed "
                 f"state {name!r} (a {state.kind.value} keyed by {list(state.settings.key_columns)}) but no longer "
                 f"opens the committed state(s) {alike} of the same kind and keys: this looks like a rename, "
                 f"which would start {name!r} from zero. Way out: `seatunnel-ckpt state rename {pipeline.name} "

@@ -34,6 +34,7 @@ _SPEC_FIELDS = {
     "master",
     "app_name",
     "airflow_context",
+    "dry_run",
 }
 
 
@@ -56,6 +57,8 @@ class StageSpec:
     :param app_name: Spark application name (default: ``<pipeline>-<participant>``).
     :param airflow_context: the Airflow run the stage belongs to, as JSON data (see
         :class:`~airflow_seatunnel_ckpt.spark.context.AirflowContext`); empty outside Airflow.
+    :param dry_run: a run whose epoch is aborted afterwards (``airflow tasks test``): it
+        records nothing in the pipeline's descriptor (the shapes of its keyed states).
     """
 
     pipeline: str
@@ -71,6 +74,7 @@ class StageSpec:
     master: str | None = None
     app_name: str | None = None
     airflow_context: Mapping[str, Any] = field(default_factory=dict)
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
         validate_name(self.pipeline, "pipeline name")
@@ -115,6 +119,7 @@ class StageSpec:
             "master": self.master,
             "app_name": self.app_name,
             "airflow_context": dict(self.airflow_context),
+            "dry_run": self.dry_run,
         }
 
     def to_json(self) -> str:

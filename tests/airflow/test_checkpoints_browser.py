@@ -380,3 +380,66 @@ def test_an_action_sent_as_a_form_would_send_it_is_refused(page_server: PageServ
     assert caught.value.code == 422
     p = CheckpointStore.from_url(page_server.store_url).pipeline("orders")
     assert all(a.record.reason != "forged" for a in p.txlog.actions(epoch))
+
+
+def test_a_connection_saved_from_the_ui_form_opens_the_store_with_the_numbers_typed_in(
+    page_server: PageServer, browser: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+    page = _page_as(browser, page_server, "admin")
+    page.goto(f"{page_server.deployment.base_url}/connections")
+    try:
+        page.get_by_role("button", name="Add Connection").click(timeout=60_000)
+        page.get_by_label("Connection ID").fill("form_store")
+        kind = page.get_by_role("dialog").get_by_role("combobox")  # the type's search box
+        kind.fill("SeaTunnel Checkpoint Store")
+        page.get_by_role("option", name="SeaTunnel Checkpoint Store").click()
+        _expand(page, "Standard Fields")
+        page.get_by_label("Storage URL").fill(page_server.store_url)
+        _expand(page, "Extra Fields")
+        # The numbers typed in; Storage options and Secondary store URL are left empty.
+        page.get_by_label("Prepared timeout (s)").fill("300")
+        page.get_by_label("Stage lease timeout (s)").fill("45")
+        page.get_by_label("Checkpoints kept").fill("10")
+        page.screenshot(path=str(page_server.screenshots / "connection-form.png"), full_page=True)
+        page.get_by_role("button", name="Save").click()
+        saved = page_server.deployment.wait_for(
+            "the saved connection", lambda: _connection(page_server, "form_store"), timeout=60)
+    except Exception:
+        (tmp_path / "form.html").write_text(page.content())
+        page.screenshot(path=str(tmp_path / "form.png"), full_page=True)
+        print(f"page at failure: {tmp_path / 'form.html'}, {tmp_path / 'form.png'}")
+        raise
+    finally:
+        page.context.close()
+
+    extra = json.loads(saved["extra"] or "{}")
+    # What the form writes: empty fields as null, the numbers as typed (whatever their JSON type).
+    assert saved["conn_type"] == "seatunnel_ckpt" and saved["host"] == page_server.store_url
+    print(f"extras saved by the connection form: {extra}")
+    typed = {k: str(v) for k, v in extra.items() if v is not None}
+    assert typed.items() >= {"prepared_timeout_s": "300", "lease_timeout_s": "45", "max_retain": "10"}.items(), extra
+    # The hook reads the connection exactly as the form saved it.
+    monkeypatch.setenv("AIRFLOW_CONN_FORM_STORE", json.dumps(
+        {"conn_type": saved["conn_type"], "host": saved["host"], "extra": extra}))
+    hook = CheckpointStoreHook("form_store")
+    config = hook.get_config()
+    assert (config.prepared_timeout_s, config.lease_timeout_s, config.max_retain) == (300, 45, 10)
+    assert config.storage_url == page_server.store_url and dict(config.storage_options) == {}
+    assert hook.get_pipeline("orders").state(1) is EpochState.COMMITTED
+
+
+def _expand(page: Any, section: str) -> None:
+    """Open a section of the connection form (whichever way it starts)."""
+    header = page.get_by_role("button", name=section, exact=True)
+    if header.get_attribute("aria-expanded") != "true":
+        header.click()
+
+
+def _connection(server: PageServer, conn_id: str) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = server.deployment.api("GET", f"/connections/{conn_id}")
+        return found
+    except DeploymentError:
+        return None

@@ -403,3 +403,55 @@ def test_recovery_on_the_page_aborts_an_epoch_whose_dag_run_is_over(
     view = pipeline_view(ckpt, "orders", run_finished=lambda run_id, dag_id: run_id == "run-4")
     assert [(a["epoch"], a["action"]) for a in view.recovery["actions"] if a["epoch"] == expected["open"]] == \
         [(expected["open"], "abort-dead-owner")]
+
+
+def test_run_tab_of_a_run_whose_stage_finished_without_an_epoch_says_so(
+        page: Any, run_dag: Any, tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    from tests.airflow.test_stage_declaration import _epoch_dag
+
+    # The stage is refused before it begins an epoch, then marked success (as the UI's "Mark success" does).
+    dag = _epoch_dag(tmp_path, "stage_marked_success", sinks={
+        "orders_table": {"path": f"file://{tmp_path}/out", "format": "{{ params.fmt }}"}})
+    run = run_dag(dag, logical_date=datetime(2026, 1, 1, 5, tzinfo=UTC), run_conf={"fmt": "xlsx"})
+    with create_session() as session:
+        ti = session.scalar(select(TaskInstance).where(TaskInstance.dag_id == dag.dag_id,
+                                                       TaskInstance.run_id == run.run_id,
+                                                       TaskInstance.task_id == "orders.ingest"))
+        assert ti is not None and ti.state == "failed"
+        ti.state = "success"
+
+    html = page.get("/run", params={"dag_id": dag.dag_id, "run_id": run.run_id}).text
+
+    text = " ".join(html.split())
+    assert "No pipeline of the configured stores has an epoch for this run" in text
+    assert ("Its stage orders.ingest (success) finished without beginning an epoch (marked success before it ran): "
+            "this run read and published nothing") in text
+
+
+def test_page_shows_each_prepared_participant_with_its_attempt_and_an_aborted_submissions_end(
+        tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord, record_submission
+    from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
+
+    store = CheckpointStore.from_url(f"file://{tmp_path}/store")
+    p = store.pipeline("orders")
+    epoch = p.begin("run-1", DAG_ID).epoch
+    prepare_participant(p, "run-1", Participant(sinks={"orders": [b"a"]}), epoch=epoch, attempt=2)
+    p.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+    p.commit(epoch)
+    aborted = p.begin("run-2", DAG_ID).epoch
+    record_submission(p, SubmissionRecord(aborted, "ingest", 1, "worker-3", 101, "/tmp/x.log", "yarn", "cluster",
+                                          0.0))
+    p.abort(aborted, "its run is dead", by="test")
+
+    rows = {r.epoch: r for r in pipeline_view(store, "orders").epochs}
+    assert rows[epoch].participants == "ingest@2"
+    assert rows[aborted].submissions == [
+        "ingest attempt 1: spark-submit from worker-3 (launcher pid 101, yarn); no exit record: the epoch was "
+        "aborted, so this attempt was stopped or lost before it recorded an exit (it can no longer prepare)"]

@@ -214,8 +214,26 @@ def test_a_failed_row_check_aborts_and_routes_to_the_fallback(
                                 "orders.abort": "success", "quarantine": "success"}
     status = pipeline_of(paths).status(1)
     assert status.state is EpochState.ABORTED
-    assert status.decision.reason.startswith("check failed: 3 rows staged, fewer than")
+    assert status.decision.reason == ("check failed: 3 rows staged over all sinks (orders_table=3), fewer than "
+                                      "the minimum 100")
     assert not paths["target"].exists()
+
+
+def test_the_commit_reason_counts_the_rows_of_each_sink_once(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.operators.branch import CommitBranchOperator
+    from tests.core.epochs import Participant, prepare_participant
+
+    store_url = f"file://{tmp_path}/store"
+    p = CheckpointStore.from_url(store_url).pipeline("orders")
+    # One stage writes each of its 3 rows to both sinks.
+    prepare_participant(p, "run-1", Participant(sinks={"orders_files": [b"a", b"b", b"c"],
+                                                       "orders_table": [b"a", b"b", b"c"]}))
+    branch = CommitBranchOperator(task_id="decide", pipeline="orders", storage_url=store_url,
+                                  commit_task_id="commit", abort_task_id="abort")
+
+    verdict = branch.evaluate(p.status(1))
+
+    assert verdict.reason == "ingest prepared and verified; rows staged per sink: orders_files=3, orders_table=3"
 
 
 def test_a_user_check_callable_can_veto_the_commit(run_at: Any, paths: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ on a core-only stage (:class:`CorePrepareOperator`), so no Spark is needed.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -197,6 +198,9 @@ def test_a_wait_that_outlasts_pending_wait_timeout_fails_naming_the_abort_comman
     assert pipeline_of(paths).state(stuck) is EpochState.OPEN  # alive: never aborted by the waiter
     logged = "".join(capfd.readouterr())
     assert "pending_wait_timeout=3s" in logged and "is ALIVE: lease of 'ingest'" in logged
+    # What the wait is for: the stage to prepare, or its lease to run out if it was killed.
+    assert re.search(r"waiting for its stage \(attempt 1 on [^)]*\) to prepare, or -- if that stage was killed "
+                     r"and renews its lease no more -- for the lease to expire in \d+s at the latest", logged)
     assert f"abort {PIPELINE} {stuck} --reason" in logged
 
 

@@ -89,6 +89,36 @@ def test_bad_connection_values_fail_with_the_field_named(airflow_home: Path,
         CheckpointStoreHook("wrong_type").get_config()
 
 
+#: The extras Airflow's connection form saves for a seatunnel_ckpt connection whose optional
+#: fields were left empty and whose numbers were typed in.
+FORM_EXTRAS = {"storage_options": None, "prepared_timeout_s": "300", "lease_timeout_s": "45",
+               "max_retain": "10", "secondary_url": None}
+
+
+def test_a_connection_as_the_ui_form_saves_it_opens_the_store_with_its_numbers(
+        airflow_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+    monkeypatch.setenv("AIRFLOW_CONN_FORM_STORE", json.dumps(
+        {"conn_type": "seatunnel_ckpt", "host": f"file://{tmp_path}/store", "extra": FORM_EXTRAS}))
+    config = CheckpointStoreHook("form_store").get_config()
+
+    assert (config.prepared_timeout_s, config.lease_timeout_s, config.max_retain) == (300.0, 45.0, 10)
+    assert dict(config.storage_options) == {} and config.secondary_url is None
+    assert CheckpointStoreHook("form_store").test_connection()[0] is True
+    # A value the form let through that is no number: the connection and the field are named.
+    monkeypatch.setenv("AIRFLOW_CONN_FORM_STORE", json.dumps(
+        {"conn_type": "seatunnel_ckpt", "host": f"file://{tmp_path}/store",
+         "extra": {**FORM_EXTRAS, "max_retain": "ten"}}))
+    with pytest.raises(ConfigError, match=r"connection 'form_store': max_retain must be an integer, got 'ten'"):
+        CheckpointStoreHook("form_store").get_config()
+    monkeypatch.setenv("AIRFLOW_CONN_FORM_STORE", json.dumps(
+        {"conn_type": "seatunnel_ckpt", "host": f"file://{tmp_path}/store",
+         "extra": {**FORM_EXTRAS, "max_retain": "0"}}))
+    with pytest.raises(ConfigError, match=r"connection 'form_store': max_retain must be an integer >= 1, got 0"):
+        CheckpointStoreHook("form_store").get_config()
+
+
 def test_secrets_stay_out_of_descriptions_and_trigger_payloads(
         airflow_home: Path, store_conn: str) -> None:
     from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook

@@ -94,6 +94,17 @@ MISTAKES = {
     "nested function through spark-submit": (
         {"stage": _nested_stage(), "conn_id": "spark_default"},
         [r"is defined inside another function", r"top level of a module"]),
+    "stage function the module does not define": (
+        {"stage": "tests.spark.stages:dedup_ordres"},
+        [r"task 'ingest'", r"stage 'tests.spark.stages:dedup_ordres': module 'tests.spark.stages' \(.*stages.py\) "
+         r"defines no 'dedup_ordres'; did you mean 'dedup_orders'\?", r"Its functions: \[.*'dedup_orders'"]),
+    "source schema that does not parse": (
+        {"sources": {"orders": {"path": "file:///in", "format": "json", "schema": "order_id long, amount dubble"}}},
+        [r"task 'ingest'", r"source 'orders': schema 'order_id long, amount dubble' does not parse",
+         r"unknown type 'dubble' \(did you mean 'double'\?\)"]),
+    "source schema with an unclosed type": (
+        {"sources": {"orders": {"path": "file:///in", "format": "json", "schema": "tags array<string, n int"}}},
+        [r"source 'orders': schema .* does not parse", r"expected '>', found ','"]),
     "source that is not a mapping": (
         {"sources": {"orders": "file:///in"}},
         [r"source 'orders' must be a mapping of options"]),
@@ -286,6 +297,27 @@ def test_airflow_tasks_test_runs_the_stage_and_leaves_nothing_published_or_pendi
     pipeline = _pipeline(tmp_path)
     # The stage prepared epoch 1 and, being a dry run, aborted it: nothing is published ...
     assert pipeline.state(1) is EpochState.ABORTED
+    # ... nothing is recorded as what the pipeline is (a typo tried out stays out of its descriptor) ...
+    assert not pipeline.storage.exists("_descriptor") or pipeline.storage.list_dir("_descriptor") == []
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     # ... and nothing is left for a real run to wait for: it begins at once and reads the same input.
     assert pipeline.begin("scheduled__2026-01-01T05:00:00+00:00").epoch == 2
+
+
+def test_a_stage_path_is_checked_against_its_modules_source_without_importing_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.spark.declaration import stage_import_path
+
+    # Importing this module would fail (and, in real life, start PySpark): it is only read.
+    (tmp_path / "parse_time_stages.py").write_text(
+        "import module_that_is_not_installed\n\n\ndef ingest(ctx, spark):\n    pass\n\n\n"
+        "class Stages:\n    def ingest(self, ctx, spark):\n        pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    assert stage_import_path("parse_time_stages:ingest", where="t", importable=True) == "parse_time_stages:ingest"
+    assert stage_import_path("parse_time_stages:Stages.ingest", where="t", importable=True)
+    with pytest.raises(ConfigError, match=r"defines no 'ingets'; did you mean 'ingest'\? Its functions: \['ingest'\]"):
+        stage_import_path("parse_time_stages:ingets", where="t", importable=True)
+    assert "parse_time_stages" not in sys.modules
+    # A module this process cannot see (shipped to the Spark driver only) is left to run time.
+    assert stage_import_path("shipped_with_py_files:ingest", where="t", importable=True)

@@ -338,6 +338,48 @@ def test_recover_dry_run_reports_the_actions_and_changes_nothing(cli: Cli) -> No
     assert (orders.state(2), clicks.state(1)) == (EpochState.COMMITTING, EpochState.PREPARED)
 
 
+def test_recover_dry_run_prints_each_reason_below_its_row_so_the_table_stays_narrow(cli: Cli) -> None:
+    unfinished_epochs(cli.spec)
+
+    code, out, _ = cli.run("recover", "--all", "--timeout", "0.000001")
+
+    lines = out.splitlines()
+    assert code == 0 and max(len(line) for line in lines) <= 100, out
+    assert lines[0].split() == ["PIPELINE", "EPOCH", "ACTION", "DONE"]
+    assert lines[1].split() == ["clicks", "1", "abort-timeout", "False"]
+    reason = " ".join(line.strip() for line in lines[2:lines.index(next(x for x in lines if x.startswith("orders")))])
+    assert reason.startswith("reason: epoch 1 (PREPARED, run 'c-1') is DEAD: prepared ")
+    assert lines[-2:] == ["    reason: decided commit, publish not acknowledged",
+                          "(dry run: nothing changed; pass --apply to carry it out)"]
+
+
+def test_show_and_commit_name_a_table_sinks_table_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.core.test_iceberg_sink import Lake, orders
+
+    lake = Lake(tmp_path)
+    epoch = lake.run_epoch("r1", {"region=eu": orders([1, 2], "eu")})
+    location = lake.table().metadata.location.rstrip("/")
+
+    assert main(["--store", f"file://{tmp_path}/store", "show", "orders", str(epoch)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"  published orders: 2 rows, 1 files -> {location}"
+    assert out.count(location) == 1
+
+
+def test_describe_shows_a_sinks_merge_keys(cli: Cli) -> None:
+    p = cli.spec.pipeline("orders")
+    run_epoch(p, "run-1")
+    sinks = {"totals": {"type": "delta", "path": "file:///lake/totals", "merge_keys": ["customer"],
+                        "secret_key": "hunter22"}}
+    ensure_descriptor(p, dag_id="orders_dag", participants={"ingest": ParticipantDescriptor.from_spec({}, sinks)})
+
+    code, out, _ = cli.run("describe", "orders")
+
+    assert code == 0
+    assert "    sink totals: delta {'merge_keys': ['customer'], 'path': 'file:///lake/totals'}" in out.splitlines()
+    assert "hunter22" not in out  # a credential-named option still stays out
+
+
 def test_recover_apply_finishes_the_commit_and_aborts_the_timed_out_epoch(cli: Cli) -> None:
     orders, clicks = unfinished_epochs(cli.spec)
 

@@ -118,6 +118,8 @@ def test_a_second_dag_using_the_same_pipeline_is_refused_with_the_way_out(local_
     message = str(refused.value)
     assert "'orders_hourly'" in message and "'orders_backfill'" in message
     assert "another name" in message and "--transfer-to orders_backfill" in message
+    # The way out that gives up the consumed-input history says what that costs.
+    assert "publishes again what 'orders' already published, if both read the same input" in message
     assert read_descriptor(p.storage).version == 1  # type: ignore[union-attr]
 
     transfer_ownership(p, "orders_backfill")

@@ -47,6 +47,11 @@ def totals_and_counts(ctx: StageContext, spark: Any) -> None:
     _totals(ctx, "customer_totals", "customer", {**SUM, "orders": ("count", "*")})
 
 
+def dedup_by_customer(ctx: StageContext, spark: Any) -> None:
+    """tests.spark.stages:dedup_orders's state ``seen_orders`` keyed by the customer instead."""
+    ctx.sink("orders_table").write(ctx.key_set("seen_orders").dedup(ctx.source("orders").read(), key="customer"))
+
+
 def every_source_to_every_sink(ctx: StageContext, spark: Any) -> None:
     """The new rows of every declared source, unchanged, into every declared sink (no state)."""
     frames = [source.read() for _, source in sorted(ctx.sources.items())]

@@ -41,3 +41,17 @@ def test_the_runtime_records_kind_keys_aggregate_and_schema_of_each_state(
     orders.add_file("b", [4])
     orders.commit(run_stage(orders.spec("run-2", stage=STAGE), spark))
     assert orders.pipeline.storage.list_dir("_descriptor") == ["v000001.json", "v000002.json"]
+
+
+def test_a_dry_run_records_no_state_shapes_in_the_descriptor(spark: Any, orders: OrdersPipeline) -> None:
+    spec = orders.spec("run-1", stage=STAGE, dry_run=True)
+    ensure_descriptor(orders.pipeline, dag_id="orders_dag",
+                      participants={"ingest": ParticipantDescriptor.from_spec(spec.sources, spec.sinks)})
+    orders.add_file("a", [1, 2, 3])
+
+    result = run_stage(spec, spark)  # as `airflow tasks test` runs it: prepared, then aborted
+
+    assert result.epoch == 1 and not result.reused
+    assert orders.pipeline.storage.list_dir("_descriptor") == ["v000001.json"]  # the declaration only
+    descriptor = read_descriptor(orders.pipeline.storage)
+    assert descriptor is not None and descriptor.participants["ingest"].states == {}

@@ -57,14 +57,32 @@ def test_a_stage_that_changes_a_committed_state_is_refused_before_it_prepares(
     with pytest.raises(StateError, match=wrong) as failure:
         run_stage(orders.spec("run-3", stage=f"{STAGES}:{stage}"), spark)
 
-    assert "customer_totals" in str(failure.value) and "seatunnel-ckpt state reset" in str(failure.value)
+    assert "seatunnel-ckpt state reset orders customer_totals" in str(failure.value)
+    # Starting over is offered with what it costs: the totals restart from nothing.
+    assert "restart from nothing" in str(failure.value)
     if stage != "totals_by_order":  # (key columns are checked against the checkpoint, which has no name)
-        assert "seatunnel-ckpt state reset orders customer_totals" in str(failure.value)
         assert "checkpoint 2 in " in str(failure.value)  # the shape is the restored checkpoint's
     assert orders.pipeline.txlog.prepared(3) == {}  # nothing prepared: the epoch can only be aborted
     orders.pipeline.abort(3, "refused shape")
     orders.commit(run_stage(orders.spec("run-4", stage=f"{STAGES}:totals"), spark))
     assert _latest_totals(orders) == _expected(range(1, 8))
+
+
+def test_a_changed_dedup_key_is_refused_naming_the_pipeline_and_the_duplicates_a_fresh_state_lets_through(
+        spark: Any, orders: OrdersPipeline) -> None:
+    orders.add_file("a", [1, 2, 3])
+    orders.commit(run_stage(orders.spec("run-1"), spark))  # seen_orders keyed by order_id
+    orders.add_file("b", [4])
+
+    with pytest.raises(StateError, match=r"keyed by \['order_id'\] in the checkpoint, not \['customer'\]") as failure:
+        run_stage(orders.spec("run-2", stage=f"{STAGES}:dedup_by_customer"), spark)
+
+    message = str(failure.value)
+    assert "seatunnel-ckpt state reset orders seen_orders" in message and "<pipeline>" not in message
+    # A way out that gives up the de-duplication says so.
+    assert "or under a new state name -- but a state started over is empty" in message
+    assert "published again as duplicates" in message
+    assert orders.pipeline.txlog.prepared(2) == {}
 
 
 def test_renaming_a_state_in_the_code_is_refused_and_the_rename_command_keeps_its_values(
@@ -73,8 +91,10 @@ def test_renaming_a_state_in_the_code_is_refused_and_the_rename_command_keeps_it
     orders.add_file("c", [7, 8])
 
     with pytest.raises(StateError, match=r"looks like a rename.*seatunnel-ckpt state rename orders "
-                                         r"customer_totals totals_by_customer"):
+                                         r"customer_totals totals_by_customer") as refused:
         run_stage(orders.spec("run-3", stage=f"{STAGES}:totals_renamed"), spark)
+    # The refused epoch is the one the stage ran for (3), not the checkpoint it restored (2).
+    assert str(refused.value).startswith("pipeline 'orders' epoch 3 (restoring checkpoint 2): participant 'ingest'")
     # Refused when the update was planned: no Spark job ran, so neither staged output
     # nor a state part of epoch 3 exists.
     store = orders.root / "store"
@@ -110,7 +130,7 @@ def test_key_groups_change_is_refused_until_rescale_rewrites_the_state(spark: An
     orders.add_file("c", list(range(7, 13)))
 
     with pytest.raises(StateError, match=r"checkpointed with 4 key groups, the stage asks for 3.*"
-                                         r"seatunnel-ckpt rescale <pipeline> --key-groups 3"):
+                                         r"seatunnel-ckpt rescale orders --key-groups 3"):
         run_stage(orders.spec("run-3", stage=f"{STAGES}:totals", key_groups=3), spark)
     orders.pipeline.abort(3, "refused key groups")
 

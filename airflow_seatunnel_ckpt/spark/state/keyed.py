@@ -32,6 +32,7 @@ from airflow_seatunnel_ckpt.spark.state.settings import (
     StateError,
     StateKind,
     StateSettings,
+    starts_empty,
 )
 
 if TYPE_CHECKING:
@@ -88,9 +89,8 @@ class KeyedState:
         self._input: DataFrame | None = None
         #: The state's committed shape (its checkpoint's), checked by each update.
         self.recorded: StateDescriptor | None = None
-        #: Where the recorded shape is kept and the pipeline's name (for error messages).
+        #: Where the recorded shape is kept (for error messages).
         self.recorded_where = ""
-        self.pipeline_name = "<pipeline>"
         #: Called with the state once an update is planned and its shape checked, before
         #: any Spark job runs: the runner's check of the stage's states as a whole (a
         #: rename in the code), so a refused stage has written nothing.
@@ -171,9 +171,9 @@ class KeyedState:
                 f"keyed state {self.name!r} differs from its committed shape ({self.recorded_where}): "
                 f"{'; '.join(changes.refused)}. Applying it to the stored values would corrupt them. "
                 f"Way out: restore the stage's previous definition; or start the state over with "
-                f"`seatunnel-ckpt state reset {self.pipeline_name} {self.name}`; or give the new definition a "
-                f"new state name and `seatunnel-ckpt state drop {self.pipeline_name} {self.name}` once it is no "
-                "longer needed")
+                f"`seatunnel-ckpt state reset {self.settings.pipeline} {self.name}`, or give the new definition "
+                f"a new state name and `seatunnel-ckpt state drop {self.settings.pipeline} {self.name}` once it "
+                f"is no longer needed -- {starts_empty(self.kind)}")
         if changes.compatible:
             log.info("keyed state %s: compatible change accepted: %s", self.name, "; ".join(changes.compatible))
 

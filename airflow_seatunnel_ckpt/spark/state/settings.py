@@ -104,6 +104,15 @@ class PartPolicy:
         )
 
 
+def starts_empty(kind: StateKind) -> str:
+    """What starting a state over (a reset, a new name) costs: said wherever it is offered."""
+    if kind is StateKind.KEY_SET:
+        return ("but a state started over is empty: every key it held passes again, so events already "
+                "published (re-sent ones, or input read again) are published again as duplicates")
+    return ("but a state started over is empty: its values (totals, counts) restart from nothing instead of "
+            "continuing from the committed ones")
+
+
 @dataclass(frozen=True)
 class StateSettings:
     """Everything the driver and the tasks of one keyed state need, built once per stage.
@@ -126,6 +135,8 @@ class StateSettings:
     #: Key sets only: a key is forgotten this many epochs after the epoch that last wrote
     #: it (None: never). Like Flink's StateTtlConfig with OnCreateAndWrite updates.
     ttl_epochs: int | None = None
+    #: The pipeline's name, for the commands a refusal prints.
+    pipeline: str = "<pipeline>"
 
     @property
     def min_epoch(self) -> int | None:
@@ -142,13 +153,13 @@ class StateSettings:
                 f"the stage asks for {self.key_groups}; key groups are fixed for the life of a "
                 "pipeline's state. Way out: "
                 f"run the stage with key_groups={restored.key_groups}, or re-partition the committed state "
-                f"with `seatunnel-ckpt rescale <pipeline> --key-groups {self.key_groups}` first"
+                f"with `seatunnel-ckpt rescale {self.pipeline} --key-groups {self.key_groups}` first"
             )
         if restored.state_kind != self.kind:
             raise StateError(
                 f"keyed state {self.name!r} is a {restored.state_kind} in the checkpoint, "
                 f"not a {self.kind}; use another name for a new state, or start this one over with "
-                f"`seatunnel-ckpt state reset <pipeline> {self.name}`"
+                f"`seatunnel-ckpt state reset {self.pipeline} {self.name}` -- {starts_empty(self.kind)}"
             )
         if not self.key_columns:
             object.__setattr__(self, "key_columns", tuple(restored.key_columns))
@@ -161,7 +172,7 @@ class StateSettings:
                 f"keyed state {self.name!r} is keyed by {list(self.key_columns)} in the checkpoint, "
                 f"not {list(keys)}: its stored values belong to other keys. Way out: key it by "
                 f"{list(self.key_columns)} again; or start it over with `seatunnel-ckpt state reset "
-                f"<pipeline> {self.name}`; or use a new state name for the new keys"
+                f"{self.pipeline} {self.name}` or under a new state name -- {starts_empty(self.kind)}"
             )
         return dataclasses.replace(self, key_columns=keys)
 
