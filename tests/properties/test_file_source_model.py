@@ -116,6 +116,8 @@ class FileSourceModel(RuleBasedStateMachine):
     #: How old (in ticks) a delivered file's modification time may be.
     LATENESS: st.SearchStrategy[int] = st.sampled_from([0, 0, 0, 3, 8])
     WARM: st.SearchStrategy[bool] = st.booleans()
+    #: The values ``max_file_age`` may change to between epochs.
+    NEW_AGE: st.SearchStrategy[int | None] = st.sampled_from([None, 15, 25, 60, 200])
     #: Whether ``max_file_age`` may change between epochs.
     AGE_CHANGES = True
     #: Whether the other options and the files' content may change between epochs.
@@ -144,9 +146,10 @@ class FileSourceModel(RuleBasedStateMachine):
         self.options["max_files_per_epoch"] = max_files
 
     @precondition(lambda self: self.AGE_CHANGES)
-    @rule(age=st.sampled_from([None, 15, 25, 60, 200]))
-    def change_max_file_age(self, age: int | None) -> None:
+    @rule(data=st.data())
+    def change_max_file_age(self, data: st.DataObject) -> None:
         """Widen, narrow or remove ``max_file_age`` ("changing it later is allowed")."""
+        age = data.draw(self.NEW_AGE, "new max_file_age")
         old = self.options["max_file_age"]
         self.options["max_file_age"] = age
         if age is not None and (old is None or age < old):
@@ -195,14 +198,24 @@ class FileSourceModel(RuleBasedStateMachine):
         name = f"{prefix}/dt={partition:02d}/part-{self.files_seq:05d}.parquet"
         self.write(name, self.new_ids(rows), self.clock - lateness * TICK)
 
+    def deliver_some(self, data: st.DataObject, least: int) -> None:
+        files = data.draw(st.lists(st.tuples(st.sampled_from(PREFIXES), st.integers(0, PARTITIONS - 1),
+                                             st.integers(1, 3), self.LATENESS), min_size=least, max_size=3), "files")
+        for prefix, partition, rows, lateness in files:
+            self.deliver_one(prefix, partition, rows, lateness)
+
     @rule(data=st.data())
     def deliver(self, data: st.DataObject) -> None:
         """New files in any partitions (late ones if a partition was passed); lateness (in
         ticks): a copy that kept an older modification time."""
-        files = data.draw(st.lists(st.tuples(st.sampled_from(PREFIXES), st.integers(0, PARTITIONS - 1),
-                                             st.integers(1, 3), self.LATENESS), min_size=1, max_size=3), "files")
-        for prefix, partition, rows, lateness in files:
-            self.deliver_one(prefix, partition, rows, lateness)
+        self.deliver_some(data, 1)
+
+    @rule(data=st.data(), count=st.integers(1, 3))
+    def deliver_and_run(self, data: st.DataObject, count: int) -> None:
+        """Files arriving between epochs, as they do in production."""
+        for _ in range(count):
+            self.deliver_some(data, 0)
+            self.run_epoch()
 
     @precondition(lambda self: self.CHANGES and bool(self.current))
     @rule(data=st.data(), rows=st.integers(1, 3))
@@ -247,9 +260,9 @@ class FileSourceModel(RuleBasedStateMachine):
                 continue  # a changed file under on_change="error": refused or not read
             if watermark is not None and version.mtime < watermark:
                 continue
-            if not self.listed(version, False):
-                if not (backfill and self.options["max_files_per_epoch"] is None):
-                    continue
+            # A file only a backfill epoch lists is owed when no cap can postpone it past that epoch.
+            if not self.listed(version, False) and not (backfill and self.options["max_files_per_epoch"] is None):
+                continue
             self.owed.update(version.ids)
 
     # -- epochs --------------------------------------------------------------------------
@@ -367,6 +380,7 @@ class ChangingWindowModel(FileSourceModel):
     PREFIXED = st.just(False)
     MAX_FILES = st.just(None)
     AGE = st.sampled_from([15, 25])
+    NEW_AGE = st.sampled_from([None, 200])
     LATENESS = st.sampled_from([0, 8])
     CHANGES = False
 
