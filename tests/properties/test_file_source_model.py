@@ -53,8 +53,8 @@ PARTITIONS = 6
 #: The input's clock: every delivery moves it on by this many seconds.
 TICK = 10
 BASE_TIME = 1_790_000_000
-#: Epochs a drain may run before the owed records must all be in the sink.
-DRAIN_LIMIT = 40
+#: Epochs a drain may run beyond one per pending file before the owed records must all be in the sink.
+DRAIN_LIMIT = 10
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,7 @@ class FileSourceModel(RuleBasedStateMachine):
     def drain(self) -> None:
         """Run epochs until nothing more is planned: every owed record is then in the sink."""
         idle = 0
-        for _ in range(DRAIN_LIMIT):
+        for _ in range(len(self.pending_versions()) + DRAIN_LIMIT):
             idle = 0 if self.run_epoch() else idle + 1
             if idle > (self.options["backfill_every"] or 0):
                 break

@@ -223,8 +223,6 @@ class TableSinkModel(RuleBasedStateMachine):
             self.own_table(w)
             outcome, error = self.run_epoch(w, self.rows(count))
         assert outcome != REFUSED, f"a good epoch of {w.label} was refused: {error}"
-        if outcome == COMMITTED:
-            w.conflict = False
 
     def own_table(self, w: Writer) -> None:
         """The documented way out of a conflict: give the sink a table of its own."""
@@ -309,6 +307,8 @@ class TableSinkModel(RuleBasedStateMachine):
             if w.label == label:
                 return w
         w = Writer(label, store_url, name, table=self.main.table, conflict=True)
+        for other in self.writers:  # whichever commits first, the other's epochs may be refused
+            other.conflict = other.conflict or other.table == w.table
         self.writers.append(w)
         return w
 
