@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
+from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark.file_source import FileSource, SourceError
 from tests.core.epochs import Participant, prepare_participant, published
 from tests.properties.settings import model_settings
@@ -97,6 +98,8 @@ class FileSourceModel(RuleBasedStateMachine):
         self.consumed: dict[str, Version] = {}  # name -> the content the sink last received
         self.by_id: dict[int, Version] = {}
         self.owed: set[int] = set()
+        #: The highest ``max_file_age`` watermark any epoch planned with.
+        self.horizon: float | None = None
         self.next_id = 0
         self.clock = BASE_TIME
         self.runs = 0
@@ -132,6 +135,7 @@ class FileSourceModel(RuleBasedStateMachine):
                         "max_files_per_epoch": data.draw(self.MAX_FILES, "max_files"),
                         "max_file_age": data.draw(self.AGE, "max_file_age"),
                         "on_change": data.draw(st.sampled_from(["error", "reread"]), "on_change")}
+        self.allowed({**self.options, "max_files_per_epoch": None})
         if data.draw(self.WARM, "warm start"):  # a pipeline that consumed a file below each prefix
             for prefix in PREFIXES:
                 self.deliver_one(prefix, PARTITIONS // 2, 1, 0)
@@ -140,10 +144,20 @@ class FileSourceModel(RuleBasedStateMachine):
     def source(self) -> FileSource:
         return FileSource("files", f"file://{self.input}", **self.options)
 
+    def allowed(self, before: dict[str, Any]) -> None:
+        """Keep an option change only if the source accepts the options together (a
+        combination the source refuses with a ConfigError is not a state to run)."""
+        try:
+            self.source()
+        except ConfigError:
+            self.options = before
+
     @precondition(lambda self: self.CHANGES)
     @rule(max_files=st.sampled_from([None, 1, 2, 3]))
     def change_max_files(self, max_files: int | None) -> None:
+        before = dict(self.options)
         self.options["max_files_per_epoch"] = max_files
+        self.allowed(before)
 
     @precondition(lambda self: self.AGE_CHANGES)
     @rule(data=st.data())
@@ -151,7 +165,11 @@ class FileSourceModel(RuleBasedStateMachine):
         """Widen, narrow or remove ``max_file_age`` ("changing it later is allowed")."""
         age = data.draw(self.NEW_AGE, "new max_file_age")
         old = self.options["max_file_age"]
+        before = dict(self.options)
         self.options["max_file_age"] = age
+        self.allowed(before)
+        if self.options is before:
+            return
         if age is not None and (old is None or age < old):
             # A narrower window is the user's choice: owed files outside it are let go.
             watermark = self.watermark()
@@ -170,7 +188,9 @@ class FileSourceModel(RuleBasedStateMachine):
     @precondition(lambda self: self.CHANGES and self.options["ordered_prefixes"])
     @rule(backfill=st.sampled_from([None, 2, 3]))
     def change_backfill_every(self, backfill: int | None) -> None:
+        before = dict(self.options)
         self.options["backfill_every"] = backfill
+        self.allowed(before)
 
     # -- deliveries ----------------------------------------------------------------------
     def write(self, name: str, ids: tuple[int, ...], mtime: int) -> Version:
@@ -236,10 +256,14 @@ class FileSourceModel(RuleBasedStateMachine):
         return [v for v in self.pending_versions() if v.name in self.consumed]
 
     def watermark(self) -> float | None:
+        """How old a file may be and still be read: the window of ``max_file_age`` now, and
+        never below a window applied before (what left the consumed-file index cannot be
+        told from a file never read, so files older than that stay ignored)."""
         age = self.options["max_file_age"]
         if age is None or not self.consumed:
-            return None
-        return max(v.mtime for v in self.consumed.values()) - age
+            return self.horizon
+        now = max(v.mtime for v in self.consumed.values()) - age
+        return now if self.horizon is None else max(now, self.horizon)
 
     def floor(self, prefix: str) -> str | None:
         """The partition of the greatest name consumed below ``prefix`` (ordered_prefixes)."""
@@ -254,7 +278,7 @@ class FileSourceModel(RuleBasedStateMachine):
 
     def mark_owed(self, backfill: bool) -> None:
         """Owe every pending file the documented listing rules make visible to this epoch."""
-        watermark = self.watermark()
+        watermark = self.horizon = self.watermark()
         for version in self.pending_versions():
             if version.name in self.consumed and self.options["on_change"] != "reread":
                 continue  # a changed file under on_change="error": refused or not read

@@ -189,8 +189,9 @@ class TableSinkModel(RuleBasedStateMachine):
         return dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=options)
 
     # -- epochs --------------------------------------------------------------------------
-    def decided(self, w: Writer, rows: pa.Table) -> tuple[int, CheckpointError | None]:
-        """Begin, stage, prepare and decide commit; an epoch refused before its decision is aborted."""
+    def decided(self, w: Writer, rows: pa.Table) -> tuple[int, str | None]:
+        """Begin, stage, prepare and decide commit; an epoch refused before its decision (by
+        prepare, or by decide deciding abort) is aborted. The refusal, if any."""
         w.runs += 1
         run_id = f"{w.label}-{w.runs}"
         epoch = w.pipeline.begin(run_id).epoch
@@ -199,19 +200,21 @@ class TableSinkModel(RuleBasedStateMachine):
             decision = w.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="model")
         except CheckpointError as exc:
             w.pipeline.abort(epoch, f"refused before the decision: {exc}", by="model")
-            return epoch, exc
-        assert decision.decision is Decision.COMMIT
+            return epoch, f"{type(exc).__name__}: {exc}"
+        if decision.decision is Decision.ABORT:
+            w.pipeline.abort(epoch, decision.reason, by="model")  # finishes the abort the decision made
+            return epoch, f"decided abort: {decision.reason}"
         self.pending[(w.label, epoch)] = (w.table, rows.column("id").to_pylist())
         return epoch, None
 
-    def run_epoch(self, w: Writer, rows: pa.Table) -> tuple[str, CheckpointError | None]:
+    def run_epoch(self, w: Writer, rows: pa.Table) -> tuple[str, str | None]:
         epoch, refusal = self.decided(w, rows)
         if refusal is not None:
             return REFUSED, refusal
         try:
             w.pipeline.commit(epoch)
         except CheckpointError as exc:
-            return FAILED, exc
+            return FAILED, f"{type(exc).__name__}: {exc}"
         self.settle()
         return COMMITTED, None
 
