@@ -291,9 +291,11 @@ class TableSinkModel(RuleBasedStateMachine):
     def reset_store(self, count: int) -> None:
         """The store is wiped and the pipeline runs again from epoch 1, into the same table."""
         shutil.rmtree(self.main.store_url.removeprefix("file://"), ignore_errors=True)
-        self.pending = {k: v for k, v in self.pending.items() if k[0] != self.main.label}
-        self.main.pipeline = self.main.open()
-        self.main.conflict = True
+        wiped = [w for w in self.writers if w.store_url == self.main.store_url]  # every pipeline of the store
+        self.pending = {k: v for k, v in self.pending.items() if k[0] not in {w.label for w in wiped}}
+        for w in wiped:
+            w.pipeline = w.open()
+            w.conflict = True
         self.good_epoch_of(self.main, count)
 
     @precondition(lambda self: "second_store" in self.FAULTS)
