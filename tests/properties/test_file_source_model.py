@@ -104,7 +104,6 @@ class FileSourceModel(RuleBasedStateMachine):
         self.clock = BASE_TIME
         self.runs = 0
         self.files_seq = 0
-        self.refusals = 0
 
     def teardown(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -290,6 +289,19 @@ class FileSourceModel(RuleBasedStateMachine):
             self.owed.update(version.ids)
 
     # -- epochs --------------------------------------------------------------------------
+    def refused(self, epoch: int, exc: SourceError) -> None:
+        """An epoch the source refused: it must name a file changed after it was consumed.
+        The epoch is aborted and the documented fix applied: the consumed content restored."""
+        changed = self.changed_versions()
+        assert changed, f"epoch {epoch} was refused with no file changed after it was consumed: {exc}"
+        assert any(v.name in str(exc) for v in changed), f"the refusal names no changed file: {exc}"
+        self.pipeline.abort(epoch, "the source refused the epoch", by="model")
+        for version in changed:
+            self.owed.difference_update(version.ids)
+            kept = self.consumed[version.name]
+            self.write(version.name, kept.ids, kept.mtime)
+            self.current[version.name] = kept
+
     def run_epoch(self) -> list[str]:
         """One epoch through the core; the files it consumed."""
         source = self.source()
@@ -301,16 +313,7 @@ class FileSourceModel(RuleBasedStateMachine):
         try:
             plan = self.pipeline.pin_inputs(epoch, "ingest", 1, lambda: {"files": source.plan_from(point, epoch)})
         except SourceError as exc:
-            changed = self.changed_versions()
-            assert changed, f"epoch {epoch} was refused with no file changed after it was consumed: {exc}"
-            assert any(v.name in str(exc) for v in changed), f"the refusal names no changed file: {exc}"
-            self.pipeline.abort(epoch, "the source refused the epoch", by="model")
-            self.refusals += 1
-            for version in changed:  # the documented fix: restore the consumed content
-                self.owed.difference_update(version.ids)
-                kept = self.consumed[version.name]
-                self.write(version.name, kept.ids, kept.mtime)
-                self.current[version.name] = kept
+            self.refused(epoch, exc)
             return self.run_epoch()  # the next epoch after the fix runs
         offsets = plan["files"]
         files = list(offsets["files"])

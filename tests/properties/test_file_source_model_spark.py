@@ -50,14 +50,7 @@ class SparkFileSourceModel(FileSourceModel):
         try:
             result = run_stage(self.spec(run_id), SESSION["spark"])
         except SourceError as exc:
-            changed = self.changed_versions()
-            assert changed, f"epoch {epoch} was refused with no file changed after it was consumed: {exc}"
-            self.pipeline.abort(epoch, "the source refused the epoch", by="model")
-            for version in changed:  # the documented fix: restore the consumed content
-                self.owed.difference_update(version.ids)
-                kept = self.consumed[version.name]
-                self.write(version.name, kept.ids, kept.mtime)
-                self.current[version.name] = kept
+            self.refused(epoch, exc)
             return self.run_epoch()
         assert result.epoch == epoch
         decision = self.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="model")
