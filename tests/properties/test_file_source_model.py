@@ -98,7 +98,7 @@ class FileSourceModel(RuleBasedStateMachine):
         self.consumed: dict[str, Version] = {}  # name -> the content the sink last received
         self.by_id: dict[int, Version] = {}
         self.owed: set[int] = set()
-        #: The highest ``max_file_age`` watermark any epoch planned with.
+        #: The highest ``max_file_age`` watermark any epoch planned or committed with.
         self.horizon: float | None = None
         self.next_id = 0
         self.clock = BASE_TIME
@@ -328,6 +328,7 @@ class FileSourceModel(RuleBasedStateMachine):
         for i in rows.column("id").to_pylist():
             version = self.by_id[i]
             self.consumed[version.name] = version
+        self.horizon = self.watermark()  # the window the committed index may have forgotten below
         return files
 
     @rule(count=st.integers(1, 4))

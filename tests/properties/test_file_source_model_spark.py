@@ -59,6 +59,7 @@ class SparkFileSourceModel(FileSourceModel):
         files = list(result.sources["files"].get("files", []))
         for name in files:
             self.consumed[name] = self.current[name]
+        self.horizon = self.watermark()
         return files
 
     def sink_ids(self) -> list[int]:

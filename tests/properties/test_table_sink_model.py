@@ -222,8 +222,15 @@ class TableSinkModel(RuleBasedStateMachine):
 
     def good_epoch_of(self, w: Writer, count: int) -> None:
         """A good epoch commits; after a store conflict it may be refused once, before its
-        decision, and commits once the sink has a table of its own."""
+        decision, and commits once the sink has a table of its own. Into a table another
+        pipeline commits into, it must be refused."""
+        owner = self.owners.get(w.table)
         outcome, error = self.run_epoch(w, self.rows(count))
+        if owner is not None and self.writer_named(owner).name != w.name:
+            assert outcome == REFUSED, (
+                f"an epoch of pipeline {w.name!r} into table {w.table}, which pipeline "
+                f"{self.writer_named(owner).name!r} commits into, was not refused before its decision "
+                f"({outcome}: {error})")
         if outcome == REFUSED and w.conflict:
             self.own_table(w)
             outcome, error = self.run_epoch(w, self.rows(count))
@@ -248,8 +255,7 @@ class TableSinkModel(RuleBasedStateMachine):
     def settle(self) -> None:
         """Move the rows of epochs that reached COMMITTED into the expected tables."""
         for (label, epoch), (table, ids) in list(self.pending.items()):
-            w = next(x for x in self.writers if x.label == label)
-            state = w.pipeline.state(epoch)
+            state = self.writer_named(label).pipeline.state(epoch)
             if state is EpochState.COMMITTED:
                 self.expected[table].update(ids)
                 self.owners.setdefault(table, label)
@@ -308,17 +314,15 @@ class TableSinkModel(RuleBasedStateMachine):
     @precondition(lambda self: "second_pipeline" in self.FAULTS)
     @rule(count=st.integers(1, 3))
     def epoch_of_a_second_pipeline(self, count: int) -> None:
-        """Another pipeline of the store writes into the main pipeline's table: refused before
-        its decision while the table is another pipeline's; into a table of its own, it commits."""
-        w = self.writer("second-pipeline", self.main.store_url, "returns")
-        owner = self.owners.get(w.table)
-        if owner is not None and owner != w.label:
-            outcome, error = self.run_epoch(w, self.rows(count))
-            assert outcome == REFUSED, (
-                f"an epoch of pipeline 'returns' into table {w.table}, which {owner} commits into, was not refused "
-                f"before its decision ({outcome}: {error})")
-            self.own_table(w)
-        self.good_epoch_of(w, count)
+        """Another pipeline of the store writes into the main pipeline's table: whichever of the
+        two commits into it second is refused before its decision (see :meth:`good_epoch_of`)
+        and commits once it has a table of its own."""
+        if self.main.table not in self.owners:
+            self.good_epoch_of(self.main, 1)  # the table is the main pipeline's
+        self.good_epoch_of(self.writer("second-pipeline", self.main.store_url, "returns"), count)
+
+    def writer_named(self, label: str) -> Writer:
+        return next(w for w in self.writers if w.label == label)
 
     def writer(self, label: str, store_url: str, name: str) -> Writer:
         for w in self.writers:
