@@ -413,10 +413,10 @@ class ChangingWindowModel(FileSourceModel):
     CHANGES = False
 
 
-FileSourceModel.TestCase.settings = model_settings(fast_examples=10, fast_steps=20)
-OrderedPrefixesModel.TestCase.settings = model_settings(fast_examples=15, fast_steps=12)
-CappedWindowModel.TestCase.settings = model_settings(fast_examples=15, fast_steps=12)
-ChangingWindowModel.TestCase.settings = model_settings(fast_examples=15, fast_steps=12)
+FileSourceModel.TestCase.settings = model_settings(fast_examples=6, fast_steps=15)
+OrderedPrefixesModel.TestCase.settings = model_settings(fast_examples=10, fast_steps=10)
+CappedWindowModel.TestCase.settings = model_settings(fast_examples=10, fast_steps=10)
+ChangingWindowModel.TestCase.settings = model_settings(fast_examples=10, fast_steps=10)
 
 test_file_source_delivers_every_record_once = FileSourceModel.TestCase
 test_ordered_prefixes_deliver_every_record_once = OrderedPrefixesModel.TestCase

@@ -72,6 +72,6 @@ class SparkFileSourceModel(FileSourceModel):
 def test_spark_epochs_deliver_every_file_record_once(spark: Any) -> None:
     SESSION["spark"] = spark
     try:
-        run_state_machine_as_test(SparkFileSourceModel, settings=model_settings(fast_examples=2, fast_steps=6))
+        run_state_machine_as_test(SparkFileSourceModel, settings=model_settings(fast_examples=2, fast_steps=5))
     finally:
         SESSION.clear()

@@ -402,7 +402,7 @@ def variant(base: type[TableSinkModel], name: str, faults_: set[str]) -> type[Ta
     return type(name, (base,), {"FAULTS": frozenset(faults_), "__doc__": f"{base.__doc__} Faults: {faults_}."})
 
 
-FAST = {"examples": 6, "steps": 8}
+FAST = {"examples": 4, "steps": 6}
 
 
 def _tests() -> dict[str, Any]:
