@@ -1,7 +1,7 @@
 """The file-source model (:mod:`tests.properties.test_file_source_model`) with real epochs:
 each epoch runs through :func:`run_stage` on the shared local Spark session (Spark lists,
 plans and reads the files, a file sink stages Parquet), then decides commit and commits.
-A small slice: a few short examples, the same invariants."""
+A small slice: a few short examples over ordered prefixes, the same invariants."""
 
 from __future__ import annotations
 
@@ -10,14 +10,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from airflow_seatunnel_ckpt.core import Decision
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from tests.properties.settings import model_settings
-from tests.properties.test_file_source_model import FileSourceModel
+from tests.properties.test_file_source_model import OrderedPrefixesModel
 
 pytestmark = [pytest.mark.properties, pytest.mark.spark]
 
@@ -25,10 +24,8 @@ pytestmark = [pytest.mark.properties, pytest.mark.spark]
 SESSION: dict[str, Any] = {}
 
 
-class SparkFileSourceModel(FileSourceModel):
-    """Epochs through the Spark stage runtime instead of the core alone."""
-
-    WARM = st.just(True)
+class SparkFileSourceModel(OrderedPrefixesModel):
+    """Epochs through the Spark stage runtime instead of the core alone: ordered glob prefixes."""
 
     def out(self) -> Path:
         return self.root / "out"
@@ -72,6 +69,6 @@ class SparkFileSourceModel(FileSourceModel):
 def test_spark_epochs_deliver_every_file_record_once(spark: Any) -> None:
     SESSION["spark"] = spark
     try:
-        run_state_machine_as_test(SparkFileSourceModel, settings=model_settings(fast_examples=2, fast_steps=5))
+        run_state_machine_as_test(SparkFileSourceModel, settings=model_settings(fast_examples=2, fast_steps=6))
     finally:
         SESSION.clear()
