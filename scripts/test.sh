@@ -12,7 +12,7 @@ bash scripts/bootstrap.sh
 bash scripts/install-browser.sh
 
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider -q "$@" || status=$?
+.venv/bin/python -m pytest -p no:cacheprovider -q --durations=15 "$@" || status=$?
 
 # pytest exits with 5 when nothing was collected (a typo in a path or -k/-m expression);
 # a run that proved nothing must not pass.

@@ -309,7 +309,7 @@ def _stale_epoch(store_url: str, pipeline: str) -> int:
 
 
 def test_the_recovery_dag_recovers_a_pipeline_on_a_connections_store(
-    airflow_deployment: AirflowDeployment,
+    airflow_deployment: AirflowDeployment, capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A store from a connection created through the REST API (so only the metadata database
     holds it), named in ``[seatunnel_ckpt] stores``: the recovery DAG's tasks, which cannot
@@ -328,7 +328,8 @@ def test_the_recovery_dag_recovers_a_pipeline_on_a_connections_store(
     deployment.wait_for("the recovery DAG to abort the connection store's dead epoch",
                         lambda: pipeline.state(epoch) is EpochState.ABORTED, timeout=RUN_TIMEOUT_S, interval=0.5)
     took = time.monotonic() - started
-    print(f"\nrecovery run triggered -> dead epoch of a connection's store aborted: {took:.1f}s")
+    with capsys.disabled():  # the seconds show in the test run's output, passed or not
+        print(f"\nrecovery run triggered -> dead epoch of a connection's store aborted: {took:.1f}s")
     status = pipeline.status(epoch)
     assert status.decision is not None and status.decision.by == "recovery", status.decision
     deployment.wait_for("the recovery run to finish", lambda: deployment.api(
@@ -339,7 +340,7 @@ def test_the_recovery_dag_recovers_a_pipeline_on_a_connections_store(
 
 
 def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_deployment(
-    airflow_deployment: AirflowDeployment,
+    airflow_deployment: AirflowDeployment, capsys: pytest.CaptureFixture[str],
 ) -> None:
     deployment = airflow_deployment
     deployment.api("PATCH", f"/dags/{DAG_ID}", {"is_paused": False})
@@ -384,8 +385,9 @@ def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_de
     retried = _task(deployment, killed_run, STAGE_TASK)
     assert retried["try_number"] > killed_try, f"the stage was not retried after the kill: {retried}"
     lost_resumed_s = _started(retried) - lost_at
-    print(f"\nworker lost mid-stage -> the stage's retry started: {lost_resumed_s:.1f}s, "
-          f"-> the run's epoch committed: {lost_s:.1f}s")
+    with capsys.disabled():  # the seconds show in the test run's output, passed or not
+        print(f"\nworker lost mid-stage -> the stage's retry started: {lost_resumed_s:.1f}s, "
+              f"-> the run's epoch committed: {lost_s:.1f}s")
     # The killed task's JVM does not outlive it (PySpark's gateway exits when its parent's pipe closes).
     orphans = [pid for pid in killed_jvms if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert not orphans, f"the killed stage's JVM(s) {orphans} still run after the retry succeeded"
@@ -401,8 +403,9 @@ def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_de
     marked_s = _seconds_to_commit(deployment, next_run, marked_at)
     _wait_success(deployment, next_run)
     marked_resumed_s = _started(_task(deployment, next_run, STAGE_TASK)) - marked_at
-    print(f"\nstage marked success without running -> the next run's stage started: {marked_resumed_s:.1f}s, "
-          f"-> its epoch committed: {marked_s:.1f}s")
+    with capsys.disabled():  # the seconds show in the test run's output, passed or not
+        print(f"\nstage marked success without running -> the next run's stage started: {marked_resumed_s:.1f}s, "
+              f"-> its epoch committed: {marked_s:.1f}s")
     assert _run_state(deployment, marked_run) == "failed"
     assert _task(deployment, marked_run, STAGE_TASK)["try_number"] == 0, "the marked stage ran after all"
     sensor = _task(deployment, marked_run, "orders.prepared")
