@@ -137,3 +137,26 @@ def refusals(records: Iterable[PreparedRecord]) -> list[str]:
                 if reason is not None:
                     out.append(reason)
     return out
+
+
+def summary(records: Iterable[PreparedRecord]) -> list[dict[str, Any]]:
+    """Every rule's counts in ``records``, sink by sink, as plain data (for the CLI, the page, lineage)."""
+    out = []
+    for record in records:
+        for manifest in record.sinks:
+            for result in manifest.expectations:
+                out.append({"sink": manifest.sink, "rule": result.name, "expr": result.expr,
+                            "on_fail": result.on_fail, "checked": result.checked, "failed": result.failed,
+                            "fraction": result.fraction, "max_fraction": result.max_fraction,
+                            "max_rows": result.max_rows, "refused": refusal(manifest.sink, result)})
+    return sorted(out, key=lambda e: (e["sink"], e["rule"]))
+
+
+def describe(entry: Mapping[str, Any]) -> str:
+    """One line of :func:`summary`: ``sink.rule (action): failed of checked rows (x%)``."""
+    limits = [f"max_fraction {_percent(entry['max_fraction'])}"] if entry.get("max_fraction") is not None else []
+    limits += [f"max_rows {entry['max_rows']}"] if entry.get("max_rows") is not None else []
+    text = (f"{entry['sink']}.{entry['rule']} ({entry['on_fail']}"
+            + (", " + ", ".join(limits) if limits else "") + f"): {entry['failed']} of {entry['checked']} rows "
+            f"failed ({_percent(entry['fraction'])})")
+    return text + (" -- REFUSES the epoch" if entry.get("refused") else "")

@@ -180,3 +180,38 @@ def test_manifest_expectations_round_trip_and_are_absent_when_none(tmp_path: Pat
     measured = SinkManifest("s", "file:///t", "st", [], 3,
                             expectations=(ExpectationResult("ok", "a > 0", "drop", 5, 2, 0.5, None),))
     assert SinkManifest.from_dict(measured.to_dict()) == measured
+
+
+@pytest.mark.spark
+def test_a_drop_rule_count_shows_in_the_cli_and_in_the_openlineage_facets(
+        spark: Any, orders: OrdersPipeline, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from airflow_seatunnel_ckpt.cli import main
+    from airflow_seatunnel_ckpt.lineage.epoch import commit_lineage
+
+    add_orders(orders, "f1", range(1, 101))
+    out = f"file://{orders.root / 'out' / 'orders'}"
+    rules = {"amount_positive": {"expr": "amount > 0", "on_fail": "drop"}}
+    spec = orders.spec("run-1", stage="tests.spark.test_expectations_stage:write_orders",
+                       sinks={"orders_table": {"path": out, "expectations": rules}})
+    result = run_stage(spec, spark)
+    orders.commit(result)
+    assert len(orders.published("orders")) == 98  # amount 0 for ids 50 and 100
+
+    store = orders.store["storage_url"]
+    assert main(["--store", store, "show", "orders", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "expectation orders_table.amount_positive (drop): 2 of 100 rows failed (2.0%)" in text
+    assert main(["--store", store, "--json", "epochs", "orders"]) == 0
+    [entry] = json.loads(capsys.readouterr().out)
+    assert [(e["rule"], e["checked"], e["failed"], e["on_fail"]) for e in entry["expectations"]] == [
+        ("amount_positive", 100, 2, "drop")]
+
+    lineage = commit_lineage(pipeline_name="orders", sink_targets={}, pipeline=orders.pipeline, run_id="run-1")
+    [output] = lineage.outputs
+    [assertion] = output.facets["dataQualityAssertions"].assertions
+    assert (assertion.assertion, assertion.success, assertion.actual, assertion.content) == (
+        "amount_positive", False, "2", "amount > 0")
+    assert assertion.params["checked"] == 100
+    assert output.facets["dataQualityMetrics"].rowCount == 100
