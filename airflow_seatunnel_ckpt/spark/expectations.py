@@ -6,7 +6,9 @@ itself, never from reading the output again. The kept rows (without those failin
 ``drop`` or ``quarantine`` rule) are what the sink stages; :meth:`Flagged.quarantined`
 are the rows failing a ``quarantine`` rule, with the names of every rule they broke, for
 the sink's quarantine. Both sides are filters of the same flags, and a flag is a function
-of the row's own values, so every row is kept or quarantined, never both, never neither.
+of the row's own values, so every row is kept or quarantined, never both, never neither;
+with a ``quarantine`` rule the flagged rows are cached by the sink's write and the
+quarantine's write reads them from there, so the stage's transformations run once.
 """
 
 from __future__ import annotations
@@ -87,6 +89,11 @@ class Flagged:
         broke = F.array_compact(F.array(*[F.when(~self._ok(i), F.lit(r.name)) for i, r in enumerate(self.rules)]))
         return self.flagged.where(bad).select(*[F.col(f"`{c}`") for c in self.columns], broke.alias(FAILED_COLUMN))
 
+    def release(self) -> None:
+        """Drop the cached rows (after the quarantine was written)."""
+        if self.flagged.storageLevel.useMemory or self.flagged.storageLevel.useDisk:
+            self.flagged.unpersist()
+
     def results(self) -> tuple[tuple[ExpectationResult, ...], int]:
         """Each rule's counts and the number of quarantined rows (after the write ran)."""
         metrics: dict[str, Any] = self.observation.get
@@ -107,6 +114,13 @@ def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Flagged:
     flags = [F.coalesce(F.expr(r.expr).cast("boolean"), F.lit(False)).alias(f"{_FLAG}{i}")
              for i, r in enumerate(rules)]
     flagged = df.select("*", *flags)
+    if any(r.on_fail == "quarantine" for r in rules):
+        # The quarantine is a second job over the same rows: it reads them from this cache,
+        # filled by the sink's write, instead of running the stage's transformations again
+        # (a keyed state's update must see each row once, and a source is read once).
+        from pyspark import StorageLevel
+
+        flagged = flagged.persist(StorageLevel.MEMORY_AND_DISK)
     observation = Observation(f"expect_{sink}_{uuid.uuid4().hex[:8]}".replace(".", "_"))
     ok = [F.col(f"{_FLAG}{i}") for i in range(len(rules))]
     quarantine = [~c for c, r in zip(ok, rules, strict=True) if r.on_fail == "quarantine"]

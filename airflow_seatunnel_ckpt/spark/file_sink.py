@@ -144,10 +144,13 @@ class FileSink(Sink):
         quarantined = flagged.quarantined
         if quarantined is not None and self.quarantine is None:
             raise SinkError(f"sink {self.name!r} quarantines rows but has no quarantine sink bound")
-        rows = self._stage(flagged.kept)
-        self.expectation_results, bad = flagged.results()
-        if quarantined is not None and self.quarantine is not None and bad:
-            self.quarantine.write(quarantined)  # the same flags: each failing row lands here, once
+        try:
+            rows = self._stage(flagged.kept)
+            self.expectation_results, bad = flagged.results()
+            if quarantined is not None and self.quarantine is not None and bad:
+                self.quarantine.write(quarantined)  # the same flags: each failing row lands here, once
+        finally:
+            flagged.release()
         self.rows = rows
         return rows
 

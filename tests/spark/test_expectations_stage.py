@@ -26,6 +26,11 @@ def write_orders(ctx: StageContext, spark: Any) -> None:
     ctx.sink("orders_table").write(ctx.source("orders").read())
 
 
+def dedup_then_write(ctx: StageContext, spark: Any) -> None:
+    """The stage run here (by import path): first order per customer ever, into the one sink."""
+    ctx.sink("orders_table").write(ctx.key_set("customers").dedup(ctx.source("orders").read(), key="customer"))
+
+
 def add_orders(orders: OrdersPipeline, name: str, ids: range, null_every: int = 0) -> list[int | None]:
     """A parquet input file of orders ``ids``; every ``null_every``-th one has a NULL id."""
     import pyarrow as pa
@@ -215,3 +220,28 @@ def test_a_drop_rule_count_shows_in_the_cli_and_in_the_openlineage_facets(
         "amount_positive", False, "2", "amount > 0")
     assert assertion.params["checked"] == 100
     assert output.facets["dataQualityMetrics"].rowCount == 100
+
+
+@pytest.mark.spark
+def test_quarantine_after_a_keyed_state_sees_each_row_once(spark: Any, orders: OrdersPipeline) -> None:
+    add_orders(orders, "f1", range(1, 31))  # customers c0, c1, c2, ten orders each
+    rules = {"big": {"expr": "amount >= 100", "on_fail": "quarantine"}}  # every amount is < 50
+
+    def spec(run_id: str) -> StageSpec:
+        return orders.spec(run_id, stage="tests.spark.test_expectations_stage:dedup_then_write",
+                           sinks={"orders_table": {"path": f"file://{orders.root / 'out' / 'orders'}",
+                                                   "expectations": rules}})
+
+    first = run_stage(spec("run-1"), spark)
+    orders.commit(first)
+    [main] = [m for m in first.manifests if m.sink == "orders_table"]
+    [quarantine] = [m for m in first.manifests if m.sink == "orders_table.quarantine"]
+    assert (main.rows, quarantine.rows, main.expectations[0].failed) == (0, 3, 3)
+    import pyarrow.parquet as pq
+
+    rows = [r for f in sorted((orders.root / "out" / "orders_quarantine").glob("epoch=*/*.parquet"))
+            for r in pq.read_table(f).to_pylist()]
+    assert sorted(r["customer"] for r in rows) == ["c0", "c1", "c2"]
+    add_orders(orders, "f2", range(31, 61))  # the same customers: nothing new
+    second = run_stage(spec("run-2"), spark)
+    assert sum(m.rows for m in second.manifests) == 0
