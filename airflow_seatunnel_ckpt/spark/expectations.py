@@ -7,8 +7,10 @@ itself, never from reading the output again. The kept rows (without those failin
 are the rows failing a ``quarantine`` rule, with the names of every rule they broke, for
 the sink's quarantine. Both sides are filters of the same flags, and a flag is a function
 of the row's own values, so every row is kept or quarantined, never both, never neither;
-with a ``quarantine`` rule the flagged rows are cached by the sink's write and the
-quarantine's write reads them from there, so the stage's transformations run once.
+when the sink's job can write the quarantine too (Parquet staged by :mod:`.staged_writer`)
+it does, in the same pass (:meth:`Flagged.split`); otherwise the flagged rows are cached
+by the sink's write and the quarantine's write reads them from there, so either way the
+stage's transformations run once.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation
 
 _FLAG = "__expectation_ok_"
+#: The column marking, in a split write, the rows that go to the quarantine.
+SPLIT_COLUMN = "__expectation_quarantined"
 
 
 def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> None:
@@ -89,6 +93,20 @@ class Flagged:
         broke = F.array_compact(F.array(*[F.when(~self._ok(i), F.lit(r.name)) for i, r in enumerate(self.rules)]))
         return self.flagged.where(bad).select(*[F.col(f"`{c}`") for c in self.columns], broke.alias(FAILED_COLUMN))
 
+    def split(self) -> DataFrame:
+        """The rows the sink's job writes when it writes the quarantine too (one job, one pass):
+        without those only a ``drop`` rule removes, with :data:`SPLIT_COLUMN` (true: to the
+        quarantine) and :data:`FAILED_COLUMN` (the rules a quarantined row broke)."""
+        from pyspark.sql import functions as F
+
+        bad = self._failing(("quarantine",))
+        assert bad is not None
+        dropped = self._failing(("drop",))
+        out = self.observed if dropped is None else self.observed.where(~dropped | bad)
+        broke = F.array_compact(F.array(*[F.when(~self._ok(i), F.lit(r.name)) for i, r in enumerate(self.rules)]))
+        out = out.withColumn(SPLIT_COLUMN, bad).withColumn(FAILED_COLUMN, F.when(bad, broke))
+        return out.drop(*[f"{_FLAG}{i}" for i in range(len(self.rules))])
+
     def release(self) -> None:
         """Drop the cached rows (after the quarantine was written)."""
         if self.flagged.storageLevel.useMemory or self.flagged.storageLevel.useDisk:
@@ -102,8 +120,12 @@ class Flagged:
         return results, int(metrics.get("quarantined") or 0)
 
 
-def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Flagged:
-    """Check the rules' expressions on ``df``, then flag and observe every rule."""
+def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, cache: bool = True) -> Flagged:
+    """Check the rules' expressions on ``df``, then flag and observe every rule.
+
+    :param cache: with a ``quarantine`` rule, cache the flagged rows for a second job that
+        writes the quarantine (not needed when one job writes both: :meth:`Flagged.split`).
+    """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
@@ -114,7 +136,7 @@ def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Flagged:
     flags = [F.coalesce(F.expr(r.expr).cast("boolean"), F.lit(False)).alias(f"{_FLAG}{i}")
              for i, r in enumerate(rules)]
     flagged = df.select("*", *flags)
-    if any(r.on_fail == "quarantine" for r in rules):
+    if cache and any(r.on_fail == "quarantine" for r in rules):
         # The quarantine is a second job over the same rows: it reads them from this cache,
         # filled by the sink's write, instead of running the stage's transformations again
         # (a keyed state's update must see each row once, and a source is read once).

@@ -116,6 +116,8 @@ class FileSink(Sink):
                 f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
             )
         self.format = format
+        #: The staged writer's split options while the sink's job writes its quarantine too.
+        self._split: dict[str, str] = {}
         self.options = {k: str(v) for k, v in (options or {}).items()}
         self.partition_by = list(partition_by or [])
 
@@ -140,10 +142,15 @@ class FileSink(Sink):
             return self.rows
         from airflow_seatunnel_ckpt.spark import expectations
 
-        flagged = expectations.flag(self.name, self.expectations, df)
-        quarantined = flagged.quarantined
-        if quarantined is not None and self.quarantine is None:
+        quarantines = any(rule.on_fail == "quarantine" for rule in self.expectations)
+        if quarantines and self.quarantine is None:
             raise SinkError(f"sink {self.name!r} quarantines rows but has no quarantine sink bound")
+        one_pass = quarantines and self._writes_quarantine_too(df)
+        flagged = expectations.flag(self.name, self.expectations, df, cache=not one_pass)
+        if one_pass:
+            self.rows = self._stage_with_quarantine(flagged)
+            return self.rows
+        quarantined = flagged.quarantined
         try:
             rows = self._stage(flagged.kept)
             self.expectation_results, bad = flagged.results()
@@ -153,6 +160,34 @@ class FileSink(Sink):
             flagged.release()
         self.rows = rows
         return rows
+
+    def _writes_quarantine_too(self, df: DataFrame) -> bool:
+        """Whether this sink's job can stage its quarantine's rows too (both Parquet staged by
+        :mod:`.staged_writer` into the same store)."""
+        q = self.quarantine
+        return (isinstance(q, FileSink) and q.staging_url is not None and q.format == "parquet"
+                and not q.options and not q.partition_by and q.staging_options == self.staging_options
+                and self._checksummed_on_executors(df))
+
+    def _stage_with_quarantine(self, flagged: Any) -> int:
+        """Stage the kept rows and, in the same job, the quarantined ones into :attr:`quarantine`."""
+        import json
+
+        from airflow_seatunnel_ckpt.core.expectations import FAILED_COLUMN
+        from airflow_seatunnel_ckpt.spark.expectations import SPLIT_COLUMN
+
+        assert self.quarantine is not None
+        self._split = {"split_column": SPLIT_COLUMN, "quarantine_path": str(self.quarantine.staging_url),
+                       "quarantine_columns": json.dumps([*flagged.columns, FAILED_COLUMN]),
+                       "output_drop": json.dumps([SPLIT_COLUMN, FAILED_COLUMN])}
+        try:
+            staged = self._stage(flagged.split())
+        finally:
+            self._split = {}
+        self.expectation_results, bad = flagged.results()
+        if bad:
+            self.quarantine.rows = bad  # staged by this job (its file list too)
+        return staged - bad
 
     def _stage(self, df: DataFrame) -> int:
         """Stage ``df`` as this sink's output; the number of rows (an observed metric of the write)."""
@@ -203,4 +238,5 @@ class FileSink(Sink):
          .option(staged_writer.OPTIONS_KEY, json.dumps(self.staging_options))
          .option("partition_by", json.dumps(self.partition_by))
          .option("compression", str(self.options.get("compression", "snappy")))
+         .options(**self._split)
          .save())

@@ -70,7 +70,7 @@ def test_quarantine_under_its_threshold_commits_kept_rows_and_quarantined_rows_i
     ids = add_orders(orders, "f1", range(1, 101), null_every=33)  # 3 of 100 NULL
     rules = {**id_present(0.05), "amount_positive": {"expr": "amount > 0", "on_fail": "drop"},
              "customer_known": {"expr": "customer IN ('c0', 'c1')", "on_fail": "warn"}}
-    result = run_stage(spec_with(orders, "run-1", rules), spark)
+    result = run_stage(spec_with(orders, "run-1", rules, partition_by=["customer"]), spark)
     counts = {e.name: (e.checked, e.failed) for m in result.manifests for e in m.expectations}
     dropped = sum(1 for i in range(1, 101) if i % 50 == 0)  # amount 0
     assert counts == {"id_present": (100, 3), "amount_positive": (100, dropped),
@@ -82,6 +82,7 @@ def test_quarantine_under_its_threshold_commits_kept_rows_and_quarantined_rows_i
     assert sorted(r["order_id"] for r in kept) == sorted(i for i in ids if i is not None and i % 50)
     assert len(quarantined) == 3 and all(r["order_id"] is None for r in quarantined)
     assert [list(r["_expectations_failed"])[0] for r in quarantined] == ["id_present"] * 3
+    assert set(quarantined[0]) == {"order_id", "customer", "amount", "_expectations_failed"}
     # the same epoch, one commit: each table's one snapshot carries epoch 1
     sinks = {m.sink for m in result.manifests}
     assert sinks == {"orders_table", "orders_table.quarantine"}
@@ -245,3 +246,21 @@ def test_quarantine_after_a_keyed_state_sees_each_row_once(spark: Any, orders: O
     add_orders(orders, "f2", range(31, 61))  # the same customers: nothing new
     second = run_stage(spec("run-2"), spark)
     assert sum(m.rows for m in second.manifests) == 0
+
+
+@pytest.mark.spark
+def test_a_csv_sink_quarantines_into_json_files_beside_it(spark: Any, orders: OrdersPipeline) -> None:
+    import json
+
+    ids = add_orders(orders, "f1", range(1, 21), null_every=7)  # 7 and 14 NULL
+    out = orders.root / "out" / "orders"
+    spec = orders.spec("run-1", stage="tests.spark.test_expectations_stage:write_orders",
+                       sinks={"orders_table": {"path": f"file://{out}", "format": "csv",
+                                               "options": {"header": "true"}, "expectations": id_present(0.5)}})
+    result = run_stage(spec, spark)
+    orders.commit(result)
+    kept = [line.split(",")[0] for f in sorted(out.glob("epoch=*/*.csv")) for line in f.read_text().splitlines()[1:]]
+    quarantined = [json.loads(line) for f in sorted((orders.root / "out" / "orders_quarantine").glob("epoch=*/*.json"))
+                   for line in f.read_text().splitlines()]
+    assert sorted(int(i) for i in kept) == sorted(i for i in ids if i is not None)
+    assert [(q.get("order_id"), q["_expectations_failed"]) for q in quarantined] == [(None, ["id_present"])] * 2
