@@ -93,19 +93,23 @@ class Flagged:
         broke = F.array_compact(F.array(*[F.when(~self._ok(i), F.lit(r.name)) for i, r in enumerate(self.rules)]))
         return self.flagged.where(bad).select(*[F.col(f"`{c}`") for c in self.columns], broke.alias(FAILED_COLUMN))
 
-    def split(self) -> DataFrame:
-        """The rows the sink's job writes when it writes the quarantine too (one job, one pass):
-        without those only a ``drop`` rule removes, with :data:`SPLIT_COLUMN` (true: to the
-        quarantine) and :data:`FAILED_COLUMN` (the rules a quarantined row broke)."""
-        from pyspark.sql import functions as F
+    def split(self) -> tuple[DataFrame, dict[str, str]]:
+        """The rows the sink's job writes when it writes the quarantine too (one job, one
+        pass), and the staged writer's options that split them: the rows without those only
+        a ``drop`` rule removes, with the rules' flags and :data:`SPLIT_COLUMN` (true: to the
+        quarantine). Only booleans travel to the writer, which names a quarantined row's
+        broken rules itself (an array column per row would cost more than the write)."""
+        import json
 
         bad = self._failing(("quarantine",))
         assert bad is not None
         dropped = self._failing(("drop",))
         out = self.observed if dropped is None else self.observed.where(~dropped | bad)
-        broke = F.array_compact(F.array(*[F.when(~self._ok(i), F.lit(r.name)) for i, r in enumerate(self.rules)]))
-        out = out.withColumn(SPLIT_COLUMN, bad).withColumn(FAILED_COLUMN, F.when(bad, broke))
-        return out.drop(*[f"{_FLAG}{i}" for i in range(len(self.rules))])
+        flags = [f"{_FLAG}{i}" for i in range(len(self.rules))]
+        options = {"split_column": SPLIT_COLUMN, "quarantine_columns": json.dumps(self.columns),
+                   "quarantine_rules": json.dumps([[f, r.name] for f, r in zip(flags, self.rules, strict=True)]),
+                   "failed_column": FAILED_COLUMN, "output_drop": json.dumps([SPLIT_COLUMN, *flags])}
+        return out.withColumn(SPLIT_COLUMN, bad), options
 
     def release(self) -> None:
         """Drop the cached rows (after the quarantine was written)."""

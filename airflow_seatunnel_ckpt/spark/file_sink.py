@@ -171,17 +171,11 @@ class FileSink(Sink):
 
     def _stage_with_quarantine(self, flagged: Any) -> int:
         """Stage the kept rows and, in the same job, the quarantined ones into :attr:`quarantine`."""
-        import json
-
-        from airflow_seatunnel_ckpt.core.expectations import FAILED_COLUMN
-        from airflow_seatunnel_ckpt.spark.expectations import SPLIT_COLUMN
-
         assert self.quarantine is not None
-        self._split = {"split_column": SPLIT_COLUMN, "quarantine_path": str(self.quarantine.staging_url),
-                       "quarantine_columns": json.dumps([*flagged.columns, FAILED_COLUMN]),
-                       "output_drop": json.dumps([SPLIT_COLUMN, FAILED_COLUMN])}
+        frame, options = flagged.split()
+        self._split = {**options, "quarantine_path": str(self.quarantine.staging_url)}
         try:
-            staged = self._stage(flagged.split())
+            staged = self._stage(frame)
         finally:
             self._split = {}
         self.expectation_results, bad = flagged.results()

@@ -102,6 +102,10 @@ class StagedParquetWriter(DataSourceArrowWriter):
         self.quarantine_url = options.get("quarantine_path") or None
         self.quarantine_columns: list[str] = json.loads(options.get("quarantine_columns") or "[]")
         self.output_drop: list[str] = json.loads(options.get("output_drop") or "[]")
+        #: ``[flag column, name]`` per rule: a split row's ``failed_column`` lists the names
+        #: of the rules whose flag is false (built here: Spark hands over booleans only).
+        self.quarantine_rules: list[list[str]] = json.loads(options.get("quarantine_rules") or "[]")
+        self.failed_column = options.get("failed_column") or "_expectations_failed"
 
     def write(self, iterator: Iterator[Any]) -> StagedFiles:
         """Store this task's rows; runs on an executor."""
@@ -235,13 +239,22 @@ class _QuarantineFiles:
         w = self.writer
         flags = pc.fill_null(table.column(w.split_column), False)
         if pc.any(flags).as_py():
-            rows = table.filter(flags).select(w.quarantine_columns)
-            self.buffered.append(rows)
+            rows = table.filter(flags)
+            self.buffered.append(self._with_failed(rows))
             self.bytes += rows.nbytes
             if self.bytes >= ROLL_BYTES:
                 self._store()
             table = table.filter(pc.invert(flags))
         return table.drop_columns(w.output_drop)
+
+    def _with_failed(self, rows: Any) -> Any:
+        """``rows``' quarantine columns and the names of the rules each one broke."""
+        import pyarrow as pa
+
+        w = self.writer
+        oks = [(name, rows.column(column).to_pylist()) for column, name in w.quarantine_rules]
+        failed = [[name for name, ok in oks if not ok[i]] for i in range(rows.num_rows)]
+        return rows.select(w.quarantine_columns).append_column(w.failed_column, pa.array(failed, pa.list_(pa.string())))
 
     def _store(self) -> None:
         import pyarrow as pa
