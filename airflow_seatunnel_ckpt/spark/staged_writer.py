@@ -17,6 +17,10 @@ columns within each task first (as Spark does), so a task holds one open file at
 Used by :class:`~airflow_seatunnel_ckpt.spark.file_sink.FileSink` for Parquet with at
 most a ``compression`` option and partition columns of the types in
 :func:`supported_partition_type`; everything else is written by Spark's writer.
+
+With the ``split_column`` option the writer also stages a sink's quarantine: rows whose
+flag is true go, with the names of the rules they broke, to Parquet files of their own in
+``quarantine_path`` (with their own file list), in the same job (:mod:`.expectations`).
 """
 
 from __future__ import annotations
