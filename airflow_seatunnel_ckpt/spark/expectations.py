@@ -40,9 +40,13 @@ def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) 
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, NullType
 
-    for rule in rules:
+    try:  # one analysis for every rule; one per rule only to name the one that is wrong
+        fields = df.select(*[F.expr(r.expr).alias(f"ok{i}") for i, r in enumerate(rules)]).schema.fields
+    except (AnalysisException, ParseException):
+        fields = []
+    for i, rule in enumerate(rules):
         try:
-            field = df.select(F.expr(rule.expr).alias("ok")).schema.fields[0]
+            field = fields[i] if fields else df.select(F.expr(rule.expr).alias("ok")).schema.fields[0]
         except (AnalysisException, ParseException) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ConfigError(
