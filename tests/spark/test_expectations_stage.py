@@ -264,3 +264,18 @@ def test_a_csv_sink_quarantines_into_json_files_beside_it(spark: Any, orders: Or
                    for line in f.read_text().splitlines()]
     assert sorted(int(i) for i in kept) == sorted(i for i in ids if i is not None)
     assert [(q.get("order_id"), q["_expectations_failed"]) for q in quarantined] == [(None, ["id_present"])] * 2
+
+
+@pytest.mark.spark
+def test_a_delta_sink_quarantines_into_a_delta_table_beside_it(spark: Any, orders: OrdersPipeline) -> None:
+    from tests.tables import duckdb_delta_rows
+
+    ids = add_orders(orders, "f1", range(1, 51), null_every=10)  # 5 NULL ids
+    uri = f"file://{orders.root / 'delta' / 'orders'}"
+    spec = orders.spec("run-1", stage="tests.spark.test_expectations_stage:write_orders",
+                       sinks={"orders_table": {"type": "delta", "path": uri, "expectations": id_present(0.2)}})
+    orders.commit(run_stage(spec, spark))
+    kept = duckdb_delta_rows(uri, "order_id")
+    quarantined = duckdb_delta_rows(f"{uri}_quarantine", "amount")
+    assert [r[0] for r in kept] == sorted(i for i in ids if i is not None)
+    assert [(r[0], list(r[-1])) for r in quarantined] == [(None, ["id_present"])] * 5
