@@ -49,3 +49,20 @@ def test_page_rows_show_each_rules_failing_fraction_and_the_refused_epoch_aborte
     assert "orders.id_present 3.0% (3/100)" in html
     assert '<span class="bad" title="quarantine: order_id IS NOT NULL -- expectation' in html
     assert "orders.id_present 9.0% (9/100)" in html
+
+
+def test_commit_branch_aborts_an_epoch_its_expectations_refuse_as_a_failed_check(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.operators.branch import CHECK_FAILED, CommitBranchOperator
+
+    url = f"file://{tmp_path}/ckpt"
+    p = CheckpointStore.from_url(url).pipeline("orders")
+    epoch = _prepare_with_rule(p, "run-1", failed=9)
+    branch = CommitBranchOperator(task_id="decide", pipeline="orders", storage_url=url, participants=["ingest"],
+                                  commit_task_id="commit", abort_task_id="abort", fallback_task_id="quarantine")
+    verdict = branch.evaluate(p.status(epoch))
+    assert verdict.decision is Decision.ABORT
+    assert verdict.reason.startswith(f"{CHECK_FAILED}expectations failed: expectation 'id_present' of sink "
+                                     "'orders': 9 of 100 rows failed (9.0%), over max_fraction 5.0%")
+    ok = _prepare_with_rule(CheckpointStore.from_url(f"file://{tmp_path}/other").pipeline("orders"), "run-1", 3)
+    assert branch.evaluate(CheckpointStore.from_url(f"file://{tmp_path}/other").pipeline("orders").status(ok)
+                           ).decision is Decision.COMMIT
