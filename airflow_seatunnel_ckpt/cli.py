@@ -43,6 +43,8 @@ from typing import Any, NoReturn
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.expectations import describe as describe_expectation
+from airflow_seatunnel_ckpt.core.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.models import EpochStatus, PublishedSink
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
@@ -193,7 +195,8 @@ def _epoch_entry(p: StoredPipeline, epoch: int) -> tuple[dict[str, Any], dict[st
                  "rows": "?", "decision": f"DAMAGED record {where}"})
     logical_date = s.begin.logical_date if s.begin else ""
     rows = _rows_per_sink(s)
-    data = {**s.to_dict(), "logical_date": logical_date or None, "rows": rows}
+    data = {**s.to_dict(), "logical_date": logical_date or None, "rows": rows,
+            "expectations": expectation_summary(s.prepared.values())}
     row = {"epoch": s.epoch, "state": s.state.value, "logical_date": logical_date or "-", "run_id": s.run_id,
            "participants": ",".join(f"{k}@{v.attempt}" for k, v in sorted(s.prepared.items())) or "-",
            "rows": ",".join(f"{sink}={n}" for sink, n in rows.items()) or "-",
@@ -244,8 +247,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         data: dict[str, Any] = {"status": summary, "damaged": True}
     else:
         published = status.published
-        data = {"status": status.to_dict()}
+        rules = expectation_summary(status.prepared.values())
+        data = {"status": status.to_dict(), "expectations": rules}
         lines = [f"pipeline {p.name} epoch {args.epoch}: {status.state.value} (run {status.run_id})"]
+        lines += [f"  expectation {describe_expectation(rule)}" for rule in rules]
     if p.checkpoints.has_metadata(args.epoch):
         try:
             meta = p.checkpoints.read_metadata(args.epoch)

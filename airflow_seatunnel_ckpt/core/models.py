@@ -229,6 +229,45 @@ class SourceState:
 
 
 @dataclass(frozen=True)
+class ExpectationResult:
+    """One data-quality rule of a sink, measured on the rows an attempt staged.
+
+    ``checked`` rows were evaluated, ``failed`` of them did not satisfy ``expr`` (false or
+    NULL). The thresholds are the rule's as declared (None: none), so the decision needs
+    nothing but the prepared record.
+    """
+
+    name: str
+    expr: str
+    on_fail: str  #: ``warn`` | ``drop`` | ``quarantine`` | ``fail``
+    checked: int
+    failed: int
+    max_fraction: float | None = None
+    max_rows: int | None = None
+
+    @property
+    def fraction(self) -> float:
+        """Failed rows over checked rows (0.0 when nothing was checked)."""
+        return self.failed / self.checked if self.checked else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "expr": self.expr, "on_fail": self.on_fail,
+                               "checked": self.checked, "failed": self.failed}
+        if self.max_fraction is not None:
+            out["max_fraction"] = self.max_fraction
+        if self.max_rows is not None:
+            out["max_rows"] = self.max_rows
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> ExpectationResult:
+        return cls(_get(d, "name", str, path), _get(d, "expr", str, path), _get(d, "on_fail", str, path),
+                   _get(d, "checked", int, path), _get(d, "failed", int, path),
+                   _get(d, "max_fraction", (int, float), path, optional=True),
+                   _get(d, "max_rows", int, path, optional=True))
+
+
+@dataclass(frozen=True)
 class SinkManifest:
     """What one sink staged in one attempt: the files to publish, with sizes and rows."""
 
@@ -243,6 +282,9 @@ class SinkManifest:
     #: commit adds the staged files to that table in one transaction instead of publishing
     #: ``<target_url>/epoch=<e>/`` (see :mod:`core.tables`). None for a file sink.
     table: Mapping[str, Any] | None = None
+    #: The sink's expectations as measured when the rows were staged (see
+    #: :mod:`core.expectations`); empty when the sink declares none (stored only when not).
+    expectations: tuple[ExpectationResult, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -267,6 +309,8 @@ class SinkManifest:
             out["mode"] = self.mode.value
         if self.table is not None:
             out["table"] = dict(self.table)
+        if self.expectations:
+            out["expectations"] = [e.to_dict() for e in self.expectations]
         return out
 
     @classmethod
@@ -284,8 +328,10 @@ class SinkManifest:
         table = _get(d, "table", dict, path, optional=True)
         if table is not None and not isinstance(table.get("type"), str):
             raise CorruptCheckpointError(f"{path}: a table sink's options must name its type, found {table!r}", path)
+        expectations = tuple(ExpectationResult.from_dict(e, path)
+                             for e in _get(d, "expectations", list, path, optional=True) or [])
         return cls(_get(d, "sink", str, path), _get(d, "target_url", str, path), _get(d, "staging", str, path),
-                   files, _get(d, "rows", int, path), _get(d, "format", str, path), mode, table)
+                   files, _get(d, "rows", int, path), _get(d, "format", str, path), mode, table, expectations)
 
 
 @dataclass(frozen=True)

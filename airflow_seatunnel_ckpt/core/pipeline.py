@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core import layout, markers, replication, source_log, staging
+from airflow_seatunnel_ckpt.core import expectations, layout, markers, replication, source_log, staging
 from airflow_seatunnel_ckpt.core.checkpoint import CheckpointManager, Problem, write_json_part
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import (
@@ -367,6 +367,10 @@ class Pipeline:
         if existing is not None:
             return existing
         winners: dict[str, int] = {}
+        if decision is Decision.COMMIT:
+            refused = expectations.refusals(self.txlog.prepared(epoch).values())
+            if refused:  # the data-quality rules the stages measured veto the commit
+                decision, reason = Decision.ABORT, expectations.REFUSED + "; ".join(refused)
         if decision is Decision.COMMIT:
             try:
                 meta = self._complete_checkpoint(epoch, participants, verify_all)

@@ -92,7 +92,8 @@ def commit_lineage(*, pipeline_name: str, sink_targets: Mapping[str, str], pipel
     facts.attempts = {name: record.attempt for name, record in sorted(status.prepared.items())}
     manifests = [m for record in status.prepared.values() for m in record.sinks]
     if any(sink.published for sink in status.published):
-        outputs = published_output_datasets(status.published, {m.sink: m.table for m in manifests})
+        outputs = published_output_datasets(status.published, {m.sink: m.table for m in manifests},
+                                            {m.sink: m.expectations for m in manifests})
     else:
         outputs = declared_output_datasets({m.sink: (m.target_url, m.table) for m in manifests})
     return operator_lineage(_consumed_inputs(pipeline, status), outputs, facts)

@@ -15,12 +15,12 @@ the operators' methods, and :data:`CheckpointEpochRunFacet` is ``None`` without 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.config import redact_url
-from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest, SourceState
+from airflow_seatunnel_ckpt.core.models import ExpectationResult, PublishedSink, SinkManifest, SourceState
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 from airflow_seatunnel_ckpt.lineage.naming import dataset_name, source_url
 
@@ -136,16 +136,19 @@ def staged_output_datasets(manifests: Iterable[SinkManifest]) -> list[Any]:
         ds = dataset_name(manifest.target_url)
         stats = OutputStatisticsOutputDatasetFacet(rowCount=manifest.rows, size=manifest.bytes,
                                                    fileCount=len(manifest.files))
-        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=_sink_facets(manifest.table),
+        facets = {**_sink_facets(manifest.table), **quality_facets(manifest.expectations)}
+        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=facets,
                                  outputFacets={"outputStatistics": stats}))
     return _unique(out)
 
 
 def published_output_datasets(published: Iterable[PublishedSink],
-                              tables: Mapping[str, Mapping[str, Any] | None]) -> list[Any]:
+                              tables: Mapping[str, Mapping[str, Any] | None],
+                              quality: Mapping[str, Sequence[ExpectationResult]] | None = None) -> list[Any]:
     """``OutputDataset`` per sink that published something, with its published statistics.
 
     ``tables``: sink name -> the sink's table options (from its manifest), for the table
+    facets; ``quality``: sink name -> its measured expectations, for the data-quality
     facets. A sink that published nothing (empty, not written) is not an output.
     """
     from airflow.providers.common.compat.openlineage.facet import (
@@ -159,7 +162,8 @@ def published_output_datasets(published: Iterable[PublishedSink],
             continue
         ds = dataset_name(sink.target_url)
         stats = OutputStatisticsOutputDatasetFacet(rowCount=sink.rows, size=sink.bytes, fileCount=sink.files)
-        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=_sink_facets(tables.get(sink.sink)),
+        facets = {**_sink_facets(tables.get(sink.sink)), **quality_facets((quality or {}).get(sink.sink, ()))}
+        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=facets,
                                  outputFacets={"outputStatistics": stats}))
     return _unique(out)
 
@@ -232,6 +236,39 @@ def _table_facets(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
             metadataUri=redact_url(uri) if isinstance(uri, str) else None,
             warehouseUri=redact_url(warehouse) if isinstance(warehouse, str) else None, source="pyiceberg")
     return facets
+
+
+def quality_facets(results: Sequence[ExpectationResult]) -> dict[str, Any]:
+    """The standard ``dataQualityMetrics`` and ``dataQualityAssertions`` facets of a sink's
+    measured expectations (none when it declares no expectation).
+
+    One assertion per rule: ``success`` when no row failed it, ``actual`` the failed rows,
+    ``expected`` its threshold, ``content`` the Spark SQL expression; the metrics' ``rowCount``
+    is the rows checked.
+    """
+    if not results:
+        return {}
+    from openlineage.client.generated.data_quality_assertions_dataset import (
+        Assertion,
+        DataQualityAssertionsDatasetFacet,
+    )
+    from openlineage.client.generated.data_quality_metrics_dataset import DataQualityMetricsDatasetFacet
+
+    from airflow_seatunnel_ckpt.core.expectations import refusal
+
+    assertions = []
+    for r in results:
+        limits = [f"max_fraction={r.max_fraction}"] if r.max_fraction is not None else []
+        limits += [f"max_rows={r.max_rows}"] if r.max_rows is not None else []
+        assertions.append(Assertion(
+            assertion=r.name, name=r.name, success=r.failed == 0,
+            severity="error" if r.on_fail == "fail" or limits else "warn",
+            description=f"on_fail={r.on_fail}", content=r.expr, contentType="sql",
+            actual=str(r.failed), expected=", ".join(limits) or ("0" if r.on_fail == "fail" else None),
+            params={"on_fail": r.on_fail, "checked": r.checked, "failed": r.failed, "fraction": r.fraction,
+                    "refused": refusal("", r) is not None}))
+    return {"dataQualityMetrics": DataQualityMetricsDatasetFacet(columnMetrics={}, rowCount=results[0].checked),
+            "dataQualityAssertions": DataQualityAssertionsDatasetFacet(assertions=assertions)}
 
 
 def _sink_facets(table: Mapping[str, Any] | None) -> dict[str, Any]:

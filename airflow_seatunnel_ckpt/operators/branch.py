@@ -10,6 +10,7 @@ from airflow.sdk import BaseBranchOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, NotPreparedError
+from airflow_seatunnel_ckpt.core.expectations import REFUSED, refusals
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState, EpochStatus
 from airflow_seatunnel_ckpt.core.pipeline import SINK_REFUSED
 from airflow_seatunnel_ckpt.operators.base import (
@@ -117,7 +118,7 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         return self._route(record)
 
     def evaluate(self, status: EpochStatus) -> Verdict:
-        """Commit unless a participant is missing or a user check fails."""
+        """Commit unless a participant is missing, a sink's expectations refuse the epoch or a user check fails."""
         if status.state is not EpochState.PREPARED:
             return Verdict(Decision.ABORT, f"epoch {status.epoch} is {status.state.value}, "
                                            "not PREPARED")
@@ -138,6 +139,9 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         if self.max_rows is not None and rows > self.max_rows:
             return Verdict(Decision.ABORT, f"{CHECK_FAILED}{rows} rows staged over all sinks ({staged}), more "
                                            f"than the maximum {self.max_rows}")
+        refused = refusals(status.prepared.values())
+        if refused:
+            return Verdict(Decision.ABORT, f"{CHECK_FAILED}{REFUSED}{'; '.join(refused)}")
         if self.check is not None:
             name = getattr(self.check, "__name__", repr(self.check))
             outcome = self.check(status)

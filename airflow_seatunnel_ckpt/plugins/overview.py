@@ -43,6 +43,8 @@ class EpochRow:
     #: Attempts launched through spark-submit: where from, and how spark-submit ended.
     submissions: list[str] = field(default_factory=list)
     damaged: str = ""  #: the damaged record's message (naming the file)
+    #: Each sink rule's counts (``core.expectations.summary``): the failing fraction per rule.
+    expectations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def abortable(self) -> bool:
@@ -88,6 +90,7 @@ def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
     status = p.status(epoch)
     row.dag_id = status.begin.dag_id if status.begin else ""
     row.rows = dict(data.get("rows") or {})
+    row.expectations = list(data.get("expectations") or [])
     row.files = _files_per_sink(status)
     row.checkpoint_bytes = _checkpoint_bytes(p, epoch)
     row.submissions = [_describe_submission(record, ended, status.state)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import SinkMode
@@ -19,7 +20,8 @@ class DeltaSink(TableSink):
     Options: ``path`` (the table's URL: a local path, ``file://`` or ``s3://``/``s3a://``;
     the table is created by the first epoch that has rows), ``partition_by`` (partition
     columns of a new table; an existing table's must match), ``mode`` (``changes``
-    appends each epoch, ``snapshot`` replaces the table's rows in the same version).
+    appends each epoch, ``snapshot`` replaces the table's rows in the same version),
+    ``expectations`` (data-quality rules on the rows written, docs/EXPECTATIONS.md).
     Credentials are never options: the commit reuses the checkpoint store's when the
     table is on the same protocol, or takes them from a registered secret resolver.
     See docs/tables/delta.md.
@@ -28,7 +30,8 @@ class DeltaSink(TableSink):
     table_type = "delta"
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str] | None = None,
-                 mode: str = SinkMode.CHANGES.value, merge_keys: Sequence[str] | None = None) -> None:
+                 mode: str = SinkMode.CHANGES.value, merge_keys: Sequence[str] | None = None,
+                 expectations: Mapping[str, Any] | None = None) -> None:
         url = fsspec_url(path).rstrip("/")
         protocol = url.split("://", 1)[0]
         if protocol not in TABLE_PROTOCOLS:
@@ -39,4 +42,8 @@ class DeltaSink(TableSink):
             raise ConfigError(f"delta sink {name!r}: merge_keys {keys} with mode 'snapshot': a snapshot replaces the "
                               "whole table, an upsert replaces rows by key. Choose one")
         super().__init__(name, url, {"uri": url, **({"merge_keys": keys} if keys else {})},
-                         partition_by=partition_by, mode=mode)
+                         partition_by=partition_by, mode=mode, expectations=expectations)
+
+    def quarantine_options(self) -> dict[str, Any] | None:
+        """A table ``<path>_quarantine`` beside this one."""
+        return {"type": "delta", "path": f"{self.target_url}_quarantine"}

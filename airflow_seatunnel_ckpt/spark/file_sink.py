@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
-from airflow_seatunnel_ckpt.core.models import SinkMode
+from airflow_seatunnel_ckpt.core.expectations import Expectation, parse_expectations
+from airflow_seatunnel_ckpt.core.models import ExpectationResult, SinkMode
 from airflow_seatunnel_ckpt.spark.file_source import FILE_FORMATS
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 
@@ -43,6 +44,12 @@ class Sink:
         #: fsspec options of the store holding the staging (for executors writing it).
         self.staging_options: dict[str, Any] = {}
         self.rows: int | None = None
+        #: Data-quality rules on the rows written (the ``expectations`` option), their
+        #: measured counts once written, and the sink taking the quarantined rows (bound
+        #: by the runner when a rule quarantines).
+        self.expectations: tuple[Expectation, ...] = ()
+        self.expectation_results: tuple[ExpectationResult, ...] = ()
+        self.quarantine: Sink | None = None
         try:
             self.mode = SinkMode(mode)
         except ValueError:
@@ -66,13 +73,18 @@ class Sink:
         """Stage ``df``; returns the number of rows written."""
         raise NotImplementedError
 
+    def quarantine_options(self) -> dict[str, Any] | None:
+        """The options of the sink taking this sink's quarantined rows (None: it has none)."""
+        return None
+
 
 class FileSink(Sink):
     """Files in a directory (any fsspec URL Spark can write): parquet, json, csv or orc.
 
     Options (the stage spec's ``sinks.<name>`` mapping): ``path`` (required, the target
     directory), ``format`` (``parquet`` default), ``options`` (writer options, passed to
-    Spark untouched), ``partition_by`` (columns), ``mode``:
+    Spark untouched), ``partition_by`` (columns), ``expectations`` (data-quality rules on
+    the rows written, see :mod:`core.expectations`), ``mode``:
 
     * ``"changes"`` (default): every epoch's rows are published into their own
       ``<path>/epoch=<e>/`` beside the earlier epochs'; reading ``<path>`` gives every
@@ -95,25 +107,29 @@ class FileSink(Sink):
         options: Mapping[str, Any] | None = None,
         partition_by: Sequence[str] | None = None,
         mode: str = SinkMode.CHANGES.value,
+        expectations: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(name, fsspec_url(path).rstrip("/"), mode)
+        self.expectations = parse_expectations(name, expectations)
         if format not in FILE_FORMATS:
             raise ConfigError(
                 f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
             )
         self.format = format
+        #: The staged writer's split options while the sink's job writes its quarantine too.
+        self._split: dict[str, str] = {}
         self.options = {k: str(v) for k, v in (options or {}).items()}
         self.partition_by = list(partition_by or [])
 
     def write(self, df: DataFrame) -> int:
         """Write ``df`` into the attempt's staging directory, counting rows on the way.
 
-        The count is an observed metric of the same job, not a second pass over the data.
-        Writing the same sink twice in one stage is refused (union the DataFrames instead).
+        The count is an observed metric of the same job, not a second pass over the data,
+        and so are the failures of each expectation (:mod:`.expectations`): the rows a
+        ``drop`` or ``quarantine`` rule removes are not staged, and the quarantined ones
+        are staged into :attr:`quarantine`. Writing the same sink twice in one stage is
+        refused (union the DataFrames instead).
         """
-        from pyspark.sql import Observation
-        from pyspark.sql import functions as F
-
         if self.staging_url is None:
             raise SinkError(f"sink {self.name!r} is not bound to a staging directory")
         if self.written:
@@ -121,6 +137,58 @@ class FileSink(Sink):
                 f"sink {self.name!r} was already written in this stage; union the DataFrames and "
                 "write once"
             )
+        if not self.expectations:
+            self.rows = self._stage(df)
+            return self.rows
+        from airflow_seatunnel_ckpt.spark import expectations
+
+        quarantines = any(rule.on_fail == "quarantine" for rule in self.expectations)
+        if quarantines and self.quarantine is None:
+            raise SinkError(f"sink {self.name!r} quarantines rows but has no quarantine sink bound")
+        one_pass = quarantines and self._writes_quarantine_too(df)
+        flagged = expectations.flag(self.name, self.expectations, df, cache=not one_pass)
+        if one_pass:
+            self.rows = self._stage_with_quarantine(flagged)
+            return self.rows
+        quarantined = flagged.quarantined
+        try:
+            rows = self._stage(flagged.kept)
+            self.expectation_results, bad = flagged.results()
+            if quarantined is not None and self.quarantine is not None and bad:
+                self.quarantine.write(quarantined)  # the same flags: each failing row lands here, once
+        finally:
+            flagged.release()
+        self.rows = rows
+        return rows
+
+    def _writes_quarantine_too(self, df: DataFrame) -> bool:
+        """Whether this sink's job can stage its quarantine's rows too (both Parquet staged by
+        :mod:`.staged_writer` into the same store)."""
+        q = self.quarantine
+        return (isinstance(q, FileSink) and q.staging_url is not None and q.format == "parquet"
+                and not q.options and not q.partition_by and q.staging_options == self.staging_options
+                and self._checksummed_on_executors(df))
+
+    def _stage_with_quarantine(self, flagged: Any) -> int:
+        """Stage the kept rows and, in the same job, the quarantined ones into :attr:`quarantine`."""
+        assert self.quarantine is not None
+        frame, options = flagged.split()
+        self._split = {**options, "quarantine_path": str(self.quarantine.staging_url)}
+        try:
+            staged = self._stage(frame)
+        finally:
+            self._split = {}
+        self.expectation_results, bad = flagged.results()
+        if bad:
+            self.quarantine.rows = bad  # staged by this job (its file list too)
+        return staged - bad
+
+    def _stage(self, df: DataFrame) -> int:
+        """Stage ``df`` as this sink's output; the number of rows (an observed metric of the write)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        assert self.staging_url is not None
         observation = Observation(f"sink_{self.name}_{uuid.uuid4().hex[:8]}")
         observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
         if self._checksummed_on_executors(df):
@@ -132,8 +200,12 @@ class FileSink(Sink):
             if self.partition_by:
                 writer = writer.partitionBy(*self.partition_by)
             writer.save(hadoop_path(self.staging_url))
-        self.rows = int(observation.get.get("rows", 0))
-        return self.rows
+        return int(observation.get.get("rows", 0))
+
+    def quarantine_options(self) -> dict[str, Any] | None:
+        """A directory ``<path>_quarantine`` in the sink's format (JSON for CSV: it holds an array column)."""
+        return {"type": "file", "path": f"{self.target_url}_quarantine",
+                "format": "json" if self.format == "csv" else self.format}
 
     def _checksummed_on_executors(self, df: DataFrame) -> bool:
         """Whether :mod:`.staged_writer` writes this output exactly as Spark's Parquet writer would lay it out."""
@@ -160,4 +232,5 @@ class FileSink(Sink):
          .option(staged_writer.OPTIONS_KEY, json.dumps(self.staging_options))
          .option("partition_by", json.dumps(self.partition_by))
          .option("compression", str(self.options.get("compression", "snappy")))
+         .options(**self._split)
          .save())

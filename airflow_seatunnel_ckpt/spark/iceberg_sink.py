@@ -31,6 +31,7 @@ class IcebergSink(TableSink):
     :param partition_by: identity partition columns of the table.
     :param mode: ``changes`` (each epoch appends) or ``snapshot`` (each epoch replaces the
         table's rows, in one snapshot).
+    :param expectations: data-quality rules on the rows written (docs/EXPECTATIONS.md).
     :param merge_keys: upsert key columns (as the Delta sink's) (``changes`` mode only): each epoch's rows replace the
         table's rows with the same key, in the epoch's one transaction, so a "totals per
         customer" table read directly is always current. One row per key per epoch.
@@ -41,7 +42,7 @@ class IcebergSink(TableSink):
     def __init__(self, name: str, table: str, catalog: Mapping[str, Any] | None = None,
                  catalog_name: str = "default", catalog_conn_id: str | None = None,
                  partition_by: Sequence[str] | None = None, mode: str = SinkMode.CHANGES.value,
-                 merge_keys: Sequence[str] | None = None) -> None:
+                 merge_keys: Sequence[str] | None = None, expectations: Mapping[str, Any] | None = None) -> None:
         props = checked_table_options(
             f"iceberg sink {name!r}", table, catalog,
             "Put them in an Airflow connection and name it in catalog_conn_id (its extras are pyiceberg "
@@ -59,4 +60,14 @@ class IcebergSink(TableSink):
             options["catalog_conn_id"] = catalog_conn_id
         if keys:
             options["merge_keys"] = keys
-        super().__init__(name, f"iceberg://{catalog_name}/{table}", options, partition_by=partition_by, mode=mode)
+        super().__init__(name, f"iceberg://{catalog_name}/{table}", options, partition_by=partition_by, mode=mode,
+                         expectations=expectations)
+
+    def quarantine_options(self) -> dict[str, Any] | None:
+        """A table ``<namespace>.<name>_quarantine`` beside this one, in the same catalog."""
+        assert self.table is not None
+        options = {"type": "iceberg", "table": f"{self.table['identifier']}_quarantine",
+                   "catalog": self.table["catalog"], "catalog_name": self.table["catalog_name"]}
+        if self.table.get("catalog_conn_id"):
+            options["catalog_conn_id"] = self.table["catalog_conn_id"]
+        return options

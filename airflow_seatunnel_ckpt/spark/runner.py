@@ -14,7 +14,7 @@
    participant's prepared record (the write-ahead log). A stale attempt is fenced.
 
 Longer than ~400 lines because it is the stage's one sequence, read top to bottom; each
-step beside it (the lease, the input plan, the quarantine sink, the state-shape check)
+step beside it (the lease, the input plan, the quarantine sinks, the state-shape check)
 is a short function it calls in order, kept here so the order is visible in one place.
 """
 
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, FencedAttemptError
+from airflow_seatunnel_ckpt.core.expectations import QUARANTINE_SUFFIX as QUARANTINE_SUFFIX_EXPECTATIONS
 from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.models import OperatorState, SinkManifest
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
@@ -150,6 +151,7 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
         raise SourceError(f"pipeline {spec.pipeline!r} epoch {epoch}: {exc}") from exc
     sinks = _bound_sinks(pipeline, epoch, spec)
     quarantines = _quarantine_sinks(pipeline, epoch, spec, sources, sinks)
+    rejected = _expectation_quarantines(pipeline, epoch, spec, sinks, quarantines)
     bound = {name: BoundSource(session, src, offsets[name], quarantines.get(name), epoch)
              for name, src in sources.items()}
     ctx = StageContext(
@@ -188,13 +190,15 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
     operators = {**_owned_operators(pipeline, base, spec.participant), **operators}
     manifests: list[SinkManifest] = []
     not_written: list[str] = []
-    for name, sink in [*sinks.items(), *((q.name, q) for q in quarantines.values() if q.written)]:
+    for name, sink in [*sinks.items(),
+                       *((q.name, q) for q in [*quarantines.values(), *rejected] if q.written)]:
         if sink.written:
             assert sink.rows is not None
             manifest = pipeline.manifest_for_staged(
                 epoch, spec.attempt, name, sink.target_url, sink.rows, sink.format
             )
-            manifests.append(dataclasses.replace(manifest, mode=sink.mode, table=sink.table))
+            manifests.append(dataclasses.replace(manifest, mode=sink.mode, table=sink.table,
+                                                 expectations=sink.expectation_results))
         else:
             not_written.append(name)
             log.warning(
@@ -342,6 +346,31 @@ def _quarantine_sinks(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: 
         sink = sink_from_options(sink_name, {"type": "file", "path": target, "format": "json"})
         sink.bind(pipeline.staging_url(epoch, spec.attempt, sink_name), pipeline.storage.storage_options)
         out[name] = sink
+    return out
+
+
+def _expectation_quarantines(pipeline: Pipeline, epoch: int, spec: StageSpec, sinks: Mapping[str, Sink],
+                             taken: Mapping[str, Sink]) -> list[Sink]:
+    """Per sink with a ``quarantine`` expectation: the sink ``<sink>.quarantine`` beside it
+    (a table or directory, :meth:`Sink.quarantine_options`) into which it stages the rows
+    it quarantines, published in the same commit as the sink."""
+    out: list[Sink] = []
+    names = {*sinks, *(q.name for q in taken.values())}
+    for name, sink in sinks.items():
+        if not any(rule.on_fail == "quarantine" for rule in sink.expectations):
+            continue
+        sink_name = f"{name}{QUARANTINE_SUFFIX_EXPECTATIONS}"
+        options = sink.quarantine_options()
+        if options is None:
+            raise ConfigError(f"stage spec: sink {name!r} (type {spec.sinks[name].get('type', 'file')!r}) has no "
+                              "quarantine; use on_fail 'drop' instead of 'quarantine'")
+        if sink_name in names:
+            raise ConfigError(f"stage spec: sink {sink_name!r} is the quarantine of sink {name!r} (its "
+                              "expectations); rename the sink")
+        quarantine = sink_from_options(sink_name, options)
+        quarantine.bind(pipeline.staging_url(epoch, spec.attempt, sink_name), pipeline.storage.storage_options)
+        sink.quarantine = quarantine
+        out.append(quarantine)
     return out
 
 

@@ -17,6 +17,10 @@ columns within each task first (as Spark does), so a task holds one open file at
 Used by :class:`~airflow_seatunnel_ckpt.spark.file_sink.FileSink` for Parquet with at
 most a ``compression`` option and partition columns of the types in
 :func:`supported_partition_type`; everything else is written by Spark's writer.
+
+With the ``split_column`` option the writer also stages a sink's quarantine: rows whose
+flag is true go, with the names of the rules they broke, to Parquet files of their own in
+``quarantine_path`` (with their own file list), in the same job (:mod:`.expectations`).
 """
 
 from __future__ import annotations
@@ -67,9 +71,11 @@ def partition_dir_value(value: Any) -> str:
 
 @dataclass
 class StagedFiles(WriterCommitMessage):
-    """One task's commit message: the files it stored, relative to the staging directory."""
+    """One task's commit message: the files it stored, relative to the staging directory
+    (and, when the rows are split, the quarantined rows' files, relative to theirs)."""
 
     files: list[dict[str, Any]] = field(default_factory=list)
+    quarantined: list[dict[str, Any]] = field(default_factory=list)
 
 
 class StagedParquetSource(DataSource):
@@ -93,6 +99,17 @@ class StagedParquetWriter(DataSourceArrowWriter):
         self.storage_options = json.loads(options.get(OPTIONS_KEY) or "{}")
         self.partition_by = json.loads(options.get("partition_by") or "[]")
         self.compression = COMPRESSIONS[(options.get("compression") or "snappy").lower()]
+        #: Split: rows whose boolean column ``split_column`` is true are not output; their
+        #: ``quarantine_columns`` go to files of their own in ``quarantine_path`` (one job
+        #: writes a sink and its quarantine, see :mod:`.expectations`).
+        self.split_column = options.get("split_column") or None
+        self.quarantine_url = options.get("quarantine_path") or None
+        self.quarantine_columns: list[str] = json.loads(options.get("quarantine_columns") or "[]")
+        self.output_drop: list[str] = json.loads(options.get("output_drop") or "[]")
+        #: ``[flag column, name]`` per rule: a split row's ``failed_column`` lists the names
+        #: of the rules whose flag is false (built here: Spark hands over booleans only).
+        self.quarantine_rules: list[list[str]] = json.loads(options.get("quarantine_rules") or "[]")
+        self.failed_column = options.get("failed_column") or "_expectations_failed"
 
     def write(self, iterator: Iterator[Any]) -> StagedFiles:
         """Store this task's rows; runs on an executor."""
@@ -142,8 +159,13 @@ class StagedParquetWriter(DataSourceArrowWriter):
                 current[2].write_table(pa.concat_tables(buffered), row_group_size=ROW_GROUP_ROWS)
             buffered, buffered_rows, buffered_bytes = [], 0, 0
 
+        quarantine = _QuarantineFiles(self, task, token) if self.split_column else None
         for batch in iterator:
             table = pa.Table.from_batches([batch])
+            if quarantine is not None:
+                table = quarantine.take(table)
+                if table.num_rows == 0:
+                    continue
             for part_dir, rows in self._by_partition(table):
                 if current is not None and part_dir != directory:
                     write_buffered()
@@ -161,7 +183,7 @@ class StagedParquetWriter(DataSourceArrowWriter):
                         close()
         write_buffered()
         close()
-        return StagedFiles(stored)
+        return StagedFiles(stored, quarantine.finish() if quarantine is not None else [])
 
     def _by_partition(self, table: Any) -> Iterator[tuple[str, Any]]:
         """``(directory, rows without the partition columns)`` for each run of equal partition values.
@@ -197,6 +219,71 @@ class StagedParquetWriter(DataSourceArrowWriter):
         files = sorted((f for m in messages if m is not None for f in m.files), key=lambda f: f["path"])
         payload = json.dumps({"files": files}, separators=(",", ":")).encode()
         open_storage(self.url, self.storage_options).write_atomic(FILES_LIST, payload)
+        if self.quarantine_url:
+            files = sorted((f for m in messages if m is not None for f in m.quarantined), key=lambda f: f["path"])
+            payload = json.dumps({"files": files}, separators=(",", ":")).encode()
+            open_storage(self.quarantine_url, self.storage_options).write_atomic(FILES_LIST, payload)
+
+
+class _QuarantineFiles:
+    """The rows a task splits off into the quarantine directory: buffered, stored as
+    Parquet files of up to :data:`ROLL_BYTES`, each with its CRC32C (runs on an executor)."""
+
+    def __init__(self, writer: StagedParquetWriter, task: str, token: str) -> None:
+        assert writer.quarantine_url is not None and writer.split_column is not None
+        self.writer, self.task, self.token = writer, task, token
+        self.buffered: list[Any] = []
+        self.bytes = 0
+        self.stored: list[dict[str, Any]] = []
+
+    def take(self, table: Any) -> Any:
+        """Keep ``table``'s split rows; the rest, without the split columns, for the output."""
+        import pyarrow.compute as pc
+
+        w = self.writer
+        flags = pc.fill_null(table.column(w.split_column), False)
+        if pc.any(flags).as_py():
+            rows = table.filter(flags)
+            self.buffered.append(self._with_failed(rows))
+            self.bytes += rows.nbytes
+            if self.bytes >= ROLL_BYTES:
+                self._store()
+            table = table.filter(pc.invert(flags))
+        return table.drop_columns(w.output_drop)
+
+    def _with_failed(self, rows: Any) -> Any:
+        """``rows``' quarantine columns and the names of the rules each one broke."""
+        import pyarrow as pa
+
+        w = self.writer
+        oks = [(name, rows.column(column).to_pylist()) for column, name in w.quarantine_rules]
+        failed = [[name for name, ok in oks if not ok[i]] for i in range(rows.num_rows)]
+        return rows.select(w.quarantine_columns).append_column(w.failed_column, pa.array(failed, pa.list_(pa.string())))
+
+    def _store(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from airflow_seatunnel_ckpt.core.codec import crc32c
+        from airflow_seatunnel_ckpt.core.storage import open_storage
+
+        if not self.buffered:
+            return
+        w = self.writer
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.concat_tables(self.buffered), sink, compression=w.compression, row_group_size=ROW_GROUP_ROWS)
+        data = sink.getvalue()
+        codec = "" if w.compression == "none" else f".{w.compression}"
+        path = f"part-{self.task}-{self.token}-{len(self.stored):04d}{codec}.parquet"
+        assert w.quarantine_url is not None
+        open_storage(w.quarantine_url, w.storage_options).write_atomic(path, memoryview(data))
+        self.stored.append({"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))})
+        self.buffered, self.bytes = [], 0
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Store what is left; the files stored."""
+        self._store()
+        return self.stored
 
 
 def quote_name(column: str) -> str:

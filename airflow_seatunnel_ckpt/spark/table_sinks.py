@@ -37,8 +37,10 @@ class TableSink(FileSink):
     table_type: ClassVar[str] = ""
 
     def __init__(self, name: str, target_url: str, table: Mapping[str, Any], *,
-                 partition_by: Sequence[str] | None = None, mode: str = SinkMode.CHANGES.value) -> None:
-        super().__init__(name, target_url, format="parquet", partition_by=partition_by, mode=mode)
+                 partition_by: Sequence[str] | None = None, mode: str = SinkMode.CHANGES.value,
+                 expectations: Mapping[str, Any] | None = None) -> None:
+        super().__init__(name, target_url, format="parquet", partition_by=partition_by, mode=mode,
+                         expectations=expectations)
         bad = [c for c in self.partition_by if not isinstance(c, str) or not c]
         if bad:
             raise ConfigError(f"{self.table_type} sink {name!r}: partition_by must be column names, got {bad}")
@@ -46,7 +48,7 @@ class TableSink(FileSink):
         self.table: dict[str, Any] = {"type": self.table_type, **table,
                                       "partition_by": list(self.partition_by)}
 
-    def write(self, df: DataFrame) -> int:
+    def _stage(self, df: DataFrame) -> int:
         """Stage ``df`` as Parquet data files of the table (one partition value per file)."""
         from pyspark.sql import functions as F
 
@@ -64,7 +66,7 @@ class TableSink(FileSink):
         conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         saved, self.partition_by = self.partition_by, hidden
         try:
-            return super().write(staged)
+            return super()._stage(staged)
         finally:
             self.partition_by = saved
             if previous is None:

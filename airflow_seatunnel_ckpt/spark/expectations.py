@@ -1,0 +1,164 @@
+"""A sink's expectations, Spark side: flag, count and route rows in the job that writes them.
+
+:func:`flag` adds one boolean per rule to the DataFrame being written and observes the
+failures of each rule (``DataFrame.observe``), so the counts come from the writing job
+itself, never from reading the output again. The kept rows (without those failing a
+``drop`` or ``quarantine`` rule) are what the sink stages; :meth:`Flagged.quarantined`
+are the rows failing a ``quarantine`` rule, with the names of every rule they broke, for
+the sink's quarantine. Both sides are filters of the same flags, and a flag is a function
+of the row's own values, so every row is kept or quarantined, never both, never neither;
+when the sink's job can write the quarantine too (Parquet staged by :mod:`.staged_writer`)
+it does, in the same pass (:meth:`Flagged.split`); otherwise the flagged rows are cached
+by the sink's write and the quarantine's write reads them from there, so either way the
+stage's transformations run once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.expectations import FAILED_COLUMN, REMOVING, Expectation
+from airflow_seatunnel_ckpt.core.models import ExpectationResult
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Observation
+
+_FLAG = "__expectation_ok_"
+#: The column marking, in a split write, the rows that go to the quarantine.
+SPLIT_COLUMN = "__expectation_quarantined"
+
+
+def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> None:
+    """Refuse a rule whose expression does not parse, names an unknown column or is not boolean.
+
+    Only the plan is analysed (no Spark job runs), so this happens before anything is written.
+    """
+    from pyspark.errors import AnalysisException, ParseException
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType, NullType
+
+    try:  # one analysis for every rule; one per rule only to name the one that is wrong
+        fields = df.select(*[F.expr(r.expr).alias(f"ok{i}") for i, r in enumerate(rules)]).schema.fields
+    except (AnalysisException, ParseException):
+        fields = []
+    for i, rule in enumerate(rules):
+        try:
+            field = fields[i] if fields else df.select(F.expr(rule.expr).alias("ok")).schema.fields[0]
+        except (AnalysisException, ParseException) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"sink {sink!r}: expectation {rule.name!r}: expression {rule.expr!r} cannot be evaluated on the "
+                f"rows written ({first}); columns: {df.columns}. Fix the expression; nothing was written") from exc
+        if not isinstance(field.dataType, BooleanType | NullType):
+            raise ConfigError(
+                f"sink {sink!r}: expectation {rule.name!r}: expression {rule.expr!r} is "
+                f"{field.dataType.simpleString()}, not boolean; write a condition such as 'amount > 0'")
+
+
+@dataclass
+class Flagged:
+    """A DataFrame with one flag per rule, observed; see the module docstring."""
+
+    rules: tuple[Expectation, ...]
+    flagged: DataFrame  #: the rows with their flags
+    observed: DataFrame  #: the same, observed: the write runs over this one
+    columns: list[str]
+    observation: Observation
+
+    def _ok(self, i: int) -> Column:
+        from pyspark.sql import functions as F
+
+        return F.col(f"{_FLAG}{i}")
+
+    def _failing(self, actions: tuple[str, ...]) -> Column | None:
+        from functools import reduce
+
+        failing = [~self._ok(i) for i, r in enumerate(self.rules) if r.on_fail in actions]
+        return reduce(lambda a, b: a | b, failing) if failing else None
+
+    @property
+    def kept(self) -> DataFrame:
+        """The rows the sink stages: those failing no ``drop`` or ``quarantine`` rule."""
+        removed = self._failing(REMOVING)
+        out = self.observed if removed is None else self.observed.where(~removed)
+        return out.drop(*[f"{_FLAG}{i}" for i in range(len(self.rules))])
+
+    @property
+    def quarantined(self) -> DataFrame | None:
+        """The rows failing a ``quarantine`` rule, with :data:`FAILED_COLUMN` (None: no such rule)."""
+        from pyspark.sql import functions as F
+
+        bad = self._failing(("quarantine",))
+        if bad is None:
+            return None
+        broke = F.array_compact(F.array(*[F.when(~self._ok(i), F.lit(r.name)) for i, r in enumerate(self.rules)]))
+        return self.flagged.where(bad).select(*[F.col(f"`{c}`") for c in self.columns], broke.alias(FAILED_COLUMN))
+
+    def split(self) -> tuple[DataFrame, dict[str, str]]:
+        """The rows the sink's job writes when it writes the quarantine too (one job, one
+        pass), and the staged writer's options that split them: the rows without those only
+        a ``drop`` rule removes, with the rules' flags and :data:`SPLIT_COLUMN` (true: to the
+        quarantine). Only booleans travel to the writer, which names a quarantined row's
+        broken rules itself (an array column per row would cost more than the write)."""
+        import json
+
+        bad = self._failing(("quarantine",))
+        assert bad is not None
+        dropped = self._failing(("drop",))
+        out = self.observed if dropped is None else self.observed.where(~dropped | bad)
+        flags = [f"{_FLAG}{i}" for i in range(len(self.rules))]
+        options = {"split_column": SPLIT_COLUMN, "quarantine_columns": json.dumps(self.columns),
+                   "quarantine_rules": json.dumps([[f, r.name] for f, r in zip(flags, self.rules, strict=True)]),
+                   "failed_column": FAILED_COLUMN, "output_drop": json.dumps([SPLIT_COLUMN, *flags])}
+        return out.withColumn(SPLIT_COLUMN, bad), options
+
+    def release(self) -> None:
+        """Drop the cached rows (after the quarantine was written)."""
+        if self.flagged.storageLevel.useMemory or self.flagged.storageLevel.useDisk:
+            self.flagged.unpersist()
+
+    def results(self) -> tuple[tuple[ExpectationResult, ...], int]:
+        """Each rule's counts and the number of quarantined rows (after the write ran)."""
+        metrics: dict[str, Any] = self.observation.get
+        checked = int(metrics.get("checked") or 0)
+        results = tuple(r.result(checked, int(metrics.get(f"failed_{i}") or 0)) for i, r in enumerate(self.rules))
+        return results, int(metrics.get("quarantined") or 0)
+
+
+def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, cache: bool = True) -> Flagged:
+    """Check the rules' expressions on ``df``, then flag and observe every rule.
+
+    :param cache: with a ``quarantine`` rule, cache the flagged rows for a second job that
+        writes the quarantine (not needed when one job writes both: :meth:`Flagged.split`).
+    """
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    check_expressions(sink, rules, df)
+    if FAILED_COLUMN in df.columns:
+        raise ConfigError(f"sink {sink!r}: column {FAILED_COLUMN!r} is reserved for the quarantine's rule names; "
+                          "rename it before writing")
+    flags = [F.coalesce(F.expr(r.expr).cast("boolean"), F.lit(False)).alias(f"{_FLAG}{i}")
+             for i, r in enumerate(rules)]
+    flagged = df.select("*", *flags)
+    if cache and any(r.on_fail == "quarantine" for r in rules):
+        # The quarantine is a second job over the same rows: it reads them from this cache,
+        # filled by the sink's write, instead of running the stage's transformations again
+        # (a keyed state's update must see each row once, and a source is read once).
+        from pyspark import StorageLevel
+
+        flagged = flagged.persist(StorageLevel.MEMORY_AND_DISK)
+    observation = Observation(f"expect_{sink}_{uuid.uuid4().hex[:8]}".replace(".", "_"))
+    ok = [F.col(f"{_FLAG}{i}") for i in range(len(rules))]
+    quarantine = [~c for c, r in zip(ok, rules, strict=True) if r.on_fail == "quarantine"]
+    any_quarantined = quarantine[0] if quarantine else F.lit(False)
+    for extra in quarantine[1:]:
+        any_quarantined = any_quarantined | extra
+    metrics = [F.count(F.lit(1)).alias("checked"),
+               *[F.sum(F.when(c, 0).otherwise(1)).alias(f"failed_{i}") for i, c in enumerate(ok)],
+               F.sum(F.when(any_quarantined, 1).otherwise(0)).alias("quarantined")]
+    observed = flagged.observe(observation, *metrics)
+    return Flagged(rules, flagged, observed, list(df.columns), observation)
