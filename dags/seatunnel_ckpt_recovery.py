@@ -4,9 +4,10 @@ For each pipeline of every checkpoint store (one mapped task per pipeline):
 
 * an epoch decided COMMIT whose publish never finished is published (roll forward);
 * an undecided epoch is aborted once it is dead -- its stage's lease expired
-  (``lease_timeout_s``, or the lease's own longer timeout), it is undecided ``prepared_timeout_s`` after it was prepared,
-  or Airflow reports its DAG run finished -- (its input stays unconsumed, so the next run
-  processes it); a running stage is never aborted;
+  (``lease_timeout_s``, or the lease's own longer timeout), it is undecided
+  ``prepared_timeout_s`` after it was prepared, or Airflow reports its DAG run finished
+  (its input stays unconsumed, so the next run processes it); a running stage is never
+  aborted;
 * staging and checkpoint directories no live epoch references are removed;
 * retention then keeps the newest ``max_retain`` checkpoints and every base they need.
 
