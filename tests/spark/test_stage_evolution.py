@@ -204,7 +204,7 @@ def _max_per_customer(order_ids: range) -> dict[str, float]:
     ("totals_by_order", 4, r"keyed by \['customer'\] in the checkpoint, not \['order_id'\].*"
                            r"seatunnel-ckpt state reset", "reset"),
     ("totals", 3, r"checkpointed with 4 key groups, the stage asks for 3.*"
-                  r"seatunnel-ckpt rescale <pipeline> --key-groups 3", "rescale"),
+                  r"seatunnel-ckpt rescale orders --key-groups 3", "rescale"),
 ])
 def test_without_airflow_a_changed_state_is_refused_by_the_checkpoints_shape_until_an_evolution_command(
         spark: Any, orders: OrdersPipeline, stage: str, key_groups: int, wrong: str, way_out: str) -> None:
