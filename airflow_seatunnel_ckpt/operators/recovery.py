@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
+def _no_pipeline(task: BaseOperator, message: str, expect_pipelines: bool) -> None:
+    """Log that no pipeline was found; fail the task when pipelines were expected."""
+    task.log.warning("%s", message)
+    if expect_pipelines:
+        raise AirflowFailException(message)
+
+
 class ListPipelinesOperator(BaseStoreOperator):
     """Return the names of every pipeline in a checkpoint store (to map recovery over).
 
@@ -63,9 +70,7 @@ class ListPipelinesOperator(BaseStoreOperator):
                 "connection 'seatunnel_ckpt_default' if defined, else $SEATUNNEL_CKPT_STORE, else "
                 "$AIRFLOW_HOME/seatunnel-ckpt). Before any pipeline's first stage has run this is "
                 "expected; for a store that is empty on purpose pass expect_pipelines=False.")
-            self.log.warning("%s", message)
-            if self.expect_pipelines:
-                raise AirflowFailException(message)
+            _no_pipeline(self, message, self.expect_pipelines)
             return names
         self.log.info("store %s holds %d pipeline(s): %s", hook.describe(), len(names),
                       ", ".join(names))
@@ -126,9 +131,7 @@ class ListAllPipelinesOperator(BaseOperator):
                 "or define its connection as an AIRFLOW_CONN_<ID> variable of the workers. Before any "
                 "pipeline's first stage has run this is expected; pass expect_pipelines=False for stores "
                 "that are empty on purpose.")
-            self.log.warning("%s", message)
-            if self.expect_pipelines:
-                raise AirflowFailException(message)
+            _no_pipeline(self, message, self.expect_pipelines)
         return found
 
 

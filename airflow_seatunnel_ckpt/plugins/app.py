@@ -25,8 +25,8 @@ from airflow_seatunnel_ckpt.core import EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, DecisionConflictError
 from airflow_seatunnel_ckpt.core.models import ActionOutcome
 from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RecoveryStep, recover
+from airflow_seatunnel_ckpt.hooks.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 from airflow_seatunnel_ckpt.plugins import charts, overview
-from airflow_seatunnel_ckpt.plugins.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 
 #: Recovery steps that decide or finish an epoch: the ones recorded with the user who ran recovery.
 _RESOLVING = frozenset({RecoveryStep.FINISH_COMMIT, RecoveryStep.FINISH_ABORT, RecoveryStep.ABORT_TIMEOUT,

@@ -355,7 +355,7 @@ def test_stores_come_from_connections_the_config_option_and_the_default(
     from airflow.models.connection import Connection
     from airflow.utils.session import create_session
 
-    from airflow_seatunnel_ckpt.plugins.stores import UnknownStoreError, configured_stores, find_store
+    from airflow_seatunnel_ckpt.hooks.stores import UnknownStoreError, configured_stores, find_store
 
     for name in ("by-conn", "by-config", "default", "by-env", "env-wins"):
         (tmp_path / name).mkdir()
