@@ -28,6 +28,8 @@ TXLOG = "_txlog"
 DESCRIPTOR = "_descriptor"
 DESCRIPTOR_WIDTH = 6
 STAGING = "_staging"
+#: The run index: ``<RUNS>/<run key>/<epoch>``, one directory per run ever.
+RUNS = f"{TXLOG}/runs"
 #: Prefix of the probe an observer writes to read the store's current time (its mtime).
 CLOCK_PROBE = f"{TXLOG}/_clock"
 LEASE_PREFIX = "lease-"
@@ -119,7 +121,7 @@ def run_key(run_id: str, dag_id: str = "") -> str:
 
 def run_index_dir(run_id: str, dag_id: str = "") -> str:
     """``_txlog/runs/<run key>``: one empty-ish file per epoch the run was given."""
-    return f"{TXLOG}/runs/{run_key(run_id, dag_id)}"
+    return f"{RUNS}/{run_key(run_id, dag_id)}"
 
 
 def descriptor_path(version: int) -> str:

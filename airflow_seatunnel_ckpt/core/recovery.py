@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,6 @@ from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpoin
 from airflow_seatunnel_ckpt.core.lease import Liveness, liveness, store_now, wait_for
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState
 from airflow_seatunnel_ckpt.core.pipeline import Pipeline
-from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
 
 log = logging.getLogger(__name__)
 
@@ -196,26 +194,11 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
             act(epoch, RecoveryStep.DROP_CHECKPOINT,
                 f"{layout.checkpoint_dir(epoch)} belongs to an aborted or unknown epoch",
                 lambda e=epoch: pipeline.checkpoints.delete(e))
-    if pipeline.storage.protocol in sweep.LOCAL_PROTOCOLS:
-        def drop_old(storage: Storage, paths: list[str]) -> None:
-            for path in sweep.by_age(storage, paths, now, timeout)[0]:
-                act(None, RecoveryStep.DROP_TEMP,
-                    f"{storage.describe_path(path)} is a temp file left by a killed writer",
-                    lambda s=storage, p=path: s.delete(p))
-
-        drop_old(pipeline.storage, [p for p in _temp_file_candidates(pipeline, seen.record.watermark)
-                                    if p.rsplit("/", 1)[-1].startswith(TEMP_PREFIX)])
-        # The roots of the sinks that epochs above the watermark published to: a killed
-        # first claim of a target leaves its temp file there (settled epochs' were swept).
-        roots: dict[str, Storage] = {}
-        for epoch in above:
-            if states.get(epoch) is EpochState.COMMITTED:
-                try:
-                    roots.update((t.url, t) for t in sweep.sink_roots(pipeline, epoch))
-                except CorruptCheckpointError:
-                    continue  # verify names it; recovery does not repair an epoch's records
-        for target in roots.values():
-            drop_old(target, sweep.temp_files(target, "", recursive=False))
+    # Temp files killed writers left: settling swept the epochs below the watermark.
+    for place in sweep.unsettled_places(pipeline, seen.record.watermark, above, states):
+        for stale in place.look(now, timeout).stale:
+            act(None, RecoveryStep.DROP_TEMP, f"{place.storage.describe_path(stale)} is a temp file left by a killed "
+                "writer", lambda s=place.storage, p=stale: s.delete(p))
     if not dry_run:
         # States read above are still true if final (they never change); the epochs this
         # run finished or aborted are read again, so one run both resolves and settles them.
@@ -229,38 +212,6 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
             report.actions.append(RecoveryAction(None, RecoveryStep.DROP_TEMP,
                                                  f"{path} is a temp file left by a killed writer", done=True))
     return report
-
-
-def _temp_file_candidates(pipeline: Pipeline, watermark: int) -> list[str]:
-    """Every file of a local store where a killed writer's temp file may lie, but the log's history.
-
-    The directories of settled epochs are left out: walking them made this sweep O(all
-    epochs), and :func:`.sweep.settle` swept each one (and the roots of the sinks it
-    published to) before the watermark covered it. The run index (one directory per
-    run ever) is still walked: a killed ``begin`` leaves its temp file there, and nothing
-    tells which run directories belong to settled epochs without reading them.
-    """
-    def children(path: str) -> list[tuple[str, bool]]:
-        try:
-            with os.scandir(pipeline.storage.full_path(path)) as entries:
-                return sorted((e.name, e.is_dir(follow_symlinks=False)) for e in entries)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-
-    out: list[str] = []
-    for name, is_dir in children(""):
-        if not is_dir:
-            out.append(name)
-        elif name != layout.TXLOG:
-            out += [f"{name}/{f.path}" for f in pipeline.storage.walk(name, include_temp=True)]
-    for name, is_dir in children(layout.TXLOG):
-        path = f"{layout.TXLOG}/{name}"
-        epoch = layout.parse_txlog_dir(name)
-        if not is_dir:
-            out.append(path)
-        elif epoch is None or epoch > watermark:
-            out += [f"{path}/{f.path}" for f in pipeline.storage.walk(path, include_temp=True)]
-    return out
 
 
 #: The actions that leave an epoch final once done.

@@ -1,93 +1,82 @@
 """Settling the log without leaving debris behind: what the settled watermark covers is swept first.
 
-Below the settled watermark no run lists an epoch's directory again (that is the point of
-the watermark), so a temp file a killed writer left there would stay forever. Such files
-exist on local stores only: there every record and marker is written to a ``.tmp-*``
-file and then linked or renamed into place, while object stores put whole objects. They
-lie in two places an epoch owns: its ``_txlog/epoch-<e>/`` directory (a record write
-killed before its link) and, for a committed epoch, the root of each sink it published to
-(the owner marker's first claim, a snapshot sink's ``_LATEST``).
+Below the settled watermark no run lists an epoch's directories again (that is the point
+of the watermark), so a temp file a killed writer left there would stay forever. Such
+files exist only on stores whose writes go through temp files
+(``Storage.capabilities.temp_files``, the local disk): there every record, marker and part
+is written to a ``.tmp-*`` file and then linked or renamed into place. They lie in the
+places an epoch owns: its ``_txlog/epoch-<e>/`` directory (a record write killed before
+its link), its run's index directory (a killed ``begin``), its checkpoint directory (a
+part or ``_metadata`` write) and, for a committed epoch, the root of each sink it
+published to (the owner marker's first claim, a snapshot sink's ``_LATEST``).
 
-:func:`settle` walks each epoch it is about to cover once, removes the temp files older
-than the timeout, and stops the watermark before an epoch that still holds a younger one
-(a writer may be finishing it; the next run looks again). Recovery and retention settle
-through it, so the cost stays one look per epoch, paid once, when it settles.
+:func:`settle` looks at each epoch it is about to cover once (:meth:`Storage.temp_files`),
+removes the temp files older than the timeout, and stops the watermark before an epoch
+that still holds a younger one (a writer may be finishing it; the next run looks again).
+Recovery and retention settle through it, so the cost stays one look per epoch, paid
+once, when it settles; recovery looks at the epochs above the watermark only
+(:func:`unsettled_places`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 from airflow_seatunnel_ckpt.core import layout, settled
-from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.settled import SettledRead
-from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
+from airflow_seatunnel_ckpt.core.storage import Storage, TempFiles, backend_for
 
 log = logging.getLogger(__name__)
 
-#: Protocols whose writers go through temp files (see :mod:`.storage.local`).
-LOCAL_PROTOCOLS = ("file", "local")
+class Place(NamedTuple):
+    """Where temp files may lie: a storage, a path below it, how far down to look."""
+
+    storage: Storage
+    path: str
+    #: below its subdirectories too
+    recursive: bool = True
+    #: ``prune(directory)`` True: not below that directory (a path relative to the storage's root)
+    prune: Callable[[str], bool] | None = None
+
+    def look(self, now: float, timeout: float) -> TempFiles:
+        """The temp files there, stale ones (older than ``timeout``) named."""
+        return self.storage.temp_files(self.path, now=now, older_than=timeout, recursive=self.recursive,
+                                       prune=self.prune)
 
 
-def temp_files(storage: Storage, path: str, recursive: bool = True) -> list[str]:
-    """The temp files below ``path`` of a local store (only its top level if not ``recursive``)."""
-    if storage.protocol not in LOCAL_PROTOCOLS:
-        return []
-    if recursive:
-        return [f"{path}/{f.path}".lstrip("/") for f in storage.walk(path, include_temp=True)
-                if os.path.basename(f.path).startswith(TEMP_PREFIX)]
-    try:
-        with os.scandir(storage.full_path(path)) as entries:
-            return sorted(f"{path}/{e.name}".lstrip("/") for e in entries
-                          if e.name.startswith(TEMP_PREFIX) and e.is_file(follow_symlinks=False))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-def by_age(storage: Storage, paths: list[str], now: float, timeout: float) -> tuple[list[str], bool]:
-    """The ``paths`` older than ``timeout`` (a killed writer's), and whether a younger one is there.
-
-    A path gone meanwhile (its writer finished, another sweeper removed it) is neither.
-    """
-    old, young = [], False
-    for path in paths:
-        try:
-            if now - os.path.getmtime(storage.full_path(path)) > timeout:
-                old.append(path)
-            else:
-                young = True
-        except FileNotFoundError:
-            continue
-    return old, young
-
-
-def _sweep(storage: Storage, paths: list[str], now: float, timeout: float, removed: list[str]) -> bool:
-    """Remove the ``paths`` older than ``timeout``; True if none younger is left."""
-    old, young = by_age(storage, paths, now, timeout)
-    for path in old:
-        try:
-            storage.delete(path)
-        except FileNotFoundError:
-            continue
-        removed.append(storage.describe_path(path))
-    return not young
+def _sweep(places: Iterable[Place], now: float, timeout: float, removed: list[str]) -> bool:
+    """Remove the temp files of ``places`` older than ``timeout``; True if none younger is left."""
+    clean = True
+    for place in places:
+        found = place.look(now, timeout)
+        for stale in found.stale:
+            try:
+                place.storage.delete(stale)
+            except FileNotFoundError:
+                continue
+            removed.append(place.storage.describe_path(stale))
+        clean = clean and not found.young
+    return clean
 
 
 def sink_roots(pipeline: Pipeline, epoch: int) -> list[Storage]:
-    """The local targets committed ``epoch`` published to (their roots hold the owner marker).
+    """The targets committed ``epoch`` published to whose writes leave temp files (their roots hold the owner marker).
 
     A target that cannot be opened is logged and left out: it must not hold the watermark
     forever. :class:`CheckpointError` if the committed record cannot be read.
     """
     out = []
     for sink in pipeline.txlog.read_published(epoch) or []:
-        if not sink.published or not sink.target_url.startswith(LOCAL_PROTOCOLS):
+        if not sink.published:
             continue
         try:
+            if not backend_for(sink.target_url.split("://", 1)[0].lower()).capabilities.temp_files:
+                continue  # (opening an object store's target would cost a probe, for nothing)
             out.append(pipeline.target_storage(sink.target_url))
         except CheckpointError as exc:
             log.warning("pipeline %s: epoch %s: cannot sweep sink %s at %s: %s", pipeline.name, epoch, sink.sink,
@@ -95,13 +84,64 @@ def sink_roots(pipeline: Pipeline, epoch: int) -> list[Storage]:
     return out
 
 
+def epoch_places(pipeline: Pipeline, epoch: int, state: EpochState | None) -> list[Place]:
+    """Where ``epoch``'s killed writers may have left temp files (see the module docstring).
+
+    :class:`CheckpointError` if a record the places are read from cannot be read.
+    """
+    storage = pipeline.storage
+    places = [Place(storage, layout.txlog_dir(epoch)), Place(storage, layout.checkpoint_dir(epoch))]
+    return places + _run_and_sinks(pipeline, epoch, state)
+
+
+def _run_and_sinks(pipeline: Pipeline, epoch: int, state: EpochState | None) -> list[Place]:
+    """The run index directory of ``epoch``'s run and, once it committed, the roots of its sinks."""
+    places = []
+    begin = pipeline.txlog.read_begin(epoch)
+    if begin is not None:
+        places.append(Place(pipeline.storage, layout.run_index_dir(begin.run_id, begin.dag_id), recursive=False))
+    if state is EpochState.COMMITTED:
+        places += [Place(target, "", recursive=False) for target in sink_roots(pipeline, epoch)]
+    return places
+
+
+def unsettled_places(pipeline: Pipeline, watermark: int, above: Iterable[int],
+                     states: Mapping[int, EpochState]) -> list[Place]:
+    """Every place of the store where a killed writer's temp file may lie, but what settling swept.
+
+    The epochs at or below the watermark were swept by :func:`settle` before it covered
+    them: their log and checkpoint directories and the run index are pruned from the one
+    look at the store, and only the run directories and sink roots of the epochs ``above``
+    it are added. The number of looks does not grow with the number of epochs ever run.
+    An epoch whose records cannot be read is left out (verify names it).
+    """
+    storage = pipeline.storage
+    if not storage.capabilities.temp_files:
+        return []
+
+    def settled_or_index(directory: str) -> bool:
+        parent, _, name = directory.rpartition("/")
+        if not parent:
+            epoch = layout.parse_checkpoint_dir(name)
+        elif parent == layout.TXLOG:
+            epoch = layout.parse_txlog_dir(name)
+        else:
+            return False
+        return directory == layout.RUNS or (epoch is not None and epoch <= watermark)
+
+    places = {(storage.url, ""): Place(storage, "", prune=settled_or_index)}
+    for epoch in above:
+        try:
+            places.update(((p.storage.url, p.path), p) for p in _run_and_sinks(pipeline, epoch, states.get(epoch)))
+        except CorruptCheckpointError:
+            continue
+    return list(places.values())
+
+
 def _epoch_swept(pipeline: Pipeline, epoch: int, state: EpochState, now: float, timeout: float,
                  removed: list[str]) -> bool:
     """Sweep what ``epoch`` owns; True if nothing young is left in it."""
-    clean = _sweep(pipeline.storage, temp_files(pipeline.storage, layout.txlog_dir(epoch)), now, timeout, removed)
-    for target in sink_roots(pipeline, epoch) if state is EpochState.COMMITTED else []:
-        clean = _sweep(target, temp_files(target, "", recursive=False), now, timeout, removed) and clean
-    return clean
+    return _sweep(epoch_places(pipeline, epoch, state), now, timeout, removed)
 
 
 def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochState], *, now: float,
@@ -110,7 +150,8 @@ def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochStat
 
     Returns the temp files removed. An epoch that still holds a temp file younger than
     ``timeout``, or whose committed record cannot be read, stops the advance before it.
-    A sink on a local target of a pipeline whose store is an object store is not swept.
+    A sink's target whose writes leave temp files, of a pipeline whose store's writes leave
+    none, is not swept.
     """
     watermark = seen.record.watermark
     covered = dict(states)
@@ -120,7 +161,7 @@ def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochStat
         run.append(watermark + len(run) + 1)
     # Nothing is swept for an advance too short to be written (the next run sweeps then),
     # nor on an object store (its writes leave no temp files, and reads cost requests).
-    if len(run) >= max(1, settled.MIN_ADVANCE) and pipeline.storage.protocol in LOCAL_PROTOCOLS:
+    if len(run) >= max(1, settled.MIN_ADVANCE) and pipeline.storage.capabilities.temp_files:
         for epoch in run:
             try:
                 swept = _epoch_swept(pipeline, epoch, states[epoch], now, timeout, removed)

@@ -10,7 +10,7 @@ entry-point group (the analogue of SeaTunnel's ``StateBackend`` service registra
 :func:`open_storage` picks one and probes the store.
 """
 
-from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Capabilities, Data, FileInfo, Storage
+from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Capabilities, Data, FileInfo, Storage, TempFiles
 from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 from airflow_seatunnel_ckpt.core.storage.memory import MemoryStorage
 from airflow_seatunnel_ckpt.core.storage.object_store import ObjectStorage
@@ -26,6 +26,6 @@ from airflow_seatunnel_ckpt.core.storage.registry import ENTRY_POINT_GROUP, back
 
 __all__ = [
     "ENTRY_POINT_GROUP", "OWNER_MARKER", "TEMP_PREFIX", "Capabilities", "Data", "FileInfo", "LocalStorage",
-    "MemoryStorage", "ObjectStorage", "PublishMethod", "Storage", "backend_for", "clean_relpath", "copy_file",
-    "open_storage", "publish_files", "publish_sink_dir", "refuse_password",
+    "MemoryStorage", "ObjectStorage", "PublishMethod", "Storage", "TempFiles", "backend_for", "clean_relpath",
+    "copy_file", "open_storage", "publish_files", "publish_sink_dir", "refuse_password",
 ]

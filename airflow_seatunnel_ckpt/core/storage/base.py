@@ -11,6 +11,7 @@ Spark's ``CheckpointFileManager`` and Flink's file sinks rely on:
 * :meth:`Storage.size`, :meth:`Storage.exists`, :meth:`Storage.modified` (the store's clock)
 * :meth:`Storage.checksum` -- CRC32C, from the store when it keeps one
 * :meth:`Storage.file_info` -- size and kept CRC32C together (one request on an object store)
+* :meth:`Storage.temp_files` -- the temp files a killed writer left (none where writes leave none)
 
 A backend is a subclass that declares its :class:`Capabilities` and implements
 :meth:`Storage._put_if_absent`, the one primitive that carries the conditional-create
@@ -28,7 +29,7 @@ import contextlib
 import datetime
 import errno
 import posixpath
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, ClassVar
 
@@ -73,6 +74,19 @@ class Capabilities:
     #: The checksum the store keeps per object and returns without reading the data
     #: (``"crc32c"``), or None: then :meth:`Storage.checksum` reads the file.
     checksum: str | None = None
+    #: Writes go through temp files (:data:`TEMP_PREFIX`) that a killed writer leaves
+    #: behind, for :meth:`Storage.temp_files` to find; object stores put whole objects.
+    temp_files: bool = False
+
+
+@dataclass(frozen=True)
+class TempFiles:
+    """What :meth:`Storage.temp_files` found below a path."""
+
+    #: temp files older than the timeout asked about (a killed writer's), relative to the root
+    stale: list[str] = field(default_factory=list)
+    #: whether a younger one is there too (its writer may be finishing it)
+    young: bool = False
 
 
 def chunks(data: Data) -> Iterator[bytes]:
@@ -265,6 +279,18 @@ class Storage(abc.ABC):
                 continue
             out.append(FileInfo(rel, int(info.get("size") or 0)))
         return sorted(out, key=lambda f: f.path)
+
+    def temp_files(self, path: str = "", *, now: float, older_than: float, recursive: bool = True,
+                   prune: Callable[[str], bool] | None = None) -> TempFiles:
+        """The temp files killed writers left below ``path`` (only its top level if not ``recursive``).
+
+        ``prune(directory)`` (a path relative to the root) True leaves that directory out. A
+        temp file is stale when its modification time is more than ``older_than`` seconds
+        before ``now``; a younger one is only reported as there. Default: none, for a backend
+        whose writes leave no temp files (``capabilities.temp_files`` is False); it costs no
+        request.
+        """
+        return TempFiles()
 
     # -- writes ------------------------------------------------------------------------
     def write_atomic(self, path: str, data: Data) -> int:

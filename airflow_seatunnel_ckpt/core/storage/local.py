@@ -6,13 +6,21 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import StorageError
-from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Capabilities, Data, FileInfo, Storage, chunks
-from airflow_seatunnel_ckpt.core.storage.paths import refuse_password
+from airflow_seatunnel_ckpt.core.storage.base import (
+    TEMP_PREFIX,
+    Capabilities,
+    Data,
+    FileInfo,
+    Storage,
+    TempFiles,
+    chunks,
+)
+from airflow_seatunnel_ckpt.core.storage.paths import clean_relpath, refuse_password
 
 
 class LocalStorage(Storage):
@@ -23,7 +31,7 @@ class LocalStorage(Storage):
     power loss (the data itself is fsynced before it becomes visible).
     """
 
-    capabilities = Capabilities(conditional_create=True, atomic_rename_dir=True, checksum=None)
+    capabilities = Capabilities(conditional_create=True, atomic_rename_dir=True, checksum=None, temp_files=True)
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         # fsspec reads ``file://host/x`` (and ``file://user:pw@host/x``) as the *relative*
@@ -82,6 +90,43 @@ class LocalStorage(Storage):
         except OSError as exc:
             raise self._err("walking", path, exc) from exc
         return sorted(out, key=lambda f: f.path)
+
+    def temp_files(self, path: str = "", *, now: float, older_than: float, recursive: bool = True,
+                   prune: Callable[[str], bool] | None = None) -> TempFiles:
+        # Every record and marker is written to a temp file first, then linked or renamed
+        # into place (see _write_tmp): a writer killed in between leaves the temp file.
+        stale: list[str] = []
+        young = False
+
+        def visit(directory: str, prefix: str) -> None:
+            nonlocal young
+            try:
+                entries = os.scandir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            with entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        if recursive and not (prune and prune(prefix + entry.name)):
+                            visit(entry.path, f"{prefix}{entry.name}/")
+                        continue
+                    if not entry.name.startswith(TEMP_PREFIX):
+                        continue
+                    try:
+                        age = now - entry.stat(follow_symlinks=False).st_mtime
+                    except FileNotFoundError:  # its writer finished, or another sweeper removed it
+                        continue
+                    if age > older_than:
+                        stale.append(prefix + entry.name)
+                    else:
+                        young = True
+
+        rel = clean_relpath(path)
+        try:
+            visit(self.full_path(rel), f"{rel}/" if rel else "")
+        except OSError as exc:
+            raise self._err("looking for temp files below", rel, exc) from exc
+        return TempFiles(sorted(stale), young)
 
     # -- writes ------------------------------------------------------------------------
     def _write_tmp(self, full: str, data: Data) -> tuple[str, int]:
