@@ -1,9 +1,11 @@
 """Recovery: resolve every epoch a crash left unfinished, and remove garbage.
 
-:func:`recover` rolls COMMITTING epochs forward (finish publishing), finishes the
-cleanup of ABORTING ones, aborts OPEN/PREPARED epochs once :func:`lease.liveness` judges
-them dead (lease expired, prepared timeout, owning run finished), and removes staging,
-checkpoints and temp files that no record needs. It acts through the
+:func:`resolve_epoch` judges one epoch and moves it on: it rolls a COMMITTING epoch
+forward (finish publishing), finishes the cleanup of an ABORTING one, aborts an
+OPEN/PREPARED one once :func:`lease.liveness` judges it dead (lease expired, prepared
+timeout, owning run finished), or says why it waits. :func:`recover` resolves every epoch
+above the settled watermark and removes staging, checkpoints and temp files that no
+record needs. Both act through the
 protocol's own transitions (:meth:`Pipeline.commit`, :meth:`Pipeline.abort`), so running
 it concurrently with a pipeline, or twice at once, is safe.
 
@@ -14,6 +16,7 @@ Choosing the state to restore is :mod:`restore`; deleting old checkpoints is
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +25,7 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core import layout, sweep
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import Liveness, liveness, store_now, wait_for
+from airflow_seatunnel_ckpt.core.lease import EpochLiveness, Liveness, liveness, store_now, wait_for
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState
 from airflow_seatunnel_ckpt.core.pipeline import Pipeline
 
@@ -37,6 +40,7 @@ class RecoveryStep(enum.StrEnum):
     ABORT_TIMEOUT = "abort-timeout"  #: abort an undecided epoch past its deadline (lease or prepared timeout)
     ABORT_DEAD_OWNER = "abort-dead-owner"  #: abort an undecided epoch whose DAG run is finished
     WAIT = "wait"  #: an undecided epoch within its deadline: nothing to do yet
+    FINAL = "final"  #: a committed or aborted epoch: nothing to do ever
     INSPECT = "inspect"  #: a damaged record; the operator has to look
     DROP_STAGING = "drop-staging"  #: staging no open epoch needs
     DROP_CHECKPOINT = "drop-checkpoint"  #: the checkpoint directory of an aborted or unknown epoch
@@ -94,18 +98,102 @@ def _ask_run_finished(pipeline: Pipeline, run_finished: RunFinished | None,
         return None
 
 
+@dataclass(frozen=True)
+class Resolution:
+    """What :func:`resolve_epoch` did to one epoch, or why it waits."""
+
+    epoch: int
+    #: what it did (or, in a dry run, would do); ``WAIT`` / ``INSPECT`` / ``FINAL``: nothing
+    step: RecoveryStep
+    reason: str
+    #: the state it found (None: a record of the epoch is damaged)
+    state: EpochState | None = None
+    done: bool = False
+    #: why the step failed, or why the epoch cannot be judged (``INSPECT``)
+    error: str = ""
+    #: the liveness judgement of an undecided epoch
+    judged: EpochLiveness | None = None
+    #: what the step returned: the commit's result or the abort's decision record
+    result: Any = None
+
+    @property
+    def waits(self) -> bool:
+        """Whether the epoch is undecided and alive: its owner may still finish it."""
+        return self.step is RecoveryStep.WAIT
+
+    def action(self) -> RecoveryAction:
+        """The step as one line of a recovery report."""
+        return RecoveryAction(self.epoch, self.step, self.reason, self.done, self.error)
+
+
+def resolve_epoch(pipeline: Pipeline, epoch: int, *, run_finished: RunFinished | None = None,
+                  dry_run: bool = False, clock: Callable[[], float] | None = None,
+                  by: str = "recovery") -> Resolution:
+    """Judge one epoch and move it on: the one place that decides what an unfinished epoch needs.
+
+    COMMITTING rolls forward (:meth:`Pipeline.commit`); ABORTING has its abort finished;
+    OPEN or PREPARED is aborted only when :func:`lease.liveness` judges it dead (its
+    stage's lease expired, it is undecided ``prepared_timeout_s`` after it was prepared,
+    or ``run_finished(run_id, dag_id)`` says its owning DAG run is over) -- else it waits;
+    a final epoch needs nothing. A failing step is returned with its error (the next
+    look retries it), never raised. Recovery, the stage of the next run, the CLI and the
+    Checkpoints page all resolve through it.
+
+    :param clock: the store's time to judge at (default: probe the store, see
+        :func:`lease.store_now`); given to look ahead, or to probe once for many epochs.
+    :param by: who acts, written in the decision of an abort.
+    """
+    try:
+        state = pipeline.state(epoch)
+        begin = pipeline.txlog.read_begin(epoch) if not state.decided else None
+    except CorruptCheckpointError as exc:
+        return Resolution(epoch, RecoveryStep.INSPECT,
+                          "a log record is damaged; the epoch's staging and checkpoint are kept. Way out: restore "
+                          "the file from a backup, or, if the epoch is undecided, abort it (`seatunnel-ckpt abort "
+                          f"{pipeline.name} {epoch}`) so that the next run processes its input again",
+                          error=str(exc))
+
+    def act(step: RecoveryStep, reason: str, fn: Callable[[], Any], judged: EpochLiveness | None = None,
+            ) -> Resolution:
+        if dry_run:
+            return Resolution(epoch, step, reason, state, judged=judged)
+        try:
+            result = fn()
+        except CheckpointError as exc:
+            log.error("pipeline %s: %s on epoch %s failed: %s", pipeline.name, step, epoch, exc)
+            return Resolution(epoch, step, reason, state, error=str(exc), judged=judged)
+        return Resolution(epoch, step, reason, state, done=True, judged=judged, result=result)
+
+    if state is EpochState.COMMITTING:
+        return act(RecoveryStep.FINISH_COMMIT, "decided commit, publish not acknowledged",
+                   lambda: pipeline.commit(epoch))
+    if state is EpochState.ABORTING:
+        return act(RecoveryStep.FINISH_ABORT, "decided abort, cleanup not acknowledged",
+                   lambda: pipeline.abort(epoch, f"{by} finished the abort", by=by))
+    if state.final:
+        return Resolution(epoch, RecoveryStep.FINAL, f"epoch {epoch} is {state.value}: nothing to do", state)
+    # The one judgement of liveness (core/lease.py), by the store's clock: a stage that
+    # renews its lease is never aborted, however long it runs.
+    finished = _ask_run_finished(pipeline, run_finished, begin)
+    try:
+        judged = liveness(pipeline, epoch, finished, now=(clock or (lambda: store_now(pipeline.storage)))())
+    except CheckpointError as exc:
+        return Resolution(epoch, RecoveryStep.INSPECT, f"cannot tell whether {state.value} epoch {epoch} is alive; "
+                          "it is left alone until the store answers", state, error=str(exc))
+    if not judged.dead:
+        return Resolution(epoch, RecoveryStep.WAIT, wait_for(pipeline, epoch, judged), state, judged=judged)
+    step = RecoveryStep.ABORT_DEAD_OWNER if judged.liveness is Liveness.OWNER_FINISHED else RecoveryStep.ABORT_TIMEOUT
+    return act(step, judged.describe(), lambda: pipeline.abort(epoch, f"{by}: {judged.describe()}", by=by), judged)
+
+
 def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
             run_finished: RunFinished | None = None) -> RecoveryReport:
-    """Resolve every unfinished epoch and remove garbage. Safe to run concurrently.
+    """Resolve every unfinished epoch (:func:`resolve_epoch`) and remove garbage. Safe to run concurrently.
 
-    An undecided epoch is aborted only when :func:`lease.liveness` judges it dead: its
-    stage's lease expired (OPEN), it is undecided ``prepared_timeout_s`` after it was
-    prepared (PREPARED), or ``run_finished(run_id, dag_id)`` says its owning DAG run is
-    in a terminal state (``None``: unknown; the Airflow layer passes "ask Airflow").
-    Ages are read with the store's clock; ``now`` (the store's time to judge at) only
-    looks ahead, e.g. in tests.
+    Ages are read with the store's clock, probed once; ``now`` (the store's time to judge
+    at) only looks ahead, e.g. in tests.
     """
-    store_time = now
+    clock = functools.cache(lambda: store_now(pipeline.storage)) if now is None else (lambda: now)
     now = time.time() if now is None else now
     timeout = pipeline.config.prepared_timeout_s
     report = RecoveryReport(pipeline.name, dry_run)
@@ -130,45 +218,13 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
     # be the only copy of output a commit decision still has to publish).
     damaged: set[int] = set()
     for epoch in above:
-        try:
-            state = pipeline.state(epoch)
-            begin = pipeline.txlog.read_begin(epoch) if not state.decided else None
-        except CorruptCheckpointError as exc:
+        resolution = resolve_epoch(pipeline, epoch, run_finished=run_finished, dry_run=dry_run, clock=clock)
+        if resolution.state is None:
             damaged.add(epoch)
-            report.actions.append(RecoveryAction(
-                epoch, RecoveryStep.INSPECT,
-                "a log record is damaged; the epoch's staging and checkpoint are kept. Way out: "
-                f"restore the file from a backup, or, if the epoch is undecided, abort it (`seatunnel-ckpt abort "
-                f"{pipeline.name} {epoch}`) so that the next run processes its input again",
-                error=str(exc)))
-            continue
-        states[epoch] = state
-        if state is EpochState.COMMITTING:
-            act(epoch, RecoveryStep.FINISH_COMMIT, "decided commit, publish not acknowledged",
-                lambda e=epoch: pipeline.commit(e))
-        elif state is EpochState.ABORTING:
-            act(epoch, RecoveryStep.FINISH_ABORT, "decided abort, cleanup not acknowledged",
-                lambda e=epoch: pipeline.abort(e, "recovery finished the abort", by="recovery"))
-        elif state in (EpochState.OPEN, EpochState.PREPARED):
-            # The one judgement of liveness (core/lease.py), by the store's clock: a stage
-            # that renews its lease is never aborted, however long it runs.
-            finished = _ask_run_finished(pipeline, run_finished, begin)
-            try:
-                if store_time is None:
-                    store_time = store_now(pipeline.storage)
-                judged = liveness(pipeline, epoch, finished, now=store_time)
-            except CheckpointError as exc:
-                report.actions.append(RecoveryAction(
-                    epoch, RecoveryStep.INSPECT, f"cannot tell whether {state.value} epoch {epoch} is alive; it is "
-                    "left alone until the store answers", error=str(exc)))
-                continue
-            if judged.dead:
-                step = (RecoveryStep.ABORT_DEAD_OWNER if judged.liveness is Liveness.OWNER_FINISHED
-                        else RecoveryStep.ABORT_TIMEOUT)
-                act(epoch, step, judged.describe(),
-                    lambda e=epoch, j=judged: pipeline.abort(e, f"recovery: {j.describe()}", by="recovery"))
-            else:
-                report.actions.append(RecoveryAction(epoch, RecoveryStep.WAIT, wait_for(pipeline, epoch, judged)))
+        else:
+            states[epoch] = resolution.state
+        if resolution.step is not RecoveryStep.FINAL:
+            report.actions.append(resolution.action())
     def unknown(epoch: int) -> bool:
         # Not in the listing above, and no ``begin`` now either. An epoch that began after
         # the listing (the pipeline's next run, concurrently) has one, and stages only after.

@@ -20,11 +20,11 @@ from airflow_seatunnel_ckpt.core.lease import (
     Liveness,
     abort_command,
     lease_timeout,
-    liveness,
     read_lease,
     store_now,
 )
-from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState, PreparedRecord
+from airflow_seatunnel_ckpt.core.models import BeginRecord, PreparedRecord
+from airflow_seatunnel_ckpt.core.recovery import RecoveryStep, resolve_epoch
 from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
@@ -146,33 +146,29 @@ class PendingEpochWaitMixin(BasePipelineOperator):
         from airflow.sdk.exceptions import AirflowRescheduleException
 
         epoch = exc.epoch
-        state = pipeline.state(epoch)
+        me = f"stage {context['dag'].dag_id}/{context['run_id']}/{self.task_id}"
+        run_finished = ask_airflow_run_finished(context, context["dag"].dag_id)
+        resolution = resolve_epoch(pipeline, epoch, run_finished=run_finished, by=me)
         lease_s = pipeline.config.lease_timeout_s
-        if state is EpochState.COMMITTING:
-            try:
-                pipeline.commit(epoch)
-                self.log.info("epoch %s was decided commit but not published: published it (roll forward)", epoch)
-                return True
-            except CheckpointError as err:
-                self.log.warning("epoch %s is decided commit; publishing it failed (%s); waiting", epoch, err)
-                judged_text = f"epoch {epoch} is COMMITTING and its publish failed: {err}"
+        if resolution.step is RecoveryStep.INSPECT:
+            raise CheckpointError(f"pipeline {pipeline.name!r}: epoch {epoch} blocks this run and {resolution.reason}: "
+                                  f"{resolution.error}") from exc
+        if resolution.step is RecoveryStep.FINISH_COMMIT and resolution.error:
+            self.log.warning("epoch %s is decided commit; publishing it failed (%s); waiting", epoch, resolution.error)
+            judged_text = f"epoch {epoch} is COMMITTING and its publish failed: {resolution.error}"
+        elif resolution.waits and resolution.judged is not None:
+            judged_text = resolution.judged.describe() + _what_the_wait_is_for(resolution.judged, pipeline)
+            lease_s = lease_timeout(pipeline.config, resolution.judged.lease)  # its holder's, when longer
         else:
-            if state.decided:
-                return True  # decided meanwhile: begin again
-            begin = pipeline.txlog.read_begin(epoch)
-            owner_finished = (ask_airflow_run_finished(context, context["dag"].dag_id)(begin.run_id, begin.dag_id)
-                              if begin is not None else None)
-            judged = liveness(pipeline, epoch, owner_finished)
-            if judged.dead:
-                me = f"stage {context['dag'].dag_id}/{context['run_id']}/{self.task_id}"
-                self.log.warning("%s; aborting it so that this run can begin", judged.describe())
-                try:
-                    pipeline.abort(epoch, f"{judged.describe()}; aborted by the next run's stage", by=me)
-                except DecisionConflictError:
-                    self.log.info("epoch %s was decided commit meanwhile; it rolls forward", epoch)
-                return True
-            judged_text = judged.describe() + _what_the_wait_is_for(judged, pipeline)
-            lease_s = lease_timeout(pipeline.config, judged.lease)  # its holder's, when longer
+            # Out of the way: rolled forward, aborted (by this run or, meanwhile, by another),
+            # or decided meanwhile; begin again.
+            if resolution.step is RecoveryStep.FINISH_COMMIT:
+                self.log.info("epoch %s was decided commit but not published: published it (roll forward)", epoch)
+            elif resolution.judged is not None and resolution.done:
+                self.log.warning("%s; aborted it so that this run can begin", resolution.judged.describe())
+            elif resolution.error:
+                self.log.info("epoch %s could not be aborted (%s); looking again", epoch, resolution.error)
+            return True
         waited = self._waited_s(context)
         limit = self.pending_wait_timeout
         if limit is None:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from airflow_seatunnel_ckpt.core import EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, DecisionConflictError
 from airflow_seatunnel_ckpt.core.models import ActionOutcome
-from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RecoveryStep, recover
+from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RecoveryStep, recover, resolve_epoch
 from airflow_seatunnel_ckpt.hooks.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 from airflow_seatunnel_ckpt.plugins import charts, overview
 
@@ -226,9 +226,14 @@ def create_app() -> FastAPI:
             raise _refused(p, epoch, action, f"epoch {epoch} is {state.value}: only a COMMITTING "
                            "epoch's publish can be retried")
         try:
-            result = p.commit(epoch)
-        except Exception as exc:  # a store or target error, or anything else: the outcome names it
+            resolution = resolve_epoch(p, epoch, by=_actor(user))
+        except Exception as exc:  # anything but a store or target error (those come back in the resolution)
             raise _failed(p, epoch, action, 502, f"publish failed again: {exc}") from exc
+        if resolution.error:
+            raise _failed(p, epoch, action, 502, f"publish failed again: {resolution.error}")
+        if resolution.step is not RecoveryStep.FINISH_COMMIT:
+            raise _refused(p, epoch, action, f"epoch {epoch} changed meanwhile: {resolution.reason}")
+        result = resolution.result
         published = ", ".join(f"{s.sink}: {s.rows} rows in {s.files} files" for s in result.sinks)
         outcome = p.txlog.record_outcome(epoch, action, ActionOutcome.SUCCEEDED,
                                          f"published ({published or 'no sink'}); epoch COMMITTED")

@@ -14,9 +14,8 @@ from typing import Any
 from airflow_seatunnel_ckpt.cli import _epoch_entry, _verify_epoch
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import liveness
 from airflow_seatunnel_ckpt.core.models import EpochStatus
-from airflow_seatunnel_ckpt.core.recovery import RunFinished, recover
+from airflow_seatunnel_ckpt.core.recovery import RunFinished, recover, resolve_epoch
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 from airflow_seatunnel_ckpt.core.submissions import ExitRecord, SubmissionRecord, submissions_of
 
@@ -96,10 +95,10 @@ def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
     row.submissions = [_describe_submission(record, ended, status.state)
                        for record, ended in submissions_of(p, epoch)]
     if row.state == EpochState.OPEN.value:
-        try:
-            judged = liveness(p, epoch)
-        except CheckpointError as exc:
-            row.lease = f"cannot judge: {exc}"
+        resolution = resolve_epoch(p, epoch, dry_run=True)  # (what recovery would do, without asking Airflow)
+        judged = resolution.judged
+        if judged is None:
+            row.lease = f"cannot judge: {resolution.error or resolution.reason}"
         else:
             holder = judged.lease.describe_holder() if judged.lease else "no lease yet"
             age = f", last renewal {judged.age_s:.0f}s ago" if judged.age_s is not None else ""
