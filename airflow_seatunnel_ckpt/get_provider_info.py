@@ -84,7 +84,8 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": _INTEGRATION,
-                "python-modules": ["airflow_seatunnel_ckpt.hooks.checkpoint_store"],
+                "python-modules": ["airflow_seatunnel_ckpt.hooks.checkpoint_store",
+                                   "airflow_seatunnel_ckpt.hooks.stage_submit"],
             }
         ],
         "operators": [

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
-import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator, conf
+from airflow.sdk import conf
 
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
@@ -25,11 +21,11 @@ from airflow_seatunnel_ckpt.core.lease import (
 )
 from airflow_seatunnel_ckpt.core.models import BeginRecord, PreparedRecord
 from airflow_seatunnel_ckpt.core.recovery import RecoveryStep, resolve_epoch
-from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord
+from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome
+from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
-from airflow_seatunnel_ckpt.operators.submitted import SubmittedStageMixin, attempt_for_try
-from airflow_seatunnel_ckpt.operators.termination import StageTerminatedError, quiet_py4j
+from airflow_seatunnel_ckpt.operators.termination import StageTerminatedError, quiet_py4j, stop_local_spark
 from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
 
 if TYPE_CHECKING:
@@ -37,7 +33,21 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_seatunnel_ckpt.core import Pipeline
-    from airflow_seatunnel_ckpt.spark.spec import StageResult
+    from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
+
+#: The attempt id of a run with try number 0, which Airflow gives a task it runs without the
+#: scheduler (``airflow tasks test``). It is kept apart from the ids of real tries (1, 2, ...)
+#: so that such a run never shares a staging directory or lease with a scheduled try of the
+#: same DAG run; which of them prepares first still wins, as for any two attempts.
+UNSCHEDULED_ATTEMPT = 1_000_000
+
+
+def attempt_for_try(try_number: int) -> int:
+    """The stage's attempt id for Airflow's ``try_number`` (see :data:`UNSCHEDULED_ATTEMPT`)."""
+    if try_number == 0:
+        return UNSCHEDULED_ATTEMPT
+    return try_number
+
 
 #: DAG run states after which a run never touches its epoch again.
 TERMINAL_RUN_STATES = ("success", "failed")
@@ -106,24 +116,112 @@ def _what_the_wait_is_for(judged: EpochLiveness, pipeline: Pipeline) -> str:
             f"for the lease to expire in {left:.0f}s at the latest, when this run aborts the epoch")
 
 
-class PendingEpochWaitMixin(BasePipelineOperator):
-    """Begin the run's epoch; an earlier undecided epoch is waited for, or aborted if dead.
+class SparkStageOperator(BasePipelineOperator):
+    """Run a PySpark stage for the run's epoch and log it *prepared*.
 
-    A new epoch cannot begin while an earlier one is undecided. Instead of failing (and
-    burning a retry), the task looks at the earlier epoch (:func:`lease.liveness`, and
-    Airflow for its owning run's state):
+    The stage function (``"package.module:function"``, see
+    :mod:`airflow_seatunnel_ckpt.spark`) reads only new input, updates keyed state and
+    writes its sinks into attempt-isolated staging; the runtime then writes the
+    checkpoint parts and the prepared record. Nothing is published here: that is the
+    commit task's job once the branch decided.
+
+    Without ``conn_id`` the stage runs in this process on a ``local[*]`` SparkSession
+    (the embedded default). With ``conn_id`` (a Spark connection) it is launched through
+    the Apache Spark provider's ``SparkSubmitHook`` running the same driver module, on
+    whichever master the connection names.
+
+    Safe to retry and clear: the Airflow try number is the attempt id, so a retry stages
+    into its own directory; if the participant is already prepared for this run's epoch
+    the task returns that record instead of running Spark again (the first prepared
+    attempt wins and later ones would be fenced). A run whose epoch was aborted gets a
+    fresh epoch from ``Pipeline.begin``.
+
+    A run whose epoch cannot begin because an earlier epoch is undecided has it resolved
+    (:func:`~airflow_seatunnel_ckpt.core.recovery.resolve_epoch`, asking Airflow whether
+    its DAG run is finished):
 
     * dead (lease expired, prepared too long ago, or its DAG run is finished -- e.g. marked
-      failed or success in the UI): abort it here and begin;
-    * decided commit but not yet published: finish publishing it (roll forward) and begin;
-    * alive: *reschedule* (``AirflowRescheduleException``: the worker slot is freed, the
-      try number is kept, no triggerer is needed) and look again after
+      failed or success in the UI): it is aborted here, and this run begins;
+    * decided commit but not yet published: it is published (roll forward), and this run begins;
+    * alive: the task is *rescheduled* (``AirflowRescheduleException``: the worker slot is
+      freed, the try number is kept, no triggerer is needed) and looks again after
       ``pending_poke_interval`` seconds, for at most ``pending_wait_timeout`` seconds in all.
+
+    With ``conn_id`` the process work (submit detached, reconnect on a retry, cancel, wait)
+    is :class:`~airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook`'s; a deferred
+    try hands the wait to
+    :class:`~airflow_seatunnel_ckpt.triggers.submission.StageSubmissionTrigger`.
+
+    Returns (XCom) the epoch, the attempt and the sink manifests.
+
+    :param stage: the stage function, or its import path ``"module:function"``. A function
+        is called directly in-process; with ``conn_id`` (``spark-submit``) the driver imports
+        it by its module path, so it must be defined at the top level of an importable module.
+        The stage gets the Airflow run's logical date, data interval and params on ``ctx``.
+    :param sources: source name -> source options (``type``, ``path``, ``format`` ...).
+    :param sinks: sink name -> sink options (``type``, ``path``, ``format`` ...).
+    :param participant: name of this stage in the epoch; defaults to the task id
+        without its TaskGroup prefix.
+    :param key_groups: number of key groups of the keyed state (fixed for the life of the
+        pipeline's state); ``None`` uses the runtime's default.
+    :param spark_conf: Spark configuration for the session / ``spark-submit --conf``.
+    :param conn_id: Spark connection for ``spark-submit``; ``None`` runs in-process.
+    :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (``py_files``,
+        ``executor_memory``, ``deploy_mode`` ...).
+    :param pending_poke_interval: seconds between looks at an earlier undecided epoch.
+    :param pending_wait_timeout: seconds to wait for it in all before failing; default
+        ``max(lease_timeout_s, prepared_timeout_s) + 60`` (with the blocking stage's own
+        lease timeout when it is longer), by when a dead epoch is always recognised as dead.
     """
 
-    pending_poke_interval: float
-    pending_wait_timeout: float | None
-    task_id: str
+    template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "stage", "sources", "sinks",
+                                      "participant", "spark_conf", "conn_id")
+    template_fields_renderers = {"sources": "json", "sinks": "json", "spark_conf": "json"}
+    ui_color = "#fcf3cf"
+
+    def __init__(
+        self,
+        *,
+        stage: str | Callable[..., Any],
+        sources: Mapping[str, Mapping[str, Any]],
+        sinks: Mapping[str, Mapping[str, Any]],
+        participant: str | None = None,
+        key_groups: int | None = None,
+        spark_conf: Mapping[str, Any] | None = None,
+        conn_id: str | None = None,
+        spark_submit_kwargs: Mapping[str, Any] | None = None,
+        pending_poke_interval: float = 15.0,
+        pending_wait_timeout: float | None = None,
+        python: str | None = None,
+        archives: Sequence[str] | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.participant = participant or self.task_id.rsplit(".", 1)[-1]
+        # When the DAG is parsed: a mistake is an import error of the DAG file (templated
+        # values are checked again once rendered, in execute).
+        declared = StageDeclaration.check(participant=self.participant, stage=stage, sources=sources,
+                                          sinks=sinks, importable=bool(conn_id), where=self.where)
+        #: The stage's import path (derived from the function when one was given).
+        self.stage = declared.stage
+        #: The stage function itself, when the DAG passed it (called directly in-process).
+        self.stage_callable = None if isinstance(stage, str) else stage
+        self.sources = {name: dict(opts) for name, opts in sources.items()}
+        self.sinks = {name: dict(opts) for name, opts in sinks.items()}
+        self.declare_participant(self.participant, self.sources, self.sinks)
+        self.key_groups = key_groups
+        self.spark_conf = dict(spark_conf or {})
+        self.conn_id = conn_id
+        self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
+        self.pending_poke_interval = pending_poke_interval
+        self.pending_wait_timeout = pending_wait_timeout
+        self.python = python
+        self.archives = list(archives or [])
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self._submit_hook: StageSubmitHook | None = None
 
     def begin_epoch(self, context: Context) -> BeginRecord:
         """The run's epoch, once no earlier epoch blocks it (or reschedule the task)."""
@@ -195,102 +293,6 @@ class PendingEpochWaitMixin(BasePipelineOperator):
         return max(0.0, (datetime.now(tz=UTC) - first).total_seconds())
 
 
-class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperator):
-    """Run a PySpark stage for the run's epoch and log it *prepared*.
-
-    The stage function (``"package.module:function"``, see
-    :mod:`airflow_seatunnel_ckpt.spark`) reads only new input, updates keyed state and
-    writes its sinks into attempt-isolated staging; the runtime then writes the
-    checkpoint parts and the prepared record. Nothing is published here: that is the
-    commit task's job once the branch decided.
-
-    Without ``conn_id`` the stage runs in this process on a ``local[*]`` SparkSession
-    (the embedded default). With ``conn_id`` (a Spark connection) it is launched through
-    the Apache Spark provider's ``SparkSubmitHook`` running the same driver module, on
-    whichever master the connection names.
-
-    Safe to retry and clear: the Airflow try number is the attempt id, so a retry stages
-    into its own directory; if the participant is already prepared for this run's epoch
-    the task returns that record instead of running Spark again (the first prepared
-    attempt wins and later ones would be fenced). A run whose epoch was aborted gets a
-    fresh epoch from ``Pipeline.begin``.
-
-    A run whose epoch cannot begin because an earlier epoch is undecided waits for it
-    (rescheduled, no retry spent), and aborts it itself once it is dead: its stage's lease
-    expired, or its DAG run is finished (e.g. marked failed in the UI). See
-    :class:`PendingEpochWaitMixin`.
-
-    Returns (XCom) the epoch, the attempt and the sink manifests.
-
-    :param stage: the stage function, or its import path ``"module:function"``. A function
-        is called directly in-process; with ``conn_id`` (``spark-submit``) the driver imports
-        it by its module path, so it must be defined at the top level of an importable module.
-        The stage gets the Airflow run's logical date, data interval and params on ``ctx``.
-    :param sources: source name -> source options (``type``, ``path``, ``format`` ...).
-    :param sinks: sink name -> sink options (``type``, ``path``, ``format`` ...).
-    :param participant: name of this stage in the epoch; defaults to the task id
-        without its TaskGroup prefix.
-    :param key_groups: number of key groups of the keyed state (fixed for the life of the
-        pipeline's state); ``None`` uses the runtime's default.
-    :param spark_conf: Spark configuration for the session / ``spark-submit --conf``.
-    :param conn_id: Spark connection for ``spark-submit``; ``None`` runs in-process.
-    :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (``py_files``,
-        ``executor_memory``, ``deploy_mode`` ...).
-    :param pending_poke_interval: seconds between looks at an earlier undecided epoch.
-    :param pending_wait_timeout: seconds to wait for it in all before failing; default
-        ``max(lease_timeout_s, prepared_timeout_s) + 60`` (with the blocking stage's own
-        lease timeout when it is longer), by when a dead epoch is always recognised as dead.
-    """
-
-    template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "stage", "sources", "sinks",
-                                      "participant", "spark_conf", "conn_id")
-    template_fields_renderers = {"sources": "json", "sinks": "json", "spark_conf": "json"}
-    ui_color = "#fcf3cf"
-
-    def __init__(
-        self,
-        *,
-        stage: str | Callable[..., Any],
-        sources: Mapping[str, Mapping[str, Any]],
-        sinks: Mapping[str, Mapping[str, Any]],
-        participant: str | None = None,
-        key_groups: int | None = None,
-        spark_conf: Mapping[str, Any] | None = None,
-        conn_id: str | None = None,
-        spark_submit_kwargs: Mapping[str, Any] | None = None,
-        pending_poke_interval: float = 15.0,
-        pending_wait_timeout: float | None = None,
-        python: str | None = None,
-        archives: Sequence[str] | None = None,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        poll_interval: float = 10.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.participant = participant or self.task_id.rsplit(".", 1)[-1]
-        # When the DAG is parsed: a mistake is an import error of the DAG file (templated
-        # values are checked again once rendered, in execute).
-        declared = StageDeclaration.check(participant=self.participant, stage=stage, sources=sources,
-                                          sinks=sinks, importable=bool(conn_id), where=self.where)
-        #: The stage's import path (derived from the function when one was given).
-        self.stage = declared.stage
-        #: The stage function itself, when the DAG passed it (called directly in-process).
-        self.stage_callable = None if isinstance(stage, str) else stage
-        self.sources = {name: dict(opts) for name, opts in sources.items()}
-        self.sinks = {name: dict(opts) for name, opts in sinks.items()}
-        self.declare_participant(self.participant, self.sources, self.sinks)
-        self.key_groups = key_groups
-        self.spark_conf = dict(spark_conf or {})
-        self.conn_id = conn_id
-        self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
-        self.pending_poke_interval = pending_poke_interval
-        self.pending_wait_timeout = pending_wait_timeout
-        self.python = python
-        self.archives = list(archives or [])
-        self.deferrable = deferrable
-        self.poll_interval = poll_interval
-        self._submission: SubmissionRecord | None = None
-
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
         from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
@@ -343,6 +345,60 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
             self._raise_if_terminated(exc, epoch, attempt)
             raise
         return self._prepared(result, attempt, began_here)
+
+    def _submit(self, context: Context, spec: StageSpec, epoch: int, *, wait: bool,
+                began_here: bool = False) -> dict[str, Any]:
+        """Launch the stage (or find the attempt of an earlier try still running), then wait or defer."""
+        from airflow_seatunnel_ckpt.triggers.submission import StageSubmissionTrigger
+
+        hook = self.submit_hook
+        try_number = context["ti"].try_number
+        record = hook.submit(spec, epoch, try_number)
+        if wait:
+            return self._finish_submission(context, hook.wait(record, on_line=self._spark_line), began_here)
+        # From here the attempt is the triggerer's to watch: a later try that finds it running stops it.
+        hook.hand_to_triggerer(record, try_number)
+        self.defer(trigger=StageSubmissionTrigger(
+            pipeline=self.pipeline, epoch=record.epoch, participant=self.participant, attempt=record.attempt,
+            store_conn_id=self.store_conn_id, storage_url=self.storage_url, store_config=self.store_config,
+            poll_interval=self.poll_interval, log=record.log, log_host=record.host), method_name="execute_complete")
+        raise AssertionError("defer() returned")  # pragma: no cover - defer always raises
+
+    @property
+    def submit_hook(self) -> StageSubmitHook:
+        """The hook that submits, reconnects to, cancels and waits for this stage's ``spark-submit``."""
+        if self._submit_hook is None:
+            self._submit_hook = StageSubmitHook(
+                self.store_pipeline, self.participant, conn_id=self.conn_id,
+                spark_submit_kwargs=self.spark_submit_kwargs, python=self.python, archives=self.archives,
+                poll_interval=self.poll_interval, by=f"stage {self.where}")
+        return self._submit_hook
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resume once the submission trigger fired."""
+        from airflow.sdk.exceptions import AirflowFailException
+
+        from airflow_seatunnel_ckpt.spark.submit import SubmitError
+
+        if not event:
+            raise AirflowFailException("the submission trigger fired without an event")
+        if event.get("error"):
+            raise SubmitError(f"pipeline {self.pipeline}: {event.get('message')}")
+        return self._finish_submission(context, SubmissionCheck.from_dict(event))
+
+    def _finish_submission(self, context: Context, check: SubmissionCheck,
+                           began_here: bool = False) -> dict[str, Any]:
+        """The result of a finished submission; a reconnected attempt that failed is submitted anew."""
+        self.submit_hook.finish(check)
+        mine = attempt_for_try(context["ti"].try_number)
+        if check.outcome in (SubmissionOutcome.FAILED, SubmissionOutcome.LOST) and check.attempt != mine:
+            self.log.warning("%s; submitting this try's own attempt %s", check.message, mine)
+            return self.execute(context)
+        return self._prepared(self.submit_hook.result(check, self.stage), mine, began_here)
+
+    def _spark_line(self, line: str) -> None:
+        """A line of spark-submit's output, into the task log (at INFO: Spark's stderr is not an error)."""
+        self.log.info("%s", line)
 
     def _log_earlier_attempt(self, epoch: int, attempt: int) -> None:
         """Say what an earlier attempt of this stage left in the epoch: its lease.
@@ -403,58 +459,26 @@ class SparkStageOperator(PendingEpochWaitMixin, SubmittedStageMixin, BaseOperato
         return self.get_openlineage_facets_on_complete(task_instance)
 
     def on_kill(self) -> None:
-        """Stop the in-process Spark work when Airflow terminates this task (SIGTERM).
+        """Stop the stage's work when Airflow terminates this task (SIGTERM).
 
         Airflow 3's task runner only calls ``on_kill`` on SIGTERM (marked failed in the UI,
-        a lost heartbeat); without this the embedded stage runs on until the supervisor
-        escalates to SIGKILL. Cancelling the jobs makes the stage fail now (its attempt stays
-        unprepared; a retry stages anew) with one error, :class:`StageTerminatedError`
-        (see :meth:`_raise_if_terminated`). py4j is silenced first (:func:`quiet_py4j`):
-        every py4j call still in flight while the JVM goes away would log a traceback; so
-        is the JVM's log, which reports each cancelled task as an error.
-        The work runs in a thread: the handler interrupts the main thread in the middle of
-        a py4j call, whose connection it must not reuse.
-
-        A ``spark-submit`` stage this try is waiting for in-process (``deferrable=False``) is
-        terminated with its launcher's process group (``spark-submit`` passes SIGTERM on to
-        a cluster-mode application as it does on Ctrl-C); its exit record then says so. A
-        deferred try holds no process: its trigger's ``on_kill`` stops the submission, and so
-        does the next try if the trigger never ran (see ``_stop_if_handed_to_triggerer``).
+        a lost heartbeat); without this the stage runs on until the supervisor escalates to
+        SIGKILL. A ``spark-submit`` stage this try waits for in-process is stopped by its
+        hook (:meth:`StageSubmitHook.on_kill`); a deferred try holds no process: its
+        trigger's ``on_kill`` stops the submission, and so does the next try if the trigger
+        never ran. An in-process stage has its Spark jobs cancelled
+        (:func:`~airflow_seatunnel_ckpt.operators.termination.stop_local_spark`): it fails
+        now with one error, :class:`StageTerminatedError` (see :meth:`_raise_if_terminated`),
+        its attempt unprepared; a retry stages anew.
         """
-        submission = self._submission
-        if submission is not None and submission.host == socket.gethostname():
-            from airflow_seatunnel_ckpt.core.submissions import request_cancel
-            from airflow_seatunnel_ckpt.spark.launch import terminate
-
-            self.log.warning("terminated: stopping spark-submit of %s attempt %s (launcher pid %s)",
-                             self.participant, submission.attempt, submission.launcher_pid)
-            with contextlib.suppress(Exception):  # the launcher is stopped below in any case
-                request_cancel(self.store_pipeline, submission.epoch, self.participant, submission.attempt,
-                               by=f"stage {self.where}", reason="the stage task was terminated")
-            terminate(submission.launcher_pid)
+        if self._submit_hook is not None and self._submit_hook.on_kill():
             return
         quiet_py4j()
         self._terminated = True
-        pyspark = sys.modules.get("pyspark")
-        context = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
-        if self.conn_id or context is None:
-            return
-        self.log.warning("terminated: cancelling the Spark jobs of stage %s and stopping its session; "
-                         "this attempt stays unprepared", self.participant)
-
-        def stop() -> None:
-            try:
-                # The JVM logs the jobs' cancellation (and, when it got the signal too, its
-                # own shutdown racing the running tasks) as errors with stack traces.
-                context.setLogLevel("OFF")
-                context.cancelAllJobs()
-                context.stop()
-            except Exception as exc:  # the JVM may already be gone: nothing left to stop
-                _log.debug("stopping the Spark session after SIGTERM: %s", exc)
-
-        stopper = threading.Thread(target=stop, name="stage-on-kill", daemon=True)
-        stopper.start()
-        stopper.join(timeout=20)
+        if not self.conn_id:
+            stop_local_spark(lambda: self.log.warning(
+                "terminated: cancelling the Spark jobs of stage %s and stopping its session; this attempt stays "
+                "unprepared", self.participant))
 
     def _raise_if_terminated(self, exc: BaseException, epoch: int, attempt: int) -> None:
         """After ``on_kill``, replace the interrupted Spark call's error by one clear error.

@@ -1,4 +1,4 @@
-"""What a stage task does once Airflow terminated it (SIGTERM): py4j kept quiet, one clear error.
+"""What a stage task does once Airflow terminated it (SIGTERM): Spark stopped, py4j kept quiet, one clear error.
 
 Used by :meth:`SparkStageOperator.on_kill <airflow_seatunnel_ckpt.operators.stage.SparkStageOperator.on_kill>`.
 """
@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
+from collections.abc import Callable
+
+_log = logging.getLogger(__name__)
 
 
 class StageTerminatedError(RuntimeError):
@@ -38,3 +43,34 @@ def quiet_py4j() -> None:
     root = logging.getLogger()
     if not any(isinstance(f, _DropPy4JRecords) for f in root.filters):
         root.addFilter(_DropPy4JRecords())
+
+
+def stop_local_spark(announce: Callable[[], None] | None = None, timeout_s: float = 20) -> bool:
+    """Cancel the jobs of this process's Spark session and stop it; False if there is none.
+
+    ``announce`` is called first, when there is a session to stop (to say so in the task log).
+
+    Run in a thread: the SIGTERM handler that calls it interrupts the main thread in the
+    middle of a py4j call, whose connection it must not reuse. The JVM's log is turned off
+    first: it reports each cancelled job (and, when it got the signal too, its own shutdown
+    racing the running tasks) as an error with a stack trace.
+    """
+    pyspark = sys.modules.get("pyspark")
+    context = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)
+    if context is None:
+        return False
+    if announce is not None:
+        announce()
+
+    def stop() -> None:
+        try:
+            context.setLogLevel("OFF")
+            context.cancelAllJobs()
+            context.stop()
+        except Exception as exc:  # the JVM may already be gone: nothing left to stop
+            _log.debug("stopping the Spark session after SIGTERM: %s", exc)
+
+    stopper = threading.Thread(target=stop, name="stage-on-kill", daemon=True)
+    stopper.start()
+    stopper.join(timeout=timeout_s)
+    return True

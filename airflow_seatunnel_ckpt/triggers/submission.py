@@ -10,19 +10,21 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_seatunnel_ckpt.core import CheckpointStore
-from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome, judge_submission
+from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
 from airflow_seatunnel_ckpt.triggers.store_errors import STORE_ERROR_TOLERANCE_S, StoreErrorBudget
 
 if TYPE_CHECKING:
-    from airflow_seatunnel_ckpt.core import Pipeline
+    pass
 
 
 class StageSubmissionTrigger(BaseTrigger):
     """Poll the store until the submitted attempt is prepared, failed, lost or fenced.
 
     Fires one event, a :class:`~airflow_seatunnel_ckpt.core.submissions.SubmissionCheck`
-    as a dict (:func:`~airflow_seatunnel_ckpt.core.submissions.judge_submission` decides).
+    as a dict (:meth:`StageSubmitHook.check <airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook.check>`
+    decides, as for a try that waits in-process).
     Everything it needs is in the store -- the prepared record, the launcher's exit
     record, the participant's lease -- so it works from any triggerer, wherever the driver
     runs. While it waits, the launch log's new lines go to the task's log when the log is
@@ -82,20 +84,21 @@ class StageSubmissionTrigger(BaseTrigger):
             },
         )
 
+    async def _submit_hook(self) -> StageSubmitHook:
+        """The watched participant's :class:`StageSubmitHook`, on the store the connection names."""
+        config = await CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config).aget_config()
+        pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
+        return StageSubmitHook(pipeline, self.participant)
+
     async def on_kill(self) -> None:
         """The deferred task was marked failed, cleared or marked success: stop its application.
 
         Asks the attempt's launcher, through the store, to stop ``spark-submit`` (it looks
         at every lease renewal). Not called when the triggerer restarts or the trigger moves.
         """
-        from airflow_seatunnel_ckpt.core.submissions import request_cancel
-
-        hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
-        config = await hook.aget_config()
-        pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
+        submit_hook = await self._submit_hook()
         cancelled = await asyncio.to_thread(
-            request_cancel, pipeline, self.epoch, self.participant, self.attempt,
-            by=f"triggerer on {socket.gethostname()}",
+            submit_hook.cancel, self.epoch, self.attempt, by=f"triggerer on {socket.gethostname()}",
             reason="the deferred stage task was acted on in Airflow (marked or cleared)")
         if cancelled:
             self.log.warning("pipeline %s epoch %s: asked %s attempt %s to stop", self.pipeline, self.epoch,
@@ -115,17 +118,14 @@ class StageSubmissionTrigger(BaseTrigger):
 
         follower = (LogFollower(self.log_file)
                     if self.log_file and self.log_host == socket.gethostname() else None)
-        hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
         budget = StoreErrorBudget(self.store_error_timeout)
-        pipeline: Pipeline | None = None
+        submit_hook: StageSubmitHook | None = None
         last = ""
         while True:
             try:
-                if pipeline is None:
-                    config = await hook.aget_config()
-                    pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
-                check = await asyncio.to_thread(judge_submission, pipeline, self.epoch, self.participant,
-                                                self.attempt)
+                if submit_hook is None:
+                    submit_hook = await self._submit_hook()
+                check = await asyncio.to_thread(submit_hook.check, self.epoch, self.attempt)
             except Exception as exc:  # the task, not the triggerer, must report a lasting failure
                 if budget.tolerate(exc):
                     self.log.warning("pipeline %s: watching %s attempt %s: reading the store failed (%s: %s); "

@@ -1,0 +1,199 @@
+"""The stage's ``spark-submit`` process: submit detached, reconnect, cancel (fence) and wait.
+
+:class:`StageSubmitHook` holds every process decision of a submitted stage, as the Apache
+Spark provider's ``SparkSubmitHook`` does for its operator: the stage operator builds one
+and calls it, and so does the submission trigger. A retry reconnects to the attempt of a
+try whose worker died while it waited in-process; it stops the attempt of a try that had
+deferred on it (that try was ended in Airflow: cleared, marked, or its trigger timed out)
+and submits its own.
+
+See :mod:`airflow_seatunnel_ckpt.core.submissions` for the records and the judgement,
+and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+from airflow_seatunnel_ckpt.core.submissions import (
+    DeferralRecord,
+    SubmissionCheck,
+    SubmissionOutcome,
+    SubmissionRecord,
+    judge_submission,
+    read_deferral,
+    read_submission,
+    record_deferral,
+    request_cancel,
+    submitted_attempts,
+)
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core import Pipeline
+    from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
+
+
+class StageSubmitHook(BaseHook):
+    """Launch one participant's stage through ``spark-submit``, find it again, stop it, wait for it.
+
+    :param pipeline: the pipeline the stage prepares an epoch of.
+    :param participant: the stage's participant name.
+    :param conn_id: the Spark connection (master, deploy mode, binary).
+    :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments.
+    :param python: Python of the executors (``spark.pyspark.python``).
+    :param archives: archives for ``spark.archives`` (e.g. a packed environment).
+    :param poll_interval: seconds between looks at a running attempt (at most 2 in-process).
+    :param by: who acts, written in a cancel's fence record.
+    """
+
+    def __init__(self, pipeline: Pipeline, participant: str, *, conn_id: str | None = None,
+                 spark_submit_kwargs: Mapping[str, Any] | None = None, python: str | None = None,
+                 archives: Sequence[str] = (), poll_interval: float = 10.0, by: str = "") -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.participant = participant
+        self.conn_id = conn_id
+        self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
+        self.python = python
+        self.archives = tuple(archives)
+        self.poll_interval = poll_interval
+        self.by = by or f"{participant} on {socket.gethostname()}"
+        #: the attempt this hook submitted or reconnected to, while it waits for it in-process
+        self.submission: SubmissionRecord | None = None
+
+    # -- submit or reconnect -----------------------------------------------------------
+    def submit(self, spec: StageSpec, epoch: int, try_number: int) -> SubmissionRecord:
+        """Find the attempt of an earlier try still running, or launch ``spec``'s attempt detached.
+
+        An earlier try's attempt that the try deferred on is stopped first (see
+        :meth:`stop_if_handed_to_triggerer`); one whose worker died while it waited in-process
+        is reconnected to. An attempt is submitted once: a second submission of it is refused.
+        """
+        from airflow_seatunnel_ckpt.spark.submit import SubmitError, SubmitOptions, start_submission
+
+        record = self.running(epoch)
+        if record is not None and self.stop_if_handed_to_triggerer(record, try_number, spec.attempt):
+            record = None
+        if record is not None:
+            self.log.warning("epoch %s: %s attempt %s, submitted by an earlier try from %s (pid %s), is still "
+                             "running: reconnecting to it instead of submitting again", epoch, self.participant,
+                             record.attempt, record.host, record.launcher_pid)
+        else:
+            if spec.attempt in submitted_attempts(self.pipeline, epoch, self.participant):
+                ended = judge_submission(self.pipeline, epoch, self.participant, spec.attempt)
+                raise SubmitError(f"{ended.message}; an attempt is submitted once: clear the task (a new try "
+                                  "is a new attempt)")
+            options = SubmitOptions(conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs,
+                                    python=self.python, archives=self.archives)
+            record = start_submission(spec, epoch, options)
+            self.log.info("epoch %s: submitted %s attempt %s (%s, deploy mode %s); launcher pid %s on %s, "
+                          "log %s", epoch, self.participant, record.attempt, record.master,
+                          record.deploy_mode or "client", record.launcher_pid, record.host, record.log)
+        self.submission = record
+        return record
+
+    def running(self, epoch: int) -> SubmissionRecord | None:
+        """The newest submitted attempt of this participant in ``epoch`` that still runs, if any."""
+        for attempt in reversed(submitted_attempts(self.pipeline, epoch, self.participant)):
+            if self.check(epoch, attempt).outcome is SubmissionOutcome.RUNNING:
+                return read_submission(self.pipeline, epoch, self.participant, attempt)
+        return None
+
+    def stop_if_handed_to_triggerer(self, record: SubmissionRecord, try_number: int, attempt: int) -> bool:
+        """Stop a running attempt that an earlier try deferred on; True if it was cancelled.
+
+        False also when the cancel came after the attempt began to prepare (its fence record
+        says so): the attempt is then watched to its end like a reconnected one.
+
+        A try that deferred holds no process, so this try cannot have followed its worker's
+        death: Airflow ended that deferral -- the task was cleared (run it again, maybe with
+        a fixed stage), marked, or its trigger timed out or failed. The trigger's ``on_kill``
+        stops the attempt too, but only when the triggerer had started that trigger and gets
+        to it before this try looks; the store's record makes the outcome the same either way.
+        A try whose worker died while it waited in-process left no such record: its attempt
+        is reconnected to.
+        """
+        deferral = read_deferral(self.pipeline, record.epoch, self.participant, record.attempt)
+        if deferral is None or deferral.try_number == try_number:
+            return False
+        cancelled = self.cancel(record.epoch, record.attempt, by=f"try {try_number} on {socket.gethostname()}",
+                                reason=f"try {deferral.try_number} deferred on it and was ended in Airflow "
+                                       "(cleared, marked, or its trigger timed out or failed); this try runs "
+                                       "the stage anew")
+        if not cancelled:
+            # It began to prepare before the cancel: its prepare stands (a clear after the
+            # prepare would have found it prepared), so this try takes its outcome.
+            self.log.warning("epoch %s: %s attempt %s, which try %s deferred on, was already preparing when this "
+                             "try asked it to stop: waiting for it instead of submitting attempt %s", record.epoch,
+                             self.participant, record.attempt, deferral.try_number, attempt)
+            return False
+        self.log.warning("epoch %s: %s attempt %s is still running, but try %s, which deferred on it, was ended "
+                         "in Airflow (cleared, marked, or its trigger timed out or failed): asked it to stop; "
+                         "submitting attempt %s", record.epoch, self.participant, record.attempt,
+                         deferral.try_number, attempt)
+        return True
+
+    # -- wait --------------------------------------------------------------------------
+    def check(self, epoch: int, attempt: int) -> SubmissionCheck:
+        """One look at the submitted ``attempt`` (:func:`~airflow_seatunnel_ckpt.core.submissions.judge_submission`)."""
+        return judge_submission(self.pipeline, epoch, self.participant, attempt)
+
+    def wait(self, record: SubmissionRecord, on_line: Callable[[str], None] | None = None) -> SubmissionCheck:
+        """Poll in this process until ``record``'s attempt is done; ``on_line`` gets its launch log's new lines."""
+        from airflow_seatunnel_ckpt.spark.submit import wait_for_submission
+
+        return wait_for_submission(self.pipeline, record, poll_s=min(self.poll_interval, 2.0), on_line=on_line)
+
+    def hand_to_triggerer(self, record: SubmissionRecord, try_number: int) -> None:
+        """Record that try ``try_number`` defers on ``record``'s attempt: a later try that finds it running stops it."""
+        record_deferral(self.pipeline, DeferralRecord(record.epoch, self.participant, record.attempt, try_number,
+                                                      socket.gethostname(), time.time()))
+        self.submission = None  # the triggerer watches it now; this process holds nothing
+
+    def finish(self, check: SubmissionCheck) -> None:
+        """Take the outcome of a finished attempt: remove its launch log (its last lines are in the exit record)."""
+        self.submission = None
+        record = read_submission(self.pipeline, check.epoch, self.participant, check.attempt)
+        if record is None or record.host != socket.gethostname() or not check.outcome.done:
+            return
+        with contextlib.suppress(OSError):
+            os.remove(record.log)
+
+    def result(self, check: SubmissionCheck, stage: str) -> StageResult:
+        """The stage result of a finished attempt: its prepared record, or SubmitError naming why it has none."""
+        from airflow_seatunnel_ckpt.spark.submit import result_of
+
+        return result_of(self.pipeline, self.participant, check, stage)
+
+    # -- stop --------------------------------------------------------------------------
+    def cancel(self, epoch: int, attempt: int, *, by: str = "", reason: str) -> bool:
+        """Fence ``attempt``: it never prepares, and its launcher stops ``spark-submit`` at its next lease renewal.
+
+        False when the attempt began to prepare first: its prepare stands.
+        """
+        return request_cancel(self.pipeline, epoch, self.participant, attempt, by=by or self.by, reason=reason)
+
+    def on_kill(self) -> bool:
+        """Stop the attempt this process waits for (fence it, terminate its launcher); False if none.
+
+        ``spark-submit`` passes SIGTERM on to a cluster-mode application as it does on
+        Ctrl-C; the launcher's exit record then says so.
+        """
+        submission = self.submission
+        if submission is None or submission.host != socket.gethostname():
+            return False
+        from airflow_seatunnel_ckpt.spark.launch import terminate
+
+        self.log.warning("terminated: stopping spark-submit of %s attempt %s (launcher pid %s)",
+                         self.participant, submission.attempt, submission.launcher_pid)
+        with contextlib.suppress(Exception):  # the launcher is stopped below in any case
+            self.cancel(submission.epoch, submission.attempt, reason="the stage task was terminated")
+        terminate(submission.launcher_pid)
+        return True
