@@ -218,6 +218,65 @@ def read_lease(storage: Storage, epoch: int, participant: str) -> LeaseRecord | 
 
 # -- liveness -----------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class EpochDir:
+    """One listing of an epoch's log directory, and the state its names give.
+
+    Both judgements of "is it alive?" -- of an epoch (:func:`liveness`) and of a submitted
+    attempt (:func:`.submissions.judge_submission`) -- read the directory through one of
+    these, so a caller that asks both, or asks about several attempts, lists it once.
+    """
+
+    epoch: int
+    names: frozenset[str]
+    state: EpochState
+
+    @classmethod
+    def read(cls, pipeline: Pipeline, epoch: int) -> EpochDir:
+        """List ``epoch``'s log directory once (:class:`EpochNotFoundError` if it has no records)."""
+        names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+        return cls(epoch, frozenset(names), pipeline.txlog.state(epoch, names))
+
+    def prepared(self) -> set[str]:
+        """The participants with a prepared record."""
+        return {n[len(PREPARED_PREFIX):] for n in self.names if n.startswith(PREPARED_PREFIX)}
+
+    def leased(self) -> set[str]:
+        """The participants with a lease (prepared or not)."""
+        return {n[len(layout.LEASE_PREFIX):] for n in self.names if n.startswith(layout.LEASE_PREFIX)}
+
+
+@dataclass(frozen=True)
+class HeldLease:
+    """A participant's lease as an observer sees it: how old, judged by which timeout."""
+
+    participant: str
+    #: seconds since its last renewal, by the store's clock
+    age_s: float
+    #: seconds after its last renewal that it is dead (:func:`lease_timeout`)
+    timeout_s: float
+    #: its content (None: unreadable -- its modification time still counts)
+    record: LeaseRecord | None
+
+    @property
+    def renewed(self) -> bool:
+        """Whether it was renewed within its timeout."""
+        return self.age_s <= self.timeout_s
+
+
+def held_lease(pipeline: Pipeline, epoch: int, participant: str, now: float) -> HeldLease | None:
+    """The lease of ``participant`` in ``epoch`` seen at store time ``now``; None if it has none."""
+    try:
+        age = now - pipeline.storage.modified(layout.lease_path(epoch, participant))
+    except FileNotFoundError:
+        return None
+    try:
+        record = read_lease(pipeline.storage, epoch, participant)
+    except CheckpointError:
+        record = None  # unreadable content: its modification time still counts
+    return HeldLease(participant, age, lease_timeout(pipeline.config, record), record)
+
+
 def lease_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> float:
     """Seconds after its last renewal that ``lease`` is dead: its holder's timeout or the observer's, the larger.
 
@@ -288,7 +347,7 @@ class EpochLiveness:
 
 
 def liveness(pipeline: Pipeline, epoch: int, owner_run_finished: bool | None = None, *,
-             now: float | None = None) -> EpochLiveness:
+             now: float | None = None, seen: EpochDir | None = None) -> EpochLiveness:
     """Judge whether ``epoch`` is alive or dead (the one place that decides it).
 
     :param owner_run_finished: whether the DAG run that began the epoch is in a terminal
@@ -296,11 +355,12 @@ def liveness(pipeline: Pipeline, epoch: int, owner_run_finished: bool | None = N
         asks an orchestrator; its caller does.
     :param now: the store's time to judge at; default: probe the store
         (:func:`store_now`). Given explicitly only to look ahead (tests, "what if").
+    :param seen: the epoch's log directory as the caller listed it (default: list it now).
     """
     config = pipeline.config
     storage = pipeline.storage
-    names = storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
-    state = pipeline.txlog.state(epoch, names)
+    seen = seen if seen is not None else EpochDir.read(pipeline, epoch)
+    names, state = seen.names, seen.state
     try:
         begin = pipeline.txlog.read_begin(epoch) if BEGIN in names else None
     except CorruptCheckpointError:
@@ -324,30 +384,20 @@ def liveness(pipeline: Pipeline, epoch: int, owner_run_finished: bool | None = N
         except FileNotFoundError:
             return None
 
-    prepared = {n[len(PREPARED_PREFIX):] for n in names if n.startswith(PREPARED_PREFIX)}
+    prepared = seen.prepared()
     # The leases of the participants still running (a prepared one is finished), each
     # judged with the larger of its holder's timeout and this observer's: a stage set up
     # to renew rarely is not dead by the shorter timeout of whoever looks at it.
-    leases: list[tuple[float, float, str, LeaseRecord | None]] = []
-    for name in names:
-        if not name.startswith(layout.LEASE_PREFIX) or name[len(layout.LEASE_PREFIX):] in prepared:
-            continue
-        age = age_of(name)
-        if age is None:
-            continue
-        participant = name[len(layout.LEASE_PREFIX):]
-        try:
-            record = read_lease(storage, epoch, participant)
-        except CheckpointError:
-            record = None  # unreadable content: its modification time still counts
-        leases.append((age, lease_timeout(config, record), participant, record))
+    leases = [held for held in (held_lease(pipeline, epoch, p, now) for p in sorted(seen.leased() - prepared))
+              if held is not None]
 
     if leases:
         # The lease furthest from expiring speaks for the epoch.
-        age, timeout, participant, record = min(leases, key=lambda item: item[0] - item[1])
-        who = f"lease of {participant!r}" + (f" ({record.describe_holder()}, generation {record.generation})"
-                                             if record else "")
-        if age <= timeout:
+        held = min(leases, key=lambda h: h.age_s - h.timeout_s)
+        age, record = held.age_s, held.record
+        who = f"lease of {held.participant!r}" + (f" ({record.describe_holder()}, generation {record.generation})"
+                                                  if record else "")
+        if held.renewed:
             return verdict(Liveness.ALIVE, f"{who} renewed {max(age, 0):.0f}s ago, within timeout "
                            f"({describe_timeout(config, record)})", age, record)
         if state is EpochState.OPEN:
@@ -355,8 +405,7 @@ def liveness(pipeline: Pipeline, epoch: int, owner_run_finished: bool | None = N
                            f"{describe_timeout(config, record)}", age, record)
     if state is EpochState.PREPARED:
         declared = pipeline.declared_participants() or []
-        waiting = sorted(set(declared) - prepared - {n[len(layout.LEASE_PREFIX):] for n in names
-                                                     if n.startswith(layout.LEASE_PREFIX)})
+        waiting = sorted(set(declared) - prepared - seen.leased())
         if waiting and owner_run_finished is False:
             # A declared stage of a run still running has not begun (queued behind a pool,
             # or waiting for upstream tasks): it takes its lease when it starts.

@@ -25,7 +25,7 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core import layout, sweep
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import EpochLiveness, Liveness, liveness, store_now, wait_for
+from airflow_seatunnel_ckpt.core.lease import EpochDir, EpochLiveness, Liveness, liveness, store_now, wait_for
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState
 from airflow_seatunnel_ckpt.core.pipeline import Pipeline
 
@@ -144,7 +144,8 @@ def resolve_epoch(pipeline: Pipeline, epoch: int, *, run_finished: RunFinished |
     :param by: who acts, written in the decision of an abort.
     """
     try:
-        state = pipeline.state(epoch)
+        seen = EpochDir.read(pipeline, epoch)  # the one listing both the state and the judgement read
+        state = seen.state
         begin = pipeline.txlog.read_begin(epoch) if not state.decided else None
     except CorruptCheckpointError as exc:
         return Resolution(epoch, RecoveryStep.INSPECT,
@@ -176,7 +177,8 @@ def resolve_epoch(pipeline: Pipeline, epoch: int, *, run_finished: RunFinished |
     # renews its lease is never aborted, however long it runs.
     finished = _ask_run_finished(pipeline, run_finished, begin)
     try:
-        judged = liveness(pipeline, epoch, finished, now=(clock or (lambda: store_now(pipeline.storage)))())
+        judged = liveness(pipeline, epoch, finished, now=(clock or (lambda: store_now(pipeline.storage)))(),
+                          seen=seen)
     except CheckpointError as exc:
         return Resolution(epoch, RecoveryStep.INSPECT, f"cannot tell whether {state.value} epoch {epoch} is alive; "
                           "it is left alone until the store answers", state, error=str(exc))

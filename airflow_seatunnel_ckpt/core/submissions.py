@@ -33,13 +33,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import describe_timeout, lease_timeout, read_lease, store_now
+from airflow_seatunnel_ckpt.core.lease import EpochDir, describe_timeout, held_lease, store_now
 from airflow_seatunnel_ckpt.core.models import _get
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.txlog import PREPARED_PREFIX, FenceRecord, fence_name
@@ -207,7 +207,8 @@ def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) 
     decided before the participant prepared (aborted: the application's work can never be
     committed).
     """
-    names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    seen = EpochDir.read(pipeline, epoch)
+    names = seen.names
     if PREPARED_PREFIX + participant in names:
         return ""
     if fence_name(participant, attempt) in names:
@@ -216,9 +217,8 @@ def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) 
             return f"cancelled by {fence.by}: {fence.reason}"
         if fence is not None:
             return ""  # it is preparing: let it finish
-    state = pipeline.txlog.state(epoch, list(names))
-    if state.decided:
-        return f"epoch {epoch} was decided ({state.value}) before {participant} prepared"
+    if seen.state.decided:
+        return f"epoch {epoch} was decided ({seen.state.value}) before {participant} prepared"
     return ""
 
 
@@ -249,7 +249,7 @@ def submissions_of(pipeline: Pipeline, epoch: int) -> list[tuple[SubmissionRecor
 
 
 def submitted_attempts(pipeline: Pipeline, epoch: int, participant: str,
-                       names: Sequence[str] | None = None) -> list[int]:
+                       names: Iterable[str] | None = None) -> list[int]:
     """Attempts of ``participant`` in ``epoch`` that have a submission record, oldest first."""
     prefix = f"{SUBMISSION_PREFIX}{validate_name(participant, 'participant name')}-a"
     if names is None:
@@ -321,7 +321,7 @@ def returns_at_submission(record: SubmissionRecord) -> bool:
 
 
 def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int,
-                     *, now: float | None = None) -> SubmissionCheck:
+                     *, now: float | None = None, seen: EpochDir | None = None) -> SubmissionCheck:
     """Where the submitted ``attempt`` of ``participant`` in ``epoch`` stands (the one judgement).
 
     In order: prepared (by any attempt) wins; a decided epoch ends the wait; an exit record
@@ -329,9 +329,11 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
     submission (:func:`returns_at_submission`), whose driver is judged by its lease; a lease
     of this attempt renewed within its timeout (:func:`~.lease.lease_timeout`) -- or, before
     the first renewal, a submission record younger than ``lease_timeout_s`` -- means it
-    runs; anything else is lost.
+    runs; anything else is lost. ``seen``: the epoch's log directory as the caller listed
+    it (default: list it now).
     """
-    names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    seen = seen if seen is not None else EpochDir.read(pipeline, epoch)
+    names = seen.names
     txlog = pipeline.txlog
 
     def check(outcome: SubmissionOutcome, message: str, **extra: Any) -> SubmissionCheck:
@@ -342,7 +344,7 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
         by = "this attempt" if prepared.attempt == attempt else f"attempt {prepared.attempt}"
         return check(SubmissionOutcome.PREPARED, f"epoch {epoch}: {participant} was prepared by {by}",
                      prepared_attempt=prepared.attempt)
-    state = txlog.state(epoch, list(names))
+    state = seen.state
     if state.decided:
         return check(SubmissionOutcome.DECIDED, f"epoch {epoch} was decided ({state.value}) before "
                      f"{participant} prepared")
@@ -360,25 +362,22 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
         return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt {attempt} "
                      f"{how}", returncode=ended.returncode, tail=ended.tail)
     now = store_now(pipeline.storage) if now is None else now
-    lease_name = f"{layout.LEASE_PREFIX}{participant}"
-    if lease_name in names:
-        lease = read_lease(pipeline.storage, epoch, participant)
-        if lease is not None and lease.attempt == attempt:
-            age = now - pipeline.storage.modified(layout.lease_path(epoch, participant))
-            timeout = lease_timeout(pipeline.config, lease)
-            if age <= timeout:
-                returned = (" (spark-submit returned at submission, standalone cluster mode; its driver holds the "
-                            "lease)" if detached is not None else "")
-                return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} runs "
-                             f"({lease.describe_holder()}, lease renewed {max(age, 0):.0f}s ago){returned}")
-            if detached is not None:
-                return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt "
-                             f"{attempt} returned at submission (standalone cluster mode) and its driver's lease was "
-                             f"last renewed {age:.0f}s ago, over {describe_timeout(pipeline.config, lease)}, without "
-                             "preparing the participant", returncode=detached.returncode, tail=detached.tail)
-            return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} is lost: its "
-                         f"lease ({lease.describe_holder()}) was last renewed {age:.0f}s ago, over "
-                         f"{describe_timeout(pipeline.config, lease)}, and spark-submit left no exit record")
+    held = held_lease(pipeline, epoch, participant, now) if participant in seen.leased() else None
+    if held is not None and held.record is not None and held.record.attempt == attempt:
+        lease, age = held.record, held.age_s
+        if held.renewed:
+            returned = (" (spark-submit returned at submission, standalone cluster mode; its driver holds the "
+                        "lease)" if detached is not None else "")
+            return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} runs "
+                         f"({lease.describe_holder()}, lease renewed {max(age, 0):.0f}s ago){returned}")
+        if detached is not None:
+            return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt "
+                         f"{attempt} returned at submission (standalone cluster mode) and its driver's lease was "
+                         f"last renewed {age:.0f}s ago, over {describe_timeout(pipeline.config, lease)}, without "
+                         "preparing the participant", returncode=detached.returncode, tail=detached.tail)
+        return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} is lost: its "
+                     f"lease ({lease.describe_holder()}) was last renewed {age:.0f}s ago, over "
+                     f"{describe_timeout(pipeline.config, lease)}, and spark-submit left no exit record")
     timeout = pipeline.config.lease_timeout_s
     submitted = submission_name(participant, attempt)
     if submitted in names:

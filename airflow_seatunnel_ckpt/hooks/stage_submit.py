@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
+from airflow_seatunnel_ckpt.core.lease import EpochDir
 from airflow_seatunnel_ckpt.core.submissions import (
     DeferralRecord,
     SubmissionCheck,
@@ -101,8 +102,9 @@ class StageSubmitHook(BaseHook):
 
     def running(self, epoch: int) -> SubmissionRecord | None:
         """The newest submitted attempt of this participant in ``epoch`` that still runs, if any."""
-        for attempt in reversed(submitted_attempts(self.pipeline, epoch, self.participant)):
-            if self.check(epoch, attempt).outcome is SubmissionOutcome.RUNNING:
+        seen = EpochDir.read(self.pipeline, epoch)  # one listing for every attempt's judgement
+        for attempt in reversed(submitted_attempts(self.pipeline, epoch, self.participant, seen.names)):
+            if self.check(epoch, attempt, seen).outcome is SubmissionOutcome.RUNNING:
                 return read_submission(self.pipeline, epoch, self.participant, attempt)
         return None
 
@@ -141,9 +143,12 @@ class StageSubmitHook(BaseHook):
         return True
 
     # -- wait --------------------------------------------------------------------------
-    def check(self, epoch: int, attempt: int) -> SubmissionCheck:
-        """One look at the submitted ``attempt`` (:func:`~airflow_seatunnel_ckpt.core.submissions.judge_submission`)."""
-        return judge_submission(self.pipeline, epoch, self.participant, attempt)
+    def check(self, epoch: int, attempt: int, seen: EpochDir | None = None) -> SubmissionCheck:
+        """One look at the submitted ``attempt`` (:func:`~airflow_seatunnel_ckpt.core.submissions.judge_submission`).
+
+        ``seen``: the epoch's log directory as already listed (default: list it now).
+        """
+        return judge_submission(self.pipeline, epoch, self.participant, attempt, seen=seen)
 
     def wait(self, record: SubmissionRecord, on_line: Callable[[str], None] | None = None) -> SubmissionCheck:
         """Poll in this process until ``record``'s attempt is done; ``on_line`` gets its launch log's new lines."""

@@ -116,7 +116,97 @@ def _what_the_wait_is_for(judged: EpochLiveness, pipeline: Pipeline) -> str:
             f"for the lease to expire in {left:.0f}s at the latest, when this run aborts the epoch")
 
 
-class SparkStageOperator(BasePipelineOperator):
+class PendingEpochWaitMixin(BasePipelineOperator):
+    """Begin the run's epoch; an earlier undecided epoch is waited for, or resolved.
+
+    A new epoch cannot begin while an earlier one is undecided. Instead of failing (and
+    burning a retry), the task has it resolved
+    (:func:`~airflow_seatunnel_ckpt.core.recovery.resolve_epoch`, asking Airflow whether
+    its owning run is finished):
+
+    * dead (lease expired, prepared too long ago, or its DAG run is finished -- e.g. marked
+      failed or success in the UI): it is aborted here, and this run begins;
+    * decided commit but not yet published: it is published (roll forward), and this run begins;
+    * alive: the task is *rescheduled* (``AirflowRescheduleException``: the worker slot is
+      freed, the try number is kept, no triggerer is needed) and looks again after
+      ``pending_poke_interval`` seconds, for at most ``pending_wait_timeout`` seconds in all.
+    """
+
+    pending_poke_interval: float
+    pending_wait_timeout: float | None
+
+    def begin_epoch(self, context: Context) -> BeginRecord:
+        """The run's epoch, once no earlier epoch blocks it (or reschedule the task)."""
+        pipeline = self.store_pipeline
+        run_id = context["run_id"]
+        # Recorded in ``begin`` so that `seatunnel-ckpt epochs` can show which interval an
+        # epoch processed (Airflow 3 runs may have none: manual and asset-triggered runs).
+        logical = context.get("logical_date")
+        logical_date = logical.isoformat() if logical is not None else ""
+        for _ in range(10):
+            try:
+                return pipeline.begin(run_id, logical_date=logical_date)
+            except PendingEpochError as exc:
+                if exc.epoch <= 0 or not self._resolve_pending(context, pipeline, exc):
+                    raise
+        return pipeline.begin(run_id, logical_date=logical_date)
+
+    def _resolve_pending(self, context: Context, pipeline: Pipeline, exc: PendingEpochError) -> bool:
+        """True if the blocking epoch is out of the way now; else reschedule or raise."""
+        from airflow.sdk.exceptions import AirflowRescheduleException
+
+        epoch = exc.epoch
+        me = f"stage {context['dag'].dag_id}/{context['run_id']}/{self.task_id}"
+        run_finished = ask_airflow_run_finished(context, context["dag"].dag_id)
+        resolution = resolve_epoch(pipeline, epoch, run_finished=run_finished, by=me)
+        lease_s = pipeline.config.lease_timeout_s
+        if resolution.step is RecoveryStep.INSPECT:
+            raise CheckpointError(f"pipeline {pipeline.name!r}: epoch {epoch} blocks this run and {resolution.reason}: "
+                                  f"{resolution.error}") from exc
+        if resolution.step is RecoveryStep.FINISH_COMMIT and resolution.error:
+            self.log.warning("epoch %s is decided commit; publishing it failed (%s); waiting", epoch, resolution.error)
+            judged_text = f"epoch {epoch} is COMMITTING and its publish failed: {resolution.error}"
+        elif resolution.waits and resolution.judged is not None:
+            judged_text = resolution.judged.describe() + _what_the_wait_is_for(resolution.judged, pipeline)
+            lease_s = lease_timeout(pipeline.config, resolution.judged.lease)  # its holder's, when longer
+        else:
+            # Out of the way: rolled forward, aborted (by this run or, meanwhile, by another),
+            # or decided meanwhile; begin again.
+            if resolution.step is RecoveryStep.FINISH_COMMIT:
+                self.log.info("epoch %s was decided commit but not published: published it (roll forward)", epoch)
+            elif resolution.judged is not None and resolution.done:
+                self.log.warning("%s; aborted it so that this run can begin", resolution.judged.describe())
+            elif resolution.error:
+                self.log.info("epoch %s could not be aborted (%s); looking again", epoch, resolution.error)
+            return True
+        waited = self._waited_s(context)
+        limit = self.pending_wait_timeout
+        if limit is None:
+            config = pipeline.config
+            limit = max(lease_s, config.prepared_timeout_s) + 60
+        command = abort_command(pipeline, epoch)
+        if waited >= limit:
+            raise PendingEpochError(
+                f"pipeline {pipeline.name!r}: waited {waited:.0f}s (pending_wait_timeout={limit:g}s) for an "
+                f"earlier epoch, which is still not dead: {judged_text}. If its run is dead, abort it now with "
+                f"`{command}`; otherwise let it finish and clear this task.", epoch) from exc
+        self.log.info("%s; this run waits (rescheduled in %gs, waited %.0fs of %gs). To abort it now: `%s`",
+                      judged_text, self.pending_poke_interval, waited, limit, command)
+        raise AirflowRescheduleException(datetime.now(tz=UTC) + timedelta(seconds=self.pending_poke_interval))
+
+    def _waited_s(self, context: Context) -> float:
+        """Seconds since this try was first rescheduled (0 on the first look)."""
+        try:
+            first = context["ti"].get_first_reschedule_date(context)
+        except Exception:  # an Airflow that cannot say: count from now
+            first = None
+        if first is None:
+            return 0.0
+        return max(0.0, (datetime.now(tz=UTC) - first).total_seconds())
+
+
+
+class SparkStageOperator(PendingEpochWaitMixin):
     """Run a PySpark stage for the run's epoch and log it *prepared*.
 
     The stage function (``"package.module:function"``, see
@@ -136,16 +226,10 @@ class SparkStageOperator(BasePipelineOperator):
     attempt wins and later ones would be fenced). A run whose epoch was aborted gets a
     fresh epoch from ``Pipeline.begin``.
 
-    A run whose epoch cannot begin because an earlier epoch is undecided has it resolved
-    (:func:`~airflow_seatunnel_ckpt.core.recovery.resolve_epoch`, asking Airflow whether
-    its DAG run is finished):
-
-    * dead (lease expired, prepared too long ago, or its DAG run is finished -- e.g. marked
-      failed or success in the UI): it is aborted here, and this run begins;
-    * decided commit but not yet published: it is published (roll forward), and this run begins;
-    * alive: the task is *rescheduled* (``AirflowRescheduleException``: the worker slot is
-      freed, the try number is kept, no triggerer is needed) and looks again after
-      ``pending_poke_interval`` seconds, for at most ``pending_wait_timeout`` seconds in all.
+    A run whose epoch cannot begin because an earlier epoch is undecided waits for it
+    (rescheduled, no retry spent), and aborts it itself once it is dead: its stage's lease
+    expired, or its DAG run is finished (e.g. marked failed in the UI). See
+    :class:`PendingEpochWaitMixin`.
 
     With ``conn_id`` the process work (submit detached, reconnect on a retry, cancel, wait)
     is :class:`~airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook`'s; a deferred
@@ -222,76 +306,6 @@ class SparkStageOperator(BasePipelineOperator):
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self._submit_hook: StageSubmitHook | None = None
-
-    def begin_epoch(self, context: Context) -> BeginRecord:
-        """The run's epoch, once no earlier epoch blocks it (or reschedule the task)."""
-        pipeline = self.store_pipeline
-        run_id = context["run_id"]
-        # Recorded in ``begin`` so that `seatunnel-ckpt epochs` can show which interval an
-        # epoch processed (Airflow 3 runs may have none: manual and asset-triggered runs).
-        logical = context.get("logical_date")
-        logical_date = logical.isoformat() if logical is not None else ""
-        for _ in range(10):
-            try:
-                return pipeline.begin(run_id, logical_date=logical_date)
-            except PendingEpochError as exc:
-                if exc.epoch <= 0 or not self._resolve_pending(context, pipeline, exc):
-                    raise
-        return pipeline.begin(run_id, logical_date=logical_date)
-
-    def _resolve_pending(self, context: Context, pipeline: Pipeline, exc: PendingEpochError) -> bool:
-        """True if the blocking epoch is out of the way now; else reschedule or raise."""
-        from airflow.sdk.exceptions import AirflowRescheduleException
-
-        epoch = exc.epoch
-        me = f"stage {context['dag'].dag_id}/{context['run_id']}/{self.task_id}"
-        run_finished = ask_airflow_run_finished(context, context["dag"].dag_id)
-        resolution = resolve_epoch(pipeline, epoch, run_finished=run_finished, by=me)
-        lease_s = pipeline.config.lease_timeout_s
-        if resolution.step is RecoveryStep.INSPECT:
-            raise CheckpointError(f"pipeline {pipeline.name!r}: epoch {epoch} blocks this run and {resolution.reason}: "
-                                  f"{resolution.error}") from exc
-        if resolution.step is RecoveryStep.FINISH_COMMIT and resolution.error:
-            self.log.warning("epoch %s is decided commit; publishing it failed (%s); waiting", epoch, resolution.error)
-            judged_text = f"epoch {epoch} is COMMITTING and its publish failed: {resolution.error}"
-        elif resolution.waits and resolution.judged is not None:
-            judged_text = resolution.judged.describe() + _what_the_wait_is_for(resolution.judged, pipeline)
-            lease_s = lease_timeout(pipeline.config, resolution.judged.lease)  # its holder's, when longer
-        else:
-            # Out of the way: rolled forward, aborted (by this run or, meanwhile, by another),
-            # or decided meanwhile; begin again.
-            if resolution.step is RecoveryStep.FINISH_COMMIT:
-                self.log.info("epoch %s was decided commit but not published: published it (roll forward)", epoch)
-            elif resolution.judged is not None and resolution.done:
-                self.log.warning("%s; aborted it so that this run can begin", resolution.judged.describe())
-            elif resolution.error:
-                self.log.info("epoch %s could not be aborted (%s); looking again", epoch, resolution.error)
-            return True
-        waited = self._waited_s(context)
-        limit = self.pending_wait_timeout
-        if limit is None:
-            config = pipeline.config
-            limit = max(lease_s, config.prepared_timeout_s) + 60
-        command = abort_command(pipeline, epoch)
-        if waited >= limit:
-            raise PendingEpochError(
-                f"pipeline {pipeline.name!r}: waited {waited:.0f}s (pending_wait_timeout={limit:g}s) for an "
-                f"earlier epoch, which is still not dead: {judged_text}. If its run is dead, abort it now with "
-                f"`{command}`; otherwise let it finish and clear this task.", epoch) from exc
-        self.log.info("%s; this run waits (rescheduled in %gs, waited %.0fs of %gs). To abort it now: `%s`",
-                      judged_text, self.pending_poke_interval, waited, limit, command)
-        raise AirflowRescheduleException(datetime.now(tz=UTC) + timedelta(seconds=self.pending_poke_interval))
-
-    def _waited_s(self, context: Context) -> float:
-        """Seconds since this try was first rescheduled (0 on the first look)."""
-        try:
-            first = context["ti"].get_first_reschedule_date(context)
-        except Exception:  # an Airflow that cannot say: count from now
-            first = None
-        if first is None:
-            return 0.0
-        return max(0.0, (datetime.now(tz=UTC) - first).total_seconds())
-
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
