@@ -195,7 +195,9 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
     Ages are read with the store's clock, probed once; ``now`` (the store's time to judge
     at) only looks ahead, e.g. in tests.
     """
-    clock = functools.cache(lambda: store_now(pipeline.storage)) if now is None else (lambda: now)
+    ahead = now
+    clock: Callable[[], float] = (functools.cache(lambda: store_now(pipeline.storage)) if ahead is None
+                                  else (lambda: ahead))
     now = time.time() if now is None else now
     timeout = pipeline.config.prepared_timeout_s
     report = RecoveryReport(pipeline.name, dry_run)

@@ -9,7 +9,8 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, OperatorState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError, RecoveryError
-from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX
+from airflow_seatunnel_ckpt.core.recovery import RecoveryStep, resolve_epoch
+from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
 from tests.core import faults
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import (
@@ -96,6 +97,89 @@ def test_recovery_aborts_an_undecided_epoch_past_the_prepared_timeout(fast_spec:
     assert p.state(epoch) is EpochState.ABORTED
     assert staging_left(p) == []
     assert p.begin("run-2").epoch == epoch + 1
+
+
+def test_resolve_epoch_rolls_a_committing_epoch_forward_and_returns_the_commit(fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline()
+    epoch = prepare_participant(p, "run-1", Participant()).epoch
+    p.decide(epoch, Decision.COMMIT, "ok", by="test")
+
+    resolution = resolve_epoch(p, epoch, by="test")
+
+    assert (resolution.step, resolution.done, resolution.error) == (RecoveryStep.FINISH_COMMIT, True, "")
+    assert resolution.state is EpochState.COMMITTING and resolution.result.epoch == epoch
+    assert p.state(epoch) is EpochState.COMMITTED
+    assert published(p, "orders") == {epoch: expected_files([b"o1", b"o22"])}
+    again = resolve_epoch(p, epoch)
+    assert (again.step, again.done) == (RecoveryStep.FINAL, False)
+
+
+def test_resolve_epoch_waits_for_a_live_epoch_and_aborts_it_once_dead_in_the_name_of_its_caller(
+        fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline(prepared_timeout_s=60, lease_timeout_s=60, lease_renew_s=10)
+    epoch = p.begin("run-1").epoch
+    began = p.txlog.read_begin(epoch)
+    assert began is not None
+
+    alive = resolve_epoch(p, epoch, clock=lambda: began.created_at + 30, by="stage of run-2")
+    assert alive.waits and alive.judged is not None and not alive.judged.dead
+    assert "seatunnel-ckpt --store" in alive.reason and p.state(epoch) is EpochState.OPEN
+    would = resolve_epoch(p, epoch, clock=lambda: began.created_at + 61, dry_run=True)
+    assert (would.step, would.done) == (RecoveryStep.ABORT_TIMEOUT, False) and p.state(epoch) is EpochState.OPEN
+
+    dead = resolve_epoch(p, epoch, clock=lambda: began.created_at + 61, by="stage of run-2")
+
+    assert (dead.step, dead.done) == (RecoveryStep.ABORT_TIMEOUT, True)
+    status = p.status(epoch)
+    assert status.state is EpochState.ABORTED and status.decision is not None
+    assert status.decision.by == "stage of run-2" and "no stage ever took its lease" in status.decision.reason
+
+
+def test_resolve_epoch_aborts_an_epoch_whose_run_is_finished_and_reports_a_damaged_one(fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline()
+    finished = p.begin("run-1").epoch
+    asked: list[tuple[str, str]] = []
+
+    def run_finished(run_id: str, dag_id: str) -> bool:
+        asked.append((run_id, dag_id))
+        return True
+
+    resolution = resolve_epoch(p, finished, run_finished=run_finished)
+    assert asked == [("run-1", "")]
+    assert (resolution.step, resolution.done) == (RecoveryStep.ABORT_DEAD_OWNER, True)
+    assert p.state(finished) is EpochState.ABORTED
+
+    damaged = p.begin("run-2").epoch
+    prepare_participant(p, "run-2", Participant(), epoch=damaged)
+    damage_record(p, damaged, "prepared-ingest")
+    p.storage.write_atomic(layout.record_path(damaged, "decision"), b"{not json")
+    inspect = resolve_epoch(p, damaged)
+    assert inspect.step is RecoveryStep.INSPECT and inspect.state is None and inspect.error
+
+
+def test_recovery_lists_an_undecided_epochs_log_directory_once(
+        fast_spec: StoreSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state and the liveness judgement read one listing of the epoch's directory."""
+    p = fast_spec.pipeline()
+    epoch = p.begin("run-1").epoch
+    listed: list[str] = []
+    storage_type = type(p.storage)
+    list_dir = storage_type.list_dir
+
+    def recording(self: Storage, path: str = "") -> list[str]:
+        listed.append(path)
+        return list_dir(self, path)
+
+    monkeypatch.setattr(storage_type, "list_dir", recording)
+
+    assert resolve_epoch(p, epoch, dry_run=True).waits
+    assert listed.count(layout.txlog_dir(epoch)) == 1, listed
+    listed.clear()
+    report = p.recover(dry_run=True)
+
+    assert [(a.epoch, str(a.action)) for a in report.actions] == [(epoch, "wait")]
+    # One more: listing the epochs looks into the newest one (an empty directory is no epoch).
+    assert listed.count(layout.txlog_dir(epoch)) == 2, listed
 
 
 def test_a_dry_run_reports_what_it_would_do_and_changes_nothing(fast_spec: StoreSpec) -> None:
