@@ -60,6 +60,17 @@ def _expand(ranges: Ranges) -> list[int]:
     return [e for first, last in ranges for e in range(first, last + 1)]
 
 
+def final_run(watermark: int, states: Mapping[int, EpochState]) -> list[int]:
+    """The unbroken run of final epochs right above ``watermark``: what an advance would cover.
+
+    An epoch that is not final, or absent from ``states`` (missing, damaged), ends it.
+    """
+    run: list[int] = []
+    while (state := states.get(watermark + len(run) + 1)) is not None and state.final:
+        run.append(watermark + len(run) + 1)
+    return run
+
+
 @dataclass(frozen=True)
 class SettledRecord:
     """One version of the settled watermark: every epoch <= ``watermark`` is final."""
@@ -201,9 +212,8 @@ class SettledLog:
         base = seen.record
         watermark = base.watermark
         committed, aborted = base.committed_epochs(), _expand(base.aborted)
-        while (state := states_above.get(watermark + 1)) is not None and state.final:
-            watermark += 1
-            (committed if state is EpochState.COMMITTED else aborted).append(watermark)
+        for watermark in final_run(base.watermark, states_above):
+            (committed if states_above[watermark] is EpochState.COMMITTED else aborted).append(watermark)
         if watermark - base.watermark < max(1, MIN_ADVANCE if min_advance is None else min_advance):
             return None
         newest = seen.newest_version

@@ -138,12 +138,6 @@ def unsettled_places(pipeline: Pipeline, watermark: int, above: Iterable[int],
     return list(places.values())
 
 
-def _epoch_swept(pipeline: Pipeline, epoch: int, state: EpochState, now: float, timeout: float,
-                 removed: list[str]) -> bool:
-    """Sweep what ``epoch`` owns; True if nothing young is left in it."""
-    return _sweep(epoch_places(pipeline, epoch, state), now, timeout, removed)
-
-
 def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochState], *, now: float,
            timeout: float) -> list[str]:
     """Advance the settled watermark over the final epochs of ``states``, sweeping each first.
@@ -156,15 +150,13 @@ def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochStat
     watermark = seen.record.watermark
     covered = dict(states)
     removed: list[str] = []
-    run: list[int] = []  # the unbroken final epochs right above the watermark: what the advance would cover
-    while (state := states.get(watermark + len(run) + 1)) is not None and state.final:
-        run.append(watermark + len(run) + 1)
+    run = settled.final_run(watermark, states)
     # Nothing is swept for an advance too short to be written (the next run sweeps then),
     # nor on an object store (its writes leave no temp files, and reads cost requests).
     if len(run) >= max(1, settled.MIN_ADVANCE) and pipeline.storage.capabilities.temp_files:
         for epoch in run:
             try:
-                swept = _epoch_swept(pipeline, epoch, states[epoch], now, timeout, removed)
+                swept = _sweep(epoch_places(pipeline, epoch, states[epoch]), now, timeout, removed)
             except CheckpointError as exc:
                 log.warning("pipeline %s: epoch %s is not settled yet: %s", pipeline.name, epoch, exc)
                 swept = False

@@ -28,6 +28,7 @@ from airflow_seatunnel_ckpt.core.storage import (
     MemoryStorage,
     ObjectStorage,
     Storage,
+    TempFiles,
     backend_for,
     open_storage,
     publish_files,
@@ -222,6 +223,30 @@ def test_listings_hide_temp_files(store_spec: StoreSpec) -> None:
         f"{TEMP_PREFIX}inflight",
         "real",
     ]
+
+
+def test_temp_files_names_what_a_killed_writer_left_where_the_backends_writes_leave_any(
+        store_spec: StoreSpec) -> None:
+    """A backend whose writes go through temp files finds the stale ones; the others have none to find."""
+    store = store_spec.storage()
+    store.write_atomic("t/a/real", b"1")
+    store.create_exclusive("t/b/record", b"2")
+    now = time.time()
+    assert store.temp_files("t", now=now, older_than=60) == TempFiles()  # whole writes leave nothing
+    if not store.capabilities.temp_files:
+        return
+    killed = [f"t/a/{TEMP_PREFIX}killed", f"t/b/{TEMP_PREFIX}killed", f"t/{TEMP_PREFIX}killed"]
+    for path in [*killed, f"t/b/{TEMP_PREFIX}inflight"]:
+        with open(store.full_path(path), "wb") as fh:
+            fh.write(b"half")
+    for path in killed:
+        os.utime(store.full_path(path), (now - 3600, now - 3600))
+
+    assert store.temp_files("t", now=now, older_than=60) == TempFiles(sorted(killed), young=True)
+    assert store.temp_files("t", now=now, older_than=60, recursive=False) == TempFiles([f"t/{TEMP_PREFIX}killed"])
+    assert store.temp_files("t", now=now, older_than=60, prune=lambda d: d == "t/b") == TempFiles(
+        sorted([f"t/a/{TEMP_PREFIX}killed", f"t/{TEMP_PREFIX}killed"]))
+    assert store.temp_files("absent", now=now, older_than=60) == TempFiles()
 
 
 def test_walk_lists_every_file_below_with_relative_paths_and_sizes(store_spec: StoreSpec) -> None:
@@ -508,7 +533,7 @@ def test_every_backend_declares_its_guarantees(store_spec: StoreSpec) -> None:
     assert isinstance(caps, Capabilities)
     assert caps.conditional_create
     assert caps == {
-        "file": Capabilities(conditional_create=True, atomic_rename_dir=True, checksum=None),
+        "file": Capabilities(conditional_create=True, atomic_rename_dir=True, checksum=None, temp_files=True),
         "memory": Capabilities(conditional_create=True, atomic_rename_dir=False, checksum=None),
         "s3": Capabilities(conditional_create=True, atomic_rename_dir=False, checksum="crc32c"),
     }[store_spec.backend]
