@@ -6,7 +6,7 @@ import contextlib
 import errno
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.config import redact_url
@@ -70,23 +70,11 @@ class LocalStorage(Storage):
         # os.scandir for the same reason as list_dir: fsspec's find stats and normalises
         # every file through several layers, a few hundred ms for a 10,000-file output.
         out: list[FileInfo] = []
-
-        def visit(directory: str, prefix: str) -> None:
-            try:
-                entries = os.scandir(directory)
-            except (FileNotFoundError, NotADirectoryError):
-                return
-            with entries:
-                for entry in entries:
-                    rel = prefix + entry.name
-                    if entry.is_dir(follow_symlinks=False):
-                        visit(entry.path, rel + "/")
-                    elif include_temp or not entry.name.startswith(TEMP_PREFIX):
-                        with contextlib.suppress(FileNotFoundError):  # removed while we listed
-                            out.append(FileInfo(rel, entry.stat(follow_symlinks=False).st_size))
-
         try:
-            visit(self.full_path(path), "")
+            for rel, entry in _files_below(self.full_path(path), ""):
+                if include_temp or not entry.name.startswith(TEMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):  # removed while we listed
+                        out.append(FileInfo(rel, entry.stat(follow_symlinks=False).st_size))
         except OSError as exc:
             raise self._err("walking", path, exc) from exc
         return sorted(out, key=lambda f: f.path)
@@ -97,33 +85,20 @@ class LocalStorage(Storage):
         # into place (see _write_tmp): a writer killed in between leaves the temp file.
         stale: list[str] = []
         young = False
-
-        def visit(directory: str, prefix: str) -> None:
-            nonlocal young
-            try:
-                entries = os.scandir(directory)
-            except (FileNotFoundError, NotADirectoryError):
-                return
-            with entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        if recursive and not (prune and prune(prefix + entry.name)):
-                            visit(entry.path, f"{prefix}{entry.name}/")
-                        continue
-                    if not entry.name.startswith(TEMP_PREFIX):
-                        continue
-                    try:
-                        age = now - entry.stat(follow_symlinks=False).st_mtime
-                    except FileNotFoundError:  # its writer finished, or another sweeper removed it
-                        continue
-                    if age > older_than:
-                        stale.append(prefix + entry.name)
-                    else:
-                        young = True
-
         rel = clean_relpath(path)
         try:
-            visit(self.full_path(rel), f"{rel}/" if rel else "")
+            for name, entry in _files_below(self.full_path(rel), f"{rel}/" if rel else "",
+                                            lambda d: recursive and not (prune and prune(d))):
+                if not entry.name.startswith(TEMP_PREFIX):
+                    continue
+                try:
+                    age = now - entry.stat(follow_symlinks=False).st_mtime
+                except FileNotFoundError:  # its writer finished, or another sweeper removed it
+                    continue
+                if age > older_than:
+                    stale.append(name)
+                else:
+                    young = True
         except OSError as exc:
             raise self._err("looking for temp files below", rel, exc) from exc
         return TempFiles(sorted(stale), young)
@@ -192,6 +167,26 @@ class LocalStorage(Storage):
         fsync_dir(os.path.dirname(dst_full))
         fsync_dir(os.path.dirname(src_full))
         return True
+
+
+def _files_below(directory: str, prefix: str, descend: Callable[[str], bool] = lambda _: True,
+                 ) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """Every file below ``directory`` as (``prefix`` + its relative path, its entry).
+
+    A subdirectory is entered only if ``descend(prefix + its relative path)``; an absent
+    ``directory`` has no files.
+    """
+    try:
+        entries = os.scandir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with entries:
+        for entry in entries:
+            rel = prefix + entry.name
+            if not entry.is_dir(follow_symlinks=False):
+                yield rel, entry
+            elif descend(rel):
+                yield from _files_below(entry.path, rel + "/", descend)
 
 
 def fsync_dir(directory: str) -> None:
