@@ -4,6 +4,7 @@
 * ``spark_standalone``: a real Spark standalone master and worker on loopback.
 * ``moto_server`` / ``s3_bucket``: an S3-compatible server on loopback (moto).
 * ``airflow_home``: an Airflow 3 home with a migrated SQLite metadata database.
+* ``kafka_broker``: a Kafka-compatible broker (Tansu) on loopback (tests/kafka_broker.py).
 
 Airflow reads its configuration once, when ``airflow`` is first imported, so the
 environment it needs is set at import time of this module (pytest imports conftest
@@ -425,6 +426,24 @@ def moto_server() -> Iterator[MotoS3]:
     finally:
         server.stop()
         S3Response.put_object = put_object  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[Any]:
+    """A Tansu broker on 127.0.0.1 with memory storage for the session, stopped by its PID.
+
+    Skips only where the broker binary cannot start on this machine (the reason is shown).
+    """
+    from tests.kafka_broker import BrokerUnavailable, start_broker
+
+    try:
+        broker = start_broker(SESSION_ROOT)
+    except BrokerUnavailable as exc:
+        pytest.skip(f"the Kafka-compatible test broker cannot start here: {exc}")
+    try:
+        yield broker
+    finally:
+        broker.stop()
 
 
 @pytest.fixture
