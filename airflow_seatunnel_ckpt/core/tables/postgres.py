@@ -25,8 +25,9 @@ The append path copies straight into the table: inside the transaction that is a
 as a staging table and an ``INSERT ... SELECT``, at the cost of one copy of the rows.
 
 Refusals come first: :func:`precheck` (run by ``Pipeline.decide``) checks the table exists
-(or ``create_table``), every staged column exists with a compatible type, columns the
-epoch lacks are nullable or have a default, the merge keys are the table's primary key or
+(or ``create_table``), every staged column exists with a compatible type, the columns the
+epoch does not write have a default (a stage that stops writing a column is refused, as
+the Iceberg and Delta sinks refuse it), the merge keys are the table's primary key or
 a unique constraint, the staged keys are never NULL nor repeated, and the owner and
 markers; the commit repeats them inside its transaction (a table altered after the
 decision). After the decision only transient failures remain: a lost connection, a
@@ -89,7 +90,7 @@ class Column:
     name: str
     typname: str
     declared: str
-    required: bool  # NOT NULL without a default (nor identity, nor generated)
+    required: bool  # without a default (nor identity, nor generated): every epoch must write it
 
 
 def identify(request: TableCommit) -> tuple[PostgresOptions, str]:
@@ -345,7 +346,7 @@ def _table_columns(conn: psycopg.Connection, options: PostgresOptions) -> dict[s
         return None
     rows = conn.execute(
         "SELECT a.attname, t.typname, format_type(a.atttypid, a.atttypmod), "
-        "a.attnotnull AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '' "
+        "NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '' "
         "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
         "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (found[0],)).fetchall()
     return {r[0]: Column(r[0], r[1], r[2], bool(r[3])) for r in rows}
@@ -383,7 +384,8 @@ def check_columns(table: dict[str, Column], schema: pa.Schema, options: Postgres
             + (f"Columns not in the table: {missing} (add them: ALTER TABLE {options.table} ADD COLUMN ...). "
                if missing else "")
             + (f"Incompatible types: {'; '.join(wrong)}. " if wrong else "")
-            + (f"NOT NULL columns without a default the epoch does not write: {required}. " if required else "")
+            + (f"Columns without a default the epoch does not write: {required} (a column the stage stopped "
+               "writing would be NULL from now on). " if required else "")
             + "Cast, add or drop the columns in the stage to match the table, or alter the table")
 
 
