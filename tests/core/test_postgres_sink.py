@@ -276,3 +276,15 @@ def test_a_database_down_at_the_commit_leaves_the_epoch_committing_and_a_retry_l
     epochs.open().commit(epoch)
     assert epochs.pipeline.state(epoch) is EpochState.COMMITTED
     assert epochs.table() == expected([1, 2])
+
+
+def test_a_role_with_only_insert_and_select_commits_once_the_bookkeeping_tables_exist(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
+    epochs.run(rows([1]))  # the first commit (an owner of the schema) creates the tables
+    epochs.execute("CREATE ROLE writer LOGIN; GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO writer")
+    epochs.options = {**epochs.options, "conninfo": f"{postgres_db} user=writer"}
+    epochs.run(rows([2, 3]))
+
+    assert epochs.table() == expected([1, 2, 3])
+    assert len(epochs.markers()) == 2

@@ -189,7 +189,15 @@ def _qualified(options: PostgresOptions, name: str | None = None) -> sql.Identif
 
 
 def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> None:
-    """Create the marker and owner tables in the table's schema if missing (own transaction)."""
+    """Create the marker and owner tables in the table's schema if missing (own transaction).
+
+    Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
+    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``.
+    """
+    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s)", (
+        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn))).fetchone()
+    if found is not None and None not in found:
+        return
     with conn.transaction():
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (store_id text NOT NULL, pipeline text NOT NULL, sink text NOT NULL, "
