@@ -288,3 +288,14 @@ def test_a_role_with_only_insert_and_select_commits_once_the_bookkeeping_tables_
 
     assert epochs.table() == expected([1, 2, 3])
     assert len(epochs.markers()) == 2
+
+
+def test_a_role_without_insert_on_the_table_is_refused_before_the_decision(tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
+    epochs.run(rows([1]))
+    epochs.execute("CREATE ROLE reader LOGIN; GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader")
+    epochs.options = {**epochs.options, "conninfo": f"{postgres_db} user=reader"}
+    reason = epochs.refused(rows([2]))
+
+    assert "the role 'reader' lacks INSERT on \"public\".\"orders\"" in reason
+    assert epochs.table() == expected([1])

@@ -339,6 +339,31 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
     check_columns(table, schema, options, where)
     if options.merge_keys:
         check_unique(conn, options, where)
+    check_privileges(conn, options, where)
+
+
+def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+    """ConfigError unless the connection's role may load the table and write the marker and owner tables."""
+    needed = [(_qualified(options), "INSERT"), *([(_qualified(options), "UPDATE")] if options.merge_keys else [])]
+    for name in (EPOCHS, OWNERS):
+        needed += [(_qualified(options, name), "INSERT"), (_qualified(options, name), "SELECT")]
+    missing = []
+    for table, privilege in needed:
+        qualified = table.as_string(conn)
+        found = conn.execute("SELECT to_regclass(%s) IS NULL OR has_table_privilege(%s, %s)",
+                             (qualified, qualified, privilege)).fetchone()
+        if not (found and found[0]):
+            missing.append(f"{privilege} on {qualified}")
+    absent = conn.execute("SELECT to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL", (
+        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn))).fetchone()
+    if absent and absent[0]:
+        can = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (options.schema,)).fetchone()
+        if not (can and can[0]):
+            missing.append(f"CREATE on schema {options.schema} (the first commit creates {EPOCHS} and {OWNERS})")
+    if missing:
+        user = conn.execute("SELECT current_user").fetchone()
+        raise ConfigError(f"{where}: the role {user[0] if user else '?'!r} lacks {', '.join(missing)}; grant "
+                          "them (or connect as a role that has them) before the next run")
 
 
 def _no_table(options: PostgresOptions, where: str) -> str:
