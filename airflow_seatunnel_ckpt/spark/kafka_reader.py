@@ -43,8 +43,8 @@ def read_ranges(spark: SparkSession, ranges: list[Range], config: Mapping[str, A
     """The records of ``ranges`` as a DataFrame (Spark's Kafka columns), read on the executors.
 
     No checkpoint protocol: the plain per-partition reader (the benchmark's baseline uses it
-    as it is). Client settings travel as ``kafka.<setting>`` options, so Spark's redaction of
-    option names such as ``*password*`` applies to them.
+    as it is). Client settings travel as ``kafka.<setting>`` options, which Spark does not
+    print in the scan's plan.
     """
     spark.dataSource.register(KafkaRangesDataSource)
     reader = spark.read.format(FORMAT).option("ranges", json.dumps([
