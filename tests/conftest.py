@@ -38,6 +38,7 @@ import pytest
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from tests.kafka_broker import KafkaBroker
     from tests.postgres_server import PostgresServer
 
 # --------------------------------------------------------------------------------------
@@ -430,8 +431,19 @@ def moto_server() -> Iterator[MotoS3]:
         S3Response.put_object = put_object  # type: ignore[method-assign]
 
 
+@pytest.fixture
+def s3_bucket(moto_server: MotoS3) -> str:
+    """Create a fresh, uniquely named bucket and return its URL, ``s3://<bucket>``."""
+    return f"s3://{moto_server.create_bucket()}"
+
+
+# --------------------------------------------------------------------------------------
+# Kafka
+# --------------------------------------------------------------------------------------
+
+
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[Any]:
+def kafka_broker() -> Iterator[KafkaBroker]:
     """A Tansu broker on 127.0.0.1 with memory storage for the session, stopped by its PID.
 
     Skips only where the broker binary cannot start on this machine (the reason is shown).
@@ -446,12 +458,6 @@ def kafka_broker() -> Iterator[Any]:
         yield broker
     finally:
         broker.stop()
-
-
-@pytest.fixture
-def s3_bucket(moto_server: MotoS3) -> str:
-    """Create a fresh, uniquely named bucket and return its URL, ``s3://<bucket>``."""
-    return f"s3://{moto_server.create_bucket()}"
 
 
 # --------------------------------------------------------------------------------------
