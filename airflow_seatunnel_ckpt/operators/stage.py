@@ -309,6 +309,7 @@ class SparkStageOperator(PendingEpochWaitMixin):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
+        from airflow_seatunnel_ckpt.hooks.kafka import with_kafka_connections
         from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
         from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
 
@@ -337,7 +338,7 @@ class SparkStageOperator(PendingEpochWaitMixin):
             optional["key_groups"] = self.key_groups
         spec = StageSpec(
             pipeline=self.pipeline, participant=self.participant, run_id=run_id, attempt=attempt,
-            stage=self.stage, sources=self.sources, sinks=self.sinks,
+            stage=self.stage, sources=with_kafka_connections(self.sources), sinks=self.sinks,
             store=self.hook.config.to_mapping(include_secrets=True),
             spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if self.conn_id else self.spark_conf,
             airflow_context=airflow_context_of(context, self.task_id), dry_run=dry_run,

@@ -1,8 +1,8 @@
 """Sinks by type: the registry a stage spec's ``sinks`` entries are built from.
 
 ``{"type": "file", ...}`` (the default) publishes ``<target>/epoch=<e>/`` directories
-(:mod:`file_sink`); ``"iceberg"`` and ``"delta"`` commit each epoch into a table
-(:mod:`table_sinks`). Every sink first writes into its attempt's staging; the commit
+(:mod:`file_sink`); ``"iceberg"``, ``"delta"`` and ``"postgres"`` commit each epoch into a
+table (:mod:`table_sinks`). Every sink first writes into its attempt's staging; the commit
 publishes it once every participant of the epoch prepared.
 """
 
@@ -14,12 +14,15 @@ from typing import Any
 from airflow_seatunnel_ckpt.spark.delta_sink import DeltaSink
 from airflow_seatunnel_ckpt.spark.file_sink import FileSink, Sink, SinkError
 from airflow_seatunnel_ckpt.spark.iceberg_sink import IcebergSink
+from airflow_seatunnel_ckpt.spark.postgres_sink import PostgresSink
 from airflow_seatunnel_ckpt.spark.registry import Registry
 
-__all__ = ["DeltaSink", "FileSink", "IcebergSink", "Sink", "SinkError", "register_sink", "sink_from_options"]
+__all__ = ["DeltaSink", "FileSink", "IcebergSink", "PostgresSink", "Sink", "SinkError", "register_sink",
+           "sink_from_options"]
 
 #: Sink type name -> factory(name, **options).
-_TYPES: Registry[Sink] = Registry("sink", {"file": FileSink, "iceberg": IcebergSink, "delta": DeltaSink})
+_TYPES: Registry[Sink] = Registry("sink", {"file": FileSink, "iceberg": IcebergSink, "delta": DeltaSink,
+                                       "postgres": PostgresSink})
 
 
 def register_sink(type_name: str, factory: Callable[..., Sink]) -> None:

@@ -3,7 +3,9 @@
 ``{"type": "file", ...}`` (the default) reads the files no committed epoch consumed
 (:mod:`file_source`, which also holds the :class:`Source` interface); ``"iceberg"`` and
 ``"delta"`` read the data files appended to a table since the last committed epoch, and
-``"pipeline_output"`` another pipeline's committed file-sink epochs (:mod:`table_sources`).
+``"pipeline_output"`` another pipeline's committed file-sink epochs (:mod:`table_sources`);
+``"kafka"`` the records produced to Kafka topics since the last committed epoch
+(:mod:`kafka_source`).
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from airflow_seatunnel_ckpt.spark.file_source import (
     SourceError,
     file_identity,
 )
+from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
 from airflow_seatunnel_ckpt.spark.registry import Registry
 from airflow_seatunnel_ckpt.spark.table_sources import DeltaSource, IcebergSource, PipelineOutputSource
 
-__all__ = ["CORRUPT_COLUMN", "FILE_FORMATS", "DeltaSource", "FileSource", "IcebergSource", "PipelineOutputSource",
+__all__ = ["CORRUPT_COLUMN", "FILE_FORMATS", "DeltaSource", "FileSource", "IcebergSource", "KafkaSource",
+           "PipelineOutputSource",
            "Source", "SourceError", "file_identity", "register_source", "source_from_options"]
 
 #: Source type name -> factory(name, **options).
 _TYPES: Registry[Source] = Registry("source", {"file": FileSource, "iceberg": IcebergSource, "delta": DeltaSource,
-                                               "pipeline_output": PipelineOutputSource})
+                                               "pipeline_output": PipelineOutputSource, "kafka": KafkaSource})
 
 
 def register_source(type_name: str, factory: Callable[..., Source]) -> None:

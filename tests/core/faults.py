@@ -38,19 +38,25 @@ class CrashPlan:
     crash_before: int | None = None
     mutations: int = 0
     trace: list[str] = field(default_factory=list)
+    #: Crash before the first mutation whose description holds this text (see :meth:`arm_at`).
+    crash_at: str | None = None
 
     def arm(self, n: int) -> None:
-        self.crash_before, self.mutations, self.trace = n, 0, []
+        self.crash_before, self.crash_at, self.mutations, self.trace = n, None, 0, []
+
+    def arm_at(self, text: str) -> None:
+        """Crash before the first mutation of a path holding ``text`` (e.g. ``"/committed"``)."""
+        self.crash_before, self.crash_at, self.mutations, self.trace = None, text, 0, []
 
     def disarm(self) -> None:
-        self.crash_before = None
+        self.crash_before = self.crash_at = None
 
     def tick(self, what: str) -> None:
-        if self.crash_before is None:
+        if self.crash_before is None and self.crash_at is None:
             return
         self.mutations += 1
         self.trace.append(what)
-        if self.mutations == self.crash_before:
+        if self.mutations == self.crash_before or (self.crash_at is not None and self.crash_at in what):
             raise SimulatedCrash(f"crash before mutation #{self.mutations}: {what}")
 
 

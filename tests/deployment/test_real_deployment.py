@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import psycopg
 import pyarrow.dataset as ds
 import pytest
 
@@ -433,6 +434,12 @@ def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_de
     duplicates = sorted({i for i in published if published.count(i) > 1})
     assert not duplicates, f"{len(duplicates)} orders published twice, e.g. {duplicates[:5]}"
     assert set(published) == expected, (sorted(expected - set(published))[:5], sorted(set(published) - expected)[:5])
+
+    # Airflow itself ran on PostgreSQL: the runs are rows of its metadata database there.
+    with psycopg.connect(deployment.metadata_db) as conn:
+        recorded = {r[0]: r[1] for r in conn.execute(
+            "SELECT run_id, state FROM dag_run WHERE dag_id = %s", (DAG_ID,)).fetchall()}
+    assert {recorded.get(r) for r in [*runs, killed_run, next_run]} == {"success"}, recorded
 
     # The killed try's log: what the supervisor recorded, without a py4j traceback flood.
     killed_log = _task_log(deployment, killed_run, STAGE_TASK, killed_try)

@@ -48,6 +48,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import airflow_seatunnel_ckpt.core.tables.delta as delta_tables
 import airflow_seatunnel_ckpt.core.tables.iceberg as iceberg_tables
+import airflow_seatunnel_ckpt.core.tables.postgres as postgres_tables
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import SinkMode
@@ -66,12 +67,13 @@ COMMITTED, REFUSED, FAILED = "committed", "refused", "commit failed"
 
 @contextmanager
 def table_commit_is_a_crash_point(plan: CrashPlan) -> Iterator[None]:
-    """Count each table transaction (Iceberg's, Delta's create/append/merge) as a mutation of
+    """Count each table transaction (Iceberg's, Delta's create/append/merge, PostgreSQL's) as a mutation of
     ``plan``, so a crash can land after the files are placed and before the table commits."""
     with pytest.MonkeyPatch.context() as mp:
         faults.install(mp)  # the storage primitives
         for module, name in ((iceberg_tables, "_commit_once"), (delta_tables, "_create"),
-                             (delta_tables, "_append"), (delta_tables, "_upsert")):
+                             (delta_tables, "_append"), (delta_tables, "_upsert"),
+                             (postgres_tables, "_commit_once")):
             real = getattr(module, name)
 
             def at_point(*args: Any, _real: Callable[..., Any] = real, _name: str = name, **kwargs: Any) -> Any:
@@ -145,6 +147,10 @@ class TableSinkModel(RuleBasedStateMachine):
         return {"type": "delta", "uri": f"file://{self.root}/tables/orders_{table}", "partition_by": ["region"],
                 **keys}
 
+    def target_of(self, options: dict[str, Any]) -> str:
+        """The sink's target URL, as its Spark sink names it."""
+        return str(options.get("uri") or f"iceberg://lake/{options['identifier']}")
+
     def table_ids(self, table: int) -> list[int | None]:
         """The ``id`` column of the table as its format's own library reads it ([] before it exists)."""
         if self.FORMAT == "iceberg":
@@ -186,7 +192,7 @@ class TableSinkModel(RuleBasedStateMachine):
                 w.pipeline.storage.write_atomic(f"{staging}/__partition_region={region}/part-00000.parquet",
                                                 buf.getvalue())
         options = self.options(w.table)
-        target = options.get("uri") or f"iceberg://lake/{options['identifier']}"
+        target = self.target_of(options)
         manifest = w.pipeline.manifest_for_staged(epoch, 1, "orders", target, rows.num_rows)
         return dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=options)
 

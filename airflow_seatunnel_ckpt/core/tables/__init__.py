@@ -1,8 +1,8 @@
 """Table sinks: a commit-decided epoch's staged Parquet files become one table transaction.
 
 A file sink publishes ``<target>/epoch=<e>/`` and a ``_SUCCESS`` summary no standard
-reader honours. A *table* sink (``SinkManifest.table`` set, ``{"type": "iceberg" | "delta",
-...}``) instead hands the epoch's verified staged files to its table format, whose own
+reader honours. A *table* sink (``SinkManifest.table`` set, ``{"type": "iceberg" | "delta" |
+"postgres", ...}``) instead hands the epoch's verified staged files to its table format, whose own
 commit is the moment the rows become visible to every reader of the table:
 
 * the files are first placed at their final, deterministic location inside the table
@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never n
 _BUILTIN = {
     "iceberg": ("airflow_seatunnel_ckpt.core.tables.iceberg", "pyiceberg"),
     "delta": ("airflow_seatunnel_ckpt.core.tables.delta", "deltalake"),
+    "postgres": ("airflow_seatunnel_ckpt.core.tables.postgres", "psycopg"),
 }
 _FORMATS: dict[str, Callable[[TableCommit], PublishedSink]] = {}
 _PRECHECKS: dict[str, Callable[[TableCommit], None]] = {}

@@ -181,6 +181,10 @@ def _recorded_in(request: TableCommit) -> tuple[str, str]:
     if request.table.get("type") == "delta":
         uri = str(request.table.get("uri") or request.sink.target_url).rstrip("/")
         return f"owner marker {uri}/{OWNER_MARKER}", f"delete its owner marker {uri}/{OWNER_MARKER}"
+    if request.table.get("type") == "postgres":
+        table = str(request.table.get("table"))
+        owners = f"{table.rpartition('.')[0] or 'public'}.seatunnel_ckpt_owners"
+        return f"owner row in {owners}", f"delete its row: DELETE FROM {owners} WHERE target_table = '{table}'"
     return f"table property {OWNER}", (
         f"remove its table property {OWNER}, e.g. with pyiceberg: catalog.load_table("
         f"{request.table.get('identifier')!r}).transaction().remove_properties({OWNER!r}).commit_transaction()")

@@ -1,0 +1,252 @@
+"""Kafka offsets as an epoch's position: planning from the committed history and the broker's answers.
+
+Pure functions, no Kafka client: the Spark layer asks the broker (topic ids, earliest and
+latest offsets of every subscribed partition) and hands the answers here as
+:class:`TopicState` values, so the planning rules -- where each partition resumes, the cap
+spread over partitions, new partitions, and what counts as lost data -- are the same
+wherever the answers come from.
+
+An epoch's offsets (JSON, pinned in the log before the stage reads)::
+
+    {"start": {"<topic>": {"<partition>": first offset}},   # the ranges read: [start, end)
+     "end": {"<topic>": {"<partition>": end offset}},       # the position after the epoch
+     "topic_ids": {"<topic>": "<id>"},
+     "lost": [{"topic", "partition", "from", "to", "reason"}, ...]}   # skipped with fail_on_data_loss=false
+
+``end`` is the position: the next epoch resumes each partition there. Partitions of a
+topic no longer subscribed keep their position (``start == end``), so subscribing it again
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+
+#: Where the first epoch starts in a partition that no earlier epoch read.
+STARTING_OFFSETS = ("earliest", "latest")
+
+
+class KafkaOffsetsError(CheckpointError):
+    """A Kafka source cannot plan or read its pinned ranges: records it has not read are gone."""
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """What the broker says of one subscribed topic now."""
+
+    #: The topic's id (changes when the topic is deleted and created again); None if unknown.
+    topic_id: str | None
+    #: Partition -> (earliest offset, end offset).
+    partitions: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Range:
+    """One partition's records an epoch reads: offsets ``[start, end)``."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def label(self) -> str:
+        """``topic-partition``, as Kafka tools print it."""
+        return f"{self.topic}-{self.partition}"
+
+
+def check_options(where: str, topics: Any, pattern: Any, starting_offsets: Any, max_offsets_per_epoch: Any,
+                  fail_on_data_loss: Any) -> tuple[list[str] | None, re.Pattern[str] | None]:
+    """Validate a Kafka source's subscription and planning options; the topic list or the compiled pattern."""
+    if (topics is None) == (pattern is None):
+        raise ConfigError(f"{where}: give exactly one of 'topics' (a list of topic names) or 'pattern' "
+                          f"(a regular expression the whole topic name matches)")
+    if starting_offsets not in STARTING_OFFSETS:
+        raise ConfigError(f"{where}: starting_offsets must be one of {STARTING_OFFSETS}, got {starting_offsets!r}; "
+                          "'earliest' reads every record in the first epoch, 'latest' only those produced after it")
+    if max_offsets_per_epoch is not None and (isinstance(max_offsets_per_epoch, bool)
+                                              or not isinstance(max_offsets_per_epoch, int)
+                                              or max_offsets_per_epoch <= 0):
+        raise ConfigError(f"{where}: max_offsets_per_epoch must be a positive integer or null, "
+                          f"got {max_offsets_per_epoch!r}")
+    if not isinstance(fail_on_data_loss, bool):
+        raise ConfigError(f"{where}: fail_on_data_loss must be true or false, got {fail_on_data_loss!r}")
+    if topics is not None:
+        if (isinstance(topics, str) or not isinstance(topics, Sequence) or not topics
+                or not all(isinstance(t, str) and t for t in topics)):
+            raise ConfigError(f"{where}: topics must be a non-empty list of topic names, got {topics!r}")
+        return list(topics), None
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError(f"{where}: pattern must be a regular expression, got {pattern!r}")
+    try:
+        return None, re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"{where}: pattern {pattern!r} is not a regular expression: {exc}") from exc
+
+
+def last_position(history: Sequence[Mapping[str, Any]]) -> tuple[dict[str, dict[int, int]], dict[str, str]] | None:
+    """The position (``end``) and topic ids after the last committed epoch that read the source; None if none did."""
+    for entry in reversed(history):
+        offsets = entry.get("offsets") or {}
+        if isinstance(offsets.get("end"), Mapping):
+            position = {str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in offsets["end"].items()}
+            return position, {str(t): str(i) for t, i in (offsets.get("topic_ids") or {}).items()}
+    return None
+
+
+def ranges_of(offsets: Mapping[str, Any]) -> list[Range]:
+    """The non-empty ranges an epoch's offsets pin, ordered by topic and partition."""
+    start, end = offsets.get("start") or {}, offsets.get("end") or {}
+    ranges = [Range(str(t), int(p), int(start.get(t, {}).get(p, o)), int(o))
+              for t, parts in end.items() for p, o in parts.items()]
+    return sorted((r for r in ranges if r.end > r.start), key=lambda r: (r.topic, r.partition))
+
+
+def spread_cap(available: Mapping[tuple[str, int], int], cap: int) -> dict[tuple[str, int], int]:
+    """How many offsets each partition may take under ``cap``: equal shares, the unused part of a
+    small partition's share passed on to the others (max-min fair), so no partition with records
+    waits forever while others have more. Deterministic: the remainder goes to the first keys."""
+    granted = dict.fromkeys(available, 0)
+    left = {k: n for k, n in available.items() if n > 0}
+    budget = cap
+    while left and budget > 0:
+        share, extra = divmod(budget, len(left))
+        for number, key in enumerate(sorted(left, key=lambda k: (left[k], k))):
+            take = min(left[key], share + (1 if number < extra else 0))
+            granted[key] += take
+            left[key] -= take
+            budget -= take
+        left = {k: n for k, n in left.items() if n > 0}
+        if share == 0:
+            break
+    return granted
+
+
+def _lost(topic: str, partition: int | None, start: int | None, end: int | None, reason: str) -> dict[str, Any]:
+    return {"topic": topic, "partition": partition, "from": start, "to": end, "reason": reason}
+
+
+def describe_lost(lost: Sequence[Mapping[str, Any]]) -> str:
+    """``topic-partition (offsets a to b: reason)`` for each lost range, as error messages show them."""
+    parts = []
+    for item in lost:
+        name = f"{item['topic']}-{item['partition']}" if item.get("partition") is not None else str(item["topic"])
+        span = (f"offsets {item['from']} to {item['to']}" if item.get("to") is not None
+                else f"from offset {item['from']}")
+        parts.append(f"{name} ({span}: {item['reason']})")
+    return ", ".join(parts)
+
+
+def data_loss_error(where: str, lost: Sequence[Mapping[str, Any]]) -> KafkaOffsetsError:
+    """The error of an epoch that would skip records no committed epoch read."""
+    return KafkaOffsetsError(
+        f"{where}: data loss: records no committed epoch read are gone from {describe_lost(lost)}. The epoch "
+        "fails before its commit decision. To skip the lost records and go on, set fail_on_data_loss=false on "
+        "the source (each skipped range is recorded as 'lost' in the epoch's offsets); or restore the topic")
+
+
+def plan_offsets(history: Sequence[Mapping[str, Any]], topics: Mapping[str, TopicState],
+                 subscribed: Callable[[str], bool], *, starting_offsets: str = "earliest",
+                 max_offsets_per_epoch: int | None = None, fail_on_data_loss: bool = True,
+                 where: str = "kafka source") -> dict[str, Any]:
+    """This epoch's offsets (module docs) from the committed ``history`` and the broker's ``topics``.
+
+    ``topics`` holds every subscribed topic that exists now; ``subscribed`` says whether a
+    topic name is subscribed (a listed topic, or one the pattern matches), so a topic that an
+    earlier epoch read and that is still subscribed but gone was deleted.
+
+    :raises KafkaOffsetsError: records an earlier epoch had not read are gone (a deleted or
+        re-created topic, a partition truncated by retention or DeleteRecords, an end offset
+        below the position), unless ``fail_on_data_loss`` is False.
+    """
+    previous = last_position(history)
+    position, known_ids = previous if previous is not None else ({}, {})
+    start: dict[str, dict[int, int]] = {}
+    end: dict[str, dict[int, int]] = {}
+    lost: list[dict[str, Any]] = []
+    for topic, parts in position.items():
+        state = topics.get(topic)
+        if state is None:
+            if subscribed(topic):  # still subscribed, gone from the broker: deleted
+                lost += [_lost(topic, p, o, None, "topic deleted") for p, o in sorted(parts.items())]
+            else:  # no longer subscribed: the position is kept
+                start[topic], end[topic] = dict(parts), dict(parts)
+            continue
+        known = known_ids.get(topic)
+        if known is not None and state.topic_id is not None and known != state.topic_id:
+            lost += [_lost(topic, p, o, None, f"topic deleted and created again (id {known} -> {state.topic_id})")
+                     for p, o in sorted(parts.items())]
+            continue  # read as a new topic below, from its earliest offsets
+        start[topic] = {}
+        for partition, offset in sorted(parts.items()):
+            if partition not in state.partitions:
+                lost.append(_lost(topic, partition, offset, None, "partition gone"))
+                continue
+            low, high = state.partitions[partition]
+            if offset < low:
+                lost.append(_lost(topic, partition, offset, low, f"truncated, the earliest offset is now {low}"))
+                offset = low
+            elif offset > high:
+                lost.append(_lost(topic, partition, offset, high,
+                                  f"the end offset {high} is below the position {offset}"))
+                offset = high
+            start[topic][partition] = offset
+    if lost and fail_on_data_loss:
+        raise data_loss_error(where, lost)
+    first_epoch = previous is None
+    for topic, state in topics.items():
+        taken = start.setdefault(topic, {})
+        for partition, (low, high) in sorted(state.partitions.items()):
+            if partition not in taken:  # a new topic or partition
+                taken[partition] = high if first_epoch and starting_offsets == "latest" else low
+    available = {(t, p): max(0, topics[t].partitions[p][1] - o)
+                 for t, parts in start.items() if t in topics for p, o in parts.items()}
+    granted = available if max_offsets_per_epoch is None else spread_cap(available, max_offsets_per_epoch)
+    for topic, parts in start.items():
+        end[topic] = {p: o + granted.get((topic, p), 0) for p, o in parts.items()}
+    ids = {t: s.topic_id for t, s in topics.items() if s.topic_id is not None}
+    ids.update({t: i for t, i in known_ids.items() if t not in topics and t in end})
+    return {"start": _json(start), "end": _json(end), "topic_ids": dict(sorted(ids.items())), "lost": lost}
+
+
+def _json(offsets: Mapping[str, Mapping[int, int]]) -> dict[str, dict[str, int]]:
+    return {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())}
+
+
+def check_pinned(ranges: Sequence[Range], topic_ids: Mapping[str, str], topics: Mapping[str, TopicState],
+                 *, fail_on_data_loss: bool, where: str) -> tuple[list[Range], list[dict[str, Any]]]:
+    """The pinned ``ranges`` still readable now (``topics``: the broker's answers), and what is lost.
+
+    Run when the stage reads, before anything is prepared: a topic deleted or truncated
+    since the plan fails the epoch (with ``fail_on_data_loss``) before its decision;
+    otherwise the readable part of each range is returned and the rest reported.
+    """
+    readable: list[Range] = []
+    lost: list[dict[str, Any]] = []
+    for r in ranges:
+        state = topics.get(r.topic)
+        pinned_id = topic_ids.get(r.topic)
+        if state is None or r.partition not in state.partitions:
+            lost.append(_lost(r.topic, r.partition, r.start, r.end, "topic deleted since the epoch was planned"))
+            continue
+        if pinned_id is not None and state.topic_id is not None and pinned_id != state.topic_id:
+            lost.append(_lost(r.topic, r.partition, r.start, r.end,
+                              f"topic deleted and created again since the epoch was planned "
+                              f"(id {pinned_id} -> {state.topic_id})"))
+            continue
+        low, _ = state.partitions[r.partition]
+        if low > r.start:
+            lost.append(_lost(r.topic, r.partition, r.start, min(low, r.end),
+                              f"truncated since the epoch was planned, the earliest offset is now {low}"))
+            if low >= r.end:
+                continue
+            r = Range(r.topic, r.partition, low, r.end)
+        readable.append(r)
+    if lost and fail_on_data_loss:
+        raise data_loss_error(where, lost)
+    return readable, lost

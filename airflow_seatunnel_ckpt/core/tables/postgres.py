@@ -1,0 +1,456 @@
+"""The PostgreSQL commit of a table sink: one database transaction per sink per epoch, with psycopg 3.
+
+:func:`commit` loads a commit-decided epoch's staged Parquet into a PostgreSQL table
+exactly once. Everything happens in **one** transaction:
+
+1. **the epoch's marker row first**: ``INSERT INTO <schema>.seatunnel_ckpt_epochs (store_id,
+   pipeline, sink, epoch, ...) ON CONFLICT DO NOTHING``, primary key (store_id, pipeline, sink,
+   epoch). A racing committer of the same epoch (a task retry, the recovery DAG) blocks on
+   that row until the first transaction ends: if it committed, the insert does nothing and
+   the second committer rolls back ("already"); if it rolled back (its connection died), the
+   second one goes on. A commit retried after its transaction committed finds the row too.
+2. **the table's owner**: ``<schema>.seatunnel_ckpt_owners`` (one row per table: store id,
+   pipeline) is claimed by the first commit; another store's or pipeline's table is refused
+   (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
+   lacks too (:func:`markers.check_marker`).
+3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by pyarrow
+   from the staged Parquet); ``upsert``: ``COPY`` into a temporary table, then ``INSERT ...
+   SELECT ... ON CONFLICT (<merge_keys>) DO UPDATE``. A new table is created first when
+   ``create_table`` is set (the merge keys its primary key).
+
+The transaction commits the rows and the marker together, so the marker says exactly
+whether the epoch landed, also after a crash between the database's commit and the log's
+``committed`` record: the next commit (recovery) finds the marker and writes nothing.
+The append path copies straight into the table: inside the transaction that is as atomic
+as a staging table and an ``INSERT ... SELECT``, at the cost of one copy of the rows.
+
+Refusals come first: :func:`precheck` (run by ``Pipeline.decide``) checks the table exists
+(or ``create_table``), every staged column exists with a compatible type, the columns the
+epoch does not write have a default (a stage that stops writing a column is refused, as
+the Iceberg and Delta sinks refuse it), the merge keys are the table's primary key or
+a unique constraint, the staged keys are never NULL nor repeated, and the owner and
+markers; the commit repeats them inside its transaction (a table altered after the
+decision). After the decision only transient failures remain: a lost connection, a
+serialization failure or a deadlock is retried (tenacity) and then raised as
+:class:`StorageError`, the epoch staying COMMITTING.
+
+The connection string comes from the sink's ``conninfo`` or, for ``postgres_conn_id``, from
+a registered secret resolver (the Airflow layer's :mod:`hooks.postgres_connection`), so a
+password is never in the checkpoint store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import tenacity
+from psycopg import sql
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
+from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
+from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
+from airflow_seatunnel_ckpt.core.tables import TableCommit, check_merge_keys, markers, staged_rows, staged_schema
+from airflow_seatunnel_ckpt.core.tables.postgres_options import PostgresOptions, parse
+
+log = logging.getLogger(__name__)
+
+#: The marker table (one row per committed epoch of a sink) in the sink table's schema.
+EPOCHS = "seatunnel_ckpt_epochs"
+#: The owner table (one row per table a pipeline writes) in the sink table's schema.
+OWNERS = "seatunnel_ckpt_owners"
+#: How the result names an upsert's commit.
+MERGED = "merged"
+#: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock
+#: (both ``OperationalError``), or a racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables.
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.UniqueViolation)
+
+#: Arrow type -> the PostgreSQL type ``create_table`` gives a column.
+_CREATE = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "uint8": "smallint",
+           "uint16": "integer", "uint32": "bigint", "float": "real", "double": "double precision",
+           "bool": "boolean", "string": "text", "large_string": "text", "date32[day]": "date"}
+#: PostgreSQL types (``pg_type.typname``) a staged Arrow column can be loaded into.
+_INTEGERS = {"int8": {"int2", "int4", "int8", "numeric"}, "int16": {"int2", "int4", "int8", "numeric"},
+             "int32": {"int4", "int8", "numeric"}, "int64": {"int8", "numeric"},
+             "uint8": {"int2", "int4", "int8", "numeric"}, "uint16": {"int4", "int8", "numeric"},
+             "uint32": {"int8", "numeric"}}
+_TEXT = {"text", "varchar", "bpchar", "json", "jsonb", "uuid"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the target table as the catalog describes it."""
+
+    name: str
+    typname: str
+    declared: str
+    required: bool  # without a default (nor identity, nor generated): every epoch must write it
+
+
+def identify(request: TableCommit) -> tuple[PostgresOptions, str]:
+    """The sink's checked options and how messages name the epoch's commit."""
+    options = parse(request.table, f"pipeline {request.pipeline!r} sink {request.sink.sink!r}")
+    if request.sink.mode is not SinkMode.CHANGES:
+        raise ConfigError(f"{request.where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
+                          f"{request.sink.mode.value!r} is not supported")
+    return options, f"{request.where} (PostgreSQL table {options.table})"
+
+
+def conninfo(request: TableCommit, options: PostgresOptions, where: str) -> str:
+    """The libpq connection string: from the secret resolvers (``postgres_conn_id``), else ``conninfo``."""
+    found = request.secrets().get("conninfo") or options.conninfo
+    if not found:
+        raise ConfigError(f"{where}: the sink names the Airflow connection {options.postgres_conn_id!r}, but no "
+                          "resolver turned it into a connection string here; commit where the Airflow layer is "
+                          "imported (the commit task, the recovery DAG), or give the sink a conninfo")
+    return str(found)
+
+
+@contextmanager
+def connect(dsn: str, where: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection (transactions are explicit); a failure to connect is transient."""
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=30, application_name="seatunnel-ckpt")
+    except psycopg.OperationalError as exc:
+        raise StorageError(f"{where}: cannot connect to PostgreSQL: {str(exc).strip()}. Check the connection "
+                           "(host, port, credentials) and retry") from exc
+    with conn:
+        yield conn
+
+
+def retrying(request: TableCommit, where: str, what: str) -> tenacity.Retrying:
+    """Transient database errors retried ``request.retries`` times with backoff (then raised)."""
+
+    def log_retry(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("%s: %s failed (%s: %s); trying again", where, what, type(exc).__name__, exc)
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type((*TRANSIENT, StorageError)),
+        stop=tenacity.stop_after_attempt(request.retries + 1),
+        wait=tenacity.wait_exponential(multiplier=0.05, max=5), before_sleep=log_retry, reraise=True)
+
+
+def _transient(exc: Exception, request: TableCommit, where: str, what: str) -> StorageError:
+    return StorageError(
+        f"{where}: {what} failed {request.retries + 1} time(s), last with {type(exc).__name__}: "
+        f"{str(exc).strip()}. The database rolled the transaction back, so nothing of the epoch is in the "
+        "table; run it again (the commit task's retry or the recovery DAG)")
+
+
+# -- the commit ------------------------------------------------------------------------
+def commit(request: TableCommit) -> PublishedSink:
+    """Load ``request``'s staged rows and its marker in one transaction (see the module docs)."""
+    options, where = identify(request)
+    dsn = conninfo(request, options, where)
+    try:
+        how = retrying(request, where, "the commit")(_commit_once, request, options, dsn, where)
+    except TRANSIENT as exc:
+        raise _transient(exc, request, where, "the commit") from exc
+    log.info("%s: %s", where, "the table already holds the epoch (its marker row exists)"
+             if how == PublishMethod.ALREADY else f"committed {request.sink.rows} row(s) with the epoch's marker")
+    return _published(request, options, how)
+
+
+def _commit_once(request: TableCommit, options: PostgresOptions, dsn: str, where: str) -> str:
+    with connect(dsn, where) as conn:
+        _bookkeeping(conn, options)
+        with conn.transaction():
+            if not _claim_marker(conn, request, options):
+                return PublishMethod.ALREADY  # a previous or racing commit landed it: this transaction ends empty
+            _claim_owner(conn, request, options, where)
+            table = _table_columns(conn, options)
+            schema = staged_schema(request, where)
+            if schema is None:
+                return PublishMethod.ALREADY
+            if table is None:
+                if not options.create_table:
+                    raise ConfigError(_no_table(options, where))
+                conn.execute(_create_statement(options, schema, where))
+                table = _table_columns(conn, options)
+                assert table is not None
+            check_columns(table, schema, options, where)
+            if options.merge_keys:
+                check_unique(conn, options, where)
+                _upsert(conn, request, options, schema)
+                return MERGED
+            _copy(conn, request, _qualified(options), schema.names)
+            return PublishMethod.COPY
+
+
+def _qualified(options: PostgresOptions, name: str | None = None) -> sql.Identifier:
+    return sql.Identifier(options.schema, name or options.name)
+
+
+def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> None:
+    """Create the marker and owner tables in the table's schema if missing (own transaction).
+
+    Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
+    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``.
+    """
+    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s)", (
+        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn))).fetchone()
+    if found is not None and None not in found:
+        return
+    with conn.transaction():
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (store_id text NOT NULL, pipeline text NOT NULL, sink text NOT NULL, "
+            "epoch bigint NOT NULL, target_table text NOT NULL, store text NOT NULL, rows bigint NOT NULL, "
+            "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (store_id, pipeline, sink, epoch))"
+        ).format(_qualified(options, EPOCHS)))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (target_table text PRIMARY KEY, store_id text NOT NULL, "
+            "pipeline text NOT NULL, store text NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now())"
+        ).format(_qualified(options, OWNERS)))
+
+
+def _claim_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions) -> bool:
+    """Insert the epoch's marker row; False if it exists (waits for a racing transaction holding it)."""
+    row = conn.execute(sql.SQL(
+        "INSERT INTO {} (store_id, pipeline, sink, epoch, target_table, store, rows) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING epoch"
+    ).format(_qualified(options, EPOCHS)), (markers.store_id_of(request), request.pipeline, request.sink.sink,
+                                            request.epoch, options.table, request.store, request.sink.rows))
+    return row.fetchone() is not None
+
+
+def _claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """Claim the table for this store's pipeline (first commit), then judge owner and markers."""
+    owner = markers.owner_for(request)
+    conn.execute(sql.SQL("INSERT INTO {} (target_table, store_id, pipeline, store) VALUES (%s, %s, %s, %s) "
+                         "ON CONFLICT DO NOTHING").format(_qualified(options, OWNERS)),
+                 (options.table, owner.store_id, owner.pipeline, owner.store))
+    found, marker = _owner_and_marker(conn, request, options, exclude_own=True)
+    markers.check_marker(request, found, marker, where, decided=True)
+
+
+def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, *,
+                      exclude_own: bool = False) -> tuple[markers.Owner | None, markers.Marker | None]:
+    """The table's owner and this store's pipeline's sink's newest marker (None when absent)."""
+    owners = conn.execute("SELECT to_regclass(%s)", (_qualified(options, OWNERS).as_string(conn),)).fetchone()
+    if owners is None or owners[0] is None:
+        return None, None
+    row = conn.execute(sql.SQL("SELECT store_id, pipeline, store FROM {} WHERE target_table = %s").format(
+        _qualified(options, OWNERS)), (options.table,)).fetchone()
+    owner = markers.Owner(row[0], row[1], row[2]) if row else None
+    store_id = markers.store_id_of(request)
+    newest = conn.execute(sql.SQL(
+        "SELECT max(epoch) FROM {} WHERE store_id = %s AND pipeline = %s AND sink = %s AND epoch <> %s"
+    ).format(_qualified(options, EPOCHS)), (store_id, request.pipeline, request.sink.sink,
+                                           request.epoch if exclude_own else -1)).fetchone()
+    epoch = newest[0] if newest else None
+    return owner, (None if epoch is None else markers.Marker(store_id, request.pipeline, request.sink.sink, epoch))
+
+
+def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable, columns: Sequence[str]) -> None:
+    """``COPY`` the staged files' rows into ``table``, file by file, as CSV written by pyarrow."""
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+        table, sql.SQL(", ").join(map(sql.Identifier, columns)))
+    options = pa_csv.WriteOptions(include_header=False, batch_size=65536)
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        for f in request.sink.files:
+            if not f.path.endswith(".parquet"):
+                continue
+            with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
+                rows = pq.read_table(fh, columns=list(columns))
+            if rows.num_rows:
+                out = pa.BufferOutputStream()
+                pa_csv.write_csv(rows, out, options)
+                copy.write(memoryview(out.getvalue()))
+
+
+def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema) -> None:
+    """COPY into a temporary table, then ``INSERT ... ON CONFLICT (keys) DO UPDATE`` the table."""
+    staging = sql.Identifier(f"seatunnel_ckpt_stage_{request.epoch}")
+    columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
+    conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
+        staging, columns, _qualified(options)))
+    _copy(conn, request, staging, schema.names)
+    others = [c for c in schema.names if c not in options.merge_keys]
+    action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
+        sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others)
+              if others else sql.SQL("DO NOTHING"))
+    conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
+        _qualified(options), columns, columns, staging,
+        sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)), action))
+
+
+def _published(request: TableCommit, options: PostgresOptions, how: str) -> PublishedSink:
+    sink = request.sink
+    return PublishedSink(sink.sink, sink.target_url, f"postgres table {options.table}", len(sink.files), sink.rows,
+                         sink.bytes, str(how))
+
+
+# -- the checks before the decision ----------------------------------------------------
+def precheck(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
+
+    From the staged files' footers and key columns and the database's catalog: the table
+    (or ``create_table``), its columns and types, the merge keys' unique constraint, no
+    NULL or repeated staged key, and the owner and markers (:func:`markers.check_marker`).
+    """
+    options, where = identify(request)
+    schema = staged_schema(request, where)
+    if schema is None:
+        return
+    unsupported = [f"{f.name} ({f.type})" for f in schema if _loadable(f.type) is None]
+    if unsupported:
+        raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
+                          "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
+    if options.merge_keys:
+        check_merge_keys(staged_rows(request, [k for k in options.merge_keys if k in schema.names]),
+                         list(options.merge_keys), where)
+    dsn = conninfo(request, options, where)
+    try:
+        for attempt in retrying(request, where, "reading the table's catalog"):
+            with attempt, connect(dsn, where) as conn:
+                _precheck_table(conn, request, options, schema, where)
+    except TRANSIENT as exc:
+        raise _transient(exc, request, where, "reading the table's catalog") from exc
+
+
+def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,
+                    where: str) -> None:
+    owner, marker = _owner_and_marker(conn, request, options)
+    newest = markers.check_marker(request, owner, marker, where, decided=False)
+    if newest is not None and newest > request.epoch:
+        raise ConfigError(
+            f"{where}: the marker table {options.schema}.{EPOCHS} records epoch {newest} of this sink, beyond this "
+            "epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
+            "table, or rename the pipeline or the sink")
+    table = _table_columns(conn, options)
+    if table is None:
+        if not options.create_table:
+            raise ConfigError(_no_table(options, where))
+        if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (options.schema,)).fetchone() is None:
+            raise ConfigError(f"{where}: the schema {options.schema!r} does not exist in the database; create it "
+                              f"(CREATE SCHEMA {options.schema}) or name another table")
+        missing = [k for k in options.merge_keys if k not in schema.names]
+        if missing:
+            raise ConfigError(f"{where}: merge key(s) {missing} are not among the staged columns {schema.names}")
+        _create_statement(options, schema, where)  # refuses columns it cannot create
+        return
+    check_columns(table, schema, options, where)
+    if options.merge_keys:
+        check_unique(conn, options, where)
+    check_privileges(conn, options, where)
+
+
+def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+    """ConfigError unless the connection's role may load the table and write the marker and owner tables."""
+    needed = [(_qualified(options), "INSERT"), *([(_qualified(options), "UPDATE")] if options.merge_keys else [])]
+    for name in (EPOCHS, OWNERS):
+        needed += [(_qualified(options, name), "INSERT"), (_qualified(options, name), "SELECT")]
+    missing = []
+    for table, privilege in needed:
+        qualified = table.as_string(conn)
+        found = conn.execute("SELECT to_regclass(%s) IS NULL OR has_table_privilege(%s, %s)",
+                             (qualified, qualified, privilege)).fetchone()
+        if not (found and found[0]):
+            missing.append(f"{privilege} on {qualified}")
+    absent = conn.execute("SELECT to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL", (
+        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn))).fetchone()
+    if absent and absent[0]:
+        can = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (options.schema,)).fetchone()
+        if not (can and can[0]):
+            missing.append(f"CREATE on schema {options.schema} (the first commit creates {EPOCHS} and {OWNERS})")
+    if missing:
+        user = conn.execute("SELECT current_user").fetchone()
+        raise ConfigError(f"{where}: the role {user[0] if user else '?'!r} lacks {', '.join(missing)}; grant "
+                          "them (or connect as a role that has them) before the next run")
+
+
+def _no_table(options: PostgresOptions, where: str) -> str:
+    return (f"{where}: the table {options.table} does not exist. Create it (its columns as the stage writes them"
+            f"{', a primary key on ' + str(list(options.merge_keys)) if options.merge_keys else ''}), or set "
+            "create_table: true in the sink's options")
+
+
+def _table_columns(conn: psycopg.Connection, options: PostgresOptions) -> dict[str, Column] | None:
+    """The table's columns by name (None: no such table)."""
+    found = conn.execute("SELECT to_regclass(%s)::oid", (_qualified(options).as_string(conn),)).fetchone()
+    if found is None or found[0] is None:
+        return None
+    rows = conn.execute(
+        "SELECT a.attname, t.typname, format_type(a.atttypid, a.atttypmod), "
+        "NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '' "
+        "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (found[0],)).fetchall()
+    return {r[0]: Column(r[0], r[1], r[2], bool(r[3])) for r in rows}
+
+
+def _loadable(arrow_type: pa.DataType) -> set[str] | None:
+    """The PostgreSQL types a staged column of ``arrow_type`` loads into (None: the sink cannot load it)."""
+    name = str(arrow_type)
+    if name in _INTEGERS:
+        return _INTEGERS[name]
+    if pa.types.is_floating(arrow_type):
+        return {"float4", "float8", "numeric"} if name == "float" else {"float8", "numeric"}
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return _TEXT
+    if pa.types.is_boolean(arrow_type):
+        return {"bool"}
+    if pa.types.is_date32(arrow_type):
+        return {"date", "timestamp", "timestamptz"}
+    if pa.types.is_timestamp(arrow_type):
+        return {"timestamptz"} if arrow_type.tz else {"timestamp", "timestamptz"}
+    if pa.types.is_decimal(arrow_type):
+        return {"numeric"}
+    return None
+
+
+def check_columns(table: dict[str, Column], schema: pa.Schema, options: PostgresOptions, where: str) -> None:
+    """ConfigError unless every staged column fits a table column and every required one is staged."""
+    missing = [f.name for f in schema if f.name not in table]
+    wrong = [f"{f.name}: the table has {table[f.name].declared}, the epoch's files {f.type}"
+             for f in schema if f.name in table and table[f.name].typname not in (_loadable(f.type) or set())]
+    required = [c.name for c in table.values() if c.required and c.name not in schema.names]
+    if missing or wrong or required:
+        raise ConfigError(
+            f"{where}: the epoch's columns do not fit the table; nothing was committed. "
+            + (f"Columns not in the table: {missing} (add them: ALTER TABLE {options.table} ADD COLUMN ...). "
+               if missing else "")
+            + (f"Incompatible types: {'; '.join(wrong)}. " if wrong else "")
+            + (f"Columns without a default the epoch does not write: {required} (a column the stage stopped "
+               "writing would be NULL from now on). " if required else "")
+            + "Cast, add or drop the columns in the stage to match the table, or alter the table")
+
+
+def check_unique(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+    """ConfigError unless the merge keys are exactly the columns of the primary key or a unique constraint."""
+    rows = conn.execute(
+        "SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_index i "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL "
+        "GROUP BY i.indexrelid", (_qualified(options).as_string(conn),)).fetchall()
+    unique = [sorted(r[0]) for r in rows]
+    if sorted(options.merge_keys) not in unique:
+        raise ConfigError(
+            f"{where}: merge_keys {list(options.merge_keys)} are not the table's primary key nor a unique "
+            f"constraint (its unique keys: {unique or 'none'}); INSERT ... ON CONFLICT needs one. Add it: ALTER "
+            f"TABLE {options.table} ADD UNIQUE ({', '.join(options.merge_keys)}), or set merge_keys to a unique key")
+
+
+def _create_statement(options: PostgresOptions, schema: pa.Schema, where: str) -> sql.Composed:
+    """``CREATE TABLE IF NOT EXISTS`` for the staged schema (the merge keys its primary key)."""
+    columns = []
+    for f in schema:
+        declared = _CREATE.get(str(f.type))
+        if pa.types.is_timestamp(f.type):
+            declared = "timestamptz" if f.type.tz else "timestamp"
+        elif pa.types.is_decimal(f.type):
+            declared = f"numeric({f.type.precision}, {f.type.scale})"
+        if declared is None:
+            raise ConfigError(f"{where}: create_table cannot give column {f.name!r} ({f.type}) a type; create the "
+                              "table yourself, or cast the column in the stage")
+        columns.append(sql.SQL("{} " + declared).format(sql.Identifier(f.name)))
+    if options.merge_keys:
+        columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier,
+                                                                                 options.merge_keys))))
+    return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(_qualified(options), sql.SQL(", ").join(columns))

@@ -1,0 +1,85 @@
+"""The PostgreSQL sink's options, checked without psycopg (a DAG is parsed without it).
+
+``{"type": "postgres", "table": "<schema>.<name>", "postgres_conn_id": "...", "mode":
+"append" | "upsert", "merge_keys": [...], "create_table": false}``; ``conninfo`` (a libpq
+connection string without a password) instead of ``postgres_conn_id`` where no Airflow
+connection exists (the core's own tests, a script). The options travel in the prepared
+record; a password never does: it comes from the connection when the commit runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+#: The sink's two modes: each epoch's rows added, or merged on ``merge_keys``.
+MODES = ("append", "upsert")
+#: A password in a libpq connection string, keyword form or URL form.
+_PASSWORD = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class PostgresOptions:
+    """One PostgreSQL sink's table and how rows land in it."""
+
+    schema: str
+    name: str
+    mode: str
+    merge_keys: tuple[str, ...]
+    create_table: bool
+    postgres_conn_id: str
+    conninfo: str
+
+    @property
+    def table(self) -> str:
+        """``schema.name`` as the options name it (for messages)."""
+        return f"{self.schema}.{self.name}"
+
+    def to_options(self) -> dict[str, Any]:
+        """The options recorded in the prepared record (``SinkManifest.table``), never a secret."""
+        out: dict[str, Any] = {"type": "postgres", "table": self.table, "mode": self.mode,
+                               "create_table": self.create_table}
+        if self.merge_keys:
+            out["merge_keys"] = list(self.merge_keys)
+        if self.postgres_conn_id:
+            out["postgres_conn_id"] = self.postgres_conn_id
+        if self.conninfo:
+            out["conninfo"] = self.conninfo
+        return out
+
+
+def parse(options: Mapping[str, Any], where: str) -> PostgresOptions:
+    """The checked options of a PostgreSQL sink; ConfigError naming the option and the fix."""
+    table = options.get("table")
+    if not isinstance(table, str) or not table or table.count(".") > 1 or not all(table.split(".")):
+        raise ConfigError(f"{where}: 'table' must be '<schema>.<name>' (or '<name>' in schema public), "
+                          f"got {table!r}")
+    schema, _, name = table.rpartition(".")
+    mode = str(options.get("mode") or "append")
+    if mode not in MODES:
+        raise ConfigError(f"{where}: mode must be one of {list(MODES)}, got {mode!r}")
+    raw_keys = options.get("merge_keys") or []
+    keys: Sequence[Any] = [raw_keys] if isinstance(raw_keys, str) else list(raw_keys)
+    if any(not isinstance(k, str) or not k for k in keys):
+        raise ConfigError(f"{where}: merge_keys must be column names, got {raw_keys!r}")
+    if mode == "upsert" and not keys:
+        raise ConfigError(f"{where}: mode 'upsert' needs merge_keys (the columns of the table's primary key or "
+                          "a unique constraint)")
+    if mode == "append" and keys:
+        raise ConfigError(f"{where}: merge_keys {list(keys)} with mode 'append'; set mode 'upsert' to merge rows on "
+                          "them, or drop merge_keys")
+    conn_id = str(options.get("postgres_conn_id") or "")
+    conninfo = str(options.get("conninfo") or "")
+    if not conn_id and not conninfo:
+        raise ConfigError(f"{where}: name the database with postgres_conn_id (an Airflow Postgres connection) or "
+                          "conninfo (a libpq connection string without a password)")
+    if _PASSWORD.search(conninfo):
+        raise ConfigError(f"{where}: conninfo holds a password, and the sink's options are stored in the "
+                          "checkpoint store; put the credentials in an Airflow Postgres connection and name it in "
+                          "postgres_conn_id (or use a password file, PGPASSFILE)")
+    return PostgresOptions(schema or "public", name, mode, tuple(keys), bool(options.get("create_table", False)),
+                           conn_id, conninfo)

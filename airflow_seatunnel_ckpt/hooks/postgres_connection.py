@@ -1,0 +1,61 @@
+"""The PostgreSQL sink's connection string from an Airflow Postgres connection, when a commit runs.
+
+A PostgreSQL sink names a connection in ``postgres_conn_id``; only that name is stored in
+the checkpoint store. When the branch task checks the epoch, or the commit task (the
+recovery DAG, the console inside an Airflow environment) commits it,
+:func:`postgres_secrets` reads the connection and turns it into a libpq connection string
+the way the Postgres provider's ``PostgresHook.get_conn`` reads it: ``host``, ``port``,
+``login`` -> ``user``, ``password``, ``schema`` -> ``dbname``, and the extras that are libpq
+parameters (``sslmode``, ``sslrootcert``, ``connect_timeout``, ``options``, ...); the
+provider's own extras (``cursor``, ``iam``, ``sqlalchemy_*``...) are left out.
+
+Importing this module registers the resolver (:func:`core.tables.register_secret_resolver`);
+the checkpoint-store hook imports it, so every operator that decides or commits has it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.tables import register_secret_resolver
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection
+
+
+def postgres_conninfo(conn: Connection) -> str:
+    """A libpq connection string from an Airflow Postgres connection (see the module docs)."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    libpq = {o.keyword.decode() for o in psycopg.pq.Conninfo.get_defaults()}
+    extra = conn.extra_dejson
+    if not isinstance(extra, Mapping):
+        raise ConfigError(f"connection {conn.conn_id!r}: extras must be a JSON object, got {type(extra).__name__}")
+    params: dict[str, Any] = {k: v for k, v in extra.items() if k in libpq}
+    params.update({k: v for k, v in (("host", conn.host), ("port", conn.port), ("user", conn.login),
+                                     ("password", conn.password), ("dbname", conn.schema)) if v})
+    return make_conninfo("", **params)
+
+
+def postgres_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolver: ``{"conninfo": ...}`` of a PostgreSQL sink's ``postgres_conn_id`` (none without one)."""
+    conn_id = options.get("postgres_conn_id")
+    if options.get("type") != "postgres" or not conn_id:
+        return {}
+    try:
+        conn = BaseHook.get_connection(str(conn_id))
+    except AirflowNotFoundException:
+        raise ConfigError(
+            f"PostgreSQL sink of table {options.get('table')!r}: its postgres_conn_id {conn_id!r} is not an Airflow "
+            "connection here; define it (UI, CLI or AIRFLOW_CONN_<ID>) where the branch and commit tasks run, "
+            "then retry") from None
+    return {"conninfo": postgres_conninfo(conn)}
+
+
+register_secret_resolver(postgres_secrets)

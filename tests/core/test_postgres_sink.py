@@ -1,0 +1,301 @@
+"""The PostgreSQL sink's commit: each epoch's rows once in a real PostgreSQL table, with its marker.
+
+Epochs run through the core protocol (begin, stage Parquet, prepare, decide, commit) into
+a database of the session's server (:mod:`tests.postgres_server`); outcomes are read back
+with psycopg: the table's rows and the marker table's rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
+from airflow_seatunnel_ckpt.core import tables as core_tables
+from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
+from airflow_seatunnel_ckpt.core.models import SinkMode
+from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.tables.postgres_options import parse
+from airflow_seatunnel_ckpt.core.txlog import TransactionLog
+from tests.core.epochs import at_once
+from tests.core.faults import SimulatedCrash
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("amount", pa.float64())])
+
+
+def rows(ids: list[int | None], suffix: str = "") -> pa.Table:
+    return pa.table({"id": ids, "name": [f"n{i}{suffix}" for i in ids], "amount": [(i or 0) * 1.5 for i in ids]},
+                    schema=SCHEMA)
+
+
+class Epochs:
+    """A pipeline of one store whose sink ``orders`` is a PostgreSQL table."""
+
+    def __init__(self, store: Path, dsn: str, **options: Any) -> None:
+        self.store_url = f"file://{store}"
+        self.options = {"type": "postgres", "table": "public.orders", "conninfo": dsn, **options}
+        self.dsn = dsn
+        self.pipeline = self.open()
+        self.runs = 0
+
+    def open(self) -> Pipeline:
+        """A fresh Pipeline object, as another process (a retry, the recovery DAG) builds it."""
+        config = CheckpointConfig.from_mapping({"storage_url": self.store_url, "max_retries": 2})
+        return CheckpointStore(config).pipeline("orders")
+
+    def decided(self, *files: pa.Table) -> tuple[int, Decision, str]:
+        """Begin, stage one Parquet file per table, prepare and decide commit."""
+        self.runs += 1
+        p = self.pipeline
+        epoch = p.begin(f"run-{self.runs}").epoch
+        staging = p.staging_path(epoch, 1, "orders")
+        for n, table in enumerate(files):
+            buf = io.BytesIO()
+            pq.write_table(table, buf)
+            p.storage.write_atomic(f"{staging}/part-{n:05d}.parquet", buf.getvalue())
+        manifest = p.manifest_for_staged(epoch, 1, "orders", "postgres://test/public.orders",
+                                         sum(t.num_rows for t in files))
+        manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=self.options)
+        p.prepare(epoch, "ingest", 1, run_id=f"run-{self.runs}", sinks=[manifest])
+        record = p.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+        return epoch, record.decision, record.reason
+
+    def run(self, *files: pa.Table) -> int:
+        """A whole epoch that must commit."""
+        epoch, decision, reason = self.decided(*files)
+        assert decision is Decision.COMMIT, reason
+        self.pipeline.commit(epoch)
+        return epoch
+
+    def refused(self, *files: pa.Table) -> str:
+        """An epoch that must be refused at its decision; the reason (the epoch is aborted)."""
+        epoch, decision, reason = self.decided(*files)
+        assert decision is Decision.ABORT, f"epoch {epoch} was decided {decision.value}"
+        assert self.pipeline.state(epoch) is EpochState.ABORTED
+        return reason
+
+    def query(self, statement: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn) as conn:
+            return conn.execute(statement).fetchall()
+
+    def execute(self, statement: str) -> None:
+        with psycopg.connect(self.dsn) as conn:
+            conn.execute(statement)
+
+    def table(self) -> list[tuple[Any, ...]]:
+        return self.query("SELECT id, name, amount FROM public.orders ORDER BY id")
+
+    def markers(self) -> list[tuple[Any, ...]]:
+        return self.query("SELECT pipeline, sink, epoch, target_table, rows FROM public.seatunnel_ckpt_epochs "
+                          "ORDER BY epoch")
+
+
+@pytest.fixture
+def epochs(tmp_path: Path, postgres_db: str) -> Epochs:
+    return Epochs(tmp_path / "store", postgres_db, create_table=True)
+
+
+def expected(ids: list[int], suffix: str = "") -> list[tuple[Any, ...]]:
+    return [(i, f"n{i}{suffix}", i * 1.5) for i in sorted(ids)]
+
+
+def test_append_epochs_land_every_row_once_with_one_marker_per_epoch(epochs: Epochs) -> None:
+    first = epochs.run(rows([1, 2, 3]), rows([4]))
+    second = epochs.run(rows([5, 6]))
+    epochs.open().commit(second)  # a retried commit task: the marker says it landed
+    epochs.pipeline.commit(first)
+
+    assert epochs.table() == expected([1, 2, 3, 4, 5, 6])
+    assert epochs.markers() == [("orders", "orders", first, "public.orders", 4),
+                                ("orders", "orders", second, "public.orders", 2)]
+    assert epochs.pipeline.state(second) is EpochState.COMMITTED
+
+
+def test_upsert_replaces_rows_by_key_and_adds_new_keys(tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, mode="upsert", merge_keys=["id"], create_table=True)
+    epochs.run(rows([1, 2, 3]))
+    epochs.run(rows([2, 3, 4], suffix="-v2"))
+
+    assert epochs.table() == [(1, "n1", 1.5), (2, "n2-v2", 3.0), (3, "n3-v2", 4.5), (4, "n4-v2", 6.0)]
+    assert epochs.query("SELECT count(*) FROM public.seatunnel_ckpt_epochs") == [(2,)]
+
+
+def test_upsert_into_an_existing_table_keeps_the_columns_the_epoch_does_not_write(tmp_path: Path,
+                                                                                   postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, mode="upsert", merge_keys=["id"])
+    epochs.execute("CREATE TABLE public.orders (id bigint PRIMARY KEY, name varchar(20), amount numeric, "
+                 "note text DEFAULT 'kept') ")
+    epochs.run(rows([1, 2]))
+    epochs.run(rows([2], suffix="-v2"))
+
+    assert epochs.query("SELECT id, name, amount::float8, note FROM public.orders ORDER BY id") == [
+        (1, "n1", 1.5, "kept"), (2, "n2-v2", 3.0, "kept")]
+
+
+def refusing(tmp_path: Path, dsn: str, **options: Any) -> Epochs:
+    return Epochs(tmp_path / "store", dsn, **options)
+
+
+def test_a_missing_table_is_refused_before_the_decision_naming_the_table(tmp_path: Path, postgres_db: str) -> None:
+    epochs = refusing(tmp_path, postgres_db)
+    reason = epochs.refused(rows([1]))
+    assert "public.orders does not exist" in reason and "create_table" in reason
+    assert epochs.query("SELECT to_regclass('public.orders')") == [(None,)]
+
+
+def test_an_incompatible_column_type_is_refused_before_the_decision(tmp_path: Path, postgres_db: str) -> None:
+    epochs = refusing(tmp_path, postgres_db)
+    epochs.execute("CREATE TABLE public.orders (id integer, name text, amount double precision)")
+    reason = epochs.refused(rows([1]))  # id is int64 in the files, integer (int4) in the table
+    assert "id: the table has integer" in reason and "int64" in reason
+    assert epochs.table() == []
+
+
+def test_a_column_missing_from_the_table_or_a_required_one_missing_from_the_epoch_is_refused(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = refusing(tmp_path, postgres_db)
+    epochs.execute("CREATE TABLE public.orders (id bigint, name text, region text NOT NULL)")
+    reason = epochs.refused(rows([1]))
+    assert "Columns not in the table: ['amount']" in reason
+    assert "Columns without a default the epoch does not write: ['region']" in reason
+
+
+def test_merge_keys_without_a_unique_constraint_are_refused(tmp_path: Path, postgres_db: str) -> None:
+    epochs = refusing(tmp_path, postgres_db, mode="upsert", merge_keys=["id"])
+    epochs.execute("CREATE TABLE public.orders (id bigint, name text, amount float8)")
+    reason = epochs.refused(rows([1]))
+    assert "merge_keys ['id'] are not the table's primary key nor a unique constraint" in reason
+    assert "ADD UNIQUE (id)" in reason
+
+
+@pytest.mark.parametrize("bad", [[1, 1], [1, None]], ids=["duplicate", "null"])
+def test_duplicate_or_null_staged_merge_keys_are_refused(tmp_path: Path, postgres_db: str,
+                                                         bad: list[int | None]) -> None:
+    epochs = refusing(tmp_path, postgres_db, mode="upsert", merge_keys=["id"], create_table=True)
+    reason = epochs.refused(rows([2]), rows(bad))
+    assert "'id'" in reason or "id" in reason.split("merge key")[1][:20]
+    assert epochs.query("SELECT to_regclass('public.orders')") == [(None,)]
+
+
+def test_a_second_store_into_the_same_table_is_refused_before_the_decision(tmp_path: Path,
+                                                                            postgres_db: str) -> None:
+    first = Epochs(tmp_path / "store-a", postgres_db, create_table=True)
+    first.run(rows([1]))
+    second = Epochs(tmp_path / "store-b", postgres_db, create_table=True)
+    reason = second.refused(rows([2]))
+    assert "the table belongs to pipeline 'orders' of store" in reason
+    assert "DELETE FROM public.seatunnel_ckpt_owners WHERE target_table = 'public.orders'" in reason
+    assert first.table() == expected([1])
+
+
+def test_a_password_in_conninfo_is_refused_when_the_sink_is_declared() -> None:
+    with pytest.raises(ConfigError, match="conninfo holds a password"):
+        parse({"table": "t", "conninfo": "host=db user=u password=secret"}, "sink 'orders'")
+    with pytest.raises(ConfigError, match="conninfo holds a password"):
+        parse({"table": "t", "conninfo": "postgresql://u:secret@db/x"}, "sink 'orders'")
+
+
+def test_two_racing_committers_of_one_epoch_land_it_once(epochs: Epochs) -> None:
+    for round_ in range(4):
+        ids = list(range(round_ * 100, round_ * 100 + 50))
+        epoch, decision, _ = epochs.decided(rows(ids[:25]), rows(ids[25:]))
+        assert decision is Decision.COMMIT
+        outcomes = at_once([lambda e=epoch: epochs.open().commit(e), lambda e=epoch: epochs.open().commit(e)])
+        assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+        assert epochs.pipeline.state(epoch) is EpochState.COMMITTED
+    ids = [i for r in range(4) for i in range(r * 100, r * 100 + 50)]
+    assert epochs.table() == expected(ids)
+    assert epochs.query("SELECT epoch, count(*) FROM public.seatunnel_ckpt_epochs GROUP BY epoch ORDER BY 1") == [
+        (e, 1) for e in range(1, 5)]
+
+
+def test_a_crash_between_the_database_commit_and_the_logs_committed_is_resolved_by_the_marker(
+        epochs: Epochs, monkeypatch: pytest.MonkeyPatch) -> None:
+    epochs.run(rows([1]))
+    epoch, decision, _ = epochs.decided(rows([2, 3]))
+    assert decision is Decision.COMMIT
+
+    def die(self: TransactionLog, *args: Any, **kwargs: Any) -> None:
+        raise SimulatedCrash("killed after the PostgreSQL transaction committed, before the log's committed")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(TransactionLog, "acknowledge_committed", die)
+        with pytest.raises(SimulatedCrash):
+            epochs.pipeline.commit(epoch)
+    assert epochs.pipeline.state(epoch) is EpochState.COMMITTING
+    assert epochs.table() == expected([1, 2, 3])  # the rows landed with the marker
+
+    recover(epochs.open(), dry_run=False)  # the recovery DAG commits the epoch again
+    assert epochs.pipeline.state(epoch) is EpochState.COMMITTED
+    assert epochs.table() == expected([1, 2, 3])
+    assert [m[2] for m in epochs.markers()] == [1, epoch]
+    epochs.run(rows([4]))  # and the next epoch runs
+    assert epochs.table() == expected([1, 2, 3, 4])
+
+
+@pytest.fixture
+def resolved_conninfo() -> Iterator[dict[str, str]]:
+    """A secret resolver giving the sinks named ``postgres_conn_id = "db"`` the conninfo set in the dict."""
+    found: dict[str, str] = {}
+
+    def resolve(options: Any) -> dict[str, str]:
+        return {"conninfo": found["conninfo"]} if options.get("postgres_conn_id") == "db" else {}
+
+    core_tables.register_secret_resolver(resolve)
+    try:
+        yield found
+    finally:
+        core_tables._SECRET_RESOLVERS.remove(resolve)
+
+
+def test_a_database_down_at_the_commit_leaves_the_epoch_committing_and_a_retry_lands_it(
+        tmp_path: Path, postgres_db: str, resolved_conninfo: dict[str, str]) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
+    epochs.options = {"type": "postgres", "table": "public.orders", "postgres_conn_id": "db", "create_table": True}
+    resolved_conninfo["conninfo"] = postgres_db
+    epoch, decision, _ = epochs.decided(rows([1, 2]))
+    assert decision is Decision.COMMIT
+    from tests.postgres_server import free_port
+
+    resolved_conninfo["conninfo"] = f"host=127.0.0.1 port={free_port()} user=postgres connect_timeout=2"
+    with pytest.raises(StorageError, match="cannot connect to PostgreSQL") as raised:
+        epochs.pipeline.commit(epoch)
+    assert raised.value.retryable
+    assert epochs.pipeline.state(epoch) is EpochState.COMMITTING
+    assert "port" not in str(epochs.pipeline.txlog.read_decision(epoch))  # no connection string in the store
+
+    resolved_conninfo["conninfo"] = postgres_db  # the database is back
+    epochs.open().commit(epoch)
+    assert epochs.pipeline.state(epoch) is EpochState.COMMITTED
+    assert epochs.table() == expected([1, 2])
+
+
+def test_a_role_with_only_insert_and_select_commits_once_the_bookkeeping_tables_exist(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
+    epochs.run(rows([1]))  # the first commit (an owner of the schema) creates the tables
+    epochs.execute("CREATE ROLE writer LOGIN; GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA public TO writer")
+    epochs.options = {**epochs.options, "conninfo": f"{postgres_db} user=writer"}
+    epochs.run(rows([2, 3]))
+
+    assert epochs.table() == expected([1, 2, 3])
+    assert len(epochs.markers()) == 2
+
+
+def test_a_role_without_insert_on_the_table_is_refused_before_the_decision(tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
+    epochs.run(rows([1]))
+    epochs.execute("CREATE ROLE reader LOGIN; GRANT SELECT ON ALL TABLES IN SCHEMA public TO reader")
+    epochs.options = {**epochs.options, "conninfo": f"{postgres_db} user=reader"}
+    reason = epochs.refused(rows([2]))
+
+    assert "the role 'reader' lacks INSERT on \"public\".\"orders\"" in reason
+    assert epochs.table() == expected([1])
