@@ -252,27 +252,39 @@ def replacing(manifest: SinkManifest, plan: ReplayPlan, force: bool) -> SinkMani
     return dataclasses.replace(manifest, replaces=tuple(plan.replaced), force_replace=force)
 
 
+def _action(pipeline: Pipeline, epoch: int) -> str | None:
+    return next((a.name for a in pipeline.txlog.actions(epoch) if a.record.action == REPLAY), None)
+
+
+def abandon_replay(pipeline: Pipeline, epoch: int, error: Exception, by: str) -> None:
+    """Abort replay epoch ``epoch`` after ``error``, unless it was decided commit (then it rolls forward).
+
+    Called when running the replayed epochs or preparing failed: nothing was published, and
+    the next replay can run at once (a killed process leaves this to recovery instead).
+    """
+    if pipeline.state(epoch) in (EpochState.COMMITTING, EpochState.COMMITTED):
+        return
+    pipeline.abort(epoch, f"replay failed before its decision: {type(error).__name__}", by=by)
+    entry = next((a for a in pipeline.txlog.actions(epoch) if a.record.action == REPLAY), None)
+    if entry is not None and entry.outcome is None:
+        pipeline.txlog.record_outcome(epoch, entry.name, ActionOutcome.FAILED, f"{type(error).__name__}: {error}")
+
+
 def finish_replay(pipeline: Pipeline, epoch: int, run_id: str, plan: ReplayPlan, attempt: int, *,
                   sinks: list[SinkManifest], operators: Mapping[str, OperatorState], reason: str, by: str,
                   force: bool = False) -> CommitResult:
     """Prepare, decide and commit the replay epoch ``epoch`` (see the module docs).
 
     A refusal at the decision (another writer's commit to a table, ``force`` unset) aborts
-    the replay epoch and raises :class:`ReplayError` with the refusal: nothing changed.
+    the replay epoch and raises :class:`ReplayError` with the refusal: nothing changed. Any
+    other failure is raised as it is (the caller abandons the epoch, :func:`abandon_replay`).
     """
-    action = next((a.name for a in pipeline.txlog.actions(epoch) if a.record.action == REPLAY), None)
-    try:
-        pipeline.prepare(epoch, plan.participant, attempt, run_id=run_id,
-                         sinks=[replacing(s, plan, force) for s in sinks], operators=dict(operators),
-                         sources={}, base=plan.latest)
-        decision = pipeline.decide(epoch, Decision.COMMIT, f"replay of epochs {plan.from_epoch}..{plan.to_epoch}: "
-                                   f"{reason}", by)
-    except BaseException as exc:
-        if pipeline.state(epoch) not in (EpochState.COMMITTING, EpochState.COMMITTED):
-            pipeline.abort(epoch, "replay failed before its decision", by=by)
-            if action is not None and isinstance(exc, Exception):
-                pipeline.txlog.record_outcome(epoch, action, ActionOutcome.FAILED, f"{type(exc).__name__}: {exc}")
-        raise
+    action = _action(pipeline, epoch)
+    pipeline.prepare(epoch, plan.participant, attempt, run_id=run_id,
+                     sinks=[replacing(s, plan, force) for s in sinks], operators=dict(operators),
+                     sources={}, base=plan.latest)
+    decision = pipeline.decide(epoch, Decision.COMMIT, f"replay of epochs {plan.from_epoch}..{plan.to_epoch}: "
+                               f"{reason}", by)
     if decision.decision is not Decision.COMMIT:
         if action is not None:
             pipeline.txlog.record_outcome(epoch, action, ActionOutcome.FAILED, decision.reason)
@@ -288,5 +300,5 @@ def finish_replay(pipeline: Pipeline, epoch: int, run_id: str, plan: ReplayPlan,
     return result
 
 
-__all__ = ["REPLAY", "RUN_ID_PREFIX", "ReplayError", "ReplayPlan", "begin_replay", "finish_replay",
+__all__ = ["REPLAY", "RUN_ID_PREFIX", "ReplayError", "ReplayPlan", "abandon_replay", "begin_replay", "finish_replay",
            "plan_replay", "replayed_range", "replacing", "resume_replay"]

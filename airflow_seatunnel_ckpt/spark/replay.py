@@ -33,6 +33,7 @@ from airflow_seatunnel_ckpt.core.models import CommitResult, OperatorState, Sink
 from airflow_seatunnel_ckpt.core.replay import (
     ReplayError,
     ReplayPlan,
+    abandon_replay,
     begin_replay,
     finish_replay,
     plan_replay,
@@ -125,11 +126,15 @@ def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, 
     recorded = {"stage": spec.stage, "dag_id": (spec.airflow_context or {}).get("dag_id"), "force": force,
                 **dict(details or {})}
     epoch, run_id = begin_replay(pipeline, plan, reason=reason, by=by, details=recorded)
-    with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, ATTEMPT,
-                                  holder=default_holder(run_id=run_id, by=by)):
-        sinks, operators, states = _run_replayed(pipeline, config, spec, session, fn, plan, epoch, run_id)
-        commit = finish_replay(pipeline, epoch, run_id, plan, ATTEMPT, sinks=sinks, operators=operators,
-                               reason=reason, by=by, force=force)
+    try:
+        with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, ATTEMPT,
+                                      holder=default_holder(run_id=run_id, by=by)):
+            sinks, operators, states = _run_replayed(pipeline, config, spec, session, fn, plan, epoch, run_id)
+            commit = finish_replay(pipeline, epoch, run_id, plan, ATTEMPT, sinks=sinks, operators=operators,
+                                   reason=reason, by=by, force=force)
+    except Exception as exc:  # a failed stage or store: abort now (a killed process leaves it to recovery)
+        abandon_replay(pipeline, epoch, exc, by)
+        raise
     _record_state_shapes(pipeline, spec.participant, states)
     return ReplayResult(pipeline.name, epoch, run_id, plan.from_epoch, plan.to_epoch, plan.epochs, plan.replaced,
                         commit)
