@@ -86,7 +86,7 @@ class ReplayResult:
         return {"pipeline": self.pipeline, "epoch": self.epoch, "run_id": self.run_id,
                 "from_epoch": self.from_epoch, "to_epoch": self.to_epoch, "replayed": self.replayed,
                 "replaced": self.replaced, "resumed": self.resumed,
-                "published": [p.to_dict() for p in self.commit.published] if self.commit else []}
+                "published": [p.to_dict() for p in self.commit.sinks] if self.commit else []}
 
 
 def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, *, reason: str, by: str,
