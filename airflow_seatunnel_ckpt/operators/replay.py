@@ -95,14 +95,14 @@ class ReplayOperator(BasePipelineOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         """Run the replay; its result (epochs replayed and replaced, what each sink published)."""
         from airflow_seatunnel_ckpt.spark.replay import replay_stage
-        from airflow_seatunnel_ckpt.spark.spec import StageSpec
+        from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageSpec
 
         asked = self._asked(context)
-        optional = {"key_groups": self.key_groups} if self.key_groups is not None else {}
         spec = StageSpec(pipeline=self.pipeline, participant=self.participant, run_id=context["run_id"], attempt=1,
                          stage=self.stage, sources=self.sources, sinks=self.sinks,
                          store=self.hook.config.to_mapping(include_secrets=True), spark_conf=self.spark_conf,
-                         airflow_context=airflow_context_of(context, self.task_id), **optional)
+                         airflow_context=airflow_context_of(context, self.task_id),
+                         key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         dag_id = getattr(context.get("dag"), "dag_id", "")
         ti = context.get("ti")
         by = f"airflow: DAG {dag_id!r} run {context['run_id']!r}"
