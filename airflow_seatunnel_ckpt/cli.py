@@ -19,6 +19,8 @@ reader went away (e.g. piped into head).
     seatunnel-ckpt describe orders          # owner DAG, settings, declared participants
     seatunnel-ckpt state rename orders customer_totals totals_by_customer   # also: drop, reset
     seatunnel-ckpt rescale orders --key-groups 64
+    seatunnel-ckpt replay orders --from-epoch 6 --reason "stage fixed" --stage dags.orders:stage
+                                            # full refresh: --from-epoch 1 (never wipe the store)
 
 cat prints any file of the store decoded: framed JSON records (transaction log,
 _metadata, markers) and JSON parts as JSON, Arrow parts as their schema and rows.
@@ -251,6 +253,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         data = {"status": status.to_dict(), "expectations": rules}
         lines = [f"pipeline {p.name} epoch {args.epoch}: {status.state.value} (run {status.run_id})"]
         lines += [f"  expectation {describe_expectation(rule)}" for rule in rules]
+        actions = p.txlog.actions(args.epoch)  # the audit trail: skip-sink, replay ...
+        data["actions"] = [{"name": a.name, **a.record.to_dict(),
+                            "outcome": a.outcome.to_dict() if a.outcome else None} for a in actions]
+        for a in actions:
+            details = ", ".join(f"{k}={v}" for k, v in sorted(a.record.details.items()) if v not in (None, ""))
+            lines.append(f"  action {a.record.action} by {a.record.by}: {a.record.reason}"
+                         + (f" ({details})" if details else "")
+                         + (f" -> {a.outcome.outcome.value}: {a.outcome.detail}" if a.outcome else ""))
     if p.checkpoints.has_metadata(args.epoch):
         try:
             meta = p.checkpoints.read_metadata(args.epoch)
@@ -630,6 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
     from airflow_seatunnel_ckpt import cli_state  # state rename|drop|reset, rescale
 
     cli_state.register(sub, _store, _emit, parents=[shared])
+    from airflow_seatunnel_ckpt import cli_replay  # replay, full refresh
+
+    cli_replay.register(sub, _store, _emit)
     return parser
 
 

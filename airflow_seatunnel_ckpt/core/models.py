@@ -285,6 +285,12 @@ class SinkManifest:
     #: The sink's expectations as measured when the rows were staged (see
     #: :mod:`core.expectations`); empty when the sink declares none (stored only when not).
     expectations: tuple[ExpectationResult, ...] = ()
+    #: A replay's table sink (see :mod:`core.replay`): the epochs whose data files this
+    #: commit removes from the table while it adds the staged ones, in one transaction
+    #: (stored only when set).
+    replaces: tuple[int, ...] = ()
+    #: The replay was forced past commits to the table by another writer (``--force``).
+    force_replace: bool = False
 
     @property
     def bytes(self) -> int:
@@ -297,9 +303,10 @@ class SinkManifest:
 
         A ``changes`` sink with no rows publishes nothing: no empty ``epoch=<e>/``
         directory, no ``_SUCCESS``, no asset event. A ``snapshot`` sink always publishes,
-        since its output replaces the table (an empty snapshot is an empty table).
+        since its output replaces the table (an empty snapshot is an empty table), and
+        neither does a replay's (it removes the replaced epochs' rows whatever it adds).
         """
-        return self.rows > 0 or self.mode is SinkMode.SNAPSHOT
+        return self.rows > 0 or self.mode is SinkMode.SNAPSHOT or bool(self.replaces)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"sink": self.sink, "target_url": self.target_url, "staging": self.staging, "format": self.format,
@@ -311,6 +318,8 @@ class SinkManifest:
             out["table"] = dict(self.table)
         if self.expectations:
             out["expectations"] = [e.to_dict() for e in self.expectations]
+        if self.replaces:
+            out["replaces"] = {"epochs": list(self.replaces), "force": self.force_replace}
         return out
 
     @classmethod
@@ -330,8 +339,15 @@ class SinkManifest:
             raise CorruptCheckpointError(f"{path}: a table sink's options must name its type, found {table!r}", path)
         expectations = tuple(ExpectationResult.from_dict(e, path)
                              for e in _get(d, "expectations", list, path, optional=True) or [])
+        replaces = _get(d, "replaces", dict, path, optional=True) or {}
+        epochs = replaces.get("epochs", [])
+        if not isinstance(epochs, list) or not all(isinstance(e, int) and not isinstance(e, bool) and e > 0
+                                                   for e in epochs):
+            raise CorruptCheckpointError(f"{path}: a replay's replaced epochs must be epoch numbers, found "
+                                         f"{epochs!r}", path)
         return cls(_get(d, "sink", str, path), _get(d, "target_url", str, path), _get(d, "staging", str, path),
-                   files, _get(d, "rows", int, path), _get(d, "format", str, path), mode, table, expectations)
+                   files, _get(d, "rows", int, path), _get(d, "format", str, path), mode, table, expectations,
+                   tuple(epochs), bool(replaces.get("force", False)))
 
 
 @dataclass(frozen=True)

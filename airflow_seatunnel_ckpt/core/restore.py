@@ -28,7 +28,7 @@ from typing import Any
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.checkpoint import CheckpointManager, Problem
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
-from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, RecoveryError
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, RecoveryError
 from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, OperatorState, PartRef
 from airflow_seatunnel_ckpt.core.replication import secondary_storage
 from airflow_seatunnel_ckpt.core.source_log import Entry, read_history
@@ -98,6 +98,20 @@ def restore_point(txlog: TransactionLog, checkpoints: CheckpointManager, config:
     return (_from_secondary(txlog.pipeline, checkpoints, config, newest, deep, problems)
             or _rebuild_from_log(txlog, checkpoints, newest, committed, deep, problems)
             or _from_older(txlog, checkpoints, newest, committed, deep, problems))
+
+
+def restore_point_at(checkpoints: CheckpointManager, epoch: int) -> RestorePoint:
+    """The state and source histories as committed epoch ``epoch``'s checkpoint holds them.
+
+    Only the primary checkpoint, verified: CheckpointError naming its problems if it does
+    not verify (or was removed by retention). What a replay starts from.
+    """
+    problems = checkpoints.verify(epoch, deep=True, decode=False)
+    if problems:
+        raise CheckpointError(
+            f"{checkpoints.storage.describe_path(f'checkpoint_{epoch}')}: checkpoint {epoch} cannot be restored "
+            f"({'; '.join(map(str, problems[:3]))}); it may have been removed by retention (max_retain)")
+    return _from_metadata(checkpoints.read_metadata(epoch), RestoreSource.PRIMARY, checkpoints.storage, [])
 
 
 def _from_metadata(meta: CheckpointMetadata, how: RestoreSource, storage: Storage,

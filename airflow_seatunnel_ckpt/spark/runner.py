@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_seatunnel_ckpt.core import staging
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, FencedAttemptError
@@ -144,70 +145,14 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
         base.epoch if base.epoch else "nothing",
         base.how,
     )
-    sources = {name: source_from_options(name, opts) for name, opts in spec.sources.items()}
-    try:
-        offsets = _fixed_offsets(pipeline, epoch, spec, sources, base)
-    except SourceError as exc:  # a missing directory, a changed consumed file
-        raise SourceError(f"pipeline {spec.pipeline!r} epoch {epoch}: {exc}") from exc
-    sinks = _bound_sinks(pipeline, epoch, spec)
-    quarantines = _quarantine_sinks(pipeline, epoch, spec, sources, sinks)
-    rejected = _expectation_quarantines(pipeline, epoch, spec, sinks, quarantines)
-    bound = {name: BoundSource(session, src, offsets[name], quarantines.get(name), epoch)
-             for name, src in sources.items()}
-    ctx = StageContext(
-        session,
-        pipeline=spec.pipeline,
-        participant=spec.participant,
-        run_id=spec.run_id,
-        epoch=epoch,
-        attempt=spec.attempt,
-        restored_epoch=base.epoch,
-        key_groups=spec.key_groups,
-        sources=bound,
-        sinks=sinks,
-        state_factory=_state_factory(session, pipeline, config, epoch, spec, base),
-        airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}),
-    )
 
-    operators: dict[str, OperatorState] = {}
-    written = 0
-    label = f"pipeline {spec.pipeline} epoch {epoch}: {spec.participant} attempt {spec.attempt}"
-    try:
-        # Spark's progress goes to the task log while the stage and its state writes run.
-        with StageProgress(session.sparkContext, label, progress_interval):
-            fn(ctx, session)
-            _refuse_renamed_states(pipeline, base, spec.participant, ctx.states)
-            for name, state in ctx.states.items():
-                operator, size = state.finish()
-                written += size
-                if operator is not None:
-                    operators[name] = operator
-    except Exception as exc:
-        null_key = null_key_error(exc)
-        if null_key is None:
-            raise
-        raise _null_key_origin(session, epoch, bound, *null_key) from exc
-    operators = {**_owned_operators(pipeline, base, spec.participant), **operators}
-    manifests: list[SinkManifest] = []
-    not_written: list[str] = []
-    for name, sink in [*sinks.items(),
-                       *((q.name, q) for q in [*quarantines.values(), *rejected] if q.written)]:
-        if sink.written:
-            assert sink.rows is not None
-            manifest = pipeline.manifest_for_staged(
-                epoch, spec.attempt, name, sink.target_url, sink.rows, sink.format
-            )
-            manifests.append(dataclasses.replace(manifest, mode=sink.mode, table=sink.table,
-                                                 expectations=sink.expectation_results))
-        else:
-            not_written.append(name)
-            log.warning(
-                "pipeline %s epoch %d: stage %s declared sink %r but did not write it; the epoch "
-                "publishes nothing for it (recorded as not_written in the prepared record and the "
-                "commit). Write it (an empty DataFrame is fine) or remove it from the stage's sinks",
-                spec.pipeline, epoch, spec.stage, name,
-            )
-    log_row_counts(label, bound, sinks)
+    def plan(sources: Mapping[str, Source]) -> dict[str, dict[str, Any]]:
+        return _fixed_offsets(pipeline, epoch, spec, sources, base)
+
+    ran = execute_stage(spec, session, fn, pipeline, config, epoch, base, plan,
+                        lambda name: pipeline.staging_path(epoch, spec.attempt, name), progress_interval)
+    ctx, bound, manifests, not_written, operators, written = (
+        ran.ctx, ran.bound, ran.manifests, ran.not_written, ran.operators, ran.written)
     try:
         record = pipeline.prepare(
             epoch,
@@ -257,6 +202,96 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
     return result
 
 
+@dataclasses.dataclass
+class StageRun:
+    """What one run of the stage function left: its context, staged manifests and keyed state."""
+
+    ctx: StageContext
+    bound: dict[str, BoundSource]
+    manifests: list[SinkManifest]
+    not_written: list[str]
+    operators: dict[str, OperatorState]
+    written: int  #: bytes of keyed state written
+
+
+def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pipeline: Pipeline,
+                  config: CheckpointConfig, epoch: int, base: RestorePoint,
+                  plan: Callable[[Mapping[str, Source]], dict[str, dict[str, Any]]],
+                  staged_at: Callable[[str], str],
+                  progress_interval: float = DEFAULT_INTERVAL_S) -> StageRun:
+    """Steps 4-6 of :func:`run_stage`: read ``plan``'s input, run ``fn`` from ``base``'s state,
+    stage each sink at ``staged_at(sink)`` (relative to the pipeline root) and collect the
+    manifests and the keyed state's parts (nothing is prepared: the caller does that).
+
+    Also what a replay runs for each replayed epoch (:mod:`.replay`), with the epoch's
+    recorded plan and the state the previous replayed epoch left.
+    """
+    sources = {name: source_from_options(name, opts) for name, opts in spec.sources.items()}
+    try:
+        offsets = plan(sources)
+    except SourceError as exc:  # a missing directory, a changed consumed file
+        raise SourceError(f"pipeline {spec.pipeline!r} epoch {epoch}: {exc}") from exc
+    sinks = _bound_sinks(pipeline, spec, staged_at)
+    quarantines = _quarantine_sinks(pipeline, spec, sources, sinks, staged_at)
+    rejected = _expectation_quarantines(pipeline, spec, sinks, quarantines, staged_at)
+    bound = {name: BoundSource(session, src, offsets[name], quarantines.get(name), epoch)
+             for name, src in sources.items()}
+    ctx = StageContext(
+        session,
+        pipeline=spec.pipeline,
+        participant=spec.participant,
+        run_id=spec.run_id,
+        epoch=epoch,
+        attempt=spec.attempt,
+        restored_epoch=base.epoch,
+        key_groups=spec.key_groups,
+        sources=bound,
+        sinks=sinks,
+        state_factory=_state_factory(session, pipeline, config, epoch, spec, base),
+        airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}),
+    )
+
+    operators: dict[str, OperatorState] = {}
+    written = 0
+    label = f"pipeline {spec.pipeline} epoch {epoch}: {spec.participant} attempt {spec.attempt}"
+    try:
+        # Spark's progress goes to the task log while the stage and its state writes run.
+        with StageProgress(session.sparkContext, label, progress_interval):
+            fn(ctx, session)
+            _refuse_renamed_states(pipeline, base, spec.participant, ctx.states)
+            for name, state in ctx.states.items():
+                operator, size = state.finish()
+                written += size
+                if operator is not None:
+                    operators[name] = operator
+    except Exception as exc:
+        null_key = null_key_error(exc)
+        if null_key is None:
+            raise
+        raise _null_key_origin(session, epoch, bound, *null_key) from exc
+    operators = {**_owned_operators(pipeline, base, spec.participant), **operators}
+    manifests: list[SinkManifest] = []
+    not_written: list[str] = []
+    for name, sink in [*sinks.items(),
+                       *((q.name, q) for q in [*quarantines.values(), *rejected] if q.written)]:
+        if sink.written:
+            assert sink.rows is not None
+            manifest = staging.manifest_of(pipeline.storage, staged_at(name), name, sink.target_url,
+                                           sink.rows, sink.format)
+            manifests.append(dataclasses.replace(manifest, mode=sink.mode, table=sink.table,
+                                                 expectations=sink.expectation_results))
+        else:
+            not_written.append(name)
+            log.warning(
+                "pipeline %s epoch %d: stage %s declared sink %r but did not write it; the epoch "
+                "publishes nothing for it (recorded as not_written in the prepared record and the "
+                "commit). Write it (an empty DataFrame is fine) or remove it from the stage's sinks",
+                spec.pipeline, epoch, spec.stage, name,
+            )
+    log_row_counts(label, bound, sinks)
+    return StageRun(ctx, bound, manifests, not_written, operators, written)
+
+
 def _fixed_offsets(
     pipeline: Pipeline,
     epoch: int,
@@ -282,11 +317,11 @@ def _fixed_offsets(
     }
 
 
-def _bound_sinks(pipeline: Pipeline, epoch: int, spec: StageSpec) -> dict[str, Sink]:
+def _bound_sinks(pipeline: Pipeline, spec: StageSpec, staged_at: Callable[[str], str]) -> dict[str, Sink]:
     sinks = {}
     for name, opts in spec.sinks.items():
         sink = sink_from_options(name, opts)
-        sink.bind(pipeline.staging_url(epoch, spec.attempt, name), pipeline.storage.storage_options)
+        sink.bind(pipeline.storage.url_of(staged_at(name)), pipeline.storage.storage_options)
         sinks[name] = sink
     return sinks
 
@@ -327,8 +362,8 @@ def _null_key_origin(spark: SparkSession, epoch: int, sources: Mapping[str, Boun
 QUARANTINE_SUFFIX = ".bad_records"
 
 
-def _quarantine_sinks(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: Mapping[str, Source],
-                      sinks: Mapping[str, Sink]) -> dict[str, Sink]:
+def _quarantine_sinks(pipeline: Pipeline, spec: StageSpec, sources: Mapping[str, Source],
+                      sinks: Mapping[str, Sink], staged_at: Callable[[str], str]) -> dict[str, Sink]:
     """Per source with a ``bad_records`` directory: a JSON file sink ``<source>.bad_records``
     into which the source stages the records it rejects, published with the epoch like
     any sink (so a bad record is neither lost nor able to block the pipeline)."""
@@ -344,13 +379,13 @@ def _quarantine_sinks(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: 
                 "(its bad_records option); rename the sink"
             )
         sink = sink_from_options(sink_name, {"type": "file", "path": target, "format": "json"})
-        sink.bind(pipeline.staging_url(epoch, spec.attempt, sink_name), pipeline.storage.storage_options)
+        sink.bind(pipeline.storage.url_of(staged_at(sink_name)), pipeline.storage.storage_options)
         out[name] = sink
     return out
 
 
-def _expectation_quarantines(pipeline: Pipeline, epoch: int, spec: StageSpec, sinks: Mapping[str, Sink],
-                             taken: Mapping[str, Sink]) -> list[Sink]:
+def _expectation_quarantines(pipeline: Pipeline, spec: StageSpec, sinks: Mapping[str, Sink],
+                             taken: Mapping[str, Sink], staged_at: Callable[[str], str]) -> list[Sink]:
     """Per sink with a ``quarantine`` expectation: the sink ``<sink>.quarantine`` beside it
     (a table or directory, :meth:`Sink.quarantine_options`) into which it stages the rows
     it quarantines, published in the same commit as the sink."""
@@ -368,7 +403,7 @@ def _expectation_quarantines(pipeline: Pipeline, epoch: int, spec: StageSpec, si
             raise ConfigError(f"stage spec: sink {sink_name!r} is the quarantine of sink {name!r} (its "
                               "expectations); rename the sink")
         quarantine = sink_from_options(sink_name, options)
-        quarantine.bind(pipeline.staging_url(epoch, spec.attempt, sink_name), pipeline.storage.storage_options)
+        quarantine.bind(pipeline.storage.url_of(staged_at(sink_name)), pipeline.storage.storage_options)
         sink.quarantine = quarantine
         out.append(quarantine)
     return out

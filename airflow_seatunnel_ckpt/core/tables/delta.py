@@ -194,6 +194,10 @@ def precheck(request: TableCommit) -> None:
     fs_options, delta_options = storage_options(request, uri)
     keys = _merge_keys(request, where)
     partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    if request.sink.replaces and not request.sink.force_replace:
+        replaced_in = load(uri, delta_options, where)
+        if replaced_in is not None:
+            _refuse_foreign_commits(replaced_in, request, where)
     schema = staged_schema(request, where)
     if schema is None:
         return
@@ -214,6 +218,45 @@ def precheck(request: TableCommit) -> None:
         return
     check_table(table, request, keys, where)
     check_schema(table, schema, partition_by, where)
+
+
+#: Operations of another writer that change no data file: a replay may pass them.
+_METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "CHANGE COLUMN"}
+
+
+def _refuse_foreign_commits(table: DeltaTable, request: TableCommit, where: str) -> None:
+    """Refuse a replay when a version after the first replaced epoch's was written by another writer.
+
+    Such a version (another writer's append, delete, OPTIMIZE) may have changed or
+    rewritten the replaced epochs' rows; the replay would silently drop that change.
+    """
+    replaced = {str(e) for e in request.sink.replaces}
+    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": markers.store_id_of(request)}
+    started = False
+    for commit in sorted(table.history(), key=lambda c: int(c.get("version", 0))):
+        own = all(str(commit.get(k)) == v for k, v in ours.items())
+        if own and str(commit.get("epoch")) in replaced:
+            started = True
+        elif started and not own and str(commit.get("operation")) not in _METADATA_ONLY:
+            raise SinkRefusedError(
+                f"{where}: table version {commit.get('version')} ({commit.get('operation')}) was committed by "
+                f"another writer after epoch {min(request.sink.replaces)} of this sink; replacing epochs "
+                f"{sorted(request.sink.replaces)} would undo whatever it changed in their rows. Nothing was "
+                "changed. Replay with force=True (--force) to replace those epochs' files anyway (that version's "
+                "changes to them are lost, its other rows stay)")
+
+
+def _replaced_files(table: DeltaTable, request: TableCommit) -> list[RemoveAction]:
+    """Remove actions for the table's current data files that the epochs a replay replaces added."""
+    replaced = set(request.sink.replaces)
+    now = int(time.time() * 1000)
+    removes = []
+    for row in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        if markers.placed_epoch(str(row["path"]), request) in replaced:
+            partitions = {k[len("partition."):]: None if v is None else str(v)
+                          for k, v in row.items() if k.startswith("partition.")}
+            removes.append(RemoveAction(str(row["path"]), True, now, int(row["size_bytes"]), partitions or None))
+    return removes
 
 
 def check_table(table: DeltaTable, request: TableCommit, keys: Sequence[str], where: str) -> None:
@@ -415,6 +458,8 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
         table.update_incremental()
     mode = "overwrite" if request.sink.mode is SinkMode.SNAPSHOT else "append"
     files: list[AddAction | RemoveAction] = list(actions)
+    if request.sink.replaces and mode == "append":  # a replay: its epochs' files out, the new ones in
+        files += _replaced_files(table, request)
     table.create_write_transaction(files, mode, table.schema(), partition_by=partition_by,
                                    commit_properties=_properties(request, app_id))
 

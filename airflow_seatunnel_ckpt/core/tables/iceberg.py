@@ -149,6 +149,11 @@ def precheck(request: TableCommit) -> None:
     partitioning fit.
     """
     identifier, where = identify(request)
+    if request.sink.replaces and not request.sink.force_replace:
+        with _catalog(request) as catalog:
+            table = load(catalog, identifier)
+            if table is not None:
+                _refuse_foreign_commits(table, request, where)
     key = [str(k) for k in request.table.get("merge_keys") or []]
     schema = staged_schema(request, where)
     if schema is None:
@@ -176,6 +181,31 @@ def precheck(request: TableCommit) -> None:
         _check_schema(table, schema, where)
         _check_partitioning(table, request, where)
         _check_key(table.schema().column_names, request, where)
+
+
+def _refuse_foreign_commits(table: Table, request: TableCommit, where: str) -> None:
+    """Refuse a replay when a snapshot after the first replaced epoch's is not this sink's own.
+
+    Such a snapshot (another writer's append, delete or compaction) may have changed the
+    replaced epochs' rows or files; the replay would silently drop that change.
+    """
+    replaced = set(request.sink.replaces)
+    ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
+            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+    started = False
+    for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        own = all(summary.get(k) == v for k, v in ours.items())
+        if own and int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0")) in replaced:
+            started = True
+        elif started and not own:
+            operation = snapshot.summary.operation.value if snapshot.summary is not None else "unknown"
+            raise SinkRefusedError(
+                f"{where}: snapshot {snapshot.snapshot_id} ({operation}) was committed to the table by another "
+                f"writer after epoch {min(replaced)} of this sink; replacing epochs {sorted(replaced)} would undo "
+                "whatever it changed in their rows. Nothing was changed. Replay with force=True (--force) to "
+                "replace those epochs' files anyway (that snapshot's changes to them are lost, its other rows "
+                "stay)")
 
 
 def _commit(catalog: Catalog, identifier: str, request: TableCommit, where: str) -> PublishedSink:
@@ -405,15 +435,17 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
                     with warnings.catch_warnings():  # new keys only: "did not match any records" is normal
                         warnings.filterwarnings("ignore", "Delete operation did not match")
                         tx.delete(create_match_filter(keys, key), snapshot_properties=summary)
-            if not snapshot:
+            replaced = set(request.sink.replaces)
+            if not snapshot and not replaced:
                 tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
-            else:
+            else:  # one OVERWRITE: every current file (snapshot) or the replaced epochs' (replay)
                 if tx.table_metadata.name_mapping() is None:  # as add_files does: files carry no field ids
                     tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
                                        tx.table_metadata.schema().name_mapping.model_dump_json()})
                 current = tx.table_metadata.current_snapshot()
                 old = [entry.data_file for manifest in (current.manifests(view.io) if current else [])
-                       for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)]
+                       for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)
+                       if snapshot or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
                 with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
                     for data_file in old:
                         overwrite.delete_data_file(data_file)
@@ -424,7 +456,7 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
         raise ConfigError(f"{where}: the table refused the epoch's files before committing ({exc}); nothing "
                           "was committed. Fix the cause, then retry the commit") from exc
     table.metadata, table.metadata_location = view.metadata, view.metadata_location
-    return REPLACED if snapshot else MERGED if key else APPENDED
+    return REPLACED if snapshot or request.sink.replaces else MERGED if key else APPENDED
 
 
 def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:

@@ -176,6 +176,22 @@ def placement(request: TableCommit) -> str:
     return f"{request.pipeline}/{request.sink.sink}/{short(store_id_of(request))}-e{request.epoch}"
 
 
+def placed_epoch(path: str, request: TableCommit) -> int | None:
+    """The epoch of this store's pipeline and sink that placed the data file ``path`` (None: not ours).
+
+    The inverse of :func:`placement`: what a replay reads to find the files the epochs it
+    replaces added to a table (Iceberg: ``.../<placement>/<file>``, Delta:
+    ``.../<placement>-<n>.parquet``).
+    """
+    prefix = f"/{request.pipeline}/{request.sink.sink}/{short(store_id_of(request))}-e"
+    at = ("/" + path).rfind(prefix)
+    if at < 0:
+        return None
+    digits = ("/" + path)[at + len(prefix):]
+    end = next((i for i, c in enumerate(digits) if not c.isdigit()), len(digits))
+    return int(digits[:end]) if 0 < end < len(digits) and digits[end] in "/-" else None
+
+
 def _recorded_in(request: TableCommit) -> tuple[str, str]:
     """Where the table records its owner, and how to release it (for messages)."""
     if request.table.get("type") == "delta":

@@ -1,0 +1,94 @@
+"""``seatunnel-ckpt replay``: process epochs N..M again with the stage's current code (also: full refresh).
+
+    seatunnel-ckpt replay orders --from-epoch 6 --reason "amount was x10" --stage dags.orders:dedup_orders
+    seatunnel-ckpt replay orders --from-epoch 1 --reason "full refresh: new max_amount column" --spec stage.json
+
+The replay runs on local Spark in this process (see :mod:`spark.replay`, docs/REPLAY.md):
+the stage is ``--spec`` (a stage spec as JSON, as the DAG's stage task builds it) or
+``--stage`` with the sources and sinks the pipeline's descriptor records. A full refresh
+is a replay from epoch 1; wiping the store is never the way (the input it consumed would
+be read again, or lost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+Store = Callable[[argparse.Namespace], Any]
+Emit = Callable[[argparse.Namespace, Any, str], None]
+
+DESCRIPTION = (
+    "Replay (and full refresh): restore the keyed state as of the epoch before --from-epoch, run each epoch "
+    "up to --to-epoch (default: the newest) again with the input it read (pinned in the transaction log) "
+    "through the stage's current code, and replace those epochs' rows in each table sink with one commit "
+    "per table (readers see the old rows or the new ones). A full refresh is --from-epoch 1. The replay is "
+    "recorded in the transaction log (who, why, which epochs, which code) and shown by `epochs` and `show`. "
+    "Never wipe the store to start over: the input already consumed would be read again or lost. Refused "
+    "(nothing changed) for merge (upsert) and file sinks, while an epoch is in flight, and, unless --force, "
+    "when another writer committed to a table after the first replayed epoch.")
+
+
+def _spec(args: argparse.Namespace, store: Any) -> Any:
+    """The stage spec to replay with: --spec, or --stage with the descriptor's sources and sinks."""
+    from airflow_seatunnel_ckpt.spark.spec import StageSpec
+
+    settings = {"storage_url": store.storage.url, "storage_options": dict(store.storage.storage_options)}
+    if args.spec:
+        spec = StageSpec.from_json(Path(args.spec).read_text())
+        return StageSpec.from_dict({**spec.to_dict(), "store": {**dict(spec.store), **settings}})
+    if not args.stage:
+        raise ConfigError("replay needs the stage: --stage package.module:function (sources and sinks from the "
+                          "pipeline's descriptor) or --spec stage.json")
+    pipeline = store.pipeline(args.pipeline)
+    descriptor = pipeline.descriptor()
+    if descriptor is None or len(descriptor.participants) != 1:
+        raise ConfigError(f"pipeline {args.pipeline!r} has no descriptor naming one participant; give the whole "
+                          "stage with --spec stage.json")
+    (participant, shape), = descriptor.participants.items()
+    key_groups = {s.key_groups for s in shape.states.values() if s.key_groups}
+    return StageSpec(
+        pipeline=args.pipeline, participant=participant, run_id="replay", attempt=1, stage=args.stage,
+        sources={n: {"type": e.type, **e.options} for n, e in shape.sources.items()},
+        sinks={n: {"type": e.type, **e.options} for n, e in shape.sinks.items()},
+        store={**descriptor.config, **settings},
+        **({"key_groups": key_groups.pop()} if len(key_groups) == 1 else {}))
+
+
+def register(sub: Any, store: Store, emit: Emit) -> None:
+    """Add the ``replay`` subcommand to the CLI's subparsers ``sub``."""
+
+    def command(args: argparse.Namespace) -> int:
+        from airflow_seatunnel_ckpt.spark.replay import replay_stage
+
+        by = args.by or f"cli ({getpass.getuser()})"
+        result = replay_stage(_spec(args, store(args)), args.from_epoch, args.to_epoch, reason=args.reason, by=by,
+                              force=args.force)
+        if result.resumed:
+            text = (f"pipeline {result.pipeline}: a replay decided before a crash was committed (epoch "
+                    f"{result.epoch}); nothing else was run. Run the replay again if it is still needed")
+        else:
+            text = (f"pipeline {result.pipeline}: epochs {result.replayed} replayed as epoch {result.epoch} "
+                    f"(run {result.run_id}); output of epochs {result.replaced} replaced")
+        emit(args, result.to_dict(), text)
+        return 0
+
+    sp = sub.add_parser("replay", help="process epochs again with the current stage code (full refresh: "
+                                       "--from-epoch 1)", description=DESCRIPTION)
+    sp.add_argument("pipeline")
+    sp.add_argument("--from-epoch", type=int, required=True, help="the first epoch to replay (1: full refresh)")
+    sp.add_argument("--to-epoch", type=int, help="the last epoch to replay (default: the newest committed)")
+    sp.add_argument("--reason", required=True, help="why (kept in the transaction log)")
+    sp.add_argument("--by", help="who (default: cli and the user name)")
+    sp.add_argument("--force", action="store_true",
+                    help="replace the epochs' rows even if another writer committed to a table since; that "
+                         "writer's changes to those rows are lost")
+    sp.add_argument("--stage", help="the stage function, package.module:function (sources and sinks: the "
+                                    "pipeline's descriptor)")
+    sp.add_argument("--spec", help="a stage spec as JSON (instead of --stage)")
+    sp.set_defaults(fn=command)

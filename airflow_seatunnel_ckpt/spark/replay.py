@@ -1,0 +1,197 @@
+"""Run a replay's epochs again on Spark: each with the input it pinned, in order, from the restored state.
+
+:func:`replay_stage` is the stage runtime's half of :mod:`core.replay` (which checks the
+replay, records it and commits it):
+
+1. roll forward a replay a crash left decided, refuse any other unsettled epoch;
+2. plan: the epochs ``from_epoch..to_epoch`` read again, the state before them;
+3. begin the replay epoch (its ``replay`` action record: who, why, the stage's code);
+4. for each replayed epoch, oldest first, run the stage function
+   (:func:`runner.execute_stage`) with **that epoch's pinned input** and the keyed state
+   the previous replayed epoch left, staging its output below the replay epoch's staging
+   (``replayed-<epoch>/``) and its state parts in the replay epoch's checkpoint;
+5. prepare, decide and commit the replay epoch: one table transaction per sink that
+   swaps the replaced epochs' files for the new ones.
+
+The lease of the replay epoch is held throughout, so recovery sees a running epoch, and
+an abandoned one once this process is gone (aborted: nothing of it was published).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core import layout
+from airflow_seatunnel_ckpt.core.config import CheckpointConfig
+from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
+from airflow_seatunnel_ckpt.core.models import CommitResult, OperatorState, SinkManifest, SinkMode
+from airflow_seatunnel_ckpt.core.replay import (
+    ReplayError,
+    ReplayPlan,
+    abandon_replay,
+    begin_replay,
+    finish_replay,
+    plan_replay,
+    replayed_range,
+    resume_replay,
+)
+from airflow_seatunnel_ckpt.core.storage import FileInfo
+from airflow_seatunnel_ckpt.core.store import CheckpointStore
+from airflow_seatunnel_ckpt.spark.runner import (
+    StageFunction,
+    _record_state_shapes,
+    execute_stage,
+    load_stage_function,
+)
+from airflow_seatunnel_ckpt.spark.session import stage_session
+from airflow_seatunnel_ckpt.spark.sources import Source
+from airflow_seatunnel_ckpt.spark.spec import StageSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+    from airflow_seatunnel_ckpt.spark.state import KeyedState
+
+log = logging.getLogger(__name__)
+
+#: The replay epoch's one attempt: its prepared record and its staging.
+ATTEMPT = 1
+#: Each replayed epoch's output is staged below ``<sink staging>/replayed-<epoch>/``.
+REPLAYED_DIR = "replayed-"
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a replay did: its epoch, the epochs run again and replaced, and the commit."""
+
+    pipeline: str
+    epoch: int
+    run_id: str
+    from_epoch: int
+    to_epoch: int
+    replayed: list[int]
+    replaced: list[int]
+    commit: CommitResult | None
+    #: True when a replay a crash left decided was rolled forward instead (nothing run).
+    resumed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--json`` output and XCom."""
+        return {"pipeline": self.pipeline, "epoch": self.epoch, "run_id": self.run_id,
+                "from_epoch": self.from_epoch, "to_epoch": self.to_epoch, "replayed": self.replayed,
+                "replaced": self.replaced, "resumed": self.resumed,
+                "published": [p.to_dict() for p in self.commit.sinks] if self.commit else []}
+
+
+def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, *, reason: str, by: str,
+                 force: bool = False, spark: SparkSession | None = None,
+                 stage_fn: StageFunction | None = None, details: Mapping[str, Any] | None = None) -> ReplayResult:
+    """Replay epochs ``from_epoch..to_epoch`` of ``spec``'s pipeline with ``spec``'s stage (see the module docs).
+
+    ``spec`` is the stage as it runs now (its ``run_id`` and ``attempt`` are not used):
+    its code, sources and sinks. ``to_epoch`` defaults to the newest committed epoch; a
+    full refresh is ``from_epoch=1``. ``force`` replaces a table's epochs even after
+    another writer committed to it (that writer's changes to those epochs' rows are lost).
+    ``details`` (plain values, e.g. the DAG version) join the replay's action record.
+
+    :raises ReplayError: the replay cannot run (nothing was changed), or its decision
+        refused it (the replay epoch is aborted).
+    """
+    config = CheckpointConfig.from_mapping(spec.store)
+    pipeline = CheckpointStore(config).pipeline(spec.pipeline)
+    resumed = resume_replay(pipeline)
+    if resumed is not None:
+        log.warning("pipeline %s: a replay decided before a crash was committed (epoch %d); run the replay again "
+                    "only if it is still needed", pipeline.name, resumed.epoch)
+        status = pipeline.status(resumed.epoch)
+        span = replayed_range(status.run_id) or (from_epoch, to_epoch or from_epoch)
+        return ReplayResult(pipeline.name, resumed.epoch, status.run_id or "", span[0], span[1], [], [], resumed,
+                            resumed=True)
+    plan = plan_replay(pipeline, from_epoch, to_epoch)
+    if plan.participant != spec.participant:
+        raise ReplayError(f"pipeline {pipeline.name!r}: epochs {plan.from_epoch}..{plan.to_epoch} were written by "
+                          f"participant {plan.participant!r}, not {spec.participant!r}; replay with that stage")
+    missing = sorted(set(plan.sinks) - set(spec.sinks) - {s for s in plan.sinks if "." in s})
+    if missing:
+        raise ReplayError(f"pipeline {pipeline.name!r}: the replayed epochs wrote sink(s) {missing}, which the stage "
+                          f"no longer declares; their rows could not be replaced. Declare them again to replay")
+    fn = stage_fn or load_stage_function(spec.stage)
+    session = spark or stage_session(spec)
+    recorded = {"stage": spec.stage, "dag_id": (spec.airflow_context or {}).get("dag_id"), "force": force,
+                **dict(details or {})}
+    epoch, run_id = begin_replay(pipeline, plan, reason=reason, by=by, details=recorded)
+    try:
+        with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, ATTEMPT,
+                                      holder=default_holder(run_id=run_id, by=by)):
+            sinks, operators, states = _run_replayed(pipeline, config, spec, session, fn, plan, epoch, run_id)
+            commit = finish_replay(pipeline, epoch, run_id, plan, ATTEMPT, sinks=sinks, operators=operators,
+                                   reason=reason, by=by, force=force)
+    except Exception as exc:  # a failed stage or store: abort now (a killed process leaves it to recovery)
+        abandon_replay(pipeline, epoch, exc, by)
+        raise
+    _record_state_shapes(pipeline, spec.participant, states)
+    return ReplayResult(pipeline.name, epoch, run_id, plan.from_epoch, plan.to_epoch, plan.epochs, plan.replaced,
+                        commit)
+
+
+def _run_replayed(pipeline: Pipeline, config: CheckpointConfig, spec: StageSpec, session: SparkSession,
+                  fn: StageFunction, plan: ReplayPlan, epoch: int, run_id: str
+                  ) -> tuple[list[SinkManifest], dict[str, OperatorState], dict[str, KeyedState]]:
+    """Run every replayed epoch in order; the merged sink manifests, the final state, the states opened."""
+    base = plan.base
+    operators: dict[str, OperatorState] = dict(base.operators)
+    staged: dict[str, list[tuple[int, SinkManifest]]] = {}
+    states: dict[str, KeyedState] = {}
+    for step, replayed in enumerate(plan.epochs, start=1):
+        # Each replayed epoch writes its state parts as its own attempt of the replay epoch,
+        # so no part of one overwrites another's; its output goes below replayed-<epoch>/.
+        step_spec = dataclasses.replace(spec, run_id=run_id, attempt=step)
+        inputs = plan.inputs[replayed]
+
+        def pinned(sources: Mapping[str, Source], inputs: dict[str, dict[str, Any]] = inputs,
+                   replayed: int = replayed) -> dict[str, dict[str, Any]]:
+            new = sorted(set(sources) - set(inputs))
+            if new:
+                raise ReplayError(f"pipeline {pipeline.name!r}: the stage reads source(s) {new}, which epoch "
+                                  f"{replayed} did not read; a replay reads exactly the input each epoch read. "
+                                  "Replay from the first epoch that read them")
+            return {name: dict(inputs[name]) for name in sources}
+
+        def staged_at(sink: str, replayed: int = replayed) -> str:
+            return posixpath.join(layout.staging_dir(epoch, ATTEMPT, sink), f"{REPLAYED_DIR}{replayed}")
+
+        log.info("pipeline %s replay epoch %d: running epoch %d again (%d of %d)", pipeline.name, epoch, replayed,
+                 step, len(plan.epochs))
+        ran = execute_stage(step_spec, session, fn, pipeline, config, epoch, base, pinned, staged_at)
+        operators = {**operators, **ran.operators}
+        states.update(ran.ctx.states)
+        base = dataclasses.replace(base, operators=dict(operators))
+        for manifest in ran.manifests:
+            staged.setdefault(manifest.sink, []).append((replayed, manifest))
+    # A sink the replayed epochs wrote but the replay did not: its rows of those epochs go.
+    empty = [dataclasses.replace(sink, staging=layout.staging_dir(epoch, ATTEMPT, name), files=[], rows=0,
+                                 expectations=())
+             for name, sink in plan.sinks.items() if name not in staged]
+    return [_merged(epoch, parts) for parts in staged.values()] + empty, operators, states
+
+
+def _merged(epoch: int, parts: list[tuple[int, SinkManifest]]) -> SinkManifest:
+    """One manifest of a sink over every replayed epoch's staged files (a snapshot sink: the last one's)."""
+    first = parts[-1][1]
+    if first.mode is SinkMode.SNAPSHOT:
+        parts = parts[-1:]
+    root = layout.staging_dir(epoch, ATTEMPT, first.sink)
+    files = [FileInfo(posixpath.join(f"{REPLAYED_DIR}{replayed}", f.path), f.size, f.crc32c)
+             for replayed, manifest in parts for f in manifest.files]
+    expectations = tuple(e for _, manifest in parts for e in manifest.expectations)
+    return dataclasses.replace(first, staging=root, files=files, rows=sum(m.rows for _, m in parts),
+                               expectations=expectations)
+
+
+__all__ = ["ReplayResult", "replay_stage"]

@@ -1,0 +1,55 @@
+"""What a replay refuses before it writes anything, and the records it relies on (no Spark).
+
+The replay itself, end to end on Spark with Iceberg and Delta tables, is in
+``tests/spark/test_replay.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from airflow_seatunnel_ckpt.core.models import SinkManifest
+from airflow_seatunnel_ckpt.core.replay import ReplayError, plan_replay, resume_replay
+from airflow_seatunnel_ckpt.core.storage import FileInfo
+from airflow_seatunnel_ckpt.core.tables import TableCommit, markers
+from tests.core.conftest import StoreSpec
+from tests.core.epochs import Participant, run_epoch
+
+
+def test_a_file_sink_refuses_the_replay_naming_it_and_why(fast_spec: StoreSpec) -> None:
+    pipeline = fast_spec.pipeline()
+    run_epoch(pipeline, "run-1")
+    with pytest.raises(ReplayError, match="sink 'orders' cannot be replayed atomically: it is a file sink"):
+        plan_replay(pipeline, 1)
+    assert pipeline.epochs() == [1]
+
+
+def test_a_replay_outside_the_committed_epochs_or_while_one_is_in_flight_is_refused(fast_spec: StoreSpec) -> None:
+    pipeline = fast_spec.pipeline()
+    run_epoch(pipeline, "run-1", Participant(sinks={}))
+    with pytest.raises(ReplayError, match=r"cannot replay epochs 2..1: the range must lie within 1..1"):
+        plan_replay(pipeline, 2)
+    pipeline.begin("run-2")
+    with pytest.raises(ReplayError, match=r"while epoch 2 \(run 'run-2'\) is OPEN.*recover orders --apply"):
+        resume_replay(pipeline)
+
+
+def test_a_replays_manifest_keeps_the_epochs_it_replaces_and_files_name_the_epoch_that_placed_them(
+        fast_spec: StoreSpec) -> None:
+    manifest = SinkManifest("orders", "iceberg://lake/orders", "_staging/epoch=9/attempt=1/orders",
+                            [FileInfo("replayed-6/a.parquet", 3, 1)], 3, table={"type": "iceberg"},
+                            replaces=(6, 7, 8), force_replace=True)
+    assert SinkManifest.from_dict(manifest.to_dict()) == manifest
+    plain = dataclasses.replace(manifest, replaces=(), force_replace=False)
+    assert "replaces" not in plain.to_dict() and SinkManifest.from_dict(plain.to_dict()) == plain
+    assert dataclasses.replace(manifest, rows=0, files=[]).publishes  # an empty replay still removes rows
+
+    pipeline = fast_spec.pipeline()
+    request = TableCommit("orders", "store", 9, manifest, pipeline.storage, 0, store_id="0123456789abcdef")
+    short = markers.placement(request).rsplit("/", 1)[1].split("-e")[0]
+    assert markers.placed_epoch(f"s3://w/data/c=1/orders/orders/{short}-e12/part-0.parquet", request) == 12
+    assert markers.placed_epoch(f"c=1/orders/orders/{short}-e7-00003.parquet", request) == 7  # Delta's names
+    assert markers.placed_epoch(f"data/orders/other_sink/{short}-e7/p.parquet", request) is None
+    assert markers.placed_epoch("data/orders/orders/ffffffff-e7/p.parquet", request) is None  # another store

@@ -1,0 +1,128 @@
+"""A replay killed at each of its steps leaves the table before or after, and a second replay finishes it;
+the CLI runs a replay and shows it; Airflow-style clear and backfill runs never publish twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_seatunnel_ckpt import cli
+from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.replay import ReplayError
+from airflow_seatunnel_ckpt.spark import run_stage
+from tests.core import faults
+from tests.spark.test_replay import Lake, order_ids, state_rows
+
+pytestmark = pytest.mark.spark
+
+#: Crash right before the first storage write whose path contains this text (``replayed-``: the
+#: first staged file placed into the table).
+CRASH_POINTS = ("/begin", "/prepared-ingest", "/decision", "replayed-", "/committed")
+
+
+def _amounts(epochs: int, factor: float) -> float:
+    ids = {i for e in range(1, epochs + 1) for i in order_ids(e)}
+    return float(sum(ids)) * factor
+
+
+def _totals(orders: list[int]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for order in orders:
+        out[f"c{order % 3}"] = out.get(f"c{order % 3}", 0.0) + float(order)
+    return out
+
+
+def test_a_replay_killed_at_each_step_leaves_the_table_before_or_after_and_a_second_replay_finishes(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = faults.install(monkeypatch)
+    old, new = _amounts(2, 10.0), _amounts(2, 1.0)
+
+    def world(name: str) -> Lake:
+        lake = Lake(tmp_path / name, "iceberg")
+        lake.run(spark, range(1, 3), "buggy")
+        assert lake.total_amount() == old
+        return lake
+
+    measured = world("measured")
+    plan.arm(10**9)  # count, never crash: where each step's first write falls
+    measured.replay(spark, 1)
+    trace = list(plan.trace)
+    plan.disarm()
+    assert measured.total_amount() == new
+    want_state = state_rows(measured.pipeline)
+
+    for point in CRASH_POINTS:
+        n = next(i for i, what in enumerate(trace, start=1) if point in what)
+        lake = world(f"crash-{point.strip('/')}")
+        plan.arm(n)
+        with pytest.raises(faults.SimulatedCrash):
+            lake.replay(spark, 1)
+        plan.disarm()
+        assert lake.total_amount() in (old, new), point  # never a mix
+        left = lake.pipeline.state(3) if 3 in lake.pipeline.epochs() else None
+        try:
+            second = lake.replay(spark, 1)
+            # a replay decided before the crash is resumed; one that began nothing just runs
+            assert second.resumed == (left is EpochState.COMMITTING), point
+            assert left in (None, EpochState.COMMITTING), point
+        except ReplayError as exc:
+            assert "recover" in str(exc) and "replay of epochs 1..2" in str(exc), point
+            recover(lake.pipeline, dry_run=False, now=time.time() + 3600)  # once its lease expired
+            assert lake.pipeline.state(3) is EpochState.ABORTED, point
+            assert lake.total_amount() == old, point  # an aborted replay published nothing
+            lake.replay(spark, 1)
+        assert lake.total_amount() == new, point
+        assert state_rows(lake.pipeline) == want_state, point
+        assert all(lake.pipeline.state(e).final for e in lake.pipeline.epochs()), point
+
+
+def test_the_cli_replays_with_a_stage_spec_and_epochs_and_show_list_the_replay(
+        spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lake = Lake(tmp_path / "lake", "iceberg")
+    lake.run(spark, range(1, 3), "buggy")
+    spec = tmp_path / "stage.json"
+    spec.write_text(lake.spec("replay", "fixed").to_json())
+    store = lake.orders.store["storage_url"]
+
+    code = cli.main(["--store", store, "replay", "orders", "--from-epoch", "2", "--reason", "amount x10",
+                     "--by", "ops", "--spec", str(spec), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and (out["epoch"], out["replayed"], out["replaced"]) == (3, [2], [2])
+    assert lake.scan("orders", "SELECT max(amount) FROM t WHERE order_id >= 20") == [(float(max(order_ids(2))),)]
+
+    assert cli.main(["--store", store, "epochs", "orders"]) == 0
+    assert "replay__2-2__" in capsys.readouterr().out
+    assert cli.main(["--store", store, "show", "orders", "3"]) == 0
+    shown = capsys.readouterr().out
+    assert "action replay by ops: amount x10" in shown and "epochs=2" in shown and "succeeded" in shown
+
+    assert cli.main(["--store", store, "replay", "orders", "--from-epoch", "2", "--reason", "again"]) == 2
+    assert "--stage package.module:function" in capsys.readouterr().err
+
+
+def test_clearing_a_committed_run_and_backfilling_its_logical_date_publish_nothing_twice(
+        spark: Any, tmp_path: Path) -> None:
+    lake = Lake(tmp_path / "lake", "iceberg")
+    lake.orders.add_file("f01", order_ids(1))
+    first = run_stage(lake.spec("scheduled__2026-01-01", "fixed"), spark)
+    lake.orders.commit(first)
+    before = lake.orders_summary()
+
+    cleared = run_stage(lake.spec("scheduled__2026-01-01", "fixed"), spark)  # a clear runs the run again
+    assert (cleared.epoch, cleared.reused) == (first.epoch, True)
+    assert lake.orders.commit(cleared).already_committed
+    backfill = run_stage(lake.spec("backfill__2026-01-01", "fixed"), spark)  # a new run id: a new epoch
+    staged = {m.sink: m.rows for m in backfill.manifests}
+    assert backfill.epoch == first.epoch + 1 and staged["orders_table"] == 0  # no input left to read
+    # (the totals snapshot is written again, with the same rows: a snapshot replaces the table)
+    lake.orders.commit(backfill)
+
+    assert lake.orders_summary() == before
+    assert lake.totals() == sorted(_totals(order_ids(1)).items())
+    assert [lake.pipeline.state(e) for e in lake.pipeline.epochs()] == [EpochState.COMMITTED] * 2
