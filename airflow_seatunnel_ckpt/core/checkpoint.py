@@ -22,7 +22,7 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartKind, PartRef
+from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartKind, PartRef, decode
 from airflow_seatunnel_ckpt.core.parts import (  # part I/O, re-exported for the modules that read checkpoints
     TOMBSTONE as TOMBSTONE,
 )
@@ -145,7 +145,7 @@ class CheckpointManager:
             data = storage.read(path)
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{where}: _metadata is missing (checkpoint incomplete)", where) from None
-        meta = CheckpointMetadata.from_dict(codec.decode_json(data, where, max_chunk=self._max_chunk), where)
+        meta = decode(CheckpointMetadata, codec.decode_json_payload(data, where, max_chunk=self._max_chunk), where)
         if meta.epoch != epoch:
             raise CorruptCheckpointError(f"{where}: _metadata is for epoch {meta.epoch}, expected {epoch}", where)
         return meta

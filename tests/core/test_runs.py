@@ -215,11 +215,11 @@ def test_a_truncated_run_is_refused(tmp_path: Path) -> None:
         RunReader(storage, ref, ["k"])
 
 
-def test_part_ref_round_trips_its_index_and_parts_without_one_keep_mains_form() -> None:
+def test_part_ref_round_trips_its_index_and_a_part_without_one_stores_none() -> None:
     ref = PartRef("p", 10, 1, 2, 3, PartKind.DELTA, index=7)
     assert PartRef.from_dict(ref.to_dict()) == ref
-    legacy = PartRef("p", 10, 1, 2, 3, PartKind.DELTA)
-    assert "index" not in legacy.to_dict() and PartRef.from_dict(legacy.to_dict()).index is None
+    whole = PartRef("p", 10, 1, 2, 3, PartKind.DELTA)
+    assert "index" not in whole.to_dict() and PartRef.from_dict(whole.to_dict()).index is None
 
 
 def test_runs_are_looked_up_by_ranged_reads_on_every_backend(store_spec: Any) -> None:
