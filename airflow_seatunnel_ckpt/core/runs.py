@@ -285,7 +285,7 @@ def _chunks_in(data: bytes, where: str, compression: codec.Codec, count: int) ->
 
 
 class RunReader:
-    """One run (or a part written before runs, read whole) of a key group's chain."""
+    """One run (or an Arrow part without a run index, read whole) of a key group's chain."""
 
     def __init__(self, storage: Storage, ref: PartRef, key_columns: list[str], data: bytes | None = None) -> None:
         import pyarrow as pa
