@@ -17,7 +17,7 @@ from dataclasses import field
 from typing import Annotated, Any, Literal, TypeVar
 
 from annotated_types import Ge, Len
-from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo
+from pydantic import AfterValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError, ValidationInfo
 from pydantic.dataclasses import dataclass
 from typing_extensions import TypedDict
 
@@ -181,8 +181,8 @@ class Column(TypedDict):
     type: str
 
 
-#: A key -> value state's aggregate: output column -> ``[function, input column]``.
-Aggregate = dict[str, Annotated[list[str], Len(2, 2)]]
+#: A key -> value state's aggregate: output column -> ``[function, input column]`` (a tuple is taken as a list).
+Aggregate = dict[str, Annotated[list[str], Strict(False), Len(2, 2)]]
 
 
 @dataclass(config=RECORD)
