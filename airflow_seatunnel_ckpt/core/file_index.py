@@ -78,8 +78,8 @@ def same_file(consumed: Mapping[str, Any] | None, listed: Mapping[str, Any]) -> 
     """Whether a listed file is the one consumed under its name.
 
     The size must match; then the ETag where both have one, else the modification time
-    where both have one. An unknown consumed identity (offsets older than identities)
-    never counts as changed. Comparing only what both sides know lets identities recorded
+    where both have one. An unknown consumed identity (offsets without one) never counts
+    as changed. Comparing only what both sides know lets identities recorded
     before mtime was kept next to the ETag still match.
     """
     if consumed is None:
