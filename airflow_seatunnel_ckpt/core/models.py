@@ -125,15 +125,17 @@ def decode(cls: type[R], data: bytes | bytearray | memoryview | Mapping[str, Any
     the JSON does not fit ``cls`` (:class:`IncompatibleFormatError` for another format
     version).
     """
-    text = data if isinstance(data, (bytes, bytearray, memoryview)) else json.dumps(data)
     try:
+        text = data if isinstance(data, (bytes, bytearray, memoryview)) else json.dumps(data)
         return _adapter(cls).validate_json(text, context={"where": where})
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'the record'}: {e['msg'].lower()}"
-            + (f" (found {e['input']!r})" if e["type"] not in ("missing", "extra_forbidden") else "")
+            + (f" (found {repr(e['input'])[:80]})" if e["type"] != "missing" else "")
             for e in exc.errors(include_url=False)[:3])
         raise CorruptCheckpointError(f"{where}: not a valid {cls.__name__} record: {problems}", where) from None
+    except (TypeError, ValueError) as exc:  # not JSON data at all
+        raise CorruptCheckpointError(f"{where}: not a valid {cls.__name__} record: {exc}", where) from None
 
 
 def encode(record: Any) -> dict[str, Any]:
