@@ -34,7 +34,7 @@ import contextlib
 import enum
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
@@ -253,7 +253,7 @@ class SubmissionCheck:
     attempt: int
     prepared_attempt: int | None = None
     returncode: int | None = None
-    tail: list[str] = pydantic.Field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": self.outcome.value, "message": self.message, "epoch": self.epoch,
