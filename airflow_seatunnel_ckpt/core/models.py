@@ -26,8 +26,8 @@ from airflow_seatunnel_ckpt.core.storage import FileInfo
 
 R = TypeVar("R")
 
-#: Version of the JSON records this release writes and reads (``_metadata`` and the pipeline
-#: descriptor carry it). A store holding another version is refused with
+#: Version of the JSON records this release writes and reads (``_metadata``, the pipeline
+#: descriptor and the action records carry it). A store holding another version is refused with
 #: :class:`IncompatibleFormatError`; a later release that changes the records adds a migration.
 FORMAT_VERSION = 1
 
@@ -494,6 +494,7 @@ class ActionRecord(Record):
     reason: str
     at: float
     details: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    format_version: FormatVersion = FORMAT_VERSION
     type: Literal["action"] = tag("action")
 
 
@@ -510,6 +511,7 @@ class OutcomeRecord(Record):
     outcome: ActionOutcome
     detail: str
     at: float
+    format_version: FormatVersion = FORMAT_VERSION
     type: Literal["action-outcome"] = tag("action-outcome")
 
 
