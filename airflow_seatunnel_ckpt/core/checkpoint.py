@@ -9,8 +9,9 @@ Keyed state is stored per key group as a *chain*: an ordered list of parts, each
 only the keys that changed in its epoch (upserts, plus tombstones for removed keys), later
 parts overriding earlier ones. Parts are sorted runs read by bounded lookups
 (``core/runs.py``) and chains are bounded by size-tiered compaction
-(``core/run_chain.py``); chains written before runs (one full part + deltas, read whole,
-bounded by ``full_checkpoint_interval``) are still read, and migrated on their next change.
+(``core/run_chain.py``). Parts without a run index (``PartRef.index`` None: source chains,
+a rescaled state) are read whole, one full part + deltas bounded by
+``full_checkpoint_interval``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartKind, PartRef
+from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartKind, PartRef, decode
 from airflow_seatunnel_ckpt.core.parts import (  # part I/O, re-exported for the modules that read checkpoints
     TOMBSTONE as TOMBSTONE,
 )
@@ -70,17 +71,17 @@ class Problem:
 def read_chain(storage: Storage, chain: list[PartRef], key_columns: list[str]) -> Any:
     """Restore one key group: read its runs oldest first, each upserting the ones before.
 
-    Accepts both formats: sorted runs (``core/runs.py``, ``PartRef.index`` set) and the
-    earlier one full part + deltas read whole, and chains mixing them (a pipeline
-    upgraded in place). A FULL part may only come first; a chain of runs may start with
-    a DELTA (its older runs expired as a whole under a TTL).
+    Parts are sorted runs (``core/runs.py``, ``PartRef.index`` set) or Arrow parts read
+    whole (a rescaled state's), and a chain may mix them (a rescaled state updated since).
+    A FULL part may only come first; a chain of runs may start with a DELTA (its older
+    runs expired as a whole under a TTL).
     """
     from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, read_run_table
 
     if not chain:
         raise ValueError("a key group chain needs at least one part")
-    legacy_start = chain[0].index is None and chain[0].kind is not PartKind.FULL
-    if legacy_start or any(p.kind is not PartKind.DELTA for p in chain[1:]):
+    whole_start = chain[0].index is None and chain[0].kind is not PartKind.FULL
+    if whole_start or any(p.kind is not PartKind.DELTA for p in chain[1:]):
         where = storage.describe_path(chain[0].path)
         raise CorruptCheckpointError(f"{where}: chain must be one full part followed by deltas", where)
 
@@ -107,13 +108,13 @@ def needs_full(chain: list[PartRef], incremental: bool, full_checkpoint_interval
     """Whether the next change to a key group must be written in full.
 
     With sorted runs a chain is bounded by compaction (``core/run_chain.py``), not by
-    periodic full rewrites: ``full_checkpoint_interval`` only still bounds a chain that
-    holds parts of the earlier format (read whole), which the next change compacts.
+    periodic full rewrites: ``full_checkpoint_interval`` bounds a chain holding parts read
+    whole (a source chain, a rescaled state), which the next change rewrites or compacts.
     """
     if not incremental or not chain:
         return True
-    legacy = any(p.index is None for p in chain)
-    return legacy and len(chain) >= full_checkpoint_interval
+    read_whole = any(p.index is None for p in chain)
+    return read_whole and len(chain) >= full_checkpoint_interval
 
 
 class CheckpointManager:
@@ -145,7 +146,7 @@ class CheckpointManager:
             data = storage.read(path)
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{where}: _metadata is missing (checkpoint incomplete)", where) from None
-        meta = CheckpointMetadata.from_dict(codec.decode_json(data, where, max_chunk=self._max_chunk), where)
+        meta = decode(CheckpointMetadata, codec.decode_json_payload(data, where, max_chunk=self._max_chunk), where)
         if meta.epoch != epoch:
             raise CorruptCheckpointError(f"{where}: _metadata is for epoch {meta.epoch}, expected {epoch}", where)
         return meta

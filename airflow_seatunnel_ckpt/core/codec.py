@@ -17,10 +17,6 @@ truncation detectable and its whole-file checksum catches what the chunk checks 
 
 Payloads are data only -- JSON or Arrow IPC -- never pickle, so a tampered store cannot
 run code in whoever reads it.
-
-A little over 450 lines because it is one format: writing (whole payloads and chunk by
-chunk), decoding, the checks without decoding, and the typed JSON / Arrow payloads must
-agree byte for byte, and keeping them in one file keeps them changing together.
 """
 
 from __future__ import annotations
@@ -71,7 +67,7 @@ class PayloadKind(enum.IntEnum):
     ARROW = 2
     BYTES = 3
     #: A sorted run of keyed state: one chunk per block of rows, then its index chunks
-    #: (see ``core/runs.py``); older releases refuse it instead of misreading it.
+    #: (see ``core/runs.py``).
     RUN = 4
 
 
@@ -418,11 +414,17 @@ def encode_json(obj: Any, **options: Any) -> bytes:
     return encode(payload, kind=PayloadKind.JSON, **options)
 
 
-def decode_json(data: bytes, path: str = "<bytes>", *, max_chunk: int = DEFAULT_MAX_CHUNK) -> Any:
-    """Verify a framed JSON document and parse it (plain data only)."""
+def decode_json_payload(data: bytes, path: str = "<bytes>", *, max_chunk: int = DEFAULT_MAX_CHUNK) -> bytearray:
+    """Verify a framed JSON document; its JSON text, unparsed (for a typed record's decode)."""
     header, payload = decode(data, path, max_chunk=max_chunk)
     if header.kind is not PayloadKind.JSON:
         raise CorruptCheckpointError(f"{path}: expected a JSON payload, found {header.kind.name}", path)
+    return payload
+
+
+def decode_json(data: bytes, path: str = "<bytes>", *, max_chunk: int = DEFAULT_MAX_CHUNK) -> Any:
+    """Verify a framed JSON document and parse it (plain data only)."""
+    payload = decode_json_payload(data, path, max_chunk=max_chunk)
     try:
         return json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:

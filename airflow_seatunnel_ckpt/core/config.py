@@ -2,10 +2,13 @@
 
 The fields mirror the tuning block of SeaTunnel's Spark checkpoint configuration
 (``timeout``, ``max_retain``, ``storage``, ``incremental``, ``compression``,
-``fallback_enabled``, ``max_retry``). SeaTunnel's ``checksum`` has none either: every
-stored file is checked with CRC32C, and an old ``checksum: crc32c`` key is accepted with
-a deprecation warning. SeaTunnel's ``interval`` has no counterpart: in
-batch mode the Airflow schedule is the checkpoint interval (one epoch per DAG run).
+``fallback_enabled``, ``max_retry``). SeaTunnel's ``checksum`` has no counterpart: every
+stored file is checked with CRC32C. Nor has its ``interval``: in batch mode the Airflow
+schedule is the checkpoint interval (one epoch per DAG run).
+
+The settings are a strict pydantic dataclass: each field's type and range is declared
+once, and its ``description`` says what it accepts, which a refused value's
+:class:`ConfigError` quotes.
 """
 
 from __future__ import annotations
@@ -15,16 +18,15 @@ import json
 import logging
 import os
 import re
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import ConfigDict, Field, ValidationError
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 COMPRESSIONS = ("zstd", "lz4")
-#: Values the deprecated ``checksum`` key may still have.
-CHECKSUMS = ("crc32c",)
 #: The default store's directory below ``$AIRFLOW_HOME``.
 DEFAULT_STORE_DIR = "seatunnel-ckpt"
 
@@ -94,20 +96,6 @@ def redact_url(url: str) -> str:
     return _SECRET_PARAM.sub(lambda m: m.group("name") + "***", redacted)
 
 
-def _without_deprecated(values: Mapping[str, Any]) -> dict[str, Any]:
-    """``values`` without keys that no longer mean anything (stored configs still load)."""
-    out = dict(values)
-    if "checksum" in out:
-        checksum = out.pop("checksum")
-        if checksum not in CHECKSUMS:
-            raise ConfigError(f"checksum must be one of {CHECKSUMS}, got {checksum!r}; the setting is "
-                              "deprecated (every stored file is checked with CRC32C): remove it")
-        warnings.warn("checkpoint config key 'checksum' is deprecated and ignored: every stored file is "
-                      "checked with CRC32C; remove it from the connection extras or config",
-                      DeprecationWarning, stacklevel=3)
-    return out
-
-
 def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """Values as a form or a text source writes them, as the typed config reads them.
 
@@ -147,79 +135,125 @@ def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """How and where checkpoints, transaction logs and staged output are kept.
+def _seconds(upper: int) -> Any:
+    return Annotated[float, Field(gt=0, le=upper, description=f"a number of seconds in (0, {upper}]")]
 
-    Build it with :meth:`from_mapping` from user input (Airflow connection extras, a CLI
-    flag, a JSON spec); constructing it directly validates as well.
-    """
+
+def _integer(low: int, high: int, accepted: str) -> Any:
+    return Annotated[int, Field(ge=low, le=high, description=accepted)]
+
+
+_TRUTH = Annotated[bool, Field(description="true or false")]
+
+
+@pydantic.dataclasses.dataclass(config=ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False))
+class _Settings:
+    """The settings of :class:`CheckpointConfig`, each with its type, range and what it accepts."""
 
     #: fsspec URL of the store root; every pipeline lives in ``<storage_url>/<pipeline>/``.
-    storage_url: str = field(default_factory=default_storage_url)
+    storage_url: Annotated[str, Field(min_length=1, description="a non-empty fsspec URL such as "
+                                      "file:///var/ckpt or s3://bucket/ckpt")] = dataclasses.field(
+        default_factory=default_storage_url)
     #: fsspec storage options (credentials, endpoint); never logged.
-    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    storage_options: Annotated[Mapping[str, Any], Field(description="a mapping")] = dataclasses.field(
+        default_factory=dict, repr=False)
     #: A PREPARED epoch still undecided this long after its (newest) prepared record was
     #: written is aborted by recovery (seconds, by the store's clock).
-    prepared_timeout_s: float = 600.0
+    prepared_timeout_s: _seconds(7 * 24 * 3600) = 600.0  # type: ignore[valid-type]
     #: An OPEN epoch whose stage lease was not renewed for this long is dead: recovery,
     #: or the next run's stage, may abort it (seconds, by the store's clock). A lease
     #: renewed for a longer timeout of its own is judged by that one.
-    lease_timeout_s: float = 180.0
+    lease_timeout_s: _seconds(24 * 3600) = 180.0  # type: ignore[valid-type]
     #: How often a running stage renews its lease; must be below ``lease_timeout_s / 2``
     #: (:meth:`from_mapping` given only ``lease_timeout_s`` makes it a third of that, at most 30).
-    lease_renew_s: float = 30.0
+    lease_renew_s: _seconds(24 * 3600) = 30.0  # type: ignore[valid-type]
     #: How many committed checkpoints retention keeps (plus every base they still need).
-    max_retain: int = 10
+    max_retain: _integer(1, 100_000, "an integer >= 1") = 10  # type: ignore[valid-type]
     #: Write only changed key groups / changed keys (delta parts) between full checkpoints.
-    incremental: bool = True
+    incremental: _TRUTH = True
     #: Every this many epochs a key group is written in full; also bounds the delta chain.
-    full_checkpoint_interval: int = 10
-    compression: str = "zstd"
-    compression_level: int = 3
+    full_checkpoint_interval: _integer(1, 1000, "an integer in 1..1000") = 10  # type: ignore[valid-type]
+    compression: Annotated[Literal["zstd", "lz4"], Field(description=f"one of {COMPRESSIONS}")] = "zstd"
+    compression_level: _integer(-7, 22, "an integer in -7..22") = 3  # type: ignore[valid-type]
     #: Allow recovery to use a secondary replica, the log, or an older checkpoint.
-    fallback_enabled: bool = True
+    fallback_enabled: _TRUTH = True
     #: Optional second store receiving a copy of every completed checkpoint's files.
-    secondary_url: str | None = None
+    secondary_url: Annotated[str | None, Field(min_length=1, description="a non-empty URL or null")] = None
     #: How often commit/publish retries a transient storage failure before giving up.
-    max_retries: int = 3
+    max_retries: _integer(0, 100, "an integer in 0..100") = 3  # type: ignore[valid-type]
     #: Upper bound for the decompressed size of any single stored frame chunk (bytes).
-    max_chunk_bytes: int = 64 * 1024 * 1024
+    max_chunk_bytes: _integer(1024, 1 << 31, "an integer in 1024..2**31") = 64 * 1024 * 1024  # type: ignore[valid-type]
     #: How many files a publish checks and copies at once on a store without a directory
     #: rename (object stores): each is a request whose latency, not bandwidth, dominates.
-    publish_concurrency: int = 8
+    publish_concurrency: _integer(1, 256, "an integer in 1..256") = 8  # type: ignore[valid-type]
 
     def __post_init__(self) -> None:
-        self._validate()
+        if self.lease_renew_s >= self.lease_timeout_s / 2:
+            raise ConfigError(
+                f"lease_renew_s ({self.lease_renew_s!r}) must be below lease_timeout_s / 2 "
+                f"({self.lease_timeout_s!r} / 2), so that one late renewal does not make a running stage "
+                "look dead")
+        if self.compression == "lz4":
+            try:
+                import lz4.frame  # noqa: F401
+            except ImportError as exc:
+                raise ConfigError("compression 'lz4' needs the optional package lz4 (pip install lz4)") from exc
         # Resolved once, where the configuration is built: every process it is handed to
         # (spark-submit drivers, other workers) then uses the same directory.
         object.__setattr__(self, "storage_url", absolute_local_url(self.storage_url))
         if self.secondary_url:
             object.__setattr__(self, "secondary_url", absolute_local_url(self.secondary_url, "secondary_url"))
 
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    """The first problem of ``exc``: the option, what it accepts and the value given."""
+    error = exc.errors(include_url=False)[0]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, ConfigError):
+        return cause
+    name = str(error["loc"][0]) if error["loc"] else "checkpoint config"
+    if error["type"] == "unexpected_keyword_argument":
+        known = sorted(f.name for f in dataclasses.fields(_Settings))
+        return ConfigError(f"unknown checkpoint config keys {[name]}; known keys: {known}")
+    field_info = _Settings.__pydantic_fields__.get(name)
+    accepted = field_info.description if field_info is not None and field_info.description else error["msg"]
+    return ConfigError(f"{name} must be {accepted}, got {error['input']!r}")
+
+
+class CheckpointConfig(_Settings):
+    """How and where checkpoints, transaction logs and staged output are kept.
+
+    Build it with :meth:`from_mapping` from user input (Airflow connection extras, a CLI
+    flag, a JSON spec); constructing it directly validates as well (:class:`ConfigError`
+    naming the option, what it accepts and the value given).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            super().__init__(*args, **kwargs)
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> CheckpointConfig:
         """Build a config from plain data, rejecting unknown keys and wrong types."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"checkpoint config must be a mapping, got {type(values).__name__}")
-        values = _without_deprecated(values)
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(known))
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
         if unknown:
-            raise ConfigError(
-                f"unknown checkpoint config keys {unknown}; known keys: {sorted(known)}"
-            )
+            raise ConfigError(f"unknown checkpoint config keys {unknown}; known keys: {sorted(known)}")
         values = dict(values)
         timeout = values.get("lease_timeout_s")
         if "lease_renew_s" not in values and isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
             # A lease timeout set alone (the connection form has no renewal field) keeps the
             # renewal well inside it: a third of it, at most the default.
-            values["lease_renew_s"] = min(cls.lease_renew_s, timeout / 3)
+            values["lease_renew_s"] = min(30.0, timeout / 3)
         return cls(**values)
 
     def to_mapping(self, include_secrets: bool = True) -> dict[str, Any]:
         """Plain-data form (JSON-serialisable); ``include_secrets=False`` drops options."""
-        data = dataclasses.asdict(self)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["storage_options"] = dict(self.storage_options) if include_secrets else {}
         if not include_secrets:
             data["storage_url"] = redact_url(self.storage_url)
@@ -236,51 +270,3 @@ class CheckpointConfig:
     def replace(self, **changes: Any) -> CheckpointConfig:
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
-
-    def _validate(self) -> None:
-        def need(cond: bool, message: str) -> None:
-            if not cond:
-                raise ConfigError(message)
-
-        def is_int(v: object) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        need(isinstance(self.storage_url, str) and bool(self.storage_url),
-             "storage_url must be a non-empty fsspec URL such as file:///var/ckpt or s3://bucket/ckpt")
-        need(isinstance(self.storage_options, Mapping),
-             f"storage_options must be a mapping, got {type(self.storage_options).__name__}")
-        need(self.secondary_url is None or (isinstance(self.secondary_url, str) and bool(self.secondary_url)),
-             "secondary_url must be a non-empty URL or null")
-        need(isinstance(self.prepared_timeout_s, (int, float)) and not isinstance(self.prepared_timeout_s, bool)
-             and 0 < self.prepared_timeout_s <= 7 * 24 * 3600,
-             f"prepared_timeout_s must be a number of seconds in (0, 604800], got {self.prepared_timeout_s!r}")
-        for name in ("lease_timeout_s", "lease_renew_s"):
-            value = getattr(self, name)
-            need(isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 24 * 3600,
-                 f"{name} must be a number of seconds in (0, 86400], got {value!r}")
-        need(self.lease_renew_s < self.lease_timeout_s / 2,
-             f"lease_renew_s ({self.lease_renew_s!r}) must be below lease_timeout_s / 2 "
-             f"({self.lease_timeout_s!r} / 2), so that one late renewal does not make a running stage "
-             "look dead")
-        need(is_int(self.max_retain) and 1 <= self.max_retain <= 100_000,
-             f"max_retain must be an integer >= 1, got {self.max_retain!r}")
-        need(isinstance(self.incremental, bool), f"incremental must be true or false, got {self.incremental!r}")
-        need(is_int(self.full_checkpoint_interval) and 1 <= self.full_checkpoint_interval <= 1000,
-             f"full_checkpoint_interval must be an integer in 1..1000, got {self.full_checkpoint_interval!r}")
-        need(self.compression in COMPRESSIONS,
-             f"compression must be one of {COMPRESSIONS}, got {self.compression!r}")
-        if self.compression == "lz4":
-            try:
-                import lz4.frame  # noqa: F401
-            except ImportError as exc:
-                raise ConfigError("compression 'lz4' needs the optional package lz4 (pip install lz4)") from exc
-        need(is_int(self.compression_level) and -7 <= self.compression_level <= 22,
-             f"compression_level must be an integer in -7..22, got {self.compression_level!r}")
-        need(isinstance(self.fallback_enabled, bool),
-             f"fallback_enabled must be true or false, got {self.fallback_enabled!r}")
-        need(is_int(self.max_retries) and 0 <= self.max_retries <= 100,
-             f"max_retries must be an integer in 0..100, got {self.max_retries!r}")
-        need(is_int(self.max_chunk_bytes) and 1024 <= self.max_chunk_bytes <= 1 << 31,
-             f"max_chunk_bytes must be an integer in 1024..2**31, got {self.max_chunk_bytes!r}")
-        need(is_int(self.publish_concurrency) and 1 <= self.publish_concurrency <= 256,
-             f"publish_concurrency must be an integer in 1..256, got {self.publish_concurrency!r}")

@@ -26,9 +26,6 @@ runtime adds what it learns about keyed states after a run (:func:`record_states
 A pipeline used from the core alone may have none: then everything falls back to the
 caller's configuration and "every prepared participant".
 
-Longer than ~400 lines because the descriptor's typed model, its validation on read and
-the three operations on it (ensure, record states, transfer ownership) are one concept;
-each operation is a short function over the same model.
 """
 
 from __future__ import annotations
@@ -39,17 +36,29 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import pydantic
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import (
     AlreadyExistsError,
     CorruptCheckpointError,
-    IncompatibleFormatError,
     PipelineOwnershipError,
 )
-from airflow_seatunnel_ckpt.core.models import OperatorState, StateShape
+from airflow_seatunnel_ckpt.core.models import (
+    FORMAT_VERSION,
+    RECORD,
+    Aggregate,
+    Column,
+    FormatVersion,
+    OperatorState,
+    Record,
+    StateShape,
+    decode,
+    tag,
+)
 from airflow_seatunnel_ckpt.core.names import validate_name
 
 if TYPE_CHECKING:
@@ -71,25 +80,10 @@ class Pipeline(Protocol):
 
     def epochs(self) -> list[int]: ...
 
-FORMAT_VERSION = 1
 #: Config fields never stored: where the store is and how to reach it (credentials).
 _NOT_STORED = ("storage_url", "storage_options")
 #: Option names whose values are credentials (dropped from stored source/sink options).
 _SECRET_KEY = re.compile(r"key|secret|token|passw|pwd|credential|auth|storage_options|signature", re.IGNORECASE)
-
-
-def _get(d: Any, key: str, kind: type | tuple[type, ...], path: str, optional: bool = False) -> Any:
-    if not isinstance(d, Mapping):
-        raise CorruptCheckpointError(f"{path}: expected a JSON object, found {type(d).__name__}", path)
-    value = d.get(key)
-    if value is None:
-        if optional:
-            return None
-        raise CorruptCheckpointError(f"{path}: field {key!r} is missing", path)
-    if isinstance(value, bool) and kind in (int, float, (int, float)) or not isinstance(value, kind):
-        raise CorruptCheckpointError(
-            f"{path}: field {key!r} should be {getattr(kind, '__name__', kind)}, found {type(value).__name__}", path)
-    return value
 
 
 #: Option names that match :data:`_SECRET_KEY` but hold column names, never credentials.
@@ -129,12 +123,12 @@ def stored_config(config: CheckpointConfig) -> dict[str, Any]:
     return data
 
 
-@dataclass(frozen=True)
-class EndpointDescriptor:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class EndpointDescriptor(Record):
     """A source or sink of a participant: its type and its options (no secrets)."""
 
     type: str
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = pydantic.Field(default_factory=dict)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any] | str) -> EndpointDescriptor:
@@ -144,16 +138,10 @@ class EndpointDescriptor:
         rest = public_options({k: v for k, v in options.items() if k != "type"})
         return cls(str(options.get("type", "file")), rest)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "options": dict(self.options)}
-
-    @classmethod
-    def from_dict(cls, d: Any, path: str) -> EndpointDescriptor:
-        return cls(_get(d, "type", str, path), dict(_get(d, "options", dict, path)))
 
 
-@dataclass(frozen=True)
-class StateDescriptor:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class StateDescriptor(Record):
     """A keyed state of a participant, as far as the runtime knows it.
 
     ``schema`` is the state's columns as ``[{"name": ..., "type": ...}]`` (Spark's type
@@ -164,22 +152,8 @@ class StateDescriptor:
     kind: str
     key_columns: list[str]
     key_groups: int | None = None
-    aggregate: dict[str, list[str]] | None = None
-    schema: list[dict[str, str]] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "key_columns": list(self.key_columns), "key_groups": self.key_groups,
-                "aggregate": {k: list(v) for k, v in sorted(self.aggregate.items())} if self.aggregate else None,
-                "schema": [dict(c) for c in self.schema] if self.schema is not None else None}
-
-    @classmethod
-    def from_dict(cls, d: Any, path: str) -> StateDescriptor:
-        cols = _get(d, "key_columns", list, path)
-        if not all(isinstance(c, str) for c in cols):
-            raise CorruptCheckpointError(f"{path}: state key_columns must be strings", path)
-        shape = StateShape.from_dict(d, path)
-        return cls(_get(d, "kind", str, path), list(cols), _get(d, "key_groups", int, path, optional=True),
-                   shape.aggregate, shape.schema)
+    aggregate: Aggregate | None = None
+    schema: list[Column] | None = None
 
     @property
     def state_shape(self) -> StateShape:
@@ -191,20 +165,19 @@ class StateDescriptor:
         """The committed shape of a restored state, from its checkpoint.
 
         Kind, key columns and key groups are the checkpoint's; so are the aggregate and
-        columns when the checkpoint recorded them. A checkpoint written before states
-        recorded their shape has none: then ``recorded`` (a descriptor's) supplies them.
+        columns when the checkpoint recorded them; else ``recorded`` (a descriptor's) supplies them.
         """
         shape = op.shape or (recorded.state_shape if recorded is not None else StateShape())
         return cls(op.state_kind, list(op.key_columns), op.key_groups, shape.aggregate, shape.schema)
 
 
-@dataclass(frozen=True)
-class ParticipantDescriptor:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class ParticipantDescriptor(Record):
     """One declared participant (stage) of the pipeline: its sources, sinks and keyed states."""
 
-    sources: dict[str, EndpointDescriptor] = field(default_factory=dict)
-    sinks: dict[str, EndpointDescriptor] = field(default_factory=dict)
-    states: dict[str, StateDescriptor] = field(default_factory=dict)
+    sources: dict[str, EndpointDescriptor] = pydantic.Field(default_factory=dict)
+    sinks: dict[str, EndpointDescriptor] = pydantic.Field(default_factory=dict)
+    states: dict[str, StateDescriptor] = pydantic.Field(default_factory=dict)
 
     @classmethod
     def from_spec(cls, sources: Mapping[str, Any] | None, sinks: Mapping[str, Any] | None) -> ParticipantDescriptor:
@@ -214,20 +187,9 @@ class ParticipantDescriptor:
                    {validate_name(n, "sink name"): EndpointDescriptor.from_options(o)
                     for n, o in (sinks or {}).items()})
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"sources": {k: v.to_dict() for k, v in sorted(self.sources.items())},
-                "sinks": {k: v.to_dict() for k, v in sorted(self.sinks.items())},
-                "states": {k: v.to_dict() for k, v in sorted(self.states.items())}}
 
-    @classmethod
-    def from_dict(cls, d: Any, path: str) -> ParticipantDescriptor:
-        return cls({k: EndpointDescriptor.from_dict(v, path) for k, v in _get(d, "sources", dict, path).items()},
-                   {k: EndpointDescriptor.from_dict(v, path) for k, v in _get(d, "sinks", dict, path).items()},
-                   {k: StateDescriptor.from_dict(v, path) for k, v in _get(d, "states", dict, path).items()})
-
-
-@dataclass(frozen=True)
-class PipelineDescriptor:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class PipelineDescriptor(Record):
     """One version of a pipeline's descriptor (see the module docstring)."""
 
     pipeline: str
@@ -237,9 +199,8 @@ class PipelineDescriptor:
     participants: dict[str, ParticipantDescriptor]
     store_conn_id: str | None = None
     created_at: float = 0.0
-    #: The DAG that owned the runs begun before begin records named their DAG ("" if none).
-    legacy_runs_dag_id: str = ""
-    format_version: int = FORMAT_VERSION
+    format_version: FormatVersion = FORMAT_VERSION
+    type: Literal["pipeline_descriptor"] = tag("pipeline_descriptor")
 
     def content(self) -> dict[str, Any]:
         """What decides whether a new version is needed (everything but version and time)."""
@@ -247,29 +208,6 @@ class PipelineDescriptor:
         for volatile in ("version", "created_at"):
             data.pop(volatile)
         return data
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "pipeline_descriptor", "format_version": self.format_version, "pipeline": self.pipeline,
-                "version": self.version, "created_at": self.created_at, "owner_dag_id": self.owner_dag_id,
-                "legacy_runs_dag_id": self.legacy_runs_dag_id, "store_conn_id": self.store_conn_id,
-                "config": dict(sorted(self.config.items())),
-                "participants": {k: v.to_dict() for k, v in sorted(self.participants.items())}}
-
-    @classmethod
-    def from_dict(cls, d: Any, path: str = "<descriptor>") -> PipelineDescriptor:
-        version = _get(d, "format_version", int, path)
-        if version != FORMAT_VERSION:
-            raise IncompatibleFormatError(
-                f"{path}: pipeline descriptor format {version} is not supported (this release reads "
-                f"{FORMAT_VERSION}); upgrade airflow-seatunnel-ckpt", path)
-        if _get(d, "type", str, path) != "pipeline_descriptor":
-            raise CorruptCheckpointError(f"{path}: not a pipeline descriptor", path)
-        return cls(
-            _get(d, "pipeline", str, path), _get(d, "version", int, path), _get(d, "owner_dag_id", str, path),
-            dict(_get(d, "config", dict, path)),
-            {k: ParticipantDescriptor.from_dict(v, path) for k, v in _get(d, "participants", dict, path).items()},
-            _get(d, "store_conn_id", str, path, optional=True), _get(d, "created_at", (int, float), path),
-            _get(d, "legacy_runs_dag_id", str, path, optional=True) or "", version)
 
     @property
     def declared_participants(self) -> list[str]:
@@ -314,7 +252,7 @@ def read_descriptor(storage: Storage, version: int | None = None,
     except FileNotFoundError:
         return None
     where = storage.describe_path(path)
-    descriptor = PipelineDescriptor.from_dict(codec.decode_json(data, where, max_chunk=max_chunk), where)
+    descriptor = decode(PipelineDescriptor, codec.decode_json_payload(data, where, max_chunk=max_chunk), where)
     if descriptor.version != version:
         raise CorruptCheckpointError(f"{where}: holds version {descriptor.version}, not {version}", where)
     return descriptor
@@ -401,14 +339,8 @@ def ensure_descriptor(
         merged = {name: dataclasses.replace(shape, states={**(before[name].states if name in before else {}),
                                                            **shape.states})
                   for name, shape in declared.items()}
-        if latest is not None:
-            legacy = latest.legacy_runs_dag_id
-        else:
-            # Runs begun before this release have index keys without a DAG: they are this
-            # (first) owner's runs, and only this DAG may pick their in-flight epochs up.
-            legacy = dag_id if pipeline.epochs() else ""
         return PipelineDescriptor(pipeline.name, latest.version if latest else 0, dag_id, settings, merged,
-                                  store_conn_id, legacy_runs_dag_id=legacy)
+                                  store_conn_id)
 
     latest = read_descriptor(pipeline.storage, max_chunk=max_chunk)
     return _write_next(pipeline, latest, make, write)
@@ -485,8 +417,7 @@ def state_changes(recorded: StateDescriptor, now: StateDescriptor) -> StateChang
     whose function or input changed (``sum`` -> ``max`` would apply ``max`` to stored
     sums), an aggregate column removed (its values would be lost), a column whose type
     changed. Compatible: a new aggregate column (it starts empty for every stored key).
-    A part of the recorded shape that is unknown (``None``, written by an older release)
-    is not compared.
+    A part of the recorded shape that is unknown (``None``) is not compared.
     """
     refused: list[str] = []
     compatible: list[str] = []

@@ -34,7 +34,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import pydantic
+
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import RECORD, Record
 
 #: Rows per base segment: small enough that a lookup touching one segment stays cheap,
 #: large enough that a million files make a directory of a few dozen entries.
@@ -75,8 +78,8 @@ def same_file(consumed: Mapping[str, Any] | None, listed: Mapping[str, Any]) -> 
     """Whether a listed file is the one consumed under its name.
 
     The size must match; then the ETag where both have one, else the modification time
-    where both have one. An unknown consumed identity (offsets older than identities)
-    never counts as changed. Comparing only what both sides know lets identities recorded
+    where both have one. An unknown consumed identity (offsets without one) never counts
+    as changed. Comparing only what both sides know lets identities recorded
     before mtime was kept next to the ETag still match.
     """
     if consumed is None:
@@ -134,8 +137,8 @@ def identity_of(row: Mapping[str, Any]) -> dict[str, Any] | None:
     return ident or None
 
 
-@dataclass(frozen=True)
-class Segment:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class Segment(Record):
     """One base segment as the directory describes it (the part's checksum is in the chain)."""
 
     path: str
@@ -145,21 +148,6 @@ class Segment:
     oldest: float | None  #: smallest known mtime (None: no file's mtime is known)
     newest: float | None  #: largest known mtime
     undated: int = 0  #: files whose mtime is unknown (never aged out)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The segment's entry in the directory part."""
-        return {"path": self.path, "first": self.first, "last": self.last, "rows": self.rows,
-                "oldest": self.oldest, "newest": self.newest, "undated": self.undated}
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str) -> Segment:
-        """A segment from its directory entry (``where`` names the directory part in errors)."""
-        try:
-            return cls(str(d["path"]), str(d["first"]), str(d["last"]), int(d["rows"]),
-                       None if d["oldest"] is None else float(d["oldest"]),
-                       None if d["newest"] is None else float(d["newest"]), int(d.get("undated", 0)))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptCheckpointError(f"{where}: malformed segment entry {d!r}: {exc}", where) from exc
 
     def covers(self, path: str) -> bool:
         """Whether ``path`` falls in the segment's key range."""

@@ -105,9 +105,7 @@ def run_key(run_id: str, dag_id: str = "") -> str:
     """A path-safe, fixed-length key for the run ``run_id`` of DAG ``dag_id``.
 
     Airflow run ids are unique per DAG only (``manual__<date>`` recurs in every DAG), so
-    the key covers both. An empty ``dag_id`` gives the key runs had before the DAG was
-    part of it (a hash of the run id alone): core-only callers that know no DAG, and
-    runs begun by an earlier release, keep their index.
+    the key covers both (an empty ``dag_id``: core-only callers that know no DAG).
     """
     from airflow_seatunnel_ckpt.core.errors import InvalidNameError
 

@@ -34,14 +34,16 @@ import socket
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import EpochState, _get
+from airflow_seatunnel_ckpt.core.models import RECORD, EpochState, Record, decode, tag
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.core.txlog import BEGIN, PREPARED_PREFIX
@@ -79,8 +81,8 @@ def abort_command(pipeline: Pipeline, epoch: int, reason: str = "its run is dead
 
 # -- the lease record ---------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class LeaseRecord:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class LeaseRecord(Record):
     """``lease-<participant>``: who runs the participant's stage in ``epoch``, renewed in place.
 
     Unlike the transaction-log records it is rewritten (``write_atomic``) at every
@@ -94,19 +96,8 @@ class LeaseRecord:
     generation: int
     renew_s: float
     timeout_s: float
-    holder: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "lease", "epoch": self.epoch, "participant": self.participant, "attempt": self.attempt,
-                "generation": self.generation, "renew_s": self.renew_s, "timeout_s": self.timeout_s,
-                "holder": dict(self.holder)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<lease>") -> LeaseRecord:
-        holder = _get(d, "holder", dict, path, optional=True) or {}
-        return cls(_get(d, "epoch", int, path), _get(d, "participant", str, path), _get(d, "attempt", int, path),
-                   _get(d, "generation", int, path), float(_get(d, "renew_s", (int, float), path)),
-                   float(_get(d, "timeout_s", (int, float), path)), dict(holder))
+    holder: dict[str, Any] = pydantic.Field(default_factory=dict)
+    type: Literal["lease"] = tag("lease")
 
     def describe_holder(self) -> str:
         """``attempt 2 on host:pid (ti ...)`` for messages."""
@@ -213,7 +204,7 @@ def read_lease(storage: Storage, epoch: int, participant: str) -> LeaseRecord | 
     except FileNotFoundError:
         return None
     where = storage.describe_path(path)
-    return LeaseRecord.from_dict(codec.decode_json(data, where), where)
+    return decode(LeaseRecord, codec.decode_json_payload(data, where), where)
 
 
 # -- liveness -----------------------------------------------------------------------------

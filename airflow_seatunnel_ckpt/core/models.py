@@ -1,24 +1,38 @@
-"""Typed models of everything the protocol writes, with explicit (de)serialisation.
+"""Typed models of everything the protocol writes: pydantic dataclasses, one decode.
 
-Records are plain JSON inside a checksummed frame (see :mod:`codec`). ``from_dict``
-checks every field's type, so a record that decodes but has the wrong shape is reported
-as corrupt with the file named, never half-used.
-
-Longer than ~400 lines because it is the on-disk format: every record's typed model and
-its explicit (de)serialisation stand together, so a format change is reviewed in one file.
+Records are plain JSON inside a checksummed frame (see :mod:`codec`). Each record is a
+frozen pydantic dataclass validated strictly (a bool is not a number, a string not an
+integer) with unknown fields refused; :func:`decode` turns any JSON that does not fit
+into a :class:`CorruptCheckpointError` naming the file, so a record is never half-used.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass as plain_dataclass
+from dataclasses import field
+from typing import Annotated, Any, Literal, TypeVar
+
+from annotated_types import Ge, Len
+from pydantic import AfterValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError, ValidationInfo
+from pydantic.dataclasses import dataclass
+from typing_extensions import TypedDict
 
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, IncompatibleFormatError
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 
-T = TypeVar("T")
+R = TypeVar("R")
+
+#: Version of the JSON records this release writes and reads (``_metadata``, the pipeline
+#: descriptor and the action records carry it). A store holding another version is refused with
+#: :class:`IncompatibleFormatError`; a later release that changes the records adds a migration.
+FORMAT_VERSION = 1
+
+#: Every stored record: strict types, unknown fields refused, immutable.
+RECORD = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
 class EpochState(enum.StrEnum):
@@ -71,25 +85,80 @@ class SinkMode(enum.StrEnum):
     SNAPSHOT = "snapshot"
 
 
-def _get(data: Mapping[str, Any], key: str, kind: type[T] | tuple[type, ...], path: str, optional: bool = False) -> T:
-    if not isinstance(data, Mapping):
-        raise CorruptCheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}", path)
-    if key not in data or data[key] is None:
-        if optional:
-            return None  # type: ignore[return-value]
-        raise CorruptCheckpointError(f"{path}: field {key!r} is missing", path)
-    value = data[key]
-    if isinstance(value, bool) and kind in (int, float, (int, float)):
-        raise CorruptCheckpointError(f"{path}: field {key!r} should be a number, found {value!r}", path)
-    if not isinstance(value, kind):
-        raise CorruptCheckpointError(
-            f"{path}: field {key!r} should be {getattr(kind, '__name__', kind)}, found {type(value).__name__}", path
-        )
-    return value  # type: ignore[return-value]
+def _known_version(value: int, info: ValidationInfo) -> int:
+    if value != FORMAT_VERSION:
+        where = (info.context or {}).get("where", "<record>")
+        raise IncompatibleFormatError(
+            f"{where}: format version {value} is not supported (this release reads {FORMAT_VERSION}); read it "
+            "with the release that wrote it", where)
+    return value
 
 
-@dataclass(frozen=True)
-class PartRef:
+#: A record's ``format_version``: anything but :data:`FORMAT_VERSION` is refused.
+FormatVersion = Annotated[int, AfterValidator(_known_version)]
+
+
+def omitted_if(default: Any) -> Any:
+    """A field default that is left out of the stored JSON while it holds ``default``."""
+    return Field(default=default, exclude_if=lambda value: value == default)
+
+
+def omitted_if_empty() -> Any:
+    """An empty-list default that is left out of the stored JSON while empty."""
+    return Field(default_factory=list, exclude_if=lambda value: not value)
+
+
+def tag(name: str) -> Any:
+    """The ``type`` field naming a record's kind in its JSON (checked on decode)."""
+    return Field(default=name, repr=False)
+
+
+@functools.cache
+def _adapter(cls: type[R]) -> TypeAdapter[R]:
+    return TypeAdapter(cls)
+
+
+def decode(cls: type[R], data: bytes | bytearray | memoryview | Mapping[str, Any], where: str = "<record>") -> R:
+    """The record of type ``cls`` in ``data`` (JSON text, or its parsed form).
+
+    Raises :class:`CorruptCheckpointError` naming ``where`` and the offending fields when
+    the JSON does not fit ``cls`` (:class:`IncompatibleFormatError` for another format
+    version).
+    """
+    try:
+        text = data if isinstance(data, (bytes, bytearray, memoryview)) else json.dumps(data)
+        return _adapter(cls).validate_json(text, context={"where": where})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'the record'}: {e['msg'].lower()}"
+            + (f" (found {repr(e['input'])[:80]})" if e["type"] != "missing" else "")
+            for e in exc.errors(include_url=False)[:3])
+        raise CorruptCheckpointError(f"{where}: not a valid {cls.__name__} record: {problems}", where) from None
+    except (TypeError, ValueError) as exc:  # not JSON data at all
+        raise CorruptCheckpointError(f"{where}: not a valid {cls.__name__} record: {exc}", where) from None
+
+
+def encode(record: Any) -> dict[str, Any]:
+    """A record as the plain JSON data it is stored as (defaults marked omitted left out)."""
+    data: dict[str, Any] = _adapter(type(record)).dump_python(record, mode="json")
+    return data
+
+
+class Record:
+    """``to_dict`` / ``from_dict`` of a record type: :func:`encode` and :func:`decode`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as stored (plain JSON data)."""
+        return encode(self)
+
+    @classmethod
+    def from_dict(cls: type[R], d: Any, path: str = "<record>") -> R:
+        """The record in ``d`` (parsed JSON); CorruptCheckpointError naming ``path`` if it does not fit."""
+        return decode(cls, d, path)
+
+
+@dataclass(config=RECORD)
+class PartRef(Record):
     """One checkpoint part file: where it is, how big, its checksum, and what it holds."""
 
     path: str  #: relative to the pipeline root
@@ -99,46 +168,27 @@ class PartRef:
     key_group: int = 0
     kind: PartKind = PartKind.FULL
     #: Byte offset of a sorted run's index in the file (``core/runs.py``); None for a
-    #: part read whole (every part written before sorted runs).
-    index: int | None = None
+    #: part read whole (a JSON part, a marker).
+    index: int | None = omitted_if(None)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "size": self.size, "crc32c": self.crc32c, "epoch": self.epoch,
-                               "key_group": self.key_group, "kind": str(self.kind)}
-        if self.index is not None:
-            out["index"] = self.index
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> PartRef:
-        # Records list every part of every chain: the well-formed case is checked in one
-        # pass (exact types: a bool is not a number), anything else by the field checker.
-        if type(d) is dict:
-            index = d.get("index")
-            values = (d.get("path"), d.get("size"), d.get("crc32c"), d.get("epoch"), d.get("key_group"))
-            raw_kind = d.get("kind")
-            kind = _PART_KINDS.get(raw_kind) if type(raw_kind) is str else None
-            if (kind is not None and type(values[0]) is str and all(type(v) is int for v in values[1:])
-                    and (index is None or type(index) is int)):
-                return cls(*values, kind, index)  # type: ignore[arg-type]
-        raw = _get(d, "kind", str, path)
-        try:
-            kind = PartKind(raw)
-        except ValueError:
-            raise CorruptCheckpointError(f"{path}: part kind must be full or delta, found {raw!r}", path) from None
-        return cls(_get(d, "path", str, path), _get(d, "size", int, path), _get(d, "crc32c", int, path),
-                   _get(d, "epoch", int, path), _get(d, "key_group", int, path), kind,
-                   _get(d, "index", int, path, optional=True))
-
-
-_PART_KINDS = {str(k): k for k in PartKind}
 
 #: A key group's restore recipe: one full part followed by the deltas to apply in order.
 Chain = list[PartRef]
 
 
-@dataclass(frozen=True)
-class StateShape:
+class Column(TypedDict):
+    """One column of a keyed state: its name and Spark's type name."""
+
+    name: str
+    type: str
+
+
+#: A key -> value state's aggregate: output column -> ``[function, input column]`` (a tuple is taken as a list).
+Aggregate = dict[str, Annotated[list[str], Strict(False), Len(2, 2)]]
+
+
+@dataclass(config=RECORD)
+class StateShape(Record):
     """What a keyed state's stored values mean beyond its kind, keys and key groups.
 
     Recorded with the state's chains (``OperatorState.shape``) by the epoch that updated
@@ -148,69 +198,28 @@ class StateShape:
     state's columns as ``[{"name": ..., "type": ...}]`` (Spark's type names).
     """
 
-    aggregate: dict[str, list[str]] | None = None
-    schema: list[dict[str, str]] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"aggregate": {k: list(v) for k, v in sorted(self.aggregate.items())} if self.aggregate else None,
-                "schema": [dict(c) for c in self.schema] if self.schema is not None else None}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> StateShape:
-        aggregate = _get(d, "aggregate", dict, path, optional=True)
-        if aggregate is not None and not all(
-                isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v) for v in aggregate.values()):
-            raise CorruptCheckpointError(f"{path}: state aggregate must map a column to [function, column]", path)
-        schema = _get(d, "schema", list, path, optional=True)
-        if schema is not None and not all(
-                isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("type"), str)
-                for c in schema):
-            raise CorruptCheckpointError(f"{path}: state schema must be a list of {{name, type}}", path)
-        return cls({k: list(v) for k, v in aggregate.items()} if aggregate is not None else None,
-                   [{"name": c["name"], "type": c["type"]} for c in schema] if schema is not None else None)
+    aggregate: Aggregate | None = None
+    schema: list[Column] | None = None
 
 
-@dataclass(frozen=True)
-class OperatorState:
+@dataclass(config=RECORD)
+class OperatorState(Record):
     """The keyed state of one operator in one checkpoint: a chain per key group, and its shape."""
 
     key_groups: int
     key_columns: list[str]
-    chains: dict[int, Chain]
+    chains: dict[Annotated[int, Ge(0)], Chain]
     state_kind: str = "key_set"  #: "key_set" or "key_value"
-    #: Aggregate and columns, as the epoch that last updated the state wrote them (None in
-    #: records written before states recorded their shape).
-    shape: StateShape | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"key_groups": self.key_groups, "key_columns": list(self.key_columns), "state_kind": self.state_kind,
-               "chains": {str(k): [p.to_dict() for p in chain] for k, chain in sorted(self.chains.items())}}
-        if self.shape is not None:
-            out["shape"] = self.shape.to_dict()
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> OperatorState:
-        chains_raw = _get(d, "chains", dict, path)
-        chains: dict[int, Chain] = {}
-        for k, chain in chains_raw.items():
-            if not str(k).isdigit() or not isinstance(chain, list):
-                raise CorruptCheckpointError(f"{path}: bad key group entry {k!r}", path)
-            chains[int(k)] = [PartRef.from_dict(p, path) for p in chain]
-        cols = _get(d, "key_columns", list, path)
-        if not all(isinstance(c, str) for c in cols):
-            raise CorruptCheckpointError(f"{path}: key_columns must be strings", path)
-        shape = _get(d, "shape", dict, path, optional=True)
-        return cls(_get(d, "key_groups", int, path), cols, chains, _get(d, "state_kind", str, path),
-                   StateShape.from_dict(shape, path) if shape is not None else None)
+    #: Aggregate and columns, as the epoch that last updated the state wrote them.
+    shape: StateShape | None = omitted_if(None)
 
     def parts(self) -> list[PartRef]:
         """Every part any chain needs."""
         return [p for chain in self.chains.values() for p in chain]
 
 
-@dataclass(frozen=True)
-class SourceState:
+@dataclass(config=RECORD)
+class SourceState(Record):
     """What a source consumed: this epoch's offsets (the WAL entry) and its checkpoint chain.
 
     The chain's parts hold every committed epoch's offsets up to this one: a full part
@@ -218,18 +227,11 @@ class SourceState:
     """
 
     offsets: dict[str, Any]  #: e.g. {"files": [...]} for the file source
-    chain: list[PartRef] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"offsets": self.offsets, "chain": [p.to_dict() for p in self.chain]}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> SourceState:
-        return cls(_get(d, "offsets", dict, path), [PartRef.from_dict(p, path) for p in _get(d, "chain", list, path)])
+    chain: list[PartRef] = Field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class ExpectationResult:
+@dataclass(config=RECORD)
+class ExpectationResult(Record):
     """One data-quality rule of a sink, measured on the rows an attempt staged.
 
     ``checked`` rows were evaluated, ``failed`` of them did not satisfy ``expr`` (false or
@@ -242,33 +244,23 @@ class ExpectationResult:
     on_fail: str  #: ``warn`` | ``drop`` | ``quarantine`` | ``fail``
     checked: int
     failed: int
-    max_fraction: float | None = None
-    max_rows: int | None = None
+    max_fraction: float | None = omitted_if(None)
+    max_rows: int | None = omitted_if(None)
 
     @property
     def fraction(self) -> float:
         """Failed rows over checked rows (0.0 when nothing was checked)."""
         return self.failed / self.checked if self.checked else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "expr": self.expr, "on_fail": self.on_fail,
-                               "checked": self.checked, "failed": self.failed}
-        if self.max_fraction is not None:
-            out["max_fraction"] = self.max_fraction
-        if self.max_rows is not None:
-            out["max_rows"] = self.max_rows
-        return out
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> ExpectationResult:
-        return cls(_get(d, "name", str, path), _get(d, "expr", str, path), _get(d, "on_fail", str, path),
-                   _get(d, "checked", int, path), _get(d, "failed", int, path),
-                   _get(d, "max_fraction", (int, float), path, optional=True),
-                   _get(d, "max_rows", int, path, optional=True))
+def _names_table_type(table: dict[str, Any] | None) -> dict[str, Any] | None:
+    if table is not None and not isinstance(table.get("type"), str):
+        raise ValueError(f"a table sink's options must name its type, found {table!r}")
+    return table
 
 
-@dataclass(frozen=True)
-class SinkManifest:
+@dataclass(config=RECORD)
+class SinkManifest(Record):
     """What one sink staged in one attempt: the files to publish, with sizes and rows."""
 
     sink: str
@@ -277,20 +269,19 @@ class SinkManifest:
     files: list[FileInfo]  #: relative to ``staging``
     rows: int
     format: str = "parquet"
-    mode: SinkMode = SinkMode.CHANGES  #: stored only when not the default (older records lack it)
+    mode: SinkMode = omitted_if(SinkMode.CHANGES)
     #: A table sink's options (``{"type": "iceberg" | "delta", ...}``, never secrets): the
     #: commit adds the staged files to that table in one transaction instead of publishing
     #: ``<target_url>/epoch=<e>/`` (see :mod:`core.tables`). None for a file sink.
-    table: Mapping[str, Any] | None = None
+    table: Annotated[dict[str, Any] | None, AfterValidator(_names_table_type)] = omitted_if(None)
     #: The sink's expectations as measured when the rows were staged (see
-    #: :mod:`core.expectations`); empty when the sink declares none (stored only when not).
-    expectations: tuple[ExpectationResult, ...] = ()
+    #: :mod:`core.expectations`); empty when the sink declares none.
+    expectations: tuple[ExpectationResult, ...] = omitted_if(())
     #: A replay's table sink (see :mod:`core.replay`): the epochs whose data files this
-    #: commit removes from the table while it adds the staged ones, in one transaction
-    #: (stored only when set).
-    replaces: tuple[int, ...] = ()
+    #: commit removes from the table while it adds the staged ones, in one transaction.
+    replaces: tuple[Annotated[int, Field(gt=0)], ...] = omitted_if(())
     #: The replay was forced past commits to the table by another writer (``--force``).
-    force_replace: bool = False
+    force_replace: bool = omitted_if(False)
 
     @property
     def bytes(self) -> int:
@@ -308,78 +299,22 @@ class SinkManifest:
         """
         return self.rows > 0 or self.mode is SinkMode.SNAPSHOT or bool(self.replaces)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {"sink": self.sink, "target_url": self.target_url, "staging": self.staging, "format": self.format,
-               "rows": self.rows, "files": [{"path": f.path, "size": f.size, "crc32c": f.crc32c}
-                                            for f in self.files]}
-        if self.mode is not SinkMode.CHANGES:
-            out["mode"] = self.mode.value
-        if self.table is not None:
-            out["table"] = dict(self.table)
-        if self.expectations:
-            out["expectations"] = [e.to_dict() for e in self.expectations]
-        if self.replaces:
-            out["replaces"] = {"epochs": list(self.replaces), "force": self.force_replace}
-        return out
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> SinkManifest:
-        files = []
-        for f in _get(d, "files", list, path):
-            files.append(FileInfo(_get(f, "path", str, path), _get(f, "size", int, path),
-                                  _get(f, "crc32c", int, path, optional=True)))
-        raw_mode = _get(d, "mode", str, path, optional=True) or SinkMode.CHANGES.value
-        try:
-            mode = SinkMode(raw_mode)
-        except ValueError:
-            raise CorruptCheckpointError(
-                f"{path}: sink mode must be one of {[m.value for m in SinkMode]}, found {raw_mode!r}", path) from None
-        table = _get(d, "table", dict, path, optional=True)
-        if table is not None and not isinstance(table.get("type"), str):
-            raise CorruptCheckpointError(f"{path}: a table sink's options must name its type, found {table!r}", path)
-        expectations = tuple(ExpectationResult.from_dict(e, path)
-                             for e in _get(d, "expectations", list, path, optional=True) or [])
-        replaces = _get(d, "replaces", dict, path, optional=True) or {}
-        epochs = replaces.get("epochs", [])
-        if not isinstance(epochs, list) or not all(isinstance(e, int) and not isinstance(e, bool) and e > 0
-                                                   for e in epochs):
-            raise CorruptCheckpointError(f"{path}: a replay's replaced epochs must be epoch numbers, found "
-                                         f"{epochs!r}", path)
-        return cls(_get(d, "sink", str, path), _get(d, "target_url", str, path), _get(d, "staging", str, path),
-                   files, _get(d, "rows", int, path), _get(d, "format", str, path), mode, table, expectations,
-                   tuple(epochs), bool(replaces.get("force", False)))
-
-
-@dataclass(frozen=True)
-class BeginRecord:
+@dataclass(config=RECORD)
+class BeginRecord(Record):
     """``begin``: the epoch was given to a run."""
 
     epoch: int
     run_id: str
     created_at: float
-    dag_id: str = ""
-    #: the Airflow logical date of the run (ISO 8601); "" when begun outside Airflow or by an
-    #: earlier release (written only when set, so older readers see the record they know)
-    logical_date: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "begin", "epoch": self.epoch, "run_id": self.run_id,
-                               "created_at": self.created_at}
-        if self.dag_id:
-            out["dag_id"] = self.dag_id
-        if self.logical_date:
-            out["logical_date"] = self.logical_date
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> BeginRecord:
-        return cls(_get(d, "epoch", int, path), _get(d, "run_id", str, path), _get(d, "created_at", (int, float), path),
-                   _get(d, "dag_id", str, path, optional=True) or "",
-                   _get(d, "logical_date", str, path, optional=True) or "")
+    dag_id: str = omitted_if("")
+    #: the Airflow logical date of the run (ISO 8601); "" when begun outside Airflow
+    logical_date: str = omitted_if("")
+    type: Literal["begin"] = tag("begin")
 
 
-@dataclass(frozen=True)
-class PreparedRecord:
+@dataclass(config=RECORD)
+class PreparedRecord(Record):
     """``prepared-<participant>``: the winning attempt's output, state and consumed input.
 
     It doubles as the write-ahead log: ``sources`` names exactly what the epoch read, so
@@ -396,42 +331,14 @@ class PreparedRecord:
     sources: dict[str, SourceState]
     #: The committed checkpoint the participant restored from (None: empty state).
     base_epoch: int | None = None
-    #: Sinks the stage declared but did not write this epoch (stored only when any).
-    not_written: list[str] = field(default_factory=list)
+    #: Sinks the stage declared but did not write this epoch.
+    not_written: list[str] = omitted_if_empty()
+    type: Literal["prepared"] = tag("prepared")
 
     @property
     def rows(self) -> int:
         """Rows staged over every sink of the participant."""
         return sum(s.rows for s in self.sinks)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"type": "prepared", "epoch": self.epoch, "participant": self.participant, "attempt": self.attempt,
-               "run_id": self.run_id, "prepared_at": self.prepared_at,
-               "sinks": [s.to_dict() for s in self.sinks],
-               "operators": {k: v.to_dict() for k, v in sorted(self.operators.items())},
-               "sources": {k: v.to_dict() for k, v in sorted(self.sources.items())},
-               "base_epoch": self.base_epoch}
-        if self.not_written:
-            out["not_written"] = sorted(self.not_written)
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> PreparedRecord:
-        return cls(
-            _get(d, "epoch", int, path), _get(d, "participant", str, path), _get(d, "attempt", int, path),
-            _get(d, "run_id", str, path), _get(d, "prepared_at", (int, float), path),
-            [SinkManifest.from_dict(s, path) for s in _get(d, "sinks", list, path)],
-            {k: OperatorState.from_dict(v, path) for k, v in _get(d, "operators", dict, path).items()},
-            {k: SourceState.from_dict(v, path) for k, v in _get(d, "sources", dict, path).items()},
-            _get(d, "base_epoch", int, path, optional=True),
-            _names(_get(d, "not_written", list, path, optional=True) or [], "not_written", path),
-        )
-
-
-def _names(values: list[Any], key: str, path: str) -> list[str]:
-    if not all(isinstance(v, str) for v in values):
-        raise CorruptCheckpointError(f"{path}: field {key!r} must list strings", path)
-    return list(values)
 
 
 def unprepared(prepared: Mapping[str, PreparedRecord], participants: Sequence[str]) -> list[str]:
@@ -443,8 +350,8 @@ def unprepared(prepared: Mapping[str, PreparedRecord], participants: Sequence[st
     return [name for name in dict.fromkeys(participants) if name not in prepared]
 
 
-@dataclass(frozen=True)
-class DecisionRecord:
+@dataclass(config=RECORD)
+class DecisionRecord(Record):
     """``decision``: commit or abort -- one file per epoch, created exclusively."""
 
     epoch: int
@@ -452,24 +359,8 @@ class DecisionRecord:
     reason: str
     by: str
     decided_at: float
-    participants: dict[str, int] = field(default_factory=dict)  #: participant -> winning attempt
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "decision", "epoch": self.epoch, "decision": self.decision.value, "reason": self.reason,
-                "by": self.by, "decided_at": self.decided_at, "participants": dict(sorted(self.participants.items()))}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> DecisionRecord:
-        raw = _get(d, "decision", str, path)
-        try:
-            decision = Decision(raw)
-        except ValueError as exc:
-            raise CorruptCheckpointError(f"{path}: unknown decision {raw!r}", path) from exc
-        parts = _get(d, "participants", dict, path)
-        if not all(isinstance(v, int) for v in parts.values()):
-            raise CorruptCheckpointError(f"{path}: participant attempts must be integers", path)
-        return cls(_get(d, "epoch", int, path), decision, _get(d, "reason", str, path), _get(d, "by", str, path),
-                   _get(d, "decided_at", (int, float), path), parts)
+    participants: dict[str, int] = Field(default_factory=dict)  #: participant -> winning attempt
+    type: Literal["decision"] = tag("decision")
 
 
 #: ``PublishedSink.how`` of a sink that staged no rows: nothing was published.
@@ -481,8 +372,8 @@ NOT_WRITTEN = "not_written"
 SKIPPED = "skipped"
 
 
-@dataclass(frozen=True)
-class PublishedSink:
+@dataclass(config=RECORD)
+class PublishedSink(Record):
     """One sink's published output for an epoch."""
 
     sink: str
@@ -502,18 +393,8 @@ class PublishedSink:
         """Whether the epoch has a published directory in the sink's target."""
         return self.how not in (EMPTY, NOT_WRITTEN, SKIPPED)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"sink": self.sink, "target_url": self.target_url, "epoch_dir": self.epoch_dir, "files": self.files,
-                "rows": self.rows, "bytes": self.bytes, "how": self.how}
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> PublishedSink:
-        return cls(_get(d, "sink", str, path), _get(d, "target_url", str, path), _get(d, "epoch_dir", str, path),
-                   _get(d, "files", int, path), _get(d, "rows", int, path), _get(d, "bytes", int, path),
-                   _get(d, "how", str, path, optional=True) or "")
-
-
-@dataclass(frozen=True)
+@plain_dataclass(frozen=True)
 class CommitResult:
     """What :meth:`Pipeline.commit` published (or found already published)."""
 
@@ -543,8 +424,8 @@ class CommitResult:
                 "empty": self.empty}
 
 
-@dataclass(frozen=True)
-class CheckpointMetadata:
+@dataclass(config=RECORD)
+class CheckpointMetadata(Record):
     """``checkpoint_<e>/_metadata``: the complete, committed description of a checkpoint."""
 
     epoch: int
@@ -555,9 +436,10 @@ class CheckpointMetadata:
     operators: dict[str, OperatorState]
     sources: dict[str, SourceState]
     sinks: dict[str, PartRef]  #: the ``_prepared`` marker of every sink
-    format_version: int = 1
-    #: the ``sources/<source>/_meta`` marker of every source (absent in early checkpoints)
-    source_metas: dict[str, PartRef] = field(default_factory=dict)
+    format_version: FormatVersion = FORMAT_VERSION
+    #: the ``sources/<source>/_meta`` marker of every source
+    source_metas: dict[str, PartRef] = Field(default_factory=dict)
+    type: Literal["checkpoint"] = tag("checkpoint")
 
     def parts(self) -> list[PartRef]:
         """Every file the checkpoint needs, wherever it lives (incremental parts included)."""
@@ -567,36 +449,8 @@ class CheckpointMetadata:
         out += list(self.source_metas.values())
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "checkpoint", "format_version": self.format_version, "epoch": self.epoch,
-                "created_at": self.created_at, "run_id": self.run_id,
-                "participants": dict(sorted(self.participants.items())), "base_epoch": self.base_epoch,
-                "operators": {k: v.to_dict() for k, v in sorted(self.operators.items())},
-                "sources": {k: v.to_dict() for k, v in sorted(self.sources.items())},
-                "sinks": {k: v.to_dict() for k, v in sorted(self.sinks.items())},
-                "source_metas": {k: v.to_dict() for k, v in sorted(self.source_metas.items())}}
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> CheckpointMetadata:
-        from airflow_seatunnel_ckpt.core.errors import IncompatibleFormatError
-
-        version = _get(d, "format_version", int, path)
-        if version != 1:
-            raise IncompatibleFormatError(
-                f"{path}: _metadata format version {version} is not supported (this release reads 1)", path)
-        return cls(
-            _get(d, "epoch", int, path), _get(d, "created_at", (int, float), path), _get(d, "run_id", str, path),
-            _get(d, "participants", dict, path), _get(d, "base_epoch", int, path, optional=True),
-            {k: OperatorState.from_dict(v, path) for k, v in _get(d, "operators", dict, path).items()},
-            {k: SourceState.from_dict(v, path) for k, v in _get(d, "sources", dict, path).items()},
-            {k: PartRef.from_dict(v, path) for k, v in _get(d, "sinks", dict, path).items()},
-            version,
-            {k: PartRef.from_dict(v, path)
-             for k, v in (_get(d, "source_metas", dict, path, optional=True) or {}).items()},
-        )
-
-
-@dataclass(frozen=True)
+@plain_dataclass(frozen=True)
 class EpochStatus:
     """Everything the transaction log says about one epoch."""
 
@@ -624,10 +478,6 @@ class EpochStatus:
         }
 
 
-#: Format version of the ``action-*`` and ``outcome-*`` records this release writes and reads.
-ACTION_FORMAT_VERSION = 1
-
-
 class ActionOutcome(enum.StrEnum):
     """How an operator's action on an epoch ended (``OutcomeRecord.outcome``)."""
 
@@ -636,26 +486,8 @@ class ActionOutcome(enum.StrEnum):
     FAILED = "failed"  #: tried and failed (``detail`` holds the error); the next try may succeed
 
 
-def _format_version(d: Mapping[str, Any], path: str, what: str) -> int:
-    """The record's ``format_version`` (1 when absent: the first action records had none)."""
-    version = _get(d, "format_version", int, path, optional=True)
-    if version is None:
-        return ACTION_FORMAT_VERSION
-    if version != ACTION_FORMAT_VERSION:
-        raise IncompatibleFormatError(
-            f"{path}: {what} record format version {version} is not supported (this release reads "
-            f"{ACTION_FORMAT_VERSION}); read it with the release that wrote it", path)
-    return version
-
-
-def _expect_type(d: Mapping[str, Any], expected: str, path: str) -> None:
-    found = _get(d, "type", str, path)
-    if found != expected:
-        raise CorruptCheckpointError(f"{path}: expected a record of type {expected!r}, found {found!r}", path)
-
-
-@dataclass(frozen=True)
-class ActionRecord:
+@dataclass(config=RECORD)
+class ActionRecord(Record):
     """``action-<ns>-<action>``: who did what to an epoch, and why, written before doing it.
 
     An audit record only: an epoch's state never depends on it. ``details`` are further
@@ -667,26 +499,13 @@ class ActionRecord:
     by: str
     reason: str
     at: float
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "action", "format_version": ACTION_FORMAT_VERSION, "epoch": self.epoch,
-                "action": self.action, "by": self.by, "reason": self.reason, "at": self.at, **self.details}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> ActionRecord:
-        _expect_type(d, "action", path)
-        _format_version(d, path, "action")
-        known = {"type", "format_version", "epoch", "action", "by", "reason", "at"}
-        details = {k: v for k, v in d.items() if k not in known}
-        if not all(isinstance(v, (str, int, float, bool)) or v is None for v in details.values()):
-            raise CorruptCheckpointError(f"{path}: an action record's further fields must be plain values", path)
-        return cls(_get(d, "epoch", int, path), _get(d, "action", str, path), _get(d, "by", str, path),
-                   _get(d, "reason", str, path), _get(d, "at", (int, float), path), details)
+    details: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    format_version: FormatVersion = FORMAT_VERSION
+    type: Literal["action"] = tag("action")
 
 
-@dataclass(frozen=True)
-class OutcomeRecord:
+@dataclass(config=RECORD)
+class OutcomeRecord(Record):
     """``outcome-<ns>-<action>``: how the action of the same name suffix ended.
 
     Written once the action is over; an action record without one was interrupted (its
@@ -698,26 +517,11 @@ class OutcomeRecord:
     outcome: ActionOutcome
     detail: str
     at: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "action-outcome", "format_version": ACTION_FORMAT_VERSION, "epoch": self.epoch,
-                "action": self.action, "outcome": self.outcome.value, "detail": self.detail, "at": self.at}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], path: str = "<record>") -> OutcomeRecord:
-        _expect_type(d, "action-outcome", path)
-        _format_version(d, path, "action outcome")
-        raw = _get(d, "outcome", str, path)
-        try:
-            outcome = ActionOutcome(raw)
-        except ValueError:
-            raise CorruptCheckpointError(
-                f"{path}: outcome must be one of {[o.value for o in ActionOutcome]}, found {raw!r}", path) from None
-        return cls(_get(d, "epoch", int, path), _get(d, "action", str, path), outcome,
-                   _get(d, "detail", str, path), _get(d, "at", (int, float), path))
+    format_version: FormatVersion = FORMAT_VERSION
+    type: Literal["action-outcome"] = tag("action-outcome")
 
 
-@dataclass(frozen=True)
+@plain_dataclass(frozen=True)
 class ActionEntry:
     """One action on an epoch with its outcome (None: none recorded, the action was interrupted)."""
 

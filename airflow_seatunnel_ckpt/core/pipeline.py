@@ -129,12 +129,11 @@ class Pipeline:
         return descriptor.declared_participants if descriptor is not None else None
 
     def _run_key_args(self, dag_id: str | None) -> dict[str, Any]:
-        """``dag_id`` (default: the descriptor's owner) and whether runs begun without one count."""
-        descriptor = self.descriptor()
+        """``dag_id`` (default: the descriptor's owner, "" without a descriptor)."""
         if dag_id is None:
+            descriptor = self.descriptor()
             dag_id = descriptor.owner_dag_id if descriptor is not None else ""
-        legacy = descriptor is None or descriptor.legacy_runs_dag_id == dag_id
-        return {"dag_id": dag_id, "legacy": legacy}
+        return {"dag_id": dag_id}
 
     # -- reading the log ---------------------------------------------------------------
     def epoch_for_run(self, run_id: str, dag_id: str | None = None) -> int | None:

@@ -10,7 +10,7 @@ state file format (``core/codec.py``, payload kind ``RUN``)::
 * A *block* is up to ``block_rows`` rows (and about 2 MiB) in key order, one Arrow IPC
   stream, framed as exactly one chunk: a ranged read of its bytes is verified by the
   chunk's own CRC32C and decoded without the rest of the file.
-* Each block has its own *bloom filter* (~0.8% false positives; two layouts, see
+* Each block has its own *bloom filter* (~0.8% false positives, register-blocked, see
   :class:`Bloom`), one chunk each, stored together after the blocks (a partitioned filter,
   as RocksDB's): a lookup reads only the filters of the blocks whose key range holds
   one of its keys -- adjacent ones in one ranged read -- and then only the blocks whose
@@ -27,9 +27,6 @@ hashes and filter bits are pinned by ``tests/core/test_runs.py``).
 Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
 injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
 file: deep verification and :func:`read_run_table` read it with :func:`codec.decode_stream`.
-
-The module is longer than 450 lines because it is one file format: its hashing, both
-bloom filter layouts, writer and reader must change together.
 """
 
 from __future__ import annotations
@@ -53,12 +50,11 @@ EPOCH_COLUMN = "__epoch"
 DEFAULT_BLOCK_ROWS = 65536
 #: A block is cut smaller than ``block_rows`` when its rows would exceed this many bytes.
 BLOCK_BYTES = 2 * 1024 * 1024
-BLOOM_BITS_PER_KEY = 10
-BLOOM_HASHES = 7
-#: Layout 2 (register-blocked, see ``Bloom``): bits per key and bits set per key.
-BLOOM_BITS_PER_KEY_2 = 13
-BLOOM_HASHES_2 = 6
-#: How filter bits are placed (``Bloom``); runs written before layout 2 say nothing (1).
+#: Bloom filter bits per key and bits set per key (register-blocked, see ``Bloom``).
+BLOOM_BITS_PER_KEY = 13
+BLOOM_HASHES = 6
+#: How filter bits are placed (``Bloom``), recorded in every run's index; a reader refuses
+#: a run recording another layout.
 BLOOM_LAYOUT = 2
 #: zstd level of the bloom filter chunks: their bits are near-random (a level 3 pass saves
 #: ~6% of their bytes), so they get the cheapest pass; readers decode any zstd frame.
@@ -137,44 +133,28 @@ def _word_masks(hashes: int) -> np.ndarray:
 
 
 class Bloom:
-    """A bloom filter over key hashes, in one of two layouts (the run index says which).
+    """A register-blocked bloom filter over key hashes, as RocksDB's and Impala's blocked filters.
 
-    * Layout 1 (the first runs): a standard filter of ``nbits`` bits, 10 bits a key, 7
-      hashes at positions ``(h1 + i*h2) mod nbits`` of two further mixes of the key hash;
-      0.8% false positives. Building it is ``hashes`` random writes a key.
-    * Layout 2 (written now): register-blocked, as RocksDB's and Impala's blocked
-      filters: a key's bits all lie in one 64-bit word, ``((h mod 2**32) * words) >> 32``,
-      and are the word mask ``_word_masks(hashes)[h >> 48]``. 13 bits a key and 6 hashes
-      give layout 1's 0.8% false positives (a word holds few keys, so it needs 30% more
-      bits than a standard filter) for one read-modify-write a key instead of 7 random
-      writes: building costs about half, and a probe reads one word.
+    A key's bits all lie in one 64-bit word, ``((h mod 2**32) * words) >> 32``, and are the
+    word mask ``_word_masks(hashes)[h >> 48]``. 13 bits a key and 6 hashes give 0.8% false
+    positives (a word holds few keys, so it needs 30% more bits than a standard filter) for
+    one read-modify-write a key instead of one random write per hash, and a probe reads
+    one word.
     """
 
-    def __init__(self, bits: np.ndarray, nbits: int, hashes: int = BLOOM_HASHES, layout: int = 1) -> None:
-        if layout not in (1, 2):
-            raise ValueError(f"unknown bloom filter layout {layout}")
-        if layout == 2 and (nbits % 64 or not nbits):
-            raise ValueError(f"a layout 2 bloom filter holds whole 64-bit words, not {nbits} bits")
-        self.bits, self.nbits, self.hashes, self.layout = bits, nbits, hashes, layout
+    def __init__(self, bits: np.ndarray, nbits: int, hashes: int = BLOOM_HASHES) -> None:
+        if nbits % 64 or not nbits:
+            raise ValueError(f"a bloom filter holds whole 64-bit words, not {nbits} bits")
+        self.bits, self.nbits, self.hashes = bits, nbits, hashes
 
     @classmethod
     def sized(cls, keys: int) -> Bloom:
-        """An empty filter for up to ``keys`` keys at ~1% false positives (the layout runs are written in)."""
-        if BLOOM_LAYOUT == 2:
-            words = max(1, (keys * BLOOM_BITS_PER_KEY_2 + 63) // 64)
-            return cls(np.zeros(words * 8, dtype=np.uint8), words * 64, BLOOM_HASHES_2, layout=2)
-        nbits = max(64, keys * BLOOM_BITS_PER_KEY + 7) // 8 * 8
-        return cls(np.zeros(nbits // 8, dtype=np.uint8), nbits, BLOOM_HASHES, layout=1)
-
-    def _positions(self, hashes: np.ndarray) -> Iterator[np.ndarray]:
-        h1 = _mix(hashes)
-        h2 = _mix(hashes ^ _U(0x5BD1E9955BD1E995)) | _U(1)
-        with np.errstate(over="ignore"):
-            for i in range(self.hashes):
-                yield ((h1 + _U(i) * h2) % _U(self.nbits)).astype(np.int64)
+        """An empty filter for up to ``keys`` keys at ~1% false positives."""
+        words = max(1, (keys * BLOOM_BITS_PER_KEY + 63) // 64)
+        return cls(np.zeros(words * 8, dtype=np.uint8), words * 64, BLOOM_HASHES)
 
     def _words(self, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Layout 2: each key's word and mask."""
+        """Each key's word and mask."""
         word = (hashes & _U(0xFFFFFFFF)).view(np.int64)
         word *= self.nbits // 64
         word >>= 32
@@ -182,27 +162,14 @@ class Bloom:
 
     def add(self, hashes: np.ndarray) -> None:
         """Add keys (by hash)."""
-        if self.layout == 2:
-            words = np.frombuffer(self.bits, dtype="<u8").copy()
-            np.bitwise_or.at(words, *self._words(hashes))
-            self.bits = words.view(np.uint8)
-            return
-        # Set bits in a bool array and pack them (bit i of byte j is position 8j + i, as
-        # might_contain reads them): much faster than ``np.bitwise_or.at`` per position.
-        flags = np.unpackbits(self.bits, bitorder="little").astype(bool)
-        for pos in self._positions(hashes):
-            flags[pos] = True
-        self.bits = np.packbits(flags, bitorder="little")
+        words = np.frombuffer(self.bits, dtype="<u8").copy()
+        np.bitwise_or.at(words, *self._words(hashes))
+        self.bits = words.view(np.uint8)
 
     def might_contain(self, hashes: np.ndarray) -> np.ndarray:
         """Per key: False means certainly absent."""
-        if self.layout == 2:
-            word, mask = self._words(hashes)
-            return (np.frombuffer(self.bits, dtype="<u8")[word] & mask) == mask  # type: ignore[no-any-return]
-        out = np.ones(len(hashes), dtype=bool)
-        for pos in self._positions(hashes):
-            out &= ((self.bits[pos >> 3] >> (pos & 7).astype(np.uint8)) & 1).astype(bool)
-        return out
+        word, mask = self._words(hashes)
+        return (np.frombuffer(self.bits, dtype="<u8")[word] & mask) == mask  # type: ignore[no-any-return]
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -290,9 +257,8 @@ def write_run(
                           **{n: pa.array(entries[n], pa.int64())
                              for n in ("offset", "length", "rows", "bloom_offset", "bloom_length")}})
         meta = {b"run_format": _RUN_FORMAT, b"key_columns": json.dumps(key_columns).encode(),
-                b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(Bloom.sized(1).hashes).encode()}
-        if BLOOM_LAYOUT != 1:  # layout 1 runs say nothing, as those written before layouts
-            meta[b"bloom_layout"] = str(BLOOM_LAYOUT).encode()
+                b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(Bloom.sized(1).hashes).encode(),
+                b"bloom_layout": str(BLOOM_LAYOUT).encode()}
         index = index.replace_schema_metadata(meta)
         yield emit(writer.chunk(next(iter(codec.arrow_ipc_pieces(index)))))
         yield emit(writer.trailer())
@@ -319,7 +285,7 @@ def _chunks_in(data: bytes, where: str, compression: codec.Codec, count: int) ->
 
 
 class RunReader:
-    """One run (or a part written before runs, read whole) of a key group's chain."""
+    """One run (or an Arrow part without a run index, read whole) of a key group's chain."""
 
     def __init__(self, storage: Storage, ref: PartRef, key_columns: list[str], data: bytes | None = None) -> None:
         import pyarrow as pa
@@ -343,12 +309,12 @@ class RunReader:
             return
         cached = BLOCK_CACHE.get(self._cache_key("index")) if data is None else None
         if cached is not None:
-            self.codec, self.schema, self.index, self._hashes, self._layout = cached
+            self.codec, self.schema, self.index, self._hashes = cached
             return
         self._read_index()
         if data is None:
             BLOCK_CACHE.put(self._cache_key("index"),
-                            (self.codec, self.schema, self.index, self._hashes, self._layout), self.index.nbytes + 4096)
+                            (self.codec, self.schema, self.index, self._hashes), self.index.nbytes + 4096)
 
     def _read(self, start: int, end: int) -> bytes:
         if self._data is not None:
@@ -382,15 +348,15 @@ class RunReader:
                 raise CorruptCheckpointError(f"{self.where}: unknown run format {meta[b'run_format']!r}", self.where)
             self.schema = pa.ipc.read_schema(pa.py_buffer(meta[b"data_schema"]))
             hashes = int(meta[b"bloom_hashes"])
-            layout = int(meta.get(b"bloom_layout", b"1"))
-            if layout not in (1, 2):
+            layout = int(meta[b"bloom_layout"])
+            if layout != BLOOM_LAYOUT:
                 raise CorruptCheckpointError(
                     f"{self.where}: unknown bloom filter layout {layout} (written by a newer version? "
                     "upgrade airflow-seatunnel-ckpt to read it)", self.where)
         except (KeyError, ValueError, pa.ArrowInvalid) as exc:
             raise CorruptCheckpointError(f"{self.where}: run index is damaged ({exc})", self.where) from exc
         self.index = index.replace_schema_metadata(None)
-        self._hashes, self._layout = hashes, layout
+        self._hashes = hashes
 
     @property
     def rows(self) -> int:
@@ -493,7 +459,7 @@ class RunReader:
         for b, bits in filters.items():
             mine = block[where] == b
             try:
-                bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes, self._layout)
+                bloom = Bloom(np.frombuffer(bits, dtype=np.uint8), len(bits) * 8, self._hashes)
             except ValueError as exc:
                 raise CorruptCheckpointError(f"{self.where}: bloom filter of block {b} is damaged ({exc})",
                                              self.where) from exc

@@ -9,8 +9,8 @@ A source whose offsets carry ``"consumed_index": {"max_file_age": seconds or nul
 file source) keeps a :mod:`~airflow_seatunnel_ckpt.core.file_index` instead: a directory
 part, sorted segments and one small delta per epoch, compacted at the same interval and
 bounded by the time watermark, so planning reads the listed names' segments only. A chain
-written in the entries shape (an older release, a history rebuilt from the log, a chain
-carried from a replica) is read as it is and converted by the next epoch that writes one.
+written in the entries shape (a history rebuilt from the log, a chain carried from a
+replica) is read as it is and converted by the next epoch that writes one.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _write_index_part(storage: Storage, config: CheckpointConfig, epoch: int, at
                                **options)
         return SourceState(offsets, [*base_chain, ref])
     # Compaction: the base, the deltas since, and this epoch's files, merged and aged. A
-    # history in the entries shape (older release, rebuilt from the log) is converted here.
+    # history in the entries shape (rebuilt from the log) is converted here.
     carried_refs = {ref.path: ref for ref in base_chain}
     if convert:
         index = FileIndex([], [file_index.rows_from_entries(history(), where), delta], None)

@@ -35,12 +35,21 @@ import enum
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import EpochDir, describe_timeout, held_lease, store_now
-from airflow_seatunnel_ckpt.core.models import _get
+from airflow_seatunnel_ckpt.core.lease import (
+    EpochDir,
+    describe_timeout,
+    held_lease,
+    lease_timeout,
+    read_lease,
+    store_now,
+)
+from airflow_seatunnel_ckpt.core.models import RECORD, Record, tag
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.txlog import PREPARED_PREFIX, FenceRecord, fence_name
 
@@ -69,13 +78,8 @@ def deferred_name(participant: str, attempt: int) -> str:
     return f"{DEFERRED_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
-def _expect_type(d: Mapping[str, Any], type_: str, what: str, where: str) -> None:
-    if d.get("type") != type_:
-        raise CorruptCheckpointError(f"{where}: not a {what} (type {d.get('type')!r})")
-
-
-@dataclass(frozen=True)
-class SubmissionRecord:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class SubmissionRecord(Record):
     """An attempt of a participant launched through ``spark-submit``."""
 
     epoch: int
@@ -87,48 +91,22 @@ class SubmissionRecord:
     master: str = ""
     deploy_mode: str = ""
     submitted_at: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "submission", "epoch": self.epoch, "participant": self.participant,
-                "attempt": self.attempt, "host": self.host, "launcher_pid": self.launcher_pid, "log": self.log,
-                "master": self.master, "deploy_mode": self.deploy_mode, "submitted_at": self.submitted_at}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str) -> SubmissionRecord:
-        _expect_type(d, "submission", "submission record", where)
-        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
-                   _get(d, "attempt", int, where), _get(d, "host", str, where),
-                   _get(d, "launcher_pid", int, where), _get(d, "log", str, where),
-                   str(d.get("master") or ""), str(d.get("deploy_mode") or ""),
-                   float(_get(d, "submitted_at", (int, float), where)))
+    type: Literal["submission"] = tag("submission")
 
 
-@dataclass(frozen=True)
-class ExitRecord:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class ExitRecord(Record):
     """How ``spark-submit`` of an attempt ended."""
 
     epoch: int
     participant: str
     attempt: int
     returncode: int
-    tail: list[str] = field(default_factory=list)
+    tail: list[str] = pydantic.Field(default_factory=list)
     at: float = 0.0
     #: Why the launcher stopped ``spark-submit`` itself ("" when it ended on its own).
     stopped: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "submission-exit", "epoch": self.epoch, "participant": self.participant,
-                "attempt": self.attempt, "returncode": self.returncode, "tail": list(self.tail), "at": self.at,
-                "stopped": self.stopped}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str) -> ExitRecord:
-        _expect_type(d, "submission-exit", "submission exit record", where)
-        tail = _get(d, "tail", list, where)
-        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
-                   _get(d, "attempt", int, where), _get(d, "returncode", int, where),
-                   [str(line) for line in tail], float(_get(d, "at", (int, float), where)),
-                   str(d.get("stopped") or ""))
+    type: Literal["submission-exit"] = tag("submission-exit")
 
 
 def record_submission(pipeline: Pipeline, record: SubmissionRecord) -> None:
@@ -160,8 +138,8 @@ def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: in
     return fence.cancelled
 
 
-@dataclass(frozen=True)
-class DeferralRecord:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class DeferralRecord(Record):
     """A try of the stage task handed the watch of an attempt to the triggerer."""
 
     epoch: int
@@ -170,17 +148,7 @@ class DeferralRecord:
     try_number: int
     host: str
     at: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "submission-deferral", "epoch": self.epoch, "participant": self.participant,
-                "attempt": self.attempt, "try_number": self.try_number, "host": self.host, "at": self.at}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str) -> DeferralRecord:
-        _expect_type(d, "submission-deferral", "submission deferral record", where)
-        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
-                   _get(d, "attempt", int, where), _get(d, "try_number", int, where),
-                   _get(d, "host", str, where), float(_get(d, "at", (int, float), where)))
+    type: Literal["submission-deferral"] = tag("submission-deferral")
 
 
 def record_deferral(pipeline: Pipeline, record: DeferralRecord) -> None:
@@ -197,7 +165,7 @@ def record_deferral(pipeline: Pipeline, record: DeferralRecord) -> None:
 def read_deferral(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> DeferralRecord | None:
     """The try that handed ``attempt`` to the triggerer, if one did."""
     path = layout.record_path(validate_epoch(epoch), deferred_name(participant, attempt))
-    return pipeline.txlog.read_record(path, DeferralRecord.from_dict)
+    return pipeline.txlog.read_record(path, DeferralRecord)
 
 
 def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
@@ -224,12 +192,12 @@ def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) 
 
 def read_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> SubmissionRecord | None:
     path = layout.record_path(validate_epoch(epoch), submission_name(participant, attempt))
-    return pipeline.txlog.read_record(path, SubmissionRecord.from_dict)
+    return pipeline.txlog.read_record(path, SubmissionRecord)
 
 
 def read_exit(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> ExitRecord | None:
     path = layout.record_path(validate_epoch(epoch), exit_name(participant, attempt))
-    return pipeline.txlog.read_record(path, ExitRecord.from_dict)
+    return pipeline.txlog.read_record(path, ExitRecord)
 
 
 def submissions_of(pipeline: Pipeline, epoch: int) -> list[tuple[SubmissionRecord, ExitRecord | None]]:

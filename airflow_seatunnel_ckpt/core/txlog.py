@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import pydantic
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import (
@@ -33,6 +34,7 @@ from airflow_seatunnel_ckpt.core.errors import (
     PendingEpochError,
 )
 from airflow_seatunnel_ckpt.core.models import (
+    RECORD,
     ActionEntry,
     ActionOutcome,
     ActionRecord,
@@ -44,7 +46,9 @@ from airflow_seatunnel_ckpt.core.models import (
     OutcomeRecord,
     PreparedRecord,
     PublishedSink,
-    _get,
+    Record,
+    decode,
+    tag,
 )
 from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.settled import SettledLog, SettledRead, SettledRecord
@@ -72,8 +76,8 @@ def fence_name(participant: str, attempt: int) -> str:
     return f"{FENCE_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
 
 
-@dataclass(frozen=True)
-class FenceRecord:
+@pydantic.dataclasses.dataclass(config=RECORD)
+class FenceRecord(Record):
     """Whether an attempt may prepare: settled once, by its prepare or by a cancel, whichever came first."""
 
     epoch: int
@@ -84,19 +88,7 @@ class FenceRecord:
     by: str
     reason: str = ""
     at: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "attempt-fence", "epoch": self.epoch, "participant": self.participant,
-                "attempt": self.attempt, "cancelled": self.cancelled, "by": self.by, "reason": self.reason,
-                "at": self.at}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str) -> FenceRecord:
-        if d.get("type") != "attempt-fence":
-            raise CorruptCheckpointError(f"{where}: not an attempt fence record (type {d.get('type')!r})")
-        return cls(_get(d, "epoch", int, where), _get(d, "participant", str, where),
-                   _get(d, "attempt", int, where), _get(d, "cancelled", bool, where), _get(d, "by", str, where),
-                   str(d.get("reason") or ""), float(_get(d, "at", (int, float), where)))
+    type: Literal["attempt-fence"] = tag("attempt-fence")
 
 
 class TransactionLog:
@@ -113,13 +105,15 @@ class TransactionLog:
     def _write_once(self, path: str, payload: dict[str, Any]) -> None:
         self.storage.create_exclusive(path, codec.encode_json(payload))
 
-    def read_record(self, path: str, parse: Callable[[dict[str, Any], str], R]) -> R | None:
-        """Read and parse one record; None if absent, CorruptCheckpointError if damaged."""
+    def read_record(self, path: str, parse: type[R] | Callable[[dict[str, Any], str], R]) -> R | None:
+        """Read one record of type ``parse`` (or parsed by it); None if absent, CorruptCheckpointError if damaged."""
         try:
             data = self.storage.read(path)
         except FileNotFoundError:
             return None
         where = self.storage.describe_path(path)
+        if isinstance(parse, type):
+            return decode(parse, codec.decode_json_payload(data, where, max_chunk=self._max_chunk), where)
         return parse(codec.decode_json(data, where, max_chunk=self._max_chunk), where)
 
     # -- epochs ------------------------------------------------------------------------
@@ -135,13 +129,11 @@ class TransactionLog:
         return out
 
     def begin(self, run_id: str, now: float | None = None, *, dag_id: str = "",
-              legacy: bool = True, logical_date: str = "") -> BeginRecord:
+              logical_date: str = "") -> BeginRecord:
         """The epoch of run ``run_id`` of DAG ``dag_id``, allocating the next one if it has none yet.
 
         Idempotent per (DAG, run id): every task of one DAG run (and every retry) gets the
-        same epoch, while the same run id in another DAG is another run. ``legacy`` also
-        accepts a run begun without a DAG id (by an earlier release, or a core-only caller):
-        the in-flight epoch of such a run is still found after an upgrade. A run whose
+        same epoch, while the same run id in another DAG is another run. A run whose
         epoch was aborted (e.g. the run is cleared after a failure) gets a fresh epoch.
         Raises :class:`PendingEpochError` while an earlier epoch is undecided or still
         COMMITTING: epochs are decided and published in order, so a new epoch always
@@ -151,7 +143,7 @@ class TransactionLog:
         """
         key = layout.run_key(run_id, dag_id)
         for _ in range(100):
-            existing = self._latest_for_run(run_id, dag_id, legacy)
+            existing = self._latest_for_run(run_id, dag_id)
             if existing is not None:
                 state = self.state(existing.epoch)
                 if state not in (EpochState.ABORTING, EpochState.ABORTED):
@@ -160,7 +152,7 @@ class TransactionLog:
             latest = epochs[-1] if epochs else 0
             if latest:
                 latest_begin = self._read_begin_if_intact(latest)
-                if latest_begin is not None and self._same_run(latest_begin, run_id, dag_id, legacy) and (
+                if latest_begin is not None and self._same_run(latest_begin, run_id, dag_id) and (
                     existing is None or existing.epoch != latest
                 ):
                     # Crashed between ``begin`` and the run index: finish the index.
@@ -199,31 +191,27 @@ class TransactionLog:
             self.storage.create_exclusive(f"{layout.TXLOG}/runs/{key}/{epoch:0{layout.EPOCH_WIDTH}d}", b"")
 
     @staticmethod
-    def _same_run(record: BeginRecord, run_id: str, dag_id: str, legacy: bool) -> bool:
-        """Whether ``record`` was begun by run ``run_id`` of ``dag_id`` (or, with ``legacy``,
-        by that run id before begin records named their DAG)."""
-        return record.run_id == run_id and (record.dag_id == dag_id or (legacy and not record.dag_id))
+    def _same_run(record: BeginRecord, run_id: str, dag_id: str) -> bool:
+        """Whether ``record`` was begun by run ``run_id`` of ``dag_id``."""
+        return record.run_id == run_id and record.dag_id == dag_id
 
-    def _latest_for_run(self, run_id: str, dag_id: str = "", legacy: bool = True) -> BeginRecord | None:
-        keys = [dag_id] + ([""] if dag_id and legacy else [])
-        for key_dag in keys:
-            names = self.storage.list_dir(layout.run_index_dir(run_id, key_dag))
-            epochs = sorted(int(n) for n in names if n.isdigit())
-            for epoch in reversed(epochs):
-                record = self.read_begin(epoch)
-                if record is not None and record.run_id == run_id and record.dag_id == key_dag:
-                    return record
+    def _latest_for_run(self, run_id: str, dag_id: str = "") -> BeginRecord | None:
+        names = self.storage.list_dir(layout.run_index_dir(run_id, dag_id))
+        for epoch in sorted((int(n) for n in names if n.isdigit()), reverse=True):
+            record = self.read_begin(epoch)
+            if record is not None and self._same_run(record, run_id, dag_id):
+                return record
         return None
 
-    def epoch_for_run(self, run_id: str, *, dag_id: str = "", legacy: bool = True) -> int | None:
+    def epoch_for_run(self, run_id: str, *, dag_id: str = "") -> int | None:
         """The newest epoch given to run ``run_id`` of ``dag_id``, or None (never allocates)."""
-        record = self._latest_for_run(run_id, dag_id, legacy)
+        record = self._latest_for_run(run_id, dag_id)
         if record is not None:
             return record.epoch
         epochs = self.epochs()
         if epochs:
             latest = self._read_begin_if_intact(epochs[-1])
-            if latest is not None and self._same_run(latest, run_id, dag_id, legacy):
+            if latest is not None and self._same_run(latest, run_id, dag_id):
                 return latest.epoch
         return None
 
@@ -241,7 +229,7 @@ class TransactionLog:
 
     def read_begin(self, epoch: int) -> BeginRecord | None:
         """The ``begin`` record of ``epoch``, or None."""
-        return self.read_record(layout.record_path(epoch, BEGIN), BeginRecord.from_dict)
+        return self.read_record(layout.record_path(epoch, BEGIN), BeginRecord)
 
     # -- input plan --------------------------------------------------------------------
     def fix_plan(self, epoch: int, participant: str, attempt: int,
@@ -322,7 +310,7 @@ class TransactionLog:
             self._write_once(path, record.to_dict())
             return record
         except AlreadyExistsError:
-            stored = self.read_record(path, FenceRecord.from_dict)
+            stored = self.read_record(path, FenceRecord)
         if stored is None:  # pragma: no cover - a fence record is never removed while its epoch is undecided
             raise CorruptCheckpointError(f"{self.storage.describe_path(path)} exists but cannot be read back")
         return stored
@@ -330,7 +318,7 @@ class TransactionLog:
     def read_fence(self, epoch: int, participant: str, attempt: int) -> FenceRecord | None:
         """The attempt's fence record (None: neither prepared nor cancelled yet)."""
         return self.read_record(layout.record_path(validate_epoch(epoch), fence_name(participant, attempt)),
-                                FenceRecord.from_dict)
+                                FenceRecord)
 
     def require_undecided(self, epoch: int, what: str) -> None:
         """Raise :class:`FencedAttemptError` (saying ``what`` cannot happen) once ``epoch`` is decided."""
@@ -344,7 +332,7 @@ class TransactionLog:
     def read_prepared(self, epoch: int, participant: str) -> PreparedRecord | None:
         """One participant's ``prepared`` record, or None."""
         path = layout.record_path(epoch, PREPARED_PREFIX + validate_name(participant, "participant name"))
-        return self.read_record(path, PreparedRecord.from_dict)
+        return self.read_record(path, PreparedRecord)
 
     def prepared(self, epoch: int, names: list[str] | None = None) -> dict[str, PreparedRecord]:
         """Every prepared participant of ``epoch`` (reads only the records it lists)."""
@@ -394,7 +382,7 @@ class TransactionLog:
 
     def read_decision(self, epoch: int) -> DecisionRecord | None:
         """The ``decision`` record of ``epoch``, or None while undecided."""
-        return self.read_record(layout.record_path(epoch, DECISION), DecisionRecord.from_dict)
+        return self.read_record(layout.record_path(epoch, DECISION), DecisionRecord)
 
     # -- acknowledgements --------------------------------------------------------------
     def acknowledge_committed(self, epoch: int, published: list[PublishedSink]) -> None:
@@ -472,11 +460,11 @@ class TransactionLog:
 
     def read_action(self, epoch: int, name: str) -> ActionRecord | None:
         """The ``action-*`` record ``name`` (None if absent; CorruptCheckpointError if damaged or malformed)."""
-        return self.read_record(layout.record_path(epoch, name), ActionRecord.from_dict)
+        return self.read_record(layout.record_path(epoch, name), ActionRecord)
 
     def read_outcome(self, epoch: int, name: str) -> OutcomeRecord | None:
         """The ``outcome-*`` record ``name`` (None if absent; CorruptCheckpointError if damaged or malformed)."""
-        return self.read_record(layout.record_path(epoch, name), OutcomeRecord.from_dict)
+        return self.read_record(layout.record_path(epoch, name), OutcomeRecord)
 
     def read_published(self, epoch: int) -> list[PublishedSink] | None:
         """What the ``committed`` record says was published, or None if not committed."""

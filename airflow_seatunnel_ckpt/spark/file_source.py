@@ -178,8 +178,8 @@ class FileSource(Source):
     one: then the ETag decides whether a file changed). The checkpoint keeps the consumed
     files as a sorted index (:mod:`~airflow_seatunnel_ckpt.core.file_index`), and planning
     looks up the listed names only. A file listed in ``files`` without an identity
-    (offsets written before identities were recorded) is consumed with an unknown
-    identity and never counts as changed.
+    (offsets a core-only caller gave) is consumed with an unknown identity and never
+    counts as changed.
 
     csv and json are read in Spark's ``PERMISSIVE`` mode with a corrupt-record column
     (``columnNameOfCorruptRecord``), so a record that does not parse -- a wrong type, a

@@ -443,8 +443,8 @@ def _state_factory(
         )
         state = kind(spark, settings)
         # Only a state with committed values is held to its shape, and the shape is the
-        # restored checkpoint's (the descriptor's only for a checkpoint written before
-        # states recorded theirs): a state whose epochs were all aborted, or that was
+        # restored checkpoint's (the descriptor's only when the checkpoint recorded none):
+        # a state whose epochs were all aborted, or that was
         # reset, is free, and a run without Airflow (no descriptor) is held all the same.
         restored = base.operators.get(name)
         if restored is not None:

@@ -234,13 +234,6 @@ def test_metadata_references_every_marker_so_verify_names_a_damaged_source_meta(
     assert [pr.path for pr in p.checkpoints.verify(epoch, deep=False)] == [p.storage.url_of(marker)]
 
 
-def test_metadata_written_before_source_markers_were_referenced_still_reads() -> None:
-    meta = CheckpointMetadata(1, 1.0, "run-1", {"ingest": 1}, None, {}, {}, {})
-    old = meta.to_dict()
-    del old["source_metas"]
-    assert CheckpointMetadata.from_dict(old) == meta
-
-
 def test_metadata_of_another_epoch_is_refused(fast_spec: StoreSpec) -> None:
     store = fast_spec.storage()
     manager = CheckpointManager(store)

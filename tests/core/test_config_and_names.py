@@ -42,13 +42,6 @@ def test_the_defaults_are_valid_and_point_at_a_local_directory(
     assert CheckpointConfig().storage_url == "s3://bucket/ckpt"
 
 
-def test_an_old_checksum_key_still_loads_with_a_deprecation_warning() -> None:
-    with pytest.warns(DeprecationWarning, match="'checksum' is deprecated"):
-        config = CheckpointConfig.from_mapping({"storage_url": "memory://x", "checksum": "crc32c"})
-    assert config == CheckpointConfig.from_mapping({"storage_url": "memory://x"})
-    assert "checksum" not in config.to_mapping()
-
-
 def test_from_mapping_names_unknown_keys_and_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError) as info:
         CheckpointConfig.from_mapping({"storage_url": "memory://x", "max_retian": 3})
@@ -81,7 +74,6 @@ def test_from_mapping_names_unknown_keys_and_lists_the_known_ones() -> None:
         ("compression", "gzip", "compression must be one of"),
         ("compression_level", 23, "compression_level"),
         ("compression_level", "3", "compression_level"),
-        ("checksum", "md5", "checksum must be one of"),
         ("fallback_enabled", 1, "fallback_enabled must be true or false"),
         ("max_retries", -1, "max_retries"),
         ("max_retries", 101, "max_retries"),

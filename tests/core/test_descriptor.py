@@ -157,21 +157,6 @@ def test_a_committed_run_of_another_dag_does_not_hide_a_new_run_with_the_same_id
     assert fresh.epoch_for_run(run_id, dag_id="old_dag") == 1
 
 
-def test_an_in_flight_run_begun_without_a_dag_id_is_found_after_the_upgrade(local_spec: StoreSpec) -> None:
-    p = local_spec.pipeline("orders")
-    run_id = "scheduled__2026-01-01T00:00:00+00:00"
-    legacy = p.txlog.begin(run_id)  # an earlier release: no DAG in the key or the record
-    assert legacy.dag_id == "" and "dag_id" not in legacy.to_dict()
-
-    ensure_descriptor(p, dag_id="orders_dag", participants=shape("ingest"))
-    upgraded = local_spec.pipeline("orders")
-
-    assert upgraded.epoch_for_run(run_id, dag_id="orders_dag") == legacy.epoch
-    assert upgraded.begin(run_id, dag_id="orders_dag").epoch == legacy.epoch
-    # Another DAG does not inherit the first owner's old runs.
-    assert upgraded.epoch_for_run(run_id, dag_id="other_dag") is None
-
-
 # -- the descriptor's settings -----------------------------------------------------------
 
 def test_a_pipeline_opened_with_the_store_settings_uses_its_own(local_spec: StoreSpec) -> None:

@@ -73,23 +73,28 @@ def test_a_lookup_of_new_keys_reads_no_blocks_beyond_bloom_false_positives(tmp_p
     assert read < ref.size * 0.4  # filters (10 bits a key) + index, not the blocks
 
 
-@pytest.mark.parametrize("layout", [1, 2])
-def test_runs_of_either_bloom_layout_find_their_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      layout: int) -> None:
-    """Runs written before bloom layout 2 (no ``bloom_layout`` in the index) still look up."""
-    monkeypatch.setattr(runs, "BLOOM_LAYOUT", layout)
+def test_runs_find_their_keys_with_under_two_percent_false_positives(tmp_path: Path) -> None:
     storage = CountingStorage(f"file://{tmp_path}")
     keys = random_keys(50_000)
     ref = written_run(storage, keys)
-    meta = RunReader(storage, ref, ["k"], data=(tmp_path / ref.path).read_bytes())
-    assert meta._layout == layout
     present = keys.slice(0, 3_000)
     positions, rows, _ = lookup(storage, [ref], ["k"], present)
     assert len(positions) == 3_000
     reader = RunReader(storage, ref, ["k"])
     absent = random_keys(20_000, seed=98)
     blocks = reader.locate(absent)
-    assert (blocks >= 0).mean() < 0.015  # ~0.9% false positives in both layouts
+    assert (blocks >= 0).mean() < 0.015  # ~0.9% false positives
+
+
+def test_a_run_of_another_bloom_layout_is_refused_naming_the_file(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    storage = CountingStorage(f"file://{tmp_path}")
+    keys = random_keys(2_000)
+    monkeypatch.setattr(runs, "BLOOM_LAYOUT", 3)
+    ref = written_run(storage, keys)
+    monkeypatch.undo()
+    with pytest.raises(CorruptCheckpointError, match="part-0: unknown bloom filter layout 3"):
+        lookup(storage, [ref], ["k"], keys.slice(0, 10))
 
 
 def test_a_bloom_filter_of_a_wrong_size_is_refused_naming_the_file(tmp_path: Path,
@@ -215,11 +220,11 @@ def test_a_truncated_run_is_refused(tmp_path: Path) -> None:
         RunReader(storage, ref, ["k"])
 
 
-def test_part_ref_round_trips_its_index_and_parts_without_one_keep_mains_form() -> None:
+def test_part_ref_round_trips_its_index_and_a_part_without_one_stores_none() -> None:
     ref = PartRef("p", 10, 1, 2, 3, PartKind.DELTA, index=7)
     assert PartRef.from_dict(ref.to_dict()) == ref
-    legacy = PartRef("p", 10, 1, 2, 3, PartKind.DELTA)
-    assert "index" not in legacy.to_dict() and PartRef.from_dict(legacy.to_dict()).index is None
+    whole = PartRef("p", 10, 1, 2, 3, PartKind.DELTA)
+    assert "index" not in whole.to_dict() and PartRef.from_dict(whole.to_dict()).index is None
 
 
 def test_runs_are_looked_up_by_ranged_reads_on_every_backend(store_spec: Any) -> None:
@@ -304,7 +309,7 @@ def test_every_key_type_hashes_as_the_format_defines(keys: Any, expected: list[s
     assert [hex(h) for h in runs.key_hashes(keys).tolist()] == expected
 
 
-def test_a_layout_2_filter_has_the_formats_bits() -> None:
+def test_a_bloom_filter_has_the_formats_bits() -> None:
     import hashlib
 
     keys = runs._mix(np.arange(10_000, dtype=np.uint64))

@@ -39,9 +39,12 @@ lets the Airflow layer add them from a connection when the commit runs.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import tenacity
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
@@ -49,6 +52,35 @@ from airflow_seatunnel_ckpt.core.storage.base import Storage
 
 if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never needs it
     import pyarrow as pa
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class CommitConflict(Exception):
+    """One table-commit attempt lost to another writer (or its store failed); ``__cause__`` is why.
+
+    Raised inside an attempt given to :func:`retry_conflicts` only: the next attempt reads
+    the table again first (the winner may have committed this very epoch).
+    """
+
+
+def retry_conflicts(attempt: Callable[[], T], retries: int, where: str) -> T:
+    """``attempt()``, tried again after a :class:`CommitConflict` at most ``retries`` times.
+
+    Waits 0.05 s, 0.1 s, ... (at most 5 s) between tries; the last conflict is raised.
+    """
+    def warn(state: tenacity.RetryCallState) -> None:
+        failed = state.outcome.exception() if state.outcome is not None else None
+        log.warning("%s: commit conflict on attempt %d of %d (%s); reading the table again", where,
+                    state.attempt_number, retries + 1, failed.__cause__ if failed is not None else "?")
+
+    retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(CommitConflict),
+                                 stop=tenacity.stop_after_attempt(retries + 1),
+                                 wait=tenacity.wait_exponential(multiplier=0.05, max=5),
+                                 before_sleep=warn, reraise=True)
+    return retrying(attempt)
+
 
 #: Table type -> module defining ``commit(request) -> PublishedSink`` (imported on first use).
 _BUILTIN = {

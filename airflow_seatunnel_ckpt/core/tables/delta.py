@@ -52,7 +52,6 @@ Decisions (docs/tables/delta.md has the user's view):
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import time
@@ -63,7 +62,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import Field, Schema
 from deltalake.transaction import (
     AddAction,
@@ -80,10 +79,12 @@ from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
 from airflow_seatunnel_ckpt.core.tables import (
+    CommitConflict,
     TableCommit,
     check_merge_keys,
     delta_upsert,
     markers,
+    retry_conflicts,
     staged_rows,
     staged_schema,
 )
@@ -130,30 +131,31 @@ def commit(request: TableCommit) -> PublishedSink:
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
     how = PublishMethod.ALREADY
-    problem: BaseException | None = None
-    for attempt in itertools.count():
-        # Read the table first, also after the last failed attempt: a conflict may have
+
+    def landed() -> tuple[DeltaTable | None, markers.Owner | None, PublishedSink | None]:
+        # The table is read first, also after the last failed attempt: a conflict may have
         # been a racing committer landing this very epoch.
         table = load(uri, delta_options, where)
         owner, version = table_epoch(request, target, table, where, decided=True)
         if version is not None and version >= request.epoch:
             log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
-            return _published(request, uri, PublishMethod.ALREADY)
-        if attempt > request.retries:
-            break
-        if attempt:
-            time.sleep(min(0.05 * 2 ** attempt, 5.0))
+            return table, owner, _published(request, uri, PublishMethod.ALREADY)
+        return table, owner, None
+
+    def attempt() -> PublishedSink:
+        nonlocal placed, actions, schema, how
+        table, owner, already = landed()
+        if already is not None:
+            return already
         if owner is None:
             markers.claim_owner_file(target, request, where)
         if keys and table is not None:
             try:
                 _upsert(request, table, keys, app_id, where)
-                log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
-                return _published(request, uri, delta_upsert.MERGED)
             except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
-                problem = exc
-                log.warning("%s: merge attempt %d failed (%s); reading the table again", where, attempt + 1, exc)
-                continue
+                raise CommitConflict(exc) from exc
+            log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
+            return _published(request, uri, delta_upsert.MERGED)
         if keys:  # a new table: created from the placed files, so the keys must be unique already
             check_merge_keys(staged_rows(request), keys, where)
         if placed is None:
@@ -168,13 +170,18 @@ def commit(request: TableCommit) -> PublishedSink:
                 _create(request, uri, delta_options, actions, schema, app_id)
             else:
                 _append(request, table, actions, schema, app_id, where)
-            log.info("%s: committed %d file(s) as one table version", where, len(actions))
-            return _published(request, uri, how if how is not PublishMethod.ALREADY else PublishMethod.COPY)
-        except CommitFailedError as exc:  # another writer took the version: read the table again
-            problem = exc
-        except (DeltaError, OSError) as exc:
-            problem = exc  # e.g. the table was created by a racing committer, or the store failed
-        log.warning("%s: commit attempt %d failed (%s); reading the table again", where, attempt + 1, problem)
+        except (DeltaError, OSError) as exc:  # another writer took the version, a racing create, the store
+            raise CommitConflict(exc) from exc
+        log.info("%s: committed %d file(s) as one table version", where, len(actions))
+        return _published(request, uri, how if how is not PublishMethod.ALREADY else PublishMethod.COPY)
+
+    try:
+        return retry_conflicts(attempt, request.retries, where)
+    except CommitConflict as exc:
+        problem = exc.__cause__
+    already = landed()[2]
+    if already is not None:
+        return already
     raise StorageError(
         f"{where}: the Delta commit failed {request.retries + 1} time(s), last with: {problem}. The epoch stays "
         "COMMITTING and nothing was removed; the placed files are kept and a retry of the commit (or the "

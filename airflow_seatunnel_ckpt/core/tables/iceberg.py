@@ -41,7 +41,6 @@ import contextlib
 import logging
 import os
 import posixpath
-import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -67,7 +66,15 @@ from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
-from airflow_seatunnel_ckpt.core.tables import TableCommit, check_merge_keys, markers, staged_rows, staged_schema
+from airflow_seatunnel_ckpt.core.tables import (
+    CommitConflict,
+    TableCommit,
+    check_merge_keys,
+    markers,
+    retry_conflicts,
+    staged_rows,
+    staged_schema,
+)
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 
 log = logging.getLogger(__name__)
@@ -209,7 +216,7 @@ def _refuse_foreign_commits(table: Table, request: TableCommit, where: str) -> N
 
 
 def _commit(catalog: Catalog, identifier: str, request: TableCommit, where: str) -> PublishedSink:
-    for attempt in range(request.retries + 1):
+    def attempt() -> PublishedSink:
         table = load(catalog, identifier)
         if table is not None and _committed_epoch(table, request, where) >= request.epoch:
             return _published(request, table, ALREADY)
@@ -229,17 +236,16 @@ def _commit(catalog: Catalog, identifier: str, request: TableCommit, where: str)
             how = _commit_once(table, request, paths, file_schema, added, where)
         except (CommitFailedException, CommitStateUnknownException) as exc:
             # Another committer may have landed this very epoch: reload and read the marker.
-            if attempt == request.retries:
-                raise PublishError(
-                    f"{where}: the Iceberg commit failed {attempt + 1} time(s), last: {exc}. Nothing is "
-                    "duplicated (the marker is read before every try); the epoch stays COMMITTING: run the "
-                    "commit or the recovery DAG again") from exc
-            log.warning("%s: commit conflict (%s), reloading the table (try %d of %d)",
-                        where, exc, attempt + 1, request.retries)
-            time.sleep(min(0.05 * 2 ** attempt, 5.0))
-            continue
+            raise CommitConflict(exc) from exc
         return _published(request, table, how)
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    try:
+        return retry_conflicts(attempt, request.retries, where)
+    except CommitConflict as exc:
+        raise PublishError(
+            f"{where}: the Iceberg commit failed {request.retries + 1} time(s), last: {exc.__cause__}. Nothing is "
+            "duplicated (the marker is read before every try); the epoch stays COMMITTING: run the "
+            "commit or the recovery DAG again") from exc.__cause__
 
 
 def load(catalog: Catalog, identifier: str) -> Table | None:
