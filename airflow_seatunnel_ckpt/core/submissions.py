@@ -45,8 +45,6 @@ from airflow_seatunnel_ckpt.core.lease import (
     EpochDir,
     describe_timeout,
     held_lease,
-    lease_timeout,
-    read_lease,
     store_now,
 )
 from airflow_seatunnel_ckpt.core.models import RECORD, Record, tag
