@@ -285,10 +285,11 @@ class _TaskExpectations:
             rows = table.filter(quarantined)
             self.counts["quarantined"] += rows.num_rows
             self.quarantine.add(rows)
+        table = table.drop_columns(self.flags)  # before the filter: it copies every column it keeps
         if removed is not None:
             table = table.filter(pc.invert(removed))
         self.counts["kept"] += table.num_rows
-        return table.drop_columns(self.flags)
+        return table
 
 
 class _QuarantineFiles:
