@@ -124,10 +124,10 @@ class FileSink(Sink):
     def write(self, df: DataFrame) -> int:
         """Write ``df`` into the attempt's staging directory, counting rows on the way.
 
-        The count is an observed metric of the same job, not a second pass over the data,
-        and so are the failures of each expectation (:mod:`.expectations`): the rows a
-        ``drop`` or ``quarantine`` rule removes are not staged, and the quarantined ones
-        are staged into :attr:`quarantine`. Writing the same sink twice in one stage is
+        The count comes from the same job, not a second pass over the data, and so do the
+        failures of each expectation (:mod:`.expectations`: counted by the staged writer, or
+        observed): the rows a ``drop`` or ``quarantine`` rule removes are not staged, and
+        the quarantined ones are staged into :attr:`quarantine`. Writing the same sink twice in one stage is
         refused (union the DataFrames instead).
         """
         if self.staging_url is None:
