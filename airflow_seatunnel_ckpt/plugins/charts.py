@@ -115,6 +115,39 @@ def _human(value: float, unit: str) -> str:
     return f"{value:.0f}"
 
 
+def _svg_start(title: str, height: int, top_label: str) -> list[str]:
+    """A chart's opening: the ``<svg>``, its title, the base line and the y axis' labels."""
+    base_y = _HEIGHT - _BOTTOM
+    return [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
+            f'viewBox="0 0 {_WIDTH} {height}" role="img" aria-label="{escape(title)}">',
+            f"<title>{escape(title)}</title>",
+            f'<line class="axis" x1="{_LEFT}" y1="{base_y}" x2="{_WIDTH - _RIGHT}" y2="{base_y}"/>',
+            f'<text class="label" x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{escape(top_label)}</text>',
+            f'<text class="label" x="{_LEFT - 4}" y="{base_y}" text-anchor="end">0</text>']
+
+
+def _svg_end(out: list[str], points: Sequence[EpochPoint]) -> Markup:
+    """The first and last epochs under the x axis, the closing tag; the chart."""
+    if points:
+        out.append(f'<text class="label" x="{_LEFT}" y="{_HEIGHT - 4}">{points[0].epoch}</text>')
+        out.append(f'<text class="label" x="{_WIDTH - _RIGHT}" y="{_HEIGHT - 4}" text-anchor="end">'
+                   f"epoch {points[-1].epoch}</text>")
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
+def _kind(pt: EpochPoint) -> str:
+    """An epoch's mark class: aborted, committed or other (not decided, committing)."""
+    if pt.state in ("ABORTED", "ABORTING"):
+        return "aborted"
+    return "committed" if pt.state == "COMMITTED" else "other"
+
+
+def _cross(cx: float, cy: float, r: float) -> str:
+    return (f'<path class="cross" d="M{cx - r:.1f},{cy - r:.1f}L{cx + r:.1f},{cy + r:.1f}'
+            f'M{cx - r:.1f},{cy + r:.1f}L{cx + r:.1f},{cy - r:.1f}"/>')
+
+
 def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPoint], float | None],
               unit: str = "rows") -> Markup:
     """An SVG bar chart: one ``<g class="mark">`` per epoch (a bar, or a cross where the epoch
@@ -127,16 +160,10 @@ def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPo
     step = plot_w / max(len(points), 1)
     bar_w = max(step * 0.75, 1.0)
     base_y = _TOP + plot_h
-    out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_HEIGHT}" '
-           f'viewBox="0 0 {_WIDTH} {_HEIGHT}" role="img" aria-label="{escape(title)}">',
-           f"<title>{escape(title)}</title>",
-           f'<line class="axis" x1="{_LEFT}" y1="{base_y}" x2="{_WIDTH - _RIGHT}" y2="{base_y}"/>',
-           f'<text class="label" x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{escape(_human(top, unit))}</text>',
-           f'<text class="label" x="{_LEFT - 4}" y="{base_y}" text-anchor="end">0</text>']
+    out = _svg_start(title, _HEIGHT, _human(top, unit))
     for i, (pt, v) in enumerate(zip(points, values, strict=True)):
         x = _LEFT + i * step + (step - bar_w) / 2
-        kind = "aborted" if pt.state in ("ABORTED", "ABORTING") else (
-            "committed" if pt.state == "COMMITTED" else "other")
+        kind = _kind(pt)
         shown = "no value" if v is None else _human(v, unit) + ("" if unit in ("bytes", "s") else f" {unit}")
         tip = escape(f"epoch {pt.epoch} ({pt.state}): {shown}")
         out.append(f'<g class="mark {kind}" data-epoch="{pt.epoch}"><title>{tip}</title>')
@@ -144,20 +171,13 @@ def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPo
             h = max(v / top * plot_h, 1.0)
             out.append(f'<rect x="{x:.1f}" y="{base_y - h:.1f}" width="{bar_w:.1f}" height="{h:.1f}"/>')
         if v is None or kind == "aborted":
-            cx, cy, r = x + bar_w / 2, base_y - 4, min(bar_w / 2, 3.5)
-            out.append(f'<path class="cross" d="M{cx - r:.1f},{cy - r:.1f}L{cx + r:.1f},{cy + r:.1f}'
-                       f'M{cx - r:.1f},{cy + r:.1f}L{cx + r:.1f},{cy - r:.1f}"/>')
+            out.append(_cross(x + bar_w / 2, base_y - 4, min(bar_w / 2, 3.5)))
         out.append("</g>")
     if len(known) >= 3:
         y = base_y - statistics.median(known) / top * plot_h
         out.append(f'<line class="median" x1="{_LEFT}" y1="{y:.1f}" x2="{_WIDTH - _RIGHT}" y2="{y:.1f}">'
                    f"<title>median {escape(_human(statistics.median(known), unit))}</title></line>")
-    if points:
-        out.append(f'<text class="label" x="{_LEFT}" y="{_HEIGHT - 4}">{points[0].epoch}</text>')
-        out.append(f'<text class="label" x="{_WIDTH - _RIGHT}" y="{_HEIGHT - 4}" text-anchor="end">'
-                   f"epoch {points[-1].epoch}</text>")
-    out.append("</svg>")
-    return Markup("".join(out))
+    return _svg_end(out, points)
 
 
 #: The lines' colours, one per rule (in the order of the rules' names; repeated past the last).
@@ -184,24 +204,15 @@ def fraction_chart(title: str, points: Sequence[EpochPoint]) -> Markup:
     def y_of(fraction: float) -> float:
         return base_y - fraction / top * plot_h
 
-    out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
-           f'viewBox="0 0 {_WIDTH} {height}" role="img" aria-label="{escape(title)}">',
-           f"<title>{escape(title)}</title>",
-           f'<line class="axis" x1="{_LEFT}" y1="{base_y}" x2="{_WIDTH - _RIGHT}" y2="{base_y}"/>',
-           f'<text class="label" x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">'
-           f'{escape(_human(top, "fraction"))}</text>',
-           f'<text class="label" x="{_LEFT - 4}" y="{base_y}" text-anchor="end">0</text>']
+    out = _svg_start(title, height, _human(top, "fraction"))
     for i, pt in enumerate(points):
-        kind = "aborted" if pt.state in ("ABORTED", "ABORTING") else (
-            "committed" if pt.state == "COMMITTED" else "other")
+        kind = _kind(pt)
         measured = ", ".join(f"{rule} {_human(f, 'fraction')}" for rule, f in sorted(pt.expectations.items()))
         tip = escape(f"epoch {pt.epoch} ({pt.state}): {measured or 'no expectation measured'}")
         out.append(f'<g class="mark {kind}" data-epoch="{pt.epoch}"><title>{tip}</title>')
         if kind == "aborted":
-            cx, cy, r = x_of(i), base_y - 4, min(step * 0.75 / 2, 3.5)
             out.append(f'<rect class="band" x="{x_of(i) - step / 2:.1f}" y="{_TOP}" width="{step:.1f}" '
-                       f'height="{plot_h}"/><path class="cross" d="M{cx - r:.1f},{cy - r:.1f}L{cx + r:.1f},'
-                       f'{cy + r:.1f}M{cx - r:.1f},{cy + r:.1f}L{cx + r:.1f},{cy - r:.1f}"/>')
+                       f'height="{plot_h}"/>' + _cross(x_of(i), base_y - 4, min(step * 0.75 / 2, 3.5)))
         out.append("</g>")
     for n, rule in enumerate(rules):
         colour = SERIES_COLOURS[n % len(SERIES_COLOURS)]
@@ -217,12 +228,7 @@ def fraction_chart(title: str, points: Sequence[EpochPoint]) -> Markup:
         legend_y = _HEIGHT + _LEGEND_LINE * n + 4
         out.append(f'<line x1="{_LEFT}" y1="{legend_y - 3}" x2="{_LEFT + 14}" y2="{legend_y - 3}" stroke-width="2"/>'
                    f'<text class="label" stroke="none" x="{_LEFT + 18}" y="{legend_y}">{escape(rule)}</text></g>')
-    if points:
-        out.append(f'<text class="label" x="{_LEFT}" y="{_HEIGHT - 4}">{points[0].epoch}</text>')
-        out.append(f'<text class="label" x="{_WIDTH - _RIGHT}" y="{_HEIGHT - 4}" text-anchor="end">'
-                   f"epoch {points[-1].epoch}</text>")
-    out.append("</svg>")
-    return Markup("".join(out))
+    return _svg_end(out, points)
 
 
 def pipeline_charts(points: Sequence[EpochPoint]) -> list[Chart]:
