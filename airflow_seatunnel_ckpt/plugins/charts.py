@@ -3,8 +3,9 @@
 Per epoch, what the transaction log and the checkpoint already record: rows per sink
 (published once committed, else staged), the stage's duration (``begin`` to the last
 ``prepared``), the commit's (``decision`` to ``committed``), the checkpoint's bytes and
-the rows quarantined into ``<source>.bad_records`` sinks. One bar per epoch, aborted
-epochs marked, so a slow or growing epoch stands out at a glance. Rendered here in Python
+the rows quarantined into ``<source>.bad_records`` sinks, and each sink expectation's
+failing fraction (one line per rule). One mark per epoch, aborted epochs marked, so a
+slow or growing epoch, or a rule that starts failing, stands out at a glance. Rendered here in Python
 (no JavaScript library, nothing fetched): the page works offline.
 """
 
@@ -20,6 +21,7 @@ from markupsafe import Markup
 from airflow_seatunnel_ckpt.cli import _rows_per_sink
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 from airflow_seatunnel_ckpt.core.txlog import COMMITTED
@@ -45,6 +47,8 @@ class EpochPoint:
     stage_s: float | None = None
     commit_s: float | None = None
     checkpoint_bytes: int | None = None
+    #: Each sink expectation's failing fraction, by ``<sink>.<rule>`` (the prepared records').
+    expectations: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +75,8 @@ def epoch_point(p: StoredPipeline, epoch: int) -> EpochPoint:
     rows = _rows_per_sink(status)
     point.quarantined = sum(n for sink, n in rows.items() if sink.endswith(QUARANTINE_SUFFIX))
     point.rows = {sink: n for sink, n in rows.items() if not sink.endswith(QUARANTINE_SUFFIX)}
+    point.expectations = {f"{e['sink']}.{e['rule']}": e["fraction"]
+                          for e in expectation_summary(status.prepared.values())}
     if status.begin is not None and status.prepared:
         prepared_at = max(r.prepared_at for r in status.prepared.values())
         point.stage_s = max(0.0, prepared_at - status.begin.created_at)
@@ -101,10 +107,45 @@ def _human(value: float, unit: str) -> str:
         if value >= 3600:
             return f"{value / 3600:.1f} h"
         return f"{value / 60:.1f} min" if value >= 120 else f"{value:.1f} s"
+    if unit == "fraction":
+        return f"{value * 100:.1f}%" if value < 0.1 else f"{value * 100:.0f}%"
     for suffix, size in (("M", 1e6), ("k", 1e3)):
         if value >= size:
             return f"{value / size:.1f} {suffix}"
     return f"{value:.0f}"
+
+
+def _svg_start(title: str, height: int, top_label: str) -> list[str]:
+    """A chart's opening: the ``<svg>``, its title, the base line and the y axis' labels."""
+    base_y = _HEIGHT - _BOTTOM
+    return [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" '
+            f'viewBox="0 0 {_WIDTH} {height}" role="img" aria-label="{escape(title)}">',
+            f"<title>{escape(title)}</title>",
+            f'<line class="axis" x1="{_LEFT}" y1="{base_y}" x2="{_WIDTH - _RIGHT}" y2="{base_y}"/>',
+            f'<text class="label" x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{escape(top_label)}</text>',
+            f'<text class="label" x="{_LEFT - 4}" y="{base_y}" text-anchor="end">0</text>']
+
+
+def _svg_end(out: list[str], points: Sequence[EpochPoint]) -> Markup:
+    """The first and last epochs under the x axis, the closing tag; the chart."""
+    if points:
+        out.append(f'<text class="label" x="{_LEFT}" y="{_HEIGHT - 4}">{points[0].epoch}</text>')
+        out.append(f'<text class="label" x="{_WIDTH - _RIGHT}" y="{_HEIGHT - 4}" text-anchor="end">'
+                   f"epoch {points[-1].epoch}</text>")
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
+def _kind(pt: EpochPoint) -> str:
+    """An epoch's mark class: aborted, committed or other (not decided, committing)."""
+    if pt.state in ("ABORTED", "ABORTING"):
+        return "aborted"
+    return "committed" if pt.state == "COMMITTED" else "other"
+
+
+def _cross(cx: float, cy: float, r: float) -> str:
+    return (f'<path class="cross" d="M{cx - r:.1f},{cy - r:.1f}L{cx + r:.1f},{cy + r:.1f}'
+            f'M{cx - r:.1f},{cy + r:.1f}L{cx + r:.1f},{cy - r:.1f}"/>')
 
 
 def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPoint], float | None],
@@ -119,16 +160,10 @@ def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPo
     step = plot_w / max(len(points), 1)
     bar_w = max(step * 0.75, 1.0)
     base_y = _TOP + plot_h
-    out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{_HEIGHT}" '
-           f'viewBox="0 0 {_WIDTH} {_HEIGHT}" role="img" aria-label="{escape(title)}">',
-           f"<title>{escape(title)}</title>",
-           f'<line class="axis" x1="{_LEFT}" y1="{base_y}" x2="{_WIDTH - _RIGHT}" y2="{base_y}"/>',
-           f'<text class="label" x="{_LEFT - 4}" y="{_TOP + 8}" text-anchor="end">{escape(_human(top, unit))}</text>',
-           f'<text class="label" x="{_LEFT - 4}" y="{base_y}" text-anchor="end">0</text>']
+    out = _svg_start(title, _HEIGHT, _human(top, unit))
     for i, (pt, v) in enumerate(zip(points, values, strict=True)):
         x = _LEFT + i * step + (step - bar_w) / 2
-        kind = "aborted" if pt.state in ("ABORTED", "ABORTING") else (
-            "committed" if pt.state == "COMMITTED" else "other")
+        kind = _kind(pt)
         shown = "no value" if v is None else _human(v, unit) + ("" if unit in ("bytes", "s") else f" {unit}")
         tip = escape(f"epoch {pt.epoch} ({pt.state}): {shown}")
         out.append(f'<g class="mark {kind}" data-epoch="{pt.epoch}"><title>{tip}</title>')
@@ -136,25 +171,70 @@ def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPo
             h = max(v / top * plot_h, 1.0)
             out.append(f'<rect x="{x:.1f}" y="{base_y - h:.1f}" width="{bar_w:.1f}" height="{h:.1f}"/>')
         if v is None or kind == "aborted":
-            cx, cy, r = x + bar_w / 2, base_y - 4, min(bar_w / 2, 3.5)
-            out.append(f'<path class="cross" d="M{cx - r:.1f},{cy - r:.1f}L{cx + r:.1f},{cy + r:.1f}'
-                       f'M{cx - r:.1f},{cy + r:.1f}L{cx + r:.1f},{cy - r:.1f}"/>')
+            out.append(_cross(x + bar_w / 2, base_y - 4, min(bar_w / 2, 3.5)))
         out.append("</g>")
     if len(known) >= 3:
         y = base_y - statistics.median(known) / top * plot_h
         out.append(f'<line class="median" x1="{_LEFT}" y1="{y:.1f}" x2="{_WIDTH - _RIGHT}" y2="{y:.1f}">'
                    f"<title>median {escape(_human(statistics.median(known), unit))}</title></line>")
-    if points:
-        out.append(f'<text class="label" x="{_LEFT}" y="{_HEIGHT - 4}">{points[0].epoch}</text>')
-        out.append(f'<text class="label" x="{_WIDTH - _RIGHT}" y="{_HEIGHT - 4}" text-anchor="end">'
-                   f"epoch {points[-1].epoch}</text>")
-    out.append("</svg>")
-    return Markup("".join(out))
+    return _svg_end(out, points)
+
+
+#: The lines' colours, one per rule (in the order of the rules' names; repeated past the last).
+SERIES_COLOURS = ("#2b6cb0", "#d69e2e", "#805ad5", "#38a169", "#dd6b20", "#319795")
+_LEGEND_LINE = 12
+
+
+def fraction_chart(title: str, points: Sequence[EpochPoint]) -> Markup:
+    """An SVG line chart of each expectation's failing fraction per epoch: one
+    ``<g class="series" data-rule="<sink>.<rule>">`` per rule (a line through the epochs that
+    measured it, a dot per epoch), one ``<g class="mark">`` per epoch as in :func:`bar_chart`
+    (an aborted epoch is a red band behind the lines with a cross), and a legend naming the
+    rules under the plot. Every text is escaped."""
+    rules = sorted({rule for pt in points for rule in pt.expectations})
+    height = _HEIGHT + _LEGEND_LINE * len(rules)
+    plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
+    top = max((f for pt in points for f in pt.expectations.values()), default=0.0) or 1.0
+    step = plot_w / max(len(points), 1)
+    base_y = _TOP + plot_h
+
+    def x_of(i: int) -> float:
+        return _LEFT + i * step + step / 2
+
+    def y_of(fraction: float) -> float:
+        return base_y - fraction / top * plot_h
+
+    out = _svg_start(title, height, _human(top, "fraction"))
+    for i, pt in enumerate(points):
+        kind = _kind(pt)
+        measured = ", ".join(f"{rule} {_human(f, 'fraction')}" for rule, f in sorted(pt.expectations.items()))
+        tip = escape(f"epoch {pt.epoch} ({pt.state}): {measured or 'no expectation measured'}")
+        out.append(f'<g class="mark {kind}" data-epoch="{pt.epoch}"><title>{tip}</title>')
+        if kind == "aborted":
+            out.append(f'<rect class="band" x="{x_of(i) - step / 2:.1f}" y="{_TOP}" width="{step:.1f}" '
+                       f'height="{plot_h}"/>' + _cross(x_of(i), base_y - 4, min(step * 0.75 / 2, 3.5)))
+        out.append("</g>")
+    for n, rule in enumerate(rules):
+        colour = SERIES_COLOURS[n % len(SERIES_COLOURS)]
+        measured = [(i, pt) for i, pt in enumerate(points) if rule in pt.expectations]
+        line = " ".join(f"{x_of(i):.1f},{y_of(pt.expectations[rule]):.1f}" for i, pt in measured)
+        out.append(f'<g class="series" data-rule="{escape(rule)}" stroke="{colour}" fill="{colour}">'
+                   f"<title>{escape(rule)}</title>"
+                   f'<polyline fill="none" stroke-width="1.5" points="{line}"/>')
+        for i, pt in measured:
+            tip = escape(f"{rule}, epoch {pt.epoch} ({pt.state}): {_human(pt.expectations[rule], 'fraction')} failed")
+            out.append(f'<circle data-epoch="{pt.epoch}" cx="{x_of(i):.1f}" '
+                       f'cy="{y_of(pt.expectations[rule]):.1f}" r="2"><title>{tip}</title></circle>')
+        legend_y = _HEIGHT + _LEGEND_LINE * n + 4
+        out.append(f'<line x1="{_LEFT}" y1="{legend_y - 3}" x2="{_LEFT + 14}" y2="{legend_y - 3}" stroke-width="2"/>'
+                   f'<text class="label" stroke="none" x="{_LEFT + 18}" y="{legend_y}">{escape(rule)}</text></g>')
+    return _svg_end(out, points)
 
 
 def pipeline_charts(points: Sequence[EpochPoint]) -> list[Chart]:
     """The page's charts: rows of each sink, stage and commit durations, checkpoint bytes,
-    and quarantined rows when a source quarantines records."""
+    quarantined rows when a source quarantines records, and the failing fraction of each
+    sink expectation when a sink has any."""
     sinks = sorted({sink for pt in points for sink in pt.rows})
     charts = [Chart(f"rows: {sink}", bar_chart(f"rows written to {sink} per epoch", points,
                                                lambda pt, s=sink: pt.rows.get(s)))
@@ -170,4 +250,7 @@ def pipeline_charts(points: Sequence[EpochPoint]) -> list[Chart]:
     if any(pt.quarantined for pt in points):
         charts.append(Chart("quarantined rows (bad_records)",
                             bar_chart("rows quarantined per epoch", points, lambda pt: pt.quarantined)))
+    if any(pt.expectations for pt in points):
+        charts.append(Chart("expectations: failing fraction per rule",
+                            fraction_chart("failing fraction of each expectation per epoch", points)))
     return charts

@@ -1,21 +1,24 @@
 """A sink's expectations, Spark side: flag, count and route rows in the job that writes them.
 
-:func:`flag` adds one boolean per rule to the DataFrame being written and observes the
-failures of each rule (``DataFrame.observe``), so the counts come from the writing job
-itself, never from reading the output again. The kept rows (without those failing a
-``drop`` or ``quarantine`` rule) are what the sink stages; :meth:`Flagged.quarantined`
-are the rows failing a ``quarantine`` rule, with the names of every rule they broke, for
-the sink's quarantine. Both sides are filters of the same flags, and a flag is a function
-of the row's own values, so every row is kept or quarantined, never both, never neither;
-when the sink's job can write the quarantine too (Parquet staged by :mod:`.staged_writer`)
-it does, in the same pass (:meth:`Flagged.split`); otherwise the flagged rows are cached
-by the sink's write and the quarantine's write reads them from there, so either way the
-stage's transformations run once.
+:func:`flag` adds one boolean per rule to the DataFrame being written. When the sink stages
+Parquet through :mod:`.staged_writer` (Parquet files, Iceberg and Delta tables), the writer
+takes the flags as they are (:meth:`Flagged.writer_options`): each task counts the failures
+of each rule over its Arrow batches, leaves out the rows a ``drop`` or ``quarantine`` rule
+removes and stages the quarantined ones, with the names of the rules they broke, into the
+sink's quarantine; the job commit lists the committed tasks' counts. One job, one pass, and
+no observed metric on the JVM side (which would end the JVM's generated code for the stage
+and copy every row once more). Any other writer observes the failures of each rule
+(``DataFrame.observe``) in its job and writes :attr:`Flagged.kept`; the quarantine is then
+a second job over :attr:`Flagged.quarantined`, which reads the flagged rows from the cache
+the sink's write filled, so the stage's transformations run once. Either way the counts come
+from the writing job itself, never from reading the output again, and since a flag is a
+function of the row's own values every row is kept or quarantined, never both, never neither.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +30,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation
 
 _FLAG = "__expectation_ok_"
-#: The column marking, in a split write, the rows that go to the quarantine.
-SPLIT_COLUMN = "__expectation_quarantined"
 
 
 def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> None:
@@ -60,13 +61,14 @@ def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) 
 
 @dataclass
 class Flagged:
-    """A DataFrame with one flag per rule, observed; see the module docstring."""
+    """A DataFrame with one flag per rule; see the module docstring."""
 
     rules: tuple[Expectation, ...]
     flagged: DataFrame  #: the rows with their flags
-    observed: DataFrame  #: the same, observed: the write runs over this one
     columns: list[str]
-    observation: Observation
+    #: The same, observed (None: the staged writer counts, :meth:`writer_options`).
+    observed: DataFrame | None = None
+    observation: Observation | None = None
 
     def _ok(self, i: int) -> Column:
         from pyspark.sql import functions as F
@@ -82,6 +84,7 @@ class Flagged:
     @property
     def kept(self) -> DataFrame:
         """The rows the sink stages: those failing no ``drop`` or ``quarantine`` rule."""
+        assert self.observed is not None, "flagged for the staged writer: see writer_options()"
         removed = self._failing(REMOVING)
         out = self.observed if removed is None else self.observed.where(~removed)
         return out.drop(*[f"{_FLAG}{i}" for i in range(len(self.rules))])
@@ -97,42 +100,40 @@ class Flagged:
         broke = F.array_compact(F.array(*[F.when(~self._ok(i), F.lit(r.name)) for i, r in enumerate(self.rules)]))
         return self.flagged.where(bad).select(*[F.col(f"`{c}`") for c in self.columns], broke.alias(FAILED_COLUMN))
 
-    def split(self) -> tuple[DataFrame, dict[str, str]]:
-        """The rows the sink's job writes when it writes the quarantine too (one job, one
-        pass), and the staged writer's options that split them: the rows without those only
-        a ``drop`` rule removes, with the rules' flags and :data:`SPLIT_COLUMN` (true: to the
-        quarantine). Only booleans travel to the writer, which names a quarantined row's
-        broken rules itself (an array column per row would cost more than the write)."""
+    def writer_options(self) -> dict[str, str]:
+        """The options with which :mod:`.staged_writer`, writing :attr:`flagged`, applies the
+        rules itself (one job, one pass): counts each rule's failures, leaves out the rows a
+        ``drop`` or ``quarantine`` rule removes and stages the quarantined ones (given a
+        ``quarantine_path``). Only booleans travel to the writer, which names a quarantined
+        row's broken rules itself (an array column per row would cost more than the write)."""
         import json
 
-        bad = self._failing(("quarantine",))
-        assert bad is not None
-        dropped = self._failing(("drop",))
-        out = self.observed if dropped is None else self.observed.where(~dropped | bad)
-        flags = [f"{_FLAG}{i}" for i in range(len(self.rules))]
-        options = {"split_column": SPLIT_COLUMN, "quarantine_columns": json.dumps(self.columns),
-                   "quarantine_rules": json.dumps([[f, r.name] for f, r in zip(flags, self.rules, strict=True)]),
-                   "failed_column": FAILED_COLUMN, "output_drop": json.dumps([SPLIT_COLUMN, *flags])}
-        return out.withColumn(SPLIT_COLUMN, bad), options
+        rules = [[f"{_FLAG}{i}", r.name, r.on_fail] for i, r in enumerate(self.rules)]
+        return {"expectation_rules": json.dumps(rules), "quarantine_columns": json.dumps(self.columns),
+                "failed_column": FAILED_COLUMN}
 
     def release(self) -> None:
         """Drop the cached rows (after the quarantine was written)."""
         if self.flagged.storageLevel.useMemory or self.flagged.storageLevel.useDisk:
             self.flagged.unpersist()
 
-    def results(self) -> tuple[tuple[ExpectationResult, ...], int]:
-        """Each rule's counts and the number of quarantined rows (after the write ran)."""
-        metrics: dict[str, Any] = self.observation.get
+    def results(self, metrics: Mapping[str, Any] | None = None) -> tuple[tuple[ExpectationResult, ...], int]:
+        """Each rule's counts and the number of quarantined rows (after the write ran), from
+        ``metrics`` (the staged writer's counts) or else the observation."""
+        if metrics is None:
+            assert self.observation is not None
+            metrics = self.observation.get
         checked = int(metrics.get("checked") or 0)
         results = tuple(r.result(checked, int(metrics.get(f"failed_{i}") or 0)) for i, r in enumerate(self.rules))
         return results, int(metrics.get("quarantined") or 0)
 
 
-def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, cache: bool = True) -> Flagged:
-    """Check the rules' expressions on ``df``, then flag and observe every rule.
+def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, by_writer: bool = False) -> Flagged:
+    """Check the rules' expressions on ``df``, then flag every rule.
 
-    :param cache: with a ``quarantine`` rule, cache the flagged rows for a second job that
-        writes the quarantine (not needed when one job writes both: :meth:`Flagged.split`).
+    :param by_writer: the staged writer applies the rules (:meth:`Flagged.writer_options`);
+        otherwise every rule is observed, and with a ``quarantine`` rule the flagged rows are
+        cached for the second job that writes the quarantine.
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
@@ -144,7 +145,9 @@ def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, cache: boo
     flags = [F.coalesce(F.expr(r.expr).cast("boolean"), F.lit(False)).alias(f"{_FLAG}{i}")
              for i, r in enumerate(rules)]
     flagged = df.select("*", *flags)
-    if cache and any(r.on_fail == "quarantine" for r in rules):
+    if by_writer:
+        return Flagged(rules, flagged, list(df.columns))
+    if any(r.on_fail == "quarantine" for r in rules):
         # The quarantine is a second job over the same rows: it reads them from this cache,
         # filled by the sink's write, instead of running the stage's transformations again
         # (a keyed state's update must see each row once, and a source is read once).
@@ -161,4 +164,4 @@ def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, cache: boo
                *[F.sum(F.when(c, 0).otherwise(1)).alias(f"failed_{i}") for i, c in enumerate(ok)],
                F.sum(F.when(any_quarantined, 1).otherwise(0)).alias("quarantined")]
     observed = flagged.observe(observation, *metrics)
-    return Flagged(rules, flagged, observed, list(df.columns), observation)
+    return Flagged(rules, flagged, list(df.columns), observed, observation)

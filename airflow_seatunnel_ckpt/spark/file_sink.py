@@ -116,7 +116,7 @@ class FileSink(Sink):
                 f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
             )
         self.format = format
-        #: The staged writer's split options while the sink's job writes its quarantine too.
+        #: The staged writer's expectation options while it applies the sink's rules.
         self._split: dict[str, str] = {}
         self.options = {k: str(v) for k, v in (options or {}).items()}
         self.partition_by = list(partition_by or [])
@@ -124,10 +124,10 @@ class FileSink(Sink):
     def write(self, df: DataFrame) -> int:
         """Write ``df`` into the attempt's staging directory, counting rows on the way.
 
-        The count is an observed metric of the same job, not a second pass over the data,
-        and so are the failures of each expectation (:mod:`.expectations`): the rows a
-        ``drop`` or ``quarantine`` rule removes are not staged, and the quarantined ones
-        are staged into :attr:`quarantine`. Writing the same sink twice in one stage is
+        The count comes from the same job, not a second pass over the data, and so do the
+        failures of each expectation (:mod:`.expectations`: counted by the staged writer, or
+        observed): the rows a ``drop`` or ``quarantine`` rule removes are not staged, and
+        the quarantined ones are staged into :attr:`quarantine`. Writing the same sink twice in one stage is
         refused (union the DataFrames instead).
         """
         if self.staging_url is None:
@@ -145,10 +145,10 @@ class FileSink(Sink):
         quarantines = any(rule.on_fail == "quarantine" for rule in self.expectations)
         if quarantines and self.quarantine is None:
             raise SinkError(f"sink {self.name!r} quarantines rows but has no quarantine sink bound")
-        one_pass = quarantines and self._writes_quarantine_too(df)
-        flagged = expectations.flag(self.name, self.expectations, df, cache=not one_pass)
-        if one_pass:
-            self.rows = self._stage_with_quarantine(flagged)
+        by_writer = self._writes_quarantine_too(df) if quarantines else self._checksummed_on_executors(df)
+        flagged = expectations.flag(self.name, self.expectations, df, by_writer=by_writer)
+        if by_writer:
+            self.rows = self._stage_checked_by_writer(flagged)
             return self.rows
         quarantined = flagged.quarantined
         try:
@@ -169,28 +169,36 @@ class FileSink(Sink):
                 and not q.options and not q.partition_by and q.staging_options == self.staging_options
                 and self._checksummed_on_executors(df))
 
-    def _stage_with_quarantine(self, flagged: Any) -> int:
-        """Stage the kept rows and, in the same job, the quarantined ones into :attr:`quarantine`."""
-        assert self.quarantine is not None
-        frame, options = flagged.split()
-        self._split = {**options, "quarantine_path": str(self.quarantine.staging_url)}
+    def _stage_checked_by_writer(self, flagged: Any) -> int:
+        """Stage the flagged rows through :mod:`.staged_writer`, which counts each rule's
+        failures, leaves out the removed rows and stages the quarantined ones into
+        :attr:`quarantine`, in the same job; the rows kept."""
+        from airflow_seatunnel_ckpt.spark import staged_writer
+
+        assert self.staging_url is not None
+        self._split = flagged.writer_options()
+        if self.quarantine is not None:
+            self._split["quarantine_path"] = str(self.quarantine.staging_url)
         try:
-            staged = self._stage(frame)
+            self._stage(flagged.flagged, count=False)
         finally:
             self._split = {}
-        self.expectation_results, bad = flagged.results()
-        if bad:
+        counts = staged_writer.expectation_counts(self.staging_url, self.staging_options)
+        self.expectation_results, bad = flagged.results(counts)
+        if bad and self.quarantine is not None:
             self.quarantine.rows = bad  # staged by this job (its file list too)
-        return staged - bad
+        return counts.get("kept", 0)
 
-    def _stage(self, df: DataFrame) -> int:
-        """Stage ``df`` as this sink's output; the number of rows (an observed metric of the write)."""
+    def _stage(self, df: DataFrame, *, count: bool = True) -> int:
+        """Stage ``df`` as this sink's output; the number of rows (an observed metric of the
+        write; 0 when not ``count``: the staged writer counts what it keeps, see
+        :meth:`_stage_checked_by_writer`)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         assert self.staging_url is not None
         observation = Observation(f"sink_{self.name}_{uuid.uuid4().hex[:8]}")
-        observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
+        observed = df.observe(observation, F.count(F.lit(1)).alias("rows")) if count else df
         if self._checksummed_on_executors(df):
             self._write_checksummed(observed)
         else:
@@ -200,7 +208,7 @@ class FileSink(Sink):
             if self.partition_by:
                 writer = writer.partitionBy(*self.partition_by)
             writer.save(hadoop_path(self.staging_url))
-        return int(observation.get.get("rows", 0))
+        return int(observation.get.get("rows", 0)) if count else 0
 
     def quarantine_options(self) -> dict[str, Any] | None:
         """A directory ``<path>_quarantine`` in the sink's format (JSON for CSV: it holds an array column)."""

@@ -18,9 +18,13 @@ Used by :class:`~airflow_seatunnel_ckpt.spark.file_sink.FileSink` for Parquet wi
 most a ``compression`` option and partition columns of the types in
 :func:`supported_partition_type`; everything else is written by Spark's writer.
 
-With the ``split_column`` option the writer also stages a sink's quarantine: rows whose
-flag is true go, with the names of the rules they broke, to Parquet files of their own in
-``quarantine_path`` (with their own file list), in the same job (:mod:`.expectations`).
+With the ``expectation_rules`` option the writer applies a sink's expectations itself
+(:mod:`.expectations`): each row carries one boolean per rule, the task counts each rule's
+failures, leaves out the rows a ``drop`` or ``quarantine`` rule removes and stages the
+quarantined ones, with the names of the rules they broke, as Parquet files of their own in
+``quarantine_path`` (with their own file list). The job commit adds the committed tasks'
+counts to the file list (:func:`expectation_counts`): measured in the writing pass, with no
+second job and no observed metric on the JVM side.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
+from airflow_seatunnel_ckpt.core.expectations import REMOVING
 from airflow_seatunnel_ckpt.core.staging import FILES_LIST
 
 #: The data source name this module registers.
@@ -76,6 +81,8 @@ class StagedFiles(WriterCommitMessage):
 
     files: list[dict[str, Any]] = field(default_factory=list)
     quarantined: list[dict[str, Any]] = field(default_factory=list)
+    #: The expectations' counts of the task's rows (see :func:`expectation_counts`).
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 class StagedParquetSource(DataSource):
@@ -99,16 +106,14 @@ class StagedParquetWriter(DataSourceArrowWriter):
         self.storage_options = json.loads(options.get(OPTIONS_KEY) or "{}")
         self.partition_by = json.loads(options.get("partition_by") or "[]")
         self.compression = COMPRESSIONS[(options.get("compression") or "snappy").lower()]
-        #: Split: rows whose boolean column ``split_column`` is true are not output; their
-        #: ``quarantine_columns`` go to files of their own in ``quarantine_path`` (one job
+        #: ``[flag column, rule name, action]`` per expectation of the sink: a row fails the
+        #: rule when its flag is false. Rows failing a ``quarantine`` rule go, their
+        #: ``quarantine_columns`` and ``failed_column`` (the names of the rules they broke,
+        #: built here: Spark hands over booleans only), to ``quarantine_path`` (one job
         #: writes a sink and its quarantine, see :mod:`.expectations`).
-        self.split_column = options.get("split_column") or None
+        self.expectation_rules: list[list[str]] = json.loads(options.get("expectation_rules") or "[]")
         self.quarantine_url = options.get("quarantine_path") or None
         self.quarantine_columns: list[str] = json.loads(options.get("quarantine_columns") or "[]")
-        self.output_drop: list[str] = json.loads(options.get("output_drop") or "[]")
-        #: ``[flag column, name]`` per rule: a split row's ``failed_column`` lists the names
-        #: of the rules whose flag is false (built here: Spark hands over booleans only).
-        self.quarantine_rules: list[list[str]] = json.loads(options.get("quarantine_rules") or "[]")
         self.failed_column = options.get("failed_column") or "_expectations_failed"
 
     def write(self, iterator: Iterator[Any]) -> StagedFiles:
@@ -159,11 +164,11 @@ class StagedParquetWriter(DataSourceArrowWriter):
                 current[2].write_table(pa.concat_tables(buffered), row_group_size=ROW_GROUP_ROWS)
             buffered, buffered_rows, buffered_bytes = [], 0, 0
 
-        quarantine = _QuarantineFiles(self, task, token) if self.split_column else None
+        rules = _TaskExpectations(self, task, token) if self.expectation_rules else None
         for batch in iterator:
             table = pa.Table.from_batches([batch])
-            if quarantine is not None:
-                table = quarantine.take(table)
+            if rules is not None:
+                table = rules.take(table)
                 if table.num_rows == 0:
                     continue
             for part_dir, rows in self._by_partition(table):
@@ -183,7 +188,9 @@ class StagedParquetWriter(DataSourceArrowWriter):
                         close()
         write_buffered()
         close()
-        return StagedFiles(stored, quarantine.finish() if quarantine is not None else [])
+        if rules is None:
+            return StagedFiles(stored)
+        return StagedFiles(stored, rules.quarantine.finish() if rules.quarantine is not None else [], rules.counts)
 
     def _by_partition(self, table: Any) -> Iterator[tuple[str, Any]]:
         """``(directory, rows without the partition columns)`` for each run of equal partition values.
@@ -217,7 +224,14 @@ class StagedParquetWriter(DataSourceArrowWriter):
         from airflow_seatunnel_ckpt.core.storage import open_storage
 
         files = sorted((f for m in messages if m is not None for f in m.files), key=lambda f: f["path"])
-        payload = json.dumps({"files": files}, separators=(",", ":")).encode()
+        listed: dict[str, Any] = {"files": files}
+        if self.expectation_rules:  # only the committed tasks' counts: a retried task counts once
+            counts: dict[str, int] = {}
+            for m in messages:
+                for key, n in (m.counts if m is not None else {}).items():
+                    counts[key] = counts.get(key, 0) + n
+            listed[COUNTS_KEY] = counts
+        payload = json.dumps(listed, separators=(",", ":")).encode()
         open_storage(self.url, self.storage_options).write_atomic(FILES_LIST, payload)
         if self.quarantine_url:
             files = sorted((f for m in messages if m is not None for f in m.quarantined), key=lambda f: f["path"])
@@ -225,38 +239,83 @@ class StagedParquetWriter(DataSourceArrowWriter):
             open_storage(self.quarantine_url, self.storage_options).write_atomic(FILES_LIST, payload)
 
 
-class _QuarantineFiles:
-    """The rows a task splits off into the quarantine directory: buffered, stored as
-    Parquet files of up to :data:`ROLL_BYTES`, each with its CRC32C (runs on an executor)."""
+#: The key of :data:`FILES_LIST` holding the expectations' counts (``checked``,
+#: ``failed_<i>`` per rule, ``quarantined``, ``kept``).
+COUNTS_KEY = "expectations"
+
+
+def expectation_counts(url: str, storage_options: Mapping[str, Any]) -> dict[str, int]:
+    """The expectations' counts the job commit listed in ``url``'s :data:`FILES_LIST`."""
+    from airflow_seatunnel_ckpt.core.storage import open_storage
+
+    listed = json.loads(open_storage(url, dict(storage_options)).read(FILES_LIST))
+    return {str(k): int(v) for k, v in listed.get(COUNTS_KEY, {}).items()}
+
+
+class _TaskExpectations:
+    """A sink's expectations applied to one task's batches: each rule's failures counted,
+    the rows a ``drop`` or ``quarantine`` rule removes left out, the quarantined ones handed
+    to :class:`_QuarantineFiles` (runs on an executor)."""
 
     def __init__(self, writer: StagedParquetWriter, task: str, token: str) -> None:
-        assert writer.quarantine_url is not None and writer.split_column is not None
+        self.rules = writer.expectation_rules
+        self.flags = [flag for flag, _name, _action in self.rules]
+        self.quarantine = _QuarantineFiles(writer, task, token) if writer.quarantine_url else None
+        self.counts = {"checked": 0, "quarantined": 0, "kept": 0, **{f"failed_{i}": 0 for i in range(len(self.rules))}}
+
+    def take(self, table: Any) -> Any:
+        """Count ``table``'s failures; the rows the sink keeps, without the flags."""
+        import pyarrow.compute as pc
+
+        n = table.num_rows
+        self.counts["checked"] += n
+        removed = quarantined = None
+        for i, (flag, _name, action) in enumerate(self.rules):
+            ok = table.column(flag)  # never null: the flags are coalesced to false
+            failed = n - (pc.sum(ok).as_py() or 0)
+            if not failed:
+                continue
+            self.counts[f"failed_{i}"] += failed
+            bad = pc.invert(ok)
+            if action in REMOVING:
+                removed = bad if removed is None else pc.or_(removed, bad)
+            if action == "quarantine":
+                quarantined = bad if quarantined is None else pc.or_(quarantined, bad)
+        if quarantined is not None and self.quarantine is not None:
+            rows = table.filter(quarantined)
+            self.counts["quarantined"] += rows.num_rows
+            self.quarantine.add(rows)
+        table = table.drop_columns(self.flags)  # before the filter: it copies every column it keeps
+        if removed is not None:
+            table = table.filter(pc.invert(removed))
+        self.counts["kept"] += table.num_rows
+        return table
+
+
+class _QuarantineFiles:
+    """The rows a task quarantines: buffered, stored as Parquet files of up to
+    :data:`ROLL_BYTES`, each with its CRC32C (runs on an executor)."""
+
+    def __init__(self, writer: StagedParquetWriter, task: str, token: str) -> None:
+        assert writer.quarantine_url is not None
         self.writer, self.task, self.token = writer, task, token
         self.buffered: list[Any] = []
         self.bytes = 0
         self.stored: list[dict[str, Any]] = []
 
-    def take(self, table: Any) -> Any:
-        """Keep ``table``'s split rows; the rest, without the split columns, for the output."""
-        import pyarrow.compute as pc
-
-        w = self.writer
-        flags = pc.fill_null(table.column(w.split_column), False)
-        if pc.any(flags).as_py():
-            rows = table.filter(flags)
-            self.buffered.append(self._with_failed(rows))
-            self.bytes += rows.nbytes
-            if self.bytes >= ROLL_BYTES:
-                self._store()
-            table = table.filter(pc.invert(flags))
-        return table.drop_columns(w.output_drop)
+    def add(self, rows: Any) -> None:
+        """Buffer quarantined ``rows`` (with their flags), storing a file once enough are buffered."""
+        self.buffered.append(self._with_failed(rows))
+        self.bytes += rows.nbytes
+        if self.bytes >= ROLL_BYTES:
+            self._store()
 
     def _with_failed(self, rows: Any) -> Any:
         """``rows``' quarantine columns and the names of the rules each one broke."""
         import pyarrow as pa
 
         w = self.writer
-        oks = [(name, rows.column(column).to_pylist()) for column, name in w.quarantine_rules]
+        oks = [(name, rows.column(flag).to_pylist()) for flag, name, _action in w.expectation_rules]
         failed = [[name for name, ok in oks if not ok[i]] for i in range(rows.num_rows)]
         return rows.select(w.quarantine_columns).append_column(w.failed_column, pa.array(failed, pa.list_(pa.string())))
 

@@ -48,7 +48,7 @@ class TableSink(FileSink):
         self.table: dict[str, Any] = {"type": self.table_type, **table,
                                       "partition_by": list(self.partition_by)}
 
-    def _stage(self, df: DataFrame) -> int:
+    def _stage(self, df: DataFrame, *, count: bool = True) -> int:
         """Stage ``df`` as Parquet data files of the table (one partition value per file)."""
         from pyspark.sql import functions as F
 
@@ -66,7 +66,7 @@ class TableSink(FileSink):
         conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         saved, self.partition_by = self.partition_by, hidden
         try:
-            return super()._stage(staged)
+            return super()._stage(staged, count=count)
         finally:
             self.partition_by = saved
             if previous is None:

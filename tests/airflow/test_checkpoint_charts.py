@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, Decision
+from airflow_seatunnel_ckpt.core.models import ExpectationResult
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 from tests.core.epochs import Participant, prepare_participant
 
@@ -25,9 +26,26 @@ def _rows(epoch: int) -> int:
     return 4 + epoch % 5 + (12 if epoch == 12 else 0)  # epoch 12 is the big one
 
 
+#: The sink's expectations: ``id_present`` in every epoch (over its 5% in the aborted one),
+#: ``amount_positive`` from :data:`DROP_RULE_FROM` on.
+RULES = ("id_present", "amount_positive")
+DROP_RULE_FROM = 5
+
+
+def _id_failures(epoch: int) -> int:
+    return 9 if epoch == ABORTED_EPOCH else epoch % 3  # of 100 rows
+
+
+def _expectations(epoch: int) -> tuple[ExpectationResult, ...]:
+    rules = [ExpectationResult("id_present", "order_id IS NOT NULL", "quarantine", 100, _id_failures(epoch), 0.05)]
+    if epoch >= DROP_RULE_FROM:
+        rules.append(ExpectationResult("amount_positive", "amount > 0", "drop", 100, 1))
+    return tuple(rules)
+
+
 def build_charted_pipeline(store: CheckpointStore) -> StoredPipeline:
-    """``payments``: 14 epochs, one sink and its quarantine sink, a growing keyed state;
-    epoch 9 aborted, the others committed."""
+    """``payments``: 14 epochs, one sink with expectations and a source's quarantine sink, a
+    growing keyed state; epoch 9 aborted by its expectation, the others committed."""
     p = store.pipeline(PAYMENTS)
     for epoch in range(1, CHARTED_EPOCHS + 1):
         run_id = f"pay-{epoch}"
@@ -36,11 +54,13 @@ def build_charted_pipeline(store: CheckpointStore) -> StoredPipeline:
         if epoch % 4 == 3:
             sinks[f"{PAYMENTS}.bad_records"] = [b"bad"] * (epoch // 4 + 1)
         changes = {k: k * epoch for k in range(epoch * 40)}
-        prepare_participant(p, run_id, Participant(sinks=sinks, changes=changes), epoch=begun)
+        prepare_participant(p, run_id, Participant(sinks=sinks, changes=changes,
+                                                   expectations={PAYMENTS: _expectations(epoch)}), epoch=begun)
+        decision = p.decide(begun, Decision.COMMIT, "all prepared", by="test")
         if epoch == ABORTED_EPOCH:
-            p.abort(begun, "bad input", by="test")
+            assert decision.decision is Decision.ABORT, "the expectation refuses the epoch"
+            p.abort(begun, decision.reason, by="test")
         else:
-            p.decide(begun, Decision.COMMIT, "all prepared", by="test")
             p.commit(begun)
     return p
 
@@ -67,7 +87,7 @@ def test_each_chart_has_one_mark_per_epoch_and_marks_the_aborted_one(tmp_path: P
     charts = pipeline_charts(points)
     assert [c.title for c in charts] == [
         f"rows: {PAYMENTS}", "stage duration (begin to prepared)", "commit duration (decision to committed)",
-        "checkpoint bytes", "quarantined rows (bad_records)"]
+        "checkpoint bytes", "quarantined rows (bad_records)", "expectations: failing fraction per rule"]
     for chart in charts:
         marks = _marks(chart.svg)
         assert [int(m.get("data-epoch", "0")) for m in marks] == list(range(1, CHARTED_EPOCHS + 1)), chart.title
@@ -78,6 +98,29 @@ def test_each_chart_has_one_mark_per_epoch_and_marks_the_aborted_one(tmp_path: P
     heights = {int(m.get("data-epoch", "0")): float(m.find(f"{SVG}rect").get("height", "0"))  # type: ignore[union-attr]
                for m in _marks(charts[0].svg)}
     assert max(heights, key=lambda e: heights[e]) == 12
+
+
+def test_expectations_chart_has_a_line_per_rule_and_a_band_on_the_epoch_a_rule_aborted(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.plugins.charts import epoch_points, pipeline_charts
+
+    points = epoch_points(build_charted_pipeline(CheckpointStore.from_url(f"file://{tmp_path}/ckpt")))
+    assert [pt.expectations.get(f"{PAYMENTS}.id_present") for pt in points] == [
+        _id_failures(e) / 100 for e in range(1, CHARTED_EPOCHS + 1)]
+    [chart] = [c for c in pipeline_charts(points) if c.title.startswith("expectations")]
+    root = ET.fromstring(str(chart.svg))
+    series = {g.get("data-rule"): g for g in root.iter(f"{SVG}g") if g.get("class") == "series"}
+    assert sorted(series) == sorted(f"{PAYMENTS}.{r}" for r in RULES)
+    dots = {rule: {int(c.get("data-epoch", "0")): float(c.get("cy", "0")) for c in g.iter(f"{SVG}circle")}
+            for rule, g in series.items()}
+    assert sorted(dots[f"{PAYMENTS}.id_present"]) == list(range(1, CHARTED_EPOCHS + 1))
+    assert sorted(dots[f"{PAYMENTS}.amount_positive"]) == list(range(DROP_RULE_FROM, CHARTED_EPOCHS + 1))
+    id_present = dots[f"{PAYMENTS}.id_present"]
+    assert min(id_present, key=lambda e: id_present[e]) == ABORTED_EPOCH  # the highest point (SVG y grows down)
+    assert all(g.find(f"{SVG}polyline") is not None and g.findtext(f"{SVG}text") for g in series.values())
+    bands = [m for m in _marks(str(chart.svg)) if m.find(f"{SVG}rect[@class='band']") is not None]
+    assert [int(m.get("data-epoch", "0")) for m in bands] == [ABORTED_EPOCH]
+    assert "epoch 9 (ABORTED): payments.amount_positive 1.0%, payments.id_present 9.0%" in (
+        bands[0].findtext(f"{SVG}title") or "")
 
 
 def test_an_epoch_without_a_value_gets_a_cross_instead_of_a_bar() -> None:

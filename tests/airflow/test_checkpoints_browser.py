@@ -242,12 +242,16 @@ def test_pipeline_page_shows_charts_of_the_last_epochs_with_aborted_ones_marked(
     charts = page.locator(".charts figure")
     assert [charts.nth(i).get_attribute("data-chart") for i in range(charts.count())] == [
         "rows: payments", "stage duration (begin to prepared)", "commit duration (decision to committed)",
-        "checkpoint bytes", "quarantined rows (bad_records)"]
+        "checkpoint bytes", "quarantined rows (bad_records)", "expectations: failing fraction per rule"]
     for i in range(charts.count()):
         svg = charts.nth(i).locator("svg.chart")
         assert svg.count() == 1 and svg.is_visible()
         assert svg.locator("g.mark").count() == 14
         assert [m.get_attribute("data-epoch") for m in svg.locator("g.mark.aborted").all()] == ["9"]
+    rules = charts.last.locator("g.series")
+    assert [g.get_attribute("data-rule") for g in rules.all()] == ["payments.amount_positive", "payments.id_present"]
+    assert rules.nth(1).locator("circle").count() == 14 and rules.nth(0).locator("circle").count() == 10
+    assert charts.last.locator("g.mark.aborted rect.band").is_visible()
     # Charts are drawn by the server: nothing is fetched, no script draws them.
     assert page.locator("script[src]").count() == 0
     page.locator(".charts-block").screenshot(path=str(page_server.screenshots / "checkpoints-charts.png"))

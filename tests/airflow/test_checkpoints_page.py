@@ -315,10 +315,15 @@ def test_pipeline_page_shows_a_chart_per_measure_with_a_mark_per_epoch(page: Any
 
     html = page.get("/stores/config-1/pipelines/payments").text
     svgs = re.findall(r'<svg class="chart".*?</svg>', html, re.S)
-    assert len(svgs) == 5  # rows of the sink, stage and commit durations, checkpoint bytes, quarantined rows
+    # rows of the sink, stage and commit durations, checkpoint bytes, quarantined rows, expectations
+    assert len(svgs) == 6
     for svg in svgs:
         assert len(re.findall(r'<g class="mark ', svg)) == 14
         assert re.findall(r'<g class="mark aborted" data-epoch="(\d+)"', svg) == ["9"]
+    # The expectations chart: a line per rule, the epoch a rule aborted on a band.
+    assert re.findall(r'<g class="series" data-rule="([\w.]+)"', svgs[-1]) == [
+        "payments.amount_positive", "payments.id_present"]
+    assert re.findall(r'<g class="mark aborted" data-epoch="9"><title>[^<]*</title><rect class="band"', svgs[-1])
 
 
 def test_provider_registers_the_plugin_with_a_nav_view_and_a_dag_run_tab() -> None:

@@ -9,6 +9,7 @@ commits. Outcomes are read back from the store with :func:`published` and
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from airflow_seatunnel_ckpt.core.checkpoint import (
     read_chain,
     write_arrow_part,
 )
-from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.models import ExpectationResult, PartRef
 from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage, open_storage
 
 T = TypeVar("T")
@@ -138,6 +139,8 @@ class Participant:
     sinks: dict[str, list[bytes]] = field(default_factory=lambda: {"orders": [b"o1", b"o22"]})
     changes: dict[int, int | None] | None = None
     sources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The expectations' measured counts each sink's manifest records (by sink).
+    expectations: dict[str, tuple[ExpectationResult, ...]] = field(default_factory=dict)
 
 
 def target_url(pipeline: Pipeline, sink: str) -> str:
@@ -167,7 +170,8 @@ def prepare_participant(
     manifests = []
     for sink, blobs in participant.sinks.items():
         stage(pipeline, epoch, attempt, sink, blobs)
-        manifests.append(pipeline.manifest_for_staged(epoch, attempt, sink, target_url(pipeline, sink), len(blobs)))
+        manifest = pipeline.manifest_for_staged(epoch, attempt, sink, target_url(pipeline, sink), len(blobs))
+        manifests.append(dataclasses.replace(manifest, expectations=participant.expectations.get(sink, ())))
     operators = {}
     if participant.changes is not None:
         operators[OPERATOR] = write_keyed_state(

@@ -189,7 +189,7 @@ def test_manifest_expectations_round_trip_and_are_absent_when_none(tmp_path: Pat
 
 
 @pytest.mark.spark
-def test_a_drop_rule_count_shows_in_the_cli_and_in_the_openlineage_facets(
+def test_a_drop_rule_count_shows_in_the_cli_on_the_page_and_in_the_openlineage_facets(
         spark: Any, orders: OrdersPipeline, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
@@ -221,6 +221,19 @@ def test_a_drop_rule_count_shows_in_the_cli_and_in_the_openlineage_facets(
         "amount_positive", False, "2", "amount > 0")
     assert assertion.params["checked"] == 100
     assert output.facets["dataQualityMetrics"].rowCount == 100
+
+    # The Checkpoints page: the epoch's row and the chart of each rule's failing fraction.
+    from airflow_seatunnel_ckpt.core import CheckpointStore
+    from airflow_seatunnel_ckpt.plugins.app import _templates
+    from airflow_seatunnel_ckpt.plugins.charts import epoch_points, pipeline_charts
+    from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
+
+    [row] = pipeline_view(CheckpointStore.from_url(store), "orders").epochs
+    html = _templates.get_template("_epochs.html").render(rows=[row], actions=False, base="")
+    assert "orders_table.amount_positive 2.0% (2/100)" in html
+    [chart] = [c for c in pipeline_charts(epoch_points(orders.pipeline)) if c.title.startswith("expectations")]
+    assert 'data-rule="orders_table.amount_positive"' in chart.svg
+    assert "orders_table.amount_positive, epoch 1 (COMMITTED): 2.0% failed" in chart.svg
 
 
 @pytest.mark.spark
