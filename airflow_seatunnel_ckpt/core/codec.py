@@ -17,10 +17,6 @@ truncation detectable and its whole-file checksum catches what the chunk checks 
 
 Payloads are data only -- JSON or Arrow IPC -- never pickle, so a tampered store cannot
 run code in whoever reads it.
-
-A little over 450 lines because it is one format: writing (whole payloads and chunk by
-chunk), decoding, the checks without decoding, and the typed JSON / Arrow payloads must
-agree byte for byte, and keeping them in one file keeps them changing together.
 """
 
 from __future__ import annotations

@@ -25,10 +25,6 @@ The Airflow layer writes it when a stage task runs (:func:`ensure_descriptor`); 
 runtime adds what it learns about keyed states after a run (:func:`record_states`).
 A pipeline used from the core alone may have none: then everything falls back to the
 caller's configuration and "every prepared participant".
-
-Longer than ~400 lines because the descriptor's typed model, its validation on read and
-the three operations on it (ensure, record states, transfer ownership) are one concept;
-each operation is a short function over the same model.
 """
 
 from __future__ import annotations

@@ -3,9 +3,6 @@
 Records are plain JSON inside a checksummed frame (see :mod:`codec`). ``from_dict``
 checks every field's type, so a record that decodes but has the wrong shape is reported
 as corrupt with the file named, never half-used.
-
-Longer than ~400 lines because it is the on-disk format: every record's typed model and
-its explicit (de)serialisation stand together, so a format change is reviewed in one file.
 """
 
 from __future__ import annotations

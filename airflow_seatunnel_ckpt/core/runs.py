@@ -27,9 +27,6 @@ hashes and filter bits are pinned by ``tests/core/test_runs.py``).
 Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
 injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
 file: deep verification and :func:`read_run_table` read it with :func:`codec.decode_stream`.
-
-The module is longer than 450 lines because it is one file format: its hashing, both
-bloom filter layouts, writer and reader must change together.
 """
 
 from __future__ import annotations
