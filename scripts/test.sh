@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the test suite: bootstrap .venv, then pytest on parallel workers with any extra arguments.
 #   bash scripts/test.sh                     # everything (the README's command and CI's)
-#   bash scripts/test.sh --quick             # unit tests and a fast slice, no servers or crash campaigns
+#   bash scripts/test.sh --quick             # unit tests and a fast slice: no Spark, deployment or crash campaigns
 #   bash scripts/test.sh -m "not cluster"    # skip the Spark standalone tests
 #   bash scripts/test.sh tests/infra/test_s3.py -x
 # TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: the CPU count, at most 4;
@@ -32,7 +32,9 @@ if [[ $workers -gt 0 ]]; then
     args+=(-n "$workers" --dist loadgroup)
 fi
 if [[ $quick -eq 1 ]]; then
-    args+=(-m "not spark and not slow and not cluster and not browser and not crash and not deployment")
+    # No JVM, no Spark cluster, browser or deployment, no crash or damage campaigns.
+    args+=(-m "not spark and not slow and not cluster and not browser and not crash and not deployment"
+           --ignore=tests/reliability --ignore=tests/deployment)
 fi
 
 status=0
