@@ -26,10 +26,9 @@ cat prints any file of the store decoded: framed JSON records (transaction log,
 _metadata, markers) and JSON parts as JSON, Arrow parts as their schema and rows.
 """
 
-# Longer than ~400 lines because it is the whole console: one short function per command,
-# plus the shared error, --json and table handling every command goes through (the
-# state/rescale commands live in cli_state). Nothing here is protocol: each command calls
-# one core function.
+# One short function per command, plus the shared error, --json and table handling every
+# command goes through (the state/rescale commands live in cli_state). Nothing here is
+# protocol: each command calls one core function.
 
 from __future__ import annotations
 

@@ -1,18 +1,44 @@
 #!/usr/bin/env bash
-# Run the test suite: bootstrap .venv, then pytest with any extra arguments.
-#   bash scripts/test.sh                     # everything
+# Run the test suite: bootstrap .venv, then pytest on parallel workers with any extra arguments.
+#   bash scripts/test.sh                     # everything (the README's command and CI's)
+#   bash scripts/test.sh --quick             # unit tests and a fast slice: no Spark, deployment or crash campaigns
 #   bash scripts/test.sh -m "not cluster"    # skip the Spark standalone tests
-#   bash scripts/test.sh tests/test_infra_s3.py -x
+#   bash scripts/test.sh tests/infra/test_s3.py -x
+# TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: the CPU count, at most 4;
+# each worker has its own local[2] SparkSession, Airflow DB and S3 server); TEST_WORKERS=0 runs
+# in this process.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+quick=0
+if [[ "${1:-}" == "--quick" ]]; then
+    quick=1
+    shift
+fi
+
 bash scripts/bootstrap.sh
-# The Checkpoints page is tested in a real headless Chromium (Debian's package).
-bash scripts/install-browser.sh
+if [[ $quick -eq 0 ]]; then
+    # The Checkpoints page is tested in a real headless Chromium (Debian's package).
+    bash scripts/install-browser.sh
+fi
+
+cpus=$(nproc 2>/dev/null || echo 2)
+workers=${TEST_WORKERS:-$((cpus < 4 ? cpus : 4))}
+args=(-p no:cacheprovider -q --durations=15)
+if [[ $workers -gt 0 ]]; then
+    # loadgroup: tests that share one server (Spark standalone, browser, deployment) stay
+    # on one worker, everything else is dealt out test by test.
+    args+=(-n "$workers" --dist loadgroup)
+fi
+if [[ $quick -eq 1 ]]; then
+    # No JVM, no Spark cluster, browser or deployment, no crash or damage campaigns.
+    args+=(-m "not spark and not slow and not cluster and not browser and not crash and not deployment"
+           --ignore=tests/reliability --ignore=tests/deployment)
+fi
 
 status=0
-.venv/bin/python -m pytest -p no:cacheprovider -q --durations=15 "$@" || status=$?
+.venv/bin/python -m pytest "${args[@]}" "$@" || status=$?
 
 # pytest exits with 5 when nothing was collected (a typo in a path or -k/-m expression);
 # a run that proved nothing must not pass.

@@ -48,9 +48,15 @@ if TYPE_CHECKING:
 #: Scratch root for everything this test session writes outside pytest's tmp_path.
 #: A child process that imports this module (multiprocessing, a nested run) inherits the
 #: parent's root through the environment, so it sees the same, already migrated, Airflow DB.
-_ROOT_VARIABLE = "SEATUNNEL_CKPT_TEST_ROOT"
+#: Each pytest-xdist worker (``PYTEST_XDIST_WORKER=gw0``, ...) has a variable, hence a root
+#: and an Airflow DB, of its own: workers inherit the controller's environment, and two
+#: workers migrating one SQLite file would collide.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_ROOT_VARIABLE = "SEATUNNEL_CKPT_TEST_ROOT" + (f"_{_WORKER.upper()}" if _WORKER else "")
 _INHERITED_ROOT = os.environ.get(_ROOT_VARIABLE)
-SESSION_ROOT = Path(_INHERITED_ROOT or tempfile.mkdtemp(prefix="seatunnel-ckpt-tests-"))
+SESSION_ROOT = Path(
+    _INHERITED_ROOT or tempfile.mkdtemp(prefix=f"seatunnel-ckpt-tests-{_WORKER or 'main'}-")
+)
 AIRFLOW_HOME = SESSION_ROOT / "airflow"
 AIRFLOW_DAGS = AIRFLOW_HOME / "dags"
 AIRFLOW_DAGS.mkdir(parents=True, exist_ok=True)
@@ -95,6 +101,28 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     """Remove the session scratch root once every fixture has been torn down."""
     if not _INHERITED_ROOT:
         shutil.rmtree(SESSION_ROOT, ignore_errors=True)
+
+
+#: Markers whose tests share one expensive server per process: under ``pytest -n`` with
+#: ``--dist loadgroup`` each goes to one worker, so the server starts once, not per worker.
+_ONE_WORKER_MARKERS = ("cluster", "browser", "deployment")
+
+#: A test that asks for one of these fixtures gets its marker, so that ``-m "not spark"``
+#: (``scripts/test.sh --quick``) leaves out every test that would start a JVM.
+_FIXTURE_MARKERS = {"spark": "spark", "spark_standalone": "cluster", "moto_server": "s3",
+                    "s3_bucket": "s3", "airflow_home": "airflow", "run_dag": "airflow"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests by the servers they use, and group the shared-server ones (see above)."""
+    for item in items:
+        for fixture in set(getattr(item, "fixturenames", ())) & _FIXTURE_MARKERS.keys():
+            item.add_marker(_FIXTURE_MARKERS[fixture])
+        for name in _ONE_WORKER_MARKERS:
+            if item.get_closest_marker(name) is not None:
+                item.add_marker(pytest.mark.xdist_group(name))
+                break
 
 
 # --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The package's layers, checked from its source (DESIGN.md section 1).
+"""The package's layers, checked from its source (docs/ARCHITECTURE.md, the map).
 
 * the core imports neither Airflow nor PySpark, anywhere (lazy imports included);
 * storage, the bottom of the core, imports nothing of the protocol built on it;

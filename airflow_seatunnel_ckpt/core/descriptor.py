@@ -25,7 +25,6 @@ The Airflow layer writes it when a stage task runs (:func:`ensure_descriptor`); 
 runtime adds what it learns about keyed states after a run (:func:`record_states`).
 A pipeline used from the core alone may have none: then everything falls back to the
 caller's configuration and "every prepared participant".
-
 """
 
 from __future__ import annotations

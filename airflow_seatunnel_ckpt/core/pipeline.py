@@ -24,12 +24,6 @@ the methods here.
 
 Publishing one sink (owner check, verification, rename or copy, ``_SUCCESS``) is
 :func:`storage.publish_sink_dir`; :meth:`_publish_sink` only hands it the sink's manifest.
-
-Why it is longer than the ~400 lines a module here aims at: besides the six transitions,
-it holds the validation each one does *before* it writes anything (bad input changes
-nothing) and the commit decision's assembly of ``_metadata`` from the prepared records,
-including the sources a participant left out. Those belong with the transitions they
-guard; split off, a reader would have to follow every transition into a second module.
 """
 
 from __future__ import annotations

@@ -10,10 +10,6 @@ Every record is a framed, checksummed JSON file created exclusively, so a record
 either absent or complete, and is never rewritten. The state of an epoch is *derived*
 from which records exist; there is no mutable status file to get out of step. The
 ``decision`` record is a single file, so commit and abort can never both win.
-
-Longer than ~400 lines because every record kind has its writer and reader here, next
-to the state derivation that depends on exactly which of them exist; split apart, the
-rule "state = which records exist" would have to be read across modules.
 """
 
 from __future__ import annotations

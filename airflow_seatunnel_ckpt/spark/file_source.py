@@ -13,9 +13,7 @@ arrive late land in a later epoch. A Kafka-like source would plan ``{partition: 
 to)}`` ranges from the last committed end offsets and read them with Spark's batch
 reader; register it with :func:`~airflow_seatunnel_ckpt.spark.sources.register_source`.
 
-The module is over 400 lines because :class:`FileSource` is one concept with one option
-table: listing, planning against the consumed-file index, and the checked read of
-csv/json. How a directory is listed (prefixes, globs, identities) is in
+How a directory is listed (prefixes, globs, identities) is in
 :mod:`~airflow_seatunnel_ckpt.spark.file_listing`.
 """
 
@@ -124,7 +122,7 @@ class Source(ABC):
 class FileSource(Source):
     """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.
 
-    Options (the stage spec's ``sources.<name>`` mapping; the README's "Source options"
+    Options (the stage spec's ``sources.<name>`` mapping; docs/REFERENCE.md, "Source options"
     table says the same):
 
     * ``path`` (required): directory URL, e.g. ``file:///data/in`` or ``s3://bucket/in``;

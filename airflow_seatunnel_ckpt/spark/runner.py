@@ -12,10 +12,6 @@
 6. **checkpoint** -- collect the key groups' parts the executors wrote;
 7. **prepare** -- sink manifests, state chains and consumed offsets become the
    participant's prepared record (the write-ahead log). A stale attempt is fenced.
-
-Longer than ~400 lines because it is the stage's one sequence, read top to bottom; each
-step beside it (the lease, the input plan, the quarantine sinks, the state-shape check)
-is a short function it calls in order, kept here so the order is visible in one place.
 """
 
 from __future__ import annotations

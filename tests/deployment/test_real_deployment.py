@@ -46,7 +46,8 @@ from tests.deployment.conftest import SIDE_STORE_CONN_ID, AirflowDeployment, Dep
 
 # The whole deployment (start, four runs, a retry each for SIGTERM and SIGKILL, stop) takes
 # 3-6 minutes on a loaded two-core machine, more than the suite's default 600 s allows.
-pytestmark = [pytest.mark.slow, pytest.mark.airflow, pytest.mark.spark, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.airflow, pytest.mark.spark,
+              pytest.mark.timeout(1500)]
 
 DAG_ID = "orders_pipeline"
 STAGE_TASK = "orders.ingest"

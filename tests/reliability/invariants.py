@@ -1,4 +1,4 @@
-"""The invariants of DESIGN 9, checked against the store and the published output.
+"""The protocol's invariants (docs/ARCHITECTURE.md), checked against the store and the published output.
 
 :func:`check_world` reads only what a user could read -- the published ``epoch=<e>``
 directories of every sink, the transaction log, the restore point -- and returns the

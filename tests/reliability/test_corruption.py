@@ -3,7 +3,8 @@
 The world has three committed epochs (incremental key-group chains, so the newest
 checkpoint references parts of older ones) and, for the in-flight cases, a fourth epoch
 PREPARED. Each case damages one file and then lets the pipeline go on. The outcome must
-be one of DESIGN 6, never a silent wrong restore or a damaged publish:
+be the recovery fallback of docs/ARCHITECTURE.md (decision 7), never a silent wrong
+restore or a damaged publish:
 
 * ``fallback``: the damage is detected (``verify`` names the file), the restore point is
   rebuilt from the log with exactly the state the intact checkpoint held, and the next
@@ -178,7 +179,7 @@ def test_damaged_file_is_detected_and_never_restored_or_published(
     where = p.storage.describe_path(path)
 
     if not case.in_flight and case.outcome in ("fallback", "way-out"):
-        # The core's contract (DESIGN 6), with a deep restore: the fallback, or the way out.
+        # The core's contract (docs/ARCHITECTURE.md, decision 7), with a deep restore: the fallback, or the way out.
         assert any(problem.path == where for problem in p.checkpoints.verify(3)), p.checkpoints.verify(3)
         if case.outcome == "fallback":
             point = p.restore_point()

@@ -1,10 +1,4 @@
-"""Driver side of keyed state: the API a stage uses and the reconciliation of task reports.
-
-Longer than ~400 lines because the two state kinds (key set, key -> value) share one
-driver sequence -- check the shape, repartition by key group, run the executor tasks,
-reconcile their reports into chains, snapshot -- and each kind adds only its own short
-entry point; splitting by kind would duplicate that sequence.
-"""
+"""Driver side of keyed state: the API a stage uses and the reconciliation of task reports."""
 
 from __future__ import annotations
 
