@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,18 +241,16 @@ def test_a_crash_between_the_database_commit_and_the_logs_committed_is_resolved_
 
 
 @pytest.fixture
-def resolved_conninfo() -> Iterator[dict[str, str]]:
-    """A secret resolver giving the sinks named ``postgres_conn_id = "db"`` the conninfo set in the dict."""
+def resolved_conninfo(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The only secret resolver (Airflow's, if imported, is set aside): it gives the sinks named
+    ``postgres_conn_id = "db"`` the conninfo set in the dict."""
     found: dict[str, str] = {}
 
     def resolve(options: Any) -> dict[str, str]:
         return {"conninfo": found["conninfo"]} if options.get("postgres_conn_id") == "db" else {}
 
-    core_tables.register_secret_resolver(resolve)
-    try:
-        yield found
-    finally:
-        core_tables._SECRET_RESOLVERS.remove(resolve)
+    monkeypatch.setattr(core_tables, "_SECRET_RESOLVERS", [resolve])
+    return found
 
 
 def test_a_database_down_at_the_commit_leaves_the_epoch_committing_and_a_retry_lands_it(
@@ -261,8 +258,8 @@ def test_a_database_down_at_the_commit_leaves_the_epoch_committing_and_a_retry_l
     epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
     epochs.options = {"type": "postgres", "table": "public.orders", "postgres_conn_id": "db", "create_table": True}
     resolved_conninfo["conninfo"] = postgres_db
-    epoch, decision, _ = epochs.decided(rows([1, 2]))
-    assert decision is Decision.COMMIT
+    epoch, decision, reason = epochs.decided(rows([1, 2]))
+    assert decision is Decision.COMMIT, reason
     from tests.postgres_server import free_port
 
     resolved_conninfo["conninfo"] = f"host=127.0.0.1 port={free_port()} user=postgres connect_timeout=2"
