@@ -22,6 +22,7 @@ from airflow_seatunnel_ckpt.core import tables as core_tables
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import SinkMode
 from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.tables import postgres as postgres_tables
 from airflow_seatunnel_ckpt.core.tables.postgres_options import parse
 from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 from tests.core.epochs import at_once
@@ -118,7 +119,11 @@ def test_append_epochs_land_every_row_once_with_one_marker_per_epoch(epochs: Epo
     assert epochs.pipeline.state(second) is EpochState.COMMITTED
 
 
-def test_upsert_replaces_rows_by_key_and_adds_new_keys(tmp_path: Path, postgres_db: str) -> None:
+@pytest.mark.parametrize("statement", ["merge", "on_conflict"])
+def test_upsert_replaces_rows_by_key_and_adds_new_keys(tmp_path: Path, postgres_db: str, statement: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    if statement == "on_conflict":  # as on PostgreSQL before 15, which has no MERGE
+        monkeypatch.setattr(postgres_tables, "MERGE_SINCE", 10**9)
     epochs = Epochs(tmp_path / "store", postgres_db, mode="upsert", merge_keys=["id"], create_table=True)
     epochs.run(rows([1, 2, 3]))
     epochs.run(rows([2, 3, 4], suffix="-v2"))
@@ -127,8 +132,11 @@ def test_upsert_replaces_rows_by_key_and_adds_new_keys(tmp_path: Path, postgres_
     assert epochs.query("SELECT count(*) FROM public.seatunnel_ckpt_epochs") == [(2,)]
 
 
-def test_upsert_into_an_existing_table_keeps_the_columns_the_epoch_does_not_write(tmp_path: Path,
-                                                                                   postgres_db: str) -> None:
+@pytest.mark.parametrize("statement", ["merge", "on_conflict"])
+def test_upsert_into_an_existing_table_keeps_the_columns_the_epoch_does_not_write(
+        tmp_path: Path, postgres_db: str, statement: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if statement == "on_conflict":
+        monkeypatch.setattr(postgres_tables, "MERGE_SINCE", 10**9)
     epochs = Epochs(tmp_path / "store", postgres_db, mode="upsert", merge_keys=["id"])
     epochs.execute("CREATE TABLE public.orders (id bigint PRIMARY KEY, name varchar(20), amount numeric, "
                  "note text DEFAULT 'kept') ")
