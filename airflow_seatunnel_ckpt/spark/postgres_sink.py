@@ -37,10 +37,9 @@ class PostgresSink(TableSink):
                  expectations: Mapping[str, Any] | None = None) -> None:
         options = parse({"table": table, "postgres_conn_id": postgres_conn_id, "conninfo": conninfo, "mode": mode,
                          "merge_keys": merge_keys, "create_table": create_table}, f"postgres sink {name!r}")
-        where = options.postgres_conn_id or "conninfo"
         recorded = options.to_options()
         recorded.pop("type")
-        super().__init__(name, f"postgres://{where}/{options.table}", recorded, mode=SinkMode.CHANGES.value,
+        super().__init__(name, options.target_url(), recorded, mode=SinkMode.CHANGES.value,
                          expectations=expectations)
 
     def quarantine_options(self) -> dict[str, Any] | None:

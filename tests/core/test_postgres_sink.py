@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from airflow_seatunnel_ckpt.core import tables as core_tables
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import SinkMode
 from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.tables import postgres as postgres_tables
 from airflow_seatunnel_ckpt.core.tables.postgres_options import parse
 from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 from tests.core.epochs import at_once
@@ -119,7 +119,11 @@ def test_append_epochs_land_every_row_once_with_one_marker_per_epoch(epochs: Epo
     assert epochs.pipeline.state(second) is EpochState.COMMITTED
 
 
-def test_upsert_replaces_rows_by_key_and_adds_new_keys(tmp_path: Path, postgres_db: str) -> None:
+@pytest.mark.parametrize("statement", ["merge", "on_conflict"])
+def test_upsert_replaces_rows_by_key_and_adds_new_keys(tmp_path: Path, postgres_db: str, statement: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    if statement == "on_conflict":  # as on PostgreSQL before 15, which has no MERGE
+        monkeypatch.setattr(postgres_tables, "MERGE_SINCE", 10**9)
     epochs = Epochs(tmp_path / "store", postgres_db, mode="upsert", merge_keys=["id"], create_table=True)
     epochs.run(rows([1, 2, 3]))
     epochs.run(rows([2, 3, 4], suffix="-v2"))
@@ -128,8 +132,11 @@ def test_upsert_replaces_rows_by_key_and_adds_new_keys(tmp_path: Path, postgres_
     assert epochs.query("SELECT count(*) FROM public.seatunnel_ckpt_epochs") == [(2,)]
 
 
-def test_upsert_into_an_existing_table_keeps_the_columns_the_epoch_does_not_write(tmp_path: Path,
-                                                                                   postgres_db: str) -> None:
+@pytest.mark.parametrize("statement", ["merge", "on_conflict"])
+def test_upsert_into_an_existing_table_keeps_the_columns_the_epoch_does_not_write(
+        tmp_path: Path, postgres_db: str, statement: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if statement == "on_conflict":
+        monkeypatch.setattr(postgres_tables, "MERGE_SINCE", 10**9)
     epochs = Epochs(tmp_path / "store", postgres_db, mode="upsert", merge_keys=["id"])
     epochs.execute("CREATE TABLE public.orders (id bigint PRIMARY KEY, name varchar(20), amount numeric, "
                  "note text DEFAULT 'kept') ")
@@ -242,18 +249,16 @@ def test_a_crash_between_the_database_commit_and_the_logs_committed_is_resolved_
 
 
 @pytest.fixture
-def resolved_conninfo() -> Iterator[dict[str, str]]:
-    """A secret resolver giving the sinks named ``postgres_conn_id = "db"`` the conninfo set in the dict."""
+def resolved_conninfo(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The only secret resolver (Airflow's, if imported, is set aside): it gives the sinks named
+    ``postgres_conn_id = "db"`` the conninfo set in the dict."""
     found: dict[str, str] = {}
 
     def resolve(options: Any) -> dict[str, str]:
         return {"conninfo": found["conninfo"]} if options.get("postgres_conn_id") == "db" else {}
 
-    core_tables.register_secret_resolver(resolve)
-    try:
-        yield found
-    finally:
-        core_tables._SECRET_RESOLVERS.remove(resolve)
+    monkeypatch.setattr(core_tables, "_SECRET_RESOLVERS", [resolve])
+    return found
 
 
 def test_a_database_down_at_the_commit_leaves_the_epoch_committing_and_a_retry_lands_it(
@@ -261,8 +266,8 @@ def test_a_database_down_at_the_commit_leaves_the_epoch_committing_and_a_retry_l
     epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
     epochs.options = {"type": "postgres", "table": "public.orders", "postgres_conn_id": "db", "create_table": True}
     resolved_conninfo["conninfo"] = postgres_db
-    epoch, decision, _ = epochs.decided(rows([1, 2]))
-    assert decision is Decision.COMMIT
+    epoch, decision, reason = epochs.decided(rows([1, 2]))
+    assert decision is Decision.COMMIT, reason
     from tests.postgres_server import free_port
 
     resolved_conninfo["conninfo"] = f"host=127.0.0.1 port={free_port()} user=postgres connect_timeout=2"

@@ -19,8 +19,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import EpochState
 from tests.postgres_server import PostgresServer
-from tests.properties.settings import model_settings
-from tests.properties.test_table_sink_model import FAST, TableSinkModel, variant
+from tests.properties.test_table_sink_model import TableSinkModel, model_tests
 
 pytestmark = pytest.mark.properties
 
@@ -85,18 +84,4 @@ def _server(postgres_server: PostgresServer) -> None:
     PostgresSinkModel.server = postgres_server
 
 
-def _tests() -> dict[str, Any]:
-    tests: dict[str, Any] = {}
-    for concern, chosen in (("refuses_bad_epochs_before_the_decision", {"bad_keys", "schema"}),
-                            ("survives_a_store_reset", {"reset"}),
-                            ("refuses_a_second_store_before_the_decision", {"second_store"}),
-                            ("refuses_a_second_pipeline_before_the_decision", {"second_pipeline"}),
-                            ("commits_once_through_races_and_crashes", {"race", "crash"}),
-                            ("holds_every_committed_row_once_under_all_faults", set(PostgresSinkModel.FAULTS))):
-        model = variant(PostgresSinkModel, f"Postgres{concern.title().replace('_', '')}", chosen)
-        model.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
-        tests[f"test_postgres_sink_{concern}"] = model.TestCase
-    return tests
-
-
-globals().update(_tests())
+globals().update(model_tests(PostgresSinkModel, "postgres"))

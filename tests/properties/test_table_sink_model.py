@@ -411,19 +411,19 @@ def variant(base: type[TableSinkModel], name: str, faults_: set[str]) -> type[Ta
 FAST = {"examples": 4, "steps": 6}
 
 
-def _tests() -> dict[str, Any]:
+def model_tests(base: type[TableSinkModel], fmt: str) -> dict[str, Any]:
+    """The test cases of ``base``'s model, one per concern (its fault rules), named ``test_<fmt>_sink_<concern>``."""
     tests: dict[str, Any] = {}
-    for base, fmt in ((TableSinkModel, "iceberg"), (DeltaSinkModel, "delta")):
-        for concern, chosen in (("refuses_bad_epochs_before_the_decision", {"bad_keys", "schema"}),
-                                ("survives_a_store_reset", {"reset"}),
-                                ("refuses_a_second_store_before_the_decision", {"second_store"}),
-                                ("refuses_a_second_pipeline_before_the_decision", {"second_pipeline"}),
-                                ("commits_once_through_races_and_crashes", {"race", "crash"}),
-                                ("holds_every_committed_row_once_under_all_faults", set(base.FAULTS))):
-            model = variant(base, f"{fmt.title()}{concern.title().replace('_', '')}", chosen)
-            model.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
-            tests[f"test_{fmt}_sink_{concern}"] = model.TestCase
+    for concern, chosen in (("refuses_bad_epochs_before_the_decision", {"bad_keys", "schema"}),
+                            ("survives_a_store_reset", {"reset"}),
+                            ("refuses_a_second_store_before_the_decision", {"second_store"}),
+                            ("refuses_a_second_pipeline_before_the_decision", {"second_pipeline"}),
+                            ("commits_once_through_races_and_crashes", {"race", "crash"}),
+                            ("holds_every_committed_row_once_under_all_faults", set(base.FAULTS))):
+        model = variant(base, f"{fmt.title()}{concern.title().replace('_', '')}", chosen)
+        model.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
+        tests[f"test_{fmt}_sink_{concern}"] = model.TestCase
     return tests
 
 
-globals().update(_tests())
+globals().update({**model_tests(TableSinkModel, "iceberg"), **model_tests(DeltaSinkModel, "delta")})

@@ -14,9 +14,10 @@ exactly once. Everything happens in **one** transaction:
    (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
    lacks too (:func:`markers.check_marker`).
 3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by pyarrow
-   from the staged Parquet); ``upsert``: ``COPY`` into a temporary table, then ``INSERT ...
-   SELECT ... ON CONFLICT (<merge_keys>) DO UPDATE``. A new table is created first when
-   ``create_table`` is set (the merge keys its primary key).
+   from the staged Parquet); ``upsert``: ``COPY`` into a temporary table, then ``MERGE`` it
+   into the table on ``merge_keys`` (``INSERT ... ON CONFLICT DO UPDATE`` before PostgreSQL
+   15). A new table is created first when ``create_table`` is set (the merge keys its
+   primary key).
 
 The transaction commits the rows and the marker together, so the marker says exactly
 whether the epoch landed, also after a crash between the database's commit and the log's
@@ -67,6 +68,8 @@ EPOCHS = "seatunnel_ckpt_epochs"
 OWNERS = "seatunnel_ckpt_owners"
 #: How the result names an upsert's commit.
 MERGED = "merged"
+#: The first PostgreSQL version with ``MERGE`` (``server_version`` form).
+MERGE_SINCE = 150000
 #: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock
 #: (both ``OperationalError``), or a racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables.
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.UniqueViolation)
@@ -266,13 +269,33 @@ def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable,
 
 
 def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema) -> None:
-    """COPY into a temporary table, then ``INSERT ... ON CONFLICT (keys) DO UPDATE`` the table."""
+    """COPY into a temporary table, then ``MERGE`` it into the table (``INSERT ... ON CONFLICT`` before
+    PostgreSQL 15).
+
+    ``MERGE`` joins the two tables once (a hash join, given the temporary table's statistics)
+    where ``ON CONFLICT`` probes the key index row by row: about twice as fast for a large
+    epoch. Both keep the columns the epoch does not write. Concurrent committers of this
+    epoch never run it together (the marker row serialises them); another writer inserting
+    one of the epoch's keys meanwhile makes it fail with a unique violation, which is retried.
+    """
     staging = sql.Identifier(f"seatunnel_ckpt_stage_{request.epoch}")
     columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
         staging, columns, _qualified(options)))
     _copy(conn, request, staging, schema.names)
     others = [c for c in schema.names if c not in options.merge_keys]
+    if conn.info.server_version >= MERGE_SINCE:
+        conn.execute(sql.SQL("ANALYZE {}").format(staging))
+        matched = (sql.SQL(" WHEN MATCHED THEN UPDATE SET ") + sql.SQL(", ").join(
+            sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others)
+                   if others else sql.SQL(""))
+        conn.execute(sql.SQL("MERGE INTO {} AS t USING {} AS s ON {}{} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({})")
+                     .format(_qualified(options), staging,
+                             sql.SQL(" AND ").join(sql.SQL("t.{} = s.{}").format(sql.Identifier(k), sql.Identifier(k))
+                                                   for k in options.merge_keys),
+                             matched, columns,
+                             sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in schema.names)))
+        return
     action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
         sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others)
               if others else sql.SQL("DO NOTHING"))

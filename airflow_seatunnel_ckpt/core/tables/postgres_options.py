@@ -10,9 +10,11 @@ record; a password never does: it comes from the connection when the commit runs
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
@@ -39,6 +41,23 @@ class PostgresOptions:
         """``schema.name`` as the options name it (for messages)."""
         return f"{self.schema}.{self.name}"
 
+    def target_url(self) -> str:
+        """The table as an Airflow asset URI of the Postgres provider, ``postgres://host:port/database/schema/table``.
+
+        From ``conninfo`` where it names them (host ``localhost``, port 5432 and database
+        ``default`` otherwise); for ``postgres_conn_id`` the connection's id stands for the
+        host and the database is ``default``: the connection is read only when a task runs.
+        """
+        host, port, database = self.postgres_conn_id, "5432", "default"
+        if self.conninfo and not self.postgres_conn_id:
+            found = _conninfo_fields(self.conninfo)
+            host = found.get("host", "localhost").split(",")[0] or "localhost"
+            port = found.get("port", "5432").split(",")[0] or "5432"
+            database = found.get("dbname") or "default"
+        if host.startswith("/"):  # a Unix socket directory
+            host = "localhost"
+        return f"postgres://{host}:{port}/{database}/{self.schema}/{self.name}"
+
     def to_options(self) -> dict[str, Any]:
         """The options recorded in the prepared record (``SinkManifest.table``), never a secret."""
         out: dict[str, Any] = {"type": "postgres", "table": self.table, "mode": self.mode,
@@ -50,6 +69,20 @@ class PostgresOptions:
         if self.conninfo:
             out["conninfo"] = self.conninfo
         return out
+
+
+def _conninfo_fields(conninfo: str) -> dict[str, str]:
+    """``host``, ``port`` and ``dbname`` of a libpq connection string (keyword or URL form), as far as given."""
+    if conninfo.startswith(("postgres://", "postgresql://")):
+        url = urlsplit(conninfo)
+        found = {"host": url.hostname or "", "port": str(url.port or ""), "dbname": url.path.lstrip("/")}
+        found.update({k: v[-1] for k, v in parse_qs(url.query).items()})
+        return {k: v for k, v in found.items() if v}
+    try:
+        words = shlex.split(conninfo)
+    except ValueError:
+        return {}
+    return {k.strip(): v for k, _, v in (w.partition("=") for w in words) if v}
 
 
 def parse(options: Mapping[str, Any], where: str) -> PostgresOptions:
