@@ -67,8 +67,8 @@ MISTAKES = {
         {"sinks": {"orders_table": {"format": "parquet"}}},
         [r"sink 'orders_table'", r"missing required option\(s\) \['path'\]"]),
     "unknown source type": (
-        {"sources": {"orders": {"type": "kafka", "topic": "orders"}}},
-        [r"source 'orders': unknown type 'kafka'", r"known types: \[.*'file'", r"register_source\('kafka'"]),
+        {"sources": {"orders": {"type": "rabbitmq", "queue": "orders"}}},
+        [r"source 'orders': unknown type 'rabbitmq'", r"known types: \[.*'file'", r"register_source\('rabbitmq'"]),
     "unknown sink format": (
         {"sinks": {"orders_table": {"path": "file:///out", "format": "xlsx"}}},
         [r"sink 'orders_table'", r"format must be one of", r"'xlsx'"]),
