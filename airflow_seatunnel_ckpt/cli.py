@@ -44,9 +44,9 @@ from typing import Any, NoReturn
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.expectations import describe as describe_expectation
-from airflow_seatunnel_ckpt.core.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.models import EpochStatus, PublishedSink
+from airflow_seatunnel_ckpt.core.protocol.expectations import describe as describe_expectation
+from airflow_seatunnel_ckpt.core.protocol.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
@@ -419,7 +419,7 @@ def cmd_retain(args: argparse.Namespace) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    from airflow_seatunnel_ckpt.core.descriptor import transfer_ownership
+    from airflow_seatunnel_ckpt.core.protocol.descriptor import transfer_ownership
 
     p = _pipeline(args)
     if args.transfer_to:

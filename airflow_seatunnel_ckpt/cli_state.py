@@ -1,6 +1,6 @@
 """``seatunnel-ckpt state rename|drop|reset`` and ``seatunnel-ckpt rescale``: evolving keyed state.
 
-Each command writes an audited evolution epoch (see :mod:`core.evolution`): its own
+Each command writes an audited evolution epoch (see :mod:`core.ops.evolution`): its own
 begin/prepared/decision/committed records, ``--by`` and ``--reason`` in the decision,
 nothing published. They refuse while an epoch is in flight.
 
@@ -17,7 +17,7 @@ import getpass
 from collections.abc import Callable
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import evolution
+from airflow_seatunnel_ckpt.core.ops import evolution
 
 #: What the CLI needs of its host module: the store opener and the output function.
 Store = Callable[[argparse.Namespace], Any]

@@ -18,7 +18,7 @@ from typing import Any
 from airflow.sdk import BaseOperator, TaskGroup, XComArg
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
-from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor
+from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor
 from airflow_seatunnel_ckpt.operators.abort import AbortEpochOperator
 from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
 from airflow_seatunnel_ckpt.operators.branch import CommitBranchOperator

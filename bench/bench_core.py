@@ -53,13 +53,13 @@ from airflow_seatunnel_ckpt.core import (
     codec,
     layout,
 )
-from airflow_seatunnel_ckpt.core.checkpoint import (
+from airflow_seatunnel_ckpt.core.models import BeginRecord, CheckpointMetadata
+from airflow_seatunnel_ckpt.core.state.checkpoint import (
     TOMBSTONE,
     read_part,
     write_arrow_part,
     write_part,
 )
-from airflow_seatunnel_ckpt.core.models import BeginRecord, CheckpointMetadata
 from airflow_seatunnel_ckpt.core.storage import FileInfo, open_storage, publish_files
 
 

@@ -93,7 +93,7 @@ def session(work: Path) -> Any:
 
 
 def run_plain(spark: Any, broker: Any, topic: str, partitions: int, ends: dict[int, int], out: Path) -> float:
-    from airflow_seatunnel_ckpt.core.kafka_offsets import Range
+    from airflow_seatunnel_ckpt.core.state.kafka_offsets import Range
     from airflow_seatunnel_ckpt.spark.kafka_reader import read_ranges
 
     started = time.perf_counter()

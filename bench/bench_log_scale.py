@@ -30,9 +30,10 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline, codec, layout, settled
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline, codec, layout
 from airflow_seatunnel_ckpt.core.models import BeginRecord, DecisionRecord
-from airflow_seatunnel_ckpt.core.restore import RestorePoint, RestoreSource
+from airflow_seatunnel_ckpt.core.protocol import settled
+from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, RestoreSource
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.epochs import Participant, prepare_participant
 

@@ -96,14 +96,14 @@ def epoch_decodes(work: Path) -> tuple[Counter[str], float]:
     run_epoch(pipeline, "warm-up", Participant(sources={"in": {"files": ["a"]}}))
     for i in range(3):
         counts.clear()
-        for module in (models, sys.modules["airflow_seatunnel_ckpt.core.txlog"],
-                       sys.modules["airflow_seatunnel_ckpt.core.checkpoint"]):
+        for module in (models, sys.modules["airflow_seatunnel_ckpt.core.protocol.txlog"],
+                       sys.modules["airflow_seatunnel_ckpt.core.state.checkpoint"]):
             module.decode = counted  # type: ignore[attr-defined]
         start = time.perf_counter()
         run_epoch(pipeline, f"run-{i}", Participant(sources={"in": {"files": [f"b{i}"]}}))
         times.append(time.perf_counter() - start)
-        for module in (models, sys.modules["airflow_seatunnel_ckpt.core.txlog"],
-                       sys.modules["airflow_seatunnel_ckpt.core.checkpoint"]):
+        for module in (models, sys.modules["airflow_seatunnel_ckpt.core.protocol.txlog"],
+                       sys.modules["airflow_seatunnel_ckpt.core.state.checkpoint"]):
             module.decode = original  # type: ignore[attr-defined]
     return counts, min(times)
 

@@ -36,7 +36,7 @@ import zstandard
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
-from airflow_seatunnel_ckpt.core.runs import RunReader, sort_keys, write_run
+from airflow_seatunnel_ckpt.core.state.runs import RunReader, sort_keys, write_run
 from airflow_seatunnel_ckpt.spark.state.executor import dedup_keep
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport, next_chain
 from airflow_seatunnel_ckpt.spark.state.settings import (

@@ -2,6 +2,9 @@
 
 * the core imports neither Airflow nor PySpark, anywhere (lazy imports included);
 * storage, the bottom of the core, imports nothing of the protocol built on it;
+* the core's folders are layered: ``state/`` imports nothing of ``protocol/`` or ``ops/``,
+  ``protocol/`` nothing of ``ops/``, and the foundation (errors, config, codec, layout,
+  models) none of them;
 * no two modules import each other, directly or round a longer cycle (lazy and
   ``TYPE_CHECKING`` imports included: a cycle hidden in a function is still a cycle);
 * every module imports on its own, in a fresh interpreter.
@@ -21,9 +24,13 @@ import pytest
 PACKAGE = "airflow_seatunnel_ckpt"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
-#: Modules of the core that make up the protocol, which storage must not know about.
-PROTOCOL = ("pipeline", "txlog", "recovery", "restore", "retention", "checkpoint", "models", "store",
-            "staging", "markers", "source_log", "replication", "sweep")
+#: The parts of the core built on storage, which storage must not know about.
+PROTOCOL = ("protocol", "state", "ops", "store")
+
+#: The folders of the core, bottom up: a folder imports nothing of the folders above it.
+#: (The top-level foundation -- errors, config, codec, layout, models -- imports none of them.)
+FOLDERS = ("state", "protocol", "ops")
+FOUNDATION = ("errors", "config", "codec", "layout", "models")
 
 
 def module_name(path: Path) -> str:
@@ -117,3 +124,26 @@ print(json.dumps(failed))
     assert done.returncode == 0, done.stderr[-2000:]
     failed = json.loads(done.stdout.strip().splitlines()[-1])
     assert failed == {}, "\n".join(f"{k}:\n{v}" for k, v in failed.items())
+
+
+def _imports_of_folders(importer: str, folders: tuple[str, ...]) -> list[str]:
+    """``importer:line imports target`` for each import by ``core.<importer>`` of ``core.<folders>``."""
+    core = f"{PACKAGE}.core"
+    own = [n for n in MODULES if n == f"{core}.{importer}" or n.startswith(f"{core}.{importer}.")]
+    assert own, f"no module found for core.{importer}"
+    return [
+        f"{name}:{line} imports {target}"
+        for name in own for target, line in imported(MODULES[name])
+        if any(target == f"{core}.{f}" or target.startswith(f"{core}.{f}.") for f in folders)
+    ]
+
+
+@pytest.mark.parametrize("folder", FOLDERS[:-1])
+def test_a_core_folder_imports_nothing_of_the_folders_above_it(folder: str) -> None:
+    above = FOLDERS[FOLDERS.index(folder) + 1:]
+    assert _imports_of_folders(folder, above) == []
+
+
+@pytest.mark.parametrize("module", FOUNDATION)
+def test_the_core_foundation_imports_none_of_the_core_folders(module: str) -> None:
+    assert _imports_of_folders(module, FOLDERS) == []

@@ -6,7 +6,6 @@ orchestrator or process. Start at :class:`CheckpointStore`.
 """
 
 from airflow_seatunnel_ckpt.core import errors
-from airflow_seatunnel_ckpt.core.checkpoint import CheckpointManager, Problem
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.models import (
     BeginRecord,
@@ -25,13 +24,14 @@ from airflow_seatunnel_ckpt.core.models import (
     SinkMode,
     SourceState,
 )
-from airflow_seatunnel_ckpt.core.pipeline import Pipeline
-from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RecoveryStep
-from airflow_seatunnel_ckpt.core.restore import RestorePoint, RestoreSource
-from airflow_seatunnel_ckpt.core.retention import RetentionReport
+from airflow_seatunnel_ckpt.core.ops.retention import RetentionReport
+from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
+from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryReport, RecoveryStep
+from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, RestoreSource
+from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
+from airflow_seatunnel_ckpt.core.state.checkpoint import CheckpointManager, Problem
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, open_storage
 from airflow_seatunnel_ckpt.core.store import CheckpointStore, StoredPipeline
-from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 
 __all__ = [
     "BeginRecord", "CheckpointConfig", "CheckpointManager", "CheckpointMetadata", "CheckpointStore",

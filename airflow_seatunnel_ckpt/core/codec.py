@@ -67,7 +67,7 @@ class PayloadKind(enum.IntEnum):
     ARROW = 2
     BYTES = 3
     #: A sorted run of keyed state: one chunk per block of rows, then its index chunks
-    #: (see ``core/runs.py``).
+    #: (see ``core/state/runs.py``).
     RUN = 4
 
 

@@ -167,7 +167,7 @@ class PartRef(Record):
     epoch: int  #: the epoch that wrote it (may be older than the checkpoint using it)
     key_group: int = 0
     kind: PartKind = PartKind.FULL
-    #: Byte offset of a sorted run's index in the file (``core/runs.py``); None for a
+    #: Byte offset of a sorted run's index in the file (``core/state/runs.py``); None for a
     #: part read whole (a JSON part, a marker).
     index: int | None = omitted_if(None)
 
@@ -275,9 +275,9 @@ class SinkManifest(Record):
     #: ``<target_url>/epoch=<e>/`` (see :mod:`core.tables`). None for a file sink.
     table: Annotated[dict[str, Any] | None, AfterValidator(_names_table_type)] = omitted_if(None)
     #: The sink's expectations as measured when the rows were staged (see
-    #: :mod:`core.expectations`); empty when the sink declares none.
+    #: :mod:`core.protocol.expectations`); empty when the sink declares none.
     expectations: tuple[ExpectationResult, ...] = omitted_if(())
-    #: A replay's table sink (see :mod:`core.replay`): the epochs whose data files this
+    #: A replay's table sink (see :mod:`core.ops.replay`): the epochs whose data files this
     #: commit removes from the table while it adds the staged ones, in one transaction.
     replaces: tuple[Annotated[int, Field(gt=0)], ...] = omitted_if(())
     #: The replay was forced past commits to the table by another writer (``--force``).

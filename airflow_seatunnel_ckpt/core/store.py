@@ -13,11 +13,11 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
-from airflow_seatunnel_ckpt.core.pipeline import Pipeline
-from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, recover
-from airflow_seatunnel_ckpt.core.retention import RetentionReport, retain
+from airflow_seatunnel_ckpt.core.ops.retention import RetentionReport, retain
+from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
+from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryReport, recover
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
-from airflow_seatunnel_ckpt.core.store_id import store_id
+from airflow_seatunnel_ckpt.core.tables.markers import store_id
 
 
 class StoredPipeline(Pipeline):
@@ -51,7 +51,7 @@ class CheckpointStore:
         return f"CheckpointStore({self.storage.describe()!r})"
 
     def store_id(self) -> str:
-        """The store's id (a UUID written once, on first use: :mod:`core.store_id`)."""
+        """The store's id (a UUID written once, on first use: :mod:`core.tables.markers`)."""
         return store_id(self.storage)
 
     def pipeline(self, name: str, overrides: Mapping[str, Any] | None = None) -> StoredPipeline:
@@ -59,7 +59,7 @@ class CheckpointStore:
 
         Its configuration is the store's, then the settings its descriptor records (the
         pipeline's own ``prepared_timeout_s``, ``max_retain`` ...), then ``overrides``
-        (what a caller set explicitly); see :mod:`core.descriptor`.
+        (what a caller set explicitly); see :mod:`core.protocol.descriptor`.
         """
         pipeline = StoredPipeline(self.storage, name, self.config, self._target_options)
         descriptor = pipeline.descriptor()

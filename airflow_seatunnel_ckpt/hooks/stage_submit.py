@@ -7,7 +7,7 @@ try whose worker died while it waited in-process; it stops the attempt of a try 
 deferred on it (that try was ended in Airflow: cleared, marked, or its trigger timed out)
 and submits its own.
 
-See :mod:`airflow_seatunnel_ckpt.core.submissions` for the records and the judgement,
+See :mod:`airflow_seatunnel_ckpt.core.protocol.submissions` for the records and the judgement,
 and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
 """
 
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_seatunnel_ckpt.core.lease import EpochDir
-from airflow_seatunnel_ckpt.core.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir
+from airflow_seatunnel_ckpt.core.protocol.submissions import (
     DeferralRecord,
     SubmissionCheck,
     SubmissionOutcome,
@@ -144,7 +144,7 @@ class StageSubmitHook(BaseHook):
 
     # -- wait --------------------------------------------------------------------------
     def check(self, epoch: int, attempt: int, seen: EpochDir | None = None) -> SubmissionCheck:
-        """One look at the submitted ``attempt`` (:func:`~airflow_seatunnel_ckpt.core.submissions.judge_submission`).
+        """One look at the submitted ``attempt`` (:func:`~.submissions.judge_submission`).
 
         ``seen``: the epoch's log directory as already listed (default: list it now).
         """

@@ -254,7 +254,7 @@ def quality_facets(results: Sequence[ExpectationResult]) -> dict[str, Any]:
     )
     from openlineage.client.generated.data_quality_metrics_dataset import DataQualityMetricsDatasetFacet
 
-    from airflow_seatunnel_ckpt.core.expectations import refusal
+    from airflow_seatunnel_ckpt.core.protocol.expectations import refusal
 
     assertions = []
     for r in results:

@@ -9,7 +9,7 @@ operators take them as keyword arguments they pass on (as ``BaseSQLOperator`` do
 Each pipeline task finds its epoch from its DAG and run id (``Pipeline.epoch_for_run``),
 never from XCom or a clock, so a retried or cleared task always lands on the same epoch
 as the rest of its run. A stage task also makes sure the pipeline's descriptor names its
-DAG as owner and declares the participants (see :mod:`airflow_seatunnel_ckpt.core.descriptor`):
+DAG as owner and declares the participants (see :mod:`airflow_seatunnel_ckpt.core.protocol.descriptor`):
 another DAG with a pipeline of the same name is refused before anything is written.
 """
 
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor
 from airflow_seatunnel_ckpt.core.errors import retryable
+from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor, ensure_descriptor
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook, StoreSettings
 
 if TYPE_CHECKING:

@@ -10,9 +10,9 @@ from airflow.sdk import BaseBranchOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, NotPreparedError
-from airflow_seatunnel_ckpt.core.expectations import REFUSED, refusals
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState, EpochStatus
-from airflow_seatunnel_ckpt.core.pipeline import SINK_REFUSED
+from airflow_seatunnel_ckpt.core.protocol.expectations import REFUSED, refusals
+from airflow_seatunnel_ckpt.core.protocol.pipeline import SINK_REFUSED
 from airflow_seatunnel_ckpt.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     BasePipelineOperator,

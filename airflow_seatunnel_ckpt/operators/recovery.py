@@ -10,8 +10,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, RecoveryError
-from airflow_seatunnel_ckpt.core.recovery import recover
-from airflow_seatunnel_ckpt.core.retention import retain
+from airflow_seatunnel_ckpt.core.ops.retention import retain
+from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_seatunnel_ckpt.hooks.stores import CONFIG_OPTION, CONFIG_SECTION, configured_stores
 from airflow_seatunnel_ckpt.operators import metrics
@@ -136,7 +136,7 @@ class ListAllPipelinesOperator(BaseOperator):
 
 
 class RecoverPipelineOperator(BasePipelineOperator):
-    """Resolve whatever a crash left half done in one pipeline (:func:`core.recovery.recover`).
+    """Resolve whatever a crash left half done in one pipeline (:func:`core.protocol.recovery.recover`).
 
     The pipeline's own settings (``prepared_timeout_s`` ...) come from its descriptor,
     i.e. from its DAG, whatever this task is configured with; ``store_config`` given here
@@ -195,7 +195,7 @@ class RecoverPipelineOperator(BasePipelineOperator):
 
 
 class RetainCheckpointsOperator(BasePipelineOperator):
-    """Delete checkpoints retention no longer needs (:func:`core.retention.retain`).
+    """Delete checkpoints retention no longer needs (:func:`core.ops.retention.retain`).
 
     Keeps the newest ``max_retain`` checkpoints (default: the pipeline's own setting, from
     its descriptor, else the store's configuration),

@@ -11,7 +11,8 @@ from airflow.sdk import conf
 
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, DecisionConflictError, PendingEpochError
-from airflow_seatunnel_ckpt.core.lease import (
+from airflow_seatunnel_ckpt.core.models import BeginRecord, PreparedRecord
+from airflow_seatunnel_ckpt.core.protocol.lease import (
     EpochLiveness,
     Liveness,
     abort_command,
@@ -19,9 +20,8 @@ from airflow_seatunnel_ckpt.core.lease import (
     read_lease,
     store_now,
 )
-from airflow_seatunnel_ckpt.core.models import BeginRecord, PreparedRecord
-from airflow_seatunnel_ckpt.core.recovery import RecoveryStep, resolve_epoch
-from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome
+from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryStep, resolve_epoch
+from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck, SubmissionOutcome
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
@@ -56,7 +56,7 @@ _log = logging.getLogger(__name__)
 
 
 def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None) -> Callable[[str, str], bool | None]:
-    """``run_finished(run_id, dag_id)`` for :func:`~airflow_seatunnel_ckpt.core.lease.liveness`.
+    """``run_finished(run_id, dag_id)`` for :func:`~airflow_seatunnel_ckpt.core.protocol.lease.liveness`.
 
     Asks the Airflow API (through the task's supervisor) for the state of the DAG run that
     began an epoch: ``True`` when it is in a terminal state, ``False`` while it runs,
@@ -121,7 +121,7 @@ class PendingEpochWaitMixin(BasePipelineOperator):
 
     A new epoch cannot begin while an earlier one is undecided. Instead of failing (and
     burning a retry), the task has it resolved
-    (:func:`~airflow_seatunnel_ckpt.core.recovery.resolve_epoch`, asking Airflow whether
+    (:func:`~airflow_seatunnel_ckpt.core.protocol.recovery.resolve_epoch`, asking Airflow whether
     its owning run is finished):
 
     * dead (lease expired, prepared too long ago, or its DAG run is finished -- e.g. marked

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 from airflow_seatunnel_ckpt.core import EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, DecisionConflictError
 from airflow_seatunnel_ckpt.core.models import ActionOutcome
-from airflow_seatunnel_ckpt.core.recovery import RecoveryReport, RecoveryStep, recover, resolve_epoch
+from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryReport, RecoveryStep, recover, resolve_epoch
 from airflow_seatunnel_ckpt.hooks.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 from airflow_seatunnel_ckpt.plugins import charts, overview
 

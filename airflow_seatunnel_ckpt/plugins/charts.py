@@ -21,10 +21,10 @@ from markupsafe import Markup
 from airflow_seatunnel_ckpt.cli import _rows_per_sink
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
-from airflow_seatunnel_ckpt.core.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.protocol.expectations import summary as expectation_summary
+from airflow_seatunnel_ckpt.core.protocol.txlog import COMMITTED
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
-from airflow_seatunnel_ckpt.core.txlog import COMMITTED
 from airflow_seatunnel_ckpt.plugins.overview import _checkpoint_bytes
 
 #: How a source's quarantine sink is named (``<source>.bad_records``, see spark.runner).

@@ -15,9 +15,9 @@ from airflow_seatunnel_ckpt.cli import _epoch_entry, _verify_epoch
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochStatus
-from airflow_seatunnel_ckpt.core.recovery import RunFinished, recover, resolve_epoch
+from airflow_seatunnel_ckpt.core.protocol.recovery import RunFinished, recover, resolve_epoch
+from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord, submissions_of
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
-from airflow_seatunnel_ckpt.core.submissions import ExitRecord, SubmissionRecord, submissions_of
 
 #: States an on-call engineer may abort from the page (undecided ones).
 ABORTABLE = frozenset({EpochState.OPEN, EpochState.PREPARED})
@@ -42,7 +42,7 @@ class EpochRow:
     #: Attempts launched through spark-submit: where from, and how spark-submit ended.
     submissions: list[str] = field(default_factory=list)
     damaged: str = ""  #: the damaged record's message (naming the file)
-    #: Each sink rule's counts (``core.expectations.summary``): the failing fraction per rule.
+    #: Each sink rule's counts (``core.protocol.expectations.summary``): the failing fraction per rule.
     expectations: list[dict[str, Any]] = field(default_factory=list)
 
     @property

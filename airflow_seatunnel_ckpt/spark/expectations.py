@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.expectations import FAILED_COLUMN, REMOVING, Expectation
 from airflow_seatunnel_ckpt.core.models import ExpectationResult
+from airflow_seatunnel_ckpt.core.protocol.expectations import FAILED_COLUMN, REMOVING, Expectation
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation

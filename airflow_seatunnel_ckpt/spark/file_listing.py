@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import file_index
 from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.state import file_index
 
 #: ``max_file_age`` as text: a number and a unit (Spark's ``maxFileAge`` spelling, "7d").
 AGE_TEXT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hour|hours|d|day|days|w|week|weeks)\s*$")

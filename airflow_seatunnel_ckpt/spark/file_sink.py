@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
-from airflow_seatunnel_ckpt.core.expectations import Expectation, parse_expectations
 from airflow_seatunnel_ckpt.core.models import ExpectationResult, SinkMode
+from airflow_seatunnel_ckpt.core.protocol.expectations import Expectation, parse_expectations
 from airflow_seatunnel_ckpt.spark.file_source import FILE_FORMATS
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 
@@ -84,7 +84,7 @@ class FileSink(Sink):
     Options (the stage spec's ``sinks.<name>`` mapping): ``path`` (required, the target
     directory), ``format`` (``parquet`` default), ``options`` (writer options, passed to
     Spark untouched), ``partition_by`` (columns), ``expectations`` (data-quality rules on
-    the rows written, see :mod:`core.expectations`), ``mode``:
+    the rows written, see :mod:`core.protocol.expectations`), ``mode``:
 
     * ``"changes"`` (default): every epoch's rows are published into their own
       ``<path>/epoch=<e>/`` beside the earlier epochs'; reading ``<path>`` gives every
@@ -203,7 +203,7 @@ class FileSink(Sink):
             self._write_checksummed(observed)
         else:
             # Spark's own writer: the manifest's checksums are then taken from the store,
-            # or computed on the driver by reading the staged files (core.staging.manifest_of).
+            # or computed on the driver by reading the staged files (core.protocol.staging.manifest_of).
             writer = observed.write.format(self.format).options(**self.options).mode("overwrite")
             if self.partition_by:
                 writer = writer.partitionBy(*self.partition_by)

@@ -25,9 +25,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core import file_index, source_log
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
-from airflow_seatunnel_ckpt.core.file_index import FileIndex
+from airflow_seatunnel_ckpt.core.state import file_index, source_log
+from airflow_seatunnel_ckpt.core.state.file_index import FileIndex
 from airflow_seatunnel_ckpt.spark.file_listing import (
     file_identity as file_identity,  # where sources.py and table_sources.py import it from
 )
@@ -44,7 +44,7 @@ from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from airflow_seatunnel_ckpt.core.restore import RestorePoint
+    from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint
 
 #: Formats Spark reads and writes without extra packages.
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
@@ -174,7 +174,7 @@ class FileSource(Source):
     Offsets are ``{"files": [name, ...], "identity": {name: {"size": n, "mtime": t}},
     "consumed_index": {"max_file_age": s}}`` (with ``"etag"`` too where the store keeps
     one: then the ETag decides whether a file changed). The checkpoint keeps the consumed
-    files as a sorted index (:mod:`~airflow_seatunnel_ckpt.core.file_index`), and planning
+    files as a sorted index (:mod:`~airflow_seatunnel_ckpt.core.state.file_index`), and planning
     looks up the listed names only. A file listed in ``files`` without an identity
     (offsets a core-only caller gave) is consumed with an unknown identity and never
     counts as changed.

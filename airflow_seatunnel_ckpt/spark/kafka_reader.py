@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from airflow_seatunnel_ckpt.core import kafka_offsets
-from airflow_seatunnel_ckpt.core.kafka_offsets import KafkaOffsetsError, Range
+from airflow_seatunnel_ckpt.core.state import kafka_offsets
+from airflow_seatunnel_ckpt.core.state.kafka_offsets import KafkaOffsetsError, Range
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

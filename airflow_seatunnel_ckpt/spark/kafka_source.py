@@ -2,7 +2,7 @@
 
 The plan asks the broker for every subscribed partition's earliest and end offsets and the
 topics' ids, and pins ``[start, end)`` per partition in the log
-(:mod:`airflow_seatunnel_ckpt.core.kafka_offsets`); a retry of the epoch reads the same
+(:mod:`airflow_seatunnel_ckpt.core.state.kafka_offsets`); a retry of the epoch reads the same
 ranges. The read is a Spark Python data source (``seatunnel_kafka_ranges``) with one input
 partition per topic-partition range, each read on an executor by a ``confluent-kafka``
 consumer assigned to that partition from ``start`` until ``end`` -- no Spark Kafka jar.
@@ -21,9 +21,9 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core import kafka_offsets
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.kafka_offsets import KafkaOffsetsError, Range, TopicState
+from airflow_seatunnel_ckpt.core.state import kafka_offsets
+from airflow_seatunnel_ckpt.core.state.kafka_offsets import KafkaOffsetsError, Range, TopicState
 from airflow_seatunnel_ckpt.spark.file_source import Source, SourceError
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class KafkaSource(Source):
     by the stage operator when the task runs); ``group_id`` (the consumer group named to
     the broker; offsets are never committed to it, the checkpoint is the position).
 
-    Offsets: see :mod:`airflow_seatunnel_ckpt.core.kafka_offsets`.
+    Offsets: see :mod:`airflow_seatunnel_ckpt.core.state.kafka_offsets`.
     """
 
     kind = "kafka"

@@ -149,8 +149,8 @@ def _load_plan(path: str) -> dict[str, Any]:
 
 
 def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> str:
-    """:func:`~airflow_seatunnel_ckpt.core.submissions.stop_reason`; a store hiccup lets it run."""
-    from airflow_seatunnel_ckpt.core.submissions import stop_reason
+    """:func:`~airflow_seatunnel_ckpt.core.protocol.submissions.stop_reason`; a store hiccup lets it run."""
+    from airflow_seatunnel_ckpt.core.protocol.submissions import stop_reason
 
     try:
         return stop_reason(pipeline, epoch, participant, attempt)
@@ -162,8 +162,8 @@ def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> s
 def run(plan: Mapping[str, Any]) -> int:
     """Run ``spark-submit`` as the plan says, holding the lease; write the exit record."""
     from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
-    from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
-    from airflow_seatunnel_ckpt.core.submissions import TAIL_LINES, ExitRecord, record_exit
+    from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
+    from airflow_seatunnel_ckpt.core.protocol.submissions import TAIL_LINES, ExitRecord, record_exit
     from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
     spec = StageSpec.from_json(Path(plan["spec_file"]).read_text(encoding="utf-8"))

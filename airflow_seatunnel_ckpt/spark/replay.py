@@ -1,6 +1,6 @@
 """Run a replay's epochs again on Spark: each with the input it pinned, in order, from the restored state.
 
-:func:`replay_stage` is the stage runtime's half of :mod:`core.replay` (which checks the
+:func:`replay_stage` is the stage runtime's half of :mod:`core.ops.replay` (which checks the
 replay, records it and commits it):
 
 1. roll forward a replay a crash left decided, refuse any other unsettled epoch;
@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.models import CommitResult, OperatorState, SinkManifest, SinkMode
-from airflow_seatunnel_ckpt.core.replay import (
+from airflow_seatunnel_ckpt.core.ops.replay import (
     ReplayError,
     ReplayPlan,
     abandon_replay,
@@ -40,6 +39,7 @@ from airflow_seatunnel_ckpt.core.replay import (
     replayed_range,
     resume_replay,
 )
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
 from airflow_seatunnel_ckpt.spark.runner import (
@@ -55,7 +55,7 @@ from airflow_seatunnel_ckpt.spark.spec import StageSpec
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+    from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
     from airflow_seatunnel_ckpt.spark.state import KeyedState
 
 log = logging.getLogger(__name__)

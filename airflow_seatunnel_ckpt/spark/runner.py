@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core import staging
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
-from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, FencedAttemptError
-from airflow_seatunnel_ckpt.core.expectations import QUARANTINE_SUFFIX as QUARANTINE_SUFFIX_EXPECTATIONS
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.models import OperatorState, SinkManifest
+from airflow_seatunnel_ckpt.core.protocol import staging
+from airflow_seatunnel_ckpt.core.protocol.descriptor import StateDescriptor
+from airflow_seatunnel_ckpt.core.protocol.expectations import QUARANTINE_SUFFIX as QUARANTINE_SUFFIX_EXPECTATIONS
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
 from airflow_seatunnel_ckpt.spark.context import AirflowContext, BoundSource, StageContext
 from airflow_seatunnel_ckpt.spark.declaration import STAGE_PATH
@@ -50,8 +50,8 @@ from airflow_seatunnel_ckpt.spark.state.executor import null_key_error
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from airflow_seatunnel_ckpt.core.pipeline import Pipeline
-    from airflow_seatunnel_ckpt.core.restore import RestorePoint
+    from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
+    from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +469,7 @@ def _record_state_shapes(pipeline: Pipeline, participant: str, states: Mapping[s
     without Airflow) is left without one. A failure to record is logged, never fatal:
     the epoch is already prepared.
     """
-    from airflow_seatunnel_ckpt.core.descriptor import record_states
+    from airflow_seatunnel_ckpt.core.protocol.descriptor import record_states
 
     shapes: dict[str, StateDescriptor] = {}
     for name, state in states.items():

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_name
 from airflow_seatunnel_ckpt.core.models import PreparedRecord, SinkManifest
-from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_name
 
 #: Key groups of a pipeline's keyed state when the spec does not say. Fixed for the life
 #: of the state: changing it would move keys to other key groups.

@@ -6,7 +6,7 @@ Python data source writer (Spark 4) instead encodes the executor's Arrow batches
 pyarrow, checksums the bytes as it stores them, and returns ``(path, size, CRC32C)`` in
 its task's commit message. The job commit -- only the messages of task attempts that
 Spark committed -- writes them to ``<staging>/_seatunnel_files.json``
-(:data:`core.staging.FILES_LIST`), which :func:`core.staging.manifest_of` takes as the
+(:data:`core.protocol.staging.FILES_LIST`), which :func:`core.protocol.staging.manifest_of` takes as the
 authoritative file list: the driver lists the directory once and reads no data, and a
 file left by a failed task attempt is not output.
 
@@ -37,8 +37,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from airflow_seatunnel_ckpt.core.expectations import REMOVING
-from airflow_seatunnel_ckpt.core.staging import FILES_LIST
+from airflow_seatunnel_ckpt.core.protocol.expectations import REMOVING
+from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
 
 #: The data source name this module registers.
 NAME = "seatunnel_staged_parquet"

@@ -4,7 +4,7 @@ The command is built by the Apache Spark provider's ``SparkSubmitHook`` (connect
 deploy mode, Kerberos, ``--conf``...); it is run by the detached launcher
 (:mod:`airflow_seatunnel_ckpt.spark.launch`), so that the application outlives a
 deferred, cleared or killed task and a retry can find it again (see
-:mod:`airflow_seatunnel_ckpt.core.submissions`).
+:mod:`airflow_seatunnel_ckpt.core.protocol.submissions`).
 
 Nothing travels through the task's file system. The spec goes with ``--files`` (Spark
 ships it to the driver wherever the driver runs: its working directory in YARN and
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
-from airflow_seatunnel_ckpt.core.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.submissions import (
     SubmissionCheck,
     SubmissionOutcome,
     SubmissionRecord,
@@ -190,7 +190,7 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions) -> t
     if deploy_mode == "cluster" and str(hook._connection.get("master") or "").startswith("spark://"):
         # Standalone cluster mode returns once the master accepted the driver; the exit
         # record must mean "the application ended" (a user's explicit "false" is judged by
-        # the driver's lease instead: see core.submissions.returns_at_submission).
+        # the driver's lease instead: see core.protocol.submissions.returns_at_submission).
         hook._conf.setdefault("spark.standalone.submit.waitAppCompletion", "true")
     if str(hook._connection.get("master") or "").startswith("local"):
         # A local-mode application serves only the worker it runs on: its driver, block

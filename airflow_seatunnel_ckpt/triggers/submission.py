@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_seatunnel_ckpt.core import CheckpointStore
-from airflow_seatunnel_ckpt.core.submissions import SubmissionCheck, SubmissionOutcome
+from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck, SubmissionOutcome
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
 from airflow_seatunnel_ckpt.triggers.store_errors import STORE_ERROR_TOLERANCE_S, StoreErrorBudget
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class StageSubmissionTrigger(BaseTrigger):
     """Poll the store until the submitted attempt is prepared, failed, lost or fenced.
 
-    Fires one event, a :class:`~airflow_seatunnel_ckpt.core.submissions.SubmissionCheck`
+    Fires one event, a :class:`~airflow_seatunnel_ckpt.core.protocol.submissions.SubmissionCheck`
     as a dict (:meth:`StageSubmitHook.check <airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook.check>`
     decides, as for a try that waits in-process).
     Everything it needs is in the store -- the prepared record, the launcher's exit

@@ -15,8 +15,8 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper
 from airflow_seatunnel_ckpt.core.models import ActionOutcome
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 from tests.airflow.test_checkpoint_charts import build_charted_pipeline
 from tests.core.epochs import Participant, flip_byte, prepare_participant
@@ -99,7 +99,12 @@ def test_damaged_record_is_named_in_the_row_and_in_verify(store: Any) -> None:
 
 
 def test_submitted_attempts_show_where_they_were_launched_from_and_how_they_ended(tmp_path: Path) -> None:
-    from airflow_seatunnel_ckpt.core.submissions import ExitRecord, SubmissionRecord, record_exit, record_submission
+    from airflow_seatunnel_ckpt.core.protocol.submissions import (
+        ExitRecord,
+        SubmissionRecord,
+        record_exit,
+        record_submission,
+    )
     from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
 
     store = CheckpointStore.from_url(f"file://{tmp_path}/store")
@@ -441,7 +446,7 @@ def test_run_tab_of_a_run_whose_stage_finished_without_an_epoch_says_so(
 
 def test_page_shows_each_prepared_participant_with_its_attempt_and_an_aborted_submissions_end(
         tmp_path: Path) -> None:
-    from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord, record_submission
+    from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionRecord, record_submission
     from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
 
     store = CheckpointStore.from_url(f"file://{tmp_path}/store")

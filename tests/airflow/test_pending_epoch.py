@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper
 from airflow_seatunnel_ckpt.operators.stage import PendingEpochWaitMixin
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 from tests.airflow.epoch_test_dags import (

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
-from airflow_seatunnel_ckpt.core.descriptor import read_descriptor
+from airflow_seatunnel_ckpt.core.protocol.descriptor import read_descriptor
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook, StoreSettings
 from airflow_seatunnel_ckpt.operators.base import BaseStoreOperator
 from tests.airflow.epoch_test_dags import (

@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Pipeline, layout
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper
-from airflow_seatunnel_ckpt.core.storage import LocalStorage
-from airflow_seatunnel_ckpt.core.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper
+from airflow_seatunnel_ckpt.core.protocol.submissions import (
     ExitRecord,
     SubmissionOutcome,
     SubmissionRecord,
@@ -21,6 +20,7 @@ from airflow_seatunnel_ckpt.core.submissions import (
     record_submission,
     stop_reason,
 )
+from airflow_seatunnel_ckpt.core.storage import LocalStorage
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
 
 pytestmark = pytest.mark.airflow
@@ -78,7 +78,7 @@ def test_a_later_try_stops_the_attempt_an_ended_deferred_try_handed_to_the_trigg
 
 
 def test_a_cancel_after_the_attempt_began_to_prepare_is_void(pipeline: Pipeline) -> None:
-    from airflow_seatunnel_ckpt.core.txlog import FenceRecord
+    from airflow_seatunnel_ckpt.core.protocol.txlog import FenceRecord
 
     epoch = pipeline.begin("run-1").epoch
     submitted(pipeline, epoch, 1)

@@ -125,7 +125,7 @@ def test_a_terminated_stage_names_the_termination_once_without_a_py4j_traceback_
 
 def test_the_next_try_of_a_killed_stage_logs_the_lease_the_killed_try_left(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
-    from airflow_seatunnel_ckpt.core.lease import LeaseKeeper
+    from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper
     from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
 
     store_url = f"file://{tmp_path}/store"

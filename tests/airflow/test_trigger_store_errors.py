@@ -15,9 +15,9 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import StorageError
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper
+from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionRecord, record_submission
 from airflow_seatunnel_ckpt.core.storage import LocalStorage
-from airflow_seatunnel_ckpt.core.submissions import SubmissionRecord, record_submission
 from tests.core.epochs import Participant, prepare_participant
 
 pytestmark = pytest.mark.airflow

@@ -25,13 +25,13 @@ from airflow_seatunnel_ckpt.core import (
     RestorePoint,
     layout,
 )
-from airflow_seatunnel_ckpt.core.checkpoint import (
+from airflow_seatunnel_ckpt.core.models import ExpectationResult, PartRef
+from airflow_seatunnel_ckpt.core.state.checkpoint import (
     TOMBSTONE,
     needs_full,
     read_chain,
     write_arrow_part,
 )
-from airflow_seatunnel_ckpt.core.models import ExpectationResult, PartRef
 from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage, open_storage
 
 T = TypeVar("T")

@@ -12,7 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_seatunnel_ckpt.core import CheckpointManager, CheckpointMetadata, OperatorState, layout
-from airflow_seatunnel_ckpt.core.checkpoint import (
+from airflow_seatunnel_ckpt.core.errors import (
+    CorruptCheckpointError,
+    InvalidEpochError,
+    InvalidNameError,
+)
+from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.state.checkpoint import (
     TOMBSTONE,
     apply_delta,
     needs_full,
@@ -22,12 +28,6 @@ from airflow_seatunnel_ckpt.core.checkpoint import (
     write_arrow_part,
     write_json_part,
 )
-from airflow_seatunnel_ckpt.core.errors import (
-    CorruptCheckpointError,
-    InvalidEpochError,
-    InvalidNameError,
-)
-from airflow_seatunnel_ckpt.core.models import PartRef
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import (

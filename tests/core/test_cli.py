@@ -19,7 +19,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.cli import main
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
-from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor
+from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor, ensure_descriptor
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import (
     Participant,

@@ -18,7 +18,7 @@ from airflow_seatunnel_ckpt.core.errors import (
     RecoveryError,
     StorageError,
 )
-from airflow_seatunnel_ckpt.core.names import (
+from airflow_seatunnel_ckpt.core.layout import (
     MAX_EPOCH,
     validate_attempt,
     validate_epoch,

@@ -25,9 +25,9 @@ from airflow_seatunnel_ckpt.core.errors import PublishError, SinkRefusedError, T
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
-from airflow_seatunnel_ckpt.core.store_id import short, store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
 from airflow_seatunnel_ckpt.core.tables import delta as delta_commit
+from airflow_seatunnel_ckpt.core.tables.markers import short, store_id
 from tests.core import faults
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import at_once

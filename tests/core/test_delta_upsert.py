@@ -18,8 +18,8 @@ from deltalake import DeltaTable
 from airflow_seatunnel_ckpt.core.errors import SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import Storage
-from airflow_seatunnel_ckpt.core.store_id import store_id
 from airflow_seatunnel_ckpt.core.tables import commit_table
+from airflow_seatunnel_ckpt.core.tables.markers import store_id
 from tests.core.epochs import at_once
 from tests.core.test_delta_sink import app_id, request, stage
 from tests.tables import duckdb_delta_rows

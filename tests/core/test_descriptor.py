@@ -15,7 +15,13 @@ import pytest
 
 from airflow_seatunnel_ckpt.cli import main
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, layout
-from airflow_seatunnel_ckpt.core.descriptor import (
+from airflow_seatunnel_ckpt.core.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    NotPreparedError,
+    PipelineOwnershipError,
+)
+from airflow_seatunnel_ckpt.core.protocol.descriptor import (
     ParticipantDescriptor,
     PipelineDescriptor,
     StateDescriptor,
@@ -23,12 +29,6 @@ from airflow_seatunnel_ckpt.core.descriptor import (
     read_descriptor,
     record_states,
     transfer_ownership,
-)
-from airflow_seatunnel_ckpt.core.errors import (
-    CheckpointError,
-    CorruptCheckpointError,
-    NotPreparedError,
-    PipelineOwnershipError,
 )
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, flip_byte, prepare_participant, published, run_epoch

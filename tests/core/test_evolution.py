@@ -7,22 +7,22 @@ import json
 import pytest
 
 from airflow_seatunnel_ckpt.core import Pipeline
-from airflow_seatunnel_ckpt.core.descriptor import (
-    ParticipantDescriptor,
-    StateDescriptor,
-    ensure_descriptor,
-    read_descriptor,
-    record_states,
-)
-from airflow_seatunnel_ckpt.core.evolution import (
+from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.ops.evolution import (
     EvolutionError,
     drop_state,
     rename_state,
     rescale,
     reset_state,
 )
-from airflow_seatunnel_ckpt.core.key_groups import key_groups_of
-from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.protocol.descriptor import (
+    ParticipantDescriptor,
+    StateDescriptor,
+    ensure_descriptor,
+    read_descriptor,
+    record_states,
+)
+from airflow_seatunnel_ckpt.core.state.key_groups import key_groups_of
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import OPERATOR, Participant, prepare_participant, restored_state, run_epoch
 
@@ -91,7 +91,7 @@ def test_rescale_places_every_row_in_the_key_group_sparks_hash_gives(local_spec:
     op = point.operators[OPERATOR]
     assert op.key_groups == 7 and point.epoch == result.epoch
     assert restored_state(point) == VALUES
-    from airflow_seatunnel_ckpt.core.checkpoint import read_chain
+    from airflow_seatunnel_ckpt.core.state.checkpoint import read_chain
     for group, chain in op.chains.items():
         table = read_chain(pipeline.storage, chain, ["k"])
         assert set(key_groups_of(table, ["k"], 7)) == {group}
@@ -144,8 +144,8 @@ def test_a_command_that_fails_half_way_aborts_its_epoch_and_changes_nothing(loca
     import pyarrow as pa
 
     from airflow_seatunnel_ckpt.core import Decision, OperatorState, layout
-    from airflow_seatunnel_ckpt.core.checkpoint import write_arrow_part
-    from airflow_seatunnel_ckpt.core.key_groups import UnsupportedKeyTypeError
+    from airflow_seatunnel_ckpt.core.state.checkpoint import write_arrow_part
+    from airflow_seatunnel_ckpt.core.state.key_groups import UnsupportedKeyTypeError
 
     pipeline = local_spec.pipeline()
     epoch = pipeline.begin("run-1").epoch
@@ -166,7 +166,7 @@ def test_a_command_that_fails_half_way_aborts_its_epoch_and_changes_nothing(loca
 
 
 def test_state_changes_lists_what_would_misread_stored_values() -> None:
-    from airflow_seatunnel_ckpt.core.descriptor import state_changes
+    from airflow_seatunnel_ckpt.core.protocol.descriptor import state_changes
 
     schema = [{"name": "c", "type": "string"}, {"name": "total", "type": "double"}]
     recorded = StateDescriptor("key_value", ["c"], 4, {"total": ["sum", "amount"]}, schema)

@@ -29,9 +29,9 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decis
 from airflow_seatunnel_ckpt.core.errors import SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.storage import open_storage
-from airflow_seatunnel_ckpt.core.store_id import short, store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, register_secret_resolver
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
+from airflow_seatunnel_ckpt.core.tables.markers import short, store_id
 from tests.core.epochs import at_once
 from tests.tables import duckdb_connection
 

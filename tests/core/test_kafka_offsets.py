@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from airflow_seatunnel_ckpt.core.kafka_offsets import (
+from airflow_seatunnel_ckpt.core.state.kafka_offsets import (
     KafkaOffsetsError,
     Range,
     TopicState,

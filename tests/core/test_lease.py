@@ -17,8 +17,8 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PendingEpochError
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, Liveness, liveness, read_lease, store_now
-from airflow_seatunnel_ckpt.core.recovery import RecoveryAction, recover
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, Liveness, liveness, read_lease, store_now
+from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryAction, recover
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, expected_files, prepare_participant, published, stage
@@ -365,7 +365,7 @@ def test_a_lease_renewed_for_a_longer_timeout_of_its_own_is_alive_for_recovery_a
 def test_a_participant_queued_behind_a_pool_does_not_let_recovery_abort_its_running_run(
     fast_spec: StoreSpec,
 ) -> None:
-    from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor
+    from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor, ensure_descriptor
 
     p = fast_spec.pipeline()
     ensure_descriptor(p, dag_id="orders_dag", participants={
@@ -393,7 +393,7 @@ def test_a_participant_queued_behind_a_pool_does_not_let_recovery_abort_its_runn
 def test_a_prepared_epoch_with_a_participant_not_begun_still_times_out_once_its_run_is_not_known_running(
     fast_spec: StoreSpec,
 ) -> None:
-    from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor
+    from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor, ensure_descriptor
 
     p = fast_spec.pipeline()
     ensure_descriptor(p, dag_id="orders_dag", participants={

@@ -118,7 +118,7 @@ def test_sink_not_written_is_in_the_prepared_record_the_commit_result_and_the_lo
     epoch = prepare_sink(p, "run-1", "orders", [b"a"], SinkMode.CHANGES, not_written=("audit",))
     assert p.txlog.read_prepared(epoch, "ingest").not_written == ["audit"]
 
-    with caplog.at_level(logging.WARNING, logger="airflow_seatunnel_ckpt.core.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="airflow_seatunnel_ckpt.core.protocol.pipeline"):
         assert p.decide(epoch, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
         result = p.commit(epoch)
 

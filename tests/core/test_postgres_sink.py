@@ -21,10 +21,10 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decis
 from airflow_seatunnel_ckpt.core import tables as core_tables
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.protocol.recovery import recover
+from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
 from airflow_seatunnel_ckpt.core.tables import postgres as postgres_tables
 from airflow_seatunnel_ckpt.core.tables.postgres_options import parse
-from airflow_seatunnel_ckpt.core.txlog import TransactionLog
 from tests.core.epochs import at_once
 from tests.core.faults import SimulatedCrash
 

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, OperatorState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError, RecoveryError
-from airflow_seatunnel_ckpt.core.recovery import RecoveryStep, resolve_epoch
+from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryStep, resolve_epoch
 from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage
 from tests.core import faults
 from tests.core.conftest import StoreSpec

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from airflow_seatunnel_ckpt.core.models import SinkManifest
-from airflow_seatunnel_ckpt.core.replay import ReplayError, plan_replay, resume_replay
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, plan_replay, resume_replay
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from airflow_seatunnel_ckpt.core.tables import TableCommit, markers
 from tests.core.conftest import StoreSpec

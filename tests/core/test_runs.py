@@ -11,12 +11,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from airflow_seatunnel_ckpt.core import runs
-from airflow_seatunnel_ckpt.core.checkpoint import read_chain
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
-from airflow_seatunnel_ckpt.core.run_chain import compaction_cap, lookup, merge_sorted, merged_schema, plan_compaction
-from airflow_seatunnel_ckpt.core.runs import RunReader, sort_keys, write_run
+from airflow_seatunnel_ckpt.core.state import runs
+from airflow_seatunnel_ckpt.core.state.checkpoint import read_chain
+from airflow_seatunnel_ckpt.core.state.run_chain import (
+    compaction_cap,
+    lookup,
+    merge_sorted,
+    merged_schema,
+    plan_compaction,
+)
+from airflow_seatunnel_ckpt.core.state.runs import RunReader, sort_keys, write_run
 from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 
 
@@ -274,7 +280,7 @@ def test_a_merge_drops_expired_rows_always_and_tombstones_only_from_the_first_ru
 # was removed, by the compiled loops too (they agreed bit for bit).
 
 def test_key_hashes_are_the_formats_definition() -> None:
-    from airflow_seatunnel_ckpt.core.parts import key_array
+    from airflow_seatunnel_ckpt.core.state.parts import key_array
 
     ints = runs.key_hashes(pa.array([0, 1, -1, 2**63 - 1, None, 42], pa.int64()))
     strings = runs.key_hashes(pa.array(["", "a", None, "héllo wörld", "x" * 300], pa.string()))
@@ -334,7 +340,7 @@ import threading
 import time
 import numpy as np
 import pyarrow as pa
-from airflow_seatunnel_ckpt.core import runs
+from airflow_seatunnel_ckpt.core.state import runs
 
 n = 5_000
 base = pa.array([f"key-{i:08d}" for i in range(n)])

@@ -16,19 +16,11 @@ from typing import Any
 
 import pytest
 
-from airflow_seatunnel_ckpt.core import (
-    Decision,
-    EpochState,
-    Pipeline,
-    RestorePoint,
-    RestoreSource,
-    codec,
-    layout,
-    settled,
-)
+from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, RestorePoint, RestoreSource, codec, layout
 from airflow_seatunnel_ckpt.core.errors import RecoveryError
 from airflow_seatunnel_ckpt.core.models import BeginRecord, DecisionRecord
-from airflow_seatunnel_ckpt.core.settled import KEEP_VERSIONS, MIN_ADVANCE
+from airflow_seatunnel_ckpt.core.protocol import settled
+from airflow_seatunnel_ckpt.core.protocol.settled import KEEP_VERSIONS, MIN_ADVANCE
 from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX, Storage, open_storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, at_once, flip_byte, prepare_participant, published, target_url

@@ -14,7 +14,7 @@ import crc32c
 import pytest
 
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.staging import FILES_LIST, manifest_of
+from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST, manifest_of
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
 

@@ -1,7 +1,7 @@
 """Submitted attempts: a cancel fences the attempt's prepare, and the one judgement of how a submission stands.
 
 The records are the ones the stage task, the launcher and the driver write
-(:mod:`airflow_seatunnel_ckpt.core.submissions`), written here through the same functions
+(:mod:`airflow_seatunnel_ckpt.core.protocol.submissions`), written here through the same functions
 on a real local store; the interleavings are made deterministic by running the other
 side's step at a chosen point of a store write.
 """
@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout, submissions
+from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import FencedAttemptError
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, store_now
-from airflow_seatunnel_ckpt.core.storage import Storage
-from airflow_seatunnel_ckpt.core.submissions import (
+from airflow_seatunnel_ckpt.core.protocol import submissions
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, store_now
+from airflow_seatunnel_ckpt.core.protocol.submissions import (
     ExitRecord,
     SubmissionOutcome,
     SubmissionRecord,
@@ -28,6 +28,7 @@ from airflow_seatunnel_ckpt.core.submissions import (
     request_cancel,
     stop_reason,
 )
+from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, expected_files, prepare_participant, published
 

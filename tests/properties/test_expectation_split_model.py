@@ -23,8 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_seatunnel_ckpt.core.expectations import ACTIONS, FAILED_COLUMN, REMOVING
-from airflow_seatunnel_ckpt.core.staging import FILES_LIST
+from airflow_seatunnel_ckpt.core.protocol.expectations import ACTIONS, FAILED_COLUMN, REMOVING
+from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
 
 pytestmark = pytest.mark.properties
 

@@ -37,8 +37,8 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
-from airflow_seatunnel_ckpt.core.kafka_offsets import ranges_of
-from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.protocol.recovery import recover
+from airflow_seatunnel_ckpt.core.state.kafka_offsets import ranges_of
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
 from tests.core import faults
 from tests.core.faults import SimulatedCrash

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from airflow_seatunnel_ckpt.core.replay import ReplayError
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from tests.properties.settings import model_settings
 from tests.spark.test_replay import Lake, order_ids, state_rows
 

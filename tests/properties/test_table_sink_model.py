@@ -52,7 +52,7 @@ import airflow_seatunnel_ckpt.core.tables.postgres as postgres_tables
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from tests.core import faults
 from tests.core.epochs import at_once
 from tests.core.faults import CrashPlan, SimulatedCrash

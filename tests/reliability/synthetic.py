@@ -45,7 +45,6 @@ from airflow_seatunnel_ckpt.core import (
     codec,
     layout,
 )
-from airflow_seatunnel_ckpt.core.checkpoint import needs_full, read_json_part, write_json_part
 from airflow_seatunnel_ckpt.core.errors import (
     AlreadyExistsError,
     CorruptCheckpointError,
@@ -54,7 +53,8 @@ from airflow_seatunnel_ckpt.core.errors import (
     NotPreparedError,
 )
 from airflow_seatunnel_ckpt.core.models import EpochState, PartRef
-from airflow_seatunnel_ckpt.core.restore import RestorePoint
+from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint
+from airflow_seatunnel_ckpt.core.state.checkpoint import needs_full, read_json_part, write_json_part
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 
 PIPELINE = "orders"

@@ -15,7 +15,7 @@ import pytest
 from airflow_seatunnel_ckpt.core import Decision
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import EpochState
-from airflow_seatunnel_ckpt.core.recovery import recover
+from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.spark import StageContext, StageSpec, run_stage
 from tests.spark.conftest import OrdersPipeline
 from tests.tables import duckdb_iceberg_rows

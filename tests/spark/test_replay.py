@@ -20,9 +20,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_seatunnel_ckpt.core import Pipeline
-from airflow_seatunnel_ckpt.core.checkpoint import read_chain
 from airflow_seatunnel_ckpt.core.models import EpochState
-from airflow_seatunnel_ckpt.core.replay import ReplayError
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
+from airflow_seatunnel_ckpt.core.state.checkpoint import read_chain
 from airflow_seatunnel_ckpt.spark import StageContext, run_stage
 from airflow_seatunnel_ckpt.spark.replay import replay_stage
 from tests.spark.conftest import OrdersPipeline

@@ -13,8 +13,8 @@ import pytest
 
 from airflow_seatunnel_ckpt import cli
 from airflow_seatunnel_ckpt.core.models import EpochState
-from airflow_seatunnel_ckpt.core.recovery import recover
-from airflow_seatunnel_ckpt.core.replay import ReplayError
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
+from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.spark import run_stage
 from tests.core import faults
 from tests.spark.test_replay import Lake, order_ids, state_rows

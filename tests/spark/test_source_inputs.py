@@ -343,7 +343,7 @@ def test_a_pipeline_upgraded_in_place_restores_source_parts_of_the_earlier_forma
     spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from airflow_seatunnel_ckpt.core.source_log import INDEX_KEY, is_index_chain
+    from airflow_seatunnel_ckpt.core.state.source_log import INDEX_KEY, is_index_chain
 
     planned = FileSource.plan_indexed
 
@@ -371,8 +371,9 @@ def test_a_pipeline_upgraded_in_place_restores_source_parts_of_the_earlier_forma
 
 def test_planning_reads_the_index_segments_of_the_listed_names_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, file_index
-    from airflow_seatunnel_ckpt.core.source_log import write_source_part
+    from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
+    from airflow_seatunnel_ckpt.core.state import file_index
+    from airflow_seatunnel_ckpt.core.state.source_log import write_source_part
 
     monkeypatch.setattr(file_index, "SEGMENT_ROWS", 2)
     p = CheckpointStore(CheckpointConfig.from_mapping({"storage_url": f"file://{tmp_path / 'store'}"})).pipeline("o")
@@ -552,7 +553,7 @@ def test_a_capped_backlog_under_max_file_age_is_read_once_whatever_its_names_say
 def test_widening_or_removing_max_file_age_after_compaction_reads_no_file_twice(
     spark: Any, orders: OrdersPipeline
 ) -> None:
-    from airflow_seatunnel_ckpt.core.source_log import open_index
+    from airflow_seatunnel_ckpt.core.state.source_log import open_index
 
     day = 86_400.0
     for n, mtime in enumerate((1 * day, 5 * day, 10 * day), start=1):

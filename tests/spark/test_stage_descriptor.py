@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor, read_descriptor
+from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor, ensure_descriptor, read_descriptor
 from airflow_seatunnel_ckpt.spark import run_stage
 from tests.spark.conftest import KEY_GROUPS, OrdersPipeline
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from airflow_seatunnel_ckpt.core.descriptor import ParticipantDescriptor, ensure_descriptor, read_descriptor
-from airflow_seatunnel_ckpt.core.evolution import rename_state, rescale, reset_state
+from airflow_seatunnel_ckpt.core.ops.evolution import rename_state, rescale, reset_state
+from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor, ensure_descriptor, read_descriptor
 from airflow_seatunnel_ckpt.spark import StateError, run_stage
 from tests.spark.conftest import OrdersPipeline, order_row
 

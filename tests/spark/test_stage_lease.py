@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, EpochState
-from airflow_seatunnel_ckpt.core.recovery import RecoveryAction, recover
+from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryAction, recover
 from airflow_seatunnel_ckpt.spark import StageContext, run_stage
 from tests.spark.conftest import OrdersPipeline
 from tests.spark.stages import dedup_orders

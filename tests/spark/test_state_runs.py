@@ -17,9 +17,9 @@ import pyarrow.compute as pc
 import pytest
 
 from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.checkpoint import read_chain, write_arrow_part
 from airflow_seatunnel_ckpt.core.codec import Codec
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartKind, PartRef
+from airflow_seatunnel_ckpt.core.state.checkpoint import read_chain, write_arrow_part
 from airflow_seatunnel_ckpt.core.storage import open_storage
 from airflow_seatunnel_ckpt.spark.state.executor import dedup_keep, merge_partition
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport, next_chain

@@ -55,7 +55,7 @@ def restored_state(root: Path, kind: str = "key_value") -> OperatorState:
     """A checkpointed state of one key group with one (empty) full part."""
     import pyarrow as pa
 
-    from airflow_seatunnel_ckpt.core.checkpoint import write_arrow_part
+    from airflow_seatunnel_ckpt.core.state.checkpoint import write_arrow_part
 
     storage = open_storage(f"file://{root}")
     table = pa.table({"k": pa.array([], pa.int64())})

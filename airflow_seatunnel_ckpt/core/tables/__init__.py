@@ -108,7 +108,7 @@ class TableCommit:
     staged: Storage
     #: Transient failures are retried this many times (with backoff) before raising.
     retries: int
-    #: The store's id (:mod:`core.store_id`), recorded in the table with the epoch. Empty:
+    #: The store's id (:mod:`core.tables.markers`), recorded in the table with the epoch. Empty:
     #: read from the store, the parent of ``staged`` (see :func:`markers.store_id_of`).
     store_id: str = ""
 

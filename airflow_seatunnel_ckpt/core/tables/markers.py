@@ -25,21 +25,79 @@ Each format reads its table's owner and marker in one place (Iceberg ``_committe
 Delta ``table_epoch``) and judges with it twice: in its ``precheck`` before the commit
 decision (:func:`core.tables.precheck_table`: a refusal aborts the epoch, nothing is
 written), and again in its ``commit`` before writing (a table altered after the decision).
+
+Below, in a section of its own: the store id: a UUID naming one checkpoint store, written
+once at the store's root.
 """
 
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, EpochNotFoundError, TableOwnershipError
+from airflow_seatunnel_ckpt.core import codec
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import (
+    AlreadyExistsError,
+    CorruptCheckpointError,
+    EpochNotFoundError,
+    TableOwnershipError,
+)
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState
+from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
 from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage
-from airflow_seatunnel_ckpt.core.store_id import short, store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit
-from airflow_seatunnel_ckpt.core.txlog import TransactionLog
+
+# -- store id --------------------------------------------------------------------------------------
+# The store id: a UUID naming one checkpoint store, written once at the store's root.
+#
+# A store's URL says where it is, not which store it is: a wiped and recreated store (an
+# ephemeral ``$AIRFLOW_HOME``) has the same URL and restarts its epochs at 1, and a store
+# copied elsewhere keeps its epochs under a new URL. Whatever the store writes outside
+# itself (the markers of table sinks, :mod:`core.tables.markers`) names it by this id.
+#
+# ``<store>/_store_id`` is created by the first caller that needs it, with the store's
+# put-if-absent primitive (of concurrent first callers exactly one wins and every caller
+# returns the winner's id), and only read thereafter. It is framed and checksummed like
+# every record; pipelines are never named with a leading ``_``, so it shares no name.
+
+
+#: The store id file, at the root of the store (beside the pipelines' directories).
+STORE_ID = "_store_id"
+
+
+def store_id(root: Storage) -> str:
+    """The id of the store rooted at ``root``, created (create-exclusive) on first use."""
+    try:
+        data = root.read(STORE_ID)
+    except FileNotFoundError:
+        new = str(uuid.uuid4())
+        payload = {"store_id": new, "created_at": time.time(), "url": redact_url(root.url)}
+        try:
+            root.create_exclusive(STORE_ID, codec.encode_json(payload))
+            return new
+        except AlreadyExistsError:  # a concurrent first user won: its id is the store's
+            data = root.read(STORE_ID)
+    where = root.describe_path(STORE_ID)
+    record = codec.decode_json(data, where)
+    found = record.get("store_id") if isinstance(record, dict) else None
+    try:
+        return str(uuid.UUID(str(found)))
+    except ValueError:
+        raise CorruptCheckpointError(
+            f"{where}: the store id is {found!r}, not a UUID. Restore the file from a backup of the store; "
+            "only if none exists, delete it (a new id is created, and every table this store wrote must then "
+            "be handed over to it, see docs/tables)", where) from None
+
+
+def short(store: str) -> str:
+    """The first 12 hex digits of a store id: enough to keep names of two stores apart."""
+    return store.replace("-", "")[:12]
+
 
 #: Prefix of every table property, snapshot summary key and application id written here.
 PREFIX = "seatunnel-ckpt"

@@ -15,9 +15,9 @@ import secrets
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from airflow_seatunnel_ckpt.core.checkpoint import TOMBSTONE, read_chain
 from airflow_seatunnel_ckpt.core.models import PartRef
-from airflow_seatunnel_ckpt.core.run_chain import (
+from airflow_seatunnel_ckpt.core.state.checkpoint import TOMBSTONE, read_chain
+from airflow_seatunnel_ckpt.core.state.run_chain import (
     compaction_cap,
     live_runs,
     lookup,
@@ -25,7 +25,7 @@ from airflow_seatunnel_ckpt.core.run_chain import (
     merged_schema,
     plan_compaction,
 )
-from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, RunReader, sort_keys, write_run
+from airflow_seatunnel_ckpt.core.state.runs import EPOCH_COLUMN, RunReader, sort_keys, write_run
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport
 from airflow_seatunnel_ckpt.spark.state.settings import (
     DEFAULT_CHUNK_ROWS,
@@ -59,13 +59,13 @@ def state_schema(settings: StateSettings, key_group: int) -> pa.Schema:
 
 
 def lookup_keys(settings: StateSettings, key_group: int, keys: pa.Array) -> tuple[Any, pa.Table | None, int]:
-    """``core.run_chain.lookup`` of unique ``keys`` in ``key_group``'s restored chain."""
+    """``core.state.run_chain.lookup`` of unique ``keys`` in ``key_group``'s restored chain."""
     return lookup(settings.restore_from.open(), settings.chain(key_group), list(settings.key_columns), keys,
                   min_epoch=settings.min_epoch)
 
 
 def _sorted_by_keys(table: pa.Table, key_cols: list[str]) -> pa.Table:
-    """``table`` in run order (see ``core.runs.sort_keys``)."""
+    """``table`` in run order (see ``core.state.runs.sort_keys``)."""
     import pyarrow.compute as pc
 
     return table.take(pc.sort_indices(sort_keys(table, key_cols))) if table.num_rows else table
@@ -87,7 +87,7 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
 
     The new run is appended to the restored chain. A compaction merges a window of
     neighbouring runs into one run that takes their place, within the epoch's merge budget
-    (``core.run_chain.compaction_cap``), so the epoch writes O(its changes) bytes; a window
+    (``core.state.run_chain.compaction_cap``), so the epoch writes O(its changes) bytes; a window
     that ends with the new run takes the changes from memory and replaces the chain's
     newest runs.
     A chain that must be written in full (or holds parts of the earlier format) becomes
@@ -224,7 +224,7 @@ def dedup_keep(
     Only the keys pass through Python; the rows stay in the JVM. At the end of its input
     it writes the new keys as the key group's new run and reports it. The restored set
     is never loaded: each chunk of input looks its keys up in the runs
-    (``core.run_chain.lookup``).
+    (``core.state.run_chain.lookup``).
     """
     import numpy as np
     import pyarrow as pa

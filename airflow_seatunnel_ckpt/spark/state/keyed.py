@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pyspark.accumulators import Accumulator
     from pyspark.sql import Column, DataFrame, SparkSession
 
-    from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor
+    from airflow_seatunnel_ckpt.core.protocol.descriptor import StateDescriptor
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class KeyedState:
 
     def shape(self) -> StateDescriptor | None:
         """The state's shape as this stage's update gives it (None before the update)."""
-        from airflow_seatunnel_ckpt.core.descriptor import StateDescriptor
+        from airflow_seatunnel_ckpt.core.protocol.descriptor import StateDescriptor
 
         if self._output is None or not self.settings.key_columns:
             return None
@@ -153,7 +153,7 @@ class KeyedState:
 
     def _check_shape(self) -> None:
         """Refuse an update whose shape differs from the committed one, before anything runs."""
-        from airflow_seatunnel_ckpt.core.descriptor import state_changes
+        from airflow_seatunnel_ckpt.core.protocol.descriptor import state_changes
 
         now = self.shape()
         if self.recorded is None or now is None:

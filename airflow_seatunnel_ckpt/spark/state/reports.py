@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pyspark.accumulators import AccumulatorParam
 
 from airflow_seatunnel_ckpt.core.models import PartRef
-from airflow_seatunnel_ckpt.core.run_chain import live_runs
+from airflow_seatunnel_ckpt.core.state.run_chain import live_runs
 from airflow_seatunnel_ckpt.spark.state.settings import StateError
 
 

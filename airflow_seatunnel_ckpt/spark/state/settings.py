@@ -15,12 +15,17 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.checkpoint import needs_full
 from airflow_seatunnel_ckpt.core.codec import Codec
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import OperatorState, PartRef
-from airflow_seatunnel_ckpt.core.run_chain import DEFAULT_BUDGET, DEFAULT_FANOUT, DEFAULT_MERGE_FLOOR, DEFAULT_TURNS
-from airflow_seatunnel_ckpt.core.runs import DEFAULT_BLOCK_ROWS
+from airflow_seatunnel_ckpt.core.state.checkpoint import needs_full
+from airflow_seatunnel_ckpt.core.state.run_chain import (
+    DEFAULT_BUDGET,
+    DEFAULT_FANOUT,
+    DEFAULT_MERGE_FLOOR,
+    DEFAULT_TURNS,
+)
+from airflow_seatunnel_ckpt.core.state.runs import DEFAULT_BLOCK_ROWS
 from airflow_seatunnel_ckpt.core.storage import open_storage
 
 if TYPE_CHECKING:

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
-from airflow_seatunnel_ckpt.core.evolution import RUN_ID_PREFIX as EVOLUTION_PREFIX
 from airflow_seatunnel_ckpt.core.models import (
     ActionOutcome,
     CommitResult,
@@ -50,10 +49,11 @@ from airflow_seatunnel_ckpt.core.models import (
     SinkManifest,
     SinkMode,
 )
-from airflow_seatunnel_ckpt.core.restore import RestorePoint, RestoreSource, restore_point_at
+from airflow_seatunnel_ckpt.core.ops.evolution import RUN_ID_PREFIX as EVOLUTION_PREFIX
+from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, RestoreSource, restore_point_at
 
 if TYPE_CHECKING:
-    from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+    from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core import expectations, layout, markers, replication, source_log, staging
-from airflow_seatunnel_ckpt.core.checkpoint import CheckpointManager, Problem, write_json_part
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import (
     CheckpointError,
@@ -46,6 +45,7 @@ from airflow_seatunnel_ckpt.core.errors import (
     PublishError,
     SinkRefusedError,
 )
+from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.models import (
     EMPTY,
     NOT_WRITTEN,
@@ -67,20 +67,22 @@ from airflow_seatunnel_ckpt.core.models import (
     SourceState,
     unprepared,
 )
-from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
-from airflow_seatunnel_ckpt.core.restore import RestorePoint, restore_point
+from airflow_seatunnel_ckpt.core.protocol import expectations, restore, staging
+from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, restore_point
+from airflow_seatunnel_ckpt.core.protocol.txlog import ACTION_PREFIX, TransactionLog
+from airflow_seatunnel_ckpt.core.state import source_log
+from airflow_seatunnel_ckpt.core.state.checkpoint import CheckpointManager, Problem, write_json_part
 from airflow_seatunnel_ckpt.core.storage import (
     Storage,
     open_storage,
     publish_sink_dir,
 )
 from airflow_seatunnel_ckpt.core.storage.publish import retire_older_snapshots
-from airflow_seatunnel_ckpt.core.store_id import store_id
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, precheck_table
-from airflow_seatunnel_ckpt.core.txlog import ACTION_PREFIX, TransactionLog
+from airflow_seatunnel_ckpt.core.tables.markers import store_id
 
 if TYPE_CHECKING:
-    from airflow_seatunnel_ckpt.core.descriptor import PipelineDescriptor
+    from airflow_seatunnel_ckpt.core.protocol.descriptor import PipelineDescriptor
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +111,8 @@ class Pipeline:
 
     # -- the descriptor ----------------------------------------------------------------
     def descriptor(self, refresh: bool = False) -> PipelineDescriptor | None:
-        """The pipeline's descriptor (read once per object; see :mod:`core.descriptor`), or None."""
-        from airflow_seatunnel_ckpt.core.descriptor import read_descriptor
+        """The pipeline's descriptor (read once per object; see :mod:`core.protocol.descriptor`), or None."""
+        from airflow_seatunnel_ckpt.core.protocol.descriptor import read_descriptor
 
         if refresh or "_descriptor" not in self.__dict__:
             self.__dict__["_descriptor"] = read_descriptor(self.storage, max_chunk=self.config.max_chunk_bytes)
@@ -254,7 +256,7 @@ class Pipeline:
         existing = self.txlog.read_prepared(epoch, participant)
         if existing is not None:
             if existing.attempt == attempt:
-                markers.write_markers(self.storage, existing)
+                staging.write_markers(self.storage, existing)
                 return existing
             raise FencedAttemptError(
                 f"pipeline {self.name!r} epoch {epoch}: participant {participant!r} was already prepared by "
@@ -284,7 +286,7 @@ class Pipeline:
                 f"pipeline {self.name!r} epoch {epoch}: cannot prepare {participant!r}: "
                 + "; ".join(map(str, problems[:5])))
         stored = self.txlog.write_prepared(record)
-        markers.write_markers(self.storage, stored)
+        staging.write_markers(self.storage, stored)
         log.info("pipeline %s epoch %d: %s attempt %d prepared (%d rows in %d sinks)",
                  self.name, epoch, participant, attempt, stored.rows, len(stored.sinks))
         return stored
@@ -427,7 +429,7 @@ class Pipeline:
                     if name in target:
                         raise NotPreparedError(f"epoch {epoch}: {kind} {name!r} is prepared by two participants")
                     target[name] = value  # type: ignore[assignment]
-            sink_markers, source_markers = markers.write_markers(self.storage, record)
+            sink_markers, source_markers = staging.write_markers(self.storage, record)
             source_metas.update(source_markers)  # sources are unique across participants (above)
             for name, ref in sink_markers.items():
                 if name in sinks:
@@ -541,9 +543,9 @@ class Pipeline:
         # arrived" is visible in the committed record and the commit summary.
         published += [PublishedSink(name, "", "", 0, 0, 0, NOT_WRITTEN)
                       for record in records for name in record.not_written]
-        secondary = replication.secondary_storage(self.config, self.name)
+        secondary = restore.secondary_storage(self.config, self.name)
         if secondary is not None:
-            replication.replicate(self.storage, secondary, epoch)
+            restore.replicate(self.storage, secondary, epoch)
         self.txlog.acknowledge_committed(epoch, published)
         staging.drop_staging(self.storage, epoch)
         result = CommitResult(epoch, published)
@@ -609,7 +611,7 @@ class Pipeline:
                            self.config.max_retries, store_id=self.store_id())
 
     def store_id(self) -> str:
-        """The id of this pipeline's store (:mod:`core.store_id`; created on first use)."""
+        """The id of this pipeline's store (:mod:`core.tables.markers`; created on first use)."""
         return store_id(self.root)
 
     def target_storage(self, target_url: str) -> Storage:

@@ -2,7 +2,7 @@
 
 The chain is the ordered list of parts in ``_metadata`` (oldest first), as before; what
 changed is how it is used. A lookup reads, per run newest first, only the index, the
-bloom filter and the blocks that may hold a key still unresolved (``core/runs.py``), so
+bloom filter and the blocks that may hold a key still unresolved (``core/state/runs.py``), so
 an epoch costs its input plus O(runs x blocks touched), not the state's size.
 
 Compaction replaces periodic full rewrites, and no epoch pays for it more than a fixed
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from airflow_seatunnel_ckpt.core.models import PartRef
-from airflow_seatunnel_ckpt.core.parts import TOMBSTONE
-from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, RunReader, is_live, key_hashes, sort_keys
+from airflow_seatunnel_ckpt.core.state.parts import TOMBSTONE
+from airflow_seatunnel_ckpt.core.state.runs import EPOCH_COLUMN, RunReader, is_live, key_hashes, sort_keys
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: Runs of similar size that trigger a merge.

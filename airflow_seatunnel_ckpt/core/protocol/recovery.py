@@ -23,11 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import layout, sweep
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import EpochDir, EpochLiveness, Liveness, liveness, store_now, wait_for
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState
-from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+from airflow_seatunnel_ckpt.core.protocol import sweep
+from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir, EpochLiveness, Liveness, liveness, store_now, wait_for
+from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ def resolve_epoch(pipeline: Pipeline, epoch: int, *, run_finished: RunFinished |
                    lambda: pipeline.abort(epoch, f"{by} finished the abort", by=by))
     if state.final:
         return Resolution(epoch, RecoveryStep.FINAL, f"epoch {epoch} is {state.value}: nothing to do", state)
-    # The one judgement of liveness (core/lease.py), by the store's clock: a stage that
+    # The one judgement of liveness (core/protocol/lease.py), by the store's clock: a stage that
     # renews its lease is never aborted, however long it runs.
     finished = _ask_run_finished(pipeline, run_finished, begin)
     try:

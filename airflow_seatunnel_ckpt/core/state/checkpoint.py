@@ -8,8 +8,8 @@ unchanged key groups instead of rewriting them, and chain delta parts onto a ful
 Keyed state is stored per key group as a *chain*: an ordered list of parts, each holding
 only the keys that changed in its epoch (upserts, plus tombstones for removed keys), later
 parts overriding earlier ones. Parts are sorted runs read by bounded lookups
-(``core/runs.py``) and chains are bounded by size-tiered compaction
-(``core/run_chain.py``). Parts without a run index (``PartRef.index`` None: source chains,
+(``core/state/runs.py``) and chains are bounded by size-tiered compaction
+(``core/state/run_chain.py``). Parts without a run index (``PartRef.index`` None: source chains,
 a rescaled state) are read whole, one full part + deltas bounded by
 ``full_checkpoint_interval``.
 """
@@ -24,34 +24,34 @@ from typing import Any
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartKind, PartRef, decode
-from airflow_seatunnel_ckpt.core.parts import (  # part I/O, re-exported for the modules that read checkpoints
+from airflow_seatunnel_ckpt.core.state.parts import (  # part I/O, re-exported for the modules that read checkpoints
     TOMBSTONE as TOMBSTONE,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     apply_delta as apply_delta,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     check_part as check_part,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     key_array as key_array,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     read_arrow_part as read_arrow_part,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     read_json_part as read_json_part,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     read_part as read_part,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     write_arrow_part as write_arrow_part,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     write_json_part as write_json_part,
 )
-from airflow_seatunnel_ckpt.core.parts import (
+from airflow_seatunnel_ckpt.core.state.parts import (
     write_part as write_part,
 )
 from airflow_seatunnel_ckpt.core.storage import Storage
@@ -71,12 +71,12 @@ class Problem:
 def read_chain(storage: Storage, chain: list[PartRef], key_columns: list[str]) -> Any:
     """Restore one key group: read its runs oldest first, each upserting the ones before.
 
-    Parts are sorted runs (``core/runs.py``, ``PartRef.index`` set) or Arrow parts read
+    Parts are sorted runs (``core/state/runs.py``, ``PartRef.index`` set) or Arrow parts read
     whole (a rescaled state's), and a chain may mix them (a rescaled state updated since).
     A FULL part may only come first; a chain of runs may start with a DELTA (its older
     runs expired as a whole under a TTL).
     """
-    from airflow_seatunnel_ckpt.core.runs import EPOCH_COLUMN, read_run_table
+    from airflow_seatunnel_ckpt.core.state.runs import EPOCH_COLUMN, read_run_table
 
     if not chain:
         raise ValueError("a key group chain needs at least one part")
@@ -107,7 +107,7 @@ def same_part(trusted: PartRef | None, ref: PartRef) -> bool:
 def needs_full(chain: list[PartRef], incremental: bool, full_checkpoint_interval: int) -> bool:
     """Whether the next change to a key group must be written in full.
 
-    With sorted runs a chain is bounded by compaction (``core/run_chain.py``), not by
+    With sorted runs a chain is bounded by compaction (``core/state/run_chain.py``), not by
     periodic full rewrites: ``full_checkpoint_interval`` bounds a chain holding parts read
     whole (a source chain, a rescaled state), which the next change rewrites or compacts.
     """

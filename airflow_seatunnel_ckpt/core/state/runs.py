@@ -27,23 +27,67 @@ hashes and filter bits are pinned by ``tests/core/test_runs.py``).
 Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
 injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
 file: deep verification and :func:`read_run_table` read it with :func:`codec.decode_stream`.
+
+Below, in a section of its own: a process-wide cache of what sorted runs decoded: indexes,
+bloom filters, blocks.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from airflow_seatunnel_ckpt.core import codec
-from airflow_seatunnel_ckpt.core.block_cache import BLOCK_CACHE
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
-from airflow_seatunnel_ckpt.core.parts import TOMBSTONE, key_array, read_arrow_part, read_checked
+from airflow_seatunnel_ckpt.core.state.parts import TOMBSTONE, key_array, read_arrow_part, read_checked
 from airflow_seatunnel_ckpt.core.storage import Storage
+
+# -- block cache -----------------------------------------------------------------------------------
+# A process-wide cache of what sorted runs decoded: indexes, bloom filters, blocks.
+
+
+class BlockCache:
+    """Decoded run indexes and blocks, least recently used out, within a byte budget.
+
+    Runs are immutable (a part's name is unique and its size and CRC32C are recorded), so
+    what a process decoded once stays valid: Spark reuses Python workers across tasks,
+    and a worker that served a key group before looks up its old runs without reading
+    them again -- the role of RocksDB's block cache. Only lookups use it; compaction
+    streams its blocks past it.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.used = budget, 0
+        self._items: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
+
+    def get(self, key: tuple[Any, ...]) -> Any:
+        """The cached value, or None."""
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: tuple[Any, ...], value: Any, size: int) -> None:
+        """Keep ``value`` (``size`` bytes), evicting the least recently used beyond the budget."""
+        if size > self.budget or key in self._items:
+            return
+        self._items[key] = (value, size)
+        self.used += size
+        while self.used > self.budget:
+            _, (_, dropped) = self._items.popitem(last=False)
+            self.used -= dropped
+
+
+#: The process's cache (per Spark Python worker): 256 MiB of decoded indexes and blocks.
+BLOCK_CACHE = BlockCache(256 * 1024 * 1024)
+
 
 #: Column of a key-set row with a TTL: the epoch that last wrote the key.
 EPOCH_COLUMN = "__epoch"

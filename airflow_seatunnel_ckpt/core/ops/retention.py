@@ -18,10 +18,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import layout, sweep
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState
-from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+from airflow_seatunnel_ckpt.core.protocol import sweep
+from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX
 
 

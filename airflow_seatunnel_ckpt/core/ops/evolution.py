@@ -39,23 +39,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.checkpoint import read_chain, write_arrow_part
-from airflow_seatunnel_ckpt.core.descriptor import (
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.layout import validate_name
+from airflow_seatunnel_ckpt.core.models import Decision, EpochState, OperatorState, PartRef
+from airflow_seatunnel_ckpt.core.protocol.descriptor import (
     PipelineDescriptor,
     StateDescriptor,
     read_descriptor,
     write_descriptor_change,
 )
-from airflow_seatunnel_ckpt.core.errors import CheckpointError
-from airflow_seatunnel_ckpt.core.key_groups import key_groups_of
-from airflow_seatunnel_ckpt.core.lease import LeaseKeeper, default_holder
-from airflow_seatunnel_ckpt.core.models import Decision, EpochState, OperatorState, PartRef
-from airflow_seatunnel_ckpt.core.names import validate_name
-from airflow_seatunnel_ckpt.core.restore import RestoreSource
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
+from airflow_seatunnel_ckpt.core.protocol.restore import RestoreSource
+from airflow_seatunnel_ckpt.core.state.checkpoint import read_chain, write_arrow_part
+from airflow_seatunnel_ckpt.core.state.key_groups import key_groups_of
 
 if TYPE_CHECKING:
-    from airflow_seatunnel_ckpt.core.pipeline import Pipeline
-    from airflow_seatunnel_ckpt.core.restore import RestorePoint
+    from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
+    from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint
 
 log = logging.getLogger(__name__)
 

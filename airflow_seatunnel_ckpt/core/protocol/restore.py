@@ -16,24 +16,55 @@ It never restores uncommitted state.
 whole, its size, CRC32C and frame checked without decompressing it
 (:func:`codec.check_frame`): any damage in place changes a checksum, and the restore's own
 reads decode what they use. Without ``deep``: each part exists with its recorded size.
+
+Below, in a section of its own: the secondary replica of committed checkpoints
+(``secondary_url``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.checkpoint import CheckpointManager, Problem
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, RecoveryError
 from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, OperatorState, PartRef
-from airflow_seatunnel_ckpt.core.replication import secondary_storage
-from airflow_seatunnel_ckpt.core.source_log import Entry, read_history
-from airflow_seatunnel_ckpt.core.storage import Storage
-from airflow_seatunnel_ckpt.core.txlog import TransactionLog
+from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
+from airflow_seatunnel_ckpt.core.state.checkpoint import CheckpointManager, Problem
+from airflow_seatunnel_ckpt.core.state.source_log import Entry, read_history
+from airflow_seatunnel_ckpt.core.storage import Storage, copy_file, open_storage
+
+# -- replication -----------------------------------------------------------------------------------
+# The secondary replica of committed checkpoints (``secondary_url``).
+#
+# After publishing, the commit copies the epoch's checkpoint to the secondary store,
+# ``_metadata`` last as on the primary; restore falls back to the replica when the
+# primary checkpoint does not verify.
+
+
+def secondary_storage(config: CheckpointConfig, pipeline: str) -> Storage | None:
+    """The pipeline's directory in the secondary store, or None when none is configured."""
+    if not config.secondary_url:
+        return None
+    return open_storage(config.secondary_url, config.storage_options).child(pipeline)
+
+
+def replicate(primary: Storage, secondary: Storage, epoch: int) -> None:
+    """Copy checkpoint ``epoch`` to ``secondary``; files already there with their size are kept."""
+    root = layout.checkpoint_dir(epoch)
+    # ``_metadata`` last, as on the primary: a crash mid-copy must not leave a replica
+    # checkpoint that claims to be complete while parts are missing.
+    for f in sorted(primary.walk(root), key=lambda f: f.path == layout.METADATA):
+        path = f"{root}/{f.path}"
+        with contextlib.suppress(FileNotFoundError):
+            if secondary.size(path) == f.size:
+                continue
+        copy_file(primary, path, secondary, path)
+
 
 log = logging.getLogger(__name__)
 

@@ -4,14 +4,17 @@ Every attempt stages into its own ``_staging/epoch=<e>/attempt=<a>/<sink>/`` dir
 so a stale attempt can never overwrite the winner's files. A prepared record's manifest
 names each staged file with its size and CRC32C; :func:`verify_staged` proves that
 exactly those bytes are still there before the commit decision.
+
+Below, in a section of its own: the checkpoint's marker files: ``sinks/<sink>/_prepared``
+and ``sources/<source>/_meta``.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.checkpoint import Problem
+from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import (
     ConfigError,
     CorruptCheckpointError,
@@ -19,9 +22,40 @@ from airflow_seatunnel_ckpt.core.errors import (
     InvalidNameError,
     StorageError,
 )
-from airflow_seatunnel_ckpt.core.models import SinkManifest
-from airflow_seatunnel_ckpt.core.names import validate_name
+from airflow_seatunnel_ckpt.core.layout import validate_name
+from airflow_seatunnel_ckpt.core.models import PartRef, PreparedRecord, SinkManifest
+from airflow_seatunnel_ckpt.core.state.checkpoint import Problem
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, clean_relpath, refuse_password
+
+# -- markers ---------------------------------------------------------------------------------------
+# The checkpoint's marker files: ``sinks/<sink>/_prepared`` and ``sources/<source>/_meta``.
+#
+# They restate a prepared record inside the checkpoint directory (the staged files of
+# each sink, the chain of each source), so a checkpoint can be read without the log.
+# Their bytes are derived from the prepared record alone, so rewriting them after a crash
+# is harmless; the record itself is the fence. ``_metadata`` references them like any part,
+# so ``verify`` checks them.
+
+
+def _write(storage: Storage, path: str, doc: dict[str, Any], epoch: int) -> PartRef:
+    data = codec.encode_json(doc)
+    storage.write_atomic(path, data)
+    return PartRef(path, len(data), codec.crc32c(data), epoch)
+
+
+def write_markers(storage: Storage, record: PreparedRecord) -> tuple[dict[str, PartRef], dict[str, PartRef]]:
+    """Write the markers of ``record``; returns their references (by sink, by source)."""
+    sinks = {
+        sink.sink: _write(storage, layout.sink_marker_path(record.epoch, sink.sink),
+                          {"type": "sink_prepared", "epoch": record.epoch, "participant": record.participant,
+                           "attempt": record.attempt, "manifest": sink.to_dict()}, record.epoch)
+        for sink in record.sinks}
+    sources = {
+        source: _write(storage, layout.source_meta_path(record.epoch, source),
+                       {"type": "source_meta", "epoch": record.epoch, "source": source,
+                        "attempt": record.attempt, "chain": [p.to_dict() for p in state.chain]}, record.epoch)
+        for source, state in record.sources.items()}
+    return sinks, sources
 
 
 def inside_pipeline(path: str, what: str) -> str:

@@ -46,6 +46,7 @@ from airflow_seatunnel_ckpt.core.errors import (
     CorruptCheckpointError,
     PipelineOwnershipError,
 )
+from airflow_seatunnel_ckpt.core.layout import validate_name
 from airflow_seatunnel_ckpt.core.models import (
     FORMAT_VERSION,
     RECORD,
@@ -58,7 +59,6 @@ from airflow_seatunnel_ckpt.core.models import (
     decode,
     tag,
 )
-from airflow_seatunnel_ckpt.core.names import validate_name
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.storage import Storage
@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 
 
 class Pipeline(Protocol):
-    """What this module needs of a :class:`~airflow_seatunnel_ckpt.core.pipeline.Pipeline`.
+    """What this module needs of a :class:`~airflow_seatunnel_ckpt.core.protocol.pipeline.Pipeline`.
 
     (A protocol rather than an import: the pipeline reads its descriptor through this
     module, so importing it back would close a cycle.)

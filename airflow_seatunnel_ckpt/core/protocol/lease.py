@@ -43,13 +43,13 @@ import pydantic
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.models import RECORD, EpochState, Record, decode, tag
-from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
+from airflow_seatunnel_ckpt.core.protocol.txlog import BEGIN, PREPARED_PREFIX
 from airflow_seatunnel_ckpt.core.storage import Storage
-from airflow_seatunnel_ckpt.core.txlog import BEGIN, PREPARED_PREFIX
 
 if TYPE_CHECKING:
-    from airflow_seatunnel_ckpt.core.pipeline import Pipeline
+    from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 

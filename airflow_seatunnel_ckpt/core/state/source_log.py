@@ -6,7 +6,7 @@ full part with all of them, then one delta part per later epoch, bounded by
 source's history, and a source plans its next input from that history.
 
 A source whose offsets carry ``"consumed_index": {"max_file_age": seconds or null}`` (the
-file source) keeps a :mod:`~airflow_seatunnel_ckpt.core.file_index` instead: a directory
+file source) keeps a :mod:`~airflow_seatunnel_ckpt.core.state.file_index` instead: a directory
 part, sorted segments and one small delta per epoch, compacted at the same interval and
 bounded by the time watermark, so planning reads the listed names' segments only. A chain
 written in the entries shape (a history rebuilt from the log, a chain carried from a
@@ -18,18 +18,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import codec, file_index, layout
-from airflow_seatunnel_ckpt.core.checkpoint import (
+from airflow_seatunnel_ckpt.core import codec, layout
+from airflow_seatunnel_ckpt.core.config import CheckpointConfig
+from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, StorageError
+from airflow_seatunnel_ckpt.core.models import PartRef, SourceState
+from airflow_seatunnel_ckpt.core.state import file_index
+from airflow_seatunnel_ckpt.core.state.checkpoint import (
     needs_full,
     read_arrow_part,
     read_json_part,
     write_arrow_part,
     write_json_part,
 )
-from airflow_seatunnel_ckpt.core.config import CheckpointConfig
-from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, StorageError
-from airflow_seatunnel_ckpt.core.file_index import FileIndex
-from airflow_seatunnel_ckpt.core.models import PartRef, SourceState
+from airflow_seatunnel_ckpt.core.state.file_index import FileIndex
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: One committed epoch's entry in a source's history: ``{"epoch": e, "offsets": {...}}``.

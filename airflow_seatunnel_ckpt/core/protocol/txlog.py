@@ -29,6 +29,7 @@ from airflow_seatunnel_ckpt.core.errors import (
     FencedAttemptError,
     PendingEpochError,
 )
+from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.models import (
     RECORD,
     ActionEntry,
@@ -46,8 +47,7 @@ from airflow_seatunnel_ckpt.core.models import (
     decode,
     tag,
 )
-from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
-from airflow_seatunnel_ckpt.core.settled import SettledLog, SettledRead, SettledRecord
+from airflow_seatunnel_ckpt.core.protocol.settled import SettledLog, SettledRead, SettledRecord
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 R = TypeVar("R")

@@ -1,7 +1,7 @@
 """State parts: one framed, checksummed file of Arrow or JSON, written and read whole.
 
-The part-level I/O under checkpoints (``core/checkpoint.py``) and sorted runs
-(``core/runs.py``): write a part atomically and get its reference (size + CRC32C), read
+The part-level I/O under checkpoints (``core/state/checkpoint.py``) and sorted runs
+(``core/state/runs.py``): write a part atomically and get its reference (size + CRC32C), read
 one back checked against that reference, the key array of a table, and a delta applied to
 a base. Kept apart from the checkpoint module so that runs can use it while checkpoints
 read chains of runs.

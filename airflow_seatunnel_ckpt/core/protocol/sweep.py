@@ -24,11 +24,12 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from airflow_seatunnel_ckpt.core import layout, settled
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState
-from airflow_seatunnel_ckpt.core.pipeline import Pipeline
-from airflow_seatunnel_ckpt.core.settled import SettledRead
+from airflow_seatunnel_ckpt.core.protocol import settled
+from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
+from airflow_seatunnel_ckpt.core.protocol.settled import SettledRead
 from airflow_seatunnel_ckpt.core.storage import Storage, TempFiles, backend_for
 
 log = logging.getLogger(__name__)

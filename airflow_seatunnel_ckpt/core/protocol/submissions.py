@@ -41,15 +41,15 @@ import pydantic
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.lease import (
+from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
+from airflow_seatunnel_ckpt.core.models import RECORD, Record, tag
+from airflow_seatunnel_ckpt.core.protocol.lease import (
     EpochDir,
     describe_timeout,
     held_lease,
     store_now,
 )
-from airflow_seatunnel_ckpt.core.models import RECORD, Record, tag
-from airflow_seatunnel_ckpt.core.names import validate_attempt, validate_epoch, validate_name
-from airflow_seatunnel_ckpt.core.txlog import PREPARED_PREFIX, FenceRecord, fence_name
+from airflow_seatunnel_ckpt.core.protocol.txlog import PREPARED_PREFIX, FenceRecord, fence_name
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core import Pipeline
