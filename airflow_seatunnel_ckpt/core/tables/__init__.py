@@ -258,6 +258,12 @@ def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
     return schema
 
 
+def check_staged_merge_keys(request: TableCommit, schema: pa.Schema, keys: list[str], where: str) -> None:
+    """:func:`check_merge_keys` over the epoch's staged rows, reading only their key columns
+    (``schema``: the staged files' one schema, :func:`staged_schema`)."""
+    check_merge_keys(staged_rows(request, [k for k in keys if k in schema.names]), keys, where)
+
+
 def check_merge_keys(rows: pa.Table, keys: list[str], where: str) -> None:
     """ConfigError unless every key column exists, holds no NULL and no key repeats."""
     import pyarrow.compute as pc

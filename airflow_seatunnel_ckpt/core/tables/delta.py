@@ -82,6 +82,7 @@ from airflow_seatunnel_ckpt.core.tables import (
     CommitConflict,
     TableCommit,
     check_merge_keys,
+    check_staged_merge_keys,
     delta_upsert,
     markers,
     retry_conflicts,
@@ -157,7 +158,9 @@ def commit(request: TableCommit) -> PublishedSink:
             log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
             return _published(request, uri, delta_upsert.MERGED)
         if keys:  # a new table: created from the placed files, so the keys must be unique already
-            check_merge_keys(staged_rows(request), keys, where)
+            staged = staged_schema(request, where)
+            if staged is not None:
+                check_staged_merge_keys(request, staged, keys, where)
         if placed is None:
             placed, how = place_files(request, target, where)
             actions, schema = add_actions(request, target, placed, where)
@@ -209,7 +212,7 @@ def precheck(request: TableCommit) -> None:
     if schema is None:
         return
     if keys:
-        check_merge_keys(staged_rows(request, [k for k in keys if k in schema.names]), keys, where)
+        check_staged_merge_keys(request, schema, keys, where)
     table = load(uri, delta_options, where)
     _, version = table_epoch(request, open_storage(uri, fs_options), table, where, decided=False)
     if version is not None and version > request.epoch:

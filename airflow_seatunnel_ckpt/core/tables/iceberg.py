@@ -70,9 +70,9 @@ from airflow_seatunnel_ckpt.core.tables import (
     CommitConflict,
     TableCommit,
     check_merge_keys,
+    check_staged_merge_keys,
     markers,
     retry_conflicts,
-    staged_rows,
     staged_schema,
 )
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
@@ -169,7 +169,7 @@ def precheck(request: TableCommit) -> None:
     for i in reversed(drop):
         schema = schema.remove(i)
     if key:
-        check_merge_keys(staged_rows(request, [k for k in key if k in schema.names]), key, where)
+        check_staged_merge_keys(request, schema, key, where)
     with _catalog(request) as catalog:
         table = load(catalog, identifier)
         if table is None:

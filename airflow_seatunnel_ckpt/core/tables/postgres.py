@@ -57,7 +57,7 @@ from psycopg import sql
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
-from airflow_seatunnel_ckpt.core.tables import TableCommit, check_merge_keys, markers, staged_rows, staged_schema
+from airflow_seatunnel_ckpt.core.tables import TableCommit, check_staged_merge_keys, markers, staged_schema
 from airflow_seatunnel_ckpt.core.tables.postgres_options import PostgresOptions, parse
 
 log = logging.getLogger(__name__)
@@ -327,8 +327,7 @@ def precheck(request: TableCommit) -> None:
         raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
                           "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
     if options.merge_keys:
-        check_merge_keys(staged_rows(request, [k for k in options.merge_keys if k in schema.names]),
-                         list(options.merge_keys), where)
+        check_staged_merge_keys(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)
     try:
         for attempt in retrying(request, where, "reading the table's catalog"):
