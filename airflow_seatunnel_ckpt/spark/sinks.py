@@ -11,11 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow_seatunnel_ckpt.spark.delta_sink import DeltaSink
 from airflow_seatunnel_ckpt.spark.file_sink import FileSink, Sink, SinkError
-from airflow_seatunnel_ckpt.spark.iceberg_sink import IcebergSink
-from airflow_seatunnel_ckpt.spark.postgres_sink import PostgresSink
 from airflow_seatunnel_ckpt.spark.registry import Registry
+from airflow_seatunnel_ckpt.spark.table_sinks import DeltaSink, IcebergSink, PostgresSink
 
 __all__ = ["DeltaSink", "FileSink", "IcebergSink", "PostgresSink", "Sink", "SinkError", "register_sink",
            "sink_from_options"]

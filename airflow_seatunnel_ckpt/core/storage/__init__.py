@@ -10,11 +10,19 @@ entry-point group (the analogue of SeaTunnel's ``StateBackend`` service registra
 :func:`open_storage` picks one and probes the store.
 """
 
-from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Capabilities, Data, FileInfo, Storage, TempFiles
+from airflow_seatunnel_ckpt.core.storage.base import (
+    TEMP_PREFIX,
+    Capabilities,
+    Data,
+    FileInfo,
+    Storage,
+    TempFiles,
+    clean_relpath,
+    refuse_password,
+)
 from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 from airflow_seatunnel_ckpt.core.storage.memory import MemoryStorage
 from airflow_seatunnel_ckpt.core.storage.object_store import ObjectStorage
-from airflow_seatunnel_ckpt.core.storage.paths import clean_relpath, refuse_password
 from airflow_seatunnel_ckpt.core.storage.publish import (
     OWNER_MARKER,
     PublishMethod,

@@ -19,8 +19,9 @@ from airflow_seatunnel_ckpt.core.storage.base import (
     Storage,
     TempFiles,
     chunks,
+    clean_relpath,
+    refuse_password,
 )
-from airflow_seatunnel_ckpt.core.storage.paths import clean_relpath, refuse_password
 
 
 class LocalStorage(Storage):

@@ -20,11 +20,10 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import StorageError
-from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Storage
+from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Storage, refuse_password
 from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 from airflow_seatunnel_ckpt.core.storage.memory import MemoryStorage
 from airflow_seatunnel_ckpt.core.storage.object_store import ObjectStorage
-from airflow_seatunnel_ckpt.core.storage.paths import refuse_password
 
 log = logging.getLogger(__name__)
 
