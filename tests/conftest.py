@@ -162,8 +162,15 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     Tuned for a small machine: few shuffle partitions, no UI, loopback only, Arrow on.
     Tests must not stop it or change session-wide configuration they do not restore.
     """
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    running = SparkContext._active_spark_context
+    if running is not None and running.master != "local[2]":
+        # A test that ran an in-process stage before this fixture, in the same worker,
+        # left the package's default ``local[*]`` session: getOrCreate would return it
+        # with none of the settings below.
+        SparkSession.builder.getOrCreate().stop()
     scratch = tmp_path_factory.mktemp("spark")
     session = (
         SparkSession.builder.master("local[2]")
