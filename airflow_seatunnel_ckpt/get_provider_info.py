@@ -8,7 +8,7 @@ _INTEGRATION = "SeaTunnel Checkpoint"
 
 #: The connection form (Airflow 3.2+ reads it from here, without importing the hook).
 #: Each field is a key of the connection's extras and a ``CheckpointConfig`` field of the
-#: same name and default (``tests/airflow/test_provider.py`` keeps them in step).
+#: same name and default (``tests/test_provider.py`` keeps them in step).
 CONN_FIELDS: dict[str, Any] = {
     "storage_options": {
         "label": "Storage options",

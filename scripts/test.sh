@@ -3,7 +3,7 @@
 #   bash scripts/test.sh                     # everything (the README's command and CI's)
 #   bash scripts/test.sh --quick             # unit tests and a fast slice: no Spark, deployment or crash campaigns
 #   bash scripts/test.sh -m "not cluster"    # skip the Spark standalone tests
-#   bash scripts/test.sh tests/infra/test_s3.py -x
+#   bash scripts/test.sh tests/integration/infra/test_s3.py -x
 # TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: the CPU count, at most 4;
 # each worker has its own local[2] SparkSession, Airflow DB and S3 server); TEST_WORKERS=0 runs
 # in this process.
@@ -34,7 +34,7 @@ fi
 if [[ $quick -eq 1 ]]; then
     # No JVM, no Spark cluster, browser or deployment, no crash or damage campaigns.
     args+=(-m "not spark and not slow and not cluster and not browser and not crash and not deployment"
-           --ignore=tests/reliability --ignore=tests/deployment)
+           --ignore=tests/integration/reliability --ignore=tests/integration/deployment)
 fi
 
 status=0

@@ -4,7 +4,7 @@
 storage, waits until it answers a metadata request, and :meth:`KafkaBroker.stop` ends it
 by its PID. The session fixture ``kafka_broker`` (tests/conftest.py) wraps them.
 
-What this Tansu build gets wrong or lacks (checked by tests/infra/test_kafka.py):
+What this Tansu build gets wrong or lacks (checked by tests/integration/infra/test_kafka.py):
 
 * **End offsets after batched produces.** A produce request carrying a batch of several
   records moves the partition's high watermark to the batch's *base* offset + 1, not

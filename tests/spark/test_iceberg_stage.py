@@ -15,7 +15,7 @@ from pyiceberg.catalog import load_catalog
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import StageContext, StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.table_sinks import IcebergSink
-from tests.core.test_iceberg_sink import duckdb_rows
+from tests.core.tables.test_iceberg_sink import duckdb_rows
 from tests.spark.conftest import OrdersPipeline, order_row
 
 

@@ -158,7 +158,7 @@ def test_unknown_modes_are_refused_naming_the_choices(spark: Any, tmp_path: Path
     from airflow_seatunnel_ckpt.spark import StateError
     from airflow_seatunnel_ckpt.spark.sinks import sink_from_options
     from airflow_seatunnel_ckpt.spark.state import KeyValueState
-    from tests.spark.test_state_settings import settings_for
+    from tests.spark.state.test_state_settings import settings_for
 
     state = KeyValueState(spark, settings_for(tmp_path, 1))
     df = spark.createDataFrame([(1, 2.0)], "k long, amount double")

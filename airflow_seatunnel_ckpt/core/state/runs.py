@@ -22,7 +22,7 @@ state file format (``core/codec.py``, payload kind ``RUN``)::
   the header, for the codec) with two ranged reads.
 
 Hashing and the filters are numpy code, and that code is the format's definition (the
-hashes and filter bits are pinned by ``tests/core/test_runs.py``).
+hashes and filter bits are pinned by ``tests/core/state/test_runs.py``).
 
 Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
 injective string encoding (``checkpoint.key_array``). A whole run is still a valid state

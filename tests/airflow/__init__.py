@@ -1,1 +1,0 @@
-"""Tests of the Airflow layer: real Airflow on SQLite, real core, real local Spark."""

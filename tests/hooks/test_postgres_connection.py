@@ -1,0 +1,69 @@
+"""A PostgreSQL sink's credentials come from an Airflow Postgres connection, never the store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.hooks import postgres_connection
+from tests.core.tables.test_postgres_sink import Epochs, expected, rows
+from tests.postgres_server import PostgresServer
+
+
+def test_postgres_conn_id_supplies_the_database_at_the_decision_and_the_commit(
+        tmp_path: Path, postgres_server: PostgresServer, postgres_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    dbname = conninfo_to_dict(postgres_db)["dbname"]
+    with psycopg.connect(postgres_db, autocommit=True) as conn:
+        conn.execute("CREATE ROLE loader LOGIN PASSWORD 'the-secret-pw'")
+        conn.execute("GRANT ALL ON SCHEMA public TO loader")
+    monkeypatch.setenv("AIRFLOW_CONN_WAREHOUSE_PG", json.dumps({
+        "conn_type": "postgres", "host": postgres_server.host, "port": postgres_server.port, "login": "loader",
+        "password": "the-secret-pw", "schema": dbname,
+        "extra": {"sslmode": "disable", "cursor": "dictcursor", "connect_timeout": 10}}))
+    epochs = Epochs(tmp_path / "store", postgres_db)
+    epochs.options = {"type": "postgres", "table": "public.orders", "postgres_conn_id": "warehouse_pg",
+                      "create_table": True}
+    epochs.run(rows([1, 2]))
+    epochs.run(rows([3]))
+
+    assert epochs.table() == expected([1, 2, 3])
+    assert epochs.query("SELECT tableowner FROM pg_tables WHERE tablename = 'orders'") == [("loader",)]
+    recorded = epochs.pipeline.txlog.prepared(1)["ingest"].sinks[0].table
+    assert recorded is not None and recorded["postgres_conn_id"] == "warehouse_pg"
+    assert "the-secret-pw" not in json.dumps(recorded) and "conninfo" not in recorded
+
+
+def test_connection_fields_and_libpq_extras_become_the_conninfo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_DB", json.dumps({
+        "conn_type": "postgres", "host": "db.example", "port": 5433, "login": "etl", "password": "p w",
+        "schema": "sales", "extra": {"sslmode": "require", "cursor": "realdictcursor", "iam": False}}))
+    found = conninfo_to_dict(postgres_connection.postgres_secrets({"type": "postgres",
+                                                                   "postgres_conn_id": "db"})["conninfo"])
+    assert found == {"host": "db.example", "port": "5433", "user": "etl", "password": "p w", "dbname": "sales",
+                     "sslmode": "require"}
+    assert postgres_connection.postgres_secrets({"type": "iceberg", "postgres_conn_id": "db"}) == {}
+
+
+def test_a_missing_postgres_connection_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="postgres_conn_id 'no_such_db' is not an Airflow connection"):
+        postgres_connection.postgres_secrets({"type": "postgres", "table": "public.t",
+                                              "postgres_conn_id": "no_such_db"})
+
+
+def test_a_postgres_sinks_target_is_an_asset_uri_the_postgres_provider_accepts() -> None:
+    from airflow_seatunnel_ckpt.operators.commit import sink_asset
+    from airflow_seatunnel_ckpt.spark.sinks import sink_from_options
+
+    by_conninfo = sink_from_options("o", {"type": "postgres", "table": "serving.orders",
+                                          "conninfo": "host=db.example port=6432 dbname=shop user=etl"})
+    by_url = sink_from_options("o", {"type": "postgres", "table": "orders", "conninfo": "postgresql://etl@db/shop"})
+    by_conn = sink_from_options("o", {"type": "postgres", "table": "serving.orders", "postgres_conn_id": "warehouse"})
+
+    assert sink_asset("p", "o", by_conninfo.target_url).uri == "postgres://db.example:6432/shop/serving/orders"
+    assert sink_asset("p", "o", by_url.target_url).uri == "postgres://db:5432/shop/public/orders"
+    assert sink_asset("p", "o", by_conn.target_url).uri == "postgres://warehouse:5432/default/serving/orders"

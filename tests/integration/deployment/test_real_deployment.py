@@ -1,0 +1,453 @@
+"""The example pipeline in a real Airflow 3 deployment, driven only through the REST API.
+
+Six runs of ``orders_pipeline`` (hours 0-5 of the example's deterministic order
+generator) go through a real scheduler, LocalExecutor task processes, dag-processor,
+triggerer and api-server (see ``conftest.py``):
+
+* three runs are triggered and succeed; the third one's stage task process gets SIGTERM
+  mid-stage (what Airflow's supervisor sends when a running task is marked failed or
+  loses its heartbeat) -- the stage's ``on_kill`` must stop Spark at once without a py4j
+  traceback flood, and the retry finishes the epoch;
+* every task of the first, committed run is cleared (``clearTaskInstances``) and runs
+  again -- its epoch must not publish twice;
+* the fourth run's worker is lost while its Spark session runs (its supervisor and the
+  task's process group SIGKILLed); Airflow notices when the heartbeats stop, retries the
+  stage and the run succeeds -- the retry must start within 60 s of the kill with the
+  settings of docs/DEPLOYMENT.md (the seconds to the committed epoch are printed too);
+* the fifth run's stage is marked success before it runs: its sensor fails at once saying
+  so, and the sixth run (queued behind it) commits both hours' input; its stage must start
+  within 60 s of the mark.
+
+Before those, the recovery DAG recovers a pipeline on a store whose connection only the
+metadata database holds (named in ``[seatunnel_ckpt] stores``).
+
+Then the store and the table are read independently: every epoch ended COMMITTED or
+ABORTED, the table holds every generated order exactly once, the killed try's JVM did
+not outlive it, and no process of the deployment is left running once it is stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+import pyarrow.dataset as ds
+import pytest
+
+from airflow_seatunnel_ckpt.core import CheckpointStore
+from airflow_seatunnel_ckpt.core.models import EpochState
+from tests.integration.deployment.conftest import SIDE_STORE_CONN_ID, AirflowDeployment, DeploymentError, tail
+
+# The whole deployment (start, four runs, a retry each for SIGTERM and SIGKILL, stop) takes
+# 3-6 minutes on a loaded two-core machine, more than the suite's default 600 s allows.
+pytestmark = [pytest.mark.deployment, pytest.mark.slow, pytest.mark.airflow, pytest.mark.spark,
+              pytest.mark.timeout(1500)]
+
+DAG_ID = "orders_pipeline"
+STAGE_TASK = "orders.ingest"
+PARTICIPANT = "ingest"
+#: Generous for a loaded two-core machine; a healthy run of the example takes ~30-60 s.
+RUN_TIMEOUT_S = 420
+#: How long a SIGTERMed stage may take to stop; Airflow's supervisor would SIGKILL it later.
+TERM_GRACE_S = 60
+
+
+def _example() -> Any:
+    """The example's module (``dags/orders_example.py``), for its deterministic generator."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "dags" / "orders_example.py"
+    spec = importlib.util.spec_from_file_location("orders_example_for_deployment_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXAMPLE = _example()
+
+
+def _trigger(deployment: AirflowDeployment, hour: int) -> str:
+    """Trigger the run of ``hour`` (logical date and run-after both at that hour)."""
+    when = (EXAMPLE.START + timedelta(hours=hour)).isoformat()
+    run_id = f"deploy_h{hour}"
+    deployment.api("POST", f"/dags/{DAG_ID}/dagRuns",
+                   {"dag_run_id": run_id, "logical_date": when, "run_after": when})
+    return run_id
+
+
+def _started(ti: dict[str, Any]) -> float:
+    """``time.time()`` at which a task instance (its latest try) started, from the REST API."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(ti["start_date"]).replace("Z", "+00:00")).timestamp()
+
+
+def _mark_success(deployment: AirflowDeployment, run_id: str, task_id: str) -> bool:
+    """The UI's "Mark success" on a task instance (False while the run's task instances do not exist yet)."""
+    try:
+        deployment.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}", {"new_state": "success"})
+    except DeploymentError as exc:
+        if "HTTP 404" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _run_state(deployment: AirflowDeployment, run_id: str) -> str:
+    return str(deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"])
+
+
+def _task(deployment: AirflowDeployment, run_id: str, task_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}")
+    return result
+
+
+def _task_log(deployment: AirflowDeployment, run_id: str, task_id: str, try_number: int) -> Path:
+    return (deployment.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={task_id}"
+            / f"attempt={try_number}.log")
+
+
+def _wait_success(deployment: AirflowDeployment, run_id: str, *, and_then: Any = None) -> None:
+    """Wait until ``run_id`` succeeded (and ``and_then()`` holds); fail at once if it failed."""
+
+    def done() -> bool:
+        state = _run_state(deployment, run_id)
+        if state == "failed":
+            tis = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+            failed = [ti for ti in tis if ti["state"] in ("failed", "upstream_failed")]
+            logs = "\n".join(f"---- {ti['task_id']} try {ti['try_number']}:\n"
+                             f"{tail(_task_log(deployment, run_id, ti['task_id'], ti['try_number']))}"
+                             for ti in failed)
+            raise DeploymentError(f"run {run_id} failed: {[(t['task_id'], t['state']) for t in tis]}\n{logs}")
+        return state == "success" and (and_then is None or and_then())
+
+    deployment.wait_for(f"run {run_id} to succeed", done, timeout=RUN_TIMEOUT_S)
+
+
+def _stage_is_mid_work(deployment: AirflowDeployment, run_id: str) -> bool:
+    """True while the run's stage is between pinning its input and preparing.
+
+    The runner pins the input plan after its SparkSession is up and before it stages any
+    output, so a kill now lands in the middle of the stage's Spark work.
+    """
+    pipeline = CheckpointStore.from_url(deployment.store_url).pipeline(EXAMPLE.PIPELINE)
+    epoch = pipeline.epoch_for_run(run_id, DAG_ID)
+    if epoch is None or pipeline.txlog.read_plan(epoch, PARTICIPANT) is None:
+        return False
+    return pipeline.prepared_for_run(run_id, PARTICIPANT) is None
+
+
+def _signal_stage_while_spark_runs(deployment: AirflowDeployment, run_id: str, signum: signal.Signals,
+                                   *, lose_worker: bool = False) -> tuple[int, int, list[int]]:
+    """Send ``signum`` to the stage's task process mid-stage; return (pid, try number, pids of its JVMs).
+
+    ``lose_worker``: a lost worker instead -- SIGKILL its supervisor (the LocalExecutor worker
+    process, the task process's parent) and then the task's whole process group (the task and
+    its JVM); nobody is left to tell Airflow, which notices only when the heartbeats stop.
+    """
+
+    def running_stage() -> tuple[int, int] | None:
+        ti = _task(deployment, run_id, STAGE_TASK)
+        if ti["state"] == "success":
+            raise DeploymentError(f"{STAGE_TASK} of {run_id} finished before it was seen mid-stage")
+        pid = ti.get("pid")
+        if ti["state"] == "running" and pid and _stage_is_mid_work(deployment, run_id):
+            return int(pid), int(ti["try_number"])
+        return None
+
+    pid, try_number = deployment.wait_for(f"{STAGE_TASK} of {run_id} to be mid-stage", running_stage,
+                                          timeout=RUN_TIMEOUT_S, interval=0.25)
+    jvms = [child.pid for child in psutil.Process(pid).children(recursive=True) if "java" in child.name()]
+    if lose_worker:
+        supervisor = psutil.Process(pid).parent()
+        assert supervisor is not None and supervisor.pid not in {p.pid for p in deployment.processes.values()}, \
+            f"the parent of task process {pid} is not a worker: {supervisor}"
+        os.kill(supervisor.pid, signal.SIGKILL)
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    else:
+        os.kill(pid, signum)
+    return pid, try_number, jvms
+
+
+def _seconds_to_commit(deployment: AirflowDeployment, run_id: str, since: float) -> float:
+    """Seconds from ``since`` (``time.time()`` of a fault) until the epoch of ``run_id`` is COMMITTED."""
+    pipeline = CheckpointStore.from_url(deployment.store_url).pipeline(EXAMPLE.PIPELINE)
+
+    def committed() -> float | None:
+        epoch = pipeline.epoch_for_run(run_id, DAG_ID)
+        if epoch is not None and pipeline.state(epoch) is EpochState.COMMITTED:
+            return time.time() - since
+        if _run_state(deployment, run_id) == "failed":
+            raise DeploymentError(f"run {run_id} failed: "
+                                  f"{deployment.api('GET', f'/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances')}")
+        return None
+
+    took: float = deployment.wait_for(f"the epoch of {run_id} to commit", committed, timeout=RUN_TIMEOUT_S,
+                                      interval=0.5)
+    return took
+
+
+def _try_ended(deployment: AirflowDeployment, run_id: str, try_number: int) -> str | None:
+    """How try ``try_number`` of the stage ended (``"retried"`` once a later try exists), None while it runs."""
+    ti = _task(deployment, run_id, STAGE_TASK)
+    if ti["try_number"] > try_number:
+        return "retried"
+    if ti["state"] in (None, "running"):
+        return None
+    return str(ti["state"])
+
+
+def _published_order_ids(data: Path) -> list[str]:
+    """Every ``order_id`` the example published, read independently of the commit code.
+
+    The example publishes into an Iceberg table (read here with pyiceberg's scan into
+    Arrow) when its module names one (``TABLE``, ``iceberg_catalog``); otherwise into a
+    parquet directory per epoch (read with pyarrow, hive partitions).
+    """
+    if hasattr(EXAMPLE, "iceberg_catalog") and hasattr(EXAMPLE, "TABLE"):
+        from pyiceberg.catalog import load_catalog
+
+        table = load_catalog("default", **EXAMPLE.iceberg_catalog(str(data))).load_table(EXAMPLE.TABLE)
+        column = table.scan(selected_fields=("order_id",)).to_arrow().column("order_id")
+    else:
+        dataset = ds.dataset(str(data / "warehouse" / "orders"), format="parquet", partitioning="hive")
+        column = dataset.to_table(columns=["order_id"]).column("order_id")
+    return [str(v) for v in column.to_pylist()]
+
+
+def _py4j_traceback_lines(log: Path) -> list[str]:
+    """Lines of a task log that belong to py4j errors or tracebacks."""
+    text = log.read_text(errors="replace")
+    return [line for line in text.splitlines()
+            if "py4j" in line.lower() and ("Traceback" in line or "Error" in line or "File " in line)]
+
+
+SUBMITTED_DAG = "submitted_orders"
+
+
+def _submitted_task(deployment: AirflowDeployment, run_id: str) -> dict[str, Any]:
+    result: dict[str, Any] = deployment.api(
+        "GET", f"/dags/{SUBMITTED_DAG}/dagRuns/{run_id}/taskInstances/{STAGE_TASK}")
+    return result
+
+
+def test_a_submitted_stage_defers_and_a_clear_while_deferred_stops_it_and_resubmits(
+    airflow_deployment: AirflowDeployment,
+) -> None:
+    """``tests/integration/deployment/dags/submitted_orders.py``: the stage goes through spark-submit and defers.
+
+    The stage is seen *deferred* (its task process gone, the trigger watching the store in
+    the triggerer), then cleared from the REST API while deferred: attempt 1 is stopped, the
+    new try submits attempt 2, and the epoch commits each order once. Who asks attempt 1's
+    launcher to stop is a race: the triggerer's ``on_kill``, if it had started the trigger
+    and gets there first, else try 2, which finds try 1's deferral record (a clear within a
+    second of the deferral ends the trigger before the triggerer ever runs it).
+    """
+    import json as json_lib
+
+    from airflow_seatunnel_ckpt.core.protocol.submissions import read_exit, submitted_attempts
+
+    deployment = airflow_deployment
+    root = deployment.data / "submitted"
+    (root / "input").mkdir(parents=True)
+    (root / "input" / "orders-0.json").write_text(
+        "".join(json_lib.dumps({"order_id": f"s-{i}", "amount": i}) + "\n" for i in range(5)))
+    deployment.wait_for("the dag-processor to parse submitted_orders", lambda: deployment.api(
+        "GET", f"/dags?dag_id_pattern={SUBMITTED_DAG}").get("total_entries"), timeout=240)
+    deployment.api("PATCH", f"/dags/{SUBMITTED_DAG}", {"is_paused": False})
+    run_id = "submitted_1"
+    deployment.api("POST", f"/dags/{SUBMITTED_DAG}/dagRuns", {"dag_run_id": run_id, "logical_date": None})
+
+    deployment.wait_for("the submitted stage to defer", lambda: _submitted_task(deployment, run_id)["state"]
+                        == "deferred", timeout=RUN_TIMEOUT_S, interval=0.5)
+    pipeline = CheckpointStore.from_url(f"file://{root}/checkpoints").pipeline("submitted_orders")
+    assert submitted_attempts(pipeline, 1, PARTICIPANT) == [1]
+
+    deployment.api("POST", f"/dags/{SUBMITTED_DAG}/clearTaskInstances", {
+        "dry_run": False, "dag_run_id": run_id, "task_ids": [STAGE_TASK], "only_failed": False,
+        "reset_dag_runs": True})
+    stopped = deployment.wait_for("attempt 1's launcher to stop it", lambda: read_exit(pipeline, 1, PARTICIPANT, 1),
+                                  timeout=120, interval=0.5)
+    assert stopped.stopped.startswith(("cancelled by triggerer", "cancelled by try 2")), stopped
+    (root / "release").touch()
+
+    def succeeded() -> bool:
+        state = deployment.api("GET", f"/dags/{SUBMITTED_DAG}/dagRuns/{run_id}")["state"]
+        if state == "failed":
+            raise DeploymentError(f"run {run_id} of {SUBMITTED_DAG} failed: "
+                                  f"{deployment.api('GET', f'/dags/{SUBMITTED_DAG}/dagRuns/{run_id}/taskInstances')}")
+        return state == "success"
+
+    deployment.wait_for(f"{SUBMITTED_DAG} run {run_id} to succeed", succeeded, timeout=RUN_TIMEOUT_S)
+    assert _submitted_task(deployment, run_id)["try_number"] == 2
+    assert submitted_attempts(pipeline, 1, PARTICIPANT) == [1, 2]
+    assert pipeline.state(1) is EpochState.COMMITTED and pipeline.txlog.read_prepared(1, PARTICIPANT).attempt == 2
+    published = [json_lib.loads(line)["order_id"] for f in sorted((root / "out").glob("epoch=1/**/part-*"))
+                 for line in f.read_text().splitlines() if line]
+    assert sorted(published) == [f"s-{i}" for i in range(5)]
+    deployment.wait_for("attempt 2's launcher to exit", lambda: read_exit(pipeline, 1, PARTICIPANT, 2),
+                        timeout=60, interval=0.5)
+
+
+RECOVERY_DAG = "seatunnel_ckpt_recovery"
+
+
+def _stale_epoch(store_url: str, pipeline: str) -> int:
+    """An epoch of ``pipeline`` that began an hour ago (by the store's clock) and never took a
+    lease: what a worker lost before its stage's first lease renewal leaves behind."""
+    p = CheckpointStore.from_url(store_url).pipeline(pipeline)
+    epoch = p.txlog.begin("scheduled__lost_worker", now=time.time() - 3600).epoch
+    begin = Path(store_url.removeprefix("file://")) / pipeline / "_txlog" / f"epoch-{epoch:012d}" / "begin"
+    hour_ago = time.time() - 3600
+    os.utime(begin, (hour_ago, hour_ago))
+    return epoch
+
+
+def test_the_recovery_dag_recovers_a_pipeline_on_a_connections_store(
+    airflow_deployment: AirflowDeployment, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A store from a connection created through the REST API (so only the metadata database
+    holds it), named in ``[seatunnel_ckpt] stores``: the recovery DAG's tasks, which cannot
+    list the database's connections, find it by id and abort its dead epoch."""
+    deployment = airflow_deployment
+    side_url = f"file://{deployment.data / 'side-store'}"
+    deployment.api("POST", "/connections", {"connection_id": SIDE_STORE_CONN_ID, "conn_type": "seatunnel_ckpt",
+                                            "host": side_url})
+    epoch = _stale_epoch(side_url, "payments")
+    deployment.wait_for(f"the dag-processor to parse {RECOVERY_DAG}", lambda: deployment.api(
+        "GET", f"/dags?dag_id_pattern={RECOVERY_DAG}").get("total_entries"), timeout=240)
+    deployment.api("PATCH", f"/dags/{RECOVERY_DAG}", {"is_paused": False})
+    started = time.monotonic()
+    deployment.api("POST", f"/dags/{RECOVERY_DAG}/dagRuns", {"dag_run_id": "recovery_1", "logical_date": None})
+    pipeline = CheckpointStore.from_url(side_url).pipeline("payments")
+    deployment.wait_for("the recovery DAG to abort the connection store's dead epoch",
+                        lambda: pipeline.state(epoch) is EpochState.ABORTED, timeout=RUN_TIMEOUT_S, interval=0.5)
+    took = time.monotonic() - started
+    with capsys.disabled():  # the seconds show in the test run's output, passed or not
+        print(f"\nrecovery run triggered -> dead epoch of a connection's store aborted: {took:.1f}s")
+    status = pipeline.status(epoch)
+    assert status.decision is not None and status.decision.by == "recovery", status.decision
+    deployment.wait_for("the recovery run to finish", lambda: deployment.api(
+        "GET", f"/dags/{RECOVERY_DAG}/dagRuns/recovery_1")["state"] in ("success", "failed"), timeout=120)
+    assert deployment.api("GET", f"/dags/{RECOVERY_DAG}/dagRuns/recovery_1")["state"] == "success"
+    # Nothing else triggers it: the example's runs below must not race a recovery run.
+    deployment.api("PATCH", f"/dags/{RECOVERY_DAG}", {"is_paused": True})
+
+
+def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_deployment(
+    airflow_deployment: AirflowDeployment, capsys: pytest.CaptureFixture[str],
+) -> None:
+    deployment = airflow_deployment
+    deployment.api("PATCH", f"/dags/{DAG_ID}", {"is_paused": False})
+
+    # Three runs, queued at once; max_active_runs=1 runs them in logical-date order.
+    runs = [_trigger(deployment, hour) for hour in range(3)]
+    for run_id in runs[:2]:
+        _wait_success(deployment, run_id)
+
+    # Terminate the third run's stage (SIGTERM: what Airflow sends when a running task is
+    # marked failed or loses its heartbeat) mid-stage: on_kill must stop Spark at once,
+    # quietly, and the retry must finish the epoch.
+    termed_run = runs[2]
+    termed_pid, termed_try, _ = _signal_stage_while_spark_runs(deployment, termed_run, signal.SIGTERM)
+    ended = deployment.wait_for(f"the SIGTERMed stage try of {termed_run} to end",
+                                lambda: _try_ended(deployment, termed_run, termed_try),
+                                timeout=TERM_GRACE_S, interval=0.5)
+    assert ended != "success", "the SIGTERMed stage ran on to success instead of stopping"
+    termed_log = _task_log(deployment, termed_run, STAGE_TASK, termed_try)
+    assert "terminated: cancelling the Spark jobs" in termed_log.read_text(errors="replace"), tail(termed_log)
+    noise = _py4j_traceback_lines(termed_log)
+    assert len(noise) <= 2, f"py4j traceback lines in {termed_log} (pid {termed_pid}):\n" + "\n".join(noise[:20])
+    _wait_success(deployment, termed_run)
+
+    # Clear every task of the first, committed run: it runs again and must not publish twice.
+    cleared = deployment.api("POST", f"/dags/{DAG_ID}/clearTaskInstances", {
+        "dry_run": False, "dag_run_id": runs[0], "only_failed": False, "reset_dag_runs": True})
+    assert {ti["task_id"] for ti in cleared["task_instances"]} >= {STAGE_TASK, "orders.commit"}
+    _wait_success(deployment, runs[0],
+                  and_then=lambda: _task(deployment, runs[0], "orders.commit")["try_number"] >= 2)
+
+    # Lose the worker of the fourth run's stage while its Spark session runs: SIGKILL its
+    # supervisor and the task's process group. Airflow notices when the heartbeats stop
+    # ([scheduler] task_instance_heartbeat_timeout, 20 s here) and retries the stage.
+    killed_run = _trigger(deployment, 3)
+    killed_pid, killed_try, killed_jvms = _signal_stage_while_spark_runs(deployment, killed_run, signal.SIGKILL,
+                                                                        lose_worker=True)
+    lost_at = time.time()
+    assert killed_jvms, f"the stage task process {killed_pid} ran no Spark JVM when it was killed"
+    lost_s = _seconds_to_commit(deployment, killed_run, lost_at)
+    _wait_success(deployment, killed_run)
+    retried = _task(deployment, killed_run, STAGE_TASK)
+    assert retried["try_number"] > killed_try, f"the stage was not retried after the kill: {retried}"
+    lost_resumed_s = _started(retried) - lost_at
+    with capsys.disabled():  # the seconds show in the test run's output, passed or not
+        print(f"\nworker lost mid-stage -> the stage's retry started: {lost_resumed_s:.1f}s, "
+              f"-> the run's epoch committed: {lost_s:.1f}s")
+    # The killed task's JVM does not outlive it (PySpark's gateway exits when its parent's pipe closes).
+    orphans = [pid for pid in killed_jvms if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert not orphans, f"the killed stage's JVM(s) {orphans} still run after the retry succeeded"
+
+    # Mark the fifth run's stage success before it runs (the UI's "Mark success"); the sixth
+    # run waits behind it (max_active_runs=1). The sensor sees at once that nothing will
+    # prepare the fifth run's epoch, and the sixth run processes both hours' input.
+    marked_run = _trigger(deployment, 4)
+    deployment.wait_for(f"{STAGE_TASK} of {marked_run} to be marked success", lambda: _mark_success(
+        deployment, marked_run, STAGE_TASK), timeout=60, interval=0.5)
+    marked_at = time.time()
+    next_run = _trigger(deployment, 5)
+    marked_s = _seconds_to_commit(deployment, next_run, marked_at)
+    _wait_success(deployment, next_run)
+    marked_resumed_s = _started(_task(deployment, next_run, STAGE_TASK)) - marked_at
+    with capsys.disabled():  # the seconds show in the test run's output, passed or not
+        print(f"\nstage marked success without running -> the next run's stage started: {marked_resumed_s:.1f}s, "
+              f"-> its epoch committed: {marked_s:.1f}s")
+    assert _run_state(deployment, marked_run) == "failed"
+    assert _task(deployment, marked_run, STAGE_TASK)["try_number"] == 0, "the marked stage ran after all"
+    sensor = _task(deployment, marked_run, "orders.prepared")
+    assert sensor["state"] == "failed", sensor
+    sensor_log = _task_log(deployment, marked_run, "orders.prepared", sensor["try_number"]).read_text(errors="replace")
+    assert "the stage was marked success without running" in sensor_log, sensor_log[-2000:]
+    assert _task(deployment, marked_run, "orders.abort")["state"] == "success"
+    # What the settings decide is how long the pipeline waits before the work starts again;
+    # the stage's own run after that is Spark's time (minutes on a loaded two-core machine).
+    assert lost_resumed_s < 60 and marked_resumed_s < 60, (lost_resumed_s, marked_resumed_s)
+
+    # The store: every epoch decided and finished.
+    pipeline = CheckpointStore.from_url(deployment.store_url).pipeline(EXAMPLE.PIPELINE)
+    statuses = pipeline.list_epochs()
+    assert statuses, "no epoch in the store"
+    assert {s.state for s in statuses} <= {EpochState.COMMITTED, EpochState.ABORTED}, \
+        [(s.epoch, s.state, s.run_id) for s in statuses]
+    committed_runs = [s.run_id for s in statuses if s.state is EpochState.COMMITTED]
+    assert sorted(committed_runs) == sorted([*runs, killed_run, next_run]), committed_runs
+    assert pipeline.epoch_for_run(marked_run, DAG_ID) is None
+
+    # The table: every generated order exactly once (the generator is deterministic).
+    expected = {order["order_id"] for hour in range(6) for order in EXAMPLE.orders_of_hour(hour)}
+    published = _published_order_ids(deployment.data)
+    duplicates = sorted({i for i in published if published.count(i) > 1})
+    assert not duplicates, f"{len(duplicates)} orders published twice, e.g. {duplicates[:5]}"
+    assert set(published) == expected, (sorted(expected - set(published))[:5], sorted(set(published) - expected)[:5])
+
+    # Airflow itself ran on PostgreSQL: the runs are rows of its metadata database there.
+    with psycopg.connect(deployment.metadata_db) as conn:
+        recorded = {r[0]: r[1] for r in conn.execute(
+            "SELECT run_id, state FROM dag_run WHERE dag_id = %s", (DAG_ID,)).fetchall()}
+    assert {recorded.get(r) for r in [*runs, killed_run, next_run]} == {"success"}, recorded
+
+    # The killed try's log: what the supervisor recorded, without a py4j traceback flood.
+    killed_log = _task_log(deployment, killed_run, STAGE_TASK, killed_try)
+    assert killed_log.is_file(), f"no log of the killed try at {killed_log}"
+    noise = _py4j_traceback_lines(killed_log)
+    assert len(noise) <= 2, f"py4j traceback lines in {killed_log} (pid {killed_pid}):\n" + "\n".join(noise[:20])
+
+    # Nothing of the deployment is left running once it is stopped by PID.
+    leftovers = deployment.stop()
+    assert not leftovers, f"processes left running after the deployment stopped: {leftovers}"

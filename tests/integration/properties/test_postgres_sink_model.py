@@ -1,0 +1,87 @@
+"""The PostgreSQL sink over whole epochs, as the table sinks' model: every committed row once.
+
+:class:`PostgresSinkModel` runs the table-sink state machine of
+:mod:`tests.integration.properties.test_table_sink_model` (good epochs, bad merge keys, schema changes,
+a wiped store, a second store and pipeline, racing committers, a crash at every point of the
+commit -- including right after the database transaction committed, before the log's
+``committed`` -- then recovery) against tables of a real PostgreSQL server, one database per
+example. The rows are read with psycopg. On top of the model's checks, the marker table
+holds each committed epoch of each store's pipeline once, and no marker of an epoch that
+did not commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import psycopg
+import pytest
+
+from airflow_seatunnel_ckpt.core import EpochState
+from tests.integration.properties.test_table_sink_model import TableSinkModel, model_tests
+from tests.postgres_server import PostgresServer
+
+pytestmark = pytest.mark.properties
+
+
+class PostgresSinkModel(TableSinkModel):
+    """The table-sink model with each table a PostgreSQL table (``public.orders_<n>``)."""
+
+    FORMAT = "postgres"
+    #: The session's server (set by the module's autouse fixture: a state machine takes no fixtures).
+    server: ClassVar[PostgresServer | None] = None
+
+    def __init__(self) -> None:
+        assert self.server is not None, "the postgres_server fixture did not run"
+        self.dbname = self.server.create_database()
+        self.dsn = self.server.conninfo(self.dbname)
+        super().__init__()
+
+    def teardown(self) -> None:
+        super().teardown()
+        assert self.server is not None
+        self.server.drop_database(self.dbname)
+
+    def options(self, table: int) -> dict[str, Any]:
+        keys = {"mode": "upsert", "merge_keys": ["id"]} if self.upsert else {}
+        return {"type": "postgres", "table": f"public.orders_{table}", "conninfo": self.dsn, "create_table": True,
+                **keys}
+
+    def target_of(self, options: dict[str, Any]) -> str:
+        return f"postgres://conninfo/{options['table']}"
+
+    def query(self, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.dsn) as conn:
+            if conn.execute("SELECT to_regclass('public.seatunnel_ckpt_epochs')").fetchone() == (None,):
+                return []
+            return conn.execute(statement, params).fetchall()
+
+    def table_ids(self, table: int) -> list[int | None]:
+        with psycopg.connect(self.dsn) as conn:
+            if conn.execute("SELECT to_regclass(%s)", (f"public.orders_{table}",)).fetchone() == (None,):
+                return []
+            return [r[0] for r in conn.execute(f"SELECT id FROM public.orders_{table}").fetchall()]
+
+    def each_committed_row_in_the_table_once(self) -> None:
+        super().each_committed_row_in_the_table_once()
+        self.each_committed_epoch_has_one_marker()
+
+    def each_committed_epoch_has_one_marker(self) -> None:
+        """Per store and pipeline: the marker rows are exactly its COMMITTED epochs that had rows."""
+        found = self.query("SELECT store_id, pipeline, epoch, count(*) FROM public.seatunnel_ckpt_epochs "
+                           "GROUP BY 1, 2, 3")
+        assert all(n == 1 for *_, n in found), f"an epoch's marker row more than once: {found}"
+        for w in self.writers:
+            store_id = w.pipeline.store_id()
+            markers = sorted(e for s, p, e, _ in found if (s, p) == (store_id, w.name))
+            committed = sorted(s.epoch for s in w.pipeline.list_epochs() if s.state is EpochState.COMMITTED)
+            assert markers == committed, (
+                f"{w.label} ({w.name!r}): marker rows for epochs {markers}, committed epochs {committed}")
+
+
+@pytest.fixture(autouse=True)
+def _server(postgres_server: PostgresServer) -> None:
+    PostgresSinkModel.server = postgres_server
+
+
+globals().update(model_tests(PostgresSinkModel, "postgres"))

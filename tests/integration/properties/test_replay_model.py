@@ -1,0 +1,92 @@
+"""Replays as steps of a model over whole epochs: every input order is in the table once, with
+the amount the stage that last processed its epoch gives, and the next epoch still runs.
+
+Steps: run an epoch with the buggy (x10) or the fixed stage, or replay from any earlier
+epoch with either. A replay from inside an earlier replay's range must be refused (nothing
+changed); any other replay rewrites its epochs' rows in the Iceberg table and the totals
+snapshot. After every step the table, the totals and the keyed state are checked against
+the model.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
+from tests.integration.properties.settings import model_settings
+from tests.spark.test_replay import Lake, order_ids, state_rows
+
+pytestmark = [pytest.mark.properties, pytest.mark.spark]
+
+#: The shared session of the running test (a state machine cannot take fixtures).
+SESSION: dict[str, Any] = {}
+FACTORS = {"buggy": 10.0, "fixed": 1.0}
+
+
+class ReplayModel(RuleBasedStateMachine):
+    """Epochs and replays of the orders pipeline, against a model of which stage wrote each order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lake = Lake(Path(tempfile.mkdtemp(prefix="replay-model-")), "iceberg")
+        self.inputs = 0  #: input files delivered (file n holds order_ids(n))
+        self.data_epochs: list[tuple[int, int]] = []  #: (epoch, input file) of every epoch that read input
+        self.stage_of: dict[int, str] = {}  #: input file -> the stage that last processed it
+        self.replays: list[tuple[int, int]] = []  #: (from, to) epoch ranges of the replays so far
+
+    @rule(stage=st.sampled_from(sorted(FACTORS)))
+    def run_epoch(self, stage: str) -> None:
+        self.inputs += 1
+        self.lake.run(SESSION["spark"], range(self.inputs, self.inputs + 1), stage)
+        self.data_epochs.append((self.lake.pipeline.last_committed_epoch() or 0, self.inputs))
+        self.stage_of[self.inputs] = stage
+
+    @rule(data=st.data(), stage=st.sampled_from(sorted(FACTORS)))
+    def replay(self, data: st.DataObject, stage: str) -> None:
+        if not self.data_epochs:
+            return
+        start = data.draw(st.sampled_from([e for e, _ in self.data_epochs]))
+        inside = any(a < start <= b for a, b in self.replays)
+        epochs_before = self.lake.pipeline.epochs()
+        try:
+            result = self.lake.replay(SESSION["spark"], start, stage=stage)
+        except ReplayError as exc:
+            assert inside, f"replay from {start} refused: {exc}"
+            assert self.lake.pipeline.epochs() == epochs_before  # refused before anything was written
+            return
+        assert not inside, f"replay from {start} ran inside an earlier replay {self.replays}"
+        self.replays.append((start, result.to_epoch))
+        for epoch, source in self.data_epochs:
+            if epoch >= start:
+                self.stage_of[source] = stage
+
+    @invariant()
+    def every_order_once_with_its_stage_amount(self) -> None:
+        if not self.inputs:
+            return
+        want: dict[int, float] = {}
+        for source in range(1, self.inputs + 1):  # dedup: an order belongs to the first file that held it
+            for order in order_ids(source):
+                want.setdefault(order, order * FACTORS[self.stage_of[source]])
+        count, distinct, total, _ = self.lake.orders_summary()
+        assert (count, distinct) == (len(want), len(want))
+        assert total == pytest.approx(sum(want.values()))
+        totals: dict[str, float] = {}
+        for order, amount in want.items():
+            totals[f"c{order % 3}"] = totals.get(f"c{order % 3}", 0.0) + amount
+        assert [(c, pytest.approx(t)) for c, t in sorted(totals.items())] == self.lake.totals()
+        assert state_rows(self.lake.pipeline)["seen_orders"] == [(o,) for o in sorted(want)]
+
+
+def test_replays_between_epochs_keep_every_order_once_with_the_last_stage_amount(spark: Any) -> None:
+    SESSION["spark"] = spark
+    try:
+        run_state_machine_as_test(ReplayModel, settings=model_settings(fast_examples=2, fast_steps=5))
+    finally:
+        SESSION.clear()
