@@ -10,8 +10,10 @@ replay, records it and commits it):
    (:func:`runner.execute_stage`) with **that epoch's pinned input** and the keyed state
    the previous replayed epoch left, staging its output below the replay epoch's staging
    (``replayed-<epoch>/``) and its state parts in the replay epoch's checkpoint;
-5. prepare, decide and commit the replay epoch: one table transaction per sink that
-   swaps the replaced epochs' files for the new ones.
+5. prepare, decide and commit the replay epoch: one table transaction per table sink
+   that swaps the replaced epochs' files for the new ones; a file sink's replay epoch
+   directory (every replayed epoch's files, side by side) swapped in for the replaced
+   epochs' directories through the target's ``_EPOCHS`` pointer.
 
 The lease of the replay epoch is held throughout, so recovery sees a running epoch, and
 an abandoned one once this process is gone (aborted: nothing of it was published).
@@ -189,6 +191,14 @@ def _merged(epoch: int, parts: list[tuple[int, SinkManifest]]) -> SinkManifest:
     root = layout.staging_dir(epoch, ATTEMPT, first.sink)
     files = [FileInfo(posixpath.join(f"{REPLAYED_DIR}{replayed}", f.path), f.size, f.crc32c)
              for replayed, manifest in parts for f in manifest.files]
+    if first.table is None:  # a file sink publishes them into one directory: their names must not collide
+        seen: dict[str, str] = {}
+        for f in files:
+            sub, _, rel = f.path.partition("/")
+            if seen.setdefault(rel, sub) != sub:
+                raise ReplayError(f"sink {first.sink!r}: epochs {seen[rel]} and {sub} (staged again by replay "
+                                  f"epoch {epoch}) both wrote a file {rel!r}; they are published into one "
+                                  "directory. Give the sink's writer unique file names (Spark's default does)")
     expectations = tuple(e for _, manifest in parts for e in manifest.expectations)
     return dataclasses.replace(first, staging=root, files=files, rows=sum(m.rows for _, m in parts),
                                expectations=expectations)
