@@ -24,7 +24,7 @@ from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.core.storage import open_storage
-from airflow_seatunnel_ckpt.core.storage.publish import EPOCHS, LATEST, current_epoch_dirs, read_epochs_pointer
+from airflow_seatunnel_ckpt.core.storage.publish import LATEST, current_epoch_dirs, read_epochs_pointer
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from tests.core import faults
@@ -219,7 +219,8 @@ def test_a_downstream_pipeline_output_source_reads_each_row_once_across_a_replay
         return result
 
     def copied() -> list[int]:
-        return sorted(i for f in (down_root / "out").rglob("*.parquet") for i in pq.read_table(f)["order_id"].to_pylist())
+        files = (down_root / "out").rglob("*.parquet")
+        return sorted(i for f in files for i in pq.read_table(f)["order_id"].to_pylist())
 
     lake.run(spark, range(1, 3), "buggy")
     downstream(1)  # reads epochs 1 and 2
