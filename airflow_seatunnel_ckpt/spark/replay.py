@@ -191,14 +191,6 @@ def _merged(epoch: int, parts: list[tuple[int, SinkManifest]]) -> SinkManifest:
     root = layout.staging_dir(epoch, ATTEMPT, first.sink)
     files = [FileInfo(posixpath.join(f"{REPLAYED_DIR}{replayed}", f.path), f.size, f.crc32c)
              for replayed, manifest in parts for f in manifest.files]
-    if first.table is None:  # a file sink publishes them into one directory: their names must not collide
-        seen: dict[str, str] = {}
-        for f in files:
-            sub, _, rel = f.path.partition("/")
-            if seen.setdefault(rel, sub) != sub:
-                raise ReplayError(f"sink {first.sink!r}: epochs {seen[rel]} and {sub} (staged again by replay "
-                                  f"epoch {epoch}) both wrote a file {rel!r}; they are published into one "
-                                  "directory. Give the sink's writer unique file names (Spark's default does)")
     expectations = tuple(e for _, manifest in parts for e in manifest.expectations)
     return dataclasses.replace(first, staging=root, files=files, rows=sum(m.rows for _, m in parts),
                                expectations=expectations)

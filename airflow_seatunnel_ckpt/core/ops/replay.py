@@ -247,9 +247,23 @@ def begin_replay(pipeline: Pipeline, plan: ReplayPlan, *, reason: str, by: str,
 
 
 def replacing(manifest: SinkManifest, plan: ReplayPlan, force: bool) -> SinkManifest:
-    """``manifest`` (a replay's staged output of one sink) as the replacement of ``plan``'s epochs."""
+    """``manifest`` (a replay's staged output of one sink) as the replacement of ``plan``'s epochs.
+
+    A file sink's files (``<replayed-epoch dir>/<path>``, one staged directory per epoch run
+    again) are published side by side into one directory: two with the same ``<path>`` are
+    refused here, before the decision, with :class:`ReplayError`.
+    """
     if manifest.mode is SinkMode.SNAPSHOT and manifest.table is not None:  # the newest snapshot replaces it anyway
         return manifest
+    if manifest.table is None:
+        seen: dict[str, str] = {}
+        for f in manifest.files:
+            sub, _, rel = f.path.partition("/")
+            if seen.setdefault(rel, sub) != sub:
+                raise ReplayError(f"pipeline {plan.pipeline!r}: sink {manifest.sink!r}: the replayed epochs' staged "
+                                  f"directories {seen[rel]} and {sub} both hold a file {rel!r}, and a file sink "
+                                  "publishes them into one directory. Give the sink's writer unique file names "
+                                  "(Spark's and the staged writer's are)")
     return dataclasses.replace(manifest, replaces=tuple(plan.replaced), force_replace=force)
 
 
