@@ -27,10 +27,12 @@ DESCRIPTION = (
     "Replay (and full refresh): restore the keyed state as of the epoch before --from-epoch, run each epoch "
     "up to --to-epoch (default: the newest) again with the input it read (pinned in the transaction log) "
     "through the stage's current code, and replace those epochs' rows in each table sink with one commit "
-    "per table (readers see the old rows or the new ones). A full refresh is --from-epoch 1. The replay is "
+    "per table, in each file sink with one swap of its _EPOCHS pointer (readers see the old rows or the new "
+    "ones). A full refresh is --from-epoch 1. The replay is "
     "recorded in the transaction log (who, why, which epochs, which code) and shown by `epochs` and `show`. "
     "Never wipe the store to start over: the input already consumed would be read again or lost. Refused "
-    "(nothing changed) for merge (upsert) and file sinks, while an epoch is in flight, and, unless --force, "
+    "(nothing changed) for merge (upsert) sinks, for snapshot sinks with --to-epoch before the newest epoch, "
+    "while an epoch is in flight, and, unless --force, "
     "when another writer committed to a table after the first replayed epoch.")
 
 

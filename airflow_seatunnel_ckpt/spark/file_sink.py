@@ -91,7 +91,10 @@ class FileSink(Sink):
       epoch's rows (an append-only table). Right for new records, and for the *changed
       keys* a keyed state returns (``aggregate(...)``), read as a changelog: the newest
       epoch holding a key has its current value. An epoch that wrote no rows publishes
-      nothing (no empty directory, no ``_SUCCESS``, no asset event).
+      nothing (no empty directory, no ``_SUCCESS``, no asset event). A replay publishes one
+      ``epoch=<R>/`` for the epochs it ran again and swaps it in for theirs through
+      ``<path>/_EPOCHS``; a reader that must never see a replay half-swapped reads the
+      directories :func:`core.storage.publish.current_epoch_dirs` names (docs/REPLAY.md).
     * ``"snapshot"``: every epoch's rows are the whole table, e.g. a keyed state's
       current values (``aggregate(..., mode="snapshot")`` or ``state.snapshot()``). The
       commit publishes ``<path>/epoch=<e>/``, points ``<path>/_LATEST`` at it and then

@@ -10,8 +10,10 @@ replay, records it and commits it):
    (:func:`runner.execute_stage`) with **that epoch's pinned input** and the keyed state
    the previous replayed epoch left, staging its output below the replay epoch's staging
    (``replayed-<epoch>/``) and its state parts in the replay epoch's checkpoint;
-5. prepare, decide and commit the replay epoch: one table transaction per sink that
-   swaps the replaced epochs' files for the new ones.
+5. prepare, decide and commit the replay epoch: one table transaction per table sink
+   that swaps the replaced epochs' files for the new ones; a file sink's replay epoch
+   directory (every replayed epoch's files, side by side) swapped in for the replaced
+   epochs' directories through the target's ``_EPOCHS`` pointer.
 
 The lease of the replay epoch is held throughout, so recovery sees a running epoch, and
 an abandoned one once this process is gone (aborted: nothing of it was published).

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from functools import reduce
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.storage.publish import EPOCHS, EpochsPointer
 from airflow_seatunnel_ckpt.core.tables import delta_planning, iceberg_planning, planning
 from airflow_seatunnel_ckpt.core.tables.catalogs import checked_table_options, embedded_catalog
 from airflow_seatunnel_ckpt.core.tables.planning import TableSourceError
@@ -204,13 +205,37 @@ class PipelineOutputSource(FileSource):
 
     Offsets: ``{"epochs": [e, ...], "files": [...], "identity": {...}}`` (``files`` as the
     file source's, so everything that reads a file source's offsets works unchanged).
+
+    An upstream replay swaps epoch directories through the target's ``_EPOCHS`` pointer:
+    the directories it hides are never read, and a replay's directory is read like any
+    epoch's -- unless this source already read some of the epochs it replaced: then it is
+    refused, or, with ``skip_replays=True``, passed over (see
+    :func:`core.tables.planning.plan_published_epochs`).
     """
 
     def __init__(self, name: str, path: str, format: str = "parquet", options: Mapping[str, Any] | None = None,
                  schema: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                 allow_missing: bool = False, bad_records: str | None = None) -> None:
+                 allow_missing: bool = False, bad_records: str | None = None, skip_replays: bool = False) -> None:
         super().__init__(name, path, format=format, options=options, schema=schema,
                          storage_options=storage_options, allow_missing=allow_missing, bad_records=bad_records)
+        self.skip_replays = _flag("pipeline_output", name, "skip_replays", skip_replays)
+
+    def epochs_pointer(self) -> EpochsPointer:
+        """The target's ``_EPOCHS`` pointer (empty when there is none)."""
+        from fsspec.core import url_to_fs
+
+        where = f"{self.url}/{EPOCHS}"
+        try:
+            fs, root = url_to_fs(self.url, **self.storage_options)
+            data = fs.cat_file(f"{root.rstrip('/')}/{EPOCHS}")
+        except FileNotFoundError:
+            return EpochsPointer()
+        except Exception as exc:
+            raise SourceError(f"pipeline_output source {self.name!r}: cannot read {where}: {exc}") from exc
+        try:
+            return EpochsPointer.parse(data, where)
+        except CheckpointError as exc:
+            raise SourceError(f"pipeline_output source {self.name!r}: {exc}") from exc
 
     def list_everything(self) -> dict[str, dict[str, Any]]:
         """Every file below the target (``_SUCCESS`` and ``_LATEST`` included) with its identity."""
@@ -236,9 +261,17 @@ class PipelineOutputSource(FileSource):
 
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """Every complete upstream epoch no committed epoch here read (see the class docs)."""
+        for _ in range(10):  # a listing between two reads of the pointer that agree: one consistent set
+            pointer = self.epochs_pointer()
+            listing = self.list_everything()
+            if self.epochs_pointer() == pointer:
+                break
+        else:
+            raise SourceError(f"pipeline_output source {self.name!r}: {self.url}/{EPOCHS} changed during each "
+                              "listing (an upstream replay is swapping epochs); the epoch runs again later")
         try:
-            return planning.plan_published_epochs(self.list_everything(), history,
-                                                  f"pipeline_output source {self.name!r} ({self.url})")
+            return planning.plan_published_epochs(listing, history, f"pipeline_output source {self.name!r} "
+                                                  f"({self.url})", pointer, self.skip_replays)
         except TableSourceError as exc:
             raise SourceError(str(exc)) from exc
 

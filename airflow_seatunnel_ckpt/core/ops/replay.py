@@ -5,9 +5,9 @@ A replay (and a *full refresh*, which is a replay from epoch 1) is one **replay 
 every epoch is settled:
 
 1. :func:`plan_replay` checks what can refuse the replay before anything is written:
-   no epoch in flight, ``N..M`` within the committed epochs, one participant, only
-   append or snapshot table sinks (a merge sink or a file sink is refused, naming it and
-   why), ``M`` the newest epoch when the pipeline has keyed state (epochs after ``M``
+   no epoch in flight, ``N..M`` within the committed epochs, one participant, no merge
+   sink (refused, naming it and why), a snapshot sink only through the newest epoch, ``M``
+   the newest epoch when the pipeline has keyed state (epochs after ``M``
    built their state on the replaced ones), ``N`` not inside an earlier replay's range,
    and the checkpoint of the epoch before ``N`` still restorable;
 2. :func:`begin_replay` begins ``R`` and writes its ``action-*-replay`` record (who, why,
@@ -22,6 +22,8 @@ every epoch is settled:
    epochs added and adds the new ones (:attr:`SinkManifest.replaces`): a reader sees the
    old rows or the new ones. A commit to the table by another writer after epoch ``N``
    refuses the replay at the decision (naming the snapshot or version) unless ``force``.
+   A file sink's replay epoch directory is swapped for the replaced epochs' directories
+   through the target's ``_EPOCHS`` pointer (:func:`core.storage.publish.replace_epoch_dirs`).
 
 A replay killed before its decision leaves an open epoch whose lease expires: recovery
 aborts it (nothing was published) and the next replay runs. Killed after the decision,
@@ -214,14 +216,13 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Sequence[Sequence[SinkManif
             sinks[sink.sink] = sink
     for sink in sinks.values():
         why = None
-        if sink.table is None:
-            why = ("it is a file sink: its epoch directories are published one by one, and replacing several "
-                   "of them is not one atomic step for a reader")
-        elif sink.table.get("merge_keys"):
+        if sink.table is not None and sink.table.get("merge_keys"):
             why = ("it upserts by key (merge_keys): the replaced epochs' rows were merged into rows other epochs "
                    "wrote too, so they cannot be taken out in one commit")
         elif sink.mode is SinkMode.SNAPSHOT and not through_newest:
-            why = "it is a snapshot sink: only a replay through the newest epoch can replace its snapshot"
+            why = ("it is a snapshot sink, which holds only the newest epoch's output: replaying earlier epochs "
+                   "alone cannot change it, and running the newest again would replace the later epochs' output "
+                   "of the other sinks too. Replay through the newest epoch (omit --to-epoch)")
         if why:
             raise ReplayError(f"pipeline {pipeline.name!r}: sink {sink.sink!r} cannot be replayed atomically: "
                               f"{why}. Nothing was changed")
@@ -246,9 +247,23 @@ def begin_replay(pipeline: Pipeline, plan: ReplayPlan, *, reason: str, by: str,
 
 
 def replacing(manifest: SinkManifest, plan: ReplayPlan, force: bool) -> SinkManifest:
-    """``manifest`` (a replay's staged output of one sink) as the replacement of ``plan``'s epochs."""
-    if manifest.mode is SinkMode.SNAPSHOT:  # the newest snapshot replaces the table anyway
+    """``manifest`` (a replay's staged output of one sink) as the replacement of ``plan``'s epochs.
+
+    A file sink's files (``<replayed-epoch dir>/<path>``, one staged directory per epoch run
+    again) are published side by side into one directory: two with the same ``<path>`` are
+    refused here, before the decision, with :class:`ReplayError`.
+    """
+    if manifest.mode is SinkMode.SNAPSHOT and manifest.table is not None:  # the newest snapshot replaces it anyway
         return manifest
+    if manifest.table is None:
+        seen: dict[str, str] = {}
+        for f in manifest.files:
+            sub, _, rel = f.path.partition("/")
+            if seen.setdefault(rel, sub) != sub:
+                raise ReplayError(f"pipeline {plan.pipeline!r}: sink {manifest.sink!r}: the replayed epochs' staged "
+                                  f"directories {seen[rel]} and {sub} both hold a file {rel!r}, and a file sink "
+                                  "publishes them into one directory. Give the sink's writer unique file names "
+                                  "(Spark's and the staged writer's are)")
     return dataclasses.replace(manifest, replaces=tuple(plan.replaced), force_replace=force)
 
 

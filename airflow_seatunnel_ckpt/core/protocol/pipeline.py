@@ -77,7 +77,7 @@ from airflow_seatunnel_ckpt.core.storage import (
     open_storage,
     publish_sink_dir,
 )
-from airflow_seatunnel_ckpt.core.storage.publish import retire_older_snapshots
+from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, replace_epoch_dirs, retire_older_snapshots
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, precheck_table
 from airflow_seatunnel_ckpt.core.tables.markers import store_id
 
@@ -634,9 +634,20 @@ class Pipeline:
         if sink.mode is not SinkMode.CHANGES:
             summary["mode"] = sink.mode.value
         owner = {"store": redact_url(self.storage.url.rsplit("/", 1)[0]), "pipeline": self.name}
-        how = publish_sink_dir(self.storage, sink.staging, target, dst, sink.files, summary,
-                               owner=owner, retries=self.config.max_retries,
-                               concurrency=self.config.publish_concurrency)
+        replay = bool(sink.replaces)  # a replay's output: one staged subdirectory per epoch run again
+        if replay:
+            summary["replaces"] = list(sink.replaces)
+            summary["files"] = [{"path": f.path.partition("/")[2], "size": f.size} for f in sink.files]
+
+        def publish() -> PublishMethod:
+            return publish_sink_dir(self.storage, sink.staging, target, dst, sink.files, summary,
+                                    owner=owner, retries=self.config.max_retries,
+                                    concurrency=self.config.publish_concurrency, flatten=replay)
+
+        if replay and sink.mode is SinkMode.CHANGES:  # swapped for the replaced epochs' directories
+            how = replace_epoch_dirs(target, dst, [layout.published_dir(e) for e in sink.replaces], publish)
+        else:
+            how = publish()
         if sink.mode is SinkMode.SNAPSHOT:
             snapshots = {e: name for name in target.list_dir("")
                          if (e := layout.parse_staging_epoch(name)) is not None}

@@ -18,7 +18,10 @@
 4. temp debris of a killed publisher is removed from the epoch directory and the
    ``_SUCCESS`` summary is written last.
 
-It never deletes published output: a failure raises :class:`PublishError` (nothing to
+A replay's epoch of a ``changes`` file sink replaces older epoch directories: it is
+published hidden and swapped in through the target's ``_EPOCHS`` pointer
+(:func:`replace_epoch_dirs`); the replaced directories are removed only after the swap.
+Otherwise it never deletes published output: a failure raises :class:`PublishError` (nothing to
 retry) or :class:`StorageError` (retried with backoff, then raised) and leaves the epoch
 COMMITTING for the next attempt.
 """
@@ -27,8 +30,10 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -50,6 +55,11 @@ SUCCESS = "_SUCCESS"
 #: In the target of a snapshot sink: the name of the directory holding the current
 #: snapshot (``epoch=<e>``, one line). Readers skip it like every ``_`` file.
 LATEST = "_LATEST"
+#: In the target of a ``changes`` sink a replay replaced epochs of: which epoch directories
+#: readers skip (JSON, see :class:`EpochsPointer`). Readers skip the file itself like every ``_`` file.
+EPOCHS = "_EPOCHS"
+#: A published epoch directory's name.
+EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
 
 
 class PublishMethod(StrEnum):
@@ -62,20 +72,32 @@ class PublishMethod(StrEnum):
 
 def publish_sink_dir(source: Storage, staging: str, target: Storage, dst: str, files: Sequence[FileInfo],
                      summary: Mapping[str, Any], *, owner: Mapping[str, str], retries: int,
-                     deadline_s: float = 300.0, concurrency: int = DEFAULT_CONCURRENCY) -> PublishMethod:
+                     deadline_s: float = 300.0, concurrency: int = DEFAULT_CONCURRENCY,
+                     flatten: bool = False) -> PublishMethod:
     """Publish one sink's staged ``files`` to ``target:dst`` and write its ``_SUCCESS``.
 
     Transient store errors are retried ``retries`` times (exponential backoff, at most
     ``deadline_s`` in all); a :class:`PublishError` is not retried. Up to ``concurrency``
-    files are checked and copied at once (see :func:`publish_files`).
+    files are checked and copied at once (see :func:`publish_files`). With ``flatten``
+    (a replay's output, one staged subdirectory per epoch run again) each file
+    ``<subdir>/<path>`` is published as ``<path>``: the directory keeps the layout of any
+    other epoch's (its partition directories right below it).
     """
+    groups: dict[str, list[FileInfo]] = {"": list(files)}
+    if flatten:
+        groups = {}
+        for f in files:
+            head, _, rest = f.path.partition("/")
+            groups.setdefault(head, []).append(FileInfo(rest, f.size, f.crc32c))
 
     @tenacity.retry(retry=tenacity.retry_if_exception(
                         lambda e: isinstance(e, StorageError) and not isinstance(e, PublishError)),
                     stop=tenacity.stop_after_attempt(retries + 1) | tenacity.stop_after_delay(deadline_s),
                     wait=tenacity.wait_exponential(multiplier=0.05, max=5), reraise=True)
     def attempt() -> PublishMethod:
-        how = publish_files(source, staging, target, dst, files, owner=owner, concurrency=concurrency)
+        hows = [publish_files(source, posixpath.join(staging, sub) if sub else staging, target, dst, group,
+                              owner=owner, concurrency=concurrency) for sub, group in groups.items()]
+        how = next((h for h in hows if h is not PublishMethod.ALREADY), PublishMethod.ALREADY)
         # A publisher killed while writing into the epoch directory (the _SUCCESS mark,
         # a copied file) left a temp file in the user-visible output. The directory
         # belongs to this epoch alone, so any temp in it is such debris; a concurrent
@@ -117,6 +139,102 @@ def retire_older_snapshots(target: Storage, snapshots: Mapping[int, str], epoch:
         if e < newest:
             target.delete(name, recursive=True)
     return current
+
+
+@dataclass(frozen=True)
+class EpochsPointer:
+    """The ``_EPOCHS`` pointer of a ``changes`` file sink's target: which epoch directories readers skip.
+
+    Written (atomically, whole) only by a replay's commit; a target no replay touched has
+    none and every ``epoch=<e>`` directory holding ``_SUCCESS`` is current. ``hidden``
+    are directories a reader skips: a replay's own directory while it is being published,
+    then, from the swap on, the directories it replaced. ``replaced_by`` maps each
+    swapped-in replay directory to the directories it replaced. ``version`` grows with
+    every write: a reader that saw the same version before and after reading read one
+    consistent set of directories.
+    """
+
+    version: int = 0
+    hidden: frozenset[str] = frozenset()
+    replaced_by: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, data: bytes, where: str) -> EpochsPointer:
+        """Read a pointer's bytes (``where`` names the file in errors)."""
+        try:
+            raw = json.loads(data)
+            return cls(int(raw["version"]), frozenset(str(d) for d in raw["hidden"]),
+                       {str(k): tuple(str(d) for d in v) for k, v in dict(raw.get("replaced_by") or {}).items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise PublishError(f"{where} is not a valid epoch pointer ({exc}); it is written only by a replay's "
+                               "commit: restore it from that commit (run the commit or recovery again), or "
+                               "remove it if no replay ever ran on this target") from None
+
+    def to_bytes(self) -> bytes:
+        """The pointer as stored."""
+        return json.dumps({"version": self.version, "hidden": sorted(self.hidden),
+                           "replaced_by": {k: list(v) for k, v in sorted(self.replaced_by.items())}},
+                          indent=1).encode()
+
+    def current(self, names: Iterable[str], complete: Callable[[str], bool]) -> list[str]:
+        """The current epoch directories among the target's entry ``names`` (``complete``: holds ``_SUCCESS``)."""
+        return sorted((n for n in names if EPOCH_DIR.match(n) and n not in self.hidden and complete(n)),
+                      key=lambda n: int(n.split("=", 1)[1]))
+
+
+def read_epochs_pointer(target: Storage) -> EpochsPointer:
+    """The target's ``_EPOCHS`` pointer (an empty one when there is none)."""
+    try:
+        return EpochsPointer.parse(target.read(EPOCHS), target.describe_path(EPOCHS))
+    except FileNotFoundError:
+        return EpochsPointer()
+
+
+def current_epoch_dirs(target: Storage, attempts: int = 10) -> tuple[int, list[str]]:
+    """The documented read path of a ``changes`` file sink: ``(version, epoch directories to read)``.
+
+    The directories ``epoch=<e>`` holding ``_SUCCESS`` that the ``_EPOCHS`` pointer does not
+    hide, listed between two reads of the pointer that agree. A reader reads the data files
+    of these directories, then calls this again (or reads the pointer): the same version
+    means no replay swapped directories meanwhile; another means read again (the old
+    directories are being removed). Raises :class:`PublishError` if the pointer keeps
+    changing for ``attempts`` listings.
+    """
+    for _ in range(attempts):
+        before = read_epochs_pointer(target)
+        dirs = before.current(target.list_dir(""), lambda d: target.exists(f"{d}/{SUCCESS}"))
+        if read_epochs_pointer(target) == before:
+            return before.version, dirs
+    raise PublishError(f"{target.describe()}: its {EPOCHS} pointer changed during each of {attempts} listings; "
+                       "a replay is swapping its epochs: read again once it committed")
+
+
+def replace_epoch_dirs(target: Storage, new: str, old: Sequence[str], publish: Callable[[], PublishMethod]
+                       ) -> PublishMethod:
+    """Publish a replay's directory ``new`` (by ``publish``) in place of the epoch directories ``old``.
+
+    1. the ``_EPOCHS`` pointer hides ``new`` (readers following it skip the directory while
+       it is written);
+    2. ``publish()`` writes ``new`` and its ``_SUCCESS``;
+    3. **the swap**: one atomic write of the pointer hides ``old`` and shows ``new``;
+    4. ``old`` are removed.
+
+    Safe to repeat after a crash at any step: a pointer that already records the swap
+    (``replaced_by[new]``) skips to step 4, so readers never go back to the old set.
+    """
+    pointer = read_epochs_pointer(target)
+    how = PublishMethod.ALREADY
+    if new not in pointer.replaced_by:
+        if new not in pointer.hidden:
+            pointer = EpochsPointer(pointer.version + 1, pointer.hidden | {new}, pointer.replaced_by)
+            target.write_atomic(EPOCHS, pointer.to_bytes())
+        how = publish()
+        pointer = EpochsPointer(pointer.version + 1, (pointer.hidden - {new}) | set(old),
+                                {**pointer.replaced_by, new: tuple(sorted(old))})
+        target.write_atomic(EPOCHS, pointer.to_bytes())
+    for name in pointer.replaced_by[new]:
+        target.delete(name, recursive=True)
+    return how
 
 
 def publish_files(source: Storage, src: str, target: Storage, dst: str, files: Iterable[FileInfo], *,

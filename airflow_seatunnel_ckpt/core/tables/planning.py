@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.storage.publish import EpochsPointer
 
 #: Where a table source starts when no committed epoch read it yet.
 START = ("earliest", "latest")
@@ -135,7 +136,8 @@ def check_start(name: str, kind: str, start: str) -> str:
 # -- another pipeline's published epochs ----------------------------------------------------------
 
 def plan_published_epochs(listing: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
-                          where: str) -> dict[str, Any]:
+                          where: str, pointer: EpochsPointer | None = None,
+                          skip_replays: bool = False) -> dict[str, Any]:
     """This epoch's offsets for a source reading another pipeline's file sink target.
 
     ``listing`` maps every path below the target (relative to it) to its fsspec info.
@@ -144,7 +146,13 @@ def plan_published_epochs(listing: Mapping[str, Any], history: Sequence[Mapping[
     consumed (a set, not a watermark: an epoch that publishes late is still read once).
     ``{"epochs": [e, ...], "files": [path, ...], "identity": {...}}``: ``files`` are
     relative to the target, as :class:`FileSource` reads them.
+
+    ``pointer`` is the target's ``_EPOCHS`` (read before and after ``listing``, the same):
+    the directories it hides are not read. An upstream replay's directory replaces epochs;
+    if this source read some of them already, reading it would deliver their rows again,
+    so it is refused -- unless ``skip_replays``, which marks it read without reading it.
     """
+    pointer = pointer or EpochsPointer()
     if LATEST in listing:
         raise TableSourceError(
             f"{where}: the target is a snapshot-mode sink (it has {LATEST}): each of its epochs is the whole "
@@ -161,10 +169,22 @@ def plan_published_epochs(listing: Mapping[str, Any], history: Sequence[Mapping[
     for rel in listing:
         head, _, rest = rel.partition("/")
         match = EPOCH_DIR.match(head)
-        if match and rest == SUCCESS:
+        if match and rest == SUCCESS and head not in pointer.hidden:
             complete[int(match.group(1))] = head
     epochs = sorted(e for e in complete if e not in consumed)
-    files = sorted(rel for rel in listing if _data_file_of(rel, {complete[e] for e in epochs}))
+    skipped = set()
+    for e in epochs:
+        read = sorted(d for d in pointer.replaced_by.get(complete[e], ())
+                      if (m := EPOCH_DIR.match(d)) and int(m.group(1)) in consumed)
+        if read and not skip_replays:
+            raise TableSourceError(
+                f"{where}: upstream epoch {e} is a replay that replaced {read}, which this source already read; "
+                "reading it would deliver their rows a second time. Replay this pipeline from the epoch that "
+                "read them (it reads the replayed rows instead), or set skip_replays=True to pass over the "
+                "replay (its rows are then not read here)")
+        if read:
+            skipped.add(complete[e])
+    files = sorted(rel for rel in listing if _data_file_of(rel, {complete[e] for e in epochs} - skipped))
     return {"epochs": epochs, "files": files, "identity": {f: listing[f] for f in files}}
 
 

@@ -10,20 +10,34 @@ import dataclasses
 
 import pytest
 
-from airflow_seatunnel_ckpt.core.models import SinkManifest
+from airflow_seatunnel_ckpt.core.models import Decision, SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, plan_replay, resume_replay
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from airflow_seatunnel_ckpt.core.tables import TableCommit, markers
 from tests.core.conftest import StoreSpec
-from tests.core.epochs import Participant, run_epoch
+from tests.core.epochs import Participant, run_epoch, stage, target_url
 
 
-def test_a_file_sink_refuses_the_replay_naming_it_and_why(fast_spec: StoreSpec) -> None:
+def test_a_file_sink_is_replayable_and_its_snapshot_mode_only_through_the_newest_epoch(fast_spec: StoreSpec) -> None:
     pipeline = fast_spec.pipeline()
     run_epoch(pipeline, "run-1")
-    with pytest.raises(ReplayError, match="sink 'orders' cannot be replayed atomically: it is a file sink"):
-        plan_replay(pipeline, 1)
-    assert pipeline.epochs() == [1]
+    run_epoch(pipeline, "run-2")
+    assert sorted(plan_replay(pipeline, 1).sinks) == ["orders"]
+
+    snapshot = fast_spec.pipeline("totals")
+    for run_id in ("run-1", "run-2"):
+        epoch = snapshot.begin(run_id).epoch
+        stage(snapshot, epoch, 1, "orders", [b"t"])
+        manifest = snapshot.manifest_for_staged(epoch, 1, "orders", target_url(snapshot, "orders"), 1)
+        manifest = dataclasses.replace(manifest, mode=SinkMode.SNAPSHOT)
+        snapshot.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[manifest], base=snapshot.restore_point())
+        snapshot.decide(epoch, Decision.COMMIT, "all prepared", by="test")
+        snapshot.commit(epoch)
+    with pytest.raises(ReplayError, match="sink 'orders' cannot be replayed atomically: it is a snapshot sink.*"
+                                          "omit --to-epoch"):
+        plan_replay(snapshot, 1, 1)
+    assert snapshot.epochs() == [1, 2]
+    assert plan_replay(snapshot, 1).to_epoch == 2
 
 
 def test_a_replay_outside_the_committed_epochs_or_while_one_is_in_flight_is_refused(fast_spec: StoreSpec) -> None:
