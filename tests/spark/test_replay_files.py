@@ -149,7 +149,7 @@ def test_snapshot_file_sink_is_refused_before_the_newest_epoch_with_the_way_out(
 #: Crash right before the n-th (``#n``, default the first) storage write whose description holds this text:
 #: before the decision; then the steps of the file sink's swap: hide the new directory, copy the second
 #: replayed epoch's files in, the swap, the removal of the old directories; the committed record. (Every
-#: single write of the swap is a crash point in tests/core/test_replay_files.py.)
+#: single write of the swap is a crash point in tests/core/ops/test_replay_files.py.)
 CRASH_POINTS = ("/decision", "(_EPOCHS)", "(epoch=3/customer=", "(_EPOCHS)#2", "delete(epoch=2)", "/committed")
 
 
