@@ -221,24 +221,28 @@ class EpochReplayOperator(ReplayOperator):
                  stage_callables: Mapping[str, Callable[..., Any]] | None = None, **kwargs: Any) -> None:
         if not stages:
             raise ValueError("EpochReplayOperator: at least one stage is needed")
-        self.stages = {name: {"sources": {}, "sinks": {}, "stage": "",
-                              **{k: options[k] for k in _STAGE_ARGS if options.get(k) is not None}}
+        # Kept as given: checked when a replay runs (a run without one never needs them).
+        self.stages = {name: {k: options[k] for k in _STAGE_ARGS if options.get(k) is not None}
                        for name, options in stages.items()}
         self.stage_callables = dict(stage_callables or {})
-        first = next(iter(self.stages))
-        super().__init__(participant=first, **self.stages[first], **kwargs)
+        super().__init__(participant=next(iter(self.stages)), stage="", sources={}, sinks={}, **kwargs)
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Run the replay the run's ``conf`` asks for with the stage of the epochs' participant."""
         asked = self._asked(context)
         participant = self._participant_of(asked)
         options = self.stages[participant]
-        if not isinstance(options["stage"], str) or not options["stage"]:
+        stage, sources, sinks = options.get("stage"), options.get("sources", {}), options.get("sinks", {})
+        if not isinstance(stage, str) or not stage:
             raise AirflowFailException(f"{self.where}: the stage task of participant {participant!r} gives no stage "
                                        "function as 'package.module:function'; a replay runs that function")
-        self.participant, self.stage = participant, options["stage"]
-        self.sources = {name: dict(opts) for name, opts in options["sources"].items()}
-        self.sinks = {name: dict(opts) for name, opts in options["sinks"].items()}
+        if not (isinstance(sources, Mapping) and isinstance(sinks, Mapping)
+                and all(isinstance(o, Mapping) for o in (*sources.values(), *sinks.values()))):
+            raise AirflowFailException(f"{self.where}: the stage task of participant {participant!r} does not give its "
+                                       "sources and sinks as name -> options mappings; a replay needs them")
+        self.participant, self.stage = participant, stage
+        self.sources = {name: dict(opts) for name, opts in sources.items()}
+        self.sinks = {name: dict(opts) for name, opts in sinks.items()}
         self.key_groups, self.spark_conf = options.get("key_groups"), dict(options.get("spark_conf") or {})
         return self._replay(context, asked, self.stage_callables.get(participant))
 
