@@ -368,7 +368,8 @@ def merge_partition(
                 if name not in old.column_names:  # a new aggregate column: empty so far
                     columns[name] = partial.column(name)
                     continue
-                value = _merge_values(old.column(name).take(take), partial.column(name), how)
+                stored = old.column(name).take(take).cast(partial.schema.field(name).type)  # widened since
+                value = _merge_values(stored, partial.column(name), how)
                 columns[name] = value.cast(partial.schema.field(name).type)
             merged = pa.table(columns).select(partial.column_names).cast(partial.schema)
         changed = merged.num_rows
