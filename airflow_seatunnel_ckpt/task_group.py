@@ -30,7 +30,7 @@ from airflow_seatunnel_ckpt.operators.abort import AbortEpochOperator
 from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
 from airflow_seatunnel_ckpt.operators.branch import CommitBranchOperator
 from airflow_seatunnel_ckpt.operators.commit import CommitEpochOperator, sink_asset
-from airflow_seatunnel_ckpt.operators.replay import EpochOrReplayBranch, EpochReplayOperator
+from airflow_seatunnel_ckpt.operators.replay import STAGE_ARGS, EpochOrReplayBranch, EpochReplayOperator
 from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
 from airflow_seatunnel_ckpt.sensors.prepared import EpochPreparedSensor
 
@@ -143,8 +143,7 @@ def checkpointed_epoch(
             decide >> fallback_task
         replay_task = EpochReplayOperator(
             task_id="replay", **store, **dict(replay or {}),
-            stages={name: {key: getattr(task, key, options.get(key)) for key in
-                           ("stage", "sources", "sinks", "key_groups", "spark_conf")}
+            stages={name: {key: getattr(task, key, options.get(key)) for key in STAGE_ARGS}
                     for (name, options), task in zip(stages.items(), stage_tasks, strict=True)},
             stage_callables={name: task.stage_callable for name, task in zip(stages, stage_tasks, strict=True)
                              if getattr(task, "stage_callable", None) is not None})

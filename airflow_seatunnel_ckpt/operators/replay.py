@@ -201,7 +201,7 @@ class EpochOrReplayBranch(BaseBranchOperator):
 
 
 #: The stage operator's arguments a replay of its participant uses.
-_STAGE_ARGS = ("stage", "sources", "sinks", "key_groups", "spark_conf")
+STAGE_ARGS = ("stage", "sources", "sinks", "key_groups", "spark_conf")
 
 
 class EpochReplayOperator(ReplayOperator):
@@ -222,7 +222,7 @@ class EpochReplayOperator(ReplayOperator):
         if not stages:
             raise ValueError("EpochReplayOperator: at least one stage is needed")
         # Kept as given: checked when a replay runs (a run without one never needs them).
-        self.stages = {name: {k: options[k] for k in _STAGE_ARGS if options.get(k) is not None}
+        self.stages = {name: {k: options[k] for k in STAGE_ARGS if options.get(k) is not None}
                        for name, options in stages.items()}
         self.stage_callables = dict(stage_callables or {})
         super().__init__(participant=next(iter(self.stages)), stage="", sources={}, sinks={}, **kwargs)
