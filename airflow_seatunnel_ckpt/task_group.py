@@ -2,12 +2,19 @@
 
 ::
 
-    stage(s) ──▶ prepared ──▶ decide ──▶ commit
-        │            │           ├─────▶ abort      (trigger rule all_done)
-        └────────────┴───────────┘ └───▶ fallback   (optional, on a failed check)
+    epoch_or_replay ──▶ stage(s) ──▶ prepared ──▶ decide ──▶ commit
+          │                 │            │           ├─────▶ abort      (trigger rule all_done)
+          │                 └────────────┴───────────┘ └───▶ fallback   (optional, on a failed check)
+          └──▶ replay       (only a run triggered with conf {"replay": {...}})
 
-Task ids inside the group: one per stage (its participant name), ``prepared``,
-``decide``, ``commit`` and ``abort``.
+Task ids inside the group: ``epoch_or_replay``, one per stage (its participant name),
+``prepared``, ``decide``, ``commit``, ``abort`` and ``replay``.
+
+A run triggered with ``conf={"replay": {"from_epoch": N, "to_epoch": M, "reason": "...",
+"force": false}}`` (``to_epoch`` and ``force`` optional) replays epochs ``N..M`` with the
+participants' own stage, sources and sinks instead of running an epoch: the normal
+epoch's tasks are skipped, the run ends green, and the next run is a normal epoch. A bad
+``conf`` fails ``epoch_or_replay`` at once, naming the key. See docs/REPLAY.md.
 """
 
 from __future__ import annotations
@@ -23,11 +30,12 @@ from airflow_seatunnel_ckpt.operators.abort import AbortEpochOperator
 from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
 from airflow_seatunnel_ckpt.operators.branch import CommitBranchOperator
 from airflow_seatunnel_ckpt.operators.commit import CommitEpochOperator, sink_asset
+from airflow_seatunnel_ckpt.operators.replay import STAGE_ARGS, EpochOrReplayBranch, EpochReplayOperator
 from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
 from airflow_seatunnel_ckpt.sensors.prepared import EpochPreparedSensor
 
 #: Task ids the group uses itself; a participant may not take one of them.
-RESERVED_TASK_IDS = ("prepared", "decide", "commit", "abort")
+RESERVED_TASK_IDS = ("prepared", "decide", "commit", "abort", "replay", "epoch_or_replay")
 
 
 def _assets_for(pipeline: str, stages: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -61,6 +69,7 @@ def checkpointed_epoch(
     commit: Mapping[str, Any] | None = None,
     abort: Mapping[str, Any] | None = None,
     fallback: BaseOperator | XComArg | None = None,
+    replay: Mapping[str, Any] | None = None,
     emit_assets: bool = True,
     stage_class: type[BaseOperator] = SparkStageOperator,
     tooltip: str = "",
@@ -82,6 +91,11 @@ def checkpointed_epoch(
     :param fallback: task (or ``@task`` call) the branch also follows when a user check
         fails, e.g. a quarantine or notification task; it is placed downstream of
         ``decide``.
+    :param replay: extra :class:`EpochReplayOperator` arguments of the ``replay`` task,
+        which runs instead of the epoch when the run's ``conf`` holds ``"replay"``
+        (``{"from_epoch": N, "to_epoch": M, "reason": "...", "force": false}``; see the
+        module docs). It runs in-process on local Spark with the stages' ``stage``,
+        ``sources``, ``sinks``, ``key_groups`` and ``spark_conf``.
     :param emit_assets: give the commit task one asset per sink with a literal URL.
     :param stage_class: operator class of the stages (any operator that prepares the
         run's epoch as a participant and accepts ``pipeline`` and the store arguments).
@@ -127,4 +141,13 @@ def checkpointed_epoch(
         [*stage_tasks, prepared] >> abort_task
         if fallback_task is not None:
             decide >> fallback_task
+        replay_task = EpochReplayOperator(
+            task_id="replay", **store, **dict(replay or {}),
+            stages={name: {key: getattr(task, key, options.get(key)) for key in STAGE_ARGS}
+                    for (name, options), task in zip(stages.items(), stage_tasks, strict=True)},
+            stage_callables={name: task.stage_callable for name, task in zip(stages, stage_tasks, strict=True)
+                             if getattr(task, "stage_callable", None) is not None})
+        route = EpochOrReplayBranch(task_id="epoch_or_replay", replay_task_id=replay_task.task_id,
+                                    epoch_task_ids=[t.task_id for t in (*stage_tasks, abort_task)])
+        route >> [*stage_tasks, abort_task, replay_task]
     return group

@@ -11,6 +11,12 @@ epoch, recorded in the transaction log with who (the DAG run) and why, whose tab
 swap the replayed epochs' rows. A refusal (an epoch in flight, a merge sink, another
 writer's commit) fails the task at once, naming the cause; see docs/REPLAY.md.
 
+A pipeline DAG built with :func:`task_group.checkpointed_epoch` takes the same ``conf``
+itself: its ``epoch_or_replay`` task (:class:`EpochOrReplayBranch`) routes such a run to
+the group's ``replay`` task (:class:`EpochReplayOperator`, the participants' own stages)
+and skips the normal epoch's tasks, so the run ends green and the next run is a normal
+epoch. :func:`replay_conf` checks the ``conf`` (the keys below and nothing else).
+
 Airflow's own backfill and clear never replay: a cleared committed run finds its epoch
 committed and publishes nothing again, and a backfill run of an already processed logical
 date is a new epoch that reads only input no epoch consumed yet.
@@ -18,9 +24,10 @@ date is a new epoch that reads only input no epoch consumed yet.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow.sdk import BaseBranchOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
@@ -31,6 +38,52 @@ if TYPE_CHECKING:
 
 #: The key of a DAG run's ``conf`` that asks for a replay.
 CONF_KEY = "replay"
+#: The keys of ``conf["replay"]``: required, then optional.
+REQUIRED_KEYS = ("from_epoch", "reason")
+OPTIONAL_KEYS = ("to_epoch", "force")
+_EXAMPLE = '{"replay": {"from_epoch": 6, "to_epoch": 10, "reason": "why", "force": false}}'
+
+
+def _epoch_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def replay_conf(conf: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
+    """The replay a DAG run's ``conf`` asks for, checked; None when it asks for none.
+
+    ``conf["replay"]`` must be an object with ``from_epoch`` (an epoch number, 1 is a full
+    refresh) and ``reason`` (a non-empty string), and optionally ``to_epoch`` (an epoch
+    number or null: the newest committed epoch) and ``force`` (a boolean, default false).
+    Any other key, a missing one or a wrong type raises ``AirflowFailException`` (no
+    retries) naming the key, ``where`` (the task) and the expected form.
+    """
+    if not conf or conf.get(CONF_KEY) is None:
+        return None
+    asked = conf[CONF_KEY]
+
+    def refuse(what: str) -> AirflowFailException:
+        return AirflowFailException(f"{where}: conf[{CONF_KEY!r}] {what}; trigger the DAG with conf {_EXAMPLE} "
+                                    "(to_epoch and force optional; from_epoch 1 is a full refresh)")
+
+    if not isinstance(asked, Mapping):
+        raise refuse(f"must be an object, got {asked!r}")
+    unknown = sorted(set(asked) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise refuse(f"has unknown key(s) {unknown} (known: {[*REQUIRED_KEYS, *OPTIONAL_KEYS]})")
+    missing = [key for key in REQUIRED_KEYS if key not in asked]
+    if missing:
+        raise refuse(f"misses {missing}")
+    if not _epoch_number(asked["from_epoch"]):
+        raise refuse(f"key 'from_epoch' must be an epoch number (an integer >= 1), got {asked['from_epoch']!r}")
+    to_epoch = asked.get("to_epoch")
+    if to_epoch is not None and not _epoch_number(to_epoch):
+        raise refuse(f"key 'to_epoch' must be an epoch number (an integer >= 1) or null, got {to_epoch!r}")
+    if not isinstance(asked["reason"], str) or not asked["reason"].strip():
+        raise refuse(f"key 'reason' must be a non-empty string saying why, got {asked['reason']!r}")
+    force = asked.get("force", False)
+    if not isinstance(force, bool):
+        raise refuse(f"key 'force' must be true or false, got {force!r}")
+    return {"from_epoch": asked["from_epoch"], "to_epoch": to_epoch, "reason": asked["reason"], "force": force}
 
 
 class ReplayOperator(BasePipelineOperator):
@@ -71,10 +124,7 @@ class ReplayOperator(BasePipelineOperator):
     def _asked(self, context: Context) -> dict[str, Any]:
         """From epoch, to epoch, reason and force: the arguments, else the run's ``conf``."""
         dag_run = context.get("dag_run")
-        conf = (getattr(dag_run, "conf", None) or {}).get(CONF_KEY) or {}
-        if not isinstance(conf, Mapping):
-            raise AirflowFailException(f"{self.where}: conf[{CONF_KEY!r}] must be an object such as "
-                                       '{"from_epoch": 6, "reason": "..."}, got ' + repr(conf))
+        conf: Mapping[str, Any] = replay_conf(getattr(dag_run, "conf", None), self.where) or {}
         asked = {"from_epoch": self.from_epoch if self.from_epoch not in (None, "") else conf.get("from_epoch"),
                  "to_epoch": self.to_epoch if self.to_epoch not in (None, "") else conf.get("to_epoch"),
                  "reason": self.reason or conf.get("reason"),
@@ -94,10 +144,14 @@ class ReplayOperator(BasePipelineOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Run the replay; its result (epochs replayed and replaced, what each sink published)."""
+        return self._replay(context, self._asked(context))
+
+    def _replay(self, context: Context, asked: Mapping[str, Any],
+                stage_fn: Callable[..., Any] | None = None) -> dict[str, Any]:
+        """Replay as ``asked`` with this task's participant, stage, sources and sinks."""
         from airflow_seatunnel_ckpt.spark.replay import replay_stage
         from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageSpec
 
-        asked = self._asked(context)
         spec = StageSpec(pipeline=self.pipeline, participant=self.participant, run_id=context["run_id"], attempt=1,
                          stage=self.stage, sources=self.sources, sinks=self.sinks,
                          store=self.hook.config.to_mapping(include_secrets=True), spark_conf=self.spark_conf,
@@ -111,7 +165,100 @@ class ReplayOperator(BasePipelineOperator):
                       asked["to_epoch"] or "newest", asked["reason"])
         with refusals_fail_at_once():
             result = replay_stage(spec, asked["from_epoch"], asked["to_epoch"], reason=str(asked["reason"]), by=by,
-                                  force=asked["force"], details=details)
+                                  force=asked["force"], details=details, stage_fn=stage_fn)
         self.log.info("pipeline %s: epochs %s replayed as epoch %s; output of epochs %s replaced", self.pipeline,
                       result.replayed, result.epoch, result.replaced)
         return result.to_dict()
+
+
+class EpochOrReplayBranch(BaseBranchOperator):
+    """First task of :func:`task_group.checkpointed_epoch`: a normal epoch, or the replay its ``conf`` asks for.
+
+    A run whose ``conf`` holds ``"replay"`` (checked by :func:`replay_conf`; a bad one
+    fails this task at once, naming the key, and nothing begins) follows ``replay_task_id``
+    only: the normal epoch's tasks are skipped. Any other run follows ``epoch_task_ids``
+    (the stages, and the abort task, whose ``all_done`` rule would otherwise run it in a
+    replay run), exactly as without this task.
+    """
+
+    ui_color = "#fdebd0"
+
+    def __init__(self, *, epoch_task_ids: Sequence[str], replay_task_id: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.epoch_task_ids = list(epoch_task_ids)
+        self.replay_task_id = replay_task_id
+
+    def choose_branch(self, context: Context) -> str | list[str]:
+        """The replay task when the run's ``conf`` asks for a replay, else the epoch's tasks."""
+        dag_id = getattr(self, "dag_id", None)
+        where = f"DAG {dag_id!r}, task {self.task_id!r}" if dag_id else f"task {self.task_id!r}"
+        asked = replay_conf(getattr(context.get("dag_run"), "conf", None), where)
+        if asked is None:
+            return self.epoch_task_ids
+        self.log.info("conf asks for a replay of epochs %s..%s (%s): the normal epoch of this run is skipped",
+                      asked["from_epoch"], asked["to_epoch"] or "newest", asked["reason"])
+        return self.replay_task_id
+
+
+#: The stage operator's arguments a replay of its participant uses.
+STAGE_ARGS = ("stage", "sources", "sinks", "key_groups", "spark_conf")
+
+
+class EpochReplayOperator(ReplayOperator):
+    """The ``replay`` task of :func:`task_group.checkpointed_epoch`: a replay with the participants' own stages.
+
+    ``stages`` maps each participant to its stage task's arguments (``stage``,
+    ``sources``, ``sinks``, ``key_groups``, ``spark_conf``; a stage given as a function is
+    called directly). The replay takes what the run's ``conf["replay"]`` asks (see
+    :func:`replay_conf`) and runs in this task, in-process on local Spark, with the stage
+    of the participant that wrote the replayed epochs (a replay has one participant).
+
+    :param stages: participant -> its stage task's arguments.
+    :param stage_callables: participant -> its stage function, when the DAG passed one.
+    """
+
+    def __init__(self, *, stages: Mapping[str, Mapping[str, Any]],
+                 stage_callables: Mapping[str, Callable[..., Any]] | None = None, **kwargs: Any) -> None:
+        if not stages:
+            raise ValueError("EpochReplayOperator: at least one stage is needed")
+        # Kept as given: checked when a replay runs (a run without one never needs them).
+        self.stages = {name: {k: options[k] for k in STAGE_ARGS if options.get(k) is not None}
+                       for name, options in stages.items()}
+        self.stage_callables = dict(stage_callables or {})
+        super().__init__(participant=next(iter(self.stages)), stage="", sources={}, sinks={}, **kwargs)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        """Run the replay the run's ``conf`` asks for with the stage of the epochs' participant."""
+        asked = self._asked(context)
+        participant = self._participant_of(asked)
+        options = self.stages[participant]
+        stage, sources, sinks = options.get("stage"), options.get("sources", {}), options.get("sinks", {})
+        if not isinstance(stage, str) or not stage:
+            raise AirflowFailException(f"{self.where}: the stage task of participant {participant!r} gives no stage "
+                                       "function as 'package.module:function'; a replay runs that function")
+        if not (isinstance(sources, Mapping) and isinstance(sinks, Mapping)
+                and all(isinstance(o, Mapping) for o in (*sources.values(), *sinks.values()))):
+            raise AirflowFailException(f"{self.where}: the stage task of participant {participant!r} does not give its "
+                                       "sources and sinks as name -> options mappings; a replay needs them")
+        self.participant, self.stage = participant, stage
+        self.sources = {name: dict(opts) for name, opts in sources.items()}
+        self.sinks = {name: dict(opts) for name, opts in sinks.items()}
+        self.key_groups, self.spark_conf = options.get("key_groups"), dict(options.get("spark_conf") or {})
+        return self._replay(context, asked, self.stage_callables.get(participant))
+
+    def _participant_of(self, asked: Mapping[str, Any]) -> str:
+        """The participant whose epochs are replayed (the only one, else the one the plan names)."""
+        from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, plan_replay
+
+        if len(self.stages) == 1:
+            return next(iter(self.stages))
+        try:
+            participant = plan_replay(self.store_pipeline, asked["from_epoch"], asked["to_epoch"]).participant
+        except ReplayError:  # the replay itself refuses (or resumes) it, naming why
+            return next(iter(self.stages))
+        if participant not in self.stages:
+            raise AirflowFailException(
+                f"{self.where}: epochs {asked['from_epoch']}..{asked['to_epoch'] or 'newest'} of pipeline "
+                f"{self.pipeline!r} were written by participant {participant!r}, which this DAG does not declare "
+                f"(it declares {sorted(self.stages)}); replay with the DAG that runs that stage")
+        return participant

@@ -65,7 +65,8 @@ def test_each_run_commits_its_epoch_exactly_once(run_at: Any, paths: dict[str, A
         assert run.state == "success"
         assert task_states(run) == {"orders.ingest": "success", "orders.prepared": "success",
                                     "orders.decide": "success", "orders.commit": "success",
-                                    "orders.abort": "skipped"}
+                                    "orders.abort": "skipped",
+                                    "orders.epoch_or_replay": "success", "orders.replay": "skipped"}
     pipeline = pipeline_of(paths)
     assert [pipeline.state(e) for e in pipeline.epochs()] == [EpochState.COMMITTED] * 3
     assert [pipeline.status(e).run_id for e in pipeline.epochs()] == [r.run_id for r in runs]
@@ -120,7 +121,8 @@ def test_failing_stage_takes_the_abort_path_and_publishes_nothing(
     assert run.state == "failed"
     assert task_states(run) == {"orders.ingest": "failed", "orders.prepared": "upstream_failed",
                                 "orders.decide": "upstream_failed",
-                                "orders.commit": "upstream_failed", "orders.abort": "success"}
+                                "orders.commit": "upstream_failed", "orders.abort": "success",
+                                "orders.epoch_or_replay": "success", "orders.replay": "skipped"}
     pipeline = pipeline_of(paths)
     status = pipeline.status(1)
     assert status.state is EpochState.ABORTED
@@ -211,7 +213,8 @@ def test_a_failed_row_check_aborts_and_routes_to_the_fallback(
 
     assert task_states(run) == {"orders.ingest": "success", "orders.prepared": "success",
                                 "orders.decide": "success", "orders.commit": "skipped",
-                                "orders.abort": "success", "quarantine": "success"}
+                                "orders.abort": "success", "quarantine": "success",
+                                "orders.epoch_or_replay": "success", "orders.replay": "skipped"}
     status = pipeline_of(paths).status(1)
     assert status.state is EpochState.ABORTED
     assert status.decision.reason == ("check failed: 3 rows staged over all sinks (orders_table=3), fewer than "

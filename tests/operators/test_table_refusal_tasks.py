@@ -100,7 +100,8 @@ def test_a_sink_refusing_the_epoch_takes_the_abort_path_and_the_next_run_commits
     assert refused.state == "success"
     assert task_states(refused) == {"orders.ingest": "success", "orders.prepared": "success",
                                     "orders.decide": "success", "orders.commit": "skipped",
-                                    "orders.abort": "success"}
+                                    "orders.abort": "success",
+                                    "orders.epoch_or_replay": "success", "orders.replay": "skipped"}
     pipeline = CheckpointStore.from_url(lake["storage_url"]).pipeline(PIPELINE)
     decision = pipeline.status(2).decision
     assert pipeline.state(2) is EpochState.ABORTED and decision is not None

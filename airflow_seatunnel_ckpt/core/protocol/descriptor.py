@@ -409,14 +409,38 @@ class StateChanges:
     compatible: list[str] = field(default_factory=list)  #: accepted and recorded (new aggregate column)
 
 
+_INTEGRAL = ("tinyint", "smallint", "int", "bigint")
+_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
+
+
+def widens(old: str, new: str) -> bool:
+    """Whether Spark type ``new`` holds every value of ``old`` exactly (a widening).
+
+    The widenings Spark and Delta's type widening allow: a larger integer, float ->
+    double, byte/short/int -> double, a decimal with no fewer integer and fraction digits.
+    """
+    if old in _INTEGRAL and new in _INTEGRAL:
+        return _INTEGRAL.index(new) > _INTEGRAL.index(old)
+    if new == "double":
+        return old in ("float", *_INTEGRAL[:3])
+    before, after = _DECIMAL.fullmatch(old), _DECIMAL.fullmatch(new)
+    if before and after:
+        (p1, s1), (p2, s2) = (map(int, m.groups()) for m in (before, after))
+        return (p2, s2) != (p1, s1) and s2 >= s1 and p2 - s2 >= p1 - s1
+    return False
+
+
 def state_changes(recorded: StateDescriptor, now: StateDescriptor) -> StateChanges:
     """Compare a state's recorded shape with the one a stage gives it now.
 
     Refused: another kind or key columns, another key-group count, an aggregate column
     whose function or input changed (``sum`` -> ``max`` would apply ``max`` to stored
     sums), an aggregate column removed (its values would be lost), a column whose type
-    changed. Compatible: a new aggregate column (it starts empty for every stored key).
-    A part of the recorded shape that is unknown (``None``) is not compared.
+    changed other than by widening a value column (a key column's type places its keys:
+    any change is refused). Compatible: a new aggregate column (it starts empty -- NULL --
+    for every stored key), a value column widened (:func:`widens`: stored values are read
+    as the wider type). A part of the recorded shape that is unknown (``None``) is not
+    compared.
     """
     refused: list[str] = []
     compatible: list[str] = []
@@ -440,7 +464,11 @@ def state_changes(recorded: StateDescriptor, now: StateDescriptor) -> StateChang
         before = {c["name"]: c["type"] for c in recorded.schema}
         for col in now.schema:
             old_type = before.get(col["name"])
-            if old_type is not None and old_type != col["type"]:
+            if old_type is None or old_type == col["type"]:
+                continue
+            if col["name"] not in now.key_columns and widens(old_type, col["type"]):
+                compatible.append(f"column {col['name']!r} widened {old_type} -> {col['type']}")
+            else:
                 refused.append(f"column {col['name']!r} type {old_type} -> {col['type']}")
     return StateChanges(refused, compatible)
 

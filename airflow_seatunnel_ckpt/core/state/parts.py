@@ -142,7 +142,8 @@ def apply_delta(base: Any, delta: Any, key_columns: list[str]) -> Any:
     if TOMBSTONE in delta.column_names:
         delta = delta.filter(pc.invert(pc.fill_null(delta.column(TOMBSTONE), False))).drop_columns([TOMBSTONE])
     # A delta may carry a column the base does not have yet (a new aggregate column): the
-    # base's rows get nulls in it.
+    # base's rows get nulls in it; or a value column widened since (int -> bigint): the
+    # base's values are read as the wider type.
     columns = list(base.column_names) + [c for c in delta.column_names if c not in base.column_names]
     return pa.concat_tables([base.filter(keep), delta.select([c for c in columns if c in delta.column_names])],
-                            promote_options="default").select(columns)
+                            promote_options="permissive").select(columns)

@@ -211,8 +211,8 @@ def merged_schema(schemas: Sequence[Any], drop_tombstones: bool) -> Any:
     return schema
 
 
-def _conform(table: Any, schema: Any) -> Any:
-    """``table`` with ``schema``'s columns: missing ones null (a column added later)."""
+def conform(table: Any, schema: Any) -> Any:
+    """``table`` with ``schema``'s columns, in its order and types: missing ones null (a column added later)."""
     import pyarrow as pa
 
     for field in schema:
@@ -257,7 +257,7 @@ def merge_sorted(
             upto = int(pc.sum(pc.less_equal(sort_keys(block, key_columns), bound)).as_py() or 0)
             piece = block.slice(0, upto)
             tomb = piece.column(TOMBSTONE) if TOMBSTONE in piece.column_names else None
-            piece = _conform(piece, schema)
+            piece = conform(piece, schema)
             if min_epoch is not None and EPOCH_COLUMN in schema.names:
                 # Rows written before the TTL was on carry their run's epoch (an upper bound).
                 j = schema.get_field_index(EPOCH_COLUMN)
@@ -278,4 +278,4 @@ def merge_sorted(
             out = out.filter(is_live(out, min_epoch, max(epochs)))
         elif min_epoch is not None and EPOCH_COLUMN in out.column_names:
             out = out.filter(pc.greater_equal(out.column(EPOCH_COLUMN), min_epoch))
-        yield _conform(out.drop_columns(["__k", "__rank"]), schema)
+        yield conform(out.drop_columns(["__k", "__rank"]), schema)

@@ -19,6 +19,7 @@ from airflow_seatunnel_ckpt.core.models import PartRef
 from airflow_seatunnel_ckpt.core.state.checkpoint import TOMBSTONE, read_chain
 from airflow_seatunnel_ckpt.core.state.run_chain import (
     compaction_cap,
+    conform,
     live_runs,
     lookup,
     merge_sorted,
@@ -367,7 +368,8 @@ def merge_partition(
                 if name not in old.column_names:  # a new aggregate column: empty so far
                     columns[name] = partial.column(name)
                     continue
-                value = _merge_values(old.column(name).take(take), partial.column(name), how)
+                stored = old.column(name).take(take).cast(partial.schema.field(name).type)  # widened since
+                value = _merge_values(stored, partial.column(name), how)
                 columns[name] = value.cast(partial.schema.field(name).type)
             merged = pa.table(columns).select(partial.column_names).cast(partial.schema)
         changed = merged.num_rows
@@ -380,11 +382,15 @@ def merge_partition(
 
 
 def read_partition(
-    batches: Iterator[pa.RecordBatch], *, settings: StateSettings
+    batches: Iterator[pa.RecordBatch], *, settings: StateSettings, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
-    """Executor side of ``snapshot()``: stream the restored state of the key groups listed."""
+    """Executor side of ``snapshot()``: stream the restored state of the key groups listed.
+
+    Every key group's rows are given ``schema``'s columns: a column its parts do not
+    hold yet (an aggregate column added since they were written) is null.
+    """
     for batch in batches:
         for key_group in batch.column(0).to_pylist():
             table = load_key_group(settings, int(key_group))
             if table is not None:
-                yield from table.to_batches()
+                yield from conform(table, schema).to_batches()

@@ -304,6 +304,7 @@ class KeyedState:
 
     def _restored_frame(self, schema: Any) -> DataFrame:
         """The restored state as a DataFrame (each task streams some key groups' chains)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
         settings = self.settings
@@ -312,23 +313,47 @@ class KeyedState:
         if isinstance(schema, str):
             schema = StructType.fromDDL(schema)
         groups = self.spark.range(self.key_groups).repartition(min(self.key_groups, 64))
-        return groups.mapInArrow(functools.partial(read_partition, settings=settings), schema)
+        read = functools.partial(read_partition, settings=settings, schema=to_arrow_schema(schema))
+        return groups.mapInArrow(read, schema)
 
     def _state_schema(self) -> Any:
-        """The columns of the state: from a committed part, else from this stage's update."""
+        """The columns of the state: this stage's update's, else the committed shape's.
+
+        After an update its columns are the state's (a new aggregate column included:
+        stored keys read NULL in it until they change or a replay refills them); before
+        one, the committed checkpoint's recorded columns, else those of a committed part.
+        """
+        if self._output is not None:
+            return self._updated_schema()
         settings = self.settings
+        recorded = self._recorded_schema()
+        if recorded is not None:
+            return recorded
         sample = next((g for g, chain in settings.chains.items() if chain), None)
         if sample is not None:
             from pyspark.sql.pandas.types import from_arrow_schema
 
             return from_arrow_schema(state_schema(settings, sample))
-        if self._output is not None:
-            return self._updated_schema()
         raise StateError(
             f"keyed state {self.name!r} has no committed content yet and this stage has not "
             "updated it, so its columns are unknown: call snapshot() after the update "
             "(aggregate/dedup), or pass snapshot(schema=...) with the state's columns"
         )
+
+    def _recorded_schema(self) -> Any:
+        """The state's columns as its committed shape records them (None if not recorded)."""
+        from pyspark.errors import PySparkException
+        from pyspark.sql.types import StructType
+
+        shape = self.restored.shape if self.restored is not None else None
+        if shape is None or not shape.schema:
+            return None
+        try:
+            return StructType.fromDDL(", ".join(f"`{c['name']}` {c['type']}" for c in shape.schema))
+        except PySparkException:  # a type name DDL does not take: the parts tell the columns
+            log.info("keyed state %s: recorded columns %s are not DDL; reading them from a part",
+                     self.name, shape.schema)
+            return None
 
     def _updated_schema(self) -> Any:
         """The state's columns as this stage's update produces them."""
