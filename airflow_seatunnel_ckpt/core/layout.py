@@ -158,6 +158,11 @@ def lease_path(epoch: int, participant: str) -> str:
     return f"{txlog_dir(epoch)}/{LEASE_PREFIX}{validate_name(participant, 'participant name')}"
 
 
+def attempt_record_name(prefix: str, participant: str, attempt: int) -> str:
+    """``<prefix><participant>-a<attempt>``: the name of a record of one attempt of a participant."""
+    return f"{prefix}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+
+
 def run_key(run_id: str, dag_id: str = "") -> str:
     """A path-safe, fixed-length key for the run ``run_id`` of DAG ``dag_id``.
 

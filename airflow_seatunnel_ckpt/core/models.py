@@ -24,6 +24,13 @@ from typing_extensions import TypedDict
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, IncompatibleFormatError
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 
+#: The record types, re-exported by :mod:`airflow_seatunnel_ckpt.core`.
+__all__ = [
+    "BeginRecord", "CheckpointMetadata", "CommitResult", "Decision", "DecisionRecord", "EpochState", "EpochStatus",
+    "OperatorState", "PartKind", "PartRef", "PreparedRecord", "PublishedSink", "SinkManifest", "SinkMode",
+    "SourceState",
+]
+
 R = TypeVar("R")
 
 #: Version of the JSON records this release writes and reads (``_metadata``, the pipeline

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
-from airflow_seatunnel_ckpt.operators.stage import airflow_context_of
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -94,6 +93,7 @@ class ReplayOperator(BasePipelineOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Run the replay; its result (epochs replayed and replaced, what each sink published)."""
+        from airflow_seatunnel_ckpt.spark.context import AirflowContext
         from airflow_seatunnel_ckpt.spark.replay import replay_stage
         from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageSpec
 
@@ -101,7 +101,7 @@ class ReplayOperator(BasePipelineOperator):
         spec = StageSpec(pipeline=self.pipeline, participant=self.participant, run_id=context["run_id"], attempt=1,
                          stage=self.stage, sources=self.sources, sinks=self.sinks,
                          store=self.hook.config.to_mapping(include_secrets=True), spark_conf=self.spark_conf,
-                         airflow_context=airflow_context_of(context, self.task_id),
+                         airflow_context=AirflowContext.of_task(context, self.task_id).to_dict(),
                          key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         dag_id = getattr(context.get("dag"), "dag_id", "")
         ti = context.get("ti")

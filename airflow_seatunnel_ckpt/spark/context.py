@@ -66,6 +66,13 @@ class AirflowContext:
         return out
 
     @classmethod
+    def of_task(cls, context: Mapping[str, Any], task_id: str) -> AirflowContext:
+        """The part of an Airflow task's ``context`` the stage sees (no try number)."""
+        return cls(dag_id=getattr(context.get("dag"), "dag_id", None), task_id=task_id, run_id=context.get("run_id"),
+                   logical_date=context.get("logical_date"), data_interval_start=context.get("data_interval_start"),
+                   data_interval_end=context.get("data_interval_end"), params=dict(context.get("params") or {}))
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> AirflowContext:
         """Parse :meth:`to_dict` output (empty or ``None``: run outside Airflow)."""
         data = dict(data or {})
