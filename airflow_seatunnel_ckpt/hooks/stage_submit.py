@@ -57,7 +57,8 @@ def attempt_for_try(try_number: int) -> int:
 
 
 class StageSubmitHook(BaseHook):
-    """Launch one participant's stage through ``spark-submit``, find it again, stop it, wait for it.
+    """Run one participant's stage in this process, or launch it through ``spark-submit``, find it again,
+    stop it, wait for it.
 
     :param pipeline: the pipeline the stage prepares an epoch of.
     :param participant: the stage's participant name.

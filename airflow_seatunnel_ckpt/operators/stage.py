@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import conf
@@ -115,7 +115,6 @@ class SparkStageOperator(BasePipelineOperator):
         self.archives = list(archives or [])
         self.deferrable = deferrable
         self.poll_interval = poll_interval
-        self._submit_hook: StageSubmitHook | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
@@ -195,15 +194,12 @@ class SparkStageOperator(BasePipelineOperator):
         result = self.submit_hook.result(check, attempt, self.stage)
         return self.execute(context) if result is None else self._prepared(result, attempt, began_here)
 
-    @property
+    @cached_property
     def submit_hook(self) -> StageSubmitHook:
         """The hook that runs the stage in-process, or submits, reconnects to, cancels and waits for it."""
-        if self._submit_hook is None:
-            self._submit_hook = StageSubmitHook(
-                self.store_pipeline, self.participant, conn_id=self.conn_id,
-                spark_submit_kwargs=self.spark_submit_kwargs, python=self.python, archives=self.archives,
-                poll_interval=self.poll_interval, by=f"stage {self.where}")
-        return self._submit_hook
+        return StageSubmitHook(self.store_pipeline, self.participant, conn_id=self.conn_id,
+                               spark_submit_kwargs=self.spark_submit_kwargs, python=self.python,
+                               archives=self.archives, poll_interval=self.poll_interval, by=f"stage {self.where}")
 
     def _prepared(self, result: StageResult, attempt: int, began_here: bool = False) -> dict[str, Any]:
         """Log and return (XCom) a stage result."""
@@ -228,8 +224,8 @@ class SparkStageOperator(BasePipelineOperator):
 
     def on_kill(self) -> None:
         """Stop the stage's work when Airflow terminates this task (SIGTERM): :meth:`StageSubmitHook.on_kill`."""
-        if self._submit_hook is not None:
-            self._submit_hook.on_kill()
+        if "submit_hook" in self.__dict__:  # (a hook not made yet has nothing to stop)
+            self.submit_hook.on_kill()
 
     def get_openlineage_facets_on_start(self) -> OperatorLineage:
         """OpenLineage at the start: the declared sources and sinks, the pipeline and participant."""
