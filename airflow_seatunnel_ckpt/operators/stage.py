@@ -120,7 +120,7 @@ class SparkStageOperator(BasePipelineOperator):
         """Prepare the run's epoch (or return the attempt that already did)."""
         from airflow_seatunnel_ckpt.hooks.kafka import with_kafka_connections
         from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
-        from airflow_seatunnel_ckpt.spark import StageResult, StageSpec
+        from airflow_seatunnel_ckpt.spark import DEFAULT_KEY_GROUPS, StageResult, StageSpec
         from airflow_seatunnel_ckpt.spark.context import AirflowContext
 
         # The rendered values (a templated path, format or URL) are checked now.
@@ -146,7 +146,7 @@ class SparkStageOperator(BasePipelineOperator):
             store=self.hook.config.to_mapping(include_secrets=True),
             spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if self.conn_id else self.spark_conf,
             airflow_context=AirflowContext.of_task(context, self.task_id).to_dict(), dry_run=dry_run,
-            **({} if self.key_groups is None else {"key_groups": self.key_groups}))
+            key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s", self.pipeline, self.stage,
                       self.participant, attempt, f"through spark-submit (connection {self.conn_id})" if self.conn_id
                       else "in-process on local Spark")
