@@ -44,7 +44,7 @@ from typing import Any, NoReturn
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import EpochStatus, PublishedSink
+from airflow_seatunnel_ckpt.core.models import PublishedSink
 from airflow_seatunnel_ckpt.core.protocol.expectations import describe as describe_expectation
 from airflow_seatunnel_ckpt.core.protocol.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
@@ -170,17 +170,6 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rows_per_sink(status: EpochStatus) -> dict[str, int]:
-    """Rows per sink: published ones once committed, else what the participants staged."""
-    if status.published:
-        return dict(sorted((pub.sink, pub.rows) for pub in status.published))
-    out: dict[str, int] = {}
-    for record in status.prepared.values():
-        for manifest in record.sinks:
-            out[manifest.sink] = out.get(manifest.sink, 0) + manifest.rows
-    return dict(sorted(out.items()))
-
-
 def _epoch_entry(p: StoredPipeline, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """One epoch's ``--json`` entry and table row; a damaged record makes a DAMAGED row, not an error."""
     try:
@@ -195,7 +184,7 @@ def _epoch_entry(p: StoredPipeline, epoch: int) -> tuple[dict[str, Any], dict[st
                 {"epoch": epoch, "state": state, "logical_date": "?", "run_id": "?", "participants": "?",
                  "rows": "?", "decision": f"DAMAGED record {where}"})
     logical_date = s.begin.logical_date if s.begin else ""
-    rows = _rows_per_sink(s)
+    rows = s.rows_per_sink()
     data = {**s.to_dict(), "logical_date": logical_date or None, "rows": rows,
             "expectations": expectation_summary(s.prepared.values())}
     row = {"epoch": s.epoch, "state": s.state.value, "logical_date": logical_date or "-", "run_id": s.run_id,

@@ -5,25 +5,9 @@ It imports neither Airflow nor PySpark, so it can be used (and tested) from any
 orchestrator or process. Start at :class:`CheckpointStore`.
 """
 
-from airflow_seatunnel_ckpt.core import errors
+from airflow_seatunnel_ckpt.core import errors, models
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
-from airflow_seatunnel_ckpt.core.models import (
-    BeginRecord,
-    CheckpointMetadata,
-    CommitResult,
-    Decision,
-    DecisionRecord,
-    EpochState,
-    EpochStatus,
-    OperatorState,
-    PartKind,
-    PartRef,
-    PreparedRecord,
-    PublishedSink,
-    SinkManifest,
-    SinkMode,
-    SourceState,
-)
+from airflow_seatunnel_ckpt.core.models import *  # noqa: F403 -- the record types, as models.__all__ names them
 from airflow_seatunnel_ckpt.core.ops.retention import RetentionReport
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryReport, RecoveryStep
@@ -34,10 +18,8 @@ from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, open_storage
 from airflow_seatunnel_ckpt.core.store import CheckpointStore, StoredPipeline
 
 __all__ = [
-    "BeginRecord", "CheckpointConfig", "CheckpointManager", "CheckpointMetadata", "CheckpointStore",
-    "CommitResult", "Decision", "DecisionRecord", "EpochState", "EpochStatus", "FileInfo", "OperatorState",
-    "PartKind", "PartRef", "Pipeline", "PreparedRecord", "Problem", "PublishedSink", "RecoveryReport",
-    "RecoveryStep", "RestorePoint", "RestoreSource", "RetentionReport", "SinkManifest", "SinkMode", "SourceState",
-    "Storage",
-    "StoredPipeline", "TransactionLog", "errors", "open_storage",
+    "CheckpointConfig", "CheckpointManager", "CheckpointStore", "FileInfo", "Pipeline", "Problem", "RecoveryReport",
+    "RecoveryStep", "RestorePoint", "RestoreSource", "RetentionReport", "Storage", "StoredPipeline", "TransactionLog",
+    "errors", "open_storage",
 ]
+__all__ += models.__all__

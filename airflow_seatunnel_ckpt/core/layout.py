@@ -158,6 +158,11 @@ def lease_path(epoch: int, participant: str) -> str:
     return f"{txlog_dir(epoch)}/{LEASE_PREFIX}{validate_name(participant, 'participant name')}"
 
 
+def attempt_record_name(prefix: str, participant: str, attempt: int) -> str:
+    """``<prefix><participant>-a<attempt>``: the name of a record of one attempt of a participant."""
+    return f"{prefix}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+
+
 def run_key(run_id: str, dag_id: str = "") -> str:
     """A path-safe, fixed-length key for the run ``run_id`` of DAG ``dag_id``.
 
@@ -179,17 +184,27 @@ def run_index_dir(run_id: str, dag_id: str = "") -> str:
     return f"{RUNS}/{run_key(run_id, dag_id)}"
 
 
+def _version_name(version: int, width: int, what: str) -> str:
+    """``v<version>``, zero-padded to ``width`` digits: the name of one write-once version of ``what``."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 10**width:
+        raise ValueError(f"{what} version must be an integer in 1..{10**width - 1}, got {version!r}")
+    return f"v{version:0{width}d}"
+
+
+def _parse_version(pattern: re.Pattern[str], name: str) -> int | None:
+    """The version in ``name`` if it is a version name (``pattern``), else None."""
+    m = pattern.fullmatch(name)
+    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
+
+
 def descriptor_path(version: int) -> str:
     """``_descriptor/v<NNNNNN>.json``: one write-once version of the pipeline descriptor."""
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 10**DESCRIPTOR_WIDTH:
-        raise ValueError(f"descriptor version must be an integer in 1..999999, got {version!r}")
-    return f"{DESCRIPTOR}/v{version:0{DESCRIPTOR_WIDTH}d}.json"
+    return f"{DESCRIPTOR}/{_version_name(version, DESCRIPTOR_WIDTH, 'descriptor')}.json"
 
 
 def parse_descriptor_name(name: str) -> int | None:
     """The version of a ``v<NNNNNN>.json`` descriptor file name, or None for anything else."""
-    m = _DESCRIPTOR_FILE.fullmatch(name)
-    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
+    return _parse_version(_DESCRIPTOR_FILE, name)
 
 
 def staging_epoch_dir(epoch: int) -> str:
@@ -233,12 +248,9 @@ _SETTLED_FILE = re.compile(r"v(\d{12})")
 
 def settled_path(version: int) -> str:
     """``_txlog/_settled/v<NNNNNNNNNNNN>``: one write-once version of the settled watermark."""
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 10**SETTLED_WIDTH:
-        raise ValueError(f"settled record version must be an integer in 1..{10**SETTLED_WIDTH - 1}, got {version!r}")
-    return f"{SETTLED}/v{version:0{SETTLED_WIDTH}d}"
+    return f"{SETTLED}/{_version_name(version, SETTLED_WIDTH, 'settled record')}"
 
 
 def parse_settled_name(name: str) -> int | None:
     """The version of a ``v<NNNNNNNNNNNN>`` settled record name, or None for anything else."""
-    m = _SETTLED_FILE.fullmatch(name)
-    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
+    return _parse_version(_SETTLED_FILE, name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass as plain_dataclass
 from dataclasses import field
 from typing import Annotated, Any, Literal, TypeVar
@@ -23,6 +23,13 @@ from typing_extensions import TypedDict
 
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, IncompatibleFormatError
 from airflow_seatunnel_ckpt.core.storage import FileInfo
+
+#: The record types, re-exported by :mod:`airflow_seatunnel_ckpt.core`.
+__all__ = [
+    "BeginRecord", "CheckpointMetadata", "CommitResult", "Decision", "DecisionRecord", "EpochState", "EpochStatus",
+    "OperatorState", "PartKind", "PartRef", "PreparedRecord", "PublishedSink", "SinkManifest", "SinkMode",
+    "SourceState",
+]
 
 R = TypeVar("R")
 
@@ -465,6 +472,24 @@ class EpochStatus:
     def run_id(self) -> str | None:
         """The run the epoch was given to."""
         return self.begin.run_id if self.begin else None
+
+    def rows_per_sink(self) -> dict[str, int]:
+        """Rows per sink: the published ones once committed, else what the participants staged."""
+        return self._per_sink(lambda published: published.rows, lambda staged: staged.rows)
+
+    def files_per_sink(self) -> dict[str, int]:
+        """Files per sink: the published ones once committed, else what the participants staged."""
+        return self._per_sink(lambda published: published.files, lambda staged: len(staged.files))
+
+    def _per_sink(self, of_published: Callable[[PublishedSink], int],
+                  of_staged: Callable[[SinkManifest], int]) -> dict[str, int]:
+        if self.published:
+            return dict(sorted((pub.sink, of_published(pub)) for pub in self.published))
+        out: dict[str, int] = {}
+        for record in self.prepared.values():
+            for manifest in record.sinks:
+                out[manifest.sink] = out.get(manifest.sink, 0) + of_staged(manifest)
+        return dict(sorted(out.items()))
 
     def to_dict(self) -> dict[str, Any]:
         """A summary for logs, XCom and ``--json`` output (no secrets)."""

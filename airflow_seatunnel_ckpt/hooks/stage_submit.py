@@ -1,11 +1,12 @@
-"""The stage's ``spark-submit`` process: submit detached, reconnect, cancel (fence) and wait.
+"""The stage's process: run in-process, or ``spark-submit`` detached, reconnect, cancel (fence) and wait.
 
-:class:`StageSubmitHook` holds every process decision of a submitted stage, as the Apache
-Spark provider's ``SparkSubmitHook`` does for its operator: the stage operator builds one
-and calls it, and so does the submission trigger. A retry reconnects to the attempt of a
+:class:`StageSubmitHook` holds every process decision of a stage, as the Apache Spark
+provider's ``SparkSubmitHook`` does for its operator: the stage operator builds one and
+calls it, and so does the submission trigger. A retry reconnects to the attempt of a
 try whose worker died while it waited in-process; it stops the attempt of a try that had
 deferred on it (that try was ended in Airflow: cleared, marked, or its trigger timed out)
-and submits its own.
+and submits its own. Terminated (``on_kill``), it stops what this process runs: the
+``spark-submit`` it waits for, or the in-process stage's Spark jobs.
 
 See :mod:`airflow_seatunnel_ckpt.core.protocol.submissions` for the records and the judgement,
 and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir
+from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir, earlier_attempt
 from airflow_seatunnel_ckpt.core.protocol.submissions import (
     DeferralRecord,
     SubmissionCheck,
@@ -41,8 +42,23 @@ if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
 
 
+#: The attempt id of a run with try number 0, which Airflow gives a task it runs without the
+#: scheduler (``airflow tasks test``). It is kept apart from the ids of real tries (1, 2, ...)
+#: so that such a run never shares a staging directory or lease with a scheduled try of the
+#: same DAG run; which of them prepares first still wins, as for any two attempts.
+UNSCHEDULED_ATTEMPT = 1_000_000
+
+
+def attempt_for_try(try_number: int) -> int:
+    """The stage's attempt id for Airflow's ``try_number`` (see :data:`UNSCHEDULED_ATTEMPT`)."""
+    if try_number == 0:
+        return UNSCHEDULED_ATTEMPT
+    return try_number
+
+
 class StageSubmitHook(BaseHook):
-    """Launch one participant's stage through ``spark-submit``, find it again, stop it, wait for it.
+    """Run one participant's stage in this process, or launch it through ``spark-submit``, find it again,
+    stop it, wait for it.
 
     :param pipeline: the pipeline the stage prepares an epoch of.
     :param participant: the stage's participant name.
@@ -68,6 +84,34 @@ class StageSubmitHook(BaseHook):
         self.by = by or f"{participant} on {socket.gethostname()}"
         #: the attempt this hook submitted or reconnected to, while it waits for it in-process
         self.submission: SubmissionRecord | None = None
+        #: set by :meth:`on_kill`: the in-process stage's error is then the termination's
+        self.terminated = False
+
+    # -- in-process --------------------------------------------------------------------
+    def run_in_process(self, spec: StageSpec, epoch: int,
+                       stage_fn: Callable[..., Any] | None = None) -> StageResult:
+        """Run ``spec``'s attempt of ``epoch`` in this process on local Spark (``stage_fn``: the function itself).
+
+        Says first what an earlier attempt left (a killed try logs nothing itself). After
+        :meth:`on_kill`, the interrupted Spark call's error -- the cancelled job's Java stack,
+        py4j's network errors -- is replaced by one :class:`StageTerminatedError` (``from
+        None``: no chained tracebacks); an error of the task runner itself passes through.
+        """
+        from airflow_seatunnel_ckpt.spark import run_stage
+        from airflow_seatunnel_ckpt.spark.termination import StageTerminatedError
+
+        if not spec.dry_run and (note := earlier_attempt(self.pipeline, epoch, self.participant, spec.attempt)):
+            self.log.warning("%s", note)
+        try:
+            return run_stage(spec, stage_fn=stage_fn)
+        except Exception as exc:
+            if not self.terminated:
+                raise
+            self.log.debug("the interrupted stage raised %s: %s", type(exc).__name__, exc)
+            raise StageTerminatedError(
+                f"stage {self.participant} of pipeline {self.pipeline.name!r} was terminated (SIGTERM) while Spark "
+                f"ran: epoch {epoch}, attempt {spec.attempt} stays unprepared and a retry stages anew "
+                "(nothing was published)") from None
 
     # -- submit or reconnect -----------------------------------------------------------
     def submit(self, spec: StageSpec, epoch: int, try_number: int) -> SubmissionRecord:
@@ -171,10 +215,18 @@ class StageSubmitHook(BaseHook):
         with contextlib.suppress(OSError):
             os.remove(record.log)
 
-    def result(self, check: SubmissionCheck, stage: str) -> StageResult:
-        """The stage result of a finished attempt: its prepared record, or SubmitError naming why it has none."""
+    def result(self, check: SubmissionCheck, attempt: int, stage: str) -> StageResult | None:
+        """Take the outcome of a finished attempt: its stage result, or SubmitError naming why it has none.
+
+        None when the attempt was an earlier try's, reconnected to, and it failed or was
+        lost: try ``attempt`` then submits its own.
+        """
         from airflow_seatunnel_ckpt.spark.submit import result_of
 
+        self.finish(check)
+        if check.outcome in (SubmissionOutcome.FAILED, SubmissionOutcome.LOST) and check.attempt != attempt:
+            self.log.warning("%s; submitting this try's own attempt %s", check.message, attempt)
+            return None
         return result_of(self.pipeline, self.participant, check, stage)
 
     # -- stop --------------------------------------------------------------------------
@@ -186,14 +238,27 @@ class StageSubmitHook(BaseHook):
         return request_cancel(self.pipeline, epoch, self.participant, attempt, by=by or self.by, reason=reason)
 
     def on_kill(self) -> bool:
-        """Stop the attempt this process waits for (fence it, terminate its launcher); False if none.
+        """Stop what this process runs for the stage when Airflow terminates the task (SIGTERM); False if nothing.
 
-        ``spark-submit`` passes SIGTERM on to a cluster-mode application as it does on
-        Ctrl-C; the launcher's exit record then says so.
+        Airflow 3's task runner calls ``on_kill`` only on SIGTERM (marked failed in the UI,
+        a lost heartbeat); without it the stage runs on until the supervisor escalates to
+        SIGKILL. The ``spark-submit`` attempt this process waits for is fenced and its
+        launcher terminated (``spark-submit`` passes SIGTERM on to a cluster-mode
+        application as it does on Ctrl-C; the launcher's exit record then says so). A
+        deferred try holds no process: its trigger's ``on_kill`` stops the submission, and
+        so does the next try if the trigger never ran. An in-process stage has its Spark
+        jobs cancelled and its session stopped: it fails now with one error (see
+        :meth:`run_in_process`), its attempt unprepared; a retry stages anew.
         """
+        from airflow_seatunnel_ckpt.spark.termination import quiet_py4j, stop_local_spark
+
         submission = self.submission
         if submission is None or submission.host != socket.gethostname():
-            return False
+            quiet_py4j()
+            self.terminated = True
+            return not self.conn_id and stop_local_spark(lambda: self.log.warning(
+                "terminated: cancelling the Spark jobs of stage %s and stopping its session; this attempt stays "
+                "unprepared", self.participant))
         from airflow_seatunnel_ckpt.spark.launch import terminate
 
         self.log.warning("terminated: stopping spark-submit of %s attempt %s (launcher pid %s)",

@@ -16,7 +16,9 @@ another DAG with a pipeline of the same name is refused before anything is writt
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -25,17 +27,46 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.errors import retryable
 from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor, ensure_descriptor
+from airflow_seatunnel_ckpt.core.protocol.recovery import PendingWait, begin_unblocked
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook, StoreSettings
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_seatunnel_ckpt.core import Pipeline
+    from airflow_seatunnel_ckpt.core import BeginRecord, Pipeline
 
 #: Template fields of every task that opens a store.
 STORE_TEMPLATE_FIELDS: tuple[str, ...] = ("store_conn_id", "storage_url")
 #: Template fields every pipeline task declares.
 PIPELINE_TEMPLATE_FIELDS: tuple[str, ...] = ("pipeline", *STORE_TEMPLATE_FIELDS)
+#: DAG run states after which a run never touches its epoch again.
+TERMINAL_RUN_STATES = ("success", "failed")
+
+_log = logging.getLogger(__name__)
+
+
+def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None) -> Callable[[str, str], bool | None]:
+    """``run_finished(run_id, dag_id)`` for :func:`~airflow_seatunnel_ckpt.core.protocol.lease.liveness`.
+
+    Asks the Airflow API (through the task's supervisor) for the state of the DAG run that
+    began an epoch: ``True`` when it is in a terminal state, ``False`` while it runs,
+    ``None`` when Airflow cannot say (no such run in that DAG, e.g. an epoch begun from the
+    command line, or the DAG is unknown) -- then only the lease decides.
+    """
+    ti = context["ti"]
+
+    def finished(run_id: str, dag_id: str) -> bool | None:
+        dag = dag_id or default_dag_id
+        if not dag:
+            return None
+        try:
+            state = ti.get_dagrun_state(dag_id=dag, run_id=run_id)
+        except Exception as exc:  # not found, API unreachable: unknown, never fatal
+            _log.info("cannot ask Airflow for the state of run %r of DAG %r: %s", run_id, dag, exc)
+            return None
+        return str(getattr(state, "value", state)) in TERMINAL_RUN_STATES
+
+    return finished
 
 
 @contextlib.contextmanager
@@ -154,6 +185,38 @@ class BasePipelineOperator(BaseStoreOperator):
         """The epoch the DAG run of ``context`` holds, or ``None`` if it has not begun one."""
         return self.store_pipeline.epoch_for_run(context["run_id"], dag_id=context["dag"].dag_id)
 
+    def begin_epoch(self, context: Context, *, poke_interval: float, wait_timeout: float | None) -> BeginRecord:
+        """The run's epoch, once no earlier undecided epoch blocks it (else the task is rescheduled).
+
+        The blocking epoch is resolved (:func:`~airflow_seatunnel_ckpt.core.protocol.recovery.begin_unblocked`,
+        asking Airflow whether its owning run is finished): dead, it is aborted here; decided
+        commit, it is published; alive, the task is *rescheduled* (the worker slot is freed,
+        the try number kept, no triggerer needed) and looks again after ``poke_interval``
+        seconds, for at most ``wait_timeout`` seconds in all.
+        """
+        from airflow.sdk.exceptions import AirflowRescheduleException
+
+        dag_id, run_id = context["dag"].dag_id, context["run_id"]
+        logical = context.get("logical_date")  # recorded in ``begin``: which interval the epoch processed
+        begun = begin_unblocked(
+            self.store_pipeline, run_id, logical_date=logical.isoformat() if logical is not None else "",
+            run_finished=ask_airflow_run_finished(context, dag_id), by=f"stage {dag_id}/{run_id}/{self.task_id}",
+            waited_s=lambda: _waited_s(context), wait_timeout_s=wait_timeout)
+        if not isinstance(begun, PendingWait):
+            return begun
+        self.log.info("%s; this run waits (rescheduled in %gs, waited %.0fs of %gs). To abort it now: `%s`",
+                      begun.reason, poke_interval, begun.waited_s, begun.limit_s, begun.command)
+        raise AirflowRescheduleException(datetime.now(tz=UTC) + timedelta(seconds=poke_interval))
+
     def metric_tags(self) -> dict[str, str]:
         """Tags attached to every metric this task emits."""
         return {"pipeline": self.pipeline}
+
+
+def _waited_s(context: Context) -> float:
+    """Seconds since this try was first rescheduled (0 on the first look)."""
+    try:
+        first = context["ti"].get_first_reschedule_date(context)
+    except Exception:  # an Airflow that cannot say: count from now
+        first = None
+    return 0.0 if first is None else max(0.0, (datetime.now(tz=UTC) - first).total_seconds())

@@ -20,8 +20,8 @@ from airflow_seatunnel_ckpt.operators.base import (
     STORE_TEMPLATE_FIELDS,
     BasePipelineOperator,
     BaseStoreOperator,
+    ask_airflow_run_finished,
 )
-from airflow_seatunnel_ckpt.operators.stage import ask_airflow_run_finished
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

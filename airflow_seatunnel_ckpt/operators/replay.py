@@ -31,7 +31,6 @@ from airflow.sdk import BaseBranchOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
-from airflow_seatunnel_ckpt.operators.stage import airflow_context_of
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -149,13 +148,14 @@ class ReplayOperator(BasePipelineOperator):
     def _replay(self, context: Context, asked: Mapping[str, Any],
                 stage_fn: Callable[..., Any] | None = None) -> dict[str, Any]:
         """Replay as ``asked`` with this task's participant, stage, sources and sinks."""
+        from airflow_seatunnel_ckpt.spark.context import AirflowContext
         from airflow_seatunnel_ckpt.spark.replay import replay_stage
         from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageSpec
 
         spec = StageSpec(pipeline=self.pipeline, participant=self.participant, run_id=context["run_id"], attempt=1,
                          stage=self.stage, sources=self.sources, sinks=self.sinks,
                          store=self.hook.config.to_mapping(include_secrets=True), spark_conf=self.spark_conf,
-                         airflow_context=airflow_context_of(context, self.task_id),
+                         airflow_context=AirflowContext.of_task(context, self.task_id).to_dict(),
                          key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         dag_id = getattr(context.get("dag"), "dag_id", "")
         ti = context.get("ti")

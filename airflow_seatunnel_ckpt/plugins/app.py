@@ -11,6 +11,7 @@ failed: what it did or the error) once it is over.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at runtime.
+from collections.abc import Container
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -88,7 +89,7 @@ def run_finished_in_db(run_id: str, dag_id: str) -> bool | None:
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from airflow_seatunnel_ckpt.operators.stage import TERMINAL_RUN_STATES
+    from airflow_seatunnel_ckpt.operators.base import TERMINAL_RUN_STATES
 
     if not dag_id:
         return None
@@ -197,15 +198,21 @@ def create_app() -> FastAPI:
         _authorize(user, "PUT", overview.owner_dag_id(p))
         return p
 
+    def _action(store_key: str, name: str, epoch: int, kind: str, body: ActionBody, user: Any,
+                allowed: Container[EpochState], only: str) -> tuple[Any, str]:
+        """Record the user's action ``kind`` on ``epoch``; refused (409) unless the epoch's state is ``allowed``."""
+        p = _guarded(store_key, name, user)
+        state = _state(p, epoch)
+        action = p.txlog.record_action(epoch, kind, _actor(user), body.reason)
+        if state not in allowed:
+            raise _refused(p, epoch, action, f"epoch {epoch} is {state.value}: only {only}")
+        return p, action
+
     @app.post("/stores/{store_key}/pipelines/{name}/epochs/{epoch}/abort")
     def abort(store_key: str, name: str, epoch: int, body: ActionBody, user: User) -> JSONResponse:
         """Abort an undecided (OPEN or PREPARED) epoch."""
-        p = _guarded(store_key, name, user)
-        state = _state(p, epoch)
-        action = p.txlog.record_action(epoch, "abort", _actor(user), body.reason)
-        if state not in overview.ABORTABLE:
-            raise _refused(p, epoch, action, f"epoch {epoch} is {state.value}: only an undecided "
-                           "(OPEN or PREPARED) epoch can be aborted")
+        p, action = _action(store_key, name, epoch, "abort", body, user, overview.ABORTABLE,
+                            "an undecided (OPEN or PREPARED) epoch can be aborted")
         try:
             record = p.abort(epoch, body.reason, by=_actor(user))
         except DecisionConflictError as exc:
@@ -219,12 +226,8 @@ def create_app() -> FastAPI:
     @app.post("/stores/{store_key}/pipelines/{name}/epochs/{epoch}/retry-publish")
     def retry_publish(store_key: str, name: str, epoch: int, body: ActionBody, user: User) -> JSONResponse:
         """Publish a COMMITTING epoch again (idempotent; the decision stays)."""
-        p = _guarded(store_key, name, user)
-        state = _state(p, epoch)
-        action = p.txlog.record_action(epoch, "retry-publish", _actor(user), body.reason)
-        if state is not EpochState.COMMITTING:
-            raise _refused(p, epoch, action, f"epoch {epoch} is {state.value}: only a COMMITTING "
-                           "epoch's publish can be retried")
+        p, action = _action(store_key, name, epoch, "retry-publish", body, user, (EpochState.COMMITTING,),
+                            "a COMMITTING epoch's publish can be retried")
         try:
             resolution = resolve_epoch(p, epoch, by=_actor(user))
         except Exception as exc:  # anything but a store or target error (those come back in the resolution)

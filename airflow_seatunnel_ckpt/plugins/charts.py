@@ -18,7 +18,6 @@ from html import escape
 
 from markupsafe import Markup
 
-from airflow_seatunnel_ckpt.cli import _rows_per_sink
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState
@@ -72,7 +71,7 @@ def epoch_point(p: StoredPipeline, epoch: int) -> EpochPoint:
     except CheckpointError:
         return EpochPoint(epoch, "DAMAGED")
     point = EpochPoint(epoch, status.state.value)
-    rows = _rows_per_sink(status)
+    rows = status.rows_per_sink()
     point.quarantined = sum(n for sink, n in rows.items() if sink.endswith(QUARANTINE_SUFFIX))
     point.rows = {sink: n for sink, n in rows.items() if not sink.endswith(QUARANTINE_SUFFIX)}
     point.expectations = {f"{e['sink']}.{e['rule']}": e["fraction"]

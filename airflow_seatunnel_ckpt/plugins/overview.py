@@ -14,7 +14,6 @@ from typing import Any
 from airflow_seatunnel_ckpt.cli import _epoch_entry, _verify_epoch
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import EpochStatus
 from airflow_seatunnel_ckpt.core.protocol.recovery import RunFinished, recover, resolve_epoch
 from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord, submissions_of
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
@@ -56,17 +55,6 @@ class EpochRow:
         return self.state == EpochState.COMMITTING.value
 
 
-def _files_per_sink(status: EpochStatus) -> dict[str, int]:
-    """Files per sink: published ones once committed, else what the participants staged."""
-    if status.published:
-        return dict(sorted((pub.sink, pub.files) for pub in status.published))
-    out: dict[str, int] = {}
-    for record in status.prepared.values():
-        for manifest in record.sinks:
-            out[manifest.sink] = out.get(manifest.sink, 0) + len(manifest.files)
-    return dict(sorted(out.items()))
-
-
 def _checkpoint_bytes(p: StoredPipeline, epoch: int) -> int | None:
     if not p.checkpoints.has_metadata(epoch):
         return None
@@ -90,7 +78,7 @@ def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
     row.dag_id = status.begin.dag_id if status.begin else ""
     row.rows = dict(data.get("rows") or {})
     row.expectations = list(data.get("expectations") or [])
-    row.files = _files_per_sink(status)
+    row.files = status.files_per_sink()
     row.checkpoint_bytes = _checkpoint_bytes(p, epoch)
     row.submissions = [_describe_submission(record, ended, status.state)
                        for record, ended in submissions_of(p, epoch)]

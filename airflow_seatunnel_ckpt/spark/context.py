@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark.sinks import Sink
@@ -17,6 +17,8 @@ from airflow_seatunnel_ckpt.spark.state import KeyedState, KeySet, KeyValueState
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
+
+T = TypeVar("T")
 
 
 def _date(value: Any, what: str) -> datetime | None:
@@ -64,6 +66,13 @@ class AirflowContext:
             out[name] = value.isoformat() if isinstance(value, datetime) else value
         out["params"] = dict(self.params)
         return out
+
+    @classmethod
+    def of_task(cls, context: Mapping[str, Any], task_id: str) -> AirflowContext:
+        """The part of an Airflow task's ``context`` the stage sees (no try number)."""
+        return cls(dag_id=getattr(context.get("dag"), "dag_id", None), task_id=task_id, run_id=context.get("run_id"),
+                   logical_date=context.get("logical_date"), data_interval_start=context.get("data_interval_start"),
+                   data_interval_end=context.get("data_interval_end"), params=dict(context.get("params") or {}))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> AirflowContext:
@@ -221,21 +230,11 @@ class StageContext:
 
     def source(self, name: str) -> BoundSource:
         """The source ``name`` of the stage spec."""
-        try:
-            return self._sources[name]
-        except KeyError:
-            raise ConfigError(
-                f"stage has no source {name!r}; the spec declares {sorted(self._sources)}"
-            ) from None
+        return _declared("source", self._sources, name)
 
     def sink(self, name: str) -> Sink:
         """The sink ``name`` of the stage spec (writes go to the attempt's staging)."""
-        try:
-            return self._sinks[name]
-        except KeyError:
-            raise ConfigError(
-                f"stage has no sink {name!r}; the spec declares {sorted(self._sinks)}"
-            ) from None
+        return _declared("sink", self._sinks, name)
 
     def key_set(self, name: str) -> KeySet:
         """The key set ``name`` (created empty on first use), for de-duplication."""
@@ -273,3 +272,11 @@ class StageContext:
     def sources(self) -> dict[str, BoundSource]:
         """Every source of the stage, by name."""
         return dict(self._sources)
+
+
+def _declared(kind: str, declared: Mapping[str, T], name: str) -> T:
+    """The ``kind`` (source or sink) ``name`` of the stage spec; ConfigError naming the declared ones if none."""
+    try:
+        return declared[name]
+    except KeyError:
+        raise ConfigError(f"stage has no {kind} {name!r}; the spec declares {sorted(declared)}") from None

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.periodic import Periodic
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -51,15 +52,13 @@ class StageProgress:
         self.sc = sc
         self.label = label
         self.interval = interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = Periodic(self._look, interval, f"stage-progress {label}")
         self._last = ""
         self.tag = f"seatunnel-ckpt-progress-{uuid.uuid4().hex}"
 
     def __enter__(self) -> StageProgress:
         self.sc.addJobTag(self.tag)  # thread-local: the jobs of the calling thread only
-        self._thread = threading.Thread(target=self._run, name=f"stage-progress {self.label}", daemon=True)
-        self._thread.start()
+        self._poller.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -68,23 +67,20 @@ class StageProgress:
 
     def stop(self) -> None:
         """Stop polling and wait (briefly) for the thread to end."""
-        self._stop.set()
         with contextlib.suppress(Exception):
             self.sc.removeJobTag(self.tag)
-        if self._thread is not None:
-            self._thread.join(timeout=max(self.interval, 1.0) + 5.0)
-            self._thread = None
+        self._poller.stop(timeout_s=max(self.interval, 1.0) + 5.0)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                line = self.describe()
-            except Exception as exc:  # progress is a courtesy: never disturb the stage
-                log.debug("%s: cannot read Spark's progress: %s", self.label, exc)
-                continue
-            if line and line != self._last:
-                log.info("%s running: %s", self.label, line)
-            self._last = line or self._last
+    def _look(self) -> None:
+        """Log the progress if it changed since the last look."""
+        try:
+            line = self.describe()
+        except Exception as exc:  # progress is a courtesy: never disturb the stage
+            log.debug("%s: cannot read Spark's progress: %s", self.label, exc)
+            return
+        if line and line != self._last:
+            log.info("%s running: %s", self.label, line)
+        self._last = line or self._last
 
     def describe(self) -> str:
         """The active Spark stages' progress as one phrase ("" when none is active)."""

@@ -1,7 +1,7 @@
 """A stuck epoch does not block the pipeline: the next run's stage waits while it is alive
 and aborts it once it is dead (its DAG run finished, or its lease expired), with no hand edits.
 
-Real Airflow (``dag.test()`` on SQLite) runs the production :class:`PendingEpochWaitMixin`
+Real Airflow (``dag.test()`` on SQLite) runs the production ``BasePipelineOperator.begin_epoch``
 on a core-only stage (:class:`CorePrepareOperator`), so no Spark is needed.
 """
 
@@ -17,7 +17,6 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper
-from airflow_seatunnel_ckpt.operators.stage import PendingEpochWaitMixin
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 from tests.epoch_test_dags import (
     PIPELINE,
@@ -36,7 +35,7 @@ STORE_CONFIG = {"lease_timeout_s": 30.0, "lease_renew_s": 0.5}
 POKE_S = 2.0
 
 
-class WaitingCorePrepareOperator(PendingEpochWaitMixin, CorePrepareOperator):
+class WaitingCorePrepareOperator(CorePrepareOperator):
     """The core-only stage, beginning its epoch the way :class:`SparkStageOperator` does."""
 
     def __init__(self, *, pending_poke_interval: float = POKE_S, pending_wait_timeout: float | None = None,
@@ -46,7 +45,7 @@ class WaitingCorePrepareOperator(PendingEpochWaitMixin, CorePrepareOperator):
         self.pending_wait_timeout = pending_wait_timeout
 
     def execute(self, context: Any) -> dict[str, Any]:
-        self.begin_epoch(context)
+        self.begin_epoch(context, poke_interval=self.pending_poke_interval, wait_timeout=self.pending_wait_timeout)
         return super().execute(context)
 
 

@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import socket
-import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.models import RECORD, EpochState, Record, decode, tag
+from airflow_seatunnel_ckpt.core.periodic import Periodic
 from airflow_seatunnel_ckpt.core.protocol.txlog import BEGIN, PREPARED_PREFIX
 from airflow_seatunnel_ckpt.core.storage import Storage
 
@@ -143,8 +143,7 @@ class LeaseKeeper:
         self.path = layout.lease_path(self.epoch, self.participant)
         self.generation = 0
         self.failures = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._renewer = Periodic(self.renew, self.renew_s, f"lease-{self.participant}-epoch-{self.epoch}")
 
     @classmethod
     def for_pipeline(cls, pipeline: Pipeline, epoch: int, participant: str, attempt: int,
@@ -167,10 +166,6 @@ class LeaseKeeper:
         self.generation = record.generation
         return True
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.renew_s):
-            self.renew()
-
     def __enter__(self) -> LeaseKeeper:
         # A retried attempt continues the generations of the lease it takes over.
         try:
@@ -179,9 +174,7 @@ class LeaseKeeper:
             previous = None
         self.generation = previous.generation if previous is not None else 0
         self.renew()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"lease-{self.participant}-epoch-{self.epoch}")
-        self._thread.start()
+        self._renewer.start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -190,10 +183,7 @@ class LeaseKeeper:
 
     def stop(self) -> None:
         """Stop renewing now; the lease then expires ``timeout_s`` after its last renewal."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.renew_s + 30)
-            self._thread = None
+        self._renewer.stop(timeout_s=self.renew_s + 30)
 
 
 def read_lease(storage: Storage, epoch: int, participant: str) -> LeaseRecord | None:
@@ -266,6 +256,28 @@ def held_lease(pipeline: Pipeline, epoch: int, participant: str, now: float) -> 
     except CheckpointError:
         record = None  # unreadable content: its modification time still counts
     return HeldLease(participant, age, lease_timeout(pipeline.config, record), record)
+
+
+def earlier_attempt(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
+    """What an earlier attempt of ``participant`` left in ``epoch`` (its lease), for the log; "" if none.
+
+    A try killed outright (SIGKILL: out of memory, a lost worker) logs nothing itself; its
+    lease tells who ran it and when it last renewed, i.e. about when it died. Only read,
+    never fatal.
+    """
+    try:
+        lease = read_lease(pipeline.storage, epoch, participant)
+        if lease is None or lease.attempt == attempt:
+            return ""
+        age = store_now(pipeline.storage) - pipeline.storage.modified(layout.lease_path(epoch, participant))
+    except (CheckpointError, OSError) as exc:
+        log.info("epoch %s: could not read the lease an earlier attempt of %s left: %s", epoch, participant, exc)
+        return ""
+    return (f"epoch {epoch}: an earlier attempt of {participant} ran and did not prepare: its lease says "
+            f"{lease.describe_holder()}, last renewed {max(age, 0):.0f}s ago (renewal every "
+            f"{pipeline.config.lease_renew_s:g}s; generation {lease.generation}). It ended there -- killed (e.g. "
+            f"SIGKILL when out of memory), its worker lost, or failed -- and this attempt {attempt} runs the stage "
+            "again; the earlier attempt's staging is never published")
 
 
 def lease_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> float:

@@ -24,10 +24,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    DecisionConflictError,
+    PendingEpochError,
+)
 from airflow_seatunnel_ckpt.core.models import BeginRecord, EpochState
 from airflow_seatunnel_ckpt.core.protocol import sweep
-from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir, EpochLiveness, Liveness, liveness, store_now, wait_for
+from airflow_seatunnel_ckpt.core.protocol.lease import (
+    EpochDir,
+    EpochLiveness,
+    Liveness,
+    abort_command,
+    lease_timeout,
+    liveness,
+    store_now,
+    wait_for,
+)
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -187,6 +201,113 @@ def resolve_epoch(pipeline: Pipeline, epoch: int, *, run_finished: RunFinished |
         return Resolution(epoch, RecoveryStep.WAIT, wait_for(pipeline, epoch, judged), state, judged=judged)
     step = RecoveryStep.ABORT_DEAD_OWNER if judged.liveness is Liveness.OWNER_FINISHED else RecoveryStep.ABORT_TIMEOUT
     return act(step, judged.describe(), lambda: pipeline.abort(epoch, f"{by}: {judged.describe()}", by=by), judged)
+
+
+@dataclass(frozen=True)
+class PendingWait:
+    """An earlier undecided epoch blocks a run's ``begin`` and may still finish: look again later."""
+
+    epoch: int
+    #: the blocking epoch's state, and what the wait is for
+    reason: str
+    #: seconds waited so far, and in all at most
+    waited_s: float
+    limit_s: float
+    #: the command that aborts the blocking epoch now
+    command: str
+
+
+def begin_unblocked(pipeline: Pipeline, run_id: str, *, logical_date: str = "",
+                    run_finished: RunFinished | None = None, by: str = "",
+                    waited_s: Callable[[], float] = lambda: 0.0,
+                    wait_timeout_s: float | None = None) -> BeginRecord | PendingWait:
+    """Begin run ``run_id``'s epoch; an earlier undecided epoch that blocks it is resolved first.
+
+    A new epoch cannot begin while an earlier one is undecided. The blocking epoch is
+    resolved (:func:`resolve_epoch`, ``run_finished`` telling whether its owning run is
+    over): dead, it is aborted and the run begins; decided commit, it is published (roll
+    forward) and the run begins; alive, a :class:`PendingWait` is returned -- the caller
+    looks again later -- until ``waited_s()`` reaches ``wait_timeout_s`` (default
+    ``max(lease timeout, prepared_timeout_s) + 60``, by when a dead epoch is always
+    recognised as dead), when :class:`PendingEpochError` says how to abort it by hand. A
+    blocking epoch whose records are damaged raises :class:`CheckpointError` at once.
+    """
+    for _ in range(10):
+        try:
+            return pipeline.begin(run_id, logical_date=logical_date)
+        except PendingEpochError as exc:
+            if exc.epoch <= 0:
+                raise
+            wait = _pending_wait(pipeline, exc, run_finished, by)
+            if wait is None:
+                continue
+            limit = wait.limit_s if wait_timeout_s is None else wait_timeout_s
+            waited = waited_s()
+            if waited >= limit:
+                raise PendingEpochError(
+                    f"pipeline {pipeline.name!r}: waited {waited:.0f}s (pending_wait_timeout={limit:g}s) for an "
+                    f"earlier epoch, which is still not dead: {wait.reason}. If its run is dead, abort it now with "
+                    f"`{wait.command}`; otherwise let it finish and clear this task.", wait.epoch) from exc
+            return PendingWait(wait.epoch, wait.reason, waited, limit, wait.command)
+    return pipeline.begin(run_id, logical_date=logical_date)
+
+
+def _pending_wait(pipeline: Pipeline, exc: PendingEpochError, run_finished: RunFinished | None,
+                  by: str) -> PendingWait | None:
+    """Resolve the epoch that blocks a ``begin``: None once it is out of the way, else what to wait for."""
+    epoch = exc.epoch
+    resolution = resolve_epoch(pipeline, epoch, run_finished=run_finished, by=by or "recovery")
+    judged = resolution.judged
+    lease_s = pipeline.config.lease_timeout_s
+    if resolution.step is RecoveryStep.INSPECT:
+        raise CheckpointError(f"pipeline {pipeline.name!r}: epoch {epoch} blocks this run and {resolution.reason}: "
+                              f"{resolution.error}") from exc
+    if resolution.step is RecoveryStep.FINISH_COMMIT and resolution.error:
+        log.warning("epoch %s is decided commit; publishing it failed (%s); waiting", epoch, resolution.error)
+        reason = f"epoch {epoch} is COMMITTING and its publish failed: {resolution.error}"
+    elif resolution.waits and judged is not None:
+        reason = judged.describe() + _what_the_wait_is_for(judged, pipeline)
+        lease_s = lease_timeout(pipeline.config, judged.lease)  # its holder's, when longer
+    else:
+        # Out of the way: rolled forward, aborted (by this run or, meanwhile, by another),
+        # or decided meanwhile; begin again.
+        if resolution.step is RecoveryStep.FINISH_COMMIT:
+            log.info("epoch %s was decided commit but not published: published it (roll forward)", epoch)
+        elif judged is not None and resolution.done:
+            log.warning("%s; aborted it so that this run can begin", judged.describe())
+        elif resolution.error:
+            log.info("epoch %s could not be aborted (%s); looking again", epoch, resolution.error)
+        return None
+    limit = max(lease_s, pipeline.config.prepared_timeout_s) + 60
+    return PendingWait(epoch, reason, 0.0, limit, abort_command(pipeline, epoch))
+
+
+def _what_the_wait_is_for(judged: EpochLiveness, pipeline: Pipeline) -> str:
+    """Why a live-looking earlier epoch is waited for, and until when at the latest.
+
+    A stage killed outright (SIGKILL, a lost host) leaves its lease as it last renewed it:
+    it looks alive until the lease is as old as its timeout (the holder's own when longer than
+    ``lease_timeout_s``), however dead its process is.
+    """
+    if judged.liveness is not Liveness.ALIVE or judged.age_s is None:
+        return ""
+    left = max(lease_timeout(pipeline.config, judged.lease) - judged.age_s, 0)
+    holder = "its stage" if judged.lease is None else f"its stage ({judged.lease.describe_holder()})"
+    return (f"; waiting for {holder} to prepare, or -- if that stage was killed and renews its lease no more -- "
+            f"for the lease to expire in {left:.0f}s at the latest, when this run aborts the epoch")
+
+
+def abort_unfollowed(pipeline: Pipeline, epoch: int, *, reason: str, by: str) -> bool:
+    """Abort an epoch that nothing will finish (e.g. one a dry run began); False if it was decided meanwhile.
+
+    Such an epoch left OPEN or PREPARED would hold up every later run until it timed out.
+    A decision another tool took meanwhile stands.
+    """
+    try:
+        pipeline.abort(epoch, reason, by=by)
+    except DecisionConflictError:
+        return False
+    return True
 
 
 def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,

@@ -41,7 +41,7 @@ import pydantic
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
+from airflow_seatunnel_ckpt.core.layout import validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.models import RECORD, Record, tag
 from airflow_seatunnel_ckpt.core.protocol.lease import (
     EpochDir,
@@ -63,17 +63,17 @@ TAIL_LINES = 40
 
 def submission_name(participant: str, attempt: int) -> str:
     """``submission-<participant>-a<attempt>``."""
-    return f"{SUBMISSION_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+    return layout.attempt_record_name(SUBMISSION_PREFIX, participant, attempt)
 
 
 def exit_name(participant: str, attempt: int) -> str:
     """``exit-<participant>-a<attempt>``."""
-    return f"{EXIT_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+    return layout.attempt_record_name(EXIT_PREFIX, participant, attempt)
 
 
 def deferred_name(participant: str, attempt: int) -> str:
     """``deferred-<participant>-a<attempt>``."""
-    return f"{DEFERRED_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+    return layout.attempt_record_name(DEFERRED_PREFIX, participant, attempt)
 
 
 @pydantic.dataclasses.dataclass(config=RECORD)

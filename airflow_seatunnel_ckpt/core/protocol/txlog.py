@@ -69,7 +69,7 @@ FENCE_PREFIX = "fence-"
 
 def fence_name(participant: str, attempt: int) -> str:
     """``fence-<participant>-a<attempt>``."""
-    return f"{FENCE_PREFIX}{validate_name(participant, 'participant name')}-a{validate_attempt(attempt)}"
+    return layout.attempt_record_name(FENCE_PREFIX, participant, attempt)
 
 
 @pydantic.dataclasses.dataclass(config=RECORD)

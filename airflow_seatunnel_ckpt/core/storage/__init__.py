@@ -10,16 +10,8 @@ entry-point group (the analogue of SeaTunnel's ``StateBackend`` service registra
 :func:`open_storage` picks one and probes the store.
 """
 
-from airflow_seatunnel_ckpt.core.storage.base import (
-    TEMP_PREFIX,
-    Capabilities,
-    Data,
-    FileInfo,
-    Storage,
-    TempFiles,
-    clean_relpath,
-    refuse_password,
-)
+from airflow_seatunnel_ckpt.core.storage import base
+from airflow_seatunnel_ckpt.core.storage.base import *  # noqa: F403 -- the interface, as base.__all__ names it
 from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
 from airflow_seatunnel_ckpt.core.storage.memory import MemoryStorage
 from airflow_seatunnel_ckpt.core.storage.object_store import ObjectStorage
@@ -33,7 +25,7 @@ from airflow_seatunnel_ckpt.core.storage.publish import (
 from airflow_seatunnel_ckpt.core.storage.registry import ENTRY_POINT_GROUP, backend_for, open_storage
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "OWNER_MARKER", "TEMP_PREFIX", "Capabilities", "Data", "FileInfo", "LocalStorage",
-    "MemoryStorage", "ObjectStorage", "PublishMethod", "Storage", "TempFiles", "backend_for", "clean_relpath",
-    "copy_file", "open_storage", "publish_files", "publish_sink_dir", "refuse_password",
+    "ENTRY_POINT_GROUP", "OWNER_MARKER", "LocalStorage", "MemoryStorage", "ObjectStorage", "PublishMethod",
+    "backend_for", "copy_file", "open_storage", "publish_files", "publish_sink_dir",
 ]
+__all__ += base.__all__

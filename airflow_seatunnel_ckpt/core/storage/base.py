@@ -43,6 +43,10 @@ from fsspec.core import url_to_fs
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, StorageError
 
+#: The interface, re-exported by :mod:`airflow_seatunnel_ckpt.core.storage`.
+__all__ = ["TEMP_PREFIX", "Capabilities", "Data", "FileInfo", "Storage", "TempFiles", "clean_relpath",
+           "refuse_password"]
+
 #: Prefix of in-flight temporary files; listings hide them and GC removes stale ones.
 TEMP_PREFIX = ".tmp-"
 

@@ -92,7 +92,7 @@ def _last_totals(orders: OrdersPipeline, epoch: int) -> list[tuple[Any, ...]]:
 
 def test_a_widened_value_column_reads_stored_values_as_the_wider_type_and_a_narrowed_one_is_refused(
         spark: Any, orders: OrdersPipeline) -> None:
-    here = "tests.spark.test_state_new_column"
+    here = "tests.spark.state.test_state_new_column"
     orders.add_file("a", range(1, 7))
     orders.commit(run_stage(orders.spec("run-1", stage=f"{here}:top_of_int_amounts"), spark))
     orders.add_file("b", [10, 11])  # customers c1 and c2 change; c0 is a stored key left alone

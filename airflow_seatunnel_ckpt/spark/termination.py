@@ -1,6 +1,7 @@
 """What a stage task does once Airflow terminated it (SIGTERM): Spark stopped, py4j kept quiet, one clear error.
 
-Used by :meth:`SparkStageOperator.on_kill <airflow_seatunnel_ckpt.operators.stage.SparkStageOperator.on_kill>`.
+Used by :meth:`StageSubmitHook.on_kill <airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook.on_kill>`
+for a stage run in-process.
 """
 
 from __future__ import annotations
