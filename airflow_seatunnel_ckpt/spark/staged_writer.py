@@ -134,6 +134,8 @@ class StagedParquetWriter(DataSourceArrowWriter):
         token = uuid.uuid4().hex[:12]
         stored: list[dict[str, Any]] = []
         current: tuple[str, pa.BufferOutputStream, pq.ParquetWriter] | None = None
+        rules = _TaskExpectations(self, task, token) if self.expectation_rules else None
+        written = 0  # rows in the current file
 
         def close() -> None:
             nonlocal current
@@ -141,37 +143,42 @@ class StagedParquetWriter(DataSourceArrowWriter):
                 return
             path, sink, writer = current
             writer.close()
+            current = None
+            if rules is not None and not written:
+                return  # the rules removed every row meant for it: no file
             data = sink.getvalue()
             storage.write_atomic(path, memoryview(data))
             stored.append({"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))})
-            current = None
 
         def open_file(directory: str, schema: pa.Schema) -> None:
-            nonlocal current
+            nonlocal current, written
             codec = "" if self.compression == "none" else f".{self.compression}"
             name = f"part-{task}-{token}-{len(stored):04d}{codec}.parquet"
             path = f"{directory}/{name}" if directory else name
             sink = pa.BufferOutputStream()
+            if rules is not None:
+                schema = rules.kept_schema(schema)
             current = (path, sink, pq.ParquetWriter(sink, schema, compression=self.compression))
+            written = 0
 
         directory = None
         buffered: list[pa.Table] = []
         buffered_rows = buffered_bytes = 0
 
         def write_buffered() -> None:
-            nonlocal buffered, buffered_rows, buffered_bytes
+            nonlocal buffered, buffered_rows, buffered_bytes, written
             if buffered:
                 assert current is not None
-                current[2].write_table(pa.concat_tables(buffered), row_group_size=ROW_GROUP_ROWS)
+                rows = pa.concat_tables(buffered)
+                if rules is not None:  # once per row group: the split costs little per row
+                    rows = rules.take(rows)
+                if rows.num_rows:
+                    current[2].write_table(rows, row_group_size=ROW_GROUP_ROWS)
+                    written += rows.num_rows
             buffered, buffered_rows, buffered_bytes = [], 0, 0
 
-        rules = _TaskExpectations(self, task, token) if self.expectation_rules else None
         for batch in iterator:
             table = pa.Table.from_batches([batch])
-            if rules is not None:
-                table = rules.take(table)
-                if table.num_rows == 0:
-                    continue
             for part_dir, rows in self._by_partition(table):
                 if current is not None and part_dir != directory:
                     write_buffered()
@@ -269,6 +276,12 @@ class _TaskExpectations:
                                   quarantining | (bit if action == "quarantine" else 0), [*bits, (bit, i)])
         self.quarantine = _QuarantineFiles(writer, task, token) if writer.quarantine_url else None
         self.counts = {"checked": 0, "quarantined": 0, "kept": 0, **{f"failed_{i}": 0 for i in range(len(rules))}}
+
+    def kept_schema(self, schema: Any) -> Any:
+        """``schema`` without the masks: the schema of the rows :meth:`take` keeps."""
+        for name in self.masks:
+            schema = schema.remove(schema.get_field_index(name))
+        return schema
 
     def take(self, table: Any) -> Any:
         """Count ``table``'s failures; the rows the sink keeps, without the masks."""
