@@ -1,10 +1,10 @@
 """A sink's expectations, Spark side: flag, count and route rows in the job that writes them.
 
-:func:`flag` adds one boolean per rule to the DataFrame being written. When the sink stages
+:func:`flag` adds each rule's outcome to the DataFrame being written. When the sink stages
 Parquet through :mod:`.staged_writer` (Parquet files, Iceberg and Delta tables), the writer
-gets the rules' outcome packed into one small integer column per :data:`RULES_PER_MASK`
-rules, one bit per failed rule (:meth:`Flagged.writer_options`): each task counts the
-failures of each rule over its Arrow batches, leaves out the rows a ``drop`` or
+gets them packed into one small integer column per :data:`RULES_PER_MASK` rules, one bit
+per failed rule (:meth:`Flagged.writer_options`): each task counts the failures of each
+rule once per row group it buffers, leaves out the rows a ``drop`` or
 ``quarantine`` rule removes and stages the quarantined ones, with the names of the rules
 they broke, into the sink's quarantine; the job commit lists the committed tasks' counts.
 One job, one pass, no observed metric on the JVM side (which would end the JVM's generated
