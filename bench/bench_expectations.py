@@ -7,7 +7,7 @@ decision, publish), with:
 * ``none`` -- no expectations;
 * ``rules`` -- three rules: ``warn`` (``customer LIKE 'c%'``, no row fails), ``drop``
   (``amount >= 1``, ~0.1% of the rows) and ``quarantine`` (``order_id % 1000 <> 7``,
-  ~0.1%: the quarantine's second job runs, from the cached flagged rows).
+  ~0.1%: the quarantine is staged and published too).
 
 The stage is a plain copy (``--stage copy``, the strictest: no transformation to hide the
 rules' cost behind) or ``bench_spark_stage``'s de-duplication with a key set
