@@ -1,13 +1,15 @@
 """A sink's expectations, Spark side: flag, count and route rows in the job that writes them.
 
-:func:`flag` adds one boolean per rule to the DataFrame being written. When the sink stages
+:func:`flag` adds each rule's outcome to the DataFrame being written. When the sink stages
 Parquet through :mod:`.staged_writer` (Parquet files, Iceberg and Delta tables), the writer
-takes the flags as they are (:meth:`Flagged.writer_options`): each task counts the failures
-of each rule over its Arrow batches, leaves out the rows a ``drop`` or ``quarantine`` rule
-removes and stages the quarantined ones, with the names of the rules they broke, into the
-sink's quarantine; the job commit lists the committed tasks' counts. One job, one pass, and
-no observed metric on the JVM side (which would end the JVM's generated code for the stage
-and copy every row once more). Any other writer observes the failures of each rule
+gets them packed into one small integer column per :data:`RULES_PER_MASK` rules, one bit
+per failed rule (:meth:`Flagged.writer_options`): each task counts the failures of each
+rule once per row group it buffers, leaves out the rows a ``drop`` or
+``quarantine`` rule removes and stages the quarantined ones, with the names of the rules
+they broke, into the sink's quarantine; the job commit lists the committed tasks' counts.
+One job, one pass, no observed metric on the JVM side (which would end the JVM's generated
+code for the stage and copy every row once more), and one column more per row for Spark's
+Arrow conversion, not one per rule. Any other writer observes the failures of each rule
 (``DataFrame.observe``) in its job and writes :attr:`Flagged.kept`; the quarantine is then
 a second job over :attr:`Flagged.quarantined`, which reads the flagged rows from the cache
 the sink's write filled, so the stage's transformations run once. Either way the counts come
@@ -30,6 +32,16 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Observation
 
 _FLAG = "__expectation_ok_"
+#: The staged writer's failure masks: column ``<this><k>`` holds bit ``i % RULES_PER_MASK``
+#: set when the row failed rule ``i`` (``i // RULES_PER_MASK == k``).
+MASK = "__expectations_failed_"
+#: Rules per mask column (the bits of a signed 64-bit integer but its sign).
+RULES_PER_MASK = 63
+
+
+def mask_of(index: int) -> tuple[str, int]:
+    """The mask column and bit holding rule ``index``'s failure in the staged writer's rows."""
+    return f"{MASK}{index // RULES_PER_MASK}", 1 << (index % RULES_PER_MASK)
 
 
 def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> None:
@@ -104,11 +116,12 @@ class Flagged:
         """The options with which :mod:`.staged_writer`, writing :attr:`flagged`, applies the
         rules itself (one job, one pass): counts each rule's failures, leaves out the rows a
         ``drop`` or ``quarantine`` rule removes and stages the quarantined ones (given a
-        ``quarantine_path``). Only booleans travel to the writer, which names a quarantined
-        row's broken rules itself (an array column per row would cost more than the write)."""
+        ``quarantine_path``). Only the failure masks travel to the writer, which names a
+        quarantined row's broken rules itself (an array column per row would cost more than
+        the write, a boolean per rule more than one mask)."""
         import json
 
-        rules = [[f"{_FLAG}{i}", r.name, r.on_fail] for i, r in enumerate(self.rules)]
+        rules = [[*mask_of(i), r.name, r.on_fail] for i, r in enumerate(self.rules)]
         return {"expectation_rules": json.dumps(rules), "quarantine_columns": json.dumps(self.columns),
                 "failed_column": FAILED_COLUMN}
 
@@ -142,11 +155,11 @@ def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, by_writer:
     if FAILED_COLUMN in df.columns:
         raise ConfigError(f"sink {sink!r}: column {FAILED_COLUMN!r} is reserved for the quarantine's rule names; "
                           "rename it before writing")
+    if by_writer:
+        return Flagged(rules, df.select("*", *_masks(rules)), list(df.columns))
     flags = [F.coalesce(F.expr(r.expr).cast("boolean"), F.lit(False)).alias(f"{_FLAG}{i}")
              for i, r in enumerate(rules)]
     flagged = df.select("*", *flags)
-    if by_writer:
-        return Flagged(rules, flagged, list(df.columns))
     if any(r.on_fail == "quarantine" for r in rules):
         # The quarantine is a second job over the same rows: it reads them from this cache,
         # filled by the sink's write, instead of running the stage's transformations again
@@ -165,3 +178,22 @@ def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, by_writer:
                F.sum(F.when(any_quarantined, 1).otherwise(0)).alias("quarantined")]
     observed = flagged.observe(observation, *metrics)
     return Flagged(rules, flagged, list(df.columns), observed, observation)
+
+
+def _masks(rules: tuple[Expectation, ...]) -> list[Column]:
+    """The staged writer's failure masks (:func:`mask_of`): a rule's bit is set when its
+    expression is false or NULL, in the smallest integer type holding the mask's bits."""
+    from pyspark.sql import functions as F
+
+    columns = []
+    for start in range(0, len(rules), RULES_PER_MASK):
+        chunk = rules[start:start + RULES_PER_MASK]
+        bits = [F.when(F.expr(r.expr).cast("boolean"), F.lit(0)).otherwise(F.lit(mask_of(start + j)[1]))
+                for j, r in enumerate(chunk)]
+        mask = bits[0]
+        for bit in bits[1:]:
+            mask = mask.bitwiseOR(bit)
+        kind = next(t for t, width in (("tinyint", 7), ("smallint", 15), ("int", 31), ("bigint", 63))
+                    if len(chunk) <= width)
+        columns.append(mask.cast(kind).alias(mask_of(start)[0]))
+    return columns

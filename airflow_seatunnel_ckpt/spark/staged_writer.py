@@ -19,12 +19,13 @@ most a ``compression`` option and partition columns of the types in
 :func:`supported_partition_type`; everything else is written by Spark's writer.
 
 With the ``expectation_rules`` option the writer applies a sink's expectations itself
-(:mod:`.expectations`): each row carries one boolean per rule, the task counts each rule's
-failures, leaves out the rows a ``drop`` or ``quarantine`` rule removes and stages the
-quarantined ones, with the names of the rules they broke, as Parquet files of their own in
-``quarantine_path`` (with their own file list). The job commit adds the committed tasks'
-counts to the file list (:func:`expectation_counts`): measured in the writing pass, with no
-second job and no observed metric on the JVM side.
+(:mod:`.expectations`): each row carries a failure mask (one bit per rule, set when the row
+failed it), the task counts each rule's failures, leaves out the rows a ``drop`` or
+``quarantine`` rule removes and stages the quarantined ones, with the names of the rules
+they broke, as Parquet files of their own in ``quarantine_path`` (with their own file
+list). The job commit adds the committed tasks' counts to the file list
+(:func:`expectation_counts`): measured in the writing pass, with no second job and no
+observed metric on the JVM side.
 """
 
 from __future__ import annotations
@@ -106,12 +107,12 @@ class StagedParquetWriter(DataSourceArrowWriter):
         self.storage_options = json.loads(options.get(OPTIONS_KEY) or "{}")
         self.partition_by = json.loads(options.get("partition_by") or "[]")
         self.compression = COMPRESSIONS[(options.get("compression") or "snappy").lower()]
-        #: ``[flag column, rule name, action]`` per expectation of the sink: a row fails the
-        #: rule when its flag is false. Rows failing a ``quarantine`` rule go, their
-        #: ``quarantine_columns`` and ``failed_column`` (the names of the rules they broke,
-        #: built here: Spark hands over booleans only), to ``quarantine_path`` (one job
-        #: writes a sink and its quarantine, see :mod:`.expectations`).
-        self.expectation_rules: list[list[str]] = json.loads(options.get("expectation_rules") or "[]")
+        #: ``[mask column, bit, rule name, action]`` per expectation of the sink: a row fails
+        #: the rule when the bit is set in its mask column (never null). Rows failing a
+        #: ``quarantine`` rule go, their ``quarantine_columns`` and ``failed_column`` (the
+        #: names of the rules they broke, built here: Spark hands over the masks only), to
+        #: ``quarantine_path`` (one job writes a sink and its quarantine, see :mod:`.expectations`).
+        self.expectation_rules: list[list[Any]] = json.loads(options.get("expectation_rules") or "[]")
         self.quarantine_url = options.get("quarantine_path") or None
         self.quarantine_columns: list[str] = json.loads(options.get("quarantine_columns") or "[]")
         self.failed_column = options.get("failed_column") or "_expectations_failed"
@@ -133,6 +134,8 @@ class StagedParquetWriter(DataSourceArrowWriter):
         token = uuid.uuid4().hex[:12]
         stored: list[dict[str, Any]] = []
         current: tuple[str, pa.BufferOutputStream, pq.ParquetWriter] | None = None
+        rules = _TaskExpectations(self, task, token) if self.expectation_rules else None
+        written = 0  # rows in the current file
 
         def close() -> None:
             nonlocal current
@@ -140,37 +143,42 @@ class StagedParquetWriter(DataSourceArrowWriter):
                 return
             path, sink, writer = current
             writer.close()
+            current = None
+            if rules is not None and not written:
+                return  # the rules removed every row meant for it: no file
             data = sink.getvalue()
             storage.write_atomic(path, memoryview(data))
             stored.append({"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))})
-            current = None
 
         def open_file(directory: str, schema: pa.Schema) -> None:
-            nonlocal current
+            nonlocal current, written
             codec = "" if self.compression == "none" else f".{self.compression}"
             name = f"part-{task}-{token}-{len(stored):04d}{codec}.parquet"
             path = f"{directory}/{name}" if directory else name
             sink = pa.BufferOutputStream()
+            if rules is not None:
+                schema = rules.kept_schema(schema)
             current = (path, sink, pq.ParquetWriter(sink, schema, compression=self.compression))
+            written = 0
 
         directory = None
         buffered: list[pa.Table] = []
         buffered_rows = buffered_bytes = 0
 
         def write_buffered() -> None:
-            nonlocal buffered, buffered_rows, buffered_bytes
+            nonlocal buffered, buffered_rows, buffered_bytes, written
             if buffered:
                 assert current is not None
-                current[2].write_table(pa.concat_tables(buffered), row_group_size=ROW_GROUP_ROWS)
+                rows = pa.concat_tables(buffered)
+                if rules is not None:  # once per row group: the split costs little per row
+                    rows = rules.take(rows)
+                if rows.num_rows:
+                    current[2].write_table(rows, row_group_size=ROW_GROUP_ROWS)
+                    written += rows.num_rows
             buffered, buffered_rows, buffered_bytes = [], 0, 0
 
-        rules = _TaskExpectations(self, task, token) if self.expectation_rules else None
         for batch in iterator:
             table = pa.Table.from_batches([batch])
-            if rules is not None:
-                table = rules.take(table)
-                if table.num_rows == 0:
-                    continue
             for part_dir, rows in self._by_partition(table):
                 if current is not None and part_dir != directory:
                     write_buffered()
@@ -258,36 +266,50 @@ class _TaskExpectations:
     to :class:`_QuarantineFiles` (runs on an executor)."""
 
     def __init__(self, writer: StagedParquetWriter, task: str, token: str) -> None:
-        self.rules = writer.expectation_rules
-        self.flags = [flag for flag, _name, _action in self.rules]
+        rules = writer.expectation_rules
+        #: Per mask column: the bits of the rules removing a row, of the quarantining ones,
+        #: and ``(bit, rule index)`` of each of its rules.
+        self.masks: dict[str, tuple[int, int, list[tuple[int, int]]]] = {}
+        for i, (column, bit, _name, action) in enumerate(rules):
+            removing, quarantining, bits = self.masks.get(column, (0, 0, []))
+            self.masks[column] = (removing | (bit if action in REMOVING else 0),
+                                  quarantining | (bit if action == "quarantine" else 0), [*bits, (bit, i)])
         self.quarantine = _QuarantineFiles(writer, task, token) if writer.quarantine_url else None
-        self.counts = {"checked": 0, "quarantined": 0, "kept": 0, **{f"failed_{i}": 0 for i in range(len(self.rules))}}
+        self.counts = {"checked": 0, "quarantined": 0, "kept": 0, **{f"failed_{i}": 0 for i in range(len(rules))}}
+
+    def kept_schema(self, schema: Any) -> Any:
+        """``schema`` without the masks: the schema of the rows :meth:`take` keeps."""
+        for name in self.masks:
+            schema = schema.remove(schema.get_field_index(name))
+        return schema
 
     def take(self, table: Any) -> Any:
-        """Count ``table``'s failures; the rows the sink keeps, without the flags."""
-        import pyarrow.compute as pc
+        """Count ``table``'s failures; the rows the sink keeps, without the masks."""
+        import numpy as np
+        import pyarrow as pa
 
         n = table.num_rows
         self.counts["checked"] += n
         removed = quarantined = None
-        for i, (flag, _name, action) in enumerate(self.rules):
-            ok = table.column(flag)  # never null: the flags are coalesced to false
-            failed = n - (pc.sum(ok).as_py() or 0)
-            if not failed:
-                continue
-            self.counts[f"failed_{i}"] += failed
-            bad = pc.invert(ok)
-            if action in REMOVING:
-                removed = bad if removed is None else pc.or_(removed, bad)
-            if action == "quarantine":
-                quarantined = bad if quarantined is None else pc.or_(quarantined, bad)
-        if quarantined is not None and self.quarantine is not None:
-            rows = table.filter(quarantined)
+        for column, (removing, quarantining, bits) in self.masks.items():
+            mask = table.column(column).to_numpy()  # never null: a rule's NULL is a failure
+            if not mask.any():
+                continue  # no row of the batch failed any of these rules
+            for bit, i in bits:
+                self.counts[f"failed_{i}"] += int(np.count_nonzero(mask & bit))
+            if removing:
+                out = (mask & removing) != 0
+                removed = out if removed is None else removed | out
+            if quarantining:
+                held = (mask & quarantining) != 0
+                quarantined = held if quarantined is None else quarantined | held
+        if quarantined is not None and self.quarantine is not None and quarantined.any():
+            rows = table.filter(pa.array(quarantined))
             self.counts["quarantined"] += rows.num_rows
             self.quarantine.add(rows)
-        table = table.drop_columns(self.flags)  # before the filter: it copies every column it keeps
-        if removed is not None:
-            table = table.filter(pc.invert(removed))
+        table = table.drop_columns(list(self.masks))  # before the filter: it copies every column it keeps
+        if removed is not None and removed.any():
+            table = table.filter(pa.array(~removed))
         self.counts["kept"] += table.num_rows
         return table
 
@@ -304,7 +326,7 @@ class _QuarantineFiles:
         self.stored: list[dict[str, Any]] = []
 
     def add(self, rows: Any) -> None:
-        """Buffer quarantined ``rows`` (with their flags), storing a file once enough are buffered."""
+        """Buffer quarantined ``rows`` (with their masks), storing a file once enough are buffered."""
         self.buffered.append(self._with_failed(rows))
         self.bytes += rows.nbytes
         if self.bytes >= ROLL_BYTES:
@@ -315,8 +337,9 @@ class _QuarantineFiles:
         import pyarrow as pa
 
         w = self.writer
-        oks = [(name, rows.column(flag).to_pylist()) for flag, name, _action in w.expectation_rules]
-        failed = [[name for name, ok in oks if not ok[i]] for i in range(rows.num_rows)]
+        masks = {column: rows.column(column).to_pylist() for column in {r[0] for r in w.expectation_rules}}
+        failed = [[name for column, bit, name, _action in w.expectation_rules if masks[column][i] & bit]
+                  for i in range(rows.num_rows)]
         return rows.select(w.quarantine_columns).append_column(w.failed_column, pa.array(failed, pa.list_(pa.string())))
 
     def _store(self) -> None:

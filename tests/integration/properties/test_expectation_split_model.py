@@ -1,7 +1,8 @@
 """A sink's expectations as the staged writer applies them, over any rules and rows.
 
-The writer (:mod:`airflow_seatunnel_ckpt.spark.staged_writer`) gets each row with one flag
-per rule, in batches of any size, and is run here as an executor runs it (its ``write`` over
+The writer (:mod:`airflow_seatunnel_ckpt.spark.staged_writer`) gets each row with its rules'
+flags packed into failure masks (:func:`~airflow_seatunnel_ckpt.spark.expectations.mask_of`),
+in batches of any size, and is run here as an executor runs it (its ``write`` over
 the task's Arrow batches, then the job commit), into real staging directories. For any set
 of rules (warn, drop, quarantine, fail) and any flags:
 
@@ -51,21 +52,23 @@ def _read(directory: Path) -> list[dict[str, object]]:
 @settings(max_examples=60, deadline=None, derandomize=True)
 def test_every_row_is_kept_or_quarantined_once_and_the_counts_match(
         tmp_path_factory: pytest.TempPathFactory, epoch: tuple[list[str], list[list[bool]], list[int]]) -> None:
+    from airflow_seatunnel_ckpt.spark.expectations import mask_of
     from airflow_seatunnel_ckpt.spark.staged_writer import StagedParquetWriter, expectation_counts
 
     actions, flags, sizes = epoch
     root = tmp_path_factory.mktemp("split")
     names = [f"rule_{i}" for i in range(len(actions))]
-    columns = [f"__expectation_ok_{i}" for i in range(len(actions))]
+    masks = [mask_of(i) for i in range(len(actions))]
     quarantines = "quarantine" in actions
     options = {"path": f"file://{root}/sink", "expectation_rules": json.dumps(
-        [[c, n, a] for c, n, a in zip(columns, names, actions, strict=True)]),
+        [[*m, n, a] for m, n, a in zip(masks, names, actions, strict=True)]),
         "quarantine_columns": json.dumps(["id"]), "failed_column": FAILED_COLUMN}
     if quarantines:
         options["quarantine_path"] = f"file://{root}/quarantine"
-    table = pa.table({"id": list(range(len(flags))),
-                      **{c: [row[i] for row in flags] for i, c in enumerate(columns)}},
-                     schema=pa.schema([("id", pa.int64()), *[(c, pa.bool_()) for c in columns]]))
+    column = masks[0][0]  # up to 4 rules: one mask
+    failed = [sum(bit for (_c, bit), ok in zip(masks, row, strict=True) if not ok) for row in flags]
+    table = pa.table({"id": list(range(len(flags))), column: failed},
+                     schema=pa.schema([("id", pa.int64()), (column, pa.int8())]))
     batches, start = [], 0
     for size in sizes:
         batches += table.slice(start, size).to_batches()
@@ -86,7 +89,7 @@ def test_every_row_is_kept_or_quarantined_once_and_the_counts_match(
     output = _read(root / "sink")
     kept = [r["id"] for r in output]
     assert sorted(kept) == [i for i, row in enumerate(flags) if not removed(row)]
-    assert all(set(r) == {"id"} for r in output)  # no flag column is written
+    assert all(set(r) == {"id"} for r in output)  # no mask column is written
     held = _read(root / "quarantine") if quarantines else []
     assert sorted((r["id"], r[FAILED_COLUMN]) for r in held) == [
         (i, broke(row)) for i, row in enumerate(flags) if quarantined(row)]

@@ -1,0 +1,44 @@
+"""A Parquet sink with more rules than one failure mask holds (63): every rule is counted
+and acts on its rows, whichever mask column carries it, in the job that writes the sink."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
+from airflow_seatunnel_ckpt.spark.expectations import RULES_PER_MASK, mask_of
+from airflow_seatunnel_ckpt.spark.file_sink import FileSink
+
+
+def staged_ids(directory: Path) -> list[int]:
+    listed = json.loads((directory / FILES_LIST).read_bytes())
+    return sorted(i for f in listed["files"] for i in pq.read_table(directory / f["path"]).column("id").to_pylist())
+
+
+def test_rules_past_the_first_mask_count_their_failures_and_drop_and_quarantine_their_rows(
+        spark: Any, tmp_path: Path) -> None:
+    rules: dict[str, Any] = {f"holds_{i}": {"expr": "id >= 0"} for i in range(RULES_PER_MASK + 5)}
+    rules[f"holds_{RULES_PER_MASK - 1}"] = {"expr": "id < 80"}  # the last bit of the first mask: warns on 20
+    rules[f"holds_{RULES_PER_MASK}"] = {"expr": "id % 10 <> 3", "on_fail": "drop"}  # the second mask's first
+    rules[f"holds_{RULES_PER_MASK + 4}"] = {"expr": "id % 25 <> 0", "on_fail": "quarantine"}
+    assert mask_of(RULES_PER_MASK - 1)[0] != mask_of(RULES_PER_MASK)[0]
+    sink = FileSink("out", f"file://{tmp_path}/out", expectations=rules)
+    sink.bind(f"file://{tmp_path}/staged")
+    quarantine = FileSink("out.quarantine", f"file://{tmp_path}/out_quarantine")
+    quarantine.bind(f"file://{tmp_path}/staged_quarantine")
+    sink.quarantine = quarantine
+
+    kept = sink.write(spark.range(100))
+
+    dropped, held = {i for i in range(100) if i % 10 == 3}, {i for i in range(100) if i % 25 == 0}
+    assert staged_ids(tmp_path / "staged") == sorted(set(range(100)) - dropped - held)
+    assert kept == 100 - len(dropped | held)
+    assert staged_ids(tmp_path / "staged_quarantine") == sorted(held)
+    failed = {r.name: r.failed for r in sink.expectation_results}
+    assert failed == {**dict.fromkeys(rules, 0), f"holds_{RULES_PER_MASK - 1}": 20,
+                      f"holds_{RULES_PER_MASK}": len(dropped), f"holds_{RULES_PER_MASK + 4}": len(held)}
+    assert {r.checked for r in sink.expectation_results} == {100}
