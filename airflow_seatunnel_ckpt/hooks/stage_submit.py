@@ -86,6 +86,8 @@ class StageSubmitHook(BaseHook):
         self.submission: SubmissionRecord | None = None
         #: set by :meth:`on_kill`: the in-process stage's error is then the termination's
         self.terminated = False
+        #: True while :meth:`run_in_process` runs a stage: the local Spark session is then the stage's own.
+        self.running_in_process = False
 
     # -- in-process --------------------------------------------------------------------
     def run_in_process(self, spec: StageSpec, epoch: int,
@@ -102,6 +104,7 @@ class StageSubmitHook(BaseHook):
 
         if not spec.dry_run and (note := earlier_attempt(self.pipeline, epoch, self.participant, spec.attempt)):
             self.log.warning("%s", note)
+        self.running_in_process = True
         try:
             return run_stage(spec, stage_fn=stage_fn)
         except Exception as exc:
@@ -112,6 +115,8 @@ class StageSubmitHook(BaseHook):
                 f"stage {self.participant} of pipeline {self.pipeline.name!r} was terminated (SIGTERM) while Spark "
                 f"ran: epoch {epoch}, attempt {spec.attempt} stays unprepared and a retry stages anew "
                 "(nothing was published)") from None
+        finally:
+            self.running_in_process = False
 
     # -- submit or reconnect -----------------------------------------------------------
     def submit(self, spec: StageSpec, epoch: int, try_number: int) -> SubmissionRecord:
@@ -256,7 +261,9 @@ class StageSubmitHook(BaseHook):
         if submission is None or submission.host != socket.gethostname():
             quiet_py4j()
             self.terminated = True
-            return not self.conn_id and stop_local_spark(lambda: self.log.warning(
+            # Only a stage this hook runs in-process owns the local session; any other (a test's,
+            # another task's in the same worker) is not this task's to stop.
+            return self.running_in_process and stop_local_spark(lambda: self.log.warning(
                 "terminated: cancelling the Spark jobs of stage %s and stopping its session; this attempt stays "
                 "unprepared", self.participant))
         from airflow_seatunnel_ckpt.spark.launch import terminate
