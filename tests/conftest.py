@@ -132,8 +132,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # --------------------------------------------------------------------------------------
 
 #: Seconds (setup + call + teardown) of every test that took a second or more in a full run
-#: on two workers. ``TEST_DURATIONS_WRITE=1`` rewrites it at the end of a run; a test missing
-#: from it counts as short, so a stale file only costs scheduling, never a result.
+#: on two workers (on a busy machine: only their order matters). ``TEST_DURATIONS_WRITE=1``
+#: rewrites it at the end of a run; a test missing from it counts as short, so a stale file
+#: only costs scheduling, never a result.
 DURATIONS_FILE = Path(__file__).with_name("durations.json")
 _WRITE_DURATIONS = os.environ.get("TEST_DURATIONS_WRITE", "") not in ("", "0")
 _MEASURED: dict[str, float] = {}
