@@ -186,10 +186,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """With ``TEST_DURATIONS_WRITE=1``, write the tests of a second or more to ``durations.json``."""
+    """With ``TEST_DURATIONS_WRITE=1``, record the tests of a second or more in ``durations.json``."""
     if _WRITE_DURATIONS and not hasattr(session.config, "workerinput") and _MEASURED:
-        slow = {nodeid: round(seconds, 1) for nodeid, seconds in sorted(_MEASURED.items()) if seconds >= 1.0}
-        DURATIONS_FILE.write_text(json.dumps(slow, indent=0) + "\n")
+        # Tests this run did not measure keep their entry: a run of one folder updates only it.
+        durations = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
+        for nodeid, seconds in _MEASURED.items():
+            durations.pop(nodeid, None)
+            if seconds >= 1.0:
+                durations[nodeid] = round(seconds, 1)
+        DURATIONS_FILE.write_text(json.dumps(dict(sorted(durations.items())), indent=0) + "\n")
 
 
 # --------------------------------------------------------------------------------------
