@@ -123,8 +123,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for name in _ONE_WORKER_MARKERS:
             if item.get_closest_marker(name) is not None:
                 item.add_marker(pytest.mark.xdist_group(name))
+                if getattr(config.option, "loadgroup", False):
+                    _pin_to_group(item, name)
                 break
     _longest_first(items)
+
+
+def _pin_to_group(item: pytest.Item, group: str) -> None:
+    """Give the item the ``<node id>@<group>`` that ``--dist loadgroup`` schedules by.
+
+    pytest-xdist 3.8 appends the suffix to ``item._nodeid``, which pytest 9 no longer reads
+    (the id is ``item._id``): without this the groups were dealt out test by test, and each
+    worker started its own deployment, Spark cluster and API server.
+    """
+    if "@" in item.nodeid.rpartition("]")[2] or not hasattr(item, "_id"):
+        return  # pytest-xdist's own suffix took effect
+    from _pytest.nodeid import coerce_node_id
+
+    item._id = coerce_node_id(f"{item.nodeid}@{group}")
 
 
 # --------------------------------------------------------------------------------------
