@@ -6,7 +6,9 @@
 #   bash scripts/test.sh tests/integration/infra/test_s3.py -x
 # TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: the CPU count, at most 4;
 # each worker has its own local[2] SparkSession, Airflow DB and S3 server); TEST_WORKERS=0 runs
-# in this process.
+# in this process. Tests start longest first (tests/durations.json; TEST_DURATIONS_WRITE=1
+# rewrites it after a run). The slow suites run a fixed slice; RELIABILITY_FULL=1,
+# RELIABILITY_SCHEDULES=<n> and PROPERTIES_EXAMPLES=<n> run the rest (docs/RELIABILITY.md).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -123,7 +123,94 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for name in _ONE_WORKER_MARKERS:
             if item.get_closest_marker(name) is not None:
                 item.add_marker(pytest.mark.xdist_group(name))
+                if getattr(config.option, "loadgroup", False):
+                    _pin_to_group(item, name)
                 break
+    _longest_first(items)
+
+
+def _pin_to_group(item: pytest.Item, group: str) -> None:
+    """Give the item the ``<node id>@<group>`` that ``--dist loadgroup`` schedules by.
+
+    pytest-xdist 3.8 appends the suffix to ``item._nodeid``, which pytest 9 no longer reads
+    (the id is ``item._id``): without this the groups were dealt out test by test, and each
+    worker started its own deployment, Spark cluster and API server.
+    """
+    if "@" in item.nodeid.rpartition("]")[2] or not hasattr(item, "_id"):
+        return  # pytest-xdist's own suffix took effect
+    from _pytest.nodeid import coerce_node_id
+
+    item._id = coerce_node_id(f"{item.nodeid}@{group}")
+
+
+# --------------------------------------------------------------------------------------
+# Longest first: under pytest-xdist the long tests start at once, so the run has no long tail
+# --------------------------------------------------------------------------------------
+
+#: Seconds (setup + call + teardown) of every test that took a second or more in a full run
+#: on two workers (on a busy machine: only their order matters). ``TEST_DURATIONS_WRITE=1``
+#: rewrites it at the end of a run; a test missing from it counts as short, so a stale file
+#: only costs scheduling, never a result.
+DURATIONS_FILE = Path(__file__).with_name("durations.json")
+_WRITE_DURATIONS = os.environ.get("TEST_DURATIONS_WRITE", "") not in ("", "0")
+_MEASURED: dict[str, float] = {}
+
+
+def _plain_nodeid(nodeid: str) -> str:
+    """A node id without the ``@<group>`` pytest-xdist appends for ``--dist loadgroup``."""
+    return nodeid[:nodeid.rfind("@")] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+def _group_of(item: pytest.Item) -> str:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is None:
+        return item.nodeid
+    return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Order the items by the recorded cost of their work unit (a test, or its whole group).
+
+    The sort is stable: tests of one group, and tests of unknown duration, keep their
+    order. pytest-xdist must keep it too (see ``pytest_configure``).
+    """
+    try:
+        durations: dict[str, float] = json.loads(DURATIONS_FILE.read_text())
+    except FileNotFoundError:
+        return
+    cost: dict[str, float] = {}
+    for item in items:
+        group = _group_of(item)
+        cost[group] = cost.get(group, 0.0) + durations.get(_plain_nodeid(item.nodeid), 0.0)
+    items.sort(key=lambda item: -cost[_group_of(item)])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the collection order under ``--dist loadgroup``: it is longest first already.
+
+    pytest-xdist would otherwise reorder the work units by their number of tests.
+    """
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``TEST_DURATIONS_WRITE=1``, add up each test's setup, call and teardown."""
+    if _WRITE_DURATIONS:
+        nodeid = _plain_nodeid(report.nodeid)
+        _MEASURED[nodeid] = _MEASURED.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With ``TEST_DURATIONS_WRITE=1``, record the tests of a second or more in ``durations.json``."""
+    if _WRITE_DURATIONS and not hasattr(session.config, "workerinput") and _MEASURED:
+        # Tests this run did not measure keep their entry: a run of one folder updates only it.
+        durations = json.loads(DURATIONS_FILE.read_text()) if DURATIONS_FILE.exists() else {}
+        for nodeid, seconds in _MEASURED.items():
+            durations.pop(nodeid, None)
+            if seconds >= 1.0:
+                durations[nodeid] = round(seconds, 1)
+        DURATIONS_FILE.write_text(json.dumps(dict(sorted(durations.items())), indent=0) + "\n")
 
 
 # --------------------------------------------------------------------------------------

@@ -160,7 +160,7 @@ class AirflowDeployment:
                                   ) from exc
         return json.loads(payload) if payload else None
 
-    def wait_for(self, what: str, probe: Callable[[], Any], timeout: float, interval: float = 2.0) -> Any:
+    def wait_for(self, what: str, probe: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
         """Poll ``probe`` until it returns something truthy; on timeout fail with the logs' tails."""
         deadline = time.monotonic() + timeout
         while True:
