@@ -99,9 +99,6 @@ class Column:
 def identify(request: TableCommit) -> tuple[PostgresOptions, str]:
     """The sink's checked options and how messages name the epoch's commit."""
     options = parse(request.table, f"pipeline {request.pipeline!r} sink {request.sink.sink!r}")
-    if request.sink.mode is not SinkMode.CHANGES:
-        raise ConfigError(f"{request.where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
-                          f"{request.sink.mode.value!r} is not supported")
     return options, f"{request.where} (PostgreSQL table {options.table})"
 
 
@@ -319,6 +316,9 @@ def precheck(request: TableCommit) -> None:
     NULL or repeated staged key, and the owner and markers (:func:`markers.check_marker`).
     """
     options, where = identify(request)
+    if request.sink.mode is not SinkMode.CHANGES:
+        raise ConfigError(f"{where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
+                          f"{request.sink.mode.value!r} is not supported")
     schema = staged_schema(request, where)
     if schema is None:
         return

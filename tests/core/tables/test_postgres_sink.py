@@ -43,6 +43,7 @@ class Epochs:
         self.store_url = f"file://{store}"
         self.options = {"type": "postgres", "table": "public.orders", "conninfo": dsn, **options}
         self.dsn = dsn
+        self.mode = SinkMode.CHANGES
         self.pipeline = self.open()
         self.runs = 0
 
@@ -63,7 +64,7 @@ class Epochs:
             p.storage.write_atomic(f"{staging}/part-{n:05d}.parquet", buf.getvalue())
         manifest = p.manifest_for_staged(epoch, 1, "orders", "postgres://test/public.orders",
                                          sum(t.num_rows for t in files))
-        manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=self.options)
+        manifest = dataclasses.replace(manifest, mode=self.mode, table=self.options)
         p.prepare(epoch, "ingest", 1, run_id=f"run-{self.runs}", sinks=[manifest])
         record = p.decide(epoch, Decision.COMMIT, "all prepared", by="test")
         return epoch, record.decision, record.reason
@@ -156,6 +157,17 @@ def test_a_missing_table_is_refused_before_the_decision_naming_the_table(tmp_pat
     reason = epochs.refused(rows([1]))
     assert "public.orders does not exist" in reason and "create_table" in reason
     assert epochs.query("SELECT to_regclass('public.orders')") == [(None,)]
+
+
+def test_a_snapshot_mode_is_refused_at_the_decision_and_the_table_is_untouched(epochs: Epochs) -> None:
+    epochs.run(rows([1]))
+    epochs.mode = SinkMode.SNAPSHOT
+    reason = epochs.refused(rows([2]))
+    assert "mode 'snapshot' is not supported" in reason
+    assert epochs.table() == expected([1])
+    epochs.mode = SinkMode.CHANGES
+    epochs.run(rows([3]))  # the next epoch still commits
+    assert epochs.table() == expected([1, 3])
 
 
 def test_an_incompatible_column_type_is_refused_before_the_decision(tmp_path: Path, postgres_db: str) -> None:
