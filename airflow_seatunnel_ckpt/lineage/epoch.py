@@ -7,6 +7,9 @@ from the transaction log: the prepared record (sources consumed, sinks staged) f
 stage, the published sinks and every participant's prepared record for the commit. A
 store that cannot be read costs the statistics, never the event: the declared datasets
 are reported instead.
+
+A stage submitted with ``spark-submit`` also gets OpenLineage's parent-job properties, as the
+Apache Spark provider adds them (:func:`with_openlineage_spark_properties`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from airflow_seatunnel_ckpt.lineage.facets import (
 
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
+    from airflow.sdk import Context
 
     from airflow_seatunnel_ckpt.core import Pipeline
     from airflow_seatunnel_ckpt.core.models import EpochStatus
@@ -36,7 +40,7 @@ _log = logging.getLogger(__name__)
 
 def declared_sinks(sinks: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, Mapping[str, Any] | None]]:
     """Sink name -> (target URL, table options) of a stage's sink options (unbuildable ones left out)."""
-    from airflow_seatunnel_ckpt.spark.sinks import sink_from_options
+    from airflow_seatunnel_ckpt.spark.registry import sink_from_options
 
     out: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
     for name, options in sinks.items():
@@ -134,3 +138,34 @@ def _consumed_inputs(pipeline: Pipeline, status: EpochStatus) -> list[Any]:
                 seen.add((dataset.namespace, dataset.name))
                 inputs.append(dataset)
     return inputs
+
+
+def with_openlineage_spark_properties(spark_conf: Mapping[str, Any], context: Context) -> dict[str, Any]:
+    """``spark_conf`` plus the OpenLineage parent-job (and transport) properties that are enabled.
+
+    With ``[openlineage] spark_inject_parent_job_info = True`` (the setting the Apache Spark
+    provider's ``SparkSubmitOperator`` reads), the stage's Spark configuration gets
+    ``spark.openlineage.parentJobNamespace``, ``parentJobName``, ``parentRunId`` and the root
+    parent's, so the OpenLineage Spark listener (when the application has it) reports the
+    Spark job as a child of the stage task's run. ``spark_inject_transport_info`` likewise
+    copies the HTTP transport. Keys the user already set are left alone, and without the
+    OpenLineage provider nothing is added (the compat layer only logs that).
+
+    The one call a launcher makes before ``spark-submit``; returns a new dict.
+    """
+    from airflow.providers.common.compat.sdk import conf
+
+    properties = dict(spark_conf)
+    if conf.getboolean("openlineage", "spark_inject_parent_job_info", fallback=False):
+        from airflow.providers.common.compat.openlineage.utils.spark import (
+            inject_parent_job_information_into_spark_properties,
+        )
+
+        properties = inject_parent_job_information_into_spark_properties(properties, context)
+    if conf.getboolean("openlineage", "spark_inject_transport_info", fallback=False):
+        from airflow.providers.common.compat.openlineage.utils.spark import (
+            inject_transport_information_into_spark_properties,
+        )
+
+        properties = inject_transport_information_into_spark_properties(properties, context)
+    return properties

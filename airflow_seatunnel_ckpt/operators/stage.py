@@ -119,7 +119,7 @@ class SparkStageOperator(BasePipelineOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         """Prepare the run's epoch (or return the attempt that already did)."""
         from airflow_seatunnel_ckpt.hooks.kafka import with_kafka_connections
-        from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
+        from airflow_seatunnel_ckpt.lineage.epoch import with_openlineage_spark_properties
         from airflow_seatunnel_ckpt.spark import DEFAULT_KEY_GROUPS, StageResult, StageSpec
         from airflow_seatunnel_ckpt.spark.context import AirflowContext
 

@@ -109,7 +109,7 @@ os.environ["AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO"] = "True"
 from airflow_seatunnel_ckpt.operators.commit import CommitEpochOperator
 from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
 from airflow_seatunnel_ckpt.lineage import facets
-from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
+from airflow_seatunnel_ckpt.lineage.epoch import with_openlineage_spark_properties
 assert facets.CheckpointEpochRunFacet is None
 assert facets.EpochFacts(pipeline="p").run_facets() == {}
 assert with_openlineage_spark_properties({"spark.x": "1"}, {}) == {"spark.x": "1"}
@@ -278,7 +278,7 @@ def test_dataset_names_follow_openlineage_naming(url: str, namespace: str, name:
 
 def test_parent_job_information_is_added_only_when_enabled_and_never_overrides(
         monkeypatch: pytest.MonkeyPatch, airflow_home: Path) -> None:
-    from airflow_seatunnel_ckpt.lineage.spark import with_openlineage_spark_properties
+    from airflow_seatunnel_ckpt.lineage.epoch import with_openlineage_spark_properties
 
     monkeypatch.delenv("AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO", raising=False)
     assert with_openlineage_spark_properties({"spark.x": "1"}, {}) == {"spark.x": "1"}
