@@ -43,7 +43,7 @@ def _assets_for(pipeline: str, stages: Mapping[str, Mapping[str, Any]]) -> dict[
     sink, ``iceberg://<catalog>/<namespace>.<table>`` of an Iceberg one. A sink with
     templated options gets none (its target is known only when the task runs)."""
     from airflow_seatunnel_ckpt.spark.declaration import is_templated
-    from airflow_seatunnel_ckpt.spark.sinks import sink_from_options
+    from airflow_seatunnel_ckpt.spark.registry import sink_from_options
 
     assets = {}
     for options in stages.values():

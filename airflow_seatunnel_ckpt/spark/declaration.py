@@ -28,8 +28,6 @@ from typing import Any
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.core.layout import validate_name
 from airflow_seatunnel_ckpt.core.storage.registry import backend_for
-from airflow_seatunnel_ckpt.spark import sinks as _sinks  # noqa: F401 -- registers the built-in sink types
-from airflow_seatunnel_ckpt.spark import sources as _sources  # noqa: F401 -- registers the built-in source types
 from airflow_seatunnel_ckpt.spark.ddl import checked_schema
 from airflow_seatunnel_ckpt.spark.registry import REGISTRIES
 

@@ -11,7 +11,7 @@ A source is two steps, split so that the runner can log the first before doing t
 reads, so each epoch reads exactly the files no committed epoch consumed, and files that
 arrive late land in a later epoch. A Kafka-like source would plan ``{partition: (from,
 to)}`` ranges from the last committed end offsets and read them with Spark's batch
-reader; register it with :func:`~airflow_seatunnel_ckpt.spark.sources.register_source`.
+reader; register it with :func:`~airflow_seatunnel_ckpt.spark.registry.register_source`.
 
 How a directory is listed (prefixes, globs, identities) is in
 :mod:`~airflow_seatunnel_ckpt.spark.file_listing`.

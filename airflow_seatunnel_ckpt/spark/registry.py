@@ -1,4 +1,14 @@
-"""Type name -> factory registries for the sources and sinks a stage spec names."""
+"""Sources and sinks by type: the registries a stage spec's ``sources`` and ``sinks`` entries are built from.
+
+``{"type": "file", ...}`` (the default) reads the files no committed epoch consumed
+(:mod:`.file_source`, which also holds the :class:`Source` interface) or publishes
+``<target>/epoch=<e>/`` directories (:mod:`.file_sink`, with the :class:`Sink` interface).
+``"iceberg"`` and ``"delta"`` read the data files appended to a table since the last
+committed epoch, ``"pipeline_output"`` another pipeline's committed file-sink epochs
+(:mod:`.table_sources`), ``"kafka"`` the records produced since the last committed epoch
+(:mod:`.kafka_source`). ``"iceberg"``, ``"delta"`` and ``"postgres"`` sinks commit each
+epoch into a table (:mod:`.table_sinks`).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +18,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.spark.file_sink import FileSink, Sink
+from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source
+from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
+from airflow_seatunnel_ckpt.spark.table_sinks import DeltaSink, IcebergSink, PostgresSink
+from airflow_seatunnel_ckpt.spark.table_sources import DeltaSource, IcebergSource, PipelineOutputSource
 
 T = TypeVar("T")
-
-#: Every registry by kind (``"source"``, ``"sink"``), for checks that only know the kind.
-REGISTRIES: dict[str, Registry[Any]] = {}
 
 
 class Registry(Generic[T]):
@@ -23,7 +35,6 @@ class Registry(Generic[T]):
         self._factories: dict[str, Callable[..., T]] = dict(builtin)
         #: Built-in types check their values when constructed and do no I/O doing so.
         self._builtin = frozenset(builtin)
-        REGISTRIES[kind] = self
 
     def register(self, type_name: str, factory: Callable[..., T]) -> None:
         """Make ``{"type": type_name, ...}`` build with ``factory(name, **options)``."""
@@ -89,3 +100,31 @@ class Registry(Generic[T]):
             return factory(name, **opts)
         except TypeError as exc:
             raise ConfigError(f"{self.kind} {name!r}: bad options {sorted(opts)}: {exc}") from exc
+
+
+SOURCES: Registry[Source] = Registry("source", {"file": FileSource, "iceberg": IcebergSource, "delta": DeltaSource,
+                                                "pipeline_output": PipelineOutputSource, "kafka": KafkaSource})
+SINKS: Registry[Sink] = Registry("sink", {"file": FileSink, "iceberg": IcebergSink, "delta": DeltaSink,
+                                          "postgres": PostgresSink})
+#: Both registries by kind, for checks that only know the kind.
+REGISTRIES: dict[str, Registry[Any]] = {"source": SOURCES, "sink": SINKS}
+
+
+def register_source(type_name: str, factory: Callable[..., Source]) -> None:
+    """Make ``{"type": type_name, ...}`` in a stage spec build a source as ``factory(name, **options)``."""
+    SOURCES.register(type_name, factory)
+
+
+def source_from_options(name: str, options: Mapping[str, Any]) -> Source:
+    """Build the source a stage spec describes."""
+    return SOURCES.build(name, options)
+
+
+def register_sink(type_name: str, factory: Callable[..., Sink]) -> None:
+    """Make ``{"type": type_name, ...}`` in a stage spec build a sink as ``factory(name, **options)``."""
+    SINKS.register(type_name, factory)
+
+
+def sink_from_options(name: str, options: Mapping[str, Any]) -> Sink:
+    """Build the sink a stage spec describes."""
+    return SINKS.build(name, options)

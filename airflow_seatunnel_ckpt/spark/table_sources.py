@@ -1,6 +1,6 @@
 """Table sources: Iceberg snapshots, Delta versions and another pipeline's published epochs.
 
-Each is a :class:`~airflow_seatunnel_ckpt.spark.sources.Source` whose offsets are the
+Each is a :class:`~airflow_seatunnel_ckpt.spark.file_source.Source` whose offsets are the
 table's own positions plus the exact data files between the consumed position and this
 epoch's (planned by :mod:`airflow_seatunnel_ckpt.core.tables.planning`, from metadata
 alone). The runner pins them for the epoch, so a retry reads the same files; Spark reads

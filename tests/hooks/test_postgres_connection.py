@@ -57,7 +57,7 @@ def test_a_missing_postgres_connection_is_a_clear_error() -> None:
 
 def test_a_postgres_sinks_target_is_an_asset_uri_the_postgres_provider_accepts() -> None:
     from airflow_seatunnel_ckpt.operators.commit import sink_asset
-    from airflow_seatunnel_ckpt.spark.sinks import sink_from_options
+    from airflow_seatunnel_ckpt.spark.registry import sink_from_options
 
     by_conninfo = sink_from_options("o", {"type": "postgres", "table": "serving.orders",
                                           "conninfo": "host=db.example port=6432 dbname=shop user=etl"})

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
-from airflow_seatunnel_ckpt.spark.sources import FileSource, SourceError
+from airflow_seatunnel_ckpt.spark.file_source import FileSource, SourceError
 from airflow_seatunnel_ckpt.spark.state import StateError
 from tests.spark.conftest import OrdersPipeline
 

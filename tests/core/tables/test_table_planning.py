@@ -364,7 +364,7 @@ def test_delta_epochs_on_s3_read_the_log_through_delta_rs_storage_options(moto_s
 
 @pytest.mark.s3
 def test_pipeline_output_on_s3_plans_only_epochs_with_their_success_mark(moto_server: Any, s3_bucket: str) -> None:
-    from airflow_seatunnel_ckpt.spark.sources import PipelineOutputSource
+    from airflow_seatunnel_ckpt.spark.table_sources import PipelineOutputSource
 
     fs = moto_server.filesystem()
     fs.pipe({f"{s3_bucket}/out/epoch=1/part-0.parquet": b"x", f"{s3_bucket}/out/epoch=1/_SUCCESS": b"{}",
