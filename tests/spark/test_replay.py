@@ -159,18 +159,9 @@ def state_rows(pipeline: Pipeline) -> dict[str, list[tuple[Any, ...]]]:
 # Iceberg: 7 epochs replayed from 6 (epochs 1..5 keep their files, 6..7 are replaced: the
 # same proof as the issue's 10 epochs, in 18 stage runs instead of 27); Delta (the same code
 # path but the table commit): 4 epochs replayed from 3, to keep the test short.
-@pytest.mark.parametrize(("fmt", "epochs", "start"), [("iceberg", 7, 6), ("delta", 4, 3)])
-def test_replay_from_epoch_6_equals_a_fresh_run_keeps_epochs_1_to_5_files_and_readers_see_old_or_new(
-        spark: Any, tmp_path: Path, fmt: str, epochs: int, start: int) -> None:
-    lake = Lake(tmp_path / "lake", fmt)
-    lake.run(spark, range(1, epochs + 1), "buggy")
-    fresh = Lake(tmp_path / "fresh", fmt)
-    fresh.run(spark, range(1, start), "buggy")
-    fresh.run(spark, range(start, epochs + 1), "fixed")
-    files_before = lake.data_files()
-    old_total, new_total = lake.total_amount(), fresh.total_amount()
-    assert old_total != new_total
-
+def replay_while_polling(spark: Any, lake: Any, start: int) -> tuple[Any, set[float]]:
+    """Replay ``lake`` from ``start`` while a thread reads its total again and again; the
+    replay's result and every total the reader saw."""
     seen: set[float] = set()
     stop = threading.Event()
 
@@ -185,6 +176,22 @@ def test_replay_from_epoch_6_equals_a_fresh_run_keeps_epochs_1_to_5_files_and_re
     finally:
         stop.set()
         reader.join()
+    return result, seen
+
+
+@pytest.mark.parametrize(("fmt", "epochs", "start"), [("iceberg", 7, 6), ("delta", 4, 3)])
+def test_replay_from_epoch_6_equals_a_fresh_run_keeps_epochs_1_to_5_files_and_readers_see_old_or_new(
+        spark: Any, tmp_path: Path, fmt: str, epochs: int, start: int) -> None:
+    lake = Lake(tmp_path / "lake", fmt)
+    lake.run(spark, range(1, epochs + 1), "buggy")
+    fresh = Lake(tmp_path / "fresh", fmt)
+    fresh.run(spark, range(1, start), "buggy")
+    fresh.run(spark, range(start, epochs + 1), "fixed")
+    files_before = lake.data_files()
+    old_total, new_total = lake.total_amount(), fresh.total_amount()
+    assert old_total != new_total
+
+    result, seen = replay_while_polling(spark, lake, start)
 
     replayed = list(range(start, epochs + 1))
     assert (result.replayed, result.replaced) == (replayed, replayed)

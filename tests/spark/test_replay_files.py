@@ -10,7 +10,6 @@ must finish, and a downstream ``pipeline_output`` source must read every row onc
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from tests.core import faults
 from tests.spark.conftest import OrdersPipeline
-from tests.spark.test_replay import Lake, order_ids, state_rows
+from tests.spark.test_replay import Lake, order_ids, replay_while_polling, state_rows
 from tests.tables import duckdb_connection
 
 pytestmark = pytest.mark.spark
@@ -101,20 +100,7 @@ def test_file_sink_replay_equals_a_fresh_run_and_a_reader_of_the_documented_path
     old_total, new_total = lake.total_amount(), fresh.total_amount()
     assert old_total != new_total
 
-    seen: set[float] = set()
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            seen.add(lake.total_amount())
-
-    reader = threading.Thread(target=poll)
-    reader.start()
-    try:
-        result = lake.replay(spark, start)
-    finally:
-        stop.set()
-        reader.join()
+    result, seen = replay_while_polling(spark, lake, start)
 
     assert (result.replayed, result.replaced, result.epoch) == ([3, 4], [3, 4], 5)
     assert seen <= {old_total, new_total} and new_total in seen | {lake.total_amount()}
