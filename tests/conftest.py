@@ -222,6 +222,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 #: is worse, so benchmarks must not use them.
 FAST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
+#: ``RELIABILITY_FULL=1``: the slow campaigns run every case. Without it (CI, the README's
+#: command) each runs the fixed slice its module names (docs/RELIABILITY.md).
+FULL_CAMPAIGNS = os.environ.get("RELIABILITY_FULL", "") not in ("", "0")
+
 
 def free_port() -> int:
     """Return a TCP port on 127.0.0.1 that was free a moment ago."""

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import FULL_CAMPAIGNS as FULL
 from tests.integration.reliability.synthetic import World
 
-FULL = os.environ.get("RELIABILITY_FULL", "") not in ("", "0")
 #: Settings of every world: short delta chains so that full/delta rollover is exercised.
 SETTINGS = {"full_checkpoint_interval": 3, "max_retries": 1}
 
