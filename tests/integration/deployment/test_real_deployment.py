@@ -511,6 +511,8 @@ def test_example_pipeline_stays_exactly_once_through_clear_and_kill_in_a_real_de
     noise = _py4j_traceback_lines(killed_log)
     assert len(noise) <= 2, f"py4j traceback lines in {killed_log} (pid {killed_pid}):\n" + "\n".join(noise[:20])
 
+    _phase(capsys, began, "the store, the table, the metadata database and the logs checked")
+
     # Nothing of the deployment is left running once it is stopped by PID.
     leftovers = deployment.stop()
     _phase(capsys, began, "the deployment stopped")
