@@ -24,8 +24,8 @@ default SimpleAuthManager hands out without credentials when
 
 Stopping is by PID (every process group SIGTERMed, then each waited for and SIGKILLed),
 in a ``finally``; task processes are forked by the LocalExecutor into process groups of
-their own, so after the components are gone every process whose environment names this ``AIRFLOW_HOME`` is found
-with psutil, reported and killed -- a test asserts there was none.
+their own, so after the components are gone every process whose environment names this
+``AIRFLOW_HOME`` is found with psutil, reported and killed -- a test asserts there was none.
 """
 
 from __future__ import annotations
