@@ -44,6 +44,18 @@ pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 #: Short leases, so that a lost submission is recognised within seconds.
 LEASE = {"lease_timeout_s": 8, "lease_renew_s": 1}
+
+
+def small_driver(**more: str) -> dict[str, str]:
+    """Settings of the short-lived drivers (and executors) these tests submit: loopback, no UI,
+    and the JVM flags that halve a short JVM's start-up."""
+    # Imported here: the drivers import this module for its stages, and need no test session.
+    from tests.conftest import FAST_JVM_OPTIONS
+    from tests.spark.test_stage_processes import SMALL_DRIVER
+
+    return {**SMALL_DRIVER, "spark.executor.extraJavaOptions": FAST_JVM_OPTIONS, **more}
+
+
 #: Folder of the markers the stages below leave and wait for (set per test).
 MARKERS_ENV = "SEATUNNEL_TEST_MARKERS"
 
@@ -99,8 +111,7 @@ def make_stage(tmp_path: Path, stage: str, **kwargs: Any) -> Any:
             "".join(json.dumps({"order_id": f"o{n}-{i}", "amount": i}) + "\n" for i in range(3)))
     options: dict[str, Any] = {
         "conn_id": "spark_local", "deferrable": True, "poll_interval": 0.5,
-        "spark_conf": {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                       "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+        "spark_conf": small_driver(),
         **kwargs,
     }
     return SparkStageOperator(
@@ -330,8 +341,7 @@ def test_the_epoch_dag_with_a_deferred_stage_commits_exactly_once(
                 "poll_interval": 0.5,
                 "sources": {"orders": {"type": "file", "path": f"file://{inputs}", "format": "json"}},
                 "sinks": {"orders_out": {"type": "file", "path": f"file://{tmp_path}/out", "format": "json"}},
-                "spark_conf": {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                               "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+                "spark_conf": small_driver(),
             }},
             sensor={"poke_interval": 0.5, "timeout": 300},
         )
@@ -371,9 +381,8 @@ def test_on_a_cluster_the_driver_gets_the_spec_by_files_and_executors_run_the_sh
         python="./environment/bin/python", archives=[f"{archive}#environment"],
         spark_submit_kwargs={"env_vars": {"TMPDIR": str(driver_tmp),
                                           "SPARK_HOME": str(spark_standalone.spark_home)}},
-        spark_conf={"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                    "spark.ui.enabled": "false", "spark.cores.max": "1", "spark.executor.memory": "512m",
-                    "spark.sql.shuffle.partitions": "2", "spark.local.dir": str(driver_tmp)})
+        spark_conf=small_driver(**{"spark.cores.max": "1", "spark.executor.memory": "512m",
+                                   "spark.local.dir": str(driver_tmp)}))
     result = stage.execute(context_of(1))
     assert (result["epoch"], result["attempt"], result["rows"]) == (1, 1, 6)
     import pyarrow.json as pj

@@ -13,7 +13,9 @@ from orders_example import START, dedup_orders, generate_orders
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.spark.submit import stage_module_files
+from tests.conftest import FAST_JVM_OPTIONS
 from tests.epoch_test_dags import task_states
+from tests.spark.test_stage_processes import SMALL_DRIVER
 
 pytestmark = [pytest.mark.airflow, pytest.mark.cluster, pytest.mark.slow]
 
@@ -45,11 +47,9 @@ def test_stage_runs_through_spark_submit_and_the_epoch_commits(
                                            "format": "json"}},
                 "key_groups": 2,
                 "conn_id": "spark_cluster",
-                "spark_conf": {"spark.driver.host": "127.0.0.1",
-                               "spark.driver.bindAddress": "127.0.0.1",
-                               "spark.ui.enabled": "false", "spark.cores.max": "1",
+                "spark_conf": {**SMALL_DRIVER, "spark.cores.max": "1",
                                "spark.executor.memory": "512m",
-                               "spark.sql.shuffle.partitions": "2"},
+                               "spark.executor.extraJavaOptions": FAST_JVM_OPTIONS},
             }},
             sensor={"poke_interval": 0.5, "timeout": 300},
             commit={"retry_delay": timedelta(seconds=0.1)},

@@ -13,16 +13,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FAST_JVM_OPTIONS
+
 pytestmark = [pytest.mark.spark]
 
 REPO = Path(__file__).resolve().parents[2]
 
 _PROBE = textwrap.dedent("""
-    import json, psutil
+    import json, sys, psutil
     from airflow_seatunnel_ckpt.spark.session import stage_session
     from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
-    spark = stage_session(StageSpec("orders", "ingest", "run-1", 1, "m:f", master="local[1]"))
+    # Only JVM flags in spark_conf (a short JVM's start-up): no address, no log configuration.
+    spark = stage_session(StageSpec("orders", "ingest", "run-1", 1, "m:f", master="local[1]",
+                                    spark_conf={"spark.driver.extraJavaOptions": sys.argv[1]}))
     spark.range(3).count()
     jvm = psutil.Process().children(recursive=True)
     listening = sorted({c.laddr.ip for p in jvm for c in p.net_connections(kind="tcp")
@@ -41,7 +45,7 @@ def _loopback(ip: str) -> bool:
 def test_an_embedded_stage_session_listens_on_loopback_only_and_logs_nothing_to_stderr(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "SPARK_LOCAL_IP"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", _PROBE], cwd=tmp_path, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", _PROBE, FAST_JVM_OPTIONS], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
