@@ -19,9 +19,9 @@ Checked at the end: each table holds exactly N rows, N distinct records; each co
 epoch's Iceberg snapshot and PostgreSQL marker row once; and one more epoch still runs and
 commits.
 
-CI runs a slice of 4,000 records (8 capped epochs with records; the fixed seed draws each
-fault, a commit killed after the PostgreSQL transaction among them, within the first four),
-``RELIABILITY_FULL=1`` 10,000 records (12 capped epochs); ``KAFKA_CAMPAIGN_RECORDS=100000``
+CI runs a slice of 4,000 records (at least 8 epochs at 500 records each; the fixed seed draws
+each fault, a commit killed after the PostgreSQL transaction among them, within the first four
+runs), ``RELIABILITY_FULL=1`` 10,000 records (at least 12 epochs); ``KAFKA_CAMPAIGN_RECORDS=100000``
 runs the issue's full campaign (docs/KAFKA.md), ``KAFKA_CAMPAIGN_SEED`` picks another schedule.
 """
 
