@@ -1,12 +1,13 @@
-"""Replay on local Spark: epochs 6..7 run again with a fixed stage, swapped into the tables in one commit.
+"""Replay on local Spark: the newest epochs run again with a fixed stage, swapped into the tables in one commit.
 
-Seven epochs of an orders pipeline (dedup by a key set, per-customer totals in a key-value
+Epochs of an orders pipeline (dedup by a key set, per-customer totals in a key-value
 state) write an Iceberg or Delta table of orders and a snapshot table of totals with a
-bug (amounts x10 from epoch 1). The stage is fixed and epochs 6..7 are replayed: the
-result must equal a fresh pipeline that ran the buggy stage for epochs 1..5 and the fixed
-one for 6..7 -- the same rows (DuckDB count and checksum), the same keyed state -- while
-epochs 1..5 keep their very data files and a reader only ever sees the old or the new
-total.
+bug (amounts x10 from epoch 1). The stage is fixed and the last two epochs are replayed
+(3 epochs replayed from 2; with ``RELIABILITY_FULL=1`` also 7 Iceberg epochs replayed from
+6): the result must equal a fresh pipeline that ran the buggy stage for the earlier epochs
+and the fixed one for the replayed ones -- the same rows (DuckDB count and checksum), the
+same keyed state -- while the earlier epochs keep their very data files and a reader only
+ever sees the old or the new total.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from airflow_seatunnel_ckpt.core.state.checkpoint import read_chain
 from airflow_seatunnel_ckpt.spark import StageContext, run_stage
 from airflow_seatunnel_ckpt.spark.replay import replay_stage
+from tests.conftest import FULL_CAMPAIGNS
 from tests.spark.conftest import OrdersPipeline
 from tests.tables import duckdb_connection
 
@@ -156,9 +158,6 @@ def state_rows(pipeline: Pipeline) -> dict[str, list[tuple[Any, ...]]]:
     return out
 
 
-# Iceberg: 7 epochs replayed from 6 (epochs 1..5 keep their files, 6..7 are replaced: the
-# same proof as the issue's 10 epochs, in 18 stage runs instead of 27); Delta (the same code
-# path but the table commit): 4 epochs replayed from 3, to keep the test short.
 def replay_while_polling(spark: Any, lake: Any, start: int) -> tuple[Any, set[float]]:
     """Replay ``lake`` from ``start`` while a thread reads its total again and again; the
     replay's result and every total the reader saw."""
@@ -179,8 +178,13 @@ def replay_while_polling(spark: Any, lake: Any, start: int) -> tuple[Any, set[fl
     return result, seen
 
 
-@pytest.mark.parametrize(("fmt", "epochs", "start"), [("iceberg", 7, 6), ("delta", 4, 3)])
-def test_replay_from_epoch_6_equals_a_fresh_run_keeps_epochs_1_to_5_files_and_readers_see_old_or_new(
+# Both formats: 3 epochs replayed from 2 (epoch 1 keeps its files, 2..3 are replaced: each
+# assertion needs one earlier epoch and two replayed ones). RELIABILITY_FULL=1 adds 7 Iceberg epochs
+# replayed from 6: longer state chains (full_checkpoint_interval 3) before the replay, as in the
+# issue's 10 epochs, in 18 stage runs instead of 27.
+@pytest.mark.parametrize(("fmt", "epochs", "start"),
+                         [("iceberg", 3, 2), ("delta", 3, 2), *([("iceberg", 7, 6)] if FULL_CAMPAIGNS else [])])
+def test_replay_of_the_newest_epochs_equals_a_fresh_run_keeps_the_earlier_epochs_files_and_readers_see_old_or_new(
         spark: Any, tmp_path: Path, fmt: str, epochs: int, start: int) -> None:
     lake = Lake(tmp_path / "lake", fmt)
     lake.run(spark, range(1, epochs + 1), "buggy")
@@ -199,7 +203,7 @@ def test_replay_from_epoch_6_equals_a_fresh_run_keeps_epochs_1_to_5_files_and_re
     assert seen <= {old_total, new_total}  # never a mix of old and new epochs
     files_after = lake.data_files()
     early = {p for p, e in files_before.items() if e < start}
-    assert early and early <= set(files_after)  # epochs 1-5: the very same data files
+    assert early and early <= set(files_after)  # the earlier epochs: the very same data files
     assert not {p for p, e in files_before.items() if e >= start} & set(files_after)
     assert lake.orders_summary() == fresh.orders_summary()
     assert lake.totals() == fresh.totals()
@@ -223,20 +227,20 @@ def test_replay_from_epoch_6_equals_a_fresh_run_keeps_epochs_1_to_5_files_and_re
 
 def test_full_refresh_fills_a_new_aggregate_column_for_stored_keys(spark: Any, tmp_path: Path) -> None:
     lake = Lake(tmp_path / "lake", "iceberg")
-    lake.run(spark, range(1, 4), "fixed")  # keys stored without max_amount
+    lake.run(spark, range(1, 3), "fixed")  # keys stored without max_amount
     fresh = Lake(tmp_path / "fresh", "iceberg")
-    fresh.run(spark, range(1, 4), "with_max")
+    fresh.run(spark, range(1, 3), "with_max")
 
     result = lake.replay(spark, 1, stage="with_max")  # full refresh
 
-    assert result.replayed == [1, 2, 3]
+    assert result.replayed == [1, 2]
     want = fresh.totals("customer, total, max_amount")
     assert all(m is not None for _, _, m in want)
     assert lake.totals("customer, total, max_amount") == want
     assert lake.orders_summary() == fresh.orders_summary()
     assert state_rows(lake.pipeline) == state_rows(fresh.pipeline)
-    lake.run(spark, range(4, 5), "with_max")  # the next epoch continues from the refreshed state
-    fresh.run(spark, range(4, 5), "with_max")
+    lake.run(spark, range(3, 4), "with_max")  # the next epoch continues from the refreshed state
+    fresh.run(spark, range(3, 4), "with_max")
     assert lake.totals("customer, total, max_amount") == fresh.totals("customer, total, max_amount")
 
 
@@ -244,7 +248,7 @@ def test_replay_refuses_a_table_another_writer_committed_to_unless_forced(spark:
     from pyiceberg.catalog import load_catalog
 
     lake = Lake(tmp_path / "lake", "iceberg")
-    lake.run(spark, range(1, 4), "buggy")
+    lake.run(spark, range(1, 3), "buggy")
     table = load_catalog("lake", **lake.catalog).load_table("lake.orders")
     table.append(pa.Table.from_pylist([{"order_id": 999, "customer": "c0", "amount": 1.0}],
                                       schema=table.schema().as_arrow()))
@@ -254,30 +258,31 @@ def test_replay_refuses_a_table_another_writer_committed_to_unless_forced(spark:
     with pytest.raises(ReplayError, match=rf"snapshot {foreign.snapshot_id} \(append\) was committed to the table "
                                           r"by another writer.*force"):
         lake.replay(spark, 2)
-    assert lake.pipeline.state(4) is EpochState.ABORTED  # the refused replay epoch: nothing published
+    assert lake.pipeline.state(3) is EpochState.ABORTED  # the refused replay epoch: nothing published
     assert lake.scan("orders", "SELECT count(*) FROM t WHERE order_id = 999") == [(1,)]
 
     result = lake.replay(spark, 2, force=True)
-    assert result.replaced == [2, 3]
+    assert result.replaced == [2]
     assert lake.scan("orders", "SELECT count(*) FROM t WHERE order_id = 999") == [(1,)]  # its rows stay
-    # epochs 2 and 3 (orders 20..39) replayed with the fixed stage; epoch 1's keep x10
-    assert lake.scan("orders", "SELECT max(amount) FROM t WHERE order_id >= 20 AND order_id < 999") == [(39.0,)]
+    # epoch 2 (orders 20..29) replayed with the fixed stage; epoch 1's keep x10
+    assert lake.scan("orders", "SELECT max(amount) FROM t WHERE order_id >= 20 AND order_id < 999") == [(29.0,)]
     assert lake.scan("orders", "SELECT max(amount) FROM t WHERE order_id < 20") == [(190.0,)]
 
 
 def test_replay_refuses_a_merge_sink_and_a_from_epoch_inside_an_earlier_replay(spark: Any, tmp_path: Path) -> None:
     lake = Lake(tmp_path / "lake", "iceberg")
-    lake.run(spark, range(1, 4), "buggy")
-    lake.replay(spark, 2)
-    with pytest.raises(ReplayError, match="epoch 3 was replayed by epoch 4 together with epochs 2..3.*replay from "
-                                          "epoch 2"):
-        lake.replay(spark, 3)
+    lake.run(spark, range(1, 3), "buggy")
+    lake.replay(spark, 1)
+    with pytest.raises(ReplayError, match="epoch 2 was replayed by epoch 3 together with epochs 1..2.*replay from "
+                                          "epoch 1"):
+        lake.replay(spark, 2)
+    assert lake.pipeline.epochs() == [1, 2, 3]  # refused before anything was written
 
     upsert = Lake(tmp_path / "upsert", "iceberg")
     sinks = upsert.sinks()
     sinks["customer_totals"] = {**sinks["customer_totals"], "mode": "changes", "merge_keys": ["customer"]}
     upsert.sinks = lambda: sinks  # type: ignore[method-assign]
-    upsert.run(spark, range(1, 3), "buggy")
+    upsert.run(spark, range(1, 2), "buggy")
     with pytest.raises(ReplayError, match="sink 'customer_totals' cannot be replayed atomically: it upserts by key"):
         upsert.replay(spark, 1)
-    assert upsert.pipeline.epochs() == [1, 2]  # refused before anything was written
+    assert upsert.pipeline.epochs() == [1]  # refused before anything was written
