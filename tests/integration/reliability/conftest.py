@@ -6,7 +6,9 @@ publish is copy-then-mark and every record is a conditional PUT.
 
 Environment knobs (the CI slice is the default):
 
-* ``RELIABILITY_FULL=1`` -- every crash point with every continuation, on both backends
+* ``RELIABILITY_FULL=1`` -- every crash point with every continuation, on both backends,
+  and every S3 variant a module's ``in_s3_slice`` (or the crash-point test's repeated
+  clean-up rule) leaves out of CI
 * ``RELIABILITY_SCHEDULES=<n>`` -- run ``n`` randomised schedules per backend instead of
   the fixed-seed CI slice (``RELIABILITY_SEED`` picks the first seed)
 """
