@@ -1,6 +1,6 @@
 """Stage leases: a running stage is never aborted, a dead one is, and only the store's clock counts.
 
-Timeouts are shortened to a second (renewal every 0.2 s) and recovery runs for real, in a
+Timeouts are shortened to half a second (renewal every 0.1 s) and recovery runs for real, in a
 loop beside the "stage" (a thread holding a :class:`LeaseKeeper`, as ``run_stage`` does).
 """
 
@@ -23,7 +23,7 @@ from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, expected_files, prepare_participant, published, stage
 
-SHORT = {"lease_timeout_s": 1.0, "lease_renew_s": 0.2, "prepared_timeout_s": 1.0}
+SHORT = {"lease_timeout_s": 0.5, "lease_renew_s": 0.1, "prepared_timeout_s": 0.5}
 
 
 @pytest.fixture(autouse=True)
@@ -75,12 +75,12 @@ def test_a_stage_longer_than_every_timeout_commits_with_recovery_running_beside_
     with recovery_beside(fast_spec, **SHORT) as actions:
         with keeper(p, epoch):
             stage(p, epoch, 1, "orders", [b"o1"])
-            time.sleep(3.5)  # > lease_timeout_s and > prepared_timeout_s, counted from begin
+            time.sleep(1.75)  # > lease_timeout_s and > prepared_timeout_s, counted from begin
             assert p.state(epoch) is EpochState.OPEN, [a.to_dict() for a in actions]
             prepare_participant(p, "run-1", Participant(), epoch=epoch)
         p.decide(epoch, Decision.COMMIT, "all prepared", by="test")
         p.commit(epoch)
-        time.sleep(0.3)  # recovery keeps running over the committed epoch
+        time.sleep(0.15)  # recovery keeps running over the committed epoch
 
     assert aborts(actions) == []
     assert any(a.action == "wait" for a in actions)
@@ -94,13 +94,13 @@ def test_the_lease_is_renewed_with_a_new_generation_and_stops_when_the_stage_end
     p = fast_spec.pipeline(**SHORT)
     epoch = p.begin("run-1").epoch
     with keeper(p, epoch, attempt=2) as held:
-        time.sleep(0.7)
+        time.sleep(0.35)
         during = read_lease(p.storage, epoch, "ingest")
     assert during is not None and during.generation >= 3
     assert (during.epoch, during.participant, during.attempt) == (epoch, "ingest", 2)
     assert during.holder["pid"] > 0 and during.holder["host"]
     ended = read_lease(p.storage, epoch, "ingest")
-    time.sleep(0.5)
+    time.sleep(0.25)
     assert read_lease(p.storage, epoch, "ingest") == ended  # nothing renews after the block
     assert ended is not None and ended.generation == held.generation
 
@@ -122,7 +122,7 @@ def test_a_failed_renewal_neither_kills_the_stage_nor_stops_the_next_one(
     monkeypatch.setattr(type(p.storage), "write_atomic", flaky)
     with keeper(p, epoch) as held:
         broken["armed"] = 1
-        time.sleep(1.2)
+        time.sleep(0.6)
     assert broken["left"] == 0 and held.failures == 2
     lease = read_lease(p.storage, epoch, "ingest")
     assert lease is not None and lease.generation == held.generation >= 3
@@ -137,7 +137,7 @@ def test_recovery_aborts_an_epoch_within_the_lease_timeout_after_its_stage_died(
     epoch = p.begin("run-1").epoch
     stage(p, epoch, 1, "orders", [b"half"])
     held = keeper(p, epoch).__enter__()
-    time.sleep(0.5)
+    time.sleep(0.25)
     held.stop()  # the driver process died: nobody renews any more
     died = time.monotonic()
     with recovery_beside(fast_spec, **SHORT) as actions:
@@ -146,8 +146,9 @@ def test_recovery_aborts_an_epoch_within_the_lease_timeout_after_its_stage_died(
     took = time.monotonic() - died
 
     assert p.state(epoch) is EpochState.ABORTED
-    # Not before the lease expired; within the timeout plus one recovery run after it.
-    assert SHORT["lease_timeout_s"] - 0.1 <= took <= SHORT["lease_timeout_s"] + 1.0, took
+    # Not before the lease expired (its last renewal was at most one renewal interval before
+    # the stop); within the timeout plus one recovery run after it.
+    assert SHORT["lease_timeout_s"] - SHORT["lease_renew_s"] <= took <= SHORT["lease_timeout_s"] + 1.0, took
     [done] = aborts(actions)
     assert done.action == "abort-timeout" and "lease of 'ingest'" in done.reason and "DEAD" in done.reason
     assert p.begin("run-2").epoch == epoch + 1
@@ -157,23 +158,23 @@ def test_an_open_epoch_that_never_took_a_lease_expires_from_its_begin(fast_spec:
     p = fast_spec.pipeline(**SHORT)
     epoch = p.begin("run-1").epoch
     assert liveness(p, epoch).liveness is Liveness.ALIVE
-    time.sleep(1.1)
+    time.sleep(0.55)
     judged = liveness(p, epoch)
     assert judged.liveness is Liveness.EXPIRED and "no stage ever took its lease" in judged.reason
 
 
 def test_a_prepared_epoch_times_out_from_its_prepare_not_from_its_begin(fast_spec: StoreSpec) -> None:
-    settings = {**SHORT, "lease_timeout_s": 3.0, "lease_renew_s": 0.2, "prepared_timeout_s": 1.0}
+    settings = {**SHORT, "lease_timeout_s": 1.5, "lease_renew_s": 0.1, "prepared_timeout_s": 0.5}
     p = fast_spec.pipeline(**settings)
     epoch = p.begin("run-1").epoch
     with keeper(p, epoch):
-        time.sleep(1.5)  # the stage runs longer than prepared_timeout_s
+        time.sleep(0.75)  # the stage runs longer than prepared_timeout_s
         prepare_participant(p, "run-1", Participant(), epoch=epoch)
 
     fresh = recover(fast_spec.pipeline(**settings), dry_run=False)
     assert [(a.action, a.done) for a in fresh.actions] == [("wait", False)], fresh.to_dict()
     assert "within timeout" in fresh.actions[0].reason
-    time.sleep(1.2)
+    time.sleep(0.6)
     late = recover(fast_spec.pipeline(**settings), dry_run=False)
     assert [(a.action, a.done) for a in late.actions] == [("abort-timeout", True)], late.to_dict()
     assert "prepared" in late.actions[0].reason and p.state(epoch) is EpochState.ABORTED
@@ -236,19 +237,19 @@ def test_the_observers_wall_clock_does_not_change_the_judgement(
 ) -> None:
     p = fast_spec.pipeline(**SHORT)
     dead = p.begin("run-1").epoch
-    time.sleep(1.2)  # never took a lease: dead by the store's clock
+    time.sleep(0.6)  # never took a lease: dead by the store's clock
     real = time.time
     with monkeypatch.context() as m:
         m.setattr(time, "time", lambda: real() + skew_s)  # the observer's clock is a year off
         judged = liveness(p, dead)
         assert judged.liveness is Liveness.EXPIRED, judged.describe()
-        assert 1.0 < judged.age_s < 30  # type: ignore[operator]
+        assert SHORT["lease_timeout_s"] < judged.age_s < 30  # type: ignore[operator]
         report = recover(fast_spec.pipeline(**SHORT), dry_run=False)
     assert [(a.epoch, a.action, a.done) for a in report.actions] == [(dead, "abort-timeout", True)]
 
     alive = p.begin("run-2").epoch
     with keeper(p, alive):
-        time.sleep(1.2)
+        time.sleep(0.6)
         with monkeypatch.context() as m:
             m.setattr(time, "time", lambda: real() + skew_s)
             judged = liveness(p, alive)
@@ -301,7 +302,7 @@ def test_every_backend_reports_modification_times_by_its_own_clock(store_spec: S
     storage.write_atomic("clock/a", b"1")
     first = storage.modified("clock/a")
     assert abs(first - time.time()) < 120  # this machine and the store agree roughly here
-    time.sleep(1.1)  # object stores keep whole seconds
+    time.sleep(1.05 - time.time() % 1)  # into the next whole second: object stores keep whole seconds
     storage.write_atomic("clock/a", b"2")
     assert storage.modified("clock/a") > first
     with pytest.raises(FileNotFoundError):
@@ -316,7 +317,7 @@ def test_a_store_that_cannot_tell_the_time_leaves_the_epoch_alone(
 
     p = fast_spec.pipeline(**SHORT)
     epoch = p.begin("run-1").epoch
-    time.sleep(1.1)
+    time.sleep(0.55)
 
     def no_clock(self: Storage, path: str) -> float:
         raise StorageError(f"modification time of {path} unavailable")

@@ -6,7 +6,9 @@ publish is copy-then-mark and every record is a conditional PUT.
 
 Environment knobs (the CI slice is the default):
 
-* ``RELIABILITY_FULL=1`` -- every crash point with every continuation, on both backends
+* ``RELIABILITY_FULL=1`` -- every crash point with every continuation, on both backends,
+  and every S3 variant a module's ``in_s3_slice`` (or the crash-point test's repeated
+  clean-up rule) leaves out of CI
 * ``RELIABILITY_SCHEDULES=<n>`` -- run ``n`` randomised schedules per backend instead of
   the fixed-seed CI slice (``RELIABILITY_SEED`` picks the first seed)
 """
@@ -47,6 +49,7 @@ class WorldFactory:
         self.root = root
         self.bucket = bucket or ""
         self.storage_options = storage_options or {}
+        self._fs: Any = None
 
     def __call__(self, **overrides: Any) -> World:
         name = f"w{next(_counter)}-{uuid.uuid4().hex[:6]}"
@@ -99,9 +102,12 @@ class WorldFactory:
         return world.store_url.removeprefix("s3://").rsplit("/", 1)[0]
 
     def _s3(self) -> Any:
-        import s3fs
+        """One s3fs filesystem for every save and restore (a new client costs more than a copy)."""
+        if self._fs is None:
+            import s3fs
 
-        return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **self.storage_options)
+            self._fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False, **self.storage_options)
+        return self._fs
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

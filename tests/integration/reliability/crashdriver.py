@@ -1,9 +1,11 @@
 """Run one protocol step in a child process, optionally SIGKILLed at its N-th store mutation.
 
-Children are forked from a ``forkserver`` that has already imported the core (and s3fs),
-so a step in a fresh process costs a few milliseconds instead of an interpreter start.
-The forkserver itself never touches a store, so it holds no threads or connections a
-fork could inherit half-way.
+Children are forked from a ``forkserver`` that has already imported the core (and s3fs)
+and looked up the storage backends, so a step in a fresh process costs a few milliseconds
+instead of an interpreter start. The forkserver itself never touches a store, so it holds
+no threads or connections a fork could inherit half-way. A child is told which stores
+this process already probed for conditional create (the probe tests the server, not the
+step), so it does not repeat the probe's writes and racing threads.
 
 :func:`run_step` is the only entry point the tests use::
 
@@ -31,17 +33,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_seatunnel_ckpt.core.storage import registry
 from tests.integration.reliability import faults, synthetic
 
 _PRELOAD = [
     "__main__",
     "airflow_seatunnel_ckpt.core",
+    "airflow_seatunnel_ckpt.core.protocol.descriptor",
     "s3fs",
     "tests.integration.reliability.faults",
     "tests.integration.reliability.synthetic",
     "tests.integration.reliability.crashdriver",
 ]
 _CONTEXT: Any = None
+
+# Imported into the forkserver too: each child then finds the backends without reading
+# every installed package's entry points again.
+for _protocol in ("file", "s3"):
+    registry.backend_for(_protocol)
 
 #: Steps run by Airflow tasks instead of the synthetic functions; filled in by the Airflow
 #: variant of this suite (same signature: ``(world, **args) -> dict``).
@@ -96,7 +105,9 @@ def _child(
     plan: faults.FaultPlan,
     out: str,
     use_airflow: bool,
+    probed: frozenset[tuple[Any, ...]] = frozenset(),
 ) -> None:
+    registry._probed.update(probed)
     faults.install(plan)
     fn = (AIRFLOW_STEPS if use_airflow else synthetic.STEPS)[step]
     payload: dict[str, Any]
@@ -129,7 +140,8 @@ def start_step(
     scratch = tempfile.mkdtemp(prefix="crashstep-")
     out, op_log = os.path.join(scratch, "result.json"), os.path.join(scratch, "ops.jsonl")
     plan = faults.FaultPlan(crash_at=crash_at, pause_at=pause_at, pause_on=pause_on, op_log=op_log)
-    process = _context().Process(target=_child, args=(world, step, dict(args or {}), plan, out, use_airflow))
+    probed = frozenset(registry._probed)
+    process = _context().Process(target=_child, args=(world, step, dict(args or {}), plan, out, use_airflow, probed))
     process.start()
     return process, out, op_log
 

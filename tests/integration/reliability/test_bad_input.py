@@ -80,13 +80,24 @@ def in_s3_slice(test: str, params: dict[str, object]) -> bool:
     return True
 
 
-def store_snapshot(world: World) -> dict[str, tuple[int, int]]:
-    """Path -> (size, CRC32C) of every file of the store and of both sink targets."""
+def store_snapshot(world: World) -> dict[str, tuple[Any, ...]]:
+    """Path -> (size, content) of every file of the store and of both sink targets.
+
+    The content is the CRC32C of the bytes on a local disk; on S3 it is the ETag (the MD5
+    of a single-PUT object's bytes) and LastModified that one listing returns for every
+    object, so a snapshot costs a LIST instead of a GET per file.
+    """
     p = world.pipeline()
-    out = {}
+    out: dict[str, tuple[Any, ...]] = {}
     for label, storage in [("store", p.storage)] + [(s, world.target_storage(s)) for s in synthetic.SINKS]:
-        for f in storage.walk("", include_temp=True):
-            out[f"{label}:{f.path}"] = (f.size, codec.crc32c(storage.read(f.path)))
+        if storage.protocol not in ("s3", "s3a"):
+            for f in storage.walk("", include_temp=True):
+                out[f"{label}:{f.path}"] = (f.size, codec.crc32c(storage.read(f.path)))
+            continue
+        prefix = storage.full_path("") + "/"
+        for name, info in storage.fs.find(storage.full_path(""), detail=True).items():
+            if info.get("type") != "directory":
+                out[f"{label}:{name.removeprefix(prefix)}"] = (info["size"], info["ETag"], info["LastModified"])
     return out
 
 

@@ -9,7 +9,12 @@ published exactly once, each epoch all-or-nothing across both sinks, one decisio
 restore point equal to the published output, no staging or temp file left.
 
 The CI slice gives every crash point one continuation (rotating through them); with
-``RELIABILITY_FULL=1`` every crash point gets every continuation.
+``RELIABILITY_FULL=1`` every crash point gets every continuation. On S3 the CI slice runs
+the commit scenario (where S3 differs most: copy-then-mark, conditional PUTs) and skips
+the continuation of a crash point that only repeats the clean-up of the point before it
+(the six ``delete staging`` points after the committed record leave the same state but
+for one more staging object gone, and each S3 continuation costs hundreds of requests);
+every publish copy, ``_SUCCESS``, record and the first clean-up point still run.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ def in_s3_slice(test: str, params: dict[str, object]) -> bool:
     return isinstance(scenario, Scenario) and scenario.name == "commit"
 
 
+def repeats_a_clean_up(backend: str, point: str, previous: str) -> bool:
+    """Whether the CI slice skips this crash point's continuation (see the module docstring)."""
+    return not FULL and backend == "s3" and point == previous and point.startswith("delete ")
+
+
 def crash_every_mutation(make_world: WorldFactory, scenario: Scenario) -> list[dict[str, object]]:
     """Run the scenario's step killed at each mutation in turn; returns one row per continuation."""
     rows: list[dict[str, object]] = []
@@ -36,6 +46,7 @@ def crash_every_mutation(make_world: WorldFactory, scenario: Scenario) -> list[d
     scenario.setup(world)
     before = make_world.save(world)
     n = 0
+    previous = ""  # the point of the previous kill
     while True:
         n += 1
         if n > 1:
@@ -50,7 +61,10 @@ def crash_every_mutation(make_world: WorldFactory, scenario: Scenario) -> list[d
             problems = invariants.check_world(world, drained=True)
             assert not problems, f"{scenario.name} without a crash: {problems}"
             return rows
-        point = outcome.point
+        point, repeated = outcome.point, repeats_a_clean_up(make_world.backend, outcome.point, previous)
+        previous = point
+        if repeated:
+            continue
         conts = scenario.continuations if FULL else (scenario.continuations[n % len(scenario.continuations)],)
         crashed = make_world.save(world) if len(conts) > 1 else ""
         for i, how in enumerate(conts):
