@@ -12,15 +12,16 @@ last appeared (NULL where no such order), in the totals table and the keyed stat
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
-from tests.integration.properties.settings import model_settings
+from tests.integration.properties.settings import run_model
 from tests.spark.test_replay import Lake, order_ids, state_rows
 
 pytestmark = [pytest.mark.properties, pytest.mark.spark]
@@ -56,11 +57,13 @@ class NewColumnModel(RuleBasedStateMachine):
         self.data_epochs.append((self.lake.pipeline.last_committed_epoch() or 0, self.inputs))
         self.with_max[self.inputs] = stage == "with_max"
 
+    @precondition(lambda self: self.data_epochs)
     @rule(data=st.data(), stage=st.sampled_from(STAGES))
     def replay(self, data: st.DataObject, stage: str) -> None:
-        if not self.data_epochs:
-            return
-        start = data.draw(st.sampled_from([e for e, _ in self.data_epochs]))
+        self.replay_from(data.draw(st.sampled_from([e for e, _ in self.data_epochs])), stage)
+
+    def replay_from(self, start: int, stage: str) -> None:
+        """Replay from epoch ``start`` with ``stage`` (kept ``with_max`` once the state before has the column)."""
         first = next(source for epoch, source in self.data_epochs if epoch >= start)
         if stage == "fixed" and first > 1 and self.with_max[first - 1]:
             stage = "with_max"  # the state before `start` has the column: the stage keeps it
@@ -108,9 +111,21 @@ class NewColumnModel(RuleBasedStateMachine):
         assert state_rows(self.lake.pipeline)["seen_orders"] == [(o,) for o in sorted(owner)]
 
 
+def scenario(model: Any) -> Iterator[None]:
+    """The fast slice: an epoch without the column, two with it, a replay of those two, a
+    refused replay from inside it, and a normal epoch after it."""
+    yield model.stored_keys_without_the_column()
+    yield model.run_epoch("with_max")
+    yield model.run_epoch("with_max")
+    yield model.replay_from(2, "with_max")
+    assert model.replays, "the replay from epoch 2 did not run"
+    yield model.replay_from(3, "with_max")  # inside the replay of 2..3: refused, nothing written
+    yield model.run_epoch("fixed")  # the column, once there, stays
+
+
 def test_a_new_aggregate_column_over_epochs_and_replays_is_the_max_since_it_appeared(spark: Any) -> None:
     SESSION["spark"] = spark
     try:
-        run_state_machine_as_test(NewColumnModel, settings=model_settings(fast_examples=2, fast_steps=5))
+        run_model(NewColumnModel, scenario, fast_examples=2, fast_steps=5)
     finally:
         SESSION.clear()

@@ -5,21 +5,23 @@ Steps: run an epoch with the buggy (x10) or the fixed stage, or replay from any 
 epoch with either. A replay from inside an earlier replay's range must be refused (nothing
 changed); any other replay rewrites its epochs' rows in the Iceberg table and the totals
 snapshot. After every step the table, the totals and the keyed state are checked against
-the model.
+the model. The fast slice runs one fixed scenario through these rules (:func:`scenario`);
+``PROPERTIES_EXAMPLES=<n>`` lets Hypothesis choose the steps.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
-from tests.integration.properties.settings import model_settings
+from tests.integration.properties.settings import run_model
 from tests.spark.test_replay import Lake, order_ids, state_rows
 
 pytestmark = [pytest.mark.properties, pytest.mark.spark]
@@ -47,11 +49,13 @@ class ReplayModel(RuleBasedStateMachine):
         self.data_epochs.append((self.lake.pipeline.last_committed_epoch() or 0, self.inputs))
         self.stage_of[self.inputs] = stage
 
+    @precondition(lambda self: self.data_epochs)
     @rule(data=st.data(), stage=st.sampled_from(sorted(FACTORS)))
     def replay(self, data: st.DataObject, stage: str) -> None:
-        if not self.data_epochs:
-            return
-        start = data.draw(st.sampled_from([e for e, _ in self.data_epochs]))
+        self.replay_from(data.draw(st.sampled_from([e for e, _ in self.data_epochs])), stage)
+
+    def replay_from(self, start: int, stage: str) -> None:
+        """Replay from epoch ``start`` with ``stage``: refused inside an earlier replay's range."""
         inside = any(a < start <= b for a, b in self.replays)
         epochs_before = self.lake.pipeline.epochs()
         try:
@@ -84,9 +88,20 @@ class ReplayModel(RuleBasedStateMachine):
         assert state_rows(self.lake.pipeline)["seen_orders"] == [(o,) for o in sorted(want)]
 
 
+def scenario(model: Any) -> Iterator[None]:
+    """The fast slice: three buggy epochs, a replay of the last two with the fixed stage, a
+    refused replay from inside it, and a normal epoch after it."""
+    for _ in range(3):
+        yield model.run_epoch("buggy")
+    yield model.replay_from(2, "fixed")
+    assert model.replays, "the replay from epoch 2 did not run"
+    yield model.replay_from(3, "fixed")  # inside the replay of 2..3: refused, nothing written
+    yield model.run_epoch("fixed")
+
+
 def test_replays_between_epochs_keep_every_order_once_with_the_last_stage_amount(spark: Any) -> None:
     SESSION["spark"] = spark
     try:
-        run_state_machine_as_test(ReplayModel, settings=model_settings(fast_examples=2, fast_steps=5))
+        run_model(ReplayModel, scenario, fast_examples=2, fast_steps=5)
     finally:
         SESSION.clear()

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis.stateful import run_state_machine_as_test
 
 from tests.integration.properties import test_replay_model
-from tests.integration.properties.settings import model_settings
-from tests.integration.properties.test_replay_model import ReplayModel
+from tests.integration.properties.settings import run_model
+from tests.integration.properties.test_replay_model import ReplayModel, scenario
 from tests.spark.test_replay_files import FileLake
 
 pytestmark = [pytest.mark.properties, pytest.mark.spark]
@@ -31,6 +30,6 @@ class FileReplayModel(ReplayModel):
 def test_replays_of_file_sinks_keep_every_order_once_with_the_last_stage_amount(spark: Any) -> None:
     test_replay_model.SESSION["spark"] = spark
     try:
-        run_state_machine_as_test(FileReplayModel, settings=model_settings(fast_examples=2, fast_steps=5))
+        run_model(FileReplayModel, scenario, fast_examples=2, fast_steps=5)
     finally:
         test_replay_model.SESSION.clear()
