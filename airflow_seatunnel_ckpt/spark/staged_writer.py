@@ -284,34 +284,53 @@ class _TaskExpectations:
         return schema
 
     def take(self, table: Any) -> Any:
-        """Count ``table``'s failures; the rows the sink keeps, without the masks."""
+        """Count ``table``'s failures; the rows the sink keeps, without the masks.
+
+        Each mask is scanned once for the rows failing any of its rules (usually few); the
+        counts, the removed and the quarantined rows are then taken from those positions
+        only, and the quarantined rows are gathered by position instead of filtering the
+        whole row group once more.
+        """
         import numpy as np
         import pyarrow as pa
 
         n = table.num_rows
         self.counts["checked"] += n
-        removed = quarantined = None
+        removed: list[Any] = []
+        quarantined: list[Any] = []
         for column, (removing, quarantining, bits) in self.masks.items():
             mask = table.column(column).to_numpy()  # never null: a rule's NULL is a failure
-            if not mask.any():
+            failing = np.flatnonzero(mask)
+            if not failing.size:
                 continue  # no row of the batch failed any of these rules
+            failed = mask[failing]
             for bit, i in bits:
-                self.counts[f"failed_{i}"] += int(np.count_nonzero(mask & bit))
+                self.counts[f"failed_{i}"] += int(np.count_nonzero(failed & bit))
             if removing:
-                out = (mask & removing) != 0
-                removed = out if removed is None else removed | out
+                removed.append(failing[(failed & removing) != 0])
             if quarantining:
-                held = (mask & quarantining) != 0
-                quarantined = held if quarantined is None else quarantined | held
-        if quarantined is not None and self.quarantine is not None and quarantined.any():
-            rows = table.filter(pa.array(quarantined))
-            self.counts["quarantined"] += rows.num_rows
-            self.quarantine.add(rows)
+                quarantined.append(failing[(failed & quarantining) != 0])
+        held = _positions(quarantined)
+        if held.size and self.quarantine is not None:
+            self.counts["quarantined"] += int(held.size)
+            self.quarantine.add(table.take(pa.array(held)))
         table = table.drop_columns(list(self.masks))  # before the filter: it copies every column it keeps
-        if removed is not None and removed.any():
-            table = table.filter(pa.array(~removed))
+        out = _positions(removed)
+        if out.size:
+            keep = np.ones(n, dtype=bool)
+            keep[out] = False
+            table = table.filter(pa.array(keep))
         self.counts["kept"] += table.num_rows
         return table
+
+
+def _positions(parts: list[Any]) -> Any:
+    """The sorted, distinct row positions in ``parts`` (sorted position arrays, one per mask)."""
+    import numpy as np
+
+    if not parts:
+        return np.empty(0, dtype=np.int64)
+    return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
 
 class _QuarantineFiles:
@@ -333,14 +352,18 @@ class _QuarantineFiles:
             self._store()
 
     def _with_failed(self, rows: Any) -> Any:
-        """``rows``' quarantine columns and the names of the rules each one broke."""
+        """``rows``' quarantine columns and the names of the rules each one broke (in the
+        rules' order), built column-wise: a quarantine may hold most of a task's rows."""
+        import numpy as np
         import pyarrow as pa
 
         w = self.writer
-        masks = {column: rows.column(column).to_pylist() for column in {r[0] for r in w.expectation_rules}}
-        failed = [[name for column, bit, name, _action in w.expectation_rules if masks[column][i] & bit]
-                  for i in range(rows.num_rows)]
-        return rows.select(w.quarantine_columns).append_column(w.failed_column, pa.array(failed, pa.list_(pa.string())))
+        masks = {column: rows.column(column).to_numpy() for column in {r[0] for r in w.expectation_rules}}
+        broke = np.stack([(masks[column] & bit) != 0 for column, bit, _name, _action in w.expectation_rules], axis=1)
+        offsets = np.concatenate([[0], np.cumsum(broke.sum(axis=1))]).astype(np.int32)
+        names = pa.array([r[2] for r in w.expectation_rules], pa.string()).take(pa.array(np.nonzero(broke)[1]))
+        failed = pa.ListArray.from_arrays(pa.array(offsets), names)
+        return rows.select(w.quarantine_columns).append_column(w.failed_column, failed)
 
     def _store(self) -> None:
         import pyarrow as pa
