@@ -34,12 +34,15 @@ import json
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from airflow_seatunnel_ckpt.core.protocol.expectations import REMOVING
 from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: The data source name this module registers.
 NAME = "seatunnel_staged_parquet"
@@ -124,9 +127,8 @@ class StagedParquetWriter(DataSourceArrowWriter):
         from pyspark import TaskContext
 
         from airflow_seatunnel_ckpt.core.codec import crc32c
-        from airflow_seatunnel_ckpt.core.storage import open_storage
 
-        storage = open_storage(self.url, self.storage_options)
+        storage = staging_storage(self.url, self.storage_options)
         context = TaskContext.get()
         task = f"{context.partitionId():05d}" if context is not None else "00000"
         # Unique per task attempt: a retried task never overwrites a file a reader of the
@@ -229,8 +231,6 @@ class StagedParquetWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[Any]) -> None:
         """The job commit: list exactly the committed tasks' files in the staging directory."""
-        from airflow_seatunnel_ckpt.core.storage import open_storage
-
         files = sorted((f for m in messages if m is not None for f in m.files), key=lambda f: f["path"])
         listed: dict[str, Any] = {"files": files}
         if self.expectation_rules:  # only the committed tasks' counts: a retried task counts once
@@ -240,11 +240,11 @@ class StagedParquetWriter(DataSourceArrowWriter):
                     counts[key] = counts.get(key, 0) + n
             listed[COUNTS_KEY] = counts
         payload = json.dumps(listed, separators=(",", ":")).encode()
-        open_storage(self.url, self.storage_options).write_atomic(FILES_LIST, payload)
+        staging_storage(self.url, self.storage_options).write_atomic(FILES_LIST, payload)
         if self.quarantine_url:
             files = sorted((f for m in messages if m is not None for f in m.quarantined), key=lambda f: f["path"])
             payload = json.dumps({"files": files}, separators=(",", ":")).encode()
-            open_storage(self.quarantine_url, self.storage_options).write_atomic(FILES_LIST, payload)
+            staging_storage(self.quarantine_url, self.storage_options).write_atomic(FILES_LIST, payload)
 
 
 #: The key of :data:`FILES_LIST` holding the expectations' counts (``checked``,
@@ -252,11 +252,22 @@ class StagedParquetWriter(DataSourceArrowWriter):
 COUNTS_KEY = "expectations"
 
 
+def staging_storage(url: str, storage_options: Mapping[str, Any]) -> Storage:
+    """The store of a staging directory, opened without the conditional-create probe.
+
+    :func:`~airflow_seatunnel_ckpt.core.storage.open_storage` probes each new root once per
+    process (a dozen synced creates and removes), and every attempt stages into new
+    directories, so each task, job commit and quarantine would probe again; the staged
+    writer only stores whole files and reads its file list, never a conditional create.
+    """
+    from airflow_seatunnel_ckpt.core.storage import backend_for
+
+    return backend_for(url.split("://", 1)[0].lower())(url, dict(storage_options))
+
+
 def expectation_counts(url: str, storage_options: Mapping[str, Any]) -> dict[str, int]:
     """The expectations' counts the job commit listed in ``url``'s :data:`FILES_LIST`."""
-    from airflow_seatunnel_ckpt.core.storage import open_storage
-
-    listed = json.loads(open_storage(url, dict(storage_options)).read(FILES_LIST))
+    listed = json.loads(staging_storage(url, storage_options).read(FILES_LIST))
     return {str(k): int(v) for k, v in listed.get(COUNTS_KEY, {}).items()}
 
 
@@ -340,6 +351,7 @@ class _QuarantineFiles:
     def __init__(self, writer: StagedParquetWriter, task: str, token: str) -> None:
         assert writer.quarantine_url is not None
         self.writer, self.task, self.token = writer, task, token
+        self.storage = staging_storage(writer.quarantine_url, writer.storage_options)
         self.buffered: list[Any] = []
         self.bytes = 0
         self.stored: list[dict[str, Any]] = []
@@ -370,7 +382,6 @@ class _QuarantineFiles:
         import pyarrow.parquet as pq
 
         from airflow_seatunnel_ckpt.core.codec import crc32c
-        from airflow_seatunnel_ckpt.core.storage import open_storage
 
         if not self.buffered:
             return
@@ -380,8 +391,7 @@ class _QuarantineFiles:
         data = sink.getvalue()
         codec = "" if w.compression == "none" else f".{w.compression}"
         path = f"part-{self.task}-{self.token}-{len(self.stored):04d}{codec}.parquet"
-        assert w.quarantine_url is not None
-        open_storage(w.quarantine_url, w.storage_options).write_atomic(path, memoryview(data))
+        self.storage.write_atomic(path, memoryview(data))
         self.stored.append({"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))})
         self.buffered, self.bytes = [], 0
 

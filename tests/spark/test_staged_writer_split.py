@@ -98,3 +98,13 @@ def test_rows_removed_by_rules_of_different_masks_are_removed_once(tmp_path: Pat
     kept, held, listed, _ = split(tmp_path, failed)
     assert kept == [0, 1, 2, 4, 5, 6, 9] and held == []
     assert listed == counts(10, 0, 7, 0, 2, 0, 2)
+
+
+def test_a_task_its_quarantine_and_the_job_commit_open_their_staging_without_a_store_probe(tmp_path: Path) -> None:
+    """Every attempt stages into new directories; a conditional-create probe of each (a dozen
+    synced creates per task, commit and quarantine) would be paid by every epoch."""
+    from airflow_seatunnel_ckpt.core.storage import registry
+
+    registry.forget_probes()
+    split(tmp_path, [{2} if i % 5 == 0 else set() for i in range(12)])
+    assert registry._probed == set()
