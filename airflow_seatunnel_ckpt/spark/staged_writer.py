@@ -34,12 +34,15 @@ import json
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
 from airflow_seatunnel_ckpt.core.protocol.expectations import REMOVING
 from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: The data source name this module registers.
 NAME = "seatunnel_staged_parquet"
@@ -124,9 +127,8 @@ class StagedParquetWriter(DataSourceArrowWriter):
         from pyspark import TaskContext
 
         from airflow_seatunnel_ckpt.core.codec import crc32c
-        from airflow_seatunnel_ckpt.core.storage import open_storage
 
-        storage = open_storage(self.url, self.storage_options)
+        storage = staging_storage(self.url, self.storage_options)
         context = TaskContext.get()
         task = f"{context.partitionId():05d}" if context is not None else "00000"
         # Unique per task attempt: a retried task never overwrites a file a reader of the
@@ -229,8 +231,6 @@ class StagedParquetWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[Any]) -> None:
         """The job commit: list exactly the committed tasks' files in the staging directory."""
-        from airflow_seatunnel_ckpt.core.storage import open_storage
-
         files = sorted((f for m in messages if m is not None for f in m.files), key=lambda f: f["path"])
         listed: dict[str, Any] = {"files": files}
         if self.expectation_rules:  # only the committed tasks' counts: a retried task counts once
@@ -240,11 +240,11 @@ class StagedParquetWriter(DataSourceArrowWriter):
                     counts[key] = counts.get(key, 0) + n
             listed[COUNTS_KEY] = counts
         payload = json.dumps(listed, separators=(",", ":")).encode()
-        open_storage(self.url, self.storage_options).write_atomic(FILES_LIST, payload)
+        staging_storage(self.url, self.storage_options).write_atomic(FILES_LIST, payload)
         if self.quarantine_url:
             files = sorted((f for m in messages if m is not None for f in m.quarantined), key=lambda f: f["path"])
             payload = json.dumps({"files": files}, separators=(",", ":")).encode()
-            open_storage(self.quarantine_url, self.storage_options).write_atomic(FILES_LIST, payload)
+            staging_storage(self.quarantine_url, self.storage_options).write_atomic(FILES_LIST, payload)
 
 
 #: The key of :data:`FILES_LIST` holding the expectations' counts (``checked``,
@@ -252,11 +252,22 @@ class StagedParquetWriter(DataSourceArrowWriter):
 COUNTS_KEY = "expectations"
 
 
+def staging_storage(url: str, storage_options: Mapping[str, Any]) -> Storage:
+    """The store of a staging directory, opened without the conditional-create probe.
+
+    :func:`~airflow_seatunnel_ckpt.core.storage.open_storage` probes each new root once per
+    process (a dozen synced creates and removes), and every attempt stages into new
+    directories, so each task, job commit and quarantine would probe again; the staged
+    writer only stores whole files and reads its file list, never a conditional create.
+    """
+    from airflow_seatunnel_ckpt.core.storage import backend_for
+
+    return backend_for(url.split("://", 1)[0].lower())(url, dict(storage_options))
+
+
 def expectation_counts(url: str, storage_options: Mapping[str, Any]) -> dict[str, int]:
     """The expectations' counts the job commit listed in ``url``'s :data:`FILES_LIST`."""
-    from airflow_seatunnel_ckpt.core.storage import open_storage
-
-    listed = json.loads(open_storage(url, dict(storage_options)).read(FILES_LIST))
+    listed = json.loads(staging_storage(url, storage_options).read(FILES_LIST))
     return {str(k): int(v) for k, v in listed.get(COUNTS_KEY, {}).items()}
 
 
@@ -284,34 +295,53 @@ class _TaskExpectations:
         return schema
 
     def take(self, table: Any) -> Any:
-        """Count ``table``'s failures; the rows the sink keeps, without the masks."""
+        """Count ``table``'s failures; the rows the sink keeps, without the masks.
+
+        Each mask is scanned once for the rows failing any of its rules (usually few); the
+        counts, the removed and the quarantined rows are then taken from those positions
+        only, and the quarantined rows are gathered by position instead of filtering the
+        whole row group once more.
+        """
         import numpy as np
         import pyarrow as pa
 
         n = table.num_rows
         self.counts["checked"] += n
-        removed = quarantined = None
+        removed: list[Any] = []
+        quarantined: list[Any] = []
         for column, (removing, quarantining, bits) in self.masks.items():
             mask = table.column(column).to_numpy()  # never null: a rule's NULL is a failure
-            if not mask.any():
+            failing = np.flatnonzero(mask)
+            if not failing.size:
                 continue  # no row of the batch failed any of these rules
+            failed = mask[failing]
             for bit, i in bits:
-                self.counts[f"failed_{i}"] += int(np.count_nonzero(mask & bit))
+                self.counts[f"failed_{i}"] += int(np.count_nonzero(failed & bit))
             if removing:
-                out = (mask & removing) != 0
-                removed = out if removed is None else removed | out
+                removed.append(failing[(failed & removing) != 0])
             if quarantining:
-                held = (mask & quarantining) != 0
-                quarantined = held if quarantined is None else quarantined | held
-        if quarantined is not None and self.quarantine is not None and quarantined.any():
-            rows = table.filter(pa.array(quarantined))
-            self.counts["quarantined"] += rows.num_rows
-            self.quarantine.add(rows)
+                quarantined.append(failing[(failed & quarantining) != 0])
+        held = _positions(quarantined)
+        if held.size and self.quarantine is not None:
+            self.counts["quarantined"] += int(held.size)
+            self.quarantine.add(table.take(pa.array(held)))
         table = table.drop_columns(list(self.masks))  # before the filter: it copies every column it keeps
-        if removed is not None and removed.any():
-            table = table.filter(pa.array(~removed))
+        out = _positions(removed)
+        if out.size:
+            keep = np.ones(n, dtype=bool)
+            keep[out] = False
+            table = table.filter(pa.array(keep))
         self.counts["kept"] += table.num_rows
         return table
+
+
+def _positions(parts: list[Any]) -> Any:
+    """The sorted, distinct row positions in ``parts`` (sorted position arrays, one per mask)."""
+    import numpy as np
+
+    if not parts:
+        return np.empty(0, dtype=np.int64)
+    return parts[0] if len(parts) == 1 else np.unique(np.concatenate(parts))
 
 
 class _QuarantineFiles:
@@ -321,6 +351,7 @@ class _QuarantineFiles:
     def __init__(self, writer: StagedParquetWriter, task: str, token: str) -> None:
         assert writer.quarantine_url is not None
         self.writer, self.task, self.token = writer, task, token
+        self.storage = staging_storage(writer.quarantine_url, writer.storage_options)
         self.buffered: list[Any] = []
         self.bytes = 0
         self.stored: list[dict[str, Any]] = []
@@ -333,21 +364,24 @@ class _QuarantineFiles:
             self._store()
 
     def _with_failed(self, rows: Any) -> Any:
-        """``rows``' quarantine columns and the names of the rules each one broke."""
+        """``rows``' quarantine columns and the names of the rules each one broke (in the
+        rules' order), built column-wise: a quarantine may hold most of a task's rows."""
+        import numpy as np
         import pyarrow as pa
 
         w = self.writer
-        masks = {column: rows.column(column).to_pylist() for column in {r[0] for r in w.expectation_rules}}
-        failed = [[name for column, bit, name, _action in w.expectation_rules if masks[column][i] & bit]
-                  for i in range(rows.num_rows)]
-        return rows.select(w.quarantine_columns).append_column(w.failed_column, pa.array(failed, pa.list_(pa.string())))
+        masks = {column: rows.column(column).to_numpy() for column in {r[0] for r in w.expectation_rules}}
+        broke = np.stack([(masks[column] & bit) != 0 for column, bit, _name, _action in w.expectation_rules], axis=1)
+        offsets = np.concatenate([[0], np.cumsum(broke.sum(axis=1))]).astype(np.int32)
+        names = pa.array([r[2] for r in w.expectation_rules], pa.string()).take(pa.array(np.nonzero(broke)[1]))
+        failed = pa.ListArray.from_arrays(pa.array(offsets), names)
+        return rows.select(w.quarantine_columns).append_column(w.failed_column, failed)
 
     def _store(self) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from airflow_seatunnel_ckpt.core.codec import crc32c
-        from airflow_seatunnel_ckpt.core.storage import open_storage
 
         if not self.buffered:
             return
@@ -357,8 +391,7 @@ class _QuarantineFiles:
         data = sink.getvalue()
         codec = "" if w.compression == "none" else f".{w.compression}"
         path = f"part-{self.task}-{self.token}-{len(self.stored):04d}{codec}.parquet"
-        assert w.quarantine_url is not None
-        open_storage(w.quarantine_url, w.storage_options).write_atomic(path, memoryview(data))
+        self.storage.write_atomic(path, memoryview(data))
         self.stored.append({"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))})
         self.buffered, self.bytes = [], 0
 
