@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,12 @@ import pytest
 from airflow_seatunnel_ckpt.core import Pipeline
 from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
+from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.core.state.checkpoint import read_chain
 from airflow_seatunnel_ckpt.spark import StageContext, run_stage
 from airflow_seatunnel_ckpt.spark.replay import replay_stage
 from tests.conftest import FULL_CAMPAIGNS
+from tests.core import faults
 from tests.spark.conftest import OrdersPipeline
 from tests.tables import duckdb_connection
 
@@ -184,6 +187,34 @@ def replay_while_polling(spark: Any, lake: Any, start: int) -> tuple[Any, set[fl
 # issue's 10 epochs, in 18 stage runs instead of 27.
 @pytest.mark.parametrize(("fmt", "epochs", "start"),
                          [("iceberg", 3, 2), ("delta", 3, 2), *([("iceberg", 7, 6)] if FULL_CAMPAIGNS else [])])
+def crash_then_finish_replay(spark: Any, lake: Any, plan: Any, n: int, amounts: tuple[float, float],
+                             point: str) -> None:
+    """Kill ``lake``'s replay from epoch 1 (into epoch 3) at write ``n`` of ``plan``'s trace, then finish it.
+
+    Readers see the old or the new total of ``amounts``, never a mix. A second replay resumes
+    one that was decided (COMMITTING) and runs anew one that began nothing; one left undecided
+    is refused until recovery aborts it (once its lease expired: the old total stays), and
+    then a replay runs. Every epoch ends final.
+    """
+    plan.arm(n)
+    with pytest.raises(faults.SimulatedCrash):
+        lake.replay(spark, 1)
+    plan.disarm()
+    assert lake.total_amount() in amounts, point  # never a mix
+    left = lake.pipeline.state(3) if 3 in lake.pipeline.epochs() else None
+    try:
+        second = lake.replay(spark, 1)
+        assert second.resumed == (left is EpochState.COMMITTING), point
+        assert left in (None, EpochState.COMMITTING), point
+    except ReplayError as exc:
+        assert "recover" in str(exc) and "replay of epochs 1..2" in str(exc), point
+        recover(lake.pipeline, dry_run=False, now=time.time() + 3600)
+        assert lake.pipeline.state(3) is EpochState.ABORTED, point
+        assert lake.total_amount() == amounts[0], point  # an aborted replay published nothing
+        lake.replay(spark, 1)
+    assert all(lake.pipeline.state(e).final for e in lake.pipeline.epochs()), point
+
+
 def test_replay_of_the_newest_epochs_equals_a_fresh_run_keeps_the_earlier_epochs_files_and_readers_see_old_or_new(
         spark: Any, tmp_path: Path, fmt: str, epochs: int, start: int) -> None:
     lake = Lake(tmp_path / "lake", fmt)

@@ -16,7 +16,6 @@ old directories). ``RELIABILITY_FULL=1`` runs every crash point of :data:`CRASH_
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_seatunnel_ckpt.core import Decision
-from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
-from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.core.storage import open_storage
 from airflow_seatunnel_ckpt.core.storage.publish import LATEST, current_epoch_dirs, read_epochs_pointer
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
@@ -35,7 +32,7 @@ from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
 from tests.spark.conftest import OrdersPipeline
-from tests.spark.test_replay import Lake, order_ids, replay_while_polling, state_rows
+from tests.spark.test_replay import Lake, crash_then_finish_replay, order_ids, replay_while_polling, state_rows
 from tests.tables import duckdb_connection
 
 pytestmark = pytest.mark.spark
@@ -172,24 +169,9 @@ def test_a_file_sink_replay_killed_at_each_step_leaves_old_or_new_and_a_second_r
         hits = [i for i, what in enumerate(trace, start=1) if text in what]
         n = hits[int(nth or 1) - 1]
         lake = world(f"crash-{n}")
-        plan.arm(n)
-        with pytest.raises(faults.SimulatedCrash):
-            lake.replay(spark, 1)
-        plan.disarm()
-        assert lake.total_amount() in (old, new), point  # never a mix
-        left = lake.pipeline.state(3) if 3 in lake.pipeline.epochs() else None
-        try:
-            second = lake.replay(spark, 1)
-            assert second.resumed == (left is EpochState.COMMITTING), point
-        except ReplayError as exc:
-            assert "recover" in str(exc) and "replay of epochs 1..2" in str(exc), point
-            recover(lake.pipeline, dry_run=False, now=time.time() + 3600)  # once its lease expired
-            assert lake.pipeline.state(3) is EpochState.ABORTED, point
-            assert lake.total_amount() == old, point
-            lake.replay(spark, 1)
+        crash_then_finish_replay(spark, lake, plan, n, (old, new), point)
         assert lake.orders_summary() == want, point
         assert lake.epoch_dirs() == [f"epoch={lake.pipeline.last_committed_epoch()}"], point
-        assert all(lake.pipeline.state(e).final for e in lake.pipeline.epochs()), point
 
 
 def test_a_downstream_pipeline_output_source_reads_each_row_once_across_a_replay(spark: Any, tmp_path: Path) -> None:

@@ -11,7 +11,6 @@ runs every crash point of :data:`CRASH_POINTS`, among them the one before anythi
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,10 @@ import pytest
 
 from airflow_seatunnel_ckpt import cli
 from airflow_seatunnel_ckpt.core.models import EpochState
-from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
-from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.spark import run_stage
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
-from tests.spark.test_replay import Lake, order_ids, state_rows
+from tests.spark.test_replay import Lake, crash_then_finish_replay, order_ids, state_rows
 
 pytestmark = pytest.mark.spark
 
@@ -69,26 +66,9 @@ def test_a_replay_killed_at_each_step_leaves_the_table_before_or_after_and_a_sec
     for point in CRASH_POINTS if FULL_CAMPAIGNS else CI_CRASH_POINTS:
         n = next(i for i, what in enumerate(trace, start=1) if point in what)
         lake = world(f"crash-{point.strip('/')}")
-        plan.arm(n)
-        with pytest.raises(faults.SimulatedCrash):
-            lake.replay(spark, 1)
-        plan.disarm()
-        assert lake.total_amount() in (old, new), point  # never a mix
-        left = lake.pipeline.state(3) if 3 in lake.pipeline.epochs() else None
-        try:
-            second = lake.replay(spark, 1)
-            # a replay decided before the crash is resumed; one that began nothing just runs
-            assert second.resumed == (left is EpochState.COMMITTING), point
-            assert left in (None, EpochState.COMMITTING), point
-        except ReplayError as exc:
-            assert "recover" in str(exc) and "replay of epochs 1..2" in str(exc), point
-            recover(lake.pipeline, dry_run=False, now=time.time() + 3600)  # once its lease expired
-            assert lake.pipeline.state(3) is EpochState.ABORTED, point
-            assert lake.total_amount() == old, point  # an aborted replay published nothing
-            lake.replay(spark, 1)
+        crash_then_finish_replay(spark, lake, plan, n, (old, new), point)
         assert lake.total_amount() == new, point
         assert state_rows(lake.pipeline) == want_state, point
-        assert all(lake.pipeline.state(e).final for e in lake.pipeline.epochs()), point
 
 
 def test_the_cli_replays_with_a_stage_spec_and_epochs_and_show_list_the_replay(
