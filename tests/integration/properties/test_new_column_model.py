@@ -20,8 +20,8 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from tests.integration.properties.settings import run_model
+from tests.integration.properties.test_replay_model import checked_replay
 from tests.spark.test_replay import Lake, order_ids, state_rows
 
 pytestmark = [pytest.mark.properties, pytest.mark.spark]
@@ -67,16 +67,8 @@ class NewColumnModel(RuleBasedStateMachine):
         first = next(source for epoch, source in self.data_epochs if epoch >= start)
         if stage == "fixed" and first > 1 and self.with_max[first - 1]:
             stage = "with_max"  # the state before `start` has the column: the stage keeps it
-        inside = any(a < start <= b for a, b in self.replays)
-        epochs_before = self.lake.pipeline.epochs()
-        try:
-            result = self.lake.replay(SESSION["spark"], start, stage=stage)
-        except ReplayError as exc:
-            assert inside, f"replay from {start} refused: {exc}"
-            assert self.lake.pipeline.epochs() == epochs_before  # refused before anything was written
+        if not checked_replay(SESSION["spark"], self.lake, self.replays, start, stage):
             return
-        assert not inside, f"replay from {start} ran inside an earlier replay {self.replays}"
-        self.replays.append((start, result.to_epoch))
         for _, source in self.data_epochs:
             if source >= first:
                 self.with_max[source] = stage == "with_max"

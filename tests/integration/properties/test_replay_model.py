@@ -31,6 +31,25 @@ SESSION: dict[str, Any] = {}
 FACTORS = {"buggy": 10.0, "fixed": 1.0}
 
 
+def checked_replay(spark: Any, lake: Lake, replays: list[tuple[int, int]], start: int, stage: str) -> bool:
+    """Replay ``lake`` from epoch ``start`` with ``stage``; whether it ran.
+
+    It must be refused, having written nothing, exactly when ``start`` lies inside one of the
+    earlier ``replays`` (``(from, to)`` epoch ranges); a replay that ran is added to them.
+    """
+    inside = any(a < start <= b for a, b in replays)
+    epochs_before = lake.pipeline.epochs()
+    try:
+        result = lake.replay(spark, start, stage=stage)
+    except ReplayError as exc:
+        assert inside, f"replay from {start} refused: {exc}"
+        assert lake.pipeline.epochs() == epochs_before  # refused before anything was written
+        return False
+    assert not inside, f"replay from {start} ran inside an earlier replay {replays}"
+    replays.append((start, result.to_epoch))
+    return True
+
+
 class ReplayModel(RuleBasedStateMachine):
     """Epochs and replays of the orders pipeline, against a model of which stage wrote each order."""
 
@@ -56,16 +75,8 @@ class ReplayModel(RuleBasedStateMachine):
 
     def replay_from(self, start: int, stage: str) -> None:
         """Replay from epoch ``start`` with ``stage``: refused inside an earlier replay's range."""
-        inside = any(a < start <= b for a, b in self.replays)
-        epochs_before = self.lake.pipeline.epochs()
-        try:
-            result = self.lake.replay(SESSION["spark"], start, stage=stage)
-        except ReplayError as exc:
-            assert inside, f"replay from {start} refused: {exc}"
-            assert self.lake.pipeline.epochs() == epochs_before  # refused before anything was written
+        if not checked_replay(SESSION["spark"], self.lake, self.replays, start, stage):
             return
-        assert not inside, f"replay from {start} ran inside an earlier replay {self.replays}"
-        self.replays.append((start, result.to_epoch))
         for epoch, source in self.data_epochs:
             if epoch >= start:
                 self.stage_of[source] = stage
