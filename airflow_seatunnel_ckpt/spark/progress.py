@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.periodic import Periodic
+from airflow_seatunnel_ckpt.core.protocol.lease import Periodic
 
 if TYPE_CHECKING:
     from types import TracebackType

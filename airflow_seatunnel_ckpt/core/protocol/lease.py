@@ -31,8 +31,9 @@ import json
 import logging
 import os
 import socket
+import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,7 +45,6 @@ from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.models import RECORD, EpochState, Record, decode, tag
-from airflow_seatunnel_ckpt.core.periodic import Periodic
 from airflow_seatunnel_ckpt.core.protocol.txlog import BEGIN, PREPARED_PREFIX
 from airflow_seatunnel_ckpt.core.storage import Storage
 
@@ -119,6 +119,40 @@ def default_holder(**extra: Any) -> dict[str, Any]:
         holder["ti"] = "/".join(str(c) for c in ctx)
     holder.update({k: v for k, v in extra.items() if v is not None})
     return holder
+
+
+class Periodic:
+    """Call ``tick`` every ``interval_s`` seconds from a daemon thread, from :meth:`start` until :meth:`stop`.
+
+    The first call comes ``interval_s`` after the start. ``tick`` handles its own errors:
+    whatever it raises ends the thread.
+
+    :param name: the thread's name (shown in thread dumps).
+    """
+
+    def __init__(self, tick: Callable[[], object], interval_s: float, name: str) -> None:
+        self.tick = tick
+        self.interval_s = interval_s
+        self.name = name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Periodic:
+        """Start the thread; returns ``self``."""
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float) -> None:
+        """Call ``tick`` no more, and wait up to ``timeout_s`` seconds for a call in progress to end."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.tick()
 
 
 class LeaseKeeper:
