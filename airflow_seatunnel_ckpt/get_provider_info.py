@@ -116,7 +116,7 @@ def get_provider_info() -> dict[str, Any]:
         "plugins": [
             {
                 "name": "seatunnel_ckpt_checkpoints",
-                "plugin-class": "airflow_seatunnel_ckpt.plugins.checkpoints.CheckpointsPlugin",
+                "plugin-class": "airflow_seatunnel_ckpt.plugins.app.CheckpointsPlugin",
             }
         ],
         # Iceberg sink tables (iceberg://<catalog>/<namespace>.<table>). The file and Delta

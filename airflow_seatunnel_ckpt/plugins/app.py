@@ -1,4 +1,8 @@
-"""The Checkpoints page's FastAPI app, mounted by the API server under :data:`URL_PREFIX`.
+"""The Checkpoints page's FastAPI app, mounted by the API server under :data:`URL_PREFIX`, and
+the Airflow plugin that mounts it (:class:`CheckpointsPlugin`: the app, a nav entry and a DAG
+run tab). The plugin is registered through the provider info's ``plugins`` entry, so installing
+the provider is enough; only the API server mounts ``fastapi_apps``, other processes that load
+plugins build the app object too (cheap: no database or store is touched until a request).
 
 Plugin apps get no authentication from the API server, so every route depends on the
 API server's own security: ``get_user`` (the JWT of the UI session cookie or a bearer
@@ -16,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
@@ -304,3 +309,17 @@ def _state(p: Any, epoch: int) -> EpochState:
         raise HTTPException(status_code=409, detail=f"a record of epoch {epoch} is damaged: {exc}") from exc
     except CheckpointError as exc:
         raise HTTPException(status_code=404, detail=str(exc)) from exc
+
+
+class CheckpointsPlugin(AirflowPlugin):
+    """The "Checkpoints" page: pipelines and epochs of the configured stores, and on-call actions."""
+
+    name = "seatunnel_ckpt_checkpoints"
+    fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "SeaTunnel checkpoints"}]
+    external_views = [
+        {"name": "Checkpoints", "href": f"{URL_PREFIX}/", "destination": "nav",
+         "url_route": "seatunnel-checkpoints"},
+        # The UI replaces {DAG_ID} and {RUN_ID} in a non-nav view's href.
+        {"name": "Checkpoint epoch", "href": f"{URL_PREFIX}/run?dag_id={{DAG_ID}}&run_id={{RUN_ID}}",
+         "destination": "dag_run", "url_route": "seatunnel-checkpoint-epoch"},
+    ]

@@ -336,7 +336,7 @@ def test_provider_registers_the_plugin_with_a_nav_view_and_a_dag_run_tab() -> No
     from airflow.api_fastapi.core_api.datamodels.plugins import ExternalViewResponse
 
     from airflow_seatunnel_ckpt.get_provider_info import get_provider_info
-    from airflow_seatunnel_ckpt.plugins.checkpoints import CheckpointsPlugin
+    from airflow_seatunnel_ckpt.plugins.app import CheckpointsPlugin
 
     [entry] = get_provider_info()["plugins"]
     assert entry["plugin-class"] == f"{CheckpointsPlugin.__module__}.{CheckpointsPlugin.__name__}"
@@ -352,7 +352,7 @@ def test_package_declares_the_plugin_entry_point_for_lazy_provider_discovery() -
     # Airflow's default (lazy_discover_providers) ignores the provider info's plugins.
     import tomllib
 
-    from airflow_seatunnel_ckpt.plugins.checkpoints import CheckpointsPlugin
+    from airflow_seatunnel_ckpt.plugins.app import CheckpointsPlugin
 
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     entry = pyproject["project"]["entry-points"]["airflow.plugins"]["seatunnel_ckpt_checkpoints"]
