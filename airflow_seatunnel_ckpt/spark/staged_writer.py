@@ -260,9 +260,9 @@ def staging_storage(url: str, storage_options: Mapping[str, Any]) -> Storage:
     directories, so each task, job commit and quarantine would probe again; the staged
     writer only stores whole files and reads its file list, never a conditional create.
     """
-    from airflow_seatunnel_ckpt.core.storage import backend_for
+    from airflow_seatunnel_ckpt.core.storage import open_storage
 
-    return backend_for(url.split("://", 1)[0].lower())(url, dict(storage_options))
+    return open_storage(url, storage_options, probe=False)
 
 
 def expectation_counts(url: str, storage_options: Mapping[str, Any]) -> dict[str, int]:

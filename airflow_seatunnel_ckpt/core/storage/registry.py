@@ -86,11 +86,13 @@ def backend_for(protocol: str) -> type[Storage]:
         + _WAY_OUT.format(group=ENTRY_POINT_GROUP, protocol=protocol))
 
 
-def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
+def open_storage(url: str, storage_options: Mapping[str, Any] | None = None, *, probe: bool = True) -> Storage:
     """Open the storage rooted at ``url``, choosing the backend by its protocol.
 
     The store is probed for conditional create once per process (per protocol, root and
-    options); a store that does not honour it is refused with a StorageError.
+    options); a store that does not honour it is refused with a StorageError. ``probe=False``
+    skips that, for a caller that never creates conditionally there (a staging directory
+    written with whole-file writes only).
     """
     if not isinstance(url, str) or not url:
         raise StorageError(f"a store URL must be a non-empty string, got {url!r}")
@@ -99,7 +101,8 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     refuse_password(url)  # before anything can put the URL into a message
     protocol = url.split("://", 1)[0].lower()
     storage = backend_for(protocol)(url, storage_options)
-    probe_conditional_create(storage)
+    if probe:
+        probe_conditional_create(storage)
     return storage
 
 
