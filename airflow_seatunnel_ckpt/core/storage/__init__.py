@@ -3,7 +3,8 @@
 Shaped like fsspec: one interface (:mod:`.base`), one module per backend (:mod:`.local`,
 :mod:`.memory`, :mod:`.object_store`), the backend registry and the conditional-create
 probe (:mod:`.registry`) and the publish step (:mod:`.publish`); the URL checks (no
-password in a URL, names that stay inside the store) are part of the interface in :mod:`.base`. docs/STORAGE.md has the guarantees of each backend.
+password in a URL, names that stay inside the store) are part of the interface in
+:mod:`.base`. docs/STORAGE.md has the guarantees of each backend.
 
 Backends are registered by protocol name in the ``airflow_seatunnel_ckpt.storage``
 entry-point group (the analogue of SeaTunnel's ``StateBackend`` service registration);
