@@ -181,12 +181,6 @@ def replay_while_polling(spark: Any, lake: Any, start: int) -> tuple[Any, set[fl
     return result, seen
 
 
-# Both formats: 3 epochs replayed from 2 (epoch 1 keeps its files, 2..3 are replaced: each
-# assertion needs one earlier epoch and two replayed ones). RELIABILITY_FULL=1 adds 7 Iceberg epochs
-# replayed from 6: longer state chains (full_checkpoint_interval 3) before the replay, as in the
-# issue's 10 epochs, in 18 stage runs instead of 27.
-@pytest.mark.parametrize(("fmt", "epochs", "start"),
-                         [("iceberg", 3, 2), ("delta", 3, 2), *([("iceberg", 7, 6)] if FULL_CAMPAIGNS else [])])
 def crash_then_finish_replay(spark: Any, lake: Any, plan: Any, n: int, amounts: tuple[float, float],
                              point: str) -> None:
     """Kill ``lake``'s replay from epoch 1 (into epoch 3) at write ``n`` of ``plan``'s trace, then finish it.
@@ -215,6 +209,12 @@ def crash_then_finish_replay(spark: Any, lake: Any, plan: Any, n: int, amounts: 
     assert all(lake.pipeline.state(e).final for e in lake.pipeline.epochs()), point
 
 
+# Both formats: 3 epochs replayed from 2 (epoch 1 keeps its files, 2..3 are replaced: each
+# assertion needs one earlier epoch and two replayed ones). RELIABILITY_FULL=1 adds 7 Iceberg epochs
+# replayed from 6: longer state chains (full_checkpoint_interval 3) before the replay, as a long-running
+# pipeline has, in 18 stage runs instead of 27.
+@pytest.mark.parametrize(("fmt", "epochs", "start"),
+                         [("iceberg", 3, 2), ("delta", 3, 2), *([("iceberg", 7, 6)] if FULL_CAMPAIGNS else [])])
 def test_replay_of_the_newest_epochs_equals_a_fresh_run_keeps_the_earlier_epochs_files_and_readers_see_old_or_new(
         spark: Any, tmp_path: Path, fmt: str, epochs: int, start: int) -> None:
     lake = Lake(tmp_path / "lake", fmt)
