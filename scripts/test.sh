@@ -23,6 +23,8 @@ bash scripts/bootstrap.sh
 if [[ $quick -eq 0 ]]; then
     # The Checkpoints page is tested in a real headless Chromium (Debian's package).
     bash scripts/install-browser.sh
+    # The tests' JVMs map the Spark driver's classes from an archive (docs/RELIABILITY.md).
+    bash scripts/spark-cds.sh
 fi
 
 cpus=$(nproc 2>/dev/null || echo 2)
