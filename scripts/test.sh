@@ -21,10 +21,12 @@ fi
 
 bash scripts/bootstrap.sh
 if [[ $quick -eq 0 ]]; then
-    # The Checkpoints page is tested in a real headless Chromium (Debian's package).
+    # The tests' JVMs map the Spark driver's classes from an archive (docs/RELIABILITY.md),
+    # made while the Checkpoints page's headless Chromium (Debian's package) installs.
+    bash scripts/spark-cds.sh &
+    cds=$!
     bash scripts/install-browser.sh
-    # The tests' JVMs map the Spark driver's classes from an archive (docs/RELIABILITY.md).
-    bash scripts/spark-cds.sh
+    wait "$cds"
 fi
 
 cpus=$(nproc 2>/dev/null || echo 2)

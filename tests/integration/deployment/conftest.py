@@ -13,10 +13,10 @@ deferred). The settings that bring a stuck epoch under a minute (docs/DEPLOYMENT
 set, shortened further so the lost-worker case waits less: Airflow's task heartbeat
 timeout of 10 s (DEPLOYMENT.md recommends 20 s), checked every 2 s, a supervisor beating
 every 2 s. Every Spark JVM the deployment starts (the embedded stage's driver, a
-spark-submit driver) lives for one stage, so ``SPARK_CONF_DIR`` points at a
-``spark-defaults.conf`` that gives them ``tests.conftest.FAST_JVM_OPTIONS`` as Spark's
-``defaultJavaOptions`` (which the stage's own ``extraJavaOptions`` are appended to); the
-shipped example's settings are unchanged.
+spark-submit driver) lives for one stage, so ``SPARK_SUBMIT_OPTS`` gives them
+``tests.conftest.FAST_JVM_OPTIONS`` (spark-submit adds it to the driver's JVM flags, before
+the stage's own ``extraJavaOptions``), with the class-data archive: they keep the default
+class path, which the archive was made for. The shipped example's settings are unchanged.
 
 The REST API (``/api/v2``) is reached with a JWT from ``GET /auth/token``, which the
 default SimpleAuthManager hands out without credentials when
@@ -78,20 +78,6 @@ def tail(path: Path, lines: int = 60) -> str:
         return f"<no log at {path}>"
 
 
-def _spark_conf_dir(root: Path) -> Path:
-    """A ``SPARK_CONF_DIR`` whose ``spark-defaults.conf`` starts short-lived JVMs (C1 only, serial GC).
-
-    ``defaultJavaOptions`` is the administrator's place for JVM flags: Spark puts it before
-    ``extraJavaOptions``, which the embedded stage sets itself (its log4j profile).
-    """
-    conf_dir = root / "spark-conf"
-    conf_dir.mkdir()
-    (conf_dir / "spark-defaults.conf").write_text(
-        f"spark.driver.defaultJavaOptions {FAST_JVM_OPTIONS}\n"
-        f"spark.executor.defaultJavaOptions {FAST_JVM_OPTIONS}\n")
-    return conf_dir
-
-
 def _environment(home: Path, dags: Path, data: Path, port: int, metadata_url: str) -> dict[str, str]:
     """Environment of every component (and so of every task process they start)."""
     base_url = f"http://127.0.0.1:{port}"
@@ -142,7 +128,7 @@ def _environment(home: Path, dags: Path, data: Path, port: int, metadata_url: st
         "SEATUNNEL_CKPT_EXAMPLE_RETRY_DELAY_S": "2",
         "SEATUNNEL_CKPT_STORE": "file://" + str(data / "checkpoints"),
         "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_CONF_DIR": str(_spark_conf_dir(home.parent)),
+        "SPARK_SUBMIT_OPTS": FAST_JVM_OPTIONS,
         # The Spark connection of tests/integration/deployment/dags/submitted_orders.py (spark-submit, local[1]).
         "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[1]"}),
         "PYSPARK_PYTHON": sys.executable,
