@@ -13,10 +13,12 @@ ever sees the old or the new total.
 from __future__ import annotations
 
 import re
+import shutil
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pytest
@@ -32,6 +34,8 @@ from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
 from tests.spark.conftest import OrdersPipeline
 from tests.tables import duckdb_connection
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.spark
 
@@ -179,6 +183,22 @@ def replay_while_polling(spark: Any, lake: Any, start: int) -> tuple[Any, set[fl
         stop.set()
         reader.join()
     return result, seen
+
+
+def restored_worlds(root: Path, make: Callable[[Path], T], build: Callable[[T], None]) -> Iterator[T]:
+    """Lakes of one world: built once at ``root`` (``make``, then ``build``), then restored there
+    from a copy for each next one. A world's tables and checkpoints name their absolute paths,
+    so it is restored in place, and a new lake object reads it (nothing of the package caches
+    a store's contents)."""
+    saved = root.with_name(f"{root.name}-saved")
+    lake = make(root)
+    build(lake)
+    shutil.copytree(root, saved, symlinks=True)
+    yield lake
+    while True:
+        shutil.rmtree(root)
+        shutil.copytree(saved, root, symlinks=True)
+        yield make(root)
 
 
 def crash_then_finish_replay(spark: Any, lake: Any, plan: Any, n: int, amounts: tuple[float, float],

@@ -32,7 +32,14 @@ from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
 from tests.spark.conftest import OrdersPipeline
-from tests.spark.test_replay import Lake, crash_then_finish_replay, order_ids, replay_while_polling, state_rows
+from tests.spark.test_replay import (
+    Lake,
+    crash_then_finish_replay,
+    order_ids,
+    replay_while_polling,
+    restored_worlds,
+    state_rows,
+)
 from tests.tables import duckdb_connection
 
 pytestmark = pytest.mark.spark
@@ -149,12 +156,8 @@ def test_a_file_sink_replay_killed_at_each_step_leaves_old_or_new_and_a_second_r
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = faults.install(monkeypatch)
 
-    def world(name: str) -> FileLake:
-        lake = FileLake(tmp_path / name)
-        lake.run(spark, range(1, 3), "buggy")
-        return lake
-
-    measured = world("measured")
+    worlds = restored_worlds(tmp_path / "world", FileLake, lambda lake: lake.run(spark, range(1, 3), "buggy"))
+    measured = next(worlds)
     old = measured.total_amount()
     plan.arm(10**9)  # count, never crash: where each step's first write falls
     measured.replay(spark, 1)
@@ -168,7 +171,7 @@ def test_a_file_sink_replay_killed_at_each_step_leaves_old_or_new_and_a_second_r
         text, _, nth = point.partition("#")
         hits = [i for i, what in enumerate(trace, start=1) if text in what]
         n = hits[int(nth or 1) - 1]
-        lake = world(f"crash-{n}")
+        lake = next(worlds)
         crash_then_finish_replay(spark, lake, plan, n, (old, new), point)
         assert lake.orders_summary() == want, point
         assert lake.epoch_dirs() == [f"epoch={lake.pipeline.last_committed_epoch()}"], point

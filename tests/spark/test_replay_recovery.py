@@ -21,7 +21,7 @@ from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.spark import run_stage
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
-from tests.spark.test_replay import Lake, crash_then_finish_replay, order_ids, state_rows
+from tests.spark.test_replay import Lake, crash_then_finish_replay, order_ids, restored_worlds, state_rows
 
 pytestmark = pytest.mark.spark
 
@@ -49,13 +49,12 @@ def test_a_replay_killed_at_each_step_leaves_the_table_before_or_after_and_a_sec
     plan = faults.install(monkeypatch)
     old, new = _amounts(2, 10.0), _amounts(2, 1.0)
 
-    def world(name: str) -> Lake:
-        lake = Lake(tmp_path / name, "iceberg")
+    def buggy(lake: Lake) -> None:
         lake.run(spark, range(1, 3), "buggy")
         assert lake.total_amount() == old
-        return lake
 
-    measured = world("measured")
+    worlds = restored_worlds(tmp_path / "world", lambda root: Lake(root, "iceberg"), buggy)
+    measured = next(worlds)
     plan.arm(10**9)  # count, never crash: where each step's first write falls
     measured.replay(spark, 1)
     trace = list(plan.trace)
@@ -65,7 +64,7 @@ def test_a_replay_killed_at_each_step_leaves_the_table_before_or_after_and_a_sec
 
     for point in CRASH_POINTS if FULL_CAMPAIGNS else CI_CRASH_POINTS:
         n = next(i for i, what in enumerate(trace, start=1) if point in what)
-        lake = world(f"crash-{point.strip('/')}")
+        lake = next(worlds)
         crash_then_finish_replay(spark, lake, plan, n, (old, new), point)
         assert lake.total_amount() == new, point
         assert state_rows(lake.pipeline) == want_state, point
