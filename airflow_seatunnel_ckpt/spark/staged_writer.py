@@ -126,7 +126,6 @@ class StagedParquetWriter(DataSourceArrowWriter):
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
-        from airflow_seatunnel_ckpt.core.codec import crc32c
 
         storage = staging_storage(self.url, self.storage_options)
         context = TaskContext.get()
@@ -148,14 +147,11 @@ class StagedParquetWriter(DataSourceArrowWriter):
             current = None
             if rules is not None and not written:
                 return  # the rules removed every row meant for it: no file
-            data = sink.getvalue()
-            storage.write_atomic(path, memoryview(data))
-            stored.append({"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))})
+            stored.append(_store_file(storage, path, sink.getvalue()))
 
         def open_file(directory: str, schema: pa.Schema) -> None:
             nonlocal current, written
-            codec = "" if self.compression == "none" else f".{self.compression}"
-            name = f"part-{task}-{token}-{len(stored):04d}{codec}.parquet"
+            name = _file_name(task, token, len(stored), self.compression)
             path = f"{directory}/{name}" if directory else name
             sink = pa.BufferOutputStream()
             if rules is not None:
@@ -239,12 +235,15 @@ class StagedParquetWriter(DataSourceArrowWriter):
                 for key, n in (m.counts if m is not None else {}).items():
                     counts[key] = counts.get(key, 0) + n
             listed[COUNTS_KEY] = counts
-        payload = json.dumps(listed, separators=(",", ":")).encode()
-        staging_storage(self.url, self.storage_options).write_atomic(FILES_LIST, payload)
+        self._list(self.url, listed)
         if self.quarantine_url:
             files = sorted((f for m in messages if m is not None for f in m.quarantined), key=lambda f: f["path"])
-            payload = json.dumps({"files": files}, separators=(",", ":")).encode()
-            staging_storage(self.quarantine_url, self.storage_options).write_atomic(FILES_LIST, payload)
+            self._list(self.quarantine_url, {"files": files})
+
+    def _list(self, url: str, listed: dict[str, Any]) -> None:
+        """Write ``listed`` as the :data:`FILES_LIST` of the staging directory ``url``."""
+        payload = json.dumps(listed, separators=(",", ":")).encode()
+        staging_storage(url, self.storage_options).write_atomic(FILES_LIST, payload)
 
 
 #: The key of :data:`FILES_LIST` holding the expectations' counts (``checked``,
@@ -381,24 +380,34 @@ class _QuarantineFiles:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from airflow_seatunnel_ckpt.core.codec import crc32c
 
         if not self.buffered:
             return
         w = self.writer
         sink = pa.BufferOutputStream()
         pq.write_table(pa.concat_tables(self.buffered), sink, compression=w.compression, row_group_size=ROW_GROUP_ROWS)
-        data = sink.getvalue()
-        codec = "" if w.compression == "none" else f".{w.compression}"
-        path = f"part-{self.task}-{self.token}-{len(self.stored):04d}{codec}.parquet"
-        self.storage.write_atomic(path, memoryview(data))
-        self.stored.append({"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))})
+        path = _file_name(self.task, self.token, len(self.stored), w.compression)
+        self.stored.append(_store_file(self.storage, path, sink.getvalue()))
         self.buffered, self.bytes = [], 0
 
     def finish(self) -> list[dict[str, Any]]:
         """Store what is left; the files stored."""
         self._store()
         return self.stored
+
+
+def _file_name(task: str, token: str, index: int, compression: str) -> str:
+    """The name of a task attempt's ``index``-th staged file (Spark's ``part-`` naming)."""
+    codec = "" if compression == "none" else f".{compression}"
+    return f"part-{task}-{token}-{index:04d}{codec}.parquet"
+
+
+def _store_file(storage: Storage, path: str, data: Any) -> dict[str, Any]:
+    """Store ``data`` (a pyarrow buffer) at ``path`` with one atomic write; its file-list entry."""
+    from airflow_seatunnel_ckpt.core.codec import crc32c
+
+    storage.write_atomic(path, memoryview(data))
+    return {"path": path, "size": data.size, "crc32c": crc32c(memoryview(data))}
 
 
 def quote_name(column: str) -> str:
