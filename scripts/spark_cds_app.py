@@ -22,7 +22,9 @@ class _Rows(DataSource):
 
 class _Count(DataSourceArrowWriter):
     def write(self, iterator):  # type: ignore[no-untyped-def]
-        return WriterCommitMessage() if sum(b.num_rows for b in iterator) >= 0 else None
+        for _batch in iterator:  # the rows cross to Python as Arrow batches; nothing is kept
+            pass
+        return WriterCommitMessage()
 
 
 def main(out: str) -> None:

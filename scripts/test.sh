@@ -25,8 +25,10 @@ if [[ $quick -eq 0 ]]; then
     # made while the Checkpoints page's headless Chromium (Debian's package) installs.
     bash scripts/spark-cds.sh &
     cds=$!
+    trap 'kill "$cds" 2>/dev/null || true' EXIT  # a failed browser install stops it too
     bash scripts/install-browser.sh
     wait "$cds"
+    trap - EXIT
 fi
 
 cpus=$(nproc 2>/dev/null || echo 2)
