@@ -18,6 +18,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from airflow_seatunnel_ckpt.core.state import kafka_offsets
 from airflow_seatunnel_ckpt.core.state.kafka_offsets import KafkaOffsetsError, Range
+from airflow_seatunnel_ckpt.spark.session import freeze_worker_heap
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -96,6 +97,7 @@ class KafkaRangesReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The range's records as Arrow batches (runs on an executor)."""
         assert isinstance(partition, RangePartition)
+        freeze_worker_heap()
         yield from read_range(self.config, partition, self.where, self.fail_on_data_loss)
 
 

@@ -1,5 +1,6 @@
 """The SparkSession a stage runs in: in-process ``local[*]`` by default, or the one
-``spark-submit`` started for the driver module."""
+``spark-submit`` started for the driver module; and what the package's tasks do first in
+each Python worker of that session."""
 
 from __future__ import annotations
 
@@ -68,3 +69,32 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+#: How many modules the worker had loaded when it last froze its heap (per process).
+_frozen_with_modules = 0
+
+
+def freeze_worker_heap() -> None:
+    """Leave what a Python worker has loaded out of Python's cyclic garbage collector
+    (:func:`gc.freeze`); called first by each task of this package, it freezes inside a
+    Spark task only, and again only when a module was imported since.
+
+    PySpark reuses a Python worker for task after task and runs a full ``gc.collect()``
+    after each one. In a worker that has imported pyarrow, pandas and this package, that
+    collection walks some 100,000 long-lived objects: 20-50 ms of CPU after every task,
+    more than a task of a small epoch does itself (bench/README.md, "Python workers").
+    Frozen objects are still freed when their last reference goes; only reference cycles
+    among them are never collected. What is frozen is what the worker's modules hold,
+    plus the objects of the few tasks that were running when a module had just been
+    imported; the objects of every other task are collected as before.
+    """
+    import gc
+
+    from pyspark import TaskContext
+
+    global _frozen_with_modules
+    if TaskContext.get() is None or len(sys.modules) == _frozen_with_modules:
+        return
+    gc.freeze()
+    _frozen_with_modules = len(sys.modules)

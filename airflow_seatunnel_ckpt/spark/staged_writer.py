@@ -40,6 +40,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 
 from airflow_seatunnel_ckpt.core.protocol.expectations import REMOVING
 from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
+from airflow_seatunnel_ckpt.spark.session import freeze_worker_heap
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.storage import Storage
@@ -126,6 +127,7 @@ class StagedParquetWriter(DataSourceArrowWriter):
         import pyarrow.parquet as pq
         from pyspark import TaskContext
 
+        freeze_worker_heap()
 
         storage = staging_storage(self.url, self.storage_options)
         context = TaskContext.get()

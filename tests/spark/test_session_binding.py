@@ -1,5 +1,6 @@
 """An embedded (local-mode) stage session listens on loopback only and keeps the task's standard
-error (logged by Airflow at ERROR level) free of Spark's start-up lines."""
+error (logged by Airflow at ERROR level) free of Spark's start-up lines; the package's tasks
+leave what a Python worker has loaded out of the collector PySpark runs after every task."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +58,42 @@ def test_an_embedded_stage_session_listens_on_loopback_only_and_logs_nothing_to_
     noise = [line for line in done.stderr.splitlines()
              if any(word in line for word in ("log4j", "NativeCodeLoader", " INFO ", " WARN ", "log level"))]
     assert noise == [], noise
+
+
+def _heap_probe(batches: Any) -> Any:
+    """A task: how many objects its worker has frozen after ``freeze_worker_heap``, called
+    twice, then once more after a module was added."""
+    import gc
+    import sys
+    import types
+    import uuid
+
+    import pyarrow as pa
+
+    from airflow_seatunnel_ckpt.spark.session import freeze_worker_heap
+
+    for _ in batches:
+        pass
+    freeze_worker_heap()
+    first = gc.get_freeze_count()
+    freeze_worker_heap()  # no module imported since: nothing more is frozen
+    again = gc.get_freeze_count()
+    name = f"_heap_probe_{uuid.uuid4().hex}"
+    sys.modules[name] = types.ModuleType(name)  # as an import does
+    freeze_worker_heap()
+    yield pa.RecordBatch.from_pydict({"first": [first], "again": [again], "imported": [gc.get_freeze_count()]})
+
+
+def test_a_python_worker_freezes_its_loaded_heap_once_per_import_and_a_driver_never(spark: Any) -> None:
+    import gc
+
+    from airflow_seatunnel_ckpt.spark.session import freeze_worker_heap
+
+    rows = spark.range(0, 4, numPartitions=4).mapInArrow(_heap_probe, "first long, again long, imported long")
+    rows = rows.collect()
+    assert len(rows) == 4
+    assert all(0 < r.first == r.again < r.imported for r in rows), rows
+
+    driver = gc.get_freeze_count()
+    freeze_worker_heap()  # outside a Spark task: this process's heap is left alone
+    assert gc.get_freeze_count() == driver

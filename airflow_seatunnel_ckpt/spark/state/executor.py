@@ -27,6 +27,7 @@ from airflow_seatunnel_ckpt.core.state.run_chain import (
     plan_compaction,
 )
 from airflow_seatunnel_ckpt.core.state.runs import EPOCH_COLUMN, RunReader, sort_keys, write_run
+from airflow_seatunnel_ckpt.spark.session import freeze_worker_heap
 from airflow_seatunnel_ckpt.spark.state.reports import PartReport
 from airflow_seatunnel_ckpt.spark.state.settings import (
     DEFAULT_CHUNK_ROWS,
@@ -230,6 +231,7 @@ def dedup_keep(
     import numpy as np
     import pyarrow as pa
 
+    freeze_worker_heap()
     partition = _task_partition()
     key_cols = list(settings.key_columns)
     names = [*key_cols, KEY_GROUP_COLUMN]
@@ -342,6 +344,7 @@ def merge_partition(
     import numpy as np
     import pyarrow as pa
 
+    freeze_worker_heap()
     partition = _task_partition()
     key_cols = list(settings.key_columns)
     key_group: int | None = None
@@ -389,6 +392,7 @@ def read_partition(
     Every key group's rows are given ``schema``'s columns: a column its parts do not
     hold yet (an aggregate column added since they were written) is null.
     """
+    freeze_worker_heap()
     for batch in batches:
         for key_group in batch.column(0).to_pylist():
             table = load_key_group(settings, int(key_group))
