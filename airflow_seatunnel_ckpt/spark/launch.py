@@ -12,12 +12,15 @@ tracks. It
    ``spark-submit`` waits for the application; in client and local mode it *is* the
    driver), so that the attempt is seen alive even while a cluster queues it;
 2. writes ``spark-submit``'s output to the log file the submission record names;
-3. stops ``spark-submit`` (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`) when a cancel
-   is requested for the attempt (the deferred task was marked failed or cleared in the
-   UI) or the epoch is decided before the participant prepared (aborted: the work can
-   never be committed) -- it looks at every lease renewal;
-4. when ``spark-submit`` exits, writes the attempt's exit record (return code, last lines
-   of output) to the store, then removes its private working directory (the spec, which
+3. stops ``spark-submit`` and everything it started (SIGTERM, then SIGKILL after
+   :data:`STOP_GRACE_S`) when a cancel is requested for the attempt (the deferred task was
+   marked failed or cleared in the UI) or the epoch is decided before the participant
+   prepared (aborted: the work can never be committed) -- it looks at every lease renewal;
+4. when ``spark-submit`` exits, ends whatever of its process group is still running (in
+   local and client mode the driver's Python process is ``spark-submit``'s child, and a
+   JVM stopped by a signal leaves it behind), writes the attempt's exit record (return
+   code, last lines of output) to the store -- so an exit record means nothing of the
+   attempt runs any more -- then removes its private working directory (the spec, which
    holds the store's credentials, and the plan).
 
 SIGTERM (the task's ``on_kill``, a killed process group) is passed on to ``spark-submit``;
@@ -47,6 +50,8 @@ from typing import Any
 WORKDIR_PREFIX = "seatunnel-ckpt-submit-"
 #: Seconds spark-submit gets to stop after SIGTERM before it is killed.
 STOP_GRACE_S = 30.0
+#: Seconds what spark-submit left running gets after SIGTERM before it is killed.
+LEFTOVER_GRACE_S = 5.0
 #: Folder of launch logs, beside the working directories (the log outlives them).
 LOG_FOLDER = "seatunnel-ckpt-submit-logs"
 
@@ -148,6 +153,38 @@ def _load_plan(path: str) -> dict[str, Any]:
     return plan
 
 
+def end_process_group(grace_s: float) -> None:
+    """SIGTERM every other process of this launcher's process group, and SIGKILL what still
+    runs after ``grace_s``: ``spark-submit`` and whatever it started.
+
+    Only as the leader of its own session, which :func:`launch_detached` makes the launcher;
+    anywhere else the group is someone else's and nothing is signalled.
+    """
+    import psutil
+
+    me = os.getpid()
+    if os.getsid(0) != me:
+        return
+
+    def running(process: psutil.Process) -> bool:
+        try:
+            return os.getpgid(process.pid) == me and process.status() != psutil.STATUS_ZOMBIE
+        except (OSError, psutil.Error):
+            return False
+
+    left = [p for p in psutil.process_iter() if p.pid != me and running(p)]
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    deadline = time.monotonic() + grace_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if running(p)]
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
 def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> str:
     """:func:`~airflow_seatunnel_ckpt.core.protocol.submissions.stop_reason`; a store hiccup lets it run."""
     from airflow_seatunnel_ckpt.core.protocol.submissions import stop_reason
@@ -196,14 +233,11 @@ def run(plan: Mapping[str, Any]) -> int:
                     stopped = _stop_reason(pipeline, epoch, spec.participant, spec.attempt)
                     if stopped:
                         print(f"seatunnel-ckpt launcher: stopping spark-submit: {stopped}", flush=True)
-                        child.terminate()
-                        try:
-                            returncode = child.wait(timeout=STOP_GRACE_S)
-                        except subprocess.TimeoutExpired:
-                            child.kill()
-                            returncode = child.wait()
+                        end_process_group(STOP_GRACE_S)
+                        returncode = child.wait()
                         break
     finally:
+        end_process_group(LEFTOVER_GRACE_S)
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         try:
             with open(plan["log"], encoding="utf-8", errors="replace") as fh:

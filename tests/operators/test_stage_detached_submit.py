@@ -165,6 +165,16 @@ def started(markers: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
+def ended(pid: str) -> bool:
+    """Whether the process ``pid`` is gone (or a zombie nobody reaped yet)."""
+    import psutil
+
+    try:
+        return psutil.Process(int(pid)).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 class ZombieTry:
     """Try 1 waiting in-process (``deferrable=False``) in a thread, as a try whose worker Airflow lost.
 
@@ -435,9 +445,12 @@ def test_an_aborted_epoch_or_a_killed_deferred_task_stops_the_running_applicatio
     wait_until(lambda: len(started(markers)) == 1, what="the application to start")
     pipeline.abort(1, "aborted by an operator while the stage ran", by="test")
     wait_until(lambda: read_exit(pipeline, 1, "ingest", 1) is not None, 90, "the launcher to stop")
-    ended = read_exit(pipeline, 1, "ingest", 1)
-    assert "decided (ABORTED)" in ended.stopped and ended.returncode != 0, ended
+    record = read_exit(pipeline, 1, "ingest", 1)
+    assert "decided (ABORTED)" in record.stopped and record.returncode != 0, record
     assert judge_submission(pipeline, 1, "ingest", 1).outcome is SubmissionOutcome.DECIDED
+    # The exit record means the attempt is over: the driver's Python process (spark-submit's
+    # child in local mode, which a stopped JVM leaves behind) ended before it was written.
+    assert ended(started(markers)[0]), "the stopped application's driver process still runs"
 
     # Next run, next epoch: the deferred task is marked failed in the UI; the triggerer calls on_kill.
     context = {**context_of(1), "run_id": "manual__second"}
@@ -450,8 +463,9 @@ def test_an_aborted_epoch_or_a_killed_deferred_task_stops_the_running_applicatio
     wait_until(lambda: len(started(markers)) == 2, what="the second application to start")
     asyncio.run(trigger.on_kill())
     wait_until(lambda: read_exit(pipeline, 2, "ingest", 1) is not None, 90, "the launcher to stop")
-    ended = read_exit(pipeline, 2, "ingest", 1)
-    assert ended.stopped.startswith("cancelled by triggerer") and ended.returncode != 0, ended
+    record = read_exit(pipeline, 2, "ingest", 1)
+    assert record.stopped.startswith("cancelled by triggerer") and record.returncode != 0, record
+    assert ended(started(markers)[1]), "the cancelled application's driver process still runs"
     assert pipeline.txlog.read_prepared(2, "ingest") is None
     check = judge_submission(pipeline, 2, "ingest", 1)
     assert check.outcome is SubmissionOutcome.FAILED and "was stopped" in check.message
