@@ -4,8 +4,9 @@
 #   bash scripts/test.sh --quick             # unit tests and a fast slice: no Spark, deployment or crash campaigns
 #   bash scripts/test.sh -m "not cluster"    # skip the Spark standalone tests
 #   bash scripts/test.sh tests/integration/infra/test_s3.py -x
-# TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: the CPU count, at most 4;
-# each worker has its own local[2] SparkSession, Airflow DB and S3 server); TEST_WORKERS=0 runs
+# TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: one more than the CPU count,
+# at most 4, since a worker waits on servers, leases and polls part of the time; each worker has
+# its own local[2] SparkSession, Airflow DB and S3 server); TEST_WORKERS=0 runs
 # in this process. Tests start longest first (tests/durations.json; TEST_DURATIONS_WRITE=1
 # rewrites it after a run). The slow suites run a fixed slice; RELIABILITY_FULL=1,
 # RELIABILITY_SCHEDULES=<n> and PROPERTIES_EXAMPLES=<n> run the rest (docs/RELIABILITY.md).
@@ -32,7 +33,7 @@ if [[ $quick -eq 0 ]]; then
 fi
 
 cpus=$(nproc 2>/dev/null || echo 2)
-workers=${TEST_WORKERS:-$((cpus < 4 ? cpus : 4))}
+workers=${TEST_WORKERS:-$((cpus < 3 ? cpus + 1 : 4))}
 args=(-p no:cacheprovider -q --durations=15)
 if [[ $workers -gt 0 ]]; then
     # loadgroup: tests that share one server (Spark standalone, browser, deployment) stay
