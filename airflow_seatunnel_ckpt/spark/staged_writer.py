@@ -382,7 +382,6 @@ class _QuarantineFiles:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-
         if not self.buffered:
             return
         w = self.writer
