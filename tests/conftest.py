@@ -16,7 +16,6 @@ the fixtures so that core-only test runs do not pay for them.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
@@ -105,19 +104,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(SESSION_ROOT, ignore_errors=True)
 
 
-#: How many modules this process had loaded when it last froze its heap.
-_frozen_with_modules = 0
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Leave what this process has loaded (Airflow, PySpark, pyiceberg, ...) out of Python's
     cyclic garbage collector, again whenever a test module imported more: a full collection
     otherwise walks it all, some 0.2 s each, a dozen times in a few tests (the package's
     Python workers do the same, ``spark.session.freeze_worker_heap``)."""
-    global _frozen_with_modules
-    if len(sys.modules) != _frozen_with_modules:
-        gc.freeze()
-        _frozen_with_modules = len(sys.modules)
+    from airflow_seatunnel_ckpt.spark.session import freeze_loaded_heap
+
+    freeze_loaded_heap()
 
 
 #: Markers whose tests share one expensive server per process: under ``pytest -n`` with

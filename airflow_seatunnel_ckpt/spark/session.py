@@ -71,30 +71,37 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
     return builder.getOrCreate()
 
 
-#: How many modules the worker had loaded when it last froze its heap (per process).
+#: How many modules this process had loaded when it last froze its heap.
 _frozen_with_modules = 0
 
 
+def freeze_loaded_heap() -> None:
+    """Leave what this process has loaded out of Python's cyclic garbage collector
+    (:func:`gc.freeze`), again only when a module was imported since the last call.
+
+    A full collection walks every object the loaded modules hold. Frozen objects are still
+    freed when their last reference goes; only reference cycles among them are never
+    collected. What is frozen is what the modules hold, plus whatever was alive at the
+    few calls that followed an import.
+    """
+    import gc
+
+    global _frozen_with_modules
+    if len(sys.modules) != _frozen_with_modules:
+        gc.freeze()
+        _frozen_with_modules = len(sys.modules)
+
+
 def freeze_worker_heap() -> None:
-    """Leave what a Python worker has loaded out of Python's cyclic garbage collector
-    (:func:`gc.freeze`); called first by each task of this package, it freezes inside a
-    Spark task only, and again only when a module was imported since.
+    """:func:`freeze_loaded_heap` inside a Spark task only; each task of this package calls it first.
 
     PySpark reuses a Python worker for task after task and runs a full ``gc.collect()``
     after each one. In a worker that has imported pyarrow, pandas and this package, that
     collection walks some 100,000 long-lived objects: 20-50 ms of CPU after every task,
     more than a task of a small epoch does itself (bench/README.md, "Python workers").
-    Frozen objects are still freed when their last reference goes; only reference cycles
-    among them are never collected. What is frozen is what the worker's modules hold,
-    plus the objects of the few tasks that were running when a module had just been
-    imported; the objects of every other task are collected as before.
+    The objects of the tasks that follow are collected as before.
     """
-    import gc
-
     from pyspark import TaskContext
 
-    global _frozen_with_modules
-    if TaskContext.get() is None or len(sys.modules) == _frozen_with_modules:
-        return
-    gc.freeze()
-    _frozen_with_modules = len(sys.modules)
+    if TaskContext.get() is not None:
+        freeze_loaded_heap()
