@@ -21,10 +21,13 @@ epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "ca
 3. **placement.** The staged files are put at deterministic paths inside the table's
    location (``data/<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>/<file>``) with
    :func:`storage.publish_files`: idempotent, verified, never deleting anything.
-4. **one transaction**: ``add_files`` (duplicate-file check on) or, for a ``snapshot`` sink,
-   one OVERWRITE snapshot that removes every current data file and adds the epoch's, plus
-   the marker and owner properties; with ``merge_keys`` (upsert), the table's rows of the epoch's keys
-   are deleted in the same transaction first. pyiceberg's own commit retry is switched off for it: on a conflict
+4. **one transaction, one snapshot**: ``add_files`` (duplicate-file check on) for an append;
+   otherwise one OVERWRITE snapshot that removes the data files it replaces and adds the
+   epoch's -- every current file (a ``snapshot`` sink), the replaced epochs' (a replay), or
+   with ``merge_keys`` (upsert) the files holding any of the epoch's keys, whose other rows
+   go into rewritten files in the same snapshot (:func:`_without_keys`) -- plus the marker
+   and owner properties. So every snapshot a time-travel or incremental reader can pin
+   holds whole epochs. pyiceberg's own commit retry is switched off for it: on a conflict
    it rebases an append *without* re-checking duplicates, so two committers of one epoch
    (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
    outcome reloads the table and goes back to step 1.
@@ -38,14 +41,16 @@ altered in between.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import logging
 import os
 import posixpath
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.exceptions import (
@@ -56,9 +61,11 @@ from pyiceberg.exceptions import (
     ResolveError,
     TableAlreadyExistsError,
 )
-from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids, parquet_file_to_data_file
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import ArrowScan, _pyarrow_to_schema_without_ids, parquet_file_to_data_file, schema_to_pyarrow
+from pyiceberg.manifest import DataFile
 from pyiceberg.schema import promote
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import DataScan, Table, TableProperties, Transaction
 from pyiceberg.table.upsert_util import create_match_filter
 from pyiceberg.transforms import IdentityTransform
 
@@ -87,6 +94,8 @@ APPENDED = "appended"
 REPLACED = "replaced"
 MERGED = "merged"
 ALREADY = "already"
+#: The row-number column added to a file's key columns to match them (never written).
+_ROW = "__seatunnel_ckpt_row"
 
 
 def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Catalog:
@@ -233,7 +242,7 @@ def _commit(catalog: Catalog, identifier: str, request: TableCommit, where: str)
         _check_key(table.schema().column_names, request, where)
         paths = place_files(request, placed)
         try:
-            how = _commit_once(table, request, paths, file_schema, added, where)
+            how = _commit_once(table, request, placed, paths, file_schema, added, where)
         except (CommitFailedException, CommitStateUnknownException) as exc:
             # Another committer may have landed this very epoch: reload and read the marker.
             raise CommitConflict(exc) from exc
@@ -421,40 +430,41 @@ def _check_key(columns: Sequence[str], request: TableCommit, where: str) -> None
                           "nothing; remove merge_keys, or use mode 'changes' with merge_keys to upsert")
 
 
-def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_schema: pa.Schema | None,
-                 added: Sequence[str], where: str) -> str:
-    """One transaction: (schema additions,) the files, the marker. Raises on conflict."""
+def _commit_once(table: Table, request: TableCommit, placed: Storage, paths: Sequence[str],
+                 file_schema: pa.Schema | None, added: Sequence[str], where: str) -> str:
+    """One transaction: (schema additions,) one snapshot of the files, the marker. Raises on conflict."""
     summary = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
                f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store,
                f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
     view = _without_library_retry(table)
     snapshot = request.sink.mode is SinkMode.SNAPSHOT
     key = [str(k) for k in request.table.get("merge_keys") or []]
+    replaced = set(request.sink.replaces)
     try:
         with view.transaction() as tx:
             if added and file_schema is not None:
                 with tx.update_schema() as update:
                     update.union_by_name(pa.schema([file_schema.field(name) for name in added]))
+            old: list[DataFile] = []
+            rewritten: list[DataFile] = []
             if key:  # upsert: the epoch's rows replace the table's rows of the same keys
-                keys = _epoch_keys(view, paths, key, where)
-                if keys.num_rows and tx.table_metadata.current_snapshot() is not None:
-                    with warnings.catch_warnings():  # new keys only: "did not match any records" is normal
-                        warnings.filterwarnings("ignore", "Delete operation did not match")
-                        tx.delete(create_match_filter(keys, key), snapshot_properties=summary)
-            replaced = set(request.sink.replaces)
-            if not snapshot and not replaced:
-                tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
-            else:  # one OVERWRITE: every current file (snapshot) or the replaced epochs' (replay)
-                if tx.table_metadata.name_mapping() is None:  # as add_files does: files carry no field ids
-                    tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
-                                       tx.table_metadata.schema().name_mapping.model_dump_json()})
+                old, rewritten = _without_keys(tx, view, request, placed, _epoch_keys(view, paths, key, where), key)
+            elif snapshot or replaced:  # every current file (snapshot) or the replaced epochs' (replay)
                 current = tx.table_metadata.current_snapshot()
                 old = [entry.data_file for manifest in (current.manifests(view.io) if current else [])
                        for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)
                        if snapshot or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
+            if not old and not snapshot and not replaced:
+                tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
+            else:  # one OVERWRITE snapshot: the old files out, their rewrites and the epoch's files in
+                if tx.table_metadata.name_mapping() is None:  # as add_files does: files carry no field ids
+                    tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
+                                       tx.table_metadata.schema().name_mapping.model_dump_json()})
                 with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
                     for data_file in old:
                         overwrite.delete_data_file(data_file)
+                    for data_file in rewritten:
+                        overwrite.append_data_file(data_file)
                     for path in paths:
                         overwrite.append_data_file(parquet_file_to_data_file(view.io, tx.table_metadata, path))
             tx.set_properties(markers.marker_for(request))
@@ -463,6 +473,59 @@ def _commit_once(table: Table, request: TableCommit, paths: Sequence[str], file_
                           "was committed. Fix the cause, then retry the commit") from exc
     table.metadata, table.metadata_location = view.metadata, view.metadata_location
     return REPLACED if snapshot or request.sink.replaces else MERGED if key else APPENDED
+
+
+def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: Storage, keys: pa.Table,
+                  key: Sequence[str]) -> tuple[list[DataFile], list[DataFile]]:
+    """The current data files holding any of the epoch's ``keys``, and their rewrites without those rows.
+
+    Copy-on-write as pyiceberg's ``Transaction.delete`` does it, but into the epoch's own
+    snapshot (a separate delete snapshot would be a table without the epoch's keys and
+    without its rows, which time-travel readers can pin). Only files whose partition and
+    column statistics may hold a key are read (the scan's planning). A file left with no
+    row is only removed. A rewrite goes to the epoch's placement directory under a name
+    fixed by the file it rewrites (and the delete files applied to it), written whole: a
+    commit retried after a crash before its catalog commit finds it and adds that same
+    file, and one whose original another writer changed since is left unreferenced (an
+    orphan), never added twice. Two racing committers of the epoch may both write it: the
+    same rows through the same writer, the same bytes. Not ``create_exclusive``: placing
+    data files must not need a store's conditional writes (:func:`table_storage`).
+    """
+    metadata = tx.table_metadata
+    if not keys.num_rows or metadata.current_snapshot() is None:
+        return [], []
+    schema = metadata.schema()
+    file_schema = schema_to_pyarrow(schema, include_field_ids=True)
+    old: list[DataFile] = []
+    rewritten: list[DataFile] = []
+    for task in DataScan(metadata, view.io, row_filter=create_match_filter(keys, list(key))).plan_files():
+        rows = ArrowScan(metadata, view.io, schema, AlwaysTrue()).to_table([task])
+        hit = _rows_of_keys(rows, keys, key)
+        if not pc.any(hit).as_py():
+            continue  # the statistics could not rule the file out, its rows can
+        old.append(task.file)
+        kept = rows.filter(pc.invert(hit))
+        if not kept.num_rows:
+            continue
+        spec = metadata.specs()[task.file.spec_id]
+        origin = "\n".join([task.file.file_path, *sorted(d.file_path for d in task.delete_files)])
+        name = f"rewritten-{hashlib.sha256(origin.encode()).hexdigest()[:24]}.parquet"
+        path = posixpath.join("data", spec.partition_to_path(task.file.partition, schema) if spec.fields else "",
+                              markers.placement(request), name)
+        if not placed.exists(path):
+            buf = io.BytesIO()
+            pq.write_table(kept.cast(file_schema), buf)
+            placed.write_atomic(path, buf.getvalue())
+        rewritten.append(parquet_file_to_data_file(view.io, metadata, placed.url_of(path)))
+    return old, rewritten
+
+
+def _rows_of_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.ChunkedArray:
+    """For each row of ``rows``, whether its key is one of ``keys`` (a NULL key is none)."""
+    probe = rows.select(list(key)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+    wanted = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
+    found = probe.join(wanted, keys=list(key), join_type="left semi").column(_ROW)
+    return pc.is_in(probe.column(_ROW), value_set=found.combine_chunks())
 
 
 def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:

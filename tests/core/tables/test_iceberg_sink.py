@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import load_catalog
@@ -33,6 +34,7 @@ from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, regist
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 from airflow_seatunnel_ckpt.core.tables.markers import short, store_id
 from tests.core.epochs import at_once
+from tests.core.faults import SimulatedCrash
 from tests.tables import duckdb_connection
 
 IDENT = "lake.orders"
@@ -549,3 +551,78 @@ def test_upsert_refuses_a_key_twice_in_one_epoch_and_commits_nothing(tmp_path: P
         commit_table(lake.request(2, manifest))
     table = load_catalog("lake", **lake.catalog_props).load_table("lake.totals")
     assert table.scan().to_arrow().to_pylist() == [{"customer": "c0", "total": 1.0}]
+
+
+def upsert_orders(lake: Lake, epoch: int, parts: dict[str, pa.Table]) -> SinkManifest:
+    """An upsert epoch of ``lake.orders`` on ``order_id``, partitioned by region."""
+    manifest = lake.stage(epoch, parts)
+    return dataclasses.replace(manifest, table={**manifest.table, "merge_keys": ["order_id"]})
+
+
+def amounts_times_ten(parts: dict[str, pa.Table]) -> dict[str, pa.Table]:
+    return {k: t.set_column(2, "amount", pc.multiply(t.column("amount"), 10.0)) for k, t in parts.items()}
+
+
+def order_rows(table: Table) -> list[tuple[int, str, float]]:
+    return sorted((r["order_id"], r["region"], r["amount"]) for r in table.scan().to_arrow().to_pylist())
+
+
+def test_upsert_epoch_is_one_overwrite_snapshot_that_rewrites_only_the_files_holding_its_keys(
+        tmp_path: Path) -> None:
+    lake = Lake(tmp_path)
+    commit_table(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3, 4]))))
+    us_file = next(p for p in data_file_paths(lake.table()) if "/region=US/" in p)
+    result = commit_table(lake.request(2, upsert_orders(lake, 2, amounts_times_ten(
+        {"__partition_region=EU": orders([2, 5], "EU")}))))
+    assert result.how == "merged"
+
+    table = lake.table()
+    assert order_rows(table) == [(1, "EU", 1.0), (2, "EU", 20.0), (3, "US", 3.0), (4, "US", 4.0), (5, "EU", 50.0)]
+    assert duckdb_rows(table, "order_id, amount")[1] == (2, 20.0)
+    [_, upsert] = table.snapshots()  # one snapshot per epoch: no delete-only snapshot to time-travel to
+    assert upsert.summary is not None and upsert.summary.operation.value == "overwrite"
+    assert upsert.summary["seatunnel-ckpt.epoch"] == "2"
+    assert upsert.summary["deleted-data-files"] == "1" and upsert.summary["added-data-files"] == "2"
+    assert us_file in data_file_paths(table)  # holds none of the epoch's keys: not read, not rewritten
+    rewritten = [p for p in data_file_paths(table) if "/rewritten-" in p]
+    epoch_dir = f"/data/region=EU/orders/orders/{short(lake.pipeline.store_id())}-e2/"
+    assert len(rewritten) == 1 and epoch_dir in rewritten[0]  # in the epoch's own directory
+
+
+def test_upsert_commit_retried_after_a_crash_before_the_catalog_commit_adds_its_rewrite_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    lake = Lake(tmp_path)
+    commit_table(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3]))))
+    request = lake.request(2, upsert_orders(lake, 2, amounts_times_ten(eu_us([2, 4], []))))
+    with monkeypatch.context() as mp:
+        def die(*args: Any, **kwargs: Any) -> None:
+            raise SimulatedCrash("killed with the rewritten file written, before the catalog commit")
+
+        mp.setattr(SqlCatalog, "commit_table", die)
+        with pytest.raises(SimulatedCrash):
+            commit_table(request)
+    placed = iceberg.table_storage(lake.table(), request)
+    written = [f.path for f in placed.walk("data") if "/rewritten-" in f.path]
+    assert len(written) == 1 and len(lake.table().snapshots()) == 1  # written, not committed
+
+    assert commit_table(request).how == "merged"
+    table = lake.table()
+    assert order_rows(table) == [(1, "EU", 1.0), (2, "EU", 20.0), (3, "US", 3.0), (4, "EU", 40.0)]
+    assert [f.path for f in placed.walk("data") if "/rewritten-" in f.path] == written  # the same file, once
+    assert len(table.snapshots()) == 2
+    assert commit_table(request).how == "already"
+
+
+def test_racing_upsert_committers_of_one_epoch_land_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lake = Lake(tmp_path)
+    commit_table(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3]))))
+    manifest = upsert_orders(lake, 2, amounts_times_ten(eu_us([2, 4], [3])))
+    both_commit_at_once(monkeypatch)
+    outcomes = at_once([lambda: commit_table(lake.request(2, manifest)) for _ in range(2)])
+    assert sorted(getattr(o, "how", repr(o)) for o in outcomes) == ["already", "merged"]
+    table = lake.table()
+    assert order_rows(table) == [(1, "EU", 1.0), (2, "EU", 20.0), (3, "US", 30.0), (4, "EU", 40.0)]
+    assert sorted(r[0] for r in duckdb_rows(table, "order_id")) == [1, 2, 3, 4]
+    assert len(table.snapshots()) == 2
