@@ -1,0 +1,377 @@
+"""What each table sink gives the contract suite (its context), and the epochs the suite runs.
+
+A :class:`SinkContext` knows one connector: the modes it supports, its options for a mode,
+how the Spark table sink stages an epoch's files for it, the functions that make its table
+commit (so that a crash can land just before or just after it), and two readers written
+with the format's own libraries, never with this package: :meth:`SinkContext.rows` (the
+target now) and :meth:`SinkContext.history` (every state of the target a reader can pin:
+each Iceberg snapshot, each Delta version, each committed PostgreSQL transaction).
+
+:class:`Epochs` drives a pipeline of one store and one sink through the real protocol --
+begin, stage, prepare, decide commit, commit; a commit killed before or after its table
+commit and then run again by another process; a replay of epochs -- and keeps the table a
+reader must find after each whole committed epoch (:attr:`Epochs.states`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
+from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
+from airflow_seatunnel_ckpt.core.ops.replay import begin_replay, finish_replay, plan_replay, resume_replay
+from tests.core.faults import SimulatedCrash
+from tests.tables import duckdb_connection
+
+SCHEMA = pa.schema([("id", pa.int64()), ("region", pa.string()), ("amount", pa.float64())])
+REGIONS = ("EU", "US")
+APPEND, UPSERT, SNAPSHOT = "append", "upsert", "snapshot"
+#: A table's rows as a reader compares them: sorted ``(id, region, amount)`` tuples.
+Rows = list[tuple[Any, ...]]
+
+
+def rows_of(table: pa.Table) -> Rows:
+    """``table``'s rows, sorted, in the suite's column order."""
+    data = table.select(SCHEMA.names).to_pylist()
+    return sorted(tuple(row[name] for name in SCHEMA.names) for row in data)
+
+
+def epoch_rows(ids: Sequence[int], version: int) -> pa.Table:
+    """Rows of ``ids`` whose amount tells which epoch (or replay) wrote them."""
+    return pa.table({"id": list(ids), "region": [REGIONS[i % 2] for i in ids],
+                     "amount": [i + version / 10 for i in ids]}, schema=SCHEMA)
+
+
+class SinkContext:
+    """One connector's part of the contract suite (subclassed per connector)."""
+
+    #: The connector's name in test ids.
+    name: ClassVar[str] = ""
+    #: The modes the sink supports (``append``, ``upsert``, ``snapshot``).
+    modes: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the Spark sink stages one directory per ``region`` (``__partition_region=EU``).
+    partitioned: ClassVar[bool] = True
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def options(self, mode: str) -> dict[str, Any]:
+        """The sink's table options for ``mode``."""
+        raise NotImplementedError
+
+    def target_url(self) -> str:
+        """The sink's target URL, as its Spark sink names it."""
+        raise NotImplementedError
+
+    def table_commits(self) -> list[tuple[Any, str]]:
+        """``(owner, attribute)`` of each function whose call is the table commit itself."""
+        raise NotImplementedError
+
+    def rows(self) -> Rows:
+        """The target's rows now ([] before it exists)."""
+        raise NotImplementedError
+
+    def history(self) -> list[tuple[str, Rows]]:
+        """Every state of the target a reader can pin, oldest first, each with how to pin it."""
+        raise NotImplementedError
+
+    def observe(self) -> None:
+        """Called after every commit call (one that crashed too): a target that keeps no
+        history of its own records the state a reader sees now."""
+
+
+class IcebergContext(SinkContext):
+    """An Iceberg table in a pyiceberg SQL catalog on SQLite, partitioned by region."""
+
+    name = "iceberg"
+    modes = frozenset({APPEND, UPSERT, SNAPSHOT})
+    IDENT = "lake.orders"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.catalog = {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
+
+    def options(self, mode: str) -> dict[str, Any]:
+        keys = {"merge_keys": ["id"]} if mode == UPSERT else {}
+        return {"type": "iceberg", "identifier": self.IDENT, "catalog_name": "lake", "catalog": self.catalog,
+                "partition_by": ["region"], **keys}
+
+    def target_url(self) -> str:
+        return f"iceberg://lake/{self.IDENT}"
+
+    def table_commits(self) -> list[tuple[Any, str]]:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        return [(SqlCatalog, "commit_table")]
+
+    @contextmanager
+    def _table(self) -> Iterator[Any]:
+        """The table (None before it exists), its catalog's connections closed afterwards."""
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        catalog = load_catalog("lake", **self.catalog)
+        try:
+            try:
+                table = catalog.load_table(self.IDENT)
+            except (NoSuchTableError, NoSuchNamespaceError):
+                table = None
+            yield table
+        finally:
+            catalog.engine.dispose()  # type: ignore[attr-defined]
+
+    def rows(self) -> Rows:
+        with self._table() as table:
+            return [] if table is None else rows_of(table.scan().to_arrow())
+
+    def history(self) -> list[tuple[str, Rows]]:
+        """Each snapshot through pyiceberg's ``scan(snapshot_id=...)``, checked against DuckDB's
+        ``iceberg_scan(..., snapshot_from_id => ...)`` of the same snapshot."""
+        with self._table() as table:
+            if table is None:
+                return []
+            metadata = table.metadata_location.removeprefix("file://")
+            con = duckdb_connection("avro", "iceberg")
+            states = []
+            for snapshot in sorted(table.snapshots(), key=lambda s: s.sequence_number or 0):
+                found = rows_of(table.scan(snapshot_id=snapshot.snapshot_id).to_arrow())
+                by_duckdb = sorted(con.execute(
+                    f"SELECT id, region, amount FROM iceberg_scan('{metadata}', "
+                    f"snapshot_from_id => {snapshot.snapshot_id})").fetchall())
+                assert by_duckdb == found, (f"snapshot {snapshot.snapshot_id}: DuckDB reads {by_duckdb}, "
+                                            f"pyiceberg {found}")
+                summary = snapshot.summary
+                what = f"{summary.operation.value} epoch {summary.get('seatunnel-ckpt.epoch')}" if summary else "?"
+                states.append((f"snapshot {snapshot.snapshot_id} ({what})", found))
+            return states
+
+
+class DeltaContext(SinkContext):
+    """A Delta table on the local disk, partitioned by region."""
+
+    name = "delta"
+    modes = frozenset({APPEND, UPSERT, SNAPSHOT})
+
+    def options(self, mode: str) -> dict[str, Any]:
+        keys = {"merge_keys": ["id"]} if mode == UPSERT else {}
+        return {"type": "delta", "uri": self.target_url(), "partition_by": ["region"], **keys}
+
+    def target_url(self) -> str:
+        return f"file://{self.root}/tables/orders"
+
+    def table_commits(self) -> list[tuple[Any, str]]:
+        import airflow_seatunnel_ckpt.core.tables.delta as delta_tables
+
+        return [(delta_tables, "_create"), (delta_tables, "_append"), (delta_tables, "_upsert")]
+
+    def _versions(self) -> list[int]:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return list(range(DeltaTable(f"{self.root}/tables/orders").version() + 1))
+        except TableNotFoundError:
+            return []
+
+    def rows(self) -> Rows:
+        from deltalake import DeltaTable
+
+        return rows_of(DeltaTable(f"{self.root}/tables/orders").to_pyarrow_table()) if self._versions() else []
+
+    def history(self) -> list[tuple[str, Rows]]:
+        """Each version through ``DeltaTable(uri, version=v)`` (time travel)."""
+        from deltalake import DeltaTable
+
+        return [(f"version {v}", rows_of(DeltaTable(f"{self.root}/tables/orders", version=v).to_pyarrow_table()))
+                for v in self._versions()]
+
+
+class PostgresContext(SinkContext):
+    """A PostgreSQL table the first commit creates; its history is what readers saw after each commit.
+
+    PostgreSQL keeps no readable history: what a reader can see is the table after each
+    committed transaction. :meth:`observe` reads it after every commit call (retries and
+    crashed calls included), with the epochs the marker table says committed.
+    """
+
+    name = "postgres"
+    modes = frozenset({APPEND, UPSERT})
+    partitioned = False
+
+    def __init__(self, root: Path, dsn: str) -> None:
+        super().__init__(root)
+        self.dsn = dsn
+        self.seen: list[tuple[str, Rows]] = []
+
+    def options(self, mode: str) -> dict[str, Any]:
+        keys = {"mode": "upsert", "merge_keys": ["id"]} if mode == UPSERT else {}
+        return {"type": "postgres", "table": "public.orders", "conninfo": self.dsn, "create_table": True, **keys}
+
+    def target_url(self) -> str:
+        return "postgres://test/public.orders"
+
+    def table_commits(self) -> list[tuple[Any, str]]:
+        import airflow_seatunnel_ckpt.core.tables.postgres as postgres_tables
+
+        return [(postgres_tables, "_commit_once")]
+
+    def _query(self, table: str, columns: str) -> list[tuple[Any, ...]]:
+        """``SELECT columns FROM table`` ([] before the first commit creates the table)."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.dsn) as conn:
+            found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", [table]).fetchone()
+            if not (found and found[0]):
+                return []
+            statement = sql.SQL("SELECT {} FROM {}").format(sql.SQL(columns), sql.Identifier(*table.split(".")))
+            return sorted(conn.execute(statement).fetchall())
+
+    def rows(self) -> Rows:
+        return self._query("public.orders", "id, region, amount")
+
+    def observe(self) -> None:
+        epochs = [e for (e,) in self._query("public.seatunnel_ckpt_epochs", "epoch")]
+        self.seen.append((f"after commit call {len(self.seen) + 1} (marker epochs {epochs})", self.rows()))
+
+    def history(self) -> list[tuple[str, Rows]]:
+        return list(self.seen)
+
+
+class Epochs:
+    """A pipeline of one store whose one sink ``orders`` is ``context``'s table in ``mode``.
+
+    :attr:`states` is every table a reader may find: empty, then the table after each
+    whole committed epoch (an append adds the epoch's rows, an upsert replaces the rows of
+    its keys, a snapshot is its rows; a replay swaps the replaced epochs' rows for the new ones).
+    """
+
+    def __init__(self, context: SinkContext, mode: str) -> None:
+        self.context = context
+        self.mode = mode
+        self.store_url = f"file://{context.root}/store"
+        self.pipeline = self.open()
+        self.runs = 0
+        #: Committed epoch -> its ids (what a replay writes again).
+        self.ids: dict[int, list[int]] = {}
+        #: Committed epoch -> its rows the table holds now (a snapshot: the newest; a replay swaps them).
+        self.written: dict[int, Rows] = {}
+        self.states: list[Rows] = [[]]
+
+    def open(self) -> Pipeline:
+        """A fresh Pipeline object, as another process (a retry, the recovery DAG) builds it."""
+        config = CheckpointConfig.from_mapping({"storage_url": self.store_url, "max_retries": 2})
+        return CheckpointStore(config).pipeline("orders")
+
+    def stage(self, epoch: int, rows: Sequence[pa.Table], below: Sequence[str] = ("",)) -> SinkManifest:
+        """Stage ``rows[i]`` below ``below[i]`` of the attempt's staging as the Spark table sink
+        stages them (one file per region directory, or one file), and the sink's manifest."""
+        staging = self.pipeline.staging_path(epoch, 1, "orders")
+        for table, folder in zip(rows, below, strict=True):
+            parts = ({f"__partition_region={r}": table.filter(pc.equal(table.column("region"), r)) for r in REGIONS}
+                     if self.context.partitioned else {"": table})
+            for sub, part in parts.items():
+                if part.num_rows:
+                    buf = io.BytesIO()
+                    pq.write_table(part, buf)
+                    path = "/".join(p for p in (staging, folder, sub, "part-00000.parquet") if p)
+                    self.pipeline.storage.write_atomic(path, buf.getvalue())
+        manifest = self.pipeline.manifest_for_staged(epoch, 1, "orders", self.context.target_url(),
+                                                     sum(t.num_rows for t in rows))
+        return dataclasses.replace(manifest, mode=SinkMode.SNAPSHOT if self.mode == SNAPSHOT else SinkMode.CHANGES,
+                                   table=self.context.options(self.mode))
+
+    def run(self, ids: Sequence[int], crash: str | None = None) -> int:
+        """One whole epoch writing ``ids``; with ``crash`` (``before`` / ``after``) its first
+        commit dies just before or just after the table commit and another process commits it."""
+        self.runs += 1
+        run_id = f"run-{self.runs}"
+        epoch = self.pipeline.begin(run_id).epoch
+        rows = epoch_rows(ids, epoch)
+        self.pipeline.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[self.stage(epoch, [rows])])
+        decision = self.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="contract")
+        assert decision.decision is Decision.COMMIT, decision.reason
+        self.commit(lambda: self.pipeline.commit(epoch), lambda: self.open().commit(epoch), crash)
+        assert self.pipeline.state(epoch) is EpochState.COMMITTED
+        self.ids[epoch] = list(ids)
+        self.committed(epoch, rows_of(rows))
+        return epoch
+
+    def replay(self, from_epoch: int, crash: str | None = None) -> int:
+        """Replay epochs ``from_epoch``.. as the stage runtime does (each replayed epoch's
+        output below ``replayed-<e>/``), with new amounts; returns the replay epoch."""
+        plan = plan_replay(self.pipeline, from_epoch)
+        epoch, run_id = begin_replay(self.pipeline, plan, reason="contract", by="contract")
+        new = {e: epoch_rows(self.ids[e], epoch) for e in plan.epochs}
+        replayed = plan.epochs[-1:] if self.mode == SNAPSHOT else plan.epochs  # a snapshot: the newest only
+        manifest = self.stage(epoch, [new[e] for e in replayed], [f"replayed-{e}" for e in replayed])
+
+        def finish() -> object:
+            return finish_replay(self.pipeline, epoch, run_id, plan, 1, sinks=[manifest], operators={},
+                                 reason="contract", by="contract")
+
+        self.commit(finish, lambda: resume_replay(self.open()), crash)
+        assert self.pipeline.state(epoch) is EpochState.COMMITTED
+        for e in plan.replaced:
+            self.written.pop(e, None)
+        self.committed(epoch, sorted(r for e in replayed for r in rows_of(new[e])))
+        return epoch
+
+    def commit(self, first: Callable[[], object], again: Callable[[], object], crash: str | None) -> None:
+        """``first()``; with ``crash`` it dies at the table commit, and ``again()`` (another process) resumes."""
+        if crash is None:
+            first()
+            self.context.observe()
+            return
+        with self.crashing(crash), pytest.raises(SimulatedCrash):
+            first()
+        self.context.observe()
+        again()
+        self.context.observe()
+
+    @contextmanager
+    def crashing(self, when: str) -> Iterator[None]:
+        """The process dies just ``before`` or just ``after`` the sink's table commit (once)."""
+        armed = [True]
+        with pytest.MonkeyPatch.context() as mp:
+            for owner, name in self.context.table_commits():
+                real = getattr(owner, name)
+
+                def at_commit(*args: Any, _real: Callable[..., Any] = real, **kwargs: Any) -> Any:
+                    if not armed[0]:
+                        return _real(*args, **kwargs)
+                    armed[0] = False
+                    if when == "before":
+                        raise SimulatedCrash("killed just before the table commit")
+                    _real(*args, **kwargs)
+                    raise SimulatedCrash("killed just after the table commit")
+
+                mp.setattr(owner, name, at_commit)
+            yield
+        assert not armed[0], "the table commit was never reached"
+
+    def committed(self, epoch: int, rows: Rows) -> None:
+        """Record the table a reader must find now that ``epoch`` (with ``rows``) committed."""
+        if self.mode == UPSERT:
+            table = {r[0]: r for r in self.states[-1]}
+            table.update({r[0]: r for r in rows})
+            self.states.append(sorted(table.values()))
+            return
+        if self.mode == SNAPSHOT:
+            self.written = {}
+        self.written[epoch] = rows
+        self.states.append(sorted(r for e in sorted(self.written) for r in self.written[e]))
+
+
+__all__ = ["APPEND", "SNAPSHOT", "UPSERT", "DeltaContext", "Epochs", "IcebergContext", "PostgresContext",
+           "SinkContext"]
