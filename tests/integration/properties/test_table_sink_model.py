@@ -7,7 +7,8 @@ protocol as the Airflow tasks drive it: begin, stage Parquet files (partitioned 
 refused before its decision is aborted and the pipeline moves on. Between good epochs the
 rules bring the faults a table sink meets:
 
-* an upsert epoch (``merge_keys``) whose rows hold a key twice, or a NULL key;
+* an upsert epoch (``merge_keys``) of keys earlier epochs wrote (their rows replaced);
+* an upsert epoch whose rows hold a key twice, or a NULL key;
 * an epoch whose files changed a column's type or dropped a column;
 * the checkpoint store wiped (the pipeline starts again at epoch 1, same table);
 * a second store whose pipeline has the same name, and a second pipeline, into the table;
@@ -22,6 +23,9 @@ Checked after every step, once recovery (:func:`recovery.recover`) has run:
   the commit decision, after which only transient failures remain;
 * each table holds every row of every committed epoch exactly once, and nothing else
   (read by pyiceberg's scan or deltalake, not by this package);
+* every state of a table a reader can pin (each Iceberg snapshot, each Delta version) is the
+  table after some whole committed epoch: an upsert epoch, also one that replaces rows of
+  earlier epochs, never shows its deletes without its rows;
 * a good epoch commits (after a refusal that names a store conflict, once the sink is
   given its own table, the documented way out); a bad one is refused before the decision.
 """
@@ -126,6 +130,8 @@ class TableSinkModel(RuleBasedStateMachine):
         self.next_id = 0
         self.tables = 1
         self.expected: dict[int, Counter[int]] = {0: Counter()}
+        #: table -> its ids after each committed epoch (the empty table first): what a pinned reader may see.
+        self.states: dict[int, list[Counter[int]]] = {0: [Counter()]}
         #: table -> the writer whose epoch committed into it first.
         self.owners: dict[int, str] = {}
         #: (writer label, epoch) -> (table, ids) of epochs decided commit and not yet acknowledged.
@@ -173,10 +179,40 @@ class TableSinkModel(RuleBasedStateMachine):
         except TableNotFoundError:
             return []
 
-    def rows(self, count: int, schema: pa.Schema = SCHEMA) -> pa.Table:
-        ids = list(range(self.next_id, self.next_id + count))
+    def table_history(self, table: int) -> list[tuple[str, list[int | None]]]:
+        """The ``id`` column of every state of the table a reader can pin: each Iceberg snapshot
+        (``scan(snapshot_id=...)``), each Delta version (``DeltaTable(..., version=v)``)."""
+        if self.FORMAT == "iceberg":
+            from pyiceberg.catalog import load_catalog
+            from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+            catalog = load_catalog("lake", **self.catalog)
+            try:
+                loaded = catalog.load_table(f"lake.orders_{table}")
+                return [(f"snapshot {s.snapshot_id} ({s.summary.operation.value if s.summary else '?'})",
+                         loaded.scan(snapshot_id=s.snapshot_id).to_arrow().column("id").to_pylist())
+                        for s in loaded.snapshots()]
+            except (NoSuchTableError, NoSuchNamespaceError):
+                return []
+            finally:
+                catalog.engine.dispose()  # type: ignore[attr-defined]
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        uri = f"{self.root}/tables/orders_{table}"
+        try:
+            newest = DeltaTable(uri).version()
+        except TableNotFoundError:
+            return []
+        return [(f"version {v}", DeltaTable(uri, version=v).to_pyarrow_table().column("id").to_pylist())
+                for v in range(newest + 1)]
+
+    def rows(self, count: int, schema: pa.Schema = SCHEMA, again: list[int] | None = None) -> pa.Table:
+        """``count`` rows of new ids (and, for an upsert, of the ids ``again``, with new amounts)."""
+        ids = [*(again or []), *range(self.next_id, self.next_id + count)]
         self.next_id += count
-        cols = {"id": ids, "region": [REGIONS[i % 2] for i in ids], "amount": [i * 1.5 for i in ids]}
+        # The amount changes with every epoch, so an upserted row differs from the row it replaces.
+        cols = {"id": ids, "region": [REGIONS[i % 2] for i in ids], "amount": [i * 1.5 + self.next_id for i in ids]}
         if "amount" in schema.names and schema.field("amount").type == pa.string():
             cols["amount"] = [str(v) for v in cols["amount"]]
         return pa.table({n: cols[n] for n in schema.names}, schema=schema)
@@ -243,8 +279,9 @@ class TableSinkModel(RuleBasedStateMachine):
         assert outcome != REFUSED, f"a good epoch of {w.label} was refused: {error}"
 
     def decided_good(self, w: Writer, count: int) -> int:
-        """A good epoch decided commit (moved to a table of its own after a conflict refusal)."""
-        epoch, refusal = self.decided(w, self.rows(count))
+        """A good epoch decided commit (moved to a table of its own after a conflict refusal); an
+        upsert epoch writes two keys of earlier epochs again, if there are any."""
+        epoch, refusal = self.decided(w, self.rows(count, again=self.committed_keys(w)))
         if refusal is not None and w.conflict:
             self.own_table(w)
             epoch, refusal = self.decided(w, self.rows(count))
@@ -255,15 +292,21 @@ class TableSinkModel(RuleBasedStateMachine):
         """The documented way out of a conflict: give the sink a table of its own."""
         w.table = self.tables
         self.expected[self.tables] = Counter()
+        self.states[self.tables] = [Counter()]
         self.tables += 1
         w.conflict = False
 
     def settle(self) -> None:
         """Move the rows of epochs that reached COMMITTED into the expected tables."""
-        for (label, epoch), (table, ids) in list(self.pending.items()):
+        for (label, epoch), (table, ids) in sorted(self.pending.items(), key=lambda item: item[0][1]):
             state = self.writer_named(label).pipeline.state(epoch)
             if state is EpochState.COMMITTED:
-                self.expected[table].update(ids)
+                if self.upsert:  # one row per key: the epoch's rows replace those of its keys
+                    for i in ids:
+                        self.expected[table][i] = 1
+                else:
+                    self.expected[table].update(ids)
+                self.states[table].append(Counter(self.expected[table]))
                 self.owners.setdefault(table, label)
             if state in (EpochState.COMMITTED, EpochState.ABORTED):
                 del self.pending[(label, epoch)]
@@ -272,6 +315,19 @@ class TableSinkModel(RuleBasedStateMachine):
     @rule(count=st.integers(1, 4))
     def good_epoch(self, count: int) -> None:
         self.good_epoch_of(self.main, count)
+
+    def committed_keys(self, w: Writer, most: int = 2) -> list[int]:
+        """Up to ``most`` keys committed into ``w``'s table, for an upsert sink ([] otherwise)."""
+        return sorted(i for i in self.expected[w.table] if i is not None)[:most] if self.upsert else []
+
+    @precondition(lambda self: self.upsert and self.expected[self.main.table])
+    @rule(data=st.data(), count=st.integers(0, 3))
+    def upsert_of_committed_keys(self, data: st.DataObject, count: int) -> None:
+        """An upsert epoch of some keys earlier epochs committed (their rows replaced) and new ones."""
+        committed = self.committed_keys(self.main, most=len(self.expected[self.main.table]))
+        again = data.draw(st.lists(st.sampled_from(committed), min_size=1, max_size=4, unique=True))
+        outcome, error = self.run_epoch(self.main, self.rows(count, again=again))
+        assert outcome != REFUSED or self.main.conflict, f"an upsert of committed keys was refused: {error}"
 
     @precondition(lambda self: self.upsert and "bad_keys" in self.FAULTS)
     @rule(null=st.booleans())
@@ -366,9 +422,10 @@ class TableSinkModel(RuleBasedStateMachine):
     # -- invariants ----------------------------------------------------------------------
     @invariant()
     def after_recovery_every_epoch_finished_and_each_committed_row_in_the_table_once(self) -> None:
-        """Recovery first (it finishes what a crash or a race left COMMITTING), then both checks."""
+        """Recovery first (it finishes what a crash or a race left COMMITTING), then the checks."""
         self.no_epoch_unfinished_after_recovery()
         self.each_committed_row_in_the_table_once()
+        self.every_pinnable_state_holds_whole_epochs()
 
     def no_epoch_unfinished_after_recovery(self) -> None:
         for w in self.writers:
@@ -397,6 +454,14 @@ class TableSinkModel(RuleBasedStateMachine):
             assert not missing and not extra, (
                 f"{self.FORMAT} table {table}: rows of committed epochs missing {missing[:10]}, rows more often "
                 f"than committed {extra[:10]} (writers: {[(w.label, w.table) for w in self.writers]})")
+
+    def every_pinnable_state_holds_whole_epochs(self) -> None:
+        for table, states in self.states.items():
+            for label, ids in self.table_history(table):
+                assert Counter(ids) in states, (
+                    f"{self.FORMAT} table {table}: {label} holds ids {sorted(ids, key=lambda i: (i is None, i or 0))}, "
+                    f"which is no table after a whole committed epoch: a reader pinned to it sees part of an epoch "
+                    f"(the tables after each epoch: {[sorted(s) for s in states]})")
 
 
 class DeltaSinkModel(TableSinkModel):
