@@ -626,3 +626,18 @@ def test_racing_upsert_committers_of_one_epoch_land_it_once(tmp_path: Path, monk
     assert order_rows(table) == [(1, "EU", 1.0), (2, "EU", 20.0), (3, "US", 30.0), (4, "EU", 40.0)]
     assert sorted(r[0] for r in duckdb_rows(table, "order_id")) == [1, 2, 3, 4]
     assert len(table.snapshots()) == 2
+
+
+def test_upsert_on_two_key_columns_replaces_only_the_rows_matching_both(tmp_path: Path) -> None:
+    lake = Lake(tmp_path)
+
+    def by_region_and_id(epoch: int, parts: dict[str, pa.Table]) -> SinkManifest:
+        manifest = lake.stage(epoch, parts)
+        return dataclasses.replace(manifest, table={**manifest.table, "merge_keys": ["region", "order_id"]})
+
+    commit_table(lake.request(1, by_region_and_id(1, eu_us([1, 2], [1, 3]))))
+    result = commit_table(lake.request(2, by_region_and_id(2, amounts_times_ten(eu_us([1], [])))))
+    assert result.how == "merged"
+    table = lake.table()
+    assert order_rows(table) == [(1, "EU", 10.0), (1, "US", 1.0), (2, "EU", 2.0), (3, "US", 3.0)]
+    assert len(table.snapshots()) == 2
