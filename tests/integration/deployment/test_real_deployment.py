@@ -430,7 +430,7 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
     deployment.wait_for(f"the dag-processor to parse {BACKFILL_DAG}", lambda: deployment.api(
         "GET", f"/dags?dag_id_pattern={BACKFILL_DAG}").get("total_entries"), timeout=240)
     deployment.api("PATCH", f"/dags/{BACKFILL_DAG}", {"is_paused": False})
-    runs = {}
+    runs: dict[int, str] = {}
     for hour in (0, 1):  # queued at once; max_active_runs=1 runs them in order
         when = (EXAMPLE.START + timedelta(hours=hour)).isoformat()
         runs[hour] = deployment.api("POST", f"/dags/{BACKFILL_DAG}/dagRuns", {
