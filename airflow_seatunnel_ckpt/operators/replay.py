@@ -18,8 +18,9 @@ and skips the normal epoch's tasks, so the run ends green and the next run is a 
 epoch. :func:`replay_conf` checks the ``conf`` (the keys below and nothing else).
 
 Airflow's own backfill and clear never replay: a cleared committed run finds its epoch
-committed and publishes nothing again, and a backfill run of an already processed logical
-date is a new epoch that reads only input no epoch consumed yet.
+committed and publishes nothing again; ``airflow backfill create`` over a date that has a
+run clears that run (the same run id), and a backfill run of a date without one is a new
+epoch that reads only input no epoch consumed yet.
 """
 
 from __future__ import annotations

