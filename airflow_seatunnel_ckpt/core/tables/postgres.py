@@ -30,10 +30,13 @@ Refusals come first: :func:`precheck` (run by ``Pipeline.decide``) checks the ta
 epoch does not write have a default (a stage that stops writing a column is refused, as
 the Iceberg and Delta sinks refuse it), the merge keys are the table's primary key or
 a unique constraint, the staged keys are never NULL nor repeated, and the owner and
-markers; the commit repeats them inside its transaction (a table altered after the
-decision). After the decision only transient failures remain: a lost connection, a
-serialization failure or a deadlock is retried (tenacity) and then raised as
-:class:`StorageError`, the epoch staying COMMITTING.
+markers; then a trial load (:func:`trial_load`: the commit's own load in a transaction
+always rolled back) finds what only the table knows (its constraints, the values its
+columns hold). The commit repeats the checks inside its transaction (a table altered
+after the decision; rows the table refuses then are final, never retried). After the
+decision only transient failures remain: a lost connection, a serialization failure or a
+deadlock is retried (tenacity) and then raised as :class:`StorageError`, the epoch staying
+COMMITTING.
 
 The connection string comes from the sink's ``conninfo`` or, for ``postgres_conn_id``, from
 a registered secret resolver (the Airflow layer's :mod:`hooks.postgres_connection`), so a
@@ -43,6 +46,7 @@ password is never in the checkpoint store.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,7 +61,7 @@ from psycopg import sql
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
-from airflow_seatunnel_ckpt.core.tables import TableCommit, check_staged_merge_keys, markers, staged_schema
+from airflow_seatunnel_ckpt.core.tables import TableCommit, check_staged_merge_keys, markers, staged_rows, staged_schema
 from airflow_seatunnel_ckpt.core.tables.postgres_options import PostgresOptions, parse
 
 log = logging.getLogger(__name__)
@@ -71,8 +75,31 @@ MERGED = "merged"
 #: The first PostgreSQL version with ``MERGE`` (``server_version`` form).
 MERGE_SINCE = 150000
 #: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock
-#: (both ``OperationalError``), or a racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables.
-TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.UniqueViolation)
+#: (both ``OperationalError``). A racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables
+#: is turned into a :class:`StorageError` where it happens (:func:`_bookkeeping`).
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
+#: Errors in which the table refuses the epoch's rows (a constraint, a value a column cannot hold,
+#: two rows one key, a trigger's ``RAISE``): the same on every attempt, so a refusal, not transient.
+REFUSALS = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.CardinalityViolation,
+            psycopg.errors.RaiseException, psycopg.errors.InsufficientPrivilege)
+#: The column a ``COPY`` error's context names.
+_COPY_COLUMN = re.compile(r"^COPY .*?, line \d+, column (.+?): ")
+#: SQLSTATE -> what the user can do about the rows the table refused (:func:`refused`).
+_WAY_OUT = {
+    "23505": "The table holds one of the epoch's keys already, or two of the epoch's rows are one key as the table "
+             "compares them (a char(n) key compares padded: 'a' and 'a ' are one key): de-duplicate in the stage (an "
+             "append adds every row it is given: rows that may come again need mode 'upsert' with merge_keys)",
+    "23502": "Fill or filter the NULLs in the stage, or give the column a default (or drop NOT NULL)",
+    "23514": "Filter the rows the constraint rejects in the stage, or alter the constraint",
+    "23503": "Load the referenced rows first, or filter the rows without them in the stage",
+    "22001": "Shorten the values in the stage, or widen the column (ALTER TABLE ... ALTER COLUMN ... TYPE)",
+    "22003": "Round or cap the values in the stage, or widen the column's numeric(p,s)",
+    "22021": "PostgreSQL text cannot hold the NUL character (\\x00): remove it in the stage (Spark SQL: "
+             "regexp_replace(col, '\\\\x00', ''))",
+    "21000": "Two of the epoch's rows are one key as the table compares them (char(n) padding, a collation): "
+             "de-duplicate in the stage on the key as the table sees it (e.g. rtrim)",
+    "42501": "Grant the role the privilege, or connect as a role that has it",
+}
 
 #: Arrow type -> the PostgreSQL type ``create_table`` gives a column.
 _CREATE = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "uint8": "smallint",
@@ -124,15 +151,16 @@ def connect(dsn: str, where: str) -> Iterator[psycopg.Connection]:
         yield conn
 
 
-def retrying(request: TableCommit, where: str, what: str) -> tenacity.Retrying:
-    """Transient database errors retried ``request.retries`` times with backoff (then raised)."""
+def retrying(request: TableCommit, where: str, what: str,
+             also: tuple[type[Exception], ...] = ()) -> tenacity.Retrying:
+    """Transient database errors (and ``also``) retried ``request.retries`` times with backoff (then raised)."""
 
     def log_retry(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         log.warning("%s: %s failed (%s: %s); trying again", where, what, type(exc).__name__, exc)
 
     return tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type((*TRANSIENT, StorageError)),
+        retry=tenacity.retry_if_exception_type((*TRANSIENT, StorageError, *also)),
         stop=tenacity.stop_after_attempt(request.retries + 1),
         wait=tenacity.wait_exponential(multiplier=0.05, max=5), before_sleep=log_retry, reraise=True)
 
@@ -146,11 +174,20 @@ def _transient(exc: Exception, request: TableCommit, where: str, what: str) -> S
 
 # -- the commit ------------------------------------------------------------------------
 def commit(request: TableCommit) -> PublishedSink:
-    """Load ``request``'s staged rows and its marker in one transaction (see the module docs)."""
+    """Load ``request``'s staged rows and its marker in one transaction (see the module docs).
+
+    Rows the table refuses (:data:`REFUSALS`) are final: the trial load before the decision
+    found none, so the table changed since, and a retry cannot help. An upsert's unique
+    violation alone is retried first: another writer inserted one of the epoch's keys
+    meanwhile, which the next attempt's ``MERGE`` matches.
+    """
     options, where = identify(request)
     dsn = conninfo(request, options, where)
+    raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()
     try:
-        how = retrying(request, where, "the commit")(_commit_once, request, options, dsn, where)
+        how = retrying(request, where, "the commit", raced)(_commit_once, request, options, dsn, where)
+    except REFUSALS as exc:
+        raise ConfigError(refused(exc, request, options, where)) from exc
     except TRANSIENT as exc:
         raise _transient(exc, request, where, "the commit") from exc
     log.info("%s: %s", where, "the table already holds the epoch (its marker row exists)"
@@ -160,44 +197,91 @@ def commit(request: TableCommit) -> PublishedSink:
 
 def _commit_once(request: TableCommit, options: PostgresOptions, dsn: str, where: str) -> str:
     with connect(dsn, where) as conn:
-        _bookkeeping(conn, options)
+        _bookkeeping(conn, options, where)
         with conn.transaction():
             if not _claim_marker(conn, request, options):
                 return PublishMethod.ALREADY  # a previous or racing commit landed it: this transaction ends empty
             _claim_owner(conn, request, options, where)
-            table = _table_columns(conn, options)
             schema = staged_schema(request, where)
             if schema is None:
                 return PublishMethod.ALREADY
-            if table is None:
-                if not options.create_table:
-                    raise ConfigError(_no_table(options, where))
-                conn.execute(_create_statement(options, schema, where))
-                table = _table_columns(conn, options)
-                assert table is not None
-            check_columns(table, schema, options, where)
-            if options.merge_keys:
-                check_unique(conn, options, where)
-                _upsert(conn, request, options, schema)
-                return MERGED
-            _copy(conn, request, _qualified(options), schema.names)
-            return PublishMethod.COPY
+            return _load(conn, request, options, schema, where)
+
+
+def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,
+          where: str) -> str:
+    """The epoch's rows into the table, inside the caller's transaction: the commit's and the trial load's.
+
+    Creates a missing table (``create_table``), checks its columns (and the merge keys'
+    unique constraint) as the catalog has them now, then ``COPY`` (append) or ``COPY`` and
+    ``MERGE`` (upsert). How the rows landed.
+    """
+    table = _table_columns(conn, options)
+    if table is None:
+        if not options.create_table:
+            raise ConfigError(_no_table(options, where))
+        conn.execute(_create_statement(options, schema, where))
+        table = _table_columns(conn, options)
+        assert table is not None
+    check_columns(table, schema, options, where)
+    if options.merge_keys:
+        check_unique(conn, options, where)
+        _upsert(conn, request, options, schema)
+        return MERGED
+    _copy(conn, request, _qualified(options), schema.names)
+    return PublishMethod.COPY
+
+
+def refused(exc: psycopg.Error, request: TableCommit, options: PostgresOptions, where: str) -> str:
+    """The message for rows the table refused: the table, the column and constraint, the row, the way out."""
+    diag = exc.diag
+    in_copy = _COPY_COLUMN.search(diag.context or "")  # "COPY orders, line 2, column name: "toolong""
+    column = diag.column_name or (in_copy.group(1) if in_copy else None) or (
+        _column_holding_nul(request) if diag.sqlstate == "22021" else None)
+    named = "; ".join(part for part in (
+        f"column {column!r}" if column else "", f"constraint {diag.constraint_name!r}" if diag.constraint_name else "",
+        (diag.message_detail or "").strip(), (diag.context or "").strip().replace("\n", " / ")) if part)
+    return (f"{where}: the table {options.table} refuses the epoch's rows: {(diag.message_primary or str(exc)).strip()}"
+            f"{f' ({named})' if named else ''}. Nothing was committed. "
+            + _WAY_OUT.get(diag.sqlstate or "", "Fix the rows in the stage, or alter the table"))
+
+
+def _column_holding_nul(request: TableCommit) -> str | None:
+    """The first staged text column with a NUL character (PostgreSQL's error names none)."""
+    import pyarrow.compute as pc
+
+    staged = staged_rows(request)
+    for name in staged.column_names:
+        column = staged.column(name)
+        if pa.types.is_string(column.type) and pc.any(pc.match_substring(column, "\x00")).as_py():
+            return str(name)
+    return None
 
 
 def _qualified(options: PostgresOptions, name: str | None = None) -> sql.Identifier:
     return sql.Identifier(options.schema, name or options.name)
 
 
-def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> None:
+def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
     """Create the marker and owner tables in the table's schema if missing (own transaction).
 
     Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
-    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``.
+    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``. Two
+    first commits racing: the loser's ``CREATE`` meets a unique violation in the catalog,
+    raised as a (transient) :class:`StorageError`, and its next attempt finds the tables.
     """
     found = conn.execute("SELECT to_regclass(%s), to_regclass(%s)", (
         _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn))).fetchone()
     if found is not None and None not in found:
         return
+    try:
+        _create_bookkeeping(conn, options)
+    except psycopg.errors.UniqueViolation as exc:
+        raise StorageError(f"{where}: creating {EPOCHS} and {OWNERS} in schema {options.schema} raced another "
+                           f"first commit ({str(exc).strip()}); trying again finds them") from exc
+
+
+def _create_bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> None:
     with conn.transaction():
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (store_id text NOT NULL, pipeline text NOT NULL, sink text NOT NULL, "
@@ -357,11 +441,33 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
         if missing:
             raise ConfigError(f"{where}: merge key(s) {missing} are not among the staged columns {schema.names}")
         _create_statement(options, schema, where)  # refuses columns it cannot create
-        return
-    check_columns(table, schema, options, where)
-    if options.merge_keys:
-        check_unique(conn, options, where)
-    check_privileges(conn, options, where)
+    else:
+        check_columns(table, schema, options, where)
+        if options.merge_keys:
+            check_unique(conn, options, where)
+        check_privileges(conn, options, where)
+    trial_load(conn, request, options, schema, where)
+
+
+def trial_load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,
+               where: str) -> None:
+    """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back.
+
+    Only the table knows some refusals: a key it holds already, NOT NULL, ``varchar(n)``,
+    CHECK and foreign-key constraints, ``numeric(p,s)`` overflow, a NUL character, two keys
+    equal after ``char(n)`` padding, a trigger's ``RAISE``. Met here, they refuse the epoch
+    before its decision (ConfigError, :func:`refused`); met by the commit, they would leave
+    it COMMITTING. Deferred constraints are checked at once (``SET CONSTRAINTS ALL
+    IMMEDIATE``), as the rollback never reaches the ``COMMIT`` that would check them.
+    Costs a second load of the epoch's rows; the rollback leaves dead tuples for vacuum
+    and advances the table's sequences (identity, serial).
+    """
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            _load(conn, request, options, schema, where)
+    except REFUSALS as exc:
+        raise ConfigError(refused(exc, request, options, where)) from exc
 
 
 def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:

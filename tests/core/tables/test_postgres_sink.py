@@ -316,3 +316,71 @@ def test_a_role_without_insert_on_the_table_is_refused_before_the_decision(tmp_p
 
     assert "the role 'reader' lacks INSERT on \"public\".\"orders\"" in reason
     assert epochs.table() == expected([1])
+
+
+# -- refusals only the table knows: found by a trial load before the decision ----------------------
+def rows_of(**columns: list[Any]) -> pa.Table:
+    return pa.table(columns)
+
+
+#: kind -> (the table, an epoch it refuses, a good epoch after it, the sink's options, words the reason holds)
+TABLE_REFUSALS: dict[str, tuple[str, pa.Table, pa.Table, dict[str, Any], list[str]]] = {
+    "primary_key_re_delivered_by_an_append": (
+        "(id bigint PRIMARY KEY, name text)", rows_of(id=[1, 3], name=["a", "c"]), rows_of(id=[3], name=["c"]), {},
+        ["orders_pkey", "Key (id)=(1) already exists", "mode 'upsert'"]),
+    "not_null_given_a_null": (
+        "(id bigint, name text NOT NULL)", rows_of(id=[2, 3], name=["b", None]), rows_of(id=[3], name=["c"]), {},
+        ["column 'name'", "not-null", "NULLs"]),
+    "varchar_too_short": (
+        "(id bigint, name varchar(3))", rows_of(id=[2], name=["toolong"]), rows_of(id=[3], name=["abc"]), {},
+        ["character varying(3)", "column 'name'", "widen the column"]),
+    "check_constraint": (
+        "(id bigint, name text, CONSTRAINT id_positive CHECK (id > 0))", rows_of(id=[-2], name=["b"]),
+        rows_of(id=[3], name=["c"]), {}, ["id_positive", "Failing row contains (-2, b)", "constraint"]),
+    "numeric_overflow": (
+        "(id numeric(3, 1), name text)", rows_of(id=[12345], name=["b"]), rows_of(id=[3], name=["c"]), {},
+        ["numeric field overflow", "column 'id'", "numeric(p,s)"]),
+    "nul_character_in_text": (
+        "(id bigint, name text)", rows_of(id=[2], name=["b\x00b"]), rows_of(id=[3], name=["c"]), {},
+        ["0x00", "column 'name'", "NUL"]),
+    "char_keys_equal_after_padding": (
+        "(name char(4) PRIMARY KEY, id bigint)", rows_of(id=[2, 3], name=["b", "b  "]),
+        rows_of(id=[3], name=["c"]), {"mode": "upsert", "merge_keys": ["name"]}, ["orders_pkey", "char(n)"]),
+}
+
+
+@pytest.mark.parametrize("kind", list(TABLE_REFUSALS))
+def test_a_refusal_only_the_table_knows_aborts_the_epoch_before_the_decision_and_the_next_epoch_commits(
+        tmp_path: Path, postgres_db: str, kind: str) -> None:
+    ddl, bad, good, options, words = TABLE_REFUSALS[kind]
+    epochs = Epochs(tmp_path / "store", postgres_db, **options)
+    epochs.execute(f"CREATE TABLE public.orders {ddl}")
+    epochs.run(rows_of(id=[1], name=["a"]))
+    before = epochs.query("SELECT id::text, name FROM public.orders ORDER BY 1")
+
+    reason = epochs.refused(bad)
+
+    for word in words:
+        assert word in reason, f"{word!r} not in the refusal: {reason}"
+    assert "public.orders" in reason and "epoch 2" in reason
+    assert epochs.query("SELECT id::text, name FROM public.orders ORDER BY 1") == before
+    assert [m[2] for m in epochs.markers()] == [1]
+    epochs.run(good)  # the next epoch, with good rows, commits
+    assert len(epochs.query("SELECT 1 FROM public.orders")) == len(before) + good.num_rows
+
+
+def test_a_row_the_table_refuses_after_the_decision_fails_at_once_naming_the_way_out(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db)
+    epochs.execute("CREATE TABLE public.orders (id bigint PRIMARY KEY, name text, amount float8)")
+    epoch, decision, reason = epochs.decided(rows([1, 2]))
+    assert decision is Decision.COMMIT, reason
+    epochs.execute("INSERT INTO public.orders VALUES (2, 'another writer', 0)")  # after the decision
+
+    with pytest.raises(core_tables.SinkRefusedError, match="orders_pkey") as raised:
+        epochs.pipeline.commit(epoch)
+
+    assert not raised.value.retryable  # a UniqueViolation of the rows is not retried as transient
+    assert "--skip-sink orders" in str(raised.value)
+    assert epochs.pipeline.state(epoch) is EpochState.COMMITTING
+    assert epochs.table() == [(2, "another writer", 0.0)]

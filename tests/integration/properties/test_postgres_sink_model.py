@@ -15,10 +15,21 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import psycopg
+import pyarrow as pa
 import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
 
 from airflow_seatunnel_ckpt.core import EpochState
-from tests.integration.properties.test_table_sink_model import TableSinkModel, model_tests
+from tests.integration.properties.settings import model_settings
+from tests.integration.properties.test_table_sink_model import (
+    COMMITTED,
+    FAILED,
+    FAST,
+    TableSinkModel,
+    model_tests,
+    variant,
+)
 from tests.postgres_server import PostgresServer
 
 pytestmark = pytest.mark.properties
@@ -28,6 +39,7 @@ class PostgresSinkModel(TableSinkModel):
     """The table-sink model with each table a PostgreSQL table (``public.orders_<n>``)."""
 
     FORMAT = "postgres"
+    FAULTS = TableSinkModel.FAULTS | {"table_refusal"}
     #: The session's server (set by the module's autouse fixture: a state machine takes no fixtures).
     server: ClassVar[PostgresServer | None] = None
 
@@ -46,6 +58,18 @@ class PostgresSinkModel(TableSinkModel):
         keys = {"mode": "upsert", "merge_keys": ["id"]} if self.upsert else {}
         return {"type": "postgres", "table": f"public.orders_{table}", "conninfo": self.dsn, "create_table": True,
                 **keys}
+
+    @precondition(lambda self: "table_refusal" in self.FAULTS)
+    @rule(count=st.integers(1, 3))
+    def epoch_the_table_refuses(self, count: int) -> None:
+        """Rows only the table refuses (a NUL character in text): refused before the decision, by the trial load."""
+        rows = self.rows(count)
+        rows = rows.set_column(1, "region", pa.array(["EU\x00"] * count))
+        outcome, error = self.run_epoch(self.main, rows)
+        assert outcome != COMMITTED, "an epoch with a NUL character in a text column committed into the table"
+        assert outcome != FAILED, f"an epoch the table refuses was decided commit and failed after it: {error}"
+        if not self.main.conflict:
+            assert "0x00" in str(error) and "'region'" in str(error), f"the refusal does not name it: {error}"
 
     def target_of(self, options: dict[str, Any]) -> str:
         return f"postgres://conninfo/{options['table']}"
@@ -85,3 +109,6 @@ def _server(postgres_server: PostgresServer) -> None:
 
 
 globals().update(model_tests(PostgresSinkModel, "postgres"))
+_ROWS_REFUSED = variant(PostgresSinkModel, "PostgresRefusesRowsTheTableRefuses", {"table_refusal"})
+_ROWS_REFUSED.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
+test_postgres_sink_refuses_rows_only_the_table_refuses_before_the_decision = _ROWS_REFUSED.TestCase
