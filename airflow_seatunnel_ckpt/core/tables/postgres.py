@@ -140,14 +140,23 @@ def conninfo(request: TableCommit, options: PostgresOptions, where: str) -> str:
 
 
 @contextmanager
-def connect(dsn: str, where: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection (transactions are explicit); a failure to connect is transient."""
+def connect(dsn: str, options: PostgresOptions, where: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection (transactions are explicit) with the sink's bounded waits.
+
+    ``lock_timeout`` makes a wait for a lock (the marker row of a committer paused
+    mid-transaction) fail, transiently, instead of blocking until TCP notices;
+    ``idle_in_transaction_session_timeout`` makes the server end such a paused session,
+    releasing its locks for the next attempt. A failure to connect is transient.
+    """
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=30, application_name="seatunnel-ckpt")
     except psycopg.OperationalError as exc:
         raise StorageError(f"{where}: cannot connect to PostgreSQL: {str(exc).strip()}. Check the connection "
                            "(host, port, credentials) and retry") from exc
     with conn:
+        settings = options.session_settings()
+        conn.execute(sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+            sql.SQL("set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v)) for k, v in settings.items())))
         yield conn
 
 
@@ -166,9 +175,16 @@ def retrying(request: TableCommit, where: str, what: str,
 
 
 def _transient(exc: Exception, request: TableCommit, where: str, what: str) -> StorageError:
+    waited = ""
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        waited = (" Another session holds a lock it needs past lock_timeout_s (e.g. a committer of this epoch "
+                  "paused inside its transaction, which the server ends after idle_in_transaction_timeout_s; "
+                  "pg_stat_activity shows it).")
+    elif isinstance(exc, psycopg.errors.QueryCanceled):
+        waited = " A statement ran past statement_timeout_s; raise it in the sink's options for epochs this large."
     return StorageError(
         f"{where}: {what} failed {request.retries + 1} time(s), last with {type(exc).__name__}: "
-        f"{str(exc).strip()}. The database rolled the transaction back, so nothing of the epoch is in the "
+        f"{str(exc).strip()}.{waited} The database rolled the transaction back, so nothing of the epoch is in the "
         "table; run it again (the commit task's retry or the recovery DAG)")
 
 
@@ -196,7 +212,7 @@ def commit(request: TableCommit) -> PublishedSink:
 
 
 def _commit_once(request: TableCommit, options: PostgresOptions, dsn: str, where: str) -> str:
-    with connect(dsn, where) as conn:
+    with connect(dsn, options, where) as conn:
         _bookkeeping(conn, options, where)
         with conn.transaction():
             if not _claim_marker(conn, request, options):
@@ -415,7 +431,7 @@ def precheck(request: TableCommit) -> None:
     dsn = conninfo(request, options, where)
     try:
         for attempt in retrying(request, where, "reading the table's catalog"):
-            with attempt, connect(dsn, where) as conn:
+            with attempt, connect(dsn, options, where) as conn:
                 _precheck_table(conn, request, options, schema, where)
     except TRANSIENT as exc:
         raise _transient(exc, request, where, "reading the table's catalog") from exc

@@ -1,7 +1,9 @@
 """The PostgreSQL sink's options, checked without psycopg (a DAG is parsed without it).
 
 ``{"type": "postgres", "table": "<schema>.<name>", "postgres_conn_id": "...", "mode":
-"append" | "upsert", "merge_keys": [...], "create_table": false}``; ``conninfo`` (a libpq
+"append" | "upsert", "merge_keys": [...], "create_table": false}`` and the session's bounded
+waits (``lock_timeout_s``, ``statement_timeout_s``, ``idle_in_transaction_timeout_s``);
+``conninfo`` (a libpq
 connection string without a password) instead of ``postgres_conn_id`` where no Airflow
 connection exists (the core's own tests, a script). The options travel in the prepared
 record; a password never does: it comes from the connection when the commit runs.
@@ -20,6 +22,9 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 #: The sink's two modes: each epoch's rows added, or merged on ``merge_keys``.
 MODES = ("append", "upsert")
+#: The session's timeouts (seconds) and their defaults: a lock wait (a paused committer holding the
+#: epoch's marker row), one statement (a large epoch's COPY), a transaction left idle by its client.
+TIMEOUTS = {"lock_timeout_s": 30.0, "statement_timeout_s": 3600.0, "idle_in_transaction_timeout_s": 60.0}
 #: A password in a libpq connection string, keyword form or URL form.
 _PASSWORD = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
 
@@ -35,6 +40,14 @@ class PostgresOptions:
     create_table: bool
     postgres_conn_id: str
     conninfo: str
+    #: How long a statement waits for a lock (the marker row a paused committer holds) before it
+    #: fails, transiently: the commit is retried and the epoch stays COMMITTING meanwhile.
+    lock_timeout_s: float = TIMEOUTS["lock_timeout_s"]
+    #: How long one statement may run (a large epoch's ``COPY`` or ``MERGE``).
+    statement_timeout_s: float = TIMEOUTS["statement_timeout_s"]
+    #: How long the server keeps a transaction whose client went quiet (a paused or hung
+    #: committer) before it ends the session, releasing its locks.
+    idle_in_transaction_timeout_s: float = TIMEOUTS["idle_in_transaction_timeout_s"]
 
     @property
     def table(self) -> str:
@@ -68,7 +81,17 @@ class PostgresOptions:
             out["postgres_conn_id"] = self.postgres_conn_id
         if self.conninfo:
             out["conninfo"] = self.conninfo
+        out.update({name: getattr(self, name) for name, default in TIMEOUTS.items() if getattr(self, name) != default})
         return out
+
+    def session_settings(self) -> dict[str, str]:
+        """The PostgreSQL settings each connection of the sink sets (milliseconds)."""
+        return {"lock_timeout": _ms(self.lock_timeout_s), "statement_timeout": _ms(self.statement_timeout_s),
+                "idle_in_transaction_session_timeout": _ms(self.idle_in_transaction_timeout_s)}
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, round(seconds * 1000)))
 
 
 def _conninfo_fields(conninfo: str) -> dict[str, str]:
@@ -114,5 +137,12 @@ def parse(options: Mapping[str, Any], where: str) -> PostgresOptions:
         raise ConfigError(f"{where}: conninfo holds a password, and the sink's options are stored in the "
                           "checkpoint store; put the credentials in an Airflow Postgres connection and name it in "
                           "postgres_conn_id (or use a password file, PGPASSFILE)")
+    timeouts = {}
+    for option, default in TIMEOUTS.items():
+        value = options.get(option, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 7 * 24 * 3600:
+            raise ConfigError(f"{where}: {option} must be a number of seconds above 0 (at most a week), got {value!r}; "
+                              f"the default is {default:g}")
+        timeouts[option] = float(value)
     return PostgresOptions(schema or "public", name, mode, tuple(keys), bool(options.get("create_table", False)),
-                           conn_id, conninfo)
+                           conn_id, conninfo, **timeouts)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -384,3 +386,63 @@ def test_a_row_the_table_refuses_after_the_decision_fails_at_once_naming_the_way
     assert "--skip-sink orders" in str(raised.value)
     assert epochs.pipeline.state(epoch) is EpochState.COMMITTING
     assert epochs.table() == [(2, "another writer", 0.0)]
+
+
+def test_a_committer_holding_the_marker_rows_lock_times_out_the_retries_which_stay_committing(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True, lock_timeout_s=0.2)
+    epochs.run(rows([1]))
+    epoch, decision, reason = epochs.decided(rows([2, 3]))
+    assert decision is Decision.COMMIT, reason
+    store_id = epochs.pipeline.store_id()
+    holder = psycopg.connect(postgres_db)  # a committer paused inside its transaction, holding the marker row
+    holder.execute("INSERT INTO public.seatunnel_ckpt_epochs (store_id, pipeline, sink, epoch, target_table, store, "
+                   "rows) VALUES (%s, 'orders', 'orders', %s, 'public.orders', 'paused', 2)", (store_id, epoch))
+    release = threading.Timer(20, holder.rollback)  # without a lock timeout the commit waits for this
+    release.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(StorageError, match="lock timeout") as raised:
+            epochs.open().commit(epoch)
+        assert time.monotonic() - started < 15
+        assert raised.value.retryable
+        assert epochs.pipeline.state(epoch) is EpochState.COMMITTING
+    finally:
+        release.cancel()
+        holder.rollback()
+        holder.close()
+
+    epochs.open().commit(epoch)  # the paused committer gone, the next retry lands the epoch
+    assert epochs.pipeline.state(epoch) is EpochState.COMMITTED
+    assert epochs.table() == expected([1, 2, 3])
+
+
+def test_a_committer_paused_inside_its_transaction_is_ended_by_the_server_and_the_next_commit_lands(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True, idle_in_transaction_timeout_s=0.5)
+    epochs.run(rows([1]))
+    epoch, decision, reason = epochs.decided(rows([2, 3]))
+    assert decision is Decision.COMMIT, reason
+    options = parse(epochs.options, "sink 'orders'")
+    # The server ends the paused session; its client learns it only when it speaks again (here: at the end).
+    with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout), \
+            postgres_tables.connect(postgres_db, options, "the paused committer") as paused:
+        paused.execute("BEGIN")  # a committer's session as the sink opens it, then quiet inside its transaction
+        paused.execute("INSERT INTO public.seatunnel_ckpt_epochs (store_id, pipeline, sink, epoch, target_table, "
+                       "store, rows) VALUES (%s, 'orders', 'orders', %s, 'public.orders', 'paused', 2)",
+                       (epochs.pipeline.store_id(), epoch))
+        started = time.monotonic()
+        epochs.open().commit(epoch)  # waits on the marker row until the server ends the paused session
+        assert time.monotonic() - started < 10
+    assert epochs.pipeline.state(epoch) is EpochState.COMMITTED
+    assert epochs.table() == expected([1, 2, 3])
+
+
+def test_the_sessions_timeouts_are_bounded_options_checked_when_the_sink_is_declared() -> None:
+    options = parse({"table": "t", "conninfo": "host=db", "lock_timeout_s": 5}, "sink 'orders'")
+    assert options.session_settings() == {"lock_timeout": "5000", "statement_timeout": "3600000",
+                                          "idle_in_transaction_session_timeout": "60000"}
+    assert options.to_options()["lock_timeout_s"] == 5.0 and "statement_timeout_s" not in options.to_options()
+    for bad in (0, -1, "30", True, None):
+        with pytest.raises(ConfigError, match="lock_timeout_s must be a number of seconds above 0"):
+            parse({"table": "t", "conninfo": "host=db", "lock_timeout_s": bad}, "sink 'orders'")
