@@ -14,7 +14,7 @@ exactly once. Everything happens in **one** transaction:
    (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
    lacks too (:func:`markers.check_marker`).
 3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by pyarrow
-   from the staged Parquet); ``upsert``: ``COPY`` into a temporary table, then ``MERGE`` it
+   from the staged Parquet, streamed batch by batch); ``upsert``: ``COPY`` into a temporary table, then ``MERGE`` it
    into the table on ``merge_keys`` (``INSERT ... ON CONFLICT DO UPDATE`` before PostgreSQL
    15). A new table is created first when ``create_table`` is set (the merge keys its
    primary key).
@@ -72,6 +72,8 @@ EPOCHS = "seatunnel_ckpt_epochs"
 OWNERS = "seatunnel_ckpt_owners"
 #: How the result names an upsert's commit.
 MERGED = "merged"
+#: Rows per batch a ``COPY`` streams from the staged Parquet (its memory: one batch and its CSV).
+COPY_BATCH_ROWS = 16384
 #: The first PostgreSQL version with ``MERGE`` (``server_version`` form).
 MERGE_SINCE = 150000
 #: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock
@@ -349,20 +351,24 @@ def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: P
 
 
 def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable, columns: Sequence[str]) -> None:
-    """``COPY`` the staged files' rows into ``table``, file by file, as CSV written by pyarrow."""
+    """``COPY`` the staged files' rows into ``table``, streamed: one Parquet batch at a time as CSV.
+
+    Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
+    each batch is read from its file, written as CSV by pyarrow and handed to the ``COPY``.
+    """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         table, sql.SQL(", ").join(map(sql.Identifier, columns)))
-    options = pa_csv.WriteOptions(include_header=False, batch_size=65536)
+    options = pa_csv.WriteOptions(include_header=False, batch_size=COPY_BATCH_ROWS)
     with conn.cursor() as cur, cur.copy(statement) as copy:
         for f in request.sink.files:
             if not f.path.endswith(".parquet"):
                 continue
             with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
-                rows = pq.read_table(fh, columns=list(columns))
-            if rows.num_rows:
-                out = pa.BufferOutputStream()
-                pa_csv.write_csv(rows, out, options)
-                copy.write(memoryview(out.getvalue()))
+                for batch in pq.ParquetFile(fh).iter_batches(batch_size=COPY_BATCH_ROWS, columns=list(columns)):
+                    if batch.num_rows:
+                        out = pa.BufferOutputStream()
+                        pa_csv.write_csv(batch, out, options)
+                        copy.write(memoryview(out.getvalue()))
 
 
 def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema) -> None:

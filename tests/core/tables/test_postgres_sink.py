@@ -446,3 +446,41 @@ def test_the_sessions_timeouts_are_bounded_options_checked_when_the_sink_is_decl
     for bad in (0, -1, "30", True, None):
         with pytest.raises(ConfigError, match="lock_timeout_s must be a number of seconds above 0"):
             parse({"table": "t", "conninfo": "host=db", "lock_timeout_s": bad}, "sink 'orders'")
+
+
+#: The Arrow memory pools the tests measured with (never freed: see their use).
+_POOLS: list[pa.MemoryPool] = []
+
+
+def test_a_large_epoch_is_loaded_batch_by_batch_within_bounded_arrow_memory(epochs: Epochs) -> None:
+    count = 800_000
+    ids = list(range(count))
+    big = pa.table({"id": ids, "name": [f"customer-{i:012d}" for i in ids], "amount": [i * 1.5 for i in ids]},
+                   schema=SCHEMA)
+    epoch, decision, reason = epochs.decided(rows([count]))  # small: the table exists before the large epoch
+    assert decision is Decision.COMMIT, reason
+    epochs.pipeline.commit(epoch)
+    staging = epochs.pipeline.staging_path(epochs.pipeline.begin("run-large").epoch, 1, "orders")
+    buf = io.BytesIO()
+    pq.write_table(big, buf, row_group_size=50_000)  # sixteen row groups
+    epochs.pipeline.storage.write_atomic(f"{staging}/part-00000.parquet", buf.getvalue())
+    large = epochs.pipeline.epochs()[-1]
+    manifest = epochs.pipeline.manifest_for_staged(large, 1, "orders", "postgres://test/public.orders", count)
+    manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=epochs.options)
+    epochs.pipeline.prepare(large, "ingest", 1, run_id="run-large", sinks=[manifest])
+    assert epochs.pipeline.decide(large, Decision.COMMIT, "all prepared", by="test").decision is Decision.COMMIT
+
+    pool = pa.proxy_memory_pool(pa.default_memory_pool())  # counts what the commit allocates in Arrow
+    _POOLS.append(pool)  # kept alive: a buffer it allocated must never outlive it
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        epochs.pipeline.commit(large)
+    finally:
+        pa.set_memory_pool(previous)
+
+    assert epochs.query(f"SELECT count(*), sum(id), count(DISTINCT name) FROM public.orders WHERE id < {count}"
+                        ) == [(count, sum(ids), count)]
+    decoded = big.nbytes  # the epoch's rows in Arrow memory (about 33 MB; read whole, with their CSV: 75 MB)
+    assert pool.max_memory() < decoded / 3, (
+        f"the commit's Arrow memory peaked at {pool.max_memory():,} bytes for {decoded:,} bytes of rows")
