@@ -10,7 +10,8 @@ exactly once. Everything happens in **one** transaction:
    the second committer rolls back ("already"); if it rolled back (its connection died), the
    second one goes on. A commit retried after its transaction committed finds the row too.
 2. **the table's owner**: ``<schema>.seatunnel_ckpt_owners`` (one row per table: store id,
-   pipeline) is claimed by the first commit; another store's or pipeline's table is refused
+   pipeline) is claimed before the first epoch's decision (:func:`claim_owner`), else by the
+   first commit; another store's or pipeline's table is refused
    (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
    lacks too (:func:`markers.check_marker`).
 3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by pyarrow
@@ -322,14 +323,15 @@ def _claim_marker(conn: psycopg.Connection, request: TableCommit, options: Postg
     return row.fetchone() is not None
 
 
-def _claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
-    """Claim the table for this store's pipeline (first commit), then judge owner and markers."""
+def _claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str, *,
+                 decided: bool = True) -> None:
+    """Claim the table for this store's pipeline (if nobody has), then judge owner and markers."""
     owner = markers.owner_for(request)
     conn.execute(sql.SQL("INSERT INTO {} (target_table, store_id, pipeline, store) VALUES (%s, %s, %s, %s) "
                          "ON CONFLICT DO NOTHING").format(_qualified(options, OWNERS)),
                  (options.table, owner.store_id, owner.pipeline, owner.store))
     found, marker = _owner_and_marker(conn, request, options, exclude_own=True)
-    markers.check_marker(request, found, marker, where, decided=True)
+    markers.check_marker(request, found, marker, where, decided=decided)
 
 
 def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, *,
@@ -469,6 +471,21 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
             check_unique(conn, options, where)
         check_privileges(conn, options, where)
     trial_load(conn, request, options, schema, where)
+    if owner is None:
+        claim_owner(conn, request, options, where)
+
+
+def claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """Claim a table nobody owns yet for this store's pipeline, before the decision (committed at once).
+
+    Two stores' (or pipelines') first epochs into one table: the first precheck to claim it
+    owns it, and the other is refused before its decision (:class:`TableOwnershipError`)
+    instead of by its commit after it. A claim whose epoch is aborted after all stays: the
+    table is this pipeline's, as after its first commit.
+    """
+    _bookkeeping(conn, options, where)
+    with conn.transaction():
+        _claim_owner(conn, request, options, where, decided=False)
 
 
 def trial_load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,

@@ -484,3 +484,19 @@ def test_a_large_epoch_is_loaded_batch_by_batch_within_bounded_arrow_memory(epoc
     decoded = big.nbytes  # the epoch's rows in Arrow memory (about 33 MB; read whole, with their CSV: 75 MB)
     assert pool.max_memory() < decoded / 3, (
         f"the commit's Arrow memory peaked at {pool.max_memory():,} bytes for {decoded:,} bytes of rows")
+
+
+def test_two_stores_first_epochs_into_a_table_nobody_owns_yet_refuse_the_second_before_its_decision(
+        tmp_path: Path, postgres_db: str) -> None:
+    first = Epochs(tmp_path / "store-a", postgres_db, create_table=True)
+    second = Epochs(tmp_path / "store-b", postgres_db, create_table=True)
+    epoch, decision, reason = first.decided(rows([1]))  # decided, not yet committed: the table has no owner row
+    assert decision is Decision.COMMIT, reason
+
+    refusal = second.refused(rows([2]))
+
+    assert "the table belongs to pipeline 'orders' of store" in refusal
+    assert "DELETE FROM public.seatunnel_ckpt_owners WHERE target_table = 'public.orders'" in refusal
+    first.pipeline.commit(epoch)
+    first.run(rows([3]))
+    assert first.table() == expected([1, 3])
