@@ -14,11 +14,12 @@ exactly once. Everything happens in **one** transaction:
    first commit; another store's or pipeline's table is refused
    (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
    lacks too (:func:`markers.check_marker`).
-3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by pyarrow
-   from the staged Parquet, streamed batch by batch); ``upsert``: ``COPY`` into a temporary table, then ``MERGE`` it
-   into the table on ``merge_keys`` (``INSERT ... ON CONFLICT DO UPDATE`` before PostgreSQL
-   15). A new table is created first when ``create_table`` is set (the merge keys its
-   primary key).
+3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by
+   pyarrow from the staged Parquet, streamed batch by batch); ``upsert``: ``COPY`` into a
+   temporary table, then ``MERGE`` it into the table on ``merge_keys`` (``INSERT ... ON
+   CONFLICT DO UPDATE`` before PostgreSQL 15). A new table is created first when
+   ``create_table`` is set (the merge keys its primary key). ``epoch_column`` is filled
+   with the epoch; a replay first deletes the rows of the epochs it replaces by it.
 
 The transaction commits the rows and the marker together, so the marker says exactly
 whether the epoch landed, also after a crash between the database's commit and the log's
@@ -73,6 +74,8 @@ EPOCHS = "seatunnel_ckpt_epochs"
 OWNERS = "seatunnel_ckpt_owners"
 #: How the result names an upsert's commit.
 MERGED = "merged"
+#: How the result names a replay's commit (the replaced epochs' rows deleted, the new ones added).
+REPLACED = "replaced"
 #: Rows per batch a ``COPY`` streams from the staged Parquet (its memory: one batch and its CSV).
 COPY_BATCH_ROWS = 16384
 #: The first PostgreSQL version with ``MERGE`` (``server_version`` form).
@@ -221,34 +224,72 @@ def _commit_once(request: TableCommit, options: PostgresOptions, dsn: str, where
             if not _claim_marker(conn, request, options):
                 return PublishMethod.ALREADY  # a previous or racing commit landed it: this transaction ends empty
             _claim_owner(conn, request, options, where)
-            schema = staged_schema(request, where)
-            if schema is None:
-                return PublishMethod.ALREADY
-            return _load(conn, request, options, schema, where)
+            return _load(conn, request, options, staged_schema(request, where), where)
 
 
-def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,
+def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema | None,
           where: str) -> str:
     """The epoch's rows into the table, inside the caller's transaction: the commit's and the trial load's.
 
+    A replay first deletes the rows of the epochs it replaces (:func:`_delete_replaced`).
     Creates a missing table (``create_table``), checks its columns (and the merge keys'
     unique constraint) as the catalog has them now, then ``COPY`` (append) or ``COPY`` and
-    ``MERGE`` (upsert). How the rows landed.
+    ``MERGE`` (upsert), ``epoch_column`` filled with the epoch. How the rows landed.
     """
+    if request.sink.replaces:
+        _delete_replaced(conn, request, options, where)
+    if schema is None:  # no staged file: nothing to load
+        return REPLACED if request.sink.replaces else PublishMethod.ALREADY
+    written = _written(schema, options, where)
     table = _table_columns(conn, options)
     if table is None:
         if not options.create_table:
             raise ConfigError(_no_table(options, where))
-        conn.execute(_create_statement(options, schema, where))
+        conn.execute(_create_statement(options, written, where))
         table = _table_columns(conn, options)
         assert table is not None
-    check_columns(table, schema, options, where)
+    check_columns(table, written, options, where)
     if options.merge_keys:
         check_unique(conn, options, where)
-        _upsert(conn, request, options, schema)
+        _upsert(conn, request, options, written)
         return MERGED
-    _copy(conn, request, _qualified(options), schema.names)
-    return PublishMethod.COPY
+    _copy(conn, request, _qualified(options), written.names, options)
+    return REPLACED if request.sink.replaces else PublishMethod.COPY
+
+
+def _written(schema: pa.Schema, options: PostgresOptions, where: str) -> pa.Schema:
+    """The columns a commit writes: the staged ones and ``epoch_column`` (``bigint``, the epoch)."""
+    if not options.epoch_column:
+        return schema
+    if options.epoch_column in schema.names:
+        raise ConfigError(f"{where}: the staged files have a column {options.epoch_column!r}, which the sink fills "
+                          "with the epoch (epoch_column); drop or rename it in the stage, or name another epoch_column")
+    return schema.append(pa.field(options.epoch_column, pa.int64()))
+
+
+def _delete_replaced(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """Delete the rows the epochs a replay replaces appended (``epoch_column`` says which).
+
+    Refused (ConfigError) without ``epoch_column``, and when the marker table records any of
+    those epochs for another store or pipeline (a table handed over): their rows carry the
+    same numbers, and only this pipeline's may go.
+    """
+    replaced = sorted(request.sink.replaces)
+    if not options.epoch_column:
+        raise ConfigError(f"{where}: a replay replaces epochs {replaced} of the table {options.table}, whose rows a "
+                          "commit tells apart by epoch only through epoch_column, which the sink's options lack now. "
+                          "Nothing was changed. Give the sink its epoch_column back, then replay again")
+    others = conn.execute(sql.SQL(
+        "SELECT DISTINCT store_id, pipeline FROM {} WHERE target_table = %s AND epoch = ANY(%s) "
+        "AND (store_id, pipeline) <> (%s, %s)").format(_qualified(options, EPOCHS)),
+        (options.table, replaced, markers.store_id_of(request), request.pipeline)).fetchall()
+    if others:
+        raise ConfigError(f"{where}: the table {options.table} also holds epochs {replaced} of {others} (store id, "
+                          f"pipeline; the table was handed over), and {options.epoch_column!r} cannot tell their rows "
+                          "from this pipeline's. Nothing was changed. Replay into a table of this pipeline alone, or "
+                          "delete the replaced rows yourself")
+    conn.execute(sql.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
+        _qualified(options), sql.Identifier(options.epoch_column)), (replaced,))
 
 
 def refused(exc: psycopg.Error, request: TableCommit, options: PostgresOptions, where: str) -> str:
@@ -352,25 +393,33 @@ def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: P
     return owner, (None if epoch is None else markers.Marker(store_id, request.pipeline, request.sink.sink, epoch))
 
 
-def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable, columns: Sequence[str]) -> None:
+def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable, columns: Sequence[str],
+          options: PostgresOptions) -> None:
     """``COPY`` the staged files' rows into ``table``, streamed: one Parquet batch at a time as CSV.
 
     Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
     each batch is read from its file, written as CSV by pyarrow and handed to the ``COPY``.
+    ``options.epoch_column`` among ``columns`` is filled with the epoch.
     """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         table, sql.SQL(", ").join(map(sql.Identifier, columns)))
-    options = pa_csv.WriteOptions(include_header=False, batch_size=COPY_BATCH_ROWS)
+    staged = [c for c in columns if c != options.epoch_column]
+    stamped = len(staged) < len(columns)
+    csv = pa_csv.WriteOptions(include_header=False, batch_size=COPY_BATCH_ROWS)
     with conn.cursor() as cur, cur.copy(statement) as copy:
         for f in request.sink.files:
             if not f.path.endswith(".parquet"):
                 continue
             with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
-                for batch in pq.ParquetFile(fh).iter_batches(batch_size=COPY_BATCH_ROWS, columns=list(columns)):
-                    if batch.num_rows:
-                        out = pa.BufferOutputStream()
-                        pa_csv.write_csv(batch, out, options)
-                        copy.write(memoryview(out.getvalue()))
+                for batch in pq.ParquetFile(fh).iter_batches(batch_size=COPY_BATCH_ROWS, columns=staged):
+                    if not batch.num_rows:
+                        continue
+                    if stamped:
+                        batch = batch.append_column(options.epoch_column,
+                                                    pa.repeat(pa.scalar(request.epoch, pa.int64()), batch.num_rows))
+                    out = pa.BufferOutputStream()
+                    pa_csv.write_csv(batch.select(list(columns)), out, csv)
+                    copy.write(memoryview(out.getvalue()))
 
 
 def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema) -> None:
@@ -387,7 +436,7 @@ def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOpt
     columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
         staging, columns, _qualified(options)))
-    _copy(conn, request, staging, schema.names)
+    _copy(conn, request, staging, schema.names, options)
     others = [c for c in schema.names if c not in options.merge_keys]
     if conn.info.server_version >= MERGE_SINCE:
         conn.execute(sql.SQL("ANALYZE {}").format(staging))
@@ -454,6 +503,7 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
             f"{where}: the marker table {options.schema}.{EPOCHS} records epoch {newest} of this sink, beyond this "
             "epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
             "table, or rename the pipeline or the sink")
+    written = _written(schema, options, where)
     table = _table_columns(conn, options)
     if table is None:
         if not options.create_table:
@@ -464,9 +514,9 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
         missing = [k for k in options.merge_keys if k not in schema.names]
         if missing:
             raise ConfigError(f"{where}: merge key(s) {missing} are not among the staged columns {schema.names}")
-        _create_statement(options, schema, where)  # refuses columns it cannot create
+        _create_statement(options, written, where)  # refuses columns it cannot create
     else:
-        check_columns(table, schema, options, where)
+        check_columns(table, written, options, where)
         if options.merge_keys:
             check_unique(conn, options, where)
         check_privileges(conn, options, where)

@@ -23,6 +23,7 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decis
 from airflow_seatunnel_ckpt.core import tables as core_tables
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import SinkMode
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
 from airflow_seatunnel_ckpt.core.tables import postgres as postgres_tables
@@ -500,3 +501,58 @@ def test_two_stores_first_epochs_into_a_table_nobody_owns_yet_refuse_the_second_
     first.pipeline.commit(epoch)
     first.run(rows([3]))
     assert first.table() == expected([1, 3])
+
+
+# -- a replay of an append sink ------------------------------------------------------------------
+def replay_from(epochs: Epochs, start: int, suffix: str, read: dict[int, list[int]]) -> int:
+    """Replay epochs ``start``.. as the stage runtime does, each replayed epoch's rows (the ids it ``read``
+    again, names with ``suffix``) staged below ``replayed-<epoch>/``; the replay's epoch."""
+    p = epochs.pipeline
+    plan = plan_replay(p, start)
+    epoch, run_id = begin_replay(p, plan, reason="fix", by="test")
+    staging = p.staging_path(epoch, 1, "orders")
+    count = 0
+    for e in plan.epochs:
+        ids = read[e]
+        buf = io.BytesIO()
+        pq.write_table(rows(ids, suffix), buf)
+        p.storage.write_atomic(f"{staging}/replayed-{e}/part-00000.parquet", buf.getvalue())
+        count += len(ids)
+    manifest = p.manifest_for_staged(epoch, 1, "orders", "postgres://test/public.orders", count)
+    manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=epochs.options)
+    finish_replay(p, epoch, run_id, plan, 1, sinks=[manifest], operators={}, reason="fix", by="test")
+    return epoch
+
+
+def test_a_replay_of_an_append_sink_leaves_every_row_once_with_the_replayed_epochs_rows_replaced(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True, epoch_column="_seatunnel_epoch")
+    read = {epochs.run(rows(ids)): ids for ids in ([1, 2], [3], [4, 5])}
+
+    replay = replay_from(epochs, 2, "-v2", read)
+
+    assert epochs.table() == [(1, "n1", 1.5), (2, "n2", 3.0), (3, "n3-v2", 4.5), (4, "n4-v2", 6.0),
+                              (5, "n5-v2", 7.5)]
+    assert epochs.query("SELECT _seatunnel_epoch, count(*) FROM public.orders GROUP BY 1 ORDER BY 1") == [
+        (1, 2), (replay, 3)]
+    again = replay_from(epochs, 2, "-v3", read)  # a replay of a range holding the earlier replay replaces it too
+    assert epochs.table() == [(1, "n1", 1.5), (2, "n2", 3.0), (3, "n3-v3", 4.5), (4, "n4-v3", 6.0),
+                              (5, "n5-v3", 7.5)]
+    assert epochs.query("SELECT DISTINCT _seatunnel_epoch FROM public.orders ORDER BY 1") == [(1,), (again,)]
+    epochs.run(rows([6]))  # and the next epoch runs
+    assert [r[0] for r in epochs.table()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_replay_of_an_append_sink_without_an_epoch_column_is_refused_when_it_is_planned(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
+    epochs.run(rows([1]))
+    epochs.run(rows([2]))
+    before = epochs.pipeline.epochs()
+
+    with pytest.raises(ReplayError, match="without an epoch_column in epoch\\(s\\) \\[2\\]") as raised:
+        plan_replay(epochs.pipeline, 2)
+
+    assert "ALTER TABLE public.orders ADD COLUMN _seatunnel_epoch bigint" in str(raised.value)
+    assert epochs.pipeline.epochs() == before  # nothing begun
+    assert epochs.table() == expected([1, 2])
