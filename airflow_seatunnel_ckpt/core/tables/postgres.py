@@ -486,12 +486,15 @@ def precheck(request: TableCommit) -> None:
     if options.merge_keys:
         check_staged_merge_keys(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)
+    raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()  # as in the commit
     try:
-        for attempt in retrying(request, where, "reading the table's catalog"):
+        for attempt in retrying(request, where, "the trial load", raced):
             with attempt, connect(dsn, options, where) as conn:
                 _precheck_table(conn, request, options, schema, where)
+    except REFUSALS as exc:
+        raise ConfigError(refused(exc, request, options, where)) from exc
     except TRANSIENT as exc:
-        raise _transient(exc, request, where, "reading the table's catalog") from exc
+        raise _transient(exc, request, where, "the trial load") from exc
 
 
 def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,
@@ -544,19 +547,17 @@ def trial_load(conn: psycopg.Connection, request: TableCommit, options: Postgres
 
     Only the table knows some refusals: a key it holds already, NOT NULL, ``varchar(n)``,
     CHECK and foreign-key constraints, ``numeric(p,s)`` overflow, a NUL character, two keys
-    equal after ``char(n)`` padding, a trigger's ``RAISE``. Met here, they refuse the epoch
-    before its decision (ConfigError, :func:`refused`); met by the commit, they would leave
-    it COMMITTING. Deferred constraints are checked at once (``SET CONSTRAINTS ALL
-    IMMEDIATE``), as the rollback never reaches the ``COMMIT`` that would check them.
-    Costs a second load of the epoch's rows; the rollback leaves dead tuples for vacuum
-    and advances the table's sequences (identity, serial).
+    equal after ``char(n)`` padding, a trigger's ``RAISE`` (:data:`REFUSALS`, which
+    :func:`precheck` raises as ConfigError, :func:`refused`). Met here, they refuse the
+    epoch before its decision; met by the commit, they would leave it COMMITTING. Deferred
+    constraints are checked at once (``SET CONSTRAINTS ALL IMMEDIATE``), as the rollback
+    never reaches the ``COMMIT`` that would check them. Costs a second load of the epoch's
+    rows; the rollback leaves dead tuples for vacuum and advances the table's sequences
+    (identity, serial).
     """
-    try:
-        with conn.transaction(force_rollback=True):
-            conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
-            _load(conn, request, options, schema, where)
-    except REFUSALS as exc:
-        raise ConfigError(refused(exc, request, options, where)) from exc
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        _load(conn, request, options, schema, where)
 
 
 def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:

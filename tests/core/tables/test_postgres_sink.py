@@ -346,6 +346,9 @@ TABLE_REFUSALS: dict[str, tuple[str, pa.Table, pa.Table, dict[str, Any], list[st
     "nul_character_in_text": (
         "(id bigint, name text)", rows_of(id=[2], name=["b\x00b"]), rows_of(id=[3], name=["c"]), {},
         ["0x00", "column 'name'", "NUL"]),
+    "deferred_unique_constraint": (
+        "(id bigint, name text, CONSTRAINT id_unique UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)",
+        rows_of(id=[1], name=["again"]), rows_of(id=[3], name=["c"]), {}, ["id_unique", "Key (id)=(1)"]),
     "char_keys_equal_after_padding": (
         "(name char(4) PRIMARY KEY, id bigint)", rows_of(id=[2, 3], name=["b", "b  "]),
         rows_of(id=[3], name=["c"]), {"mode": "upsert", "merge_keys": ["name"]}, ["orders_pkey", "char(n)"]),
