@@ -477,13 +477,13 @@ def precheck(request: TableCommit) -> None:
         raise ConfigError(f"{where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
                           f"{request.sink.mode.value!r} is not supported")
     schema = staged_schema(request, where)
-    if schema is None:
-        return
-    unsupported = [f"{f.name} ({f.type})" for f in schema if _loadable(f.type) is None]
+    if schema is None and not request.sink.replaces:
+        return  # nothing to load; a replay without rows still deletes the replaced epochs' rows
+    unsupported = [f"{f.name} ({f.type})" for f in schema or [] if _loadable(f.type) is None]
     if unsupported:
         raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
                           "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
-    if options.merge_keys:
+    if options.merge_keys and schema is not None:
         check_staged_merge_keys(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)
     raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()  # as in the commit
@@ -497,8 +497,8 @@ def precheck(request: TableCommit) -> None:
         raise _transient(exc, request, where, "the trial load") from exc
 
 
-def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,
-                    where: str) -> None:
+def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+                    schema: pa.Schema | None, where: str) -> None:
     owner, marker = _owner_and_marker(conn, request, options)
     newest = markers.check_marker(request, owner, marker, where, decided=False)
     if newest is not None and newest > request.epoch:
@@ -506,6 +506,15 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
             f"{where}: the marker table {options.schema}.{EPOCHS} records epoch {newest} of this sink, beyond this "
             "epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
             "table, or rename the pipeline or the sink")
+    if schema is not None:
+        _precheck_columns(conn, options, schema, where)
+    trial_load(conn, request, options, schema, where)
+    if owner is None:
+        claim_owner(conn, request, options, where)
+
+
+def _precheck_columns(conn: psycopg.Connection, options: PostgresOptions, schema: pa.Schema, where: str) -> None:
+    """The table (or ``create_table``), its columns and types, merge keys and privileges against the staged schema."""
     written = _written(schema, options, where)
     table = _table_columns(conn, options)
     if table is None:
@@ -523,9 +532,6 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
         if options.merge_keys:
             check_unique(conn, options, where)
         check_privileges(conn, options, where)
-    trial_load(conn, request, options, schema, where)
-    if owner is None:
-        claim_owner(conn, request, options, where)
 
 
 def claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
@@ -541,8 +547,8 @@ def claim_owner(conn: psycopg.Connection, request: TableCommit, options: Postgre
         _claim_owner(conn, request, options, where, decided=False)
 
 
-def trial_load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,
-               where: str) -> None:
+def trial_load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+               schema: pa.Schema | None, where: str) -> None:
     """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back.
 
     Only the table knows some refusals: a key it holds already, NOT NULL, ``varchar(n)``,

@@ -559,3 +559,24 @@ def test_a_replay_of_an_append_sink_without_an_epoch_column_is_refused_when_it_i
     assert "ALTER TABLE public.orders ADD COLUMN _seatunnel_epoch bigint" in str(raised.value)
     assert epochs.pipeline.epochs() == before  # nothing begun
     assert epochs.table() == expected([1, 2])
+
+
+def test_a_replay_without_rows_whose_sink_lost_its_epoch_column_is_refused_before_its_decision(
+        tmp_path: Path, postgres_db: str) -> None:
+    epochs = Epochs(tmp_path / "store", postgres_db, create_table=True, epoch_column="_seatunnel_epoch")
+    epochs.run(rows([1]))
+    epochs.run(rows([2]))
+    p = epochs.pipeline
+    plan = plan_replay(p, 2)  # the replayed epoch was committed with the column
+    epoch, run_id = begin_replay(p, plan, reason="fix", by="test")
+    lost = {k: v for k, v in epochs.options.items() if k != "epoch_column"}  # the stage's sink now lacks it
+    manifest = dataclasses.replace(p.manifest_for_staged(epoch, 1, "orders", "postgres://test/public.orders", 0),
+                                   mode=SinkMode.CHANGES, table=lost)
+
+    with pytest.raises(ReplayError, match="lack now"):
+        finish_replay(p, epoch, run_id, plan, 1, sinks=[manifest], operators={}, reason="fix", by="test")
+
+    assert p.state(epoch) is EpochState.ABORTED
+    assert epochs.table() == expected([1, 2])
+    epochs.run(rows([3]))
+    assert epochs.table() == expected([1, 2, 3])
