@@ -580,3 +580,18 @@ def test_a_replay_without_rows_whose_sink_lost_its_epoch_column_is_refused_befor
     assert epochs.table() == expected([1, 2])
     epochs.run(rows([3]))
     assert epochs.table() == expected([1, 2, 3])
+
+
+def test_two_stores_deciding_their_first_epochs_at_once_into_a_new_table_one_is_refused_before_its_decision(
+        tmp_path: Path, postgres_db: str) -> None:
+    for round_ in range(3):
+        stores = [Epochs(tmp_path / f"store-{round_}-{n}", postgres_db, create_table=True) for n in range(2)]
+        for e in stores:
+            e.options = {**e.options, "table": f"public.orders_{round_}"}
+        outcomes = at_once([lambda e=e: e.decided(rows([1])) for e in stores])  # the bookkeeping tables race too
+
+        assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
+        decisions = sorted(o[1].value for o in outcomes)
+        assert decisions == ["abort", "commit"], outcomes
+        refused = next(o for o in outcomes if o[1] is Decision.ABORT)
+        assert "the table belongs to pipeline 'orders' of store" in refused[2]
