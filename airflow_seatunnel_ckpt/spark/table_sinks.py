@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import SinkMode
 from airflow_seatunnel_ckpt.core.tables.catalogs import checked_table_options, embedded_catalog
-from airflow_seatunnel_ckpt.core.tables.postgres_options import parse
+from airflow_seatunnel_ckpt.core.tables.postgres_options import TIMEOUTS, parse
 from airflow_seatunnel_ckpt.spark.file_sink import FileSink
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url
 
@@ -191,6 +191,11 @@ class PostgresSink(TableSink):
     :param merge_keys: the columns of the table's primary key or a unique constraint (upsert).
     :param create_table: create a missing table from the first epoch's columns (merge keys as
         its primary key); without it a missing table refuses the epoch.
+    :param epoch_column: a ``bigint`` column each commit fills with its epoch, so that a replay
+        removes exactly the replayed epochs' rows (an append sink without one cannot be replayed).
+    :param lock_timeout_s: how long a statement waits for a lock (transient when it runs out).
+    :param statement_timeout_s: how long one statement (a large epoch's ``COPY``) may run.
+    :param idle_in_transaction_timeout_s: how long the server keeps a quiet session's transaction.
     :param expectations: data-quality rules on the rows written (docs/EXPECTATIONS.md).
     """
 
@@ -198,9 +203,14 @@ class PostgresSink(TableSink):
 
     def __init__(self, name: str, table: str, postgres_conn_id: str | None = None, conninfo: str | None = None,
                  mode: str = "append", merge_keys: Sequence[str] | None = None, create_table: bool = False,
+                 epoch_column: str = "", lock_timeout_s: float = TIMEOUTS["lock_timeout_s"],
+                 statement_timeout_s: float = TIMEOUTS["statement_timeout_s"],
+                 idle_in_transaction_timeout_s: float = TIMEOUTS["idle_in_transaction_timeout_s"],
                  expectations: Mapping[str, Any] | None = None) -> None:
         options = parse({"table": table, "postgres_conn_id": postgres_conn_id, "conninfo": conninfo, "mode": mode,
-                         "merge_keys": merge_keys, "create_table": create_table}, f"postgres sink {name!r}")
+                         "merge_keys": merge_keys, "create_table": create_table, "epoch_column": epoch_column,
+                         "lock_timeout_s": lock_timeout_s, "statement_timeout_s": statement_timeout_s,
+                         "idle_in_transaction_timeout_s": idle_in_transaction_timeout_s}, f"postgres sink {name!r}")
         recorded = options.to_options()
         recorded.pop("type")
         super().__init__(name, options.target_url(), recorded, mode=SinkMode.CHANGES.value,

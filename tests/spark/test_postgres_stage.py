@@ -53,3 +53,13 @@ def test_a_postgres_sink_with_a_password_in_its_options_is_refused_when_built() 
     with pytest.raises(ConfigError, match="mode 'upsert' needs merge_keys"):
         PostgresSink("o", "public.t", postgres_conn_id="db", mode="upsert")
     assert PostgresSink("o", "t", postgres_conn_id="db").table["table"] == "public.t"
+
+
+def test_a_postgres_sinks_epoch_column_and_timeouts_are_recorded_when_built_from_a_stage_spec() -> None:
+    from airflow_seatunnel_ckpt.spark.registry import SINKS
+
+    sink = SINKS.build("o", {"type": "postgres", "table": "t", "postgres_conn_id": "db",
+                             "epoch_column": "_seatunnel_epoch", "lock_timeout_s": 5})
+    assert sink.table["epoch_column"] == "_seatunnel_epoch" and sink.table["lock_timeout_s"] == 5.0
+    with pytest.raises(ConfigError, match="statement_timeout_s must be a number of seconds"):
+        SINKS.build("o", {"type": "postgres", "table": "t", "postgres_conn_id": "db", "statement_timeout_s": 0})

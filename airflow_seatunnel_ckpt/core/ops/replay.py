@@ -53,6 +53,7 @@ from airflow_seatunnel_ckpt.core.models import (
 )
 from airflow_seatunnel_ckpt.core.ops.evolution import RUN_ID_PREFIX as EVOLUTION_PREFIX
 from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, RestoreSource, restore_point_at
+from airflow_seatunnel_ckpt.core.tables import postgres_options
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
@@ -178,7 +179,7 @@ def plan_replay(pipeline: Pipeline, from_epoch: int, to_epoch: int | None = None
         raise ReplayError(f"pipeline {name!r}: no committed epoch in {from_epoch}..{to_epoch} read input; "
                           "nothing to replay")
     participant = participants.pop()
-    sinks = _replayable_sinks(pipeline, [statuses[e].prepared[participant].sinks for e in epochs],
+    sinks = _replayable_sinks(pipeline, {e: statuses[e].prepared[participant].sinks for e in epochs},
                               to_epoch == last)
     latest = pipeline.restore_point(deep=True)
     if latest.how is not RestoreSource.PRIMARY or latest.epoch != last:
@@ -207,18 +208,24 @@ def plan_replay(pipeline: Pipeline, from_epoch: int, to_epoch: int | None = None
                       sinks)
 
 
-def _replayable_sinks(pipeline: Pipeline, manifests: Sequence[Sequence[SinkManifest]],
+def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkManifest]],
                       through_newest: bool) -> dict[str, SinkManifest]:
-    """Every sink of the replayed epochs, if each can be replaced in one commit; else ReplayError."""
+    """Every sink of the replayed epochs (epoch -> its sinks), if each can be replaced in one commit; else
+    ReplayError."""
     sinks: dict[str, SinkManifest] = {}
-    for epoch_sinks in manifests:
+    recorded: dict[str, dict[int, Mapping[str, Any]]] = {}  # sink -> replayed epoch -> its table options
+    for epoch, epoch_sinks in sorted(manifests.items()):
         for sink in epoch_sinks:
             sinks[sink.sink] = sink
+            if sink.table is not None:
+                recorded.setdefault(sink.sink, {})[epoch] = sink.table
     for sink in sinks.values():
         why = None
         if sink.table is not None and sink.table.get("merge_keys"):
             why = ("it upserts by key (merge_keys): the replaced epochs' rows were merged into rows other epochs "
                    "wrote too, so they cannot be taken out in one commit")
+        elif sink.table is not None and sink.table.get("type") == "postgres":
+            why = postgres_options.replay_refusal(recorded[sink.sink])
         elif sink.mode is SinkMode.SNAPSHOT and not through_newest:
             why = ("it is a snapshot sink, which holds only the newest epoch's output: replaying earlier epochs "
                    "alone cannot change it, and running the newest again would replace the later epochs' output "

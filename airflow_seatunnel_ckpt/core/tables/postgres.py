@@ -10,14 +10,16 @@ exactly once. Everything happens in **one** transaction:
    the second committer rolls back ("already"); if it rolled back (its connection died), the
    second one goes on. A commit retried after its transaction committed finds the row too.
 2. **the table's owner**: ``<schema>.seatunnel_ckpt_owners`` (one row per table: store id,
-   pipeline) is claimed by the first commit; another store's or pipeline's table is refused
+   pipeline) is claimed before the first epoch's decision (:func:`claim_owner`), else by the
+   first commit; another store's or pipeline's table is refused
    (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
    lacks too (:func:`markers.check_marker`).
-3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by pyarrow
-   from the staged Parquet); ``upsert``: ``COPY`` into a temporary table, then ``MERGE`` it
-   into the table on ``merge_keys`` (``INSERT ... ON CONFLICT DO UPDATE`` before PostgreSQL
-   15). A new table is created first when ``create_table`` is set (the merge keys its
-   primary key).
+3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by
+   pyarrow from the staged Parquet, streamed batch by batch); ``upsert``: ``COPY`` into a
+   temporary table, then ``MERGE`` it into the table on ``merge_keys`` (``INSERT ... ON
+   CONFLICT DO UPDATE`` before PostgreSQL 15). A new table is created first when
+   ``create_table`` is set (the merge keys its primary key). ``epoch_column`` is filled
+   with the epoch; a replay first deletes the rows of the epochs it replaces by it.
 
 The transaction commits the rows and the marker together, so the marker says exactly
 whether the epoch landed, also after a crash between the database's commit and the log's
@@ -30,10 +32,13 @@ Refusals come first: :func:`precheck` (run by ``Pipeline.decide``) checks the ta
 epoch does not write have a default (a stage that stops writing a column is refused, as
 the Iceberg and Delta sinks refuse it), the merge keys are the table's primary key or
 a unique constraint, the staged keys are never NULL nor repeated, and the owner and
-markers; the commit repeats them inside its transaction (a table altered after the
-decision). After the decision only transient failures remain: a lost connection, a
-serialization failure or a deadlock is retried (tenacity) and then raised as
-:class:`StorageError`, the epoch staying COMMITTING.
+markers; then a trial load (:func:`trial_load`: the commit's own load in a transaction
+always rolled back) finds what only the table knows (its constraints, the values its
+columns hold). The commit repeats the checks inside its transaction (a table altered
+after the decision; rows the table refuses then are final, never retried). After the
+decision only transient failures remain: a lost connection, a serialization failure or a
+deadlock is retried (tenacity) and then raised as :class:`StorageError`, the epoch staying
+COMMITTING.
 
 The connection string comes from the sink's ``conninfo`` or, for ``postgres_conn_id``, from
 a registered secret resolver (the Airflow layer's :mod:`hooks.postgres_connection`), so a
@@ -43,6 +48,7 @@ password is never in the checkpoint store.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -57,7 +63,7 @@ from psycopg import sql
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
-from airflow_seatunnel_ckpt.core.tables import TableCommit, check_staged_merge_keys, markers, staged_schema
+from airflow_seatunnel_ckpt.core.tables import TableCommit, check_staged_merge_keys, markers, staged_rows, staged_schema
 from airflow_seatunnel_ckpt.core.tables.postgres_options import PostgresOptions, parse
 
 log = logging.getLogger(__name__)
@@ -68,11 +74,38 @@ EPOCHS = "seatunnel_ckpt_epochs"
 OWNERS = "seatunnel_ckpt_owners"
 #: How the result names an upsert's commit.
 MERGED = "merged"
+#: How the result names a replay's commit (the replaced epochs' rows deleted, the new ones added).
+REPLACED = "replaced"
+#: Rows per batch a ``COPY`` streams from the staged Parquet (its memory: one batch and its CSV).
+COPY_BATCH_ROWS = 16384
 #: The first PostgreSQL version with ``MERGE`` (``server_version`` form).
 MERGE_SINCE = 150000
 #: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock
-#: (both ``OperationalError``), or a racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables.
-TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError, psycopg.errors.UniqueViolation)
+#: (both ``OperationalError``). A racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables
+#: is turned into a :class:`StorageError` where it happens (:func:`_bookkeeping`).
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
+#: Errors in which the table refuses the epoch's rows (a constraint, a value a column cannot hold,
+#: two rows one key, a trigger's ``RAISE``): the same on every attempt, so a refusal, not transient.
+REFUSALS = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.CardinalityViolation,
+            psycopg.errors.RaiseException, psycopg.errors.InsufficientPrivilege)
+#: The column a ``COPY`` error's context names.
+_COPY_COLUMN = re.compile(r"^COPY .*?, line \d+, column (.+?): ")
+#: SQLSTATE -> what the user can do about the rows the table refused (:func:`refused`).
+_WAY_OUT = {
+    "23505": "The table holds one of the epoch's keys already, or two of the epoch's rows are one key as the table "
+             "compares them (a char(n) key compares padded: 'a' and 'a ' are one key): de-duplicate in the stage (an "
+             "append adds every row it is given: rows that may come again need mode 'upsert' with merge_keys)",
+    "23502": "Fill or filter the NULLs in the stage, or give the column a default (or drop NOT NULL)",
+    "23514": "Filter the rows the constraint rejects in the stage, or alter the constraint",
+    "23503": "Load the referenced rows first, or filter the rows without them in the stage",
+    "22001": "Shorten the values in the stage, or widen the column (ALTER TABLE ... ALTER COLUMN ... TYPE)",
+    "22003": "Round or cap the values in the stage, or widen the column's numeric(p,s)",
+    "22021": "PostgreSQL text cannot hold the NUL character (\\x00): remove it in the stage (Spark SQL: "
+             "regexp_replace(col, '\\\\x00', ''))",
+    "21000": "Two of the epoch's rows are one key as the table compares them (char(n) padding, a collation): "
+             "de-duplicate in the stage on the key as the table sees it (e.g. rtrim)",
+    "42501": "Grant the role the privilege, or connect as a role that has it",
+}
 
 #: Arrow type -> the PostgreSQL type ``create_table`` gives a column.
 _CREATE = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "uint8": "smallint",
@@ -113,44 +146,70 @@ def conninfo(request: TableCommit, options: PostgresOptions, where: str) -> str:
 
 
 @contextmanager
-def connect(dsn: str, where: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection (transactions are explicit); a failure to connect is transient."""
+def connect(dsn: str, options: PostgresOptions, where: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection (transactions are explicit) with the sink's bounded waits.
+
+    ``lock_timeout`` makes a wait for a lock (the marker row of a committer paused
+    mid-transaction) fail, transiently, instead of blocking until TCP notices;
+    ``idle_in_transaction_session_timeout`` makes the server end such a paused session,
+    releasing its locks for the next attempt. A failure to connect is transient.
+    """
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=30, application_name="seatunnel-ckpt")
     except psycopg.OperationalError as exc:
         raise StorageError(f"{where}: cannot connect to PostgreSQL: {str(exc).strip()}. Check the connection "
                            "(host, port, credentials) and retry") from exc
     with conn:
+        settings = options.session_settings()
+        conn.execute(sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+            sql.SQL("set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v)) for k, v in settings.items())))
         yield conn
 
 
-def retrying(request: TableCommit, where: str, what: str) -> tenacity.Retrying:
-    """Transient database errors retried ``request.retries`` times with backoff (then raised)."""
+def retrying(request: TableCommit, where: str, what: str,
+             also: tuple[type[Exception], ...] = ()) -> tenacity.Retrying:
+    """Transient database errors (and ``also``) retried ``request.retries`` times with backoff (then raised)."""
 
     def log_retry(state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         log.warning("%s: %s failed (%s: %s); trying again", where, what, type(exc).__name__, exc)
 
     return tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type((*TRANSIENT, StorageError)),
+        retry=tenacity.retry_if_exception_type((*TRANSIENT, StorageError, *also)),
         stop=tenacity.stop_after_attempt(request.retries + 1),
         wait=tenacity.wait_exponential(multiplier=0.05, max=5), before_sleep=log_retry, reraise=True)
 
 
 def _transient(exc: Exception, request: TableCommit, where: str, what: str) -> StorageError:
+    waited = ""
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        waited = (" Another session holds a lock it needs past lock_timeout_s (e.g. a committer of this epoch "
+                  "paused inside its transaction, which the server ends after idle_in_transaction_timeout_s; "
+                  "pg_stat_activity shows it).")
+    elif isinstance(exc, psycopg.errors.QueryCanceled):
+        waited = " A statement ran past statement_timeout_s; raise it in the sink's options for epochs this large."
     return StorageError(
         f"{where}: {what} failed {request.retries + 1} time(s), last with {type(exc).__name__}: "
-        f"{str(exc).strip()}. The database rolled the transaction back, so nothing of the epoch is in the "
+        f"{str(exc).strip()}.{waited} The database rolled the transaction back, so nothing of the epoch is in the "
         "table; run it again (the commit task's retry or the recovery DAG)")
 
 
 # -- the commit ------------------------------------------------------------------------
 def commit(request: TableCommit) -> PublishedSink:
-    """Load ``request``'s staged rows and its marker in one transaction (see the module docs)."""
+    """Load ``request``'s staged rows and its marker in one transaction (see the module docs).
+
+    Rows the table refuses (:data:`REFUSALS`) are final: the trial load before the decision
+    found none, so the table changed since, and a retry cannot help. An upsert's unique
+    violation alone is retried first: another writer inserted one of the epoch's keys
+    meanwhile, which the next attempt's ``MERGE`` matches.
+    """
     options, where = identify(request)
     dsn = conninfo(request, options, where)
+    raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()
     try:
-        how = retrying(request, where, "the commit")(_commit_once, request, options, dsn, where)
+        how = retrying(request, where, "the commit", raced)(_commit_once, request, options, dsn, where)
+    except REFUSALS as exc:
+        raise ConfigError(refused(exc, request, options, where)) from exc
     except TRANSIENT as exc:
         raise _transient(exc, request, where, "the commit") from exc
     log.info("%s: %s", where, "the table already holds the epoch (its marker row exists)"
@@ -159,45 +218,130 @@ def commit(request: TableCommit) -> PublishedSink:
 
 
 def _commit_once(request: TableCommit, options: PostgresOptions, dsn: str, where: str) -> str:
-    with connect(dsn, where) as conn:
-        _bookkeeping(conn, options)
+    with connect(dsn, options, where) as conn:
+        _bookkeeping(conn, options, where)
         with conn.transaction():
             if not _claim_marker(conn, request, options):
                 return PublishMethod.ALREADY  # a previous or racing commit landed it: this transaction ends empty
             _claim_owner(conn, request, options, where)
-            table = _table_columns(conn, options)
-            schema = staged_schema(request, where)
-            if schema is None:
-                return PublishMethod.ALREADY
-            if table is None:
-                if not options.create_table:
-                    raise ConfigError(_no_table(options, where))
-                conn.execute(_create_statement(options, schema, where))
-                table = _table_columns(conn, options)
-                assert table is not None
-            check_columns(table, schema, options, where)
-            if options.merge_keys:
-                check_unique(conn, options, where)
-                _upsert(conn, request, options, schema)
-                return MERGED
-            _copy(conn, request, _qualified(options), schema.names)
-            return PublishMethod.COPY
+            return _load(conn, request, options, staged_schema(request, where), where)
+
+
+def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema | None,
+          where: str) -> str:
+    """The epoch's rows into the table, inside the caller's transaction: the commit's and the trial load's.
+
+    A replay first deletes the rows of the epochs it replaces (:func:`_delete_replaced`).
+    Creates a missing table (``create_table``), checks its columns (and the merge keys'
+    unique constraint) as the catalog has them now, then ``COPY`` (append) or ``COPY`` and
+    ``MERGE`` (upsert), ``epoch_column`` filled with the epoch. How the rows landed.
+    """
+    if request.sink.replaces:
+        _delete_replaced(conn, request, options, where)
+    if schema is None:  # no staged file: nothing to load
+        return REPLACED if request.sink.replaces else PublishMethod.ALREADY
+    written = _written(schema, options, where)
+    table = _table_columns(conn, options)
+    if table is None:
+        if not options.create_table:
+            raise ConfigError(_no_table(options, where))
+        conn.execute(_create_statement(options, written, where))
+        table = _table_columns(conn, options)
+        assert table is not None
+    check_columns(table, written, options, where)
+    if options.merge_keys:
+        check_unique(conn, options, where)
+        _upsert(conn, request, options, written)
+        return MERGED
+    _copy(conn, request, _qualified(options), written.names, options)
+    return REPLACED if request.sink.replaces else PublishMethod.COPY
+
+
+def _written(schema: pa.Schema, options: PostgresOptions, where: str) -> pa.Schema:
+    """The columns a commit writes: the staged ones and ``epoch_column`` (``bigint``, the epoch)."""
+    if not options.epoch_column:
+        return schema
+    if options.epoch_column in schema.names:
+        raise ConfigError(f"{where}: the staged files have a column {options.epoch_column!r}, which the sink fills "
+                          "with the epoch (epoch_column); drop or rename it in the stage, or name another epoch_column")
+    return schema.append(pa.field(options.epoch_column, pa.int64()))
+
+
+def _delete_replaced(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """Delete the rows the epochs a replay replaces appended (``epoch_column`` says which).
+
+    Refused (ConfigError) without ``epoch_column``, and when the marker table records any of
+    those epochs for another store or pipeline (a table handed over): their rows carry the
+    same numbers, and only this pipeline's may go.
+    """
+    replaced = sorted(request.sink.replaces)
+    if not options.epoch_column:
+        raise ConfigError(f"{where}: a replay replaces epochs {replaced} of the table {options.table}, whose rows a "
+                          "commit tells apart by epoch only through epoch_column, which the sink's options lack now. "
+                          "Nothing was changed. Give the sink its epoch_column back, then replay again")
+    others = conn.execute(sql.SQL(
+        "SELECT DISTINCT store_id, pipeline FROM {} WHERE target_table = %s AND epoch = ANY(%s) "
+        "AND (store_id, pipeline) <> (%s, %s)").format(_qualified(options, EPOCHS)),
+        (options.table, replaced, markers.store_id_of(request), request.pipeline)).fetchall()
+    if others:
+        raise ConfigError(f"{where}: the table {options.table} also holds epochs {replaced} of {others} (store id, "
+                          f"pipeline; the table was handed over), and {options.epoch_column!r} cannot tell their rows "
+                          "from this pipeline's. Nothing was changed. Replay into a table of this pipeline alone, or "
+                          "delete the replaced rows yourself")
+    conn.execute(sql.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
+        _qualified(options), sql.Identifier(options.epoch_column)), (replaced,))
+
+
+def refused(exc: psycopg.Error, request: TableCommit, options: PostgresOptions, where: str) -> str:
+    """The message for rows the table refused: the table, the column and constraint, the row, the way out."""
+    diag = exc.diag
+    in_copy = _COPY_COLUMN.search(diag.context or "")  # "COPY orders, line 2, column name: "toolong""
+    column = diag.column_name or (in_copy.group(1) if in_copy else None) or (
+        _column_holding_nul(request) if diag.sqlstate == "22021" else None)
+    named = "; ".join(part for part in (
+        f"column {column!r}" if column else "", f"constraint {diag.constraint_name!r}" if diag.constraint_name else "",
+        (diag.message_detail or "").strip(), (diag.context or "").strip().replace("\n", " / ")) if part)
+    return (f"{where}: the table {options.table} refuses the epoch's rows: {(diag.message_primary or str(exc)).strip()}"
+            f"{f' ({named})' if named else ''}. Nothing was committed. "
+            + _WAY_OUT.get(diag.sqlstate or "", "Fix the rows in the stage, or alter the table"))
+
+
+def _column_holding_nul(request: TableCommit) -> str | None:
+    """The first staged text column with a NUL character (PostgreSQL's error names none)."""
+    import pyarrow.compute as pc
+
+    staged = staged_rows(request)
+    for name in staged.column_names:
+        column = staged.column(name)
+        if pa.types.is_string(column.type) and pc.any(pc.match_substring(column, "\x00")).as_py():
+            return str(name)
+    return None
 
 
 def _qualified(options: PostgresOptions, name: str | None = None) -> sql.Identifier:
     return sql.Identifier(options.schema, name or options.name)
 
 
-def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> None:
+def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
     """Create the marker and owner tables in the table's schema if missing (own transaction).
 
     Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
-    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``.
+    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``. Two
+    first commits racing: the loser's ``CREATE`` meets a unique violation in the catalog,
+    raised as a (transient) :class:`StorageError`, and its next attempt finds the tables.
     """
     found = conn.execute("SELECT to_regclass(%s), to_regclass(%s)", (
         _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn))).fetchone()
     if found is not None and None not in found:
         return
+    try:
+        _create_bookkeeping(conn, options)
+    except psycopg.errors.UniqueViolation as exc:
+        raise StorageError(f"{where}: creating {EPOCHS} and {OWNERS} in schema {options.schema} raced another "
+                           f"first commit ({str(exc).strip()}); trying again finds them") from exc
+
+
+def _create_bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> None:
     with conn.transaction():
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (store_id text NOT NULL, pipeline text NOT NULL, sink text NOT NULL, "
@@ -220,14 +364,15 @@ def _claim_marker(conn: psycopg.Connection, request: TableCommit, options: Postg
     return row.fetchone() is not None
 
 
-def _claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
-    """Claim the table for this store's pipeline (first commit), then judge owner and markers."""
+def _claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str, *,
+                 decided: bool = True) -> None:
+    """Claim the table for this store's pipeline (if nobody has), then judge owner and markers."""
     owner = markers.owner_for(request)
     conn.execute(sql.SQL("INSERT INTO {} (target_table, store_id, pipeline, store) VALUES (%s, %s, %s, %s) "
                          "ON CONFLICT DO NOTHING").format(_qualified(options, OWNERS)),
                  (options.table, owner.store_id, owner.pipeline, owner.store))
     found, marker = _owner_and_marker(conn, request, options, exclude_own=True)
-    markers.check_marker(request, found, marker, where, decided=True)
+    markers.check_marker(request, found, marker, where, decided=decided)
 
 
 def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, *,
@@ -248,21 +393,33 @@ def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: P
     return owner, (None if epoch is None else markers.Marker(store_id, request.pipeline, request.sink.sink, epoch))
 
 
-def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable, columns: Sequence[str]) -> None:
-    """``COPY`` the staged files' rows into ``table``, file by file, as CSV written by pyarrow."""
+def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable, columns: Sequence[str],
+          options: PostgresOptions) -> None:
+    """``COPY`` the staged files' rows into ``table``, streamed: one Parquet batch at a time as CSV.
+
+    Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
+    each batch is read from its file, written as CSV by pyarrow and handed to the ``COPY``.
+    ``options.epoch_column`` among ``columns`` is filled with the epoch.
+    """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         table, sql.SQL(", ").join(map(sql.Identifier, columns)))
-    options = pa_csv.WriteOptions(include_header=False, batch_size=65536)
+    staged = [c for c in columns if c != options.epoch_column]
+    stamped = len(staged) < len(columns)
+    csv = pa_csv.WriteOptions(include_header=False, batch_size=COPY_BATCH_ROWS)
     with conn.cursor() as cur, cur.copy(statement) as copy:
         for f in request.sink.files:
             if not f.path.endswith(".parquet"):
                 continue
             with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
-                rows = pq.read_table(fh, columns=list(columns))
-            if rows.num_rows:
-                out = pa.BufferOutputStream()
-                pa_csv.write_csv(rows, out, options)
-                copy.write(memoryview(out.getvalue()))
+                for batch in pq.ParquetFile(fh).iter_batches(batch_size=COPY_BATCH_ROWS, columns=staged):
+                    if not batch.num_rows:
+                        continue
+                    if stamped:
+                        batch = batch.append_column(options.epoch_column,
+                                                    pa.repeat(pa.scalar(request.epoch, pa.int64()), batch.num_rows))
+                    out = pa.BufferOutputStream()
+                    pa_csv.write_csv(batch.select(list(columns)), out, csv)
+                    copy.write(memoryview(out.getvalue()))
 
 
 def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema) -> None:
@@ -279,7 +436,7 @@ def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOpt
     columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
         staging, columns, _qualified(options)))
-    _copy(conn, request, staging, schema.names)
+    _copy(conn, request, staging, schema.names, options)
     others = [c for c in schema.names if c not in options.merge_keys]
     if conn.info.server_version >= MERGE_SINCE:
         conn.execute(sql.SQL("ANALYZE {}").format(staging))
@@ -320,25 +477,28 @@ def precheck(request: TableCommit) -> None:
         raise ConfigError(f"{where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
                           f"{request.sink.mode.value!r} is not supported")
     schema = staged_schema(request, where)
-    if schema is None:
-        return
-    unsupported = [f"{f.name} ({f.type})" for f in schema if _loadable(f.type) is None]
+    if schema is None and not request.sink.replaces:
+        return  # nothing to load; a replay without rows still deletes the replaced epochs' rows
+    unsupported = [f"{f.name} ({f.type})" for f in schema or [] if _loadable(f.type) is None]
     if unsupported:
         raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
                           "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
-    if options.merge_keys:
+    if options.merge_keys and schema is not None:
         check_staged_merge_keys(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)
+    raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()  # as in the commit
     try:
-        for attempt in retrying(request, where, "reading the table's catalog"):
-            with attempt, connect(dsn, where) as conn:
+        for attempt in retrying(request, where, "the trial load", raced):
+            with attempt, connect(dsn, options, where) as conn:
                 _precheck_table(conn, request, options, schema, where)
+    except REFUSALS as exc:
+        raise ConfigError(refused(exc, request, options, where)) from exc
     except TRANSIENT as exc:
-        raise _transient(exc, request, where, "reading the table's catalog") from exc
+        raise _transient(exc, request, where, "the trial load") from exc
 
 
-def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema,
-                    where: str) -> None:
+def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+                    schema: pa.Schema | None, where: str) -> None:
     owner, marker = _owner_and_marker(conn, request, options)
     newest = markers.check_marker(request, owner, marker, where, decided=False)
     if newest is not None and newest > request.epoch:
@@ -346,6 +506,16 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
             f"{where}: the marker table {options.schema}.{EPOCHS} records epoch {newest} of this sink, beyond this "
             "epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
             "table, or rename the pipeline or the sink")
+    if schema is not None:
+        _precheck_columns(conn, options, schema, where)
+    trial_load(conn, request, options, schema, where)
+    if owner is None:
+        claim_owner(conn, request, options, where)
+
+
+def _precheck_columns(conn: psycopg.Connection, options: PostgresOptions, schema: pa.Schema, where: str) -> None:
+    """The table (or ``create_table``), its columns and types, merge keys and privileges against the staged schema."""
+    written = _written(schema, options, where)
     table = _table_columns(conn, options)
     if table is None:
         if not options.create_table:
@@ -356,12 +526,44 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
         missing = [k for k in options.merge_keys if k not in schema.names]
         if missing:
             raise ConfigError(f"{where}: merge key(s) {missing} are not among the staged columns {schema.names}")
-        _create_statement(options, schema, where)  # refuses columns it cannot create
-        return
-    check_columns(table, schema, options, where)
-    if options.merge_keys:
-        check_unique(conn, options, where)
-    check_privileges(conn, options, where)
+        _create_statement(options, written, where)  # refuses columns it cannot create
+    else:
+        check_columns(table, written, options, where)
+        if options.merge_keys:
+            check_unique(conn, options, where)
+        check_privileges(conn, options, where)
+
+
+def claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """Claim a table nobody owns yet for this store's pipeline, before the decision (committed at once).
+
+    Two stores' (or pipelines') first epochs into one table: the first precheck to claim it
+    owns it, and the other is refused before its decision (:class:`TableOwnershipError`)
+    instead of by its commit after it. A claim whose epoch is aborted after all stays: the
+    table is this pipeline's, as after its first commit.
+    """
+    _bookkeeping(conn, options, where)
+    with conn.transaction():
+        _claim_owner(conn, request, options, where, decided=False)
+
+
+def trial_load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+               schema: pa.Schema | None, where: str) -> None:
+    """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back.
+
+    Only the table knows some refusals: a key it holds already, NOT NULL, ``varchar(n)``,
+    CHECK and foreign-key constraints, ``numeric(p,s)`` overflow, a NUL character, two keys
+    equal after ``char(n)`` padding, a trigger's ``RAISE`` (:data:`REFUSALS`, which
+    :func:`precheck` raises as ConfigError, :func:`refused`). Met here, they refuse the
+    epoch before its decision; met by the commit, they would leave it COMMITTING. Deferred
+    constraints are checked at once (``SET CONSTRAINTS ALL IMMEDIATE``), as the rollback
+    never reaches the ``COMMIT`` that would check them. Costs a second load of the epoch's
+    rows; the rollback leaves dead tuples for vacuum and advances the table's sequences
+    (identity, serial).
+    """
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        _load(conn, request, options, schema, where)
 
 
 def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:

@@ -1,7 +1,10 @@
 """The PostgreSQL sink's options, checked without psycopg (a DAG is parsed without it).
 
 ``{"type": "postgres", "table": "<schema>.<name>", "postgres_conn_id": "...", "mode":
-"append" | "upsert", "merge_keys": [...], "create_table": false}``; ``conninfo`` (a libpq
+"append" | "upsert", "merge_keys": [...], "create_table": false, "epoch_column": ""}`` and the
+session's bounded
+waits (``lock_timeout_s``, ``statement_timeout_s``, ``idle_in_transaction_timeout_s``);
+``conninfo`` (a libpq
 connection string without a password) instead of ``postgres_conn_id`` where no Airflow
 connection exists (the core's own tests, a script). The options travel in the prepared
 record; a password never does: it comes from the connection when the commit runs.
@@ -20,6 +23,9 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 #: The sink's two modes: each epoch's rows added, or merged on ``merge_keys``.
 MODES = ("append", "upsert")
+#: The session's timeouts (seconds) and their defaults: a lock wait (a paused committer holding the
+#: epoch's marker row), one statement (a large epoch's COPY), a transaction left idle by its client.
+TIMEOUTS = {"lock_timeout_s": 30.0, "statement_timeout_s": 3600.0, "idle_in_transaction_timeout_s": 60.0}
 #: A password in a libpq connection string, keyword form or URL form.
 _PASSWORD = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
 
@@ -35,6 +41,17 @@ class PostgresOptions:
     create_table: bool
     postgres_conn_id: str
     conninfo: str
+    #: A ``bigint`` column of the table each commit fills with its epoch ("": none): which
+    #: epoch appended a row, so that a replay removes exactly the replayed epochs' rows.
+    epoch_column: str = ""
+    #: How long a statement waits for a lock (the marker row a paused committer holds) before it
+    #: fails, transiently: the commit is retried and the epoch stays COMMITTING meanwhile.
+    lock_timeout_s: float = TIMEOUTS["lock_timeout_s"]
+    #: How long one statement may run (a large epoch's ``COPY`` or ``MERGE``).
+    statement_timeout_s: float = TIMEOUTS["statement_timeout_s"]
+    #: How long the server keeps a transaction whose client went quiet (a paused or hung
+    #: committer) before it ends the session, releasing its locks.
+    idle_in_transaction_timeout_s: float = TIMEOUTS["idle_in_transaction_timeout_s"]
 
     @property
     def table(self) -> str:
@@ -68,7 +85,35 @@ class PostgresOptions:
             out["postgres_conn_id"] = self.postgres_conn_id
         if self.conninfo:
             out["conninfo"] = self.conninfo
+        if self.epoch_column:
+            out["epoch_column"] = self.epoch_column
+        out.update({name: getattr(self, name) for name, default in TIMEOUTS.items() if getattr(self, name) != default})
         return out
+
+    def session_settings(self) -> dict[str, str]:
+        """The PostgreSQL settings each connection of the sink sets (milliseconds)."""
+        return {"lock_timeout": _ms(self.lock_timeout_s), "statement_timeout": _ms(self.statement_timeout_s),
+                "idle_in_transaction_session_timeout": _ms(self.idle_in_transaction_timeout_s)}
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, round(seconds * 1000)))
+
+
+def replay_refusal(epochs: Mapping[int, Mapping[str, Any]]) -> str | None:
+    """Why a replay cannot replace the rows of an append sink's ``epochs`` (epoch -> its recorded options).
+
+    An append's rows are told apart by their epoch only through ``epoch_column``: without it
+    in every replayed epoch, the replay would add the rows again beside the old ones.
+    """
+    lacking = sorted(e for e, options in epochs.items() if not options.get("epoch_column"))
+    if not lacking or any(o.get("merge_keys") for o in epochs.values()):
+        return None
+    table = next(iter(epochs.values())).get("table")
+    return (f"it appends to the PostgreSQL table {table} without an epoch_column in epoch(s) {lacking}, so the rows "
+            "those epochs appended cannot be told from the others, and the replay would add them again beside "
+            f"them. Give the sink an epoch_column (ALTER TABLE {table} ADD COLUMN _seatunnel_epoch bigint, then "
+            "epoch_column: '_seatunnel_epoch' in its options): epochs committed from then on can be replayed")
 
 
 def _conninfo_fields(conninfo: str) -> dict[str, str]:
@@ -114,5 +159,15 @@ def parse(options: Mapping[str, Any], where: str) -> PostgresOptions:
         raise ConfigError(f"{where}: conninfo holds a password, and the sink's options are stored in the "
                           "checkpoint store; put the credentials in an Airflow Postgres connection and name it in "
                           "postgres_conn_id (or use a password file, PGPASSFILE)")
+    epoch_column = options.get("epoch_column") or ""
+    if not isinstance(epoch_column, str) or epoch_column in keys:
+        raise ConfigError(f"{where}: epoch_column must be a column name (not a merge key), got {epoch_column!r}")
+    timeouts = {}
+    for option, default in TIMEOUTS.items():
+        value = options.get(option, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 7 * 24 * 3600:
+            raise ConfigError(f"{where}: {option} must be a number of seconds above 0 (at most a week), got {value!r}; "
+                              f"the default is {default:g}")
+        timeouts[option] = float(value)
     return PostgresOptions(schema or "public", name, mode, tuple(keys), bool(options.get("create_table", False)),
-                           conn_id, conninfo)
+                           conn_id, conninfo, epoch_column, **timeouts)
