@@ -214,7 +214,8 @@ class PostgresContext(SinkContext):
         self.seen: list[tuple[str, Rows]] = []
 
     def options(self, mode: str) -> dict[str, Any]:
-        keys = {"mode": "upsert", "merge_keys": ["id"]} if mode == UPSERT else {}
+        # An append sink marks each row with its epoch, which is how a replay replaces exactly its epochs' rows.
+        keys = {"mode": "upsert", "merge_keys": ["id"]} if mode == UPSERT else {"epoch_column": "_epoch"}
         return {"type": "postgres", "table": "public.orders", "conninfo": self.dsn, "create_table": True, **keys}
 
     def target_url(self) -> str:

@@ -78,10 +78,7 @@ SCENARIOS: dict[str, tuple[Callable[[Epochs], None], frozenset[str]]] = {
 
 
 #: Promises a connector does not keep yet (strict: the case fails once it does, so the mark goes).
-KNOWN_DEFECTS = {
-    ("postgres", "replay"): "the PostgreSQL commit ignores a replay's SinkManifest.replaces: the replaced epochs' rows "
-                            "stay and the replay's rows are added to them (core/tables/postgres.py)",
-}
+KNOWN_DEFECTS: dict[tuple[str, str], str] = {}
 
 
 def cases() -> list[Any]:
