@@ -39,6 +39,7 @@ from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import (
     CheckpointError,
     ConfigError,
+    CorruptCheckpointError,
     DecisionConflictError,
     EpochNotFoundError,
     FencedAttemptError,
@@ -201,11 +202,15 @@ class Pipeline:
         """The refusals (:func:`is_refusal`) since the newest commit, or None when there is none.
 
         Reads the decisions of the epochs above the newest committed one, newest first; an
-        epoch still undecided or aborted for another reason (a dead attempt) is passed over.
+        epoch still undecided or aborted for another reason (a dead attempt) is passed over,
+        and a damaged decision record ends the search (``verify`` names it).
         """
         found: list[DecisionRecord] = []
         for epoch in reversed(self.txlog.epochs()):
-            decision = self.txlog.read_decision(epoch)
+            try:
+                decision = self.txlog.read_decision(epoch)
+            except CorruptCheckpointError:
+                break
             if decision is not None and decision.decision is Decision.COMMIT:
                 break
             if is_refusal(decision):
