@@ -121,3 +121,21 @@ def test_an_abort_after_a_crash_is_not_a_refusal(run_at: Any, paths: dict[str, A
     assert run_note(crashed) is None
     pipeline = CheckpointStore.from_url(paths["storage_url"]).pipeline(PIPELINE)
     assert pipeline.state(1) is EpochState.ABORTED and pipeline.held_back() is None
+
+
+def test_a_refused_run_cleared_after_the_fix_commits_and_loses_its_held_back_note(
+        run_at: Any, clear_and_rerun: Any, paths: dict[str, Any]) -> None:
+    paths["refuse"].touch()
+    dag = build_epoch_dag("refused_cleared", paths["storage_url"], paths["target_url"],
+                          branch={"check": refused_while(paths["refuse"])})
+    refused = run_at(dag, logical_date(0))
+    assert refused.state == "failed" and run_note(refused) is not None
+
+    paths["refuse"].unlink()
+    cleared = clear_and_rerun(dag, refused.run_id, list(task_states(refused)))
+
+    assert cleared.state == "success"
+    assert run_note(cleared) is None
+    pipeline = CheckpointStore.from_url(paths["storage_url"]).pipeline(PIPELINE)
+    assert [pipeline.state(e) for e in pipeline.epochs()] == [EpochState.ABORTED, EpochState.COMMITTED]
+    assert published_rows(paths["target"]) == rows_for(refused.run_id, "ingest", 3)
