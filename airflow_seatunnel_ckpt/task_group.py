@@ -20,7 +20,7 @@ epoch's tasks are skipped, the run ends green, and the next run is a normal epoc
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import BaseOperator, TaskGroup, XComArg
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
@@ -69,7 +69,7 @@ def checkpointed_epoch(
     commit: Mapping[str, Any] | None = None,
     abort: Mapping[str, Any] | None = None,
     fallback: BaseOperator | XComArg | None = None,
-    on_refusal: str = "fail",
+    on_refusal: Literal["fail", "succeed"] = "fail",
     replay: Mapping[str, Any] | None = None,
     emit_assets: bool = True,
     stage_class: type[BaseOperator] = SparkStageOperator,

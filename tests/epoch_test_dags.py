@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import DAG
 
@@ -93,7 +93,7 @@ def build_epoch_dag(
     commit: Mapping[str, Any] | None = None,
     fallback: bool = False,
     store_config: Mapping[str, Any] | None = None,
-    on_refusal: str = "fail",
+    on_refusal: Literal["fail", "succeed"] = "fail",
     on_failure_callback: Any = None,
 ) -> DAG:
     """One checkpointed epoch per run: core-only stage(s) -> sensor -> branch -> commit/abort.

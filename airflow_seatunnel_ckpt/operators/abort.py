@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.sdk import TriggerRule
 from airflow.sdk.exceptions import AirflowFailException
@@ -70,7 +70,7 @@ class AbortEpochOperator(BasePipelineOperator):
         *,
         roll_forward: bool = True,
         reason: str | None = None,
-        on_refusal: str = "fail",
+        on_refusal: Literal["fail", "succeed"] = "fail",
         trigger_rule: str = TriggerRule.ALL_DONE,
         **kwargs: Any,
     ) -> None:

@@ -121,7 +121,7 @@ class HeldBack:
     reason: str  #: why the newest one was refused
 
     def describe(self) -> str:
-        """``input held back since epoch 4 (3 runs): <the newest refusal>``."""
+        """``input held back since epoch 4 (3 runs); epoch 6: <why epoch 6 was refused>``."""
         return (f"input held back since epoch {self.since} ({self.runs} run{'s' if self.runs != 1 else ''}); "
                 f"epoch {self.newest}: {self.reason}")
 
