@@ -20,7 +20,7 @@ epoch's tasks are skipped, the run ends green, and the next run is a normal epoc
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import BaseOperator, TaskGroup, XComArg
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
@@ -69,6 +69,7 @@ def checkpointed_epoch(
     commit: Mapping[str, Any] | None = None,
     abort: Mapping[str, Any] | None = None,
     fallback: BaseOperator | XComArg | None = None,
+    on_refusal: Literal["fail", "succeed"] = "fail",
     replay: Mapping[str, Any] | None = None,
     emit_assets: bool = True,
     stage_class: type[BaseOperator] = SparkStageOperator,
@@ -91,6 +92,11 @@ def checkpointed_epoch(
     :param fallback: task (or ``@task`` call) the branch also follows when a user check
         fails, e.g. a quarantine or notification task; it is placed downstream of
         ``decide``.
+    :param on_refusal: what a run whose epoch a check, an expectation or a sink refused
+        does once the epoch is aborted: ``"fail"`` (default) fails the ``abort`` task, so the
+        run ends failed, its failure callbacks and alerts fire and its note says why the
+        input is held back; ``"succeed"`` ends it green like any abort. An abort after a
+        dead attempt or a timeout is not a refusal and is not affected.
     :param replay: extra :class:`EpochReplayOperator` arguments of the ``replay`` task,
         which runs instead of the epoch when the run's ``conf`` holds ``"replay"``
         (``{"from_epoch": N, "to_epoch": M, "reason": "...", "force": false}``; see the
@@ -125,7 +131,7 @@ def checkpointed_epoch(
         if emit_assets:
             commit_kwargs.setdefault("sink_assets", _assets_for(pipeline, stages))
         commit_task = CommitEpochOperator(task_id="commit", **store, **commit_kwargs)
-        abort_task = AbortEpochOperator(task_id="abort", **store, **dict(abort or {}))
+        abort_task = AbortEpochOperator(task_id="abort", **store, **{"on_refusal": on_refusal, **dict(abort or {})})
         decide = CommitBranchOperator(
             task_id="decide", participants=participants, commit_task_id=commit_task.task_id,
             abort_task_id=abort_task.task_id,

@@ -10,7 +10,8 @@ epoch of the checkpointed pipeline ``orders``:
    checkpoint), and stages the fresh ones as parquet partitioned by ``order_date``;
 2. ``orders.prepared`` -- waits (deferrable) until the stage is prepared and verifies;
 3. ``orders.decide`` -- records commit or abort (abort, plus ``quarantine_alert``, when a
-   sanity check on the row count fails);
+   sanity check on the row count fails: the hour's input is held back, and the run ends
+   failed with the reason in its note so that its alerts fire);
 4. ``orders.commit`` commits the epoch's files into the Apache Iceberg table
    ``shop.orders`` (one snapshot per epoch, on a SQLite catalog beside the example's data:
    no server) and emits an asset event; ``orders.abort`` cleans up when anything before

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import DAG
 
@@ -93,13 +93,18 @@ def build_epoch_dag(
     commit: Mapping[str, Any] | None = None,
     fallback: bool = False,
     store_config: Mapping[str, Any] | None = None,
+    on_refusal: Literal["fail", "succeed"] = "fail",
+    on_failure_callback: Any = None,
 ) -> DAG:
-    """One checkpointed epoch per run: core-only stage(s) -> sensor -> branch -> commit/abort."""
+    """One checkpointed epoch per run: core-only stage(s) -> sensor -> branch -> commit/abort.
+
+    ``on_failure_callback``: the DAG's, called when a run fails.
+    """
     participants = participants or {"ingest": {}}
     stages = {name: {"sinks": {"orders_table": target_url}, **dict(options)}
               for name, options in participants.items()}
     with DAG(dag_id, schedule=None, start_date=START, catchup=False, max_active_runs=1,
-             default_args={"retry_delay": timedelta(seconds=0)}) as dag:
+             default_args={"retry_delay": timedelta(seconds=0)}, on_failure_callback=on_failure_callback) as dag:
         fallback_task = None
         if fallback:
             from airflow.providers.standard.operators.empty import EmptyOperator
@@ -112,7 +117,7 @@ def build_epoch_dag(
             branch=branch,
             commit={"retries": 3, "retry_delay": timedelta(seconds=0.1),
                     "retry_exponential_backoff": 2.0, **dict(commit or {})},
-            fallback=fallback_task, stage_class=CorePrepareOperator, emit_assets=False,
+            fallback=fallback_task, stage_class=CorePrepareOperator, emit_assets=False, on_refusal=on_refusal,
         )
     return dag
 
@@ -138,6 +143,18 @@ def task_states(dag_run: Any) -> dict[str, str]:
         key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
         out[key] = str(ti.state.value if hasattr(ti.state, "value") else ti.state)
     return out
+
+
+def run_note(dag_run: Any) -> str | None:
+    """The note of a DAG run, read from the metadata database (None without one)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        found = session.scalar(select(DagRun).where(DagRun.dag_id == dag_run.dag_id,
+                                                    DagRun.run_id == dag_run.run_id))
+        return None if found is None else found.note
 
 
 def try_numbers(dag_run: Any) -> dict[str, int]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.sdk import TriggerRule
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.errors import DecisionConflictError
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState
+from airflow_seatunnel_ckpt.core.protocol.pipeline import is_refusal
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
@@ -24,6 +26,11 @@ if TYPE_CHECKING:
 
 #: Upstream states that mean the epoch cannot reach its commit.
 _UNHAPPY = ("failed", "upstream_failed", "removed")
+#: What a run whose epoch was refused does (``on_refusal``): fail, or end green as any abort.
+ON_REFUSAL = ("fail", "succeed")
+#: The XCom key under which a failed abort task leaves why its epoch's input is held back
+#: (the provider's listener copies it into the DAG run's note).
+HELD_BACK_KEY = "held_back"
 
 
 class AbortEpochOperator(BasePipelineOperator):
@@ -39,9 +46,20 @@ class AbortEpochOperator(BasePipelineOperator):
     crashed right after recording the decision. Every outcome is idempotent, so the
     task is safe to retry and clear.
 
+    An epoch aborted by a refusal (a failed check, an expectation over its threshold, a
+    sink's precheck; :func:`~airflow_seatunnel_ckpt.core.protocol.pipeline.is_refusal`) holds its
+    input back: every later run reads it again and is refused again until the input or the
+    rule changes. With ``on_refusal="fail"`` (the default) the task therefore fails once the
+    epoch is aborted -- without retries -- so the DAG run fails and its failure callbacks,
+    emails and alerts fire; the reason goes to the XCom ``held_back`` and, through the
+    provider's listener, to the DAG run's note. An abort after a dead attempt or a timeout
+    never fails the task.
+
     :param roll_forward: publish an epoch found decided COMMIT instead of only logging.
     :param reason: reason recorded when this task makes the abort decision; by default
         the failed upstream tasks are named.
+    :param on_refusal: ``"fail"`` (default) or ``"succeed"``: whether a refused epoch fails
+        this task (and so the run) once it is aborted, or ends green like any abort.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "reason")
@@ -52,17 +70,37 @@ class AbortEpochOperator(BasePipelineOperator):
         *,
         roll_forward: bool = True,
         reason: str | None = None,
+        on_refusal: Literal["fail", "succeed"] = "fail",
         trigger_rule: str = TriggerRule.ALL_DONE,
         **kwargs: Any,
     ) -> None:
         super().__init__(trigger_rule=trigger_rule, **kwargs)
+        if on_refusal not in ON_REFUSAL:
+            raise ValueError(f"{self.where}: on_refusal must be one of {ON_REFUSAL}, got {on_refusal!r}")
         self.roll_forward = roll_forward
         self.reason = reason
+        self.on_refusal = on_refusal
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Abort, or explain why there is nothing to abort (a refusal fails at once, without retries)."""
         with refusals_fail_at_once():
-            return self._abort(context)
+            result = self._abort(context)
+        if result["action"] in ("aborted", "already_aborted") and self.on_refusal == "fail":
+            self._fail_if_held_back(context, result["epoch"])
+        return result
+
+    def _fail_if_held_back(self, context: Context, epoch: int) -> None:
+        """Fail (no retries) when ``epoch`` was refused: its input is held back until someone acts."""
+        decision = self.store_pipeline.status(epoch).decision
+        if not is_refusal(decision):
+            return
+        assert decision is not None
+        message = f"pipeline {self.pipeline!r} epoch {epoch} refused and aborted: {decision.reason}"
+        context["ti"].xcom_push(key=HELD_BACK_KEY, value=message)
+        raise AirflowFailException(
+            f"{message}. Its input is held back: the next run reads it again, and is refused again until the input "
+            f"or the rule that refused it is fixed; `seatunnel-ckpt epochs {self.pipeline}` shows since when. The "
+            "run fails so that its alerts fire (checkpointed_epoch(on_refusal='succeed') keeps such runs green)")
 
     def _abort(self, context: Context) -> dict[str, Any]:
         pipeline = self.store_pipeline

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, NotPreparedError
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState, EpochStatus
 from airflow_seatunnel_ckpt.core.protocol.expectations import REFUSED, refusals
-from airflow_seatunnel_ckpt.core.protocol.pipeline import SINK_REFUSED
+from airflow_seatunnel_ckpt.core.protocol.pipeline import CHECK_FAILED, SINK_REFUSED
 from airflow_seatunnel_ckpt.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
     BasePipelineOperator,
@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_seatunnel_ckpt.core.models import DecisionRecord
-
-#: Reasons of decisions caused by a failed user check start with this, so a re-run
-#: branch routes to the fallback task again.
-CHECK_FAILED = "check failed: "
 
 #: A user check gets the epoch's status and returns ``True``/``None`` to pass, ``False``
 #: or a reason string to fail.

@@ -13,7 +13,7 @@ from airflow_seatunnel_ckpt.core.protocol.recovery import abort_unfollowed
 from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook, attempt_for_try
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
 from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
 
 if TYPE_CHECKING:
@@ -117,7 +117,15 @@ class SparkStageOperator(BasePipelineOperator):
         self.poll_interval = poll_interval
 
     def execute(self, context: Context) -> dict[str, Any]:
-        """Prepare the run's epoch (or return the attempt that already did)."""
+        """Prepare the run's epoch (or return the attempt that already did).
+
+        A refusal a retry cannot change (an option that renders wrong, a pipeline another DAG
+        owns, a fenced attempt) fails the task at once, without retries.
+        """
+        with refusals_fail_at_once():
+            return self._execute(context)
+
+    def _execute(self, context: Context) -> dict[str, Any]:
         from airflow_seatunnel_ckpt.hooks.kafka import with_kafka_connections
         from airflow_seatunnel_ckpt.lineage.epoch import with_openlineage_spark_properties
         from airflow_seatunnel_ckpt.spark import DEFAULT_KEY_GROUPS, StageResult, StageSpec

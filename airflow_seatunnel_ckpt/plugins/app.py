@@ -32,7 +32,7 @@ from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpoin
 from airflow_seatunnel_ckpt.core.models import ActionOutcome
 from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryReport, RecoveryStep, recover, resolve_epoch
 from airflow_seatunnel_ckpt.hooks.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
-from airflow_seatunnel_ckpt.plugins import charts, overview
+from airflow_seatunnel_ckpt.plugins import charts, overview, run_notes
 
 #: Recovery steps that decide or finish an epoch: the ones recorded with the user who ran recovery.
 _RESOLVING = frozenset({RecoveryStep.FINISH_COMMIT, RecoveryStep.FINISH_ABORT, RecoveryStep.ABORT_TIMEOUT,
@@ -312,9 +312,11 @@ def _state(p: Any, epoch: int) -> EpochState:
 
 
 class CheckpointsPlugin(AirflowPlugin):
-    """The "Checkpoints" page: pipelines and epochs of the configured stores, and on-call actions."""
+    """The "Checkpoints" page: pipelines and epochs of the configured stores, and on-call actions;
+    and the listener that notes on a failed run why its input is held back (:mod:`.run_notes`)."""
 
     name = "seatunnel_ckpt_checkpoints"
+    listeners = [run_notes]
     fastapi_apps = [{"app": create_app(), "url_prefix": URL_PREFIX, "name": "SeaTunnel checkpoints"}]
     external_views = [
         {"name": "Checkpoints", "href": f"{URL_PREFIX}/", "destination": "nav",

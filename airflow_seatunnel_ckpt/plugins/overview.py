@@ -157,6 +157,8 @@ class PipelineView:
     verify: list[dict[str, Any]]
     recovery: dict[str, Any]
     history: list[HistoryRow] = field(default_factory=list)
+    #: ``input held back since epoch N (k runs); ...`` when the newest epochs were refused, else "".
+    held_back: str = ""
 
 
 def owner_dag_id(p: StoredPipeline) -> str:
@@ -191,7 +193,9 @@ def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
     verify += [{"settled_record": exc.path, "ok": False, "verdict": "DAMAGED", "problems": [str(exc)]}
                for exc in p.txlog.settled.damaged()]
     recovery = recover(p, dry_run=True, run_finished=run_finished).to_dict()
-    return PipelineView(name, owner_dag_id(p), rows, restore, verify, recovery, action_history(p, epochs))
+    held = p.held_back()
+    return PipelineView(name, owner_dag_id(p), rows, restore, verify, recovery, action_history(p, epochs),
+                        held.describe() if held is not None else "")
 
 
 def pipelines_summary(store: CheckpointStore) -> list[dict[str, Any]]:

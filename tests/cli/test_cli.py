@@ -163,6 +163,21 @@ def test_epochs_last_limits_the_table_and_the_json_alike(cli: Cli) -> None:
     assert [s["epoch"] for s in cli.json("epochs", "orders", "--last", "2")] == [2, 3]
 
 
+def test_epochs_says_since_when_input_is_held_back_by_refusals(cli: Cli) -> None:
+    p = cli.spec.pipeline("orders")
+    run_epoch(p, "run-1", Participant())
+    for run in ("run-2", "run-3"):
+        epoch = prepare_participant(p, run, Participant()).epoch
+        p.decide(epoch, Decision.ABORT, "check failed: 3 rows staged over all sinks (orders=3), fewer than the "
+                                        "minimum 100")
+
+    code, out, _ = cli.run("epochs", "orders", "--last", "1")
+
+    assert code == 0
+    assert out.splitlines()[-1] == ("input held back since epoch 2 (2 runs); epoch 3: check failed: 3 rows staged "
+                                    "over all sinks (orders=3), fewer than the minimum 100")
+
+
 def test_epochs_of_a_pipeline_without_a_log_lists_none(cli: Cli) -> None:
     # A pipeline that exists (its stage task recorded a descriptor) but has begun no epoch yet.
     ensure_descriptor(cli.spec.pipeline("fresh"), dag_id="fresh_dag", participants={

@@ -19,11 +19,12 @@ from orders_example import START
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import StorageError
 from airflow_seatunnel_ckpt.operators import metrics
-from tests.epoch_test_dags import REPO, load_recovery_dag, task_states
+from tests.epoch_test_dags import REPO, load_recovery_dag, run_note, task_states
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
 
 STAGE_FAILS = "SEATUNNEL_CKPT_TEST_STAGE_FAILS"
+HOLD = "SEATUNNEL_CKPT_TEST_HOLD"
 
 
 def fail_or_dedup(ctx: Any, spark: Any) -> None:
@@ -166,6 +167,41 @@ def test_a_failing_stage_aborts_and_the_next_run_picks_its_input_up(
     assert following.state == "success", task_states(following)
     consumed = example.pipeline.status(3).prepared["ingest"].sources["orders"].offsets
     assert consumed["files"] == ["orders-20260101T0100.json", "orders-20260101T0200.json"]
+    example.assert_exactly_once()
+
+
+def held_while_asked(status: Any) -> str | None:
+    """A check of the commit branch that refuses the epoch while ``$SEATUNNEL_CKPT_TEST_HOLD`` is set."""
+    import os
+
+    return "the orders of this hour are held for review" if os.environ.get(HOLD) else None
+
+
+def test_a_refused_epoch_fails_its_run_and_the_next_run_reads_the_held_back_input(
+        spark: Any, run_at: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    example = Example(tmp_path / "data", monkeypatch)
+    example.dag.get_task("orders.decide").check = held_while_asked
+    assert run_at(example.dag, at(0)).state == "success"
+
+    monkeypatch.setenv(HOLD, "1")
+    held = run_at(example.dag, at(1))
+    monkeypatch.delenv(HOLD)
+
+    assert held.state == "failed"
+    states = task_states(held)
+    assert (states["orders.commit"], states["orders.abort"], states["quarantine_alert"]) == (
+        "skipped", "failed", "success")
+    assert run_note(held) == ("Input held back: pipeline 'orders' epoch 2 refused and aborted: check failed: "
+                              "held_while_asked: the orders of this hour are held for review")
+    assert example.pipeline.state(2) is EpochState.ABORTED
+    assert example.pipeline.held_back().since == 2
+
+    # The next hour's run reads hour 1's held-back file too: nothing is lost.
+    following = run_at(example.dag, at(2))
+    assert following.state == "success", task_states(following)
+    consumed = example.pipeline.status(3).prepared["ingest"].sources["orders"].offsets
+    assert consumed["files"] == ["orders-20260101T0100.json", "orders-20260101T0200.json"]
+    assert example.pipeline.held_back() is None
     example.assert_exactly_once()
 
 

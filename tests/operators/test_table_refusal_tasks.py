@@ -25,7 +25,7 @@ from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.models import SinkMode
 from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
-from tests.epoch_test_dags import PIPELINE, START, logical_date, task_states, try_numbers
+from tests.epoch_test_dags import PIPELINE, START, logical_date, run_note, task_states, try_numbers
 from tests.tables import duckdb_delta_rows
 
 pytestmark = pytest.mark.airflow
@@ -97,15 +97,16 @@ def test_a_sink_refusing_the_epoch_takes_the_abort_path_and_the_next_run_commits
     write_rows(lake, ("c1", 2.0), ("c1", 3.0))  # one key twice: the upsert cannot take it
     refused = run_at(dag, logical_date(1))
 
-    assert refused.state == "success"
+    assert refused.state == "failed"  # its input is held back: the abort task fails, so alerts fire
     assert task_states(refused) == {"orders.ingest": "success", "orders.prepared": "success",
                                     "orders.decide": "success", "orders.commit": "skipped",
-                                    "orders.abort": "success",
+                                    "orders.abort": "failed",
                                     "orders.epoch_or_replay": "success", "orders.replay": "skipped"}
     pipeline = CheckpointStore.from_url(lake["storage_url"]).pipeline(PIPELINE)
     decision = pipeline.status(2).decision
     assert pipeline.state(2) is EpochState.ABORTED and decision is not None
     assert "sink 'totals'" in decision.reason and "appear more than once" in decision.reason
+    assert run_note(refused) == f"Input held back: pipeline 'orders' epoch 2 refused and aborted: {decision.reason}"
     assert duckdb_delta_rows(lake["uri"]) == [("c0", 1.0)]
 
     write_rows(lake, ("c1", 2.0))

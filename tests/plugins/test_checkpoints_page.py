@@ -85,6 +85,21 @@ def test_pipeline_view_lists_every_epoch_with_the_states_the_console_derives(sto
     assert first.checkpoint_bytes is not None and first.checkpoint_bytes >= 0
 
 
+def test_pipeline_view_says_since_when_input_is_held_back_by_refusals(tmp_path: Path) -> None:
+    from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
+
+    ckpt = CheckpointStore.from_url(f"file://{tmp_path}/ckpt")
+    p = ckpt.pipeline("orders")
+    p.decide(_run(p, "run-1", 1), Decision.COMMIT, "all prepared", by="test")
+    p.commit(1)
+    assert pipeline_view(ckpt, "orders").held_back == ""
+    p.abort(_run(p, "run-2", 2), "commit refused by a sink: sink 'orders': keys appear more than once", by="test")
+
+    assert pipeline_view(ckpt, "orders").held_back == (
+        "input held back since epoch 2 (1 run); epoch 2: commit refused by a sink: sink 'orders': keys appear "
+        "more than once")
+
+
 def test_damaged_record_is_named_in_the_row_and_in_verify(store: Any) -> None:
     from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
 

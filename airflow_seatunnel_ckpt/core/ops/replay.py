@@ -68,7 +68,16 @@ _RUN_ID = re.compile(r"^replay__(\d+)-(\d+)__\d+$")
 
 
 class ReplayError(CheckpointError):
-    """A replay cannot run as asked (epoch in flight, range, sink kind, ...); nothing was changed."""
+    """A replay cannot run as asked (epoch in flight, range, sink kind, ...); nothing was changed.
+
+    A refusal that running the replay again cannot change (a range, a sink kind, the table's
+    other writer) is not retryable; one that waits for something to finish (an epoch in
+    flight) is.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)
@@ -127,7 +136,7 @@ def resume_replay(pipeline: Pipeline) -> CommitResult | None:
             f"pipeline {pipeline.name!r}: cannot replay while epoch {status.epoch} ({what}) is "
             f"{status.state.value}; let it finish (commit or abort), or resolve it with "
             f"`seatunnel-ckpt recover {pipeline.name} --apply` (an abandoned replay is aborted once its lease "
-            "expired: nothing of it was published), then replay again")
+            "expired: nothing of it was published), then replay again", retryable=True)
     return resumed
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core import layout
@@ -38,6 +39,7 @@ from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import (
     CheckpointError,
     ConfigError,
+    CorruptCheckpointError,
     DecisionConflictError,
     EpochNotFoundError,
     FencedAttemptError,
@@ -88,8 +90,40 @@ log = logging.getLogger(__name__)
 
 #: The reason of an abort decision taken because a table sink refused the epoch.
 SINK_REFUSED = "commit refused by a sink: "
+#: The reason of an abort decision taken because a check of the commit branch failed (its
+#: ``min_rows``/``max_rows``, its ``check`` callable, the sinks' expectations).
+CHECK_FAILED = "check failed: "
+#: How the reasons of refusals start: abort decisions that held the epoch's input back.
+REFUSALS = (CHECK_FAILED, expectations.REFUSED, SINK_REFUSED)
 #: The action (an ``action-*`` record) that lets a COMMITTING epoch commit without one sink.
 SKIP_SINK = "skip-sink"
+
+
+def is_refusal(decision: DecisionRecord | None) -> bool:
+    """Whether ``decision`` aborted its epoch because its input was refused (a refusal).
+
+    A check, an expectation or a sink refused the epoch's rows: its input stays unconsumed
+    and every later epoch reads it again, and is refused again, until the input or the rule
+    changes -- the input is *held back*. An abort because an attempt died, timed out or
+    did not verify is not a refusal: the next epoch simply runs again.
+    """
+    return (decision is not None and decision.decision is Decision.ABORT
+            and decision.reason.startswith(REFUSALS))
+
+
+@dataclass(frozen=True)
+class HeldBack:
+    """The epochs refused since the newest commit (see :meth:`Pipeline.held_back`)."""
+
+    since: int  #: the oldest refused epoch after the newest committed one
+    runs: int  #: how many epochs were refused since then
+    newest: int  #: the newest refused epoch
+    reason: str  #: why the newest one was refused
+
+    def describe(self) -> str:
+        """``input held back since epoch 4 (3 runs); epoch 6: <why epoch 6 was refused>``."""
+        return (f"input held back since epoch {self.since} ({self.runs} run{'s' if self.runs != 1 else ''}); "
+                f"epoch {self.newest}: {self.reason}")
 
 
 class Pipeline:
@@ -163,6 +197,28 @@ class Pipeline:
     def last_committed_epoch(self) -> int | None:
         """The newest committed epoch, or None."""
         return self.txlog.last_committed_epoch()
+
+    def held_back(self) -> HeldBack | None:
+        """The refusals (:func:`is_refusal`) since the newest commit, or None when there is none.
+
+        Reads the decisions of the epochs above the newest committed one, newest first; an
+        epoch still undecided or aborted for another reason (a dead attempt) is passed over,
+        and a damaged decision record ends the search (``verify`` names it).
+        """
+        found: list[DecisionRecord] = []
+        for epoch in reversed(self.txlog.epochs()):
+            try:
+                decision = self.txlog.read_decision(epoch)
+            except CorruptCheckpointError:
+                break
+            if decision is not None and decision.decision is Decision.COMMIT:
+                break
+            if is_refusal(decision):
+                assert decision is not None
+                found.append(decision)
+        if not found:
+            return None
+        return HeldBack(since=found[-1].epoch, runs=len(found), newest=found[0].epoch, reason=found[0].reason)
 
     def prepared_for_run(self, run_id: str, participant: str) -> PreparedRecord | None:
         """``participant``'s prepared record in the live epoch of ``run_id``, or None.

@@ -761,3 +761,28 @@ def test_the_whole_protocol_keeps_its_invariants_on_s3(crash_plan: faults.CrashP
     point = world.pipeline().restore_point()
     assert (point.how, point.epoch) == ("primary", second + 1)
     assert restored_state(point) == {**STATE_AFTER_SECOND, 7: 7}
+
+
+def test_held_back_counts_the_refused_epochs_since_the_newest_commit(local_spec: StoreSpec) -> None:
+    from airflow_seatunnel_ckpt.core.protocol.pipeline import CHECK_FAILED, SINK_REFUSED, HeldBack
+
+    p = local_spec.pipeline()
+    prepare_participant(p, "run-1", Participant())
+    p.decide(1, Decision.COMMIT, "ok")
+    p.commit(1)
+    assert p.held_back() is None
+    for run, reason in (("run-2", f"{CHECK_FAILED}too few rows"), ("run-3", "upstream did not succeed: ingest"),
+                        ("run-4", f"{SINK_REFUSED}sink 'totals': keys appear more than once")):
+        epoch = p.begin(run).epoch
+        p.abort(epoch, reason)
+    p.begin("run-5")  # in flight: passed over
+
+    # A dead attempt's abort (epoch 3) is not a refusal; the input stays held back since epoch 2.
+    assert p.held_back() == HeldBack(since=2, runs=2, newest=4,
+                                     reason=f"{SINK_REFUSED}sink 'totals': keys appear more than once")
+    assert p.held_back().describe() == ("input held back since epoch 2 (2 runs); epoch 4: commit refused by a "
+                                        "sink: sink 'totals': keys appear more than once")
+    p.abort(5, "lease expired")
+    prepare_participant(p, "run-6", Participant())
+    p.decide(6, Decision.COMMIT, "ok")
+    assert p.held_back() is None  # decided commit: the input moves on

@@ -33,7 +33,8 @@ Spark job).
 Before those, the recovery DAG recovers a pipeline on a store whose connection only the
 metadata database holds (named in ``[seatunnel_ckpt] stores``), and ``airflow backfill
 create`` (reprocess ``failed``, then ``completed``) runs two committed hours of a copy of
-the example again without publishing anything twice.
+the example again without publishing anything twice, and a run whose epoch an
+expectation refuses ends failed, with the reason in its note and its failure callback run.
 
 Then the store and the table are read independently: every epoch ended COMMITTED or
 ABORTED, the table holds every generated order exactly once, the killed try's JVM did
@@ -476,6 +477,50 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
     assert sorted((e["source_run_id"], e["extra"]["epoch"]) for e in events) == sorted(
         (runs[hour], epoch) for hour, epoch in epochs.items()), events
     _phase(capsys, began, f"{BACKFILL_DAG}: the store, the table and the asset events checked")
+
+
+HELD_DAG = "held_back_orders"
+
+
+def test_an_expectation_held_run_fails_with_its_reason_in_the_note_and_its_failure_callback_fires(
+    airflow_deployment: AirflowDeployment, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``tests/integration/deployment/dags/held_back_orders.py``: an expectation refuses the epoch.
+
+    The run ends failed (the abort task fails once the epoch is aborted), the scheduler's
+    listener writes the reason into the run's note, and the DAG's failure callback -- which
+    the dag-processor runs -- appends the run id to a file.
+    """
+    deployment = airflow_deployment
+    deployment.wait_for(f"the dag-processor to parse {HELD_DAG}", lambda: deployment.api(
+        "GET", f"/dags?dag_id_pattern={HELD_DAG}").get("total_entries"), timeout=240)
+    deployment.api("PATCH", f"/dags/{HELD_DAG}", {"is_paused": False})
+    started = time.monotonic()
+    deployment.api("POST", f"/dags/{HELD_DAG}/dagRuns", {"dag_run_id": "held_1", "logical_date": None})
+
+    def finished() -> str | None:
+        state = str(deployment.api("GET", f"/dags/{HELD_DAG}/dagRuns/held_1")["state"])
+        return state if state in ("success", "failed") else None
+
+    state = deployment.wait_for(f"{HELD_DAG} run held_1 to finish", finished, timeout=RUN_TIMEOUT_S)
+    alerts = deployment.data / "held_back" / "alerts"
+    deployment.wait_for("the failure callback to run", lambda: alerts.is_file() and alerts.read_text(), timeout=120)
+    with capsys.disabled():  # the seconds show in the test run's output, passed or not
+        print(f"\nexpectation-held run triggered -> failed, its failure callback run: "
+              f"{time.monotonic() - started:.1f}s")
+    assert state == "failed"
+    assert alerts.read_text().splitlines() == ["held_1"]
+    tis = {ti["task_id"]: ti for ti in deployment.api(
+        "GET", f"/dags/{HELD_DAG}/dagRuns/held_1/taskInstances")["task_instances"]}
+    assert (tis["orders.commit"]["state"], tis["orders.abort"]["state"]) == ("skipped", "failed")
+    assert tis["orders.abort"]["try_number"] == 1
+    note = deployment.api("GET", f"/dags/{HELD_DAG}/dagRuns/held_1")["note"]
+    assert note == ("Input held back: pipeline 'held_back_orders' epoch 1 refused and aborted: check failed: "
+                    "expectations failed: expectation 'id_present' of sink 'orders_out': 1 of 3 rows failed (33.3%), "
+                    "and its action is 'fail'"), note
+    pipeline = CheckpointStore.from_url(f"file://{deployment.data / 'held_back' / 'checkpoints'}").pipeline(HELD_DAG)
+    assert pipeline.state(1) is EpochState.ABORTED
+    deployment.api("PATCH", f"/dags/{HELD_DAG}", {"is_paused": True})
 
 
 def _terminate_stage_mid_work(deployment: AirflowDeployment, run_id: str) -> None:
