@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import posixpath
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
@@ -98,6 +98,9 @@ class Source(ABC):
     :param name: the source's name in the stage spec (and in the checkpoint).
     """
 
+    #: Looks up :meth:`first_pinned` in the log; the runner sets it before planning.
+    earlier_plans: Callable[[], Mapping[str, Any] | None] | None = None
+
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -117,6 +120,13 @@ class Source(ABC):
         plan from less (the file source's consumed-file index) overrides it.
         """
         return self.plan(point.source_entries(self.name))
+
+    def first_pinned(self) -> Mapping[str, Any] | None:
+        """The offsets an earlier epoch of the pipeline pinned first for this source (aborted,
+        or committed without reading it), or None. A source whose first plan depends on when
+        it is made (Kafka's ``starting_offsets="latest"``) starts there when no committed
+        epoch read it, so the pipeline's start never moves."""
+        return self.earlier_plans() if self.earlier_plans is not None else None
 
 
 class FileSource(Source):

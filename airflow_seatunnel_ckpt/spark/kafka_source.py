@@ -136,12 +136,16 @@ class KafkaSource(Source):
             offsets = kafka_offsets.plan_offsets(
                 history, state, self.subscribed, starting_offsets=self.starting_offsets,
                 max_offsets_per_epoch=self.max_offsets_per_epoch, fail_on_data_loss=self.fail_on_data_loss,
-                where=self.where)
+                where=self.where, first_plan=self.first_pinned)
         except KafkaOffsetsError as exc:
             raise SourceError(str(exc)) from exc
         if offsets["lost"]:
             log.warning("%s: skipping lost records (fail_on_data_loss=false): %s", self.where,
                         kafka_offsets.describe_lost(offsets["lost"]))
+        kept = sorted(t for t in offsets["end"] if t not in state and self.subscribed(t))
+        if kept:
+            log.warning("%s: topic(s) %s are not in the broker's metadata (deleted, or not visible to this client "
+                        "now); their positions are kept and the epoch reads the others", self.where, kept)
         if self.topics is not None:
             missing = sorted(set(self.topics) - set(state) - set(offsets["end"]))
             if missing:

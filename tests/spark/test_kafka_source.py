@@ -157,7 +157,7 @@ def test_a_new_topic_matching_the_pattern_is_read_from_its_earliest_offset(
                                                    [(new, 0, 0), (new, 0, 1)] + [(new, 2, o) for o in range(4)])
 
 
-def test_a_deleted_topic_fails_the_epoch_naming_its_partitions_and_the_option(
+def test_a_deleted_topic_fails_the_epoch_naming_its_partitions_and_a_recreated_one_is_skipped_on_request(
         spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     topic = new_topic(kafka_broker, partitions=2)
     kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic])
@@ -167,8 +167,8 @@ def test_a_deleted_topic_fails_the_epoch_naming_its_partitions_and_the_option(
     with pytest.raises(SourceError) as refused:
         run_stage(kafka.spec("run-gone"), spark)
     message = str(refused.value)
-    assert f"{topic}-0 (from offset 4: topic deleted)" in message
-    assert f"{topic}-1 (from offset 6: topic deleted)" in message
+    assert f"{topic}-0 (from offset 4: deleted, or not visible to this client now)" in message
+    assert f"{topic}-1 (from offset 6: deleted, or not visible to this client now)" in message
     assert "fail_on_data_loss=false" in message and "epoch 2" in message
     epoch = kafka.pipeline.epoch_for_run("run-gone")
     assert epoch == 2 and kafka.pipeline.txlog.read_prepared(epoch, "ingest") is None
@@ -197,6 +197,54 @@ def test_a_topic_deleted_after_the_plan_fails_the_read_before_prepare(
                                           r"the epoch was planned.*fail_on_data_loss=false"):
         run_stage(kafka.spec("run-1", 2), spark)
     assert kafka.pipeline.txlog.read_prepared(1, "ingest") is None
+
+
+def test_a_topic_missing_from_one_metadata_answer_resumes_at_its_position_not_its_beginning(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = new_topic(kafka_broker, partitions=2)
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic], fail_on_data_loss=False)
+    produce(kafka_broker, topic, {0: 3, 1: 2})
+    kafka.epoch(spark)
+    produce(kafka_broker, topic, {0: 2, 1: 1}, first=5)
+    answer = KafkaSource.broker_state
+
+    def hiccup(source: KafkaSource, names: list[str] | None = None) -> dict[str, Any]:
+        """The broker's answer without the topic, as during a brief ACL or broker hiccup."""
+        return {t: s for t, s in answer(source, names).items() if t != topic}
+
+    monkeypatch.setattr(KafkaSource, "broker_state", hiccup)
+    missed = kafka.epoch(spark)
+    monkeypatch.setattr(KafkaSource, "broker_state", answer)
+    assert missed.sources["events"]["end"] == {topic: {"0": 3, "1": 2}} and missed.sources["events"]["lost"] == []
+    back = kafka.epoch(spark)  # listed again, with the same id: it resumes where it stopped
+    assert kafka.positions(back.epoch) == [(topic, 0, 3), (topic, 0, 4), (topic, 1, 2)]
+    everything = kafka.positions()
+    assert len(everything) == len(set(everything)) == 8
+
+
+def test_a_cap_below_the_partitions_with_records_serves_each_partition_in_turn(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=3)
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic], max_offsets_per_epoch=1)
+    produce(kafka_broker, topic, {1: 2, 2: 2})
+    served = []
+    for n in range(3):  # partition 0 trickles one record before each epoch
+        produce(kafka_broker, topic, {0: 1}, first=100 + n)
+        served += [p for _, p, _ in kafka.positions(kafka.epoch(spark).epoch)]
+    assert sorted(served) == [0, 1, 2]
+
+
+def test_latest_after_an_aborted_first_epoch_reads_what_was_produced_since_that_plan(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    produce(kafka_broker, topic, {0: 5})
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic], starting_offsets="latest")
+    with pytest.raises(InjectedFailure):  # the first plan pins the pipeline's start: offset 5
+        run_stage(kafka.spec("run-1", 1, "tests.spark.kafka_stages:fail_before_reading"), spark)
+    kafka.pipeline.abort(1, "the stage died and its sensor timed out", by="test")
+    produce(kafka_broker, topic, {0: 3}, first=5)
+    second = kafka.epoch(spark, run_id="run-2")
+    assert second.epoch == 2 and kafka.positions(second.epoch) == [(topic, 0, o) for o in range(5, 8)]
 
 
 def test_options_are_checked_when_the_source_is_built() -> None:
