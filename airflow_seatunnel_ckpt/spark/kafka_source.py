@@ -171,10 +171,15 @@ class KafkaSource(Source):
         return readable
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
-        """Exactly the pinned ranges, one Spark input partition per topic-partition range."""
+        """Exactly the pinned ranges, one Spark input partition per topic-partition range.
+
+        Each executor checks its partition against the pinned topic id and range again (a
+        topic deleted and created again after this check must not pass for the pinned one).
+        """
         from airflow_seatunnel_ckpt.spark.kafka_reader import SCHEMA, read_ranges
 
         ranges = self.readable_ranges(offsets)
         if not ranges:
             return spark.createDataFrame([], SCHEMA)
-        return read_ranges(spark, ranges, self.client_config(), self.where, self.fail_on_data_loss)
+        return read_ranges(spark, ranges, self.client_config(), self.where, self.fail_on_data_loss,
+                           topic_ids=offsets.get("topic_ids") or {})

@@ -7,6 +7,7 @@ the published records (topic, partition, offset) and the offsets recorded in the
 
 from __future__ import annotations
 
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
 from tests.kafka_broker import KafkaBroker
+from tests.spark import kafka_stages
 from tests.spark.kafka_stages import InjectedFailure
 
 pytestmark = pytest.mark.spark
@@ -197,6 +199,28 @@ def test_a_topic_deleted_after_the_plan_fails_the_read_before_prepare(
                                           r"the epoch was planned.*fail_on_data_loss=false"):
         run_stage(kafka.spec("run-1", 2), spark)
     assert kafka.pipeline.txlog.read_prepared(1, "ingest") is None
+
+
+def test_a_topic_created_again_between_the_drivers_check_and_the_fetch_fails_where_it_is_read(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic])
+    produce(kafka_broker, topic, {0: 5})
+
+    def recreate() -> None:  # after the driver checked [0, 5) against the topic id, before the fetch
+        kafka_broker.delete_topic(topic)
+        kafka_broker.create_topic(topic, 1)
+        produce(kafka_broker, topic, {0: 9}, first=100)
+
+    kafka_stages.BETWEEN_READ_AND_FETCH[:] = [recreate]
+    try:
+        with pytest.raises(Exception) as refused:
+            run_stage(kafka.spec("run-1", 1, "tests.spark.kafka_stages:copy_events_changing_the_topic"), spark)
+    finally:
+        kafka_stages.BETWEEN_READ_AND_FETCH.clear()
+    assert re.search(rf"{topic}-0 \(offsets 0 to 5: topic deleted and created again while the epoch read it "
+                     rf"\(id \S+ -> \S+, seen before the fetch\)\)", str(refused.value)), str(refused.value)[:3000]
+    assert kafka.pipeline.txlog.read_prepared(1, "ingest") is None and kafka.published() == []
 
 
 def test_a_topic_missing_from_one_metadata_answer_resumes_at_its_position_not_its_beginning(
