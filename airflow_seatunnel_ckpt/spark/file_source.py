@@ -128,6 +128,18 @@ class Source(ABC):
         epoch read it, so the pipeline's start never moves."""
         return self.earlier_plans() if self.earlier_plans is not None else None
 
+    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
+        """Raise :class:`SourceError` unless all the input ``offsets`` pin can still be read as it
+        was: what a replay checks for every epoch it runs again, before it writes anything. The
+        default trusts :meth:`read` to refuse."""
+        return None
+
+    def read_exactly(self) -> None:
+        """From now on, read exactly the pinned input or fail, whatever options allow skipping
+        part of it (a replay with fewer rows would replace committed output). The default
+        source never skips."""
+        return None
+
 
 class FileSource(Source):
     """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.

@@ -170,6 +170,24 @@ class KafkaSource(Source):
                         self.where, kafka_offsets.describe_lost(lost))
         return readable
 
+    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
+        """Refuse unless every record of the pinned ranges is still in its topic (same topic id)."""
+        ranges = kafka_offsets.ranges_of(offsets)
+        if not ranges:
+            return
+        state = self.broker_state(sorted({r.topic for r in ranges}))
+        try:
+            _, lost = kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
+                                                 fail_on_data_loss=False, where=self.where)
+        except KafkaOffsetsError as exc:
+            raise SourceError(str(exc)) from exc
+        if lost:
+            raise SourceError(f"{self.where}: records the epoch read are gone: {kafka_offsets.describe_lost(lost)}")
+
+    def read_exactly(self) -> None:
+        """Fail on any pinned record that is gone, whatever ``fail_on_data_loss`` says."""
+        self.fail_on_data_loss = True
+
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the pinned ranges, one Spark input partition per topic-partition range.
 

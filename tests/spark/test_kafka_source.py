@@ -16,9 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
+from airflow_seatunnel_ckpt.spark.replay import replay_stage
 from tests.kafka_broker import KafkaBroker
 from tests.spark import kafka_stages
 from tests.spark.kafka_stages import InjectedFailure
@@ -269,6 +271,27 @@ def test_latest_after_an_aborted_first_epoch_reads_what_was_produced_since_that_
     produce(kafka_broker, topic, {0: 3}, first=5)
     second = kafka.epoch(spark, run_id="run-2")
     assert second.epoch == 2 and kafka.positions(second.epoch) == [(topic, 0, o) for o in range(5, 8)]
+
+
+def test_a_replay_whose_records_are_gone_refuses_before_writing_whatever_fail_on_data_loss_says(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic], fail_on_data_loss=False)
+    produce(kafka_broker, topic, {0: 4})
+    kafka.epoch(spark)
+    produce(kafka_broker, topic, {0: 3}, first=4)
+    kafka.epoch(spark)
+    kafka_broker.delete_topic(topic)  # the records both epochs read are gone
+    kafka_broker.create_topic(topic, 1)
+    produce(kafka_broker, topic, {0: 2}, first=50)
+    with pytest.raises(ReplayError) as refused:
+        replay_stage(kafka.spec("replay"), 1, 2, reason="fix a bug", by="test", spark=spark)
+    message = str(refused.value)
+    assert "epoch 1's input is not all there any more" in message
+    assert f"{topic}-0 (offsets 0 to 4: topic deleted and created again" in message
+    assert "Replay from a later epoch" in message
+    assert kafka.pipeline.txlog.epochs() == [1, 2]  # no replay epoch begun
+    assert kafka.positions() == [(topic, 0, o) for o in range(7)]
 
 
 def test_options_are_checked_when_the_source_is_built() -> None:
