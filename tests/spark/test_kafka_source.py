@@ -7,7 +7,12 @@ the published records (topic, partition, offset) and the offsets recorded in the
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +26,7 @@ from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
 from airflow_seatunnel_ckpt.spark.replay import replay_stage
+from tests.conftest import FAST_JVM_OPTIONS
 from tests.kafka_broker import KafkaBroker
 from tests.spark import kafka_stages
 from tests.spark.kafka_stages import InjectedFailure
@@ -292,6 +298,34 @@ def test_a_replay_whose_records_are_gone_refuses_before_writing_whatever_fail_on
     assert "Replay from a later epoch" in message
     assert kafka.pipeline.txlog.epochs() == [1, 2]  # no replay epoch begun
     assert kafka.positions() == [(topic, 0, o) for o in range(7)]
+
+
+def test_an_in_process_session_runs_its_python_workers_with_the_packages_interpreter(
+        tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    produce(kafka_broker, topic, {0: 3})
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic])
+    spec = kafka.spec("run-1")
+    spec = dataclasses.replace(spec, master="local[1]", spark_conf={
+        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1",
+        "spark.driver.extraJavaOptions": FAST_JVM_OPTIONS})
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    elsewhere = tmp_path / "bin"  # `python3` on PATH is not the package's interpreter
+    elsewhere.mkdir()
+    (elsewhere / "python3").write_text("#!/bin/sh\necho 'python3 on PATH is not the package interpreter' >&2\n"
+                                       "exit 1\n")
+    (elsewhere / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env["PATH"] = os.pathsep.join([str(elsewhere), "/usr/bin", "/bin"])
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    script = ("import json, sys; from airflow_seatunnel_ckpt.spark import StageSpec, run_stage; "
+              "spec = StageSpec.from_dict(json.loads(open(sys.argv[1]).read())); "
+              "print(json.dumps(run_stage(spec).sources))")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "spec.json")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["events"]["end"] == {topic: {"0": 3}}
+    assert kafka.pipeline.txlog.read_prepared(1, "ingest") is not None
 
 
 def test_options_are_checked_when_the_source_is_built() -> None:
