@@ -169,14 +169,14 @@ def read_range(config: Mapping[str, Any], r: RangePartition, where: str, fail_on
                                             f"offset {last}; the epoch fails before its commit decision and its "
                                             "retry reads the same range")
                 offset = m.offset()
-                if offset >= r.end:
-                    last = offset
-                    break
-                if offset <= last:
+                if offset is None or offset <= last:
                     raise KafkaOffsetsError(
                         f"{where}: reading {label}: the broker returned offset {offset} after offset {last}, expected "
                         f"offsets from {last + 1} up to {r.end} in order; the partition is not the one the epoch "
                         "pinned. The epoch fails before its commit decision")
+                if offset >= r.end:
+                    last = offset
+                    break
                 keys.append(m.key())
                 values.append(m.value())
                 offsets.append(offset)
