@@ -122,10 +122,10 @@ class Source(ABC):
         return self.plan(point.source_entries(self.name))
 
     def first_pinned(self) -> Mapping[str, Any] | None:
-        """The offsets an earlier epoch of the pipeline pinned first for this source (aborted,
-        or committed without reading it), or None. A source whose first plan depends on when
-        it is made (Kafka's ``starting_offsets="latest"``) starts there when no committed
-        epoch read it, so the pipeline's start never moves."""
+        """The offsets an earlier epoch of the pipeline pinned for this source (aborted, or
+        committed without reading it; the newest such plan), or None. A source whose first
+        plan depends on when it is made (Kafka's ``starting_offsets="latest"``) starts where
+        that plan started when no committed epoch read it, so the pipeline's start never moves."""
         return self.earlier_plans() if self.earlier_plans is not None else None
 
     def verify_pinned(self, offsets: Mapping[str, Any]) -> None:

@@ -319,11 +319,15 @@ def _fixed_offsets(
 
 
 def _first_pinned_plan(pipeline: Pipeline, participant: str, source: str, before: int) -> dict[str, Any] | None:
-    """The offsets the first epoch below ``before`` that planned ``source`` pinned for it, or None
-    (read oldest first: usually the first epoch's plan is the one)."""
-    for earlier in pipeline.txlog.epochs():
+    """The offsets the newest epoch below ``before`` that planned ``source`` pinned for it, or None.
+
+    Newest first, so the cost does not grow with the log: a plan made with no committed
+    position starts where the plan before it started, so the newest one carries the first
+    one's start.
+    """
+    for earlier in reversed(pipeline.txlog.epochs()):
         if earlier >= before:
-            break
+            continue
         plan = pipeline.txlog.read_plan(earlier, participant)
         if plan and plan.get(source):
             return dict(plan[source])

@@ -194,9 +194,10 @@ def plan_offsets(history: Sequence[Mapping[str, Any]], topics: Mapping[str, Topi
     one answer without it (a broker or ACL hiccup) does not make it deleted, and when it is
     listed again with the same id it resumes there; listed with another id, it was deleted
     and created again. ``first_plan`` gives the offsets an earlier epoch of the pipeline
-    pinned first (aborted, or committed without reading the source): with
-    ``starting_offsets="latest"`` and no committed position the pipeline starts there, not
-    at whatever is latest now.
+    pinned (aborted, or committed without reading the source): with
+    ``starting_offsets="latest"`` and no committed position the epoch starts where that plan
+    started -- where the first plan started, since each such plan starts there -- not at
+    whatever is latest now.
 
     :raises KafkaOffsetsError: records an earlier epoch had not read are gone (a re-created
         topic, a partition truncated by retention or DeleteRecords, an end offset below the

@@ -130,6 +130,9 @@ def test_latest_starts_where_the_first_pinned_plan_started() -> None:
     # The epoch of that plan was aborted; three records arrived since.
     again = plan_offsets([], state(p0=(0, 8)), only_t, starting_offsets="latest", first_plan=lambda: first)
     assert ranges_of(again) == [Range("t", 0, 5, 8)]
+    # Aborted too: the plan after it, given the newest earlier plan, still starts at the first one's start.
+    third = plan_offsets([], state(p0=(0, 9)), only_t, starting_offsets="latest", first_plan=lambda: again)
+    assert ranges_of(third) == [Range("t", 0, 5, 9)]
     # A committed epoch that did not read the source changes nothing either.
     skipped = plan_offsets([{"epoch": 1, "offsets": {}}], state(p0=(0, 8)), only_t, starting_offsets="latest",
                            first_plan=lambda: first)
