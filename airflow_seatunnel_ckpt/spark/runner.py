@@ -323,14 +323,14 @@ def _first_pinned_plan(pipeline: Pipeline, participant: str, source: str, before
 
     Newest first, so the cost does not grow with the log: a plan made with no committed
     position starts where the plan before it started, so the newest one carries the first
-    one's start.
+    one's start; and a plan without the source (not declared then) ends the search.
     """
     for earlier in reversed(pipeline.txlog.epochs()):
         if earlier >= before:
             continue
         plan = pipeline.txlog.read_plan(earlier, participant)
-        if plan and plan.get(source):
-            return dict(plan[source])
+        if plan is not None:  # None: that epoch's participant never planned
+            return dict(plan[source]) if plan.get(source) else None
     return None
 
 
