@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import posixpath
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
@@ -98,6 +98,9 @@ class Source(ABC):
     :param name: the source's name in the stage spec (and in the checkpoint).
     """
 
+    #: Looks up :meth:`first_pinned` in the log; the runner sets it before planning.
+    earlier_plans: Callable[[], Mapping[str, Any] | None] | None = None
+
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -117,6 +120,25 @@ class Source(ABC):
         plan from less (the file source's consumed-file index) overrides it.
         """
         return self.plan(point.source_entries(self.name))
+
+    def first_pinned(self) -> Mapping[str, Any] | None:
+        """The offsets an earlier epoch of the pipeline pinned for this source (aborted, or
+        committed without reading it; the newest such plan), or None. A source whose first
+        plan depends on when it is made (Kafka's ``starting_offsets="latest"``) starts where
+        that plan started when no committed epoch read it, so the pipeline's start never moves."""
+        return self.earlier_plans() if self.earlier_plans is not None else None
+
+    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
+        """Raise :class:`SourceError` unless all the input ``offsets`` pin can still be read as it
+        was: what a replay checks for every epoch it runs again, before it writes anything. The
+        default trusts :meth:`read` to refuse."""
+        return None
+
+    def read_exactly(self) -> None:
+        """From now on, read exactly the pinned input or fail, whatever options allow skipping
+        part of it (a replay with fewer rows would replace committed output). The default
+        source never skips."""
+        return None
 
 
 class FileSource(Source):

@@ -136,12 +136,16 @@ class KafkaSource(Source):
             offsets = kafka_offsets.plan_offsets(
                 history, state, self.subscribed, starting_offsets=self.starting_offsets,
                 max_offsets_per_epoch=self.max_offsets_per_epoch, fail_on_data_loss=self.fail_on_data_loss,
-                where=self.where)
+                where=self.where, first_plan=self.first_pinned)
         except KafkaOffsetsError as exc:
             raise SourceError(str(exc)) from exc
         if offsets["lost"]:
             log.warning("%s: skipping lost records (fail_on_data_loss=false): %s", self.where,
                         kafka_offsets.describe_lost(offsets["lost"]))
+        kept = sorted(t for t in offsets["end"] if t not in state and self.subscribed(t))
+        if kept:
+            log.warning("%s: topic(s) %s are not in the broker's metadata (deleted, or not visible to this client "
+                        "now); their positions are kept and the epoch reads the others", self.where, kept)
         if self.topics is not None:
             missing = sorted(set(self.topics) - set(state) - set(offsets["end"]))
             if missing:
@@ -166,11 +170,34 @@ class KafkaSource(Source):
                         self.where, kafka_offsets.describe_lost(lost))
         return readable
 
+    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
+        """Refuse unless every record of the pinned ranges is still in its topic (same topic id)."""
+        ranges = kafka_offsets.ranges_of(offsets)
+        if not ranges:
+            return
+        state = self.broker_state(sorted({r.topic for r in ranges}))
+        try:
+            _, lost = kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
+                                                 fail_on_data_loss=False, where=self.where)
+        except KafkaOffsetsError as exc:
+            raise SourceError(str(exc)) from exc
+        if lost:
+            raise SourceError(f"{self.where}: records the epoch read are gone: {kafka_offsets.describe_lost(lost)}")
+
+    def read_exactly(self) -> None:
+        """Fail on any pinned record that is gone, whatever ``fail_on_data_loss`` says."""
+        self.fail_on_data_loss = True
+
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
-        """Exactly the pinned ranges, one Spark input partition per topic-partition range."""
+        """Exactly the pinned ranges, one Spark input partition per topic-partition range.
+
+        Each executor checks its partition against the pinned topic id and range again (a
+        topic deleted and created again after this check must not pass for the pinned one).
+        """
         from airflow_seatunnel_ckpt.spark.kafka_reader import SCHEMA, read_ranges
 
         ranges = self.readable_ranges(offsets)
         if not ranges:
             return spark.createDataFrame([], SCHEMA)
-        return read_ranges(spark, ranges, self.client_config(), self.where, self.fail_on_data_loss)
+        return read_ranges(spark, ranges, self.client_config(), self.where, self.fail_on_data_loss,
+                           topic_ids=offsets.get("topic_ids") or {})

@@ -44,7 +44,8 @@ from airflow_seatunnel_ckpt.core.ops.replay import (
 from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
-from airflow_seatunnel_ckpt.spark.file_source import Source
+from airflow_seatunnel_ckpt.spark.file_source import Source, SourceError
+from airflow_seatunnel_ckpt.spark.registry import source_from_options
 from airflow_seatunnel_ckpt.spark.runner import (
     StageFunction,
     _record_state_shapes,
@@ -123,6 +124,7 @@ def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, 
     if missing:
         raise ReplayError(f"pipeline {pipeline.name!r}: the replayed epochs wrote sink(s) {missing}, which the stage "
                           f"no longer declares; their rows could not be replaced. Declare them again to replay")
+    _verify_inputs(pipeline, spec, plan)
     fn = stage_fn or load_stage_function(spec.stage)
     session = spark or stage_session(spec)
     recorded = {"stage": spec.stage, "dag_id": (spec.airflow_context or {}).get("dag_id"), "force": force,
@@ -140,6 +142,25 @@ def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, 
     _record_state_shapes(pipeline, spec.participant, states)
     return ReplayResult(pipeline.name, epoch, run_id, plan.from_epoch, plan.to_epoch, plan.epochs, plan.replaced,
                         commit)
+
+
+def _verify_inputs(pipeline: Pipeline, spec: StageSpec, plan: ReplayPlan) -> None:
+    """Refuse the replay, before anything is written, unless every replayed epoch's pinned input
+    is still all there: a replay with less input would replace committed rows with fewer rows,
+    whatever a source's options allow a normal epoch to skip."""
+    sources = {name: source_from_options(name, opts) for name, opts in spec.sources.items()}
+    for replayed in plan.epochs:
+        for name, offsets in plan.inputs[replayed].items():
+            if name not in sources or not offsets:
+                continue
+            try:
+                sources[name].verify_pinned(offsets)
+            except SourceError as exc:
+                raise ReplayError(
+                    f"pipeline {pipeline.name!r}: cannot replay epochs {plan.from_epoch}..{plan.to_epoch}: epoch "
+                    f"{replayed}'s input is not all there any more ({exc}). A replay reads exactly the input each "
+                    "epoch read, whatever the source's options, and nothing was written. Replay from a later "
+                    "epoch whose input is still there, or restore the input and replay again") from exc
 
 
 def _run_replayed(pipeline: Pipeline, config: CheckpointConfig, spec: StageSpec, session: SparkSession,
@@ -163,6 +184,8 @@ def _run_replayed(pipeline: Pipeline, config: CheckpointConfig, spec: StageSpec,
                 raise ReplayError(f"pipeline {pipeline.name!r}: the stage reads source(s) {new}, which epoch "
                                   f"{replayed} did not read; a replay reads exactly the input each epoch read. "
                                   "Replay from the first epoch that read them")
+            for source in sources.values():
+                source.read_exactly()
             return {name: dict(inputs[name]) for name in sources}
 
         def staged_at(sink: str, replayed: int = replayed) -> str:

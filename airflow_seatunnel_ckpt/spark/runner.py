@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import time
@@ -307,11 +308,30 @@ def _fixed_offsets(
     def make_plan() -> dict[str, dict[str, Any]]:
         return {name: src.plan_from(base, epoch) for name, src in sources.items()}
 
+    for name, src in sources.items():
+        src.earlier_plans = functools.partial(_first_pinned_plan, pipeline, spec.participant, name, epoch)
+
     fixed = pipeline.pin_inputs(epoch, spec.participant, spec.attempt, make_plan)
     return {
         name: dict(fixed[name]) if name in fixed else src.plan_from(base, epoch)
         for name, src in sources.items()
     }
+
+
+def _first_pinned_plan(pipeline: Pipeline, participant: str, source: str, before: int) -> dict[str, Any] | None:
+    """The offsets the newest epoch below ``before`` that planned ``source`` pinned for it, or None.
+
+    Newest first, so the cost does not grow with the log: a plan made with no committed
+    position starts where the plan before it started, so the newest one carries the first
+    one's start; and a plan without the source (not declared then) ends the search.
+    """
+    for earlier in reversed(pipeline.txlog.epochs()):
+        if earlier >= before:
+            continue
+        plan = pipeline.txlog.read_plan(earlier, participant)
+        if plan is not None:  # None: that epoch's participant never planned
+            return dict(plan[source]) if plan.get(source) else None
+    return None
 
 
 def _bound_sinks(pipeline: Pipeline, spec: StageSpec, staged_at: Callable[[str], str]) -> dict[str, Sink]:

@@ -68,7 +68,16 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
         builder = builder.config("spark.pyspark.python", sys.executable)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if not submitted:
+        # PySpark names the Python of every worker this process's session starts -- the
+        # executors' and the driver-side planner of a Python data source -- by PYSPARK_PYTHON
+        # or else `python3` on PATH, ignoring spark.pyspark.python (spark-submit exports it
+        # as PYSPARK_PYTHON; an in-process session has no spark-submit). Name it here.
+        python = (conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+                  or conf.get("spark.pyspark.driver.python") or sys.executable)
+        session.sparkContext.pythonExec = python
+    return session
 
 
 #: How many modules this process had loaded when it last froze its heap.

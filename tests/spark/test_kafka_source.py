@@ -7,6 +7,12 @@ the published records (topic, partition, offset) and the offsets recorded in the
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,10 +21,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.file_source import SourceError
 from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
+from airflow_seatunnel_ckpt.spark.replay import replay_stage
+from tests.conftest import FAST_JVM_OPTIONS
 from tests.kafka_broker import KafkaBroker
+from tests.spark import kafka_stages
 from tests.spark.kafka_stages import InjectedFailure
 
 pytestmark = pytest.mark.spark
@@ -157,7 +167,7 @@ def test_a_new_topic_matching_the_pattern_is_read_from_its_earliest_offset(
                                                    [(new, 0, 0), (new, 0, 1)] + [(new, 2, o) for o in range(4)])
 
 
-def test_a_deleted_topic_fails_the_epoch_naming_its_partitions_and_the_option(
+def test_a_deleted_topic_fails_the_epoch_naming_its_partitions_and_a_recreated_one_is_skipped_on_request(
         spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     topic = new_topic(kafka_broker, partitions=2)
     kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic])
@@ -167,8 +177,8 @@ def test_a_deleted_topic_fails_the_epoch_naming_its_partitions_and_the_option(
     with pytest.raises(SourceError) as refused:
         run_stage(kafka.spec("run-gone"), spark)
     message = str(refused.value)
-    assert f"{topic}-0 (from offset 4: topic deleted)" in message
-    assert f"{topic}-1 (from offset 6: topic deleted)" in message
+    assert f"{topic}-0 (from offset 4: deleted, or not visible to this client now)" in message
+    assert f"{topic}-1 (from offset 6: deleted, or not visible to this client now)" in message
     assert "fail_on_data_loss=false" in message and "epoch 2" in message
     epoch = kafka.pipeline.epoch_for_run("run-gone")
     assert epoch == 2 and kafka.pipeline.txlog.read_prepared(epoch, "ingest") is None
@@ -197,6 +207,125 @@ def test_a_topic_deleted_after_the_plan_fails_the_read_before_prepare(
                                           r"the epoch was planned.*fail_on_data_loss=false"):
         run_stage(kafka.spec("run-1", 2), spark)
     assert kafka.pipeline.txlog.read_prepared(1, "ingest") is None
+
+
+def test_a_topic_created_again_between_the_drivers_check_and_the_fetch_fails_where_it_is_read(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic])
+    produce(kafka_broker, topic, {0: 5})
+
+    def recreate() -> None:  # after the driver checked [0, 5) against the topic id, before the fetch
+        kafka_broker.delete_topic(topic)
+        kafka_broker.create_topic(topic, 1)
+        produce(kafka_broker, topic, {0: 9}, first=100)
+
+    kafka_stages.BETWEEN_READ_AND_FETCH[:] = [recreate]
+    try:
+        with pytest.raises(Exception) as refused:
+            run_stage(kafka.spec("run-1", 1, "tests.spark.kafka_stages:copy_events_changing_the_topic"), spark)
+    finally:
+        kafka_stages.BETWEEN_READ_AND_FETCH.clear()
+    assert re.search(rf"{topic}-0 \(offsets 0 to 5: topic deleted and created again while the epoch read it "
+                     rf"\(id \S+ -> \S+, seen before the fetch\)\)", str(refused.value)), str(refused.value)[:3000]
+    assert kafka.pipeline.txlog.read_prepared(1, "ingest") is None and kafka.published() == []
+
+
+def test_a_topic_missing_from_one_metadata_answer_resumes_at_its_position_not_its_beginning(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    topic = new_topic(kafka_broker, partitions=2)
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic], fail_on_data_loss=False)
+    produce(kafka_broker, topic, {0: 3, 1: 2})
+    kafka.epoch(spark)
+    produce(kafka_broker, topic, {0: 2, 1: 1}, first=5)
+    answer = KafkaSource.broker_state
+
+    def hiccup(source: KafkaSource, names: list[str] | None = None) -> dict[str, Any]:
+        """The broker's answer without the topic, as during a brief ACL or broker hiccup."""
+        return {t: s for t, s in answer(source, names).items() if t != topic}
+
+    monkeypatch.setattr(KafkaSource, "broker_state", hiccup)
+    missed = kafka.epoch(spark)
+    monkeypatch.setattr(KafkaSource, "broker_state", answer)
+    assert missed.sources["events"]["end"] == {topic: {"0": 3, "1": 2}} and missed.sources["events"]["lost"] == []
+    back = kafka.epoch(spark)  # listed again, with the same id: it resumes where it stopped
+    assert kafka.positions(back.epoch) == [(topic, 0, 3), (topic, 0, 4), (topic, 1, 2)]
+    everything = kafka.positions()
+    assert len(everything) == len(set(everything)) == 8
+
+
+def test_a_cap_below_the_partitions_with_records_serves_each_partition_in_turn(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=3)
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic], max_offsets_per_epoch=1)
+    produce(kafka_broker, topic, {1: 2, 2: 2})
+    served = []
+    for n in range(3):  # partition 0 trickles one record before each epoch
+        produce(kafka_broker, topic, {0: 1}, first=100 + n)
+        served += [p for _, p, _ in kafka.positions(kafka.epoch(spark).epoch)]
+    assert sorted(served) == [0, 1, 2]
+
+
+def test_latest_after_an_aborted_first_epoch_reads_what_was_produced_since_that_plan(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    produce(kafka_broker, topic, {0: 5})
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic], starting_offsets="latest")
+    with pytest.raises(InjectedFailure):  # the first plan pins the pipeline's start: offset 5
+        run_stage(kafka.spec("run-1", 1, "tests.spark.kafka_stages:fail_before_reading"), spark)
+    kafka.pipeline.abort(1, "the stage died and its sensor timed out", by="test")
+    produce(kafka_broker, topic, {0: 3}, first=5)
+    second = kafka.epoch(spark, run_id="run-2")
+    assert second.epoch == 2 and kafka.positions(second.epoch) == [(topic, 0, o) for o in range(5, 8)]
+
+
+def test_a_replay_whose_records_are_gone_refuses_before_writing_whatever_fail_on_data_loss_says(
+        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic], fail_on_data_loss=False)
+    produce(kafka_broker, topic, {0: 4})
+    kafka.epoch(spark)
+    produce(kafka_broker, topic, {0: 3}, first=4)
+    kafka.epoch(spark)
+    kafka_broker.delete_topic(topic)  # the records both epochs read are gone
+    kafka_broker.create_topic(topic, 1)
+    produce(kafka_broker, topic, {0: 2}, first=50)
+    with pytest.raises(ReplayError) as refused:
+        replay_stage(kafka.spec("replay"), 1, 2, reason="fix a bug", by="test", spark=spark)
+    message = str(refused.value)
+    assert "epoch 1's input is not all there any more" in message
+    assert f"{topic}-0 (offsets 0 to 4: topic deleted and created again" in message
+    assert "Replay from a later epoch" in message
+    assert kafka.pipeline.txlog.epochs() == [1, 2]  # no replay epoch begun
+    assert kafka.positions() == [(topic, 0, o) for o in range(7)]
+
+
+def test_an_in_process_session_runs_its_python_workers_with_the_packages_interpreter(
+        tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    topic = new_topic(kafka_broker, partitions=1)
+    produce(kafka_broker, topic, {0: 3})
+    kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic])
+    spec = kafka.spec("run-1")
+    spec = dataclasses.replace(spec, master="local[1]", spark_conf={
+        "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1",
+        "spark.driver.extraJavaOptions": FAST_JVM_OPTIONS})
+    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    elsewhere = tmp_path / "bin"  # `python3` on PATH is not the package's interpreter
+    elsewhere.mkdir()
+    (elsewhere / "python3").write_text("#!/bin/sh\necho 'python3 on PATH is not the package interpreter' >&2\n"
+                                       "exit 1\n")
+    (elsewhere / "python3").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    env["PATH"] = os.pathsep.join([str(elsewhere), "/usr/bin", "/bin"])
+    env["PYTHONPATH"] = str(Path(__file__).parents[2])
+    script = ("import json, sys; from airflow_seatunnel_ckpt.spark import StageSpec, run_stage; "
+              "spec = StageSpec.from_dict(json.loads(open(sys.argv[1]).read())); "
+              "print(json.dumps(run_stage(spec).sources))")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "spec.json")], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["events"]["end"] == {topic: {"0": 3}}
+    assert kafka.pipeline.txlog.read_prepared(1, "ingest") is not None
 
 
 def test_options_are_checked_when_the_source_is_built() -> None:

@@ -11,11 +11,13 @@ An epoch's offsets (JSON, pinned in the log before the stage reads)::
     {"start": {"<topic>": {"<partition>": first offset}},   # the ranges read: [start, end)
      "end": {"<topic>": {"<partition>": end offset}},       # the position after the epoch
      "topic_ids": {"<topic>": "<id>"},
-     "lost": [{"topic", "partition", "from", "to", "reason"}, ...]}   # skipped with fail_on_data_loss=false
+     "lost": [{"topic", "partition", "from", "to", "reason"}, ...],   # skipped with fail_on_data_loss=false
+     "turn": ["<topic>", <partition>]}   # under a cap: where the next epoch's round-robin starts
 
 ``end`` is the position: the next epoch resumes each partition there. Partitions of a
-topic no longer subscribed keep their position (``start == end``), so subscribing it again
-resumes where it stopped.
+topic no longer subscribed, or missing from the broker's answer, keep their position
+(``start == end``), so the topic resumes where it stopped; only another topic id is
+another topic.
 """
 
 from __future__ import annotations
@@ -89,13 +91,30 @@ def check_options(where: str, topics: Any, pattern: Any, starting_offsets: Any, 
         raise ConfigError(f"{where}: pattern {pattern!r} is not a regular expression: {exc}") from exc
 
 
-def last_position(history: Sequence[Mapping[str, Any]]) -> tuple[dict[str, dict[int, int]], dict[str, str]] | None:
-    """The position (``end``) and topic ids after the last committed epoch that read the source; None if none did."""
+@dataclass(frozen=True)
+class Position:
+    """Where an epoch resumes: each partition's next offset, the topics' ids, the cap's turn."""
+
+    offsets: dict[str, dict[int, int]]
+    topic_ids: dict[str, str]
+    #: The partition a capped epoch's round-robin starts at (None: the first one).
+    turn: tuple[str, int] | None = None
+
+    @classmethod
+    def at(cls, offsets: Mapping[str, Any], which: str = "end") -> Position:
+        """The position ``offsets[which]`` describes (``end``: after the epoch; ``start``: before it)."""
+        turn = offsets.get("turn")
+        return cls({str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in offsets[which].items()},
+                   {str(t): str(i) for t, i in (offsets.get("topic_ids") or {}).items()},
+                   (str(turn[0]), int(turn[1])) if isinstance(turn, Sequence) and len(turn) == 2 else None)
+
+
+def last_position(history: Sequence[Mapping[str, Any]]) -> Position | None:
+    """The position after the last committed epoch that read the source; None if none did."""
     for entry in reversed(history):
         offsets = entry.get("offsets") or {}
         if isinstance(offsets.get("end"), Mapping):
-            position = {str(t): {int(p): int(o) for p, o in parts.items()} for t, parts in offsets["end"].items()}
-            return position, {str(t): str(i) for t, i in (offsets.get("topic_ids") or {}).items()}
+            return Position.at(offsets)
     return None
 
 
@@ -107,24 +126,36 @@ def ranges_of(offsets: Mapping[str, Any]) -> list[Range]:
     return sorted((r for r in ranges if r.end > r.start), key=lambda r: (r.topic, r.partition))
 
 
-def spread_cap(available: Mapping[tuple[str, int], int], cap: int) -> dict[tuple[str, int], int]:
-    """How many offsets each partition may take under ``cap``: equal shares, the unused part of a
-    small partition's share passed on to the others (max-min fair), so no partition with records
-    waits forever while others have more. Deterministic: the remainder goes to the first keys."""
+def spread_cap(available: Mapping[tuple[str, int], int], cap: int, turn: tuple[str, int] | None = None
+               ) -> tuple[dict[tuple[str, int], int], tuple[str, int] | None]:
+    """How many offsets each partition may take under ``cap``, and the next epoch's ``turn``.
+
+    Equal shares, the unused part of a small partition's share passed on to the others
+    (max-min fair). What does not divide evenly goes one offset each to the partitions in
+    round-robin order from ``turn`` (the partitions sorted, starting at the first at or after
+    it), and the returned turn is where the next epoch continues: with a cap below the number
+    of partitions that have records, each of them still gets its offsets within a few epochs,
+    however the others trickle.
+    """
     granted = dict.fromkeys(available, 0)
     left = {k: n for k, n in available.items() if n > 0}
     budget = cap
     while left and budget > 0:
         share, extra = divmod(budget, len(left))
-        for number, key in enumerate(sorted(left, key=lambda k: (left[k], k))):
+        keys = sorted(left)
+        if turn is not None:
+            keys = [k for k in keys if k >= turn] + [k for k in keys if k < turn]
+        for number, key in enumerate(keys):
             take = min(left[key], share + (1 if number < extra else 0))
             granted[key] += take
             left[key] -= take
             budget -= take
+        if extra:
+            turn = keys[extra]
         left = {k: n for k, n in left.items() if n > 0}
         if share == 0:
             break
-    return granted
+    return granted, turn
 
 
 def _lost(topic: str, partition: int | None, start: int | None, end: int | None, reason: str) -> dict[str, Any]:
@@ -153,31 +184,46 @@ def data_loss_error(where: str, lost: Sequence[Mapping[str, Any]]) -> KafkaOffse
 def plan_offsets(history: Sequence[Mapping[str, Any]], topics: Mapping[str, TopicState],
                  subscribed: Callable[[str], bool], *, starting_offsets: str = "earliest",
                  max_offsets_per_epoch: int | None = None, fail_on_data_loss: bool = True,
-                 where: str = "kafka source") -> dict[str, Any]:
+                 where: str = "kafka source",
+                 first_plan: Callable[[], Mapping[str, Any] | None] | None = None) -> dict[str, Any]:
     """This epoch's offsets (module docs) from the committed ``history`` and the broker's ``topics``.
 
-    ``topics`` holds every subscribed topic that exists now; ``subscribed`` says whether a
-    topic name is subscribed (a listed topic, or one the pattern matches), so a topic that an
-    earlier epoch read and that is still subscribed but gone was deleted.
+    ``topics`` holds every subscribed topic the broker's answer lists; ``subscribed`` says
+    whether a topic name is subscribed (a listed topic, or one the pattern matches). A
+    subscribed topic an earlier epoch read that the answer leaves out keeps its position:
+    one answer without it (a broker or ACL hiccup) does not make it deleted, and when it is
+    listed again with the same id it resumes there; listed with another id, it was deleted
+    and created again. ``first_plan`` gives the offsets an earlier epoch of the pipeline
+    pinned (aborted, or committed without reading the source): with
+    ``starting_offsets="latest"`` and no committed position the epoch starts where that plan
+    started -- where the first plan started, since each such plan starts there -- not at
+    whatever is latest now.
 
-    :raises KafkaOffsetsError: records an earlier epoch had not read are gone (a deleted or
-        re-created topic, a partition truncated by retention or DeleteRecords, an end offset
-        below the position), unless ``fail_on_data_loss`` is False.
+    :raises KafkaOffsetsError: records an earlier epoch had not read are gone (a re-created
+        topic, a partition truncated by retention or DeleteRecords, an end offset below the
+        position), or a subscribed topic is missing from the broker's answer, unless
+        ``fail_on_data_loss`` is False.
     """
     previous = last_position(history)
-    position, known_ids = previous if previous is not None else ({}, {})
+    if previous is None and starting_offsets == "latest" and first_plan is not None:
+        pinned = first_plan()
+        if pinned and isinstance(pinned.get("start"), Mapping):
+            previous = Position.at(pinned, "start")
+    first_epoch = previous is None
+    position = previous or Position({}, {})
     start: dict[str, dict[int, int]] = {}
     end: dict[str, dict[int, int]] = {}
     lost: list[dict[str, Any]] = []
-    for topic, parts in position.items():
+    missing: list[dict[str, Any]] = []
+    for topic, parts in position.offsets.items():
         state = topics.get(topic)
-        if state is None:
-            if subscribed(topic):  # still subscribed, gone from the broker: deleted
-                lost += [_lost(topic, p, o, None, "topic deleted") for p, o in sorted(parts.items())]
-            else:  # no longer subscribed: the position is kept
-                start[topic], end[topic] = dict(parts), dict(parts)
+        if state is None:  # no longer subscribed, or not in this answer: the position is kept
+            start[topic], end[topic] = dict(parts), dict(parts)
+            if subscribed(topic):
+                missing += [_lost(topic, p, o, None, "deleted, or not visible to this client now")
+                            for p, o in sorted(parts.items())]
             continue
-        known = known_ids.get(topic)
+        known = position.topic_ids.get(topic)
         if known is not None and state.topic_id is not None and known != state.topic_id:
             lost += [_lost(topic, p, o, None, f"topic deleted and created again (id {known} -> {state.topic_id})")
                      for p, o in sorted(parts.items())]
@@ -198,7 +244,12 @@ def plan_offsets(history: Sequence[Mapping[str, Any]], topics: Mapping[str, Topi
             start[topic][partition] = offset
     if lost and fail_on_data_loss:
         raise data_loss_error(where, lost)
-    first_epoch = previous is None
+    if missing and fail_on_data_loss:
+        raise KafkaOffsetsError(
+            f"{where}: subscribed topic(s) an earlier epoch read are not in the broker's metadata: "
+            f"{describe_lost(missing)}. The epoch fails before its commit decision and its retry asks again. If "
+            "the topic was deleted on purpose, remove it from 'topics' or set fail_on_data_loss=false on the "
+            "source: either way its position is kept, and it resumes there if it comes back with the same id")
     for topic, state in topics.items():
         taken = start.setdefault(topic, {})
         for partition, (low, high) in sorted(state.partitions.items()):
@@ -206,12 +257,19 @@ def plan_offsets(history: Sequence[Mapping[str, Any]], topics: Mapping[str, Topi
                 taken[partition] = high if first_epoch and starting_offsets == "latest" else low
     available = {(t, p): max(0, topics[t].partitions[p][1] - o)
                  for t, parts in start.items() if t in topics for p, o in parts.items()}
-    granted = available if max_offsets_per_epoch is None else spread_cap(available, max_offsets_per_epoch)
+    turn = position.turn
+    if max_offsets_per_epoch is None:
+        granted = available
+    else:
+        granted, turn = spread_cap(available, max_offsets_per_epoch, turn)
     for topic, parts in start.items():
         end[topic] = {p: o + granted.get((topic, p), 0) for p, o in parts.items()}
     ids = {t: s.topic_id for t, s in topics.items() if s.topic_id is not None}
-    ids.update({t: i for t, i in known_ids.items() if t not in topics and t in end})
-    return {"start": _json(start), "end": _json(end), "topic_ids": dict(sorted(ids.items())), "lost": lost}
+    ids.update({t: i for t, i in position.topic_ids.items() if t not in topics and t in end})
+    offsets = {"start": _json(start), "end": _json(end), "topic_ids": dict(sorted(ids.items())), "lost": lost}
+    if turn is not None:
+        offsets["turn"] = list(turn)
+    return offsets
 
 
 def _json(offsets: Mapping[str, Mapping[int, int]]) -> dict[str, dict[str, int]]:
@@ -232,8 +290,13 @@ def check_pinned(ranges: Sequence[Range], topic_ids: Mapping[str, str], topics: 
         state = topics.get(r.topic)
         pinned_id = topic_ids.get(r.topic)
         if state is None or r.partition not in state.partitions:
-            lost.append(_lost(r.topic, r.partition, r.start, r.end, "topic deleted since the epoch was planned"))
-            continue
+            # Not lost: a topic missing from one answer may be listed again with the same id
+            # (the retry reads the same range); skipping it would lose the records for good.
+            raise KafkaOffsetsError(
+                f"{where}: {r.label} (offsets {r.start} to {r.end}, topic id {pinned_id}) is not in the broker's "
+                "metadata now: the topic was deleted, or this client cannot see it at the moment. The epoch fails "
+                "before its commit decision and its retry reads the same range; if the topic was deleted, abort "
+                "the epoch (the next one keeps the topic's position and reads on if it comes back)")
         if pinned_id is not None and state.topic_id is not None and pinned_id != state.topic_id:
             lost.append(_lost(r.topic, r.partition, r.start, r.end,
                               f"topic deleted and created again since the epoch was planned "

@@ -15,9 +15,20 @@ process, which no ``except Exception`` can swallow):
 * ``commit``: the commit dies between the decision and the log's ``committed`` (also
   after the PostgreSQL transaction committed); the recovery finishes it.
 
-Checked at the end: each table holds exactly N rows, N distinct records; each committed
-epoch's Iceberg snapshot and PostgreSQL marker row once; and one more epoch still runs and
-commits.
+On top of those, from the fifth run on (the fifth and the sixth draw one each, then a second
+seeded schedule), the broker misbehaves:
+
+* ``miss``: the plan's metadata answer leaves the topic out (a brief ACL or broker
+  hiccup); the topic keeps its position and resumes there when listed again;
+* ``recreate``: a second subscribed topic (``side``, records ``s<incarnation>-<n>``) is
+  deleted and created again with new records after the stage's check of its pinned ranges
+  and before the executors fetch them; they must not pass the new topic's records off as
+  the pinned ones (the source runs with ``fail_on_data_loss=false``, so the lost side
+  records are skipped, and the new topic is read from its beginning, once).
+
+Checked at the end: each table holds exactly N rows of the main topic, N distinct records,
+and no side record twice; each committed epoch's Iceberg snapshot and PostgreSQL marker row
+once; and one more epoch still runs and commits.
 
 CI runs a slice of 4,000 records (at least 8 epochs at 500 records each; the fixed seed draws
 each fault, a commit killed after the PostgreSQL transaction among them, within the first four
@@ -33,6 +44,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +54,7 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decis
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.core.state.kafka_offsets import ranges_of
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
+from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
 from tests.core.faults import SimulatedCrash
@@ -58,10 +71,17 @@ TABLE = "lake.events"
 EPOCH_KEY = "seatunnel-ckpt.epoch"
 
 
+#: What :func:`copy_records` runs between the source's read (the driver's check of the pinned
+#: ranges) and the sinks' writes (the executors' fetch): the ``recreate`` fault.
+BETWEEN_READ_AND_FETCH: list[Callable[[], None]] = []
+
+
 def copy_records(ctx: Any, spark: Any) -> None:
     """The records' ids and positions into both tables."""
     data = ctx.source("events").read().selectExpr(
         "CAST(value AS STRING) AS id", "topic", "partition AS part", "offset AS pos")
+    while BETWEEN_READ_AND_FETCH:
+        BETWEEN_READ_AND_FETCH.pop()()
     ctx.sink("table").write(data)
     ctx.sink("serving").write(data)
 
@@ -69,6 +89,13 @@ def copy_records(ctx: Any, spark: Any) -> None:
 class Campaign:
     def __init__(self, root: Path, broker: KafkaBroker, topic: str, plan: faults.CrashPlan, conninfo: str) -> None:
         self.root, self.broker, self.topic, self.plan, self.conninfo = root, broker, topic, plan, conninfo
+        self.side = f"{topic}-side"
+        broker.create_topic(self.side, 2)
+        #: The side topic's incarnation, and every side record produced into any of them.
+        self.incarnation = 1
+        self.side_records: set[str] = set()
+        #: The next plan's metadata answer leaves the main topic out (the ``miss`` fault).
+        self.hide_topic = False
         self.catalog = {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/wh"}
         self.store = {"storage_url": f"file://{root}/store", "full_checkpoint_interval": 3}
         self.runs = 0
@@ -81,8 +108,9 @@ class Campaign:
         return CheckpointStore(CheckpointConfig.from_mapping(self.store)).pipeline("events")
 
     def spec(self, run_id: str, attempt: int) -> StageSpec:
-        source = {"type": "kafka", "bootstrap_servers": self.broker.bootstrap_servers, "topics": [self.topic],
-                  "max_offsets_per_epoch": max(500, RECORDS // 12)}
+        source = {"type": "kafka", "bootstrap_servers": self.broker.bootstrap_servers,
+                  "topics": [self.topic, self.side], "max_offsets_per_epoch": max(500, RECORDS // 12),
+                  "fail_on_data_loss": False}
         sinks = {"table": {"type": "iceberg", "table": TABLE, "catalog": self.catalog, "catalog_name": "lake"},
                  "serving": {"type": "postgres", "table": "public.events", "conninfo": self.conninfo,
                              "create_table": True}}
@@ -105,11 +133,36 @@ class Campaign:
         finally:
             self.plan.disarm()
 
-    def epoch(self, spark: Any, rng: random.Random, fault: str | None = None) -> dict[str, Any]:
+    def produce_side(self, count: int) -> None:
+        """``count`` records into the side topic's current incarnation."""
+        values = [f"s{self.incarnation}-{n}" for n in range(count)]
+        self.broker.produce(self.side, ((n % 2, None, v.encode()) for n, v in enumerate(values)))
+        self.side_records.update(values)
+
+    def recreate_side(self) -> None:
+        """Delete the side topic and create it again, with new records at the same offsets."""
+        self.broker.delete_topic(self.side)
+        self.broker.create_topic(self.side, 2)
+        self.incarnation += 1
+        self.produce_side(40)  # more than the pinned ranges: a fetch of them finds records
+        self.faults["recreate"] += 1
+
+    def broker_misbehaves(self, fault: str) -> None:
+        """Arm the ``miss`` or ``recreate`` fault for the next run's epoch."""
+        if fault == "miss":
+            self.hide_topic = True
+            self.faults["miss"] += 1
+        elif fault == "recreate":
+            self.produce_side(6)  # unread side records, so the epoch pins a side range
+            BETWEEN_READ_AND_FETCH[:] = [self.recreate_side]
+
+    def epoch(self, spark: Any, rng: random.Random, fault: str | None = None, broker: str = "none"
+              ) -> dict[str, Any]:
         """One run's epoch under a random fault; the offsets it committed ({} if aborted)."""
         self.runs += 1
         run_id = f"run-{self.runs}"
         fault = fault or rng.choice(["none", "stage", "abandon", "commit"])
+        self.broker_misbehaves(broker)
         attempt = 1
         if fault in ("stage", "abandon") and self.crashing(rng, run_stage, self.spec(run_id, attempt), spark):
             self.faults[fault] += 1
@@ -177,7 +230,19 @@ def test_records_produced_while_killed_epochs_run_land_once_in_iceberg_and_postg
     topic = f"campaign-{uuid.uuid4().hex[:8]}"
     kafka_broker.create_topic(topic, PARTITIONS)
     campaign = Campaign(tmp_path, kafka_broker, topic, faults.install(monkeypatch), postgres_db)
+    answer = KafkaSource.broker_state
+
+    def hiccup(source: KafkaSource, names: list[str] | None = None) -> dict[str, Any]:
+        """The broker's answer, without the main topic in the one plan a ``miss`` fault armed."""
+        state = answer(source, names)
+        if names is None and campaign.hide_topic:
+            campaign.hide_topic = False
+            return {t: s for t, s in state.items() if t != topic}
+        return state
+
+    monkeypatch.setattr(KafkaSource, "broker_state", hiccup)
     rng = random.Random(SEED)
+    misbehaving = random.Random(SEED + 1)
     produced = threading.Event()
     failure: list[BaseException] = []
 
@@ -196,23 +261,30 @@ def test_records_produced_while_killed_epochs_run_land_once_in_iceberg_and_postg
     thread = threading.Thread(target=producer, daemon=True)
     thread.start()
     consumed = 0
-    for _ in range(400):
-        offsets = campaign.epoch(spark, rng)
+    for run in range(400):
+        broker = "none" if run < 4 else {4: "miss", 5: "recreate"}.get(run) or misbehaving.choice(
+            ["none"] * 8 + ["miss", "recreate"])
+        offsets = campaign.epoch(spark, rng, broker=broker)
         if offsets:
-            consumed = sum(o for parts in offsets["end"].values() for o in parts.values())
+            consumed = sum(offsets["end"].get(topic, {}).values())
         if produced.is_set() and consumed >= RECORDS:
             break
     thread.join(60)
     assert not failure, failure
     assert consumed == RECORDS
 
-    rows = campaign.table_rows()
+    every_row = campaign.table_rows()
+    rows = [r for r in every_row if r["topic"] == topic]
     ids = [r["id"] for r in rows]
     assert len(ids) == RECORDS and set(ids) == {f"r{n}" for n in range(RECORDS)}
     assert len({(r["part"], r["pos"]) for r in rows}) == RECORDS
-    served = campaign.postgres_rows()
+    side = [r["id"] for r in every_row if r["topic"] == campaign.side]
+    assert len(side) == len(set(side)) and set(side) <= campaign.side_records, sorted(side)
+    every_served = campaign.postgres_rows()
+    served = [r for r in every_served if r[0].startswith("r")]
     assert len(served) == RECORDS and {r[0] for r in served} == set(ids)
     assert len({(part, pos) for _, part, pos in served}) == RECORDS
+    assert sorted(r[0] for r in every_served if not r[0].startswith("r")) == sorted(side)
     epochs = campaign.snapshot_epochs()
     assert epochs and all(count == 1 for count in epochs.values()), epochs
     assert set(epochs) == {str(e) for e in campaign.with_rows}
@@ -221,8 +293,9 @@ def test_records_produced_while_killed_epochs_run_land_once_in_iceberg_and_postg
     assert set(campaign.with_rows) <= set(markers)
     print(f"{RECORDS} records, {campaign.runs} runs, faults {dict(campaign.faults)}")
     # The schedule did kill epochs, commits after the database transaction among them.
-    assert set(campaign.faults) >= {"stage", "commit", "commit after the PostgreSQL transaction"}, campaign.faults
+    assert set(campaign.faults) >= {"stage", "commit", "commit after the PostgreSQL transaction", "miss",
+                                    "recreate"}, campaign.faults
     # The next epoch still runs: nothing new, committed, the table unchanged.
     last = campaign.epoch(spark, rng, fault="none")
-    assert sum(o for parts in last["end"].values() for o in parts.values()) == RECORDS
-    assert len(campaign.table_rows()) == RECORDS and len(campaign.postgres_rows()) == RECORDS
+    assert sum(last["end"][topic].values()) == RECORDS
+    assert len(campaign.table_rows()) == len(every_row) and len(campaign.postgres_rows()) == len(every_served)
