@@ -105,6 +105,8 @@ def _published_where(pub: PublishedSink) -> str:
     """
     if layout.parse_staging_epoch(pub.epoch_dir) is not None:
         return f"{pub.target_url}/{pub.epoch_dir}"
+    if not pub.epoch_dir:
+        return pub.target_url
     if "://" in pub.epoch_dir or pub.epoch_dir.startswith("/"):
         return pub.epoch_dir
     scheme, _, rest = pub.target_url.partition("://")
