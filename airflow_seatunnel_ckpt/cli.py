@@ -95,11 +95,29 @@ def _table(rows: list[dict[str, Any]], columns: list[str], below: Sequence[str] 
 
 
 def _published_where(pub: PublishedSink) -> str:
-    """Where a sink's epoch was published: ``<target>/epoch=<e>`` for a file sink; a table
-    sink's ``epoch_dir`` is already the table's own location."""
+    """Where a sink's epoch was published, readably.
+
+    A file sink: ``<target>/epoch=<e>``. A table in a directory (Iceberg, Delta): its
+    ``epoch_dir`` is the table's own location. A table a database holds (PostgreSQL): its
+    ``epoch_dir`` names it (``postgres table public.orders``), followed by the database it
+    is in: ``(conn <id>)`` for an Airflow connection (the target URL names it as host, with
+    database ``default``), ``(<host>:<port>/<database>)`` otherwise.
+    """
+    if layout.parse_staging_epoch(pub.epoch_dir) is not None:
+        return f"{pub.target_url}/{pub.epoch_dir}"
+    if not pub.epoch_dir:
+        return pub.target_url
     if "://" in pub.epoch_dir or pub.epoch_dir.startswith("/"):
         return pub.epoch_dir
-    return f"{pub.target_url}/{pub.epoch_dir}"
+    scheme, _, rest = pub.target_url.partition("://")
+    if scheme != "postgres" or not rest:
+        return f"{pub.epoch_dir} ({pub.target_url})"
+    server, _, path = rest.partition("/")
+    database = path.split("/", 1)[0]
+    host, _, port = server.rpartition(":")
+    if database == "default" and port == "5432":
+        return f"{pub.epoch_dir} (conn {host})"
+    return f"{pub.epoch_dir} ({server}/{database})"
 
 
 def _storage_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -27,7 +28,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.errors import retryable
 from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor, ensure_descriptor
-from airflow_seatunnel_ckpt.core.protocol.recovery import PendingWait, begin_unblocked
+from airflow_seatunnel_ckpt.core.protocol.recovery import PendingWait, begin_unblocked, clock_time
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook, StoreSettings
 
 if TYPE_CHECKING:
@@ -204,13 +205,28 @@ class BasePipelineOperator(BaseStoreOperator):
             waited_s=lambda: _waited_s(context), wait_timeout_s=wait_timeout)
         if not isinstance(begun, PendingWait):
             return begun
-        self.log.info("%s; this run waits (rescheduled in %gs, waited %.0fs of %gs). To abort it now: `%s`",
-                      begun.reason, poke_interval, begun.waited_s, begun.limit_s, begun.command)
+        # Every look is a new try of the task: what it waits for is said on the first look and
+        # then once a minute, not on every look (every few seconds while a dead lease runs out).
+        if _first_look_of_a_minute(begun.waited_s, poke_interval):
+            self.log.info("%s; this run waits, looking again every %gs, until %s at the latest "
+                          "(pending_wait_timeout=%gs; waited %.0fs; this line once a minute). To abort it now: `%s`",
+                          begun.reason, poke_interval, clock_time(time.time() + begun.limit_s - begun.waited_s),
+                          begun.limit_s, begun.waited_s, begun.command)
         raise AirflowRescheduleException(datetime.now(tz=UTC) + timedelta(seconds=poke_interval))
 
     def metric_tags(self) -> dict[str, str]:
         """Tags attached to every metric this task emits."""
         return {"pipeline": self.pipeline}
+
+
+#: While a run waits for an earlier epoch, what it waits for is logged at most this often.
+WAIT_LOG_EVERY_S = 60.0
+
+
+def _first_look_of_a_minute(waited_s: float, poke_interval: float) -> bool:
+    """Whether a look ``waited_s`` into a wait (looks ``poke_interval`` apart) logs the wait: the
+    first look, then the first look of each :data:`WAIT_LOG_EVERY_S`."""
+    return waited_s <= 0 or waited_s // WAIT_LOG_EVERY_S > max(waited_s - poke_interval, 0) // WAIT_LOG_EVERY_S
 
 
 def _waited_s(context: Context) -> float:

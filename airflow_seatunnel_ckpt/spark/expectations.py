@@ -19,8 +19,9 @@ function of the row's own values every row is kept or quarantined, never both, n
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from airflow_seatunnel_ckpt.core.models import ExpectationResult
 from airflow_seatunnel_ckpt.core.protocol.expectations import FAILED_COLUMN, REMOVING, Expectation
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, Observation
+    from pyspark.sql import Column, DataFrame, Observation, SparkSession
 
 _FLAG = "__expectation_ok_"
 #: The staged writer's failure masks: column ``<this><k>`` holds bit ``i % RULES_PER_MASK``
@@ -37,6 +38,8 @@ _FLAG = "__expectation_ok_"
 MASK = "__expectations_failed_"
 #: Rules per mask column (the bits of a signed 64-bit integer but its sign).
 RULES_PER_MASK = 63
+#: The session setting that makes an invalid cast, a division by zero, ... raise (see :func:`_errors_as_null`).
+ANSI = "spark.sql.ansi.enabled"
 
 
 def mask_of(index: int) -> tuple[str, int]:
@@ -141,21 +144,55 @@ class Flagged:
         return results, int(metrics.get("quarantined") or 0)
 
 
+@contextlib.contextmanager
+def _errors_as_null(spark: SparkSession) -> Iterator[None]:
+    """Rules parsed and analysed inside evaluate without ANSI errors: an invalid cast, a
+    division by zero or an index out of range is NULL in that row, so the row fails the rule.
+
+    ANSI mode (Spark 4's default) raises such an error from the task, failing the stage on
+    every attempt: no row of the input could ever pass, not even a ``warn`` rule's. Each
+    expression takes its evaluation mode from the session's ``spark.sql.ansi.enabled`` when
+    it is built, so it is switched off only while the rules are built (the analysed plan
+    keeps it) and restored at once; the stage's own expressions keep the session's mode.
+    Catalyst's ``TryEval`` around each rule would not do: whole-stage code generation hoists
+    a subexpression used twice out of it, and the error escapes again.
+    """
+    conf = spark.conf
+    previous = conf.get(ANSI, None)
+    conf.set(ANSI, "false")
+    try:
+        yield
+    finally:
+        if previous is None:
+            conf.unset(ANSI)
+        else:
+            conf.set(ANSI, previous)
+
+
 def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, by_writer: bool = False) -> Flagged:
     """Check the rules' expressions on ``df``, then flag every rule.
+
+    A rule that cannot be evaluated on a row at run time (e.g. ``CAST(code AS INT) > 0`` of
+    the text ``'abc'``) is NULL there, so the row fails it (:func:`_errors_as_null`).
 
     :param by_writer: the staged writer applies the rules (:meth:`Flagged.writer_options`);
         otherwise every rule is observed, and with a ``quarantine`` rule the flagged rows are
         cached for the second job that writes the quarantine.
     """
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as F
-
     if FAILED_COLUMN in df.columns:
         raise ConfigError(f"sink {sink!r}: column {FAILED_COLUMN!r} is reserved for the quarantine's rule names; "
                           "rename it before writing")
-    if by_writer:
-        return Flagged(rules, _with_masks(sink, rules, df), list(df.columns))
+    with _errors_as_null(df.sparkSession):
+        if by_writer:
+            return Flagged(rules, _with_masks(sink, rules, df), list(df.columns))
+        return _observed(sink, rules, df)
+
+
+def _observed(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Flagged:
+    """``df`` with one flag per rule, observed (see :func:`flag`)."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
     check_expressions(sink, rules, df)
     flags = [F.coalesce(F.expr(r.expr).cast("boolean"), F.lit(False)).alias(f"{_FLAG}{i}")
              for i, r in enumerate(rules)]

@@ -209,6 +209,42 @@ def test_show_describes_the_checkpoint_and_what_was_published(cli: Cli) -> None:
     assert "checkpoint_error" not in data
 
 
+def test_show_names_a_postgres_sinks_table_and_the_database_it_is_in_readably(cli: Cli, postgres_db: str) -> None:
+    import dataclasses
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_seatunnel_ckpt.core.models import PublishedSink
+    from airflow_seatunnel_ckpt.core.tables.postgres_options import parse
+
+    p = cli.spec.pipeline("totals")
+    epoch = p.begin("run-1").epoch
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"customer": ["c1", "c2"], "total": [1.5, 2.5]}), buf)
+    p.storage.write_atomic(f"{p.staging_path(epoch, 1, 'customer_totals')}/part-00000.parquet", buf.getvalue())
+    options = {"type": "postgres", "table": "public.customer_totals", "conninfo": postgres_db, "create_table": True}
+    target = parse(options, "sink").target_url()
+    manifest = dataclasses.replace(p.manifest_for_staged(epoch, 1, "customer_totals", target, 2), table=options)
+    p.prepare(epoch, "ingest", 1, run_id="run-1", sinks=[manifest])
+    assert p.decide(epoch, Decision.COMMIT, "ok", by="test").decision is Decision.COMMIT
+    p.commit(epoch)
+
+    code, out, err = cli.run("show", "totals", str(epoch))
+
+    assert (code, err) == (0, "")
+    server, database = target.removeprefix("postgres://").split("/")[:2]
+    assert out.splitlines()[-1] == (f"  published customer_totals: 2 rows, 1 files -> postgres table "
+                                    f"public.customer_totals ({server}/{database})")
+    # With an Airflow connection, its id stands for the host in the target URL (database "default").
+    from airflow_seatunnel_ckpt.cli import _published_where
+
+    by_conn = PublishedSink("customer_totals", "postgres://warehouse:5432/default/public/customer_totals",
+                            "postgres table public.customer_totals", 1, 2, 10, "committed")
+    assert _published_where(by_conn) == "postgres table public.customer_totals (conn warehouse)"
+
+
 def test_show_an_undecided_epoch_says_its_checkpoint_is_not_complete(cli: Cli) -> None:
     committed_history(cli.spec)
 

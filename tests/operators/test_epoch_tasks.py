@@ -14,7 +14,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import FencedAttemptError, StorageError
-from airflow_seatunnel_ckpt.core.storage import LocalStorage, publish
+from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, LocalStorage, publish
 from airflow_seatunnel_ckpt.operators import metrics
 from tests.epoch_test_dags import (
     PIPELINE,
@@ -310,7 +310,8 @@ def test_run_killed_between_decision_and_publish_is_finished_by_the_recovery_dag
     assert task_states(killed)["orders.abort"] == "skipped"  # the branch chose commit
     pipeline = pipeline_of(paths)
     assert pipeline.state(1) is EpochState.COMMITTING
-    assert not paths["target"].exists()
+    # Nothing published: the target holds only its owner marker, claimed before the decision.
+    assert [p.name for p in paths["target"].iterdir()] == [OWNER_MARKER]
 
     # While epoch 1 is unresolved no later epoch can begin: it would restore from the
     # last COMMITTED checkpoint and read epoch 1's input again.

@@ -230,3 +230,49 @@ def test_the_recovery_task_aborts_an_epoch_whose_run_airflow_reports_finished(
     status = pipeline_of(paths).status(stuck)
     assert status.state is EpochState.ABORTED and status.decision is not None
     assert status.decision.by == "recovery" and f"run {owner.run_id!r} is finished" in status.decision.reason
+
+
+def test_a_wait_under_dag_test_for_a_killed_stages_lease_logs_one_line_saying_what_and_until_when(
+    run_dag: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+) -> None:
+    # A short lease: the killed stage's lease runs out in seconds (the default one in three minutes).
+    store = {"lease_timeout_s": 10.0, "lease_renew_s": 0.5}
+    paths = {"storage_url": f"file://{tmp_path / 'store'}", "target_url": f"file://{tmp_path / 'table'}",
+             "target": tmp_path / "table"}
+    dag = build_dag("pending_killed_lease", paths)
+    for task in dag.tasks:
+        task.store_config = store
+    owner, stuck = owner_run_left_its_epoch_open(run_dag, dag, paths)
+    set_run_state(dag.dag_id, owner.run_id, "running")  # `airflow dags test` killed: its run stays running
+    pipeline = CheckpointStore.from_url(paths["storage_url"], **store).pipeline(PIPELINE)
+    lease = LeaseKeeper.for_pipeline(pipeline, stuck, "ingest", 1).__enter__()
+
+    def stage_killed_once_the_next_run_looked() -> None:
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline and not any(
+                    reschedules(dag.dag_id, r, "orders.ingest") >= 1 for r in runs_of(dag.dag_id, owner.run_id)):
+                time.sleep(0.2)
+        finally:
+            lease.stop()  # killed: its lease is renewed no more, and runs out lease_timeout_s later
+
+    killer = threading.Thread(target=stage_killed_once_the_next_run_looked, daemon=True)
+    killer.start()
+    capfd.readouterr()
+    try:
+        nxt = run_dag(dag, logical_date=logical_date(1), run_after=logical_date(1))
+    finally:
+        lease.stop()
+        killer.join(5)
+
+    assert nxt.state == "success", task_states(nxt)
+    assert pipeline.state(stuck) is EpochState.ABORTED and pipeline.state(stuck + 1) is EpochState.COMMITTED
+    logged = "".join(capfd.readouterr())
+    waits = [line for line in logged.splitlines() if "this run waits" in line]
+    looks = reschedules(dag.dag_id, nxt.run_id, "orders.ingest")
+    print(f"\n{looks} looks at the killed stage's epoch; lines about the wait: {len(waits)}")
+    assert looks >= 4, "the run did not wait for the lease"
+    assert len(waits) == 1, waits  # one line (then one a minute), not one every look
+    # What it waits for and until when: the lease's expiry as a time of day, and when it gives up.
+    assert re.search(r"for the lease to expire in \d+s at the latest \(at \d\d:\d\d:\d\d UTC\).*"
+                     r"this run waits, looking again every 2s, until \d\d:\d\d:\d\d UTC at the latest", waits[0])

@@ -292,3 +292,39 @@ def test_a_delta_sink_quarantines_into_a_delta_table_beside_it(spark: Any, order
     quarantined = duckdb_delta_rows(f"{uri}_quarantine", "amount")
     assert [r[0] for r in kept] == sorted(i for i in ids if i is not None)
     assert [(r[0], list(r[-1])) for r in quarantined] == [(None, ["id_present"])] * 5
+
+
+#: Fails with CAST_INVALID_INPUT under ANSI for customers c0 and c2 ('c0' is no integer); c1 becomes 1.
+CAST_RULE = "CAST(regexp_replace(customer, 'c1', '1') AS INT) > 0"
+
+
+@pytest.mark.spark
+def test_a_rule_that_raises_at_run_time_fails_that_row_instead_of_the_stage(
+        spark: Any, orders: OrdersPipeline) -> None:
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"  # Spark 4's default: a bad cast raises
+    add_orders(orders, "f1", range(1, 31))
+    not_c1 = sum(1 for i in range(1, 31) if i % 3 != 1)
+    rules = {"numeric_customer": {"expr": CAST_RULE, "on_fail": "warn"},
+             "ratio": {"expr": "100 / (CAST(amount AS INT) % 10) > 0", "on_fail": "drop"}}  # x0: / 0
+    result = run_stage(spec_with(orders, "run-1", rules), spark)
+    counts = {e.name: (e.checked, e.failed) for m in result.manifests for e in m.expectations}
+    assert counts == {"numeric_customer": (30, not_c1), "ratio": (30, 3)}
+    orders.commit(result)
+    assert sorted(r["order_id"] for r in table_rows(orders, "lake.orders")) == [i for i in range(1, 31) if i % 10]
+    assert spark.conf.get("spark.sql.ansi.enabled") == "true"  # the session's setting is left as it was
+
+    # The same through a writer the staged writer does not serve (observed counts, a quarantine job).
+    add_orders(orders, "f2", range(31, 41))
+    out = orders.root / "out" / "orders"
+    spec = orders.spec("run-2", stage="tests.spark.test_expectations_stage:write_orders",
+                       sinks={"orders_table": {"path": f"file://{out}", "format": "csv", "options": {"header": "true"},
+                                               "expectations": {"numeric_customer": {"expr": CAST_RULE,
+                                                                                     "on_fail": "quarantine"}}}})
+    result = run_stage(spec, spark)
+    orders.commit(result)
+    kept = [int(line.split(",")[0]) for f in sorted(out.glob("epoch=*/*.csv"))
+            for line in f.read_text().splitlines()[1:]]
+    quarantined = [line for f in sorted((orders.root / "out" / "orders_quarantine").glob("epoch=*/*.json"))
+                   for line in f.read_text().splitlines()]
+    assert sorted(kept) == [i for i in range(31, 41) if i % 3 == 1]
+    assert len(quarantined) == sum(1 for i in range(31, 41) if i % 3 != 1)

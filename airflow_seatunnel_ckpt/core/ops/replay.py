@@ -12,7 +12,8 @@ every epoch is settled:
    and the checkpoint of the epoch before ``N`` still restorable;
 2. :func:`begin_replay` begins ``R`` and writes its ``action-*-replay`` record (who, why,
    which epochs, which code): the audit trail ``epochs``, ``show`` and the Checkpoints
-   page list;
+   page list. An epoch that committed since the plan refuses the replay (``R`` aborted):
+   ``R`` would carry the consumed input of the epoch before it;
 3. the stage runtime (``spark.replay``) runs each replayed epoch again, in order, with
    the input that epoch pinned in the log, from the keyed state of the epoch before ``N``
    onwards, staging every epoch's output below ``R``'s staging;
@@ -105,7 +106,7 @@ class ReplayPlan:
         """The plan for logs, the action record and ``--json`` output."""
         return {"pipeline": self.pipeline, "participant": self.participant, "from_epoch": self.from_epoch,
                 "to_epoch": self.to_epoch, "epochs": list(self.epochs), "replaced": list(self.replaced),
-                "base_epoch": self.base.epoch, "sinks": sorted(self.sinks)}
+                "base_epoch": self.base.epoch, "latest_epoch": self.latest.epoch, "sinks": sorted(self.sinks)}
 
 
 def replayed_range(run_id: str | None) -> tuple[int, int] | None:
@@ -247,12 +248,29 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
 
 def begin_replay(pipeline: Pipeline, plan: ReplayPlan, *, reason: str, by: str,
                  details: Mapping[str, Any] | None = None) -> tuple[int, str]:
-    """Begin the replay epoch and write its ``replay`` action record; its epoch and run id."""
+    """Begin the replay epoch and write its ``replay`` action record; its epoch and run id.
+
+    The replay's state and source histories are those of the newest committed epoch when it
+    was planned (``plan.latest``). An epoch that committed between the plan and this begin
+    would be lost from them (the next epoch would read its input again), so the replay
+    epoch is then aborted and :class:`ReplayError` says to replay again. Once the replay
+    epoch has begun no other epoch can begin before it is decided (:meth:`TransactionLog.begin`),
+    so the check cannot be overtaken.
+    """
     if not reason.strip() or not by.strip():
         raise ReplayError(f"pipeline {pipeline.name!r}: a replay needs a reason and who runs it (both are kept in "
                           "the transaction log)")
     run_id = f"{RUN_ID_PREFIX}{plan.from_epoch}-{plan.to_epoch}__{int(time.time() * 1000)}"
     epoch = pipeline.begin(run_id).epoch
+    newest = max((e for e in pipeline.committed_epochs() if e < epoch), default=None)
+    if newest != plan.latest.epoch:
+        which = ("no epoch is committed" if newest is None
+                 else f"epoch {newest} (run {pipeline.status(newest).run_id!r})")
+        why = (f"{which} committed after the replay of epochs "
+               f"{plan.from_epoch}..{plan.to_epoch} was planned against epoch {plan.latest.epoch}")
+        pipeline.abort(epoch, f"replay refused: {why}", by=by)
+        raise ReplayError(f"pipeline {pipeline.name!r}: {why}; the replay would carry that epoch's state and consumed "
+                          f"input no further. Replay epoch {epoch} was aborted, nothing changed: replay again")
     # An action record holds plain values: lists of epochs as "6,7,8".
     fields = {k: ",".join(map(str, v)) if isinstance(v, list) else v
               for k, v in {**plan.to_dict(), **dict(details or {})}.items()}

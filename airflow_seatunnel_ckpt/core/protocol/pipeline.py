@@ -79,7 +79,12 @@ from airflow_seatunnel_ckpt.core.storage import (
     open_storage,
     publish_sink_dir,
 )
-from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, replace_epoch_dirs, retire_older_snapshots
+from airflow_seatunnel_ckpt.core.storage.publish import (
+    PublishMethod,
+    precheck_target,
+    replace_epoch_dirs,
+    retire_older_snapshots,
+)
 from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, precheck_table
 from airflow_seatunnel_ckpt.core.tables.markers import store_id
 
@@ -401,9 +406,10 @@ class Pipeline:
         For commit, every participant the pipeline's descriptor declares must be prepared
         and verify (:class:`NotPreparedError` names a missing one), and the checkpoint's
         ``_metadata`` is completed first. Every table sink must accept the epoch's staged
-        output (:func:`core.tables.precheck_table`): a refusal aborts the epoch here, with
-        the refusal as the reason (the returned record says ABORT), so that no table is
-        asked after the decision to take an epoch it refuses. ``participants`` may name
+        output (:func:`core.tables.precheck_table`), and every file sink's target must be
+        this pipeline's (:func:`core.storage.publish.precheck_target`): a refusal aborts the
+        epoch here, with the refusal as the reason (the returned record says ABORT), so that
+        no sink is asked after the decision to take an epoch it refuses. ``participants`` may name
         more participants that must be prepared, never fewer than the declared ones. Only
         a pipeline without a descriptor (used from the core alone) commits "every
         participant that prepared" by default.
@@ -503,19 +509,32 @@ class Pipeline:
         return self.checkpoints.complete(meta)
 
     def _precheck_sinks(self, epoch: int, records: Iterable[PreparedRecord]) -> None:
-        """Refuse the commit decision when a table sink would refuse the epoch's staged output.
+        """Refuse the commit decision when a sink would refuse the epoch's staged output.
 
         The rule: everything that can refuse an epoch is checked before the decision (a
-        refusal after it would wedge the epoch COMMITTING): the staged rows and schema, the
-        table's properties, and its owner and markers (another store's or pipeline's table,
-        a marker this store's log lacks). :func:`precheck_table` raises
-        :class:`SinkRefusedError` (:class:`TableOwnershipError` for the owner and markers),
-        and :meth:`decide` aborts the epoch with it as the reason.
+        refusal after it would wedge the epoch COMMITTING). A table sink: the staged rows and
+        schema, the table's properties, and its owner and markers (another store's or
+        pipeline's table, a marker this store's log lacks), by :func:`precheck_table`. A file
+        sink: its target's owner marker and, for a replay, the target's ``_EPOCHS`` pointer,
+        by :func:`precheck_target`. Either raises :class:`SinkRefusedError`, and
+        :meth:`decide` aborts the epoch with it as the reason.
         """
         for record in records:
             for sink in record.sinks:
-                if sink.table is not None and sink.publishes:
+                if not sink.publishes:
+                    continue
+                if sink.table is not None:
                     precheck_table(self.table_commit(epoch, sink))
+                    continue
+                try:
+                    precheck_target(self.target_storage(sink.target_url), self._target_owner(),
+                                    replacing=bool(sink.replaces) and sink.mode is SinkMode.CHANGES)
+                except SinkRefusedError as exc:
+                    raise SinkRefusedError(f"pipeline {self.name!r} epoch {epoch}: sink {sink.sink!r}: {exc}") from None
+
+    def _target_owner(self) -> dict[str, str]:
+        """What a file sink's target's owner marker names: this store (its URL) and this pipeline."""
+        return {"store": redact_url(self.storage.url.rsplit("/", 1)[0]), "pipeline": self.name}
 
     def _verified_before(self, records: Iterable[PreparedRecord]) -> dict[str, PartRef]:
         """The parts the committed checkpoints these records built on cover (verified by their decisions).
@@ -689,7 +708,7 @@ class Pipeline:
                    "bytes": sink.bytes, "files": [{"path": f.path, "size": f.size} for f in sink.files]}
         if sink.mode is not SinkMode.CHANGES:
             summary["mode"] = sink.mode.value
-        owner = {"store": redact_url(self.storage.url.rsplit("/", 1)[0]), "pipeline": self.name}
+        owner = self._target_owner()
         replay = bool(sink.replaces)  # a replay's output: one staged subdirectory per epoch run again
         if replay:
             summary["replaces"] = list(sink.replaces)

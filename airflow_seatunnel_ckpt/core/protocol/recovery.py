@@ -294,7 +294,13 @@ def _what_the_wait_is_for(judged: EpochLiveness, pipeline: Pipeline) -> str:
     left = max(lease_timeout(pipeline.config, judged.lease) - judged.age_s, 0)
     holder = "its stage" if judged.lease is None else f"its stage ({judged.lease.describe_holder()})"
     return (f"; waiting for {holder} to prepare, or -- if that stage was killed and renews its lease no more -- "
-            f"for the lease to expire in {left:.0f}s at the latest, when this run aborts the epoch")
+            f"for the lease to expire in {left:.0f}s at the latest (at {clock_time(time.time() + left)}), when this "
+            "run aborts the epoch")
+
+
+def clock_time(at: float) -> str:
+    """``at`` (seconds since the epoch) as a UTC time of day for log lines: ``09:42:09 UTC``."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(at))
 
 
 def abort_unfollowed(pipeline: Pipeline, epoch: int, *, reason: str, by: str) -> bool:

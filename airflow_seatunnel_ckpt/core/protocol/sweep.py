@@ -8,7 +8,9 @@ is written to a ``.tmp-*`` file and then linked or renamed into place. They lie 
 places an epoch owns: its ``_txlog/epoch-<e>/`` directory (a record write killed before
 its link), its run's index directory (a killed ``begin``), its checkpoint directory (a
 part or ``_metadata`` write) and, for a committed epoch, the root of each sink it
-published to (the owner marker's first claim, a snapshot sink's ``_LATEST``).
+published to that is a directory of a store (the owner marker's first claim, a snapshot
+sink's ``_LATEST``): a file sink's target or a Delta table's, never a table named by its
+catalog or database (:func:`sink_roots`).
 
 :func:`settle` looks at each epoch it is about to cover once (:meth:`Storage.temp_files`),
 removes the temp files older than the timeout, and stops the watermark before an epoch
@@ -25,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, StorageError
 from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.protocol import settled
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
@@ -68,16 +70,32 @@ def _sweep(places: Iterable[Place], now: float, timeout: float, removed: list[st
 def sink_roots(pipeline: Pipeline, epoch: int) -> list[Storage]:
     """The targets committed ``epoch`` published to whose writes leave temp files (their roots hold the owner marker).
 
-    A target that cannot be opened is logged and left out: it must not hold the watermark
-    forever. :class:`CheckpointError` if the committed record cannot be read.
+    What recovery may clean is the sink's to say: a file sink's target is a store, and so
+    is a table sink's whose table lives in a directory (Delta: its owner marker is written
+    there); a table named by its catalog or database (``iceberg://``, ``postgres://``) has
+    no root in any store, and its format's own commit owns what it writes. The prepared
+    records are read only when a target URL names no store, to tell such a table from a
+    file target that cannot be opened, which is logged and left out (it must not hold the
+    watermark forever). :class:`CheckpointError` if a record cannot be read.
     """
     out = []
+    tables: set[str] | None = None
     for sink in pipeline.txlog.read_published(epoch) or []:
         if not sink.published:
             continue
         try:
-            if not backend_for(sink.target_url.split("://", 1)[0].lower()).capabilities.temp_files:
-                continue  # (opening an object store's target would cost a probe, for nothing)
+            backend = backend_for(sink.target_url.split("://", 1)[0].lower())
+        except StorageError as exc:
+            if tables is None:
+                tables = {m.sink for r in pipeline.txlog.winning_records(epoch) or [] for m in r.sinks
+                          if m.table is not None}
+            if sink.sink not in tables:
+                log.warning("pipeline %s: epoch %s: cannot sweep sink %s at %s: %s", pipeline.name, epoch,
+                            sink.sink, sink.target_url, exc)
+            continue
+        if not backend.capabilities.temp_files:
+            continue  # (opening an object store's target would cost a probe, for nothing)
+        try:
             out.append(pipeline.target_storage(sink.target_url))
         except CheckpointError as exc:
             log.warning("pipeline %s: epoch %s: cannot sweep sink %s at %s: %s", pipeline.name, epoch, sink.sink,

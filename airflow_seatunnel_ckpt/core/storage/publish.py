@@ -4,7 +4,8 @@
 
 1. the target's **owner** marker (``<target>/_seatunnel_ckpt_owner``) is created on the
    first publish, or must name this store and pipeline -- two pipelines never mix epochs
-   in one directory;
+   in one directory (claimed already before the commit decision, by :func:`precheck_target`,
+   so that another owner's target aborts the epoch instead of leaving it COMMITTING);
 2. files already at the destination with the manifest's size and CRC32C are kept (a
    retry or a concurrent publisher; the destination is listed once); the others are
    **verified in staging** against the manifest (size and CRC32C: a file damaged after
@@ -39,7 +40,7 @@ from typing import Any, TypeVar
 
 import tenacity
 
-from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, StorageError
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, SinkRefusedError, StorageError
 from airflow_seatunnel_ckpt.core.storage.base import BLOCK, TEMP_PREFIX, FileInfo, Storage
 
 T = TypeVar("T")
@@ -346,8 +347,10 @@ def staged_problem(storage: Storage, path: str, f: FileInfo, verify: bool = True
 def claim_target(target: Storage, owner: Mapping[str, str]) -> None:
     """Create ``target``'s owner marker, or check that it names ``owner``.
 
-    PublishError if the target belongs to another pipeline or store: its epoch
-    directories would mix with this pipeline's.
+    :class:`SinkRefusedError` if the target belongs to another pipeline or store (its epoch
+    directories would mix with this pipeline's) or its marker is not valid JSON. Called
+    before the commit decision (:func:`precheck_target`), so that such a target aborts the
+    epoch, and again by the publish.
     """
     mine = dict(sorted(owner.items()))
     try:
@@ -364,16 +367,33 @@ def claim_target(target: Storage, owner: Mapping[str, str]) -> None:
         if not isinstance(theirs, dict):
             raise ValueError("not a JSON object")
     except ValueError as exc:
-        raise PublishError(
+        raise SinkRefusedError(
             f"cannot publish to {target.describe()}: its owner marker {where} is not valid JSON ({exc}); "
-            f"check which pipeline writes there, then delete the marker and commit again") from None
+            f"check which pipeline writes there, then delete the marker and run the epoch again") from None
     if {k: theirs.get(k) for k in mine} != mine:
-        raise PublishError(
+        raise SinkRefusedError(
             f"cannot publish to {target.describe()}: it belongs to pipeline {theirs.get('pipeline')!r} of store "
             f"{theirs.get('store')!r} (marker {where}), not to pipeline {mine.get('pipeline')!r} of store "
             f"{mine.get('store')!r}; epochs of both would mix in one directory. Give this sink its own target "
             f"URL, or, if the target was deliberately handed over (the store moved), delete the marker and "
-            f"commit again")
+            f"run the epoch again")
+
+
+def precheck_target(target: Storage, owner: Mapping[str, str], *, replacing: bool) -> None:
+    """Everything a file sink's ``target`` can refuse, checked before the commit decision.
+
+    The owner marker is claimed (or checked: :func:`claim_target`), and for a replay's output
+    (``replacing``) the ``_EPOCHS`` pointer it swaps must be readable. A refusal raises
+    :class:`SinkRefusedError`, with which the decision aborts the epoch; after the decision,
+    publishing fails only for transient reasons (or a target changed in between). A store
+    error is raised as it is (transient: the decision is asked again).
+    """
+    claim_target(target, owner)
+    if replacing:
+        try:
+            read_epochs_pointer(target)
+        except PublishError as exc:
+            raise SinkRefusedError(str(exc)) from None
 
 
 def copy_file(src: Storage, src_path: str, dest: Storage, dst_path: str) -> None:

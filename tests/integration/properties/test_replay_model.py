@@ -2,11 +2,13 @@
 the amount the stage that last processed its epoch gives, and the next epoch still runs.
 
 Steps: run an epoch with the buggy (x10) or the fixed stage, or replay from any earlier
-epoch with either. A replay from inside an earlier replay's range must be refused (nothing
-changed); any other replay rewrites its epochs' rows in the Iceberg table and the totals
-snapshot. After every step the table, the totals and the keyed state are checked against
-the model. The fast slice runs one fixed scenario through these rules (:func:`scenario`);
-``PROPERTIES_EXAMPLES=<n>`` lets Hypothesis choose the steps.
+epoch with either, or replay while an epoch commits between the replay's plan and its
+begin (refused: the replay epoch is aborted, the epoch stands). A replay from inside an
+earlier replay's range must be refused (nothing changed); any other replay rewrites its
+epochs' rows in the Iceberg table and the totals snapshot. After every step the table, the
+totals and the keyed state are checked against the model. The fast slice runs one fixed
+scenario through these rules (:func:`scenario`); ``PROPERTIES_EXAMPLES=<n>`` lets
+Hypothesis choose the steps.
 """
 
 from __future__ import annotations
@@ -81,6 +83,38 @@ class ReplayModel(RuleBasedStateMachine):
             if epoch >= start:
                 self.stage_of[source] = stage
 
+    @precondition(lambda self: self.data_epochs)
+    @rule(data=st.data(), stage=st.sampled_from(sorted(FACTORS)))
+    def replay_overtaken(self, data: st.DataObject, stage: str) -> None:
+        self.replay_overtaken_from(data.draw(st.sampled_from([e for e, _ in self.data_epochs])), stage)
+
+    def replay_overtaken_from(self, start: int, stage: str) -> None:
+        """A replay from ``start`` that a normal ``stage`` epoch commits under, between its plan and its
+        begin: the replay is refused (its epoch aborted); the normal epoch stands."""
+        import airflow_seatunnel_ckpt.spark.replay as spark_replay
+
+        planned = spark_replay.plan_replay
+
+        def plan_then_an_epoch_commits(*args: Any, **kwargs: Any) -> Any:
+            plan = planned(*args, **kwargs)
+            self.run_epoch(stage)
+            return plan
+
+        epochs_before = self.lake.pipeline.epochs()
+        spark_replay.plan_replay = plan_then_an_epoch_commits
+        try:
+            self.lake.replay(SESSION["spark"], start, stage="fixed")
+        except ReplayError as exc:
+            inside = any(a < start <= b for a, b in self.replays)
+            if not inside:  # refused for the epoch between: the replay epoch was begun and aborted
+                assert "committed after the replay" in str(exc), exc
+                assert len(self.lake.pipeline.epochs()) == len(epochs_before) + 2
+            return
+        finally:
+            spark_replay.plan_replay = planned
+        raise AssertionError(f"a replay from {start} committed over epoch {self.data_epochs[-1][0]}, which "
+                             "committed after the replay was planned")
+
     @invariant()
     def every_order_once_with_its_stage_amount(self) -> None:
         if not self.inputs:
@@ -101,12 +135,14 @@ class ReplayModel(RuleBasedStateMachine):
 
 def scenario(model: Any) -> Iterator[None]:
     """The fast slice: three buggy epochs, a replay of the last two with the fixed stage, a
-    refused replay from inside it, and a normal epoch after it."""
+    refused replay from inside it, a replay refused because an epoch committed under it, and
+    a normal epoch after them."""
     for _ in range(3):
         yield model.run_epoch("buggy")
     yield model.replay_from(2, "fixed")
     assert model.replays, "the replay from epoch 2 did not run"
     yield model.replay_from(3, "fixed")  # inside the replay of 2..3: refused, nothing written
+    yield model.replay_overtaken_from(2, "buggy")  # an epoch commits between its plan and its begin: refused
     yield model.run_epoch("fixed")
 
 
