@@ -92,7 +92,7 @@ def epoch_point(p: StoredPipeline, epoch: int) -> EpochPoint:
 
 def epoch_points(p: StoredPipeline, last: int = DEFAULT_LAST) -> list[EpochPoint]:
     """The newest ``last`` epochs' points, oldest first."""
-    return [epoch_point(p, e) for e in p.epochs()[-last:]]
+    return [epoch_point(p, e) for e in p.newest_epochs(last)]
 
 
 def _human(value: float, unit: str) -> str:

@@ -166,7 +166,7 @@ def owner_dag_id(p: StoredPipeline) -> str:
         descriptor = p.descriptor()
         if descriptor is not None:
             return descriptor.owner_dag_id
-        epochs = p.epochs()
+        epochs = p.newest_epochs(1)
         begin = p.txlog.read_begin(epochs[-1]) if epochs else None
     except CheckpointError:
         return ""
@@ -181,7 +181,7 @@ def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
     database), so the dry run says what the recovery DAG would do, not only the lease.
     """
     p = store.pipeline(name)
-    epochs = p.epochs()[-last:]
+    epochs = p.newest_epochs(last)
     rows = [epoch_row(p, e) for e in reversed(epochs)]
     try:
         restore = p.restore_point(deep=False).to_dict()
@@ -199,13 +199,13 @@ def pipelines_summary(store: CheckpointStore) -> list[dict[str, Any]]:
     out = []
     for name in store.list_pipelines():
         p = store.pipeline(name)
-        epochs = p.epochs()
+        epochs = p.newest_epochs(1)  # epochs are numbered 1, 2, ...: the newest is also the count
         try:
             last_committed: Any = p.last_committed_epoch()
             newest_state = p.state(epochs[-1]).value if epochs else "-"
         except CorruptCheckpointError:
             last_committed, newest_state = "?", "DAMAGED"
-        out.append({"pipeline": name, "epochs": len(epochs), "last_committed": last_committed,
+        out.append({"pipeline": name, "epochs": epochs[-1] if epochs else 0, "last_committed": last_committed,
                     "newest": epochs[-1] if epochs else None, "newest_state": newest_state,
                     "owner_dag_id": owner_dag_id(p)})
     return out
