@@ -45,6 +45,8 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decis
 from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PublishedSink
+from airflow_seatunnel_ckpt.core.protocol import epoch_index
+from airflow_seatunnel_ckpt.core.protocol.epoch_index import EpochSummary
 from airflow_seatunnel_ckpt.core.protocol.expectations import describe as describe_expectation
 from airflow_seatunnel_ckpt.core.protocol.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
@@ -170,10 +172,12 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
     return 0
 
 
-def _epoch_entry(p: StoredPipeline, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One epoch's ``--json`` entry and table row; a damaged record makes a DAMAGED row, not an error."""
+def _epoch_entry(p: StoredPipeline, epoch: int,
+                 summary: EpochSummary | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One epoch's ``--json`` entry and table row, from the epoch index's ``summary`` of it or its
+    records; a damaged record makes a DAMAGED row, not an error."""
     try:
-        s = p.status(epoch)
+        s = summary.status() if summary is not None else p.status(epoch)
     except CorruptCheckpointError as exc:
         try:
             state = p.state(epoch).value
@@ -196,8 +200,8 @@ def _epoch_entry(p: StoredPipeline, epoch: int) -> tuple[dict[str, Any], dict[st
 
 def cmd_epochs(args: argparse.Namespace) -> int:
     p = _pipeline(args)
-    epochs = p.newest_epochs(args.last) if args.last else p.epochs()
-    entries = [_epoch_entry(p, e) for e in epochs]
+    epochs, held = epoch_index.newest(p, args.last) if args.last else (p.epochs(), {})
+    entries = [_epoch_entry(p, e, held.get(e)) for e in epochs]
     text = _table([row for _, row in entries],
                   ["epoch", "state", "logical_date", "run_id", "participants", "rows", "decision"])
     damaged = [data["epoch"] for data, _ in entries if "damaged" in data]

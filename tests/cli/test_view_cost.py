@@ -12,6 +12,7 @@ grows with the history costs one request per thousand names on S3.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import uuid
 from collections import Counter
@@ -22,10 +23,12 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.cli import main
-from airflow_seatunnel_ckpt.core import CheckpointStore
+from airflow_seatunnel_ckpt.core import CheckpointStore, Pipeline, layout
+from airflow_seatunnel_ckpt.core.protocol import epoch_index
 from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.plugins import charts, overview
 from tests.core.conftest import StoreSpec
+from tests.core.epochs import Participant, flip_byte, prepare_participant, run_epoch
 from tests.core.protocol.test_settled_log import newest_settled, real_epoch, settled_history
 
 #: The two history sizes compared (settled epochs below the real ones); a multiple of 7 apart,
@@ -115,3 +118,76 @@ def test_every_view_reads_as_much_at_a_long_history_as_at_a_short_one(
 
     for view in VIEWS:
         assert costs[LONG][view] == costs[SHORT][view], (view, costs[SHORT][view], costs[LONG][view])
+
+
+# -- the epoch index: the newest settled epochs from a few segments -------------------------
+
+
+def indexed_history(spec: StoreSpec, epochs: int = 40) -> Pipeline:
+    """``epochs`` real epochs (each writing a different number of rows with keyed state, every
+    fifth aborted after it prepared), settled by recovery; one committed and one OPEN above."""
+    p = spec.pipeline()
+    for i in range(1, epochs + 1):
+        work = Participant(sinks={"orders": [b"o"] * (i % 4 + 1)}, changes={i % 3: i})
+        if i % 5:
+            run_epoch(p, f"run-{i}", work)
+            continue
+        epoch = p.begin(f"run-{i}").epoch
+        prepare_participant(p, f"run-{i}", work, base=p.restore_point(), epoch=epoch)
+        p.abort(epoch, "bad input", by="test")
+    p.recover(dry_run=False)
+    assert newest_settled(p) == epochs
+    run_epoch(p, "above", Participant())
+    p.begin("open")
+    return p
+
+
+def shown(spec: StoreSpec, capsys: pytest.CaptureFixture[str]) -> tuple[str, str, list[Any], list[Any]]:
+    """What ``epochs --last 30`` prints (table and JSON), the page's rows and the charts' points."""
+    capsys.readouterr()
+    main(["--store", spec.sub_url("store"), "epochs", "orders", "--last", "30"])
+    main(["--store", spec.sub_url("store"), "--json", "epochs", "orders", "--last", "30"])
+    table_and_json = capsys.readouterr().out
+    table, _, as_json = table_and_json.partition("\n[")
+    # (an OPEN epoch's lease age changes from one look to the next)
+    view = overview.pipeline_view(_store(spec), "orders", last=30)
+    rows = [dataclasses.replace(row, lease="") for row in view.epochs]
+    points = charts.epoch_points(_store(spec).pipeline("orders"), 30)
+    return table, as_json, rows, points
+
+
+def test_the_newest_settled_epochs_are_read_from_a_few_index_segments(
+        local_spec: StoreSpec, reads: Counter[str]) -> None:
+    """Before, ``epochs --last 30`` read every shown epoch's records: a listing and 3-4 reads each."""
+    indexed_history(local_spec)
+    reads.clear()
+    _cli(local_spec, "epochs", "orders", "--last", "30")
+
+    # Listed: the descriptor, the settled record, the two epochs above it and the empty directory
+    # after them, then those two to read their states. Read: the settled record, one index
+    # segment and the records of the two epochs above the watermark (4 + 1).
+    assert reads["list_dir"] <= 7, dict(reads)
+    assert reads["read"] <= 7, dict(reads)
+
+
+def test_the_views_show_the_same_from_the_index_as_from_the_records(
+        local_spec: StoreSpec, capsys: pytest.CaptureFixture[str]) -> None:
+    """The index is a summary, never the truth: without it, or with a damaged segment, the views
+    read the records and show the same."""
+    p = indexed_history(local_spec)
+    segment = layout.record_path(40, epoch_index.INDEX_RECORD)
+    assert p.storage.exists(segment)
+    from_index = shown(local_spec, capsys)
+
+    flip_byte(p.storage, segment)
+    from_damaged = shown(local_spec, capsys)
+    for epoch in range(1, 41):
+        with contextlib.suppress(FileNotFoundError):
+            p.storage.delete(layout.record_path(epoch, epoch_index.INDEX_RECORD))
+    from_records = shown(local_spec, capsys)
+
+    assert from_index == from_records
+    assert from_damaged == from_records
+    table, _, rows, points = from_records
+    assert "ABORTED" in table and "COMMITTED" in table and "OPEN" in table
+    assert any(row.checkpoint_bytes for row in rows) and any(point.commit_s is not None for point in points)

@@ -529,10 +529,10 @@ class TransactionLog:
             epoch += 1
         return seen, above
 
-    def newest_epochs(self, last: int) -> list[int]:
+    def newest_epochs(self, last: int, seen: SettledRead | None = None) -> list[int]:
         """The newest ``last`` epochs, ascending, from the settled record and the epochs above
         it (epochs are dense, see :meth:`_above`), so a view's cost does not grow with the log."""
-        seen, above = self._above()
+        seen, above = self._above(seen)
         newest = max(above, default=seen.record.watermark)
         return list(range(max(1, newest - last + 1), newest + 1))
 
