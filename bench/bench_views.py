@@ -1,17 +1,19 @@
 """What the views cost as the history grows: ``epochs --last 30`` and the Checkpoints page on S3.
 
 For E settled epochs (every 7th aborted, the others committed and retired, written record by
-record through the store as the protocol leaves them, in parallel; the settled record written
-by the log's own ``advance``) plus three real committed epochs with checkpoints settled above
-them and two more real committed epochs and one OPEN above the watermark, it runs each view
+record through the store as the protocol leaves them, in parallel; settled as recovery
+settles, ``sweep.settle``: the epoch index written, then the watermark), eight real committed
+epochs with checkpoints settled by a recovery run above them, and two more real committed
+epochs and one OPEN above the watermark, it runs each view
 once to warm the process, then ``--rounds`` times, and prints the median time, the store calls
 (``Storage`` methods) and the S3 requests (a botocore ``before-send`` hook on s3fs's client) of
 one run. The views: ``seatunnel-ckpt epochs --last 30``, the page's data
 (``overview.pipeline_view``: rows, verify, recovery's dry run, action history), its charts
 (``charts.epoch_points``, 30 epochs) and the store's summary (``overview.pipelines_summary``).
-"before" runs the same code with the two reads it replaced: the ``_txlog`` listing to find the
-epochs above the watermark, and s3fs's listing (which lists the parent of a directory with no
-children). Figures are printed, never asserted; the machine's load is printed with them.
+"before" runs the same code with the reads it replaced: the ``_txlog`` listing to find the
+epochs above the watermark, s3fs's listing (which lists the parent of a directory with no
+children), and every shown epoch's records (no epoch index). Figures are printed, never
+asserted; the machine's load is printed with them.
 
     PYTHONPATH=. .venv/bin/python bench/bench_views.py [--sizes 100,1000,10000] [--rounds 5] [--modes before,after]
 """
@@ -35,7 +37,7 @@ from typing import Any
 from airflow_seatunnel_ckpt.cli import main as cli_main
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, codec, layout
 from airflow_seatunnel_ckpt.core.models import BeginRecord, DecisionRecord, EpochState
-from airflow_seatunnel_ckpt.core.protocol import settled
+from airflow_seatunnel_ckpt.core.protocol import epoch_index, settled, sweep
 from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
 from airflow_seatunnel_ckpt.core.storage import ObjectStorage, Storage
 from airflow_seatunnel_ckpt.plugins import charts, overview
@@ -65,11 +67,12 @@ def history(store: CheckpointStore, epochs: int) -> None:
 
     with ThreadPoolExecutor(16) as pool:
         states = dict(zip(range(1, epochs + 1), pool.map(write, range(1, epochs + 1)), strict=True))
-    p.txlog.settle(p.txlog.settled.read(), states, min_advance=1)
-    for i in range(3):
+    # As recovery settles: the newest epochs indexed, then the watermark moved (states known here).
+    sweep.settle(p, p.txlog.settled.read(), states, now=time.time(), timeout=p.config.prepared_timeout_s)
+    for i in range(settled.MIN_ADVANCE):
         real_epoch(p, f"settled-{i}")
-    p.txlog.settle(*p.txlog.view(), min_advance=1)
-    assert p.txlog.settled.read().record.watermark == epochs + 3
+    p.recover(dry_run=False)
+    assert p.txlog.settled.read().record.watermark == epochs + settled.MIN_ADVANCE
     for i in range(2):
         real_epoch(p, f"above-{i}")
     p.begin("open")
@@ -78,8 +81,8 @@ def history(store: CheckpointStore, epochs: int) -> None:
 @contextlib.contextmanager
 def before() -> Iterator[None]:
     """The reads this change replaced: ``_txlog`` listed to find the epochs above the watermark,
-    and s3fs's own listing."""
-    above, list_dir = TransactionLog._above, ObjectStorage.list_dir
+    s3fs's own listing, and every shown epoch's records (no epoch index)."""
+    above, list_dir, held = TransactionLog._above, ObjectStorage.list_dir, epoch_index.held
 
     def listed(self: TransactionLog, seen: settled.SettledRead | None = None) -> Any:
         seen = seen if seen is not None else self.settled.read()
@@ -87,10 +90,12 @@ def before() -> Iterator[None]:
 
     TransactionLog._above = listed  # type: ignore[method-assign]
     ObjectStorage.list_dir = Storage.list_dir  # type: ignore[method-assign]
+    epoch_index.held = lambda pipeline, watermark, epochs: {}
     try:
         yield
     finally:
         TransactionLog._above, ObjectStorage.list_dir = above, list_dir  # type: ignore[method-assign]
+        epoch_index.held = held
 
 
 def views(url: str, options: dict[str, Any]) -> dict[str, Callable[[], object]]:
