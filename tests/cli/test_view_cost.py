@@ -191,3 +191,16 @@ def test_the_views_show_the_same_from_the_index_as_from_the_records(
     table, _, rows, points = from_records
     assert "ABORTED" in table and "COMMITTED" in table and "OPEN" in table
     assert any(row.checkpoint_bytes for row in rows) and any(point.commit_s is not None for point in points)
+
+
+def test_verify_names_a_damaged_index_segment_as_one_that_can_be_deleted(
+        local_spec: StoreSpec, capsys: pytest.CaptureFixture[str]) -> None:
+    p = indexed_history(local_spec)
+    segment = layout.record_path(40, epoch_index.INDEX_RECORD)
+    flip_byte(p.storage, segment)
+    capsys.readouterr()
+
+    assert main(["--store", local_spec.sub_url("store"), "verify", "orders", "40"]) == 1
+    out = capsys.readouterr().out
+    assert f"{segment}: checksum mismatch" in out
+    assert "segment of the epoch index" in out and "this file can be deleted" in out

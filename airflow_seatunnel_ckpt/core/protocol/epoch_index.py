@@ -44,12 +44,10 @@ from airflow_seatunnel_ckpt.core.models import (
 )
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord, submissions_of
-from airflow_seatunnel_ckpt.core.protocol.txlog import COMMITTED
+from airflow_seatunnel_ckpt.core.protocol.txlog import COMMITTED, INDEX_RECORD
 
 log = logging.getLogger(__name__)
 
-#: The record holding a segment, in the log directory of the segment's last epoch.
-INDEX_RECORD = "epoch-index"
 #: Epochs per segment at most: a view of the newest 30 reads one or two segments.
 SEGMENT_EPOCHS = 64
 #: Epochs one advance summarises at most (its newest): the first settling of a long log

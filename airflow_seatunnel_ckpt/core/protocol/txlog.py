@@ -65,6 +65,8 @@ ACTION_PREFIX = "action-"
 OUTCOME_PREFIX = "outcome-"
 #: Whether an attempt may prepare: settled once, by its prepare or by a cancel (``fence-<p>-a<n>``).
 FENCE_PREFIX = "fence-"
+#: A segment of the views' epoch index, in its last epoch's directory (see :mod:`epoch_index`).
+INDEX_RECORD = "epoch-index"
 
 
 def fence_name(participant: str, attempt: int) -> str:
@@ -606,4 +608,11 @@ class TransactionLog:
             return self.read_action(epoch, name)
         if name.startswith(OUTCOME_PREFIX):
             return self.read_outcome(epoch, name)
-        return self.read_record(layout.record_path(epoch, name), lambda data, _where: data)
+        try:
+            return self.read_record(layout.record_path(epoch, name), lambda data, _where: data)
+        except CorruptCheckpointError as exc:
+            if name != INDEX_RECORD:
+                raise
+            raise CorruptCheckpointError(
+                f"{exc}. It is a segment of the epoch index (what the views show of settled epochs): nothing is "
+                "lost, the views read those epochs' records instead, and this file can be deleted", exc.path) from None
