@@ -45,6 +45,8 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decis
 from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PublishedSink
+from airflow_seatunnel_ckpt.core.protocol import epoch_index
+from airflow_seatunnel_ckpt.core.protocol.epoch_index import EpochSummary
 from airflow_seatunnel_ckpt.core.protocol.expectations import describe as describe_expectation
 from airflow_seatunnel_ckpt.core.protocol.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
@@ -175,23 +177,25 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
     rows = []
     for name in store.list_pipelines():
         p = store.pipeline(name)
-        epochs = p.epochs()
+        epochs = p.newest_epochs(1)  # epochs are numbered 1, 2, ...: the newest is also the count
         try:
             last_committed: Any = p.last_committed_epoch() or "-"
             newest_state = p.state(epochs[-1]).value if epochs else "-"
         except CorruptCheckpointError:
             # One damaged record must not hide the other pipelines; `verify` names the file.
             last_committed, newest_state = "?", "DAMAGED"
-        rows.append({"pipeline": name, "epochs": len(epochs), "last_committed": last_committed,
+        rows.append({"pipeline": name, "epochs": epochs[-1] if epochs else 0, "last_committed": last_committed,
                      "newest": epochs[-1] if epochs else "-", "newest_state": newest_state})
     _emit(args, rows, _table(rows, ["pipeline", "epochs", "last_committed", "newest", "newest_state"]))
     return 0
 
 
-def _epoch_entry(p: StoredPipeline, epoch: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One epoch's ``--json`` entry and table row; a damaged record makes a DAMAGED row, not an error."""
+def _epoch_entry(p: StoredPipeline, epoch: int,
+                 summary: EpochSummary | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One epoch's ``--json`` entry and table row, from the epoch index's ``summary`` of it or its
+    records; a damaged record makes a DAMAGED row, not an error."""
     try:
-        s = p.status(epoch)
+        s = summary.status() if summary is not None else p.status(epoch)
     except CorruptCheckpointError as exc:
         try:
             state = p.state(epoch).value
@@ -214,9 +218,8 @@ def _epoch_entry(p: StoredPipeline, epoch: int) -> tuple[dict[str, Any], dict[st
 
 def cmd_epochs(args: argparse.Namespace) -> int:
     p = _pipeline(args)
-    epochs = p.epochs()
-    epochs = epochs[-args.last:] if args.last else epochs
-    entries = [_epoch_entry(p, e) for e in epochs]
+    epochs, held = epoch_index.newest(p, args.last) if args.last else (p.epochs(), {})
+    entries = [_epoch_entry(p, e, held.get(e)) for e in epochs]
     text = _table([row for _, row in entries],
                   ["epoch", "state", "logical_date", "run_id", "participants", "rows", "decision"])
     damaged = [data["epoch"] for data, _ in entries if "damaged" in data]
@@ -341,8 +344,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         p.state(args.epoch)  # EpochNotFoundError names the pipeline and the epoch
         epochs = [args.epoch]
     else:
-        epochs = p.epochs()
-        epochs = epochs[-args.last:] if args.last else epochs
+        epochs = p.newest_epochs(args.last) if args.last else p.epochs()
     results = [_verify_epoch(p, epoch) for epoch in epochs]
     lines = [f"epoch {r['epoch']}: {r['verdict']}" for r in results]
     lines += [f"  {x}" for r in results for x in r["problems"]]

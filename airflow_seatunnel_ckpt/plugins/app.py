@@ -252,7 +252,7 @@ def create_app() -> FastAPI:
         """Carry out what recovery's dry run shows; each epoch it acts on records the user and the outcome."""
         p = _guarded(store_key, name, user)
         planned = recover(p, dry_run=True, run_finished=run_finished_in_db)
-        known = set(p.epochs())
+        known = set(p.txlog.open_epochs()[1])  # (what recovery resolves lies above the watermark)
         recorded = {epoch: p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
                     for epoch in sorted({a.epoch for a in planned.actions
                                          if a.action in _RESOLVING and a.epoch is not None and a.epoch in known})}

@@ -18,13 +18,12 @@ from html import escape
 
 from markupsafe import Markup
 
-from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.protocol import epoch_index
+from airflow_seatunnel_ckpt.core.protocol.epoch_index import EpochSummary
 from airflow_seatunnel_ckpt.core.protocol.expectations import summary as expectation_summary
-from airflow_seatunnel_ckpt.core.protocol.txlog import COMMITTED
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
-from airflow_seatunnel_ckpt.plugins.overview import _checkpoint_bytes
 
 #: How a source's quarantine sink is named (``<source>.bad_records``, see spark.runner).
 QUARANTINE_SUFFIX = ".bad_records"
@@ -58,18 +57,14 @@ class Chart:
     svg: Markup
 
 
-def _committed_at(p: StoredPipeline, epoch: int) -> float | None:
-    """When the ``committed`` acknowledgement was written (its ``at``)."""
-    at = p.txlog.read_record(layout.record_path(epoch, COMMITTED), lambda d, _path: d.get("at"))
-    return float(at) if isinstance(at, (int, float)) else None
-
-
-def epoch_point(p: StoredPipeline, epoch: int) -> EpochPoint:
-    """One epoch's point, from its log records and checkpoint (a damaged record: no values)."""
+def epoch_point(p: StoredPipeline, epoch: int, summary: EpochSummary | None = None) -> EpochPoint:
+    """One epoch's point, from the epoch index's ``summary`` of it, else from its log records and
+    checkpoint (a damaged record: no values)."""
     try:
-        status = p.status(epoch)
+        summary = summary or epoch_index.summarise(p, epoch)
     except CheckpointError:
         return EpochPoint(epoch, "DAMAGED")
+    status = summary.status()
     point = EpochPoint(epoch, status.state.value)
     rows = status.rows_per_sink()
     point.quarantined = sum(n for sink, n in rows.items() if sink.endswith(QUARANTINE_SUFFIX))
@@ -79,20 +74,16 @@ def epoch_point(p: StoredPipeline, epoch: int) -> EpochPoint:
     if status.begin is not None and status.prepared:
         prepared_at = max(r.prepared_at for r in status.prepared.values())
         point.stage_s = max(0.0, prepared_at - status.begin.created_at)
-    if status.state is EpochState.COMMITTED and status.decision is not None:
-        try:
-            committed_at = _committed_at(p, epoch)
-        except CheckpointError:
-            committed_at = None
-        if committed_at is not None:
-            point.commit_s = max(0.0, committed_at - status.decision.decided_at)
-    point.checkpoint_bytes = _checkpoint_bytes(p, epoch)
+    if status.state is EpochState.COMMITTED and status.decision is not None and summary.committed_at is not None:
+        point.commit_s = max(0.0, summary.committed_at - status.decision.decided_at)
+    point.checkpoint_bytes = summary.checkpoint_bytes
     return point
 
 
 def epoch_points(p: StoredPipeline, last: int = DEFAULT_LAST) -> list[EpochPoint]:
     """The newest ``last`` epochs' points, oldest first."""
-    return [epoch_point(p, e) for e in p.epochs()[-last:]]
+    epochs, held = epoch_index.newest(p, last)
+    return [epoch_point(p, e, held.get(e)) for e in epochs]
 
 
 def _human(value: float, unit: str) -> str:

@@ -14,8 +14,10 @@ from typing import Any
 from airflow_seatunnel_ckpt.cli import _epoch_entry, _verify_epoch
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.protocol import epoch_index
+from airflow_seatunnel_ckpt.core.protocol.epoch_index import EpochSummary
 from airflow_seatunnel_ckpt.core.protocol.recovery import RunFinished, recover, resolve_epoch
-from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord, submissions_of
+from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
 #: States an on-call engineer may abort from the page (undecided ones).
@@ -55,33 +57,29 @@ class EpochRow:
         return self.state == EpochState.COMMITTING.value
 
 
-def _checkpoint_bytes(p: StoredPipeline, epoch: int) -> int | None:
-    if not p.checkpoints.has_metadata(epoch):
-        return None
+def epoch_row(p: StoredPipeline, epoch: int, summary: EpochSummary | None = None) -> EpochRow:
+    """One epoch's row: the console's ``epochs`` entry plus files, bytes and the lease, from the
+    epoch index's ``summary`` of it, else from its records."""
     try:
-        return sum(part.size for part in p.checkpoints.read_metadata(epoch).parts())
+        summary = summary or epoch_index.summarise(p, epoch)
     except CorruptCheckpointError:
-        return None  # verify names the damaged file
-
-
-def epoch_row(p: StoredPipeline, epoch: int) -> EpochRow:
-    """One epoch's row: the console's ``epochs`` entry plus files, bytes and the lease."""
-    data, table = _epoch_entry(p, epoch)
+        summary = None  # the console's entry names the damaged record
+    data, table = _epoch_entry(p, epoch, summary)
     row = EpochRow(epoch, data["state"], decision=str(table["decision"]))
     if "damaged" in data:  # the message names the file; shown once, in place of the run
         row.damaged, row.decision = data["damaged"], "?"
         return row
+    summary = summary or epoch_index.summarise(p, epoch)  # (a damaged submission record: raises)
     row.participants = str(table["participants"])
     row.run_id = data.get("run_id") or "-"
     row.logical_date = data.get("logical_date") or "-"
-    status = p.status(epoch)
+    status = summary.status()
     row.dag_id = status.begin.dag_id if status.begin else ""
     row.rows = dict(data.get("rows") or {})
     row.expectations = list(data.get("expectations") or [])
     row.files = status.files_per_sink()
-    row.checkpoint_bytes = _checkpoint_bytes(p, epoch)
-    row.submissions = [_describe_submission(record, ended, status.state)
-                       for record, ended in submissions_of(p, epoch)]
+    row.checkpoint_bytes = summary.checkpoint_bytes
+    row.submissions = [_describe_submission(record, ended, status.state) for record, ended in summary.submissions]
     if row.state == EpochState.OPEN.value:
         resolution = resolve_epoch(p, epoch, dry_run=True)  # (what recovery would do, without asking Airflow)
         judged = resolution.judged
@@ -168,7 +166,7 @@ def owner_dag_id(p: StoredPipeline) -> str:
         descriptor = p.descriptor()
         if descriptor is not None:
             return descriptor.owner_dag_id
-        epochs = p.epochs()
+        epochs = p.newest_epochs(1)
         begin = p.txlog.read_begin(epochs[-1]) if epochs else None
     except CheckpointError:
         return ""
@@ -183,8 +181,8 @@ def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
     database), so the dry run says what the recovery DAG would do, not only the lease.
     """
     p = store.pipeline(name)
-    epochs = p.epochs()[-last:]
-    rows = [epoch_row(p, e) for e in reversed(epochs)]
+    epochs, held = epoch_index.newest(p, last)
+    rows = [epoch_row(p, e, held.get(e)) for e in reversed(epochs)]
     try:
         restore = p.restore_point(deep=False).to_dict()
     except CheckpointError as exc:
@@ -203,13 +201,13 @@ def pipelines_summary(store: CheckpointStore) -> list[dict[str, Any]]:
     out = []
     for name in store.list_pipelines():
         p = store.pipeline(name)
-        epochs = p.epochs()
+        epochs = p.newest_epochs(1)  # epochs are numbered 1, 2, ...: the newest is also the count
         try:
             last_committed: Any = p.last_committed_epoch()
             newest_state = p.state(epochs[-1]).value if epochs else "-"
         except CorruptCheckpointError:
             last_committed, newest_state = "?", "DAMAGED"
-        out.append({"pipeline": name, "epochs": len(epochs), "last_committed": last_committed,
+        out.append({"pipeline": name, "epochs": epochs[-1] if epochs else 0, "last_committed": last_committed,
                     "newest": epochs[-1] if epochs else None, "newest_state": newest_state,
                     "owner_dag_id": owner_dag_id(p)})
     return out

@@ -191,6 +191,10 @@ class Pipeline:
         """Every epoch in the log, ascending."""
         return self.txlog.epochs()
 
+    def newest_epochs(self, last: int) -> list[int]:
+        """The newest ``last`` epochs, ascending (reads the settled record and the epochs above it only)."""
+        return self.txlog.newest_epochs(last)
+
     def list_epochs(self) -> list[EpochStatus]:
         """Status of every epoch, ascending."""
         return [self.txlog.status(e) for e in self.txlog.epochs()]

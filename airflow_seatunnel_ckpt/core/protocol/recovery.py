@@ -343,8 +343,7 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
 
     # Epochs at or below the settled watermark are final: the record says which committed
     # and which aborted, so only the epochs above it are listed and read, one by one.
-    seen = pipeline.txlog.settled.read()
-    above = [e for e in pipeline.epochs() if e > seen.record.watermark]
+    seen, above = pipeline.txlog.open_epochs()
     states: dict[int, EpochState] = seen.record.states()
     # Epochs whose records cannot be read: nothing of theirs is touched (their staging may
     # be the only copy of output a commit decision still has to publish).

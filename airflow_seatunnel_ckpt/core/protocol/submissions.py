@@ -198,9 +198,12 @@ def read_exit(pipeline: Pipeline, epoch: int, participant: str, attempt: int) ->
     return pipeline.txlog.read_record(path, ExitRecord)
 
 
-def submissions_of(pipeline: Pipeline, epoch: int) -> list[tuple[SubmissionRecord, ExitRecord | None]]:
-    """Every submitted attempt of ``epoch`` with its exit record (None while running or lost)."""
-    names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+def submissions_of(pipeline: Pipeline, epoch: int,
+                   names: list[str] | None = None) -> list[tuple[SubmissionRecord, ExitRecord | None]]:
+    """Every submitted attempt of ``epoch`` with its exit record (None while running or lost);
+    ``names``: the epoch's directory, if the caller listed it already."""
+    if names is None:
+        names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
     found = []
     for name in sorted(n for n in names if n.startswith(SUBMISSION_PREFIX)):
         participant, _, attempt = name[len(SUBMISSION_PREFIX):].rpartition("-a")

@@ -29,7 +29,7 @@ from typing import NamedTuple
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, StorageError
 from airflow_seatunnel_ckpt.core.models import EpochState
-from airflow_seatunnel_ckpt.core.protocol import settled
+from airflow_seatunnel_ckpt.core.protocol import epoch_index, settled
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.protocol.settled import SettledRead
 from airflow_seatunnel_ckpt.core.storage import Storage, TempFiles, backend_for
@@ -163,6 +163,7 @@ def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochStat
 
     Returns the temp files removed. An epoch that still holds a temp file younger than
     ``timeout``, or whose committed record cannot be read, stops the advance before it.
+    What the advance covers is summarised for the views first (:mod:`epoch_index`).
     A sink's target whose writes leave temp files, of a pipeline whose store's writes leave
     none, is not swept.
     """
@@ -182,5 +183,10 @@ def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochStat
             if not swept:
                 covered = {e: s for e, s in states.items() if e < epoch}
                 break
+    # The views' summary of what the advance covers, written before the advance, so that
+    # the segment ending at a watermark exists once the watermark does.
+    run = settled.final_run(watermark, covered)
+    if len(run) >= max(1, settled.MIN_ADVANCE):
+        epoch_index.write(pipeline, run)
     pipeline.txlog.settle(seen, covered)
     return removed

@@ -65,6 +65,8 @@ ACTION_PREFIX = "action-"
 OUTCOME_PREFIX = "outcome-"
 #: Whether an attempt may prepare: settled once, by its prepare or by a cancel (``fence-<p>-a<n>``).
 FENCE_PREFIX = "fence-"
+#: A segment of the views' epoch index, in its last epoch's directory (see :mod:`epoch_index`).
+INDEX_RECORD = "epoch-index"
 
 
 def fence_name(participant: str, attempt: int) -> str:
@@ -497,18 +499,44 @@ class TransactionLog:
 
     def last_committed_epoch(self) -> int | None:
         """The newest committed epoch, or None (reads the epochs above the watermark only)."""
-        seen = self.settled.read()
-        for epoch in reversed(self.epochs()):
-            if epoch <= seen.record.watermark:
-                break
-            if self.state(epoch) is EpochState.COMMITTED:
+        seen, above = self._above()
+        for epoch, names in reversed(above.items()):
+            if self.state(epoch, names) is EpochState.COMMITTED:
                 return epoch
         return seen.record.last_committed()
 
     def open_epochs(self, seen: SettledRead | None = None) -> tuple[SettledRead, list[int]]:
         """The settled record and the epochs above its watermark (those whose state may change)."""
+        seen, above = self._above(seen)
+        return seen, list(above)
+
+    def _above(self, seen: SettledRead | None = None) -> tuple[SettledRead, dict[int, list[str] | None]]:
+        """The settled record, and each epoch above its watermark with the names in its directory.
+
+        Epochs are dense: ``begin`` creates the newest + 1 exclusively and no log directory
+        is ever removed. So above a watermark the epochs are found one directory at a time,
+        ending at the first with nothing in it (a newest directory a killed ``begin`` left
+        empty ends them too, as in :meth:`epochs`): the ``_txlog`` listing, which grows with
+        every epoch ever run (one request per thousand names on S3), is not needed, and each
+        listing also gives that epoch's state. Without a watermark, one listing of the log
+        (names None: the caller lists each epoch it reads).
+        """
         seen = seen if seen is not None else self.settled.read()
-        return seen, [e for e in self.epochs() if e > seen.record.watermark]
+        if not seen.record.watermark:
+            return seen, dict.fromkeys(self.epochs())
+        above: dict[int, list[str] | None] = {}
+        epoch = seen.record.watermark + 1
+        while names := self.storage.list_dir(layout.txlog_dir(epoch)):
+            above[epoch] = names
+            epoch += 1
+        return seen, above
+
+    def newest_epochs(self, last: int, seen: SettledRead | None = None) -> list[int]:
+        """The newest ``last`` epochs, ascending, from the settled record and the epochs above
+        it (epochs are dense, see :meth:`_above`), so a view's cost does not grow with the log."""
+        seen, above = self._above(seen)
+        newest = max(above, default=seen.record.watermark)
+        return list(range(max(1, newest - last + 1), newest + 1))
 
     def states(self) -> dict[int, EpochState]:
         """Every epoch with its state, ascending: one view of the log to decide from.
@@ -522,9 +550,9 @@ class TransactionLog:
 
     def view(self) -> tuple[SettledRead, dict[int, EpochState]]:
         """:meth:`states` together with the settled record it was built on (for :meth:`settle`)."""
-        seen, above = self.open_epochs()
+        seen, above = self._above()
         out = seen.record.states()
-        out.update((epoch, self.state(epoch)) for epoch in above)
+        out.update((epoch, self.state(epoch, names)) for epoch, names in above.items())
         return seen, out
 
     def settle(self, seen: SettledRead, states: dict[int, EpochState],
@@ -580,4 +608,11 @@ class TransactionLog:
             return self.read_action(epoch, name)
         if name.startswith(OUTCOME_PREFIX):
             return self.read_outcome(epoch, name)
-        return self.read_record(layout.record_path(epoch, name), lambda data, _where: data)
+        try:
+            return self.read_record(layout.record_path(epoch, name), lambda data, _where: data)
+        except CorruptCheckpointError as exc:
+            if name != INDEX_RECORD:
+                raise
+            raise CorruptCheckpointError(
+                f"{exc}. It is a segment of the epoch index (what the views show of settled epochs): nothing is "
+                "lost, the views read those epochs' records instead, and this file can be deleted", exc.path) from None

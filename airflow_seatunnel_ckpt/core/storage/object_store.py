@@ -24,7 +24,7 @@ import crc32c
 import tenacity
 
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, StorageError
-from airflow_seatunnel_ckpt.core.storage.base import Capabilities, Data, FileInfo, Storage, chunks
+from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Capabilities, Data, FileInfo, Storage, chunks
 
 #: Payloads up to this size are sent in one PUT with their CRC32C; larger ones stream as a
 #: multipart upload without a full-object checksum (then verifying them reads them).
@@ -96,6 +96,27 @@ class ObjectStorage(Storage):
             raise
         except Exception as exc:
             raise self._err("reading the modification time of", path, exc) from exc
+
+    def list_dir(self, path: str = "") -> list[str]:
+        # One LIST request per thousand names and nothing else. s3fs's ``ls`` lists the
+        # parent as well when a directory has no children (to tell an empty directory
+        # from a file): for an epoch not begun yet, or a new run's index, that parent is
+        # the whole transaction log or run index, which grows with every epoch ever run.
+        bucket, key, _ = self.fs.split_path(self.full_path(path))
+        prefix = f"{key.rstrip('/')}/" if key else ""
+        names: set[str] = set()
+        page: dict[str, Any] = {"IsTruncated": True}
+        try:
+            while page.get("IsTruncated"):
+                token = {"ContinuationToken": page["NextContinuationToken"]} if "NextContinuationToken" in page else {}
+                page = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter="/", **token)
+                names.update(p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", []))
+                names.update(o["Key"][len(prefix):] for o in page.get("Contents", []))
+        except FileNotFoundError:  # no such bucket: nothing below it either
+            return []
+        except Exception as exc:
+            raise self._err("listing", path, exc) from exc
+        return sorted(n for n in names if n and not n.startswith(TEMP_PREFIX))
 
     # -- writes ------------------------------------------------------------------------
     def _write_whole(self, full: str, data: Data) -> int:

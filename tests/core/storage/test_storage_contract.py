@@ -773,3 +773,38 @@ def test_listings_see_files_written_by_another_client_at_once(store_spec: StoreS
     other.rm_file(store.full_path("d/a"))
     assert store.list_dir("d") == ["b"]
     assert not store.exists("d/a")
+
+
+def s3_requests(store: Storage) -> list[str]:
+    """The names of the S3 requests ``store`` sends from now on (``ListObjectsV2``, ...)."""
+    sent: list[str] = []
+    store.exists("")  # (the client is made on first use)
+    store.fs.s3.meta.events.register("before-send.s3", lambda event_name, **_: sent.append(event_name.split(".")[-1]))
+    return sent
+
+
+@pytest.mark.s3
+def test_listing_an_absent_directory_on_s3_is_one_request_whatever_its_parent_holds(s3_spec: StoreSpec) -> None:
+    """An epoch not begun yet, or a new run's index: s3fs listed the parent too (the whole log)."""
+    store = s3_spec.storage()
+    for name in ("epoch-1/begin", "epoch-2/begin", "runs/r/1", "a-file"):
+        store.write_atomic(f"log/{name}", b"x")
+    sent = s3_requests(store)
+
+    assert store.list_dir("log/epoch-3") == []
+    assert store.list_dir("log/a-file") == []  # (a file has no children either)
+
+    assert sent == ["ListObjectsV2", "ListObjectsV2"]
+
+
+@pytest.mark.s3
+def test_a_listing_on_s3_reads_every_page(s3_spec: StoreSpec) -> None:
+    store = s3_spec.storage()
+    names = [f"n{i:04d}" for i in range(1003)]
+    for name in names:
+        store.fs.pipe_file(store.full_path(f"d/{name}"), b"")
+    store.write_atomic("d/sub/x", b"x")
+    sent = s3_requests(store)
+
+    assert store.list_dir("d") == sorted([*names, "sub"])
+    assert sent == ["ListObjectsV2", "ListObjectsV2"], "a page per thousand names"

@@ -1,0 +1,184 @@
+"""The epoch index: what the views show of settled epochs, kept with the log's compaction.
+
+When settling moves the watermark over a run of final epochs (:func:`sweep.settle`), each
+epoch is summarised once (:func:`summarise`: its records as ``status`` reads them, when it
+committed, its checkpoint's bytes, its spark-submit attempts) and the summaries are written
+in write-once segments of at most :data:`SEGMENT_EPOCHS` epochs, each in the log directory
+of its last epoch (``_txlog/epoch-<last>/epoch-index``), oldest first. A segment says which
+epoch it starts at, so the one ending at the watermark leads to the one before it: the
+newest K settled epochs cost about K / 8 reads and no listing, whatever the history.
+
+Like the settled record, the index is a summary, never the truth: the per-epoch records
+stay and the state machine never reads it. A segment that is missing (an advance written
+before the index existed, a run killed while writing) or damaged ends what the index
+holds, and the views read those epochs' records instead (:func:`summarise`), so a view
+is slower then, never wrong. Only final epochs are summarised, whose records never
+change; what may still change (a ``retired`` record, an operator's action record) is
+read from the records by whoever shows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from airflow_seatunnel_ckpt.core import codec, layout
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import (
+    FORMAT_VERSION,
+    RECORD,
+    BeginRecord,
+    DecisionRecord,
+    EpochState,
+    EpochStatus,
+    FormatVersion,
+    PreparedRecord,
+    PublishedSink,
+    Record,
+    tag,
+)
+from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
+from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord, submissions_of
+from airflow_seatunnel_ckpt.core.protocol.txlog import COMMITTED, INDEX_RECORD
+
+log = logging.getLogger(__name__)
+
+#: Epochs per segment at most: a view of the newest 30 reads one or two segments.
+SEGMENT_EPOCHS = 64
+#: Epochs one advance summarises at most (its newest): the first settling of a long log
+#: that has none reads this many epochs' records, not the whole history's. Older epochs
+#: have no summary and are read from their records, by the rare view that goes that far.
+MAX_SUMMARISED = 256
+
+
+@dataclass(config=RECORD)
+class EpochSummary(Record):
+    """One final epoch as the views show it: its records when it settled, and what they imply."""
+
+    epoch: int
+    state: EpochState
+    begin: BeginRecord | None
+    prepared: dict[str, PreparedRecord]
+    decision: DecisionRecord | None
+    published: list[PublishedSink] = Field(default_factory=list)
+    #: When the ``committed`` acknowledgement was written (its ``at``); None if not committed.
+    committed_at: float | None = None
+    #: The bytes of the parts its checkpoint's ``_metadata`` lists; None without one.
+    checkpoint_bytes: int | None = None
+    #: Attempts launched through spark-submit, each with its exit record (None: none written).
+    submissions: list[tuple[SubmissionRecord, ExitRecord | None]] = Field(default_factory=list)
+
+    def status(self) -> EpochStatus:
+        """The epoch's status, as :meth:`TransactionLog.status` reads it from the records."""
+        return EpochStatus(self.epoch, self.state, self.begin, dict(self.prepared), self.decision,
+                           list(self.published))
+
+
+@dataclass(config=RECORD)
+class IndexSegment(Record):
+    """``epoch-index``: the summaries of the settled epochs ``first`` .. ``last``, ascending."""
+
+    format_version: FormatVersion
+    first: int
+    last: int
+    epochs: list[EpochSummary]
+    type: Literal["epoch-index"] = tag("epoch-index")
+
+
+def checkpoint_bytes(pipeline: Pipeline, epoch: int) -> int | None:
+    """The bytes of the parts ``epoch``'s checkpoint lists; None without ``_metadata`` or if it is
+    damaged (``verify`` names the file)."""
+    if not pipeline.checkpoints.has_metadata(epoch):
+        return None
+    try:
+        return sum(part.size for part in pipeline.checkpoints.read_metadata(epoch).parts())
+    except CorruptCheckpointError:
+        return None
+
+
+def _published_at(data: dict[str, Any], where: str) -> tuple[list[PublishedSink], float | None]:
+    items = data.get("published")
+    if not isinstance(items, list):
+        raise CorruptCheckpointError(f"{where}: field 'published' is missing", where)
+    at = data.get("at")
+    return [PublishedSink.from_dict(p, where) for p in items], float(at) if isinstance(at, (int, float)) else None
+
+
+def summarise(pipeline: Pipeline, epoch: int) -> EpochSummary:
+    """``epoch`` read from its records: one listing, then each record it holds once.
+
+    :class:`CorruptCheckpointError` naming the file if a record is damaged,
+    :class:`EpochNotFoundError` if the log has no such epoch.
+    """
+    txlog = pipeline.txlog
+    names = pipeline.storage.list_dir(layout.txlog_dir(epoch))
+    state = txlog.state(epoch, names)
+    published: list[PublishedSink] = []
+    committed_at = None
+    if state is EpochState.COMMITTED:
+        published, committed_at = txlog.read_record(layout.record_path(epoch, COMMITTED), _published_at) or ([], None)
+    return EpochSummary(epoch, state, txlog.read_begin(epoch), txlog.prepared(epoch, names),
+                        txlog.read_decision(epoch) if state.decided else None, published, committed_at,
+                        checkpoint_bytes(pipeline, epoch), submissions_of(pipeline, epoch, names))
+
+
+def write(pipeline: Pipeline, epochs: list[int]) -> None:
+    """Summarise the final ``epochs`` (an ascending run an advance covers) into segments.
+
+    Only the newest :data:`MAX_SUMMARISED`; oldest segment first, so that a segment's
+    presence means the ones before it in the run were written. An epoch whose records
+    cannot be read leaves its segment unwritten (the views then read the records and show
+    the damage); a failed write is logged and left: the index is never needed.
+    """
+    epochs = epochs[-MAX_SUMMARISED:]
+    # Segments end at the run's last epoch (the new watermark); the oldest may be shorter.
+    ends = range(len(epochs) % SEGMENT_EPOCHS or SEGMENT_EPOCHS, len(epochs) + 1, SEGMENT_EPOCHS)
+    previous = 0
+    for end in ends:
+        chunk, previous = epochs[previous:end], end
+        try:
+            segment = IndexSegment(FORMAT_VERSION, chunk[0], chunk[-1], [summarise(pipeline, e) for e in chunk])
+            with contextlib.suppress(AlreadyExistsError):  # another settler's summary of the same records
+                pipeline.storage.create_exclusive(layout.record_path(chunk[-1], INDEX_RECORD),
+                                                  codec.encode_json(segment.to_dict()))
+        except CheckpointError as exc:
+            log.warning("pipeline %s: epochs %s-%s not indexed (the views read their records instead): %s",
+                        pipeline.name, chunk[0], chunk[-1], exc)
+
+
+def held(pipeline: Pipeline, watermark: int, epochs: Iterable[int]) -> dict[int, EpochSummary]:
+    """The summaries the index holds of ``epochs`` at or below ``watermark``.
+
+    Reads segments from the one ending at the watermark back, until the oldest wanted epoch
+    is covered or a segment is missing or damaged: a read per segment, no listing.
+    """
+    wanted = {e for e in epochs if e <= watermark}
+    out: dict[int, EpochSummary] = {}
+    last = watermark
+    while wanted and last >= min(wanted):
+        try:
+            segment = pipeline.txlog.read_record(layout.record_path(last, INDEX_RECORD), IndexSegment)
+        except CorruptCheckpointError as exc:
+            log.warning("pipeline %s: %s (the views read those epochs' records instead)", pipeline.name, exc)
+            break
+        if segment is None or segment.last != last or not segment.first <= last:
+            break
+        out.update((s.epoch, s) for s in segment.epochs if s.epoch in wanted)
+        wanted -= set(out)
+        last = segment.first - 1
+    return out
+
+
+def newest(pipeline: Pipeline, last: int) -> tuple[list[int], dict[int, EpochSummary]]:
+    """The newest ``last`` epochs, ascending, and the summaries the index holds of them.
+
+    The others (above the watermark, or not indexed) are read with :func:`summarise`.
+    """
+    seen = pipeline.txlog.settled.read()
+    epochs = pipeline.txlog.newest_epochs(last, seen)
+    return epochs, held(pipeline, seen.record.watermark, epochs)
