@@ -226,7 +226,8 @@ def cmd_epochs(args: argparse.Namespace) -> int:
     if damaged:
         text += (f"\nnote: epochs {damaged} have a damaged log record (named above); "
                  f"`seatunnel-ckpt verify {p.name}` checks every record and checkpoint")
-    held = p.held_back()
+    held = p.held_back(newest=max(epochs, default=0) if args.last else None,
+                       known={data["epoch"]: data["state"] for data, _ in entries})
     if held is not None:
         text += f"\n{held.describe()}"
     _emit(args, [data for data, _ in entries], text)

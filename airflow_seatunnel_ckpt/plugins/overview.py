@@ -191,7 +191,7 @@ def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
     verify += [{"settled_record": exc.path, "ok": False, "verdict": "DAMAGED", "problems": [str(exc)]}
                for exc in p.txlog.settled.damaged()]
     recovery = recover(p, dry_run=True, run_finished=run_finished).to_dict()
-    held = p.held_back()
+    held = p.held_back(newest=max(epochs, default=0), known={row.epoch: row.state for row in rows})
     return PipelineView(name, owner_dag_id(p), rows, restore, verify, recovery, action_history(p, epochs),
                         held.describe() if held is not None else "")
 

@@ -207,15 +207,33 @@ class Pipeline:
         """The newest committed epoch, or None."""
         return self.txlog.last_committed_epoch()
 
-    def held_back(self) -> HeldBack | None:
+    def held_back(self, newest: int | None = None, known: Mapping[int, str] | None = None) -> HeldBack | None:
         """The refusals (:func:`is_refusal`) since the newest commit, or None when there is none.
 
         Reads the decisions of the epochs above the newest committed one, newest first; an
         epoch still undecided or aborted for another reason (a dead attempt) is passed over,
-        and a damaged decision record ends the search (``verify`` names it).
+        and a damaged decision record ends the search (``verify`` names it). Epochs are found
+        as the views find them (:meth:`TransactionLog.newest_epochs`), and a settled epoch the
+        settled record says committed ends the search unread: the cost is the refusals' streak,
+        never the log's length. ``newest``: the newest epoch, when the caller has found it already;
+        ``known``: states (:class:`EpochState` values) the caller has read already: an epoch known
+        committed ends the search and one known neither aborting nor aborted has no refusal to read.
         """
         found: list[DecisionRecord] = []
-        for epoch in reversed(self.txlog.epochs()):
+        known = known or {}
+        settled: dict[int, EpochState] | None = None  # read only once the walk leaves the known epochs
+        if newest is None:
+            seen, above = self.txlog.open_epochs()
+            newest, settled = max(above, default=seen.record.watermark), seen.record.states()
+        for epoch in range(newest, 0, -1):
+            if known.get(epoch) == EpochState.COMMITTED:
+                break
+            if known.get(epoch) in (EpochState.OPEN, EpochState.PREPARED):
+                continue
+            if epoch not in known:
+                settled = self.txlog.settled.read().record.states() if settled is None else settled
+                if settled.get(epoch) is EpochState.COMMITTED:
+                    break
             try:
                 decision = self.txlog.read_decision(epoch)
             except CorruptCheckpointError:

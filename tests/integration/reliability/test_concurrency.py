@@ -9,6 +9,7 @@ genuine race of two processes on the store -- local disk (``link(2)``) or S3 on 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -173,15 +174,15 @@ def test_recovery_keeps_the_staging_of_an_epoch_that_began_after_it_listed_the_l
     world = make_world()
     _history(world)
     p = world.pipeline()
-    listed = p.epochs
+    listed = p.txlog.open_epochs
 
-    def epochs_then_a_new_run_stages_and_decides() -> list[int]:
-        out = listed()
+    def epochs_then_a_new_run_stages_and_decides(*args: Any, **kwargs: Any) -> Any:
+        out = listed(*args, **kwargs)
         synthetic.stage(world, "run-3", 1)
         assert synthetic.decide(world, "run-3")["decision"] == "commit"
         return out
 
-    p.epochs = epochs_then_a_new_run_stages_and_decides  # type: ignore[method-assign]
+    p.txlog.open_epochs = epochs_then_a_new_run_stages_and_decides  # type: ignore[method-assign]
     report = p.recover(dry_run=False, now=time.time() + 10 * p.config.prepared_timeout_s)
     assert not [a for a in report.actions if a.action == "drop-staging"], report.to_dict()
     # The decision is commit: had its staging gone, the commit could never publish it.
