@@ -8,9 +8,9 @@ Iceberg snapshot, every Delta version, every committed PostgreSQL transaction --
 equal the table after some whole committed epoch (or the empty table): never half an
 epoch (an upsert's delete without its rows), never an epoch twice. Checked over plain
 epochs, a commit killed just before or just after its table commit and resumed by another
-process, and a replay (plain and killed). Replays of upsert sinks are refused by design
-(``core.ops.replay``: merged rows cannot be taken out in one commit), so replay runs for
-``append`` and ``snapshot``.
+process, a replay (plain and killed) and a full refresh (a replay from epoch 1, plain and
+killed after its table commit). An upsert sink is replayed by a full refresh only
+(``core.ops.replay``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, plan_replay
 from tests.contract.sinks import (
     APPEND,
+    REGIONS,
     SNAPSHOT,
     UPSERT,
     DeltaContext,
@@ -59,12 +61,13 @@ def scenario_crash(when: str) -> Callable[[Epochs], None]:
     return run
 
 
-def scenario_replay(crash: str | None) -> Callable[[Epochs], None]:
+def scenario_replay(crash: str | None, from_epoch: int = 2) -> Callable[[Epochs], None]:
     def run(epochs: Epochs) -> None:
         scenario_epochs(epochs)
-        epochs.replay(2, crash=crash)
+        epochs.replay(from_epoch, crash=crash)
         epochs.run([9, 10])
-    run.__doc__ = "Epochs 2..3 replayed with new amounts" + (f", killed just {crash} the table commit" if crash else "")
+    run.__doc__ = (f"Epochs {from_epoch}..3 replayed with new amounts (from 1: a full refresh)"
+                   + (f", killed just {crash} the table commit" if crash else ""))
     return run
 
 
@@ -74,6 +77,8 @@ SCENARIOS: dict[str, tuple[Callable[[Epochs], None], frozenset[str]]] = {
     "crash-after-table-commit": (scenario_crash("after"), frozenset({APPEND, UPSERT, SNAPSHOT})),
     "replay": (scenario_replay(None), frozenset({APPEND, SNAPSHOT})),
     "replay-crash-before-table-commit": (scenario_replay("before"), frozenset({APPEND, SNAPSHOT})),
+    "refresh": (scenario_replay(None, 1), frozenset({APPEND, UPSERT, SNAPSHOT})),
+    "refresh-crash-after-table-commit": (scenario_replay("after", 1), frozenset({APPEND, UPSERT, SNAPSHOT})),
 }
 
 
@@ -110,3 +115,30 @@ def test_every_pinnable_state_of_the_target_is_the_table_after_a_whole_committed
             f"{epochs.states}")
     assert context.rows() == epochs.states[-1], f"{connector} {mode} ({scenario}): the current table differs"
     assert history[-1][1] == epochs.states[-1], f"{connector} {mode} ({scenario}): the newest state differs"
+
+
+@pytest.mark.parametrize("connector", sorted(CONNECTORS))
+def test_a_full_refresh_of_an_upsert_sink_is_one_table_commit_of_each_keys_last_replayed_value(
+        tmp_path: Path, request: pytest.FixtureRequest, connector: str) -> None:
+    context = context_of(connector, tmp_path, request)
+    epochs = Epochs(context, UPSERT)
+    scenario_epochs(epochs)  # ids 1..4, 3..6, 5..8
+    with pytest.raises(ReplayError, match=r"sink 'orders' cannot be replayed atomically: it upserts by key.*"
+                                          r"--from-epoch 1"):
+        epochs.replay(2)
+    with pytest.raises(ReplayError, match=r"it upserts by key.*omit --to-epoch"):
+        plan_replay(epochs.pipeline, 1, 2)
+    assert epochs.pipeline.epochs() == [1, 2, 3]  # refused before anything was written
+    commits_before = len(context.history())
+
+    replay = epochs.replay(1)
+
+    # Ids 3..6 were written by two replayed epochs: the later one's row is the value.
+    last = {i: e for e, ids in ((1, range(1, 5)), (2, range(3, 7)), (3, range(5, 9))) for i in ids}
+    assert context.rows() == [(i, REGIONS[i % 2], i + (replay * 10 + last[i]) / 10) for i in range(1, 9)]
+    if connector == "postgres":  # every row of the table written by one transaction
+        assert len({x for (x,) in context._query("public.orders", "xmin::text")}) == 1
+    else:
+        assert len(context.history()) == commits_before + 1
+    epochs.run([9, 10])
+    assert context.rows() == epochs.states[-1]

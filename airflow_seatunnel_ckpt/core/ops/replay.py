@@ -5,8 +5,9 @@ A replay (and a *full refresh*, which is a replay from epoch 1) is one **replay 
 every epoch is settled:
 
 1. :func:`plan_replay` checks what can refuse the replay before anything is written:
-   no epoch in flight, ``N..M`` within the committed epochs, one participant, no merge
-   sink (refused, naming it and why), a snapshot sink only through the newest epoch, ``M``
+   no epoch in flight, ``N..M`` within the committed epochs, one participant, a merge
+   (upsert) sink only fully refreshed (``N`` = 1) through the newest epoch, a snapshot sink
+   only through the newest epoch, ``M``
    the newest epoch when the pipeline has keyed state (epochs after ``M``
    built their state on the replaced ones), ``N`` not inside an earlier replay's range,
    and the checkpoint of the epoch before ``N`` still restorable;
@@ -180,7 +181,7 @@ def plan_replay(pipeline: Pipeline, from_epoch: int, to_epoch: int | None = None
                           "nothing to replay")
     participant = participants.pop()
     sinks = _replayable_sinks(pipeline, {e: statuses[e].prepared[participant].sinks for e in epochs},
-                              to_epoch == last)
+                              to_epoch == last, not any(e < from_epoch for e in committed))
     latest = pipeline.restore_point(deep=True)
     if latest.how is not RestoreSource.PRIMARY or latest.epoch != last:
         raise ReplayError(f"pipeline {name!r}: the newest committed checkpoint {last} does not verify (the state "
@@ -209,9 +210,9 @@ def plan_replay(pipeline: Pipeline, from_epoch: int, to_epoch: int | None = None
 
 
 def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkManifest]],
-                      through_newest: bool) -> dict[str, SinkManifest]:
+                      through_newest: bool, full_refresh: bool) -> dict[str, SinkManifest]:
     """Every sink of the replayed epochs (epoch -> its sinks), if each can be replaced in one commit; else
-    ReplayError."""
+    ReplayError. ``full_refresh``: no committed epoch precedes the replayed ones."""
     sinks: dict[str, SinkManifest] = {}
     recorded: dict[str, dict[int, Mapping[str, Any]]] = {}  # sink -> replayed epoch -> its table options
     for epoch, epoch_sinks in sorted(manifests.items()):
@@ -222,8 +223,7 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
     for sink in sinks.values():
         why = None
         if sink.table is not None and sink.table.get("merge_keys"):
-            why = ("it upserts by key (merge_keys): the replaced epochs' rows were merged into rows other epochs "
-                   "wrote too, so they cannot be taken out in one commit")
+            why = _upsert_refusal(sink, through_newest, full_refresh)
         elif sink.table is not None and sink.table.get("type") == "postgres":
             why = postgres_options.replay_refusal(recorded[sink.sink])
         elif sink.mode is SinkMode.SNAPSHOT and not through_newest:
@@ -234,6 +234,26 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
             raise ReplayError(f"pipeline {pipeline.name!r}: sink {sink.sink!r} cannot be replayed atomically: "
                               f"{why}. Nothing was changed")
     return sinks
+
+
+def _upsert_refusal(sink: SinkManifest, through_newest: bool, full_refresh: bool) -> str | None:
+    """Why an upsert sink (merge_keys) cannot be replayed so (None: it can).
+
+    Its rows hold per key the newest epoch's value, so a replay must run through the newest
+    epoch (else the later epochs' values would be lost or overwritten by older ones). A full
+    refresh replaces the table's content with the replayed rows; a replay from a later epoch
+    would have to restore the keys the replaced epochs wrote to their earlier values, which
+    the table cannot give yet.
+    """
+    if not through_newest:
+        return ("it upserts by key (merge_keys), so it holds per key the newest epoch's value: a replay that ends "
+                "before the newest epoch would undo the later epochs' values. Replay through the newest epoch "
+                "(omit --to-epoch)")
+    if not full_refresh:
+        return ("it upserts by key (merge_keys): the replaced epochs' values were merged into rows earlier epochs "
+                "wrote, and the values those keys had before the replayed epochs cannot be restored. Refresh it "
+                "fully instead (--from-epoch 1), which replaces the table's content with the replayed rows")
+    return None
 
 
 def begin_replay(pipeline: Pipeline, plan: ReplayPlan, *, reason: str, by: str,
@@ -271,7 +291,8 @@ def replacing(manifest: SinkManifest, plan: ReplayPlan, force: bool) -> SinkMani
                                   f"directories {seen[rel]} and {sub} both hold a file {rel!r}, and a file sink "
                                   "publishes them into one directory. Give the sink's writer unique file names "
                                   "(Spark's and the staged writer's are)")
-    return dataclasses.replace(manifest, replaces=tuple(plan.replaced), force_replace=force)
+    return dataclasses.replace(manifest, replaces=tuple(plan.replaced), force_replace=force,
+                               full_refresh=plan.base.epoch is None)
 
 
 def _action(pipeline: Pipeline, epoch: int) -> str | None:

@@ -61,7 +61,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import Field, Schema
 from deltalake.transaction import (
@@ -81,13 +81,12 @@ from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file
 from airflow_seatunnel_ckpt.core.tables import (
     CommitConflict,
     TableCommit,
-    check_merge_keys,
     check_staged_merge_keys,
     delta_upsert,
     markers,
     retry_conflicts,
-    staged_rows,
     staged_schema,
+    upserted_rows,
 )
 from airflow_seatunnel_ckpt.core.tables.delta_files import footer_stats, partition_dir
 
@@ -475,13 +474,18 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
 
 
 def _upsert(request: TableCommit, table: DeltaTable, keys: list[str], app_id: str, where: str) -> None:
-    rows = staged_rows(request)
-    check_merge_keys(rows, keys, where)
+    rows = upserted_rows(request, keys, where)
     check_table(table, request, keys, where)
-    added = check_schema(table, rows.schema, [str(c) for c in request.table.get("partition_by") or []], where)
+    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    added = check_schema(table, rows.schema, partition_by, where) if rows.num_rows else []
     if added:
         table.alter.add_columns(added)
         table.update_incremental()
+    if request.sink.full_refresh:  # the replayed rows are the table's whole content, in one version
+        data = rows if rows.num_rows else pa.schema(table.schema().to_arrow()).empty_table()
+        write_deltalake(table, data, mode="overwrite", partition_by=partition_by or None,
+                        commit_properties=_properties(request, app_id))
+        return
     delta_upsert.merge(table, rows, keys, _properties(request, app_id))
 
 

@@ -23,7 +23,8 @@ epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "ca
    :func:`storage.publish_files`: idempotent, verified, never deleting anything.
 4. **one transaction, one snapshot**: ``add_files`` (duplicate-file check on) for an append;
    otherwise one OVERWRITE snapshot that removes the data files it replaces and adds the
-   epoch's -- every current file (a ``snapshot`` sink), the replaced epochs' (a replay), or
+   epoch's -- every current file (a ``snapshot`` sink, a full refresh of an upsert sink:
+   :func:`_last_per_key`), the replaced epochs' (a replay), or
    with ``merge_keys`` (upsert) the files holding any of the epoch's keys, whose other rows
    go into rewritten files in the same snapshot (:func:`_without_keys`) -- plus the marker
    and owner properties. So every snapshot a time-travel or incremental reader can pin
@@ -69,6 +70,7 @@ from pyiceberg.table import DataScan, Table, TableProperties, Transaction
 from pyiceberg.table.upsert_util import create_match_filter
 from pyiceberg.transforms import IdentityTransform
 
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
@@ -80,6 +82,7 @@ from airflow_seatunnel_ckpt.core.tables import (
     check_staged_merge_keys,
     markers,
     retry_conflicts,
+    rows_of_keys,
     staged_schema,
 )
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
@@ -94,8 +97,6 @@ APPENDED = "appended"
 REPLACED = "replaced"
 MERGED = "merged"
 ALREADY = "already"
-#: The row-number column added to a file's key columns to match them (never written).
-_ROW = "__seatunnel_ckpt_row"
 
 
 def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Catalog:
@@ -447,13 +448,16 @@ def _commit_once(table: Table, request: TableCommit, placed: Storage, paths: Seq
                     update.union_by_name(pa.schema([file_schema.field(name) for name in added]))
             old: list[DataFile] = []
             rewritten: list[DataFile] = []
-            if key:  # upsert: the epoch's rows replace the table's rows of the same keys
+            whole = snapshot or (bool(key) and request.sink.full_refresh)
+            if key and replaced:  # a replay's rows: per key the newest replayed epoch's
+                paths = _last_per_key(view, request, placed, key, where)
+            if key and not whole:  # upsert: the epoch's rows replace the table's rows of the same keys
                 old, rewritten = _without_keys(tx, view, request, placed, _epoch_keys(view, paths, key, where), key)
-            elif snapshot or replaced:  # every current file (snapshot) or the replaced epochs' (replay)
+            elif whole or replaced:  # every current file (snapshot, full refresh) or the replaced epochs' (replay)
                 current = tx.table_metadata.current_snapshot()
                 old = [entry.data_file for manifest in (current.manifests(view.io) if current else [])
                        for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)
-                       if snapshot or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
+                       if whole or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
             if not old and not snapshot and not replaced:
                 tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
             else:  # one OVERWRITE snapshot: the old files out, their rewrites and the epoch's files in
@@ -500,7 +504,7 @@ def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: St
     rewritten: list[DataFile] = []
     for task in DataScan(metadata, view.io, row_filter=create_match_filter(keys, list(key))).plan_files():
         rows = ArrowScan(metadata, view.io, schema, AlwaysTrue()).to_table([task])
-        hit = _rows_of_keys(rows, keys, key)
+        hit = rows_of_keys(rows, keys, key)
         if not pc.any(hit).as_py():
             continue  # the statistics could not rule the file out, its rows can
         old.append(task.file)
@@ -520,12 +524,44 @@ def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: St
     return old, rewritten
 
 
-def _rows_of_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.ChunkedArray:
-    """For each row of ``rows``, whether its key is one of ``keys`` (a NULL key is none)."""
-    probe = rows.select(list(key)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
-    wanted = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
-    found = probe.join(wanted, keys=list(key), join_type="left semi").column(_ROW)
-    return pc.is_in(probe.column(_ROW), value_set=found.combine_chunks())
+def _last_per_key(table: Table, request: TableCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:
+    """A replay's placed files (URLs) without the rows whose key a later replayed epoch writes again.
+
+    Each replayed epoch's files hold one row per key; the newest replayed epoch's row is the
+    key's value (:func:`core.tables.upserted_rows`). A file losing rows is written again
+    beside it, whole, under a name fixed by the file (``last-<name>``): a retried commit finds
+    it and adds the same file. A file losing every row is left out.
+    """
+    by_epoch: dict[int, list[str]] = {}
+    for folder, files in _groups(request).items():
+        epoch = layout.replayed_epoch(folder) or request.epoch
+        by_epoch.setdefault(epoch, []).extend(f"{final_dir(request, folder)}/{f.path}" for f in files)
+    kept: list[str] = []
+    later: list[pa.Table] = []
+    for epoch in sorted(by_epoch, reverse=True):
+        keys_of = {}
+        for path in sorted(by_epoch[epoch]):
+            with table.io.new_input(placed.url_of(path)).open() as fh:
+                keys_of[path] = pq.read_table(fh, columns=list(key))
+        check_merge_keys(pa.concat_tables(keys_of.values()), list(key), f"{where} (replayed epoch {epoch})")
+        for path, keys in keys_of.items():
+            hit = rows_of_keys(keys, pa.concat_tables(later), key) if later else None
+            if hit is None or not pc.any(hit).as_py():
+                kept.append(placed.url_of(path))
+                continue
+            if pc.all(hit).as_py():
+                continue
+            folder, name = posixpath.split(path)
+            last = f"{folder}/last-{name}"
+            if not placed.exists(last):
+                with table.io.new_input(placed.url_of(path)).open() as fh:
+                    rows = pq.read_table(fh)
+                buf = io.BytesIO()
+                pq.write_table(rows.filter(pc.invert(hit)), buf)
+                placed.write_atomic(last, buf.getvalue())
+            kept.append(placed.url_of(last))
+        later += keys_of.values()
+    return kept
 
 
 def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:

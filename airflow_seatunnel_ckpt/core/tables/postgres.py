@@ -60,6 +60,7 @@ import pyarrow.parquet as pq
 import tenacity
 from psycopg import sql
 
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
@@ -88,6 +89,8 @@ TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
 #: two rows one key, a trigger's ``RAISE``): the same on every attempt, so a refusal, not transient.
 REFUSALS = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.CardinalityViolation,
             psycopg.errors.RaiseException, psycopg.errors.InsufficientPrivilege)
+#: The temporary column a replay's upsert loads each row's replayed epoch into (never in the table).
+_REPLAYED = "__seatunnel_ckpt_replayed"
 #: The column a ``COPY`` error's context names.
 _COPY_COLUMN = re.compile(r"^COPY .*?, line \d+, column (.+?): ")
 #: SQLSTATE -> what the user can do about the rows the table refused (:func:`refused`).
@@ -236,7 +239,13 @@ def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptio
     unique constraint) as the catalog has them now, then ``COPY`` (append) or ``COPY`` and
     ``MERGE`` (upsert), ``epoch_column`` filled with the epoch. How the rows landed.
     """
-    if request.sink.replaces:
+    if request.sink.replaces and options.merge_keys:  # a full refresh (plan_replay refuses any other replay)
+        if not request.sink.full_refresh:
+            raise ConfigError(f"{where}: a replay of the upsert table {options.table} from a later epoch than its "
+                              "first cannot restore the values its keys had before; nothing was changed. Replay "
+                              "from epoch 1 (a full refresh)")
+        conn.execute(sql.SQL("DELETE FROM {}").format(_qualified(options)))
+    elif request.sink.replaces:
         _delete_replaced(conn, request, options, where)
     if schema is None:  # no staged file: nothing to load
         return REPLACED if request.sink.replaces else PublishMethod.ALREADY
@@ -399,12 +408,12 @@ def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable,
 
     Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
     each batch is read from its file, written as CSV by pyarrow and handed to the ``COPY``.
-    ``options.epoch_column`` among ``columns`` is filled with the epoch.
+    ``options.epoch_column`` among ``columns`` is filled with the epoch, :data:`_REPLAYED`
+    with the replayed epoch that staged the file (:func:`layout.replayed_epoch`).
     """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         table, sql.SQL(", ").join(map(sql.Identifier, columns)))
-    staged = [c for c in columns if c != options.epoch_column]
-    stamped = len(staged) < len(columns)
+    staged = [c for c in columns if c not in (options.epoch_column, _REPLAYED)]
     csv = pa_csv.WriteOptions(include_header=False, batch_size=COPY_BATCH_ROWS)
     with conn.cursor() as cur, cur.copy(statement) as copy:
         for f in request.sink.files:
@@ -414,9 +423,12 @@ def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable,
                 for batch in pq.ParquetFile(fh).iter_batches(batch_size=COPY_BATCH_ROWS, columns=staged):
                     if not batch.num_rows:
                         continue
-                    if stamped:
-                        batch = batch.append_column(options.epoch_column,
-                                                    pa.repeat(pa.scalar(request.epoch, pa.int64()), batch.num_rows))
+                    stamps = {options.epoch_column: request.epoch,
+                              _REPLAYED: layout.replayed_epoch(f.path) or request.epoch}
+                    for column in columns:
+                        if column in stamps and column not in staged:
+                            batch = batch.append_column(column, pa.repeat(pa.scalar(stamps[column], pa.int64()),
+                                                                          batch.num_rows))
                     out = pa.BufferOutputStream()
                     pa_csv.write_csv(batch.select(list(columns)), out, csv)
                     copy.write(memoryview(out.getvalue()))
@@ -436,7 +448,15 @@ def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOpt
     columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
         staging, columns, _qualified(options)))
-    _copy(conn, request, staging, schema.names, options)
+    if request.sink.replaces:  # a replay's epochs may each write a key: the newest replayed epoch's row wins
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint").format(staging, sql.Identifier(_REPLAYED)))
+        _copy(conn, request, staging, [*schema.names, _REPLAYED], options)
+        conn.execute(sql.SQL("DELETE FROM {} AS s USING {} AS n WHERE {} AND n.{} > s.{}").format(
+            staging, staging, sql.SQL(" AND ").join(sql.SQL("s.{} = n.{}").format(sql.Identifier(k), sql.Identifier(k))
+                                                    for k in options.merge_keys),
+            sql.Identifier(_REPLAYED), sql.Identifier(_REPLAYED)))
+    else:
+        _copy(conn, request, staging, schema.names, options)
     others = [c for c in schema.names if c not in options.merge_keys]
     if conn.info.server_version >= MERGE_SINCE:
         conn.execute(sql.SQL("ANALYZE {}").format(staging))
