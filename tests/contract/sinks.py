@@ -61,6 +61,8 @@ class SinkContext:
     modes: ClassVar[frozenset[str]] = frozenset()
     #: Whether the Spark sink stages one directory per ``region`` (``__partition_region=EU``).
     partitioned: ClassVar[bool] = True
+    #: Whether an upsert sink replays from an epoch after the first (else: a full refresh only).
+    replays_upserts_from_later_epochs: ClassVar[bool] = True
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -207,6 +209,7 @@ class PostgresContext(SinkContext):
     name = "postgres"
     modes = frozenset({APPEND, UPSERT})
     partitioned = False
+    replays_upserts_from_later_epochs = False
 
     def __init__(self, root: Path, dsn: str) -> None:
         super().__init__(root)
@@ -310,13 +313,14 @@ class Epochs:
         self.committed(epoch, rows_of(rows))
         return epoch
 
-    def replay(self, from_epoch: int, crash: str | None = None) -> int:
+    def replay(self, from_epoch: int, crash: str | None = None, without: Sequence[int] = ()) -> int:
         """Replay epochs ``from_epoch``.. as the stage runtime does (each replayed epoch's
-        output below ``replayed-<e>/``), with new amounts; returns the replay epoch."""
+        output below ``replayed-<e>/``), with new amounts and without the ids ``without``;
+        returns the replay epoch."""
         plan = plan_replay(self.pipeline, from_epoch)
         epoch, run_id = begin_replay(self.pipeline, plan, reason="contract", by="contract")
         # Amounts tell the replay and the replayed epoch apart (an upsert keeps the newest replayed epoch's).
-        new = {e: epoch_rows(self.ids[e], epoch * 10 + e) for e in plan.epochs}
+        new = {e: epoch_rows([i for i in self.ids[e] if i not in without], epoch * 10 + e) for e in plan.epochs}
         replayed = plan.epochs[-1:] if self.mode == SNAPSHOT else plan.epochs  # a snapshot: the newest only
         manifest = self.stage(epoch, [new[e] for e in replayed], [f"replayed-{e}" for e in replayed])
 

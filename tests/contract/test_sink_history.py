@@ -9,8 +9,8 @@ equal the table after some whole committed epoch (or the empty table): never hal
 epoch (an upsert's delete without its rows), never an epoch twice. Checked over plain
 epochs, a commit killed just before or just after its table commit and resumed by another
 process, a replay (plain and killed) and a full refresh (a replay from epoch 1, plain and
-killed after its table commit). An upsert sink is replayed by a full refresh only
-(``core.ops.replay``).
+killed after its table commit). A PostgreSQL upsert sink is replayed by a full refresh only
+(``core.ops.replay``: PostgreSQL keeps no history to restore the keys' earlier values from).
 """
 
 from __future__ import annotations
@@ -61,12 +61,13 @@ def scenario_crash(when: str) -> Callable[[Epochs], None]:
     return run
 
 
-def scenario_replay(crash: str | None, from_epoch: int = 2) -> Callable[[Epochs], None]:
+def scenario_replay(crash: str | None, from_epoch: int = 2, without: tuple[int, ...] = ()) -> Callable[[Epochs], None]:
     def run(epochs: Epochs) -> None:
         scenario_epochs(epochs)
-        epochs.replay(from_epoch, crash=crash)
+        epochs.replay(from_epoch, crash=crash, without=without)
         epochs.run([9, 10])
     run.__doc__ = (f"Epochs {from_epoch}..3 replayed with new amounts (from 1: a full refresh)"
+                   + (f", ids {without} no longer written" if without else "")
                    + (f", killed just {crash} the table commit" if crash else ""))
     return run
 
@@ -75,8 +76,11 @@ SCENARIOS: dict[str, tuple[Callable[[Epochs], None], frozenset[str]]] = {
     "epochs": (scenario_epochs, frozenset({APPEND, UPSERT, SNAPSHOT})),
     "crash-before-table-commit": (scenario_crash("before"), frozenset({APPEND, UPSERT, SNAPSHOT})),
     "crash-after-table-commit": (scenario_crash("after"), frozenset({APPEND, UPSERT, SNAPSHOT})),
-    "replay": (scenario_replay(None), frozenset({APPEND, SNAPSHOT})),
-    "replay-crash-before-table-commit": (scenario_replay("before"), frozenset({APPEND, SNAPSHOT})),
+    "replay": (scenario_replay(None), frozenset({APPEND, UPSERT, SNAPSHOT})),
+    "replay-crash-before-table-commit": (scenario_replay("before"), frozenset({APPEND, UPSERT, SNAPSHOT})),
+    "replay-crash-after-table-commit": (scenario_replay("after"), frozenset({UPSERT})),
+    # Id 4 (epochs 1 and 2) gets epoch 1's value back, id 7 (epoch 3 alone) disappears.
+    "replay-without-keys": (scenario_replay(None, 2, (4, 7)), frozenset({APPEND, UPSERT, SNAPSHOT})),
     "refresh": (scenario_replay(None, 1), frozenset({APPEND, UPSERT, SNAPSHOT})),
     "refresh-crash-after-table-commit": (scenario_replay("after", 1), frozenset({APPEND, UPSERT, SNAPSHOT})),
 }
@@ -91,7 +95,9 @@ def cases() -> list[Any]:
     for connector, context in CONNECTORS.items():
         for mode in (APPEND, UPSERT, SNAPSHOT):
             for scenario, (_, scenario_modes) in SCENARIOS.items():
-                if mode in context.modes and mode in scenario_modes:
+                if mode in context.modes and mode in scenario_modes and (
+                        context.replays_upserts_from_later_epochs or mode != UPSERT
+                        or not scenario.startswith("replay")):
                     defect = KNOWN_DEFECTS.get((connector, scenario.split("-")[0]))
                     marks = [pytest.mark.xfail(reason=defect, strict=True)] if defect else []
                     out.append(pytest.param(connector, mode, scenario, id=f"{connector}-{mode}-{scenario}",
@@ -123,9 +129,10 @@ def test_a_full_refresh_of_an_upsert_sink_is_one_table_commit_of_each_keys_last_
     context = context_of(connector, tmp_path, request)
     epochs = Epochs(context, UPSERT)
     scenario_epochs(epochs)  # ids 1..4, 3..6, 5..8
-    with pytest.raises(ReplayError, match=r"sink 'orders' cannot be replayed atomically: it upserts by key.*"
-                                          r"--from-epoch 1"):
-        epochs.replay(2)
+    if not context.replays_upserts_from_later_epochs:
+        with pytest.raises(ReplayError, match=r"sink 'orders' cannot be replayed atomically: it upserts by key.*"
+                                              r"--from-epoch 1"):
+            epochs.replay(2)
     with pytest.raises(ReplayError, match=r"it upserts by key.*omit --to-epoch"):
         plan_replay(epochs.pipeline, 1, 2)
     assert epochs.pipeline.epochs() == [1, 2, 3]  # refused before anything was written
@@ -141,4 +148,54 @@ def test_a_full_refresh_of_an_upsert_sink_is_one_table_commit_of_each_keys_last_
     else:
         assert len(context.history()) == commits_before + 1
     epochs.run([9, 10])
+    assert context.rows() == epochs.states[-1]
+
+
+@pytest.mark.parametrize("connector", [c for c, context in CONNECTORS.items()
+                                       if context.replays_upserts_from_later_epochs])
+def test_an_upsert_replay_from_a_later_epoch_restores_the_keys_it_no_longer_writes_in_one_table_commit(
+        tmp_path: Path, request: pytest.FixtureRequest, connector: str) -> None:
+    context = context_of(connector, tmp_path, request)
+    epochs = Epochs(context, UPSERT)
+    scenario_epochs(epochs)  # ids 1..4 (epoch 1), 3..6 (epoch 2), 5..8 (epoch 3)
+    commits_before = len(context.history())
+
+    replay = epochs.replay(2, without=(4, 7))  # epochs 2..3 again; id 4 and id 7 no longer written
+
+    def row(i: int, version: float) -> tuple[Any, ...]:
+        return (i, REGIONS[i % 2], i + version / 10)
+
+    assert context.rows() == [
+        row(1, 1), row(2, 1),  # untouched: epoch 1's
+        row(3, replay * 10 + 2),  # the new output's last value (replayed epoch 2)
+        row(4, 1),  # only in the replaced epochs' old output: epoch 1's value back
+        row(5, replay * 10 + 3), row(6, replay * 10 + 3), row(8, replay * 10 + 3),  # replayed epoch 3's
+    ]  # id 7 (epoch 3's alone) is gone
+    assert len(context.history()) == commits_before + 1
+    epochs.run([7, 9])
+    assert context.rows() == epochs.states[-1]
+
+
+@pytest.mark.parametrize("connector", ["iceberg", "delta"])
+def test_an_upsert_replay_whose_table_history_before_it_is_gone_is_refused_before_its_decision(
+        tmp_path: Path, request: pytest.FixtureRequest, connector: str) -> None:
+    context = context_of(connector, tmp_path, request)
+    epochs = Epochs(context, UPSERT)
+    scenario_epochs(epochs)
+    if connector == "iceberg":  # epoch 1's snapshot, the table before epoch 2, expired
+        with context._table() as table:  # type: ignore[attr-defined]
+            first = min(table.snapshots(), key=lambda s: s.sequence_number or 0)
+            table.maintenance.expire_snapshots().by_id(first.snapshot_id).commit()
+    else:  # the files of version 0 (epoch 1) that later merges rewrote, vacuumed
+        from deltalake import DeltaTable
+
+        DeltaTable(f"{tmp_path}/tables/orders").vacuum(retention_hours=0, enforce_retention_duration=False,
+                                                       dry_run=False)
+    table_before = context.rows()
+
+    with pytest.raises(ReplayError, match=r"was refused and aborted, nothing changed: .*before epoch 2 of this "
+                                          r"sink.*Replay from epoch 1 \(a full refresh"):
+        epochs.replay(2)
+    assert context.rows() == table_before
+    epochs.replay(1)  # the way out
     assert context.rows() == epochs.states[-1]

@@ -6,7 +6,8 @@ every epoch is settled:
 
 1. :func:`plan_replay` checks what can refuse the replay before anything is written:
    no epoch in flight, ``N..M`` within the committed epochs, one participant, a merge
-   (upsert) sink only fully refreshed (``N`` = 1) through the newest epoch, a snapshot sink
+   (upsert) sink only through the newest epoch (into PostgreSQL only fully refreshed,
+   ``N`` = 1), a snapshot sink
    only through the newest epoch, ``M``
    the newest epoch when the pipeline has keyed state (epochs after ``M``
    built their state on the replaced ones), ``N`` not inside an earlier replay's range,
@@ -242,17 +243,18 @@ def _upsert_refusal(sink: SinkManifest, through_newest: bool, full_refresh: bool
     Its rows hold per key the newest epoch's value, so a replay must run through the newest
     epoch (else the later epochs' values would be lost or overwritten by older ones). A full
     refresh replaces the table's content with the replayed rows; a replay from a later epoch
-    would have to restore the keys the replaced epochs wrote to their earlier values, which
-    the table cannot give yet.
+    restores the keys the replaced epochs wrote to their values before them, which Iceberg
+    and Delta keep in their history (the sink's precheck refuses one whose history of that
+    epoch expired) and PostgreSQL does not.
     """
     if not through_newest:
         return ("it upserts by key (merge_keys), so it holds per key the newest epoch's value: a replay that ends "
                 "before the newest epoch would undo the later epochs' values. Replay through the newest epoch "
                 "(omit --to-epoch)")
-    if not full_refresh:
-        return ("it upserts by key (merge_keys): the replaced epochs' values were merged into rows earlier epochs "
-                "wrote, and the values those keys had before the replayed epochs cannot be restored. Refresh it "
-                "fully instead (--from-epoch 1), which replaces the table's content with the replayed rows")
+    if not full_refresh and sink.table is not None and sink.table.get("type") == "postgres":
+        return ("it upserts by key (merge_keys) into PostgreSQL, which keeps no history: the values the replaced "
+                "epochs' keys had before them cannot be restored. Refresh it fully instead (--from-epoch 1), which "
+                "replaces the table's content with the replayed rows")
     return None
 
 

@@ -286,6 +286,33 @@ def last_per_key(parts: list[pa.Table], keys: list[str]) -> pa.Table:
     return pa.concat_tables(list(reversed(kept)), promote_options="default")
 
 
+def restored_before(before: pa.Table, now: pa.Table, new_keys: pa.Table, keys: list[str]) -> tuple[pa.Table, pa.Table]:
+    """A replay from epoch N of an upsert table: the keys it rewrites and the rows it restores.
+
+    ``before`` is the table as of epoch N-1 (its history), ``now`` the table now, whose
+    changes since are the replaced epochs' (another writer's are refused before the
+    decision). The touched keys are every key whose row differs between the two (a superset
+    of the replaced epochs' keys: a row whose value is NULL somewhere compares as changed,
+    and restoring it changes nothing) and the replay's new keys; the restored rows are the
+    touched keys' rows of ``before`` that the new output does not write again (a key none of
+    them has disappears). Returns ``(touched keys, restored rows)``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    common = [c for c in before.column_names if c in now.column_names]
+    # One type per column (a reader may give one snapshot's strings as large_string).
+    then = pa.table([before.column(c).cast(now.schema.field(c).type) for c in common], names=common)
+    changed = [a.select(common).join(b.select(common), keys=common, join_type="left anti").select(keys)
+               for a, b in ((now, then), (then, now))]
+    wanted = pa.schema([now.schema.field(k) for k in keys])
+    touched = pa.concat_tables([t.cast(wanted) for t in (*changed, new_keys.select(keys))]).group_by(keys).aggregate([])
+    restored = before.filter(rows_of_keys(before, touched, keys)) if before.num_rows else before
+    if restored.num_rows and new_keys.num_rows:
+        restored = restored.filter(pc.invert(rows_of_keys(restored, new_keys, keys)))
+    return touched.select(keys), restored
+
+
 def rows_of_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.ChunkedArray:
     """For each row of ``rows``, whether its key is one of ``keys`` (a NULL key is none)."""
     import pyarrow as pa

@@ -84,6 +84,7 @@ from airflow_seatunnel_ckpt.core.tables import (
     check_staged_merge_keys,
     delta_upsert,
     markers,
+    restored_before,
     retry_conflicts,
     staged_schema,
     upserted_rows,
@@ -151,7 +152,7 @@ def commit(request: TableCommit) -> PublishedSink:
             markers.claim_owner_file(target, request, where)
         if keys and table is not None:
             try:
-                _upsert(request, table, keys, app_id, where)
+                _upsert(request, table, delta_options, keys, app_id, where)
             except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
                 raise CommitConflict(exc) from exc
             log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
@@ -203,10 +204,12 @@ def precheck(request: TableCommit) -> None:
     fs_options, delta_options = storage_options(request, uri)
     keys = _merge_keys(request, where)
     partition_by = [str(c) for c in request.table.get("partition_by") or []]
-    if request.sink.replaces and not request.sink.force_replace:
+    if request.sink.replaces:
         replaced_in = load(uri, delta_options, where)
-        if replaced_in is not None:
+        if replaced_in is not None and not request.sink.force_replace:
             _refuse_foreign_commits(replaced_in, request, where)
+        if replaced_in is not None and keys and not request.sink.full_refresh:
+            replay_base(replaced_in, delta_options, request, where)  # the history before the replay is kept
     schema = staged_schema(request, where)
     if schema is None:
         return
@@ -230,7 +233,8 @@ def precheck(request: TableCommit) -> None:
 
 
 #: Operations of another writer that change no data file: a replay may pass them.
-_METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "CHANGE COLUMN"}
+_METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "CHANGE COLUMN", "VACUUM START",
+                  "VACUUM END"}
 
 
 def _refuse_foreign_commits(table: DeltaTable, request: TableCommit, where: str) -> None:
@@ -473,7 +477,8 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
                                    commit_properties=_properties(request, app_id))
 
 
-def _upsert(request: TableCommit, table: DeltaTable, keys: list[str], app_id: str, where: str) -> None:
+def _upsert(request: TableCommit, table: DeltaTable, options: dict[str, str], keys: list[str], app_id: str,
+            where: str) -> None:
     rows = upserted_rows(request, keys, where)
     check_table(table, request, keys, where)
     partition_by = [str(c) for c in request.table.get("partition_by") or []]
@@ -486,7 +491,50 @@ def _upsert(request: TableCommit, table: DeltaTable, keys: list[str], app_id: st
         write_deltalake(table, data, mode="overwrite", partition_by=partition_by or None,
                         commit_properties=_properties(request, app_id))
         return
+    if request.sink.replaces:  # the touched keys as before the replayed epochs, then the new rows
+        base = replay_base(table, options, request, where)
+        now = pa.table(table.to_pyarrow_table())
+        before = (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
+                  else now.schema.empty_table())
+        touched, restored = restored_before(before, now, rows.select(keys), keys)
+        delta_upsert.replace_keys(table, pa.concat_tables([restored, rows], promote_options="default"), touched,
+                                  keys, _properties(request, app_id))
+        return
     delta_upsert.merge(table, rows, keys, _properties(request, app_id))
+
+
+def replay_base(table: DeltaTable, options: dict[str, str], request: TableCommit, where: str) -> int | None:
+    """The table version as of the epoch before a replay's first replaced epoch (None: no table yet).
+
+    The version before this sink's first version of a replaced (or later) epoch, found by
+    the epochs in the commit infos; the current version when the replaced epochs wrote none.
+    A version whose log or files are gone (log cleanup, ``VACUUM``) refuses the replay
+    (:class:`SinkRefusedError`).
+    """
+    first = min(request.sink.replaces)
+    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": markers.store_id_of(request)}
+    history = sorted(table.history(), key=lambda c: int(c.get("version", 0)))
+    for commit in history:
+        epoch = int(commit.get("epoch") or 0)
+        if all(str(commit.get(k)) == v for k, v in ours.items()) and first <= epoch != request.epoch:
+            version = int(commit["version"]) - 1
+            if version < 0:
+                return None
+            try:
+                _at_version(table, options, version).to_pyarrow_dataset().count_rows()
+            except Exception as exc:  # the version's log or files are gone: its rows cannot be read
+                cause = (str(exc).splitlines() or [""])[0]
+                raise SinkRefusedError(
+                    f"{where}: the table's version {version}, before epoch {epoch} of this sink, cannot be read any "
+                    f"more ({type(exc).__name__}: {cause}), and a replay from epoch {first} restores the values the "
+                    "keys had in it. Nothing was changed. Replay from epoch 1 (a full refresh, which needs no "
+                    "history)") from exc
+            return version
+    return table.version()
+
+
+def _at_version(table: DeltaTable, options: dict[str, str], version: int) -> DeltaTable:
+    return DeltaTable(table.table_uri, version=version, storage_options=options or None)
 
 
 def _published(request: TableCommit, uri: str, how: str) -> PublishedSink:

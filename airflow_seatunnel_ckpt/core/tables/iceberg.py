@@ -47,6 +47,7 @@ import io
 import logging
 import os
 import posixpath
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -67,6 +68,7 @@ from pyiceberg.io.pyarrow import ArrowScan, _pyarrow_to_schema_without_ids, parq
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import promote
 from pyiceberg.table import DataScan, Table, TableProperties, Transaction
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.upsert_util import create_match_filter
 from pyiceberg.transforms import IdentityTransform
 
@@ -81,6 +83,7 @@ from airflow_seatunnel_ckpt.core.tables import (
     check_merge_keys,
     check_staged_merge_keys,
     markers,
+    restored_before,
     retry_conflicts,
     rows_of_keys,
     staged_schema,
@@ -166,12 +169,14 @@ def precheck(request: TableCommit) -> None:
     partitioning fit.
     """
     identifier, where = identify(request)
-    if request.sink.replaces and not request.sink.force_replace:
+    key = [str(k) for k in request.table.get("merge_keys") or []]
+    if request.sink.replaces:
         with _catalog(request) as catalog:
             table = load(catalog, identifier)
-            if table is not None:
+            if table is not None and not request.sink.force_replace:
                 _refuse_foreign_commits(table, request, where)
-    key = [str(k) for k in request.table.get("merge_keys") or []]
+            if table is not None and key and not request.sink.full_refresh:
+                replay_base(table, request, where)  # its history before the replayed epochs is still there
     schema = staged_schema(request, where)
     if schema is None:
         return
@@ -451,7 +456,10 @@ def _commit_once(table: Table, request: TableCommit, placed: Storage, paths: Seq
             whole = snapshot or (bool(key) and request.sink.full_refresh)
             if key and replaced:  # a replay's rows: per key the newest replayed epoch's
                 paths = _last_per_key(view, request, placed, key, where)
-            if key and not whole:  # upsert: the epoch's rows replace the table's rows of the same keys
+            if key and replaced and not whole:  # the keys the replay touches as before it, then its rows
+                old, rewritten, restored = _restore_before(tx, view, request, placed, paths, key, where)
+                paths = [*paths, *restored]
+            elif key and not whole:  # upsert: the epoch's rows replace the table's rows of the same keys
                 old, rewritten = _without_keys(tx, view, request, placed, _epoch_keys(view, paths, key, where), key)
             elif whole or replaced:  # every current file (snapshot, full refresh) or the replaced epochs' (replay)
                 current = tx.table_metadata.current_snapshot()
@@ -522,6 +530,74 @@ def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: St
             placed.write_atomic(path, buf.getvalue())
         rewritten.append(parquet_file_to_data_file(view.io, metadata, placed.url_of(path)))
     return old, rewritten
+
+
+def replay_base(table: Table, request: TableCommit, where: str) -> Snapshot | None:
+    """The table's snapshot as of the epoch before a replay's first replaced epoch (None: the empty table).
+
+    The parent of this sink's first snapshot of a replaced (or later) epoch, found by the
+    epochs in the snapshot summaries; the current snapshot when the replaced epochs made
+    none. A parent that was expired refuses the replay (:class:`SinkRefusedError`).
+    """
+    first = min(request.sink.replaces)
+    ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
+            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+    for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        epoch = int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0"))
+        if all(summary.get(k) == v for k, v in ours.items()) and first <= epoch != request.epoch:
+            # An expired parent's id may be dropped from its child: the summary's record counts
+            # still tell whether the table before the snapshot held rows.
+            held = sum(int(summary.get(k, "0")) * sign for k, sign in (("total-records", 1), ("added-records", -1),
+                                                                       ("deleted-records", 1)))
+            if snapshot.parent_snapshot_id is None and not held:
+                return None
+            base = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+            if base is None:
+                raise SinkRefusedError(
+                    f"{where}: the table's snapshot before epoch {epoch} of this sink (its {held} row(s)) was expired, "
+                    f"and a replay from epoch {first} restores the values the keys had in it. Nothing was changed. "
+                    "Replay from epoch 1 (a full refresh, which needs no history)")
+            return base
+    return table.current_snapshot()
+
+
+def _restore_before(tx: Transaction, view: Table, request: TableCommit, placed: Storage, paths: Sequence[str],
+                    key: Sequence[str], where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
+    """A replay from a later epoch: the touched keys' current files out (and their rewrites), the rows
+    they had before the replayed epochs (:func:`core.tables.restored_before`) written to files in.
+
+    The restored rows go to ``restored-<n>.parquet`` in the replay epoch's placement, one file
+    per partition, written whole and found again by a retried commit.
+    """
+    base = replay_base(view, request, where)
+    schema = tx.table_metadata.schema()
+    file_schema = schema_to_pyarrow(schema, include_field_ids=False)
+    now = view.scan().to_arrow()
+    before = view.scan(snapshot_id=base.snapshot_id).to_arrow() if base is not None else file_schema.empty_table()
+    touched, restored = restored_before(before, now, _epoch_keys(view, paths, key, where), list(key))
+    old, rewritten = _without_keys(tx, view, request, placed, touched, key)
+    columns = [restored.column(n).cast(f.type) if n in restored.column_names else pa.nulls(restored.num_rows, f.type)
+               for n, f in zip(file_schema.names, file_schema, strict=True)]
+    restored = pa.Table.from_arrays(columns, schema=file_schema) if restored.num_rows else file_schema.empty_table()
+    partition = [schema.find_column_name(f.source_id) or "" for f in tx.table_metadata.spec().fields]
+    groups = restored.select(partition).group_by(partition).aggregate([]).to_pylist() if partition else [{}]
+    urls = []
+    for n, values in enumerate(sorted(groups, key=repr)):
+        rows = restored
+        for column, value in values.items():
+            rows = rows.filter(pc.is_null(rows.column(column)) if value is None
+                               else pc.equal(rows.column(column), value))
+        if not rows.num_rows:
+            continue
+        folder = "/".join(f"{c}={urllib.parse.quote(str(v), safe='')}" for c, v in values.items())
+        path = posixpath.join("data", folder, markers.placement(request), f"restored-{n}.parquet")
+        if not placed.exists(path):
+            buf = io.BytesIO()
+            pq.write_table(rows, buf)
+            placed.write_atomic(path, buf.getvalue())
+        urls.append(placed.url_of(path))
+    return old, rewritten, urls
 
 
 def _last_per_key(table: Table, request: TableCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:
