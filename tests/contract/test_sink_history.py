@@ -199,3 +199,16 @@ def test_an_upsert_replay_whose_table_history_before_it_is_gone_is_refused_befor
     assert context.rows() == table_before
     epochs.replay(1)  # the way out
     assert context.rows() == epochs.states[-1]
+
+
+def test_a_full_refresh_of_a_delta_upsert_sink_whose_table_was_removed_creates_it_with_one_row_per_key(
+        tmp_path: Path) -> None:
+    import shutil
+
+    epochs = Epochs(DeltaContext(tmp_path), UPSERT)
+    scenario_epochs(epochs)  # ids 3..6 written by two epochs each
+    shutil.rmtree(tmp_path / "tables" / "orders")
+
+    epochs.replay(1)
+
+    assert epochs.context.rows() == epochs.states[-1]  # each id once, with its newest replayed epoch's row

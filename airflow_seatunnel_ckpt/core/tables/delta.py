@@ -157,6 +157,17 @@ def commit(request: TableCommit) -> PublishedSink:
                 raise CommitConflict(exc) from exc
             log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
             return _published(request, uri, delta_upsert.MERGED)
+        if keys and request.sink.replaces:  # a replay into no table: created from its rows, per key the newest
+            rows = upserted_rows(request, keys, where)
+            if rows.num_rows:
+                try:
+                    write_deltalake(_delta_uri(uri), rows, mode="error",
+                                    partition_by=[str(c) for c in request.table.get("partition_by") or []] or None,
+                                    storage_options=delta_options or None,
+                                    commit_properties=_properties(request, app_id))
+                except (DeltaError, OSError) as exc:  # a racing committer created it: read the table again
+                    raise CommitConflict(exc) from exc
+            return _published(request, uri, delta_upsert.MERGED)
         if keys:  # a new table: created from the placed files, so the keys must be unique already
             staged = staged_schema(request, where)
             if staged is not None:
@@ -508,7 +519,8 @@ def replay_base(table: DeltaTable, options: dict[str, str], request: TableCommit
 
     The version before this sink's first version of a replaced (or later) epoch, found by
     the epochs in the commit infos; the current version when the replaced epochs wrote none.
-    A version whose log or files are gone (log cleanup, ``VACUUM``) refuses the replay
+    A version whose log or files are gone (log cleanup, ``VACUUM``), or commit infos gone
+    while the application transaction says a replaced epoch committed, refuse the replay
     (:class:`SinkRefusedError`).
     """
     first = min(request.sink.replaces)
@@ -530,6 +542,13 @@ def replay_base(table: DeltaTable, options: dict[str, str], request: TableCommit
                     "keys had in it. Nothing was changed. Replay from epoch 1 (a full refresh, which needs no "
                     "history)") from exc
             return version
+    committed = table.transaction_version(markers.delta_app_id(request))
+    if committed is not None and first <= committed != request.epoch:  # its commit info is gone (log cleanup)
+        raise SinkRefusedError(
+            f"{where}: the table's log no longer holds the commit of epoch {first} or a later one of this sink (its "
+            f"application transaction is at epoch {committed}), and a replay from epoch {first} restores the values "
+            "the keys had before it. Nothing was changed. Replay from epoch 1 (a full refresh, which needs no "
+            "history)")
     return table.version()
 
 
