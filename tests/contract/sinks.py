@@ -61,8 +61,6 @@ class SinkContext:
     modes: ClassVar[frozenset[str]] = frozenset()
     #: Whether the Spark sink stages one directory per ``region`` (``__partition_region=EU``).
     partitioned: ClassVar[bool] = True
-    #: Whether an upsert sink replays from an epoch after the first (else: a full refresh only).
-    replays_upserts_from_later_epochs: ClassVar[bool] = True
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -209,7 +207,6 @@ class PostgresContext(SinkContext):
     name = "postgres"
     modes = frozenset({APPEND, UPSERT})
     partitioned = False
-    replays_upserts_from_later_epochs = False
 
     def __init__(self, root: Path, dsn: str) -> None:
         super().__init__(root)

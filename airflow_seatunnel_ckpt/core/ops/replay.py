@@ -6,9 +6,7 @@ every epoch is settled:
 
 1. :func:`plan_replay` checks what can refuse the replay before anything is written:
    no epoch in flight, ``N..M`` within the committed epochs, one participant, a merge
-   (upsert) sink only through the newest epoch (into PostgreSQL only fully refreshed,
-   ``N`` = 1), a snapshot sink
-   only through the newest epoch, ``M``
+   (upsert) or snapshot sink only through the newest epoch, ``M``
    the newest epoch when the pipeline has keyed state (epochs after ``M``
    built their state on the replaced ones), ``N`` not inside an earlier replay's range,
    and the checkpoint of the epoch before ``N`` still restorable;
@@ -182,7 +180,7 @@ def plan_replay(pipeline: Pipeline, from_epoch: int, to_epoch: int | None = None
                           "nothing to replay")
     participant = participants.pop()
     sinks = _replayable_sinks(pipeline, {e: statuses[e].prepared[participant].sinks for e in epochs},
-                              to_epoch == last, not any(e < from_epoch for e in committed))
+                              to_epoch == last)
     latest = pipeline.restore_point(deep=True)
     if latest.how is not RestoreSource.PRIMARY or latest.epoch != last:
         raise ReplayError(f"pipeline {name!r}: the newest committed checkpoint {last} does not verify (the state "
@@ -211,9 +209,9 @@ def plan_replay(pipeline: Pipeline, from_epoch: int, to_epoch: int | None = None
 
 
 def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkManifest]],
-                      through_newest: bool, full_refresh: bool) -> dict[str, SinkManifest]:
+                      through_newest: bool) -> dict[str, SinkManifest]:
     """Every sink of the replayed epochs (epoch -> its sinks), if each can be replaced in one commit; else
-    ReplayError. ``full_refresh``: no committed epoch precedes the replayed ones."""
+    ReplayError."""
     sinks: dict[str, SinkManifest] = {}
     recorded: dict[str, dict[int, Mapping[str, Any]]] = {}  # sink -> replayed epoch -> its table options
     for epoch, epoch_sinks in sorted(manifests.items()):
@@ -224,7 +222,7 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
     for sink in sinks.values():
         why = None
         if sink.table is not None and sink.table.get("merge_keys"):
-            why = _upsert_refusal(sink, through_newest, full_refresh)
+            why = _upsert_refusal(through_newest)
         elif sink.table is not None and sink.table.get("type") == "postgres":
             why = postgres_options.replay_refusal(recorded[sink.sink])
         elif sink.mode is SinkMode.SNAPSHOT and not through_newest:
@@ -237,24 +235,20 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
     return sinks
 
 
-def _upsert_refusal(sink: SinkManifest, through_newest: bool, full_refresh: bool) -> str | None:
+def _upsert_refusal(through_newest: bool) -> str | None:
     """Why an upsert sink (merge_keys) cannot be replayed so (None: it can).
 
     Its rows hold per key the newest epoch's value, so a replay must run through the newest
     epoch (else the later epochs' values would be lost or overwritten by older ones). A full
     refresh replaces the table's content with the replayed rows; a replay from a later epoch
-    restores the keys the replaced epochs wrote to their values before them, which Iceberg
-    and Delta keep in their history (the sink's precheck refuses one whose history of that
-    epoch expired) and PostgreSQL does not.
+    restores the keys the replaced epochs wrote to their values before them, from the
+    table's history (Iceberg, Delta) or the before-images its epochs kept (PostgreSQL): the
+    sink's precheck refuses one whose history is gone.
     """
     if not through_newest:
         return ("it upserts by key (merge_keys), so it holds per key the newest epoch's value: a replay that ends "
                 "before the newest epoch would undo the later epochs' values. Replay through the newest epoch "
                 "(omit --to-epoch)")
-    if not full_refresh and sink.table is not None and sink.table.get("type") == "postgres":
-        return ("it upserts by key (merge_keys) into PostgreSQL, which keeps no history: the values the replaced "
-                "epochs' keys had before them cannot be restored. Refresh it fully instead (--from-epoch 1), which "
-                "replaces the table's content with the replayed rows")
     return None
 
 
