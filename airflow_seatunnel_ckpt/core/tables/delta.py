@@ -508,7 +508,7 @@ def _upsert(request: TableCommit, table: DeltaTable, options: dict[str, str], ke
         before = (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
                   else now.schema.empty_table())
         touched, restored = restored_before(before, now, rows.select(keys), keys)
-        delta_upsert.replace_keys(table, pa.concat_tables([restored, rows], promote_options="default"), touched,
+        delta_upsert.replace_keys(table, pa.concat_tables([restored, rows], promote_options="permissive"), touched,
                                   keys, _properties(request, app_id))
         return
     delta_upsert.merge(table, rows, keys, _properties(request, app_id))

@@ -58,7 +58,7 @@ def replace_keys(table: DeltaTable, rows: pa.Table, touched: pa.Table, keys: Seq
     gone = touched.filter(pc.invert(rows_of_keys(touched, rows, keys))) if rows.num_rows else touched
     source = pa.concat_tables([rows.append_column(_DELETE, pa.repeat(pa.scalar(False), rows.num_rows)),
                                gone.append_column(_DELETE, pa.repeat(pa.scalar(True), gone.num_rows))],
-                              promote_options="default")
+                              promote_options="permissive")
     predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
     columns = {c: f"s.`{c}`" for c in rows.column_names}
     return (table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=properties)
