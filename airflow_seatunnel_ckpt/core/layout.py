@@ -93,6 +93,8 @@ LEASE_PREFIX = "lease-"
 METADATA = "_metadata"
 SUCCESS = "_SUCCESS"
 CHECKPOINT_PREFIX = "checkpoint_"
+#: A replay stages each replayed epoch's output of a sink below ``<sink staging>/replayed-<epoch>/``.
+REPLAYED_DIR = "replayed-"
 EPOCH_WIDTH = 12
 
 # Only the canonical spelling of a valid epoch: "checkpoint_007" or "epoch=0" is something
@@ -146,6 +148,13 @@ def sink_marker_path(epoch: int, sink: str) -> str:
 def txlog_dir(epoch: int) -> str:
     """``_txlog/epoch-<zero padded epoch>``."""
     return f"{TXLOG}/epoch-{validate_epoch(epoch):0{EPOCH_WIDTH}d}"
+
+
+def replayed_epoch(staged_path: str) -> int | None:
+    """The replayed epoch of a replay's staged file ``replayed-<epoch>/...`` (None: not a replayed epoch's)."""
+    head = staged_path.split("/", 1)[0]
+    digits = head[len(REPLAYED_DIR):]
+    return int(digits) if head.startswith(REPLAYED_DIR) and digits.isdigit() else None
 
 
 def record_path(epoch: int, record: str) -> str:

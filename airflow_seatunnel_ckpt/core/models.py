@@ -289,6 +289,9 @@ class SinkManifest(Record):
     replaces: tuple[Annotated[int, Field(gt=0)], ...] = omitted_if(())
     #: The replay was forced past commits to the table by another writer (``--force``).
     force_replace: bool = omitted_if(False)
+    #: The replay runs from the sink's first epoch (a full refresh): an upsert sink's commit
+    #: replaces the table's whole content with the replayed rows (per key the last one).
+    full_refresh: bool = omitted_if(False)
 
     @property
     def bytes(self) -> int:

@@ -65,8 +65,7 @@ log = logging.getLogger(__name__)
 
 #: The replay epoch's one attempt: its prepared record and its staging.
 ATTEMPT = 1
-#: Each replayed epoch's output is staged below ``<sink staging>/replayed-<epoch>/``.
-REPLAYED_DIR = "replayed-"
+REPLAYED_DIR = layout.REPLAYED_DIR
 
 
 @dataclass(frozen=True)

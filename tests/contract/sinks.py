@@ -254,7 +254,9 @@ class Epochs:
 
     :attr:`states` is every table a reader may find: empty, then the table after each
     whole committed epoch (an append adds the epoch's rows, an upsert replaces the rows of
-    its keys, a snapshot is its rows; a replay swaps the replaced epochs' rows for the new ones).
+    its keys, a snapshot is its rows; a replay swaps the replaced epochs' rows for the new ones:
+    for an upsert, each key holds its value after the epochs before the replay, then the
+    replayed epochs' new rows in order).
     """
 
     def __init__(self, context: SinkContext, mode: str) -> None:
@@ -308,12 +310,14 @@ class Epochs:
         self.committed(epoch, rows_of(rows))
         return epoch
 
-    def replay(self, from_epoch: int, crash: str | None = None) -> int:
+    def replay(self, from_epoch: int, crash: str | None = None, without: Sequence[int] = ()) -> int:
         """Replay epochs ``from_epoch``.. as the stage runtime does (each replayed epoch's
-        output below ``replayed-<e>/``), with new amounts; returns the replay epoch."""
+        output below ``replayed-<e>/``), with new amounts and without the ids ``without``;
+        returns the replay epoch."""
         plan = plan_replay(self.pipeline, from_epoch)
         epoch, run_id = begin_replay(self.pipeline, plan, reason="contract", by="contract")
-        new = {e: epoch_rows(self.ids[e], epoch) for e in plan.epochs}
+        # Amounts tell the replay and the replayed epoch apart (an upsert keeps the newest replayed epoch's).
+        new = {e: epoch_rows([i for i in self.ids[e] if i not in without], epoch * 10 + e) for e in plan.epochs}
         replayed = plan.epochs[-1:] if self.mode == SNAPSHOT else plan.epochs  # a snapshot: the newest only
         manifest = self.stage(epoch, [new[e] for e in replayed], [f"replayed-{e}" for e in replayed])
 
@@ -325,7 +329,8 @@ class Epochs:
         assert self.pipeline.state(epoch) is EpochState.COMMITTED
         for e in plan.replaced:
             self.written.pop(e, None)
-        self.committed(epoch, sorted(r for e in replayed for r in rows_of(new[e])))
+        # In replayed-epoch order: an upsert's key takes the newest replayed epoch's row.
+        self.committed(epoch, [r for e in replayed for r in rows_of(new[e])])
         return epoch
 
     def commit(self, first: Callable[[], object], again: Callable[[], object], crash: str | None) -> None:
@@ -363,14 +368,13 @@ class Epochs:
 
     def committed(self, epoch: int, rows: Rows) -> None:
         """Record the table a reader must find now that ``epoch`` (with ``rows``) committed."""
-        if self.mode == UPSERT:
-            table = {r[0]: r for r in self.states[-1]}
-            table.update({r[0]: r for r in rows})
-            self.states.append(sorted(table.values()))
-            return
         if self.mode == SNAPSHOT:
             self.written = {}
         self.written[epoch] = rows
+        if self.mode == UPSERT:  # each epoch the table holds, in order, upserts its rows by id
+            table = {r[0]: r for e in sorted(self.written) for r in self.written[e]}
+            self.states.append(sorted(table.values()))
+            return
         self.states.append(sorted(r for e in sorted(self.written) for r in self.written[e]))
 
 

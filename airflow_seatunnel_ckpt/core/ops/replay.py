@@ -5,8 +5,8 @@ A replay (and a *full refresh*, which is a replay from epoch 1) is one **replay 
 every epoch is settled:
 
 1. :func:`plan_replay` checks what can refuse the replay before anything is written:
-   no epoch in flight, ``N..M`` within the committed epochs, one participant, no merge
-   sink (refused, naming it and why), a snapshot sink only through the newest epoch, ``M``
+   no epoch in flight, ``N..M`` within the committed epochs, one participant, a merge
+   (upsert) or snapshot sink only through the newest epoch, ``M``
    the newest epoch when the pipeline has keyed state (epochs after ``M``
    built their state on the replaced ones), ``N`` not inside an earlier replay's range,
    and the checkpoint of the epoch before ``N`` still restorable;
@@ -232,8 +232,7 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
     for sink in sinks.values():
         why = None
         if sink.table is not None and sink.table.get("merge_keys"):
-            why = ("it upserts by key (merge_keys): the replaced epochs' rows were merged into rows other epochs "
-                   "wrote too, so they cannot be taken out in one commit")
+            why = _upsert_refusal(through_newest)
         elif sink.table is not None and sink.table.get("type") == "postgres":
             why = postgres_options.replay_refusal(recorded[sink.sink])
         elif sink.mode is SinkMode.SNAPSHOT and not through_newest:
@@ -244,6 +243,23 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
             raise ReplayError(f"pipeline {pipeline.name!r}: sink {sink.sink!r} cannot be replayed atomically: "
                               f"{why}. Nothing was changed")
     return sinks
+
+
+def _upsert_refusal(through_newest: bool) -> str | None:
+    """Why an upsert sink (merge_keys) cannot be replayed so (None: it can).
+
+    Its rows hold per key the newest epoch's value, so a replay must run through the newest
+    epoch (else the later epochs' values would be lost or overwritten by older ones). A full
+    refresh replaces the table's content with the replayed rows; a replay from a later epoch
+    restores the keys the replaced epochs wrote to their values before them, from the
+    table's history (Iceberg, Delta) or the before-images its epochs kept (PostgreSQL): the
+    sink's precheck refuses one whose history is gone.
+    """
+    if not through_newest:
+        return ("it upserts by key (merge_keys), so it holds per key the newest epoch's value: a replay that ends "
+                "before the newest epoch would undo the later epochs' values. Replay through the newest epoch "
+                "(omit --to-epoch)")
+    return None
 
 
 def begin_replay(pipeline: Pipeline, plan: ReplayPlan, *, reason: str, by: str,
@@ -298,7 +314,8 @@ def replacing(manifest: SinkManifest, plan: ReplayPlan, force: bool) -> SinkMani
                                   f"directories {seen[rel]} and {sub} both hold a file {rel!r}, and a file sink "
                                   "publishes them into one directory. Give the sink's writer unique file names "
                                   "(Spark's and the staged writer's are)")
-    return dataclasses.replace(manifest, replaces=tuple(plan.replaced), force_replace=force)
+    return dataclasses.replace(manifest, replaces=tuple(plan.replaced), force_replace=force,
+                               full_refresh=plan.base.epoch is None)
 
 
 def _action(pipeline: Pipeline, epoch: int) -> str | None:

@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import tenacity
 
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
 from airflow_seatunnel_ckpt.core.storage.base import Storage
@@ -55,6 +56,8 @@ if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never n
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: The row-number column added to a file's key columns to match them (never written).
+_ROW = "__seatunnel_ckpt_row"
 
 
 class CommitConflict(Exception):
@@ -225,16 +228,100 @@ def commit_table(request: TableCommit) -> PublishedSink:
 def staged_rows(request: TableCommit, columns: list[str] | None = None) -> pa.Table:
     """The epoch's staged rows (``columns`` only, if given), read from the checkpoint store."""
     import pyarrow as pa
+
+    parts = [rows for _, rows in staged_parts(request, columns)]
+    return pa.concat_tables(parts) if parts else pa.table({})
+
+
+def staged_parts(request: TableCommit, columns: list[str] | None = None) -> list[tuple[int, pa.Table]]:
+    """The staged rows by the epoch that wrote them, oldest first (``columns`` only, if given).
+
+    A replay's files are staged per replayed epoch (``replayed-<e>/...``,
+    :func:`layout.replayed_epoch`); any other epoch's files are one part of ``request.epoch``.
+    Parts without rows are left out.
+    """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    tables = []
+    parts: dict[int, list[pa.Table]] = {}
     for f in request.sink.files:
         if f.path.endswith(".parquet"):
             with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
                 table = pq.read_table(fh, columns=columns)
             if table.num_rows:
-                tables.append(table.replace_schema_metadata(None))
-    return pa.concat_tables(tables) if tables else pa.table({})
+                epoch = layout.replayed_epoch(f.path) if request.sink.replaces else None
+                parts.setdefault(request.epoch if epoch is None else epoch, []).append(
+                    table.replace_schema_metadata(None))
+    return [(epoch, pa.concat_tables(tables, promote_options="default")) for epoch, tables in sorted(parts.items())]
+
+
+def upserted_rows(request: TableCommit, keys: list[str], where: str) -> pa.Table:
+    """The rows an upsert epoch writes: per key the last staged row (ConfigError: see :func:`check_merge_keys`).
+
+    An epoch's rows hold one row per key. A replay's replayed epochs may each write a key
+    again: the newest replayed epoch's row is the key's value, as running them one after
+    the other would have left it.
+    """
+    parts = staged_parts(request)
+    for _, rows in parts:
+        check_merge_keys(rows, keys, where)
+    return last_per_key([rows for _, rows in parts], keys)
+
+
+def last_per_key(parts: list[pa.Table], keys: list[str]) -> pa.Table:
+    """The rows of ``parts`` (each one row per key, oldest first) whose key no later part holds."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not parts:
+        return pa.table({})
+    kept: list[pa.Table] = []
+    later: list[pa.Table] = []
+    for rows in reversed(parts):
+        if later:
+            rows = rows.filter(pc.invert(rows_of_keys(rows, pa.concat_tables(later, promote_options="default"),
+                                                      keys)))
+        kept.append(rows)
+        later.append(rows.select(keys))
+    return pa.concat_tables(list(reversed(kept)), promote_options="default")
+
+
+def restored_before(before: pa.Table, now: pa.Table, new_keys: pa.Table, keys: list[str]) -> tuple[pa.Table, pa.Table]:
+    """A replay from epoch N of an upsert table: the keys it rewrites and the rows it restores.
+
+    ``before`` is the table as of epoch N-1 (its history), ``now`` the table now, whose
+    changes since are the replaced epochs' (another writer's are refused before the
+    decision). The touched keys are every key whose row differs between the two (a superset
+    of the replaced epochs' keys: a row whose value is NULL somewhere compares as changed,
+    and restoring it changes nothing) and the replay's new keys; the restored rows are the
+    touched keys' rows of ``before`` that the new output does not write again (a key none of
+    them has disappears). Returns ``(touched keys, restored rows)``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    common = [c for c in before.column_names if c in now.column_names]
+    # One type per column (a reader may give one snapshot's strings as large_string).
+    then = pa.table([before.column(c).cast(now.schema.field(c).type) for c in common], names=common)
+    changed = [a.select(common).join(b.select(common), keys=common, join_type="left anti").select(keys)
+               for a, b in ((now, then), (then, now))]
+    wanted = pa.schema([now.schema.field(k) for k in keys])
+    touched = pa.concat_tables([t.cast(wanted) for t in (*changed, new_keys.select(keys))]).group_by(keys).aggregate([])
+    restored = before.filter(rows_of_keys(before, touched, keys)) if before.num_rows else before
+    if restored.num_rows and new_keys.num_rows:
+        restored = restored.filter(pc.invert(rows_of_keys(restored, new_keys, keys)))
+    return touched.select(keys), restored
+
+
+def rows_of_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.ChunkedArray:
+    """For each row of ``rows``, whether its key is one of ``keys`` (a NULL key is none)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    probe = rows.select(list(key)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+    wanted = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
+    found = probe.join(wanted, keys=list(key), join_type="left semi").column(_ROW)
+    return pc.is_in(probe.column(_ROW), value_set=found.combine_chunks())
 
 
 def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
@@ -260,8 +347,10 @@ def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
 
 def check_staged_merge_keys(request: TableCommit, schema: pa.Schema, keys: list[str], where: str) -> None:
     """:func:`check_merge_keys` over the epoch's staged rows, reading only their key columns
-    (``schema``: the staged files' one schema, :func:`staged_schema`)."""
-    check_merge_keys(staged_rows(request, [k for k in keys if k in schema.names]), keys, where)
+    (``schema``: the staged files' one schema, :func:`staged_schema`); a replay's per replayed
+    epoch (a later one writes a key again: :func:`upserted_rows`)."""
+    for _, rows in staged_parts(request, [k for k in keys if k in schema.names]):
+        check_merge_keys(rows, keys, where)
 
 
 def check_merge_keys(rows: pa.Table, keys: list[str], where: str) -> None:

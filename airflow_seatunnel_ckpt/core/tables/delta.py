@@ -61,7 +61,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import Field, Schema
 from deltalake.transaction import (
@@ -81,13 +81,13 @@ from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file
 from airflow_seatunnel_ckpt.core.tables import (
     CommitConflict,
     TableCommit,
-    check_merge_keys,
     check_staged_merge_keys,
     delta_upsert,
     markers,
+    restored_before,
     retry_conflicts,
-    staged_rows,
     staged_schema,
+    upserted_rows,
 )
 from airflow_seatunnel_ckpt.core.tables.delta_files import footer_stats, partition_dir
 
@@ -152,10 +152,21 @@ def commit(request: TableCommit) -> PublishedSink:
             markers.claim_owner_file(target, request, where)
         if keys and table is not None:
             try:
-                _upsert(request, table, keys, app_id, where)
+                _upsert(request, table, delta_options, keys, app_id, where)
             except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
                 raise CommitConflict(exc) from exc
             log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
+            return _published(request, uri, delta_upsert.MERGED)
+        if keys and request.sink.replaces:  # a replay into no table: created from its rows, per key the newest
+            rows = upserted_rows(request, keys, where)
+            if rows.num_rows:
+                try:
+                    write_deltalake(_delta_uri(uri), rows, mode="error",
+                                    partition_by=[str(c) for c in request.table.get("partition_by") or []] or None,
+                                    storage_options=delta_options or None,
+                                    commit_properties=_properties(request, app_id))
+                except (DeltaError, OSError) as exc:  # a racing committer created it: read the table again
+                    raise CommitConflict(exc) from exc
             return _published(request, uri, delta_upsert.MERGED)
         if keys:  # a new table: created from the placed files, so the keys must be unique already
             staged = staged_schema(request, where)
@@ -204,10 +215,12 @@ def precheck(request: TableCommit) -> None:
     fs_options, delta_options = storage_options(request, uri)
     keys = _merge_keys(request, where)
     partition_by = [str(c) for c in request.table.get("partition_by") or []]
-    if request.sink.replaces and not request.sink.force_replace:
+    if request.sink.replaces:
         replaced_in = load(uri, delta_options, where)
-        if replaced_in is not None:
+        if replaced_in is not None and not request.sink.force_replace:
             _refuse_foreign_commits(replaced_in, request, where)
+        if replaced_in is not None and keys and not request.sink.full_refresh:
+            replay_base(replaced_in, delta_options, request, where)  # the history before the replay is kept
     schema = staged_schema(request, where)
     if schema is None:
         return
@@ -231,7 +244,8 @@ def precheck(request: TableCommit) -> None:
 
 
 #: Operations of another writer that change no data file: a replay may pass them.
-_METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "CHANGE COLUMN"}
+_METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "CHANGE COLUMN", "VACUUM START",
+                  "VACUUM END"}
 
 
 def _refuse_foreign_commits(table: DeltaTable, request: TableCommit, where: str) -> None:
@@ -474,15 +488,72 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
                                    commit_properties=_properties(request, app_id))
 
 
-def _upsert(request: TableCommit, table: DeltaTable, keys: list[str], app_id: str, where: str) -> None:
-    rows = staged_rows(request)
-    check_merge_keys(rows, keys, where)
+def _upsert(request: TableCommit, table: DeltaTable, options: dict[str, str], keys: list[str], app_id: str,
+            where: str) -> None:
+    rows = upserted_rows(request, keys, where)
     check_table(table, request, keys, where)
-    added = check_schema(table, rows.schema, [str(c) for c in request.table.get("partition_by") or []], where)
+    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    added = check_schema(table, rows.schema, partition_by, where) if rows.num_rows else []
     if added:
         table.alter.add_columns(added)
         table.update_incremental()
+    if request.sink.full_refresh:  # the replayed rows are the table's whole content, in one version
+        data = rows if rows.num_rows else pa.schema(table.schema().to_arrow()).empty_table()
+        write_deltalake(table, data, mode="overwrite", partition_by=partition_by or None,
+                        commit_properties=_properties(request, app_id))
+        return
+    if request.sink.replaces:  # the touched keys as before the replayed epochs, then the new rows
+        base = replay_base(table, options, request, where)
+        now = pa.table(table.to_pyarrow_table())
+        before = (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
+                  else now.schema.empty_table())
+        touched, restored = restored_before(before, now, rows.select(keys), keys)
+        delta_upsert.replace_keys(table, pa.concat_tables([restored, rows], promote_options="permissive"), touched,
+                                  keys, _properties(request, app_id))
+        return
     delta_upsert.merge(table, rows, keys, _properties(request, app_id))
+
+
+def replay_base(table: DeltaTable, options: dict[str, str], request: TableCommit, where: str) -> int | None:
+    """The table version as of the epoch before a replay's first replaced epoch (None: no table yet).
+
+    The version before this sink's first version of a replaced (or later) epoch, found by
+    the epochs in the commit infos; the current version when the replaced epochs wrote none.
+    A version whose log or files are gone (log cleanup, ``VACUUM``), or commit infos gone
+    while the application transaction says a replaced epoch committed, refuse the replay
+    (:class:`SinkRefusedError`).
+    """
+    first = min(request.sink.replaces)
+    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": markers.store_id_of(request)}
+    history = sorted(table.history(), key=lambda c: int(c.get("version", 0)))
+    for commit in history:
+        epoch = int(commit.get("epoch") or 0)
+        if all(str(commit.get(k)) == v for k, v in ours.items()) and first <= epoch != request.epoch:
+            version = int(commit["version"]) - 1
+            if version < 0:
+                return None
+            try:
+                _at_version(table, options, version).to_pyarrow_dataset().count_rows()
+            except Exception as exc:  # the version's log or files are gone: its rows cannot be read
+                cause = (str(exc).splitlines() or [""])[0]
+                raise SinkRefusedError(
+                    f"{where}: the table's version {version}, before epoch {epoch} of this sink, cannot be read any "
+                    f"more ({type(exc).__name__}: {cause}), and a replay from epoch {first} restores the values the "
+                    "keys had in it. Nothing was changed. Replay from epoch 1 (a full refresh, which needs no "
+                    "history)") from exc
+            return version
+    committed = table.transaction_version(markers.delta_app_id(request))
+    if committed is not None and first <= committed != request.epoch:  # its commit info is gone (log cleanup)
+        raise SinkRefusedError(
+            f"{where}: the table's log no longer holds the commit of epoch {first} or a later one of this sink (its "
+            f"application transaction is at epoch {committed}), and a replay from epoch {first} restores the values "
+            "the keys had before it. Nothing was changed. Replay from epoch 1 (a full refresh, which needs no "
+            "history)")
+    return table.version()
+
+
+def _at_version(table: DeltaTable, options: dict[str, str], version: int) -> DeltaTable:
+    return DeltaTable(table.table_uri, version=version, storage_options=options or None)
 
 
 def _published(request: TableCommit, uri: str, how: str) -> PublishedSink:

@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import CommitProperties
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.tables import TableCommit
+from airflow_seatunnel_ckpt.core.tables import TableCommit, rows_of_keys
 
 #: ``PublishedSink.how`` of an epoch merged into its table.
 MERGED = "merged"
@@ -41,6 +42,29 @@ def merge_keys(request: TableCommit) -> list[str]:
         raise ConfigError(f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: merge_keys must be a list of "
                           f"column names, got {keys!r}")
     return list(keys)
+
+
+#: The column of a replay's MERGE source that marks a touched key without a row (never written).
+_DELETE = "__seatunnel_ckpt_delete"
+
+
+def replace_keys(table: DeltaTable, rows: pa.Table, touched: pa.Table, keys: Sequence[str],
+                 properties: CommitProperties) -> dict[str, Any]:
+    """One MERGE in one version: every ``touched`` key's row becomes its row in ``rows``, or goes if none.
+
+    A replay from a later epoch (:func:`core.tables.restored_before`): the source holds
+    ``rows`` and, for the touched keys without one, a row marked for deletion.
+    """
+    gone = touched.filter(pc.invert(rows_of_keys(touched, rows, keys))) if rows.num_rows else touched
+    source = pa.concat_tables([rows.append_column(_DELETE, pa.repeat(pa.scalar(False), rows.num_rows)),
+                               gone.append_column(_DELETE, pa.repeat(pa.scalar(True), gone.num_rows))],
+                              promote_options="permissive")
+    predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    columns = {c: f"s.`{c}`" for c in rows.column_names}
+    return (table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=properties)
+            .when_matched_delete(predicate=f"s.`{_DELETE}`")
+            .when_matched_update({c: v for c, v in columns.items() if c not in keys}, predicate=f"NOT s.`{_DELETE}`")
+            .when_not_matched_insert(columns, predicate=f"NOT s.`{_DELETE}`").execute())
 
 
 def merge(table: DeltaTable, rows: pa.Table, keys: Sequence[str], properties: CommitProperties) -> dict[str, Any]:

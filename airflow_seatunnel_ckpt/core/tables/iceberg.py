@@ -23,7 +23,8 @@ epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "ca
    :func:`storage.publish_files`: idempotent, verified, never deleting anything.
 4. **one transaction, one snapshot**: ``add_files`` (duplicate-file check on) for an append;
    otherwise one OVERWRITE snapshot that removes the data files it replaces and adds the
-   epoch's -- every current file (a ``snapshot`` sink), the replaced epochs' (a replay), or
+   epoch's -- every current file (a ``snapshot`` sink, a full refresh of an upsert sink:
+   :func:`_last_per_key`), the replaced epochs' (a replay), or
    with ``merge_keys`` (upsert) the files holding any of the epoch's keys, whose other rows
    go into rewritten files in the same snapshot (:func:`_without_keys`) -- plus the marker
    and owner properties. So every snapshot a time-travel or incremental reader can pin
@@ -46,6 +47,7 @@ import io
 import logging
 import os
 import posixpath
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -66,9 +68,11 @@ from pyiceberg.io.pyarrow import ArrowScan, _pyarrow_to_schema_without_ids, parq
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import promote
 from pyiceberg.table import DataScan, Table, TableProperties, Transaction
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.upsert_util import create_match_filter
 from pyiceberg.transforms import IdentityTransform
 
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
@@ -79,7 +83,9 @@ from airflow_seatunnel_ckpt.core.tables import (
     check_merge_keys,
     check_staged_merge_keys,
     markers,
+    restored_before,
     retry_conflicts,
+    rows_of_keys,
     staged_schema,
 )
 from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
@@ -94,8 +100,6 @@ APPENDED = "appended"
 REPLACED = "replaced"
 MERGED = "merged"
 ALREADY = "already"
-#: The row-number column added to a file's key columns to match them (never written).
-_ROW = "__seatunnel_ckpt_row"
 
 
 def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Catalog:
@@ -165,12 +169,14 @@ def precheck(request: TableCommit) -> None:
     partitioning fit.
     """
     identifier, where = identify(request)
-    if request.sink.replaces and not request.sink.force_replace:
+    key = [str(k) for k in request.table.get("merge_keys") or []]
+    if request.sink.replaces:
         with _catalog(request) as catalog:
             table = load(catalog, identifier)
-            if table is not None:
+            if table is not None and not request.sink.force_replace:
                 _refuse_foreign_commits(table, request, where)
-    key = [str(k) for k in request.table.get("merge_keys") or []]
+            if table is not None and key and not request.sink.full_refresh:
+                replay_base(table, request, where)  # its history before the replayed epochs is still there
     schema = staged_schema(request, where)
     if schema is None:
         return
@@ -447,13 +453,19 @@ def _commit_once(table: Table, request: TableCommit, placed: Storage, paths: Seq
                     update.union_by_name(pa.schema([file_schema.field(name) for name in added]))
             old: list[DataFile] = []
             rewritten: list[DataFile] = []
-            if key:  # upsert: the epoch's rows replace the table's rows of the same keys
+            whole = snapshot or (bool(key) and request.sink.full_refresh)
+            if key and replaced:  # a replay's rows: per key the newest replayed epoch's
+                paths = _last_per_key(view, request, placed, key, where)
+            if key and replaced and not whole:  # the keys the replay touches as before it, then its rows
+                old, rewritten, restored = _restore_before(tx, view, request, placed, paths, key, where)
+                paths = [*paths, *restored]
+            elif key and not whole:  # upsert: the epoch's rows replace the table's rows of the same keys
                 old, rewritten = _without_keys(tx, view, request, placed, _epoch_keys(view, paths, key, where), key)
-            elif snapshot or replaced:  # every current file (snapshot) or the replaced epochs' (replay)
+            elif whole or replaced:  # every current file (snapshot, full refresh) or the replaced epochs' (replay)
                 current = tx.table_metadata.current_snapshot()
                 old = [entry.data_file for manifest in (current.manifests(view.io) if current else [])
                        for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)
-                       if snapshot or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
+                       if whole or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
             if not old and not snapshot and not replaced:
                 tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
             else:  # one OVERWRITE snapshot: the old files out, their rewrites and the epoch's files in
@@ -500,7 +512,7 @@ def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: St
     rewritten: list[DataFile] = []
     for task in DataScan(metadata, view.io, row_filter=create_match_filter(keys, list(key))).plan_files():
         rows = ArrowScan(metadata, view.io, schema, AlwaysTrue()).to_table([task])
-        hit = _rows_of_keys(rows, keys, key)
+        hit = rows_of_keys(rows, keys, key)
         if not pc.any(hit).as_py():
             continue  # the statistics could not rule the file out, its rows can
         old.append(task.file)
@@ -520,12 +532,112 @@ def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: St
     return old, rewritten
 
 
-def _rows_of_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.ChunkedArray:
-    """For each row of ``rows``, whether its key is one of ``keys`` (a NULL key is none)."""
-    probe = rows.select(list(key)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
-    wanted = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
-    found = probe.join(wanted, keys=list(key), join_type="left semi").column(_ROW)
-    return pc.is_in(probe.column(_ROW), value_set=found.combine_chunks())
+def replay_base(table: Table, request: TableCommit, where: str) -> Snapshot | None:
+    """The table's snapshot as of the epoch before a replay's first replaced epoch (None: the empty table).
+
+    The parent of this sink's first snapshot of a replaced (or later) epoch, found by the
+    epochs in the snapshot summaries; the current snapshot when the replaced epochs made
+    none. A parent that was expired refuses the replay (:class:`SinkRefusedError`).
+    """
+    first = min(request.sink.replaces)
+    ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
+            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+    for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        epoch = int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0"))
+        if all(summary.get(k) == v for k, v in ours.items()) and first <= epoch != request.epoch:
+            # An expired parent's id may be dropped from its child: the summary's record counts
+            # still tell whether the table before the snapshot held rows.
+            held = sum(int(summary.get(k, "0")) * sign for k, sign in (("total-records", 1), ("added-records", -1),
+                                                                       ("deleted-records", 1)))
+            if snapshot.parent_snapshot_id is None and not held:
+                return None
+            base = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+            if base is None:
+                raise SinkRefusedError(
+                    f"{where}: the table's snapshot before epoch {epoch} of this sink (its {held} row(s)) was expired, "
+                    f"and a replay from epoch {first} restores the values the keys had in it. Nothing was changed. "
+                    "Replay from epoch 1 (a full refresh, which needs no history)")
+            return base
+    return table.current_snapshot()
+
+
+def _restore_before(tx: Transaction, view: Table, request: TableCommit, placed: Storage, paths: Sequence[str],
+                    key: Sequence[str], where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
+    """A replay from a later epoch: the touched keys' current files out (and their rewrites), the rows
+    they had before the replayed epochs (:func:`core.tables.restored_before`) written to files in.
+
+    The restored rows go to ``restored-<n>.parquet`` in the replay epoch's placement, one file
+    per partition, written whole and found again by a retried commit.
+    """
+    base = replay_base(view, request, where)
+    schema = tx.table_metadata.schema()
+    file_schema = schema_to_pyarrow(schema, include_field_ids=False)
+    now = view.scan().to_arrow()
+    before = view.scan(snapshot_id=base.snapshot_id).to_arrow() if base is not None else file_schema.empty_table()
+    touched, restored = restored_before(before, now, _epoch_keys(view, paths, key, where), list(key))
+    old, rewritten = _without_keys(tx, view, request, placed, touched, key)
+    columns = [restored.column(n).cast(f.type) if n in restored.column_names else pa.nulls(restored.num_rows, f.type)
+               for n, f in zip(file_schema.names, file_schema, strict=True)]
+    restored = pa.Table.from_arrays(columns, schema=file_schema) if restored.num_rows else file_schema.empty_table()
+    partition = [schema.find_column_name(f.source_id) or "" for f in tx.table_metadata.spec().fields]
+    groups = restored.select(partition).group_by(partition).aggregate([]).to_pylist() if partition else [{}]
+    urls = []
+    for n, values in enumerate(sorted(groups, key=repr)):
+        rows = restored
+        for column, value in values.items():
+            rows = rows.filter(pc.is_null(rows.column(column)) if value is None
+                               else pc.equal(rows.column(column), value))
+        if not rows.num_rows:
+            continue
+        folder = "/".join(f"{c}={urllib.parse.quote(str(v), safe='')}" for c, v in values.items())
+        path = posixpath.join("data", folder, markers.placement(request), f"restored-{n}.parquet")
+        if not placed.exists(path):
+            buf = io.BytesIO()
+            pq.write_table(rows, buf)
+            placed.write_atomic(path, buf.getvalue())
+        urls.append(placed.url_of(path))
+    return old, rewritten, urls
+
+
+def _last_per_key(table: Table, request: TableCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:
+    """A replay's placed files (URLs) without the rows whose key a later replayed epoch writes again.
+
+    Each replayed epoch's files hold one row per key; the newest replayed epoch's row is the
+    key's value (:func:`core.tables.upserted_rows`). A file losing rows is written again
+    beside it, whole, under a name fixed by the file (``last-<name>``): a retried commit finds
+    it and adds the same file. A file losing every row is left out.
+    """
+    by_epoch: dict[int, list[str]] = {}
+    for folder, files in _groups(request).items():
+        epoch = layout.replayed_epoch(folder) or request.epoch
+        by_epoch.setdefault(epoch, []).extend(f"{final_dir(request, folder)}/{f.path}" for f in files)
+    kept: list[str] = []
+    later: list[pa.Table] = []
+    for epoch in sorted(by_epoch, reverse=True):
+        keys_of = {}
+        for path in sorted(by_epoch[epoch]):
+            with table.io.new_input(placed.url_of(path)).open() as fh:
+                keys_of[path] = pq.read_table(fh, columns=list(key))
+        check_merge_keys(pa.concat_tables(keys_of.values()), list(key), f"{where} (replayed epoch {epoch})")
+        for path, keys in keys_of.items():
+            hit = rows_of_keys(keys, pa.concat_tables(later), key) if later else None
+            if hit is None or not pc.any(hit).as_py():
+                kept.append(placed.url_of(path))
+                continue
+            if pc.all(hit).as_py():
+                continue
+            folder, name = posixpath.split(path)
+            last = f"{folder}/last-{name}"
+            if not placed.exists(last):
+                with table.io.new_input(placed.url_of(path)).open() as fh:
+                    rows = pq.read_table(fh)
+                buf = io.BytesIO()
+                pq.write_table(rows.filter(pc.invert(hit)), buf)
+                placed.write_atomic(last, buf.getvalue())
+            kept.append(placed.url_of(last))
+        later += keys_of.values()
+    return kept
 
 
 def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:

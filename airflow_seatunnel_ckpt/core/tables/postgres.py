@@ -19,7 +19,10 @@ exactly once. Everything happens in **one** transaction:
    temporary table, then ``MERGE`` it into the table on ``merge_keys`` (``INSERT ... ON
    CONFLICT DO UPDATE`` before PostgreSQL 15). A new table is created first when
    ``create_table`` is set (the merge keys its primary key). ``epoch_column`` is filled
-   with the epoch; a replay first deletes the rows of the epochs it replaces by it.
+   with the epoch; a replay first deletes the rows of the epochs it replaces by it. An
+   upsert keeps the rows it changes as they were before it (:data:`IMAGES`), which a
+   replay from a later epoch restores first (:func:`_restore_before`); a full refresh
+   empties the table first.
 
 The transaction commits the rows and the marker together, so the marker says exactly
 whether the epoch landed, also after a crash between the database's commit and the log's
@@ -60,6 +63,7 @@ import pyarrow.parquet as pq
 import tenacity
 from psycopg import sql
 
+from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
@@ -72,6 +76,11 @@ log = logging.getLogger(__name__)
 EPOCHS = "seatunnel_ckpt_epochs"
 #: The owner table (one row per table a pipeline writes) in the sink table's schema.
 OWNERS = "seatunnel_ckpt_owners"
+#: The before-images of upsert sinks (per epoch, each key it changed and its row before, NULL: none), in the
+#: sink table's schema: what a replay from a later epoch restores (:func:`_restore_before`).
+IMAGES = "seatunnel_ckpt_before_images"
+#: The ``key`` of the row that says an epoch kept its before-images (an epoch changing no key has only it).
+_KEPT = "{}"
 #: How the result names an upsert's commit.
 MERGED = "merged"
 #: How the result names a replay's commit (the replaced epochs' rows deleted, the new ones added).
@@ -88,6 +97,8 @@ TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
 #: two rows one key, a trigger's ``RAISE``): the same on every attempt, so a refusal, not transient.
 REFUSALS = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.CardinalityViolation,
             psycopg.errors.RaiseException, psycopg.errors.InsufficientPrivilege)
+#: The temporary column a replay's upsert loads each row's replayed epoch into (never in the table).
+_REPLAYED = "__seatunnel_ckpt_replayed"
 #: The column a ``COPY`` error's context names.
 _COPY_COLUMN = re.compile(r"^COPY .*?, line \d+, column (.+?): ")
 #: SQLSTATE -> what the user can do about the rows the table refused (:func:`refused`).
@@ -236,7 +247,11 @@ def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptio
     unique constraint) as the catalog has them now, then ``COPY`` (append) or ``COPY`` and
     ``MERGE`` (upsert), ``epoch_column`` filled with the epoch. How the rows landed.
     """
-    if request.sink.replaces:
+    if request.sink.replaces and options.merge_keys and request.sink.full_refresh:
+        conn.execute(sql.SQL("DELETE FROM {}").format(_qualified(options)))
+    elif request.sink.replaces and options.merge_keys:
+        _restore_before(conn, request, options, where)
+    elif request.sink.replaces:
         _delete_replaced(conn, request, options, where)
     if schema is None:  # no staged file: nothing to load
         return REPLACED if request.sink.replaces else PublishMethod.ALREADY
@@ -255,6 +270,63 @@ def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptio
         return MERGED
     _copy(conn, request, _qualified(options), written.names, options)
     return REPLACED if request.sink.replaces else PublishMethod.COPY
+
+
+def _key_of(alias: str, options: PostgresOptions) -> sql.Composable:
+    """``jsonb_build_object('k', <alias>.k, ...)``: a row's merge key as the before-images hold it."""
+    return sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(
+        sql.SQL("{}, {}.{}").format(sql.Literal(k), sql.Identifier(alias), sql.Identifier(k))
+        for k in options.merge_keys))
+
+
+def _keep_images(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+                 keys: sql.Composable) -> None:
+    """Record the table's current row (NULL: none) of each key ``keys`` (a table with a ``key`` jsonb
+    column) as this epoch's before-image, and that the epoch kept them; a key recorded already keeps its
+    first image (the row before the epoch changed anything)."""
+    found = conn.execute("SELECT to_regclass(%s)", (_qualified(options, IMAGES).as_string(conn),)).fetchone()
+    if found is None or found[0] is None:  # the trial load before the first commit creates the bookkeeping
+        return
+    ids = (markers.store_id_of(request), request.pipeline, request.sink.sink, request.epoch)
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (store_id, pipeline, sink, epoch, key, image) SELECT %s, %s, %s, %s, k.key, to_jsonb(t) "
+        "FROM {} AS k LEFT JOIN {} AS t ON {} = k.key UNION ALL SELECT %s, %s, %s, %s, %s::jsonb, NULL "
+        "ON CONFLICT DO NOTHING").format(_qualified(options, IMAGES), keys, _qualified(options),
+                                         _key_of("t", options)), (*ids, *ids, _KEPT))
+
+
+def _restore_before(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """A replay from a later epoch of an upsert sink: each key the replaced epochs changed gets its row
+    from before the first of them back (or goes, if it had none), from their before-images.
+
+    The replay epoch keeps its own before-images of those keys first (a later replay may
+    replace it in turn). Refused (ConfigError, so by the trial load before the decision)
+    when a replaced epoch that committed into the table kept none: it was committed before
+    before-images were kept, or they were deleted.
+    """
+    ids = (markers.store_id_of(request), request.pipeline, request.sink.sink)
+    replaced = sorted(request.sink.replaces)
+    lacking = conn.execute(sql.SQL(
+        "SELECT array_agg(m.epoch ORDER BY m.epoch) FROM {} AS m WHERE m.store_id = %s AND m.pipeline = %s "
+        "AND m.sink = %s AND m.epoch = ANY(%s) AND NOT EXISTS (SELECT 1 FROM {} AS i WHERE i.store_id = m.store_id "
+        "AND i.pipeline = m.pipeline AND i.sink = m.sink AND i.epoch = m.epoch AND i.key = %s::jsonb)").format(
+        _qualified(options, EPOCHS), _qualified(options, IMAGES)), (*ids, replaced, _KEPT)).fetchone()
+    if lacking and lacking[0]:
+        raise ConfigError(
+            f"{where}: epoch(s) {lacking[0]} of this sink kept no before-images in {options.schema}.{IMAGES} "
+            f"(committed before they were kept, or deleted), and a replay from epoch {replaced[0]} restores the "
+            f"values the keys had before epoch {replaced[0]} of this sink from them. Nothing was changed. Replay "
+            "from epoch 1 (a full refresh, which needs no history)")
+    restore = sql.Identifier(f"seatunnel_ckpt_restore_{request.epoch}")
+    conn.execute(sql.SQL(
+        "CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT DISTINCT ON (key) key, image FROM {} WHERE store_id = %s "
+        "AND pipeline = %s AND sink = %s AND epoch = ANY(%s) AND key <> %s::jsonb ORDER BY key, epoch").format(
+        restore, _qualified(options, IMAGES)), (*ids, replaced, _KEPT))
+    _keep_images(conn, request, options, restore)
+    conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS r WHERE {} = r.key").format(
+        _qualified(options), restore, _key_of("t", options)))
+    conn.execute(sql.SQL("INSERT INTO {} SELECT (jsonb_populate_record(NULL::{}, r.image)).* FROM {} AS r "
+                         "WHERE r.image IS NOT NULL").format(_qualified(options), _qualified(options), restore))
 
 
 def _written(schema: pa.Schema, options: PostgresOptions, where: str) -> pa.Schema:
@@ -330,8 +402,9 @@ def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions, where: str)
     first commits racing: the loser's ``CREATE`` meets a unique violation in the catalog,
     raised as a (transient) :class:`StorageError`, and its next attempt finds the tables.
     """
-    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s)", (
-        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn))).fetchone()
+    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", (
+        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
+        _qualified(options, IMAGES).as_string(conn))).fetchone()
     if found is not None and None not in found:
         return
     try:
@@ -352,6 +425,11 @@ def _create_bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> N
             "CREATE TABLE IF NOT EXISTS {} (target_table text PRIMARY KEY, store_id text NOT NULL, "
             "pipeline text NOT NULL, store text NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now())"
         ).format(_qualified(options, OWNERS)))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (store_id text NOT NULL, pipeline text NOT NULL, sink text NOT NULL, "
+            "epoch bigint NOT NULL, key jsonb NOT NULL, image jsonb, "
+            "PRIMARY KEY (store_id, pipeline, sink, epoch, key))"
+        ).format(_qualified(options, IMAGES)))
 
 
 def _claim_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions) -> bool:
@@ -399,12 +477,12 @@ def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable,
 
     Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
     each batch is read from its file, written as CSV by pyarrow and handed to the ``COPY``.
-    ``options.epoch_column`` among ``columns`` is filled with the epoch.
+    ``options.epoch_column`` among ``columns`` is filled with the epoch, :data:`_REPLAYED`
+    with the replayed epoch that staged the file (:func:`layout.replayed_epoch`).
     """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         table, sql.SQL(", ").join(map(sql.Identifier, columns)))
-    staged = [c for c in columns if c != options.epoch_column]
-    stamped = len(staged) < len(columns)
+    staged = [c for c in columns if c not in (options.epoch_column, _REPLAYED)]
     csv = pa_csv.WriteOptions(include_header=False, batch_size=COPY_BATCH_ROWS)
     with conn.cursor() as cur, cur.copy(statement) as copy:
         for f in request.sink.files:
@@ -414,9 +492,12 @@ def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable,
                 for batch in pq.ParquetFile(fh).iter_batches(batch_size=COPY_BATCH_ROWS, columns=staged):
                     if not batch.num_rows:
                         continue
-                    if stamped:
-                        batch = batch.append_column(options.epoch_column,
-                                                    pa.repeat(pa.scalar(request.epoch, pa.int64()), batch.num_rows))
+                    stamps = {options.epoch_column: request.epoch,
+                              _REPLAYED: layout.replayed_epoch(f.path) or request.epoch}
+                    for column in columns:
+                        if column in stamps and column not in staged:
+                            batch = batch.append_column(column, pa.repeat(pa.scalar(stamps[column], pa.int64()),
+                                                                          batch.num_rows))
                     out = pa.BufferOutputStream()
                     pa_csv.write_csv(batch.select(list(columns)), out, csv)
                     copy.write(memoryview(out.getvalue()))
@@ -436,7 +517,18 @@ def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOpt
     columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
         staging, columns, _qualified(options)))
-    _copy(conn, request, staging, schema.names, options)
+    if request.sink.replaces:  # a replay's epochs may each write a key: the newest replayed epoch's row wins
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint").format(staging, sql.Identifier(_REPLAYED)))
+        _copy(conn, request, staging, [*schema.names, _REPLAYED], options)
+        conn.execute(sql.SQL("DELETE FROM {} AS s USING {} AS n WHERE {} AND n.{} > s.{}").format(
+            staging, staging, sql.SQL(" AND ").join(sql.SQL("s.{} = n.{}").format(sql.Identifier(k), sql.Identifier(k))
+                                                    for k in options.merge_keys),
+            sql.Identifier(_REPLAYED), sql.Identifier(_REPLAYED)))
+    else:
+        _copy(conn, request, staging, schema.names, options)
+    if not request.sink.full_refresh:  # a full refresh is never replaced but by another one
+        _keep_images(conn, request, options, sql.SQL("(SELECT {} AS key FROM {} AS s)").format(
+            _key_of("s", options), staging))
     others = [c for c in schema.names if c not in options.merge_keys]
     if conn.info.server_version >= MERGE_SINCE:
         conn.execute(sql.SQL("ANALYZE {}").format(staging))
@@ -569,7 +661,7 @@ def trial_load(conn: psycopg.Connection, request: TableCommit, options: Postgres
 def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
     """ConfigError unless the connection's role may load the table and write the marker and owner tables."""
     needed = [(_qualified(options), "INSERT"), *([(_qualified(options), "UPDATE")] if options.merge_keys else [])]
-    for name in (EPOCHS, OWNERS):
+    for name in (EPOCHS, OWNERS, *([IMAGES] if options.merge_keys else [])):
         needed += [(_qualified(options, name), "INSERT"), (_qualified(options, name), "SELECT")]
     missing = []
     for table, privilege in needed:
@@ -578,12 +670,14 @@ def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: 
                              (qualified, qualified, privilege)).fetchone()
         if not (found and found[0]):
             missing.append(f"{privilege} on {qualified}")
-    absent = conn.execute("SELECT to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL", (
-        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn))).fetchone()
+    absent = conn.execute("SELECT to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL", (
+        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
+        _qualified(options, IMAGES).as_string(conn))).fetchone()
     if absent and absent[0]:
         can = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (options.schema,)).fetchone()
         if not (can and can[0]):
-            missing.append(f"CREATE on schema {options.schema} (the first commit creates {EPOCHS} and {OWNERS})")
+            missing.append(f"CREATE on schema {options.schema} (the first commit creates {EPOCHS}, {OWNERS} and "
+                           f"{IMAGES})")
     if missing:
         user = conn.execute("SELECT current_user").fetchone()
         raise ConfigError(f"{where}: the role {user[0] if user else '?'!r} lacks {', '.join(missing)}; grant "

@@ -12,29 +12,21 @@ did not commit.
 
 from __future__ import annotations
 
-import dataclasses
-import io
 from typing import Any, ClassVar
 
 import psycopg
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from airflow_seatunnel_ckpt.core import EpochState
-from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay
 from tests.integration.properties.settings import model_settings
 from tests.integration.properties.test_table_sink_model import (
     COMMITTED,
     FAILED,
     FAST,
-    REGIONS,
-    SCHEMA,
     TableSinkModel,
-    Writer,
     model_tests,
     variant,
 )
@@ -56,8 +48,6 @@ class PostgresSinkModel(TableSinkModel):
         self.dbname = self.server.create_database()
         self.dsn = self.server.conninfo(self.dbname)
         super().__init__()
-        #: (writer label, epoch) -> the ids the epoch's stage wrote (what a replay of it writes again).
-        self.read_by: dict[tuple[str, int], list[int | None]] = {}
 
     def teardown(self) -> None:
         super().teardown()
@@ -68,41 +58,6 @@ class PostgresSinkModel(TableSinkModel):
         keys = {"mode": "upsert", "merge_keys": ["id"]} if self.upsert else {}
         return {"type": "postgres", "table": f"public.orders_{table}", "conninfo": self.dsn, "create_table": True,
                 "epoch_column": "_seatunnel_epoch", **keys}
-
-    def decided(self, w: Writer, rows: pa.Table) -> tuple[int, str | None]:
-        epoch, refusal = super().decided(w, rows)
-        self.read_by[(w.label, epoch)] = rows.column("id").to_pylist()
-        return epoch, refusal
-
-    @precondition(lambda self: "replay" in self.FAULTS and not self.upsert)
-    @rule(back=st.integers(1, 3))
-    def replay_of_the_newest_epochs(self, back: int) -> None:
-        """A replay of the main pipeline's newest ``back`` epochs, each staging the same rows again: the table
-        holds every row once afterwards (the replaced epochs' rows deleted, the new ones added)."""
-        w = self.main
-        committed = [e for e in w.pipeline.committed_epochs() if (w.label, e) in self.read_by]
-        if not committed:
-            return
-        try:
-            plan = plan_replay(w.pipeline, committed[max(0, len(committed) - back)])
-        except ReplayError:
-            return  # from inside an earlier replay's range: refused before anything was written
-        epoch, run_id = begin_replay(w.pipeline, plan, reason="model", by="model")
-        staging = w.pipeline.staging_path(epoch, 1, "orders")
-        count = 0
-        for e in plan.epochs:
-            ids = self.read_by[(w.label, e)]
-            again = pa.table({"id": ids, "region": [REGIONS[(i or 0) % 2] for i in ids],
-                              "amount": [(i or 0) * 1.5 for i in ids]}, schema=SCHEMA)
-            buf = io.BytesIO()
-            pq.write_table(again, buf)
-            w.pipeline.storage.write_atomic(f"{staging}/replayed-{e}/part-00000.parquet", buf.getvalue())
-            count += again.num_rows
-        options = self.options(w.table)
-        manifest = w.pipeline.manifest_for_staged(epoch, 1, "orders", self.target_of(options), count)
-        manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=options)
-        finish_replay(w.pipeline, epoch, run_id, plan, 1, sinks=[manifest], operators={}, reason="model",
-                      by="model")
 
     @precondition(lambda self: "table_refusal" in self.FAULTS)
     @rule(count=st.integers(1, 3))
@@ -157,6 +112,6 @@ globals().update(model_tests(PostgresSinkModel, "postgres"))
 _ROWS_REFUSED = variant(PostgresSinkModel, "PostgresRefusesRowsTheTableRefuses", {"table_refusal"})
 _ROWS_REFUSED.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
 test_postgres_sink_refuses_rows_only_the_table_refuses_before_the_decision = _ROWS_REFUSED.TestCase
-_REPLAYS = variant(PostgresSinkModel, "PostgresReplaysAppendEpochs", {"replay", "race", "crash"})
+_REPLAYS = variant(PostgresSinkModel, "PostgresReplaysEpochs", {"replay", "race", "crash"})
 _REPLAYS.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
-test_postgres_sink_replays_append_epochs_leaving_every_row_once = _REPLAYS.TestCase
+test_postgres_sink_replays_append_and_upsert_epochs_leaving_every_row_once = _REPLAYS.TestCase

@@ -15,7 +15,9 @@ rules bring the faults a table sink meets:
 * two committers of one epoch racing (a task retry and the recovery DAG);
 * a crash at every point of the commit, also after the files are placed in the table and
   before its transaction (:mod:`tests.core.faults` plus the table transaction as a crash
-  point), then recovery.
+  point), then recovery;
+* a replay of the newest epochs (append or upsert; a variant with races and crashes), which
+  only an earlier replay's range may refuse.
 
 Checked after every step, once recovery (:func:`recovery.recover`) has run:
 
@@ -56,6 +58,7 @@ import airflow_seatunnel_ckpt.core.tables.postgres as postgres_tables
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import SinkMode
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from tests.core import faults
 from tests.core.epochs import at_once
@@ -136,6 +139,8 @@ class TableSinkModel(RuleBasedStateMachine):
         self.owners: dict[int, str] = {}
         #: (writer label, epoch) -> (table, ids) of epochs decided commit and not yet acknowledged.
         self.pending: dict[tuple[str, int], tuple[int, list[int | None]]] = {}
+        #: (writer label, epoch) -> the ids the epoch's stage wrote (what a replay of it writes again).
+        self.read_by: dict[tuple[str, int], list[int | None]] = {}
 
     def teardown(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -217,16 +222,17 @@ class TableSinkModel(RuleBasedStateMachine):
             cols["amount"] = [str(v) for v in cols["amount"]]
         return pa.table({n: cols[n] for n in schema.names}, schema=schema)
 
-    def stage(self, w: Writer, epoch: int, rows: pa.Table) -> Any:
-        """One Parquet file per region below the attempt's staging, and the sink's manifest."""
+    def stage(self, w: Writer, epoch: int, rows: pa.Table, below: str = "") -> Any:
+        """One Parquet file per region below the attempt's staging (and ``below`` it), and the sink's manifest
+        (of every file staged so far)."""
         staging = w.pipeline.staging_path(epoch, 1, "orders")
         for region in REGIONS:
             part = rows.filter(pc.starts_with(rows.column("region"), region))  # "EU\x00" too
             if part.num_rows:
                 buf = io.BytesIO()
                 pq.write_table(part, buf)
-                w.pipeline.storage.write_atomic(f"{staging}/__partition_region={region}/part-00000.parquet",
-                                                buf.getvalue())
+                folder = "/".join(p for p in (staging, below, f"__partition_region={region}") if p)
+                w.pipeline.storage.write_atomic(f"{folder}/part-00000.parquet", buf.getvalue())
         options = self.options(w.table)
         target = self.target_of(options)
         manifest = w.pipeline.manifest_for_staged(epoch, 1, "orders", target, rows.num_rows)
@@ -249,6 +255,7 @@ class TableSinkModel(RuleBasedStateMachine):
             w.pipeline.abort(epoch, decision.reason, by="model")  # finishes the abort the decision made
             return epoch, f"decided abort: {decision.reason}"
         self.pending[(w.label, epoch)] = (w.table, rows.column("id").to_pylist())
+        self.read_by[(w.label, epoch)] = rows.column("id").to_pylist()
         return epoch, None
 
     def run_epoch(self, w: Writer, rows: pa.Table) -> tuple[str, str | None]:
@@ -277,6 +284,33 @@ class TableSinkModel(RuleBasedStateMachine):
             self.own_table(w)
             outcome, error = self.run_epoch(w, self.rows(count))
         assert outcome != REFUSED, f"a good epoch of {w.label} was refused: {error}"
+
+    @precondition(lambda self: "replay" in self.FAULTS)
+    @rule(back=st.integers(1, 3))
+    def replay_of_the_newest_epochs(self, back: int) -> None:
+        """A replay of the main pipeline's newest ``back`` epochs, each staging the same ids again: the table
+        holds every row once afterwards (the replaced epochs' rows deleted, the new ones added; an upsert's keys
+        restored to their rows before the replayed epochs, then upserted again)."""
+        w = self.main
+        committed = [e for e in w.pipeline.committed_epochs() if (w.label, e) in self.read_by]
+        if not committed:
+            return
+        try:
+            plan = plan_replay(w.pipeline, committed[max(0, len(committed) - back)])
+        except ReplayError as exc:  # only from inside an earlier replay's range (refused before anything was written)
+            assert "together with epochs" in str(exc), f"the replay was refused: {exc}"
+            return
+        epoch, run_id = begin_replay(w.pipeline, plan, reason="model", by="model")
+        manifest, count = None, 0
+        for e in plan.epochs:
+            ids = self.read_by[(w.label, e)]
+            again = pa.table({"id": ids, "region": [REGIONS[(i or 0) % 2] for i in ids],
+                              "amount": [(i or 0) * 1.5 for i in ids]}, schema=SCHEMA)
+            manifest = self.stage(w, epoch, again, f"replayed-{e}")
+            count += again.num_rows
+        assert manifest is not None
+        finish_replay(w.pipeline, epoch, run_id, plan, 1, sinks=[dataclasses.replace(manifest, rows=count)],
+                      operators={}, reason="model", by="model")
 
     def decided_good(self, w: Writer, count: int) -> int:
         """A good epoch decided commit (moved to a table of its own after a conflict refusal); an
@@ -492,3 +526,9 @@ def model_tests(base: type[TableSinkModel], fmt: str) -> dict[str, Any]:
 
 
 globals().update({**model_tests(TableSinkModel, "iceberg"), **model_tests(DeltaSinkModel, "delta")})
+_ICEBERG_REPLAYS = variant(TableSinkModel, "IcebergReplaysEpochs", {"replay", "race", "crash"})
+_ICEBERG_REPLAYS.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
+test_iceberg_sink_replays_append_and_upsert_epochs_leaving_every_row_once = _ICEBERG_REPLAYS.TestCase
+_DELTA_REPLAYS = variant(DeltaSinkModel, "DeltaReplaysEpochs", {"replay", "race", "crash"})
+_DELTA_REPLAYS.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
+test_delta_sink_replays_append_and_upsert_epochs_leaving_every_row_once = _DELTA_REPLAYS.TestCase
