@@ -16,7 +16,7 @@ import dataclasses
 import io
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +25,10 @@ import pytest
 from airflow_seatunnel_ckpt.cli import main
 from airflow_seatunnel_ckpt.core import CheckpointStore, Pipeline, layout
 from airflow_seatunnel_ckpt.core.protocol import epoch_index
-from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.plugins import charts, overview
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, flip_byte, prepare_participant, run_epoch
-from tests.core.protocol.test_settled_log import newest_settled, real_epoch, settled_history
+from tests.core.protocol.test_settled_log import count_store_calls, newest_settled, real_epoch, settled_history
 
 #: The two history sizes compared (settled epochs below the real ones); a multiple of 7 apart,
 #: so that the newest 30 hold as many aborted epochs (every 7th) in both.
@@ -42,28 +41,10 @@ def no_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.fsync", lambda fd: None)
 
 
-def _backends(cls: type[Storage]) -> list[type[Storage]]:
-    return [cls] + [sub for child in cls.__subclasses__() for sub in _backends(child)]
-
-
 @pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Every public store call by name, and ``names listed``: what the listings returned."""
-    counts: Counter[str] = Counter()
-    for cls in _backends(Storage):
-        for name, original in list(vars(cls).items()):
-            if name.startswith("_") or not callable(original):
-                continue
-
-            def counted(self: Storage, *args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
-                counts[_name] += 1
-                result = _original(self, *args, **kw)
-                if _name == "list_dir":
-                    counts["names listed"] += len(result)
-                return result
-
-            monkeypatch.setattr(cls, name, counted)
-    yield counts
+    return count_store_calls(monkeypatch, names_listed=True)
 
 
 def history(spec: StoreSpec, settled: int) -> int:

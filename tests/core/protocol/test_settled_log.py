@@ -343,9 +343,9 @@ def test_recovery_on_a_local_store_does_not_walk_the_settled_history(
     assert "" not in walked and not [w for w in walked if w.startswith(f"{layout.TXLOG}/epoch-")], walked
 
 
-@pytest.fixture
-def every_call(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    """Counts of every public store call, whichever backend makes it."""
+def count_store_calls(monkeypatch: pytest.MonkeyPatch, names_listed: bool = False) -> Counter[str]:
+    """Counts of every public store call, whichever backend makes it (from now until the test ends);
+    ``names_listed``: also ``names listed``, the names the listings returned."""
     counts: Counter[str] = Counter()
     for cls in _backends(Storage):
         for name, original in list(vars(cls).items()):
@@ -354,10 +354,19 @@ def every_call(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
 
             def counted(self: Storage, *args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
                 counts[_name] += 1
-                return _original(self, *args, **kw)
+                result = _original(self, *args, **kw)
+                if names_listed and _name == "list_dir":
+                    counts["names listed"] += len(result)
+                return result
 
             monkeypatch.setattr(cls, name, counted)
-    yield counts
+    return counts
+
+
+@pytest.fixture
+def every_call(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Counts of every public store call, whichever backend makes it."""
+    return count_store_calls(monkeypatch)
 
 
 def steady_state_recovery_calls(spec: StoreSpec, epochs: int, counts: Counter[str]) -> dict[str, int]:
