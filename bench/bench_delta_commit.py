@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_delta_commit.py [--rows-per-file 200] [--repeat 3]
 
-The commit (:func:`core.tables.delta.commit`) places each staged file in the table, reads
+The commit (:func:`core.sinks.delta.commit`) places each staged file in the table, reads
 its Parquet footer and adds it in one Delta transaction: metadata work, linear in the
 number of files, no data rewritten. The baseline, measured in the same run on the same
 rows, is what a user would otherwise do: ``deltalake.write_deltalake`` of the whole epoch
@@ -34,10 +34,10 @@ import pyarrow.parquet as pq
 from deltalake import write_deltalake
 
 from airflow_seatunnel_ckpt.core.models import SinkManifest
+from airflow_seatunnel_ckpt.core.sinks import TableCommit
+from airflow_seatunnel_ckpt.core.sinks.delta import commit
 from airflow_seatunnel_ckpt.core.storage import open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
-from airflow_seatunnel_ckpt.core.tables import TableCommit
-from airflow_seatunnel_ckpt.core.tables.delta import commit
 
 
 def epoch_files(n_files: int, rows: int) -> list[pa.Table]:

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import load_catalog
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
-from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table
+from airflow_seatunnel_ckpt.core.sinks import TableCommit, commit_table
 
 PARTITIONS = 10
 

@@ -93,8 +93,8 @@ def session(work: Path) -> Any:
 
 
 def run_plain(spark: Any, broker: Any, topic: str, partitions: int, ends: dict[int, int], out: Path) -> float:
-    from airflow_seatunnel_ckpt.core.state.kafka_offsets import Range
-    from airflow_seatunnel_ckpt.spark.kafka_reader import read_ranges
+    from airflow_seatunnel_ckpt.core.sources.kafka import Range
+    from airflow_seatunnel_ckpt.spark.sources.kafka_reader import read_ranges
 
     started = time.perf_counter()
     ranges = [Range(topic, p, 0, ends[p]) for p in range(partitions)]

@@ -52,7 +52,7 @@ def main() -> None:
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    from airflow_seatunnel_ckpt.spark.file_source import CORRUPT_COLUMN, FileSource
+    from airflow_seatunnel_ckpt.spark.sources.files import CORRUPT_COLUMN, FileSource
 
     spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false").config("spark.sql.shuffle.partitions", "4")

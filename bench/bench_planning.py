@@ -4,7 +4,7 @@ A pipeline that consumed 100 files an hour for 10,000 hours has 1,000,000 consum
 in its source history. This bench builds that history twice on a local store, through
 the core's own writers:
 
-* **index** -- the consumed-file index (``core/state/file_index.py``): a compacted base of
+* **index** -- the consumed-file index (``core/sources/files.py``): a compacted base of
   sorted segments plus 9 per-epoch deltas (the worst point of a 10-epoch compaction
   cycle), written by ``source_log.write_source_part``;
 * **entries (main)** -- the shape before the index: one JSON part with every epoch's
@@ -48,8 +48,8 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, layout
 from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.sources.source_log import INDEX_KEY, codec_options, write_source_part
 from airflow_seatunnel_ckpt.core.state.checkpoint import write_json_part
-from airflow_seatunnel_ckpt.core.state.source_log import INDEX_KEY, codec_options, write_source_part
 from airflow_seatunnel_ckpt.core.storage import open_storage
 
 HOUR = 3600.0
@@ -119,8 +119,8 @@ def main_plan(source: Any, history: list[dict[str, Any]]) -> dict[str, Any]:
 def measure(side: str, setup: dict[str, Any], repeat: int) -> dict[str, Any]:
     """Plan once per repeat (best time), then once under tracemalloc; in this process."""
     from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, RestoreSource
-    from airflow_seatunnel_ckpt.core.state.source_log import read_history
-    from airflow_seatunnel_ckpt.spark.file_source import FileSource
+    from airflow_seatunnel_ckpt.core.sources.source_log import read_history
+    from airflow_seatunnel_ckpt.spark.sources.files import FileSource
 
     storage = open_storage(setup["store"])
     if side == "index":

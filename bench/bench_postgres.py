@@ -5,7 +5,7 @@
 An epoch of ``--rows`` small records (id, name, amount, timestamp) is staged as ``--files``
 Parquet files in a local checkpoint store, prepared and decided; then timed:
 
-* **ours, append**: ``Pipeline.commit`` of the epoch (:mod:`core.tables.postgres`): the
+* **ours, append**: ``Pipeline.commit`` of the epoch (:mod:`core.sinks.postgres`): the
   marker row, the owner check, ``COPY`` of the staged rows into the table, all in one
   transaction, then the log's ``committed`` record;
 * **ours, upsert** (``merge_keys=["id"]``, the table's primary key): ``COPY`` into a

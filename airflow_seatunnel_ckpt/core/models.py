@@ -279,7 +279,7 @@ class SinkManifest(Record):
     mode: SinkMode = omitted_if(SinkMode.CHANGES)
     #: A table sink's options (``{"type": "iceberg" | "delta", ...}``, never secrets): the
     #: commit adds the staged files to that table in one transaction instead of publishing
-    #: ``<target_url>/epoch=<e>/`` (see :mod:`core.tables`). None for a file sink.
+    #: ``<target_url>/epoch=<e>/`` (see :mod:`core.sinks`). None for a file sink.
     table: Annotated[dict[str, Any] | None, AfterValidator(_names_table_type)] = omitted_if(None)
     #: The sink's expectations as measured when the rows were staged (see
     #: :mod:`core.protocol.expectations`); empty when the sink declares none.

@@ -16,8 +16,8 @@ from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.ops.retention import RetentionReport, retain
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryReport, recover
+from airflow_seatunnel_ckpt.core.sinks.markers import store_id
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
-from airflow_seatunnel_ckpt.core.tables.markers import store_id
 
 
 class StoredPipeline(Pipeline):
@@ -51,7 +51,7 @@ class CheckpointStore:
         return f"CheckpointStore({self.storage.describe()!r})"
 
     def store_id(self) -> str:
-        """The store's id (a UUID written once, on first use: :mod:`core.tables.markers`)."""
+        """The store's id (a UUID written once, on first use: :mod:`core.sinks.markers`)."""
         return store_id(self.storage)
 
     def pipeline(self, name: str, overrides: Mapping[str, Any] | None = None) -> StoredPipeline:

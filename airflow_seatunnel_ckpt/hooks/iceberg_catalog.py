@@ -13,7 +13,7 @@ connection where it fits:
   ``{"type": "rest", "warehouse": "...", "s3.secret-access-key": "..."}``; they win over
   host and login.
 
-Importing this module registers the resolver (:func:`core.tables.register_secret_resolver`);
+Importing this module registers the resolver (:func:`core.sinks.register_secret_resolver`);
 the checkpoint-store hook imports it, so every operator that commits has it.
 """
 
@@ -26,7 +26,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.tables import register_secret_resolver
+from airflow_seatunnel_ckpt.core.sinks import register_secret_resolver
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

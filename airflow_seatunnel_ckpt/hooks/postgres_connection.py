@@ -9,7 +9,7 @@ the way the Postgres provider's ``PostgresHook.get_conn`` reads it: ``host``, ``
 parameters (``sslmode``, ``sslrootcert``, ``connect_timeout``, ``options``, ...); the
 provider's own extras (``cursor``, ``iam``, ``sqlalchemy_*``...) are left out.
 
-Importing this module registers the resolver (:func:`core.tables.register_secret_resolver`);
+Importing this module registers the resolver (:func:`core.sinks.register_secret_resolver`);
 the checkpoint-store hook imports it, so every operator that decides or commits has it.
 """
 
@@ -22,7 +22,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.tables import register_secret_resolver
+from airflow_seatunnel_ckpt.core.sinks import register_secret_resolver
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from airflow_seatunnel_ckpt.core.catalogs import embedded_catalog
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.models import ExpectationResult, PublishedSink, SinkManifest, SourceState
-from airflow_seatunnel_ckpt.core.tables.catalogs import embedded_catalog
 from airflow_seatunnel_ckpt.lineage.naming import dataset_name, source_url
 
 if TYPE_CHECKING:

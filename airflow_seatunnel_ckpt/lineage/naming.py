@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 
 #: Schemes whose namespace is the bucket and whose name is the object key (no leading ``/``).
 _BUCKET_SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gs", "gcs": "gs"}
-#: The scheme of Iceberg table URLs (see :mod:`airflow_seatunnel_ckpt.spark.table_sinks`).
+#: The scheme of Iceberg table URLs (see :mod:`airflow_seatunnel_ckpt.spark.sinks.tables`).
 ICEBERG_SCHEME = "iceberg"
 
 

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.spark.context import BoundSource, StageContext
-    from airflow_seatunnel_ckpt.spark.file_sink import FileSink, Sink, SinkError
-    from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source, SourceError
     from airflow_seatunnel_ckpt.spark.registry import register_sink, register_source
     from airflow_seatunnel_ckpt.spark.runner import StageFunction, load_stage_function, run_stage
+    from airflow_seatunnel_ckpt.spark.sinks.files import FileSink, Sink, SinkError
+    from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError
     from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageResult, StageSpec
     from airflow_seatunnel_ckpt.spark.state import KeySet, KeyValueState, StateError
     from airflow_seatunnel_ckpt.spark.submit import submit_stage
@@ -37,13 +37,13 @@ _EXPORTS = {
     "StageFunction": "runner",
     "load_stage_function": "runner",
     "run_stage": "runner",
-    "FileSink": "file_sink",
-    "Sink": "file_sink",
-    "SinkError": "file_sink",
+    "FileSink": "sinks.files",
+    "Sink": "sinks.files",
+    "SinkError": "sinks.files",
     "register_sink": "registry",
-    "FileSource": "file_source",
-    "Source": "file_source",
-    "SourceError": "file_source",
+    "FileSource": "sources.files",
+    "Source": "sources.files",
+    "SourceError": "sources.files",
     "register_source": "registry",
     "DEFAULT_KEY_GROUPS": "spec",
     "StageResult": "spec",

@@ -11,8 +11,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.spark.file_sink import Sink
-from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source, SourceError
+from airflow_seatunnel_ckpt.spark.sinks.files import Sink
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError
 from airflow_seatunnel_ckpt.spark.state import KeyedState, KeySet, KeyValueState
 
 if TYPE_CHECKING:

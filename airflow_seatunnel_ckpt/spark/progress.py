@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
 
     from airflow_seatunnel_ckpt.spark.context import BoundSource
-    from airflow_seatunnel_ckpt.spark.file_sink import Sink
+    from airflow_seatunnel_ckpt.spark.sinks.files import Sink
 
 log = logging.getLogger(__name__)
 

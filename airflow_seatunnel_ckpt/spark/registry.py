@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.spark.file_sink import FileSink, Sink
-from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source
-from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
-from airflow_seatunnel_ckpt.spark.table_sinks import DeltaSink, IcebergSink, PostgresSink
-from airflow_seatunnel_ckpt.spark.table_sources import DeltaSource, IcebergSource, PipelineOutputSource
+from airflow_seatunnel_ckpt.spark.sinks.files import FileSink, Sink
+from airflow_seatunnel_ckpt.spark.sinks.tables import DeltaSink, IcebergSink, PostgresSink
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source
+from airflow_seatunnel_ckpt.spark.sources.kafka import KafkaSource
+from airflow_seatunnel_ckpt.spark.sources.tables import DeltaSource, IcebergSource, PipelineOutputSource
 
 T = TypeVar("T")
 

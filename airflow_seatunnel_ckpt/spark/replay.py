@@ -44,7 +44,6 @@ from airflow_seatunnel_ckpt.core.ops.replay import (
 from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
-from airflow_seatunnel_ckpt.spark.file_source import Source, SourceError
 from airflow_seatunnel_ckpt.spark.registry import source_from_options
 from airflow_seatunnel_ckpt.spark.runner import (
     StageFunction,
@@ -53,6 +52,7 @@ from airflow_seatunnel_ckpt.spark.runner import (
     load_stage_function,
 )
 from airflow_seatunnel_ckpt.spark.session import stage_session
+from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
 from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
 if TYPE_CHECKING:

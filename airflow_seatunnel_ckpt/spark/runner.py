@@ -34,11 +34,11 @@ from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_hold
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
 from airflow_seatunnel_ckpt.spark.context import AirflowContext, BoundSource, StageContext
 from airflow_seatunnel_ckpt.spark.declaration import STAGE_PATH
-from airflow_seatunnel_ckpt.spark.file_sink import Sink
-from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source, SourceError
 from airflow_seatunnel_ckpt.spark.progress import DEFAULT_INTERVAL_S, StageProgress, log_row_counts
 from airflow_seatunnel_ckpt.spark.registry import sink_from_options, source_from_options
 from airflow_seatunnel_ckpt.spark.session import stage_session
+from airflow_seatunnel_ckpt.spark.sinks.files import Sink
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError
 from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
 from airflow_seatunnel_ckpt.spark.state import (
     KeyedState,

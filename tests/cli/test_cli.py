@@ -217,7 +217,7 @@ def test_show_names_a_postgres_sinks_table_and_the_database_it_is_in_readably(cl
     import pyarrow.parquet as pq
 
     from airflow_seatunnel_ckpt.core.models import PublishedSink
-    from airflow_seatunnel_ckpt.core.tables.postgres_options import parse
+    from airflow_seatunnel_ckpt.core.sinks.postgres_options import parse
 
     p = cli.spec.pipeline("totals")
     epoch = p.begin("run-1").epoch
@@ -405,7 +405,7 @@ def test_recover_dry_run_prints_each_reason_below_its_row_so_the_table_stays_nar
 
 
 def test_show_and_commit_name_a_table_sinks_table_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.core.tables.test_iceberg_sink import Lake, orders
+    from tests.core.sinks.test_iceberg_sink import Lake, orders
 
     lake = Lake(tmp_path)
     epoch = lake.run_epoch("r1", {"region=eu": orders([1, 2], "eu")})

@@ -170,7 +170,7 @@ class DeltaContext(SinkContext):
         return f"file://{self.root}/tables/orders"
 
     def table_commits(self) -> list[tuple[Any, str]]:
-        import airflow_seatunnel_ckpt.core.tables.delta as delta_tables
+        import airflow_seatunnel_ckpt.core.sinks.delta as delta_tables
 
         return [(delta_tables, "_create"), (delta_tables, "_append"), (delta_tables, "_upsert")]
 
@@ -222,7 +222,7 @@ class PostgresContext(SinkContext):
         return "postgres://test/public.orders"
 
     def table_commits(self) -> list[tuple[Any, str]]:
-        import airflow_seatunnel_ckpt.core.tables.postgres as postgres_tables
+        import airflow_seatunnel_ckpt.core.sinks.postgres as postgres_tables
 
         return [(postgres_tables, "_commit_once")]
 

@@ -10,9 +10,9 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.tables import commit_table
+from airflow_seatunnel_ckpt.core.sinks import commit_table
 from airflow_seatunnel_ckpt.hooks import iceberg_catalog
-from tests.core.tables.test_iceberg_sink import IDENT, Lake, eu_us, scan_ids
+from tests.core.sinks.test_iceberg_sink import IDENT, Lake, eu_us, scan_ids
 
 
 def test_catalog_conn_id_supplies_the_catalog_at_commit_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.hooks import postgres_connection
-from tests.core.tables.test_postgres_sink import Epochs, expected, rows
+from tests.core.sinks.test_postgres_sink import Epochs, expected, rows
 from tests.postgres_server import PostgresServer
 
 

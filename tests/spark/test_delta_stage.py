@@ -14,7 +14,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import run_stage
-from airflow_seatunnel_ckpt.spark.table_sinks import DeltaSink
+from airflow_seatunnel_ckpt.spark.sinks.tables import DeltaSink
 from tests.spark.conftest import OrdersPipeline, order_row
 from tests.tables import duckdb_connection
 

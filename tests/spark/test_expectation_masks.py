@@ -13,7 +13,7 @@ import pytest
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
 from airflow_seatunnel_ckpt.spark.expectations import RULES_PER_MASK, mask_of
-from airflow_seatunnel_ckpt.spark.file_sink import FileSink
+from airflow_seatunnel_ckpt.spark.sinks.files import FileSink
 
 
 def staged_ids(directory: Path) -> list[int]:

@@ -14,8 +14,8 @@ from pyiceberg.catalog import load_catalog
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import StageContext, StageSpec, run_stage
-from airflow_seatunnel_ckpt.spark.table_sinks import IcebergSink
-from tests.core.tables.test_iceberg_sink import duckdb_rows
+from airflow_seatunnel_ckpt.spark.sinks.tables import IcebergSink
+from tests.core.sinks.test_iceberg_sink import duckdb_rows
 from tests.spark.conftest import OrdersPipeline, order_row
 
 

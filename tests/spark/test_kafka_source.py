@@ -23,9 +23,9 @@ import pytest
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
-from airflow_seatunnel_ckpt.spark.file_source import SourceError
-from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
 from airflow_seatunnel_ckpt.spark.replay import replay_stage
+from airflow_seatunnel_ckpt.spark.sources.files import SourceError
+from airflow_seatunnel_ckpt.spark.sources.kafka import KafkaSource
 from tests.conftest import FAST_JVM_OPTIONS
 from tests.kafka_broker import KafkaBroker
 from tests.spark import kafka_stages

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import run_stage
-from airflow_seatunnel_ckpt.spark.table_sinks import PostgresSink
+from airflow_seatunnel_ckpt.spark.sinks.tables import PostgresSink
 from tests.spark.conftest import OrdersPipeline, order_row
 
 pytestmark = [pytest.mark.spark]

@@ -28,7 +28,7 @@ from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from airflow_seatunnel_ckpt.core.storage import open_storage
 from airflow_seatunnel_ckpt.core.storage.publish import LATEST, current_epoch_dirs, read_epochs_pointer
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
-from airflow_seatunnel_ckpt.spark.file_source import SourceError
+from airflow_seatunnel_ckpt.spark.sources.files import SourceError
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
 from tests.spark.conftest import OrdersPipeline

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
-from airflow_seatunnel_ckpt.spark.file_source import FileSource, SourceError
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource, SourceError
 from airflow_seatunnel_ckpt.spark.state import StateError
 from tests.spark.conftest import OrdersPipeline
 
@@ -343,7 +343,7 @@ def test_a_pipeline_upgraded_in_place_restores_source_parts_of_the_earlier_forma
     spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from airflow_seatunnel_ckpt.core.state.source_log import INDEX_KEY, is_index_chain
+    from airflow_seatunnel_ckpt.core.sources.source_log import INDEX_KEY, is_index_chain
 
     planned = FileSource.plan_indexed
 
@@ -372,8 +372,8 @@ def test_a_pipeline_upgraded_in_place_restores_source_parts_of_the_earlier_forma
 def test_planning_reads_the_index_segments_of_the_listed_names_only(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
-    from airflow_seatunnel_ckpt.core.state import file_index
-    from airflow_seatunnel_ckpt.core.state.source_log import write_source_part
+    from airflow_seatunnel_ckpt.core.sources import files as file_index
+    from airflow_seatunnel_ckpt.core.sources.source_log import write_source_part
 
     monkeypatch.setattr(file_index, "SEGMENT_ROWS", 2)
     p = CheckpointStore(CheckpointConfig.from_mapping({"storage_url": f"file://{tmp_path / 'store'}"})).pipeline("o")
@@ -553,7 +553,7 @@ def test_a_capped_backlog_under_max_file_age_is_read_once_whatever_its_names_say
 def test_widening_or_removing_max_file_age_after_compaction_reads_no_file_twice(
     spark: Any, orders: OrdersPipeline
 ) -> None:
-    from airflow_seatunnel_ckpt.core.state.source_log import open_index
+    from airflow_seatunnel_ckpt.core.sources.source_log import open_index
 
     day = 86_400.0
     for n, mtime in enumerate((1 * day, 5 * day, 10 * day), start=1):

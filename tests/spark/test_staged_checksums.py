@@ -21,7 +21,7 @@ import pytest
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision
 from airflow_seatunnel_ckpt.core.errors import NotPreparedError
 from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
-from airflow_seatunnel_ckpt.spark.file_sink import FileSink
+from airflow_seatunnel_ckpt.spark.sinks.files import FileSink
 
 pytestmark = [pytest.mark.spark]
 

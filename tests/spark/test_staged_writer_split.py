@@ -16,8 +16,8 @@ import pytest
 
 from airflow_seatunnel_ckpt.core.protocol.expectations import FAILED_COLUMN
 from airflow_seatunnel_ckpt.core.protocol.staging import FILES_LIST
-from airflow_seatunnel_ckpt.spark import staged_writer
 from airflow_seatunnel_ckpt.spark.expectations import RULES_PER_MASK, mask_of
+from airflow_seatunnel_ckpt.spark.sinks import staged_writer
 
 #: (rule index, action): a warn rule, a drop rule, a quarantine rule, and a rule in the second mask.
 RULES = [(0, "warn"), (1, "drop"), (2, "quarantine"), (RULES_PER_MASK, "drop")]

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_seatunnel_ckpt.spark import StageContext, StageSpec, run_stage
-from airflow_seatunnel_ckpt.spark.file_source import SourceError
+from airflow_seatunnel_ckpt.spark.sources.files import SourceError
 from tests.spark.conftest import OrdersPipeline
 
 pytestmark = [pytest.mark.spark]

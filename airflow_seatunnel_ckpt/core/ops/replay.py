@@ -54,7 +54,7 @@ from airflow_seatunnel_ckpt.core.models import (
 )
 from airflow_seatunnel_ckpt.core.ops.evolution import RUN_ID_PREFIX as EVOLUTION_PREFIX
 from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, RestoreSource, restore_point_at
-from airflow_seatunnel_ckpt.core.tables import postgres_options
+from airflow_seatunnel_ckpt.core.sinks import postgres_options
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline

@@ -11,7 +11,7 @@ A row fails a rule when the expression is not true (false or NULL). ``warn`` onl
 into the sink's quarantine (``<sink>.quarantine``, published in the same commit), ``fail``
 aborts the epoch if any row fails. Over ``max_fraction`` or ``max_rows`` failed rows the
 epoch is aborted whatever the action. The rules are measured by the writing job itself
-(:mod:`spark.file_sink`) and recorded per sink in the prepared record
+(:mod:`spark.sinks.files`) and recorded per sink in the prepared record
 (:class:`~airflow_seatunnel_ckpt.core.models.ExpectationResult`); :func:`refusals` is what
 the commit decision asks of them.
 

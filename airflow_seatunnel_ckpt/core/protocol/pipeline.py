@@ -72,7 +72,9 @@ from airflow_seatunnel_ckpt.core.models import (
 from airflow_seatunnel_ckpt.core.protocol import expectations, restore, staging
 from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, restore_point
 from airflow_seatunnel_ckpt.core.protocol.txlog import ACTION_PREFIX, TransactionLog
-from airflow_seatunnel_ckpt.core.state import source_log
+from airflow_seatunnel_ckpt.core.sinks import TableCommit, commit_table, precheck_table
+from airflow_seatunnel_ckpt.core.sinks.markers import store_id
+from airflow_seatunnel_ckpt.core.sources import source_log
 from airflow_seatunnel_ckpt.core.state.checkpoint import CheckpointManager, Problem, write_json_part
 from airflow_seatunnel_ckpt.core.storage import (
     Storage,
@@ -85,8 +87,6 @@ from airflow_seatunnel_ckpt.core.storage.publish import (
     replace_epoch_dirs,
     retire_older_snapshots,
 )
-from airflow_seatunnel_ckpt.core.tables import TableCommit, commit_table, precheck_table
-from airflow_seatunnel_ckpt.core.tables.markers import store_id
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.protocol.descriptor import PipelineDescriptor
@@ -428,7 +428,7 @@ class Pipeline:
         For commit, every participant the pipeline's descriptor declares must be prepared
         and verify (:class:`NotPreparedError` names a missing one), and the checkpoint's
         ``_metadata`` is completed first. Every table sink must accept the epoch's staged
-        output (:func:`core.tables.precheck_table`), and every file sink's target must be
+        output (:func:`core.sinks.precheck_table`), and every file sink's target must be
         this pipeline's (:func:`core.storage.publish.precheck_target`): a refusal aborts the
         epoch here, with the refusal as the reason (the returned record says ABORT), so that
         no sink is asked after the decision to take an epoch it refuses. ``participants`` may name
@@ -708,7 +708,7 @@ class Pipeline:
                            self.config.max_retries, store_id=self.store_id())
 
     def store_id(self) -> str:
-        """The id of this pipeline's store (:mod:`core.tables.markers`; created on first use)."""
+        """The id of this pipeline's store (:mod:`core.sinks.markers`; created on first use)."""
         return store_id(self.root)
 
     def target_storage(self, target_url: str) -> Storage:

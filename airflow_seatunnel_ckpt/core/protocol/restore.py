@@ -34,8 +34,8 @@ from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, RecoveryError
 from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, OperatorState, PartRef
 from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
+from airflow_seatunnel_ckpt.core.sources.source_log import Entry, read_history
 from airflow_seatunnel_ckpt.core.state.checkpoint import CheckpointManager, Problem
-from airflow_seatunnel_ckpt.core.state.source_log import Entry, read_history
 from airflow_seatunnel_ckpt.core.storage import Storage, copy_file, open_storage
 
 # -- replication -----------------------------------------------------------------------------------

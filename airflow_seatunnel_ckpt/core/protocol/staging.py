@@ -72,7 +72,7 @@ def _bookkeeping(name: str) -> bool:
 
 #: In a staging directory: the files the writer's job committed, with the size and
 #: CRC32C each executor computed as it wrote them (``{"files": [{"path", "size",
-#: "crc32c"}]}``). Written by ``spark.staged_writer``; a ``_`` file, so no reader takes
+#: "crc32c"}]}``). Written by ``spark.sinks.staged_writer``; a ``_`` file, so no reader takes
 #: it for data and no publish copies it.
 FILES_LIST = "_seatunnel_files.json"
 

@@ -22,8 +22,8 @@ from airflow_seatunnel_ckpt.core.ops.replay import (
     plan_replay,
     resume_replay,
 )
+from airflow_seatunnel_ckpt.core.sinks import TableCommit, markers
 from airflow_seatunnel_ckpt.core.storage import FileInfo
-from airflow_seatunnel_ckpt.core.tables import TableCommit, markers
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, published, run_epoch, stage, target_url
 

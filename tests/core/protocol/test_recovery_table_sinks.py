@@ -23,9 +23,9 @@ import pytest
 from airflow_seatunnel_ckpt.core import Decision, EpochState, layout
 from airflow_seatunnel_ckpt.core.models import SinkManifest
 from airflow_seatunnel_ckpt.core.protocol import settled
+from airflow_seatunnel_ckpt.core.sinks.postgres_options import parse
 from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX
-from airflow_seatunnel_ckpt.core.tables.postgres_options import parse
-from tests.core.tables.test_iceberg_sink import Lake, eu
+from tests.core.sinks.test_iceberg_sink import Lake, eu
 
 TOTALS = pa.schema([("customer", pa.string()), ("total", pa.float64())])
 

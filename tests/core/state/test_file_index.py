@@ -10,9 +10,9 @@ import pytest
 from airflow_seatunnel_ckpt.core import Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartRef
-from airflow_seatunnel_ckpt.core.state import file_index as fi
+from airflow_seatunnel_ckpt.core.sources import files as fi
+from airflow_seatunnel_ckpt.core.sources.source_log import INDEX_KEY, is_index_chain, open_index, write_source_part
 from airflow_seatunnel_ckpt.core.state.checkpoint import read_json_part, write_json_part
-from airflow_seatunnel_ckpt.core.state.source_log import INDEX_KEY, is_index_chain, open_index, write_source_part
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, flip_byte, run_epoch
 

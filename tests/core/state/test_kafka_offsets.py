@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_seatunnel_ckpt.core.state.kafka_offsets import (
+from airflow_seatunnel_ckpt.core.sources.kafka import (
     KafkaOffsetsError,
     Range,
     TopicState,

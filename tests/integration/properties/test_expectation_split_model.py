@@ -1,6 +1,6 @@
 """A sink's expectations as the staged writer applies them, over any rules and rows.
 
-The writer (:mod:`airflow_seatunnel_ckpt.spark.staged_writer`) gets each row with its rules'
+The writer (:mod:`airflow_seatunnel_ckpt.spark.sinks.staged_writer`) gets each row with its rules'
 flags packed into failure masks (:func:`~airflow_seatunnel_ckpt.spark.expectations.mask_of`),
 in batches of any size, and is run here as an executor runs it (its ``write`` over
 the task's Arrow batches, then the job commit), into real staging directories. For any set
@@ -53,7 +53,7 @@ def _read(directory: Path) -> list[dict[str, object]]:
 def test_every_row_is_kept_or_quarantined_once_and_the_counts_match(
         tmp_path_factory: pytest.TempPathFactory, epoch: tuple[list[str], list[list[bool]], list[int]]) -> None:
     from airflow_seatunnel_ckpt.spark.expectations import mask_of
-    from airflow_seatunnel_ckpt.spark.staged_writer import StagedParquetWriter, expectation_counts
+    from airflow_seatunnel_ckpt.spark.sinks.staged_writer import StagedParquetWriter, expectation_counts
 
     actions, flags, sizes = epoch
     root = tmp_path_factory.mktemp("split")

@@ -42,7 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.spark.file_source import FileSource, SourceError
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource, SourceError
 from tests.core.epochs import Participant, prepare_participant, published
 from tests.integration.properties.settings import model_settings
 

@@ -14,7 +14,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from airflow_seatunnel_ckpt.core import Decision
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
-from airflow_seatunnel_ckpt.spark.file_source import SourceError
+from airflow_seatunnel_ckpt.spark.sources.files import SourceError
 from tests.integration.properties.settings import model_settings
 from tests.integration.properties.test_file_source_model import OrderedPrefixesModel
 

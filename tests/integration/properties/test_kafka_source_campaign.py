@@ -52,9 +52,9 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
-from airflow_seatunnel_ckpt.core.state.kafka_offsets import ranges_of
+from airflow_seatunnel_ckpt.core.sources.kafka import ranges_of
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
-from airflow_seatunnel_ckpt.spark.kafka_source import KafkaSource
+from airflow_seatunnel_ckpt.spark.sources.kafka import KafkaSource
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
 from tests.core.faults import SimulatedCrash

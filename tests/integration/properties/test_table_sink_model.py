@@ -52,9 +52,9 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-import airflow_seatunnel_ckpt.core.tables.delta as delta_tables
-import airflow_seatunnel_ckpt.core.tables.iceberg as iceberg_tables
-import airflow_seatunnel_ckpt.core.tables.postgres as postgres_tables
+import airflow_seatunnel_ckpt.core.sinks.delta as delta_tables
+import airflow_seatunnel_ckpt.core.sinks.iceberg as iceberg_tables
+import airflow_seatunnel_ckpt.core.sinks.postgres as postgres_tables
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import SinkMode

@@ -1,0 +1,377 @@
+"""Table sinks: a commit-decided epoch's staged Parquet files become one table transaction.
+
+A file sink publishes ``<target>/epoch=<e>/`` and a ``_SUCCESS`` summary no standard
+reader honours. A *table* sink (``SinkManifest.table`` set, ``{"type": "iceberg" | "delta" |
+"postgres", ...}``) instead hands the epoch's verified staged files to its table format, whose own
+commit is the moment the rows become visible to every reader of the table:
+
+* the files are first placed at their final, deterministic location inside the table
+  (:func:`storage.publish_files`: idempotent, verified against the manifest's sizes and
+  CRC32C, never deleting anything);
+* then one transaction per sink per epoch adds them, recording the store id, pipeline,
+  sink and epoch in the table itself (Iceberg: table properties and the snapshot summary;
+  Delta: an application transaction ``txnAppId = seatunnel-ckpt/<store id>/<pipeline>/<sink>``,
+  ``txnVersion = epoch``), so a retry, a racing recovery run or the console reads the
+  table first and commits nothing twice;
+* the table's owner (store id and pipeline) is recorded in it too, and a second owner is
+  refused (:mod:`.markers`).
+
+The formats live in their own modules and are imported on first use, so a pipeline
+without table sinks never imports pyiceberg or deltalake. Each module defines
+``commit(request: TableCommit) -> PublishedSink`` and ``precheck(request: TableCommit) ->
+None``.
+
+Everything that can refuse an epoch is checked before the commit decision:
+:func:`precheck_table` runs in ``Pipeline.decide`` for every table sink (merge keys unique
+and not NULL, schema and partitioning against the existing table, table properties, the
+table's owner and epoch marker), from the staged files and their Parquet footers, and raises
+:class:`SinkRefusedError` (:class:`TableOwnershipError` for another owner's table or a marker
+this store's log lacks) so that the epoch is aborted and the table stays untouched.
+After the decision :func:`commit_table` only fails for transient reasons; a refusal then
+means the table changed after the decision, and it fails at once, naming
+``seatunnel-ckpt resolve --skip-sink`` as the way on. An exception of a table library is
+wrapped in :class:`PublishError` naming the pipeline, epoch and sink.
+
+Secrets (catalog credentials) are never in the manifest: :func:`register_secret_resolver`
+lets the Airflow layer add them from a connection when the commit runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import tenacity
+
+from airflow_seatunnel_ckpt.core import layout
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, PublishError, SinkRefusedError
+from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
+from airflow_seatunnel_ckpt.core.storage.base import Storage
+
+if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never needs it
+    import pyarrow as pa
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+#: The row-number column added to a file's key columns to match them (never written).
+_ROW = "__seatunnel_ckpt_row"
+
+
+class CommitConflict(Exception):
+    """One table-commit attempt lost to another writer (or its store failed); ``__cause__`` is why.
+
+    Raised inside an attempt given to :func:`retry_conflicts` only: the next attempt reads
+    the table again first (the winner may have committed this very epoch).
+    """
+
+
+def retry_conflicts(attempt: Callable[[], T], retries: int, where: str) -> T:
+    """``attempt()``, tried again after a :class:`CommitConflict` at most ``retries`` times.
+
+    Waits 0.05 s, 0.1 s, ... (at most 5 s) between tries; the last conflict is raised.
+    """
+    def warn(state: tenacity.RetryCallState) -> None:
+        failed = state.outcome.exception() if state.outcome is not None else None
+        log.warning("%s: commit conflict on attempt %d of %d (%s); reading the table again", where,
+                    state.attempt_number, retries + 1, failed.__cause__ if failed is not None else "?")
+
+    retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(CommitConflict),
+                                 stop=tenacity.stop_after_attempt(retries + 1),
+                                 wait=tenacity.wait_exponential(multiplier=0.05, max=5),
+                                 before_sleep=warn, reraise=True)
+    return retrying(attempt)
+
+
+#: Table type -> module defining ``commit(request) -> PublishedSink`` (imported on first use).
+_BUILTIN = {
+    "iceberg": ("airflow_seatunnel_ckpt.core.sinks.iceberg", "pyiceberg"),
+    "delta": ("airflow_seatunnel_ckpt.core.sinks.delta", "deltalake"),
+    "postgres": ("airflow_seatunnel_ckpt.core.sinks.postgres", "psycopg"),
+}
+_FORMATS: dict[str, Callable[[TableCommit], PublishedSink]] = {}
+_PRECHECKS: dict[str, Callable[[TableCommit], None]] = {}
+#: Called with a table sink's options before its commit; returns extra properties holding
+#: secrets (e.g. a catalog's credentials from an Airflow connection named in the options).
+_SECRET_RESOLVERS: list[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = []
+
+
+@dataclass(frozen=True)
+class TableCommit:
+    """Everything one table sink's commit needs: which epoch, which files, from where."""
+
+    pipeline: str
+    #: The checkpoint store's URL without credentials (recorded in the table beside the epoch).
+    store: str
+    epoch: int
+    sink: SinkManifest
+    #: The checkpoint store: the staged files are ``<sink.staging>/<file.path>`` in it.
+    staged: Storage
+    #: Transient failures are retried this many times (with backoff) before raising.
+    retries: int
+    #: The store's id (:mod:`core.sinks.markers`), recorded in the table with the epoch. Empty:
+    #: read from the store, the parent of ``staged`` (see :func:`markers.store_id_of`).
+    store_id: str = ""
+
+    @property
+    def table(self) -> Mapping[str, Any]:
+        assert self.sink.table is not None
+        return self.sink.table
+
+    @property
+    def where(self) -> str:
+        """The pipeline, epoch and sink, for messages."""
+        return f"pipeline {self.pipeline!r} epoch {self.epoch} sink {self.sink.sink!r}"
+
+    def secrets(self) -> dict[str, Any]:
+        """Extra properties the registered resolvers add for this sink (credentials)."""
+        out: dict[str, Any] = {}
+        for resolve in _SECRET_RESOLVERS:
+            out.update(resolve(self.table))
+        return out
+
+
+def register_table_format(type_name: str, commit: Callable[[TableCommit], PublishedSink],
+                          precheck: Callable[[TableCommit], None] | None = None) -> None:
+    """Make sinks with ``table={"type": type_name, ...}`` commit through ``commit``.
+
+    ``precheck`` (called before the commit decision) raises :class:`SinkRefusedError` or
+    :class:`ConfigError` for an epoch the table would refuse; without it nothing is checked.
+    """
+    _FORMATS[type_name] = commit
+    _PRECHECKS[type_name] = precheck or (lambda request: None)
+
+
+def register_secret_resolver(resolve: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> None:
+    """Add a resolver of a table sink's secrets (called at commit time; see :class:`TableCommit`)."""
+    if resolve not in _SECRET_RESOLVERS:
+        _SECRET_RESOLVERS.append(resolve)
+
+
+def _format(request: TableCommit) -> tuple[Callable[[TableCommit], PublishedSink], Callable[[TableCommit], None]]:
+    """The sink's table format: its ``commit`` and ``precheck`` (a built-in one imported on first use)."""
+    type_name = str(request.table.get("type"))
+    if type_name not in _FORMATS and type_name in _BUILTIN:
+        module, library = _BUILTIN[type_name]
+        try:
+            loaded = importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(
+                f"{request.where}: the sink is a {type_name} table, but {library} cannot be imported here ({exc}). "
+                f"Install it where the branch and commit tasks run (pip install "
+                f"'airflow-seatunnel-ckpt[{type_name}]')") from exc
+        register_table_format(type_name, loaded.commit, loaded.precheck)
+    if type_name not in _FORMATS:
+        raise ConfigError(
+            f"{request.where}: the sink names the unknown table type {type_name!r}; known: "
+            f"{sorted({*_BUILTIN, *_FORMATS})}. Register it with register_table_format() in the processes that "
+            "decide and commit")
+    return _FORMATS[type_name], _PRECHECKS[type_name]
+
+
+def _refusal(exc: CheckpointError) -> type[SinkRefusedError]:
+    """The class a refusal is raised as: its own if it is one already (TableOwnershipError)."""
+    return type(exc) if isinstance(exc, SinkRefusedError) else SinkRefusedError
+
+
+def precheck_table(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch that ``request``'s table would refuse.
+
+    Raises :class:`SinkRefusedError` naming the sink, the rows or columns and the way out;
+    the caller aborts the epoch, and the table is unchanged. A transient failure (the
+    catalog or the store unreachable) raises as it is: the decision can be tried again.
+    """
+    try:
+        _format(request)[1](request)
+    except CheckpointError as exc:
+        if exc.retryable:
+            raise
+        raise _refusal(exc)(
+            f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}: the epoch is aborted before any "
+            "change to the table, and its input is read again by the next run; fix the stage (or the table, "
+            "or the sink's options) before it]") from exc
+    except Exception as exc:  # the table library's own error: not known to be final, so not a refusal
+        raise PublishError(
+            f"{request.where}: checking the epoch against its {request.table.get('type')} table failed in the "
+            f"table library: {type(exc).__name__}: {exc}. The epoch is not decided; decide again (clear the "
+            "branch task) once the table can be read") from exc
+
+
+def commit_table(request: TableCommit) -> PublishedSink:
+    """Commit one table sink of a commit-decided epoch (idempotent: see the module docs).
+
+    Only transient failures are left at this point (the epoch stays COMMITTING for a retry,
+    as :class:`PublishError`, also for any exception of the table library). A refusal means
+    the table changed after the decision: :class:`SinkRefusedError`, with the way out
+    (``seatunnel-ckpt resolve --skip-sink``, :meth:`Pipeline.skip_sink`).
+    """
+    try:
+        return _format(request)[0](request)
+    except CheckpointError as exc:
+        if exc.retryable:
+            raise
+        raise _refusal(exc)(
+            f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}, which is decided commit (the checks "
+            "passed at the decision, so the table or the committing process changed since); a retry cannot change "
+            "it. Undo that change (then run the commit again), or publish the epoch without this sink: "
+            f"seatunnel-ckpt resolve {request.pipeline} {request.epoch} --skip-sink {request.sink.sink} --reason "
+            "'...' (recorded in the transaction log; the sink misses this epoch's rows)]") from exc
+    except Exception as exc:  # the table library's own error (pyiceberg, deltalake, pyarrow): ours, named
+        raise PublishError(
+            f"{request.where}: the {request.table.get('type')} commit failed in the table library: "
+            f"{type(exc).__name__}: {exc}. The epoch stays COMMITTING and nothing is duplicated; run the commit "
+            "or the recovery DAG again") from exc
+
+
+def staged_rows(request: TableCommit, columns: list[str] | None = None) -> pa.Table:
+    """The epoch's staged rows (``columns`` only, if given), read from the checkpoint store."""
+    import pyarrow as pa
+
+    parts = [rows for _, rows in staged_parts(request, columns)]
+    return pa.concat_tables(parts) if parts else pa.table({})
+
+
+def staged_parts(request: TableCommit, columns: list[str] | None = None) -> list[tuple[int, pa.Table]]:
+    """The staged rows by the epoch that wrote them, oldest first (``columns`` only, if given).
+
+    A replay's files are staged per replayed epoch (``replayed-<e>/...``,
+    :func:`layout.replayed_epoch`); any other epoch's files are one part of ``request.epoch``.
+    Parts without rows are left out.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts: dict[int, list[pa.Table]] = {}
+    for f in request.sink.files:
+        if f.path.endswith(".parquet"):
+            with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
+                table = pq.read_table(fh, columns=columns)
+            if table.num_rows:
+                epoch = layout.replayed_epoch(f.path) if request.sink.replaces else None
+                parts.setdefault(request.epoch if epoch is None else epoch, []).append(
+                    table.replace_schema_metadata(None))
+    return [(epoch, pa.concat_tables(tables, promote_options="default")) for epoch, tables in sorted(parts.items())]
+
+
+def upserted_rows(request: TableCommit, keys: list[str], where: str) -> pa.Table:
+    """The rows an upsert epoch writes: per key the last staged row (ConfigError: see :func:`check_merge_keys`).
+
+    An epoch's rows hold one row per key. A replay's replayed epochs may each write a key
+    again: the newest replayed epoch's row is the key's value, as running them one after
+    the other would have left it.
+    """
+    parts = staged_parts(request)
+    for _, rows in parts:
+        check_merge_keys(rows, keys, where)
+    return last_per_key([rows for _, rows in parts], keys)
+
+
+def last_per_key(parts: list[pa.Table], keys: list[str]) -> pa.Table:
+    """The rows of ``parts`` (each one row per key, oldest first) whose key no later part holds."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not parts:
+        return pa.table({})
+    kept: list[pa.Table] = []
+    later: list[pa.Table] = []
+    for rows in reversed(parts):
+        if later:
+            rows = rows.filter(pc.invert(rows_of_keys(rows, pa.concat_tables(later, promote_options="default"),
+                                                      keys)))
+        kept.append(rows)
+        later.append(rows.select(keys))
+    return pa.concat_tables(list(reversed(kept)), promote_options="default")
+
+
+def restored_before(before: pa.Table, now: pa.Table, new_keys: pa.Table, keys: list[str]) -> tuple[pa.Table, pa.Table]:
+    """A replay from epoch N of an upsert table: the keys it rewrites and the rows it restores.
+
+    ``before`` is the table as of epoch N-1 (its history), ``now`` the table now, whose
+    changes since are the replaced epochs' (another writer's are refused before the
+    decision). The touched keys are every key whose row differs between the two (a superset
+    of the replaced epochs' keys: a row whose value is NULL somewhere compares as changed,
+    and restoring it changes nothing) and the replay's new keys; the restored rows are the
+    touched keys' rows of ``before`` that the new output does not write again (a key none of
+    them has disappears). Returns ``(touched keys, restored rows)``.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    common = [c for c in before.column_names if c in now.column_names]
+    # One type per column (a reader may give one snapshot's strings as large_string).
+    then = pa.table([before.column(c).cast(now.schema.field(c).type) for c in common], names=common)
+    changed = [a.select(common).join(b.select(common), keys=common, join_type="left anti").select(keys)
+               for a, b in ((now, then), (then, now))]
+    wanted = pa.schema([now.schema.field(k) for k in keys])
+    touched = pa.concat_tables([t.cast(wanted) for t in (*changed, new_keys.select(keys))]).group_by(keys).aggregate([])
+    restored = before.filter(rows_of_keys(before, touched, keys)) if before.num_rows else before
+    if restored.num_rows and new_keys.num_rows:
+        restored = restored.filter(pc.invert(rows_of_keys(restored, new_keys, keys)))
+    return touched.select(keys), restored
+
+
+def rows_of_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.ChunkedArray:
+    """For each row of ``rows``, whether its key is one of ``keys`` (a NULL key is none)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    probe = rows.select(list(key)).append_column(_ROW, pa.array(range(rows.num_rows), pa.int64()))
+    wanted = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
+    found = probe.join(wanted, keys=list(key), join_type="left semi").column(_ROW)
+    return pc.is_in(probe.column(_ROW), value_set=found.combine_chunks())
+
+
+def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
+    """The one Parquet schema of the epoch's staged files, from their footers (None: no file).
+
+    ConfigError if two files differ: the stage must write one schema per sink.
+    """
+    import pyarrow.parquet as pq
+
+    schema: pa.Schema | None = None
+    for f in request.sink.files:
+        if not f.path.endswith(".parquet"):
+            continue
+        with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
+            found = pq.read_schema(fh).remove_metadata()
+        if schema is None:
+            schema = found
+        elif not found.equals(schema):
+            raise ConfigError(f"{where}: staged file {f.path} has schema {found}, the epoch's first file has "
+                              f"{schema}; the stage must write one schema per sink")
+    return schema
+
+
+def check_staged_merge_keys(request: TableCommit, schema: pa.Schema, keys: list[str], where: str) -> None:
+    """:func:`check_merge_keys` over the epoch's staged rows, reading only their key columns
+    (``schema``: the staged files' one schema, :func:`staged_schema`); a replay's per replayed
+    epoch (a later one writes a key again: :func:`upserted_rows`)."""
+    for _, rows in staged_parts(request, [k for k in keys if k in schema.names]):
+        check_merge_keys(rows, keys, where)
+
+
+def check_merge_keys(rows: pa.Table, keys: list[str], where: str) -> None:
+    """ConfigError unless every key column exists, holds no NULL and no key repeats."""
+    import pyarrow.compute as pc
+
+    if not rows.num_rows:
+        return
+    missing = [k for k in keys if k not in rows.column_names]
+    if missing:
+        raise ConfigError(f"{where}: merge key column(s) {missing} are not in the epoch's rows "
+                          f"(columns: {rows.column_names}); set merge_keys to columns the stage writes")
+    for key in keys:
+        nulls = rows.column(key).null_count
+        if nulls:
+            raise ConfigError(f"{where}: merge key column {key!r} is NULL in {nulls} row(s); a NULL key matches "
+                              "no row and would be inserted again every epoch. Filter or fill them in the stage")
+    counts = rows.group_by(list(keys)).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
+    if repeated.num_rows:
+        example = {k: repeated.column(k)[0].as_py() for k in keys}
+        raise ConfigError(f"{where}: {repeated.num_rows} key(s) appear more than once in the epoch's rows, e.g. "
+                          f"{example}; an upsert needs one row per key. Aggregate or de-duplicate in the stage "
+                          "(a key_value state's output has one row per key)")

@@ -1,0 +1,670 @@
+"""Iceberg table commits: one epoch of one sink becomes one Iceberg snapshot, exactly once.
+
+``commit(request)`` (called by :func:`core.sinks.commit_table` for a commit-decided
+epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "catalog":
+{...}, "catalog_name": ..., "partition_by": [...]}``:
+
+1. **marker first.** The table properties ``seatunnel-ckpt.<pipeline>.<sink>.{epoch,store-id}``
+   hold the last epoch of this pipeline's sink committed into the table and the id of
+   the store that committed it; ``seatunnel-ckpt.owner`` names the table's owner
+   (:mod:`.markers`). Another owner is refused. Epochs commit in order (the protocol
+   commits an epoch only after earlier ones are decided), so this store's value
+   ``>= epoch`` means this epoch is in the table -- if this pipeline's log has that epoch
+   decided commit (else the store was reset, and the epoch is refused): nothing is done,
+   ``how="already"``. The properties survive snapshot expiry; the snapshot summary
+   (store id, pipeline, sink, epoch) is for people reading the history.
+2. **table and schema.** The table is created on first use from the staged files' Parquet
+   schema (identity partitions on ``partition_by``). Later epochs may add columns (added
+   as optional columns, in the same transaction as the data); a column that disappeared,
+   changed type or became nullable is refused *before* anything is placed or committed,
+   naming the column, both types and the way out.
+3. **placement.** The staged files are put at deterministic paths inside the table's
+   location (``data/<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>/<file>``) with
+   :func:`storage.publish_files`: idempotent, verified, never deleting anything.
+4. **one transaction, one snapshot**: ``add_files`` (duplicate-file check on) for an append;
+   otherwise one OVERWRITE snapshot that removes the data files it replaces and adds the
+   epoch's -- every current file (a ``snapshot`` sink, a full refresh of an upsert sink:
+   :func:`_last_per_key`), the replaced epochs' (a replay), or
+   with ``merge_keys`` (upsert) the files holding any of the epoch's keys, whose other rows
+   go into rewritten files in the same snapshot (:func:`_without_keys`) -- plus the marker
+   and owner properties. So every snapshot a time-travel or incremental reader can pin
+   holds whole epochs. pyiceberg's own commit retry is switched off for it: on a conflict
+   it rebases an append *without* re-checking duplicates, so two committers of one epoch
+   (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
+   outcome reloads the table and goes back to step 1.
+
+:func:`precheck` runs the refusals of steps 1, 2 and 4 (owner and marker, schema, partitioning,
+merge keys unique and not NULL) when the epoch is decided, from the staged files alone, so that a
+refused epoch is aborted instead of decided commit; the commit repeats them for a table
+altered in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import posixpath
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    CommitStateUnknownException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    ResolveError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import ArrowScan, _pyarrow_to_schema_without_ids, parquet_file_to_data_file, schema_to_pyarrow
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import promote
+from pyiceberg.table import DataScan, Table, TableProperties, Transaction
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.upsert_util import create_match_filter
+from pyiceberg.transforms import IdentityTransform
+
+from airflow_seatunnel_ckpt.core import layout
+from airflow_seatunnel_ckpt.core.catalogs import embedded_catalog
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRefusedError
+from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
+from airflow_seatunnel_ckpt.core.sinks import (
+    CommitConflict,
+    TableCommit,
+    check_merge_keys,
+    check_staged_merge_keys,
+    markers,
+    restored_before,
+    retry_conflicts,
+    rows_of_keys,
+    staged_schema,
+)
+from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
+
+log = logging.getLogger(__name__)
+
+#: Prefix of the table properties and snapshot summary keys this package writes.
+PROPERTY_PREFIX = "seatunnel-ckpt"
+#: Hidden directory prefix of the staged partition columns (spark/sinks/tables.py).
+PARTITION_PREFIX = "__partition_"
+APPENDED = "appended"
+REPLACED = "replaced"
+MERGED = "merged"
+ALREADY = "already"
+
+
+def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Catalog:
+    """The sink's catalog: its properties plus resolved secrets.
+
+    With neither catalog properties nor a connection (a manifest of a sink that did not
+    resolve them), the embedded catalog of this process's ``$AIRFLOW_HOME``.
+    """
+    given = options.get("catalog") or ({} if options.get("catalog_conn_id") else embedded_catalog())
+    props = {str(k): str(v) for k, v in given.items()}
+    props.update({str(k): str(v) for k, v in secrets.items()})
+    uri = props.get("uri", "")
+    if uri.startswith("sqlite:///"):  # SQLite creates the file but not its directory
+        os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
+    warehouse = props.get("warehouse", "")
+    if warehouse.startswith("file://"):
+        os.makedirs(warehouse[len("file://"):], exist_ok=True)
+    try:
+        return load_catalog(str(options.get("catalog_name") or "default"), **props)
+    except Exception as exc:  # pyiceberg raises ValueError, ImportError, driver errors...
+        raise ConfigError(
+            f"cannot open Iceberg catalog {options.get('catalog_name') or 'default'!r} "
+            f"(properties {sorted(props)}): {redact_url(str(exc))}. Check the sink's catalog options and its "
+            "catalog_conn_id connection") from exc
+
+
+def identify(request: TableCommit) -> tuple[str, str]:
+    """The sink's table identifier (checked) and how messages name the epoch's commit."""
+    identifier = request.table.get("identifier")
+    if not isinstance(identifier, str) or "." not in identifier.strip("."):
+        raise ConfigError(
+            f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: the Iceberg table must be named "
+            f"'<namespace>.<table>', got {identifier!r}; fix the sink's 'table' option")
+    return identifier, f"{request.where} (table {identifier})"
+
+
+def dispose(catalog: Catalog) -> None:
+    """Close a SQL catalog's connection pool (not kept from one commit to the next)."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def _catalog(request: TableCommit) -> Iterator[Catalog]:
+    catalog = open_catalog(request.table, request.secrets())
+    try:
+        yield catalog
+    finally:
+        dispose(catalog)
+
+
+def commit(request: TableCommit) -> PublishedSink:
+    """Commit ``request``'s epoch into its Iceberg table exactly once (see the module docs)."""
+    identifier, where = identify(request)
+    with _catalog(request) as catalog:
+        return _commit(catalog, identifier, request, where)
+
+
+def precheck(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
+
+    From the table's metadata and the staged files' Parquet footers (and, for
+    ``merge_keys``, their key columns): the keys are unique and never NULL, the table is
+    this store's pipeline's (or nobody's) and its marker is not past the epoch
+    (:func:`_committed_epoch`, :class:`TableOwnershipError`), and the schema and
+    partitioning fit.
+    """
+    identifier, where = identify(request)
+    key = [str(k) for k in request.table.get("merge_keys") or []]
+    if request.sink.replaces:
+        with _catalog(request) as catalog:
+            table = load(catalog, identifier)
+            if table is not None and not request.sink.force_replace:
+                _refuse_foreign_commits(table, request, where)
+            if table is not None and key and not request.sink.full_refresh:
+                replay_base(table, request, where)  # its history before the replayed epochs is still there
+    schema = staged_schema(request, where)
+    if schema is None:
+        return
+    drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
+    for i in reversed(drop):
+        schema = schema.remove(i)
+    if key:
+        check_staged_merge_keys(request, schema, key, where)
+    with _catalog(request) as catalog:
+        table = load(catalog, identifier)
+        if table is None:
+            missing = [c for c in request.table.get("partition_by") or [] if c not in schema.names]
+            if missing:
+                raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
+                                  f"(columns: {schema.names}); fix the sink's partition_by")
+            _check_key(schema.names, request, where)
+            return
+        committed = _committed_epoch(table, request, where, decided=False)
+        if committed > request.epoch:
+            raise SinkRefusedError(
+                f"{where}: the table's marker {markers.marker_keys(request.pipeline, request.sink.sink)['epoch']} "
+                f"is at epoch {committed}, beyond this epoch, and this store commits its epochs in order. Nothing "
+                "was committed. Give this sink its own table, or rename the pipeline or the sink")
+        _check_schema(table, schema, where)
+        _check_partitioning(table, request, where)
+        _check_key(table.schema().column_names, request, where)
+
+
+def _refuse_foreign_commits(table: Table, request: TableCommit, where: str) -> None:
+    """Refuse a replay when a snapshot after the first replaced epoch's is not this sink's own.
+
+    Such a snapshot (another writer's append, delete or compaction) may have changed the
+    replaced epochs' rows or files; the replay would silently drop that change.
+    """
+    replaced = set(request.sink.replaces)
+    ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
+            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+    started = False
+    for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        own = all(summary.get(k) == v for k, v in ours.items())
+        if own and int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0")) in replaced:
+            started = True
+        elif started and not own:
+            operation = snapshot.summary.operation.value if snapshot.summary is not None else "unknown"
+            raise SinkRefusedError(
+                f"{where}: snapshot {snapshot.snapshot_id} ({operation}) was committed to the table by another "
+                f"writer after epoch {min(replaced)} of this sink; replacing epochs {sorted(replaced)} would undo "
+                "whatever it changed in their rows. Nothing was changed. Replay with force=True (--force) to "
+                "replace those epochs' files anyway (that snapshot's changes to them are lost, its other rows "
+                "stay)")
+
+
+def _commit(catalog: Catalog, identifier: str, request: TableCommit, where: str) -> PublishedSink:
+    def attempt() -> PublishedSink:
+        table = load(catalog, identifier)
+        if table is not None and _committed_epoch(table, request, where) >= request.epoch:
+            return _published(request, table, ALREADY)
+        if table is None:
+            if not request.sink.files:  # an empty snapshot of a table that never existed
+                return _published(request, None, EMPTY)
+            table = _create(catalog, identifier, _staged_schema(request, None), request, where)
+            if _committed_epoch(table, request, where) >= request.epoch:
+                return _published(request, table, ALREADY)
+        placed = table_storage(table, request)
+        file_schema = _staged_schema(request, placed) if request.sink.files else None
+        added = _check_schema(table, file_schema, where) if file_schema is not None else []
+        _check_partitioning(table, request, where)
+        _check_key(table.schema().column_names, request, where)
+        paths = place_files(request, placed)
+        try:
+            how = _commit_once(table, request, placed, paths, file_schema, added, where)
+        except (CommitFailedException, CommitStateUnknownException) as exc:
+            # Another committer may have landed this very epoch: reload and read the marker.
+            raise CommitConflict(exc) from exc
+        return _published(request, table, how)
+
+    try:
+        return retry_conflicts(attempt, request.retries, where)
+    except CommitConflict as exc:
+        raise PublishError(
+            f"{where}: the Iceberg commit failed {request.retries + 1} time(s), last: {exc.__cause__}. Nothing is "
+            "duplicated (the marker is read before every try); the epoch stays COMMITTING: run the "
+            "commit or the recovery DAG again") from exc.__cause__
+
+
+def load(catalog: Catalog, identifier: str) -> Table | None:
+    """The table, or None if the catalog has none of that name."""
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        return None
+
+
+def _committed_epoch(table: Table, request: TableCommit, where: str, *, decided: bool = True) -> int:
+    """This store's last epoch of the sink in the table (-1: none): the one place its marker is read.
+
+    Refuses another owner's table, or a marker this pipeline's log lacks, with
+    :class:`TableOwnershipError` (:func:`markers.check_marker`; ``decided``: the epoch is
+    decided commit, False before the decision).
+    """
+    props = table.metadata.properties
+    marker = markers.iceberg_marker(props, request, where)
+    committed = markers.check_marker(request, markers.Owner.parse(props), marker, where, decided=decided)
+    return -1 if committed is None else committed
+
+
+def _create(catalog: Catalog, identifier: str, schema: pa.Schema, request: TableCommit, where: str) -> Table:
+    namespace = identifier.rsplit(".", 1)[0]
+    with contextlib.suppress(NamespaceAlreadyExistsError):  # a concurrent committer created it
+        catalog.create_namespace_if_not_exists(namespace)
+    partition_by = list(request.table.get("partition_by") or [])
+    missing = [c for c in partition_by if c not in schema.names]
+    if missing:
+        raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
+                          f"(columns: {schema.names}); fix the sink's partition_by")
+    try:
+        tx = catalog.create_table_transaction(identifier, schema)
+        if partition_by:
+            with tx.update_spec() as spec:
+                for column in partition_by:
+                    spec.add_identity(column)
+        tx.commit_transaction()
+        log.info("%s: created the table, partitioned by %s", where, partition_by or "nothing")
+    except TableAlreadyExistsError:  # a concurrent committer created it
+        pass
+    return catalog.load_table(identifier)
+
+
+def table_storage(table: Table, request: TableCommit) -> Storage:
+    """The table's location as a :class:`Storage` (credentials: catalog's S3 properties or the store's)."""
+    location = table.metadata.location.rstrip("/")
+    options: dict[str, Any] = {}
+    props = {**table.io.properties}
+    if location.startswith(("s3://", "s3a://")):
+        client: dict[str, Any] = {}
+        if "s3.endpoint" in props:
+            client["endpoint_url"] = props["s3.endpoint"]
+        if "s3.region" in props or "client.region" in props:
+            client["region_name"] = props.get("s3.region") or props["client.region"]
+        if "s3.access-key-id" in props:
+            options["key"] = props["s3.access-key-id"]
+            options["secret"] = props.get("s3.secret-access-key")
+        if client:
+            options["client_kwargs"] = client
+        location = "s3://" + location.split("://", 1)[1]
+    if not options and location.split("://", 1)[0] == request.staged.protocol:
+        options = dict(request.staged.storage_options)  # same store kind: reuse the store's access
+    # Not open_storage(): its probe for conditional create would refuse an object store
+    # without it, and placing data files needs none (the table's own commit decides).
+    return backend_for(location.split("://", 1)[0].lower())(location, options)
+
+
+def final_dir(request: TableCommit, staged_dir: str) -> str:
+    """Where the files of one staged directory go, relative to the table location.
+
+    ``__partition_region=EU`` becomes ``data/region=EU/<pipeline>/<sink>/<store>-e<epoch>``:
+    an Iceberg-style partition path and a name no other store, pipeline, sink or epoch
+    shares (:func:`markers.placement`).
+    """
+    parts = [p[len(PARTITION_PREFIX):] if p.startswith(PARTITION_PREFIX) else p
+             for p in staged_dir.split("/") if p]
+    return posixpath.join("data", *parts, markers.placement(request))
+
+
+def _groups(request: TableCommit) -> dict[str, list[FileInfo]]:
+    groups: dict[str, list[FileInfo]] = {}
+    for f in request.sink.files:
+        folder, name = posixpath.split(f.path)
+        groups.setdefault(folder, []).append(FileInfo(name, f.size, f.crc32c))
+    return groups
+
+
+def place_files(request: TableCommit, placed: Storage) -> list[str]:
+    """Put the staged files at their final paths in the table (idempotent); their URLs."""
+    urls: list[str] = []
+    for folder, files in sorted(_groups(request).items()):
+        src = posixpath.join(request.sink.staging, folder) if folder else request.sink.staging
+        dst = final_dir(request, folder)
+        publish_files(request.staged, src, placed, dst, files)
+        urls += [placed.url_of(f"{dst}/{f.path}") for f in files]
+    return urls
+
+
+def _staged_schema(request: TableCommit, placed: Storage | None) -> pa.Schema:
+    """The Parquet schema of the epoch's first file: from staging, or where it was placed."""
+    folder, files = sorted(_groups(request).items())[0]
+    candidates = [(request.staged, posixpath.join(request.sink.staging, folder, files[0].path))]
+    if placed is not None:
+        candidates.append((placed, f"{final_dir(request, folder)}/{files[0].path}"))
+    for storage, path in candidates:
+        try:
+            with storage.open_read(path) as fh:
+                schema = pq.read_schema(fh)
+        except FileNotFoundError:
+            continue
+        drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
+        for i in reversed(drop):  # never written by TableSink, but never let them into a table
+            schema = schema.remove(i)
+        return schema
+    raise PublishError(f"cannot read the schema of {candidates[0][0].describe_path(candidates[0][1])}: it is "
+                       "neither in staging nor in the table; the epoch stays COMMITTING")
+
+
+def _check_schema(table: Table, file_schema: pa.Schema, where: str) -> list[str]:
+    """Columns to add to the table; ConfigError for every other difference (nothing committed)."""
+    current = table.schema()
+    incoming = _pyarrow_to_schema_without_ids(file_schema)
+    have = {f.name: f for f in current.fields}
+    new = {f.name: f for f in incoming.fields}
+    problems = []
+    for name, field in have.items():
+        if name not in new:
+            problems.append(f"column {name!r} ({field.field_type}) is in the table but not in the epoch's files: "
+                            f"write it again (null where unknown), or drop it from the table first "
+                            f"(table.update_schema().delete_column({name!r}))")
+            continue
+        got = new[name]
+        if got.field_type != field.field_type and field.field_type.is_primitive:
+            try:
+                promote(got.field_type, field.field_type)
+            except ResolveError:
+                problems.append(f"column {name!r} is {field.field_type} in the table but {got.field_type} in the "
+                                f"epoch's files: cast it back to {field.field_type} in the stage, or write a new "
+                                "table")
+                continue
+        if field.required and not got.required:
+            problems.append(f"column {name!r} is required in the table but nullable in the epoch's files: make "
+                            f"it optional (table.update_schema().make_column_optional({name!r})) or make the "
+                            "stage's column non-null")
+    if problems:
+        raise ConfigError(f"{where}: the epoch's files do not fit the table's schema; nothing was committed. "
+                          + "; ".join(problems))
+    return [name for name in new if name not in have]
+
+
+def _check_partitioning(table: Table, request: TableCommit, where: str) -> None:
+    wanted = list(request.table.get("partition_by") or [])
+    schema = table.schema()
+    spec = table.spec()
+    found = [schema.find_column_name(f.source_id) for f in spec.fields]
+    if found != wanted or not all(isinstance(f.transform, IdentityTransform) for f in spec.fields):
+        raise ConfigError(
+            f"{where}: the table is partitioned by {[str(f) for f in spec.fields] or 'nothing'}, the sink stages "
+            f"files partitioned by identity of {wanted or 'nothing'}; each data file must hold one value of each "
+            "partition field. Set partition_by to the table's identity partition columns, or write a new table")
+
+
+def _check_key(columns: Sequence[str], request: TableCommit, where: str) -> None:
+    key = list(request.table.get("merge_keys") or [])
+    missing = [k for k in key if k not in columns]
+    if missing:
+        raise ConfigError(f"{where}: upsert key column(s) {missing} are not in the table "
+                          f"(columns: {list(columns)}); fix the sink's merge_keys option")
+    if key and request.sink.mode is SinkMode.SNAPSHOT:
+        raise ConfigError(f"{where}: a snapshot sink replaces the whole table, merge_keys would do "
+                          "nothing; remove merge_keys, or use mode 'changes' with merge_keys to upsert")
+
+
+def _commit_once(table: Table, request: TableCommit, placed: Storage, paths: Sequence[str],
+                 file_schema: pa.Schema | None, added: Sequence[str], where: str) -> str:
+    """One transaction: (schema additions,) one snapshot of the files, the marker. Raises on conflict."""
+    summary = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
+               f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store,
+               f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+    view = _without_library_retry(table)
+    snapshot = request.sink.mode is SinkMode.SNAPSHOT
+    key = [str(k) for k in request.table.get("merge_keys") or []]
+    replaced = set(request.sink.replaces)
+    try:
+        with view.transaction() as tx:
+            if added and file_schema is not None:
+                with tx.update_schema() as update:
+                    update.union_by_name(pa.schema([file_schema.field(name) for name in added]))
+            old: list[DataFile] = []
+            rewritten: list[DataFile] = []
+            whole = snapshot or (bool(key) and request.sink.full_refresh)
+            if key and replaced:  # a replay's rows: per key the newest replayed epoch's
+                paths = _last_per_key(view, request, placed, key, where)
+            if key and replaced and not whole:  # the keys the replay touches as before it, then its rows
+                old, rewritten, restored = _restore_before(tx, view, request, placed, paths, key, where)
+                paths = [*paths, *restored]
+            elif key and not whole:  # upsert: the epoch's rows replace the table's rows of the same keys
+                old, rewritten = _without_keys(tx, view, request, placed, _epoch_keys(view, paths, key, where), key)
+            elif whole or replaced:  # every current file (snapshot, full refresh) or the replaced epochs' (replay)
+                current = tx.table_metadata.current_snapshot()
+                old = [entry.data_file for manifest in (current.manifests(view.io) if current else [])
+                       for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)
+                       if whole or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
+            if not old and not snapshot and not replaced:
+                tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
+            else:  # one OVERWRITE snapshot: the old files out, their rewrites and the epoch's files in
+                if tx.table_metadata.name_mapping() is None:  # as add_files does: files carry no field ids
+                    tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
+                                       tx.table_metadata.schema().name_mapping.model_dump_json()})
+                with tx.update_snapshot(snapshot_properties=summary).overwrite() as overwrite:
+                    for data_file in old:
+                        overwrite.delete_data_file(data_file)
+                    for data_file in rewritten:
+                        overwrite.append_data_file(data_file)
+                    for path in paths:
+                        overwrite.append_data_file(parquet_file_to_data_file(view.io, tx.table_metadata, path))
+            tx.set_properties(markers.marker_for(request))
+    except ValueError as exc:  # pyiceberg's schema/partition/duplicate checks, before the commit
+        raise ConfigError(f"{where}: the table refused the epoch's files before committing ({exc}); nothing "
+                          "was committed. Fix the cause, then retry the commit") from exc
+    table.metadata, table.metadata_location = view.metadata, view.metadata_location
+    return REPLACED if snapshot or request.sink.replaces else MERGED if key else APPENDED
+
+
+def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: Storage, keys: pa.Table,
+                  key: Sequence[str]) -> tuple[list[DataFile], list[DataFile]]:
+    """The current data files holding any of the epoch's ``keys``, and their rewrites without those rows.
+
+    Copy-on-write as pyiceberg's ``Transaction.delete`` does it, but into the epoch's own
+    snapshot (a separate delete snapshot would be a table without the epoch's keys and
+    without its rows, which time-travel readers can pin). Only files whose partition and
+    column statistics may hold a key are read (the scan's planning). A file left with no
+    row is only removed. A rewrite goes to the epoch's placement directory under a name
+    fixed by the file it rewrites (and the delete files applied to it), written whole: a
+    commit retried after a crash before its catalog commit finds it and adds that same
+    file, and one whose original another writer changed since is left unreferenced (an
+    orphan), never added twice. Two racing committers of the epoch may both write it: the
+    same rows through the same writer, the same bytes. Not ``create_exclusive``: placing
+    data files must not need a store's conditional writes (:func:`table_storage`).
+    """
+    metadata = tx.table_metadata
+    if not keys.num_rows or metadata.current_snapshot() is None:
+        return [], []
+    schema = metadata.schema()
+    file_schema = schema_to_pyarrow(schema, include_field_ids=True)
+    old: list[DataFile] = []
+    rewritten: list[DataFile] = []
+    for task in DataScan(metadata, view.io, row_filter=create_match_filter(keys, list(key))).plan_files():
+        rows = ArrowScan(metadata, view.io, schema, AlwaysTrue()).to_table([task])
+        hit = rows_of_keys(rows, keys, key)
+        if not pc.any(hit).as_py():
+            continue  # the statistics could not rule the file out, its rows can
+        old.append(task.file)
+        kept = rows.filter(pc.invert(hit))
+        if not kept.num_rows:
+            continue
+        spec = metadata.specs()[task.file.spec_id]
+        origin = "\n".join([task.file.file_path, *sorted(d.file_path for d in task.delete_files)])
+        name = f"rewritten-{hashlib.sha256(origin.encode()).hexdigest()[:24]}.parquet"
+        path = posixpath.join("data", spec.partition_to_path(task.file.partition, schema) if spec.fields else "",
+                              markers.placement(request), name)
+        if not placed.exists(path):
+            buf = io.BytesIO()
+            pq.write_table(kept.cast(file_schema), buf)
+            placed.write_atomic(path, buf.getvalue())
+        rewritten.append(parquet_file_to_data_file(view.io, metadata, placed.url_of(path)))
+    return old, rewritten
+
+
+def replay_base(table: Table, request: TableCommit, where: str) -> Snapshot | None:
+    """The table's snapshot as of the epoch before a replay's first replaced epoch (None: the empty table).
+
+    The parent of this sink's first snapshot of a replaced (or later) epoch, found by the
+    epochs in the snapshot summaries; the current snapshot when the replaced epochs made
+    none. A parent that was expired refuses the replay (:class:`SinkRefusedError`).
+    """
+    first = min(request.sink.replaces)
+    ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
+            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+    for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        epoch = int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0"))
+        if all(summary.get(k) == v for k, v in ours.items()) and first <= epoch != request.epoch:
+            # An expired parent's id may be dropped from its child: the summary's record counts
+            # still tell whether the table before the snapshot held rows.
+            held = sum(int(summary.get(k, "0")) * sign for k, sign in (("total-records", 1), ("added-records", -1),
+                                                                       ("deleted-records", 1)))
+            if snapshot.parent_snapshot_id is None and not held:
+                return None
+            base = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+            if base is None:
+                raise SinkRefusedError(
+                    f"{where}: the table's snapshot before epoch {epoch} of this sink (its {held} row(s)) was expired, "
+                    f"and a replay from epoch {first} restores the values the keys had in it. Nothing was changed. "
+                    "Replay from epoch 1 (a full refresh, which needs no history)")
+            return base
+    return table.current_snapshot()
+
+
+def _restore_before(tx: Transaction, view: Table, request: TableCommit, placed: Storage, paths: Sequence[str],
+                    key: Sequence[str], where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
+    """A replay from a later epoch: the touched keys' current files out (and their rewrites), the rows
+    they had before the replayed epochs (:func:`core.sinks.restored_before`) written to files in.
+
+    The restored rows go to ``restored-<n>.parquet`` in the replay epoch's placement, one file
+    per partition, written whole and found again by a retried commit.
+    """
+    base = replay_base(view, request, where)
+    schema = tx.table_metadata.schema()
+    file_schema = schema_to_pyarrow(schema, include_field_ids=False)
+    now = view.scan().to_arrow()
+    before = view.scan(snapshot_id=base.snapshot_id).to_arrow() if base is not None else file_schema.empty_table()
+    touched, restored = restored_before(before, now, _epoch_keys(view, paths, key, where), list(key))
+    old, rewritten = _without_keys(tx, view, request, placed, touched, key)
+    columns = [restored.column(n).cast(f.type) if n in restored.column_names else pa.nulls(restored.num_rows, f.type)
+               for n, f in zip(file_schema.names, file_schema, strict=True)]
+    restored = pa.Table.from_arrays(columns, schema=file_schema) if restored.num_rows else file_schema.empty_table()
+    partition = [schema.find_column_name(f.source_id) or "" for f in tx.table_metadata.spec().fields]
+    groups = restored.select(partition).group_by(partition).aggregate([]).to_pylist() if partition else [{}]
+    urls = []
+    for n, values in enumerate(sorted(groups, key=repr)):
+        rows = restored
+        for column, value in values.items():
+            rows = rows.filter(pc.is_null(rows.column(column)) if value is None
+                               else pc.equal(rows.column(column), value))
+        if not rows.num_rows:
+            continue
+        folder = "/".join(f"{c}={urllib.parse.quote(str(v), safe='')}" for c, v in values.items())
+        path = posixpath.join("data", folder, markers.placement(request), f"restored-{n}.parquet")
+        if not placed.exists(path):
+            buf = io.BytesIO()
+            pq.write_table(rows, buf)
+            placed.write_atomic(path, buf.getvalue())
+        urls.append(placed.url_of(path))
+    return old, rewritten, urls
+
+
+def _last_per_key(table: Table, request: TableCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:
+    """A replay's placed files (URLs) without the rows whose key a later replayed epoch writes again.
+
+    Each replayed epoch's files hold one row per key; the newest replayed epoch's row is the
+    key's value (:func:`core.sinks.upserted_rows`). A file losing rows is written again
+    beside it, whole, under a name fixed by the file (``last-<name>``): a retried commit finds
+    it and adds the same file. A file losing every row is left out.
+    """
+    by_epoch: dict[int, list[str]] = {}
+    for folder, files in _groups(request).items():
+        epoch = layout.replayed_epoch(folder) or request.epoch
+        by_epoch.setdefault(epoch, []).extend(f"{final_dir(request, folder)}/{f.path}" for f in files)
+    kept: list[str] = []
+    later: list[pa.Table] = []
+    for epoch in sorted(by_epoch, reverse=True):
+        keys_of = {}
+        for path in sorted(by_epoch[epoch]):
+            with table.io.new_input(placed.url_of(path)).open() as fh:
+                keys_of[path] = pq.read_table(fh, columns=list(key))
+        check_merge_keys(pa.concat_tables(keys_of.values()), list(key), f"{where} (replayed epoch {epoch})")
+        for path, keys in keys_of.items():
+            hit = rows_of_keys(keys, pa.concat_tables(later), key) if later else None
+            if hit is None or not pc.any(hit).as_py():
+                kept.append(placed.url_of(path))
+                continue
+            if pc.all(hit).as_py():
+                continue
+            folder, name = posixpath.split(path)
+            last = f"{folder}/last-{name}"
+            if not placed.exists(last):
+                with table.io.new_input(placed.url_of(path)).open() as fh:
+                    rows = pq.read_table(fh)
+                buf = io.BytesIO()
+                pq.write_table(rows.filter(pc.invert(hit)), buf)
+                placed.write_atomic(last, buf.getvalue())
+            kept.append(placed.url_of(last))
+        later += keys_of.values()
+    return kept
+
+
+def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: str) -> pa.Table:
+    """The key columns of the epoch's placed files; ConfigError if a key is NULL or appears twice
+    (refused before the decision already, :func:`precheck`)."""
+    parts = []
+    for path in paths:
+        with table.io.new_input(path).open() as fh:
+            parts.append(pq.read_table(fh, columns=list(key)))
+    keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([]) for k in key})
+    check_merge_keys(keys, list(key), where)
+    return keys
+
+
+def _without_library_retry(table: Table) -> Table:
+    """A copy of ``table`` whose commits are never retried by pyiceberg itself.
+
+    The retry count is read from the table's properties when a transaction commits; it is
+    overridden in this in-memory copy only (other writers of the table keep theirs), and
+    never written, since only the transaction's updates are sent to the catalog.
+    """
+    props = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    return Table(table.name(), table.metadata.model_copy(update={"properties": props}), table.metadata_location,
+                 table.io, table.catalog)
+
+
+def _published(request: TableCommit, table: Table | None, how: str) -> PublishedSink:
+    location = table.metadata.location.rstrip("/") if table is not None else ""
+    return PublishedSink(request.sink.sink, request.sink.target_url, location, len(request.sink.files),
+                         request.sink.rows, request.sink.bytes, how)

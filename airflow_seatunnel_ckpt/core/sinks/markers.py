@@ -1,0 +1,331 @@
+"""What a table records of who writes it: its owner, and each sink's last committed epoch.
+
+A table sink writes outside the store, so the table must say which store and pipeline
+its epochs belong to; epoch numbers alone mean nothing across stores (a wiped store
+restarts at 1, another store's pipeline of the same name has epochs of its own).
+
+* **owner**: the store id and pipeline the table belongs to, claimed by the first commit.
+  Iceberg: the table property ``seatunnel-ckpt.owner`` = ``<pipeline>@<store id>`` (and
+  ``seatunnel-ckpt.owner-store``, the store's URL, for messages), set in the epoch's own
+  transaction. Delta: the file sink's owner marker ``<table>/_seatunnel_ckpt_owner`` (JSON:
+  pipeline, store id, store URL), created exclusively before the first commit (delta-rs
+  refuses to write tables whose configuration holds keys it does not know). A table owned
+  by another pipeline or store is refused, as a file sink's target is. The way out is the
+  file sink's: release the table (remove the property; delete the marker) and commit
+  again; the next commit claims it.
+* **marker** of one sink: the store id, pipeline, sink and epoch of its last commit.
+  Iceberg: table properties ``seatunnel-ckpt.<pipeline>.<sink>.{epoch,store-id,store}``
+  (the snapshot summary repeats them for people). Delta: the application transaction
+  ``seatunnel-ckpt/<store id>/<pipeline>/<sink>`` at version = epoch.
+
+:func:`check_marker` is the judgement: a marker of this store at or above the epoch means
+"already committed" only when this pipeline's log has that epoch decided commit;
+otherwise (a reset store, a wiped pipeline) the epoch is refused, never skipped.
+Each format reads its table's owner and marker in one place (Iceberg ``_committed_epoch``,
+Delta ``table_epoch``) and judges with it twice: in its ``precheck`` before the commit
+decision (:func:`core.sinks.precheck_table`: a refusal aborts the epoch, nothing is
+written), and again in its ``commit`` before writing (a table altered after the decision).
+
+Below, in a section of its own: the store id: a UUID naming one checkpoint store, written
+once at the store's root.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_seatunnel_ckpt.core import codec
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import (
+    AlreadyExistsError,
+    CorruptCheckpointError,
+    EpochNotFoundError,
+    TableOwnershipError,
+)
+from airflow_seatunnel_ckpt.core.models import Decision, EpochState
+from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
+from airflow_seatunnel_ckpt.core.sinks import TableCommit
+from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage
+
+# -- store id --------------------------------------------------------------------------------------
+# The store id: a UUID naming one checkpoint store, written once at the store's root.
+#
+# A store's URL says where it is, not which store it is: a wiped and recreated store (an
+# ephemeral ``$AIRFLOW_HOME``) has the same URL and restarts its epochs at 1, and a store
+# copied elsewhere keeps its epochs under a new URL. Whatever the store writes outside
+# itself (the markers of table sinks, :mod:`core.sinks.markers`) names it by this id.
+#
+# ``<store>/_store_id`` is created by the first caller that needs it, with the store's
+# put-if-absent primitive (of concurrent first callers exactly one wins and every caller
+# returns the winner's id), and only read thereafter. It is framed and checksummed like
+# every record; pipelines are never named with a leading ``_``, so it shares no name.
+
+
+#: The store id file, at the root of the store (beside the pipelines' directories).
+STORE_ID = "_store_id"
+
+
+def store_id(root: Storage) -> str:
+    """The id of the store rooted at ``root``, created (create-exclusive) on first use."""
+    try:
+        data = root.read(STORE_ID)
+    except FileNotFoundError:
+        new = str(uuid.uuid4())
+        payload = {"store_id": new, "created_at": time.time(), "url": redact_url(root.url)}
+        try:
+            root.create_exclusive(STORE_ID, codec.encode_json(payload))
+            return new
+        except AlreadyExistsError:  # a concurrent first user won: its id is the store's
+            data = root.read(STORE_ID)
+    where = root.describe_path(STORE_ID)
+    record = codec.decode_json(data, where)
+    found = record.get("store_id") if isinstance(record, dict) else None
+    try:
+        return str(uuid.UUID(str(found)))
+    except ValueError:
+        raise CorruptCheckpointError(
+            f"{where}: the store id is {found!r}, not a UUID. Restore the file from a backup of the store; "
+            "only if none exists, delete it (a new id is created, and every table this store wrote must then "
+            "be handed over to it, see docs/tables)", where) from None
+
+
+def short(store: str) -> str:
+    """The first 12 hex digits of a store id: enough to keep names of two stores apart."""
+    return store.replace("-", "")[:12]
+
+
+#: Prefix of every table property, snapshot summary key and application id written here.
+PREFIX = "seatunnel-ckpt"
+#: ``<pipeline>@<store id>`` of the table's owner; "" or absent: nobody owns the table.
+OWNER = f"{PREFIX}.owner"
+#: The owner store's URL (credentials redacted), for messages only.
+OWNER_STORE = f"{PREFIX}.owner-store"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The store and pipeline a table belongs to."""
+
+    store_id: str
+    pipeline: str
+    store: str = ""
+
+    @property
+    def value(self) -> str:
+        """The ``seatunnel-ckpt.owner`` property value."""
+        return f"{self.pipeline}@{self.store_id}"
+
+    def to_json(self) -> bytes:
+        """The owner marker file's content (Delta tables)."""
+        return json.dumps({"pipeline": self.pipeline, "store": self.store, "store_id": self.store_id},
+                          indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def parse(cls, properties: Mapping[str, str]) -> Owner | None:
+        """The owner Iceberg table properties name, or None for an unowned (or released) table."""
+        value = properties.get(OWNER) or ""
+        pipeline, at, found = value.rpartition("@")
+        if not value:
+            return None
+        if not at:  # not ours to parse: compare it whole, it never equals an owner we write
+            return cls(value, "", properties.get(OWNER_STORE, ""))
+        return cls(found, pipeline, properties.get(OWNER_STORE, ""))
+
+    def describe(self) -> str:
+        return f"pipeline {self.pipeline!r} of store {self.store_id} ({self.store or 'URL unknown'})"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One sink's last committed epoch as the table records it."""
+
+    store_id: str
+    pipeline: str
+    sink: str
+    epoch: int
+
+
+def read_owner_file(table_root: Storage, where: str) -> Owner | None:
+    """The owner the marker file at a (Delta) table's root names, or None if there is none."""
+    try:
+        found = json.loads(table_root.read(OWNER_MARKER))
+        if not isinstance(found, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise TableOwnershipError(
+            f"{where}: the table's owner marker {table_root.describe_path(OWNER_MARKER)} is not valid JSON ({exc}); "
+            "check which pipeline writes the table, then delete the marker and commit again") from None
+    return Owner(str(found.get("store_id") or ""), str(found.get("pipeline") or ""), str(found.get("store") or ""))
+
+
+def claim_owner_file(table_root: Storage, request: TableCommit, where: str) -> None:
+    """Create the owner marker at a (Delta) table's root; refuse if another owner's won meanwhile."""
+    try:
+        table_root.create_exclusive(OWNER_MARKER, owner_for(request).to_json())
+    except AlreadyExistsError:  # a racing committer claimed it first: it must be this owner
+        check_owner(request, read_owner_file(table_root, where), where)
+
+
+def store_id_of(request: TableCommit) -> str:
+    """``request.store_id``, or the id of the store whose pipeline directory ``staged`` is."""
+    if request.store_id:
+        return request.store_id
+    staged = request.staged
+    return store_id(type(staged)(staged.url.rsplit("/", 1)[0], staged.storage_options))
+
+
+def owner_for(request: TableCommit) -> Owner:
+    """This request's pipeline and store as a table owner."""
+    return Owner(store_id_of(request), request.pipeline, request.store)
+
+
+def owner_properties(request: TableCommit) -> dict[str, str]:
+    """The table properties claiming the table for this request's pipeline and store."""
+    owner = owner_for(request)
+    return {OWNER: owner.value, OWNER_STORE: owner.store}
+
+
+def marker_keys(pipeline: str, sink: str) -> dict[str, str]:
+    """The Iceberg table properties of one sink's marker, by field (epoch, store-id, store)."""
+    return {field: f"{PREFIX}.{pipeline}.{sink}.{field}" for field in ("epoch", "store-id", "store")}
+
+
+def marker_for(request: TableCommit) -> dict[str, str]:
+    """The Iceberg table properties a commit of ``request`` sets: its marker and the owner."""
+    keys = marker_keys(request.pipeline, request.sink.sink)
+    return {keys["epoch"]: str(request.epoch), keys["store-id"]: store_id_of(request),
+            keys["store"]: request.store, **owner_properties(request)}
+
+
+def iceberg_marker(properties: Mapping[str, str], request: TableCommit, where: str) -> Marker | None:
+    """This sink's marker among an Iceberg table's properties (None: never committed)."""
+    keys = marker_keys(request.pipeline, request.sink.sink)
+    value = properties.get(keys["epoch"])
+    if value is None:
+        return None
+    try:
+        epoch = int(value)
+    except ValueError:
+        raise TableOwnershipError(
+            f"{where}: table property {keys['epoch']} is {value!r}, not an epoch number; set it to the last "
+            "epoch committed into the table (see the snapshot summaries) and commit again") from None
+    return Marker(properties.get(keys["store-id"], ""), request.pipeline, request.sink.sink, epoch)
+
+
+def delta_app_id(request: TableCommit) -> str:
+    """The Delta application id of this request's store, pipeline and sink."""
+    return f"{PREFIX}/{store_id_of(request)}/{request.pipeline}/{request.sink.sink}"
+
+
+def placement(request: TableCommit) -> str:
+    """The part of a placed file's path that names its epoch: ``<pipeline>/<sink>/<store>-e<epoch>``.
+
+    Names hold no ``/``, so no two (store, pipeline, sink, epoch) share it, whatever ``-``
+    the names contain; the store's short id keeps a handed-over table's new epochs from
+    landing on the files of the previous owner's epochs of the same number.
+    """
+    return f"{request.pipeline}/{request.sink.sink}/{short(store_id_of(request))}-e{request.epoch}"
+
+
+def placed_epoch(path: str, request: TableCommit) -> int | None:
+    """The epoch of this store's pipeline and sink that placed the data file ``path`` (None: not ours).
+
+    The inverse of :func:`placement`: what a replay reads to find the files the epochs it
+    replaces added to a table (Iceberg: ``.../<placement>/<file>``, Delta:
+    ``.../<placement>-<n>.parquet``).
+    """
+    prefix = f"/{request.pipeline}/{request.sink.sink}/{short(store_id_of(request))}-e"
+    at = ("/" + path).rfind(prefix)
+    if at < 0:
+        return None
+    digits = ("/" + path)[at + len(prefix):]
+    end = next((i for i, c in enumerate(digits) if not c.isdigit()), len(digits))
+    return int(digits[:end]) if 0 < end < len(digits) and digits[end] in "/-" else None
+
+
+def _recorded_in(request: TableCommit) -> tuple[str, str]:
+    """Where the table records its owner, and how to release it (for messages)."""
+    if request.table.get("type") == "delta":
+        uri = str(request.table.get("uri") or request.sink.target_url).rstrip("/")
+        return f"owner marker {uri}/{OWNER_MARKER}", f"delete its owner marker {uri}/{OWNER_MARKER}"
+    if request.table.get("type") == "postgres":
+        table = str(request.table.get("table"))
+        owners = f"{table.rpartition('.')[0] or 'public'}.seatunnel_ckpt_owners"
+        return f"owner row in {owners}", f"delete its row: DELETE FROM {owners} WHERE target_table = '{table}'"
+    return f"table property {OWNER}", (
+        f"remove its table property {OWNER}, e.g. with pyiceberg: catalog.load_table("
+        f"{request.table.get('identifier')!r}).transaction().remove_properties({OWNER!r}).commit_transaction()")
+
+
+def check_owner(request: TableCommit, found: Owner | None, where: str) -> None:
+    """TableOwnershipError if the table is owned by another pipeline or another store."""
+    mine = owner_for(request)
+    if found is None or (found.store_id, found.pipeline) == (mine.store_id, mine.pipeline):
+        return
+    if found.store_id == mine.store_id:
+        why = "another pipeline of this store writes it"
+    elif found.store and found.store == mine.store:
+        why = ("the store at this URL was wiped and recreated since (a new store id), so its epochs restarted "
+               "and are not the table's")
+    else:
+        why = "another checkpoint store writes it, and the epochs of two stores are unrelated"
+    recorded, release = _recorded_in(request)
+    raise TableOwnershipError(
+        f"{where}: the table belongs to {found.describe()} ({recorded}), not to {mine.describe()}: {why}. "
+        f"Nothing was committed. Give this sink its own table; or, if the table was deliberately handed over "
+        f"(the store was recreated or moved, another pipeline takes over), {release}, and commit again: the "
+        "next commit claims it")
+
+
+def log_reaches(request: TableCommit, epoch: int, decided: bool) -> bool:
+    """Whether this pipeline's log holds ``epoch`` decided commit (``decided``: the request's own is)."""
+    if decided and epoch == request.epoch:
+        return True
+    log = TransactionLog(request.staged, request.pipeline)
+    try:
+        state = log.state(epoch)
+    except EpochNotFoundError:  # settled and no longer listed, or never there
+        return log.settled.read().record.states().get(epoch) is EpochState.COMMITTED
+    if state is EpochState.COMMITTED:
+        return True
+    decision = log.read_decision(epoch) if state is EpochState.COMMITTING else None
+    return decision is not None and decision.decision is Decision.COMMIT
+
+
+def check_marker(request: TableCommit, owner: Owner | None, marker: Marker | None, where: str, *,
+                 decided: bool) -> int | None:
+    """The epoch the table holds for this store's pipeline and sink (None: none), or a refusal.
+
+    ``decided``: the request's epoch is decided commit (the commit path); before the
+    decision it is not, and the table cannot hold it yet. A marker of another store is
+    refused while that store owns the table, and disregarded once the table was handed
+    over (its owner is this pipeline, or nobody). A marker of this store at or above the
+    epoch counts only if this pipeline's log reaches it.
+    """
+    check_owner(request, owner, where)
+    if marker is None:
+        return None
+    mine = store_id_of(request)
+    if marker.store_id != mine:
+        return None  # the previous owner's, before the table was handed over: not this store's epochs
+    if marker.epoch >= request.epoch and not log_reaches(request, marker.epoch, decided):
+        raise TableOwnershipError(
+            f"{where}: the table records epoch {marker.epoch} of this pipeline's sink as committed by this store "
+            f"({mine}, {request.store}), but the store's log of pipeline {request.pipeline!r} has no commit "
+            f"decision for epoch {marker.epoch}: the pipeline was removed and started again, so its epochs are "
+            f"not the table's. Nothing was committed; treating epoch {request.epoch} as already in the table would "
+            "lose its rows. Give this sink its own table, or rename the pipeline or the sink")
+    return marker.epoch
+
+
+def delta_marker(table: Any, request: TableCommit) -> Marker | None:
+    """This store's, pipeline's and sink's application transaction in a Delta table."""
+    version = table.transaction_version(delta_app_id(request))
+    return None if version is None else Marker(store_id_of(request), request.pipeline, request.sink.sink, version)

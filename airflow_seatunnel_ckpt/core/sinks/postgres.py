@@ -1,0 +1,774 @@
+"""The PostgreSQL commit of a table sink: one database transaction per sink per epoch, with psycopg 3.
+
+:func:`commit` loads a commit-decided epoch's staged Parquet into a PostgreSQL table
+exactly once. Everything happens in **one** transaction:
+
+1. **the epoch's marker row first**: ``INSERT INTO <schema>.seatunnel_ckpt_epochs (store_id,
+   pipeline, sink, epoch, ...) ON CONFLICT DO NOTHING``, primary key (store_id, pipeline, sink,
+   epoch). A racing committer of the same epoch (a task retry, the recovery DAG) blocks on
+   that row until the first transaction ends: if it committed, the insert does nothing and
+   the second committer rolls back ("already"); if it rolled back (its connection died), the
+   second one goes on. A commit retried after its transaction committed finds the row too.
+2. **the table's owner**: ``<schema>.seatunnel_ckpt_owners`` (one row per table: store id,
+   pipeline) is claimed before the first epoch's decision (:func:`claim_owner`), else by the
+   first commit; another store's or pipeline's table is refused
+   (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
+   lacks too (:func:`markers.check_marker`).
+3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by
+   pyarrow from the staged Parquet, streamed batch by batch); ``upsert``: ``COPY`` into a
+   temporary table, then ``MERGE`` it into the table on ``merge_keys`` (``INSERT ... ON
+   CONFLICT DO UPDATE`` before PostgreSQL 15). A new table is created first when
+   ``create_table`` is set (the merge keys its primary key). ``epoch_column`` is filled
+   with the epoch; a replay first deletes the rows of the epochs it replaces by it. An
+   upsert keeps the rows it changes as they were before it (:data:`IMAGES`), which a
+   replay from a later epoch restores first (:func:`_restore_before`); a full refresh
+   empties the table first.
+
+The transaction commits the rows and the marker together, so the marker says exactly
+whether the epoch landed, also after a crash between the database's commit and the log's
+``committed`` record: the next commit (recovery) finds the marker and writes nothing.
+The append path copies straight into the table: inside the transaction that is as atomic
+as a staging table and an ``INSERT ... SELECT``, at the cost of one copy of the rows.
+
+Refusals come first: :func:`precheck` (run by ``Pipeline.decide``) checks the table exists
+(or ``create_table``), every staged column exists with a compatible type, the columns the
+epoch does not write have a default (a stage that stops writing a column is refused, as
+the Iceberg and Delta sinks refuse it), the merge keys are the table's primary key or
+a unique constraint, the staged keys are never NULL nor repeated, and the owner and
+markers; then a trial load (:func:`trial_load`: the commit's own load in a transaction
+always rolled back) finds what only the table knows (its constraints, the values its
+columns hold). The commit repeats the checks inside its transaction (a table altered
+after the decision; rows the table refuses then are final, never retried). After the
+decision only transient failures remain: a lost connection, a serialization failure or a
+deadlock is retried (tenacity) and then raised as :class:`StorageError`, the epoch staying
+COMMITTING.
+
+The connection string comes from the sink's ``conninfo`` or, for ``postgres_conn_id``, from
+a registered secret resolver (the Airflow layer's :mod:`hooks.postgres_connection`), so a
+password is never in the checkpoint store.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import psycopg
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+import tenacity
+from psycopg import sql
+
+from airflow_seatunnel_ckpt.core import layout
+from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
+from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
+from airflow_seatunnel_ckpt.core.sinks import TableCommit, check_staged_merge_keys, markers, staged_rows, staged_schema
+from airflow_seatunnel_ckpt.core.sinks.postgres_options import PostgresOptions, parse
+from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
+
+log = logging.getLogger(__name__)
+
+#: The marker table (one row per committed epoch of a sink) in the sink table's schema.
+EPOCHS = "seatunnel_ckpt_epochs"
+#: The owner table (one row per table a pipeline writes) in the sink table's schema.
+OWNERS = "seatunnel_ckpt_owners"
+#: The before-images of upsert sinks (per epoch, each key it changed and its row before, NULL: none), in the
+#: sink table's schema: what a replay from a later epoch restores (:func:`_restore_before`).
+IMAGES = "seatunnel_ckpt_before_images"
+#: The ``key`` of the row that says an epoch kept its before-images (an epoch changing no key has only it).
+_KEPT = "{}"
+#: How the result names an upsert's commit.
+MERGED = "merged"
+#: How the result names a replay's commit (the replaced epochs' rows deleted, the new ones added).
+REPLACED = "replaced"
+#: Rows per batch a ``COPY`` streams from the staged Parquet (its memory: one batch and its CSV).
+COPY_BATCH_ROWS = 16384
+#: The first PostgreSQL version with ``MERGE`` (``server_version`` form).
+MERGE_SINCE = 150000
+#: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock
+#: (both ``OperationalError``). A racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables
+#: is turned into a :class:`StorageError` where it happens (:func:`_bookkeeping`).
+TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
+#: Errors in which the table refuses the epoch's rows (a constraint, a value a column cannot hold,
+#: two rows one key, a trigger's ``RAISE``): the same on every attempt, so a refusal, not transient.
+REFUSALS = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.CardinalityViolation,
+            psycopg.errors.RaiseException, psycopg.errors.InsufficientPrivilege)
+#: The temporary column a replay's upsert loads each row's replayed epoch into (never in the table).
+_REPLAYED = "__seatunnel_ckpt_replayed"
+#: The column a ``COPY`` error's context names.
+_COPY_COLUMN = re.compile(r"^COPY .*?, line \d+, column (.+?): ")
+#: SQLSTATE -> what the user can do about the rows the table refused (:func:`refused`).
+_WAY_OUT = {
+    "23505": "The table holds one of the epoch's keys already, or two of the epoch's rows are one key as the table "
+             "compares them (a char(n) key compares padded: 'a' and 'a ' are one key): de-duplicate in the stage (an "
+             "append adds every row it is given: rows that may come again need mode 'upsert' with merge_keys)",
+    "23502": "Fill or filter the NULLs in the stage, or give the column a default (or drop NOT NULL)",
+    "23514": "Filter the rows the constraint rejects in the stage, or alter the constraint",
+    "23503": "Load the referenced rows first, or filter the rows without them in the stage",
+    "22001": "Shorten the values in the stage, or widen the column (ALTER TABLE ... ALTER COLUMN ... TYPE)",
+    "22003": "Round or cap the values in the stage, or widen the column's numeric(p,s)",
+    "22021": "PostgreSQL text cannot hold the NUL character (\\x00): remove it in the stage (Spark SQL: "
+             "regexp_replace(col, '\\\\x00', ''))",
+    "21000": "Two of the epoch's rows are one key as the table compares them (char(n) padding, a collation): "
+             "de-duplicate in the stage on the key as the table sees it (e.g. rtrim)",
+    "42501": "Grant the role the privilege, or connect as a role that has it",
+}
+
+#: Arrow type -> the PostgreSQL type ``create_table`` gives a column.
+_CREATE = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "uint8": "smallint",
+           "uint16": "integer", "uint32": "bigint", "float": "real", "double": "double precision",
+           "bool": "boolean", "string": "text", "large_string": "text", "date32[day]": "date"}
+#: PostgreSQL types (``pg_type.typname``) a staged Arrow column can be loaded into.
+_INTEGERS = {"int8": {"int2", "int4", "int8", "numeric"}, "int16": {"int2", "int4", "int8", "numeric"},
+             "int32": {"int4", "int8", "numeric"}, "int64": {"int8", "numeric"},
+             "uint8": {"int2", "int4", "int8", "numeric"}, "uint16": {"int4", "int8", "numeric"},
+             "uint32": {"int8", "numeric"}}
+_TEXT = {"text", "varchar", "bpchar", "json", "jsonb", "uuid"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the target table as the catalog describes it."""
+
+    name: str
+    typname: str
+    declared: str
+    required: bool  # without a default (nor identity, nor generated): every epoch must write it
+
+
+def identify(request: TableCommit) -> tuple[PostgresOptions, str]:
+    """The sink's checked options and how messages name the epoch's commit."""
+    options = parse(request.table, f"pipeline {request.pipeline!r} sink {request.sink.sink!r}")
+    return options, f"{request.where} (PostgreSQL table {options.table})"
+
+
+def conninfo(request: TableCommit, options: PostgresOptions, where: str) -> str:
+    """The libpq connection string: from the secret resolvers (``postgres_conn_id``), else ``conninfo``."""
+    found = request.secrets().get("conninfo") or options.conninfo
+    if not found:
+        raise ConfigError(f"{where}: the sink names the Airflow connection {options.postgres_conn_id!r}, but no "
+                          "resolver turned it into a connection string here; commit where the Airflow layer is "
+                          "imported (the commit task, the recovery DAG), or give the sink a conninfo")
+    return str(found)
+
+
+@contextmanager
+def connect(dsn: str, options: PostgresOptions, where: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection (transactions are explicit) with the sink's bounded waits.
+
+    ``lock_timeout`` makes a wait for a lock (the marker row of a committer paused
+    mid-transaction) fail, transiently, instead of blocking until TCP notices;
+    ``idle_in_transaction_session_timeout`` makes the server end such a paused session,
+    releasing its locks for the next attempt. A failure to connect is transient.
+    """
+    try:
+        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=30, application_name="seatunnel-ckpt")
+    except psycopg.OperationalError as exc:
+        raise StorageError(f"{where}: cannot connect to PostgreSQL: {str(exc).strip()}. Check the connection "
+                           "(host, port, credentials) and retry") from exc
+    with conn:
+        settings = options.session_settings()
+        conn.execute(sql.SQL("SELECT {}").format(sql.SQL(", ").join(
+            sql.SQL("set_config({}, {}, false)").format(sql.Literal(k), sql.Literal(v)) for k, v in settings.items())))
+        yield conn
+
+
+def retrying(request: TableCommit, where: str, what: str,
+             also: tuple[type[Exception], ...] = ()) -> tenacity.Retrying:
+    """Transient database errors (and ``also``) retried ``request.retries`` times with backoff (then raised)."""
+
+    def log_retry(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("%s: %s failed (%s: %s); trying again", where, what, type(exc).__name__, exc)
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type((*TRANSIENT, StorageError, *also)),
+        stop=tenacity.stop_after_attempt(request.retries + 1),
+        wait=tenacity.wait_exponential(multiplier=0.05, max=5), before_sleep=log_retry, reraise=True)
+
+
+def _transient(exc: Exception, request: TableCommit, where: str, what: str) -> StorageError:
+    waited = ""
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        waited = (" Another session holds a lock it needs past lock_timeout_s (e.g. a committer of this epoch "
+                  "paused inside its transaction, which the server ends after idle_in_transaction_timeout_s; "
+                  "pg_stat_activity shows it).")
+    elif isinstance(exc, psycopg.errors.QueryCanceled):
+        waited = " A statement ran past statement_timeout_s; raise it in the sink's options for epochs this large."
+    return StorageError(
+        f"{where}: {what} failed {request.retries + 1} time(s), last with {type(exc).__name__}: "
+        f"{str(exc).strip()}.{waited} The database rolled the transaction back, so nothing of the epoch is in the "
+        "table; run it again (the commit task's retry or the recovery DAG)")
+
+
+# -- the commit ------------------------------------------------------------------------
+def commit(request: TableCommit) -> PublishedSink:
+    """Load ``request``'s staged rows and its marker in one transaction (see the module docs).
+
+    Rows the table refuses (:data:`REFUSALS`) are final: the trial load before the decision
+    found none, so the table changed since, and a retry cannot help. An upsert's unique
+    violation alone is retried first: another writer inserted one of the epoch's keys
+    meanwhile, which the next attempt's ``MERGE`` matches.
+    """
+    options, where = identify(request)
+    dsn = conninfo(request, options, where)
+    raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()
+    try:
+        how = retrying(request, where, "the commit", raced)(_commit_once, request, options, dsn, where)
+    except REFUSALS as exc:
+        raise ConfigError(refused(exc, request, options, where)) from exc
+    except TRANSIENT as exc:
+        raise _transient(exc, request, where, "the commit") from exc
+    log.info("%s: %s", where, "the table already holds the epoch (its marker row exists)"
+             if how == PublishMethod.ALREADY else f"committed {request.sink.rows} row(s) with the epoch's marker")
+    return _published(request, options, how)
+
+
+def _commit_once(request: TableCommit, options: PostgresOptions, dsn: str, where: str) -> str:
+    with connect(dsn, options, where) as conn:
+        _bookkeeping(conn, options, where)
+        with conn.transaction():
+            if not _claim_marker(conn, request, options):
+                return PublishMethod.ALREADY  # a previous or racing commit landed it: this transaction ends empty
+            _claim_owner(conn, request, options, where)
+            return _load(conn, request, options, staged_schema(request, where), where)
+
+
+def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema | None,
+          where: str) -> str:
+    """The epoch's rows into the table, inside the caller's transaction: the commit's and the trial load's.
+
+    A replay first deletes the rows of the epochs it replaces (:func:`_delete_replaced`).
+    Creates a missing table (``create_table``), checks its columns (and the merge keys'
+    unique constraint) as the catalog has them now, then ``COPY`` (append) or ``COPY`` and
+    ``MERGE`` (upsert), ``epoch_column`` filled with the epoch. How the rows landed.
+    """
+    if request.sink.replaces and options.merge_keys and request.sink.full_refresh:
+        conn.execute(sql.SQL("DELETE FROM {}").format(_qualified(options)))
+    elif request.sink.replaces and options.merge_keys:
+        _restore_before(conn, request, options, where)
+    elif request.sink.replaces:
+        _delete_replaced(conn, request, options, where)
+    if schema is None:  # no staged file: nothing to load
+        return REPLACED if request.sink.replaces else PublishMethod.ALREADY
+    written = _written(schema, options, where)
+    table = _table_columns(conn, options)
+    if table is None:
+        if not options.create_table:
+            raise ConfigError(_no_table(options, where))
+        conn.execute(_create_statement(options, written, where))
+        table = _table_columns(conn, options)
+        assert table is not None
+    check_columns(table, written, options, where)
+    if options.merge_keys:
+        check_unique(conn, options, where)
+        _upsert(conn, request, options, written)
+        return MERGED
+    _copy(conn, request, _qualified(options), written.names, options)
+    return REPLACED if request.sink.replaces else PublishMethod.COPY
+
+
+def _key_of(alias: str, options: PostgresOptions) -> sql.Composable:
+    """``jsonb_build_object('k', <alias>.k, ...)``: a row's merge key as the before-images hold it."""
+    return sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(
+        sql.SQL("{}, {}.{}").format(sql.Literal(k), sql.Identifier(alias), sql.Identifier(k))
+        for k in options.merge_keys))
+
+
+def _keep_images(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+                 keys: sql.Composable) -> None:
+    """Record the table's current row (NULL: none) of each key ``keys`` (a table with a ``key`` jsonb
+    column) as this epoch's before-image, and that the epoch kept them; a key recorded already keeps its
+    first image (the row before the epoch changed anything)."""
+    found = conn.execute("SELECT to_regclass(%s)", (_qualified(options, IMAGES).as_string(conn),)).fetchone()
+    if found is None or found[0] is None:  # the trial load before the first commit creates the bookkeeping
+        return
+    ids = (markers.store_id_of(request), request.pipeline, request.sink.sink, request.epoch)
+    conn.execute(sql.SQL(
+        "INSERT INTO {} (store_id, pipeline, sink, epoch, key, image) SELECT %s, %s, %s, %s, k.key, to_jsonb(t) "
+        "FROM {} AS k LEFT JOIN {} AS t ON {} = k.key UNION ALL SELECT %s, %s, %s, %s, %s::jsonb, NULL "
+        "ON CONFLICT DO NOTHING").format(_qualified(options, IMAGES), keys, _qualified(options),
+                                         _key_of("t", options)), (*ids, *ids, _KEPT))
+
+
+def _restore_before(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """A replay from a later epoch of an upsert sink: each key the replaced epochs changed gets its row
+    from before the first of them back (or goes, if it had none), from their before-images.
+
+    The replay epoch keeps its own before-images of those keys first (a later replay may
+    replace it in turn). Refused (ConfigError, so by the trial load before the decision)
+    when a replaced epoch that committed into the table kept none: it was committed before
+    before-images were kept, or they were deleted.
+    """
+    ids = (markers.store_id_of(request), request.pipeline, request.sink.sink)
+    replaced = sorted(request.sink.replaces)
+    lacking = conn.execute(sql.SQL(
+        "SELECT array_agg(m.epoch ORDER BY m.epoch) FROM {} AS m WHERE m.store_id = %s AND m.pipeline = %s "
+        "AND m.sink = %s AND m.epoch = ANY(%s) AND NOT EXISTS (SELECT 1 FROM {} AS i WHERE i.store_id = m.store_id "
+        "AND i.pipeline = m.pipeline AND i.sink = m.sink AND i.epoch = m.epoch AND i.key = %s::jsonb)").format(
+        _qualified(options, EPOCHS), _qualified(options, IMAGES)), (*ids, replaced, _KEPT)).fetchone()
+    if lacking and lacking[0]:
+        raise ConfigError(
+            f"{where}: epoch(s) {lacking[0]} of this sink kept no before-images in {options.schema}.{IMAGES} "
+            f"(committed before they were kept, or deleted), and a replay from epoch {replaced[0]} restores the "
+            f"values the keys had before epoch {replaced[0]} of this sink from them. Nothing was changed. Replay "
+            "from epoch 1 (a full refresh, which needs no history)")
+    restore = sql.Identifier(f"seatunnel_ckpt_restore_{request.epoch}")
+    conn.execute(sql.SQL(
+        "CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT DISTINCT ON (key) key, image FROM {} WHERE store_id = %s "
+        "AND pipeline = %s AND sink = %s AND epoch = ANY(%s) AND key <> %s::jsonb ORDER BY key, epoch").format(
+        restore, _qualified(options, IMAGES)), (*ids, replaced, _KEPT))
+    _keep_images(conn, request, options, restore)
+    conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS r WHERE {} = r.key").format(
+        _qualified(options), restore, _key_of("t", options)))
+    conn.execute(sql.SQL("INSERT INTO {} SELECT (jsonb_populate_record(NULL::{}, r.image)).* FROM {} AS r "
+                         "WHERE r.image IS NOT NULL").format(_qualified(options), _qualified(options), restore))
+
+
+def _written(schema: pa.Schema, options: PostgresOptions, where: str) -> pa.Schema:
+    """The columns a commit writes: the staged ones and ``epoch_column`` (``bigint``, the epoch)."""
+    if not options.epoch_column:
+        return schema
+    if options.epoch_column in schema.names:
+        raise ConfigError(f"{where}: the staged files have a column {options.epoch_column!r}, which the sink fills "
+                          "with the epoch (epoch_column); drop or rename it in the stage, or name another epoch_column")
+    return schema.append(pa.field(options.epoch_column, pa.int64()))
+
+
+def _delete_replaced(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """Delete the rows the epochs a replay replaces appended (``epoch_column`` says which).
+
+    Refused (ConfigError) without ``epoch_column``, and when the marker table records any of
+    those epochs for another store or pipeline (a table handed over): their rows carry the
+    same numbers, and only this pipeline's may go.
+    """
+    replaced = sorted(request.sink.replaces)
+    if not options.epoch_column:
+        raise ConfigError(f"{where}: a replay replaces epochs {replaced} of the table {options.table}, whose rows a "
+                          "commit tells apart by epoch only through epoch_column, which the sink's options lack now. "
+                          "Nothing was changed. Give the sink its epoch_column back, then replay again")
+    others = conn.execute(sql.SQL(
+        "SELECT DISTINCT store_id, pipeline FROM {} WHERE target_table = %s AND epoch = ANY(%s) "
+        "AND (store_id, pipeline) <> (%s, %s)").format(_qualified(options, EPOCHS)),
+        (options.table, replaced, markers.store_id_of(request), request.pipeline)).fetchall()
+    if others:
+        raise ConfigError(f"{where}: the table {options.table} also holds epochs {replaced} of {others} (store id, "
+                          f"pipeline; the table was handed over), and {options.epoch_column!r} cannot tell their rows "
+                          "from this pipeline's. Nothing was changed. Replay into a table of this pipeline alone, or "
+                          "delete the replaced rows yourself")
+    conn.execute(sql.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
+        _qualified(options), sql.Identifier(options.epoch_column)), (replaced,))
+
+
+def refused(exc: psycopg.Error, request: TableCommit, options: PostgresOptions, where: str) -> str:
+    """The message for rows the table refused: the table, the column and constraint, the row, the way out."""
+    diag = exc.diag
+    in_copy = _COPY_COLUMN.search(diag.context or "")  # "COPY orders, line 2, column name: "toolong""
+    column = diag.column_name or (in_copy.group(1) if in_copy else None) or (
+        _column_holding_nul(request) if diag.sqlstate == "22021" else None)
+    named = "; ".join(part for part in (
+        f"column {column!r}" if column else "", f"constraint {diag.constraint_name!r}" if diag.constraint_name else "",
+        (diag.message_detail or "").strip(), (diag.context or "").strip().replace("\n", " / ")) if part)
+    return (f"{where}: the table {options.table} refuses the epoch's rows: {(diag.message_primary or str(exc)).strip()}"
+            f"{f' ({named})' if named else ''}. Nothing was committed. "
+            + _WAY_OUT.get(diag.sqlstate or "", "Fix the rows in the stage, or alter the table"))
+
+
+def _column_holding_nul(request: TableCommit) -> str | None:
+    """The first staged text column with a NUL character (PostgreSQL's error names none)."""
+    import pyarrow.compute as pc
+
+    staged = staged_rows(request)
+    for name in staged.column_names:
+        column = staged.column(name)
+        if pa.types.is_string(column.type) and pc.any(pc.match_substring(column, "\x00")).as_py():
+            return str(name)
+    return None
+
+
+def _qualified(options: PostgresOptions, name: str | None = None) -> sql.Identifier:
+    return sql.Identifier(options.schema, name or options.name)
+
+
+def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+    """Create the marker and owner tables in the table's schema if missing (own transaction).
+
+    Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
+    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``. Two
+    first commits racing: the loser's ``CREATE`` meets a unique violation in the catalog,
+    raised as a (transient) :class:`StorageError`, and its next attempt finds the tables.
+    """
+    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", (
+        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
+        _qualified(options, IMAGES).as_string(conn))).fetchone()
+    if found is not None and None not in found:
+        return
+    try:
+        _create_bookkeeping(conn, options)
+    except psycopg.errors.UniqueViolation as exc:
+        raise StorageError(f"{where}: creating {EPOCHS} and {OWNERS} in schema {options.schema} raced another "
+                           f"first commit ({str(exc).strip()}); trying again finds them") from exc
+
+
+def _create_bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> None:
+    with conn.transaction():
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (store_id text NOT NULL, pipeline text NOT NULL, sink text NOT NULL, "
+            "epoch bigint NOT NULL, target_table text NOT NULL, store text NOT NULL, rows bigint NOT NULL, "
+            "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (store_id, pipeline, sink, epoch))"
+        ).format(_qualified(options, EPOCHS)))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (target_table text PRIMARY KEY, store_id text NOT NULL, "
+            "pipeline text NOT NULL, store text NOT NULL, claimed_at timestamptz NOT NULL DEFAULT now())"
+        ).format(_qualified(options, OWNERS)))
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (store_id text NOT NULL, pipeline text NOT NULL, sink text NOT NULL, "
+            "epoch bigint NOT NULL, key jsonb NOT NULL, image jsonb, "
+            "PRIMARY KEY (store_id, pipeline, sink, epoch, key))"
+        ).format(_qualified(options, IMAGES)))
+
+
+def _claim_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions) -> bool:
+    """Insert the epoch's marker row; False if it exists (waits for a racing transaction holding it)."""
+    row = conn.execute(sql.SQL(
+        "INSERT INTO {} (store_id, pipeline, sink, epoch, target_table, store, rows) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING epoch"
+    ).format(_qualified(options, EPOCHS)), (markers.store_id_of(request), request.pipeline, request.sink.sink,
+                                            request.epoch, options.table, request.store, request.sink.rows))
+    return row.fetchone() is not None
+
+
+def _claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str, *,
+                 decided: bool = True) -> None:
+    """Claim the table for this store's pipeline (if nobody has), then judge owner and markers."""
+    owner = markers.owner_for(request)
+    conn.execute(sql.SQL("INSERT INTO {} (target_table, store_id, pipeline, store) VALUES (%s, %s, %s, %s) "
+                         "ON CONFLICT DO NOTHING").format(_qualified(options, OWNERS)),
+                 (options.table, owner.store_id, owner.pipeline, owner.store))
+    found, marker = _owner_and_marker(conn, request, options, exclude_own=True)
+    markers.check_marker(request, found, marker, where, decided=decided)
+
+
+def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, *,
+                      exclude_own: bool = False) -> tuple[markers.Owner | None, markers.Marker | None]:
+    """The table's owner and this store's pipeline's sink's newest marker (None when absent)."""
+    owners = conn.execute("SELECT to_regclass(%s)", (_qualified(options, OWNERS).as_string(conn),)).fetchone()
+    if owners is None or owners[0] is None:
+        return None, None
+    row = conn.execute(sql.SQL("SELECT store_id, pipeline, store FROM {} WHERE target_table = %s").format(
+        _qualified(options, OWNERS)), (options.table,)).fetchone()
+    owner = markers.Owner(row[0], row[1], row[2]) if row else None
+    store_id = markers.store_id_of(request)
+    newest = conn.execute(sql.SQL(
+        "SELECT max(epoch) FROM {} WHERE store_id = %s AND pipeline = %s AND sink = %s AND epoch <> %s"
+    ).format(_qualified(options, EPOCHS)), (store_id, request.pipeline, request.sink.sink,
+                                           request.epoch if exclude_own else -1)).fetchone()
+    epoch = newest[0] if newest else None
+    return owner, (None if epoch is None else markers.Marker(store_id, request.pipeline, request.sink.sink, epoch))
+
+
+def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable, columns: Sequence[str],
+          options: PostgresOptions) -> None:
+    """``COPY`` the staged files' rows into ``table``, streamed: one Parquet batch at a time as CSV.
+
+    Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
+    each batch is read from its file, written as CSV by pyarrow and handed to the ``COPY``.
+    ``options.epoch_column`` among ``columns`` is filled with the epoch, :data:`_REPLAYED`
+    with the replayed epoch that staged the file (:func:`layout.replayed_epoch`).
+    """
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+        table, sql.SQL(", ").join(map(sql.Identifier, columns)))
+    staged = [c for c in columns if c not in (options.epoch_column, _REPLAYED)]
+    csv = pa_csv.WriteOptions(include_header=False, batch_size=COPY_BATCH_ROWS)
+    with conn.cursor() as cur, cur.copy(statement) as copy:
+        for f in request.sink.files:
+            if not f.path.endswith(".parquet"):
+                continue
+            with request.staged.open_read(f"{request.sink.staging}/{f.path}") as fh:
+                for batch in pq.ParquetFile(fh).iter_batches(batch_size=COPY_BATCH_ROWS, columns=staged):
+                    if not batch.num_rows:
+                        continue
+                    stamps = {options.epoch_column: request.epoch,
+                              _REPLAYED: layout.replayed_epoch(f.path) or request.epoch}
+                    for column in columns:
+                        if column in stamps and column not in staged:
+                            batch = batch.append_column(column, pa.repeat(pa.scalar(stamps[column], pa.int64()),
+                                                                          batch.num_rows))
+                    out = pa.BufferOutputStream()
+                    pa_csv.write_csv(batch.select(list(columns)), out, csv)
+                    copy.write(memoryview(out.getvalue()))
+
+
+def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema) -> None:
+    """COPY into a temporary table, then ``MERGE`` it into the table (``INSERT ... ON CONFLICT`` before
+    PostgreSQL 15).
+
+    ``MERGE`` joins the two tables once (a hash join, given the temporary table's statistics)
+    where ``ON CONFLICT`` probes the key index row by row: about twice as fast for a large
+    epoch. Both keep the columns the epoch does not write. Concurrent committers of this
+    epoch never run it together (the marker row serialises them); another writer inserting
+    one of the epoch's keys meanwhile makes it fail with a unique violation, which is retried.
+    """
+    staging = sql.Identifier(f"seatunnel_ckpt_stage_{request.epoch}")
+    columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
+    conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
+        staging, columns, _qualified(options)))
+    if request.sink.replaces:  # a replay's epochs may each write a key: the newest replayed epoch's row wins
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint").format(staging, sql.Identifier(_REPLAYED)))
+        _copy(conn, request, staging, [*schema.names, _REPLAYED], options)
+        conn.execute(sql.SQL("DELETE FROM {} AS s USING {} AS n WHERE {} AND n.{} > s.{}").format(
+            staging, staging, sql.SQL(" AND ").join(sql.SQL("s.{} = n.{}").format(sql.Identifier(k), sql.Identifier(k))
+                                                    for k in options.merge_keys),
+            sql.Identifier(_REPLAYED), sql.Identifier(_REPLAYED)))
+    else:
+        _copy(conn, request, staging, schema.names, options)
+    if not request.sink.full_refresh:  # a full refresh is never replaced but by another one
+        _keep_images(conn, request, options, sql.SQL("(SELECT {} AS key FROM {} AS s)").format(
+            _key_of("s", options), staging))
+    others = [c for c in schema.names if c not in options.merge_keys]
+    if conn.info.server_version >= MERGE_SINCE:
+        conn.execute(sql.SQL("ANALYZE {}").format(staging))
+        matched = (sql.SQL(" WHEN MATCHED THEN UPDATE SET ") + sql.SQL(", ").join(
+            sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others)
+                   if others else sql.SQL(""))
+        conn.execute(sql.SQL("MERGE INTO {} AS t USING {} AS s ON {}{} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({})")
+                     .format(_qualified(options), staging,
+                             sql.SQL(" AND ").join(sql.SQL("t.{} = s.{}").format(sql.Identifier(k), sql.Identifier(k))
+                                                   for k in options.merge_keys),
+                             matched, columns,
+                             sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in schema.names)))
+        return
+    action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
+        sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others)
+              if others else sql.SQL("DO NOTHING"))
+    conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
+        _qualified(options), columns, columns, staging,
+        sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)), action))
+
+
+def _published(request: TableCommit, options: PostgresOptions, how: str) -> PublishedSink:
+    sink = request.sink
+    return PublishedSink(sink.sink, sink.target_url, f"postgres table {options.table}", len(sink.files), sink.rows,
+                         sink.bytes, str(how))
+
+
+# -- the checks before the decision ----------------------------------------------------
+def precheck(request: TableCommit) -> None:
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
+
+    From the staged files' footers and key columns and the database's catalog: the table
+    (or ``create_table``), its columns and types, the merge keys' unique constraint, no
+    NULL or repeated staged key, and the owner and markers (:func:`markers.check_marker`).
+    """
+    options, where = identify(request)
+    if request.sink.mode is not SinkMode.CHANGES:
+        raise ConfigError(f"{where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
+                          f"{request.sink.mode.value!r} is not supported")
+    schema = staged_schema(request, where)
+    if schema is None and not request.sink.replaces:
+        return  # nothing to load; a replay without rows still deletes the replaced epochs' rows
+    unsupported = [f"{f.name} ({f.type})" for f in schema or [] if _loadable(f.type) is None]
+    if unsupported:
+        raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
+                          "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
+    if options.merge_keys and schema is not None:
+        check_staged_merge_keys(request, schema, list(options.merge_keys), where)
+    dsn = conninfo(request, options, where)
+    raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()  # as in the commit
+    try:
+        for attempt in retrying(request, where, "the trial load", raced):
+            with attempt, connect(dsn, options, where) as conn:
+                _precheck_table(conn, request, options, schema, where)
+    except REFUSALS as exc:
+        raise ConfigError(refused(exc, request, options, where)) from exc
+    except TRANSIENT as exc:
+        raise _transient(exc, request, where, "the trial load") from exc
+
+
+def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+                    schema: pa.Schema | None, where: str) -> None:
+    owner, marker = _owner_and_marker(conn, request, options)
+    newest = markers.check_marker(request, owner, marker, where, decided=False)
+    if newest is not None and newest > request.epoch:
+        raise ConfigError(
+            f"{where}: the marker table {options.schema}.{EPOCHS} records epoch {newest} of this sink, beyond this "
+            "epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
+            "table, or rename the pipeline or the sink")
+    if schema is not None:
+        _precheck_columns(conn, options, schema, where)
+    trial_load(conn, request, options, schema, where)
+    if owner is None:
+        claim_owner(conn, request, options, where)
+
+
+def _precheck_columns(conn: psycopg.Connection, options: PostgresOptions, schema: pa.Schema, where: str) -> None:
+    """The table (or ``create_table``), its columns and types, merge keys and privileges against the staged schema."""
+    written = _written(schema, options, where)
+    table = _table_columns(conn, options)
+    if table is None:
+        if not options.create_table:
+            raise ConfigError(_no_table(options, where))
+        if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (options.schema,)).fetchone() is None:
+            raise ConfigError(f"{where}: the schema {options.schema!r} does not exist in the database; create it "
+                              f"(CREATE SCHEMA {options.schema}) or name another table")
+        missing = [k for k in options.merge_keys if k not in schema.names]
+        if missing:
+            raise ConfigError(f"{where}: merge key(s) {missing} are not among the staged columns {schema.names}")
+        _create_statement(options, written, where)  # refuses columns it cannot create
+    else:
+        check_columns(table, written, options, where)
+        if options.merge_keys:
+            check_unique(conn, options, where)
+        check_privileges(conn, options, where)
+
+
+def claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+    """Claim a table nobody owns yet for this store's pipeline, before the decision (committed at once).
+
+    Two stores' (or pipelines') first epochs into one table: the first precheck to claim it
+    owns it, and the other is refused before its decision (:class:`TableOwnershipError`)
+    instead of by its commit after it. A claim whose epoch is aborted after all stays: the
+    table is this pipeline's, as after its first commit.
+    """
+    _bookkeeping(conn, options, where)
+    with conn.transaction():
+        _claim_owner(conn, request, options, where, decided=False)
+
+
+def trial_load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+               schema: pa.Schema | None, where: str) -> None:
+    """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back.
+
+    Only the table knows some refusals: a key it holds already, NOT NULL, ``varchar(n)``,
+    CHECK and foreign-key constraints, ``numeric(p,s)`` overflow, a NUL character, two keys
+    equal after ``char(n)`` padding, a trigger's ``RAISE`` (:data:`REFUSALS`, which
+    :func:`precheck` raises as ConfigError, :func:`refused`). Met here, they refuse the
+    epoch before its decision; met by the commit, they would leave it COMMITTING. Deferred
+    constraints are checked at once (``SET CONSTRAINTS ALL IMMEDIATE``), as the rollback
+    never reaches the ``COMMIT`` that would check them. Costs a second load of the epoch's
+    rows; the rollback leaves dead tuples for vacuum and advances the table's sequences
+    (identity, serial).
+    """
+    with conn.transaction(force_rollback=True):
+        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        _load(conn, request, options, schema, where)
+
+
+def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+    """ConfigError unless the connection's role may load the table and write the marker and owner tables."""
+    needed = [(_qualified(options), "INSERT"), *([(_qualified(options), "UPDATE")] if options.merge_keys else [])]
+    for name in (EPOCHS, OWNERS, *([IMAGES] if options.merge_keys else [])):
+        needed += [(_qualified(options, name), "INSERT"), (_qualified(options, name), "SELECT")]
+    missing = []
+    for table, privilege in needed:
+        qualified = table.as_string(conn)
+        found = conn.execute("SELECT to_regclass(%s) IS NULL OR has_table_privilege(%s, %s)",
+                             (qualified, qualified, privilege)).fetchone()
+        if not (found and found[0]):
+            missing.append(f"{privilege} on {qualified}")
+    absent = conn.execute("SELECT to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL", (
+        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
+        _qualified(options, IMAGES).as_string(conn))).fetchone()
+    if absent and absent[0]:
+        can = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (options.schema,)).fetchone()
+        if not (can and can[0]):
+            missing.append(f"CREATE on schema {options.schema} (the first commit creates {EPOCHS}, {OWNERS} and "
+                           f"{IMAGES})")
+    if missing:
+        user = conn.execute("SELECT current_user").fetchone()
+        raise ConfigError(f"{where}: the role {user[0] if user else '?'!r} lacks {', '.join(missing)}; grant "
+                          "them (or connect as a role that has them) before the next run")
+
+
+def _no_table(options: PostgresOptions, where: str) -> str:
+    return (f"{where}: the table {options.table} does not exist. Create it (its columns as the stage writes them"
+            f"{', a primary key on ' + str(list(options.merge_keys)) if options.merge_keys else ''}), or set "
+            "create_table: true in the sink's options")
+
+
+def _table_columns(conn: psycopg.Connection, options: PostgresOptions) -> dict[str, Column] | None:
+    """The table's columns by name (None: no such table)."""
+    found = conn.execute("SELECT to_regclass(%s)::oid", (_qualified(options).as_string(conn),)).fetchone()
+    if found is None or found[0] is None:
+        return None
+    rows = conn.execute(
+        "SELECT a.attname, t.typname, format_type(a.atttypid, a.atttypmod), "
+        "NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = '' "
+        "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum", (found[0],)).fetchall()
+    return {r[0]: Column(r[0], r[1], r[2], bool(r[3])) for r in rows}
+
+
+def _loadable(arrow_type: pa.DataType) -> set[str] | None:
+    """The PostgreSQL types a staged column of ``arrow_type`` loads into (None: the sink cannot load it)."""
+    name = str(arrow_type)
+    if name in _INTEGERS:
+        return _INTEGERS[name]
+    if pa.types.is_floating(arrow_type):
+        return {"float4", "float8", "numeric"} if name == "float" else {"float8", "numeric"}
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return _TEXT
+    if pa.types.is_boolean(arrow_type):
+        return {"bool"}
+    if pa.types.is_date32(arrow_type):
+        return {"date", "timestamp", "timestamptz"}
+    if pa.types.is_timestamp(arrow_type):
+        return {"timestamptz"} if arrow_type.tz else {"timestamp", "timestamptz"}
+    if pa.types.is_decimal(arrow_type):
+        return {"numeric"}
+    return None
+
+
+def check_columns(table: dict[str, Column], schema: pa.Schema, options: PostgresOptions, where: str) -> None:
+    """ConfigError unless every staged column fits a table column and every required one is staged."""
+    missing = [f.name for f in schema if f.name not in table]
+    wrong = [f"{f.name}: the table has {table[f.name].declared}, the epoch's files {f.type}"
+             for f in schema if f.name in table and table[f.name].typname not in (_loadable(f.type) or set())]
+    required = [c.name for c in table.values() if c.required and c.name not in schema.names]
+    if missing or wrong or required:
+        raise ConfigError(
+            f"{where}: the epoch's columns do not fit the table; nothing was committed. "
+            + (f"Columns not in the table: {missing} (add them: ALTER TABLE {options.table} ADD COLUMN ...). "
+               if missing else "")
+            + (f"Incompatible types: {'; '.join(wrong)}. " if wrong else "")
+            + (f"Columns without a default the epoch does not write: {required} (a column the stage stopped "
+               "writing would be NULL from now on). " if required else "")
+            + "Cast, add or drop the columns in the stage to match the table, or alter the table")
+
+
+def check_unique(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+    """ConfigError unless the merge keys are exactly the columns of the primary key or a unique constraint."""
+    rows = conn.execute(
+        "SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_index i "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indpred IS NULL AND i.indexprs IS NULL "
+        "GROUP BY i.indexrelid", (_qualified(options).as_string(conn),)).fetchall()
+    unique = [sorted(r[0]) for r in rows]
+    if sorted(options.merge_keys) not in unique:
+        raise ConfigError(
+            f"{where}: merge_keys {list(options.merge_keys)} are not the table's primary key nor a unique "
+            f"constraint (its unique keys: {unique or 'none'}); INSERT ... ON CONFLICT needs one. Add it: ALTER "
+            f"TABLE {options.table} ADD UNIQUE ({', '.join(options.merge_keys)}), or set merge_keys to a unique key")
+
+
+def _create_statement(options: PostgresOptions, schema: pa.Schema, where: str) -> sql.Composed:
+    """``CREATE TABLE IF NOT EXISTS`` for the staged schema (the merge keys its primary key)."""
+    columns = []
+    for f in schema:
+        declared = _CREATE.get(str(f.type))
+        if pa.types.is_timestamp(f.type):
+            declared = "timestamptz" if f.type.tz else "timestamp"
+        elif pa.types.is_decimal(f.type):
+            declared = f"numeric({f.type.precision}, {f.type.scale})"
+        if declared is None:
+            raise ConfigError(f"{where}: create_table cannot give column {f.name!r} ({f.type}) a type; create the "
+                              "table yourself, or cast the column in the stage")
+        columns.append(sql.SQL("{} " + declared).format(sql.Identifier(f.name)))
+    if options.merge_keys:
+        columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier,
+                                                                                 options.merge_keys))))
+    return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(_qualified(options), sql.SQL(", ").join(columns))

@@ -1,0 +1,247 @@
+"""The sink base class and the file sink: a stage's output, first written into its attempt's staging.
+
+A sink never writes to its target directly: it writes below
+``_staging/epoch=<e>/attempt=<a>/<sink>/`` of the checkpoint store, and the commit task
+publishes that once every participant of the epoch prepared. So a failed, retried or
+stale attempt can never change what readers of the target see.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.models import ExpectationResult, SinkMode
+from airflow_seatunnel_ckpt.core.protocol.expectations import Expectation, parse_expectations
+from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+from airflow_seatunnel_ckpt.spark.sources.files import FILE_FORMATS
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+class SinkError(CheckpointError):
+    """A sink was used wrongly (written twice in one stage, unknown format, ...)."""
+
+
+class Sink:
+    """Output of a stage, bound to the attempt's staging directory.
+
+    :param name: the sink's name in the stage spec.
+    :param target_url: where the commit publishes the epoch's files.
+    """
+
+    format = "parquet"
+    #: A table sink's options for the commit (``SinkManifest.table``); None for files.
+    table: dict[str, Any] | None = None
+
+    def __init__(self, name: str, target_url: str, mode: str | SinkMode = SinkMode.CHANGES) -> None:
+        self.name = name
+        self.target_url = target_url
+        self.staging_url: str | None = None
+        #: fsspec options of the store holding the staging (for executors writing it).
+        self.staging_options: dict[str, Any] = {}
+        self.rows: int | None = None
+        #: Data-quality rules on the rows written (the ``expectations`` option), their
+        #: measured counts once written, and the sink taking the quarantined rows (bound
+        #: by the runner when a rule quarantines).
+        self.expectations: tuple[Expectation, ...] = ()
+        self.expectation_results: tuple[ExpectationResult, ...] = ()
+        self.quarantine: Sink | None = None
+        try:
+            self.mode = SinkMode(mode)
+        except ValueError:
+            raise ConfigError(
+                f"sink {name!r}: mode must be one of {[m.value for m in SinkMode]}, got {mode!r}; "
+                "'changes' publishes each epoch's rows beside the earlier epochs', 'snapshot' "
+                "replaces the table with each epoch's rows"
+            ) from None
+
+    def bind(self, staging_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        """Called by the runner: stage into ``staging_url`` (opened with ``storage_options``)."""
+        self.staging_url = staging_url
+        self.staging_options = dict(storage_options or {})
+
+    @property
+    def written(self) -> bool:
+        """Whether the stage wrote this sink."""
+        return self.rows is not None
+
+    def write(self, df: DataFrame) -> int:
+        """Stage ``df``; returns the number of rows written."""
+        raise NotImplementedError
+
+    def quarantine_options(self) -> dict[str, Any] | None:
+        """The options of the sink taking this sink's quarantined rows (None: it has none)."""
+        return None
+
+
+class FileSink(Sink):
+    """Files in a directory (any fsspec URL Spark can write): parquet, json, csv or orc.
+
+    Options (the stage spec's ``sinks.<name>`` mapping): ``path`` (required, the target
+    directory), ``format`` (``parquet`` default), ``options`` (writer options, passed to
+    Spark untouched), ``partition_by`` (columns), ``expectations`` (data-quality rules on
+    the rows written, see :mod:`core.protocol.expectations`), ``mode``:
+
+    * ``"changes"`` (default): every epoch's rows are published into their own
+      ``<path>/epoch=<e>/`` beside the earlier epochs'; reading ``<path>`` gives every
+      epoch's rows (an append-only table). Right for new records, and for the *changed
+      keys* a keyed state returns (``aggregate(...)``), read as a changelog: the newest
+      epoch holding a key has its current value. An epoch that wrote no rows publishes
+      nothing (no empty directory, no ``_SUCCESS``, no asset event). A replay publishes one
+      ``epoch=<R>/`` for the epochs it ran again and swaps it in for theirs through
+      ``<path>/_EPOCHS``; a reader that must never see a replay half-swapped reads the
+      directories :func:`core.storage.publish.current_epoch_dirs` names (docs/REPLAY.md).
+    * ``"snapshot"``: every epoch's rows are the whole table, e.g. a keyed state's
+      current values (``aggregate(..., mode="snapshot")`` or ``state.snapshot()``). The
+      commit publishes ``<path>/epoch=<e>/``, points ``<path>/_LATEST`` at it and then
+      removes the older snapshot directories, so reading ``<path>`` (pandas, pyarrow,
+      Spark) gives the current state only -- a sum over it is the true total.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        format: str = "parquet",
+        options: Mapping[str, Any] | None = None,
+        partition_by: Sequence[str] | None = None,
+        mode: str = SinkMode.CHANGES.value,
+        expectations: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(name, fsspec_url(path).rstrip("/"), mode)
+        self.expectations = parse_expectations(name, expectations)
+        if format not in FILE_FORMATS:
+            raise ConfigError(
+                f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
+            )
+        self.format = format
+        #: The staged writer's expectation options while it applies the sink's rules.
+        self._split: dict[str, str] = {}
+        self.options = {k: str(v) for k, v in (options or {}).items()}
+        self.partition_by = list(partition_by or [])
+
+    def write(self, df: DataFrame) -> int:
+        """Write ``df`` into the attempt's staging directory, counting rows on the way.
+
+        The count comes from the same job, not a second pass over the data, and so do the
+        failures of each expectation (:mod:`.expectations`: counted by the staged writer, or
+        observed): the rows a ``drop`` or ``quarantine`` rule removes are not staged, and
+        the quarantined ones are staged into :attr:`quarantine`. Writing the same sink twice in one stage is
+        refused (union the DataFrames instead).
+        """
+        if self.staging_url is None:
+            raise SinkError(f"sink {self.name!r} is not bound to a staging directory")
+        if self.written:
+            raise SinkError(
+                f"sink {self.name!r} was already written in this stage; union the DataFrames and "
+                "write once"
+            )
+        if not self.expectations:
+            self.rows = self._stage(df)
+            return self.rows
+        from airflow_seatunnel_ckpt.spark import expectations
+
+        quarantines = any(rule.on_fail == "quarantine" for rule in self.expectations)
+        if quarantines and self.quarantine is None:
+            raise SinkError(f"sink {self.name!r} quarantines rows but has no quarantine sink bound")
+        by_writer = self._writes_quarantine_too(df) if quarantines else self._checksummed_on_executors(df)
+        flagged = expectations.flag(self.name, self.expectations, df, by_writer=by_writer)
+        if by_writer:
+            self.rows = self._stage_checked_by_writer(flagged)
+            return self.rows
+        quarantined = flagged.quarantined
+        try:
+            rows = self._stage(flagged.kept)
+            self.expectation_results, bad = flagged.results()
+            if quarantined is not None and self.quarantine is not None and bad:
+                self.quarantine.write(quarantined)  # the same flags: each failing row lands here, once
+        finally:
+            flagged.release()
+        self.rows = rows
+        return rows
+
+    def _writes_quarantine_too(self, df: DataFrame) -> bool:
+        """Whether this sink's job can stage its quarantine's rows too (both Parquet staged by
+        :mod:`.staged_writer` into the same store)."""
+        q = self.quarantine
+        return (isinstance(q, FileSink) and q.staging_url is not None and q.format == "parquet"
+                and not q.options and not q.partition_by and q.staging_options == self.staging_options
+                and self._checksummed_on_executors(df))
+
+    def _stage_checked_by_writer(self, flagged: Any) -> int:
+        """Stage the flagged rows through :mod:`.staged_writer`, which counts each rule's
+        failures, leaves out the removed rows and stages the quarantined ones into
+        :attr:`quarantine`, in the same job; the rows kept."""
+        from airflow_seatunnel_ckpt.spark.sinks import staged_writer
+
+        assert self.staging_url is not None
+        self._split = flagged.writer_options()
+        if self.quarantine is not None:
+            self._split["quarantine_path"] = str(self.quarantine.staging_url)
+        try:
+            self._stage(flagged.flagged, count=False)
+        finally:
+            self._split = {}
+        counts = staged_writer.expectation_counts(self.staging_url, self.staging_options)
+        self.expectation_results, bad = flagged.results(counts)
+        if bad and self.quarantine is not None:
+            self.quarantine.rows = bad  # staged by this job (its file list too)
+        return counts.get("kept", 0)
+
+    def _stage(self, df: DataFrame, *, count: bool = True) -> int:
+        """Stage ``df`` as this sink's output; the number of rows (an observed metric of the
+        write; 0 when not ``count``: the staged writer counts what it keeps, see
+        :meth:`_stage_checked_by_writer`)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        assert self.staging_url is not None
+        observation = Observation(f"sink_{self.name}_{uuid.uuid4().hex[:8]}")
+        observed = df.observe(observation, F.count(F.lit(1)).alias("rows")) if count else df
+        if self._checksummed_on_executors(df):
+            self._write_checksummed(observed)
+        else:
+            # Spark's own writer: the manifest's checksums are then taken from the store,
+            # or computed on the driver by reading the staged files (core.protocol.staging.manifest_of).
+            writer = observed.write.format(self.format).options(**self.options).mode("overwrite")
+            if self.partition_by:
+                writer = writer.partitionBy(*self.partition_by)
+            writer.save(hadoop_path(self.staging_url))
+        return int(observation.get.get("rows", 0)) if count else 0
+
+    def quarantine_options(self) -> dict[str, Any] | None:
+        """A directory ``<path>_quarantine`` in the sink's format (JSON for CSV: it holds an array column)."""
+        return {"type": "file", "path": f"{self.target_url}_quarantine",
+                "format": "json" if self.format == "csv" else self.format}
+
+    def _checksummed_on_executors(self, df: DataFrame) -> bool:
+        """Whether :mod:`.staged_writer` writes this output exactly as Spark's Parquet writer would lay it out."""
+        from airflow_seatunnel_ckpt.spark.sinks import staged_writer
+
+        types = dict(df.dtypes)
+        return (self.format == "parquet"
+                and set(self.options) <= {"compression"}
+                and str(self.options.get("compression", "snappy")).lower() in staged_writer.COMPRESSIONS
+                and all(staged_writer.supported_partition_type(types.get(c, "")) for c in self.partition_by))
+
+    def _write_checksummed(self, df: DataFrame) -> None:
+        """Stage Parquet whose CRC32C each executor computes as it writes (see :mod:`.staged_writer`)."""
+        import json
+
+        from airflow_seatunnel_ckpt.spark.sinks import staged_writer
+
+        assert self.staging_url is not None
+        df.sparkSession.dataSource.register(staged_writer.StagedParquetSource)
+        if self.partition_by:  # one open file per task at a time, as Spark's writer sorts
+            df = df.sortWithinPartitions(*self.partition_by)
+        (df.write.format(staged_writer.NAME).mode("append")
+         .option("path", self.staging_url)
+         .option(staged_writer.OPTIONS_KEY, json.dumps(self.staging_options))
+         .option("partition_by", json.dumps(self.partition_by))
+         .option("compression", str(self.options.get("compression", "snappy")))
+         .options(**self._split)
+         .save())

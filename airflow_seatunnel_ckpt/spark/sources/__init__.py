@@ -1,0 +1,1 @@
+"""Sources on the Spark side: read exactly the input an epoch pinned."""

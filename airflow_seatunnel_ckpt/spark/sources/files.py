@@ -1,0 +1,563 @@
+"""Sources: what input an epoch consumes (offsets) and how to read it (a DataFrame).
+
+A source is two steps, split so that the runner can log the first before doing the second:
+
+* :meth:`Source.plan` -- given every committed epoch's offsets, decide this epoch's
+  offsets: plain JSON data. The runner fixes them for the epoch (every retry reads the
+  same input) and records them in the prepared record, the write-ahead log.
+* :meth:`Source.read` -- turn those offsets into a DataFrame.
+
+:class:`FileSource` is the reference implementation: its offsets are the files an epoch
+reads, so each epoch reads exactly the files no committed epoch consumed, and files that
+arrive late land in a later epoch. A Kafka-like source would plan ``{partition: (from,
+to)}`` ranges from the last committed end offsets and read them with Spark's batch
+reader; register it with :func:`~airflow_seatunnel_ckpt.spark.registry.register_source`.
+
+How a directory is listed (prefixes, globs, identities) is in
+:mod:`~airflow_seatunnel_ckpt.spark.sources.listing`.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.sources import files as file_index
+from airflow_seatunnel_ckpt.core.sources import source_log
+from airflow_seatunnel_ckpt.core.sources.files import FileIndex
+from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+from airflow_seatunnel_ckpt.spark.sources.listing import (
+    file_identity as file_identity,  # where sources.py and table_sources.py import it from
+)
+from airflow_seatunnel_ckpt.spark.sources.listing import (
+    find_below,
+    is_glob,
+    listed_identity,
+    parse_age,
+    parse_prefixes,
+    prefix_matcher,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint
+
+#: Formats Spark reads and writes without extra packages.
+FILE_FORMATS = ("parquet", "json", "csv", "orc")
+#: Text formats whose records Spark parses against a schema (and can fail to).
+PARSED_FORMATS = ("csv", "json")
+#: What a file source does with a consumed file that changed (see ``FileSource``).
+ON_CHANGE = ("error", "reread")
+#: The corrupt-record column added to csv/json reads (Spark's default name).
+CORRUPT_COLUMN = "_corrupt_record"
+#: Unparseable records an error message shows.
+MAX_REPORTED = 5
+
+log = logging.getLogger(__name__)
+
+
+class SourceError(CheckpointError):
+    """A source cannot plan or read its input (missing path, unreadable file, no schema)."""
+
+
+class Source(ABC):
+    """Input of a stage: offsets in, DataFrame out.
+
+    A new kind of source implements two methods and registers a type name, in the module
+    of the stage function (the runner imports it before it builds the sources)::
+
+        class KafkaSource(Source):
+            def __init__(self, name, topic, servers):
+                super().__init__(name)
+                self.topic, self.servers = topic, servers
+
+            def plan(self, history):
+                # Resume where the last committed epoch that read the topic stopped.
+                ends = [e["offsets"]["end"] for e in history if e["offsets"]]
+                start = ends[-1] if ends else "earliest"
+                return {"start": start, "end": latest_offsets(self.servers, self.topic)}
+
+            def read(self, spark, offsets):
+                return (spark.read.format("kafka")
+                        .option("kafka.bootstrap.servers", self.servers)
+                        .option("subscribe", self.topic)
+                        .option("startingOffsets", json.dumps(offsets["start"]))
+                        .option("endingOffsets", json.dumps(offsets["end"])).load())
+
+        register_source("kafka", KafkaSource)  # spec: {"type": "kafka", "topic": ..., ...}
+
+    ``plan`` must be a pure function of the committed history and the outside world;
+    its result is stored before the stage runs, so a retry of the epoch reads the same
+    range even if more input arrived. An epoch whose stage did not read the source
+    records ``{}`` for it.
+
+    :param name: the source's name in the stage spec (and in the checkpoint).
+    """
+
+    #: Looks up :meth:`first_pinned` in the log; the runner sets it before planning.
+    earlier_plans: Callable[[], Mapping[str, Any] | None] | None = None
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abstractmethod
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """This epoch's offsets, given ``history``: the offsets of every committed epoch,
+        oldest first, as ``[{"epoch": e, "offsets": {...}}, ...]``. Must be JSON data."""
+
+    @abstractmethod
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """The input the planned ``offsets`` describe, as a DataFrame."""
+
+    def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:
+        """The offsets of ``epoch``, planned from the restore point the epoch starts from.
+
+        The default hands :meth:`plan` the source's whole history; a source that can
+        plan from less (the file source's consumed-file index) overrides it.
+        """
+        return self.plan(point.source_entries(self.name))
+
+    def first_pinned(self) -> Mapping[str, Any] | None:
+        """The offsets an earlier epoch of the pipeline pinned for this source (aborted, or
+        committed without reading it; the newest such plan), or None. A source whose first
+        plan depends on when it is made (Kafka's ``starting_offsets="latest"``) starts where
+        that plan started when no committed epoch read it, so the pipeline's start never moves."""
+        return self.earlier_plans() if self.earlier_plans is not None else None
+
+    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
+        """Raise :class:`SourceError` unless all the input ``offsets`` pin can still be read as it
+        was: what a replay checks for every epoch it runs again, before it writes anything. The
+        default trusts :meth:`read` to refuse."""
+        return None
+
+    def read_exactly(self) -> None:
+        """From now on, read exactly the pinned input or fail, whatever options allow skipping
+        part of it (a replay with fewer rows would replace committed output). The default
+        source never skips."""
+        return None
+
+
+class FileSource(Source):
+    """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.
+
+    Options (the stage spec's ``sources.<name>`` mapping; docs/REFERENCE.md, "Source options"
+    table says the same):
+
+    * ``path`` (required): directory URL, e.g. ``file:///data/in`` or ``s3://bucket/in``;
+    * ``format``: ``parquet`` (default), ``json``, ``csv`` or ``orc``;
+    * ``options``: reader options passed to Spark (``{"header": "true"}``);
+    * ``schema``: DDL schema string (recommended for json/csv; also used for an epoch
+      without new files);
+    * ``max_files_per_epoch``: read at most this many new files (oldest names first; with
+      ``max_file_age``, oldest modification times first, as Spark does, so the watermark
+      never passes a file left waiting);
+    * ``prefixes``: list only below these subdirectories of ``path`` (relative to it; each
+      may be a glob such as ``"dt=*/hour=*/"`` or an Airflow template such as
+      ``"dt={{ ds }}/"``, rendered per run). File names stay relative to ``path``, so the
+      consumed history is the same whichever prefixes a run lists; a file delivered late
+      into a prefix no later run lists is not read (list ``{{ prev_ds }}`` too);
+    * ``ordered_prefixes``: the glob ``prefixes`` match partition directories whose names
+      sort in time order (``dt=2026-11-23/hour=07``): list only those at or after the
+      partition of the greatest file name consumed so far below that prefix (each prefix
+      has its own floor; default False). Not with both ``max_files_per_epoch`` and
+      ``max_file_age`` (a waiting file could fall behind one of them). A year of
+      partitions then costs one directory listing per glob level, not a listing of every
+      file; a file delivered late into an older partition is not read, unless
+      ``backfill_every`` is set;
+    * ``backfill_every``: with ``ordered_prefixes``, every this many epochs one epoch lists
+      every partition the prefixes match, so a file delivered late into an older partition
+      is read then (Auto Loader's ``cloudFiles.backfillInterval``, counted in epochs): the
+      epochs whose numbers pass a multiple of it since the restored one;
+    * ``max_file_age``: ignore files modified more than this before the newest file
+      consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
+      ``maxFileAge``), and forget consumed files once they are that old, so the
+      consumed-file index holds only the window. A wider window later (or none) never
+      lists below what the index forgot, so no consumed file is read twice;
+    * ``storage_options``: fsspec options used to list the directory;
+    * ``allow_missing``: plan an empty epoch while the directory does not exist (default
+      False: a missing directory is an error, so a mistyped path is noticed at once; on
+      an object store an empty prefix does not exist either);
+    * ``on_change``: what to do when a file an epoch consumed changed since (another
+      size, modification time or ETag under the same name): ``"error"`` (default) or
+      ``"reread"`` (read it again in full: every row is new input, so a de-duplicating stage drops
+      the rows whose keys it already saw, corrected ones included);
+    * ``bad_records``: a directory URL; csv/json records Spark cannot parse against the
+      schema go there (as JSON lines: source, file, record, parsed) as a sink published
+      with the epoch, instead of failing the epoch; such a record reaches no other sink
+      and no state, whichever columns the stage uses.
+
+    Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
+    ``.crc``, in-progress uploads), as Spark does.
+
+    Offsets are ``{"files": [name, ...], "identity": {name: {"size": n, "mtime": t}},
+    "consumed_index": {"max_file_age": s}}`` (with ``"etag"`` too where the store keeps
+    one: then the ETag decides whether a file changed). The checkpoint keeps the consumed
+    files as a sorted index (:mod:`~airflow_seatunnel_ckpt.core.sources.files`), and planning
+    looks up the listed names only. A file listed in ``files`` without an identity
+    (offsets a core-only caller gave) is consumed with an unknown identity and never
+    counts as changed.
+
+    csv and json are read in Spark's ``PERMISSIVE`` mode with a corrupt-record column
+    (``columnNameOfCorruptRecord``), so a record that does not parse -- a wrong type, a
+    csv row with more or fewer fields than the schema, a broken JSON line -- is caught
+    instead of becoming NULLs (or losing its extra fields): the epoch fails naming the
+    file and line, unless ``bad_records`` quarantines it. A ``mode`` the user sets in
+    ``options`` (``DROPMALFORMED``, ``FAILFAST``) is Spark's and is left alone.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        format: str = "parquet",
+        options: Mapping[str, Any] | None = None,
+        schema: str | None = None,
+        max_files_per_epoch: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        allow_missing: bool = False,
+        on_change: str = "error",
+        bad_records: str | None = None,
+        prefixes: Sequence[str] | None = None,
+        max_file_age: float | str | None = None,
+        ordered_prefixes: bool = False,
+        backfill_every: int | None = None,
+    ) -> None:
+        super().__init__(name)
+        if format not in FILE_FORMATS:
+            raise ConfigError(
+                f"file source {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
+            )
+        if max_files_per_epoch is not None and (
+            not isinstance(max_files_per_epoch, int) or max_files_per_epoch < 1
+        ):
+            raise ConfigError(
+                f"file source {name!r}: max_files_per_epoch must be a positive integer"
+            )
+        if not isinstance(allow_missing, bool):
+            raise ConfigError(
+                f"file source {name!r}: allow_missing must be true or false, got {allow_missing!r}"
+            )
+        if on_change not in ON_CHANGE:
+            raise ConfigError(
+                f"file source {name!r}: on_change must be one of {ON_CHANGE}, got {on_change!r}"
+            )
+        if bad_records is not None and (not isinstance(bad_records, str) or not bad_records):
+            raise ConfigError(
+                f"file source {name!r}: bad_records must be a directory URL, got {bad_records!r}"
+            )
+        if bad_records is not None and format not in PARSED_FORMATS:
+            raise ConfigError(
+                f"file source {name!r}: bad_records applies to {PARSED_FORMATS} sources only; "
+                f"{format} files have a schema of their own (remove the option)"
+            )
+        self.url = fsspec_url(path).rstrip("/")
+        self.format = format
+        self.options = {k: str(v) for k, v in (options or {}).items()}
+        self.schema = schema
+        self.max_files_per_epoch = max_files_per_epoch
+        self.storage_options = dict(storage_options or {})
+        self.allow_missing = allow_missing
+        self.on_change = on_change
+        self.bad_records = fsspec_url(bad_records).rstrip("/") if bad_records else None
+        self.prefixes = parse_prefixes(name, prefixes)
+        if not isinstance(ordered_prefixes, bool):
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes must be true or false, got {ordered_prefixes!r}")
+        if ordered_prefixes and not any(is_glob(p) for p in self.prefixes or []):
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes applies to glob prefixes (such as "
+                '["dt=*/hour=*/"]); add one to \'prefixes\' or remove ordered_prefixes')
+        self.ordered_prefixes = ordered_prefixes
+        if backfill_every is not None and (isinstance(backfill_every, bool) or not isinstance(backfill_every, int)
+                                           or backfill_every < 1):
+            raise ConfigError(
+                f"file source {name!r}: backfill_every must be a positive number of epochs, got {backfill_every!r}")
+        if backfill_every is not None and not ordered_prefixes:
+            raise ConfigError(
+                f"file source {name!r}: backfill_every applies with ordered_prefixes (without it every epoch "
+                "lists every partition already); remove it, or set ordered_prefixes")
+        self.backfill_every = backfill_every
+        self.max_file_age = parse_age(name, max_file_age)
+        if ordered_prefixes and max_files_per_epoch is not None and self.max_file_age is not None:
+            # A capped epoch must take the oldest names (or the floor skips the ones left
+            # waiting) and the oldest modification times (or the watermark passes them);
+            # when the two orders disagree, one of the files left waiting would be lost.
+            raise ConfigError(
+                f"file source {name!r}: ordered_prefixes, max_files_per_epoch and max_file_age together could "
+                "leave a waiting file behind both the partition floor and the age watermark; remove one of them "
+                "(max_files_per_epoch, usually: without it every epoch takes all it lists)")
+
+    # -- listing ---------------------------------------------------------------------------
+    def list_files(self) -> list[str]:
+        """Every data file below the directory, relative to it, sorted."""
+        return sorted(self.list_identities())
+
+    def list_identities(self, floors: Mapping[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
+        """Every data file below the directory (or its ``prefixes``) with its identity,
+        by name relative to the directory. With ``ordered_prefixes``, the partitions of a
+        glob prefix that sort before its floor's are not listed (``floors``: prefix -> the
+        relative file name, see :meth:`floors`).
+
+        :raises SourceError: the directory does not exist and ``allow_missing`` is off.
+        """
+        from fsspec.core import url_to_fs
+
+        try:
+            fs, root = url_to_fs(self.url, **self.storage_options)
+            exists = fs.exists(root)
+            found = find_below(fs, root, self.prefixes, self.ordered_prefixes, floors) if exists else {}
+        except FileNotFoundError:
+            exists, found = False, {}
+        except Exception as exc:
+            raise SourceError(f"file source {self.name!r}: cannot list {self.url}: {exc}") from exc
+        if not exists:
+            if self.allow_missing:
+                return {}
+            raise SourceError(
+                f"file source {self.name!r}: input directory {self.url} does not exist; check "
+                "the source's 'path' for a typo, or set allow_missing=True on the source if the "
+                "directory appears later (epochs then read nothing until it does)"
+            )
+        root = root.rstrip("/") + "/"
+        out = {}
+        for full, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            rel = (
+                str(full)[len(root) :]
+                if str(full).startswith(root)
+                else posixpath.basename(str(full))
+            )
+            if rel and not any(seg.startswith(("_", ".")) for seg in rel.split("/")):
+                out[rel] = listed_identity(info)
+        return out
+
+    # -- planning --------------------------------------------------------------------------
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The files below the directory that no committed epoch consumed, given the
+        history as entries (a history rebuilt from the log, or a caller without a restore
+        point). See :meth:`plan_indexed`."""
+        return self.plan_indexed(self._index_of(history))
+
+    def _index_of(self, history: list[dict[str, Any]]) -> FileIndex:
+        """The consumed-file index of history entries."""
+        try:
+            rows = file_index.rows_from_entries(history, f"file source {self.name!r}")
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+        return FileIndex.from_table(rows)
+
+    def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:
+        """Plan from the restore point's consumed-file index: the directory, the deltas
+        since the last compaction, and the segments the listed names fall in."""
+        chain = point.source_chains.get(self.name)
+        # A subclass that plans differently (pipeline_output) plans from its history.
+        if type(self).plan is not FileSource.plan:
+            return super().plan_from(point, epoch)
+        backfill = self.backfill_due(point.epoch, epoch)
+        if self.name in point.rebuilt_sources or not chain or point.storage is None:
+            entries = point.source_entries(self.name)
+            return self.plan_indexed(self._index_of(entries), backfill=backfill)
+        return self.plan_indexed(source_log.open_index(point.storage, chain), backfill=backfill)
+
+    def backfill_due(self, restored: int | None, epoch: int | None) -> bool:
+        """True if the epoch planned after ``restored`` lists every partition (``backfill_every``)."""
+        if self.backfill_every is None or epoch is None:
+            return False
+        return epoch // self.backfill_every > (restored or 0) // self.backfill_every
+
+    def floors(self, index: FileIndex) -> dict[str, str | None]:
+        """Each glob prefix's floor for ``ordered_prefixes``: the greatest consumed file name
+        below a partition the prefix matches (None: none yet, every partition is listed).
+        Each prefix has its own, so one prefix's newer partitions never hide another's."""
+        return {p: index.greatest_path(*prefix_matcher(p)) for p in self.prefixes or [] if is_glob(p)}
+
+    def plan_indexed(self, index: FileIndex, *, backfill: bool = False) -> dict[str, Any]:
+        """The listed files that the index does not hold.
+
+        A held file whose identity changed since is an error (``on_change="error"``) or
+        planned again (``"reread"``); a file older than the watermark (``max_file_age``
+        before the newest consumed file, never below what the index forgot) is ignored.
+        ``max_files_per_epoch`` takes the oldest names first, or, with ``max_file_age``,
+        the oldest modification times first (so the watermark never passes a file left
+        waiting). ``backfill`` lists the partitions ``ordered_prefixes`` would skip.
+        """
+        floors = self.floors(index) if self.ordered_prefixes and not backfill else None
+        if backfill:
+            log.info("file source %r: backfill epoch (backfill_every=%s): listing every partition the prefixes "
+                     "match", self.name, self.backfill_every)
+        listing = self.list_identities(floors)
+        watermark = index.listing_watermark(self.max_file_age)
+        wanted = index.watermark(self.max_file_age)
+        if index.aged_below is not None and (wanted is None or wanted < index.aged_below):
+            log.warning(
+                "file source %r: max_file_age=%s is wider than the consumed-file index kept (it forgot the files "
+                "modified before %s under max_file_age=%s): files modified before then are still ignored, so none "
+                "is read twice; the wider window applies once the newest file is that much newer",
+                self.name, self.max_file_age, index.aged_below, index.max_file_age)
+        if watermark is not None:
+            # A file whose mtime is unknown cannot be aged: it is kept (read, not lost).
+            mtimes = {f: file_index.mtime_seconds(ident.get("mtime")) for f, ident in listing.items()}
+            listing = {f: ident for f, ident in listing.items()
+                       if (mtime := mtimes[f]) is None or mtime >= watermark}
+        consumed = index.lookup(listing)
+        changed = sorted(f for f in consumed if not file_index.same_file(consumed[f], listing[f]))
+        if changed and self.on_change == "error":
+            shown = "; ".join(
+                f"{self.url}/{f}: consumed as {consumed[f]}, now {listing[f]}" for f in changed[:5]
+            )
+            raise SourceError(
+                f"file source {self.name!r}: {len(changed)} file(s) changed after an epoch "
+                f"consumed them (same name, new content): {shown}. Their new rows would be "
+                "lost. Deliver new data under a new file name and restore the old content, or "
+                "set on_change='reread' on the source to read a changed file again in full "
+                "(its new content supersedes the old; rows already published stay published)"
+            )
+        new = sorted(f for f in listing if f not in consumed or f in changed)
+        if self.max_files_per_epoch is not None:
+            if self.max_file_age is not None:
+                # Spark's order under maxFileAge: the files left waiting are never older than
+                # the newest one taken, so the watermark this epoch moves cannot pass them.
+                # A file whose mtime is unknown is never aged: it goes first. Ties keep name order.
+                mtimes = {f: file_index.mtime_seconds(listing[f].get("mtime")) for f in new}
+                new.sort(key=lambda f: (mtimes[f] is not None, mtimes[f] or 0.0))
+            new = sorted(new[: self.max_files_per_epoch])
+        return {"files": new, "identity": {f: listing[f] for f in new},
+                source_log.INDEX_KEY: {"max_file_age": self.max_file_age}}
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """Read exactly the planned files (an empty DataFrame if there are none).
+
+        :raises SourceError: a csv/json record does not parse (names file and line).
+        """
+        data, rejected = self.read_checked(spark, offsets)
+        if rejected is not None:
+            self.fail_on_rejected(rejected, offsets)
+        return data
+
+    def read_checked(
+        self, spark: SparkSession, offsets: Mapping[str, Any]
+    ) -> tuple[DataFrame, DataFrame | None]:
+        """The planned files' records that parse, and those that do not (None when the
+        format has nothing to reject). Both lazy; the rejected ones have the columns
+        ``source``, ``file``, ``record`` (the raw text) and ``parsed`` (what did parse, as JSON)."""
+        files = list(offsets.get("files", []))
+        reader = spark.read.format(self.format).options(**self.options)
+        if not files:
+            if self.schema:
+                return spark.createDataFrame([], self.schema), None
+            # No new file and no declared schema: borrow the schema of any existing file.
+            existing = self.list_files()
+            if not existing:
+                raise SourceError(
+                    f"file source {self.name!r}: {self.url} has no files and no 'schema' "
+                    "option, so the empty input of this epoch has no columns; declare the "
+                    "schema in the source options"
+                )
+            return reader.load(hadoop_path(f"{self.url}/{existing[-1]}")).limit(0), None
+        paths = [hadoop_path(f"{self.url}/{f}") for f in files]
+        if not self._checks_records():
+            if self.schema:
+                reader = reader.schema(self.schema)
+            return reader.load(paths), None
+        return self._read_permissive(spark, paths)
+
+    def _checks_records(self) -> bool:
+        mode = self.options.get("mode", "PERMISSIVE").upper()
+        return self.format in PARSED_FORMATS and mode == "PERMISSIVE"
+
+    def _read_permissive(
+        self, spark: SparkSession, paths: list[str]
+    ) -> tuple[DataFrame, DataFrame]:
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        corrupt = self.options.get("columnNameOfCorruptRecord", CORRUPT_COLUMN)
+        reader = spark.read.format(self.format).options(**self.options)
+        if self.format == "csv" and str(self.options.get("header", "")).lower() == "true":
+            # A header that does not name the schema's columns is an error, not ignored.
+            reader = reader.option("enforceSchema", self.options.get("enforceSchema", "false"))
+        if self.schema:
+            declared = StructType.fromDDL(self.schema)
+            if not isinstance(declared, StructType):
+                raise SourceError(f"file source {self.name!r}: schema {self.schema!r} is not a list of columns "
+                                  "('name TYPE, ...'): give the columns as a Spark DDL string")
+        else:
+            declared = reader.load(paths).schema  # inferred, as Spark would
+        fields = [f for f in declared.fields if f.name != corrupt]
+        schema = StructType([*fields, StructField(corrupt, StringType(), True)])
+        parsed = (
+            reader.schema(schema)
+            .option("mode", "PERMISSIVE")
+            .option("columnNameOfCorruptRecord", corrupt)
+            .load(paths)
+        )
+        # Spark's csv/json parsers convert only the columns a query uses and flag a record
+        # for those only: a stage counting one column would keep a record whose other
+        # column does not parse, while the quarantine (which reads them all) has it too.
+        # Both filters refer to every column, so whatever a query of either side prunes,
+        # the parser converts every column and both sides decide each record alike.
+        every_column = F.size(F.array(*[F.col(f.name).isNull() for f in fields])) == len(fields)
+        good = parsed.where(F.col(corrupt).isNull() & every_column).drop(corrupt)
+        # The rejected rows also carry what did parse (useful when fixing the record).
+        rejected = parsed.where(F.col(corrupt).isNotNull() & every_column).select(
+            F.lit(self.name).alias("source"),
+            F.col("_metadata.file_path").alias("file"),
+            F.col(corrupt).alias("record"),
+            F.to_json(F.struct(*[F.col(f.name) for f in fields])).alias("parsed"),
+        )
+        return good, rejected
+
+    def fail_on_rejected(self, rejected: DataFrame, offsets: Mapping[str, Any]) -> None:
+        """Raise :class:`SourceError` naming the first unparseable records (file and line),
+        if there are any (one pass over the input)."""
+        bad = rejected.limit(MAX_REPORTED + 1).collect()
+        if not bad:
+            return
+        files = [str(f) for f in offsets.get("files", [])]
+        shown = []
+        for row in bad[:MAX_REPORTED]:
+            url = self.planned_url(str(row.file), files)
+            line = self._line_of(url, str(row.record)) if url else None
+            where = f"{url or row.file}" + (f" line {line}" if line else "")
+            shown.append(f"{where}: {str(row.record)[:200]!r}")
+        more = " and more" if len(bad) > MAX_REPORTED else ""
+        raise SourceError(
+            f"file source {self.name!r}: malformed {self.format} record(s) that do not match "
+            f"the schema{more}: " + "; ".join(shown) + ". Nothing of this epoch was published. "
+            "Fix the file (deliver it under a new name), correct the 'schema', or set "
+            "bad_records='<directory URL>' on the source to quarantine unparseable records "
+            "with the epoch and publish the rest"
+        )
+
+    def planned_url(self, spark_path: str, files: list[str]) -> str | None:
+        """The fsspec URL of the planned file Spark calls ``spark_path`` (a URI)."""
+        from urllib.parse import unquote
+
+        path = unquote(spark_path)
+        for f in files:
+            if path.endswith("/" + f):
+                return f"{self.url}/{f}"
+        return None
+
+    def _line_of(self, url: str, record: str) -> int | None:
+        """The 1-based line of the file at ``url`` that holds ``record`` (read only when an
+        error is reported)."""
+        import fsspec
+
+        first = record.splitlines()[0] if record else record
+        try:
+            with fsspec.open(url, "rt", encoding="utf-8", errors="replace",
+                             **self.storage_options) as handle:
+                for number, text in enumerate(handle, start=1):
+                    if text.rstrip("\r\n") == first:
+                        return number
+        except OSError:
+            return None
+        return None

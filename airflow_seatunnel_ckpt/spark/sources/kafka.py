@@ -1,0 +1,203 @@
+"""The Kafka source: ``{"type": "kafka", ...}``, offsets as the epoch's position.
+
+The plan asks the broker for every subscribed partition's earliest and end offsets and the
+topics' ids, and pins ``[start, end)`` per partition in the log
+(:mod:`airflow_seatunnel_ckpt.core.sources.kafka`); a retry of the epoch reads the same
+ranges. The read is a Spark Python data source (``seatunnel_kafka_ranges``) with one input
+partition per topic-partition range, each read on an executor by a ``confluent-kafka``
+consumer assigned to that partition from ``start`` until ``end`` -- no Spark Kafka jar.
+Rows have Spark's Kafka source columns: ``key``, ``value`` (binary), ``topic``,
+``partition``, ``offset``, ``timestamp``, ``timestampType``.
+
+The client configuration (``bootstrap.servers``, security settings) is a plain librdkafka
+dict here; an Airflow connection named by ``kafka_conn_id`` is turned into it by the stage
+operator when the task runs (:mod:`airflow_seatunnel_ckpt.hooks.kafka`), and neither is
+ever written to the checkpoint store. ``docs/KAFKA.md`` describes the options.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.sources import kafka as kafka_offsets
+from airflow_seatunnel_ckpt.core.sources.kafka import KafkaOffsetsError, Range, TopicState
+from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+#: Client options the plan and the reader set themselves.
+OWN_OPTIONS = {"enable.auto.commit": False, "enable.partition.eof": False}
+#: Seconds an admin request (metadata, offsets) may take.
+ADMIN_TIMEOUT_S = 30.0
+
+
+class KafkaSource(Source):
+    """Records of Kafka topics: each epoch reads the offsets produced since the last committed one.
+
+    Options: ``bootstrap_servers``; ``topics`` (a list) or ``pattern`` (a regular expression
+    the whole topic name matches; topics created later that match are read too);
+    ``max_offsets_per_epoch`` (caps the epoch, spread evenly over the partitions that have
+    records); ``starting_offsets`` (``"earliest"`` / ``"latest"``: where the first epoch
+    starts; partitions found later always start at their earliest offset);
+    ``fail_on_data_loss`` (default true: records gone before an epoch read them fail the
+    epoch before its decision; false skips them and records them as ``lost``); ``config``
+    (librdkafka client settings, e.g. security); ``kafka_conn_id`` (an Airflow connection
+    whose extras are librdkafka settings, as the Kafka provider's; resolved into ``config``
+    by the stage operator when the task runs); ``group_id`` (the consumer group named to
+    the broker; offsets are never committed to it, the checkpoint is the position).
+
+    Offsets: see :mod:`airflow_seatunnel_ckpt.core.sources.kafka`.
+    """
+
+    kind = "kafka"
+
+    def __init__(self, name: str, bootstrap_servers: str | None = None, topics: list[str] | None = None,
+                 pattern: str | None = None, max_offsets_per_epoch: int | None = None,
+                 starting_offsets: str = "earliest", fail_on_data_loss: bool = True,
+                 config: Mapping[str, Any] | None = None, kafka_conn_id: str | None = None,
+                 group_id: str | None = None) -> None:
+        super().__init__(name)
+        self.topics, self.pattern = kafka_offsets.check_options(
+            self.where, topics, pattern, starting_offsets, max_offsets_per_epoch, fail_on_data_loss)
+        if config is not None and not isinstance(config, Mapping):
+            raise ConfigError(f"{self.where}: config must be a mapping of librdkafka settings, got {config!r}")
+        self.config: dict[str, Any] = {str(k): v for k, v in (config or {}).items()}
+        if bootstrap_servers is not None:
+            self.config["bootstrap.servers"] = bootstrap_servers
+        self.kafka_conn_id = kafka_conn_id
+        if not self.config.get("bootstrap.servers") and not kafka_conn_id:
+            raise ConfigError(f"{self.where}: no broker: give bootstrap_servers, or kafka_conn_id (an Airflow "
+                              "connection whose extras hold 'bootstrap.servers' and the client's settings)")
+        self.max_offsets_per_epoch = max_offsets_per_epoch
+        self.starting_offsets = starting_offsets
+        self.fail_on_data_loss = fail_on_data_loss
+        self.group_id = group_id or f"seatunnel-ckpt-{name}"
+
+    @property
+    def where(self) -> str:
+        """How errors name this source."""
+        return f"kafka source {self.name!r}"
+
+    def client_config(self) -> dict[str, Any]:
+        """The librdkafka settings every client of this source uses."""
+        if not self.config.get("bootstrap.servers"):
+            raise ConfigError(
+                f"{self.where}: kafka_conn_id {self.kafka_conn_id!r} was not resolved into the client settings; "
+                "run the stage through SparkStageOperator (it reads the connection when the task runs), or "
+                "give bootstrap_servers and config")
+        return {**self.config, "group.id": self.group_id, **OWN_OPTIONS}
+
+    def subscribed(self, topic: str) -> bool:
+        """Whether ``topic`` is one this source reads."""
+        if self.topics is not None:
+            return topic in self.topics
+        assert self.pattern is not None
+        return not topic.startswith("__") and self.pattern.fullmatch(topic) is not None
+
+    # -- planning ---------------------------------------------------------------------------
+    def broker_state(self, names: list[str] | None = None) -> dict[str, TopicState]:
+        """Every subscribed topic that exists (or those of ``names``), as the broker describes it now."""
+        from confluent_kafka import IsolationLevel, KafkaException, TopicCollection, TopicPartition
+        from confluent_kafka.admin import AdminClient, OffsetSpec
+
+        config = {k: v for k, v in self.client_config().items() if k not in ("group.id", *OWN_OPTIONS)}
+        admin = AdminClient(config)
+        try:
+            listed = admin.list_topics(timeout=ADMIN_TIMEOUT_S).topics
+            wanted = sorted(t for t in listed if (t in names if names is not None else self.subscribed(t)))
+            if not wanted:
+                return {}
+            described = admin.describe_topics(TopicCollection(wanted), request_timeout=ADMIN_TIMEOUT_S)
+            topics = {t: f.result(ADMIN_TIMEOUT_S) for t, f in described.items()}
+            tps = [TopicPartition(t, p.id) for t, d in topics.items() for p in d.partitions]
+            bounds: dict[tuple[str, int], list[int]] = {}
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+                answers = admin.list_offsets(dict.fromkeys(tps, spec), request_timeout=ADMIN_TIMEOUT_S,
+                                             isolation_level=IsolationLevel.READ_COMMITTED)
+                for tp, future in answers.items():
+                    bounds.setdefault((tp.topic, tp.partition), []).append(int(future.result(ADMIN_TIMEOUT_S).offset))
+        except KafkaException as exc:
+            raise SourceError(f"{self.where}: cannot ask the broker ({self.config.get('bootstrap.servers')}) for "
+                              f"the topics' offsets: {exc}; check that it is reachable, then retry") from exc
+        return {t: TopicState(str(d.topic_id) if d.topic_id is not None else None,
+                              {p.id: (bounds[(t, p.id)][0], bounds[(t, p.id)][1]) for p in d.partitions})
+                for t, d in topics.items()}
+
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The ranges since the committed position, capped (see the class docs)."""
+        state = self.broker_state()
+        try:
+            offsets = kafka_offsets.plan_offsets(
+                history, state, self.subscribed, starting_offsets=self.starting_offsets,
+                max_offsets_per_epoch=self.max_offsets_per_epoch, fail_on_data_loss=self.fail_on_data_loss,
+                where=self.where, first_plan=self.first_pinned)
+        except KafkaOffsetsError as exc:
+            raise SourceError(str(exc)) from exc
+        if offsets["lost"]:
+            log.warning("%s: skipping lost records (fail_on_data_loss=false): %s", self.where,
+                        kafka_offsets.describe_lost(offsets["lost"]))
+        kept = sorted(t for t in offsets["end"] if t not in state and self.subscribed(t))
+        if kept:
+            log.warning("%s: topic(s) %s are not in the broker's metadata (deleted, or not visible to this client "
+                        "now); their positions are kept and the epoch reads the others", self.where, kept)
+        if self.topics is not None:
+            missing = sorted(set(self.topics) - set(state) - set(offsets["end"]))
+            if missing:
+                log.warning("%s: topic(s) %s do not exist (yet); the epoch reads the others", self.where, missing)
+        return offsets
+
+    # -- reading ----------------------------------------------------------------------------
+    def readable_ranges(self, offsets: Mapping[str, Any]) -> list[Range]:
+        """The pinned ranges, checked against the broker now: lost records fail here, before prepare."""
+        ranges = kafka_offsets.ranges_of(offsets)
+        if not ranges:
+            return []
+        state = self.broker_state(sorted({r.topic for r in ranges}))
+        try:
+            readable, lost = kafka_offsets.check_pinned(
+                ranges, offsets.get("topic_ids") or {}, state, fail_on_data_loss=self.fail_on_data_loss,
+                where=self.where)
+        except KafkaOffsetsError as exc:
+            raise SourceError(str(exc)) from exc
+        if lost:
+            log.warning("%s: skipping records lost since the epoch was planned (fail_on_data_loss=false): %s",
+                        self.where, kafka_offsets.describe_lost(lost))
+        return readable
+
+    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
+        """Refuse unless every record of the pinned ranges is still in its topic (same topic id)."""
+        ranges = kafka_offsets.ranges_of(offsets)
+        if not ranges:
+            return
+        state = self.broker_state(sorted({r.topic for r in ranges}))
+        try:
+            _, lost = kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
+                                                 fail_on_data_loss=False, where=self.where)
+        except KafkaOffsetsError as exc:
+            raise SourceError(str(exc)) from exc
+        if lost:
+            raise SourceError(f"{self.where}: records the epoch read are gone: {kafka_offsets.describe_lost(lost)}")
+
+    def read_exactly(self) -> None:
+        """Fail on any pinned record that is gone, whatever ``fail_on_data_loss`` says."""
+        self.fail_on_data_loss = True
+
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """Exactly the pinned ranges, one Spark input partition per topic-partition range.
+
+        Each executor checks its partition against the pinned topic id and range again (a
+        topic deleted and created again after this check must not pass for the pinned one).
+        """
+        from airflow_seatunnel_ckpt.spark.sources.kafka_reader import SCHEMA, read_ranges
+
+        ranges = self.readable_ranges(offsets)
+        if not ranges:
+            return spark.createDataFrame([], SCHEMA)
+        return read_ranges(spark, ranges, self.client_config(), self.where, self.fail_on_data_loss,
+                           topic_ids=offsets.get("topic_ids") or {})

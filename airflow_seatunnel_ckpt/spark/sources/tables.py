@@ -1,0 +1,292 @@
+"""Table sources: Iceberg snapshots, Delta versions and another pipeline's published epochs.
+
+Each is a :class:`~airflow_seatunnel_ckpt.spark.sources.files.Source` whose offsets are the
+table's own positions plus the exact data files between the consumed position and this
+epoch's (planned by :mod:`airflow_seatunnel_ckpt.core.sources.tables`, from metadata
+alone). The runner pins them for the epoch, so a retry reads the same files; Spark reads
+them as plain Parquet -- no Iceberg or Delta jars. With them, bronze -> silver pipelines
+chain exactly-once: each row an upstream pipeline committed is read by exactly one
+committed epoch downstream.
+
+* ``{"type": "iceberg", "table": "ns.name", "catalog": {...}}`` -- :class:`IcebergSource`;
+* ``{"type": "delta", "path": "<table URL>"}`` -- :class:`DeltaSource`;
+* ``{"type": "pipeline_output", "path": "<file sink target>"}`` --
+  :class:`PipelineOutputSource`, another pipeline's file sink, committed epochs only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.catalogs import checked_table_options, embedded_catalog
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.sources import delta as delta_planning
+from airflow_seatunnel_ckpt.core.sources import iceberg as iceberg_planning
+from airflow_seatunnel_ckpt.core.sources import tables as planning
+from airflow_seatunnel_ckpt.core.sources.tables import TableSourceError
+from airflow_seatunnel_ckpt.core.storage.publish import EPOCHS, EpochsPointer
+from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError, file_identity
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+
+def _flag(kind: str, name: str, option: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{kind} source {name!r}: {option} must be true or false, got {value!r}")
+    return value
+
+
+def _empty(spark: SparkSession, arrow_schema: Any) -> DataFrame:
+    """An empty DataFrame with the table's columns (an epoch with nothing new)."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    schema: StructType = from_arrow_schema(pa.schema(arrow_schema))
+    return spark.createDataFrame([], schema)
+
+
+def _read_parquet(spark: SparkSession, paths: list[str]) -> DataFrame:
+    # Files written under older schemas lack columns added since: merge, as the table would.
+    return spark.read.option("mergeSchema", "true").parquet(*paths)
+
+
+class IcebergSource(Source):
+    """An Apache Iceberg table: each epoch reads the rows appended since the last one.
+
+    Options: ``table`` (``namespace.name``), ``catalog`` (pyiceberg catalog properties;
+    default: the embedded SQL catalog on SQLite the Iceberg sink uses), ``catalog_name``,
+    ``start`` (``"earliest"``: the first epoch reads the whole current snapshot;
+    ``"latest"``: only rows appended after it), ``skip_overwrites`` / ``skip_deletes``
+    (pass over ``overwrite`` / ``delete`` snapshots instead of failing; as Spark's
+    ``streaming-skip-*-snapshots``).
+
+    Offsets: ``{"snapshot_id": s, "after_snapshot_id": c, "files": [{"path", "size",
+    "records"}, ...]}``.
+    """
+
+    kind = "iceberg"
+
+    def __init__(self, name: str, table: str, catalog: Mapping[str, Any] | None = None,
+                 catalog_name: str = "default", start: str = "earliest", skip_overwrites: bool = False,
+                 skip_deletes: bool = False) -> None:
+        super().__init__(name)
+        catalog = checked_table_options(
+            f"iceberg source {name!r}", table, catalog,
+            "Give the catalog's credentials to the Spark driver's environment (PYICEBERG_CATALOG__* variables)")
+        self.table = table
+        # Resolved here, as the Iceberg sink does: every process reads the same catalog.
+        self.catalog = catalog or embedded_catalog()
+        self.catalog_name = catalog_name
+        self.start = planning.check_start(name, self.kind, start)
+        self.skip = {"overwrite": _flag(self.kind, name, "skip_overwrites", skip_overwrites),
+                     "delete": _flag(self.kind, name, "skip_deletes", skip_deletes)}
+
+    @property
+    def where(self) -> str:
+        """How errors name this source."""
+        return f"iceberg source {self.name!r} (table {self.table})"
+
+    def _load(self) -> Any:
+        return iceberg_planning.load_iceberg_table(self.table, self.catalog_name, self.catalog, self.where)
+
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The data files appended since the consumed snapshot (see the class docs)."""
+        try:
+            return iceberg_planning.plan_iceberg(self._load(), history, start=self.start, skip=self.skip,
+                                         where=self.where)
+        except TableSourceError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """Exactly the planned data files, as Parquet (the table's columns if there are none)."""
+        try:
+            files = planning.planned_files(offsets, self.where)
+            if not files:
+                return _empty(spark, self._load().schema().as_arrow())
+        except TableSourceError as exc:
+            raise SourceError(str(exc)) from exc
+        return _read_parquet(spark, [hadoop_path(f.path) for f in files])
+
+
+class DeltaSource(Source):
+    """A Delta Lake table: each epoch reads the rows the versions since the last one appended.
+
+    Options: ``path`` (the table URL), ``storage_options`` (delta-rs object-store options,
+    e.g. ``AWS_ENDPOINT_URL``; Spark's own configuration reaches the files), ``start``
+    (``"earliest"`` / ``"latest"``, as for Iceberg), ``skip_change_commits`` (pass over
+    whole commits that removed rows instead of failing; Delta's ``skipChangeCommits``).
+
+    Offsets: ``{"version": v, "after_version": c, "files": [{"path", "size", "records",
+    "partition"}, ...]}``. Delta writers leave partition columns out of the data files;
+    the read adds them back from the log's partition values, typed as in the table.
+    """
+
+    kind = "delta"
+
+    def __init__(self, name: str, path: str, storage_options: Mapping[str, Any] | None = None,
+                 start: str = "earliest", skip_change_commits: bool = False) -> None:
+        super().__init__(name)
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"delta source {name!r}: path must be the table's URL, got {path!r}")
+        self.url = fsspec_url(path).rstrip("/")
+        self.storage_options = {k: str(v) for k, v in (storage_options or {}).items()}
+        self.start = planning.check_start(name, self.kind, start)
+        self.skip_change_commits = _flag(self.kind, name, "skip_change_commits", skip_change_commits)
+
+    @property
+    def where(self) -> str:
+        """How errors name this source."""
+        return f"delta source {self.name!r} ({self.url})"
+
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The data files the versions since the consumed one appended (see the class docs)."""
+        try:
+            return delta_planning.plan_delta(self.url, self.storage_options, history, start=self.start,
+                                       skip_change_commits=self.skip_change_commits, where=self.where)
+        except TableSourceError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def _table(self) -> Any:
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.url, storage_options=self.storage_options or None)
+
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """The planned files, with the partition values of each added where the file lacks them."""
+        try:
+            files = planning.planned_files(offsets, self.where)
+        except TableSourceError as exc:
+            raise SourceError(str(exc)) from exc
+        table = self._table()
+        if not files:
+            return _empty(spark, table.schema().to_arrow())
+        fields = json.loads(table.schema().to_json())["fields"]
+        types = {f["name"]: f["type"] for f in fields}
+        # One read per distinct partition: each file's values become literal columns.
+        groups: dict[tuple[tuple[str, str | None], ...], list[str]] = {}
+        for f in files:
+            groups.setdefault(tuple(sorted(f.partition.items())), []).append(hadoop_path(f.path))
+        frames = []
+        for values, paths in groups.items():
+            frame = _read_parquet(spark, paths)
+            for column, value in values:
+                if column not in frame.columns:
+                    frame = frame.withColumn(column, partition_literal(value, types.get(column, "string")))
+            frames.append(frame)
+        data = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+        ordered = [f["name"] for f in fields if f["name"] in data.columns]
+        return data.select(*ordered, *[c for c in data.columns if c not in ordered])
+
+
+def partition_literal(value: str | None, delta_type: Any) -> Column:
+    """A Delta partition value (the log's string form) as a typed literal column."""
+    from pyspark.sql import functions as F
+
+    type_name = delta_type if isinstance(delta_type, str) else "string"
+    if value is not None and type_name == "timestamp" and "T" not in value and not value.endswith("Z"):
+        value = value + "Z"  # the log writes timestamps in UTC without a zone
+    return F.lit(value).cast(type_name)
+
+
+class PipelineOutputSource(FileSource):
+    """Another pipeline's file sink target, read one committed epoch at a time.
+
+    ``{"type": "pipeline_output", "path": "<the upstream sink's path>", "format": ...}``.
+    The upstream commit publishes ``<path>/epoch=<e>/`` and writes its ``_SUCCESS`` last,
+    so only epoch directories holding ``_SUCCESS`` are read -- never a half-published one
+    -- and each exactly once (the consumed epochs are a set: an upstream epoch that
+    publishes late is still read, by a later epoch here). Options as the file source
+    (``format``, ``options``, ``schema``, ``storage_options``, ``allow_missing``,
+    ``bad_records``); the upstream sink's ``partition_by`` columns come back as columns.
+
+    Offsets: ``{"epochs": [e, ...], "files": [...], "identity": {...}}`` (``files`` as the
+    file source's, so everything that reads a file source's offsets works unchanged).
+
+    An upstream replay swaps epoch directories through the target's ``_EPOCHS`` pointer:
+    the directories it hides are never read, and a replay's directory is read like any
+    epoch's -- unless this source already read some of the epochs it replaced: then it is
+    refused, or, with ``skip_replays=True``, passed over (see
+    :func:`core.sources.tables.plan_published_epochs`).
+    """
+
+    def __init__(self, name: str, path: str, format: str = "parquet", options: Mapping[str, Any] | None = None,
+                 schema: str | None = None, storage_options: Mapping[str, Any] | None = None,
+                 allow_missing: bool = False, bad_records: str | None = None, skip_replays: bool = False) -> None:
+        super().__init__(name, path, format=format, options=options, schema=schema,
+                         storage_options=storage_options, allow_missing=allow_missing, bad_records=bad_records)
+        self.skip_replays = _flag("pipeline_output", name, "skip_replays", skip_replays)
+
+    def epochs_pointer(self) -> EpochsPointer:
+        """The target's ``_EPOCHS`` pointer (empty when there is none)."""
+        from fsspec.core import url_to_fs
+
+        where = f"{self.url}/{EPOCHS}"
+        try:
+            fs, root = url_to_fs(self.url, **self.storage_options)
+            data = fs.cat_file(f"{root.rstrip('/')}/{EPOCHS}")
+        except FileNotFoundError:
+            return EpochsPointer()
+        except Exception as exc:
+            raise SourceError(f"pipeline_output source {self.name!r}: cannot read {where}: {exc}") from exc
+        try:
+            return EpochsPointer.parse(data, where)
+        except CheckpointError as exc:
+            raise SourceError(f"pipeline_output source {self.name!r}: {exc}") from exc
+
+    def list_everything(self) -> dict[str, dict[str, Any]]:
+        """Every file below the target (``_SUCCESS`` and ``_LATEST`` included) with its identity."""
+        from fsspec.core import url_to_fs
+
+        try:
+            fs, root = url_to_fs(self.url, **self.storage_options)
+            found = fs.find(root, detail=True) if fs.exists(root) else None
+        except FileNotFoundError:
+            found = None
+        except Exception as exc:
+            raise SourceError(f"pipeline_output source {self.name!r}: cannot list {self.url}: {exc}") from exc
+        if found is None:
+            if self.allow_missing:
+                return {}
+            raise SourceError(
+                f"pipeline_output source {self.name!r}: {self.url} does not exist; check the 'path' (the "
+                "upstream sink's path), or set allow_missing=True until the upstream pipeline commits its "
+                "first epoch")
+        prefix = root.rstrip("/") + "/"
+        return {str(full)[len(prefix):]: file_identity(info)
+                for full, info in found.items() if str(full).startswith(prefix)}
+
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """Every complete upstream epoch no committed epoch here read (see the class docs)."""
+        for _ in range(10):  # a listing between two reads of the pointer that agree: one consistent set
+            pointer = self.epochs_pointer()
+            listing = self.list_everything()
+            if self.epochs_pointer() == pointer:
+                break
+        else:
+            raise SourceError(f"pipeline_output source {self.name!r}: {self.url}/{EPOCHS} changed during each "
+                              "listing (an upstream replay is swapping epochs); the epoch runs again later")
+        try:
+            return planning.plan_published_epochs(listing, history, f"pipeline_output source {self.name!r} "
+                                                  f"({self.url})", pointer, self.skip_replays)
+        except TableSourceError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def read_checked(self, spark: SparkSession, offsets: Mapping[str, Any]) -> tuple[DataFrame, DataFrame | None]:
+        """As the file source; a partitioned upstream sink's columns are discovered below
+        the epoch directories (the ``epoch`` directory itself is not a column)."""
+        files = [str(f) for f in offsets.get("files", [])]
+        if not any(f.count("/") > 1 for f in files):
+            return super().read_checked(spark, offsets)
+        saved = self.options
+        self.options = {**saved, "basePath": hadoop_path(self.url)}
+        try:
+            data, rejected = super().read_checked(spark, offsets)
+        finally:
+            self.options = saved
+        return data.drop("epoch"), rejected
