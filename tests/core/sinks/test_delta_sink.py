@@ -380,7 +380,7 @@ def test_files_staged_in_another_store_are_copied_into_the_table(table_uri: str)
 @pytest.mark.s3
 def test_credentials_of_a_table_on_another_protocol_come_from_the_secret_resolver(
         local_spec: StoreSpec, s3_bucket: str, moto_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_seatunnel_ckpt.core import tables
+    from airflow_seatunnel_ckpt.core import sinks as tables
 
     monkeypatch.setattr(tables, "_SECRET_RESOLVERS", [])
     store = local_spec.storage("store")  # a local store: none of its options may reach S3

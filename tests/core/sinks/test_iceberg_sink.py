@@ -416,7 +416,7 @@ def test_empty_catalog_options_use_the_embedded_catalog_under_airflow_home(tmp_p
 
 def test_secret_resolver_adds_catalog_properties_at_commit_time(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_seatunnel_ckpt.core import tables
+    from airflow_seatunnel_ckpt.core import sinks as tables
 
     monkeypatch.setattr(tables, "_SECRET_RESOLVERS", [])  # only this test's resolver
     lake = Lake(tmp_path)

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
-from airflow_seatunnel_ckpt.core import tables as core_tables
+from airflow_seatunnel_ckpt.core import sinks as core_tables
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import SinkMode
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay
