@@ -45,7 +45,8 @@ class DbPipeline:
         return result
 
     def rows(self, epoch: int) -> list[dict[str, Any]]:
-        return [r for f in sorted((self.root / "out").glob(f"epoch={epoch}/*.parquet")) for r in pq.read_table(f).to_pylist()]
+        files = sorted((self.root / "out").glob(f"epoch={epoch}/*.parquet"))
+        return [r for f in files for r in pq.read_table(f).to_pylist()]
 
 
 def wait_flushed(conn: psycopg.Connection) -> None:

@@ -5,7 +5,8 @@ An epoch's offsets (JSON, pinned in the log before the stage reads)::
     {"slot": "<slot>", "publication": "<pub>", "tables": ["<schema>.<name>", ...],
      "system_id": "<pg_control_system().system_identifier>", "database": "<name>",
      "start": <LSN>, "end": <LSN>,          # the transactions read: commit LSN in [start, end)
-     "snapshot": "<exported snapshot>" | None}   # the first epoch: the tables as of ``start``
+     "snapshot": "<exported snapshot>" | None,   # the first epoch: the tables as of ``start``
+     "lag_bytes": <int>}                    # the WAL the slot keeps behind ``end`` when planned
 
 ``end`` is the position: the next epoch starts there. The plan pins ``end`` as the server's
 flush LSN (decoding sees only flushed WAL); the read asks the slot for the changes up to it
@@ -44,7 +45,15 @@ from pydantic import Field, field_validator
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.options import Options
 from airflow_seatunnel_ckpt.core.sinks.postgres_options import _PASSWORD
-from airflow_seatunnel_ckpt.core.sources.pgoutput import Change, Column, DecodeError, Decoder, lsn_text, lsn_value
+from airflow_seatunnel_ckpt.core.sources.pgoutput import (
+    OPS,
+    Change,
+    Column,
+    DecodeError,
+    Decoder,
+    lsn_text,
+    lsn_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +218,10 @@ def plan_range(history: Sequence[Mapping[str, Any]], server: ServerState, option
     assert last is not None, "the first epoch creates its slot: PostgresCdc.plan"
     start = int(last["end"])
     check_identity(last, server, where, start=start)
-    return {**_identity(options, server), "start": start, "end": max(start, server.flush_lsn), "snapshot": None}
+    end = max(start, server.flush_lsn)
+    confirmed = server.slot.confirmed_flush if server.slot is not None else None
+    return {**_identity(options, server), "start": start, "end": end, "snapshot": None,
+            "lag_bytes": max(0, end - confirmed) if confirmed is not None else None}
 
 
 def _identity(options: PostgresCdcSourceOptions, server: ServerState) -> dict[str, Any]:
@@ -331,10 +343,13 @@ class PostgresCdc:
             self.ensure_publication(conn)
             server = self.server(conn)
             if last_position(history) is None:
-                start, snapshot = self.create_slot(conn, server)
-                server = self.server(conn)
+                if server.slot is not None and not self.options.snapshot:
+                    start, snapshot = server.slot.confirmed_flush or server.flush_lsn, None  # a slot given
+                else:
+                    start, snapshot = self.create_slot(conn, server)
+                    server = self.server(conn)
                 return {**_identity(self.options, server), "start": start, "end": max(start, server.flush_lsn),
-                        "snapshot": snapshot}
+                        "snapshot": snapshot, "lag_bytes": 0}
             offsets = plan_range(history, server, self.options, self.where)
             self.release_export()
             self.advance(conn, server.slot, released_to(history, self.options.keep_epochs))
@@ -392,6 +407,7 @@ class PostgresCdc:
         start, end = int(offsets["start"]), int(offsets["end"])
         if end <= start:
             return
+        counts = dict.fromkeys(OPS, 0)
         with self.connect() as conn:
             check_identity(offsets, self.server(conn), self.where, start=start)
             conn.autocommit = False
@@ -405,11 +421,12 @@ class PostgresCdc:
                     for (data,) in cur:
                         change = decoder.message(bytes(data))
                         if change is not None and in_range(change, start, end):
+                            counts[change.op] += 1
                             yield change
                 except DecodeError as exc:
                     raise CdcError(f"{self.where}: the changes between LSN {lsn_text(start)} and {lsn_text(end)}: "
                                    f"{exc}. The epoch fails before its decision. " + RESNAPSHOT.format(
                                        slot=self.options.slot)) from exc
             conn.rollback()
-            log.info("%s: read the changes of LSN %s..%s in %.1fs", self.where, lsn_text(start), lsn_text(end),
-                     time.monotonic() - started)
+            log.info("%s: read the changes of LSN %s..%s in %.1fs: %s", self.where, lsn_text(start),
+                     lsn_text(end), time.monotonic() - started, ", ".join(f"{n} {op}s" for op, n in counts.items()))

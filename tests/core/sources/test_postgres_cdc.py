@@ -109,6 +109,7 @@ def test_the_slot_moves_only_to_committed_epochs_and_keeps_the_newest_for_a_repl
     history = [{"epoch": 1, "offsets": first}, {"epoch": 2, "offsets": second}]
     third = source.plan(history)
     assert confirmed() == second["start"]  # keep_epochs=1: epoch 2 stays readable
+    assert third["lag_bytes"] == third["end"] - first["start"]  # the WAL the slot kept when epoch 3 was planned
     source.check(second)  # a replay of epoch 2 can read it
     assert changes(source, second) == [("insert", "1", "10.00", "a", [])]
     assert released_to(history + [{"epoch": 3, "offsets": third}], 0) == third["end"]
