@@ -343,6 +343,10 @@ class PostgresCdc:
             self.ensure_publication(conn)
             server = self.server(conn)
             if last_position(history) is None:
+                if self.options.tables and server.tables != self.options.tables:
+                    raise CdcError(f"{self.where}: the publication {self.options.publication!r} publishes "
+                                   f"{server.tables}, the source's tables are {self.options.tables}; make them the "
+                                   "same (ALTER PUBLICATION ... SET TABLE ..., or the source's 'tables')")
                 if server.slot is not None and not self.options.snapshot:
                     start, snapshot = server.slot.confirmed_flush or server.flush_lsn, None  # a slot given
                 else:

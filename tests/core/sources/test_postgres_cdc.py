@@ -15,7 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from airflow_seatunnel_ckpt.core.options import checked
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.options import checked, keyed, parse
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Decoder, lsn_text, lsn_value, spark_type, typed_value
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import (
     CdcError,
@@ -26,6 +27,7 @@ from airflow_seatunnel_ckpt.core.sources.postgres_cdc import (
     check_identity,
     released_to,
 )
+from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuerySourceOptions
 
 
 def cdc(conninfo: str, **options: Any) -> PostgresCdc:
@@ -195,3 +197,18 @@ def test_values_keep_their_types_and_lsns_print_as_postgresql_does() -> None:
     assert spark_type(1700, ((10 << 16) | 2) + 4) == "decimal(10,2)" and spark_type(25, -1) == "string"
     assert typed_value("timestamp", "2026-11-28 12:01:05.929378+00").isoformat() == "2026-11-28T12:01:05.929378+00:00"
     assert typed_value("binary", "\\x00ff") == b"\x00\xff" and typed_value("boolean", "f") is False
+
+
+def test_options_are_checked_when_parsed_naming_the_nearest_option_and_refusing_a_password() -> None:
+    models = keyed(PostgresCdcSourceOptions, PostgresQuerySourceOptions)
+    entry = {"type": "postgres_cdc", "conninfo": "host=db dbname=shop", "slot": "orders", "publication": "orders"}
+    assert parse("source", "orders", entry, models).keep_epochs == 1
+    with pytest.raises(ConfigError, match=r"source 'orders' \(type 'postgres_cdc'\): unknown option 'tabels' "
+                                          r"\(did you mean 'tables'\?\)"):
+        parse("source", "orders", {**entry, "tabels": ["public.orders"]}, models)
+    with pytest.raises(ConfigError, match="conninfo holds a password.*PGPASSFILE"):
+        parse("source", "orders", {**entry, "conninfo": "host=db password=secret"}, models)
+    with pytest.raises(ConfigError, match="option 'slot': value error, must be a lower-case PostgreSQL name"):
+        parse("source", "orders", {**entry, "slot": "Orders-Slot"}, models)
+    with pytest.raises(ConfigError, match="missing required option 'incremental_column'"):
+        parse("source", "events", {"type": "postgres_query", "conninfo": "host=db", "table": "public.e"}, models)
