@@ -144,6 +144,8 @@ class SlotState:
     #: ``reserved``, ``extended``, ``unreserved`` or ``lost`` (the WAL it needs was removed).
     wal_status: str | None
     active_pid: int | None = None
+    #: Why the server invalidated the slot (PostgreSQL 17+: ``wal_removed``, ``rows_removed``, ...), or None.
+    invalidation_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,10 +195,10 @@ def check_identity(offsets: Mapping[str, Any], server: ServerState, where: str, 
     if server.slot.plugin != "pgoutput" or server.slot.database != server.database:
         raise CdcError(f"{where}: the slot {slot!r} decodes with {server.slot.plugin!r} for database "
                        f"{server.slot.database!r}; the source needs a pgoutput slot of {server.database!r}. " + out)
-    if server.slot.wal_status == "lost":
-        raise CdcError(f"{where}: the slot {slot!r} is invalidated (wal_status 'lost': the server removed WAL it "
-                       "still needed, e.g. past max_slot_wal_keep_size), so changes no committed epoch read are "
-                       "lost. " + out)
+    if server.slot.wal_status == "lost" or server.slot.invalidation_reason:
+        raise CdcError(f"{where}: the slot {slot!r} is invalidated (wal_status {server.slot.wal_status!r}, reason "
+                       f"{server.slot.invalidation_reason!r}: e.g. the server removed WAL it still needed, past "
+                       "max_slot_wal_keep_size), so changes no committed epoch read are lost. " + out)
     confirmed = server.slot.confirmed_flush
     if start is not None and confirmed is not None and confirmed > start:
         raise CdcError(f"{where}: the slot {slot!r} confirms LSN {lsn_text(confirmed)}, past the epoch's start "
@@ -270,12 +272,13 @@ class PostgresCdc:
         pub = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.options.publication,)).fetchone()
         tables = None if pub is None else sorted(f"{s}.{t}" for s, t in conn.execute(
             "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.options.publication,)))
+        # to_jsonb: invalidation_reason exists from PostgreSQL 17 on.
         row = conn.execute("SELECT plugin, database, confirmed_flush_lsn::text, restart_lsn::text, wal_status, "
-                           "active_pid FROM pg_replication_slots WHERE slot_name = %s AND slot_type = 'logical'",
-                           (self.options.slot,)).fetchone()
+                           "active_pid, to_jsonb(s) ->> 'invalidation_reason' FROM pg_replication_slots s "
+                           "WHERE slot_name = %s AND slot_type = 'logical'", (self.options.slot,)).fetchone()
         slot = None if row is None else SlotState(
             str(row[0]), str(row[1]), lsn_value(row[2]) if row[2] else None, lsn_value(row[3]) if row[3] else None,
-            row[4], row[5])
+            row[4], row[5], row[6])
         return ServerState(str(system_id), str(database), lsn_value(flush), tables, slot)
 
     def ensure_publication(self, conn: Any) -> None:

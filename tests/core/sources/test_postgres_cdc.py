@@ -180,6 +180,33 @@ def test_a_dropped_slot_or_a_changed_publication_fails_the_plan_and_the_read_bef
         changes(source, second)
 
 
+def test_a_slot_invalidated_by_max_slot_wal_keep_size_fails_the_plan_and_the_read_with_the_way_out(
+        postgres_db: str) -> None:
+    db = setup(postgres_db)
+    source = cdc(postgres_db, snapshot=False)
+    first = source.plan([])
+    db.execute("INSERT INTO orders VALUES (1, 10, 'a')")
+    flushed(db)
+    history = [{"epoch": 1, "offsets": first}]
+    second = source.plan(history)
+    db.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+    db.execute("SELECT pg_reload_conf()")
+    try:
+        time.sleep(0.2)
+        for _ in range(4):  # WAL segments past the slot's 1MB, removed by the checkpoint
+            db.execute("INSERT INTO orders VALUES (2, 20, 'b') ON CONFLICT (id) DO UPDATE SET amount = 21")
+            db.execute("SELECT pg_switch_wal()")
+        db.execute("CHECKPOINT")
+    finally:
+        db.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        db.execute("SELECT pg_reload_conf()")
+    with pytest.raises(CdcError, match=r"the slot 'orders_slot' is invalidated \(wal_status 'lost'.*way out is a "
+                                       r"new snapshot"):
+        source.plan(history)
+    with pytest.raises(CdcError, match="is invalidated"):
+        changes(source, second)
+
+
 def test_an_invalidated_slot_or_another_server_is_refused_with_the_way_out() -> None:
     offsets = {"slot": "s", "publication": "p", "tables": ["public.t"], "system_id": "7", "database": "db",
                "start": 100, "end": 200}
