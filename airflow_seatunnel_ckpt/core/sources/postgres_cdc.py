@@ -5,6 +5,7 @@ An epoch's offsets (JSON, pinned in the log before the stage reads)::
     {"slot": "<slot>", "publication": "<pub>", "tables": ["<schema>.<name>", ...],
      "system_id": "<pg_control_system().system_identifier>", "database": "<name>",
      "start": <LSN>, "end": <LSN>,          # the transactions read: commit LSN in [start, end)
+     "lsns": "0/16F4B80..0/16F5FB0",        # the same, as PostgreSQL prints LSNs
      "snapshot": "<exported snapshot>" | None,   # the first epoch: the tables as of ``start``
      "lag_bytes": <int>}                    # the WAL the slot keeps behind ``end`` when planned
 
@@ -222,13 +223,15 @@ def plan_range(history: Sequence[Mapping[str, Any]], server: ServerState, option
     check_identity(last, server, where, start=start)
     end = max(start, server.flush_lsn)
     confirmed = server.slot.confirmed_flush if server.slot is not None else None
-    return {**_identity(options, server), "start": start, "end": end, "snapshot": None,
-            "lag_bytes": max(0, end - confirmed) if confirmed is not None else None}
+    return pinned(options, server, start, end, None, max(0, end - confirmed) if confirmed is not None else None)
 
 
-def _identity(options: PostgresCdcSourceOptions, server: ServerState) -> dict[str, Any]:
+def pinned(options: PostgresCdcSourceOptions, server: ServerState, start: int, end: int, snapshot: str | None,
+           lag_bytes: int | None) -> dict[str, Any]:
+    """An epoch's offsets (module docs), with ``lsns``, the range as PostgreSQL prints LSNs (for people)."""
     return {"slot": options.slot, "publication": options.publication, "tables": sorted(server.tables or []),
-            "system_id": server.system_id, "database": server.database}
+            "system_id": server.system_id, "database": server.database, "start": start, "end": end,
+            "lsns": f"{lsn_text(start)}..{lsn_text(end)}", "snapshot": snapshot, "lag_bytes": lag_bytes}
 
 
 def in_range(change: Change, start: int, end: int) -> bool:
@@ -355,8 +358,7 @@ class PostgresCdc:
                 else:
                     start, snapshot = self.create_slot(conn, server)
                     server = self.server(conn)
-                return {**_identity(self.options, server), "start": start, "end": max(start, server.flush_lsn),
-                        "snapshot": snapshot, "lag_bytes": 0}
+                return pinned(self.options, server, start, max(start, server.flush_lsn), snapshot, 0)
             offsets = plan_range(history, server, self.options, self.where)
             self.release_export()
             self.advance(conn, server.slot, released_to(history, self.options.keep_epochs))

@@ -75,6 +75,7 @@ def test_epochs_read_each_change_once_between_committed_positions_without_consum
     history = [{"epoch": 1, "offsets": first}]
     second = source.plan(history)
     assert second["start"] == first["end"] and second["snapshot"] is None
+    assert second["lsns"] == f"{lsn_text(second['start'])}..{lsn_text(second['end'])}"
     expected = [("insert", "3", "30.00", "c", []), ("update", "1", "11.00", "a", []), ("delete", "2", None, None, [])]
     assert changes(source, second) == expected
     assert changes(source, second) == expected  # a retry reads the same: the peek consumed nothing
