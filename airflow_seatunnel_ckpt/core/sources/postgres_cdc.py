@@ -263,9 +263,13 @@ class PostgresCdc:
             raise CdcError(f"{self.where}: cannot connect to PostgreSQL: {str(exc).strip()}; check the "
                            "connection and retry") from exc
         with conn:
-            for name, value in self.options.session_settings().items():
-                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-            yield conn
+            try:
+                for name, value in self.options.session_settings().items():
+                    conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+                yield conn
+            except psycopg.Error as exc:  # a timeout, the slot in use by another reader, a lost connection
+                raise CdcError(f"{self.where}: PostgreSQL failed: {type(exc).__name__}: {str(exc).strip()}. The "
+                               "epoch fails before its decision; its retry reads the same pinned range") from exc
 
     def server(self, conn: Any) -> ServerState:
         """The server's identity, its flush LSN, the publication's tables and the slot, now."""
@@ -315,16 +319,24 @@ class PostgresCdc:
         import psycopg2.extras
 
         self.release_export()
+        if server.slot is not None and server.slot.database != server.database:
+            raise CdcError(f"{self.where}: a slot named {self.options.slot!r} belongs to database "
+                           f"{server.slot.database!r}; give this source another slot name")
         if server.slot is not None:
             log.warning("%s: dropping the slot %r that no committed epoch read, to create it with a snapshot",
                         self.where, self.options.slot)
             conn.execute("SELECT pg_drop_replication_slot(%s)", (self.options.slot,))
-        repl = psycopg2.connect(self.options.conninfo, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                connect_timeout=30, application_name="seatunnel-ckpt-source")
         export = "export" if self.options.snapshot else "nothing"
-        cur = repl.cursor()
-        cur.execute(f"CREATE_REPLICATION_SLOT \"{self.options.slot}\" LOGICAL pgoutput (SNAPSHOT '{export}')")
-        _, point, snapshot, _ = cur.fetchone()
+        try:
+            repl = psycopg2.connect(self.options.conninfo, connect_timeout=30, application_name="seatunnel-ckpt-source",
+                                    connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            cur = repl.cursor()
+            cur.execute(f"CREATE_REPLICATION_SLOT \"{self.options.slot}\" LOGICAL pgoutput (SNAPSHOT '{export}')")
+            _, point, snapshot, _ = cur.fetchone()
+        except psycopg2.Error as exc:
+            raise CdcError(f"{self.where}: cannot create the slot through a replication connection: "
+                           f"{str(exc).strip()}. The role needs the REPLICATION attribute, and the server "
+                           "wal_level=logical and a free max_replication_slots / max_wal_senders") from exc
         if snapshot is None:
             repl.close()
         else:

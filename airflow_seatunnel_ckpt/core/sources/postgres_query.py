@@ -94,9 +94,13 @@ class PostgresQuery:
             raise QueryError(f"{self.where}: cannot connect to PostgreSQL: {str(exc).strip()}; check the "
                              "connection and retry") from exc
         with conn:
-            for name, value in self.options.session_settings().items():
-                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-            yield conn
+            try:
+                for name, value in self.options.session_settings().items():
+                    conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+                yield conn
+            except psycopg.Error as exc:  # a timeout, a lost connection
+                raise QueryError(f"{self.where}: PostgreSQL failed: {type(exc).__name__}: {str(exc).strip()}. "
+                                 "The epoch fails before its decision; its retry reads the same pinned range") from exc
 
     def columns(self, conn: Any) -> list[Column]:
         """The table's columns now (name, type, primary key)."""
