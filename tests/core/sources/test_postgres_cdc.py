@@ -240,3 +240,22 @@ def test_options_are_checked_when_parsed_naming_the_nearest_option_and_refusing_
         parse("source", "orders", {**entry, "slot": "Orders-Slot"}, models)
     with pytest.raises(ConfigError, match="missing required option 'incremental_column'"):
         parse("source", "events", {"type": "postgres_query", "conninfo": "host=db", "table": "public.e"}, models)
+
+
+def test_a_transaction_larger_than_the_decoding_memory_is_read_whole_in_order(postgres_db: str) -> None:
+    db = setup(postgres_db)
+    dbname = db.execute("SELECT current_database()").fetchone()[0]
+    db.execute(f'ALTER DATABASE "{dbname}" SET logical_decoding_work_mem = \'64kB\'')  # the source's sessions spill
+    source = cdc(postgres_db, snapshot=False)
+    first = source.plan([])
+    with db.transaction():
+        db.execute("INSERT INTO orders SELECT g, g, repeat('n', 100) FROM generate_series(1, 5000) g")
+        db.execute("DELETE FROM orders WHERE id <= 10")
+    flushed(db)
+    second = source.plan([{"epoch": 1, "offsets": first}])
+    got = list(source.changes(second, Decoder()))
+    assert len(got) == 5010 and len({(c.lsn, c.xid) for c in got}) == 1
+    assert [c.seq for c in got] == list(range(1, 5011))
+    assert [c.op for c in got[-10:]] == ["delete"] * 10 and got[-1].values == {"id": "10"}
+    spilled = db.execute("SELECT spill_txns FROM pg_stat_replication_slots WHERE slot_name = 'orders_slot'").fetchone()
+    assert spilled and spilled[0] > 0  # the server decoded it through disk
