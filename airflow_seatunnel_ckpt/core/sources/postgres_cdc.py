@@ -315,8 +315,8 @@ class PostgresCdc:
     def create_slot(self, conn: Any, server: ServerState) -> tuple[int, str | None]:
         """A new slot (one of that name that no committed epoch read is dropped first): its consistent
         point and, with ``snapshot``, the name of the snapshot exported as of it."""
-        import psycopg2
-        import psycopg2.extras
+        import psycopg2  # type: ignore[import-untyped]
+        import psycopg2.extras  # type: ignore[import-untyped]
 
         self.release_export()
         if server.slot is not None and server.slot.database != server.database:
