@@ -87,6 +87,7 @@ class PostgresCdcSource(Source):
         """Exactly the pinned range's changes (and the first epoch's snapshot rows), ordered by (_lsn, _seq)."""
         decoder = Decoder()
         try:
+            self.cdc.check(offsets)  # the server, slot and publication, before anything is read
             with self.cdc.connect() as conn:
                 by_table: dict[str, list[Column]] = self.cdc.columns(conn, list(offsets["tables"]))
             rows: list[dict[str, Any]] = []
@@ -104,8 +105,9 @@ class PostgresCdcSource(Source):
             known = {c.name for c in by_table.get(relation.table, [])}
             by_table.setdefault(relation.table, []).extend(c for c in relation.columns if c.name not in known)
         columns = {**table_columns(by_table), **dict(CHANGE_COLUMNS)}
-        data = [tuple(row.get(n) if n.startswith("_") and n in dict(CHANGE_COLUMNS) else
-                      typed_value(kind, row.get(n)) for n, kind in columns.items()) for row in rows]
+        meta = dict(CHANGE_COLUMNS)
+        data = [tuple(row.get(n) if n in meta else typed_value(kind, row.get(n)) for n, kind in columns.items())
+                for row in rows]
         return spark.createDataFrame(data, _schema(columns.items()))
 
 
