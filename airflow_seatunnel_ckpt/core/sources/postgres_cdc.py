@@ -64,8 +64,8 @@ _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 #: The way out of a position the slot can no longer serve.
 RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run "
-              "the pipeline under a new name into emptied sinks (or replay it from epoch 1 into new sinks): its "
-              "first epoch creates the slot again and reads the tables whole")
+              "the pipeline under a new name into emptied sinks: its first epoch creates the slot again and reads "
+              "the tables whole (a replay cannot: the first epoch's snapshot is not kept)")
 
 
 class CdcError(CheckpointError):
