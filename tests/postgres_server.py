@@ -37,10 +37,14 @@ class PostgresServer(LocalPostgres):
         return name
 
     def drop_database(self, name: str) -> None:
-        """Drop ``name``, disconnecting whoever is still connected to it."""
+        """Drop ``name``, disconnecting whoever is still connected to it (and dropping its replication slots)."""
         import psycopg
 
         with psycopg.connect(self.conninfo(), autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+                         "WHERE database = %s AND active_pid IS NOT NULL", (name,))
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
+                         (name,))
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

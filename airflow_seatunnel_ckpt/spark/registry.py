@@ -22,6 +22,7 @@ from airflow_seatunnel_ckpt.spark.sinks.files import FileSink, Sink
 from airflow_seatunnel_ckpt.spark.sinks.tables import DeltaSink, IcebergSink, PostgresSink
 from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source
 from airflow_seatunnel_ckpt.spark.sources.kafka import KafkaSource
+from airflow_seatunnel_ckpt.spark.sources.postgres import PostgresCdcSource, PostgresQuerySource
 from airflow_seatunnel_ckpt.spark.sources.tables import DeltaSource, IcebergSource, PipelineOutputSource
 
 T = TypeVar("T")
@@ -103,7 +104,9 @@ class Registry(Generic[T]):
 
 
 SOURCES: Registry[Source] = Registry("source", {"file": FileSource, "iceberg": IcebergSource, "delta": DeltaSource,
-                                                "pipeline_output": PipelineOutputSource, "kafka": KafkaSource})
+                                                "pipeline_output": PipelineOutputSource, "kafka": KafkaSource,
+                                                "postgres_cdc": PostgresCdcSource,
+                                                "postgres_query": PostgresQuerySource})
 SINKS: Registry[Sink] = Registry("sink", {"file": FileSink, "iceberg": IcebergSink, "delta": DeltaSink,
                                           "postgres": PostgresSink})
 #: Both registries by kind, for checks that only know the kind.

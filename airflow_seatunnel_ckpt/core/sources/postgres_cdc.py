@@ -1,0 +1,453 @@
+"""PostgreSQL change data capture: a logical replication slot's LSNs as an epoch's position.
+
+An epoch's offsets (JSON, pinned in the log before the stage reads)::
+
+    {"slot": "<slot>", "publication": "<pub>", "tables": ["<schema>.<name>", ...],
+     "system_id": "<pg_control_system().system_identifier>", "database": "<name>",
+     "start": <LSN>, "end": <LSN>,          # the transactions read: commit LSN in [start, end)
+     "lsns": "0/16F4B80..0/16F5FB0",        # the same, as PostgreSQL prints LSNs
+     "snapshot": "<exported snapshot>" | None,   # the first epoch: the tables as of ``start``
+     "lag_bytes": <int>}                    # the WAL the slot keeps behind ``end`` when planned
+
+``end`` is the position: the next epoch starts there. The plan pins ``end`` as the server's
+flush LSN (decoding sees only flushed WAL); the read asks the slot for the changes up to it
+with ``pg_logical_slot_peek_binary_changes``, which consumes nothing, and keeps exactly the
+transactions whose commit record lies in ``[start, end)`` (a retry reads the same). The
+slot's confirmed position moves only in a later plan, to the end of a COMMITTED epoch
+(``keep_epochs`` epochs back, so those can be replayed): the store's position is the truth,
+the slot only keeps the WAL behind it.
+
+Identity, checked by the plan and again where the changes are read: the server (system
+identifier and database), the slot (it exists, its WAL is not lost, and its confirmed
+position is not past the epoch's start: a slot dropped and created again, or advanced by
+someone else, has released changes no epoch read) and the publication's tables.
+
+The first epoch creates the slot through the replication protocol with ``SNAPSHOT
+'export'``: the exported snapshot shows the tables exactly as of the slot's consistent
+point, where the stream starts, so no change is missed or read twice between snapshot and
+stream. The snapshot lives as long as the connection that exported it (held by the
+process that planned the epoch); a retry in another process cannot read it and fails, and
+the next epoch takes a new snapshot with a new slot (no committed epoch used the old one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.options import Options
+from airflow_seatunnel_ckpt.core.sinks.postgres_options import _PASSWORD
+from airflow_seatunnel_ckpt.core.sources.pgoutput import (
+    OPS,
+    Change,
+    Column,
+    DecodeError,
+    Decoder,
+    lsn_text,
+    lsn_value,
+)
+
+log = logging.getLogger(__name__)
+
+#: A replication slot's or publication's name as PostgreSQL accepts it unquoted.
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: ``schema.name`` of a published table.
+_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
+#: The way out of a position the slot can no longer serve.
+RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run "
+              "the pipeline under a new name into emptied sinks: its first epoch creates the slot again and reads "
+              "the tables whole (a replay cannot: the first epoch's snapshot is not kept)")
+
+
+class CdcError(CheckpointError):
+    """A ``postgres_cdc`` source cannot plan or read its pinned range (slot, publication or server changed)."""
+
+
+class PostgresSourceOptions(Options):
+    """What both PostgreSQL sources share: the connection and the session's bounded waits."""
+
+    conninfo: str
+    """A libpq connection string without a password (``host=... port=... dbname=... user=...``; a
+    password comes from a password file, ``PGPASSFILE``)."""
+    lock_timeout_s: float = Field(30.0, gt=0)
+    """How long a statement of the source waits for a lock before the epoch fails (and is retried)."""
+    statement_timeout_s: float = Field(3600.0, gt=0)
+    """How long one statement of the source (reading an epoch's changes or rows) may run."""
+
+    @field_validator("conninfo")
+    @classmethod
+    def _no_password(cls, value: str) -> str:
+        if not value:
+            raise ValueError("name the database with a libpq connection string")
+        if _PASSWORD.search(value):
+            raise ValueError("conninfo holds a password, and a source's options are stored in the checkpoint "
+                             "store; use a password file (PGPASSFILE) instead")
+        return value
+
+    def session_settings(self) -> dict[str, str]:
+        """The settings each connection of the source sets (milliseconds; text values in UTC)."""
+        return {"lock_timeout": str(max(1, round(self.lock_timeout_s * 1000))),
+                "statement_timeout": str(max(1, round(self.statement_timeout_s * 1000))), "TimeZone": "UTC"}
+
+
+class PostgresCdcSourceOptions(PostgresSourceOptions):
+    """``{"type": "postgres_cdc", ...}``: the changes of a publication's tables through a logical slot."""
+
+    type: Literal["postgres_cdc"] = "postgres_cdc"
+    slot: str
+    """The logical replication slot (pgoutput) the source reads; the source creates it on its first
+    epoch (dropping one of that name that no committed epoch read) and owns it."""
+    publication: str
+    """The publication whose tables' changes the source reads."""
+    tables: list[str] = Field(default_factory=list)
+    """Tables (``schema.name``) of the publication the source creates when it does not exist; empty:
+    the publication must exist."""
+    snapshot: bool = True
+    """The first epoch reads the tables whole, as of the slot's start (rows with ``_op`` ``insert``);
+    false: it starts with the changes after the slot's creation."""
+    keep_epochs: int = Field(1, ge=0)
+    """How many of the newest committed epochs' changes the slot keeps (its confirmed position stays
+    at their start), so that a replay can read them again; 0: none (the least WAL kept)."""
+
+    @field_validator("slot", "publication")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be a lower-case PostgreSQL name (letters, digits, '_', at most 63)")
+        return value
+
+    @field_validator("tables")
+    @classmethod
+    def _tables(cls, value: list[str]) -> list[str]:
+        bad = [t for t in value if not _TABLE.match(t)]
+        if bad:
+            raise ValueError(f"tables must be schema.name, got {bad}")
+        return sorted(set(value))
+
+
+@dataclass(frozen=True)
+class SlotState:
+    """What ``pg_replication_slots`` says of the slot now (None fields: not reported)."""
+
+    plugin: str
+    database: str
+    confirmed_flush: int | None
+    restart_lsn: int | None
+    #: ``reserved``, ``extended``, ``unreserved`` or ``lost`` (the WAL it needs was removed).
+    wal_status: str | None
+    active_pid: int | None = None
+    #: Why the server invalidated the slot (PostgreSQL 17+: ``wal_removed``, ``rows_removed``, ...), or None.
+    invalidation_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """The server and database the source talks to, its flush LSN, the publication and the slot."""
+
+    system_id: str
+    database: str
+    flush_lsn: int
+    #: The publication's tables (None: no such publication).
+    tables: list[str] | None
+    slot: SlotState | None
+
+
+def last_position(history: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The offsets of the newest committed epoch that read the source (its ``end`` is the position)."""
+    for entry in reversed(history):
+        offsets = entry.get("offsets") or {}
+        if offsets.get("end") is not None:
+            return dict(offsets)
+    return None
+
+
+def released_to(history: Sequence[Mapping[str, Any]], keep_epochs: int) -> int | None:
+    """Where the slot's confirmed position may move: the newest committed epoch's end, or with
+    ``keep_epochs`` the start of the ``keep_epochs``-th newest, so those epochs stay readable."""
+    read = [dict(e["offsets"]) for e in history if (e.get("offsets") or {}).get("end") is not None]
+    if not read:
+        return None
+    if keep_epochs == 0:
+        return int(read[-1]["end"])
+    return int(read[-min(keep_epochs, len(read))]["start"])
+
+
+def check_identity(offsets: Mapping[str, Any], server: ServerState, where: str, *, start: int | None) -> None:
+    """Refuse unless the server, the slot and the publication are those ``offsets`` were planned against
+    and the slot can still give every change from ``start`` on."""
+    slot = str(offsets["slot"])
+    out = RESNAPSHOT.format(slot=slot)
+    if (str(offsets["system_id"]), str(offsets["database"])) != (server.system_id, server.database):
+        raise CdcError(f"{where}: the position was taken on server {offsets['system_id']} database "
+                       f"{offsets['database']!r}, this is server {server.system_id} database {server.database!r} "
+                       "(a restored backup, or a failover without the slot): its LSNs mean other changes. " + out)
+    if server.slot is None:
+        raise CdcError(f"{where}: the replication slot {slot!r} is gone (dropped), so the changes after LSN "
+                       f"{lsn_text(start or 0)} that no committed epoch read are lost. " + out)
+    if server.slot.plugin != "pgoutput" or server.slot.database != server.database:
+        raise CdcError(f"{where}: the slot {slot!r} decodes with {server.slot.plugin!r} for database "
+                       f"{server.slot.database!r}; the source needs a pgoutput slot of {server.database!r}. " + out)
+    if server.slot.wal_status == "lost" or server.slot.invalidation_reason:
+        raise CdcError(f"{where}: the slot {slot!r} is invalidated (wal_status {server.slot.wal_status!r}, reason "
+                       f"{server.slot.invalidation_reason!r}: e.g. the server removed WAL it still needed, past "
+                       "max_slot_wal_keep_size), so changes no committed epoch read are lost. " + out)
+    confirmed = server.slot.confirmed_flush
+    if start is not None and confirmed is not None and confirmed > start:
+        raise CdcError(f"{where}: the slot {slot!r} confirms LSN {lsn_text(confirmed)}, past the epoch's start "
+                       f"{lsn_text(start)}: it was advanced by another reader, or dropped and created again, and "
+                       "the changes between were released unread. " + out)
+    pinned = sorted(offsets.get("tables") or [])
+    if server.tables is None:
+        raise CdcError(f"{where}: the publication {offsets['publication']!r} is gone. " + out)
+    if sorted(server.tables) != pinned:
+        raise CdcError(f"{where}: the publication {offsets['publication']!r} now publishes {server.tables}, the "
+                       f"committed epochs read {pinned}: a table added has no snapshot, a table removed stops "
+                       "silently. Restore the publication's tables, or take a new snapshot. " + out)
+
+
+def plan_range(history: Sequence[Mapping[str, Any]], server: ServerState, options: PostgresCdcSourceOptions,
+               where: str) -> dict[str, Any]:
+    """This epoch's offsets after the committed position (module docs); the first epoch is the caller's."""
+    last = last_position(history)
+    assert last is not None, "the first epoch creates its slot: PostgresCdc.plan"
+    start = int(last["end"])
+    check_identity(last, server, where, start=start)
+    end = max(start, server.flush_lsn)
+    confirmed = server.slot.confirmed_flush if server.slot is not None else None
+    return pinned(options, server, start, end, None, max(0, end - confirmed) if confirmed is not None else None)
+
+
+def pinned(options: PostgresCdcSourceOptions, server: ServerState, start: int, end: int, snapshot: str | None,
+           lag_bytes: int | None) -> dict[str, Any]:
+    """An epoch's offsets (module docs), with ``lsns``, the range as PostgreSQL prints LSNs (for people)."""
+    return {"slot": options.slot, "publication": options.publication, "tables": sorted(server.tables or []),
+            "system_id": server.system_id, "database": server.database, "start": start, "end": end,
+            "lsns": f"{lsn_text(start)}..{lsn_text(end)}", "snapshot": snapshot, "lag_bytes": lag_bytes}
+
+
+def in_range(change: Change, start: int, end: int) -> bool:
+    """Whether ``change``'s transaction committed in ``[start, end)``."""
+    return start <= change.lsn < end
+
+
+# -- the database ------------------------------------------------------------------------------
+class PostgresCdc:
+    """The slot, the publication and the reads of one ``postgres_cdc`` source (psycopg 3 and, for
+    creating the slot with an exported snapshot, psycopg2's replication connection)."""
+
+    #: (conninfo, slot) -> the exported snapshot's name and the replication connection holding it
+    #: (alive until the source's next plan; shared by the source objects of one process).
+    exported: dict[tuple[str, str], tuple[str, Any]] = {}
+
+    def __init__(self, options: PostgresCdcSourceOptions, where: str) -> None:
+        self.options, self.where = options, where
+
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        """An autocommit connection with the source's bounded waits; a failure to connect is transient."""
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self.options.conninfo, autocommit=True, connect_timeout=30,
+                                   application_name="seatunnel-ckpt-source")
+        except psycopg.OperationalError as exc:
+            raise CdcError(f"{self.where}: cannot connect to PostgreSQL: {str(exc).strip()}; check the "
+                           "connection and retry") from exc
+        with conn:
+            try:
+                for name, value in self.options.session_settings().items():
+                    conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+                yield conn
+            except psycopg.Error as exc:  # a timeout, the slot in use by another reader, a lost connection
+                raise CdcError(f"{self.where}: PostgreSQL failed: {type(exc).__name__}: {str(exc).strip()}. The "
+                               "epoch fails before its decision; its retry reads the same pinned range") from exc
+
+    def server(self, conn: Any) -> ServerState:
+        """The server's identity, its flush LSN, the publication's tables and the slot, now."""
+        system_id, database, flush = conn.execute(
+            "SELECT (SELECT system_identifier FROM pg_control_system())::text, current_database(), "
+            "pg_current_wal_flush_lsn()::text").fetchone()
+        pub = conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.options.publication,)).fetchone()
+        tables = None if pub is None else sorted(f"{s}.{t}" for s, t in conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.options.publication,)))
+        # to_jsonb: invalidation_reason exists from PostgreSQL 17 on.
+        row = conn.execute("SELECT plugin, database, confirmed_flush_lsn::text, restart_lsn::text, wal_status, "
+                           "active_pid, to_jsonb(s) ->> 'invalidation_reason' FROM pg_replication_slots s "
+                           "WHERE slot_name = %s AND slot_type = 'logical'", (self.options.slot,)).fetchone()
+        slot = None if row is None else SlotState(
+            str(row[0]), str(row[1]), lsn_value(row[2]) if row[2] else None, lsn_value(row[3]) if row[3] else None,
+            row[4], row[5], row[6])
+        return ServerState(str(system_id), str(database), lsn_value(flush), tables, slot)
+
+    def ensure_publication(self, conn: Any) -> None:
+        """Create the publication of ``tables`` when it does not exist (inserts, updates, deletes, truncates:
+        a truncate fails the epoch that reads it rather than being missed)."""
+        from psycopg import sql
+
+        if conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.options.publication,)).fetchone():
+            return
+        if not self.options.tables:
+            raise CdcError(f"{self.where}: the publication {self.options.publication!r} does not exist; create it "
+                           "(CREATE PUBLICATION ... FOR TABLE ...) or give the source its 'tables'")
+        tables = sql.SQL(", ").join(sql.Identifier(*t.split(".")) for t in self.options.tables)
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(self.options.publication), tables))
+
+    def advance(self, conn: Any, slot: SlotState | None, to: int | None) -> None:
+        """Move the slot's confirmed position to ``to`` (a committed epoch's end), if it is behind it."""
+        if to is None or slot is None or (slot.confirmed_flush is not None and slot.confirmed_flush >= to):
+            return
+        try:
+            conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.options.slot, lsn_text(to)))
+        except Exception as exc:  # in use by another reader: the next plan advances it
+            log.warning("%s: the slot %r stays at %s for now (%s); the next plan advances it", self.where,
+                        self.options.slot, lsn_text(slot.confirmed_flush or 0), str(exc).strip())
+
+    def create_slot(self, conn: Any, server: ServerState) -> tuple[int, str | None]:
+        """A new slot (one of that name that no committed epoch read is dropped first): its consistent
+        point and, with ``snapshot``, the name of the snapshot exported as of it."""
+        import psycopg2  # type: ignore[import-untyped]
+        import psycopg2.extras  # type: ignore[import-untyped]
+
+        self.release_export()
+        if server.slot is not None and server.slot.database != server.database:
+            raise CdcError(f"{self.where}: a slot named {self.options.slot!r} belongs to database "
+                           f"{server.slot.database!r}; give this source another slot name")
+        if server.slot is not None:
+            log.warning("%s: dropping the slot %r that no committed epoch read, to create it with a snapshot",
+                        self.where, self.options.slot)
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (self.options.slot,))
+        export = "export" if self.options.snapshot else "nothing"
+        try:
+            repl = psycopg2.connect(self.options.conninfo, connect_timeout=30, application_name="seatunnel-ckpt-source",
+                                    connection_factory=psycopg2.extras.LogicalReplicationConnection)
+            cur = repl.cursor()
+            cur.execute(f"CREATE_REPLICATION_SLOT \"{self.options.slot}\" LOGICAL pgoutput (SNAPSHOT '{export}')")
+            _, point, snapshot, _ = cur.fetchone()
+        except psycopg2.Error as exc:
+            raise CdcError(f"{self.where}: cannot create the slot through a replication connection: "
+                           f"{str(exc).strip()}. The role needs the REPLICATION attribute, and the server "
+                           "wal_level=logical and a free max_replication_slots / max_wal_senders") from exc
+        if snapshot is None:
+            repl.close()
+        else:
+            self.exported[self._export_key] = (snapshot, repl)
+        return lsn_value(point), snapshot
+
+    @property
+    def _export_key(self) -> tuple[str, str]:
+        return (self.options.conninfo, self.options.slot)
+
+    def release_export(self) -> None:
+        """Close the connection holding the source's exported snapshot, if any (its epoch read it)."""
+        held = self.exported.pop(self._export_key, None)
+        if held is not None:
+            with contextlib.suppress(Exception):  # already closed by the server
+                held[1].close()
+
+    def plan(self, history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """This epoch's offsets: a new slot (and snapshot) on the first epoch, else the range after the
+        committed position, with the slot advanced to what committed epochs no longer need."""
+        with self.connect() as conn:
+            self.ensure_publication(conn)
+            server = self.server(conn)
+            if last_position(history) is None:
+                if self.options.tables and server.tables != self.options.tables:
+                    raise CdcError(f"{self.where}: the publication {self.options.publication!r} publishes "
+                                   f"{server.tables}, the source's tables are {self.options.tables}; make them the "
+                                   "same (ALTER PUBLICATION ... SET TABLE ..., or the source's 'tables')")
+                if server.slot is not None and not self.options.snapshot:
+                    start, snapshot = server.slot.confirmed_flush or server.flush_lsn, None  # a slot given
+                else:
+                    start, snapshot = self.create_slot(conn, server)
+                    server = self.server(conn)
+                return pinned(self.options, server, start, max(start, server.flush_lsn), snapshot, 0)
+            offsets = plan_range(history, server, self.options, self.where)
+            self.release_export()
+            self.advance(conn, server.slot, released_to(history, self.options.keep_epochs))
+            return offsets
+
+    def check(self, offsets: Mapping[str, Any]) -> None:
+        """The identity check of :func:`check_identity` against the server now (before a read or a replay)."""
+        with self.connect() as conn:
+            check_identity(offsets, self.server(conn), self.where, start=int(offsets["start"]))
+
+    def columns(self, conn: Any, tables: Sequence[str]) -> dict[str, list[Column]]:
+        """Each table's columns now (name, type, key), in order."""
+        out: dict[str, list[Column]] = {t: [] for t in tables}
+        for table in tables:
+            rows = conn.execute(
+                "SELECT a.attname, a.atttypid::bigint, a.atttypmod, coalesce(a.attnum = ANY(i.indkey), false) "
+                "FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
+                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+                (table,)).fetchall()
+            out[table] = [Column(str(n), int(t), int(m), bool(k)) for n, t, m, k in rows]
+        return out
+
+    def snapshot_rows(self, offsets: Mapping[str, Any], columns: Mapping[str, list[Column]]
+                      ) -> Iterator[tuple[str, dict[str, str | None]]]:
+        """Every row of the pinned tables as of the exported snapshot (text values)."""
+        from psycopg import sql
+
+        name = str(offsets["snapshot"])
+        if self.exported.get(self._export_key, ("", None))[0] != name:
+            raise CdcError(
+                f"{self.where}: the snapshot {name} the first epoch pinned (the tables as of LSN "
+                f"{lsn_text(int(offsets['start']))}) was exported by the process that planned the epoch and is "
+                "gone with it, so this attempt cannot read it. Abort the epoch (its sensor's timeout does): the "
+                "next epoch creates the slot again with a new snapshot")
+        with self.connect() as conn:
+            conn.autocommit = False
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
+            for number, table in enumerate(offsets["tables"]):
+                cols = columns[table]
+                query = sql.SQL("SELECT {} FROM {}").format(
+                    sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in cols),
+                    sql.Identifier(*table.split(".")))
+                with conn.cursor(name=f"snapshot_{number}") as cur:
+                    cur.execute(query)
+                    for row in cur:
+                        yield table, dict(zip([c.name for c in cols], row, strict=True))
+            conn.rollback()
+
+    def changes(self, offsets: Mapping[str, Any], decoder: Decoder) -> Iterator[Change]:
+        """The changes of the transactions committed in the pinned ``[start, end)``, without consuming them.
+
+        The identity is checked first (nothing is read from another slot, server or publication).
+        """
+        start, end = int(offsets["start"]), int(offsets["end"])
+        if end <= start:
+            return
+        counts = dict.fromkeys(OPS, 0)
+        with self.connect() as conn:
+            check_identity(offsets, self.server(conn), self.where, start=start)
+            conn.autocommit = False
+            started = time.monotonic()
+            with conn.cursor(name="changes") as cur:
+                cur.itersize = 2000
+                cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
+                            "'proto_version', '1', 'publication_names', %s)",
+                            (self.options.slot, lsn_text(end), self.options.publication))
+                try:
+                    for (data,) in cur:
+                        change = decoder.message(bytes(data))
+                        if change is not None and in_range(change, start, end):
+                            counts[change.op] += 1
+                            yield change
+                except DecodeError as exc:
+                    raise CdcError(f"{self.where}: the changes between LSN {lsn_text(start)} and {lsn_text(end)}: "
+                                   f"{exc}. The epoch fails before its decision. " + RESNAPSHOT.format(
+                                       slot=self.options.slot)) from exc
+            conn.rollback()
+            log.info("%s: read the changes of LSN %s..%s in %.1fs: %s", self.where, lsn_text(start),
+                     lsn_text(end), time.monotonic() - started, ", ".join(f"{n} {op}s" for op, n in counts.items()))

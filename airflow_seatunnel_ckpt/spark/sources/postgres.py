@@ -1,0 +1,141 @@
+"""The PostgreSQL sources: ``{"type": "postgres_cdc", ...}`` (logical replication) and
+``{"type": "postgres_query", ...}`` (an incremental column's high-water mark).
+
+Both plan in the core (:mod:`airflow_seatunnel_ckpt.core.sources.postgres_cdc`,
+:mod:`airflow_seatunnel_ckpt.core.sources.postgres_query`), which pins the epoch's range in
+the log before anything is read; here the pinned range is read -- on the driver, over one
+connection (a slot's changes come in one ordered stream) -- and handed to Spark as a
+DataFrame. Values keep their PostgreSQL types where Spark has one
+(:func:`~airflow_seatunnel_ckpt.core.sources.pgoutput.spark_type`), text otherwise.
+
+A change row of ``postgres_cdc`` has the table's columns and ``_table`` (``schema.name``),
+``_op`` (``insert`` | ``update`` | ``delete``), ``_lsn`` (the commit LSN of its transaction,
+bigint: the order of transactions), ``_seq`` (its place in the transaction; 0 for the
+first epoch's snapshot rows, which carry the slot's start as ``_lsn``), ``_commit_ts``,
+``_xid`` and ``_unchanged_toast`` (columns of an update whose TOASTed value did not change
+and is not in the message: NULL here, to be kept as they are by whoever applies the change).
+Order changes by ``(_lsn, _seq)``. docs/CDC.md describes both sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.options import checked
+from airflow_seatunnel_ckpt.core.sources.pgoutput import Column, Decoder, spark_type, typed_value
+from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc, PostgresCdcSourceOptions
+from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery, PostgresQuerySourceOptions
+from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+#: The columns every change row carries besides the table's, with their Spark types.
+CHANGE_COLUMNS = (("_table", "string"), ("_op", "string"), ("_lsn", "bigint"), ("_seq", "int"),
+                  ("_commit_ts", "timestamp"), ("_xid", "bigint"), ("_unchanged_toast", "array<string>"))
+
+
+def _schema(columns: Iterable[tuple[str, str]]) -> str:
+    return ", ".join(f"`{name.replace('`', '``')}` {kind}" for name, kind in columns)
+
+
+def table_columns(by_table: Mapping[str, Sequence[Column]]) -> dict[str, str]:
+    """Column name -> Spark type over all tables (a name with two types across tables becomes string)."""
+    out: dict[str, str] = {}
+    for columns in by_table.values():
+        for column in columns:
+            kind = spark_type(column.type_oid, column.type_modifier)
+            out[column.name] = kind if out.get(column.name, kind) == kind else "string"
+    return out
+
+
+def _options(model: type[Any], name: str, options: Mapping[str, Any]) -> Any:
+    return checked(model, {"type": model.model_fields["type"].default, **options},
+                   f"source {name!r} (type {model.model_fields['type'].default!r})")
+
+
+class PostgresCdcSource(Source):
+    """The changes committed to a publication's tables since the last committed epoch (module docs)."""
+
+    kind = "postgres_cdc"
+
+    def __init__(self, name: str, **options: Any) -> None:
+        super().__init__(name)
+        self.options: PostgresCdcSourceOptions = _options(PostgresCdcSourceOptions, name, options)
+        self.cdc = PostgresCdc(self.options, f"postgres_cdc source {name!r} (slot {self.options.slot!r})")
+
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The LSN range after the committed position; the first epoch creates the slot (and its snapshot)."""
+        try:
+            return self.cdc.plan(history)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
+        """Refuse unless the slot still holds every change of the pinned range (a snapshot is never read twice)."""
+        if offsets.get("snapshot"):
+            raise SourceError(f"{self.cdc.where}: the epoch read the tables whole through a snapshot exported when "
+                              "its slot was created, which no later process can read again")
+        try:
+            self.cdc.check(offsets)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """Exactly the pinned range's changes (and the first epoch's snapshot rows), ordered by (_lsn, _seq)."""
+        decoder = Decoder()
+        try:
+            self.cdc.check(offsets)  # the server, slot and publication, before anything is read
+            with self.cdc.connect() as conn:
+                by_table: dict[str, list[Column]] = self.cdc.columns(conn, list(offsets["tables"]))
+            rows: list[dict[str, Any]] = []
+            if offsets.get("snapshot"):
+                rows += [{**values, "_table": table, "_op": "insert", "_lsn": int(offsets["start"]), "_seq": 0}
+                         for table, values in self.cdc.snapshot_rows(offsets, by_table)]
+            for change in self.cdc.changes(offsets, decoder):
+                rows.append({**change.values, "_table": change.table, "_op": change.op, "_lsn": change.lsn,
+                             "_seq": change.seq, "_commit_ts": change.commit_ts, "_xid": change.xid,
+                             "_unchanged_toast": change.unchanged or None})
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+        # Columns a relation message named (added since the catalog was read) count too.
+        for relation in decoder.relations.values():
+            known = {c.name for c in by_table.get(relation.table, [])}
+            by_table.setdefault(relation.table, []).extend(c for c in relation.columns if c.name not in known)
+        columns = {**table_columns(by_table), **dict(CHANGE_COLUMNS)}
+        meta = dict(CHANGE_COLUMNS)
+        data = [tuple(row.get(n) if n in meta else typed_value(kind, row.get(n)) for n, kind in columns.items())
+                for row in rows]
+        return spark.createDataFrame(data, _schema(columns.items()))
+
+
+class PostgresQuerySource(Source):
+    """The rows of a table whose ``incremental_column`` moved past the committed position (module docs)."""
+
+    kind = "postgres_query"
+
+    def __init__(self, name: str, **options: Any) -> None:
+        super().__init__(name)
+        self.options: PostgresQuerySourceOptions = _options(PostgresQuerySourceOptions, name, options)
+        self.query = PostgresQuery(self.options, f"postgres_query source {name!r} (table {self.options.table})")
+
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The value range after the committed position, with the keys at its boundaries."""
+        try:
+            return self.query.plan(history)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """The rows of the pinned range, with the table's columns as they are now."""
+        try:
+            with self.query.connect() as conn:
+                columns = self.query.columns(conn)
+            types = [spark_type(c.type_oid, c.type_modifier) for c in columns]
+            data = [tuple(typed_value(k, v) for k, v in zip(types, row, strict=True))
+                    for row in self.query.rows(offsets, columns)]
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+        return spark.createDataFrame(data, _schema((c.name, k) for c, k in zip(columns, types, strict=True)))

@@ -1,0 +1,95 @@
+"""The PostgreSQL sources through the stage runtime (``run_stage`` on the shared local Spark session)
+into a file sink: typed rows, positions from committed epochs, refusals before the prepare."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
+from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
+from airflow_seatunnel_ckpt.spark.replay import replay_stage
+from airflow_seatunnel_ckpt.spark.sources.files import SourceError
+
+pytestmark = pytest.mark.spark
+
+
+def copy(ctx: Any, spark: Any) -> None:
+    """The epoch's rows into ``out``."""
+    ctx.sink("out").write(ctx.source("db").read())
+
+
+class DbPipeline:
+    def __init__(self, root: Path, source: dict[str, Any]) -> None:
+        self.root, self.source, self.runs = root, source, 0
+        self.store = {"storage_url": f"file://{root}/store"}
+
+    def spec(self, run_id: str) -> StageSpec:
+        return StageSpec(pipeline="db", participant="ingest", run_id=run_id, attempt=1, stage=f"{__name__}:copy",
+                         sources={"db": self.source}, sinks={"out": {"type": "file", "path": f"file://{self.root}/out"}},
+                         store=self.store, key_groups=2)
+
+    def epoch(self, spark: Any) -> StageResult:
+        self.runs += 1
+        result = run_stage(self.spec(f"run-{self.runs}"), spark)
+        pipeline = CheckpointStore(CheckpointConfig.from_mapping(self.store)).pipeline("db")
+        pipeline.decide(result.epoch, Decision.COMMIT, "test", "test")
+        pipeline.commit(result.epoch)
+        return result
+
+    def rows(self, epoch: int) -> list[dict[str, Any]]:
+        files = sorted((self.root / "out").glob(f"epoch={epoch}/*.parquet"))
+        return [r for f in files for r in pq.read_table(f).to_pylist()]
+
+
+def wait_flushed(conn: psycopg.Connection) -> None:
+    from tests.core.sources.test_postgres_cdc import flushed
+
+    flushed(conn)
+
+
+def test_query_epochs_read_new_rows_once_with_their_types(spark: Any, tmp_path: Path, postgres_db: str) -> None:
+    db = psycopg.connect(postgres_db, autocommit=True)
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2), at timestamptz NOT NULL)")
+    db.execute("INSERT INTO orders VALUES (1, 1.50, '2026-01-01 00:00+00'), (2, 2.25, '2026-01-02 00:00+00')")
+    lake = DbPipeline(tmp_path, {"type": "postgres_query", "conninfo": postgres_db, "table": "public.orders",
+                                 "incremental_column": "at"})
+    first = lake.epoch(spark)
+    rows = sorted(lake.rows(first.epoch), key=lambda r: r["id"])
+    assert [(r["id"], r["amount"]) for r in rows] == [(1, Decimal("1.50")), (2, Decimal("2.25"))]
+    assert rows[1]["at"].replace(tzinfo=dt.UTC) == dt.datetime(2026, 1, 2, tzinfo=dt.UTC)
+    db.execute("INSERT INTO orders VALUES (3, 3, '2026-01-02 00:00+00'), (4, 4, '2026-01-03 00:00+00')")
+    second = lake.epoch(spark)
+    assert sorted(r["id"] for r in lake.rows(second.epoch)) == [3, 4]  # 3 shares the first epoch's last value
+
+
+def test_a_dropped_slot_fails_the_epoch_before_its_prepare_and_a_snapshot_epoch_is_not_replayed(
+        spark: Any, tmp_path: Path, postgres_db: str) -> None:
+    db = psycopg.connect(postgres_db, autocommit=True)
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2))")
+    db.execute("INSERT INTO orders VALUES (1, 1.50)")
+    lake = DbPipeline(tmp_path, {"type": "postgres_cdc", "conninfo": postgres_db, "slot": "orders_slot",
+                                 "publication": "orders_pub", "tables": ["public.orders"]})
+    first = lake.epoch(spark)
+    assert [(r["_op"], r["id"], r["amount"]) for r in lake.rows(first.epoch)] == [("insert", 1, Decimal("1.50"))]
+    db.execute("UPDATE orders SET amount = 2 WHERE id = 1")
+    wait_flushed(db)
+    second = lake.epoch(spark)
+    ((row,),) = [lake.rows(second.epoch)]
+    assert (row["_op"], row["id"], row["amount"], row["_table"]) == ("update", 1, Decimal("2.00"), "public.orders")
+    assert row["_lsn"] >= first.sources["db"]["end"] and row["_xid"] > 0 and row["_commit_ts"] is not None
+    with pytest.raises(ReplayError, match="snapshot exported when its slot was created"):
+        replay_stage(lake.spec("replay"), first.epoch, reason="test", by="test", spark=spark)
+    db.execute("SELECT pg_drop_replication_slot('orders_slot')")
+    db.execute("UPDATE orders SET amount = 3 WHERE id = 1")
+    with pytest.raises(SourceError, match=r"the replication slot 'orders_slot' is gone .*a new snapshot"):
+        lake.epoch(spark)
+    pipeline = CheckpointStore(CheckpointConfig.from_mapping(lake.store)).pipeline("db")
+    assert all(pipeline.state(e) is not EpochState.PREPARED for e in pipeline.txlog.epochs())
