@@ -73,13 +73,12 @@ def epoch_row(p: StoredPipeline, epoch: int, summary: EpochSummary | None = None
     row.participants = str(table["participants"])
     row.run_id = data.get("run_id") or "-"
     row.logical_date = data.get("logical_date") or "-"
-    status = summary.status()
-    row.dag_id = status.begin.dag_id if status.begin else ""
+    row.dag_id = summary.begin.dag_id if summary.begin else ""
     row.rows = dict(data.get("rows") or {})
     row.expectations = list(data.get("expectations") or [])
-    row.files = status.files_per_sink()
+    row.files = summary.files_per_sink()
     row.checkpoint_bytes = summary.checkpoint_bytes
-    row.submissions = [_describe_submission(record, ended, status.state) for record, ended in summary.submissions]
+    row.submissions = [_describe_submission(record, ended, summary.state) for record, ended in summary.submissions]
     if row.state == EpochState.OPEN.value:
         resolution = resolve_epoch(p, epoch, dry_run=True)  # (what recovery would do, without asking Airflow)
         judged = resolution.judged

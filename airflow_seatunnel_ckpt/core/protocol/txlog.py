@@ -464,15 +464,22 @@ class TransactionLog:
         """The ``outcome-*`` record ``name`` (None if absent; CorruptCheckpointError if damaged or malformed)."""
         return self.read_record(layout.record_path(epoch, name), OutcomeRecord)
 
-    def read_published(self, epoch: int) -> list[PublishedSink] | None:
-        """What the ``committed`` record says was published, or None if not committed."""
-        def parse(d: dict[str, Any], path: str) -> list[PublishedSink]:
-            items = d.get("published")
+    def read_committed(self, epoch: int) -> tuple[list[PublishedSink], float | None] | None:
+        """What the ``committed`` record says was published, and when it was written (its ``at``, if
+        it has one); None if not committed."""
+        def parse(d: dict[str, Any], path: str) -> tuple[list[PublishedSink], float | None]:
+            items, at = d.get("published"), d.get("at")
             if not isinstance(items, list):
                 raise CorruptCheckpointError(f"{path}: field 'published' is missing", path)
-            return [PublishedSink.from_dict(p, path) for p in items]
+            published = [PublishedSink.from_dict(p, path) for p in items]
+            return published, float(at) if isinstance(at, (int, float)) else None
 
         return self.read_record(layout.record_path(epoch, COMMITTED), parse)
+
+    def read_published(self, epoch: int) -> list[PublishedSink] | None:
+        """What the ``committed`` record says was published, or None if not committed."""
+        committed = self.read_committed(epoch)
+        return committed[0] if committed is not None else None
 
     # -- state -------------------------------------------------------------------------
     def state(self, epoch: int, names: list[str] | None = None) -> EpochState:
