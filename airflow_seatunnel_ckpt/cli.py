@@ -232,6 +232,14 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
     return 0
 
 
+def _state_if_readable(p: StoredPipeline, epoch: int) -> str:
+    """``epoch``'s state, or UNKNOWN when the record it depends on (its decision) is damaged."""
+    try:
+        return p.state(epoch).value
+    except CorruptCheckpointError:
+        return "UNKNOWN"
+
+
 def epoch_entry(p: StoredPipeline, epoch: int,
                  summary: EpochSummary | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One epoch's ``--json`` entry and table row, from the epoch index's ``summary`` of it or its
@@ -239,10 +247,7 @@ def epoch_entry(p: StoredPipeline, epoch: int,
     try:
         s = summary.status() if summary is not None else p.status(epoch)
     except CorruptCheckpointError as exc:
-        try:
-            state = p.state(epoch).value
-        except CorruptCheckpointError:
-            state = "UNKNOWN"
+        state = _state_if_readable(p, epoch)
         where = exc.path or str(exc)
         return ({"epoch": epoch, "state": state, "damaged": str(exc)},
                 {"epoch": epoch, "state": state, "logical_date": "?", "run_id": "?", "participants": "?",
@@ -283,10 +288,7 @@ def cmd_epochs(args: argparse.Namespace) -> int:
 def _damaged_status(p: StoredPipeline, epoch: int, damage: CorruptCheckpointError) -> tuple[dict[str, Any], list[str]]:
     """What ``show`` can still say of an epoch one of whose log records is damaged: each
     record, readable or not (the damaged ones named with what is wrong)."""
-    try:
-        state = p.state(epoch).value
-    except CorruptCheckpointError:
-        state = "UNKNOWN"
+    state = _state_if_readable(p, epoch)
     damaged = {exc.path.rsplit("/", 1)[-1]: str(exc) for exc in p.txlog.damaged_records(epoch) if exc.path}
     if not damaged:  # (only the error at hand names no file)
         damaged = {"?": str(damage)}
