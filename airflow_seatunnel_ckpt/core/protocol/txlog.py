@@ -89,6 +89,20 @@ class FenceRecord(Record):
     type: Literal["attempt-fence"] = tag("attempt-fence")
 
 
+def read_record(storage: Storage, path: str, parse: type[R] | Callable[[dict[str, Any], str], R],
+                max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> R | None:
+    """Read the framed JSON record at ``path`` as type ``parse`` (or parsed by it); None if absent,
+    CorruptCheckpointError naming the file if damaged."""
+    try:
+        data = storage.read(path)
+    except FileNotFoundError:
+        return None
+    where = storage.describe_path(path)
+    if isinstance(parse, type):
+        return decode(parse, codec.decode_json_payload(data, where, max_chunk=max_chunk), where)
+    return parse(codec.decode_json(data, where, max_chunk=max_chunk), where)
+
+
 class TransactionLog:
     """The ``_txlog`` of one pipeline. One method per record / transition."""
 
@@ -105,14 +119,7 @@ class TransactionLog:
 
     def read_record(self, path: str, parse: type[R] | Callable[[dict[str, Any], str], R]) -> R | None:
         """Read one record of type ``parse`` (or parsed by it); None if absent, CorruptCheckpointError if damaged."""
-        try:
-            data = self.storage.read(path)
-        except FileNotFoundError:
-            return None
-        where = self.storage.describe_path(path)
-        if isinstance(parse, type):
-            return decode(parse, codec.decode_json_payload(data, where, max_chunk=self._max_chunk), where)
-        return parse(codec.decode_json(data, where, max_chunk=self._max_chunk), where)
+        return read_record(self.storage, path, parse, self._max_chunk)
 
     # -- epochs ------------------------------------------------------------------------
     def epochs(self) -> list[int]:
