@@ -165,7 +165,7 @@ def open_store(args: argparse.Namespace) -> CheckpointStore:
 
 
 def open_pipeline(args: argparse.Namespace, name: str | None = None, store: CheckpointStore | None = None,
-              **kwargs: Any) -> StoredPipeline:
+                  **kwargs: Any) -> StoredPipeline:
     """The pipeline the command names; PipelineNotFoundError if the store does not hold it."""
     store = store or open_store(args)
     p = store.pipeline(args.pipeline if name is None else name, **kwargs)
@@ -241,7 +241,7 @@ def _state_if_readable(p: StoredPipeline, epoch: int) -> str:
 
 
 def epoch_entry(p: StoredPipeline, epoch: int,
-                 summary: EpochSummary | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                summary: EpochSummary | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One epoch's ``--json`` entry and table row, from the epoch index's ``summary`` of it or its
     records; a damaged record makes a DAMAGED row, not an error."""
     try:
@@ -461,7 +461,8 @@ def cmd_resolve(args: argparse.Namespace) -> int:
     table was altered in between, so every commit fails at once): writes a skip-sink action naming
     who and why to the transaction log, then commits the epoch without that sink. The sink misses
     the epoch's rows; the state and the other sinks commit. Only a COMMITTING epoch qualifies."""
-    return _committed(args, open_pipeline(args).skip_sink(args.epoch, args.skip_sink, args.reason, by=by_whom(args)))
+    p = open_pipeline(args)
+    return _committed(args, p.skip_sink(args.epoch, args.skip_sink, args.reason, by=by_whom(args)))
 
 
 def cmd_retain(args: argparse.Namespace) -> int:
@@ -501,8 +502,8 @@ def cmd_describe(args: argparse.Namespace) -> int:
     descriptor = p.descriptor(refresh=True)
     if descriptor is None:
         emit(args, None, f"pipeline {p.name} has no descriptor (it is used from the core alone, or no stage "
-                          "task has run it yet): recovery uses the store's settings and a commit needs every "
-                          "participant that prepared")
+                         "task has run it yet): recovery uses the store's settings and a commit needs every "
+                         "participant that prepared")
         return 0
     lines = [f"pipeline {p.name}: descriptor version {descriptor.version}, owner DAG {descriptor.owner_dag_id}"
              + (f", store connection {descriptor.store_conn_id}" if descriptor.store_conn_id else "")]
@@ -604,8 +605,8 @@ class ConsoleParser(argparse.ArgumentParser):
 class Command:
     """One subcommand: its handler, the one-line ``help`` the command list shows, and its arguments.
 
-    Its ``--help`` opens with the handler's docstring (``description`` for a group of
-    subcommands, which has no handler).
+    Its ``--help`` opens with the handler's docstring, else (a group of subcommands, which has
+    no handler) with ``help``.
     """
 
     name: str
@@ -614,7 +615,6 @@ class Command:
     args: tuple[Arg, ...] = ()
     aliases: tuple[str, ...] = ()
     subcommands: tuple[Command, ...] = ()
-    description: str | None = None
 
 
 def _commands() -> tuple[Command, ...]:
@@ -674,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = parser.add_subparsers(dest=dest, required=True, metavar=metavar)
         for c in commands:
             sp = sub.add_parser(c.name, aliases=list(c.aliases), help=c.help, parents=[shared],
-                                description=c.description or inspect.getdoc(c.fn) or c.help)
+                                description=(inspect.getdoc(c.fn) if c.fn else None) or c.help)
             for flags, kwargs in c.args:
                 sp.add_argument(*flags, **kwargs)
             if c.subcommands:
