@@ -16,7 +16,7 @@ the operators' methods, and :data:`CheckpointEpochRunFacet` is ``None`` without 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.catalogs import embedded_catalog
@@ -79,9 +79,7 @@ class EpochFacts:
         """``{RUN_FACET_KEY: facet}``, or ``{}`` without the OpenLineage client."""
         if CheckpointEpochRunFacet is None:
             return {}
-        return {RUN_FACET_KEY: CheckpointEpochRunFacet(
-            pipeline=self.pipeline, epoch=self.epoch, attempt=self.attempt, decision=self.decision,
-            participant=self.participant, state=self.state, attempts=dict(self.attempts) or None)}
+        return {RUN_FACET_KEY: CheckpointEpochRunFacet(**{**asdict(self), "attempts": dict(self.attempts) or None})}
 
 
 def input_datasets(sources: Mapping[str, Mapping[str, Any]],
