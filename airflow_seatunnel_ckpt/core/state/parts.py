@@ -94,7 +94,10 @@ def read_checked(storage: Storage, ref: PartRef) -> bytes:
 
 def read_json_part(storage: Storage, ref: PartRef) -> Any:
     """Read a JSON state part."""
-    payload, where = _read_payload(storage, ref, codec.PayloadKind.JSON, "a JSON part")
+    header, payload = read_part(storage, ref)
+    where = storage.describe_path(ref.path)
+    if header.kind is not codec.PayloadKind.JSON:
+        raise CorruptCheckpointError(f"{where}: expected a JSON part, found {header.kind.name}", where)
     try:
         return json.loads(payload)
     except ValueError as exc:
@@ -103,16 +106,11 @@ def read_json_part(storage: Storage, ref: PartRef) -> Any:
 
 def read_arrow_part(storage: Storage, ref: PartRef) -> Any:
     """Read an Arrow state part as a ``pyarrow.Table``."""
-    return codec.read_arrow(*_read_payload(storage, ref, codec.PayloadKind.ARROW, "an Arrow part"))
-
-
-def _read_payload(storage: Storage, ref: PartRef, kind: codec.PayloadKind, what: str) -> tuple[bytearray, str]:
-    """A part's payload, checked to be of ``kind`` (``what``, in words), and where it is (for messages)."""
     header, payload = read_part(storage, ref)
     where = storage.describe_path(ref.path)
-    if header.kind is not kind:
-        raise CorruptCheckpointError(f"{where}: expected {what}, found {header.kind.name}", where)
-    return payload, where
+    if header.kind is not codec.PayloadKind.ARROW:
+        raise CorruptCheckpointError(f"{where}: expected an Arrow part, found {header.kind.name}", where)
+    return codec.read_arrow(payload, where)
 
 
 def key_array(table: Any, key_columns: list[str]) -> Any:
