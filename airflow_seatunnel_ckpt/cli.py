@@ -26,25 +26,28 @@ cat prints any file of the store decoded: framed JSON records (transaction log,
 _metadata, markers) and JSON parts as JSON, Arrow parts as their schema and rows.
 """
 
-# One short function per command, plus the shared error, --json and table handling every
-# command goes through (the state/rescale commands live in cli_state). Nothing here is
-# protocol: each command calls one core function.
+# One short function per command, declared in one table (:func:`_commands`), plus the shared
+# error, --json and table handling every command goes through (the state/rescale commands
+# live in cli_state, replay in cli_replay). Nothing here is protocol: each command calls one
+# core function.
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import inspect
 import json
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import PublishedSink
+from airflow_seatunnel_ckpt.core.models import CommitResult, PublishedSink
 from airflow_seatunnel_ckpt.core.protocol import epoch_index
 from airflow_seatunnel_ckpt.core.protocol.epoch_index import EpochSummary
 from airflow_seatunnel_ckpt.core.protocol.expectations import describe as describe_expectation
@@ -122,6 +125,13 @@ def _published_where(pub: PublishedSink) -> str:
     return f"{pub.epoch_dir} ({server}/{database})"
 
 
+def _published(pub: PublishedSink) -> str:
+    """What one sink's epoch published, and where, for the console's lines."""
+    if not pub.published:
+        return f"nothing published ({pub.how.replace('_', ' ')})"
+    return f"{pub.rows} rows, {pub.files} files -> {_published_where(pub)}"
+
+
 def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
     raw = args.storage_options or os.environ.get("SEATUNNEL_CKPT_STORAGE_OPTIONS")
     if not raw:
@@ -135,7 +145,7 @@ def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def _store(args: argparse.Namespace) -> CheckpointStore:
+def open_store(args: argparse.Namespace) -> CheckpointStore:
     """The store ``--store`` names; StoreNotFoundError if nothing is there.
 
     Every command reads or acts on what a store holds, so a root that does not exist is a
@@ -154,10 +164,10 @@ def _store(args: argparse.Namespace) -> CheckpointStore:
     return store
 
 
-def _pipeline(args: argparse.Namespace, name: str | None = None, store: CheckpointStore | None = None,
-              **kwargs: Any) -> StoredPipeline:
+def open_pipeline(args: argparse.Namespace, name: str | None = None, store: CheckpointStore | None = None,
+                  **kwargs: Any) -> StoredPipeline:
     """The pipeline the command names; PipelineNotFoundError if the store does not hold it."""
-    store = store or _store(args)
+    store = store or open_store(args)
     p = store.pipeline(args.pipeline if name is None else name, **kwargs)
     if not (p.storage.exists(layout.TXLOG) or p.storage.exists(layout.DESCRIPTOR)):
         known = store.list_pipelines()
@@ -168,39 +178,76 @@ def _pipeline(args: argparse.Namespace, name: str | None = None, store: Checkpoi
     return p
 
 
-def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+#: One argument of a command: its flags and the keyword arguments of ``add_argument``.
+Arg = tuple[tuple[str, ...], dict[str, Any]]
+
+
+def arg(*flags: str, **kwargs: Any) -> Arg:
+    """An argument of a :class:`Command`, as ``add_argument(*flags, **kwargs)`` takes it."""
+    return flags, kwargs
+
+
+PIPELINE = arg("pipeline")
+EPOCH = arg("epoch", type=int)
+REASON = arg("--reason", required=True, help="why (kept in the transaction log)")
+BY = arg("--by", help="who (default: cli and the user name)")
+
+
+def emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    """Print ``data`` as JSON with ``--json``, else ``text``."""
     print(json.dumps(data, indent=2, sort_keys=True, default=str) if args.json else text)
 
 
+def by_whom(args: argparse.Namespace) -> str:
+    """Who acts, for the transaction log: ``--by``, else ``cli (<user name>)``."""
+    if args.by:
+        return str(args.by)
+    try:
+        return f"cli ({getpass.getuser()})"
+    except Exception:  # no user name in this environment
+        return "cli"
+
+
+def pipeline_summary(p: StoredPipeline) -> dict[str, Any]:
+    """One pipeline as ``pipelines`` and the Checkpoints page list it: its epoch count, newest committed
+    epoch and the newest epoch's state (None: there is none)."""
+    epochs = p.newest_epochs(1)  # epochs are numbered 1, 2, ...: the newest is also the count
+    try:
+        last_committed: Any = p.last_committed_epoch()
+        newest_state = p.state(epochs[-1]).value if epochs else None
+    except CorruptCheckpointError:
+        # One damaged record must not hide the other pipelines; `verify` names the file.
+        last_committed, newest_state = "?", "DAMAGED"
+    return {"pipeline": p.name, "epochs": epochs[-1] if epochs else 0, "last_committed": last_committed,
+            "newest": epochs[-1] if epochs else None, "newest_state": newest_state}
+
+
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    store = _store(args)
-    rows = []
-    for name in store.list_pipelines():
-        p = store.pipeline(name)
-        epochs = p.newest_epochs(1)  # epochs are numbered 1, 2, ...: the newest is also the count
-        try:
-            last_committed: Any = p.last_committed_epoch() or "-"
-            newest_state = p.state(epochs[-1]).value if epochs else "-"
-        except CorruptCheckpointError:
-            # One damaged record must not hide the other pipelines; `verify` names the file.
-            last_committed, newest_state = "?", "DAMAGED"
-        rows.append({"pipeline": name, "epochs": epochs[-1] if epochs else 0, "last_committed": last_committed,
-                     "newest": epochs[-1] if epochs else "-", "newest_state": newest_state})
-    _emit(args, rows, _table(rows, ["pipeline", "epochs", "last_committed", "newest", "newest_state"]))
+    """List the pipelines in the store: how many epochs each has, the newest committed one and the
+    state of the newest."""
+    store = open_store(args)
+    rows = [{k: "-" if v is None else v for k, v in pipeline_summary(store.pipeline(name)).items()}
+            for name in store.list_pipelines()]
+    emit(args, rows, _table(rows, ["pipeline", "epochs", "last_committed", "newest", "newest_state"]))
     return 0
 
 
-def _epoch_entry(p: StoredPipeline, epoch: int,
-                 summary: EpochSummary | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def _state_if_readable(p: StoredPipeline, epoch: int) -> str:
+    """``epoch``'s state, or UNKNOWN when the record it depends on (its decision) is damaged."""
+    try:
+        return p.state(epoch).value
+    except CorruptCheckpointError:
+        return "UNKNOWN"
+
+
+def epoch_entry(p: StoredPipeline, epoch: int,
+                summary: EpochSummary | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One epoch's ``--json`` entry and table row, from the epoch index's ``summary`` of it or its
     records; a damaged record makes a DAMAGED row, not an error."""
     try:
         s = summary.status() if summary is not None else p.status(epoch)
     except CorruptCheckpointError as exc:
-        try:
-            state = p.state(epoch).value
-        except CorruptCheckpointError:
-            state = "UNKNOWN"
+        state = _state_if_readable(p, epoch)
         where = exc.path or str(exc)
         return ({"epoch": epoch, "state": state, "damaged": str(exc)},
                 {"epoch": epoch, "state": state, "logical_date": "?", "run_id": "?", "participants": "?",
@@ -217,9 +264,13 @@ def _epoch_entry(p: StoredPipeline, epoch: int,
 
 
 def cmd_epochs(args: argparse.Namespace) -> int:
-    p = _pipeline(args)
+    """List a pipeline's epochs: state, the Airflow logical date and run id of the DAG run that
+    processed it, participants with their winning attempt, rows per sink (published once committed,
+    staged before) and the decision. An epoch with a damaged log record is shown as DAMAGED; the
+    others are listed as usual."""
+    p = open_pipeline(args)
     epochs, held = epoch_index.newest(p, args.last) if args.last else (p.epochs(), {})
-    entries = [_epoch_entry(p, e, held.get(e)) for e in epochs]
+    entries = [epoch_entry(p, e, held.get(e)) for e in epochs]
     text = _table([row for _, row in entries],
                   ["epoch", "state", "logical_date", "run_id", "participants", "rows", "decision"])
     damaged = [data["epoch"] for data, _ in entries if "damaged" in data]
@@ -230,17 +281,14 @@ def cmd_epochs(args: argparse.Namespace) -> int:
                        known={data["epoch"]: data["state"] for data, _ in entries})
     if held is not None:
         text += f"\n{held.describe()}"
-    _emit(args, [data for data, _ in entries], text)
+    emit(args, [data for data, _ in entries], text)
     return 0
 
 
 def _damaged_status(p: StoredPipeline, epoch: int, damage: CorruptCheckpointError) -> tuple[dict[str, Any], list[str]]:
     """What ``show`` can still say of an epoch one of whose log records is damaged: each
     record, readable or not (the damaged ones named with what is wrong)."""
-    try:
-        state = p.state(epoch).value
-    except CorruptCheckpointError:
-        state = "UNKNOWN"
+    state = _state_if_readable(p, epoch)
     damaged = {exc.path.rsplit("/", 1)[-1]: str(exc) for exc in p.txlog.damaged_records(epoch) if exc.path}
     if not damaged:  # (only the error at hand names no file)
         damaged = {"?": str(damage)}
@@ -252,7 +300,9 @@ def _damaged_status(p: StoredPipeline, epoch: int, damage: CorruptCheckpointErro
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    p = _pipeline(args)
+    """Show one epoch: its state, its checkpoint (parts, key groups, sources, sink markers) and what
+    it published."""
+    p = open_pipeline(args)
     damaged = False
     try:
         status = p.status(args.epoch)
@@ -298,12 +348,11 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         lines.append("checkpoint: not completed (no _metadata)")
     for pub in published:
-        lines.append(f"  published {pub.sink}: {pub.rows} rows, {pub.files} files -> {_published_where(pub)}"
-                     if pub.published else f"  {pub.sink}: nothing published ({pub.how.replace('_', ' ')})")
+        lines.append(f"  {'published ' if pub.published else ''}{pub.sink}: {_published(pub)}")
     if damaged:
         lines.append(f"note: `seatunnel-ckpt verify {p.name} {args.epoch}` checks every record and the checkpoint; "
                      "docs/RELIABILITY.md (Corruption) says how to repair a record from a backup")
-    _emit(args, data, "\n".join(lines))
+    emit(args, data, "\n".join(lines))
     return 0  # as for a damaged checkpoint: show describes, verify judges (exit 1)
 
 
@@ -318,7 +367,7 @@ _VERDICTS = {
 }
 
 
-def _verify_epoch(p: StoredPipeline, epoch: int) -> dict[str, Any]:
+def verify_epoch(p: StoredPipeline, epoch: int) -> dict[str, Any]:
     """The log records of ``epoch`` and, once the epoch is decided commit, its checkpoint."""
     problems = [str(exc) for exc in p.txlog.damaged_records(epoch)]
     try:
@@ -340,13 +389,16 @@ def _verify_epoch(p: StoredPipeline, epoch: int) -> dict[str, Any]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    p = _pipeline(args)
+    """Check every log record of each epoch and, once an epoch is decided commit, every part of its
+    checkpoint (sizes and checksums). Exit 1 if anything is damaged; epochs still in flight are
+    reported as in progress, checkpoints retention removed as such."""
+    p = open_pipeline(args)
     if args.epoch is not None:
         p.state(args.epoch)  # EpochNotFoundError names the pipeline and the epoch
         epochs = [args.epoch]
     else:
         epochs = p.newest_epochs(args.last) if args.last else p.epochs()
-    results = [_verify_epoch(p, epoch) for epoch in epochs]
+    results = [verify_epoch(p, epoch) for epoch in epochs]
     lines = [f"epoch {r['epoch']}: {r['verdict']}" for r in results]
     lines += [f"  {x}" for r in results for x in r["problems"]]
     # The settled watermark is a summary (readers fall back past a damaged version), but a
@@ -357,59 +409,67 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not all(r["ok"] for r in results):
         lines.append(f"damaged files are named above; `seatunnel-ckpt recover {p.name}` shows how recovery "
                      "resolves them, `seatunnel-ckpt cat <path>` shows a file")
-    _emit(args, results, "\n".join(lines) or f"pipeline {p.name} has no epochs yet")
+    emit(args, results, "\n".join(lines) or f"pipeline {p.name} has no epochs yet")
     return 0 if all(r["ok"] for r in results) else 1
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
+    """Resolve unfinished epochs: finish publishing decided commits, abort dead epochs, remove
+    garbage. A dry run unless --apply is given."""
     if not args.all and args.pipeline is None:
         raise CheckpointError("name a pipeline or pass --all")
-    store = _store(args)
+    store = open_store(args)
     names = store.list_pipelines() if args.all else [args.pipeline]
     # --timeout wins over the pipeline's own setting (from its descriptor), which wins over the store's.
     overrides = {"prepared_timeout_s": args.timeout} if args.timeout is not None else None
-    reports = [_pipeline(args, n, store, overrides=overrides).recover(dry_run=not args.apply) for n in names]
+    reports = [open_pipeline(args, n, store, overrides=overrides).recover(dry_run=not args.apply) for n in names]
     rows = [{"pipeline": r.pipeline, **a.to_dict()} for r in reports for a in r.actions]
     text = _table(rows, ["pipeline", "epoch", "action", "done"], below=["reason", "error"])
     if not args.apply:
         text += "\n(dry run: nothing changed; pass --apply to carry it out)"
-    _emit(args, [r.to_dict() for r in reports], text)
+    emit(args, [r.to_dict() for r in reports], text)
     return 1 if any(r.errors for r in reports) else 0
 
 
-def cmd_commit(args: argparse.Namespace) -> int:
-    p = _pipeline(args)
-    decision = p.decide(args.epoch, Decision.COMMIT, args.reason, by="cli")
-    if decision.decision is not Decision.COMMIT:
-        raise CheckpointError(f"epoch {args.epoch} was already decided abort: {decision.reason}")
-    result = p.commit(args.epoch)
-    _emit(args, result.to_dict(), "\n".join(
-        f"committed epoch {result.epoch}: {s.sink} {s.rows} rows, {s.files} files -> {_published_where(s)}"
-        if s.published else f"committed epoch {result.epoch}: {s.sink} nothing published ({s.how.replace('_', ' ')})"
-        for s in result.sinks) or f"committed epoch {result.epoch} (no sinks)")
+def _committed(args: argparse.Namespace, result: CommitResult) -> int:
+    """Report a commit: what each sink published, and where."""
+    emit(args, result.to_dict(), "\n".join(f"committed epoch {result.epoch}: {s.sink} {_published(s)}"
+                                            for s in result.sinks) or f"committed epoch {result.epoch} (no sinks)")
     return 0
 
 
+def cmd_commit(args: argparse.Namespace) -> int:
+    """Decide commit for an epoch (if it is still undecided) and publish its staged output."""
+    p = open_pipeline(args)
+    decision = p.decide(args.epoch, Decision.COMMIT, args.reason, by="cli")
+    if decision.decision is not Decision.COMMIT:
+        raise CheckpointError(f"epoch {args.epoch} was already decided abort: {decision.reason}")
+    return _committed(args, p.commit(args.epoch))
+
+
 def cmd_abort(args: argparse.Namespace) -> int:
-    p = _pipeline(args)
+    """Abort an undecided epoch: its staged output and unfinished checkpoint are removed. An epoch
+    decided commit is never aborted; commit rolls it forward."""
+    p = open_pipeline(args)
     record = p.abort(args.epoch, args.reason, by="cli")
-    _emit(args, record.to_dict(), f"aborted epoch {args.epoch}: {record.reason}")
+    emit(args, record.to_dict(), f"aborted epoch {args.epoch}: {record.reason}")
     return 0
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
-    p = _pipeline(args)
-    by = args.by or f"cli ({getpass.getuser()})"
-    result = p.skip_sink(args.epoch, args.skip_sink, args.reason, by=by)
-    _emit(args, result.to_dict(), "\n".join(
-        f"committed epoch {result.epoch}: {s.sink} " + (f"{s.rows} rows, {s.files} files" if s.published
-                                                        else f"nothing published ({s.how.replace('_', ' ')})")
-        for s in result.sinks))
-    return 0
+    """The way on for an epoch decided commit whose table sink refuses it after the decision (the
+    table was altered in between, so every commit fails at once): writes a skip-sink action naming
+    who and why to the transaction log, then commits the epoch without that sink. The sink misses
+    the epoch's rows; the state and the other sinks commit. Only a COMMITTING epoch qualifies."""
+    p = open_pipeline(args)
+    return _committed(args, p.skip_sink(args.epoch, args.skip_sink, args.reason, by=by_whom(args)))
 
 
 def cmd_retain(args: argparse.Namespace) -> int:
-    p = _pipeline(args)
+    """Retention: delete old checkpoints, keeping the newest --keep committed ones and every older
+    part they chain onto. --dry-run reports exactly what the real run will do. Also accepted as gc,
+    its earlier name."""
+    p = open_pipeline(args)
     report = p.retain(max_retain=args.keep, dry_run=args.dry_run)
     # A dry run says exactly what the real run will report, with "would" in front.
     verb, keep = ("would remove", "would keep") if report.dry_run else ("removed", "kept")
@@ -427,21 +487,23 @@ def cmd_retain(args: argparse.Namespace) -> int:
         text += "\n(dry run: nothing changed; run it without --dry-run to carry it out)"
     if report.note:
         text += f"\nnote: {report.note}"
-    _emit(args, report.to_dict(), text)
+    emit(args, report.to_dict(), text)
     return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
+    """Show the pipeline's descriptor: owner DAG, settings and the declared participants with their
+    sources, sinks and keyed states."""
     from airflow_seatunnel_ckpt.core.protocol.descriptor import transfer_ownership
 
-    p = _pipeline(args)
+    p = open_pipeline(args)
     if args.transfer_to:
         transfer_ownership(p, args.transfer_to)
     descriptor = p.descriptor(refresh=True)
     if descriptor is None:
-        _emit(args, None, f"pipeline {p.name} has no descriptor (it is used from the core alone, or no stage "
-                          "task has run it yet): recovery uses the store's settings and a commit needs every "
-                          "participant that prepared")
+        emit(args, None, f"pipeline {p.name} has no descriptor (it is used from the core alone, or no stage "
+                         "task has run it yet): recovery uses the store's settings and a commit needs every "
+                         "participant that prepared")
         return 0
     lines = [f"pipeline {p.name}: descriptor version {descriptor.version}, owner DAG {descriptor.owner_dag_id}"
              + (f", store connection {descriptor.store_conn_id}" if descriptor.store_conn_id else "")]
@@ -454,7 +516,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
                   + (f", aggregate {st.aggregate}" if st.aggregate else "")
                   + (f", schema {', '.join(c['name'] + ' ' + c['type'] for c in st.schema)}" if st.schema else "")
                   for n, st in sorted(shape.states.items())]
-    _emit(args, descriptor.to_dict(), "\n".join(lines))
+    emit(args, descriptor.to_dict(), "\n".join(lines))
     return 0
 
 
@@ -465,7 +527,7 @@ def _locate(args: argparse.Namespace) -> tuple[Storage, str]:
         if not name or parent.endswith(":/"):
             raise CheckpointError(f"{args.path!r} does not name a file; give the URL of one file in the store")
         return open_storage(parent, _storage_options(args)), name
-    return _store(args).storage, args.path.strip("/")
+    return open_store(args).storage, args.path.strip("/")
 
 
 def decode_file(data: bytes, where: str, rows: int = 20) -> dict[str, Any]:
@@ -496,6 +558,8 @@ def decode_file(data: bytes, where: str, rows: int = 20) -> dict[str, Any]:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
+    """Print one file of the store decoded: framed JSON records (transaction log, _metadata,
+    markers) and JSON parts as JSON, Arrow parts as their schema and rows."""
     storage, path = _locate(args)
     where = storage.describe_path(path)
     try:
@@ -518,7 +582,7 @@ def cmd_cat(args: argparse.Namespace) -> int:
         lines.append(_table(doc["rows"], columns))
     else:
         lines.append(f"{doc['payload_bytes']} payload bytes")
-    _emit(args, doc, "\n".join(lines))
+    emit(args, doc, "\n".join(lines))
     return 0
 
 
@@ -537,36 +601,58 @@ class ConsoleParser(argparse.ArgumentParser):
         raise _UsageError(self, message)
 
 
-#: What each command's ``--help`` says under its usage line.
-DESCRIPTIONS = {
-    "resolve": "The way on for an epoch decided commit whose table sink refuses it after the decision (the "
-               "table was altered in between, so every commit fails at once): writes a skip-sink action naming "
-               "who and why to the transaction log, then commits the epoch without that sink. The sink misses "
-               "the epoch's rows; the state and the other sinks commit. Only a COMMITTING epoch qualifies.",
-    "pipelines": "List the pipelines in the store: how many epochs each has, the newest committed one and "
-                 "the state of the newest.",
-    "epochs": "List a pipeline's epochs: state, the Airflow logical date and run id of the DAG run that "
-              "processed it, participants with their winning attempt, rows per sink (published once "
-              "committed, staged before) and the decision. An epoch with a damaged log record is shown as "
-              "DAMAGED; the others are listed as usual.",
-    "show": "Show one epoch: its state, its checkpoint (parts, key groups, sources, sink markers) and what "
-            "it published.",
-    "verify": "Check every log record of each epoch and, once an epoch is decided commit, every part of "
-              "its checkpoint (sizes and checksums). Exit 1 if anything is damaged; epochs still in "
-              "flight are reported as in progress, checkpoints retention removed as such.",
-    "recover": "Resolve unfinished epochs: finish publishing decided commits, abort dead epochs, remove "
-               "garbage. A dry run unless --apply is given.",
-    "commit": "Decide commit for an epoch (if it is still undecided) and publish its staged output.",
-    "abort": "Abort an undecided epoch: its staged output and unfinished checkpoint are removed. An epoch "
-             "decided commit is never aborted; commit rolls it forward.",
-    "retain": "Retention: delete old checkpoints, keeping the newest --keep committed ones and every "
-              "older part they chain onto. --dry-run reports exactly what the real run will do.",
-    "gc": "The earlier name of retain (still accepted).",
-    "cat": "Print one file of the store decoded: framed JSON records (transaction log, _metadata, markers) "
-           "and JSON parts as JSON, Arrow parts as their schema and rows.",
-    "describe": "Show the pipeline's descriptor: owner DAG, settings and the declared participants with "
-                "their sources, sinks and keyed states.",
-}
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its handler, the one-line ``help`` the command list shows, and its arguments.
+
+    Its ``--help`` opens with the handler's docstring, else (a group of subcommands, which has
+    no handler) with ``help``.
+    """
+
+    name: str
+    fn: Callable[[argparse.Namespace], int] | None
+    help: str | None
+    args: tuple[Arg, ...] = ()
+    aliases: tuple[str, ...] = ()
+    subcommands: tuple[Command, ...] = ()
+
+
+def _commands() -> tuple[Command, ...]:
+    from airflow_seatunnel_ckpt import cli_replay, cli_state  # (they build on this module)
+
+    last = "only the newest N"
+    return (
+        Command("pipelines", cmd_pipelines, "list pipelines"),
+        Command("epochs", cmd_epochs, "list a pipeline's epochs with their states",
+                (PIPELINE, arg("--last", type=_positive_int, default=0, help=last))),
+        Command("show", cmd_show, "show an epoch and its checkpoint", (PIPELINE, EPOCH)),
+        Command("verify", cmd_verify, "verify log records and committed checkpoints (exit 1 on damage)",
+                (PIPELINE, arg("epoch", type=int, nargs="?"),
+                 arg("--last", type=_positive_int, default=0, help=f"{last} epochs (default all)"))),
+        Command("recover", cmd_recover, "resolve unfinished epochs (dry run unless --apply)",
+                (arg("pipeline", nargs="?"), arg("--all", action="store_true", help="every pipeline in the store"),
+                 arg("--apply", action="store_true", help="carry the actions out"),
+                 arg("--timeout", type=float, help="prepared timeout in seconds (default from config)"))),
+        Command("commit", cmd_commit, "decide commit (if undecided) and publish an epoch",
+                (PIPELINE, EPOCH, arg("--reason", default="committed from the command line"))),
+        Command("abort", cmd_abort, "abort an undecided epoch",
+                (PIPELINE, EPOCH, arg("--reason", default="aborted from the command line"))),
+        Command("resolve", cmd_resolve, "commit a COMMITTING epoch without a sink whose table refuses it",
+                (PIPELINE, EPOCH, arg("--skip-sink", required=True, metavar="SINK",
+                                      help="the sink to publish nothing for"), REASON, BY)),
+        Command("retain", cmd_retain, "retention: delete old checkpoints, keeping incremental bases",
+                (PIPELINE, arg("--keep", type=int, help="how many committed checkpoints to keep (default max_retain)"),
+                 arg("--dry-run", action="store_true", help="report what would be removed; change nothing")),
+                aliases=("gc",)),
+        Command("cat", cmd_cat, "print any file of the store decoded (records, _metadata, parts)",
+                (arg("path", help="path inside the store (e.g. orders/checkpoint_3/_metadata) or a full URL"),
+                 arg("--rows", type=_positive_int, default=20, help="Arrow parts: rows to show (default 20)"))),
+        Command("describe", cmd_describe, "show the pipeline's descriptor (owner DAG, settings, participants)",
+                (PIPELINE, arg("--transfer-to", metavar="DAG_ID",
+                               help="give the pipeline to another DAG (e.g. after renaming the DAG)"))),
+        *cli_state.COMMANDS,
+        cli_replay.COMMAND,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -582,79 +668,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="machine-readable output")
         return p
 
+    shared = common(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
+
+    def add(parser: argparse.ArgumentParser, commands: Sequence[Command], dest: str, metavar: str) -> None:
+        sub = parser.add_subparsers(dest=dest, required=True, metavar=metavar)
+        for c in commands:
+            sp = sub.add_parser(c.name, aliases=list(c.aliases), help=c.help, parents=[shared],
+                                description=(inspect.getdoc(c.fn) if c.fn else None) or c.help)
+            for flags, kwargs in c.args:
+                sp.add_argument(*flags, **kwargs)
+            if c.subcommands:
+                add(sp, c.subcommands, f"{c.name}_command", "ACTION")
+            else:
+                sp.set_defaults(fn=c.fn)
+
     parser = common(ConsoleParser(prog="seatunnel-ckpt", description=__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter), None)
-    shared = common(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add = sub.add_parser
-
-    def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        # Every command's --help opens with a description: its own, else the one-line help.
-        kwargs.setdefault("description", DESCRIPTIONS.get(name) or kwargs.get("help"))
-        return _add(name, parents=[shared], **kwargs)
-
-    sub.add_parser = add_parser  # type: ignore[method-assign]
-
-    sub.add_parser("pipelines", help="list pipelines").set_defaults(fn=cmd_pipelines)
-    sp = sub.add_parser("epochs", help="list a pipeline's epochs with their states")
-    sp.add_argument("pipeline")
-    sp.add_argument("--last", type=_positive_int, default=0, help="only the newest N")
-    sp.set_defaults(fn=cmd_epochs)
-    sp = sub.add_parser("show", help="show an epoch and its checkpoint")
-    sp.add_argument("pipeline")
-    sp.add_argument("epoch", type=int)
-    sp.set_defaults(fn=cmd_show)
-    sp = sub.add_parser("verify", help="verify log records and committed checkpoints (exit 1 on damage)")
-    sp.add_argument("pipeline")
-    sp.add_argument("epoch", type=int, nargs="?")
-    sp.add_argument("--last", type=_positive_int, default=0, help="only the newest N epochs (default all)")
-    sp.set_defaults(fn=cmd_verify)
-    sp = sub.add_parser("recover", help="resolve unfinished epochs (dry run unless --apply)")
-    sp.add_argument("pipeline", nargs="?")
-    sp.add_argument("--all", action="store_true", help="every pipeline in the store")
-    sp.add_argument("--apply", action="store_true", help="carry the actions out")
-    sp.add_argument("--timeout", type=float, help="prepared timeout in seconds (default from config)")
-    sp.set_defaults(fn=cmd_recover)
-    sp = sub.add_parser("commit", help="decide commit (if undecided) and publish an epoch")
-    sp.add_argument("pipeline")
-    sp.add_argument("epoch", type=int)
-    sp.add_argument("--reason", default="committed from the command line")
-    sp.set_defaults(fn=cmd_commit)
-    sp = sub.add_parser("abort", help="abort an undecided epoch")
-    sp.add_argument("pipeline")
-    sp.add_argument("epoch", type=int)
-    sp.add_argument("--reason", default="aborted from the command line")
-    sp.set_defaults(fn=cmd_abort)
-    sp = sub.add_parser("resolve", help="commit a COMMITTING epoch without a sink whose table refuses it")
-    sp.add_argument("pipeline")
-    sp.add_argument("epoch", type=int)
-    sp.add_argument("--skip-sink", required=True, metavar="SINK", help="the sink to publish nothing for")
-    sp.add_argument("--reason", required=True, help="why (kept in the transaction log)")
-    sp.add_argument("--by", help="who decides it (default: cli and the user name)")
-    sp.set_defaults(fn=cmd_resolve)
-    # ``gc`` is the command's earlier name, still accepted; without help= it is not listed.
-    for name, kwargs in (("retain", {"help": "retention: delete old checkpoints, keeping incremental bases"}),
-                         ("gc", {})):
-        sp = sub.add_parser(name, **kwargs)
-        sp.add_argument("pipeline")
-        sp.add_argument("--keep", type=int, help="how many committed checkpoints to keep (default max_retain)")
-        sp.add_argument("--dry-run", action="store_true", help="report what would be removed; change nothing")
-        sp.set_defaults(fn=cmd_retain)
-    sp = sub.add_parser("cat", help="print any file of the store decoded (records, _metadata, parts)")
-    sp.add_argument("path", help="path inside the store (e.g. orders/checkpoint_3/_metadata) or a full URL")
-    sp.add_argument("--rows", type=_positive_int, default=20, help="Arrow parts: rows to show (default 20)")
-    sp.set_defaults(fn=cmd_cat)
-    sp = sub.add_parser("describe", help="show the pipeline's descriptor (owner DAG, settings, participants)")
-    sp.add_argument("pipeline")
-    sp.add_argument("--transfer-to", metavar="DAG_ID",
-                    help="give the pipeline to another DAG (e.g. after renaming the DAG)")
-    sp.set_defaults(fn=cmd_describe)
-    from airflow_seatunnel_ckpt import cli_state  # state rename|drop|reset, rescale
-
-    cli_state.register(sub, _store, _emit, parents=[shared])
-    from airflow_seatunnel_ckpt import cli_replay  # replay, full refresh
-
-    cli_replay.register(sub, _store, _emit)
+    add(parser, _commands(), "command", "COMMAND")
     return parser
 
 

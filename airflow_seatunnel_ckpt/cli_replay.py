@@ -13,27 +13,11 @@ be read again, or lost).
 from __future__ import annotations
 
 import argparse
-import getpass
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_seatunnel_ckpt.cli import BY, PIPELINE, REASON, Command, arg, by_whom, emit, open_store
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-
-Store = Callable[[argparse.Namespace], Any]
-Emit = Callable[[argparse.Namespace, Any, str], None]
-
-DESCRIPTION = (
-    "Replay (and full refresh): restore the keyed state as of the epoch before --from-epoch, run each epoch "
-    "up to --to-epoch (default: the newest) again with the input it read (pinned in the transaction log) "
-    "through the stage's current code, and replace those epochs' rows in each table sink with one commit "
-    "per table, in each file sink with one swap of its _EPOCHS pointer (readers see the old rows or the new "
-    "ones). A full refresh is --from-epoch 1. The replay is "
-    "recorded in the transaction log (who, why, which epochs, which code) and shown by `epochs` and `show`. "
-    "Never wipe the store to start over: the input already consumed would be read again or lost. Refused "
-    "(nothing changed) for merge (upsert) sinks, for snapshot sinks with --to-epoch before the newest epoch, "
-    "while an epoch is in flight, and, unless --force, "
-    "when another writer committed to a table after the first replayed epoch.")
 
 
 def _spec(args: argparse.Namespace, store: Any) -> Any:
@@ -62,35 +46,39 @@ def _spec(args: argparse.Namespace, store: Any) -> Any:
         **({"key_groups": key_groups.pop()} if len(key_groups) == 1 else {}))
 
 
-def register(sub: Any, store: Store, emit: Emit) -> None:
-    """Add the ``replay`` subcommand to the CLI's subparsers ``sub``."""
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Replay (and full refresh): restore the keyed state as of the epoch before --from-epoch, run each
+    epoch up to --to-epoch (default: the newest) again with the input it read (pinned in the
+    transaction log) through the stage's current code, and replace those epochs' rows in each table
+    sink with one commit per table, in each file sink with one swap of its _EPOCHS pointer (readers
+    see the old rows or the new ones). A full refresh is --from-epoch 1. The replay is recorded in the
+    transaction log (who, why, which epochs, which code) and shown by `epochs` and `show`. Never wipe
+    the store to start over: the input already consumed would be read again or lost. Refused (nothing
+    changed) for merge (upsert) sinks, for snapshot sinks with --to-epoch before the newest epoch,
+    while an epoch is in flight, and, unless --force, when another writer committed to a table after
+    the first replayed epoch."""
+    from airflow_seatunnel_ckpt.spark.replay import replay_stage
 
-    def command(args: argparse.Namespace) -> int:
-        from airflow_seatunnel_ckpt.spark.replay import replay_stage
+    result = replay_stage(_spec(args, open_store(args)), args.from_epoch, args.to_epoch, reason=args.reason,
+                          by=by_whom(args), force=args.force)
+    if result.resumed:
+        text = (f"pipeline {result.pipeline}: a replay decided before a crash was committed (epoch "
+                f"{result.epoch}); nothing else was run. Run the replay again if it is still needed")
+    else:
+        text = (f"pipeline {result.pipeline}: epochs {result.replayed} replayed as epoch {result.epoch} "
+                f"(run {result.run_id}); output of epochs {result.replaced} replaced")
+    emit(args, result.to_dict(), text)
+    return 0
 
-        by = args.by or f"cli ({getpass.getuser()})"
-        result = replay_stage(_spec(args, store(args)), args.from_epoch, args.to_epoch, reason=args.reason, by=by,
-                              force=args.force)
-        if result.resumed:
-            text = (f"pipeline {result.pipeline}: a replay decided before a crash was committed (epoch "
-                    f"{result.epoch}); nothing else was run. Run the replay again if it is still needed")
-        else:
-            text = (f"pipeline {result.pipeline}: epochs {result.replayed} replayed as epoch {result.epoch} "
-                    f"(run {result.run_id}); output of epochs {result.replaced} replaced")
-        emit(args, result.to_dict(), text)
-        return 0
 
-    sp = sub.add_parser("replay", help="process epochs again with the current stage code (full refresh: "
-                                       "--from-epoch 1)", description=DESCRIPTION)
-    sp.add_argument("pipeline")
-    sp.add_argument("--from-epoch", type=int, required=True, help="the first epoch to replay (1: full refresh)")
-    sp.add_argument("--to-epoch", type=int, help="the last epoch to replay (default: the newest committed)")
-    sp.add_argument("--reason", required=True, help="why (kept in the transaction log)")
-    sp.add_argument("--by", help="who (default: cli and the user name)")
-    sp.add_argument("--force", action="store_true",
-                    help="replace the epochs' rows even if another writer committed to a table since; that "
-                         "writer's changes to those rows are lost")
-    sp.add_argument("--stage", help="the stage function, package.module:function (sources and sinks: the "
-                                    "pipeline's descriptor)")
-    sp.add_argument("--spec", help="a stage spec as JSON (instead of --stage)")
-    sp.set_defaults(fn=command)
+COMMAND = Command("replay", cmd_replay, "process epochs again with the current stage code (full refresh: "
+                                        "--from-epoch 1)", (
+    PIPELINE,
+    arg("--from-epoch", type=int, required=True, help="the first epoch to replay (1: full refresh)"),
+    arg("--to-epoch", type=int, help="the last epoch to replay (default: the newest committed)"),
+    REASON, BY,
+    arg("--force", action="store_true", help="replace the epochs' rows even if another writer committed to a "
+                                             "table since; that writer's changes to those rows are lost"),
+    arg("--stage", help="the stage function, package.module:function (sources and sinks: the pipeline's "
+                        "descriptor)"),
+    arg("--spec", help="a stage spec as JSON (instead of --stage)")))

@@ -110,7 +110,7 @@ def test_a_connection_as_the_ui_form_saves_it_opens_the_store_with_its_numbers(
     monkeypatch.setenv("AIRFLOW_CONN_FORM_STORE", json.dumps(
         {"conn_type": "seatunnel_ckpt", "host": f"file://{tmp_path}/store",
          "extra": {**FORM_EXTRAS, "max_retain": "ten"}}))
-    with pytest.raises(ConfigError, match=r"connection 'form_store': max_retain must be an integer, got 'ten'"):
+    with pytest.raises(ConfigError, match=r"connection 'form_store': max_retain must be an integer >= 1, got 'ten'"):
         CheckpointStoreHook("form_store").get_config()
     monkeypatch.setenv("AIRFLOW_CONN_FORM_STORE", json.dumps(
         {"conn_type": "seatunnel_ckpt", "host": f"file://{tmp_path}/store",

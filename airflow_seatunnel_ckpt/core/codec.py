@@ -149,28 +149,16 @@ def encode_stream(
 
     Pieces are re-cut to ``chunk_size`` so memory stays bounded whatever the payload size.
     """
-    flags = (FLAG_DELTA if delta else 0) | (int(codec) << _CODEC_SHIFT)
-    header = _HEADER.pack(MAGIC, FORMAT_VERSION, flags, int(kind), 0, epoch, base_epoch or 0)
-    header += _HEADER_CRC.pack(crc32c(header))
-    running = crc32c(header)
-    yield header
-    comp = _Compressor(codec, level)
-    total = count = 0
+    writer = ChunkWriter(kind=kind, epoch=epoch, base_epoch=base_epoch, delta=delta, codec=codec, level=level)
+    yield writer.header()
     for raw in _recut(chunks, chunk_size):
-        stored = comp.compress(raw)
-        lengths = _CHUNK.pack(len(raw), len(stored), 0)[:8]
-        head = lengths + _U32.pack(crc32c(stored, crc32c(lengths)))
-        running = crc32c(stored, crc32c(head, running))
-        total += len(raw)
-        count += 1
+        head, stored = writer.framed(raw)
         if len(stored) < 65536:
             yield head + stored
-        else:
+        else:  # a large chunk is not copied into one buffer with its head
             yield head
             yield stored
-    end = _CHUNK.pack(0, 0, 0) + _TRAILER_TAIL.pack(total, count)
-    running = crc32c(end, running)
-    yield end + _U32.pack(running)
+    yield writer.trailer()
 
 
 class ChunkWriter:
@@ -202,6 +190,11 @@ class ChunkWriter:
         ``level``: this chunk's compression level instead of the file's (e.g. a cheap pass
         for bytes that barely compress); any level decodes the same way.
         """
+        head, stored = self.framed(raw, level=level)
+        return head + stored
+
+    def framed(self, raw: bytes | memoryview, *, level: int | None = None) -> tuple[bytes, bytes]:
+        """:meth:`chunk` as its head and its stored (compressed) bytes, which follow the head."""
         if not len(raw):
             raise ValueError("a chunk needs at least one byte")
         level = self._level if level is None else level
@@ -214,7 +207,7 @@ class ChunkWriter:
         self._running = crc32c(stored, crc32c(head, self._running))
         self._total += len(raw)
         self._count += 1
-        return head + stored
+        return head, stored
 
     def trailer(self) -> bytes:
         """The trailer closing the file (after the last chunk)."""

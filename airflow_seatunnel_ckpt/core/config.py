@@ -14,7 +14,6 @@ once, and its ``description`` says what it accepts, which a refused value's
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -22,7 +21,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 import pydantic
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, Json, TypeAdapter, ValidationError
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
@@ -102,35 +101,26 @@ def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
     Airflow's connection form stores every extra it shows: an empty field as ``null`` (or
     ``""``), a number as the text typed (``"300"``), a JSON field as JSON or its text. Here
     an empty value means the field's default (the key is left out), a number field's text
-    is its number, a true/false field's ``"true"`` / ``"false"`` its truth value and
+    is its number, a true/false field's ``"true"`` / ``"false"`` (or ``yes`` / ``no``, ``1`` /
+    ``0``) its truth value and
     ``storage_options`` given as JSON text its object. Anything else is kept as given, for
     :meth:`CheckpointConfig.from_mapping` to check (and name the field of) as usual.
     """
-    kinds = {f.name: type(f.default) for f in dataclasses.fields(CheckpointConfig)
-             if f.default is not dataclasses.MISSING and f.default is not None}
+    kinds: dict[str, Any] = {f.name: type(f.default) for f in dataclasses.fields(CheckpointConfig)
+                             if isinstance(f.default, (bool, int, float))}
+    kinds["storage_options"] = Json[dict[str, Any]]
     out: dict[str, Any] = {}
     for name, value in values.items():
         if value is None or (isinstance(value, str) and not value.strip()):
             continue  # an empty field: the default
-        kind = kinds.get(name)
-        if isinstance(value, str) and kind in (int, float):
-            text = value.strip()
+        if isinstance(value, str) and name in kinds:
+            # pydantic's lax reading of text ("300", "true", JSON); other text is kept as given,
+            # for from_mapping to refuse naming the field, what it accepts and the value
             try:
-                value = int(text) if kind is int else float(text)
-            except ValueError:
-                raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a number'}, "
-                                  f"got {value!r}") from None
-        elif isinstance(value, str) and kind is bool:
-            truth = {"true": True, "false": False}.get(value.strip().lower())
-            if truth is None:
-                raise ConfigError(f"{name} must be true or false, got {value!r}")
-            value = truth
-        elif isinstance(value, str) and name == "storage_options":
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise ConfigError(f"storage_options must be a JSON object, got text that is not JSON: "
-                                  f"{exc}") from None
+                value = TypeAdapter(kinds[name]).validate_python(value.strip())
+            except ValidationError:
+                if name == "storage_options":  # never quoted: it holds credentials
+                    raise ConfigError("storage_options must be a JSON object, got text that is not one") from None
         out[name] = value
     return out
 

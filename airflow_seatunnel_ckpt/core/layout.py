@@ -102,7 +102,6 @@ EPOCH_WIDTH = 12
 _CHECKPOINT_DIR = re.compile(r"checkpoint_([1-9]\d{0,11})")
 _TXLOG_DIR = re.compile(r"epoch-(\d{12})")
 _STAGING_EPOCH = re.compile(r"epoch=([1-9]\d{0,11})")
-_STAGING_ATTEMPT = re.compile(r"attempt=(\d{1,7})")
 _DESCRIPTOR_FILE = re.compile(r"v(\d{6})\.json")
 
 

@@ -26,6 +26,7 @@ from airflow_seatunnel_ckpt.lineage.facets import (
     operator_lineage,
     published_output_datasets,
     staged_output_datasets,
+    unique_datasets,
 )
 
 if TYPE_CHECKING:
@@ -127,17 +128,12 @@ def _consumed_inputs(pipeline: Pipeline, status: EpochStatus) -> list[Any]:
     if descriptor is None:
         return []
     inputs: list[Any] = []
-    seen: set[tuple[str, str]] = set()
     for name, record in sorted(status.prepared.items()):
         declared = descriptor.participants.get(name)
-        if declared is None:
-            continue
-        sources = {src: {"type": endpoint.type, **endpoint.options} for src, endpoint in declared.sources.items()}
-        for dataset in input_datasets(sources, record.sources):
-            if (dataset.namespace, dataset.name) not in seen:
-                seen.add((dataset.namespace, dataset.name))
-                inputs.append(dataset)
-    return inputs
+        if declared is not None:
+            sources = {src: {"type": e.type, **e.options} for src, e in declared.sources.items()}
+            inputs += input_datasets(sources, record.sources)
+    return unique_datasets(inputs)
 
 
 def with_openlineage_spark_properties(spark_conf: Mapping[str, Any], context: Context) -> dict[str, Any]:

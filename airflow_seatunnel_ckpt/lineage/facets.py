@@ -16,7 +16,7 @@ the operators' methods, and :data:`CheckpointEpochRunFacet` is ``None`` without 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.catalogs import embedded_catalog
@@ -79,9 +79,7 @@ class EpochFacts:
         """``{RUN_FACET_KEY: facet}``, or ``{}`` without the OpenLineage client."""
         if CheckpointEpochRunFacet is None:
             return {}
-        return {RUN_FACET_KEY: CheckpointEpochRunFacet(
-            pipeline=self.pipeline, epoch=self.epoch, attempt=self.attempt, decision=self.decision,
-            participant=self.participant, state=self.state, attempts=dict(self.attempts) or None)}
+        return {RUN_FACET_KEY: CheckpointEpochRunFacet(**{**asdict(self), "attempts": dict(self.attempts) or None})}
 
 
 def input_datasets(sources: Mapping[str, Mapping[str, Any]],
@@ -90,15 +88,11 @@ def input_datasets(sources: Mapping[str, Mapping[str, Any]],
     from airflow.providers.common.compat.openlineage.facet import InputDataset
 
     out: list[Any] = []
-    seen: set[tuple[str, str]] = set()
     for name, options in sorted(sources.items()):
         url = source_url(options)
         if url is None:
             continue
         ds = dataset_name(url)
-        if (ds.namespace, ds.name) in seen:
-            continue
-        seen.add((ds.namespace, ds.name))
         state = (consumed or {}).get(name)
         kind = str(options.get("type", "file"))
         if kind == "iceberg" and not options.get("catalog"):
@@ -110,7 +104,7 @@ def input_datasets(sources: Mapping[str, Mapping[str, Any]],
             facets.update(_version_facets(state.offsets))
             input_facets = _input_facets(state.offsets)
         out.append(InputDataset(namespace=ds.namespace, name=ds.name, facets=facets, inputFacets=input_facets))
-    return out
+    return unique_datasets(out)
 
 
 def declared_output_datasets(sinks: Mapping[str, tuple[str, Mapping[str, Any] | None]]) -> list[Any]:
@@ -121,25 +115,13 @@ def declared_output_datasets(sinks: Mapping[str, tuple[str, Mapping[str, Any] | 
     for _name, (target, table) in sorted(sinks.items()):
         ds = dataset_name(target)
         out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=_sink_facets(table)))
-    return _unique(out)
+    return unique_datasets(out)
 
 
 def staged_output_datasets(manifests: Iterable[SinkManifest]) -> list[Any]:
     """``OutputDataset`` per staged sink, with the rows, files and bytes the attempt staged."""
-    from airflow.providers.common.compat.openlineage.facet import (
-        OutputDataset,
-        OutputStatisticsOutputDatasetFacet,
-    )
-
-    out = []
-    for manifest in sorted(manifests, key=lambda m: m.sink):
-        ds = dataset_name(manifest.target_url)
-        stats = OutputStatisticsOutputDatasetFacet(rowCount=manifest.rows, size=manifest.bytes,
-                                                   fileCount=len(manifest.files))
-        facets = {**_sink_facets(manifest.table), **quality_facets(manifest.expectations)}
-        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=facets,
-                                 outputFacets={"outputStatistics": stats}))
-    return _unique(out)
+    return unique_datasets([_output(m.target_url, m.table, m.expectations, m.rows, m.bytes, len(m.files))
+                    for m in sorted(manifests, key=lambda m: m.sink)])
 
 
 def published_output_datasets(published: Iterable[PublishedSink],
@@ -151,21 +133,23 @@ def published_output_datasets(published: Iterable[PublishedSink],
     facets; ``quality``: sink name -> its measured expectations, for the data-quality
     facets. A sink that published nothing (empty, not written) is not an output.
     """
+    return unique_datasets([_output(s.target_url, tables.get(s.sink), (quality or {}).get(s.sink, ()), s.rows, s.bytes,
+                            s.files) for s in sorted(published, key=lambda s: s.sink) if s.published])
+
+
+def _output(target_url: str, table: Mapping[str, Any] | None, expectations: Sequence[ExpectationResult],
+            rows: int, size: int, files: int) -> Any:
+    """One sink's ``OutputDataset``: its table and data-quality facets, and the statistics of its output."""
     from airflow.providers.common.compat.openlineage.facet import (
         OutputDataset,
         OutputStatisticsOutputDatasetFacet,
     )
 
-    out = []
-    for sink in sorted(published, key=lambda s: s.sink):
-        if not sink.published:
-            continue
-        ds = dataset_name(sink.target_url)
-        stats = OutputStatisticsOutputDatasetFacet(rowCount=sink.rows, size=sink.bytes, fileCount=sink.files)
-        facets = {**_sink_facets(tables.get(sink.sink)), **quality_facets((quality or {}).get(sink.sink, ()))}
-        out.append(OutputDataset(namespace=ds.namespace, name=ds.name, facets=facets,
-                                 outputFacets={"outputStatistics": stats}))
-    return _unique(out)
+    ds = dataset_name(target_url)
+    stats = OutputStatisticsOutputDatasetFacet(rowCount=rows, size=size, fileCount=files)
+    return OutputDataset(namespace=ds.namespace, name=ds.name,
+                         facets={**_sink_facets(table), **quality_facets(expectations)},
+                         outputFacets={"outputStatistics": stats})
 
 
 def operator_lineage(inputs: list[Any], outputs: list[Any], facts: EpochFacts) -> OperatorLineage:
@@ -278,7 +262,7 @@ def _sink_facets(table: Mapping[str, Any] | None) -> dict[str, Any]:
     return _table_facets(table, str(table.get("type", "")))
 
 
-def _unique(datasets: list[Any]) -> list[Any]:
+def unique_datasets(datasets: list[Any]) -> list[Any]:
     """``datasets`` without repeats of a namespace and name (two sinks into one table)."""
     seen: set[tuple[str, str]] = set()
     out = []

@@ -172,15 +172,12 @@ class BasePipelineOperator(BaseStoreOperator):
             else:
                 participants, complete = dict([self.declared_participant]), False
             descriptor = ensure_descriptor(
-                pipeline, dag_id=self._dag_id(), participants=participants, config=self.hook.config,
-                store_conn_id=self.hook.resolved_conn_id, complete=complete, write=not self.is_dry_run)
+                pipeline, dag_id=getattr(self, "dag_id", None) or "", participants=participants,
+                config=self.hook.config, store_conn_id=self.hook.resolved_conn_id, complete=complete,
+                write=not self.is_dry_run)
             if pipeline.config != descriptor.apply_config(pipeline.config, self.store_config):
                 pipeline = self.hook.get_pipeline(self.pipeline)
         return pipeline
-
-    def _dag_id(self) -> str:
-        dag_id: str = getattr(self, "dag_id", "") or ""
-        return dag_id
 
     def epoch_of_run(self, context: Context) -> int | None:
         """The epoch the DAG run of ``context`` holds, or ``None`` if it has not begun one."""

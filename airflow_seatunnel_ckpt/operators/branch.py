@@ -118,17 +118,12 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         if status.state is not EpochState.PREPARED:
             return Verdict(Decision.ABORT, f"epoch {status.epoch} is {status.state.value}, "
                                            "not PREPARED")
-        expected = self.participants or self.store_pipeline.declared_participants() or []
-        missing = [p for p in expected if p not in status.prepared]
+        missing = self._missing(status)
         if missing:
             return Verdict(Decision.ABORT, f"participants {missing} never prepared")
         rows = sum(record.rows for record in status.prepared.values())
         # Each sink gets its own copy of a row: say how many each got, not their sum alone.
-        per_sink: dict[str, int] = {}
-        for record in status.prepared.values():
-            for manifest in record.sinks:
-                per_sink[manifest.sink] = per_sink.get(manifest.sink, 0) + manifest.rows
-        staged = ", ".join(f"{sink}={n}" for sink, n in sorted(per_sink.items()))
+        staged = ", ".join(f"{sink}={n}" for sink, n in status.rows_per_sink().items())
         if self.min_rows is not None and rows < self.min_rows:
             return Verdict(Decision.ABORT, f"{CHECK_FAILED}{rows} rows staged over all sinks ({staged}), fewer "
                                            f"than the minimum {self.min_rows}")
@@ -148,15 +143,18 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         return Verdict(Decision.COMMIT, f"{', '.join(sorted(status.prepared))} prepared and "
                                         f"verified; rows staged per sink: {staged or 'no sink'}")
 
+    def _missing(self, status: EpochStatus) -> list[str]:
+        """The expected participants (given, else declared) that have not prepared."""
+        expected = self.participants or self.store_pipeline.declared_participants() or []
+        return [p for p in expected if p not in status.prepared]
+
     def _decide(self, context: Context, epoch: int, status: EpochStatus) -> DecisionRecord:
         pipeline = self.store_pipeline
         by = f"{context['dag'].dag_id}.{self.task_id} (run {context['run_id']}, " \
              f"try {context['ti'].try_number})"
         verdict = self.evaluate(status)
         if verdict.decision is Decision.ABORT and status.state is EpochState.OPEN:
-            expected = self.participants or pipeline.declared_participants() or []
-            missing = [p for p in expected if p not in status.prepared]
-            why = unprepared_reason(self, context, epoch, missing)
+            why = unprepared_reason(self, context, epoch, self._missing(status))
             if why:
                 verdict = Verdict(Decision.ABORT, f"{verdict.reason}; {why}")
         self.log.info("epoch %s: asking for %s because %s", epoch,

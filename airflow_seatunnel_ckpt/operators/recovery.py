@@ -17,64 +17,12 @@ from airflow_seatunnel_ckpt.hooks.stores import CONFIG_OPTION, CONFIG_SECTION, c
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import (
     PIPELINE_TEMPLATE_FIELDS,
-    STORE_TEMPLATE_FIELDS,
     BasePipelineOperator,
-    BaseStoreOperator,
     ask_airflow_run_finished,
 )
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-
-def _no_pipeline(task: BaseOperator, message: str, expect_pipelines: bool) -> None:
-    """Log that no pipeline was found; fail the task when pipelines were expected."""
-    task.log.warning("%s", message)
-    if expect_pipelines:
-        raise AirflowFailException(message)
-
-
-class ListPipelinesOperator(BaseStoreOperator):
-    """Return the names of every pipeline in a checkpoint store (to map recovery over).
-
-    A pipeline is found by its descriptor (or, for one used from the core alone, its
-    transaction log). A store holding none is logged as a WARNING naming the store, and,
-    with ``expect_pipelines`` (the default), fails the task: a recovery DAG that reads
-    another store than the pipeline DAGs write must not look green while it protects
-    nothing. Until a pipeline's first stage has run, that failure is expected.
-
-    :param expect_pipelines: fail when the store holds no pipeline; ``False`` for a store
-        that is empty on purpose.
-    """
-
-    template_fields: Sequence[str] = STORE_TEMPLATE_FIELDS
-
-    def __init__(
-        self,
-        *,
-        expect_pipelines: bool = True,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        self.expect_pipelines = expect_pipelines
-
-    def execute(self, context: Context) -> list[str]:
-        """List the store's pipelines."""
-        hook = self.hook
-        names = sorted(hook.store.list_pipelines())
-        if not names:
-            message = (
-                f"store {hook.describe()} holds no pipeline. If pipeline DAGs use this provider, they "
-                "write to another store than this task reads: give them and this DAG the same store "
-                "(leave store_conn_id and storage_url unset everywhere to use the provider's default: "
-                "connection 'seatunnel_ckpt_default' if defined, else $SEATUNNEL_CKPT_STORE, else "
-                "$AIRFLOW_HOME/seatunnel-ckpt). Before any pipeline's first stage has run this is "
-                "expected; for a store that is empty on purpose pass expect_pipelines=False.")
-            _no_pipeline(self, message, self.expect_pipelines)
-            return names
-        self.log.info("store %s holds %d pipeline(s): %s", hook.describe(), len(names),
-                      ", ".join(names))
-        return names
 
 
 class ListAllPipelinesOperator(BaseOperator):
@@ -131,7 +79,9 @@ class ListAllPipelinesOperator(BaseOperator):
                 "or define its connection as an AIRFLOW_CONN_<ID> variable of the workers. Before any "
                 "pipeline's first stage has run this is expected; pass expect_pipelines=False for stores "
                 "that are empty on purpose.")
-            _no_pipeline(self, message, self.expect_pipelines)
+            self.log.warning("%s", message)
+            if self.expect_pipelines:
+                raise AirflowFailException(message)
         return found
 
 
@@ -147,8 +97,8 @@ class RecoverPipelineOperator(BasePipelineOperator):
     still undecided, or Airflow says their DAG run is finished), and staging no record
     references is removed. A running stage is never aborted, however long it runs. Safe to run at any time
     and concurrently with the pipeline's own DAG runs: each action goes through the same
-    write-once decision as the pipeline tasks. Map it over :class:`ListPipelinesOperator`
-    to cover a whole store.
+    write-once decision as the pipeline tasks. Map it over :class:`ListAllPipelinesOperator`
+    to cover every store.
 
     :param apply: carry the actions out; ``False`` only reports what would be done.
     :param pipeline_dag_id: the DAG whose runs begin the pipeline's epochs, asked for an

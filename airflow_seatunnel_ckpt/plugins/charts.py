@@ -64,18 +64,17 @@ def epoch_point(p: StoredPipeline, epoch: int, summary: EpochSummary | None = No
         summary = summary or epoch_index.summarise(p, epoch)
     except CheckpointError:
         return EpochPoint(epoch, "DAMAGED")
-    status = summary.status()
-    point = EpochPoint(epoch, status.state.value)
-    rows = status.rows_per_sink()
+    point = EpochPoint(epoch, summary.state.value)
+    rows = summary.rows_per_sink()
     point.quarantined = sum(n for sink, n in rows.items() if sink.endswith(QUARANTINE_SUFFIX))
     point.rows = {sink: n for sink, n in rows.items() if not sink.endswith(QUARANTINE_SUFFIX)}
     point.expectations = {f"{e['sink']}.{e['rule']}": e["fraction"]
-                          for e in expectation_summary(status.prepared.values())}
-    if status.begin is not None and status.prepared:
-        prepared_at = max(r.prepared_at for r in status.prepared.values())
-        point.stage_s = max(0.0, prepared_at - status.begin.created_at)
-    if status.state is EpochState.COMMITTED and status.decision is not None and summary.committed_at is not None:
-        point.commit_s = max(0.0, summary.committed_at - status.decision.decided_at)
+                          for e in expectation_summary(summary.prepared.values())}
+    if summary.begin is not None and summary.prepared:
+        prepared_at = max(r.prepared_at for r in summary.prepared.values())
+        point.stage_s = max(0.0, prepared_at - summary.begin.created_at)
+    if summary.state is EpochState.COMMITTED and summary.decision is not None and summary.committed_at is not None:
+        point.commit_s = max(0.0, summary.committed_at - summary.decision.decided_at)
     point.checkpoint_bytes = summary.checkpoint_bytes
     return point
 

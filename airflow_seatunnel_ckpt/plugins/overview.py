@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_seatunnel_ckpt.cli import _epoch_entry, _verify_epoch
+from airflow_seatunnel_ckpt.cli import epoch_entry, pipeline_summary, verify_epoch
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.protocol import epoch_index
@@ -64,7 +64,7 @@ def epoch_row(p: StoredPipeline, epoch: int, summary: EpochSummary | None = None
         summary = summary or epoch_index.summarise(p, epoch)
     except CorruptCheckpointError:
         summary = None  # the console's entry names the damaged record
-    data, table = _epoch_entry(p, epoch, summary)
+    data, table = epoch_entry(p, epoch, summary)
     row = EpochRow(epoch, data["state"], decision=str(table["decision"]))
     if "damaged" in data:  # the message names the file; shown once, in place of the run
         row.damaged, row.decision = data["damaged"], "?"
@@ -73,13 +73,12 @@ def epoch_row(p: StoredPipeline, epoch: int, summary: EpochSummary | None = None
     row.participants = str(table["participants"])
     row.run_id = data.get("run_id") or "-"
     row.logical_date = data.get("logical_date") or "-"
-    status = summary.status()
-    row.dag_id = status.begin.dag_id if status.begin else ""
+    row.dag_id = summary.begin.dag_id if summary.begin else ""
     row.rows = dict(data.get("rows") or {})
     row.expectations = list(data.get("expectations") or [])
-    row.files = status.files_per_sink()
+    row.files = summary.files_per_sink()
     row.checkpoint_bytes = summary.checkpoint_bytes
-    row.submissions = [_describe_submission(record, ended, status.state) for record, ended in summary.submissions]
+    row.submissions = [_describe_submission(record, ended, summary.state) for record, ended in summary.submissions]
     if row.state == EpochState.OPEN.value:
         resolution = resolve_epoch(p, epoch, dry_run=True)  # (what recovery would do, without asking Airflow)
         judged = resolution.judged
@@ -187,7 +186,7 @@ def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
         restore = p.restore_point(deep=False).to_dict()
     except CheckpointError as exc:
         restore = {"error": str(exc)}
-    verify = [_verify_epoch(p, e) for e in reversed(epochs)]
+    verify = [verify_epoch(p, e) for e in reversed(epochs)]
     verify += [{"settled_record": exc.path, "ok": False, "verdict": "DAMAGED", "problems": [str(exc)]}
                for exc in p.txlog.settled.damaged()]
     recovery = recover(p, dry_run=True, run_finished=run_finished).to_dict()
@@ -197,20 +196,9 @@ def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
 
 
 def pipelines_summary(store: CheckpointStore) -> list[dict[str, Any]]:
-    """Per pipeline: epoch count, newest committed epoch and the newest epoch's state."""
-    out = []
-    for name in store.list_pipelines():
-        p = store.pipeline(name)
-        epochs = p.newest_epochs(1)  # epochs are numbered 1, 2, ...: the newest is also the count
-        try:
-            last_committed: Any = p.last_committed_epoch()
-            newest_state = p.state(epochs[-1]).value if epochs else "-"
-        except CorruptCheckpointError:
-            last_committed, newest_state = "?", "DAMAGED"
-        out.append({"pipeline": name, "epochs": epochs[-1] if epochs else 0, "last_committed": last_committed,
-                    "newest": epochs[-1] if epochs else None, "newest_state": newest_state,
-                    "owner_dag_id": owner_dag_id(p)})
-    return out
+    """Per pipeline: epoch count, newest committed epoch, the newest epoch's state and the owner DAG."""
+    pipelines = [store.pipeline(name) for name in store.list_pipelines()]
+    return [{**pipeline_summary(p), "owner_dag_id": owner_dag_id(p)} for p in pipelines]
 
 
 def epochs_of_run(store: CheckpointStore, dag_id: str, run_id: str) -> list[tuple[str, EpochRow]]:

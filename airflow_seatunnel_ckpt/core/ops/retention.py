@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import posixpath
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import layout
@@ -47,11 +47,7 @@ class RetentionReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for logs, XCom and ``--json`` output."""
-        return {"pipeline": self.pipeline, "dry_run": self.dry_run, "kept": self.kept,
-                "removed_checkpoints": self.removed_checkpoints, "removed_files": self.removed_files,
-                "kept_for_reference": self.kept_for_reference, "partly_kept": self.partly_kept,
-                "removed_unreferenced": self.removed_unreferenced, "removed_temp_files": self.removed_temp_files,
-                "note": self.note}
+        return asdict(self)
 
 
 def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = False) -> RetentionReport:

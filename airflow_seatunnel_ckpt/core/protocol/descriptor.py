@@ -56,9 +56,9 @@ from airflow_seatunnel_ckpt.core.models import (
     OperatorState,
     Record,
     StateShape,
-    decode,
     tag,
 )
+from airflow_seatunnel_ckpt.core.protocol.txlog import read_record
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.storage import Storage
@@ -246,13 +246,9 @@ def read_descriptor(storage: Storage, version: int | None = None,
             return None
         version = versions[-1]
     path = layout.descriptor_path(version)
-    try:
-        data = storage.read(path)
-    except FileNotFoundError:
-        return None
-    where = storage.describe_path(path)
-    descriptor = decode(PipelineDescriptor, codec.decode_json_payload(data, where, max_chunk=max_chunk), where)
-    if descriptor.version != version:
+    descriptor = read_record(storage, path, PipelineDescriptor, max_chunk)
+    if descriptor is not None and descriptor.version != version:
+        where = storage.describe_path(path)
         raise CorruptCheckpointError(f"{where}: holds version {descriptor.version}, not {version}", where)
     return descriptor
 

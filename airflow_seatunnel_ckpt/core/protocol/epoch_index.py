@@ -20,9 +20,10 @@ read from the records by whoever shows it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
@@ -32,19 +33,16 @@ from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CheckpointErr
 from airflow_seatunnel_ckpt.core.models import (
     FORMAT_VERSION,
     RECORD,
-    BeginRecord,
-    DecisionRecord,
     EpochState,
     EpochStatus,
     FormatVersion,
-    PreparedRecord,
     PublishedSink,
     Record,
     tag,
 )
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord, submissions_of
-from airflow_seatunnel_ckpt.core.protocol.txlog import COMMITTED, INDEX_RECORD
+from airflow_seatunnel_ckpt.core.protocol.txlog import INDEX_RECORD
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +55,10 @@ MAX_SUMMARISED = 256
 
 
 @dataclass(config=RECORD)
-class EpochSummary(Record):
-    """One final epoch as the views show it: its records when it settled, and what they imply."""
+class EpochSummary(Record, EpochStatus):
+    """One final epoch as the views show it: its status when it settled (the fields of
+    :class:`EpochStatus`, stored as they are), and what its records imply."""
 
-    epoch: int
-    state: EpochState
-    begin: BeginRecord | None
-    prepared: dict[str, PreparedRecord]
-    decision: DecisionRecord | None
-    published: list[PublishedSink] = Field(default_factory=list)
     #: When the ``committed`` acknowledgement was written (its ``at``); None if not committed.
     committed_at: float | None = None
     #: The bytes of the parts its checkpoint's ``_metadata`` lists; None without one.
@@ -74,9 +67,9 @@ class EpochSummary(Record):
     submissions: list[tuple[SubmissionRecord, ExitRecord | None]] = Field(default_factory=list)
 
     def status(self) -> EpochStatus:
-        """The epoch's status, as :meth:`TransactionLog.status` reads it from the records."""
-        return EpochStatus(self.epoch, self.state, self.begin, dict(self.prepared), self.decision,
-                           list(self.published))
+        """The epoch's status alone, as :meth:`TransactionLog.status` reads it (``to_dict`` is then the
+        views' summary, not the stored record)."""
+        return EpochStatus(*(getattr(self, f.name) for f in dataclasses.fields(EpochStatus)))
 
 
 @dataclass(config=RECORD)
@@ -101,14 +94,6 @@ def checkpoint_bytes(pipeline: Pipeline, epoch: int) -> int | None:
         return None
 
 
-def _published_at(data: dict[str, Any], where: str) -> tuple[list[PublishedSink], float | None]:
-    items = data.get("published")
-    if not isinstance(items, list):
-        raise CorruptCheckpointError(f"{where}: field 'published' is missing", where)
-    at = data.get("at")
-    return [PublishedSink.from_dict(p, where) for p in items], float(at) if isinstance(at, (int, float)) else None
-
-
 def summarise(pipeline: Pipeline, epoch: int) -> EpochSummary:
     """``epoch`` read from its records: one listing, then each record it holds once.
 
@@ -121,7 +106,7 @@ def summarise(pipeline: Pipeline, epoch: int) -> EpochSummary:
     published: list[PublishedSink] = []
     committed_at = None
     if state is EpochState.COMMITTED:
-        published, committed_at = txlog.read_record(layout.record_path(epoch, COMMITTED), _published_at) or ([], None)
+        published, committed_at = txlog.read_committed(epoch) or ([], None)
     return EpochSummary(epoch, state, txlog.read_begin(epoch), txlog.prepared(epoch, names),
                         txlog.read_decision(epoch) if state.decided else None, published, committed_at,
                         checkpoint_bytes(pipeline, epoch), submissions_of(pipeline, epoch, names))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,28 +127,25 @@ def refusal(sink: str, result: ExpectationResult) -> str | None:
     return None
 
 
-def refusals(records: Iterable[PreparedRecord]) -> list[str]:
-    """Every reason the expectations recorded in ``records`` refuse the epoch (empty: commit)."""
-    out = []
+def _measured(records: Iterable[PreparedRecord]) -> Iterator[tuple[str, ExpectationResult]]:
+    """Each rule's measured outcome in ``records``, with the sink it belongs to."""
     for record in records:
         for manifest in record.sinks:
             for result in manifest.expectations:
-                reason = refusal(manifest.sink, result)
-                if reason is not None:
-                    out.append(reason)
-    return out
+                yield manifest.sink, result
+
+
+def refusals(records: Iterable[PreparedRecord]) -> list[str]:
+    """Every reason the expectations recorded in ``records`` refuse the epoch (empty: commit)."""
+    return [reason for sink, result in _measured(records) if (reason := refusal(sink, result)) is not None]
 
 
 def summary(records: Iterable[PreparedRecord]) -> list[dict[str, Any]]:
     """Every rule's counts in ``records``, sink by sink, as plain data (for the CLI, the page, lineage)."""
-    out = []
-    for record in records:
-        for manifest in record.sinks:
-            for result in manifest.expectations:
-                out.append({"sink": manifest.sink, "rule": result.name, "expr": result.expr,
-                            "on_fail": result.on_fail, "checked": result.checked, "failed": result.failed,
-                            "fraction": result.fraction, "max_fraction": result.max_fraction,
-                            "max_rows": result.max_rows, "refused": refusal(manifest.sink, result)})
+    out = [{"sink": sink, "rule": result.name, "expr": result.expr, "on_fail": result.on_fail,
+            "checked": result.checked, "failed": result.failed, "fraction": result.fraction,
+            "max_fraction": result.max_fraction, "max_rows": result.max_rows, "refused": refusal(sink, result)}
+           for sink, result in _measured(records)]
     return sorted(out, key=lambda e: (e["sink"], e["rule"]))
 
 

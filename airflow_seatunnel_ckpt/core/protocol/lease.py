@@ -44,8 +44,8 @@ from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
-from airflow_seatunnel_ckpt.core.models import RECORD, EpochState, Record, decode, tag
-from airflow_seatunnel_ckpt.core.protocol.txlog import BEGIN, PREPARED_PREFIX
+from airflow_seatunnel_ckpt.core.models import RECORD, EpochState, Record, tag
+from airflow_seatunnel_ckpt.core.protocol.txlog import BEGIN, PREPARED_PREFIX, read_record
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 if TYPE_CHECKING:
@@ -222,13 +222,7 @@ class LeaseKeeper:
 
 def read_lease(storage: Storage, epoch: int, participant: str) -> LeaseRecord | None:
     """The lease record of ``participant`` in ``epoch``, or None if it has none."""
-    path = layout.lease_path(epoch, participant)
-    try:
-        data = storage.read(path)
-    except FileNotFoundError:
-        return None
-    where = storage.describe_path(path)
-    return decode(LeaseRecord, codec.decode_json_payload(data, where), where)
+    return read_record(storage, layout.lease_path(epoch, participant), LeaseRecord)
 
 
 # -- liveness -----------------------------------------------------------------------------

@@ -89,6 +89,20 @@ class FenceRecord(Record):
     type: Literal["attempt-fence"] = tag("attempt-fence")
 
 
+def read_record(storage: Storage, path: str, parse: type[R] | Callable[[dict[str, Any], str], R],
+                max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> R | None:
+    """Read the framed JSON record at ``path`` as type ``parse`` (or parsed by it); None if absent,
+    CorruptCheckpointError naming the file if damaged."""
+    try:
+        data = storage.read(path)
+    except FileNotFoundError:
+        return None
+    where = storage.describe_path(path)
+    if isinstance(parse, type):
+        return decode(parse, codec.decode_json_payload(data, where, max_chunk=max_chunk), where)
+    return parse(codec.decode_json(data, where, max_chunk=max_chunk), where)
+
+
 class TransactionLog:
     """The ``_txlog`` of one pipeline. One method per record / transition."""
 
@@ -105,14 +119,7 @@ class TransactionLog:
 
     def read_record(self, path: str, parse: type[R] | Callable[[dict[str, Any], str], R]) -> R | None:
         """Read one record of type ``parse`` (or parsed by it); None if absent, CorruptCheckpointError if damaged."""
-        try:
-            data = self.storage.read(path)
-        except FileNotFoundError:
-            return None
-        where = self.storage.describe_path(path)
-        if isinstance(parse, type):
-            return decode(parse, codec.decode_json_payload(data, where, max_chunk=self._max_chunk), where)
-        return parse(codec.decode_json(data, where, max_chunk=self._max_chunk), where)
+        return read_record(self.storage, path, parse, self._max_chunk)
 
     # -- epochs ------------------------------------------------------------------------
     def epochs(self) -> list[int]:
@@ -464,15 +471,22 @@ class TransactionLog:
         """The ``outcome-*`` record ``name`` (None if absent; CorruptCheckpointError if damaged or malformed)."""
         return self.read_record(layout.record_path(epoch, name), OutcomeRecord)
 
-    def read_published(self, epoch: int) -> list[PublishedSink] | None:
-        """What the ``committed`` record says was published, or None if not committed."""
-        def parse(d: dict[str, Any], path: str) -> list[PublishedSink]:
-            items = d.get("published")
+    def read_committed(self, epoch: int) -> tuple[list[PublishedSink], float | None] | None:
+        """What the ``committed`` record says was published, and when it was written (its ``at``, if
+        it has one); None if not committed."""
+        def parse(d: dict[str, Any], path: str) -> tuple[list[PublishedSink], float | None]:
+            items, at = d.get("published"), d.get("at")
             if not isinstance(items, list):
                 raise CorruptCheckpointError(f"{path}: field 'published' is missing", path)
-            return [PublishedSink.from_dict(p, path) for p in items]
+            published = [PublishedSink.from_dict(p, path) for p in items]
+            return published, float(at) if isinstance(at, (int, float)) else None
 
         return self.read_record(layout.record_path(epoch, COMMITTED), parse)
+
+    def read_published(self, epoch: int) -> list[PublishedSink] | None:
+        """What the ``committed`` record says was published, or None if not committed."""
+        committed = self.read_committed(epoch)
+        return committed[0] if committed is not None else None
 
     # -- state -------------------------------------------------------------------------
     def state(self, epoch: int, names: list[str] | None = None) -> EpochState:
