@@ -188,7 +188,7 @@ class SparkStageOperator(BasePipelineOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resume once the submission trigger fired."""
-        from airflow_seatunnel_ckpt.spark.submit import SubmitError
+        from airflow_seatunnel_ckpt.hooks.spark_submit import SubmitError
 
         if not event:
             raise AirflowFailException("the submission trigger fired without an event")
