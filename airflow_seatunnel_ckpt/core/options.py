@@ -80,11 +80,11 @@ def checked(model: type[OptionsT], data: Mapping[str, Any], where: str) -> Optio
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {'; '.join(_problem(model, e) for e in exc.errors(include_url=False))}") from None
+        raise ConfigError(f"{where}: {'; '.join(problem(model, e) for e in exc.errors(include_url=False))}") from None
 
 
-def _problem(model: type[Options], error: Any) -> str:
-    """One validation error in words, with the nearest option for an unknown one."""
+def problem(model: type[Options], error: Any) -> str:
+    """One validation error of ``model`` in words, with the nearest option for an unknown one."""
     field = ".".join(str(p) for p in error["loc"])
     if error["type"] == "extra_forbidden":
         takes = sorted(model.model_fields)
