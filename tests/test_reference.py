@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from airflow_seatunnel_ckpt.core.options import Options, option_table
 from airflow_seatunnel_ckpt.spark.registry import REGISTRIES
@@ -42,6 +44,8 @@ class _Queue(Options):
     type: Literal["queue"] = "queue"
     queue: str
     """The queue the rows go to."""
+    batch_rows: Annotated[int, Field(ge=1)] | None = None
+    """Rows per message (at least 1)."""
 
 
 def test_a_stale_table_is_rewritten_from_its_model_and_a_type_without_one_is_left_alone() -> None:
@@ -53,4 +57,5 @@ def test_a_stale_table_is_rewritten_from_its_model_and_a_type_without_one_is_lef
                        + "\n<!-- /options -->\n\n"
                        "<!-- options: sink custom -->\nhand-written\n<!-- /options -->\n")
     assert "| `queue` | str | required | The queue the rows go to. |" in written
+    assert "| `batch_rows` | int \\| None | `None` | Rows per message (at least 1). |" in written
     assert reference.render(written, lambda kind, name: models.get((kind, name))) == written  # stable

@@ -111,6 +111,8 @@ def option_table(model: type[Options]) -> str:
 def _type_words(annotation: Any) -> str:
     """A field's type as a reader of the reference says it (``str``, ``list[str]``, ``"a" | "b"``)."""
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # the constraints are said in the field's docstring
+        return _type_words(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " \\| ".join(f"`{v!r}`".replace("'", '"') for v in typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):
