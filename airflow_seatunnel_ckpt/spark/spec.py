@@ -42,6 +42,12 @@ def _stage(value: Any) -> str:
     return value
 
 
+def _remote(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.startswith("sc://")):
+        raise ConfigError(f"stage spec: remote must be a Spark Connect URL 'sc://host:port', got {value!r}")
+    return value
+
+
 def _key_groups(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
         raise ConfigError(f"stage spec: key_groups must be an integer in 1..2**20, got {value!r}")
@@ -49,7 +55,11 @@ def _key_groups(value: Any) -> int:
 
 
 def _entries(kind: str) -> AfterValidator:
-    """Entries of ``kind``: safe names -> options (typed, or a mapping for a type without a model)."""
+    """Entries of ``kind``: safe names -> options (typed, or a mapping for a type without a model).
+
+    A spec read from JSON (a ``spark-submit`` driver's) holds mappings: the connector built
+    from one checks it through the same options model.
+    """
     def check(entries: Any) -> dict[str, Options | Mapping[str, Any]]:
         if not isinstance(entries, Mapping):
             raise ConfigError(f"stage spec: {kind}s must be a mapping of {kind} name -> options, got {entries!r}")
@@ -65,8 +75,8 @@ def _unwrapped(exc: ValidationError, what: str) -> CheckpointError:
     """The error a check of ours raised inside ``exc``, else ``exc`` in words (ConfigError)."""
     errors = exc.errors(include_url=False)
     for error in errors:
-        if isinstance((error.get("ctx") or {}).get("error"), CheckpointError):
-            return error["ctx"]["error"]  # type: ignore[no-any-return]
+        if isinstance(found := (error.get("ctx") or {}).get("error"), CheckpointError):
+            return found
     unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
     missing = sorted(str(e["loc"][0]) for e in errors if e["type"] == "missing")
     if unknown:
@@ -92,8 +102,8 @@ class StageSpec(BaseModel):
     :param spark_conf: Spark configuration, passed to the session untouched.
     :param master: Spark master for an in-process session (default ``local[*]``); ignored
         when the session already exists (e.g. under ``spark-submit``).
-    :param remote: Spark Connect server URL (``sc://host:port``) to run the stage through,
-        instead of a session of this process.
+    :param remote: a Spark Connect URL (``sc://host:port/;...``): the stage runs through a
+        Connect session to that server instead of a session of this process (no JVM here).
     :param app_name: Spark application name (default: ``<pipeline>-<participant>``).
     :param airflow_context: the Airflow run the stage belongs to, as JSON data (see
         :class:`~airflow_seatunnel_ckpt.spark.context.AirflowContext`); empty outside Airflow.
@@ -114,7 +124,7 @@ class StageSpec(BaseModel):
     key_groups: Annotated[Any, AfterValidator(_key_groups)] = DEFAULT_KEY_GROUPS
     spark_conf: Mapping[str, Any] = Field(default_factory=dict)
     master: str | None = None
-    remote: str | None = None
+    remote: Annotated[Any, AfterValidator(_remote)] = None
     app_name: str | None = None
     airflow_context: Mapping[str, Any] = Field(default_factory=dict)
     dry_run: bool = False

@@ -56,8 +56,8 @@ def test_an_entry_is_checked_through_its_options_model_and_carried_typed(queue_t
                      sinks={"out": declared.spec_options})
     assert spec.sinks["out"] is declared.typed  # carried typed, not read again as a dict
     # Through the spec's JSON (to a spark-submit driver) it arrives as the same options.
-    again = StageSpec.from_json(spec.to_json())
-    assert dict(again.sinks["out"]) == {"type": "queue", "queue": "orders", "batch_rows": 500}
+    assert spec.to_dict()["sinks"] == {"out": {"type": "queue", "queue": "orders", "batch_rows": 500}}
+    assert StageSpec.from_json(spec.to_json()).sinks["out"] == declared.typed.to_dict()
     built = sink_from_options("out", spec.sinks["out"])
     assert isinstance(built, QueueSink) and built.options == {"queue": "orders", "batch_rows": 500}
 
