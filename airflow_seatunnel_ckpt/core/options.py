@@ -80,11 +80,11 @@ def checked(model: type[OptionsT], data: Mapping[str, Any], where: str) -> Optio
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise ConfigError(f"{where}: {'; '.join(_problem(model, e) for e in exc.errors(include_url=False))}") from None
+        raise ConfigError(f"{where}: {'; '.join(problem(model, e) for e in exc.errors(include_url=False))}") from None
 
 
-def _problem(model: type[Options], error: Any) -> str:
-    """One validation error in words, with the nearest option for an unknown one."""
+def problem(model: type[Options], error: Any) -> str:
+    """One validation error of ``model`` in words, with the nearest option for an unknown one."""
     field = ".".join(str(p) for p in error["loc"])
     if error["type"] == "extra_forbidden":
         takes = sorted(model.model_fields)
@@ -111,6 +111,8 @@ def option_table(model: type[Options]) -> str:
 def _type_words(annotation: Any) -> str:
     """A field's type as a reader of the reference says it (``str``, ``list[str]``, ``"a" | "b"``)."""
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # the constraints are said in the field's docstring
+        return _type_words(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " \\| ".join(f"`{v!r}`".replace("'", '"') for v in typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):

@@ -36,13 +36,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import pydantic
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
+from pydantic import ConfigDict
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
 from airflow_seatunnel_ckpt.core.config import form_values, redact_url
 from airflow_seatunnel_ckpt.core.errors import ConfigError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import EpochState, unprepared
+from airflow_seatunnel_ckpt.core.models import EpochState, Record, unprepared
 from airflow_seatunnel_ckpt.hooks import (
     iceberg_catalog,  # noqa: F401  (registers the catalog secret resolver)
     postgres_connection,  # noqa: F401  (registers the PostgreSQL one)
@@ -214,9 +216,10 @@ class StoreSettings:
         return config
 
 
-@dataclass(frozen=True)
-class PreparedCheck:
-    """What the prepared-state sensor and trigger found for one DAG run's epoch.
+@pydantic.dataclasses.dataclass(config=ConfigDict(frozen=True, extra="forbid"))
+class PreparedCheck(Record):
+    """What the prepared-state sensor and trigger found for one DAG run's epoch (plain data, for XCom
+    and trigger events: ``to_dict`` / ``from_dict``).
 
     ``outcome`` is one of:
 
@@ -240,33 +243,18 @@ class PreparedCheck:
         TIMEOUT = "timeout"
         ERROR = "error"
 
-    outcome: Outcome
+    outcome: PreparedCheck.Outcome  # callers and trigger events may give the plain string
     message: str
     epoch: int | None = None
     state: str | None = None
-    missing: list[str] = field(default_factory=list)
-    participants: dict[str, int] = field(default_factory=dict)  #: participant -> attempt
-
-    def __post_init__(self) -> None:
-        # Callers and trigger events give the plain string; an unknown one is a bug.
-        object.__setattr__(self, "outcome", PreparedCheck.Outcome(self.outcome))
+    missing: list[str] = pydantic.Field(default_factory=list)
+    participants: dict[str, int] = pydantic.Field(default_factory=dict)  #: participant -> attempt
 
     @property
     def done(self) -> bool:
         """Whether waiting longer cannot change the outcome."""
         return self.outcome is not PreparedCheck.Outcome.WAITING
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for XCom and trigger events."""
-        return {"outcome": str(self.outcome), "message": self.message, "epoch": self.epoch,
-                "state": self.state, "missing": list(self.missing),
-                "participants": dict(self.participants)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PreparedCheck:
-        """Inverse of :meth:`to_dict`."""
-        return cls(data["outcome"], data["message"], data.get("epoch"), data.get("state"),
-                   list(data.get("missing") or []), dict(data.get("participants") or {}))
 
 
 #: The outcomes of :func:`check_prepared`.

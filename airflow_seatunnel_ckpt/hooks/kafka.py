@@ -17,6 +17,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.options import Options
 
 
 def kafka_client_config(conn_id: str, where: str = "kafka source") -> dict[str, Any]:
@@ -34,14 +35,20 @@ def kafka_client_config(conn_id: str, where: str = "kafka source") -> dict[str, 
     return {str(k): v for k, v in extra.items()}
 
 
-def with_kafka_connections(sources: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def with_kafka_connections(sources: Mapping[str, Mapping[str, Any] | Options]
+                           ) -> dict[str, Mapping[str, Any] | Options]:
     """``sources`` with each Kafka source's ``kafka_conn_id`` read into its ``config``.
 
     The connection's settings come first; ``config`` and ``bootstrap_servers`` given in the
-    source's options win over them.
+    source's options win over them. Typed options without a connection are kept as they are.
     """
-    resolved: dict[str, dict[str, Any]] = {}
+    resolved: dict[str, Mapping[str, Any] | Options] = {}
     for name, options in sources.items():
+        if isinstance(options, Options):
+            if options.type != "kafka" or not getattr(options, "kafka_conn_id", None):
+                resolved[name] = options
+                continue
+            options = options.to_dict()
         opts = dict(options)
         conn_id = opts.pop("kafka_conn_id", None) if opts.get("type") == "kafka" else None
         if conn_id:

@@ -126,7 +126,7 @@ class StageSubmitHook(BaseHook):
         :meth:`stop_if_handed_to_triggerer`); one whose worker died while it waited in-process
         is reconnected to. An attempt is submitted once: a second submission of it is refused.
         """
-        from airflow_seatunnel_ckpt.spark.submit import SubmitError, SubmitOptions, start_submission
+        from airflow_seatunnel_ckpt.hooks.spark_submit import SubmitError, SubmitOptions, start_submission
 
         record = self.running(epoch)
         if record is not None and self.stop_if_handed_to_triggerer(record, try_number, spec.attempt):
@@ -201,7 +201,7 @@ class StageSubmitHook(BaseHook):
 
     def wait(self, record: SubmissionRecord, on_line: Callable[[str], None] | None = None) -> SubmissionCheck:
         """Poll in this process until ``record``'s attempt is done; ``on_line`` gets its launch log's new lines."""
-        from airflow_seatunnel_ckpt.spark.submit import wait_for_submission
+        from airflow_seatunnel_ckpt.hooks.spark_submit import wait_for_submission
 
         return wait_for_submission(self.pipeline, record, poll_s=min(self.poll_interval, 2.0), on_line=on_line)
 
@@ -226,7 +226,7 @@ class StageSubmitHook(BaseHook):
         None when the attempt was an earlier try's, reconnected to, and it failed or was
         lost: try ``attempt`` then submits its own.
         """
-        from airflow_seatunnel_ckpt.spark.submit import result_of
+        from airflow_seatunnel_ckpt.hooks.spark_submit import result_of
 
         self.finish(check)
         if check.outcome in (SubmissionOutcome.FAILED, SubmissionOutcome.LOST) and check.attempt != attempt:

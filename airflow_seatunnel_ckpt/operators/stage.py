@@ -131,10 +131,11 @@ class SparkStageOperator(BasePipelineOperator):
         from airflow_seatunnel_ckpt.spark import DEFAULT_KEY_GROUPS, StageResult, StageSpec
         from airflow_seatunnel_ckpt.spark.context import AirflowContext
 
-        # The rendered values (a templated path, format or URL) are checked now.
-        StageDeclaration.check(participant=self.participant, stage=self.stage_callable or self.stage,
-                               sources=self.sources, sinks=self.sinks, importable=bool(self.conn_id),
-                               where=self.where)
+        # The rendered values (a templated path, format or URL) are checked now; the spec
+        # carries the entries typed.
+        declared = StageDeclaration.check(participant=self.participant, stage=self.stage_callable or self.stage,
+                                          sources=self.sources, sinks=self.sinks, importable=bool(self.conn_id),
+                                          where=self.where)
         run_id, try_number = context["run_id"], context["ti"].try_number
         attempt, dry_run = attempt_for_try(try_number), try_number == 0
         self.is_dry_run = dry_run  # before the store is opened: a dry run writes no descriptor version
@@ -150,7 +151,8 @@ class SparkStageOperator(BasePipelineOperator):
                                  wait_timeout=self.pending_wait_timeout).epoch
         spec = StageSpec(
             pipeline=self.pipeline, participant=self.participant, run_id=run_id, attempt=attempt,
-            stage=self.stage, sources=with_kafka_connections(self.sources), sinks=self.sinks,
+            stage=self.stage, sources=with_kafka_connections({e.name: e.spec_options for e in declared.sources}),
+            sinks={e.name: e.spec_options for e in declared.sinks},
             store=self.hook.config.to_mapping(include_secrets=True),
             spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if self.conn_id else self.spark_conf,
             airflow_context=AirflowContext.of_task(context, self.task_id).to_dict(), dry_run=dry_run,
@@ -188,7 +190,7 @@ class SparkStageOperator(BasePipelineOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resume once the submission trigger fired."""
-        from airflow_seatunnel_ckpt.spark.submit import SubmitError
+        from airflow_seatunnel_ckpt.hooks.spark_submit import SubmitError
 
         if not event:
             raise AirflowFailException("the submission trigger fired without an event")

@@ -10,7 +10,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import PreparedCheck
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
+from airflow_seatunnel_ckpt.pipeline_task import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator
 from airflow_seatunnel_ckpt.sensors.stages import (
     explain_unprepared,
     stage_task_states,

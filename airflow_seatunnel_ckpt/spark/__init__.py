@@ -12,8 +12,9 @@ epoch, restore, input plan, checkpoint parts, sink manifests, prepared record::
                                  attempt=1, stage="my_pkg.stages:dedup_orders", ...))
 
 Run it in-process (``local[*]`` by default) or on any master with :func:`submit_stage`
-(``spark-submit`` through Airflow's ``SparkSubmitHook``) and the driver module
-:mod:`airflow_seatunnel_ckpt.spark.driver`.
+(``spark-submit`` through Airflow's ``SparkSubmitHook``, so it lives with the hooks in
+:mod:`airflow_seatunnel_ckpt.hooks.spark_submit`; nothing else here imports Airflow) and the
+driver module :mod:`airflow_seatunnel_ckpt.spark.driver`.
 """
 
 from typing import TYPE_CHECKING
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError
     from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageResult, StageSpec
     from airflow_seatunnel_ckpt.spark.state import KeySet, KeyValueState, StateError
-    from airflow_seatunnel_ckpt.spark.submit import submit_stage
 
 #: Public name -> module that defines it. Imported on first use, so that importing a
 #: light module of this package (the option registries, the spec, the checks a DAG runs
@@ -51,7 +51,7 @@ _EXPORTS = {
     "KeySet": "state",
     "KeyValueState": "state",
     "StateError": "state",
-    "submit_stage": "submit",  # imports Airflow
+    "submit_stage": "airflow_seatunnel_ckpt.hooks.spark_submit",  # Airflow's SparkSubmitHook: not in spark/
 }
 
 __all__ = [
@@ -84,6 +84,7 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    full = module if module.startswith("airflow_seatunnel_ckpt.") else f"{__name__}.{module}"
+    value = getattr(importlib.import_module(full), name)
     globals()[name] = value
     return value

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark.sinks.files import Sink
@@ -21,17 +22,12 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def _date(value: Any, what: str) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError as exc:
-        raise ConfigError(f"stage spec: airflow_context.{what} must be an ISO 8601 date-time, got {value!r}") from exc
+def _read_only(params: Any) -> Mapping[str, Any]:
+    # A read-only copy of JSON data: the stage cannot change what later tasks see.
+    return MappingProxyType(json.loads(json.dumps(dict(params or {}), default=str)))
 
 
-@dataclass(frozen=True)
-class AirflowContext:
+class AirflowContext(BaseModel):
     """What the stage may know of the Airflow task that runs it: read-only, JSON-able.
 
     It travels in the stage spec, so a stage run through ``spark-submit`` sees the same
@@ -40,32 +36,41 @@ class AirflowContext:
     interval are ``None`` for a run that has none (e.g. a manual run without a date).
     """
 
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
     dag_id: str | None = None
     task_id: str | None = None
     run_id: str | None = None
     logical_date: datetime | None = None
     data_interval_start: datetime | None = None
     data_interval_end: datetime | None = None
-    params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    params: Annotated[Mapping[str, Any], AfterValidator(_read_only)] = Field(default_factory=lambda: _read_only({}))
 
-    def __post_init__(self) -> None:
-        for what in ("logical_date", "data_interval_start", "data_interval_end"):
-            object.__setattr__(self, what, _date(getattr(self, what), what))
-        # A read-only copy of JSON data: the stage cannot change what later tasks see.
-        params = json.loads(json.dumps(dict(self.params or {}), default=str))
-        object.__setattr__(self, "params", MappingProxyType(params))
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+            if unknown:
+                raise ConfigError(f"stage spec: unknown airflow_context field(s) {unknown}; "
+                                  f"known: {list(type(self).model_fields)}") from None
+            what = ".".join(str(p) for p in errors[0]["loc"])
+            raise ConfigError(f"stage spec: airflow_context.{what} must be an ISO 8601 date-time, got "
+                              f"{errors[0]['input']!r}" if "date" in what else
+                              f"stage spec: airflow_context.{what}: {errors[0]['msg']}") from None
 
-    #: The fields, in the order of :meth:`to_dict`.
-    FIELDS = ("dag_id", "task_id", "run_id", "logical_date", "data_interval_start", "data_interval_end", "params")
+    @field_serializer("logical_date", "data_interval_start", "data_interval_end")
+    def _iso(self, value: datetime | None) -> str | None:
+        return None if value is None else value.isoformat()
+
+    @field_serializer("params")
+    def _plain(self, value: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(value)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (dates as ISO 8601 strings)."""
-        out: dict[str, Any] = {}
-        for name in self.FIELDS:
-            value = getattr(self, name)
-            out[name] = value.isoformat() if isinstance(value, datetime) else value
-        out["params"] = dict(self.params)
-        return out
+        return self.model_dump()
 
     @classmethod
     def of_task(cls, context: Mapping[str, Any], task_id: str) -> AirflowContext:
@@ -77,11 +82,7 @@ class AirflowContext:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> AirflowContext:
         """Parse :meth:`to_dict` output (empty or ``None``: run outside Airflow)."""
-        data = dict(data or {})
-        unknown = sorted(set(data) - set(cls.FIELDS))
-        if unknown:
-            raise ConfigError(f"stage spec: unknown airflow_context field(s) {unknown}; known: {list(cls.FIELDS)}")
-        return cls(**data)
+        return cls(**dict(data or {}))
 
 
 class BoundSource:

@@ -7,8 +7,13 @@ backend can publish to, a stage that is not ``"module:function"`` or whose modul
 define that function, a source schema that is not Spark DDL) is an import error of the DAG
 file (``airflow dags list-import-errors``), not a failed task at 3 a.m.
 
-Templated values (``"{{ ds }}"`` in a path) are left alone when the DAG is parsed and
-checked once rendered, when the task runs (:meth:`StageDeclaration.check` again).
+Each source and sink is checked through its type's options model
+(:func:`~airflow_seatunnel_ckpt.core.options.parse`: unknown keys with the nearest valid
+name, missing ones, wrong values), and the typed options are what the stage spec carries;
+a type without a model (a custom one registered without it) is checked against its
+factory's keyword parameters. Templated values (``"{{ ds }}"`` in a path) are left alone
+when the DAG is parsed and checked once rendered, when the task runs
+(:meth:`StageDeclaration.check` again).
 
 Nothing here imports PySpark, opens a store or touches the network: it runs on every
 parse of every DAG file.
@@ -27,6 +32,7 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.core.layout import validate_name
+from airflow_seatunnel_ckpt.core.options import Options
 from airflow_seatunnel_ckpt.core.storage.registry import backend_for
 from airflow_seatunnel_ckpt.spark.ddl import checked_schema
 from airflow_seatunnel_ckpt.spark.registry import REGISTRIES
@@ -172,16 +178,27 @@ def _check_module_defines(stage: str, where: str) -> None:
 
 @dataclass(frozen=True)
 class EntryDeclaration:
-    """One source or sink of a stage: its kind, name, type and options as written."""
+    """One source or sink of a stage: its kind, name, type and options as written.
+
+    ``typed`` is the options checked through the type's model (None when the type has no
+    model, or when a value is templated: the entry is checked again once rendered); the
+    stage spec carries it on, so nothing after the parse reads the options as a dict.
+    """
 
     kind: str
     name: str
     type: str
     options: Mapping[str, Any]
+    typed: Options | None = None
+
+    @property
+    def spec_options(self) -> Options | Mapping[str, Any]:
+        """What the stage spec carries: the typed options when there are any."""
+        return self.typed if self.typed is not None else self.options
 
     @classmethod
     def check(cls, kind: str, name: Any, options: Any, *, where: str) -> EntryDeclaration:
-        """Check the entry; templated values are checked once rendered."""
+        """Check the entry once, through its options model; templated values are checked once rendered."""
         try:
             validate_name(name, f"{kind} name")
         except CheckpointError as exc:
@@ -196,9 +213,7 @@ class EntryDeclaration:
         if is_templated(type_name):
             return cls(kind, name, str(type_name), dict(options))
         try:
-            registry.check_keys(name, options)
-            if registry.is_builtin(type_name) and not is_templated(options):
-                registry.build(name, options)  # the built-in types check their values, with no I/O
+            typed = registry.check(name, options, unchecked={k for k, v in options.items() if is_templated(v)})
             schema = options.get("schema")
             if kind == "source" and registry.is_builtin(type_name) and schema is not None and not is_templated(schema):
                 checked_schema(schema, f"source {name!r}")  # Spark would parse it only when the stage reads
@@ -207,7 +222,7 @@ class EntryDeclaration:
                 backend_for(path.split("://", 1)[0].lower())  # commit must be able to publish there
         except CheckpointError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
-        return cls(kind, name, str(type_name), dict(options))
+        return cls(kind, name, str(type_name), dict(options), typed)
 
 
 @dataclass(frozen=True)

@@ -1,72 +1,98 @@
 """Sources and sinks by type: the registries a stage spec's ``sources`` and ``sinks`` entries are built from.
 
 ``{"type": "file", ...}`` (the default) reads the files no committed epoch consumed
-(:mod:`.file_source`, which also holds the :class:`Source` interface) or publishes
-``<target>/epoch=<e>/`` directories (:mod:`.file_sink`, with the :class:`Sink` interface).
+(:mod:`.sources.files`) or publishes ``<target>/epoch=<e>/`` directories (:mod:`.sinks.files`).
 ``"iceberg"`` and ``"delta"`` read the data files appended to a table since the last
 committed epoch, ``"pipeline_output"`` another pipeline's committed file-sink epochs
-(:mod:`.table_sources`), ``"kafka"`` the records produced since the last committed epoch
-(:mod:`.kafka_source`). ``"iceberg"``, ``"delta"`` and ``"postgres"`` sinks commit each
-epoch into a table (:mod:`.table_sinks`).
+(:mod:`.sources.tables`), ``"kafka"`` the records produced since the last committed epoch
+(:mod:`.sources.kafka`). ``"iceberg"``, ``"delta"`` and ``"postgres"`` sinks commit each
+epoch into a table (:mod:`.sinks.tables`). The connectors are imported when a spec first
+builds one (:class:`~airflow_seatunnel_ckpt.core.registry.Registry`): checking a DAG's
+entries needs only their options models.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import ValidationError
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.spark.sinks.files import FileSink, Sink
-from airflow_seatunnel_ckpt.spark.sinks.tables import DeltaSink, IcebergSink, PostgresSink
-from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source
-from airflow_seatunnel_ckpt.spark.sources.kafka import KafkaSource
-from airflow_seatunnel_ckpt.spark.sources.postgres import PostgresCdcSource, PostgresQuerySource
-from airflow_seatunnel_ckpt.spark.sources.tables import DeltaSource, IcebergSource, PipelineOutputSource
+from airflow_seatunnel_ckpt.core.options import Options, problem
+from airflow_seatunnel_ckpt.core.options import parse as parse_options
+from airflow_seatunnel_ckpt.core.registry import Registry
+
+if TYPE_CHECKING:  # the connectors are imported when a stage spec builds one, not when a DAG is parsed
+    from airflow_seatunnel_ckpt.spark.sinks.files import Sink
+    from airflow_seatunnel_ckpt.spark.sources.files import Source
 
 T = TypeVar("T")
+_SPARK = "airflow_seatunnel_ckpt.spark"
 
 
-class Registry(Generic[T]):
-    """Builds ``{"type": name, **options}`` entries of a stage spec as ``factory(name, **options)``."""
+class ConnectorRegistry(Registry[Callable[..., T]]):
+    """Builds ``{"type": name, **options}`` entries of a stage spec as ``factory(name, **options)``.
 
-    def __init__(self, kind: str, builtin: Mapping[str, Callable[..., T]]) -> None:
-        self.kind = kind
-        self._factories: dict[str, Callable[..., T]] = dict(builtin)
-        #: Built-in types check their values when constructed and do no I/O doing so.
-        self._builtin = frozenset(builtin)
+    A type's options are checked through its options model when it has one
+    (:meth:`~airflow_seatunnel_ckpt.core.registry.Registry.options_model`), else against its
+    factory's keyword parameters, so a type added with :meth:`register` is checked like a
+    built-in one.
+    """
 
-    def register(self, type_name: str, factory: Callable[..., T]) -> None:
-        """Make ``{"type": type_name, ...}`` build with ``factory(name, **options)``."""
-        self._factories[type_name] = factory
+    def __init__(self, kind: str, builtin: Mapping[str, str], *, extras: Mapping[str, str], options: str) -> None:
+        super().__init__(kind, builtin, extras=extras, options=options, unknown=self._unknown_type)
+
+    def _unknown_type(self, type_name: str, known: list[str]) -> str:
+        return (f"unknown type {type_name!r}; known types: {known}. A custom type must be registered with "
+                f"register_{self.kind}({type_name!r}, factory) in a module that the DAG file imports, so that it "
+                "is known when the DAG is parsed")
 
     @property
     def types(self) -> list[str]:
         """The registered type names, sorted."""
-        return sorted(self._factories)
+        return self.names
 
     def factory(self, name: str, type_name: str) -> Callable[..., T]:
-        """The factory of ``type_name``; ConfigError naming the known types and the way out."""
-        factory = self._factories.get(type_name)
-        if factory is None:
-            raise ConfigError(
-                f"{self.kind} {name!r}: unknown type {type_name!r}; known types: {self.types}. A custom "
-                f"type must be registered with register_{self.kind}({type_name!r}, factory) in a module "
-                f"that the DAG file imports, so that it is known when the DAG is parsed"
-            )
-        return factory
+        """The factory of ``type_name``; ConfigError naming the entry, the known types and the way out."""
+        try:
+            return self.get(type_name)
+        except ConfigError as exc:
+            raise ConfigError(f"{self.kind} {name!r}: {exc}") from exc
 
-    def is_builtin(self, type_name: str) -> bool:
-        """Whether ``type_name`` is one of the package's own types (cheap, I/O-free constructor)."""
-        return type_name in self._builtin and self._factories.get(type_name) is not None
+    def check(self, name: str, options: Mapping[str, Any], unchecked: Collection[str] = ()) -> Options | None:
+        """The entry ``name``'s options checked: its typed options, or None (a type without a model,
+        or values left ``unchecked``).
+
+        ConfigError for an unknown type, an unknown option (with the nearest valid name), a
+        missing one, or (with a model) a wrong value. A value in ``unchecked`` (a template,
+        rendered only at run time) is checked when the entry is checked again without it.
+        Only the model is imported; a type without one is checked against its factory's
+        keyword parameters, and a built-in one is built (its constructor does no I/O).
+        """
+        type_name = options.get("type", "file")
+        model = self.options_model(type_name) if type_name in self else None
+        if model is None:
+            self.check_keys(name, options)
+            if self.is_builtin(type_name) and not unchecked:
+                self.build(name, options)
+            return None
+        if not unchecked:
+            return parse_options(self.kind, name, options, {type_name: model})
+        data = {"type": type_name, **{k: v for k, v in options.items() if k not in unchecked}}
+        try:
+            model.model_validate(data)
+        except ValidationError as exc:
+            problems = [problem(model, e) for e in exc.errors(include_url=False)
+                        if not (e["loc"] and e["loc"][0] in unchecked)]
+            if problems:
+                raise ConfigError(f"{self.kind} {name!r} (type {type_name!r}): {'; '.join(problems)}") from None
+        return None
 
     def check_keys(self, name: str, options: Mapping[str, Any]) -> None:
-        """Refuse unknown and missing options of the entry ``name``, without building it.
-
-        The options a type takes are its factory's keyword parameters (after the name), so
-        a type added with :meth:`register` is checked the same way as a built-in one.
-        """
+        """Refuse unknown and missing options of the entry ``name`` from its factory's signature."""
         opts = dict(options)
         type_name = opts.pop("type", "file")
         factory = self.factory(name, type_name)
@@ -92,9 +118,9 @@ class Registry(Generic[T]):
         if missing:
             raise ConfigError(f"{self.kind} {name!r} (type {type_name!r}): missing required option(s) {missing}")
 
-    def build(self, name: str, options: Mapping[str, Any]) -> T:
-        """Build the entry ``name`` that ``options`` describe (default type ``file``)."""
-        opts = dict(options)
+    def build(self, name: str, options: Mapping[str, Any] | Options) -> T:
+        """Build the entry ``name`` that ``options`` describe (default type ``file``; typed options as they are)."""
+        opts = options.to_dict() if isinstance(options, Options) else dict(options)
         type_name = opts.pop("type", "file")
         factory = self.factory(name, type_name)
         try:
@@ -103,31 +129,45 @@ class Registry(Generic[T]):
             raise ConfigError(f"{self.kind} {name!r}: bad options {sorted(opts)}: {exc}") from exc
 
 
-SOURCES: Registry[Source] = Registry("source", {"file": FileSource, "iceberg": IcebergSource, "delta": DeltaSource,
-                                                "pipeline_output": PipelineOutputSource, "kafka": KafkaSource,
-                                                "postgres_cdc": PostgresCdcSource,
-                                                "postgres_query": PostgresQuerySource})
-SINKS: Registry[Sink] = Registry("sink", {"file": FileSink, "iceberg": IcebergSink, "delta": DeltaSink,
-                                          "postgres": PostgresSink})
+SOURCES: ConnectorRegistry[Source] = ConnectorRegistry(
+    "source", {"file": f"{_SPARK}.sources.files:FileSource", "iceberg": f"{_SPARK}.sources.tables:IcebergSource",
+               "delta": f"{_SPARK}.sources.tables:DeltaSource",
+               "pipeline_output": f"{_SPARK}.sources.tables:PipelineOutputSource",
+               "kafka": f"{_SPARK}.sources.kafka:KafkaSource",
+               "postgres_cdc": f"{_SPARK}.sources.postgres:PostgresCdcSource",
+               "postgres_query": f"{_SPARK}.sources.postgres:PostgresQuerySource"},
+    extras={"delta": "delta", "kafka": "kafka", "postgres_cdc": "postgres", "postgres_query": "postgres"}, options="airflow_seatunnel_ckpt.core.sources.options:SOURCE_OPTIONS")
+SINKS: ConnectorRegistry[Sink] = ConnectorRegistry(
+    "sink", {"file": f"{_SPARK}.sinks.files:FileSink", "iceberg": f"{_SPARK}.sinks.tables:IcebergSink",
+             "delta": f"{_SPARK}.sinks.tables:DeltaSink", "postgres": f"{_SPARK}.sinks.tables:PostgresSink"},
+    extras={"delta": "delta", "postgres": "postgres"}, options="airflow_seatunnel_ckpt.core.sinks.options:SINK_OPTIONS")
 #: Both registries by kind, for checks that only know the kind.
-REGISTRIES: dict[str, Registry[Any]] = {"source": SOURCES, "sink": SINKS}
+REGISTRIES: dict[str, ConnectorRegistry[Any]] = {"source": SOURCES, "sink": SINKS}
 
 
-def register_source(type_name: str, factory: Callable[..., Source]) -> None:
-    """Make ``{"type": type_name, ...}`` in a stage spec build a source as ``factory(name, **options)``."""
-    SOURCES.register(type_name, factory)
+def register_source(type_name: str, factory: Callable[..., Source], options: type[Options] | None = None) -> None:
+    """Make ``{"type": type_name, ...}`` in a stage spec build a source as ``factory(name, **options)``.
+
+    :param options: the type's options model (checked when the DAG is parsed); without it
+        the options are checked against ``factory``'s keyword parameters.
+    """
+    SOURCES.register(type_name, factory, options)
 
 
-def source_from_options(name: str, options: Mapping[str, Any]) -> Source:
+def source_from_options(name: str, options: Mapping[str, Any] | Options) -> Source:
     """Build the source a stage spec describes."""
     return SOURCES.build(name, options)
 
 
-def register_sink(type_name: str, factory: Callable[..., Sink]) -> None:
-    """Make ``{"type": type_name, ...}`` in a stage spec build a sink as ``factory(name, **options)``."""
-    SINKS.register(type_name, factory)
+def register_sink(type_name: str, factory: Callable[..., Sink], options: type[Options] | None = None) -> None:
+    """Make ``{"type": type_name, ...}`` in a stage spec build a sink as ``factory(name, **options)``.
+
+    :param options: the type's options model (checked when the DAG is parsed); without it
+        the options are checked against ``factory``'s keyword parameters.
+    """
+    SINKS.register(type_name, factory, options)
 
 
-def sink_from_options(name: str, options: Mapping[str, Any]) -> Sink:
+def sink_from_options(name: str, options: Mapping[str, Any] | Options) -> Sink:
     """Build the sink a stage spec describes."""
     return SINKS.build(name, options)

@@ -173,7 +173,7 @@ def _run_replayed(pipeline: Pipeline, config: CheckpointConfig, spec: StageSpec,
     for step, replayed in enumerate(plan.epochs, start=1):
         # Each replayed epoch writes its state parts as its own attempt of the replay epoch,
         # so no part of one overwrites another's; its output goes below replayed-<epoch>/.
-        step_spec = dataclasses.replace(spec, run_id=run_id, attempt=step)
+        step_spec = spec.replace(run_id=run_id, attempt=step)
         inputs = plan.inputs[replayed]
 
         def pinned(sources: Mapping[str, Source], inputs: dict[str, dict[str, Any]] = inputs,

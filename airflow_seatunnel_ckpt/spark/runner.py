@@ -39,7 +39,7 @@ from airflow_seatunnel_ckpt.spark.registry import sink_from_options, source_from
 from airflow_seatunnel_ckpt.spark.session import stage_session
 from airflow_seatunnel_ckpt.spark.sinks.files import Sink
 from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError
-from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
+from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec, entry_type
 from airflow_seatunnel_ckpt.spark.state import (
     KeyedState,
     PartPolicy,
@@ -414,7 +414,7 @@ def _expectation_quarantines(pipeline: Pipeline, spec: StageSpec, sinks: Mapping
         sink_name = f"{name}{QUARANTINE_SUFFIX_EXPECTATIONS}"
         options = sink.quarantine_options()
         if options is None:
-            raise ConfigError(f"stage spec: sink {name!r} (type {spec.sinks[name].get('type', 'file')!r}) has no "
+            raise ConfigError(f"stage spec: sink {name!r} (type {entry_type(spec.sinks[name])!r}) has no "
                               "quarantine; use on_fail 'drop' instead of 'quarantine'")
         if sink_name in names:
             raise ConfigError(f"stage spec: sink {sink_name!r} is the quarantine of sink {name!r} (its "

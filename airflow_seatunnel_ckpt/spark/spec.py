@@ -1,45 +1,92 @@
 """What a stage run is given (:class:`StageSpec`) and what it hands back (:class:`StageResult`).
 
-Both are plain data with an explicit JSON form, because the same spec travels from an
-Airflow task to an in-process run or, through ``spark-submit``, to the driver module of
-this package on any cluster.
+Both are pydantic models with a JSON form, because the same spec travels from an Airflow
+task to an in-process run or, through ``spark-submit``, to the driver module of this
+package on any cluster. A spec refuses what does not fit with a ConfigError naming the
+field (unknown fields too).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from airflow_seatunnel_ckpt.core.errors import ConfigError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_name
-from airflow_seatunnel_ckpt.core.models import PreparedRecord, SinkManifest
+from airflow_seatunnel_ckpt.core.models import RECORD, PreparedRecord, Record, SinkManifest
+from airflow_seatunnel_ckpt.core.options import Options
 
 #: Key groups of a pipeline's keyed state when the spec does not say. Fixed for the life
 #: of the state: changing it would move keys to other key groups.
 DEFAULT_KEY_GROUPS = 16
 
-_SPEC_FIELDS = {
-    "pipeline",
-    "participant",
-    "run_id",
-    "attempt",
-    "stage",
-    "sources",
-    "sinks",
-    "store",
-    "key_groups",
-    "spark_conf",
-    "master",
-    "app_name",
-    "airflow_context",
-    "dry_run",
-}
+
+def entry_type(options: Options | Mapping[str, Any]) -> str:
+    """The type of a source or sink entry, typed or as written (``file`` when it names none)."""
+    return str(options.type if isinstance(options, Options) else options.get("type", "file"))
 
 
-@dataclass(frozen=True)
-class StageSpec:
+def _run_id(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"stage spec: run_id must be a non-empty string, got {value!r}")
+    return value
+
+
+def _stage(value: Any) -> str:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(f"stage spec: stage must be an import path 'package.module:function', got {value!r}")
+    return value
+
+
+def _remote(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.startswith("sc://")):
+        raise ConfigError(f"stage spec: remote must be a Spark Connect URL 'sc://host:port', got {value!r}")
+    return value
+
+
+def _key_groups(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+        raise ConfigError(f"stage spec: key_groups must be an integer in 1..2**20, got {value!r}")
+    return value
+
+
+def _entries(kind: str) -> AfterValidator:
+    """Entries of ``kind``: safe names -> options (typed, or a mapping for a type without a model).
+
+    A spec read from JSON (a ``spark-submit`` driver's) holds mappings: the connector built
+    from one checks it through the same options model.
+    """
+    def check(entries: Any) -> dict[str, Options | Mapping[str, Any]]:
+        if not isinstance(entries, Mapping):
+            raise ConfigError(f"stage spec: {kind}s must be a mapping of {kind} name -> options, got {entries!r}")
+        for name, options in entries.items():
+            validate_name(name, f"{kind} name")
+            if not isinstance(options, Mapping | Options):
+                raise ConfigError(f"stage spec: {kind} {name!r} must be a mapping of options, got {options!r}")
+        return dict(entries)
+    return AfterValidator(check)
+
+
+def _unwrapped(exc: ValidationError, what: str) -> CheckpointError:
+    """The error a check of ours raised inside ``exc``, else ``exc`` in words (ConfigError)."""
+    errors = exc.errors(include_url=False)
+    for error in errors:
+        if isinstance(found := (error.get("ctx") or {}).get("error"), CheckpointError):
+            return found
+    unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden")
+    missing = sorted(str(e["loc"][0]) for e in errors if e["type"] == "missing")
+    if unknown:
+        return ConfigError(f"{what}: unknown field(s) {unknown}; known: {sorted(StageSpec.model_fields)}")
+    if missing:
+        return ConfigError(f"{what}: missing field(s) {missing}")
+    return ConfigError(f"{what}: " + "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors))
+
+
+class StageSpec(BaseModel):
     """Everything one run of a stage needs, as JSON-serialisable data.
 
     :param pipeline: pipeline name in the checkpoint store.
@@ -47,13 +94,16 @@ class StageSpec:
     :param run_id: the DAG run id; it fixes the epoch (the same for every retry).
     :param attempt: the attempt number (Airflow's try number); names staging and parts.
     :param stage: the user function as an import path, ``"package.module:function"``.
-    :param sources: source name -> options, e.g. ``{"type": "file", "path": ..., "format": ...}``.
-    :param sinks: sink name -> options, e.g. ``{"type": "file", "path": ..., "format": "parquet"}``.
+    :param sources: source name -> options, e.g. ``{"type": "file", "path": ..., "format": ...}``,
+        or the typed options a DAG's declaration checked (:class:`~airflow_seatunnel_ckpt.core.options.Options`).
+    :param sinks: sink name -> options, e.g. ``{"type": "file", "path": ..., "format": "parquet"}``, or typed.
     :param store: :class:`~airflow_seatunnel_ckpt.core.CheckpointConfig` fields.
     :param key_groups: number of key groups of the keyed state (fixed for the pipeline).
     :param spark_conf: Spark configuration, passed to the session untouched.
     :param master: Spark master for an in-process session (default ``local[*]``); ignored
         when the session already exists (e.g. under ``spark-submit``).
+    :param remote: a Spark Connect URL (``sc://host:port/;...``): the stage runs through a
+        Connect session to that server instead of a session of this process (no JVM here).
     :param app_name: Spark application name (default: ``<pipeline>-<participant>``).
     :param airflow_context: the Airflow run the stage belongs to, as JSON data (see
         :class:`~airflow_seatunnel_ckpt.spark.context.AirflowContext`); empty outside Airflow.
@@ -61,66 +111,41 @@ class StageSpec:
         records nothing in the pipeline's descriptor (the shapes of its keyed states).
     """
 
-    pipeline: str
-    participant: str
-    run_id: str
-    attempt: int
-    stage: str
-    sources: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    sinks: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    store: Mapping[str, Any] = field(default_factory=dict)
-    key_groups: int = DEFAULT_KEY_GROUPS
-    spark_conf: Mapping[str, Any] = field(default_factory=dict)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+    pipeline: Annotated[Any, AfterValidator(lambda v: validate_name(v, "pipeline name"))]
+    participant: Annotated[Any, AfterValidator(lambda v: validate_name(v, "participant name"))]
+    run_id: Annotated[Any, AfterValidator(_run_id)]
+    attempt: Annotated[Any, AfterValidator(validate_attempt)]
+    stage: Annotated[Any, AfterValidator(_stage)]
+    sources: Annotated[Any, _entries("source")] = Field(default_factory=dict)
+    sinks: Annotated[Any, _entries("sink")] = Field(default_factory=dict)
+    store: Mapping[str, Any] = Field(default_factory=dict)
+    key_groups: Annotated[Any, AfterValidator(_key_groups)] = DEFAULT_KEY_GROUPS
+    spark_conf: Mapping[str, Any] = Field(default_factory=dict)
     master: str | None = None
+    remote: Annotated[Any, AfterValidator(_remote)] = None
     app_name: str | None = None
-    airflow_context: Mapping[str, Any] = field(default_factory=dict)
+    airflow_context: Mapping[str, Any] = Field(default_factory=dict)
     dry_run: bool = False
 
-    def __post_init__(self) -> None:
-        validate_name(self.pipeline, "pipeline name")
-        validate_name(self.participant, "participant name")
-        validate_attempt(self.attempt)
-        if not isinstance(self.run_id, str) or not self.run_id:
-            raise ConfigError(f"stage spec: run_id must be a non-empty string, got {self.run_id!r}")
-        if not isinstance(self.stage, str) or ":" not in self.stage:
-            raise ConfigError(
-                "stage spec: stage must be an import path 'package.module:function', "
-                f"got {self.stage!r}"
-            )
-        if (
-            isinstance(self.key_groups, bool)
-            or not isinstance(self.key_groups, int)
-            or not 1 <= self.key_groups <= 1 << 20
-        ):
-            raise ConfigError(
-                f"stage spec: key_groups must be an integer in 1..2**20, got {self.key_groups!r}"
-            )
-        for kind, entries in (("source", self.sources), ("sink", self.sinks)):
-            for name, options in entries.items():
-                validate_name(name, f"{kind} name")
-                if not isinstance(options, Mapping):
-                    raise ConfigError(
-                        f"stage spec: {kind} {name!r} must be a mapping of options, got {options!r}"
-                    )
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _unwrapped(exc, "stage spec") from None
+
+    def replace(self, **changes: Any) -> StageSpec:
+        """This spec with ``changes``, checked again."""
+        return StageSpec(**{**{name: getattr(self, name) for name in type(self).model_fields}, **changes})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (contains the store's storage options: treat as a secret)."""
-        return {
-            "pipeline": self.pipeline,
-            "participant": self.participant,
-            "run_id": self.run_id,
-            "attempt": self.attempt,
-            "stage": self.stage,
-            "sources": {k: dict(v) for k, v in self.sources.items()},
-            "sinks": {k: dict(v) for k, v in self.sinks.items()},
-            "store": dict(self.store),
-            "key_groups": self.key_groups,
-            "spark_conf": dict(self.spark_conf),
-            "master": self.master,
-            "app_name": self.app_name,
-            "airflow_context": dict(self.airflow_context),
-            "dry_run": self.dry_run,
-        }
+        data = self.model_dump(mode="json")
+        for kind in ("sources", "sinks"):  # typed options as the plain options they stand for
+            data[kind] = {name: options.to_dict() if isinstance(options, Options) else dict(options)
+                          for name, options in getattr(self, kind).items()}
+        return data
 
     def to_json(self) -> str:
         """JSON form, for the driver's ``--spec-file``."""
@@ -131,14 +156,6 @@ class StageSpec:
         """Build a spec from plain data, rejecting unknown fields."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"stage spec must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - _SPEC_FIELDS
-        if unknown:
-            raise ConfigError(
-                f"stage spec: unknown field(s) {sorted(unknown)}; known: {sorted(_SPEC_FIELDS)}"
-            )
-        missing = {"pipeline", "participant", "run_id", "attempt", "stage"} - set(data)
-        if missing:
-            raise ConfigError(f"stage spec: missing field(s) {sorted(missing)}")
         return cls(**dict(data))
 
     @classmethod
@@ -151,8 +168,8 @@ class StageSpec:
         return cls.from_dict(data)
 
 
-@dataclass(frozen=True)
-class StageResult:
+@dataclass(config=RECORD)
+class StageResult(Record):
     """What a stage run prepared (or found already prepared by an earlier attempt).
 
     :param reused: True when an earlier attempt had already prepared this participant
@@ -198,16 +215,5 @@ class StageResult:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain-data form (for XCom, the driver's ``--result-file`` and logs)."""
-        return {
-            "pipeline": self.pipeline,
-            "participant": self.participant,
-            "epoch": self.epoch,
-            "attempt": self.attempt,
-            "run_id": self.run_id,
-            "rows": self.rows,
-            "manifests": [m.to_dict() for m in self.manifests],
-            "sources": self.sources,
-            "checkpoint_bytes": self.checkpoint_bytes,
-            "reused": self.reused,
-        }
+        """Plain-data form (for XCom, the driver's ``--result-file`` and logs), with the rows staged."""
+        return {**super().to_dict(), "rows": self.rows}

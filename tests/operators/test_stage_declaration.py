@@ -55,24 +55,25 @@ def _nested_stage() -> Any:
     return stage
 
 
-#: mistake -> the change to the stage's arguments, and what the message must say.
+#: mistake -> the change to the stage's arguments, and what the message must say (in the wording of
+#: a type's options model, or of the signature check of a type without one).
 MISTAKES = {
     "unknown source option": (
         {"sources": {"orders": {"type": "file", "path": "file:///in", "fromat": "json"}}},
-        [r"DAG 'parse_checks', task 'ingest'", r"source 'orders'", r"unknown option\(s\) \['fromat'\]",
+        [r"DAG 'parse_checks', task 'ingest'", r"source 'orders'", r"unknown option(\(s\) \[| )'fromat'",
          r"did you mean 'format'"]),
     "unknown sink option": (
         {"sinks": {"orders_table": {"path": "file:///out", "partitionBy": ["d"]}}},
-        [r"sink 'orders_table'", r"unknown option\(s\) \['partitionBy'\]", r"'partition_by'"]),
+        [r"sink 'orders_table'", r"unknown option(\(s\) \[| )'partitionBy'", r"'partition_by'"]),
     "missing sink path": (
         {"sinks": {"orders_table": {"format": "parquet"}}},
-        [r"sink 'orders_table'", r"missing required option\(s\) \['path'\]"]),
+        [r"sink 'orders_table'", r"missing required option(\(s\) \[| )'path'"]),
     "unknown source type": (
         {"sources": {"orders": {"type": "rabbitmq", "queue": "orders"}}},
         [r"source 'orders': unknown type 'rabbitmq'", r"known types: \[.*'file'", r"register_source\('rabbitmq'"]),
     "unknown sink format": (
         {"sinks": {"orders_table": {"path": "file:///out", "format": "xlsx"}}},
-        [r"sink 'orders_table'", r"format must be one of", r"'xlsx'"]),
+        [r"sink 'orders_table'", r"format.*(must be one of|input should be)", r"'xlsx'"]),
     "sink on a protocol no backend publishes to": (
         {"sinks": {"orders_table": {"path": "hdfs://nn/out"}}},
         [r"task 'ingest'", r"store protocol 'hdfs' is not supported", r"entry-point group"]),

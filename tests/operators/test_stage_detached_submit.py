@@ -294,7 +294,7 @@ def test_a_reconnected_attempt_that_is_stopped_is_replaced_by_the_trys_own_attem
 
 def test_a_failed_stage_fails_the_task_with_the_drivers_error_from_the_store(
         airflow_home: Path, tmp_path: Path, markers: Path) -> None:
-    from airflow_seatunnel_ckpt.spark.submit import SubmitError
+    from airflow_seatunnel_ckpt.hooks.spark_submit import SubmitError
 
     (markers / "fail").touch()
     (markers / "release").touch()
@@ -419,7 +419,7 @@ def test_standalone_cluster_mode_fails_with_sparks_own_refusal_not_as_finished_w
     ``tests/core/protocol/test_submissions.py``); for a Python application Spark refuses the mode
     outright, and the task fails with that message from the exit record.
     """
-    from airflow_seatunnel_ckpt.spark.submit import SubmitError
+    from airflow_seatunnel_ckpt.hooks.spark_submit import SubmitError
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CLUSTER", spark_standalone.airflow_conn_uri)
     # spark-submit on PATH: the provider's hook takes no environment in this mode.

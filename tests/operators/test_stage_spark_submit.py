@@ -12,7 +12,7 @@ import pytest
 from orders_example import START, dedup_orders, generate_orders
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
-from airflow_seatunnel_ckpt.spark.submit import stage_module_files
+from airflow_seatunnel_ckpt.hooks.spark_submit import stage_module_files
 from tests.conftest import FAST_JVM_OPTIONS
 from tests.epoch_test_dags import task_states
 from tests.spark.test_stage_processes import SMALL_DRIVER

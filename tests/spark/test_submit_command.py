@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_seatunnel_ckpt.hooks.spark_submit import SPEC_NAME, SubmitOptions, build_command
 from airflow_seatunnel_ckpt.spark.spec import StageSpec
-from airflow_seatunnel_ckpt.spark.submit import SPEC_NAME, SubmitOptions, build_command
 
 pytestmark = pytest.mark.airflow
 

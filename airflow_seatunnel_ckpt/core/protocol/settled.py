@@ -25,12 +25,17 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass as plain_dataclass
+from dataclasses import field
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge
+from pydantic import Field, model_validator
+from pydantic.dataclasses import dataclass
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import EpochState
+from airflow_seatunnel_ckpt.core.models import RECORD, EpochState, Record, decode, tag
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 #: How many versions stay after a writer advanced: enough to fall back past a damaged one.
@@ -71,15 +76,37 @@ def final_run(watermark: int, states: Mapping[int, EpochState]) -> list[int]:
     return run
 
 
-@dataclass(frozen=True)
-class SettledRecord:
+def _settled_bad(where: str, what: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{where}: settled record {what}. Nothing is lost: it only summarises the per-epoch records; readers "
+        "fall back to an older version or a full listing, the next `seatunnel-ckpt recover --apply` writes a "
+        "newer version, and this file can be deleted", where)
+
+
+@dataclass(config=RECORD)
+class SettledRecord(Record):
     """One version of the settled watermark: every epoch <= ``watermark`` is final."""
 
     version: int
-    watermark: int
-    committed: Ranges = field(default_factory=list)
-    aborted: Ranges = field(default_factory=list)
+    watermark: Annotated[int, Ge(0)]
+    committed: Ranges = Field(default_factory=list)
+    aborted: Ranges = Field(default_factory=list)
+    #: Written by every release; a record without it reads as 0.
     created_at: float = 0.0
+    type: Literal["settled"] = tag("settled")
+
+    @model_validator(mode="after")
+    def _ranges_fit(self) -> SettledRecord:
+        for key in ("committed", "aborted"):
+            last = 0
+            for first, end in getattr(self, key):
+                if not 1 <= first <= end <= self.watermark or (last and first <= last + 1):
+                    raise ValueError(f"{key} range {[first, end]!r}: expected ascending, disjoint [first, last] "
+                                     f"within 1..{self.watermark}")
+                last = end
+        if set(_expand(self.committed)) & set(_expand(self.aborted)):
+            raise ValueError("names an epoch both committed and aborted")
+        return self
 
     def committed_epochs(self) -> list[int]:
         """The committed epochs at or below the watermark, ascending."""
@@ -95,55 +122,24 @@ class SettledRecord:
         out.update(dict.fromkeys(_expand(self.aborted), EpochState.ABORTED))
         return dict(sorted(out.items()))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The record as stored (framed, checksummed JSON)."""
-        return {"type": "settled", "version": self.version, "watermark": self.watermark,
-                "committed": [list(r) for r in self.committed], "aborted": [list(r) for r in self.aborted],
-                "created_at": self.created_at}
-
     @classmethod
-    def from_dict(cls, d: Any, where: str, version: int) -> SettledRecord:
-        """Parse and check a stored record; CorruptCheckpointError names what is wrong."""
-        def bad(what: str) -> CorruptCheckpointError:
-            return CorruptCheckpointError(
-                f"{where}: settled record {what}. Nothing is lost: it only summarises the per-epoch records; "
-                "readers fall back to an older version or a full listing, the next `seatunnel-ckpt recover "
-                "--apply` writes a newer version, and this file can be deleted", where)
-
-        if not isinstance(d, dict) or d.get("type") != "settled":
-            raise bad("is not a settled record (no 'type': 'settled')")
-        if d.get("version") != version:
-            raise bad(f"says version {d.get('version')!r} but its file name says {version}")
-        watermark = d.get("watermark")
-        if isinstance(watermark, bool) or not isinstance(watermark, int) or watermark < 0:
-            raise bad(f"has watermark {watermark!r}, expected an integer >= 0")
-        parsed: dict[str, Ranges] = {}
-        for key in ("committed", "aborted"):
-            raw = d.get(key)
-            if not isinstance(raw, list):
-                raise bad(f"has no list {key!r}")
-            ranges: Ranges = []
-            for item in raw:
-                ok = (isinstance(item, list) and len(item) == 2
-                      and all(isinstance(x, int) and not isinstance(x, bool) for x in item)
-                      and 1 <= item[0] <= item[1] <= watermark and (not ranges or item[0] > ranges[-1][1] + 1))
-                if not ok:
-                    raise bad(f"has {key} range {item!r}: expected ascending, disjoint [first, last] "
-                              f"within 1..{watermark}")
-                ranges.append((item[0], item[1]))
-            parsed[key] = ranges
-        if set(_expand(parsed["committed"])) & set(_expand(parsed["aborted"])):
-            raise bad("names an epoch both committed and aborted")
-        created = d.get("created_at", 0.0)
-        return cls(version, watermark, parsed["committed"], parsed["aborted"],
-                   float(created) if isinstance(created, (int, float)) else 0.0)
+    def from_dict(cls, d: Any, path: str = "<record>", version: int | None = None) -> SettledRecord:
+        """Parse and check a stored record (of ``version``, as its file is named); CorruptCheckpointError
+        names what is wrong and that nothing is lost."""
+        try:
+            record = decode(cls, d, path)
+        except CorruptCheckpointError as exc:
+            raise _settled_bad(path, f"does not fit: {str(exc).removeprefix(f'{path}: ')}") from None
+        if version is not None and record.version != version:
+            raise _settled_bad(path, f"says version {record.version!r} but its file name says {version}")
+        return record
 
 
 #: The record a log without any settled version starts from: nothing is known final.
 EMPTY = SettledRecord(0, 0)
 
 
-@dataclass(frozen=True)
+@plain_dataclass(frozen=True)
 class SettledRead:
     """What a reader found: the newest intact record, the newest version listed, the damage."""
 

@@ -33,14 +33,13 @@ from __future__ import annotations
 import contextlib
 import enum
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
 
 from airflow_seatunnel_ckpt.core import codec, layout
-from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError
 from airflow_seatunnel_ckpt.core.layout import validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.models import RECORD, Record, tag
 from airflow_seatunnel_ckpt.core.protocol.lease import (
@@ -250,9 +249,12 @@ class SubmissionOutcome(enum.StrEnum):
         return self is not SubmissionOutcome.RUNNING
 
 
-@dataclass(frozen=True)
-class SubmissionCheck:
-    """One look at a submitted attempt (plain data: it travels in a trigger event)."""
+@pydantic.dataclasses.dataclass(config=RECORD)
+class SubmissionCheck(Record):
+    """One look at a submitted attempt (plain data: it travels in a trigger event).
+
+    ``from_dict`` (an event read back) raises CorruptCheckpointError for data that does not fit.
+    """
 
     outcome: SubmissionOutcome
     message: str
@@ -261,22 +263,7 @@ class SubmissionCheck:
     attempt: int
     prepared_attempt: int | None = None
     returncode: int | None = None
-    tail: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"outcome": self.outcome.value, "message": self.message, "epoch": self.epoch,
-                "participant": self.participant, "attempt": self.attempt,
-                "prepared_attempt": self.prepared_attempt, "returncode": self.returncode, "tail": list(self.tail)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SubmissionCheck:
-        try:
-            return cls(SubmissionOutcome(d["outcome"]), str(d["message"]), int(d["epoch"]), str(d["participant"]),
-                       int(d["attempt"]), None if d.get("prepared_attempt") is None else int(d["prepared_attempt"]),
-                       None if d.get("returncode") is None else int(d["returncode"]),
-                       [str(x) for x in d.get("tail") or []])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptCheckpointError(f"not a submission check: {exc}: {dict(d)!r}") from exc
+    tail: list[str] = pydantic.Field(default_factory=list)
 
 
 def returns_at_submission(record: SubmissionRecord) -> bool:

@@ -38,8 +38,8 @@ lets the Airflow layer add them from a connection when the commit runs.
 
 from __future__ import annotations
 
-import importlib
 import logging
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -49,6 +49,7 @@ import tenacity
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
+from airflow_seatunnel_ckpt.core.registry import Registry
 from airflow_seatunnel_ckpt.core.storage.base import Storage
 
 if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never needs it
@@ -85,14 +86,18 @@ def retry_conflicts(attempt: Callable[[], T], retries: int, where: str) -> T:
     return retrying(attempt)
 
 
-#: Table type -> module defining ``commit(request) -> PublishedSink`` (imported on first use).
-_BUILTIN = {
-    "iceberg": ("airflow_seatunnel_ckpt.core.sinks.iceberg", "pyiceberg"),
-    "delta": ("airflow_seatunnel_ckpt.core.sinks.delta", "deltalake"),
-    "postgres": ("airflow_seatunnel_ckpt.core.sinks.postgres", "psycopg"),
-}
-_FORMATS: dict[str, Callable[[TableCommit], PublishedSink]] = {}
-_PRECHECKS: dict[str, Callable[[TableCommit], None]] = {}
+def _unknown_table_type(type_name: str, known: list[str]) -> str:
+    return (f"the sink names the unknown table type {type_name!r}; known: {known}. Register it with "
+            "register_table_format() in the processes that decide and commit")
+
+
+#: Table type -> a module (or namespace) defining ``commit(request) -> PublishedSink`` and
+#: ``precheck(request) -> None``, imported on first use.
+TABLE_FORMATS: Registry[Any] = Registry(
+    "table type", {name: f"airflow_seatunnel_ckpt.core.sinks.{name}" for name in ("iceberg", "delta", "postgres")},
+    extras={"delta": "delta", "postgres": "postgres"}, unknown=_unknown_table_type,
+    options="airflow_seatunnel_ckpt.core.sinks.options:SINK_OPTIONS")
+
 #: Called with a table sink's options before its commit; returns extra properties holding
 #: secrets (e.g. a catalog's credentials from an Airflow connection named in the options).
 _SECRET_RESOLVERS: list[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = []
@@ -140,8 +145,7 @@ def register_table_format(type_name: str, commit: Callable[[TableCommit], Publis
     ``precheck`` (called before the commit decision) raises :class:`SinkRefusedError` or
     :class:`ConfigError` for an epoch the table would refuse; without it nothing is checked.
     """
-    _FORMATS[type_name] = commit
-    _PRECHECKS[type_name] = precheck or (lambda request: None)
+    TABLE_FORMATS.register(type_name, types.SimpleNamespace(commit=commit, precheck=precheck or (lambda request: None)))
 
 
 def register_secret_resolver(resolve: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> None:
@@ -152,23 +156,11 @@ def register_secret_resolver(resolve: Callable[[Mapping[str, Any]], Mapping[str,
 
 def _format(request: TableCommit) -> tuple[Callable[[TableCommit], PublishedSink], Callable[[TableCommit], None]]:
     """The sink's table format: its ``commit`` and ``precheck`` (a built-in one imported on first use)."""
-    type_name = str(request.table.get("type"))
-    if type_name not in _FORMATS and type_name in _BUILTIN:
-        module, library = _BUILTIN[type_name]
-        try:
-            loaded = importlib.import_module(module)
-        except ImportError as exc:
-            raise ConfigError(
-                f"{request.where}: the sink is a {type_name} table, but {library} cannot be imported here ({exc}). "
-                f"Install it where the branch and commit tasks run (pip install "
-                f"'airflow-seatunnel-ckpt[{type_name}]')") from exc
-        register_table_format(type_name, loaded.commit, loaded.precheck)
-    if type_name not in _FORMATS:
-        raise ConfigError(
-            f"{request.where}: the sink names the unknown table type {type_name!r}; known: "
-            f"{sorted({*_BUILTIN, *_FORMATS})}. Register it with register_table_format() in the processes that "
-            "decide and commit")
-    return _FORMATS[type_name], _PRECHECKS[type_name]
+    try:
+        table_format = TABLE_FORMATS.get(str(request.table.get("type")))
+    except ConfigError as exc:
+        raise ConfigError(f"{request.where}: {exc}") from exc
+    return table_format.commit, table_format.precheck
 
 
 def _refusal(exc: CheckpointError) -> type[SinkRefusedError]:

@@ -9,33 +9,21 @@ checks and then writes on most filesystems, which is not a put-if-absent.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
 import threading
 import uuid
 from collections.abc import Mapping
-from importlib.metadata import entry_points
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import StorageError
+from airflow_seatunnel_ckpt.core.registry import Registry
 from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, Storage, refuse_password
-from airflow_seatunnel_ckpt.core.storage.local import LocalStorage
-from airflow_seatunnel_ckpt.core.storage.memory import MemoryStorage
-from airflow_seatunnel_ckpt.core.storage.object_store import ObjectStorage
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "airflow_seatunnel_ckpt.storage"
-
-_BUILTIN: dict[str, type[Storage]] = {
-    "file": LocalStorage,
-    "local": LocalStorage,
-    "memory": MemoryStorage,
-    "s3": ObjectStorage,
-    "s3a": ObjectStorage,
-}
 
 #: Why protocols people ask for are not built in (see docs/STORAGE.md).
 _NOT_BUILT_IN = {
@@ -55,35 +43,30 @@ _WAY_OUT = (
 )
 
 
-@functools.cache
+def _unsupported(protocol: str, known: list[str]) -> str:
+    why = _NOT_BUILT_IN.get(protocol, "no backend is registered for it")
+    return (f"store protocol {protocol!r} is not supported ({why}); supported protocols: {', '.join(known)}. "
+            + _WAY_OUT.format(group=ENTRY_POINT_GROUP, protocol=protocol))
+
+
+_MODULE = "airflow_seatunnel_ckpt.core.storage"
+#: Storage classes by protocol: entry points (an installed plug-in) win over the built-ins.
+BACKENDS: Registry[type[Storage]] = Registry(
+    "store protocol",
+    {"file": f"{_MODULE}.local:LocalStorage", "local": f"{_MODULE}.local:LocalStorage",
+     "memory": f"{_MODULE}.memory:MemoryStorage", "s3": f"{_MODULE}.object_store:ObjectStorage",
+     "s3a": f"{_MODULE}.object_store:ObjectStorage"},
+    extras={"s3": "s3", "s3a": "s3"}, group=ENTRY_POINT_GROUP, unknown=_unsupported, error=StorageError,
+    accepts=(lambda value: isinstance(value, type) and issubclass(value, Storage), "a Storage subclass"))
+
+
 def backend_for(protocol: str) -> type[Storage]:
     """The storage class registered for ``protocol`` (entry points win over built-ins).
 
     StorageError for a protocol without a backend: the message names the supported ones
     and the way out.
     """
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == protocol:
-            try:
-                cls = ep.load()
-            except Exception as exc:
-                raise StorageError(
-                    f"entry point {ep.value!r} for protocol {protocol!r} in group "
-                    f"{ENTRY_POINT_GROUP} cannot be loaded: {exc}"
-                ) from exc
-            if not (isinstance(cls, type) and issubclass(cls, Storage)):
-                raise StorageError(
-                    f"entry point {ep.value!r} for protocol {protocol!r} in group "
-                    f"{ENTRY_POINT_GROUP} is not a Storage subclass"
-                )
-            return cls
-    if protocol in _BUILTIN:
-        return _BUILTIN[protocol]
-    why = _NOT_BUILT_IN.get(protocol, "no backend is registered for it")
-    supported = sorted({*_BUILTIN, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
-    raise StorageError(
-        f"store protocol {protocol!r} is not supported ({why}); supported protocols: {', '.join(supported)}. "
-        + _WAY_OUT.format(group=ENTRY_POINT_GROUP, protocol=protocol))
+    return BACKENDS.get(protocol)
 
 
 def open_storage(url: str, storage_options: Mapping[str, Any] | None = None, *, probe: bool = True) -> Storage:

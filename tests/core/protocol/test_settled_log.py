@@ -460,3 +460,23 @@ def test_recovery_removes_a_killed_claims_temp_file_from_the_root_of_a_sink(loca
     assert "killed-claim" in report.actions[0].reason
     assert not os.path.exists(killed_claim)
     assert newest_settled(p) == 0 and published(p, "orders").keys() == set(epochs)
+
+
+def test_a_settled_record_as_the_previous_release_wrote_it_reads_and_a_bad_one_is_named(fast_spec: StoreSpec) -> None:
+    p = fast_spec.pipeline()
+    written = {"type": "settled", "version": 3, "watermark": 5, "committed": [[1, 2], [5, 5]],
+               "aborted": [[3, 4]], "created_at": 1767225600}  # an integer time, as JSON may hold it
+    p.storage.write_atomic(layout.settled_path(3), codec.encode_json(written))
+    record = p.txlog.settled.read().record
+    assert (record.version, record.watermark, record.created_at) == (3, 5, 1767225600.0)
+    assert record.states() == {1: EpochState.COMMITTED, 2: EpochState.COMMITTED, 3: EpochState.ABORTED,
+                               4: EpochState.ABORTED, 5: EpochState.COMMITTED}
+    assert codec.decode_json(codec.encode_json(record.to_dict()), "x") == {**written, "created_at": 1767225600.0}
+    for bad, why in [({**written, "version": 2}, "says version 2 but its file name says 3"),
+                     ({**written, "aborted": [[2, 4]]}, "both committed and aborted"),
+                     ({**written, "watermark": -1}, "watermark"),
+                     ({**written, "committed": [[1, "2"]]}, "committed")]:
+        p.storage.write_atomic(layout.settled_path(3), codec.encode_json(bad))
+        seen = p.txlog.settled.read()
+        assert seen.record.watermark == 0, bad
+        assert why in str(seen.damaged[0]) and "Nothing is lost" in str(seen.damaged[0]), str(seen.damaged[0])

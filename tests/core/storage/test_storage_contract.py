@@ -17,6 +17,7 @@ from importlib.metadata import EntryPoint
 import fsspec
 import pytest
 
+from airflow_seatunnel_ckpt.core import registry as registry_module
 from airflow_seatunnel_ckpt.core.codec import crc32c
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, StorageError
 from airflow_seatunnel_ckpt.core.storage import (
@@ -33,8 +34,7 @@ from airflow_seatunnel_ckpt.core.storage import (
     open_storage,
     publish_files,
 )
-from airflow_seatunnel_ckpt.core.storage import registry as registry_module
-from airflow_seatunnel_ckpt.core.storage.registry import PROBE_RACERS, forget_probes
+from airflow_seatunnel_ckpt.core.storage.registry import BACKENDS, PROBE_RACERS, forget_probes
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import at_once, flip_byte
 
@@ -558,9 +558,9 @@ def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[EntryPoi
         return [*extra, *real(group=group)] if group == ENTRY_POINT_GROUP else list(real(group=group))
 
     monkeypatch.setattr(registry_module, "entry_points", with_extra)
-    backend_for.cache_clear()
+    BACKENDS.forget()
     yield extra
-    backend_for.cache_clear()
+    BACKENDS.forget()
 
 
 def test_an_entry_point_backend_is_used_and_wins_over_the_builtin(

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 #: The script spark-submit runs.
-DRIVER_SCRIPT = str(Path(__file__).with_name("driver.py"))
+DRIVER_SCRIPT = str(Path(__file__).parent.parent / "spark" / "driver.py")
 
 
 class SubmitError(CheckpointError):
