@@ -136,7 +136,8 @@ SOURCES: ConnectorRegistry[Source] = ConnectorRegistry(
                "kafka": f"{_SPARK}.sources.kafka:KafkaSource",
                "postgres_cdc": f"{_SPARK}.sources.postgres:PostgresCdcSource",
                "postgres_query": f"{_SPARK}.sources.postgres:PostgresQuerySource"},
-    extras={"delta": "delta", "kafka": "kafka", "postgres_cdc": "postgres", "postgres_query": "postgres"}, options="airflow_seatunnel_ckpt.core.sources.options:SOURCE_OPTIONS")
+    extras={"delta": "delta", "kafka": "kafka", "postgres_cdc": "postgres", "postgres_query": "postgres"},
+    options="airflow_seatunnel_ckpt.core.sources.options:SOURCE_OPTIONS")
 SINKS: ConnectorRegistry[Sink] = ConnectorRegistry(
     "sink", {"file": f"{_SPARK}.sinks.files:FileSink", "iceberg": f"{_SPARK}.sinks.tables:IcebergSink",
              "delta": f"{_SPARK}.sinks.tables:DeltaSink", "postgres": f"{_SPARK}.sinks.tables:PostgresSink"},
