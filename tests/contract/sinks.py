@@ -293,27 +293,30 @@ class FileContext(SinkContext):
         except FileNotFoundError:
             return {"version": 0, "hidden": []}
 
-    def _read_dir(self, name: str) -> Rows:
-        """The rows of the data files below ``<path>/<name>`` (names starting with ``_`` or ``.`` are not data)."""
+    def _read_dir(self, name: str) -> list[pa.Table]:
+        """The data files below ``<path>/<name>`` (names starting with ``_`` or ``.`` are not data)."""
         top = self.path / name
-        files = [f for f in sorted(top.rglob("*")) if f.is_file()
-                 and not any(part.startswith(("_", ".")) for part in f.relative_to(top).parts)]
-        return [row for f in files for row in rows_of(pq.read_table(f))]
+        return [pq.read_table(f) for f in sorted(top.rglob("*")) if f.is_file()
+                and not any(part.startswith(("_", ".")) for part in f.relative_to(top).parts)]
 
-    def rows(self) -> Rows:
+    def current(self) -> list[pa.Table]:
+        """The data files a reader reads now, as tables."""
         if not self.path.exists():
             return []
         latest = self.path / "_LATEST"
         if latest.exists():
-            return sorted(self._read_dir(latest.read_text().strip()))
+            return self._read_dir(latest.read_text().strip())
         for _ in range(10):
             pointer = self._pointer()
             names = [d.name for d in self.path.iterdir() if re.fullmatch(r"epoch=\d+", d.name)
                      and d.name not in pointer["hidden"] and (d / "_SUCCESS").exists()]
-            found = sorted(row for name in names for row in self._read_dir(name))
+            found = [table for name in names for table in self._read_dir(name)]
             if self._pointer() == pointer:
                 return found
         raise AssertionError(f"{self.path}: its _EPOCHS pointer changed during every listing")
+
+    def rows(self) -> Rows:
+        return sorted(row for table in self.current() for row in rows_of(table))
 
     def observe(self) -> None:
         self.seen.append((f"after publish call {len(self.seen) + 1}", self.rows()))
