@@ -325,6 +325,16 @@ class FileContext(SinkContext):
         return list(self.seen)
 
 
+@dataclasses.dataclass(frozen=True)
+class StagedReplay:
+    """A replay begun and staged: its epoch, the epochs it replaces, its rows, and its finish (decide, commit)."""
+
+    epoch: int
+    replaced: tuple[int, ...]
+    rows: Rows
+    finish: Callable[[], object]
+
+
 #: Every sink's context, by connector name (the names in test ids).
 CONTEXTS: dict[str, type[SinkContext]] = {"files": FileContext, "iceberg": IcebergContext, "delta": DeltaContext,
                                           "postgres": PostgresContext}
@@ -418,6 +428,13 @@ class Epochs:
         """Replay epochs ``from_epoch``.. as the stage runtime does (each replayed epoch's
         output below ``replayed-<e>/``), with new amounts and without the ids ``without``;
         returns the replay epoch."""
+        replay = self.staged_replay(from_epoch, without)
+        self.commit(replay.finish, lambda: resume_replay(self.open()), crash)
+        self.replayed(replay)
+        return replay.epoch
+
+    def staged_replay(self, from_epoch: int, without: Sequence[int] = ()) -> StagedReplay:
+        """A replay of epochs ``from_epoch``.. begun and staged (see :meth:`replay`); its finish is the caller's."""
         plan = plan_replay(self.pipeline, from_epoch)
         epoch, run_id = begin_replay(self.pipeline, plan, reason="contract", by="contract")
         # Amounts tell the replay and the replayed epoch apart (an upsert keeps the newest replayed epoch's).
@@ -429,13 +446,15 @@ class Epochs:
             return finish_replay(self.pipeline, epoch, run_id, plan, 1, sinks=[manifest], operators={},
                                  reason="contract", by="contract")
 
-        self.commit(finish, lambda: resume_replay(self.open()), crash)
-        assert self.pipeline.state(epoch) is EpochState.COMMITTED
-        for e in plan.replaced:
-            self.written.pop(e, None)
         # In replayed-epoch order: an upsert's key takes the newest replayed epoch's row.
-        self.committed(epoch, [r for e in replayed for r in rows_of(new[e])])
-        return epoch
+        return StagedReplay(epoch, tuple(plan.replaced), [r for e in replayed for r in rows_of(new[e])], finish)
+
+    def replayed(self, replay: StagedReplay) -> None:
+        """``replay`` is committed: record the table a reader must find now."""
+        assert self.pipeline.state(replay.epoch) is EpochState.COMMITTED
+        for e in replay.replaced:
+            self.written.pop(e, None)
+        self.committed(replay.epoch, replay.rows)
 
     def commit(self, first: Callable[[], object], again: Callable[[], object], crash: str | None) -> None:
         """``first()``; with ``crash`` it dies at the table commit, and ``again()`` (another process) resumes."""
@@ -483,4 +502,4 @@ class Epochs:
 
 
 __all__ = ["APPEND", "CONTEXTS", "SNAPSHOT", "UPSERT", "DeltaContext", "Epochs", "FileContext", "IcebergContext",
-           "PostgresContext", "SinkContext", "context_of"]
+           "PostgresContext", "SinkContext", "StagedReplay", "context_of"]

@@ -4,9 +4,11 @@
   merge key repeated or NULL, a target another store or another pipeline of the same store
   owns, a PostgreSQL constraint) aborts the epoch at its decision, the target unchanged,
   and the next epoch commits.
-- **A crash before every commit mutation**: the commit of an epoch is killed before each
-  of its mutations in turn (every store write, the sink's table commit); another process
-  commits it, once, and the next epoch runs.
+- **A crash before every commit mutation**: the commit of an epoch, and a replay's prepare,
+  decision and commit, are killed before each of their mutations in turn (every store write,
+  the sink's table commit); another process commits it, once (an undecided replay: recovery
+  aborts it and the replay runs again), and the next epoch runs. (Killed replays: one mode per
+  connector in CI, every mode with ``RELIABILITY_FULL=1``.)
 - **Replay replaces, never appends**, and a full refresh holds exactly the replayed rows.
 - **Bounded waits**: a commit blocked by a lock (a PostgreSQL marker row held by a paused
   committer, an Iceberg catalog locked by another writer) fails as transient within its
@@ -30,6 +32,9 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, resume_replay
+from airflow_seatunnel_ckpt.core.protocol.recovery import recover
+from tests.conftest import FULL_CAMPAIGNS
 from tests.contract.sinks import (
     APPEND,
     CONTEXTS,
@@ -39,11 +44,13 @@ from tests.contract.sinks import (
     UPSERT,
     Epochs,
     PostgresContext,
+    SinkContext,
+    StagedReplay,
     context_of,
     epoch_rows,
     rows_of,
 )
-from tests.core.faults import crash_at_every_mutation, install
+from tests.core.faults import CrashPlan, crash_at_every_mutation, install
 
 ALL_MODES = (APPEND, UPSERT, SNAPSHOT)
 
@@ -167,6 +174,39 @@ def test_each_refusal_kind_aborts_the_epoch_at_its_decision_the_target_unchanged
 
 # -- a crash before every commit mutation -------------------------------------------------
 
+def fresh_contexts(connector: str, request: pytest.FixtureRequest, databases: list[str]
+                   ) -> Callable[[Path], SinkContext]:
+    """A new context of ``connector`` per root; PostgreSQL's each on a database of its own (added to ``databases``)."""
+    def context_at(root: Path) -> SinkContext:
+        if connector != "postgres":
+            return context_of(connector, root, request)
+        server = request.getfixturevalue("postgres_server")
+        databases.append(server.create_database())
+        return context_of(connector, root, request, dsn=server.conninfo(databases[-1]))
+    return context_at
+
+
+def drop(request: pytest.FixtureRequest, databases: list[str]) -> None:
+    """Drop the databases :func:`fresh_contexts` created."""
+    if databases:
+        server = request.getfixturevalue("postgres_server")
+        for name in databases:
+            server.drop_database(name)
+
+
+def ticking_commits(context: SinkContext, plan: CrashPlan, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Count the sink's commit as a mutation of ``plan``: a table commit goes through the table's library,
+    not the store, so it is a crash point of its own."""
+    for owner, name in context.table_commits():
+        real = getattr(owner, name)
+
+        def at_commit(*args: Any, _real: Callable[..., Any] = real, _name: str = name, **kwargs: Any) -> Any:
+            plan.tick(f"the sink's commit ({_name})")
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, at_commit)
+
+
 @dataclass
 class World:
     """One pipeline with one committed epoch and a second one decided commit (its commit is the step)."""
@@ -187,26 +227,11 @@ def test_a_commit_killed_before_each_of_its_mutations_is_committed_once_by_anoth
         mode: str) -> None:
     plan = install(monkeypatch)
     databases: list[str] = []
-
-    def context_at(root: Path) -> Any:
-        if connector != "postgres":
-            return context_of(connector, root, request)
-        server = request.getfixturevalue("postgres_server")
-        databases.append(server.create_database())
-        return context_of(connector, root, request, dsn=server.conninfo(databases[-1]))
-
-    # A table commit goes through the table's library, not the store: a crash point of its own.
-    for owner, name in context_at(tmp_path / "probe").table_commits():
-        real = getattr(owner, name)
-
-        def at_commit(*args: Any, _real: Callable[..., Any] = real, _name: str = name, **kwargs: Any) -> Any:
-            plan.tick(f"the sink's commit ({_name})")
-            return _real(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, at_commit)
+    contexts = fresh_contexts(connector, request, databases)
+    ticking_commits(contexts(tmp_path / "probe"), plan, monkeypatch)
 
     def setup(n: int) -> World:
-        epochs = Epochs(context_at(tmp_path / f"crash-{n}"), mode)
+        epochs = Epochs(contexts(tmp_path / f"crash-{n}"), mode)
         epochs.run([1, 2, 3, 4])
         epoch, staged = epochs.prepare(lambda e: epoch_rows(COMMIT_IDS, e))
         assert epochs.decide(epoch).decision is Decision.COMMIT
@@ -229,10 +254,7 @@ def test_a_commit_killed_before_each_of_its_mutations_is_committed_once_by_anoth
     try:
         run = crash_at_every_mutation(plan, setup, lambda w: w.epochs.pipeline.commit(w.epoch), resume, check)
     finally:
-        if databases:
-            server = request.getfixturevalue("postgres_server")
-            for name in databases:
-                server.drop_database(name)
+        drop(request, databases)
     assert run.crash_points >= 2, run.crashed_at
     assert any("the sink's commit" in c for c in run.crashed_at), run.crashed_at
 
@@ -332,3 +354,66 @@ def test_a_commit_blocked_by_a_lock_fails_as_transient_within_its_timeout_and_th
     epochs.open().commit(epoch)  # the lock gone, the retry lands the epoch
     epochs.settled(epoch, [3, 4], staged)
     assert context.rows() == epochs.states[-1]
+
+
+# -- a crash before every mutation of a replay --------------------------------------------
+
+@dataclass
+class Replaying:
+    """One pipeline with two committed epochs and a replay of the newest one begun and staged."""
+
+    epochs: Epochs
+    replay: StagedReplay
+
+
+#: The replays killed in CI: one mode per connector, both modes among them (every pair with RELIABILITY_FULL=1).
+CI_REPLAY_KILLS = {("files", APPEND), ("iceberg", APPEND), ("delta", UPSERT), ("postgres", UPSERT)}
+
+
+@pytest.mark.parametrize(("connector", "mode"), [
+    pytest.param(c, m, id=f"{c}-{m}") for c, context in CONTEXTS.items() for m in (APPEND, UPSERT)
+    if m in context.modes and (FULL_CAMPAIGNS or (c, m) in CI_REPLAY_KILLS)])
+def test_a_replay_killed_before_each_of_its_mutations_is_finished_once_and_the_next_epoch_runs(
+        tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, connector: str,
+        mode: str) -> None:
+    plan = install(monkeypatch)
+    databases: list[str] = []
+    contexts = fresh_contexts(connector, request, databases)
+    ticking_commits(contexts(tmp_path / "probe"), plan, monkeypatch)
+
+    def setup(n: int) -> Replaying:
+        epochs = Epochs(contexts(tmp_path / f"crash-{n}"), mode)
+        epochs.run([1, 2])
+        epochs.run([2, 3])
+        return Replaying(epochs, epochs.staged_replay(2))
+
+    def resume(world: Replaying) -> None:
+        """As an operator: the replay run again resumes a decided one; an undecided one is refused until
+        recovery aborts it (nothing of it published), and then the replay runs anew."""
+        world.epochs.context.observe()
+        try:
+            resume_replay(world.epochs.open())
+        except ReplayError as exc:
+            assert "recover" in str(exc), exc
+            recover(world.epochs.open(), dry_run=False, now=time.time() + 3600)
+            assert world.epochs.pipeline.state(world.replay.epoch) is EpochState.ABORTED
+            world.epochs.context.observe()
+            assert world.epochs.context.rows() == world.epochs.states[-1]  # the aborted replay published nothing
+            world.replay = world.epochs.staged_replay(2)
+            world.replay.finish()
+
+    def check(world: Replaying, crashed: bool) -> None:
+        epochs = world.epochs
+        epochs.context.observe()
+        epochs.replayed(world.replay)
+        assert epochs.context.rows() == epochs.states[-1]
+        for label, found in epochs.context.history():
+            assert found in epochs.states, f"{label} holds {found}, not the target after a whole epoch"
+        epochs.run([5])
+        assert epochs.context.rows() == epochs.states[-1]
+
+    try:
+        run = crash_at_every_mutation(plan, setup, lambda w: w.replay.finish(), resume, check)
+    finally:
+        drop(request, databases)
+    assert any("the sink's commit" in c for c in run.crashed_at), run.crashed_at
