@@ -219,6 +219,8 @@ class World:
 COMMIT_IDS = [3, 4, 5, 6]
 
 
+@pytest.mark.crash
+@pytest.mark.slow
 @pytest.mark.parametrize(("connector", "mode"), [
     pytest.param(c, m, id=f"{c}-{m}") for c, context in CONTEXTS.items() for m in (APPEND, UPSERT)
     if m in context.modes])
@@ -370,6 +372,8 @@ class Replaying:
 CI_REPLAY_KILLS = {("files", APPEND), ("iceberg", APPEND), ("delta", UPSERT), ("postgres", UPSERT)}
 
 
+@pytest.mark.crash
+@pytest.mark.slow
 @pytest.mark.parametrize(("connector", "mode"), [
     pytest.param(c, m, id=f"{c}-{m}") for c, context in CONTEXTS.items() for m in (APPEND, UPSERT)
     if m in context.modes and (FULL_CAMPAIGNS or (c, m) in CI_REPLAY_KILLS)])
