@@ -1,11 +1,12 @@
-"""What each table sink gives the contract suite (its context), and the epochs the suite runs.
+"""What each sink gives the contract suite (its context), and the epochs the suite runs.
 
 A :class:`SinkContext` knows one connector: the modes it supports, its options for a mode,
-how the Spark table sink stages an epoch's files for it, the functions that make its table
-commit (so that a crash can land just before or just after it), and two readers written
-with the format's own libraries, never with this package: :meth:`SinkContext.rows` (the
-target now) and :meth:`SinkContext.history` (every state of the target a reader can pin:
-each Iceberg snapshot, each Delta version, each committed PostgreSQL transaction).
+how the Spark sink stages an epoch's files for it, the functions that make its commit (so
+that a crash can land just before or just after it), and two readers written with the
+format's own libraries, never with this package: :meth:`SinkContext.rows` (the target now)
+and :meth:`SinkContext.history` (every state of the target a reader can pin: each Iceberg
+snapshot, each Delta version, each committed PostgreSQL transaction, the file target after
+each publish, read as docs/REPLAY.md tells readers to).
 
 :class:`Epochs` drives a pipeline of one store and one sink through the real protocol --
 begin, stage, prepare, decide commit, commit; a commit killed before or after its table
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
-from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
+from airflow_seatunnel_ckpt.core.models import DecisionRecord, SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.ops.replay import begin_replay, finish_replay, plan_replay, resume_replay
 from tests.core.faults import SimulatedCrash
 from tests.tables import duckdb_connection
@@ -61,6 +64,8 @@ class SinkContext:
     modes: ClassVar[frozenset[str]] = frozenset()
     #: Whether the Spark sink stages one directory per ``region`` (``__partition_region=EU``).
     partitioned: ClassVar[bool] = True
+    #: Whether the sink commits into a table (its options travel in the manifest) or publishes files.
+    table: ClassVar[bool] = True
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -239,7 +244,8 @@ class PostgresContext(SinkContext):
             return sorted(conn.execute(statement).fetchall())
 
     def rows(self) -> Rows:
-        return self._query("public.orders", "id, region, amount")
+        # float8: a table the user created may hold the amount as numeric(p,s).
+        return self._query("public.orders", "id, region, amount::float8")
 
     def observe(self) -> None:
         epochs = [e for (e,) in self._query("public.seatunnel_ckpt_epochs", "epoch")]
@@ -247,6 +253,98 @@ class PostgresContext(SinkContext):
 
     def history(self) -> list[tuple[str, Rows]]:
         return list(self.seen)
+
+
+class FileContext(SinkContext):
+    """A file sink's target on the local disk, read as docs/REPLAY.md tells a reader to.
+
+    ``epoch=<e>/`` directories count once they hold ``_SUCCESS``; a snapshot target is the
+    directory its ``_LATEST`` names; a replay's ``_EPOCHS`` pointer hides directories, and a
+    listing between two reads of it that agree is one consistent set. A file target keeps no
+    history: :meth:`observe` reads it after every publish call, as a reader would then.
+    """
+
+    name = "files"
+    modes = frozenset({APPEND, SNAPSHOT})
+    partitioned = False
+    table = False
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.path = root / "out"
+        self.seen: list[tuple[str, Rows]] = []
+
+    def options(self, mode: str) -> dict[str, Any]:
+        return {"type": "file", "path": self.target_url(), "mode": "snapshot" if mode == SNAPSHOT else "changes"}
+
+    def target_url(self) -> str:
+        return f"file://{self.path}"
+
+    def table_commits(self) -> list[tuple[Any, str]]:
+        import airflow_seatunnel_ckpt.core.protocol.pipeline as protocol
+
+        # The publish of an epoch directory (with its _SUCCESS), and a replay's swap of directories.
+        return [(protocol, "publish_sink_dir"), (protocol, "replace_epoch_dirs")]
+
+    def _pointer(self) -> dict[str, Any]:
+        """The target's ``_EPOCHS`` pointer (none: nothing hidden)."""
+        try:
+            return dict(json.loads((self.path / "_EPOCHS").read_bytes()))
+        except FileNotFoundError:
+            return {"version": 0, "hidden": []}
+
+    def _read_dir(self, name: str) -> list[pa.Table]:
+        """The data files below ``<path>/<name>`` (names starting with ``_`` or ``.`` are not data)."""
+        top = self.path / name
+        return [pq.read_table(f) for f in sorted(top.rglob("*")) if f.is_file()
+                and not any(part.startswith(("_", ".")) for part in f.relative_to(top).parts)]
+
+    def current(self) -> list[pa.Table]:
+        """The data files a reader reads now, as tables."""
+        if not self.path.exists():
+            return []
+        latest = self.path / "_LATEST"
+        if latest.exists():
+            return self._read_dir(latest.read_text().strip())
+        for _ in range(10):
+            pointer = self._pointer()
+            names = [d.name for d in self.path.iterdir() if re.fullmatch(r"epoch=\d+", d.name)
+                     and d.name not in pointer["hidden"] and (d / "_SUCCESS").exists()]
+            found = [table for name in names for table in self._read_dir(name)]
+            if self._pointer() == pointer:
+                return found
+        raise AssertionError(f"{self.path}: its _EPOCHS pointer changed during every listing")
+
+    def rows(self) -> Rows:
+        return sorted(row for table in self.current() for row in rows_of(table))
+
+    def observe(self) -> None:
+        self.seen.append((f"after publish call {len(self.seen) + 1}", self.rows()))
+
+    def history(self) -> list[tuple[str, Rows]]:
+        return list(self.seen)
+
+
+@dataclasses.dataclass(frozen=True)
+class StagedReplay:
+    """A replay begun and staged: its epoch, the epochs it replaces, its rows, and its finish (decide, commit)."""
+
+    epoch: int
+    replaced: tuple[int, ...]
+    rows: Rows
+    finish: Callable[[], object]
+
+
+#: Every sink's context, by connector name (the names in test ids).
+CONTEXTS: dict[str, type[SinkContext]] = {"files": FileContext, "iceberg": IcebergContext, "delta": DeltaContext,
+                                          "postgres": PostgresContext}
+
+
+def context_of(connector: str, root: Path, request: pytest.FixtureRequest, dsn: str | None = None) -> SinkContext:
+    """The connector's context below ``root``; PostgreSQL's on ``dsn`` (default: the test's fresh database)."""
+    if connector == "postgres":
+        return PostgresContext(root, dsn or request.getfixturevalue("postgres_db"))
+    return CONTEXTS[connector](root)
 
 
 class Epochs:
@@ -259,10 +357,11 @@ class Epochs:
     replayed epochs' new rows in order).
     """
 
-    def __init__(self, context: SinkContext, mode: str) -> None:
+    def __init__(self, context: SinkContext, mode: str, store: str = "store", name: str = "orders") -> None:
         self.context = context
         self.mode = mode
-        self.store_url = f"file://{context.root}/store"
+        self.store_url = f"file://{context.root}/{store}"
+        self.name = name
         self.pipeline = self.open()
         self.runs = 0
         #: Committed epoch -> its ids (what a replay writes again).
@@ -274,7 +373,7 @@ class Epochs:
     def open(self) -> Pipeline:
         """A fresh Pipeline object, as another process (a retry, the recovery DAG) builds it."""
         config = CheckpointConfig.from_mapping({"storage_url": self.store_url, "max_retries": 2})
-        return CheckpointStore(config).pipeline("orders")
+        return CheckpointStore(config).pipeline(self.name)
 
     def stage(self, epoch: int, rows: Sequence[pa.Table], below: Sequence[str] = ("",)) -> SinkManifest:
         """Stage ``rows[i]`` below ``below[i]`` of the attempt's staging as the Spark table sink
@@ -287,33 +386,55 @@ class Epochs:
                 if part.num_rows:
                     buf = io.BytesIO()
                     pq.write_table(part, buf)
-                    path = "/".join(p for p in (staging, folder, sub, "part-00000.parquet") if p)
+                    # Unique names, as Spark's: a file sink publishes a replay's epochs into one directory.
+                    name = f"part-00000-{folder}.parquet" if folder else "part-00000.parquet"
+                    path = "/".join(p for p in (staging, folder, sub, name) if p)
                     self.pipeline.storage.write_atomic(path, buf.getvalue())
         manifest = self.pipeline.manifest_for_staged(epoch, 1, "orders", self.context.target_url(),
                                                      sum(t.num_rows for t in rows))
         return dataclasses.replace(manifest, mode=SinkMode.SNAPSHOT if self.mode == SNAPSHOT else SinkMode.CHANGES,
-                                   table=self.context.options(self.mode))
+                                   table=self.context.options(self.mode) if self.context.table else None)
+
+    def prepare(self, rows: Callable[[int], pa.Table]) -> tuple[int, pa.Table]:
+        """Begin an epoch, stage ``rows(epoch)`` and prepare it: the epoch waits for its decision."""
+        self.runs += 1
+        run_id = f"run-{self.runs}"
+        epoch = self.pipeline.begin(run_id).epoch
+        table = rows(epoch)
+        self.pipeline.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[self.stage(epoch, [table])])
+        return epoch, table
+
+    def decide(self, epoch: int) -> DecisionRecord:
+        """Decide commit for ``epoch``: the decision that stands (an abort if a sink refused the epoch)."""
+        return self.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="contract")
 
     def run(self, ids: Sequence[int], crash: str | None = None) -> int:
         """One whole epoch writing ``ids``; with ``crash`` (``before`` / ``after``) its first
         commit dies just before or just after the table commit and another process commits it."""
-        self.runs += 1
-        run_id = f"run-{self.runs}"
-        epoch = self.pipeline.begin(run_id).epoch
-        rows = epoch_rows(ids, epoch)
-        self.pipeline.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[self.stage(epoch, [rows])])
-        decision = self.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="contract")
+        epoch, rows = self.prepare(lambda e: epoch_rows(ids, e))
+        decision = self.decide(epoch)
         assert decision.decision is Decision.COMMIT, decision.reason
         self.commit(lambda: self.pipeline.commit(epoch), lambda: self.open().commit(epoch), crash)
+        self.settled(epoch, ids, rows)
+        return epoch
+
+    def settled(self, epoch: int, ids: Sequence[int], rows: pa.Table) -> None:
+        """``epoch`` (``ids``, staged as ``rows``) is committed: record the table a reader must find now."""
         assert self.pipeline.state(epoch) is EpochState.COMMITTED
         self.ids[epoch] = list(ids)
         self.committed(epoch, rows_of(rows))
-        return epoch
 
     def replay(self, from_epoch: int, crash: str | None = None, without: Sequence[int] = ()) -> int:
         """Replay epochs ``from_epoch``.. as the stage runtime does (each replayed epoch's
         output below ``replayed-<e>/``), with new amounts and without the ids ``without``;
         returns the replay epoch."""
+        replay = self.staged_replay(from_epoch, without)
+        self.commit(replay.finish, lambda: resume_replay(self.open()), crash)
+        self.replayed(replay)
+        return replay.epoch
+
+    def staged_replay(self, from_epoch: int, without: Sequence[int] = ()) -> StagedReplay:
+        """A replay of epochs ``from_epoch``.. begun and staged (see :meth:`replay`); its finish is the caller's."""
         plan = plan_replay(self.pipeline, from_epoch)
         epoch, run_id = begin_replay(self.pipeline, plan, reason="contract", by="contract")
         # Amounts tell the replay and the replayed epoch apart (an upsert keeps the newest replayed epoch's).
@@ -325,13 +446,15 @@ class Epochs:
             return finish_replay(self.pipeline, epoch, run_id, plan, 1, sinks=[manifest], operators={},
                                  reason="contract", by="contract")
 
-        self.commit(finish, lambda: resume_replay(self.open()), crash)
-        assert self.pipeline.state(epoch) is EpochState.COMMITTED
-        for e in plan.replaced:
-            self.written.pop(e, None)
         # In replayed-epoch order: an upsert's key takes the newest replayed epoch's row.
-        self.committed(epoch, [r for e in replayed for r in rows_of(new[e])])
-        return epoch
+        return StagedReplay(epoch, tuple(plan.replaced), [r for e in replayed for r in rows_of(new[e])], finish)
+
+    def replayed(self, replay: StagedReplay) -> None:
+        """``replay`` is committed: record the table a reader must find now."""
+        assert self.pipeline.state(replay.epoch) is EpochState.COMMITTED
+        for e in replay.replaced:
+            self.written.pop(e, None)
+        self.committed(replay.epoch, replay.rows)
 
     def commit(self, first: Callable[[], object], again: Callable[[], object], crash: str | None) -> None:
         """``first()``; with ``crash`` it dies at the table commit, and ``again()`` (another process) resumes."""
@@ -378,5 +501,5 @@ class Epochs:
         self.states.append(sorted(r for e in sorted(self.written) for r in self.written[e]))
 
 
-__all__ = ["APPEND", "SNAPSHOT", "UPSERT", "DeltaContext", "Epochs", "IcebergContext", "PostgresContext",
-           "SinkContext"]
+__all__ = ["APPEND", "CONTEXTS", "SNAPSHOT", "UPSERT", "DeltaContext", "Epochs", "FileContext", "IcebergContext",
+           "PostgresContext", "SinkContext", "StagedReplay", "context_of"]

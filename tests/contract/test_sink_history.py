@@ -23,25 +23,18 @@ import pytest
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, plan_replay
 from tests.contract.sinks import (
     APPEND,
+    CONTEXTS,
     REGIONS,
     SNAPSHOT,
     UPSERT,
     DeltaContext,
     Epochs,
-    IcebergContext,
-    PostgresContext,
-    SinkContext,
+    context_of,
 )
 
-CONNECTORS: dict[str, type[SinkContext]] = {"iceberg": IcebergContext, "delta": DeltaContext,
-                                             "postgres": PostgresContext}
-
-
-def context_of(connector: str, root: Path, request: pytest.FixtureRequest) -> SinkContext:
-    """The connector's context; PostgreSQL's on a fresh database of the session's server."""
-    if connector == "postgres":
-        return PostgresContext(root, request.getfixturevalue("postgres_db"))
-    return CONNECTORS[connector](root)
+CONNECTORS = CONTEXTS
+#: The connectors with an upsert mode.
+UPSERTING = sorted(name for name, context in CONNECTORS.items() if UPSERT in context.modes)
 
 
 def scenario_epochs(epochs: Epochs) -> None:
@@ -120,7 +113,7 @@ def test_every_pinnable_state_of_the_target_is_the_table_after_a_whole_committed
     assert history[-1][1] == epochs.states[-1], f"{connector} {mode} ({scenario}): the newest state differs"
 
 
-@pytest.mark.parametrize("connector", sorted(CONNECTORS))
+@pytest.mark.parametrize("connector", UPSERTING)
 def test_a_full_refresh_of_an_upsert_sink_is_one_table_commit_of_each_keys_last_replayed_value(
         tmp_path: Path, request: pytest.FixtureRequest, connector: str) -> None:
     context = context_of(connector, tmp_path, request)
@@ -144,7 +137,7 @@ def test_a_full_refresh_of_an_upsert_sink_is_one_table_commit_of_each_keys_last_
     assert context.rows() == epochs.states[-1]
 
 
-@pytest.mark.parametrize("connector", sorted(CONNECTORS))
+@pytest.mark.parametrize("connector", UPSERTING)
 def test_an_upsert_replay_from_a_later_epoch_restores_the_keys_it_no_longer_writes_in_one_table_commit(
         tmp_path: Path, request: pytest.FixtureRequest, connector: str) -> None:
     context = context_of(connector, tmp_path, request)
@@ -168,7 +161,7 @@ def test_an_upsert_replay_from_a_later_epoch_restores_the_keys_it_no_longer_writ
     assert context.rows() == epochs.states[-1]
 
 
-@pytest.mark.parametrize("connector", sorted(CONNECTORS))
+@pytest.mark.parametrize("connector", UPSERTING)
 def test_an_upsert_replay_whose_table_history_before_it_is_gone_is_refused_before_its_decision(
         tmp_path: Path, request: pytest.FixtureRequest, connector: str) -> None:
     context = context_of(connector, tmp_path, request)

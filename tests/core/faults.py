@@ -60,9 +60,10 @@ class CrashPlan:
             raise SimulatedCrash(f"crash before mutation #{self.mutations}: {what}")
 
 
-def install(monkeypatch: pytest.MonkeyPatch) -> CrashPlan:
-    """Wrap every mutating primitive of every storage class; returns the (disarmed) plan."""
-    plan = CrashPlan()
+def install(monkeypatch: pytest.MonkeyPatch, plan: CrashPlan | None = None) -> CrashPlan:
+    """Wrap every mutating primitive of every storage class to count for ``plan`` (default: a new
+    one); returns the (disarmed) plan."""
+    plan = plan or CrashPlan()
     for cls in (Storage, LocalStorage, MemoryStorage, ObjectStorage):
         for name in MUTATIONS:
             original = cls.__dict__.get(name)

@@ -117,13 +117,18 @@ def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Cata
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("file://"):
         os.makedirs(warehouse[len("file://"):], exist_ok=True)
+    name = str(options.get("catalog_name") or "default")
     try:
-        return load_catalog(str(options.get("catalog_name") or "default"), **props)
-    except Exception as exc:  # pyiceberg raises ValueError, ImportError, driver errors...
+        return load_catalog(name, **props)
+    except (ValueError, TypeError, KeyError, ImportError, NotImplementedError) as exc:  # the options themselves
         raise ConfigError(
-            f"cannot open Iceberg catalog {options.get('catalog_name') or 'default'!r} "
-            f"(properties {sorted(props)}): {redact_url(str(exc))}. Check the sink's catalog options and its "
-            "catalog_conn_id connection") from exc
+            f"cannot open Iceberg catalog {name!r} (properties {sorted(props)}): {redact_url(str(exc))}. Check the "
+            "sink's catalog options and its catalog_conn_id connection") from exc
+    except Exception as exc:  # the catalog's database or server (a lock held, a connection lost): transient
+        raise PublishError(
+            f"cannot reach Iceberg catalog {name!r} (properties {sorted(props)}): {type(exc).__name__}: "
+            f"{redact_url(str(exc))}. Nothing was changed; the step is tried again (a retry, the recovery DAG) "
+            "once the catalog answers. If it never does, check the sink's catalog options") from exc
 
 
 def identify(request: TableCommit) -> tuple[str, str]:

@@ -15,6 +15,14 @@ process, which no ``except Exception`` can swallow):
 * ``commit``: the commit dies between the decision and the log's ``committed`` (also
   after the PostgreSQL transaction committed); the recovery finishes it.
 
+Between runs the newest epochs are replayed (:func:`replay_stage`, after the second and the
+third run, then at random), some replays killed at a random storage mutation and finished as
+an operator would (the replay run again: it resumes a decided one; one left undecided is
+aborted by recovery first). A replay re-reads exactly the pinned ranges and replaces the
+replayed epochs' rows in both tables; one whose side records are gone (the ``recreate``
+fault below) is refused before anything is written. After every replay each table holds
+every record read so far once.
+
 On top of those, from the fifth run on (the fifth and the sixth draw one each, then a second
 seeded schedule), the broker misbehaves:
 
@@ -28,7 +36,7 @@ seeded schedule), the broker misbehaves:
 
 Checked at the end: each table holds exactly N rows of the main topic, N distinct records,
 and no side record twice; each committed epoch's Iceberg snapshot and PostgreSQL marker row
-once; and one more epoch still runs and commits.
+once; replays ran (a killed one among them); and one more epoch still runs and commits.
 
 CI runs a slice of 4,000 records (at least 8 epochs at 500 records each; the fixed seed draws
 each fault, a commit killed after the PostgreSQL transaction among them, within the first four
@@ -51,9 +59,11 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.core.sources.kafka import ranges_of
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
+from airflow_seatunnel_ckpt.spark.replay import replay_stage
 from airflow_seatunnel_ckpt.spark.sources.kafka import KafkaSource
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
@@ -100,8 +110,10 @@ class Campaign:
         self.store = {"storage_url": f"file://{root}/store", "full_checkpoint_interval": 3}
         self.runs = 0
         self.faults: Counter[str] = Counter()
-        #: The committed epochs that read records.
+        #: The committed epochs that read records (replays included).
         self.with_rows: list[int] = []
+        #: The committed epochs no replay replaced, oldest first (what a replay picks from).
+        self.live: list[int] = []
 
     @property
     def pipeline(self) -> Pipeline:
@@ -113,7 +125,7 @@ class Campaign:
                   "fail_on_data_loss": False}
         sinks = {"table": {"type": "iceberg", "table": TABLE, "catalog": self.catalog, "catalog_name": "lake"},
                  "serving": {"type": "postgres", "table": "public.events", "conninfo": self.conninfo,
-                             "create_table": True}}
+                             "create_table": True, "epoch_column": "_epoch"}}
         return StageSpec(pipeline="events", participant="ingest", run_id=run_id, attempt=attempt,
                          stage=f"{__name__}:copy_records", sources={"events": source}, sinks=sinks,
                          store=self.store, key_groups=4)
@@ -195,7 +207,50 @@ class Campaign:
         assert self.pipeline.state(result.epoch) is EpochState.COMMITTED
         if any(r.end > r.start for r in ranges_of(result.sources["events"])):
             self.with_rows.append(result.epoch)
+        self.live.append(result.epoch)
         return result.sources["events"]
+
+    def replay(self, spark: Any, rng: random.Random, back: int, kill: bool) -> None:
+        """A replay of the newest ``back`` epochs no replay replaced; with ``kill`` it dies at a random
+        storage mutation and is finished as an operator would (run again; recovery first if it is refused
+        as undecided)."""
+        if len(self.live) < back:
+            return
+        from_epoch = self.live[-back]
+
+        def run() -> Any:
+            return replay_stage(self.spec("replay", 1), from_epoch, reason="campaign", by="campaign", spark=spark)
+
+        try:
+            if kill and self.crashing(rng, run):
+                self.faults["replay killed"] += 1
+                try:
+                    result = run()  # resumes a decided replay, runs again one that began nothing
+                except ReplayError as exc:  # undecided: recovery aborts it once its lease expired
+                    assert "recover" in str(exc), exc
+                    recover(self.pipeline, dry_run=False, now=time.time() + 3600)
+                    result = run()
+            else:
+                result = run()
+        except ReplayError as exc:
+            # Refused before anything was written: the side topic was created again since (its pinned
+            # records are gone), or the range starts inside an earlier replay's.
+            assert "is not all there any more" in str(exc) or "together with epochs" in str(exc), exc
+            self.faults["replay refused"] += 1
+            return
+        assert self.pipeline.state(result.epoch) is EpochState.COMMITTED
+        self.faults["replay"] += 1
+        self.live = [e for e in self.live if e not in result.replaced] + [result.epoch]
+        if result.commit is not None and any(p.rows for p in result.commit.sinks):
+            self.with_rows.append(result.epoch)
+
+    def records_once(self) -> None:
+        """Each table holds every record committed so far once (the replays' rows in place of the replaced)."""
+        iceberg = [(r["topic"], r["part"], r["pos"]) for r in self.table_rows()]
+        served = self.postgres_rows()
+        assert len(iceberg) == len(set(iceberg)), "a record twice in the Iceberg table"
+        assert len(served) == len({(part, pos, i[:1]) for i, part, pos in served}), "a record twice in PostgreSQL"
+        assert sorted(i for i, _, _ in served) == sorted(r["id"] for r in self.table_rows())
 
     def table_rows(self) -> list[dict[str, Any]]:
         from pyiceberg.catalog import load_catalog
@@ -267,6 +322,9 @@ def test_records_produced_while_killed_epochs_run_land_once_in_iceberg_and_postg
         offsets = campaign.epoch(spark, rng, broker=broker)
         if offsets:
             consumed = sum(offsets["end"].get(topic, {}).values())
+        if run in (1, 2) or rng.random() < 0.15:  # the newest epochs replayed, a replay killed among them
+            campaign.replay(spark, rng, back=run if run in (1, 2) else rng.randint(1, 2), kill=run != 1)
+            campaign.records_once()
         if produced.is_set() and consumed >= RECORDS:
             break
     thread.join(60)
@@ -294,7 +352,7 @@ def test_records_produced_while_killed_epochs_run_land_once_in_iceberg_and_postg
     print(f"{RECORDS} records, {campaign.runs} runs, faults {dict(campaign.faults)}")
     # The schedule did kill epochs, commits after the database transaction among them.
     assert set(campaign.faults) >= {"stage", "commit", "commit after the PostgreSQL transaction", "miss",
-                                    "recreate"}, campaign.faults
+                                    "recreate", "replay", "replay killed"}, campaign.faults
     # The next epoch still runs: nothing new, committed, the table unchanged.
     last = campaign.epoch(spark, rng, fault="none")
     assert sum(last["end"][topic].values()) == RECORDS

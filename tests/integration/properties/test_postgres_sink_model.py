@@ -7,7 +7,8 @@ commit -- including right after the database transaction committed, before the l
 ``committed`` -- then recovery) against tables of a real PostgreSQL server, one database per
 example. The rows are read with psycopg. On top of the model's checks, the marker table
 holds each committed epoch of each store's pipeline once, and no marker of an epoch that
-did not commit.
+did not commit. Replays (append and upsert) run between races and crashes, and a fixed run
+kills a replay at each point of its prepare, decision and commit.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from airflow_seatunnel_ckpt.core import EpochState
-from tests.integration.properties.settings import model_settings
+from tests.integration.properties.settings import model_settings, run_model
 from tests.integration.properties.test_table_sink_model import (
     COMMITTED,
     FAILED,
     FAST,
     TableSinkModel,
+    killed_replays,
     model_tests,
     variant,
 )
@@ -115,3 +117,8 @@ test_postgres_sink_refuses_rows_only_the_table_refuses_before_the_decision = _RO
 _REPLAYS = variant(PostgresSinkModel, "PostgresReplaysEpochs", {"replay", "race", "crash"})
 _REPLAYS.TestCase.settings = model_settings(fast_examples=FAST["examples"], fast_steps=FAST["steps"])
 test_postgres_sink_replays_append_and_upsert_epochs_leaving_every_row_once = _REPLAYS.TestCase
+
+
+@pytest.mark.parametrize("upsert", [False, True], ids=["append", "upsert"])
+def test_postgres_sink_replays_killed_at_each_point_of_their_commit_leave_every_row_once(upsert: bool) -> None:
+    run_model(_REPLAYS, killed_replays(upsert), fast_examples=FAST["examples"], fast_steps=FAST["steps"])

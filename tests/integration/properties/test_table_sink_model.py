@@ -16,8 +16,9 @@ rules bring the faults a table sink meets:
 * a crash at every point of the commit, also after the files are placed in the table and
   before its transaction (:mod:`tests.core.faults` plus the table transaction as a crash
   point), then recovery;
-* a replay of the newest epochs (append or upsert; a variant with races and crashes), which
-  only an earlier replay's range may refuse.
+* a replay of the newest epochs (append or upsert; a variant with races and crashes, a replay
+  killed at a point of its prepare, decision or commit among them, resumed or aborted as an
+  operator would), which only an earlier replay's range may refuse.
 
 Checked after every step, once recovery (:func:`recovery.recover`) has run:
 
@@ -38,6 +39,7 @@ import dataclasses
 import io
 import shutil
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,7 +60,7 @@ import airflow_seatunnel_ckpt.core.sinks.postgres as postgres_tables
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay
+from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay, resume_replay
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from tests.core import faults
 from tests.core.epochs import at_once
@@ -77,7 +79,7 @@ def table_commit_is_a_crash_point(plan: CrashPlan) -> Iterator[None]:
     """Count each table transaction (Iceberg's, Delta's create/append/merge, PostgreSQL's) as a mutation of
     ``plan``, so a crash can land after the files are placed and before the table commits."""
     with pytest.MonkeyPatch.context() as mp:
-        faults.install(mp)  # the storage primitives
+        faults.install(mp, plan)  # the storage primitives
         for module, name in ((iceberg_tables, "_commit_once"), (delta_tables, "_create"),
                              (delta_tables, "_append"), (delta_tables, "_upsert"),
                              (postgres_tables, "_commit_once")):
@@ -291,15 +293,37 @@ class TableSinkModel(RuleBasedStateMachine):
         """A replay of the main pipeline's newest ``back`` epochs, each staging the same ids again: the table
         holds every row once afterwards (the replaced epochs' rows deleted, the new ones added; an upsert's keys
         restored to their rows before the replayed epochs, then upserted again)."""
+        self.replay(back)
+
+    @precondition(lambda self: "replay" in self.FAULTS and "crash" in self.FAULTS)
+    @rule(back=st.integers(1, 3), point=st.integers(1, 8))
+    def crash_in_a_replays_commit(self, back: int, point: int) -> None:
+        """A replay whose process dies before the ``point``-th mutation of its prepare, decision and commit
+        (the table transaction included), finished as an operator would: a decided replay is resumed
+        (``resume_replay``, as the next replay does), an undecided one aborted by recovery (its lease gone)."""
+        w = self.main
+        epoch = self.replay(back, crash_at=point)
+        if epoch is None or w.pipeline.state(epoch).final:
+            return
+        try:
+            resume_replay(w.open())  # a decided replay is committed
+        except ReplayError as exc:  # an undecided one: recovery aborts it (nothing of it was published)
+            assert "recover" in str(exc), exc
+            recover(w.open(), dry_run=False, now=time.time() + 3600)
+        assert w.pipeline.state(epoch).final, f"replay epoch {epoch} left {w.pipeline.state(epoch).value}"
+
+    def replay(self, back: int, crash_at: int | None = None) -> int | None:
+        """Replay the main pipeline's newest ``back`` epochs (see :meth:`replay_of_the_newest_epochs`); with
+        ``crash_at`` the process dies before that mutation of the replay's finish. The replay epoch, if one began."""
         w = self.main
         committed = [e for e in w.pipeline.committed_epochs() if (w.label, e) in self.read_by]
         if not committed:
-            return
+            return None
         try:
             plan = plan_replay(w.pipeline, committed[max(0, len(committed) - back)])
         except ReplayError as exc:  # only from inside an earlier replay's range (refused before anything was written)
             assert "together with epochs" in str(exc), f"the replay was refused: {exc}"
-            return
+            return None
         epoch, run_id = begin_replay(w.pipeline, plan, reason="model", by="model")
         manifest, count = None, 0
         for e in plan.epochs:
@@ -309,8 +333,21 @@ class TableSinkModel(RuleBasedStateMachine):
             manifest = self.stage(w, epoch, again, f"replayed-{e}")
             count += again.num_rows
         assert manifest is not None
-        finish_replay(w.pipeline, epoch, run_id, plan, 1, sinks=[dataclasses.replace(manifest, rows=count)],
-                      operators={}, reason="model", by="model")
+        sinks = [dataclasses.replace(manifest, rows=count)]
+        if crash_at is None:
+            finish_replay(w.pipeline, epoch, run_id, plan, 1, sinks=sinks, operators={}, reason="model", by="model")
+            return epoch
+        crash = CrashPlan()
+        with table_commit_is_a_crash_point(crash):
+            crash.arm(crash_at)
+            try:
+                finish_replay(w.pipeline, epoch, run_id, plan, 1, sinks=sinks, operators={}, reason="model",
+                              by="model")
+            except SimulatedCrash:
+                pass
+            finally:
+                crash.disarm()
+        return epoch
 
     def decided_good(self, w: Writer, count: int) -> int:
         """A good epoch decided commit (moved to a table of its own after a conflict refusal); an
@@ -508,6 +545,21 @@ def variant(base: type[TableSinkModel], name: str, faults_: set[str]) -> type[Ta
 
 
 FAST = {"examples": 4, "steps": 6}
+
+
+def killed_replays(upsert: bool, points: range = range(1, 11)) -> Callable[[TableSinkModel], Iterator[None]]:
+    """A fixed run of a model (:func:`settings.run_model`): for each crash point two good epochs, then a replay
+    of them killed there and finished, then the model's checks (``points`` 1..10: every mutation of a replay's
+    prepare, decision, table transaction, ``committed`` and outcome records; the derandomized fast slice
+    seldom reaches a killed replay with epochs to replay)."""
+    def scenario(model: TableSinkModel) -> Iterator[None]:
+        model.configure(upsert)
+        for point in points:
+            model.good_epoch(3)
+            model.good_epoch(2)
+            model.crash_in_a_replays_commit(2, point)
+            yield
+    return scenario
 
 
 def model_tests(base: type[TableSinkModel], fmt: str) -> dict[str, Any]:
