@@ -28,24 +28,35 @@ _metadata, markers) and JSON parts as JSON, Arrow parts as their schema and rows
 
 # One short function per command, declared in one table (:func:`_commands`), plus the shared
 # error, --json and table handling every command goes through (the state/rescale commands
-# live in cli_state, replay in cli_replay). Nothing here is protocol: each command calls one
-# core function.
+# live in cli_state, replay in cli_replay; the arguments, store and output all of them use in
+# cli_common). Nothing here is protocol: each command calls one core function.
 
 from __future__ import annotations
 
 import argparse
-import getpass
 import inspect
 import json
 import os
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, codec, layout
-from airflow_seatunnel_ckpt.core.config import default_storage_url
+from airflow_seatunnel_ckpt.cli_common import (
+    BY,
+    EPOCH,
+    PIPELINE,
+    REASON,
+    Command,
+    arg,
+    by_whom,
+    emit,
+    open_pipeline,
+    open_store,
+    positive_int,
+    storage_options,
+)
+from airflow_seatunnel_ckpt.core import Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import CommitResult, PublishedSink
 from airflow_seatunnel_ckpt.core.protocol import epoch_index
@@ -57,24 +68,6 @@ from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
 #: Exit code when the reader of the output went away (``| head``), as a shell reports SIGPIPE.
 EXIT_BROKEN_PIPE = 141
-
-
-class StoreNotFoundError(CheckpointError, LookupError):
-    """The store URL names nothing that exists (a typo, or the wrong connection)."""
-
-
-class PipelineNotFoundError(CheckpointError, LookupError):
-    """The store has no pipeline of that name (no transaction log and no descriptor)."""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 #: Width the long texts below a table's rows (``below``) are wrapped to.
@@ -130,82 +123,6 @@ def _published(pub: PublishedSink) -> str:
     if not pub.published:
         return f"nothing published ({pub.how.replace('_', ' ')})"
     return f"{pub.rows} rows, {pub.files} files -> {_published_where(pub)}"
-
-
-def _storage_options(args: argparse.Namespace) -> dict[str, Any]:
-    raw = args.storage_options or os.environ.get("SEATUNNEL_CKPT_STORAGE_OPTIONS")
-    if not raw:
-        return {}
-    try:
-        options = json.loads(raw)
-    except ValueError as exc:
-        raise CheckpointError(f"--storage-options is not valid JSON: {exc}") from exc
-    if not isinstance(options, dict):
-        raise CheckpointError("--storage-options must be a JSON object")
-    return options
-
-
-def open_store(args: argparse.Namespace) -> CheckpointStore:
-    """The store ``--store`` names; StoreNotFoundError if nothing is there.
-
-    Every command reads or acts on what a store holds, so a root that does not exist is a
-    mistyped URL (or the wrong connection), not an empty store.
-    """
-    settings: dict[str, Any] = {"storage_url": args.store or default_storage_url(),
-                                "storage_options": _storage_options(args)}
-    if getattr(args, "timeout", None) is not None:
-        settings["prepared_timeout_s"] = args.timeout
-    store = CheckpointStore(CheckpointConfig.from_mapping(settings))
-    if not store.storage.exists(""):
-        raise StoreNotFoundError(
-            f"no store at {store.storage.describe()}: that directory (or bucket prefix) does not exist. "
-            "Check --store (default: $SEATUNNEL_CKPT_STORE, else $AIRFLOW_HOME/seatunnel-ckpt); it is the "
-            "storage_url of the pipeline's checkpoint store connection")
-    return store
-
-
-def open_pipeline(args: argparse.Namespace, name: str | None = None, store: CheckpointStore | None = None,
-                  **kwargs: Any) -> StoredPipeline:
-    """The pipeline the command names; PipelineNotFoundError if the store does not hold it."""
-    store = store or open_store(args)
-    p = store.pipeline(args.pipeline if name is None else name, **kwargs)
-    if not (p.storage.exists(layout.TXLOG) or p.storage.exists(layout.DESCRIPTOR)):
-        known = store.list_pipelines()
-        raise PipelineNotFoundError(
-            f"pipeline {p.name!r} not found in {store.storage.describe()}: it has no transaction log "
-            f"({layout.TXLOG}) and no descriptor ({layout.DESCRIPTOR}). Pipelines in this store: "
-            f"{', '.join(known) if known else 'none'}; check the name and --store")
-    return p
-
-
-#: One argument of a command: its flags and the keyword arguments of ``add_argument``.
-Arg = tuple[tuple[str, ...], dict[str, Any]]
-
-
-def arg(*flags: str, **kwargs: Any) -> Arg:
-    """An argument of a :class:`Command`, as ``add_argument(*flags, **kwargs)`` takes it."""
-    return flags, kwargs
-
-
-PIPELINE = arg("pipeline")
-EPOCH = arg("epoch", type=int)
-REASON = arg("--reason", required=True, help="why (kept in the transaction log)")
-BY = arg("--by", help="who (default: cli and the user name)")
-
-
-def emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    """Print ``data`` as JSON with ``--json``, else ``text``."""
-    print(json.dumps(data, indent=2, sort_keys=True, default=str) if args.json else text)
-
-
-def by_whom(args: argparse.Namespace) -> str:
-    """Who acts, for the transaction log: ``--by``, else ``cli (<user name>)``."""
-    if args.by:
-        return str(args.by)
-    try:
-        return f"cli ({getpass.getuser()})"
-    except Exception:  # no user name in this environment
-        return "cli"
 
 
 def pipeline_summary(p: StoredPipeline) -> dict[str, Any]:
@@ -526,7 +443,7 @@ def _locate(args: argparse.Namespace) -> tuple[Storage, str]:
         parent, _, name = args.path.rstrip("/").rpartition("/")
         if not name or parent.endswith(":/"):
             raise CheckpointError(f"{args.path!r} does not name a file; give the URL of one file in the store")
-        return open_storage(parent, _storage_options(args)), name
+        return open_storage(parent, storage_options(args)), name
     return open_store(args).storage, args.path.strip("/")
 
 
@@ -601,22 +518,6 @@ class ConsoleParser(argparse.ArgumentParser):
         raise _UsageError(self, message)
 
 
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: its handler, the one-line ``help`` the command list shows, and its arguments.
-
-    Its ``--help`` opens with the handler's docstring, else (a group of subcommands, which has
-    no handler) with ``help``.
-    """
-
-    name: str
-    fn: Callable[[argparse.Namespace], int] | None
-    help: str | None
-    args: tuple[Arg, ...] = ()
-    aliases: tuple[str, ...] = ()
-    subcommands: tuple[Command, ...] = ()
-
-
 def _commands() -> tuple[Command, ...]:
     from airflow_seatunnel_ckpt import cli_replay, cli_state  # (they build on this module)
 
@@ -624,11 +525,11 @@ def _commands() -> tuple[Command, ...]:
     return (
         Command("pipelines", cmd_pipelines, "list pipelines"),
         Command("epochs", cmd_epochs, "list a pipeline's epochs with their states",
-                (PIPELINE, arg("--last", type=_positive_int, default=0, help=last))),
+                (PIPELINE, arg("--last", type=positive_int, default=0, help=last))),
         Command("show", cmd_show, "show an epoch and its checkpoint", (PIPELINE, EPOCH)),
         Command("verify", cmd_verify, "verify log records and committed checkpoints (exit 1 on damage)",
                 (PIPELINE, arg("epoch", type=int, nargs="?"),
-                 arg("--last", type=_positive_int, default=0, help=f"{last} epochs (default all)"))),
+                 arg("--last", type=positive_int, default=0, help=f"{last} epochs (default all)"))),
         Command("recover", cmd_recover, "resolve unfinished epochs (dry run unless --apply)",
                 (arg("pipeline", nargs="?"), arg("--all", action="store_true", help="every pipeline in the store"),
                  arg("--apply", action="store_true", help="carry the actions out"),
@@ -646,7 +547,7 @@ def _commands() -> tuple[Command, ...]:
                 aliases=("gc",)),
         Command("cat", cmd_cat, "print any file of the store decoded (records, _metadata, parts)",
                 (arg("path", help="path inside the store (e.g. orders/checkpoint_3/_metadata) or a full URL"),
-                 arg("--rows", type=_positive_int, default=20, help="Arrow parts: rows to show (default 20)"))),
+                 arg("--rows", type=positive_int, default=20, help="Arrow parts: rows to show (default 20)"))),
         Command("describe", cmd_describe, "show the pipeline's descriptor (owner DAG, settings, participants)",
                 (PIPELINE, arg("--transfer-to", metavar="DAG_ID",
                                help="give the pipeline to another DAG (e.g. after renaming the DAG)"))),

@@ -16,7 +16,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from airflow_seatunnel_ckpt.cli import BY, PIPELINE, REASON, Command, arg, by_whom, emit, open_store
+from airflow_seatunnel_ckpt.cli_common import BY, PIPELINE, REASON, Command, arg, by_whom, emit, open_store
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from airflow_seatunnel_ckpt.cli import PIPELINE, Command, arg, by_whom, emit, open_pipeline
+from airflow_seatunnel_ckpt.cli_common import PIPELINE, Command, arg, by_whom, emit, open_pipeline
 from airflow_seatunnel_ckpt.core.ops import evolution
 
 
