@@ -20,7 +20,8 @@ from typing import Any, Generic, TypeVar
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark.sinks.files import FileSink, Sink
 from airflow_seatunnel_ckpt.spark.sinks.tables import DeltaSink, IcebergSink, PostgresSink
-from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source
+from airflow_seatunnel_ckpt.spark.sources.base import Source
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource
 from airflow_seatunnel_ckpt.spark.sources.kafka import KafkaSource
 from airflow_seatunnel_ckpt.spark.sources.tables import DeltaSource, IcebergSource, PipelineOutputSource
 

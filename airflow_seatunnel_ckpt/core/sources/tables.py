@@ -31,12 +31,10 @@ from typing import Any
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import RECORD, Record, omitted_if
 from airflow_seatunnel_ckpt.core.storage.publish import EpochsPointer
 
-#: Where a table source starts when no committed epoch read it yet.
-START = ("earliest", "latest")
 #: The summary file a published epoch directory receives last (core.storage.publish.SUCCESS).
 SUCCESS = "_SUCCESS"
 #: The pointer file of a snapshot-mode sink target (core.storage.publish.LATEST).
@@ -108,14 +106,6 @@ def refuse_other_table(history: Sequence[Mapping[str, Any]], key: str, table_id:
                 f"{recorded}, the table there now has id {table_id}, and its positions start again. Use a new "
                 "source name to read the new table from its start (or start='latest'), or restore the old table")
         return
-
-
-def check_start(name: str, kind: str, start: str) -> str:
-    """Validate a table source's ``start`` option."""
-    if start not in START:
-        raise ConfigError(f"{kind} source {name!r}: start must be one of {START}, got {start!r}; 'earliest' reads "
-                          "every row in the table in the first epoch, 'latest' only rows appended after it")
-    return start
 
 
 # -- another pipeline's published epochs ----------------------------------------------------------

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.sources import kafka as kafka_offsets
 from airflow_seatunnel_ckpt.core.sources.kafka import KafkaOffsetsError, Range, TopicState
-from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
+from airflow_seatunnel_ckpt.core.sources.options import KafkaSourceOptions, constructor_signature
+from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -57,32 +58,21 @@ class KafkaSource(Source):
 
     kind = "kafka"
 
-    def __init__(self, name: str, bootstrap_servers: str | None = None, topics: list[str] | None = None,
-                 pattern: str | None = None, max_offsets_per_epoch: int | None = None,
-                 starting_offsets: str = "earliest", fail_on_data_loss: bool = True,
-                 config: Mapping[str, Any] | None = None, kafka_conn_id: str | None = None,
-                 group_id: str | None = None) -> None:
+    def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name)
-        self.topics, self.pattern = kafka_offsets.check_options(
-            self.where, topics, pattern, starting_offsets, max_offsets_per_epoch, fail_on_data_loss)
-        if config is not None and not isinstance(config, Mapping):
-            raise ConfigError(f"{self.where}: config must be a mapping of librdkafka settings, got {config!r}")
-        self.config: dict[str, Any] = {str(k): v for k, v in (config or {}).items()}
-        if bootstrap_servers is not None:
-            self.config["bootstrap.servers"] = bootstrap_servers
-        self.kafka_conn_id = kafka_conn_id
-        if not self.config.get("bootstrap.servers") and not kafka_conn_id:
+        self.settings = settings = self.checked_options(KafkaSourceOptions, options)
+        self.topics, self.pattern = kafka_offsets.check_subscription(self.where, settings.topics, settings.pattern)
+        self.config: dict[str, Any] = {str(k): v for k, v in (settings.config or {}).items()}
+        if settings.bootstrap_servers is not None:
+            self.config["bootstrap.servers"] = settings.bootstrap_servers
+        self.kafka_conn_id = settings.kafka_conn_id
+        if not self.config.get("bootstrap.servers") and not self.kafka_conn_id:
             raise ConfigError(f"{self.where}: no broker: give bootstrap_servers, or kafka_conn_id (an Airflow "
                               "connection whose extras hold 'bootstrap.servers' and the client's settings)")
-        self.max_offsets_per_epoch = max_offsets_per_epoch
-        self.starting_offsets = starting_offsets
-        self.fail_on_data_loss = fail_on_data_loss
-        self.group_id = group_id or f"seatunnel-ckpt-{name}"
-
-    @property
-    def where(self) -> str:
-        """How errors name this source."""
-        return f"kafka source {self.name!r}"
+        self.max_offsets_per_epoch = settings.max_offsets_per_epoch
+        self.starting_offsets = settings.starting_offsets
+        self.fail_on_data_loss = settings.fail_on_data_loss
+        self.group_id = settings.group_id or f"seatunnel-ckpt-{name}"
 
     def client_config(self) -> dict[str, Any]:
         """The librdkafka settings every client of this source uses."""
@@ -161,7 +151,7 @@ class KafkaSource(Source):
         state = self.broker_state(sorted({r.topic for r in ranges}))
         try:
             readable, lost = kafka_offsets.check_pinned(
-                ranges, offsets.get("topic_ids") or {}, state, fail_on_data_loss=self.fail_on_data_loss,
+                ranges, offsets.get("topic_ids") or {}, state, fail_on_data_loss=not self.skips_gone,
                 where=self.where)
         except KafkaOffsetsError as exc:
             raise SourceError(str(exc)) from exc
@@ -170,23 +160,24 @@ class KafkaSource(Source):
                         self.where, kafka_offsets.describe_lost(lost))
         return readable
 
-    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
-        """Refuse unless every record of the pinned ranges is still in its topic (same topic id)."""
+    def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
+        """The pinned records no longer in their topic: truncated, or the topic deleted and
+        created again (another topic id)."""
         ranges = kafka_offsets.ranges_of(offsets)
         if not ranges:
-            return
+            return []
         state = self.broker_state(sorted({r.topic for r in ranges}))
         try:
             _, lost = kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
                                                  fail_on_data_loss=False, where=self.where)
         except KafkaOffsetsError as exc:
             raise SourceError(str(exc)) from exc
-        if lost:
-            raise SourceError(f"{self.where}: records the epoch read are gone: {kafka_offsets.describe_lost(lost)}")
+        return [kafka_offsets.describe_lost([entry]) for entry in lost]
 
-    def read_exactly(self) -> None:
-        """Fail on any pinned record that is gone, whatever ``fail_on_data_loss`` says."""
-        self.fail_on_data_loss = True
+    @property
+    def skips_gone(self) -> bool:
+        """``fail_on_data_loss=false``, until :meth:`read_exactly` (a replay)."""
+        return not self.fail_on_data_loss and not self.exact
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the pinned ranges, one Spark input partition per topic-partition range.
@@ -199,5 +190,8 @@ class KafkaSource(Source):
         ranges = self.readable_ranges(offsets)
         if not ranges:
             return spark.createDataFrame([], SCHEMA)
-        return read_ranges(spark, ranges, self.client_config(), self.where, self.fail_on_data_loss,
+        return read_ranges(spark, ranges, self.client_config(), self.where, not self.skips_gone,
                            topic_ids=offsets.get("topic_ids") or {})
+
+
+KafkaSource.__signature__ = constructor_signature(KafkaSourceOptions)  # type: ignore[attr-defined]
