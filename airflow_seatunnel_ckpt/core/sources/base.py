@@ -27,7 +27,6 @@ The Spark side (:class:`airflow_seatunnel_ckpt.spark.sources.base.Source`) adds 
 
 from __future__ import annotations
 
-import logging
 import posixpath
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -38,8 +37,6 @@ from airflow_seatunnel_ckpt.core.options import Options, checked, type_name
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint
-
-log = logging.getLogger(__name__)
 
 OptionsT = TypeVar("OptionsT", bound=Options)
 

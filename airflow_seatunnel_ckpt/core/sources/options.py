@@ -156,10 +156,12 @@ SOURCE_OPTIONS = keyed(FileSourceOptions, PipelineOutputSourceOptions, IcebergSo
 
 
 def constructor_signature(model: type[Options]) -> inspect.Signature:
-    """``(name, <required options>, *, <other options>)``: a source class's signature read from
-    its options model, so that whatever introspects the class (the parse-time key check, help())
-    sees the options the model takes, and the model stays their one definition."""
-    params = [inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
+    """``(self, name, <required options>, *, <other options>)``: the signature of a source's
+    ``__init__(self, name, ..., **options)`` read from its options model, so that whatever
+    introspects the class (the parse-time key check, help()) sees the options the model takes,
+    and the model stays their one definition. A subclass with its own ``__init__`` keeps its own."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
     for field_name, field in model.model_fields.items():
         if field_name == "type":
             continue

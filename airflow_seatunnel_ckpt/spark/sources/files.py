@@ -56,51 +56,9 @@ log = logging.getLogger(__name__)
 class FileSource(Source):
     """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.
 
-    Options (the stage spec's ``sources.<name>`` mapping; docs/REFERENCE.md, "Source options"
-    table says the same):
-
-    * ``path`` (required): directory URL, e.g. ``file:///data/in`` or ``s3://bucket/in``;
-    * ``format``: ``parquet`` (default), ``json``, ``csv`` or ``orc``;
-    * ``options``: reader options passed to Spark (``{"header": "true"}``);
-    * ``schema``: DDL schema string (recommended for json/csv; also used for an epoch
-      without new files);
-    * ``max_files_per_epoch``: read at most this many new files (oldest names first; with
-      ``max_file_age``, oldest modification times first, as Spark does, so the watermark
-      never passes a file left waiting);
-    * ``prefixes``: list only below these subdirectories of ``path`` (relative to it; each
-      may be a glob such as ``"dt=*/hour=*/"`` or an Airflow template such as
-      ``"dt={{ ds }}/"``, rendered per run). File names stay relative to ``path``, so the
-      consumed history is the same whichever prefixes a run lists; a file delivered late
-      into a prefix no later run lists is not read (list ``{{ prev_ds }}`` too);
-    * ``ordered_prefixes``: the glob ``prefixes`` match partition directories whose names
-      sort in time order (``dt=2026-11-23/hour=07``): list only those at or after the
-      partition of the greatest file name consumed so far below that prefix (each prefix
-      has its own floor; default False). Not with both ``max_files_per_epoch`` and
-      ``max_file_age`` (a waiting file could fall behind one of them). A year of
-      partitions then costs one directory listing per glob level, not a listing of every
-      file; a file delivered late into an older partition is not read, unless
-      ``backfill_every`` is set;
-    * ``backfill_every``: with ``ordered_prefixes``, every this many epochs one epoch lists
-      every partition the prefixes match, so a file delivered late into an older partition
-      is read then (Auto Loader's ``cloudFiles.backfillInterval``, counted in epochs): the
-      epochs whose numbers pass a multiple of it since the restored one;
-    * ``max_file_age``: ignore files modified more than this before the newest file
-      consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
-      ``maxFileAge``), and forget consumed files once they are that old, so the
-      consumed-file index holds only the window. A wider window later (or none) never
-      lists below what the index forgot, so no consumed file is read twice;
-    * ``storage_options``: fsspec options used to list the directory;
-    * ``allow_missing``: plan an empty epoch while the directory does not exist (default
-      False: a missing directory is an error, so a mistyped path is noticed at once; on
-      an object store an empty prefix does not exist either);
-    * ``on_change``: what to do when a file an epoch consumed changed since (another
-      size, modification time or ETag under the same name): ``"error"`` (default) or
-      ``"reread"`` (read it again in full: every row is new input, so a de-duplicating stage drops
-      the rows whose keys it already saw, corrected ones included);
-    * ``bad_records``: a directory URL; csv/json records Spark cannot parse against the
-      schema go there (as JSON lines: source, file, record, parsed) as a sink published
-      with the epoch, instead of failing the epoch; such a record reaches no other sink
-      and no state, whichever columns the stage uses.
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.FileSourceOptions`, one
+    docstring per option; docs/FILE_SOURCES.md says how ``prefixes``, ``ordered_prefixes``,
+    ``backfill_every``, ``max_file_age`` and ``max_files_per_epoch`` compose.
 
     Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
     ``.crc``, in-progress uploads), as Spark does.
@@ -458,4 +416,4 @@ class FileSource(Source):
         return None
 
 
-FileSource.__signature__ = constructor_signature(FileSourceOptions)  # type: ignore[attr-defined]
+FileSource.__init__.__signature__ = constructor_signature(FileSourceOptions)  # type: ignore[attr-defined]

@@ -41,17 +41,9 @@ ADMIN_TIMEOUT_S = 30.0
 class KafkaSource(Source):
     """Records of Kafka topics: each epoch reads the offsets produced since the last committed one.
 
-    Options: ``bootstrap_servers``; ``topics`` (a list) or ``pattern`` (a regular expression
-    the whole topic name matches; topics created later that match are read too);
-    ``max_offsets_per_epoch`` (caps the epoch, spread evenly over the partitions that have
-    records); ``starting_offsets`` (``"earliest"`` / ``"latest"``: where the first epoch
-    starts; partitions found later always start at their earliest offset);
-    ``fail_on_data_loss`` (default true: records gone before an epoch read them fail the
-    epoch before its decision; false skips them and records them as ``lost``); ``config``
-    (librdkafka client settings, e.g. security); ``kafka_conn_id`` (an Airflow connection
-    whose extras are librdkafka settings, as the Kafka provider's; resolved into ``config``
-    by the stage operator when the task runs); ``group_id`` (the consumer group named to
-    the broker; offsets are never committed to it, the checkpoint is the position).
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.KafkaSourceOptions` (docs/KAFKA.md).
+    ``kafka_conn_id`` is resolved into ``config`` by the stage operator when the task runs;
+    offsets are never committed to ``group_id``: the checkpoint is the position.
 
     Offsets: see :mod:`airflow_seatunnel_ckpt.core.sources.kafka`.
     """
@@ -143,36 +135,32 @@ class KafkaSource(Source):
         return offsets
 
     # -- reading ----------------------------------------------------------------------------
-    def readable_ranges(self, offsets: Mapping[str, Any]) -> list[Range]:
-        """The pinned ranges, checked against the broker now: lost records fail here, before prepare."""
+    def checked_ranges(self, offsets: Mapping[str, Any]) -> tuple[list[Range], list[dict[str, Any]]]:
+        """The pinned ranges checked against the broker now: the readable part of each, and the
+        records lost (truncated, or the topic deleted and created again: another topic id)."""
         ranges = kafka_offsets.ranges_of(offsets)
         if not ranges:
-            return []
+            return [], []
         state = self.broker_state(sorted({r.topic for r in ranges}))
         try:
-            readable, lost = kafka_offsets.check_pinned(
-                ranges, offsets.get("topic_ids") or {}, state, fail_on_data_loss=not self.skips_gone,
-                where=self.where)
+            return kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
+                                              fail_on_data_loss=False, where=self.where)
         except KafkaOffsetsError as exc:
             raise SourceError(str(exc)) from exc
+
+    def readable_ranges(self, offsets: Mapping[str, Any]) -> list[Range]:
+        """The pinned ranges to read: lost records fail here, before prepare, unless skipped."""
+        readable, lost = self.checked_ranges(offsets)
+        if lost and not self.skips_gone:
+            raise SourceError(str(kafka_offsets.data_loss_error(self.where, lost)))
         if lost:
             log.warning("%s: skipping records lost since the epoch was planned (fail_on_data_loss=false): %s",
                         self.where, kafka_offsets.describe_lost(lost))
         return readable
 
     def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
-        """The pinned records no longer in their topic: truncated, or the topic deleted and
-        created again (another topic id)."""
-        ranges = kafka_offsets.ranges_of(offsets)
-        if not ranges:
-            return []
-        state = self.broker_state(sorted({r.topic for r in ranges}))
-        try:
-            _, lost = kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
-                                                 fail_on_data_loss=False, where=self.where)
-        except KafkaOffsetsError as exc:
-            raise SourceError(str(exc)) from exc
-        return [kafka_offsets.describe_lost([entry]) for entry in lost]
+        """The pinned records no longer in their topic (see :meth:`checked_ranges`)."""
+        return [kafka_offsets.describe_lost([entry]) for entry in self.checked_ranges(offsets)[1]]
 
     @property
     def skips_gone(self) -> bool:
@@ -194,4 +182,4 @@ class KafkaSource(Source):
                            topic_ids=offsets.get("topic_ids") or {})
 
 
-KafkaSource.__signature__ = constructor_signature(KafkaSourceOptions)  # type: ignore[attr-defined]
+KafkaSource.__init__.__signature__ = constructor_signature(KafkaSourceOptions)  # type: ignore[attr-defined]

@@ -62,12 +62,7 @@ def _read_parquet(spark: SparkSession, paths: list[str]) -> DataFrame:
 class IcebergSource(Source):
     """An Apache Iceberg table: each epoch reads the rows appended since the last one.
 
-    Options: ``table`` (``namespace.name``), ``catalog`` (pyiceberg catalog properties;
-    default: the embedded SQL catalog on SQLite the Iceberg sink uses), ``catalog_name``,
-    ``start`` (``"earliest"``: the first epoch reads the whole current snapshot;
-    ``"latest"``: only rows appended after it), ``skip_overwrites`` / ``skip_deletes``
-    (pass over ``overwrite`` / ``delete`` snapshots instead of failing; as Spark's
-    ``streaming-skip-*-snapshots``).
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.IcebergSourceOptions`.
 
     Offsets: ``{"snapshot_id": s, "after_snapshot_id": c, "files": [{"path", "size",
     "records"}, ...]}``.
@@ -138,10 +133,7 @@ class IcebergSource(Source):
 class DeltaSource(Source):
     """A Delta Lake table: each epoch reads the rows the versions since the last one appended.
 
-    Options: ``path`` (the table URL), ``storage_options`` (delta-rs object-store options,
-    e.g. ``AWS_ENDPOINT_URL``; Spark's own configuration reaches the files), ``start``
-    (``"earliest"`` / ``"latest"``, as for Iceberg), ``skip_change_commits`` (pass over
-    whole commits that removed rows instead of failing; Delta's ``skipChangeCommits``).
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.DeltaSourceOptions`.
 
     Offsets: ``{"version": v, "after_version": c, "files": [{"path", "size", "records",
     "partition"}, ...]}``. Delta writers leave partition columns out of the data files;
@@ -326,6 +318,6 @@ class PipelineOutputSource(FileSource):
         return data.drop("epoch"), rejected
 
 
-IcebergSource.__signature__ = constructor_signature(IcebergSourceOptions)  # type: ignore[attr-defined]
-DeltaSource.__signature__ = constructor_signature(DeltaSourceOptions)  # type: ignore[attr-defined]
-PipelineOutputSource.__signature__ = constructor_signature(PipelineOutputSourceOptions)  # type: ignore[attr-defined]
+IcebergSource.__init__.__signature__ = constructor_signature(IcebergSourceOptions)  # type: ignore[attr-defined]
+DeltaSource.__init__.__signature__ = constructor_signature(DeltaSourceOptions)  # type: ignore[attr-defined]
+PipelineOutputSource.__init__.__signature__ = constructor_signature(PipelineOutputSourceOptions)  # type: ignore[attr-defined]
