@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.spark.registry import register_sink, register_source
     from airflow_seatunnel_ckpt.spark.runner import StageFunction, load_stage_function, run_stage
     from airflow_seatunnel_ckpt.spark.sinks.files import FileSink, Sink, SinkError
-    from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError
+    from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
+    from airflow_seatunnel_ckpt.spark.sources.files import FileSource
     from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageResult, StageSpec
     from airflow_seatunnel_ckpt.spark.state import KeySet, KeyValueState, StateError
 
@@ -42,8 +43,8 @@ _EXPORTS = {
     "SinkError": "sinks.files",
     "register_sink": "registry",
     "FileSource": "sources.files",
-    "Source": "sources.files",
-    "SourceError": "sources.files",
+    "Source": "sources.base",
+    "SourceError": "sources.base",
     "register_source": "registry",
     "DEFAULT_KEY_GROUPS": "spec",
     "StageResult": "spec",

@@ -13,7 +13,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark.sinks.files import Sink
-from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError
+from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource
 from airflow_seatunnel_ckpt.spark.state import KeyedState, KeySet, KeyValueState
 
 if TYPE_CHECKING:

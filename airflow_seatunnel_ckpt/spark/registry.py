@@ -27,7 +27,7 @@ from airflow_seatunnel_ckpt.core.registry import Registry
 
 if TYPE_CHECKING:  # the connectors are imported when a stage spec builds one, not when a DAG is parsed
     from airflow_seatunnel_ckpt.spark.sinks.files import Sink
-    from airflow_seatunnel_ckpt.spark.sources.files import Source
+    from airflow_seatunnel_ckpt.spark.sources.base import Source
 
 T = TypeVar("T")
 _SPARK = "airflow_seatunnel_ckpt.spark"

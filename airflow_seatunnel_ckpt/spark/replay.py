@@ -52,7 +52,7 @@ from airflow_seatunnel_ckpt.spark.runner import (
     load_stage_function,
 )
 from airflow_seatunnel_ckpt.spark.session import stage_session
-from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
+from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
 from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
 if TYPE_CHECKING:

@@ -38,7 +38,8 @@ from airflow_seatunnel_ckpt.spark.progress import DEFAULT_INTERVAL_S, StageProgr
 from airflow_seatunnel_ckpt.spark.registry import sink_from_options, source_from_options
 from airflow_seatunnel_ckpt.spark.session import stage_session
 from airflow_seatunnel_ckpt.spark.sinks.files import Sink
-from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError
+from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource
 from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec, entry_type
 from airflow_seatunnel_ckpt.spark.state import (
     KeyedState,

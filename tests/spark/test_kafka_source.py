@@ -333,7 +333,7 @@ def test_options_are_checked_when_the_source_is_built() -> None:
 
     with pytest.raises(ConfigError, match="exactly one of 'topics'.*or 'pattern'"):
         KafkaSource("events", bootstrap_servers="b:9092", topics=["a"], pattern="a.*")
-    with pytest.raises(ConfigError, match="max_offsets_per_epoch must be a positive integer"):
+    with pytest.raises(ConfigError, match="option 'max_offsets_per_epoch': input should be greater than or equal to 1"):
         KafkaSource("events", bootstrap_servers="b:9092", topics=["a"], max_offsets_per_epoch=0)
     with pytest.raises(ConfigError, match="no broker: give bootstrap_servers, or kafka_conn_id"):
         KafkaSource("events", topics=["a"])

@@ -221,3 +221,16 @@ def test_a_downstream_pipeline_output_source_reads_each_row_once_across_a_replay
 def copy_orders(ctx: Any, spark: Any) -> None:
     """The downstream stage: copy the upstream's orders."""
     ctx.sink("out").write(ctx.source("orders").read().select("order_id", "amount"))
+
+
+def test_a_replay_whose_input_file_was_rewritten_since_is_refused_before_anything_is_written(
+        spark: Any, tmp_path: Path) -> None:
+    lake = FileLake(tmp_path / "lake")
+    lake.run(spark, range(1, 3), "buggy")
+    before = lake.orders_summary()
+    lake.orders.add_file("f02", [900, 901])  # epoch 2's input, same name, other rows
+
+    with pytest.raises(ReplayError, match=r"epoch 2's input is not all there.*f02\.parquet.*changed since"):
+        lake.replay(spark, 2)
+    assert lake.pipeline.epochs() == [1, 2]  # refused before its epoch began
+    assert lake.orders_summary() == before

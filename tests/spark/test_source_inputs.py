@@ -96,6 +96,21 @@ def test_consumed_file_rewritten_with_new_content_is_an_error_naming_it(
     assert published_ids() == [1, 2]
 
 
+def test_a_retry_that_finds_a_pinned_file_rewritten_fails_naming_it_instead_of_reading_the_new_rows(
+    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+) -> None:
+    orders.add_file("a", [1, 2])
+    with pytest.raises(RuntimeError):  # attempt 1 pins a.parquet as it is now, then dies
+        run_stage(orders.spec("run-1", stage="tests.spark.stages:fail_after_staging"), spark)
+    path = orders.add_file("a", [1, 2, 3, 4])  # same name, new rows, before the retry reads it
+    os.utime(path, (1_900_000_000, 1_900_000_000))
+    with pytest.raises(SourceError, match="changed since the epoch pinned it") as failure:
+        run_stage(orders.spec("run-1", attempt=2), spark)
+    assert f"{orders.input_dir}/a.parquet" in str(failure.value) and "epoch 1" in str(failure.value)
+    assert "abort" in str(failure.value)  # the way out: the next epoch plans the file as it is now
+    assert published_ids() == []
+
+
 def test_on_change_reread_reads_a_changed_file_again(
     spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
@@ -321,8 +336,8 @@ def test_max_file_age_ignores_files_older_than_the_newest_consumed_file_minus_th
 
 
 @pytest.mark.parametrize(("option", "value", "says"), [
-    ("prefixes", "dt=1/", "non-empty list"),
-    ("prefixes", [], "non-empty list"),
+    ("prefixes", "dt=1/", "should be a valid list"),
+    ("prefixes", [], "at least 1 item"),
     ("prefixes", ["/abs/dt=1"], "relative to 'path'"),
     ("prefixes", ["../elsewhere"], "no '.' or '..'"),
     ("prefixes", ["s3://bucket/dt=1"], "no scheme"),
@@ -471,12 +486,12 @@ def test_ordered_prefixes_without_a_glob_prefix_is_a_config_error(tmp_path: Path
 
     with pytest.raises(ConfigError, match="ordered_prefixes applies to glob prefixes"):
         FileSource("orders", f"file://{tmp_path}", prefixes=["dt=1/"], ordered_prefixes=True)
-    with pytest.raises(ConfigError, match="ordered_prefixes must be true or false"):
+    with pytest.raises(ConfigError, match="option 'ordered_prefixes': input should be a valid boolean"):
         FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes="yes")
     with pytest.raises(ConfigError, match="backfill_every applies with ordered_prefixes"):
         FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], backfill_every=24)
     for bad in (0, -1, 1.5, True, "24"):
-        with pytest.raises(ConfigError, match="backfill_every must be a positive number of epochs"):
+        with pytest.raises(ConfigError, match="option 'backfill_every': input should be"):
             FileSource("orders", f"file://{tmp_path}", prefixes=["dt=*/"], ordered_prefixes=True,
                        backfill_every=bad)
 

@@ -156,3 +156,26 @@ def test_pipeline_output_reads_only_committed_epochs_of_the_upstream_sink(
     quiet = run_and_commit(downstream, "run-3", source, spark)
     assert (quiet.rows, quiet.sources["events"]["epochs"]) == (0, [])
     assert sorted(r["order_id"] for r in published(downstream)) == [1, 2, 3]
+
+
+def test_a_table_sources_pinned_data_file_gone_is_refused_before_a_replay_reads_it(tmp_path: Path) -> None:
+    from deltalake import write_deltalake
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from airflow_seatunnel_ckpt.spark.sources.tables import DeltaSource, IcebergSource
+
+    uri = str(tmp_path / "bronze" / "events")
+    write_deltalake(uri, rows(range(0, 2)), mode="append")
+    props = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": f"file://{tmp_path}/wh"}
+    catalog = SqlCatalog("bronze", **{k: v for k, v in props.items() if k != "type"})
+    catalog.create_namespace("bronze")
+    catalog.create_table("bronze.events", schema=SCHEMA).append(rows(range(0, 2)))
+    sources = [DeltaSource("events", path=uri),
+               IcebergSource("events", table="bronze.events", catalog=props, catalog_name="bronze")]
+    for source in sources:
+        pinned = source.plan([])
+        source.verify_pinned(pinned)  # all there
+        (gone,) = [f["path"] for f in pinned["files"]]
+        Path(gone.removeprefix("file://")).unlink()  # a vacuum / snapshot expiry removed it
+        with pytest.raises(SourceError, match=r"not all there.*" + gone.rsplit("/", 1)[-1] + ".*gone"):
+            source.verify_pinned(pinned)

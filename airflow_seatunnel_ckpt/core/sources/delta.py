@@ -165,11 +165,11 @@ def plan_delta(uri: str, storage_options: Mapping[str, str], history: Sequence[M
     if not found and start == "latest":
         return plan
     if not found or consumed is None:
-        plan["files"] = [f.to_json() for f in _delta_snapshot_files(table, where)]
+        plan["files"] = [f.to_dict() for f in _delta_snapshot_files(table, where)]
         return plan
     commits = [parse_delta_commit(v, _read_log_entry(uri, options, v, consumed, where), table.table_uri, where)
                for v in range(consumed + 1, current + 1)]
-    plan["files"] = [f.to_json() for f in refuse_delta_changes(commits, skip_change_commits, where)]
+    plan["files"] = [f.to_dict() for f in refuse_delta_changes(commits, skip_change_commits, where)]
     return plan
 
 

@@ -148,7 +148,7 @@ def plan_iceberg(table: IcebergTable, history: Sequence[Mapping[str, Any]], *, s
         scan = table.incremental_append_scan(from_snapshot_id_exclusive=consumed,
                                              to_snapshot_id_inclusive=current_id)
         tasks = list(scan.plan_files())
-    plan["files"] = [f.to_json() for f in _iceberg_files(tasks, where)]
+    plan["files"] = [f.to_dict() for f in _iceberg_files(tasks, where)]
     return plan
 
 

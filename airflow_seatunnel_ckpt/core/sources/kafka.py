@@ -29,9 +29,6 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 
-#: Where the first epoch starts in a partition that no earlier epoch read.
-STARTING_OFFSETS = ("earliest", "latest")
-
 
 class KafkaOffsetsError(CheckpointError):
     """A Kafka source cannot plan or read its pinned ranges: records it has not read are gone."""
@@ -62,22 +59,13 @@ class Range:
         return f"{self.topic}-{self.partition}"
 
 
-def check_options(where: str, topics: Any, pattern: Any, starting_offsets: Any, max_offsets_per_epoch: Any,
-                  fail_on_data_loss: Any) -> tuple[list[str] | None, re.Pattern[str] | None]:
-    """Validate a Kafka source's subscription and planning options; the topic list or the compiled pattern."""
+def check_subscription(where: str, topics: Sequence[str] | None,
+                       pattern: str | None) -> tuple[list[str] | None, re.Pattern[str] | None]:
+    """A Kafka source's subscription (its options model checked each option's type): exactly one
+    of a non-empty topic list and a pattern; the topic list or the compiled pattern."""
     if (topics is None) == (pattern is None):
         raise ConfigError(f"{where}: give exactly one of 'topics' (a list of topic names) or 'pattern' "
                           f"(a regular expression the whole topic name matches)")
-    if starting_offsets not in STARTING_OFFSETS:
-        raise ConfigError(f"{where}: starting_offsets must be one of {STARTING_OFFSETS}, got {starting_offsets!r}; "
-                          "'earliest' reads every record in the first epoch, 'latest' only those produced after it")
-    if max_offsets_per_epoch is not None and (isinstance(max_offsets_per_epoch, bool)
-                                              or not isinstance(max_offsets_per_epoch, int)
-                                              or max_offsets_per_epoch <= 0):
-        raise ConfigError(f"{where}: max_offsets_per_epoch must be a positive integer or null, "
-                          f"got {max_offsets_per_epoch!r}")
-    if not isinstance(fail_on_data_loss, bool):
-        raise ConfigError(f"{where}: fail_on_data_loss must be true or false, got {fail_on_data_loss!r}")
     if topics is not None:
         if (isinstance(topics, str) or not isinstance(topics, Sequence) or not topics
                 or not all(isinstance(t, str) and t for t in topics)):

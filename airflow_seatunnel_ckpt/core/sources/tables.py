@@ -26,14 +26,15 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import RECORD, Record, omitted_if
 from airflow_seatunnel_ckpt.core.storage.publish import EpochsPointer
 
-#: Where a table source starts when no committed epoch read it yet.
-START = ("earliest", "latest")
 #: The summary file a published epoch directory receives last (core.storage.publish.SUCCESS).
 SUCCESS = "_SUCCESS"
 #: The pointer file of a snapshot-mode sink target (core.storage.publish.LATEST).
@@ -47,40 +48,19 @@ class TableSourceError(CheckpointError):
     position an earlier epoch consumed is gone, or a data file cannot be read as Parquet."""
 
 
-@dataclass(frozen=True)
-class DataFile:
+@dataclass(config=RECORD)
+class DataFile(Record):
     """One data file an epoch reads: its full URI, size, rows and (Delta) partition values.
 
     ``partition`` holds the values as the Delta log writes them (strings, ``None`` for
-    null); the reader adds them as columns when the file itself omits them.
+    null); the reader adds them as columns when the file itself omits them. Stored in the
+    epoch's pinned offsets as :meth:`to_dict` gives it, read back with :meth:`from_dict`.
     """
 
     path: str
     size: int
-    records: int | None = None
-    partition: Mapping[str, str | None] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON data for the epoch's offsets."""
-        out: dict[str, Any] = {"path": self.path, "size": self.size}
-        if self.records is not None:
-            out["records"] = self.records
-        if self.partition:
-            out["partition"] = dict(self.partition)
-        return out
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any], where: str) -> DataFile:
-        """Parse :meth:`to_json` output read back from a stored plan."""
-        try:
-            partition = data.get("partition") or {}
-            if not isinstance(partition, dict):
-                raise TypeError("partition is not an object")
-            return cls(str(data["path"]), int(data["size"]),
-                       None if data.get("records") is None else int(data["records"]),
-                       {str(k): None if v is None else str(v) for k, v in partition.items()})
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise TableSourceError(f"{where}: a planned data file entry is malformed ({exc}): {data!r}") from exc
+    records: int | None = omitted_if(None)
+    partition: dict[str, str | None] = Field(default_factory=dict, exclude_if=lambda value: not value)
 
 
 def planned_files(offsets: Mapping[str, Any], where: str) -> list[DataFile]:
@@ -88,7 +68,10 @@ def planned_files(offsets: Mapping[str, Any], where: str) -> list[DataFile]:
     files = offsets.get("files") or []
     if not isinstance(files, list):
         raise TableSourceError(f"{where}: offsets have no file list: {dict(offsets)!r}")
-    return [DataFile.from_json(f, where) for f in files]
+    try:
+        return [DataFile.from_dict(f, f"{where}: a planned data file entry") for f in files]
+    except CorruptCheckpointError as exc:
+        raise TableSourceError(str(exc)) from exc
 
 
 def consumed_position(history: Sequence[Mapping[str, Any]], key: str, where: str) -> tuple[bool, int | None]:
@@ -123,14 +106,6 @@ def refuse_other_table(history: Sequence[Mapping[str, Any]], key: str, table_id:
                 f"{recorded}, the table there now has id {table_id}, and its positions start again. Use a new "
                 "source name to read the new table from its start (or start='latest'), or restore the old table")
         return
-
-
-def check_start(name: str, kind: str, start: str) -> str:
-    """Validate a table source's ``start`` option."""
-    if start not in START:
-        raise ConfigError(f"{kind} source {name!r}: start must be one of {START}, got {start!r}; 'earliest' reads "
-                          "every row in the table in the first epoch, 'latest' only rows appended after it")
-    return start
 
 
 # -- another pipeline's published epochs ----------------------------------------------------------

@@ -1,17 +1,9 @@
-"""Sources: what input an epoch consumes (offsets) and how to read it (a DataFrame).
+"""The file source: files below a directory, each read by exactly one committed epoch.
 
-A source is two steps, split so that the runner can log the first before doing the second:
-
-* :meth:`Source.plan` -- given every committed epoch's offsets, decide this epoch's
-  offsets: plain JSON data. The runner fixes them for the epoch (every retry reads the
-  same input) and records them in the prepared record, the write-ahead log.
-* :meth:`Source.read` -- turn those offsets into a DataFrame.
-
-:class:`FileSource` is the reference implementation: its offsets are the files an epoch
-reads, so each epoch reads exactly the files no committed epoch consumed, and files that
-arrive late land in a later epoch. A Kafka-like source would plan ``{partition: (from,
-to)}`` ranges from the last committed end offsets and read them with Spark's batch
-reader; register it with :func:`~airflow_seatunnel_ckpt.spark.registry.register_source`.
+Its offsets are the files an epoch reads, with each file's identity, so each epoch reads
+exactly the files no committed epoch consumed, files that arrive late land in a later
+epoch, and a pinned file rewritten under its name is refused where it is read. The
+contract it implements is :mod:`~airflow_seatunnel_ckpt.spark.sources.base`.
 
 How a directory is listed (prefixes, globs, identities) is in
 :mod:`~airflow_seatunnel_ckpt.spark.sources.listing`.
@@ -21,15 +13,17 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.core.sources import files as file_index
 from airflow_seatunnel_ckpt.core.sources import source_log
+from airflow_seatunnel_ckpt.core.sources.base import files_gone
 from airflow_seatunnel_ckpt.core.sources.files import FileIndex
+from airflow_seatunnel_ckpt.core.sources.options import FileSourceOptions, constructor_signature
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
+from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
 from airflow_seatunnel_ckpt.spark.sources.listing import (
     file_identity as file_identity,  # where sources.py and table_sources.py import it from
 )
@@ -51,8 +45,6 @@ if TYPE_CHECKING:
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
 #: Text formats whose records Spark parses against a schema (and can fail to).
 PARSED_FORMATS = ("csv", "json")
-#: What a file source does with a consumed file that changed (see ``FileSource``).
-ON_CHANGE = ("error", "reread")
 #: The corrupt-record column added to csv/json reads (Spark's default name).
 CORRUPT_COLUMN = "_corrupt_record"
 #: Unparseable records an error message shows.
@@ -61,135 +53,12 @@ MAX_REPORTED = 5
 log = logging.getLogger(__name__)
 
 
-class SourceError(CheckpointError):
-    """A source cannot plan or read its input (missing path, unreadable file, no schema)."""
-
-
-class Source(ABC):
-    """Input of a stage: offsets in, DataFrame out.
-
-    A new kind of source implements two methods and registers a type name, in the module
-    of the stage function (the runner imports it before it builds the sources)::
-
-        class KafkaSource(Source):
-            def __init__(self, name, topic, servers):
-                super().__init__(name)
-                self.topic, self.servers = topic, servers
-
-            def plan(self, history):
-                # Resume where the last committed epoch that read the topic stopped.
-                ends = [e["offsets"]["end"] for e in history if e["offsets"]]
-                start = ends[-1] if ends else "earliest"
-                return {"start": start, "end": latest_offsets(self.servers, self.topic)}
-
-            def read(self, spark, offsets):
-                return (spark.read.format("kafka")
-                        .option("kafka.bootstrap.servers", self.servers)
-                        .option("subscribe", self.topic)
-                        .option("startingOffsets", json.dumps(offsets["start"]))
-                        .option("endingOffsets", json.dumps(offsets["end"])).load())
-
-        register_source("kafka", KafkaSource)  # spec: {"type": "kafka", "topic": ..., ...}
-
-    ``plan`` must be a pure function of the committed history and the outside world;
-    its result is stored before the stage runs, so a retry of the epoch reads the same
-    range even if more input arrived. An epoch whose stage did not read the source
-    records ``{}`` for it.
-
-    :param name: the source's name in the stage spec (and in the checkpoint).
-    """
-
-    #: Looks up :meth:`first_pinned` in the log; the runner sets it before planning.
-    earlier_plans: Callable[[], Mapping[str, Any] | None] | None = None
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    @abstractmethod
-    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
-        """This epoch's offsets, given ``history``: the offsets of every committed epoch,
-        oldest first, as ``[{"epoch": e, "offsets": {...}}, ...]``. Must be JSON data."""
-
-    @abstractmethod
-    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
-        """The input the planned ``offsets`` describe, as a DataFrame."""
-
-    def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:
-        """The offsets of ``epoch``, planned from the restore point the epoch starts from.
-
-        The default hands :meth:`plan` the source's whole history; a source that can
-        plan from less (the file source's consumed-file index) overrides it.
-        """
-        return self.plan(point.source_entries(self.name))
-
-    def first_pinned(self) -> Mapping[str, Any] | None:
-        """The offsets an earlier epoch of the pipeline pinned for this source (aborted, or
-        committed without reading it; the newest such plan), or None. A source whose first
-        plan depends on when it is made (Kafka's ``starting_offsets="latest"``) starts where
-        that plan started when no committed epoch read it, so the pipeline's start never moves."""
-        return self.earlier_plans() if self.earlier_plans is not None else None
-
-    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
-        """Raise :class:`SourceError` unless all the input ``offsets`` pin can still be read as it
-        was: what a replay checks for every epoch it runs again, before it writes anything. The
-        default trusts :meth:`read` to refuse."""
-        return None
-
-    def read_exactly(self) -> None:
-        """From now on, read exactly the pinned input or fail, whatever options allow skipping
-        part of it (a replay with fewer rows would replace committed output). The default
-        source never skips."""
-        return None
-
-
 class FileSource(Source):
     """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.
 
-    Options (the stage spec's ``sources.<name>`` mapping; docs/REFERENCE.md, "Source options"
-    table says the same):
-
-    * ``path`` (required): directory URL, e.g. ``file:///data/in`` or ``s3://bucket/in``;
-    * ``format``: ``parquet`` (default), ``json``, ``csv`` or ``orc``;
-    * ``options``: reader options passed to Spark (``{"header": "true"}``);
-    * ``schema``: DDL schema string (recommended for json/csv; also used for an epoch
-      without new files);
-    * ``max_files_per_epoch``: read at most this many new files (oldest names first; with
-      ``max_file_age``, oldest modification times first, as Spark does, so the watermark
-      never passes a file left waiting);
-    * ``prefixes``: list only below these subdirectories of ``path`` (relative to it; each
-      may be a glob such as ``"dt=*/hour=*/"`` or an Airflow template such as
-      ``"dt={{ ds }}/"``, rendered per run). File names stay relative to ``path``, so the
-      consumed history is the same whichever prefixes a run lists; a file delivered late
-      into a prefix no later run lists is not read (list ``{{ prev_ds }}`` too);
-    * ``ordered_prefixes``: the glob ``prefixes`` match partition directories whose names
-      sort in time order (``dt=2026-11-23/hour=07``): list only those at or after the
-      partition of the greatest file name consumed so far below that prefix (each prefix
-      has its own floor; default False). Not with both ``max_files_per_epoch`` and
-      ``max_file_age`` (a waiting file could fall behind one of them). A year of
-      partitions then costs one directory listing per glob level, not a listing of every
-      file; a file delivered late into an older partition is not read, unless
-      ``backfill_every`` is set;
-    * ``backfill_every``: with ``ordered_prefixes``, every this many epochs one epoch lists
-      every partition the prefixes match, so a file delivered late into an older partition
-      is read then (Auto Loader's ``cloudFiles.backfillInterval``, counted in epochs): the
-      epochs whose numbers pass a multiple of it since the restored one;
-    * ``max_file_age``: ignore files modified more than this before the newest file
-      consumed so far (seconds, or text such as ``"7d"``, ``"12h"``; Spark's
-      ``maxFileAge``), and forget consumed files once they are that old, so the
-      consumed-file index holds only the window. A wider window later (or none) never
-      lists below what the index forgot, so no consumed file is read twice;
-    * ``storage_options``: fsspec options used to list the directory;
-    * ``allow_missing``: plan an empty epoch while the directory does not exist (default
-      False: a missing directory is an error, so a mistyped path is noticed at once; on
-      an object store an empty prefix does not exist either);
-    * ``on_change``: what to do when a file an epoch consumed changed since (another
-      size, modification time or ETag under the same name): ``"error"`` (default) or
-      ``"reread"`` (read it again in full: every row is new input, so a de-duplicating stage drops
-      the rows whose keys it already saw, corrected ones included);
-    * ``bad_records``: a directory URL; csv/json records Spark cannot parse against the
-      schema go there (as JSON lines: source, file, record, parsed) as a sink published
-      with the epoch, instead of failing the epoch; such a record reaches no other sink
-      and no state, whichever columns the stage uses.
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.FileSourceOptions`, one
+    docstring per option; docs/FILE_SOURCES.md says how ``prefixes``, ``ordered_prefixes``,
+    ``backfill_every``, ``max_file_age`` and ``max_files_per_epoch`` compose.
 
     Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
     ``.crc``, in-progress uploads), as Spark does.
@@ -208,82 +77,50 @@ class FileSource(Source):
     instead of becoming NULLs (or losing its extra fields): the epoch fails naming the
     file and line, unless ``bad_records`` quarantines it. A ``mode`` the user sets in
     ``options`` (``DROPMALFORMED``, ``FAILFAST``) is Spark's and is left alone.
+
+    Every read checks the pinned files' identities first (:meth:`pinned_gone`): a file
+    rewritten or removed between the plan and a retry's read fails the epoch before its
+    decision, and a replay is refused before it writes anything.
     """
 
-    def __init__(
-        self,
-        name: str,
-        path: str,
-        format: str = "parquet",
-        options: Mapping[str, Any] | None = None,
-        schema: str | None = None,
-        max_files_per_epoch: int | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        allow_missing: bool = False,
-        on_change: str = "error",
-        bad_records: str | None = None,
-        prefixes: Sequence[str] | None = None,
-        max_file_age: float | str | None = None,
-        ordered_prefixes: bool = False,
-        backfill_every: int | None = None,
-    ) -> None:
+    kind = "file"
+
+    def __init__(self, name: str, path: str, **options: Any) -> None:
         super().__init__(name)
-        if format not in FILE_FORMATS:
-            raise ConfigError(
-                f"file source {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
-            )
-        if max_files_per_epoch is not None and (
-            not isinstance(max_files_per_epoch, int) or max_files_per_epoch < 1
-        ):
-            raise ConfigError(
-                f"file source {name!r}: max_files_per_epoch must be a positive integer"
-            )
-        if not isinstance(allow_missing, bool):
-            raise ConfigError(
-                f"file source {name!r}: allow_missing must be true or false, got {allow_missing!r}"
-            )
-        if on_change not in ON_CHANGE:
-            raise ConfigError(
-                f"file source {name!r}: on_change must be one of {ON_CHANGE}, got {on_change!r}"
-            )
-        if bad_records is not None and (not isinstance(bad_records, str) or not bad_records):
-            raise ConfigError(
-                f"file source {name!r}: bad_records must be a directory URL, got {bad_records!r}"
-            )
-        if bad_records is not None and format not in PARSED_FORMATS:
+        self._configure(self.checked_options(FileSourceOptions, {"path": path, **options}))
+
+    def _configure(self, settings: FileSourceOptions) -> None:
+        """Take the checked options; refuse the combinations no single option's type can."""
+        name = self.name
+        #: The checked options (the source's one copy of them).
+        self.settings = settings
+        if settings.bad_records is not None and settings.format not in PARSED_FORMATS:
             raise ConfigError(
                 f"file source {name!r}: bad_records applies to {PARSED_FORMATS} sources only; "
-                f"{format} files have a schema of their own (remove the option)"
+                f"{settings.format} files have a schema of their own (remove the option)"
             )
-        self.url = fsspec_url(path).rstrip("/")
-        self.format = format
-        self.options = {k: str(v) for k, v in (options or {}).items()}
-        self.schema = schema
-        self.max_files_per_epoch = max_files_per_epoch
-        self.storage_options = dict(storage_options or {})
-        self.allow_missing = allow_missing
-        self.on_change = on_change
-        self.bad_records = fsspec_url(bad_records).rstrip("/") if bad_records else None
-        self.prefixes = parse_prefixes(name, prefixes)
-        if not isinstance(ordered_prefixes, bool):
-            raise ConfigError(
-                f"file source {name!r}: ordered_prefixes must be true or false, got {ordered_prefixes!r}")
-        if ordered_prefixes and not any(is_glob(p) for p in self.prefixes or []):
+        self.url = fsspec_url(settings.path).rstrip("/")
+        self.format = settings.format
+        self.options = {k: str(v) for k, v in settings.options.items()}
+        self.schema = settings.schema
+        self.max_files_per_epoch = settings.max_files_per_epoch
+        self.storage_options = dict(settings.storage_options)
+        self.allow_missing = settings.allow_missing
+        self.on_change = settings.on_change
+        self.bad_records = fsspec_url(settings.bad_records).rstrip("/") if settings.bad_records else None
+        self.prefixes = parse_prefixes(name, settings.prefixes)
+        self.ordered_prefixes = settings.ordered_prefixes
+        if self.ordered_prefixes and not any(is_glob(p) for p in self.prefixes or []):
             raise ConfigError(
                 f"file source {name!r}: ordered_prefixes applies to glob prefixes (such as "
                 '["dt=*/hour=*/"]); add one to \'prefixes\' or remove ordered_prefixes')
-        self.ordered_prefixes = ordered_prefixes
-        if backfill_every is not None and (isinstance(backfill_every, bool) or not isinstance(backfill_every, int)
-                                           or backfill_every < 1):
-            raise ConfigError(
-                f"file source {name!r}: backfill_every must be a positive number of epochs, got {backfill_every!r}")
-        if backfill_every is not None and not ordered_prefixes:
+        self.backfill_every = settings.backfill_every
+        if self.backfill_every is not None and not self.ordered_prefixes:
             raise ConfigError(
                 f"file source {name!r}: backfill_every applies with ordered_prefixes (without it every epoch "
                 "lists every partition already); remove it, or set ordered_prefixes")
-        self.backfill_every = backfill_every
-        self.max_file_age = parse_age(name, max_file_age)
-        if ordered_prefixes and max_files_per_epoch is not None and self.max_file_age is not None:
+        self.max_file_age = parse_age(name, settings.max_file_age)
+        if self.ordered_prefixes and self.max_files_per_epoch is not None and self.max_file_age is not None:
             # A capped epoch must take the oldest names (or the floor skips the ones left
             # waiting) and the oldest modification times (or the watermark passes them);
             # when the two orders disagree, one of the files left waiting would be lost.
@@ -430,6 +267,19 @@ class FileSource(Source):
         return {"files": new, "identity": {f: listing[f] for f in new},
                 source_log.INDEX_KEY: {"max_file_age": self.max_file_age}}
 
+    # -- checking ------------------------------------------------------------------------
+    def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
+        """The pinned files gone or rewritten since they were pinned (another size, ETag or
+        modification time under the same name); a file pinned without an identity only has
+        to exist. One listing per directory that holds pinned files."""
+        identity = offsets.get("identity") or {}
+        pinned = {f"{self.url}/{f}": identity.get(f) for f in offsets.get("files", [])}
+        try:
+            return files_gone(pinned, self.storage_options,
+                              lambda ident, info: file_index.same_file(ident, listed_identity(info)))
+        except Exception as exc:
+            raise SourceError(f"{self.where}: cannot list the pinned files below {self.url}: {exc}") from exc
+
     # -- reading ---------------------------------------------------------------------------
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Read exactly the planned files (an empty DataFrame if there are none).
@@ -448,6 +298,9 @@ class FileSource(Source):
         format has nothing to reject). Both lazy; the rejected ones have the columns
         ``source``, ``file``, ``record`` (the raw text) and ``parsed`` (what did parse, as JSON)."""
         files = list(offsets.get("files", []))
+        if files:
+            # A file rewritten under its name since the plan would be read as the pinned one.
+            self.verify_pinned(offsets)
         reader = spark.read.format(self.format).options(**self.options)
         if not files:
             if self.schema:
@@ -561,3 +414,6 @@ class FileSource(Source):
         except OSError:
             return None
         return None
+
+
+FileSource.__init__.__signature__ = constructor_signature(FileSourceOptions)  # type: ignore[attr-defined]

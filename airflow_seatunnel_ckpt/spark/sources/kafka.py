@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.sources import kafka as kafka_offsets
 from airflow_seatunnel_ckpt.core.sources.kafka import KafkaOffsetsError, Range, TopicState
-from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
+from airflow_seatunnel_ckpt.core.sources.options import KafkaSourceOptions, constructor_signature
+from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,49 +41,30 @@ ADMIN_TIMEOUT_S = 30.0
 class KafkaSource(Source):
     """Records of Kafka topics: each epoch reads the offsets produced since the last committed one.
 
-    Options: ``bootstrap_servers``; ``topics`` (a list) or ``pattern`` (a regular expression
-    the whole topic name matches; topics created later that match are read too);
-    ``max_offsets_per_epoch`` (caps the epoch, spread evenly over the partitions that have
-    records); ``starting_offsets`` (``"earliest"`` / ``"latest"``: where the first epoch
-    starts; partitions found later always start at their earliest offset);
-    ``fail_on_data_loss`` (default true: records gone before an epoch read them fail the
-    epoch before its decision; false skips them and records them as ``lost``); ``config``
-    (librdkafka client settings, e.g. security); ``kafka_conn_id`` (an Airflow connection
-    whose extras are librdkafka settings, as the Kafka provider's; resolved into ``config``
-    by the stage operator when the task runs); ``group_id`` (the consumer group named to
-    the broker; offsets are never committed to it, the checkpoint is the position).
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.KafkaSourceOptions` (docs/KAFKA.md).
+    ``kafka_conn_id`` is resolved into ``config`` by the stage operator when the task runs;
+    offsets are never committed to ``group_id``: the checkpoint is the position.
 
     Offsets: see :mod:`airflow_seatunnel_ckpt.core.sources.kafka`.
     """
 
     kind = "kafka"
 
-    def __init__(self, name: str, bootstrap_servers: str | None = None, topics: list[str] | None = None,
-                 pattern: str | None = None, max_offsets_per_epoch: int | None = None,
-                 starting_offsets: str = "earliest", fail_on_data_loss: bool = True,
-                 config: Mapping[str, Any] | None = None, kafka_conn_id: str | None = None,
-                 group_id: str | None = None) -> None:
+    def __init__(self, name: str, **options: Any) -> None:
         super().__init__(name)
-        self.topics, self.pattern = kafka_offsets.check_options(
-            self.where, topics, pattern, starting_offsets, max_offsets_per_epoch, fail_on_data_loss)
-        if config is not None and not isinstance(config, Mapping):
-            raise ConfigError(f"{self.where}: config must be a mapping of librdkafka settings, got {config!r}")
-        self.config: dict[str, Any] = {str(k): v for k, v in (config or {}).items()}
-        if bootstrap_servers is not None:
-            self.config["bootstrap.servers"] = bootstrap_servers
-        self.kafka_conn_id = kafka_conn_id
-        if not self.config.get("bootstrap.servers") and not kafka_conn_id:
+        self.settings = settings = self.checked_options(KafkaSourceOptions, options)
+        self.topics, self.pattern = kafka_offsets.check_subscription(self.where, settings.topics, settings.pattern)
+        self.config: dict[str, Any] = {str(k): v for k, v in (settings.config or {}).items()}
+        if settings.bootstrap_servers is not None:
+            self.config["bootstrap.servers"] = settings.bootstrap_servers
+        self.kafka_conn_id = settings.kafka_conn_id
+        if not self.config.get("bootstrap.servers") and not self.kafka_conn_id:
             raise ConfigError(f"{self.where}: no broker: give bootstrap_servers, or kafka_conn_id (an Airflow "
                               "connection whose extras hold 'bootstrap.servers' and the client's settings)")
-        self.max_offsets_per_epoch = max_offsets_per_epoch
-        self.starting_offsets = starting_offsets
-        self.fail_on_data_loss = fail_on_data_loss
-        self.group_id = group_id or f"seatunnel-ckpt-{name}"
-
-    @property
-    def where(self) -> str:
-        """How errors name this source."""
-        return f"kafka source {self.name!r}"
+        self.max_offsets_per_epoch = settings.max_offsets_per_epoch
+        self.starting_offsets = settings.starting_offsets
+        self.fail_on_data_loss = settings.fail_on_data_loss
+        self.group_id = settings.group_id or f"seatunnel-ckpt-{name}"
 
     def client_config(self) -> dict[str, Any]:
         """The librdkafka settings every client of this source uses."""
@@ -153,40 +135,37 @@ class KafkaSource(Source):
         return offsets
 
     # -- reading ----------------------------------------------------------------------------
-    def readable_ranges(self, offsets: Mapping[str, Any]) -> list[Range]:
-        """The pinned ranges, checked against the broker now: lost records fail here, before prepare."""
+    def checked_ranges(self, offsets: Mapping[str, Any]) -> tuple[list[Range], list[dict[str, Any]]]:
+        """The pinned ranges checked against the broker now: the readable part of each, and the
+        records lost (truncated, or the topic deleted and created again: another topic id)."""
         ranges = kafka_offsets.ranges_of(offsets)
         if not ranges:
-            return []
+            return [], []
         state = self.broker_state(sorted({r.topic for r in ranges}))
         try:
-            readable, lost = kafka_offsets.check_pinned(
-                ranges, offsets.get("topic_ids") or {}, state, fail_on_data_loss=self.fail_on_data_loss,
-                where=self.where)
+            return kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
+                                              fail_on_data_loss=False, where=self.where)
         except KafkaOffsetsError as exc:
             raise SourceError(str(exc)) from exc
+
+    def readable_ranges(self, offsets: Mapping[str, Any]) -> list[Range]:
+        """The pinned ranges to read: lost records fail here, before prepare, unless skipped."""
+        readable, lost = self.checked_ranges(offsets)
+        if lost and not self.skips_gone:
+            raise SourceError(str(kafka_offsets.data_loss_error(self.where, lost)))
         if lost:
             log.warning("%s: skipping records lost since the epoch was planned (fail_on_data_loss=false): %s",
                         self.where, kafka_offsets.describe_lost(lost))
         return readable
 
-    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
-        """Refuse unless every record of the pinned ranges is still in its topic (same topic id)."""
-        ranges = kafka_offsets.ranges_of(offsets)
-        if not ranges:
-            return
-        state = self.broker_state(sorted({r.topic for r in ranges}))
-        try:
-            _, lost = kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
-                                                 fail_on_data_loss=False, where=self.where)
-        except KafkaOffsetsError as exc:
-            raise SourceError(str(exc)) from exc
-        if lost:
-            raise SourceError(f"{self.where}: records the epoch read are gone: {kafka_offsets.describe_lost(lost)}")
+    def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
+        """The pinned records no longer in their topic (see :meth:`checked_ranges`)."""
+        return [kafka_offsets.describe_lost([entry]) for entry in self.checked_ranges(offsets)[1]]
 
-    def read_exactly(self) -> None:
-        """Fail on any pinned record that is gone, whatever ``fail_on_data_loss`` says."""
-        self.fail_on_data_loss = True
+    @property
+    def skips_gone(self) -> bool:
+        """``fail_on_data_loss=false``, until :meth:`read_exactly` (a replay)."""
+        return not self.fail_on_data_loss and not self.exact
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the pinned ranges, one Spark input partition per topic-partition range.
@@ -199,5 +178,8 @@ class KafkaSource(Source):
         ranges = self.readable_ranges(offsets)
         if not ranges:
             return spark.createDataFrame([], SCHEMA)
-        return read_ranges(spark, ranges, self.client_config(), self.where, self.fail_on_data_loss,
+        return read_ranges(spark, ranges, self.client_config(), self.where, not self.skips_gone,
                            topic_ids=offsets.get("topic_ids") or {})
+
+
+KafkaSource.__init__.__signature__ = constructor_signature(KafkaSourceOptions)  # type: ignore[attr-defined]

@@ -1,6 +1,6 @@
 """Table sources: Iceberg snapshots, Delta versions and another pipeline's published epochs.
 
-Each is a :class:`~airflow_seatunnel_ckpt.spark.sources.files.Source` whose offsets are the
+Each is a :class:`~airflow_seatunnel_ckpt.spark.sources.base.Source` whose offsets are the
 table's own positions plus the exact data files between the consumed position and this
 epoch's (planned by :mod:`airflow_seatunnel_ckpt.core.sources.tables`, from metadata
 alone). The runner pins them for the epoch, so a retry reads the same files; Spark reads
@@ -22,24 +22,27 @@ from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.catalogs import checked_table_options, embedded_catalog
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.sources import delta as delta_planning
 from airflow_seatunnel_ckpt.core.sources import iceberg as iceberg_planning
 from airflow_seatunnel_ckpt.core.sources import tables as planning
+from airflow_seatunnel_ckpt.core.sources.base import files_gone
+from airflow_seatunnel_ckpt.core.sources.options import (
+    DeltaSourceOptions,
+    FileSourceOptions,
+    IcebergSourceOptions,
+    PipelineOutputSourceOptions,
+    constructor_signature,
+)
 from airflow_seatunnel_ckpt.core.sources.tables import TableSourceError
 from airflow_seatunnel_ckpt.core.storage.publish import EPOCHS, EpochsPointer
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
-from airflow_seatunnel_ckpt.spark.sources.files import FileSource, Source, SourceError, file_identity
+from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
+from airflow_seatunnel_ckpt.spark.sources.files import FileSource, file_identity
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
-
-
-def _flag(kind: str, name: str, option: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{kind} source {name!r}: {option} must be true or false, got {value!r}")
-    return value
 
 
 def _empty(spark: SparkSession, arrow_schema: Any) -> DataFrame:
@@ -59,12 +62,7 @@ def _read_parquet(spark: SparkSession, paths: list[str]) -> DataFrame:
 class IcebergSource(Source):
     """An Apache Iceberg table: each epoch reads the rows appended since the last one.
 
-    Options: ``table`` (``namespace.name``), ``catalog`` (pyiceberg catalog properties;
-    default: the embedded SQL catalog on SQLite the Iceberg sink uses), ``catalog_name``,
-    ``start`` (``"earliest"``: the first epoch reads the whole current snapshot;
-    ``"latest"``: only rows appended after it), ``skip_overwrites`` / ``skip_deletes``
-    (pass over ``overwrite`` / ``delete`` snapshots instead of failing; as Spark's
-    ``streaming-skip-*-snapshots``).
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.IcebergSourceOptions`.
 
     Offsets: ``{"snapshot_id": s, "after_snapshot_id": c, "files": [{"path", "size",
     "records"}, ...]}``.
@@ -72,20 +70,18 @@ class IcebergSource(Source):
 
     kind = "iceberg"
 
-    def __init__(self, name: str, table: str, catalog: Mapping[str, Any] | None = None,
-                 catalog_name: str = "default", start: str = "earliest", skip_overwrites: bool = False,
-                 skip_deletes: bool = False) -> None:
+    def __init__(self, name: str, table: str, **options: Any) -> None:
         super().__init__(name)
+        self.settings = settings = self.checked_options(IcebergSourceOptions, {"table": table, **options})
         catalog = checked_table_options(
-            f"iceberg source {name!r}", table, catalog,
+            f"iceberg source {name!r}", settings.table, settings.catalog,
             "Give the catalog's credentials to the Spark driver's environment (PYICEBERG_CATALOG__* variables)")
-        self.table = table
+        self.table = settings.table
         # Resolved here, as the Iceberg sink does: every process reads the same catalog.
         self.catalog = catalog or embedded_catalog()
-        self.catalog_name = catalog_name
-        self.start = planning.check_start(name, self.kind, start)
-        self.skip = {"overwrite": _flag(self.kind, name, "skip_overwrites", skip_overwrites),
-                     "delete": _flag(self.kind, name, "skip_deletes", skip_deletes)}
+        self.catalog_name = settings.catalog_name
+        self.start = settings.start
+        self.skip = {"overwrite": settings.skip_overwrites, "delete": settings.skip_deletes}
 
     @property
     def where(self) -> str:
@@ -103,6 +99,26 @@ class IcebergSource(Source):
         except TableSourceError as exc:
             raise SourceError(str(exc)) from exc
 
+    def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
+        """The pinned data files gone (snapshot expiry, orphan-file removal) or of another size,
+        asked through the table's own file IO (its credentials, as the catalog configures them)."""
+        try:
+            files = planning.planned_files(offsets, self.where)
+            if not files:
+                return []
+            io = self._load().io
+        except TableSourceError as exc:
+            raise SourceError(str(exc)) from exc
+        gone = []
+        for f in files:
+            found = io.new_input(f.path)
+            if not found.exists():
+                gone.append(f"data file {f.path} is gone")
+            elif len(found) != f.size:
+                gone.append(f"data file {f.path} changed since the epoch pinned it ({len(found)} bytes, pinned "
+                            f"{f.size})")
+        return gone
+
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the planned data files, as Parquet (the table's columns if there are none)."""
         try:
@@ -117,10 +133,7 @@ class IcebergSource(Source):
 class DeltaSource(Source):
     """A Delta Lake table: each epoch reads the rows the versions since the last one appended.
 
-    Options: ``path`` (the table URL), ``storage_options`` (delta-rs object-store options,
-    e.g. ``AWS_ENDPOINT_URL``; Spark's own configuration reaches the files), ``start``
-    (``"earliest"`` / ``"latest"``, as for Iceberg), ``skip_change_commits`` (pass over
-    whole commits that removed rows instead of failing; Delta's ``skipChangeCommits``).
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.DeltaSourceOptions`.
 
     Offsets: ``{"version": v, "after_version": c, "files": [{"path", "size", "records",
     "partition"}, ...]}``. Delta writers leave partition columns out of the data files;
@@ -129,15 +142,13 @@ class DeltaSource(Source):
 
     kind = "delta"
 
-    def __init__(self, name: str, path: str, storage_options: Mapping[str, Any] | None = None,
-                 start: str = "earliest", skip_change_commits: bool = False) -> None:
+    def __init__(self, name: str, path: str, **options: Any) -> None:
         super().__init__(name)
-        if not isinstance(path, str) or not path:
-            raise ConfigError(f"delta source {name!r}: path must be the table's URL, got {path!r}")
-        self.url = fsspec_url(path).rstrip("/")
-        self.storage_options = {k: str(v) for k, v in (storage_options or {}).items()}
-        self.start = planning.check_start(name, self.kind, start)
-        self.skip_change_commits = _flag(self.kind, name, "skip_change_commits", skip_change_commits)
+        self.settings = settings = self.checked_options(DeltaSourceOptions, {"path": path, **options})
+        self.url = fsspec_url(settings.path).rstrip("/")
+        self.storage_options = {k: str(v) for k, v in settings.storage_options.items()}
+        self.start = settings.start
+        self.skip_change_commits = settings.skip_change_commits
 
     @property
     def where(self) -> str:
@@ -151,6 +162,18 @@ class DeltaSource(Source):
                                        skip_change_commits=self.skip_change_commits, where=self.where)
         except TableSourceError as exc:
             raise SourceError(str(exc)) from exc
+
+    def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
+        """The pinned data files gone (``VACUUM``) or of another size, listed once per directory."""
+        try:
+            files = planning.planned_files(offsets, self.where)
+            return files_gone({f.path: {"size": f.size} for f in files},
+                              delta_planning.fsspec_options(self.url, self.storage_options),
+                              lambda ident, info: int(info.get("size") or 0) == ident["size"])
+        except TableSourceError as exc:
+            raise SourceError(str(exc)) from exc
+        except Exception as exc:
+            raise SourceError(f"{self.where}: cannot list the pinned data files: {exc}") from exc
 
     def _table(self) -> Any:
         from deltalake import DeltaTable
@@ -215,12 +238,15 @@ class PipelineOutputSource(FileSource):
     :func:`core.sources.tables.plan_published_epochs`).
     """
 
-    def __init__(self, name: str, path: str, format: str = "parquet", options: Mapping[str, Any] | None = None,
-                 schema: str | None = None, storage_options: Mapping[str, Any] | None = None,
-                 allow_missing: bool = False, bad_records: str | None = None, skip_replays: bool = False) -> None:
-        super().__init__(name, path, format=format, options=options, schema=schema,
-                         storage_options=storage_options, allow_missing=allow_missing, bad_records=bad_records)
-        self.skip_replays = _flag("pipeline_output", name, "skip_replays", skip_replays)
+    kind = "pipeline_output"
+
+    def __init__(self, name: str, path: str, **options: Any) -> None:
+        Source.__init__(self, name)
+        settings = self.checked_options(PipelineOutputSourceOptions, {"path": path, **options})
+        # The options it shares with the file source configure it as one (they are a subset).
+        self._configure(FileSourceOptions.model_validate(settings.model_dump(exclude={"type", "skip_replays"})))
+        self.settings = settings  # type: ignore[assignment]
+        self.skip_replays = settings.skip_replays
 
     def epochs_pointer(self) -> EpochsPointer:
         """The target's ``_EPOCHS`` pointer (empty when there is none)."""
@@ -290,3 +316,8 @@ class PipelineOutputSource(FileSource):
         finally:
             self.options = saved
         return data.drop("epoch"), rejected
+
+
+IcebergSource.__init__.__signature__ = constructor_signature(IcebergSourceOptions)  # type: ignore[attr-defined]
+DeltaSource.__init__.__signature__ = constructor_signature(DeltaSourceOptions)  # type: ignore[attr-defined]
+PipelineOutputSource.__init__.__signature__ = constructor_signature(PipelineOutputSourceOptions)  # type: ignore[attr-defined]

@@ -1,0 +1,163 @@
+"""The source contract: what every source promises, each promise in one place.
+
+A source turns the committed history and the outside world into the input one epoch reads,
+and reads exactly that input, however often the epoch runs:
+
+* **plan** (:meth:`Source.plan`, :meth:`Source.plan_from`): this epoch's offsets, from what
+  the committed epochs consumed and the source's present (a listing, a table's snapshot, the
+  broker's offsets). Plain JSON data.
+* **pin**: the runner stores the plan before the stage reads (``Pipeline.pin_inputs``), so
+  every attempt reads the same input. A plan carries the *identity* of what it names -- a
+  file's size, modification time and ETag; a table's snapshot or version, its table id and
+  its data files' sizes; a Kafka topic's id -- so that a later reader can tell the pinned
+  input from another one under the same name.
+* **check** (:meth:`Source.pinned_gone`, :meth:`Source.verify_pinned`): whether the pinned
+  input can still be read as it was pinned. Every read checks it where it reads (a file
+  source before Spark lists the files, a Kafka partition on its executor), and a replay
+  checks every replayed epoch's input before it writes anything.
+* **position**: what a committed epoch consumed is the offsets it pinned (``{}`` for an
+  epoch whose stage did not read the source); the next plan resumes after it.
+* **options**: one typed model per source type (:mod:`.options`), checked once when the
+  source is built (:meth:`Source.checked_options`).
+* **replay**: reads the same pinned input or refuses (:meth:`Source.read_exactly` turns off
+  any option that lets a normal epoch pass over input that is gone).
+
+The Spark side (:class:`airflow_seatunnel_ckpt.spark.sources.base.Source`) adds the read.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.options import Options, checked, type_name
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint
+
+OptionsT = TypeVar("OptionsT", bound=Options)
+
+#: Pinned inputs an error names (the count says how many more there are).
+MAX_SHOWN = 5
+
+
+class SourceError(CheckpointError):
+    """A source cannot plan or read its input (missing path, unreadable file, no schema, input gone)."""
+
+
+class Source(ABC):
+    """The contract of a source, without Spark (see the module docstring).
+
+    ``plan`` must be a pure function of the committed history and the outside world; its
+    result is stored before the stage runs, so a retry of the epoch reads the same range
+    even if more input arrived.
+
+    :param name: the source's name in the stage spec (and in the checkpoint).
+    """
+
+    #: How errors name the kind of source (``"file source 'orders'"``).
+    kind = "source"
+    #: Looks up :meth:`first_pinned` in the log; the runner sets it before planning.
+    earlier_plans: Callable[[], Mapping[str, Any] | None] | None = None
+    #: Set by :meth:`read_exactly`: no option may pass over pinned input that is gone.
+    exact = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @property
+    def where(self) -> str:
+        """How errors name this source."""
+        return f"{self.kind} source {self.name!r}"
+
+    def checked_options(self, model: type[OptionsT], options: Mapping[str, Any]) -> OptionsT:
+        """``options`` (a stage spec's entry, without ``type``) checked once by the source's
+        options model (:mod:`core.sources.options`); ConfigError naming the source and each problem."""
+        kind = type_name(model)
+        return checked(model, {"type": kind, **options}, f"source {self.name!r} (type {kind!r})")
+
+    # -- plan --------------------------------------------------------------------------------
+    @abstractmethod
+    def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
+        """This epoch's offsets, given ``history``: the offsets of every committed epoch,
+        oldest first, as ``[{"epoch": e, "offsets": {...}}, ...]``. Must be JSON data."""
+
+    def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:
+        """The offsets of ``epoch``, planned from the restore point the epoch starts from.
+
+        The default hands :meth:`plan` the source's whole history; a source that can
+        plan from less (the file source's consumed-file index) overrides it.
+        """
+        return self.plan(point.source_entries(self.name))
+
+    def first_pinned(self) -> Mapping[str, Any] | None:
+        """The offsets an earlier epoch of the pipeline pinned for this source (aborted, or
+        committed without reading it; the newest such plan), or None. A source whose first
+        plan depends on when it is made (Kafka's ``starting_offsets="latest"``) starts where
+        that plan started when no committed epoch read it, so the pipeline's start never moves."""
+        return self.earlier_plans() if self.earlier_plans is not None else None
+
+    # -- check -------------------------------------------------------------------------------
+    def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
+        """What of the input ``offsets`` pin cannot be read as it was pinned now: one line per
+        item (a file removed or rewritten, a data file expired, records deleted), ``[]`` when
+        all of it is there. The default knows of no identity to check and returns ``[]``."""
+        return []
+
+    @property
+    def skips_gone(self) -> bool:
+        """Whether a read passes over pinned input that is gone instead of failing (an option
+        such as Kafka's ``fail_on_data_loss=false``); never after :meth:`read_exactly`."""
+        return False
+
+    def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
+        """Raise :class:`SourceError` unless all the input ``offsets`` pin can still be read as
+        it was pinned (:meth:`pinned_gone`): the check a read makes, and the one a replay makes
+        for every epoch it runs again, before it writes anything."""
+        gone = self.pinned_gone(offsets)
+        if not gone:
+            return
+        more = f" (and {len(gone) - MAX_SHOWN} more)" if len(gone) > MAX_SHOWN else ""
+        raise SourceError(
+            f"{self.where}: the pinned input is not all there: {'; '.join(gone[:MAX_SHOWN])}{more}. The epoch "
+            "reads exactly the input it pinned, so it cannot read this; abort the epoch (the next one plans "
+            "the input as it is now) or restore the input as it was")
+
+    def read_exactly(self) -> None:
+        """From now on, read exactly the pinned input or fail, whatever options allow skipping
+        part of it (a replay with fewer rows would replace committed output)."""
+        self.exact = True
+
+
+def files_gone(pinned: Mapping[str, Mapping[str, Any] | None], storage_options: Mapping[str, Any],
+               same: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]) -> list[str]:
+    """The pinned files (URL -> pinned identity, None: unknown) missing or changed now.
+
+    Lists each directory that holds a pinned file once (not one request per file), and
+    compares each file's listed identity with the pinned one through ``same(pinned,
+    listed fsspec info)``; a file pinned without an identity only has to exist.
+    """
+    from fsspec.core import url_to_fs
+
+    by_dir: dict[str, list[str]] = {}
+    for url in pinned:
+        by_dir.setdefault(posixpath.dirname(url.rstrip("/")), []).append(url)
+    out: list[str] = []
+    for directory, urls in sorted(by_dir.items()):
+        fs, root = url_to_fs(directory, **storage_options)
+        try:
+            listed = {posixpath.basename(str(info["name"]).rstrip("/")): info
+                      for info in fs.ls(root, detail=True, refresh=True)}
+        except FileNotFoundError:
+            listed = {}
+        for url in sorted(urls):
+            info = listed.get(posixpath.basename(url))
+            ident = pinned[url]
+            if info is None or info.get("type") == "directory":
+                out.append(f"{url} is gone")
+            elif ident and not same(ident, info):
+                out.append(f"{url} changed since the epoch pinned it (pinned as {dict(ident)})")
+    return out

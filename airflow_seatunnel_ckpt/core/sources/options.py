@@ -1,0 +1,173 @@
+"""The sources' options, typed: one model per source type, keyed on ``type``.
+
+A stage spec's ``sources.<name>`` entry is one of these models (``{"type": "file", ...}``
+by default). The model checks the types and allowed values of every option; what depends
+on several options together (``ordered_prefixes`` needs a glob prefix, Kafka takes
+``topics`` or ``pattern``) is checked by the source built from it. Every option name a
+DAG could use before the models existed is a field here, so DAGs keep parsing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Annotated, Any, Literal
+
+from annotated_types import Ge, MinLen
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt
+from pydantic_core import PydanticCustomError
+
+from airflow_seatunnel_ckpt.core.options import Options, keyed
+
+#: A positive whole number (a bool is not one).
+PositiveInt = Annotated[StrictInt, Ge(1)]
+#: Where a table or Kafka source starts when no committed epoch read it yet.
+Start = Literal["earliest", "latest"]
+#: Formats Spark reads without extra packages.
+FileFormat = Literal["parquet", "json", "csv", "orc"]
+
+
+
+def _no_flag(value: Any) -> Any:
+    """Refuse true/false where a number is meant (pydantic would read True as 1.0)."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("age", 'must be a positive number of seconds or a duration such as "7d", "12h"')
+    return value
+
+
+# "schema" is the option's name in every DAG; on a model it shadows pydantic's deprecated
+# ``BaseModel.schema()``, which nothing here calls.
+warnings.filterwarnings("ignore", message='Field name "schema" in ".*SourceOptions" shadows', category=UserWarning)
+
+
+class FileSourceOptions(Options):
+    """Files below a directory, each read by exactly one committed epoch (docs/FILE_SOURCES.md)."""
+
+    type: Literal["file"] = "file"
+    path: Annotated[str, MinLen(1)]
+    """Directory URL, e.g. ``file:///data/in`` or ``s3://bucket/in``."""
+    format: FileFormat = "parquet"
+    """How Spark reads the files."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Reader options passed to Spark (``{"header": "true"}``)."""
+    schema: str | None = None  # type: ignore[assignment]  # shadows the deprecated BaseModel.schema()
+    """DDL schema string (recommended for json/csv; also used for an epoch without new files)."""
+    max_files_per_epoch: PositiveInt | None = None
+    """Read at most this many new files (oldest names first; with ``max_file_age``, oldest modification times)."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec options used to list the directory."""
+    allow_missing: StrictBool = False
+    """Plan empty epochs while the directory does not exist (else a missing directory is an error)."""
+    on_change: Literal["error", "reread"] = "error"
+    """A consumed file changed under its name: fail the epoch, or read it again in full."""
+    bad_records: Annotated[str, MinLen(1)] | None = None
+    """Directory URL that takes csv/json records that do not parse, published with the epoch."""
+    prefixes: Annotated[list[str], MinLen(1)] | None = None
+    """List only below these subdirectories of ``path`` (globs and Airflow templates allowed)."""
+    max_file_age: Annotated[float | str | None, BeforeValidator(_no_flag)] = None
+    """Ignore files modified this long before the newest consumed one (seconds, or ``"7d"``, ``"12h"``)."""
+    ordered_prefixes: StrictBool = False
+    """The glob prefixes match partitions whose names sort in time order: list from the newest consumed one."""
+    backfill_every: PositiveInt | None = None
+    """With ``ordered_prefixes``, every this many epochs list every partition (late files are read then)."""
+
+
+class PipelineOutputSourceOptions(Options):
+    """Another pipeline's file sink target, read one committed upstream epoch at a time."""
+
+    type: Literal["pipeline_output"] = "pipeline_output"
+    path: Annotated[str, MinLen(1)]
+    """The upstream file sink's ``path``."""
+    format: FileFormat = "parquet"
+    """The upstream sink's format."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Reader options passed to Spark."""
+    schema: str | None = None  # type: ignore[assignment]  # shadows the deprecated BaseModel.schema()
+    """DDL schema string (used for an epoch with nothing new)."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """fsspec options used to list the target."""
+    allow_missing: StrictBool = False
+    """Plan empty epochs until the upstream pipeline commits its first epoch."""
+    bad_records: Annotated[str, MinLen(1)] | None = None
+    """Directory URL that takes csv/json records that do not parse, published with the epoch."""
+    skip_replays: StrictBool = False
+    """Pass over an upstream replay of epochs this source already read (else the epoch is refused)."""
+
+
+class IcebergSourceOptions(Options):
+    """An Apache Iceberg table: each epoch reads the rows appended since the last one."""
+
+    type: Literal["iceberg"] = "iceberg"
+    table: str
+    """The table, ``namespace.name``."""
+    catalog: dict[str, Any] | None = None
+    """pyiceberg catalog properties (default: the embedded SQL catalog the Iceberg sink uses)."""
+    catalog_name: str = "default"
+    """The catalog's name."""
+    start: Start = "earliest"
+    """The first epoch reads the whole current snapshot (``earliest``) or only rows appended after it."""
+    skip_overwrites: StrictBool = False
+    """Pass over ``overwrite`` snapshots instead of failing (Spark's ``streaming-skip-overwrite-snapshots``)."""
+    skip_deletes: StrictBool = False
+    """Pass over ``delete`` snapshots instead of failing (Spark's ``streaming-skip-delete-snapshots``)."""
+
+
+class DeltaSourceOptions(Options):
+    """A Delta Lake table: each epoch reads the rows the versions since the last one appended."""
+
+    type: Literal["delta"] = "delta"
+    path: Annotated[str, MinLen(1)]
+    """The table's URL."""
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    """delta-rs object-store options (e.g. ``AWS_ENDPOINT_URL``)."""
+    start: Start = "earliest"
+    """The first epoch reads the whole current version (``earliest``) or only rows appended after it."""
+    skip_change_commits: StrictBool = False
+    """Pass over commits that removed rows instead of failing (Delta's ``skipChangeCommits``)."""
+
+
+class KafkaSourceOptions(Options):
+    """Records of Kafka topics: each epoch reads the offsets produced since the last committed one (docs/KAFKA.md)."""
+
+    type: Literal["kafka"] = "kafka"
+    bootstrap_servers: str | None = None
+    """The brokers, ``host:port,...`` (or give ``kafka_conn_id``)."""
+    topics: list[str] | None = None
+    """The topics read (or give ``pattern``)."""
+    pattern: str | None = None
+    """A regular expression the whole topic name matches; topics created later that match are read too."""
+    max_offsets_per_epoch: PositiveInt | None = None
+    """Caps the epoch, spread evenly over the partitions that have records."""
+    starting_offsets: Start = "earliest"
+    """Where the first epoch starts; partitions found later always start at their earliest offset."""
+    fail_on_data_loss: StrictBool = True
+    """Records gone before an epoch read them fail the epoch before its decision (false: skipped, recorded)."""
+    config: dict[str, Any] | None = None
+    """librdkafka client settings, e.g. security."""
+    kafka_conn_id: str | None = None
+    """An Airflow connection whose extras are librdkafka settings (resolved when the task runs)."""
+    group_id: str | None = None
+    """The consumer group named to the broker (offsets are never committed to it)."""
+
+
+#: Every source type's options model, by ``type``.
+SOURCE_OPTIONS = keyed(FileSourceOptions, PipelineOutputSourceOptions, IcebergSourceOptions, DeltaSourceOptions,
+                       KafkaSourceOptions)
+
+
+def constructor_signature(model: type[Options]) -> inspect.Signature:
+    """``(self, name, <required options>, *, <other options>)``: the signature of a source's
+    ``__init__(self, name, ..., **options)`` read from its options model, so that whatever
+    introspects the class (the parse-time key check, help()) sees the options the model takes,
+    and the model stays their one definition. A subclass with its own ``__init__`` keeps its own."""
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
+    for field_name, field in model.model_fields.items():
+        if field_name == "type":
+            continue
+        if field.is_required():
+            params.append(inspect.Parameter(field_name, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+        else:
+            params.append(inspect.Parameter(field_name, inspect.Parameter.KEYWORD_ONLY,
+                                            default=field.get_default(call_default_factory=True)))
+    return inspect.Signature(params)
