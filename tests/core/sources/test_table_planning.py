@@ -168,7 +168,7 @@ def test_table_source_options_are_checked_when_the_dag_is_parsed() -> None:
     from airflow_seatunnel_ckpt.core.errors import ConfigError
     from airflow_seatunnel_ckpt.spark.declaration import EntryDeclaration
 
-    with pytest.raises(ConfigError, match="did you mean 'table' for 'tabel'"):
+    with pytest.raises(ConfigError, match=r"unknown option 'tabel' \(did you mean 'table'\?\)"):
         EntryDeclaration.check("source", "events", {"type": "iceberg", "tabel": "a.b"}, where="dag d")
     with pytest.raises(ConfigError, match=r"option 'start': input should be 'earliest' or 'latest' \(found 'now'\)"):
         EntryDeclaration.check("source", "events", {"type": "delta", "path": "/t", "start": "now"}, where="dag d")
