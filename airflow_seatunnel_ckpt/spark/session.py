@@ -121,11 +121,17 @@ def remote_session(spec: StageSpec) -> Iterator[SparkSession]:
         for key, value in spec.spark_conf.items():
             builder = builder.config(str(key), str(value))
         session = builder.create()
+        failed = True
         try:
             session.addArtifacts(str(package_archive()), pyfile=True)
             yield session  # type: ignore[misc]
+            failed = False
         finally:
             with contextlib.suppress(Exception):  # a dead server: nothing to release
+                if failed:
+                    # The server may be what failed: release once, without the client's
+                    # minutes of retries, so the attempt ends and the next one can begin.
+                    session.client.set_retry_policies([])
                 session.stop()
     finally:
         if before is None:
