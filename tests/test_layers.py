@@ -150,7 +150,7 @@ def test_the_core_foundation_imports_none_of_the_core_folders(module: str) -> No
 
 
 #: What only a classic (py4j) SparkSession has: Spark Connect's client has no JVM.
-CLASSIC_ONLY_NAMES = {"_jsparkSession", "_jvm", "_jsc", "sparkContext", "SparkFiles", "SparkContext"}
+CLASSIC_ONLY_NAMES = {"_jsparkSession", "_jvm", "_jsc", "_jdf", "_jo", "sparkContext", "SparkFiles", "SparkContext"}
 #: The one module that may use them, loaded only for a classic session (``spark.session.is_classic``).
 CLASSIC_MODULE = f"{PACKAGE}.spark.classic"
 

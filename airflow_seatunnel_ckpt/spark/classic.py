@@ -5,8 +5,8 @@ Everything else of the package runs the same on a classic session and through Sp
 Connect, whose client has no JVM (no ``sparkContext``, ``_jsparkSession``, ``_jvm`` or
 ``SparkFiles``); the callers import this module only once :func:`is_classic` said the
 session is classic (``session.is_classic``; tests/test_layers.py checks that no other module uses those names).
-Here: the status tracker behind the progress lines, the Python of an in-process session's
-workers, and the files ``spark-submit`` shipped.
+Here: the status tracker behind the progress lines, whether an observed metric is in, the
+Python of an in-process session's workers, and the files ``spark-submit`` shipped.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Observation, SparkSession
 
 
 def context_running() -> bool:
@@ -23,6 +23,12 @@ def context_running() -> bool:
     from pyspark import SparkContext
 
     return SparkContext._active_spark_context is not None
+
+
+def observed(observation: Observation) -> bool:
+    """Whether an action already filled ``observation`` in (its ``get`` would block until then)."""
+    jo = observation._jo  # type: ignore[attr-defined]
+    return jo is not None and bool(jo.future().isCompleted())
 
 
 def set_python_exec(session: SparkSession, python: str) -> None:
