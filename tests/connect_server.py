@@ -108,7 +108,9 @@ def start_server(
     """Start a Connect server on 127.0.0.1 at a free port and wait until its endpoint answers.
 
     ``python_path`` goes first on the server's ``PYTHONPATH`` (its Python workers and its
-    Python data sources import the package from there; default: the current directory).
+    Python data sources import the package from there; default: the current directory);
+    ``""`` gives the server no ``PYTHONPATH`` at all (the package reaches it only as a
+    session's artifact). The server runs in a scratch directory of its own.
 
     :raises ConnectServerUnavailable: no ``spark-connect`` jar in the installed pyspark, or
         the server exited or did not answer within ``timeout`` seconds (with its log's end).
@@ -150,13 +152,13 @@ def start_server(
         "SPARK_LOCAL_IP": "127.0.0.1",
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(
+        "PYTHONPATH": "" if python_path == "" else os.pathsep.join(
             p for p in (python_path or os.getcwd(), env.get("PYTHONPATH", "")) if p),
     })
     env.pop("SPARK_CONF_DIR", None)
     with log_path.open("wb") as out:
         try:
-            process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+            process = subprocess.Popen(command, env=env, cwd=scratch, stdout=out, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, start_new_session=True)
         except OSError as exc:
             raise ConnectServerUnavailable(f"cannot run spark-submit: {exc}") from exc
