@@ -27,7 +27,7 @@ def context_running() -> bool:
 
 def observed(observation: Observation) -> bool:
     """Whether an action already filled ``observation`` in (its ``get`` would block until then)."""
-    jo = observation._jo  # type: ignore[attr-defined]
+    jo = observation._jo
     return jo is not None and bool(jo.future().isCompleted())
 
 
@@ -79,7 +79,7 @@ class StatusTracker:
     def _tagged_stages(self, tag: str) -> set[int]:
         """Spark stages of the jobs carrying ``tag``."""
         tracker = self.sc.statusTracker()
-        job_ids = self.sc._jsc.sc().statusTracker().getJobIdsForTag(tag)  # type: ignore[union-attr]
+        job_ids = self.sc._jsc.sc().statusTracker().getJobIdsForTag(tag)
         stages: set[int] = set()
         for job_id in job_ids:
             info = tracker.getJobInfo(int(job_id))
@@ -92,7 +92,7 @@ class StatusTracker:
         from the shuffle of earlier stages), from the status store Spark's UI reads (kept
         without the UI too); empty if this Spark does not expose it."""
         try:
-            stages = self.sc._jsc.sc().statusStore().activeStages()  # type: ignore[union-attr]
+            stages = self.sc._jsc.sc().statusStore().activeStages()
             return {int(s.stageId()): int(s.inputRecords()) + int(s.shuffleReadRecords())
                     for s in _scala_items(stages)}
         except Exception:

@@ -76,7 +76,7 @@ class StageProgress:
             assert self._poller is not None
             self._poller.start()
         else:
-            self.session.registerProgressHandler(self._on_progress)
+            self.session.registerProgressHandler(self._on_progress)  # type: ignore[arg-type]  # any callable of its shape
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -87,7 +87,7 @@ class StageProgress:
         """Stop logging (a classic session's polling thread is waited for, briefly)."""
         if self._tracker is None:
             with contextlib.suppress(Exception):
-                self.session.removeProgressHandler(self._on_progress)
+                self.session.removeProgressHandler(self._on_progress)  # type: ignore[arg-type]
             return
         with contextlib.suppress(Exception):
             self._tracker.remove_tag(self.tag)
