@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.spark.session import is_classic
 from airflow_seatunnel_ckpt.spark.sinks.files import Sink
 from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
 from airflow_seatunnel_ckpt.spark.sources.files import FileSource
@@ -151,12 +152,19 @@ class BoundSource:
         counted by the first Spark action over what :meth:`read` returned; the largest
         count if it was read more than once; None if no action ran over it or the source
         is not a file source (see :meth:`_counting`)."""
+        classic = is_classic(self.spark)
         counts = []
         for observation in self._counted:
             try:
-                # get blocks until an action ran: ask the JVM side's future first.
-                if observation._jo is not None and observation._jo.future().isCompleted():
-                    counts.append(int(observation.get.get("rows", 0)))
+                if classic:
+                    from airflow_seatunnel_ckpt.spark.classic import observed
+
+                    if not observed(observation):  # get would block until an action ran
+                        continue
+                # Through Spark Connect the action's response fills it in ({} before).
+                rows = observation.get.get("rows")
+                if rows is not None:
+                    counts.append(int(rows))
             except Exception:  # a failed action leaves no count
                 continue
         return max(counts) if counts else None

@@ -24,6 +24,10 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.spark.spec import StageResult
 
 
 def _write_result(target: str, data: dict[str, object]) -> None:
@@ -61,35 +65,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = _read_local(args.spec_file)
     if text is None and submitted:
         # Shipped with --files: reachable once the application's SparkContext is up.
-        from pyspark import SparkFiles
         from pyspark.sql import SparkSession
 
+        from airflow_seatunnel_ckpt.spark.classic import shipped_file
+
         SparkSession.builder.getOrCreate()
-        text = _read_local(SparkFiles.get(os.path.basename(args.spec_file)))
+        text = _read_local(shipped_file(os.path.basename(args.spec_file)))
     if text is None:
         raise SystemExit(f"spec file {args.spec_file!r} is neither a file on this host nor among the files "
                          "spark-submit shipped (--files); the stage task ships it: re-run the task")
     spec = StageSpec.from_json(text)
+    interval = {} if args.progress_interval is None else {"progress_interval": args.progress_interval}
+    if spec.remote is not None:  # through Spark Connect: run_stage opens and releases its session
+        _finish(run_stage(spec, **interval), args.result_file)
+        return 0
     # Under spark-submit the launcher's --master and --conf win; run directly, the spec's.
     spark = stage_session(spec, submitted=submitted)
     try:
-        interval = {} if args.progress_interval is None else {"progress_interval": args.progress_interval}
-        result = run_stage(spec, spark, **interval)
-        if args.result_file:
-            _write_result(args.result_file, result.to_dict())
-        print(
-            json.dumps(
-                {
-                    "epoch": result.epoch,
-                    "attempt": result.attempt,
-                    "rows": result.rows,
-                    "reused": result.reused,
-                }
-            )
-        )
+        _finish(run_stage(spec, spark, **interval), args.result_file)
     finally:
         spark.stop()
     return 0
+
+
+def _finish(result: StageResult, result_file: str | None) -> None:
+    """Hand the result back: to ``--result-file`` if given, and as one JSON line on standard output."""
+    if result_file:
+        _write_result(result_file, result.to_dict())
+    print(json.dumps({"epoch": result.epoch, "attempt": result.attempt, "rows": result.rows,
+                      "reused": result.reused}))
 
 
 def _read_local(path: str) -> str | None:

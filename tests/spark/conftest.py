@@ -1,4 +1,5 @@
-"""Helpers for the Spark runtime tests: order files in, published rows out."""
+"""Helpers for the Spark runtime tests: order files in, published rows out, and the runtime
+a stage runs on (``runtime``: a classic session of this process, or Spark Connect)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline
-from airflow_seatunnel_ckpt.spark import StageResult, StageSpec
+from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, run_stage
 
 #: Key groups used by the tests: equal to the shared session's shuffle partitions.
 KEY_GROUPS = 4
@@ -118,3 +119,29 @@ def orders(tmp_path: Path) -> OrdersPipeline:
 def published_ids(orders: OrdersPipeline) -> Callable[[], list[int]]:
     """Sorted order ids published to the orders sink so far."""
     return lambda: sorted(r["order_id"] for r in orders.published())
+
+
+#: The runtimes the parametrised stage tests run on: the session of this process (the
+#: ``spark`` fixture) and Spark Connect (the ``connect_server`` fixture; the stage builds its
+#: own session from ``StageSpec.remote``, as a worker without a JVM does).
+RUNTIMES = ("classic", "connect")
+
+#: Runs a stage spec on the test's runtime: ``run(spec, **run_stage_keywords)``.
+RunStage = Callable[..., StageResult]
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime(request: pytest.FixtureRequest) -> str:
+    """The runtime of a parametrised stage test."""
+    return str(request.param)
+
+
+@pytest.fixture
+def run(runtime: str, request: pytest.FixtureRequest) -> RunStage:
+    """:func:`run_stage` on the test's runtime: with the shared session, or through the
+    Spark Connect server (the spec names it in ``remote``)."""
+    if runtime == "classic":
+        spark = request.getfixturevalue("spark")
+        return lambda spec, **kwargs: run_stage(spec, spark, **kwargs)
+    url = request.getfixturevalue("connect_server")
+    return lambda spec, **kwargs: run_stage(spec.replace(remote=url), **kwargs)

@@ -206,3 +206,27 @@ def dedup_orders_slowly(ctx: StageContext, spark: Any) -> None:
     new = ctx.source("orders").read()
     fresh = ctx.key_set("seen_orders").dedup(new.repartition(6).mapInArrow(slow, new.schema), key="order_id")
     ctx.sink("orders_table").write(fresh)
+
+
+def stage_then_wait_in_a_spark_job(ctx: StageContext, spark: Any) -> None:
+    """Stage output and state parts, then run a Spark job whose task tells the test it runs
+    (marker file) and sleeps: the job is in flight on the server when the test kills it.
+
+    Through Spark Connect the client gives up on a server that stopped answering after a
+    few seconds here (instead of its default ten minutes of retries).
+    """
+    from airflow_seatunnel_ckpt.spark.session import is_classic
+
+    dedup_orders(ctx, spark)
+    marker, told = os.environ[STAGED_MARKER_ENV], f"{ctx.epoch} {ctx.attempt}"
+    if not is_classic(spark):
+        from pyspark.sql.connect.client.retries import DefaultPolicy
+
+        spark.client.set_retry_policies([DefaultPolicy(max_retries=3, initial_backoff=200, max_backoff=1000)])
+
+    def slow(batches: Any) -> Any:  # runs in a Python worker: refers to no driver object
+        Path(marker).write_text(told)
+        time.sleep(600)
+        yield from batches
+
+    spark.range(1).mapInArrow(slow, "id long").collect()

@@ -15,7 +15,7 @@ import pytest
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import run_stage
 from airflow_seatunnel_ckpt.spark.sinks.tables import DeltaSink
-from tests.spark.conftest import OrdersPipeline, order_row
+from tests.spark.conftest import OrdersPipeline, RunStage, order_row
 from tests.tables import duckdb_connection
 
 pytestmark = [pytest.mark.spark]
@@ -29,16 +29,16 @@ def delta_scan(table: Path, query: str = "SELECT * FROM t ORDER BY order_id") ->
 
 
 def test_a_stage_writing_a_delta_sink_commits_each_epoch_once_into_the_table(
-        spark: Any, orders: OrdersPipeline) -> None:
+        run: RunStage, orders: OrdersPipeline) -> None:
     from deltalake import DeltaTable
 
     table = orders.root / "tables" / "orders"
     sinks = {"orders_table": {"type": "delta", "path": str(table), "partition_by": ["customer"]}}
     orders.add_file("a", [1, 2, 3, 3])
-    first = run_stage(orders.spec("run-1", sinks=sinks), spark)
+    first = run(orders.spec("run-1", sinks=sinks))
     orders.commit(first)
     orders.add_file("b", [3, 4])
-    second = run_stage(orders.spec("run-2", sinks=sinks), spark)
+    second = run(orders.spec("run-2", sinks=sinks))
     orders.commit(second)
     again = orders.pipeline.commit(second.epoch)  # the commit task retried: nothing twice
 

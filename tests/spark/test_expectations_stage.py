@@ -17,7 +17,7 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.spark import StageContext, StageSpec, run_stage
-from tests.spark.conftest import OrdersPipeline
+from tests.spark.conftest import OrdersPipeline, RunStage
 from tests.tables import duckdb_iceberg_rows
 
 
@@ -66,11 +66,11 @@ def id_present(max_fraction: float) -> dict[str, Any]:
 
 @pytest.mark.spark
 def test_quarantine_under_its_threshold_commits_kept_rows_and_quarantined_rows_in_one_epoch(
-        spark: Any, orders: OrdersPipeline) -> None:
+        run: RunStage, orders: OrdersPipeline) -> None:
     ids = add_orders(orders, "f1", range(1, 101), null_every=33)  # 3 of 100 NULL
     rules = {**id_present(0.05), "amount_positive": {"expr": "amount > 0", "on_fail": "drop"},
              "customer_known": {"expr": "customer IN ('c0', 'c1')", "on_fail": "warn"}}
-    result = run_stage(spec_with(orders, "run-1", rules, partition_by=["customer"]), spark)
+    result = run(spec_with(orders, "run-1", rules, partition_by=["customer"]))
     counts = {e.name: (e.checked, e.failed) for m in result.manifests for e in m.expectations}
     dropped = sum(1 for i in range(1, 101) if i % 50 == 0)  # amount 0
     assert counts == {"id_present": (100, 3), "amount_positive": (100, dropped),
@@ -110,10 +110,10 @@ def test_quarantine_over_its_threshold_aborts_the_epoch_and_leaves_both_tables_u
 
 
 @pytest.mark.spark
-def test_a_fail_rule_that_fails_one_row_aborts_the_epoch(spark: Any, orders: OrdersPipeline) -> None:
+def test_a_fail_rule_that_fails_one_row_aborts_the_epoch(run: RunStage, orders: OrdersPipeline) -> None:
     add_orders(orders, "f1", range(1, 11))
     rules = {"small": {"expr": "amount < 10", "on_fail": "fail"}}
-    result = run_stage(spec_with(orders, "run-1", rules), spark)
+    result = run(spec_with(orders, "run-1", rules))
     record = orders.pipeline.decide(result.epoch, Decision.COMMIT, "test", "test")
     assert record.decision is Decision.ABORT
     assert "expectation 'small' of sink 'orders_table': 1 of 10 rows failed (10.0%), and its action is 'fail'" \
@@ -125,10 +125,10 @@ def test_a_fail_rule_that_fails_one_row_aborts_the_epoch(spark: Any, orders: Ord
                                            ("no_such_column > 0", "no_such_column"),
                                            ("amount + 1", "not boolean")])
 def test_a_bad_expression_is_refused_before_any_output_is_written(
-        spark: Any, orders: OrdersPipeline, expr: str, why: str) -> None:
+        run: RunStage, orders: OrdersPipeline, expr: str, why: str) -> None:
     add_orders(orders, "f1", range(1, 11))
     with pytest.raises(ConfigError, match=rf"sink 'orders_table': expectation 'rule'.*({why})"):
-        run_stage(spec_with(orders, "run-1", {"rule": {"expr": expr, "on_fail": "drop"}}), spark)
+        run(spec_with(orders, "run-1", {"rule": {"expr": expr, "on_fail": "drop"}}))
     staged = list((orders.root / "store").rglob("*.parquet"))
     assert staged == []
     assert orders.pipeline.txlog.prepared(1) == {}

@@ -7,7 +7,6 @@ the published records (topic, partition, offset) and the offsets recorded in the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -29,6 +28,7 @@ from airflow_seatunnel_ckpt.spark.sources.kafka import KafkaSource
 from tests.conftest import FAST_JVM_OPTIONS
 from tests.kafka_broker import KafkaBroker
 from tests.spark import kafka_stages
+from tests.spark.conftest import RunStage
 from tests.spark.kafka_stages import InjectedFailure
 
 pytestmark = pytest.mark.spark
@@ -74,11 +74,12 @@ class KafkaPipeline:
 
     def epoch(self, spark: Any, run_id: str | None = None, attempt: int = 1,
               stage: str = "tests.spark.kafka_stages:copy_events") -> StageResult:
-        """Run one epoch's stage and commit it."""
+        """Run one epoch's stage and commit it (``spark``: a session, or the ``run`` fixture's runner)."""
         if run_id is None:
             self.runs += 1
             run_id = f"run-{self.runs}"
-        result = run_stage(self.spec(run_id, attempt, stage), spark)
+        spec = self.spec(run_id, attempt, stage)
+        result = spark(spec) if callable(spark) else run_stage(spec, spark)
         pipeline = self.pipeline
         assert pipeline.decide(result.epoch, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
         pipeline.commit(result.epoch)
@@ -96,11 +97,11 @@ class KafkaPipeline:
 
 
 def test_epochs_read_each_record_once_and_resume_at_the_committed_position(
-        spark: Any, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+        run: RunStage, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     topic = new_topic(kafka_broker)
     kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic])
     produce(kafka_broker, topic, {0: 30, 1: 20, 2: 0, 3: 10})
-    first = kafka.epoch(spark)
+    first = kafka.epoch(run)
     assert first.sources["events"]["end"] == {topic: {"0": 30, "1": 20, "2": 0, "3": 10}}
     rows = kafka.published(first.epoch)
     assert len(rows) == 60
@@ -108,11 +109,11 @@ def test_epochs_read_each_record_once_and_resume_at_the_committed_position(
     assert row["key"] == b"k30" and row["value"] == b"v30" and row["topic"] == topic
     assert row["timestamp"] is not None and row["timestampType"] == 0
     produce(kafka_broker, topic, {2: 5, 3: 5}, first=60)
-    second = kafka.epoch(spark)
+    second = kafka.epoch(run)
     assert second.sources["events"]["start"][topic] == {"0": 30, "1": 20, "2": 0, "3": 10}
     assert kafka.positions(second.epoch) == sorted([(topic, 2, o) for o in range(5)] +
                                                    [(topic, 3, o) for o in range(10, 15)])
-    empty = kafka.epoch(spark)  # nothing new: an empty epoch, and the position stays
+    empty = kafka.epoch(run)  # nothing new: an empty epoch, and the position stays
     assert kafka.published(empty.epoch) == []
     assert empty.sources["events"]["end"] == second.sources["events"]["end"]
     everything = kafka.positions()
@@ -306,7 +307,7 @@ def test_an_in_process_session_runs_its_python_workers_with_the_packages_interpr
     produce(kafka_broker, topic, {0: 3})
     kafka = KafkaPipeline(tmp_path, kafka_broker, topics=[topic])
     spec = kafka.spec("run-1")
-    spec = dataclasses.replace(spec, master="local[1]", spark_conf={
+    spec = spec.replace(master="local[1]", spark_conf={
         "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1",
         "spark.driver.extraJavaOptions": FAST_JVM_OPTIONS})
     (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))

@@ -7,21 +7,18 @@ epoch's marker row.
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 import pytest
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.spark import run_stage
 from airflow_seatunnel_ckpt.spark.sinks.tables import PostgresSink
-from tests.spark.conftest import OrdersPipeline, order_row
+from tests.spark.conftest import OrdersPipeline, RunStage, order_row
 
 pytestmark = [pytest.mark.spark]
 
 
 def test_a_stage_writing_postgres_sinks_appends_orders_and_upserts_totals_once_per_epoch(
-        spark: Any, orders: OrdersPipeline, postgres_db: str) -> None:
+        run: RunStage, orders: OrdersPipeline, postgres_db: str) -> None:
     sinks = {"orders_table": {"type": "postgres", "table": "public.orders", "conninfo": postgres_db,
                               "create_table": True},
              "customer_totals": {"type": "postgres", "table": "public.totals", "conninfo": postgres_db,
@@ -30,7 +27,7 @@ def test_a_stage_writing_postgres_sinks_appends_orders_and_upserts_totals_once_p
     for n, ids in enumerate([[1, 2, 3, 3], [3, 4, 5]], start=1):
         orders.add_file(f"f{n}", ids)
         seen |= set(ids)
-        result = run_stage(orders.spec(f"run-{n}", stage="tests.spark.stages:dedup_and_totals", sinks=sinks), spark)
+        result = run(orders.spec(f"run-{n}", stage="tests.spark.stages:dedup_and_totals", sinks=sinks))
         orders.commit(result)
     again = orders.pipeline.commit(result.epoch)  # the commit task retried: nothing twice
 

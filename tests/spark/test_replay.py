@@ -76,11 +76,13 @@ def order_ids(epoch: int) -> list[int]:
 
 
 class Lake:
-    """One orders pipeline writing table sinks of one format, with readers of them."""
+    """One orders pipeline writing table sinks of one format, with readers of them; its stage
+    runs on the session given, or through the Spark Connect server ``remote`` names."""
 
-    def __init__(self, root: Path, fmt: str) -> None:
+    def __init__(self, root: Path, fmt: str, remote: str | None = None) -> None:
         self.orders = OrdersPipeline(root)
         self.fmt = fmt
+        self.remote = remote
         self.catalog = {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/wh"}
 
     @property
@@ -97,16 +99,17 @@ class Lake:
                 "customer_totals": {"type": "delta", "path": str(root / "delta" / "totals"), "mode": "snapshot"}}
 
     def spec(self, run_id: str, stage: str) -> Any:
-        return self.orders.spec(run_id, stage=f"tests.spark.test_replay:{stage}", sinks=self.sinks())
+        return self.orders.spec(run_id, stage=f"tests.spark.test_replay:{stage}", sinks=self.sinks(),
+                                remote=self.remote)
 
     def run(self, spark: Any, epochs: range, stage: str) -> None:
         for epoch in epochs:
             self.orders.add_file(f"f{epoch:02d}", order_ids(epoch))
-            self.orders.commit(run_stage(self.spec(f"run-{epoch}", stage), spark))
+            self.orders.commit(run_stage(self.spec(f"run-{epoch}", stage), None if self.remote else spark))
 
     def replay(self, spark: Any, from_epoch: int, stage: str = "fixed", **kwargs: Any) -> Any:
         return replay_stage(self.spec("replay", stage), from_epoch, reason="amounts were x10", by="test",
-                            spark=spark, **kwargs)
+                            spark=None if self.remote else spark, **kwargs)
 
     def scan(self, table: str, query: str) -> list[tuple[Any, ...]]:
         con = duckdb_connection("avro", "iceberg", "delta")
@@ -276,8 +279,11 @@ def test_replay_of_the_newest_epochs_equals_a_fresh_run_keeps_the_earlier_epochs
     assert state_rows(lake.pipeline) == state_rows(fresh.pipeline)
 
 
-def test_full_refresh_fills_a_new_aggregate_column_for_stored_keys(spark: Any, tmp_path: Path) -> None:
-    lake = Lake(tmp_path / "lake", "iceberg")
+def test_full_refresh_fills_a_new_aggregate_column_for_stored_keys(spark: Any, tmp_path: Path, runtime: str,
+                                                                   request: pytest.FixtureRequest) -> None:
+    """On both runtimes: the replayed lake against a fresh one run on the classic session."""
+    remote = request.getfixturevalue("connect_server") if runtime == "connect" else None
+    lake = Lake(tmp_path / "lake", "iceberg", remote)
     lake.run(spark, range(1, 3), "fixed")  # keys stored without max_amount
     fresh = Lake(tmp_path / "fresh", "iceberg")
     fresh.run(spark, range(1, 3), "with_max")

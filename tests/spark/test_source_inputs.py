@@ -15,7 +15,7 @@ import pytest
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.sources.files import FileSource, SourceError
 from airflow_seatunnel_ckpt.spark.state import StateError
-from tests.spark.conftest import OrdersPipeline
+from tests.spark.conftest import OrdersPipeline, RunStage
 
 pytestmark = [pytest.mark.spark]
 
@@ -179,11 +179,11 @@ def test_broken_json_line_fails_naming_file_and_line_not_a_null_key(
 
 
 def test_bad_records_go_to_a_quarantine_sink_published_with_the_epoch(
-    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+    run: RunStage, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
     quarantine = orders.root / "out" / "quarantine"
     write_text(orders, "a.csv", "order_id,customer,amount\n1,c1,1.5\n2,c2,abc\n3,c0,3.0,x\n")
-    csv = run_stage(text_spec(orders, "run-1", "csv", bad_records=f"file://{quarantine}"), spark)
+    csv = run(text_spec(orders, "run-1", "csv", bad_records=f"file://{quarantine}"))
     assert {m.sink: m.rows for m in csv.manifests}["orders.bad_records"] == 2
     orders.commit(csv)
     assert published_ids() == [1]
@@ -228,12 +228,12 @@ def test_a_quarantined_record_reaches_no_sink_and_no_keyed_state_when_the_stage_
 # -- null keys in keyed state ------------------------------------------------------------
 
 def test_null_key_error_names_the_input_file_that_has_it(
-    spark: Any, orders: OrdersPipeline
+    run: RunStage, orders: OrdersPipeline
 ) -> None:
     write_text(orders, "good.json", '{"order_id": 1, "customer": "c1", "amount": 1.0}\n')
     write_text(orders, "nocustomer.json", '{"order_id": 2, "amount": 2.0}\n')
     with pytest.raises(StateError) as failure:
-        run_stage(text_spec(orders, "run-1", "json"), spark)
+        run(text_spec(orders, "run-1", "json"))
     message = str(failure.value)
     assert "key column 'customer' holds nulls" in message
     assert f"{orders.input_dir}/nocustomer.json" in message and "good.json" not in message

@@ -43,6 +43,28 @@ def test_a_running_stage_logs_spark_progress_and_rows_per_source_and_sink(
                        "sink orders_table: 50 written"]
 
 
+def test_a_stage_through_spark_connect_logs_the_progress_its_server_streams(
+    connect_server: str, orders: OrdersPipeline, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No status tracker on a Connect client: the lines come from the progress the server
+    sends with each running operation (the bytes, not the rows, its tasks read)."""
+
+    for i in range(6):
+        orders.add_file(f"f{i}", range(i * 8 + 1, i * 8 + 11))
+    spec = orders.spec("run-1", stage="tests.spark.stages:dedup_orders_slowly",
+                       sinks={"orders_table": {"type": "file", "path": f"file://{orders.root / 'out' / 'orders'}"}})
+    with caplog.at_level(logging.INFO, logger="airflow_seatunnel_ckpt"):
+        result = run_stage(spec.replace(remote=connect_server), progress_interval=0.1)
+    assert result.rows == 50
+    lines = [r.getMessage() for r in caplog.records]
+    running = [line for line in lines if "ingest attempt 1 running: Spark stage" in line]
+    assert running, lines
+    assert all(re.search(r"Spark stage \d+: \d+/\d+ tasks done", line) for line in running), running
+    assert all(a != b for a, b in zip(running, running[1:], strict=False)), "logged only when it changed"
+    assert any(line.startswith("pipeline orders epoch 1: ingest attempt 1 rows: source orders: 60 read, 60 kept")
+               for line in lines), lines
+
+
 def test_quarantined_records_get_a_warning_with_their_count(
     spark: Any, orders: OrdersPipeline, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -10,7 +10,7 @@ import pytest
 from airflow_seatunnel_ckpt.core import EpochState
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.spark import StageResult, StageSpec, StateError, run_stage
-from tests.spark.conftest import KEY_GROUPS, OrdersPipeline, order_row
+from tests.spark.conftest import KEY_GROUPS, OrdersPipeline, RunStage, order_row
 from tests.spark.stages import InjectedFailure
 
 pytestmark = [pytest.mark.spark]
@@ -30,17 +30,17 @@ def ids_by_key_group(spark: Any, end: int) -> dict[int, list[int]]:
 
 
 def test_two_epochs_of_incremental_dedup_publish_every_unique_row_once(
-    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+    run: RunStage, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
     orders.add_file("a", [1, 2, 3, 3, 4])
     orders.add_file("b", [4, 5, 6, 1])
-    first = run_stage(orders.spec("run-1"), spark)
+    first = run(orders.spec("run-1"))
     assert (first.epoch, first.rows, first.reused) == (1, 6, False)
     assert first.sources["orders"]["files"] == ["a.parquet", "b.parquet"]
     orders.commit(first)
 
     orders.add_file("c", [6, 7, 8, 8, 2, 9])  # 6 and 2 were seen in epoch 1
-    second = run_stage(orders.spec("run-2"), spark)
+    second = run(orders.spec("run-2"))
     assert (second.epoch, second.rows) == (2, 3)
     assert second.sources["orders"]["files"] == ["c.parquet"]
     orders.commit(second)
@@ -119,13 +119,13 @@ def test_a_compaction_of_older_runs_commits_beside_the_new_run_and_restores(
 
 
 def test_key_value_state_keeps_running_totals_across_epochs(
-    spark: Any, orders: OrdersPipeline
+    run: RunStage, orders: OrdersPipeline
 ) -> None:
     orders.add_file("a", [1, 2, 3, 4, 4])
-    first = run_stage(orders.spec("run-1", stage="tests.spark.stages:dedup_and_totals"), spark)
+    first = run(orders.spec("run-1", stage="tests.spark.stages:dedup_and_totals"))
     orders.commit(first)
     orders.add_file("b", [4, 5, 7])
-    second = run_stage(orders.spec("run-2", stage="tests.spark.stages:dedup_and_totals"), spark)
+    second = run(orders.spec("run-2", stage="tests.spark.stages:dedup_and_totals"))
     orders.commit(second)
 
     assert second.rows == 2 + 2  # orders 5 and 7; customers c2 (5) and c1 (7)
@@ -140,13 +140,11 @@ def test_key_value_state_keeps_running_totals_across_epochs(
 
 
 def test_retry_after_partial_staging_reads_the_same_input_and_never_publishes_the_stale_attempt(
-    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+    run: RunStage, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
     orders.add_file("a", [1, 2, 2, 3])
     with pytest.raises(InjectedFailure):
-        run_stage(
-            orders.spec("run-1", attempt=1, stage="tests.spark.stages:fail_after_staging"), spark
-        )
+        run(orders.spec("run-1", attempt=1, stage="tests.spark.stages:fail_after_staging"))
     stale = sorted(
         p.name
         for p in (
@@ -156,7 +154,7 @@ def test_retry_after_partial_staging_reads_the_same_input_and_never_publishes_th
     assert stale, "the failed attempt staged files"
     orders.add_file("late", [3, 4])  # arrives between the attempts
 
-    retry = run_stage(orders.spec("run-1", attempt=2), spark)
+    retry = run(orders.spec("run-1", attempt=2))
     assert (retry.epoch, retry.attempt) == (1, 2)
     assert retry.sources["orders"]["files"] == ["a.parquet"], (
         "the retry reads exactly the same input"
@@ -166,7 +164,7 @@ def test_retry_after_partial_staging_reads_the_same_input_and_never_publishes_th
     assert not set(orders.published_files()) & set(stale)
     assert not (orders.root / "store" / "orders" / "_staging" / "epoch=1").exists()
 
-    late = run_stage(orders.spec("run-2"), spark)  # the late file lands in the next epoch
+    late = run(orders.spec("run-2"))  # the late file lands in the next epoch
     assert late.sources["orders"]["files"] == ["late.parquet"]
     orders.commit(late)
     assert published_ids() == [1, 2, 3, 4]
@@ -224,17 +222,15 @@ def test_stage_result_counts_only_parts_the_epoch_wrote(spark: Any, orders: Orde
 
 
 def test_state_is_complete_even_when_the_stage_consumes_part_of_the_result(
-    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+    run: RunStage, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
     orders.add_file("a", [5, 1, 2, 3])
-    first = run_stage(
-        orders.spec("run-1", stage="tests.spark.stages:dedup_but_stage_one_row"), spark
-    )
+    first = run(orders.spec("run-1", stage="tests.spark.stages:dedup_but_stage_one_row"))
     orders.commit(first)
     assert published_ids() == [1]
     orders.add_file("b", [2, 3, 5, 6])  # all but 6 were seen by epoch 1's state
     orders.commit(
-        run_stage(orders.spec("run-2", stage="tests.spark.stages:dedup_but_stage_one_row"), spark)
+        run(orders.spec("run-2", stage="tests.spark.stages:dedup_but_stage_one_row"))
     )
     assert published_ids() == [1, 6]
 
@@ -251,7 +247,7 @@ def test_a_filter_after_dedup_does_not_keep_keys_from_the_state(
     assert published_ids() == [2, 4, 5, 6]
 
 
-def test_json_source_csv_sink_and_a_composite_key(spark: Any, orders: OrdersPipeline) -> None:
+def test_json_source_csv_sink_and_a_composite_key(run: RunStage, orders: OrdersPipeline) -> None:
     import json
 
     orders.input_dir.mkdir(parents=True)
@@ -281,7 +277,7 @@ def test_json_source_csv_sink_and_a_composite_key(spark: Any, orders: OrdersPipe
             }
         },
     )
-    result = run_stage(spec, spark)
+    result = run(spec)
     assert result.rows == 2 and result.manifests[0].format == "csv"
     orders.commit(result)
     lines = sorted(
@@ -314,13 +310,13 @@ def test_a_registered_source_plans_offsets_from_the_committed_history(
 
 
 def test_snapshot_reads_the_restored_key_set_on_executors(
-    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+    run: RunStage, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
     orders.add_file("a", [1, 2, 2, 3])
-    orders.commit(run_stage(orders.spec("run-1"), spark))
+    orders.commit(run(orders.spec("run-1")))
     orders.add_file("b", [3, 4])
-    orders.commit(run_stage(orders.spec("run-2"), spark))
-    export = run_stage(orders.spec("run-3", stage="tests.spark.stages:export_seen_keys"), spark)
+    orders.commit(run(orders.spec("run-2")))
+    export = run(orders.spec("run-3", stage="tests.spark.stages:export_seen_keys"))
     assert export.rows == 4
     orders.commit(export)
     assert sorted(r["order_id"] for r in orders.published() if r.get("customer") is None) == [
@@ -332,17 +328,17 @@ def test_snapshot_reads_the_restored_key_set_on_executors(
 
 
 def test_coalescing_the_result_keeps_the_state_exact(
-    spark: Any, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
+    run: RunStage, orders: OrdersPipeline, published_ids: Callable[[], list[int]]
 ) -> None:
     # Two ids only: most key groups are empty, and coalesce(1) runs every key group's
     # task under partition index 0.
     orders.add_file("a", [10, 11, 11])
     stage = "tests.spark.stages:dedup_into_one_file"
-    first = run_stage(orders.spec("run-1", stage=stage), spark)
+    first = run(orders.spec("run-1", stage=stage))
     orders.commit(first)
     assert len(orders.published_files()) == 1
     orders.add_file("b", [11, 12])
-    orders.commit(run_stage(orders.spec("run-2", stage=stage), spark))
+    orders.commit(run(orders.spec("run-2", stage=stage)))
     assert published_ids() == [10, 11, 12]
 
 
@@ -385,3 +381,39 @@ def test_a_key_set_on_a_pyspark_without_arrow_udfs_says_to_upgrade(
     orders.add_file("a", [1, 2])
     with pytest.raises(StateError, match="PySpark 4.1 or later"):
         run_stage(orders.spec("run-1"), spark)
+
+
+def test_classic_and_connect_runs_of_the_same_epochs_write_the_same_checkpoints_and_rows(
+    spark: Any, connect_server: str, tmp_path: Any
+) -> None:
+    """The same input, stage and epochs, once on a classic session and once through Spark
+    Connect: the same published rows, and keyed states whose chains hold the same keys and
+    values (part for part: kind, epoch, key group)."""
+
+    from airflow_seatunnel_ckpt.core.state.checkpoint import read_chain
+
+    def epochs(orders: OrdersPipeline, runner: Callable[[StageSpec], StageResult]) -> None:
+        orders.add_file("a", [1, 2, 3, 4, 4])
+        orders.commit(runner(orders.spec("run-1", stage="tests.spark.stages:dedup_and_totals")))
+        orders.add_file("b", [4, 5, 7, 1])
+        orders.commit(runner(orders.spec("run-2", stage="tests.spark.stages:dedup_and_totals")))
+
+    classic, connect = OrdersPipeline(tmp_path / "classic"), OrdersPipeline(tmp_path / "connect")
+    epochs(classic, lambda spec: run_stage(spec, spark))
+    epochs(connect, lambda spec: run_stage(spec.replace(remote=connect_server)))
+
+    def by_id(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted(rows, key=lambda r: (r.get("order_id", 0), r.get("customer", ""), r.get("total", 0)))
+
+    assert by_id(connect.published()) == by_id(classic.published())
+    assert by_id(connect.published("totals")) == by_id(classic.published("totals"))
+    for name in ("seen_orders", "customer_totals"):
+        states = [o.pipeline.status(2).prepared["ingest"].operators[name] for o in (classic, connect)]
+        assert states[0].chains.keys() == states[1].chains.keys()
+        for group, chain in states[0].chains.items():
+            other = states[1].chains[group]
+            assert [(p.kind, p.epoch, p.key_group) for p in chain] == [(p.kind, p.epoch, p.key_group) for p in other]
+            keys = list(states[0].key_columns)
+            contents = [read_chain(o.pipeline.storage, c, keys).sort_by([(k, "ascending") for k in keys]).to_pylist()
+                        for o, c in ((classic, chain), (connect, other))]
+            assert contents[0] == contents[1], (name, group)

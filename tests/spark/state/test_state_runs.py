@@ -8,6 +8,7 @@ pipeline restores them. Spark itself runs in ``test_stage_runtime.py``.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from airflow_seatunnel_ckpt.spark.state.settings import (
 
 
 class Reports:
-    """The accumulator's ``add``, collected in-process (what Spark merges on the driver)."""
+    """The report folder's ``add``, collected in-process (what Spark merges on the driver)."""
 
     def __init__(self) -> None:
         self.reports: list[PartReport] = []
@@ -62,7 +63,7 @@ def dedup_rows(settings: StateSettings, batches: list[pa.RecordBatch], sink: Rep
     """The rows ``dedup_keep`` keeps, as Spark's filter would (the key-group column dropped)."""
     columns = [*settings.key_columns, KEY_GROUP_COLUMN]
     masks = list(dedup_keep(iter(tuple(b.column(c) for c in columns) for b in batches),
-                            settings=settings, accumulator=sink))  # type: ignore[arg-type]
+                            settings=settings, reports=sink))  # type: ignore[arg-type]
     assert sum(len(m) for m in masks) == sum(b.num_rows for b in batches)
     table = pa.Table.from_batches(batches).drop_columns([KEY_GROUP_COLUMN])
     return table.filter(pa.chunked_array(masks, pa.bool_())) if masks else table
@@ -79,7 +80,7 @@ def run_merge(settings: StateSettings, partial: pa.Table) -> tuple[pa.Table, Par
     sink = Reports()
     how = {"total": Aggregate.SUM, "top": Aggregate.MAX}
     out = list(merge_partition(iter(batches_of(partial)), settings=settings, aggregates=how,
-                               accumulator=sink))  # type: ignore[arg-type]
+                               reports=sink))  # type: ignore[arg-type]
     return pa.Table.from_batches(out), sink.reports[0]
 
 
@@ -279,3 +280,24 @@ def test_a_compaction_report_outside_the_restored_chain_is_refused() -> None:
     with pytest.raises(StateError, match="key group 0 reported a compaction of runs 1..4, but its restored chain "
                                          "holds 2 runs"):
         next_chain([ref, ref], report)
+
+
+def test_reports_travel_as_files_and_a_retried_key_group_is_chosen_once(tmp_path: Path) -> None:
+    """What the tasks of one update write and the driver reads (the same on Spark Connect):
+    a key group reported twice (a retried or speculative task) is chosen once, another
+    update's reports are not seen, and the folder goes once read."""
+    from airflow_seatunnel_ckpt.spark.state.reports import ReportFolder, choose_reports
+
+    settings = settings_for(tmp_path, StateKind.KEY_SET, 3, [], ["id"])
+    part = PartRef("checkpoint_3/operators/seen/part-0-1-ab", 10, 7, 3, 0)
+    update, other = (ReportFolder(settings.store, settings.reports_folder(t)) for t in ("u1", "u2"))
+    update.add([PartReport(0, 5, 2, part=part)])
+    update.add([PartReport(0, 5, 2, part=dataclasses.replace(part, path=part.path[:-2] + "cd"))])
+    update.add([PartReport(1, 0, 0, aligned=False)])
+    other.add([PartReport(2, 1, 1)])
+    assert update.folder.startswith("_staging/epoch=3/attempt=1/")
+    chosen, unsure = choose_reports(update.read())
+    assert sorted(chosen) == [0, 1] and chosen[0].part is not None and chosen[0].rows == 5
+    assert unsure == {1}  # an empty task under another partition index: checked against the input
+    update.remove()
+    assert update.read() == [] and [r.key_group for r in other.read()] == [2]
