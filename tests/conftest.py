@@ -6,6 +6,8 @@
 * ``airflow_home``: an Airflow 3 home with a migrated SQLite metadata database; ``run_dag``,
   ``run_at``, ``clear_and_rerun`` and ``stats`` run, clear and re-run DAGs and capture metrics.
 * ``kafka_broker``: a Kafka-compatible broker (Tansu) on loopback (tests/kafka_broker.py).
+* ``connect_server`` / ``connect_spark``: a Spark Connect server on loopback
+  (tests/connect_server.py) and a Connect session to it.
 
 Airflow reads its configuration once, when ``airflow`` is first imported, so the
 environment it needs is set at import time of this module (pytest imports conftest
@@ -39,6 +41,7 @@ import pytest
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from tests.connect_server import ConnectServer
     from tests.kafka_broker import KafkaBroker
     from tests.postgres_server import PostgresServer
 
@@ -120,8 +123,8 @@ _ONE_WORKER_MARKERS = ("cluster", "browser", "deployment")
 
 #: A test that asks for one of these fixtures gets its marker, so that ``-m "not spark"``
 #: (``scripts/test.sh --quick``) leaves out every test that would start a JVM.
-_FIXTURE_MARKERS = {"spark": "spark", "spark_standalone": "cluster", "moto_server": "s3",
-                    "s3_bucket": "s3", "airflow_home": "airflow", "run_dag": "airflow"}
+_FIXTURE_MARKERS = {"spark": "spark", "connect_server_process": "spark", "spark_standalone": "cluster",
+                    "moto_server": "s3", "s3_bucket": "s3", "airflow_home": "airflow", "run_dag": "airflow"}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -308,6 +311,73 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
         yield session
     finally:
         session.stop()
+
+
+# --------------------------------------------------------------------------------------
+# Spark Connect
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def connect_server_process() -> Iterator[ConnectServer]:
+    """One Spark Connect server (tests/connect_server.py) for the session, started the first time
+    a test asks for it, with this checkout on its Python path; stopped by its process group id.
+
+    Skips only where the server cannot start here (the reason is the skip's message).
+    """
+    from tests.connect_server import ConnectServerUnavailable, start_server
+
+    checkout = str(Path(__file__).resolve().parent.parent)
+    try:
+        server = start_server(SESSION_ROOT, python_path=checkout, jvm_options=FAST_JVM_OPTIONS)
+    except ConnectServerUnavailable as exc:
+        pytest.skip(f"no Spark Connect server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_server(connect_server_process: ConnectServer) -> str:
+    """The ``sc://127.0.0.1:<port>`` URL of the session's Spark Connect server."""
+    return connect_server_process.url
+
+
+@contextlib.contextmanager
+def connect_mode() -> Iterator[None]:
+    """PySpark's process-wide Connect flag on for the block, and as it was afterwards.
+
+    ``pyspark.sql.functions`` build Connect columns only while ``SPARK_CONNECT_MODE_ENABLED``
+    is set, and a classic session cannot be created while it is: the tests run classic and
+    Connect sessions in one process, one after the other.
+    """
+    before = os.environ.get("SPARK_CONNECT_MODE_ENABLED")
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+        else:
+            os.environ["SPARK_CONNECT_MODE_ENABLED"] = before
+
+
+@pytest.fixture
+def connect_spark(connect_server: str) -> Iterator[SparkSession]:
+    """A Spark Connect session to the session's server, for one test (Connect mode on meanwhile).
+
+    Per test, not per session: a Connect session is a gRPC channel (cheap), and while one is
+    in use PySpark's functions build Connect columns, which classic tests must not get.
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    with connect_mode():
+        session = ConnectSession.builder.remote(connect_server).create()
+        try:
+            yield session  # type: ignore[misc]
+        finally:
+            session.stop()
 
 
 # --------------------------------------------------------------------------------------
