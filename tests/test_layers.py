@@ -7,7 +7,9 @@
   models) none of them;
 * no two modules import each other, directly or round a longer cycle (lazy and
   ``TYPE_CHECKING`` imports included: a cycle hidden in a function is still a cycle);
-* every module imports on its own, in a fresh interpreter.
+* every module imports on its own, in a fresh interpreter;
+* the core reads no orchestrator's environment and knows no Spark deployment: the
+  runtimes (in-process, ``spark-submit``, Connect) are the Airflow side's.
 """
 
 from __future__ import annotations
@@ -63,6 +65,20 @@ def test_the_core_imports_neither_airflow_nor_pyspark() -> None:
         f"{name}:{line} imports {target}"
         for name, path in MODULES.items() if name.startswith(f"{PACKAGE}.core")
         for target, line in imported(path) if target.split(".")[0] in ("airflow", "pyspark")
+    ]
+    assert offenders == []
+
+
+#: What only a runtime may know: Airflow's task environment, Spark masters and deploy modes.
+RUNTIME_KNOWLEDGE = ("AIRFLOW_CTX_", "spark://", "deploy_mode", "standalone")
+
+
+def test_the_core_reads_no_task_environment_and_knows_no_spark_deployment() -> None:
+    offenders = [
+        f"{name}:{number} mentions {word!r}"
+        for name, path in MODULES.items() if name.startswith(f"{PACKAGE}.core")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for word in RUNTIME_KNOWLEDGE if word in line
     ]
     assert offenders == []
 

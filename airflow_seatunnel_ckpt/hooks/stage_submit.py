@@ -143,9 +143,9 @@ class StageSubmitHook(BaseHook):
             options = SubmitOptions(conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs,
                                     python=self.python, archives=self.archives)
             record = start_submission(spec, epoch, options)
-            self.log.info("epoch %s: submitted %s attempt %s (%s, deploy mode %s); launcher pid %s on %s, "
-                          "log %s", epoch, self.participant, record.attempt, record.master,
-                          record.deploy_mode or "client", record.launcher_pid, record.host, record.log)
+            self.log.info("epoch %s: submitted %s attempt %s (%s, %s); launcher pid %s on %s, log %s", epoch,
+                          self.participant, record.attempt, record.runtime, record.target, record.launcher_pid,
+                          record.host, record.log)
         self.submission = record
         return record
 
