@@ -49,7 +49,7 @@ from airflow_seatunnel_ckpt.spark.state.settings import (
 
 
 class Reports:
-    """The accumulator's ``add``, in-process."""
+    """The report folder's ``add``, in-process."""
 
     def __init__(self) -> None:
         self.reports: list[PartReport] = []
@@ -81,7 +81,7 @@ def run_epoch(root: Path, epoch: int, chains: dict[int, list[PartRef]], ids: np.
                           KEY_GROUP_COLUMN: pa.array(np.full(len(mine), g, np.int32))})
         sink = Reports()
         masks = dedup_keep(iter((b.column(0), b.column(1)) for b in table.to_batches()), settings=settings,
-                           accumulator=sink)  # type: ignore[arg-type]
+                           reports=sink)  # type: ignore[arg-type]
         fresh += sum(int(pc.sum(m).as_py() or 0) for m in masks)
         report = sink.reports[0]
         read += report.read

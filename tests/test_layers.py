@@ -163,3 +163,32 @@ def test_a_core_folder_imports_nothing_of_the_folders_above_it(folder: str) -> N
 @pytest.mark.parametrize("module", FOUNDATION)
 def test_the_core_foundation_imports_none_of_the_core_folders(module: str) -> None:
     assert _imports_of_folders(module, FOLDERS) == []
+
+
+#: What only a classic (py4j) SparkSession has: Spark Connect's client has no JVM.
+CLASSIC_ONLY_NAMES = {"_jsparkSession", "_jvm", "_jsc", "sparkContext", "SparkFiles", "SparkContext"}
+#: The one module that may use them, loaded only for a classic session (``spark.session.is_classic``).
+CLASSIC_MODULE = f"{PACKAGE}.spark.classic"
+
+
+def used_names(path: Path) -> Iterator[tuple[str, int]]:
+    """Every attribute, name and imported name ``path``'s code uses (not its comments or docstrings)."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute):
+            yield node.attr, node.lineno
+        elif isinstance(node, ast.Name):
+            yield node.id, node.lineno
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            for alias in node.names:
+                yield alias.name.rpartition(".")[2], node.lineno
+
+
+def test_only_the_classic_module_reaches_into_the_drivers_jvm() -> None:
+    """A stage runs through Spark Connect too: nothing on its path may need the driver's JVM."""
+    assert CLASSIC_MODULE in MODULES
+    offenders = [
+        f"{name}:{line} uses {used}"
+        for name, path in MODULES.items() if name != CLASSIC_MODULE
+        for used, line in used_names(path) if used in CLASSIC_ONLY_NAMES
+    ]
+    assert offenders == []

@@ -61,11 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = _read_local(args.spec_file)
     if text is None and submitted:
         # Shipped with --files: reachable once the application's SparkContext is up.
-        from pyspark import SparkFiles
         from pyspark.sql import SparkSession
 
+        from airflow_seatunnel_ckpt.spark.classic import shipped_file
+
         SparkSession.builder.getOrCreate()
-        text = _read_local(SparkFiles.get(os.path.basename(args.spec_file)))
+        text = _read_local(shipped_file(os.path.basename(args.spec_file)))
     if text is None:
         raise SystemExit(f"spec file {args.spec_file!r} is neither a file on this host nor among the files "
                          "spark-submit shipped (--files); the stage task ships it: re-run the task")

@@ -222,21 +222,23 @@ def _with_masks(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Dat
     one analysis.
 
     Each rule is first parsed on its own, as written (a text that would parse only inside the
-    mask's SQL is refused). The masks are then one SQL expression each, whose
-    ``CASE WHEN (<rule>)`` Spark's analyser accepts only for a boolean rule: valid rules cost
-    one parse each and one analysis (building the masks as columns over py4j and analysing
-    the rules separately cost five times as much, a visible part of a small epoch). Whatever
+    mask's SQL is refused): ``selectExpr`` parses each of its expressions alone. The masks are
+    then one SQL expression each, whose ``CASE WHEN (<rule>)`` Spark's analyser accepts only
+    for a boolean rule: valid rules cost two analyses (building the masks as columns and
+    analysing the rules separately cost five times as much, a visible part of a small
+    epoch). Both are asked for the schema, which analyses the plan where the session is: a
+    classic DataFrame is analysed when built, a Spark Connect one only when asked. Whatever
     the analyser refuses goes through :func:`check_expressions`, which names the rule that is
     wrong; the one refusal it lets pass, a rule typed NULL (``CASE WHEN`` wants a boolean),
     gets the masks with each rule cast to boolean.
     """
     from pyspark.errors import AnalysisException, ParseException
 
-    parser = df.sparkSession._jsparkSession.sessionState().sqlParser()
     try:
-        for rule in rules:
-            parser.parseExpression(rule.expr)
-        return df.selectExpr("*", *_mask_sql(rules, cast=False))
+        df.selectExpr(*(rule.expr for rule in rules)).schema  # noqa: B018 -- analysed for its errors
+        masked = df.selectExpr("*", *_mask_sql(rules, cast=False))
+        masked.schema  # noqa: B018
+        return masked
     except (AnalysisException, ParseException):
         check_expressions(sink, rules, df)  # raises, naming the rule, unless only NULL-typed rules were refused
         return df.selectExpr("*", *_mask_sql(rules, cast=True))

@@ -1,10 +1,10 @@
 """What a running stage shows in its task log: Spark's progress while it runs, and the
 rows read, kept and quarantined per source and written per sink once it ran.
 
-A stage can run for minutes without a line of its own; :class:`StageProgress` is a daemon
-thread that polls Spark's status tracker (tasks of the active stages, and the input
-records of their finished tasks) every few seconds and logs a line only when something
-changed. :func:`log_row_counts` logs the counts the runtime already has: the rows each
+A stage can run for minutes without a line of its own; :class:`StageProgress` logs the
+tasks of the active Spark stages every few seconds, only when something changed: from the
+driver's status tracker on a classic session, from the progress Spark Connect streams with
+each operation otherwise. :func:`log_row_counts` logs the counts the runtime already has: the rows each
 source handed to the stage (:attr:`BoundSource.rows_kept`), each quarantine sink's rows,
 each sink's rows.
 """
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.protocol.lease import Periodic
@@ -22,43 +23,60 @@ from airflow_seatunnel_ckpt.core.protocol.lease import Periodic
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
 
     from airflow_seatunnel_ckpt.spark.context import BoundSource
     from airflow_seatunnel_ckpt.spark.file_sink import Sink
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two looks at Spark's status tracker while a stage runs.
+#: Seconds between two looks at Spark's progress while a stage runs.
 DEFAULT_INTERVAL_S = 10.0
 
 
 class StageProgress:
-    """Log the progress of the Spark jobs a stage runs, from a daemon thread.
+    """Log the progress of the Spark jobs a stage runs.
 
     Use as a context manager around the stage's Spark work, in the thread that runs it;
-    leaving it stops the thread (also when the stage fails). The jobs this thread starts
-    carry a job tag, so a session shared with other stages of the process shows only this
-    stage's jobs. Each line names the Spark stages that are active, their tasks done of
-    all, and the rows their finished tasks read::
+    leaving it stops logging (also when the stage fails). Each line names the Spark stages
+    that are active, their tasks done of all, and what their finished tasks read::
 
         pipeline orders epoch 7: ingest running: Spark stage 3: 5/8 tasks done, 120000 rows read
 
+    On a classic session a daemon thread polls the driver's status tracker; the jobs of the
+    calling thread carry a job tag, so a session shared with other stages of the process
+    shows only this stage's jobs. Through Spark Connect the server streams each operation's
+    progress to the client that runs it (``registerProgressHandler``): only this session's
+    operations, with the bytes (not the rows) their tasks read.
+
     :param label: what the line starts with (pipeline, epoch, participant).
-    :param interval: seconds between two looks; a line is logged only when something changed.
+    :param interval: seconds between two lines at most; a line is logged only when something changed.
     """
 
-    def __init__(self, sc: SparkContext, label: str, interval: float = DEFAULT_INTERVAL_S) -> None:
-        self.sc = sc
+    def __init__(self, session: SparkSession, label: str, interval: float = DEFAULT_INTERVAL_S) -> None:
+        from airflow_seatunnel_ckpt.spark.session import is_classic
+
+        self.session = session
         self.label = label
         self.interval = interval
-        self._poller = Periodic(self._look, interval, f"stage-progress {label}")
         self._last = ""
+        self._logged_at = 0.0
         self.tag = f"seatunnel-ckpt-progress-{uuid.uuid4().hex}"
+        self._tracker: Any = None
+        self._poller: Periodic | None = None
+        if is_classic(session):
+            from airflow_seatunnel_ckpt.spark.classic import StatusTracker
+
+            self._tracker = StatusTracker(session)
+            self._poller = Periodic(self._look, interval, f"stage-progress {label}")
 
     def __enter__(self) -> StageProgress:
-        self.sc.addJobTag(self.tag)  # thread-local: the jobs of the calling thread only
-        self._poller.start()
+        if self._tracker is not None:
+            self._tracker.add_tag(self.tag)  # thread-local: the jobs of the calling thread only
+            assert self._poller is not None
+            self._poller.start()
+        else:
+            self.session.registerProgressHandler(self._on_progress)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -66,9 +84,14 @@ class StageProgress:
         self.stop()
 
     def stop(self) -> None:
-        """Stop polling and wait (briefly) for the thread to end."""
+        """Stop logging (a classic session's polling thread is waited for, briefly)."""
+        if self._tracker is None:
+            with contextlib.suppress(Exception):
+                self.session.removeProgressHandler(self._on_progress)
+            return
         with contextlib.suppress(Exception):
-            self.sc.removeJobTag(self.tag)
+            self._tracker.remove_tag(self.tag)
+        assert self._poller is not None
         self._poller.stop(timeout_s=max(self.interval, 1.0) + 5.0)
 
     def _look(self) -> None:
@@ -78,54 +101,38 @@ class StageProgress:
         except Exception as exc:  # progress is a courtesy: never disturb the stage
             log.debug("%s: cannot read Spark's progress: %s", self.label, exc)
             return
+        self._log(line)
+
+    def _log(self, line: str) -> None:
         if line and line != self._last:
             log.info("%s running: %s", self.label, line)
         self._last = line or self._last
 
     def describe(self) -> str:
-        """The active Spark stages' progress as one phrase ("" when none is active)."""
-        tracker = self.sc.statusTracker()
-        records = _input_records(self.sc)
-        parts = []
-        for stage_id in sorted(set(tracker.getActiveStageIds()) & self._tagged_stages()):
-            info = tracker.getStageInfo(stage_id)
-            if info is None:
-                continue
-            text = f"Spark stage {stage_id}: {info.numCompletedTasks}/{info.numTasks} tasks done"
-            if info.numFailedTasks:
-                text += f" ({info.numFailedTasks} failed)"
-            if records.get(stage_id):
-                text += f", {records[stage_id]} rows read"
-            parts.append(text)
-        return "; ".join(parts)
+        """The active Spark stages' progress as one phrase ("" when none is active; classic only)."""
+        return self._tracker.describe(self.tag) if self._tracker is not None else ""
 
-    def _tagged_stages(self) -> set[int]:
-        """Spark stages of the jobs carrying this stage's tag."""
-        tracker = self.sc.statusTracker()
-        job_ids = self.sc._jsc.sc().statusTracker().getJobIdsForTag(self.tag)  # type: ignore[union-attr]
-        stages: set[int] = set()
-        for job_id in job_ids:
-            info = tracker.getJobInfo(int(job_id))
-            if info is not None:
-                stages.update(int(s) for s in info.stageIds)
-        return stages
-
-
-def _input_records(sc: SparkContext) -> dict[int, int]:
-    """Rows the finished tasks of each active Spark stage read (from files or tables, and
-    from the shuffle of earlier stages), from the status store Spark's UI reads (kept
-    without the UI too); empty if this Spark does not expose it."""
-    try:
-        stages = sc._jsc.sc().statusStore().activeStages()  # type: ignore[union-attr]
-        return {int(s.stageId()): int(s.inputRecords()) + int(s.shuffleReadRecords())
-                for s in _scala_items(stages)}
-    except Exception:
-        return {}
-
-
-def _scala_items(seq: Any) -> Iterator[Any]:
-    for i in range(seq.size()):
-        yield seq.apply(i)
+    def _on_progress(self, stages: Iterable[Any] | None, inflight_tasks: int, operation_id: str | None,
+                     done: bool) -> None:
+        """Connect's progress of one running operation: logged at most once per interval."""
+        try:
+            now = time.monotonic()
+            if done or now - self._logged_at < self.interval:
+                return
+            parts = []
+            for stage in stages or ():
+                if stage.done:
+                    continue
+                text = f"Spark stage {stage.stage_id}: {stage.num_completed_tasks}/{stage.num_tasks} tasks done"
+                if stage.num_bytes_read:
+                    text += f", {stage.num_bytes_read} bytes read"
+                parts.append(text)
+            line = "; ".join(parts)
+            if line:
+                self._logged_at = now
+            self._log(line)
+        except Exception as exc:  # progress is a courtesy: never disturb the stage
+            log.debug("%s: cannot read Spark's progress: %s", self.label, exc)
 
 
 def log_row_counts(label: str, sources: Mapping[str, BoundSource], sinks: Mapping[str, Sink]) -> None:

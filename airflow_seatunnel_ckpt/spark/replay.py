@@ -52,7 +52,7 @@ from airflow_seatunnel_ckpt.spark.runner import (
     execute_stage,
     load_stage_function,
 )
-from airflow_seatunnel_ckpt.spark.session import stage_session
+from airflow_seatunnel_ckpt.spark.session import remote_session, stage_session
 from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
 if TYPE_CHECKING:
@@ -105,6 +105,10 @@ def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, 
     :raises ReplayError: the replay cannot run (nothing was changed), or its decision
         refused it (the replay epoch is aborted).
     """
+    if spark is None and spec.remote is not None:  # through Spark Connect, a session of its own
+        with remote_session(spec) as session:
+            return replay_stage(spec, from_epoch, to_epoch, reason=reason, by=by, force=force, spark=session,
+                                stage_fn=stage_fn, details=details)
     config = CheckpointConfig.from_mapping(spec.store)
     pipeline = CheckpointStore(config).pipeline(spec.pipeline)
     resumed = resume_replay(pipeline)

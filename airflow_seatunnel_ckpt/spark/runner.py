@@ -38,7 +38,7 @@ from airflow_seatunnel_ckpt.spark.file_sink import Sink
 from airflow_seatunnel_ckpt.spark.file_source import FileSource, Source, SourceError
 from airflow_seatunnel_ckpt.spark.progress import DEFAULT_INTERVAL_S, StageProgress, log_row_counts
 from airflow_seatunnel_ckpt.spark.registry import sink_from_options, source_from_options
-from airflow_seatunnel_ckpt.spark.session import stage_session
+from airflow_seatunnel_ckpt.spark.session import remote_session, stage_session
 from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
 from airflow_seatunnel_ckpt.spark.state import (
     KeyedState,
@@ -92,14 +92,20 @@ def run_stage(
 ) -> StageResult:
     """Run ``spec``'s stage for its run's epoch and log it prepared.
 
-    :param spark: session to use; default: the active session, else a new one
-        (``spec.master`` or ``local[*]``, with ``spec.spark_conf``).
+    :param spark: session to use; default: a Spark Connect session to ``spec.remote`` if
+        the spec names one, else the active session, else a new one (``spec.master`` or
+        ``local[*]``, with ``spec.spark_conf``).
     :param stage_fn: the stage function itself, instead of importing ``spec.stage``.
     :param submitted: running under ``spark-submit`` (its ``--master`` is kept).
     :param progress_interval: seconds between two looks at Spark's progress while the
         stage runs (logged when it changed; see :class:`~.progress.StageProgress`).
     :raises FencedAttemptError: the epoch was decided before this attempt prepared.
     """
+    if spark is None and spec.remote is not None:
+        # Through Spark Connect: a session of its own for this run, released when it ends.
+        with remote_session(spec) as session:
+            return run_stage(spec, session, stage_fn=stage_fn, submitted=submitted,
+                             progress_interval=progress_interval)
     started = time.monotonic()
     config = CheckpointConfig.from_mapping(spec.store)
     pipeline = CheckpointStore(config).pipeline(spec.pipeline)
@@ -255,7 +261,7 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
     label = f"pipeline {spec.pipeline} epoch {epoch}: {spec.participant} attempt {spec.attempt}"
     try:
         # Spark's progress goes to the task log while the stage and its state writes run.
-        with StageProgress(session.sparkContext, label, progress_interval):
+        with StageProgress(session, label, progress_interval):
             fn(ctx, session)
             _refuse_renamed_states(pipeline, base, spec.participant, ctx.states)
             for name, state in ctx.states.items():

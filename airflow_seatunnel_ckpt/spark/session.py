@@ -1,12 +1,18 @@
-"""The SparkSession a stage runs in: in-process ``local[*]`` by default, or the one
-``spark-submit`` started for the driver module; and what the package's tasks do first in
-each Python worker of that session."""
+"""The SparkSession a stage runs in: in-process ``local[*]`` by default, the one
+``spark-submit`` started for the driver module, or a Spark Connect session to the spec's
+``remote`` server; and what the package's tasks do first in each Python worker of that
+session."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,13 +41,14 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
     also listens on 127.0.0.1 only and its JVM logs warnings to standard output (see
     ``log4j2-stage.properties``), unless spark_conf sets a log4j2 configuration itself.
     """
-    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    from airflow_seatunnel_ckpt.spark.classic import context_running
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    if SparkContext._active_spark_context is not None:
+    if context_running():
         # A session of this process, active in another thread: reuse it as it is. A builder
         # with options would change the running session's configuration under its owner.
         log.info("reusing the running SparkSession; spark_conf applies to new sessions only")
@@ -76,8 +83,67 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
         # as PYSPARK_PYTHON; an in-process session has no spark-submit). Name it here.
         python = (conf.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
                   or conf.get("spark.pyspark.driver.python") or sys.executable)
-        session.sparkContext.pythonExec = python
+        from airflow_seatunnel_ckpt.spark.classic import set_python_exec
+
+        set_python_exec(session, python)
     return session
+
+
+def is_classic(session: object) -> bool:
+    """Whether ``session`` is a classic SparkSession (with a driver JVM in this process), not
+    a Spark Connect one: only then may the package use :mod:`.classic`."""
+    return not type(session).__module__.startswith("pyspark.sql.connect")
+
+
+#: PySpark's process-wide switch: while set, ``pyspark.sql.functions`` build Spark Connect
+#: columns (and no classic session can be created).
+CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+
+
+@contextlib.contextmanager
+def remote_session(spec: StageSpec) -> Iterator[SparkSession]:
+    """A Spark Connect session to ``spec.remote`` for one run of the stage, released after it.
+
+    The spec's ``spark_conf`` is set on the session where the server lets a client set it
+    (SQL settings; static ones such as the master are the server's). The package's code
+    goes to the server as an artifact of the session, so the Python workers and the Python
+    data sources run the same code as this client. PySpark's Connect switch
+    (:data:`CONNECT_MODE`) is on while the session is, and as it was afterwards: a process
+    may run classic stages before or after.
+    """
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    assert spec.remote is not None
+    before = os.environ.get(CONNECT_MODE)
+    os.environ[CONNECT_MODE] = "1"
+    try:
+        builder = ConnectSession.builder.remote(spec.remote)
+        for key, value in spec.spark_conf.items():
+            builder = builder.config(str(key), str(value))
+        session = builder.create()
+        try:
+            session.addArtifacts(str(package_archive()), pyfile=True)
+            yield session  # type: ignore[misc]
+        finally:
+            with contextlib.suppress(Exception):  # a dead server: nothing to release
+                session.stop()
+    finally:
+        if before is None:
+            os.environ.pop(CONNECT_MODE, None)
+        else:
+            os.environ[CONNECT_MODE] = before
+
+
+@functools.cache
+def package_archive() -> Path:
+    """This package's modules in a zip (built once per process), for ``addArtifacts(pyfile=True)``."""
+    root = Path(__file__).resolve().parent.parent
+    target = Path(tempfile.mkdtemp(prefix="seatunnel-ckpt-artifact-")) / f"{root.name}.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                archive.write(path, path.relative_to(root.parent).as_posix())
+    return target
 
 
 #: How many modules this process had loaded when it last froze its heap.

@@ -32,6 +32,7 @@ _SPEC_FIELDS = {
     "key_groups",
     "spark_conf",
     "master",
+    "remote",
     "app_name",
     "airflow_context",
     "dry_run",
@@ -54,6 +55,8 @@ class StageSpec:
     :param spark_conf: Spark configuration, passed to the session untouched.
     :param master: Spark master for an in-process session (default ``local[*]``); ignored
         when the session already exists (e.g. under ``spark-submit``).
+    :param remote: a Spark Connect URL (``sc://host:port/;...``): the stage runs through a
+        Connect session to that server instead of a session of this process (no JVM here).
     :param app_name: Spark application name (default: ``<pipeline>-<participant>``).
     :param airflow_context: the Airflow run the stage belongs to, as JSON data (see
         :class:`~airflow_seatunnel_ckpt.spark.context.AirflowContext`); empty outside Airflow.
@@ -72,6 +75,7 @@ class StageSpec:
     key_groups: int = DEFAULT_KEY_GROUPS
     spark_conf: Mapping[str, Any] = field(default_factory=dict)
     master: str | None = None
+    remote: str | None = None
     app_name: str | None = None
     airflow_context: Mapping[str, Any] = field(default_factory=dict)
     dry_run: bool = False
@@ -87,6 +91,8 @@ class StageSpec:
                 "stage spec: stage must be an import path 'package.module:function', "
                 f"got {self.stage!r}"
             )
+        if self.remote is not None and (not isinstance(self.remote, str) or not self.remote.startswith("sc://")):
+            raise ConfigError(f"stage spec: remote must be a Spark Connect URL 'sc://host:port', got {self.remote!r}")
         if (
             isinstance(self.key_groups, bool)
             or not isinstance(self.key_groups, int)
@@ -117,6 +123,7 @@ class StageSpec:
             "key_groups": self.key_groups,
             "spark_conf": dict(self.spark_conf),
             "master": self.master,
+            "remote": self.remote,
             "app_name": self.app_name,
             "airflow_context": dict(self.airflow_context),
             "dry_run": self.dry_run,

@@ -11,10 +11,11 @@ How one update works (the design measured in ``bench/bench_spark_stage.py``):
    result on, and at the end of its input writes the key group's new part: a delta with
    only the changed keys, or a full part when the core's chain bound says so. Nothing
    of the state passes through the driver.
-3. The task reports the part's reference (path, size, CRC32C) through a Spark
-   accumulator -- a few hundred bytes per key group -- which Spark merges only for tasks
-   that succeed. A key group with no changes reports none and keeps its previous chain
-   (incremental checkpoints: unchanged key groups are not rewritten).
+3. The task reports the part's reference (path, size, CRC32C) in a small JSON file of
+   the update's report folder in the store (below the attempt's staging), written once
+   the part is complete -- the same on a classic session and through Spark Connect. A
+   key group with no changes reports none and keeps its previous chain (incremental
+   checkpoints: unchanged key groups are not rewritten).
 
 The update runs when the stage's output is computed (normally by a sink write), so the
 data makes one pass. Part names carry the attempt *and* a per-task token, so a retried,
@@ -28,14 +29,14 @@ Where each step lives:
 - :mod:`.executor` -- what runs on the executors, one task per key group: de-duplicate
   (a scalar Arrow UDF over the keys), merge or read (``mapInArrow``) and load/write the
   key group's parts (steps 2 and 3);
-- :mod:`.reports` -- the accumulator protocol between the tasks and the driver;
+- :mod:`.reports` -- the report protocol between the tasks and the driver;
 - :mod:`.keyed` -- the driver side: :class:`KeySet`, :class:`KeyValueState`, the
   repartitioning of step 1 and the reconciliation of the reports into chains.
 """
 
 from airflow_seatunnel_ckpt.spark.state.executor import dedup_keep, merge_partition, read_partition
 from airflow_seatunnel_ckpt.spark.state.keyed import KeyedState, KeySet, KeyValueState
-from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportList
+from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportFolder
 from airflow_seatunnel_ckpt.spark.state.settings import (
     DEFAULT_CHUNK_ROWS,
     KEY_GROUP_COLUMN,
@@ -56,7 +57,7 @@ __all__ = [
     "KeyedState",
     "PartPolicy",
     "PartReport",
-    "ReportList",
+    "ReportFolder",
     "StateError",
     "StateKind",
     "StateSettings",

@@ -4,7 +4,7 @@ Pure functions over Arrow batches plus the loading and writing of one key group'
 A task receives the rows of exactly one key group (the driver repartitions by key into
 ``key_groups`` partitions), loads that key group's chain straight from the checkpoint
 store, streams its result on, writes the key group's new part at the end of its input
-and reports the part through the update's accumulator. Nothing of the state passes
+and reports the part in the update's report folder (``reports.ReportFolder``). Nothing of the state passes
 through the driver.
 """
 
@@ -39,7 +39,8 @@ from airflow_seatunnel_ckpt.spark.state.settings import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.accumulators import Accumulator
+
+    from airflow_seatunnel_ckpt.spark.state.reports import ReportFolder
 
 
 def load_key_group(settings: StateSettings, key_group: int) -> pa.Table | None:
@@ -182,7 +183,7 @@ def _task_partition() -> int:
 
 
 def _report(
-    accumulator: Accumulator[list[PartReport]],
+    reports: ReportFolder,
     key_group: int,
     partition: int,
     rows: int,
@@ -193,7 +194,7 @@ def _report(
     report = PartReport(key_group, rows, changed, aligned=key_group == partition, part=written.part,
                         replaces=written.replaces, read=read + written.read, merged=written.merged,
                         merge_start=written.merge_start, merge_end=written.merge_end)
-    accumulator.add([report])
+    reports.add([report])
 
 
 def _first_unseen(keys: pa.Array | pa.ChunkedArray, known: pa.Array | None) -> pa.Array:
@@ -215,7 +216,7 @@ def dedup_keep(
     batches: Iterator[tuple[pa.Array, ...]],
     *,
     settings: StateSettings,
-    accumulator: Accumulator[list[PartReport]],
+    reports: ReportFolder,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
 ) -> Iterator[pa.Array]:
     """Executor side of :meth:`KeySet.dedup` for one key group (one task).
@@ -290,7 +291,7 @@ def dedup_keep(
     if new_keys is not None or (settings.policy.force_full and settings.chain(key_group)):
         written = write_key_group(settings, key_group, new_keys)
     changed = 0 if new_keys is None else new_keys.num_rows
-    _report(accumulator, key_group, partition, rows_in, changed, written, read)
+    _report(reports, key_group, partition, rows_in, changed, written, read)
 
 
 def _merge_values(old: Any, new: Any, how: Aggregate) -> Any:
@@ -333,7 +334,7 @@ def merge_partition(
     *,
     settings: StateSettings,
     aggregates: Mapping[str, Aggregate],
-    accumulator: Accumulator[list[PartReport]],
+    reports: ReportFolder,
 ) -> Iterator[pa.RecordBatch]:
     """Executor side of :meth:`KeyValueState.aggregate` for one key group (one task).
 
@@ -381,7 +382,7 @@ def merge_partition(
     elif settings.policy.force_full and settings.chain(key_group):
         written = write_key_group(settings, key_group, None)
     rows = sum(t.num_rows for t in tables)
-    _report(accumulator, key_group, partition, rows, changed, written, read)
+    _report(reports, key_group, partition, rows, changed, written, read)
 
 
 def read_partition(

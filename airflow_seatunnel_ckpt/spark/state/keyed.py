@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import logging
 import re
+import secrets
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,7 +19,7 @@ from airflow_seatunnel_ckpt.spark.state.executor import (
     read_partition,
     state_schema,
 )
-from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportList, choose_reports, next_chain
+from airflow_seatunnel_ckpt.spark.state.reports import PartReport, ReportFolder, choose_reports, next_chain
 from airflow_seatunnel_ckpt.spark.state.settings import (
     DEFAULT_CHUNK_ROWS,
     KEY_GROUP_COLUMN,
@@ -30,7 +31,6 @@ from airflow_seatunnel_ckpt.spark.state.settings import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.accumulators import Accumulator
     from pyspark.sql import Column, DataFrame, SparkSession
 
     from airflow_seatunnel_ckpt.core.protocol.descriptor import StateDescriptor
@@ -78,7 +78,7 @@ class KeyedState:
             )
         self.spark = spark
         self.settings = settings
-        self._accumulator: Accumulator[list[PartReport]] | None = None
+        self._reports: ReportFolder | None = None
         self._output: DataFrame | None = None
         self._input: DataFrame | None = None
         #: The state's committed shape (its checkpoint's), checked by each update.
@@ -106,9 +106,7 @@ class KeyedState:
         return self.settings.restored
 
     # -- shared by both kinds -------------------------------------------------------------
-    def _bind(
-        self, key: str | Sequence[str]
-    ) -> tuple[StateSettings, Accumulator[list[PartReport]]]:
+    def _bind(self, key: str | Sequence[str]) -> tuple[StateSettings, ReportFolder]:
         """Bind the state to its key columns for this stage's one update."""
         keys = _key_list(key)
         if self._output is not None:
@@ -117,8 +115,8 @@ class KeyedState:
                 "once per stage (union the inputs first)"
             )
         self.settings = self.settings.bound_to(keys)
-        self._accumulator = self.spark.sparkContext.accumulator([], ReportList())
-        return self.settings, self._accumulator
+        self._reports = ReportFolder(self.settings.store, self.settings.reports_folder(secrets.token_hex(6)))
+        return self.settings, self._reports
 
     def _by_key_group(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
         missing = [k for k in keys if k not in df.columns]
@@ -197,9 +195,9 @@ class KeyedState:
         stage cannot prepare. Returns the new operator state (None if never restored nor
         updated) and the bytes of parts written.
         """
-        if self._output is None or self._accumulator is None:
+        if self._output is None or self._reports is None:
             return self.restored, 0
-        reports, unsure = choose_reports(self._accumulator.value)
+        reports, unsure = choose_reports(self._reports.read())
         if len(reports) < self.key_groups or unsure:
             log.info(
                 "keyed state %s: %d of %d key groups reported; evaluating the update to completion",
@@ -208,7 +206,7 @@ class KeyedState:
                 self.key_groups,
             )
             self._output.write.format("noop").mode("overwrite").save()
-            reports, unsure = choose_reports(self._accumulator.value)
+            reports, unsure = choose_reports(self._reports.read())
         missing = set(range(self.key_groups)) - set(reports)
         to_check = sorted(missing | unsure)
         if to_check:
@@ -224,6 +222,7 @@ class KeyedState:
                 reports[g] = PartReport(g, rows=0, changed=0)
         chains, written = self._next_chains(reports)
         self._remove_unreported_parts({p.path for r in reports.values() for p in r.parts})
+        self._reports.remove()  # read into the chains; the epoch's staging goes with the epoch anyway
         # The shape goes with the chains: the next run restoring them is held to it, on
         # every path (run_stage alone, spark-submit, Airflow).
         shape = self.shape()
@@ -387,7 +386,7 @@ class KeySet(KeyedState):
                                        or ttl_epochs < 1):
             raise ConfigError(f"key set {self.name!r}: ttl_epochs must be a positive integer or None, "
                               f"got {ttl_epochs!r}")
-        settings, accumulator = self._bind(key)
+        settings, reports = self._bind(key)
         settings = self.settings = dataclasses.replace(settings, ttl_epochs=ttl_epochs)
         from pyspark.sql import functions as F
 
@@ -404,7 +403,7 @@ class KeySet(KeyedState):
                 f"stage runs PySpark {pyspark.__version__}: upgrade Spark where the stage's driver runs")
         with warnings.catch_warnings():  # a partial has no type hints to infer the UDF type from
             warnings.simplefilter("ignore", UserWarning)
-            keep = F.arrow_udf(functools.partial(dedup_keep, settings=settings, accumulator=accumulator,
+            keep = F.arrow_udf(functools.partial(dedup_keep, settings=settings, reports=reports,
                                                  chunk_rows=chunk_rows),
                                "boolean", F.ArrowUDFType.SCALAR_ITER).asNondeterministic()
         self._input = df
@@ -459,7 +458,7 @@ class KeyValueState(KeyedState):
                 f"key -> value state {self.name!r}: mode must be {CHANGES!r} (the keys changed this "
                 f"epoch) or {SNAPSHOT!r} (every key: the current state), got {mode!r}"
             )
-        settings, accumulator = self._bind(key)
+        settings, reports = self._bind(key)
         exprs = []
         how: dict[str, Aggregate] = {}
         for name, spec in aggregates.items():
@@ -481,7 +480,7 @@ class KeyValueState(KeyedState):
         )
         out_schema = partial.drop(KEY_GROUP_COLUMN).schema
         fn = functools.partial(
-            merge_partition, settings=settings, aggregates=how, accumulator=accumulator
+            merge_partition, settings=settings, aggregates=how, reports=reports
         )
         self._input = df
         self._output = partial.mapInArrow(fn, out_schema)

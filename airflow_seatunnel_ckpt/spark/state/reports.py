@@ -1,21 +1,30 @@
-"""The accumulator protocol: how executor tasks tell the driver which parts they wrote.
+"""The report protocol: how executor tasks tell the driver which parts they wrote.
 
-Each task of a state update adds one :class:`PartReport` to the update's accumulator;
-Spark merges only the updates of tasks that succeed. A key group may be reported more
-than once (task retries, speculation, a repeated evaluation): :func:`choose_reports`
-keeps one report per key group and says which key groups it cannot trust.
+Each task of a state update writes one :class:`PartReport` as a small JSON file into the
+update's :class:`ReportFolder`, in the checkpoint store, after the part it names is
+complete; the driver lists the folder once the update ran. Files in the store, not a
+Spark accumulator, so that the reports reach the driver the same way on a classic
+session and through Spark Connect (whose client has no JVM and no accumulators).
+
+A key group may be reported more than once (task retries, speculative attempts, a
+repeated evaluation), and a task that failed after its report was written leaves that
+report behind. Any such report is correct: a report is written only after its part is
+complete, and the same input and restored state give the same keys, so the part is the
+key group's whole update whichever attempt wrote it. :func:`choose_reports` keeps one
+report per key group and says which key groups it cannot trust.
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from pyspark.accumulators import AccumulatorParam
-
-from airflow_seatunnel_ckpt.core.models import PartRef
+from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.models import PartRef, decode, encode
 from airflow_seatunnel_ckpt.core.state.run_chain import live_runs
-from airflow_seatunnel_ckpt.spark.state.settings import StateError
+from airflow_seatunnel_ckpt.spark.state.settings import StateError, StoreLocation
 
 
 @dataclass(frozen=True)
@@ -52,17 +61,40 @@ class PartReport:
         return self.rows == 0
 
 
-class ReportList(AccumulatorParam[list[PartReport]]):
-    """Accumulates the tasks' part reports (Spark merges only successful tasks' updates)."""
+@dataclass(frozen=True)
+class ReportFolder:
+    """Where the tasks of one state update write their reports: a folder of the store that
+    no other update (nor another attempt) writes to, below the attempt's staging directory
+    (dropped with the epoch's staging)."""
 
-    def zero(self, value: list[PartReport]) -> list[PartReport]:
-        """An empty report list."""
-        return []
+    store: StoreLocation
+    folder: str  #: relative to the pipeline root
 
-    def addInPlace(self, value1: list[PartReport], value2: list[PartReport]) -> list[PartReport]:
-        """Append the reports of one task."""
-        value1.extend(value2)
-        return value1
+    def add(self, reports: list[PartReport]) -> None:
+        """Write each report as one file of its own (atomically: never read half-written)."""
+        storage = self.store.open()
+        for report in reports:
+            name = f"kg-{report.key_group}-{secrets.token_hex(6)}.json"
+            storage.write_atomic(f"{self.folder}/{name}", json.dumps(encode(report)).encode())
+
+    def read(self) -> list[PartReport]:
+        """Every report written so far, in no particular order (none when the folder is absent)."""
+        storage = self.store.open()
+        reports = []
+        for info in storage.walk(self.folder):
+            if not info.path.endswith(".json"):
+                continue
+            path = f"{self.folder}/{info.path}"
+            try:
+                reports.append(decode(PartReport, storage.read(path), storage.describe_path(path)))
+            except CorruptCheckpointError as exc:
+                raise StateError(f"keyed state: the task report {storage.describe_path(path)} cannot be read "
+                                 f"({exc}); the stage's attempt wrote it itself: retry the stage") from exc
+        return reports
+
+    def remove(self) -> None:
+        """Delete the folder (the reports were read into the operator's chains)."""
+        self.store.open().delete(self.folder, recursive=True)
 
 
 def choose_reports(reports: Iterable[PartReport]) -> tuple[dict[int, PartReport], set[int]]:

@@ -201,6 +201,12 @@ class StateSettings:
         """A new part's path below the pipeline root (attempt- and, with ``token``, task-unique)."""
         return layout.part_path(self.epoch, "operators", self.name, key_group, self.attempt, token)
 
+    def reports_folder(self, update: str) -> str:
+        """Where the tasks of one update (``update``: a token of its own) report their parts:
+        below this attempt's staging directory, removed with the epoch's staging."""
+        return (f"{layout.staging_epoch_dir(self.epoch)}/attempt={layout.validate_attempt(self.attempt)}"
+                f"/_state/{self.name}/{update}")
+
     @property
     def parts_folder(self) -> str:
         """The folder this epoch's parts of the state are written to."""

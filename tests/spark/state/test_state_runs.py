@@ -35,7 +35,7 @@ from airflow_seatunnel_ckpt.spark.state.settings import (
 
 
 class Reports:
-    """The accumulator's ``add``, collected in-process (what Spark merges on the driver)."""
+    """The report folder's ``add``, collected in-process (what Spark merges on the driver)."""
 
     def __init__(self) -> None:
         self.reports: list[PartReport] = []
@@ -62,7 +62,7 @@ def dedup_rows(settings: StateSettings, batches: list[pa.RecordBatch], sink: Rep
     """The rows ``dedup_keep`` keeps, as Spark's filter would (the key-group column dropped)."""
     columns = [*settings.key_columns, KEY_GROUP_COLUMN]
     masks = list(dedup_keep(iter(tuple(b.column(c) for c in columns) for b in batches),
-                            settings=settings, accumulator=sink))  # type: ignore[arg-type]
+                            settings=settings, reports=sink))  # type: ignore[arg-type]
     assert sum(len(m) for m in masks) == sum(b.num_rows for b in batches)
     table = pa.Table.from_batches(batches).drop_columns([KEY_GROUP_COLUMN])
     return table.filter(pa.chunked_array(masks, pa.bool_())) if masks else table
@@ -79,7 +79,7 @@ def run_merge(settings: StateSettings, partial: pa.Table) -> tuple[pa.Table, Par
     sink = Reports()
     how = {"total": Aggregate.SUM, "top": Aggregate.MAX}
     out = list(merge_partition(iter(batches_of(partial)), settings=settings, aggregates=how,
-                               accumulator=sink))  # type: ignore[arg-type]
+                               reports=sink))  # type: ignore[arg-type]
     return pa.Table.from_batches(out), sink.reports[0]
 
 

@@ -2,7 +2,7 @@
 
 The settings are what Spark ships to every task of a state update; the executor
 functions are pure functions over Arrow batches, so they run here in-process on a
-real checkpoint store and a real accumulator.
+real checkpoint store and a real report folder.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from airflow_seatunnel_ckpt.spark.state import (
     KeyedState,
     KeyValueState,
     PartPolicy,
-    ReportList,
+    ReportFolder,
     StateError,
     StateKind,
     StateSettings,
@@ -118,10 +118,10 @@ def test_merge_keeps_running_min_and_max_across_epochs_in_delta_parts(spark: Any
         batch = pa.record_batch(
             {"k": keys, "low": values, "high": values, KEY_GROUP_COLUMN: [0] * len(keys)}
         )
-        accumulator = spark.sparkContext.accumulator([], ReportList())
-        out = merge_partition(iter([batch]), settings=settings, aggregates=aggregates, accumulator=accumulator)
+        reports = ReportFolder(settings.store, settings.reports_folder(f"e{settings.epoch}"))
+        out = merge_partition(iter([batch]), settings=settings, aggregates=aggregates, reports=reports)
         rows = pa.Table.from_batches(list(out)).sort_by("k").to_pylist()
-        [report] = accumulator.value
+        [report] = reports.read()
         return rows, report
 
     first = settings_for(tmp_path, 1).bound_to(["k"])
