@@ -18,20 +18,22 @@ later try, from any worker -- interrupts exactly that attempt's operations on th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import hashlib
 import logging
-import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
 _log = logging.getLogger(__name__)
 
@@ -154,21 +156,15 @@ class ConnectAttempt:
         base = base if base.endswith("/") else f"{base}/"
         return ";".join([base, *kept, f"session_id={self.session_id}"])
 
-    def open(self, spark_conf: Mapping[str, Any] | None = None) -> SparkSession:
-        """A new Connect session for the attempt, the process's default one, with its tag on this thread.
+    @contextlib.contextmanager
+    def session(self, spec: StageSpec) -> Iterator[SparkSession]:
+        """The attempt's Connect session for ``spec`` (:func:`~airflow_seatunnel_ckpt.spark.session.remote_session`,
+        released when the block ends), with the attempt's tag on this thread's operations."""
+        from airflow_seatunnel_ckpt.spark.session import remote_session
 
-        The stage runtime's own session lookup then finds it. ``spark_conf`` is applied as
-        session configuration (the server's static settings cannot change per session).
-        """
-        from pyspark.sql import SparkSession
-
-        builder = SparkSession.builder.remote(self.url)
-        for key, value in (spark_conf or {}).items():
-            if key not in ("spark.master", "spark.remote"):
-                builder = builder.config(str(key), str(value))
-        session = builder.create()
-        session.addTag(self.tag)
-        return session
+        with remote_session(dataclasses.replace(spec, remote=self.url)) as session:
+            session.addTag(self.tag)
+            yield session
 
     def interrupt(self, session: SparkSession | None = None) -> list[str]:
         """Interrupt the attempt's running operations on the server; the ids of those interrupted.
@@ -186,13 +182,3 @@ class ConnectAttempt:
         finally:
             with contextlib.suppress(Exception):
                 client.close()
-
-
-def release(session: SparkSession) -> None:
-    """Release ``session`` on the server and close its channel (best effort, as Connect's ``stop`` is)."""
-    with contextlib.suppress(Exception):
-        session.stop()
-    if "SPARK_REMOTE" not in os.environ:
-        # Creating the session turned PySpark's process-wide Connect mode on; a classic
-        # session made later in this process (a test's, dag.test's next task) needs it off.
-        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)

@@ -18,6 +18,7 @@ and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -39,7 +40,7 @@ from airflow_seatunnel_ckpt.core.protocol.submissions import (
     request_cancel,
     submitted_attempts,
 )
-from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt, Runtime, RuntimeChoice, release
+from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,7 +70,6 @@ class StageSubmitHook(BaseHook):
     :param pipeline: the pipeline the stage prepares an epoch of.
     :param participant: the stage's participant name.
     :param conn_id: the Spark connection (master, deploy mode, binary) for ``spark-submit``.
-    :param runtime: where the stage runs (default: ``spark-submit`` with ``conn_id``, else local).
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments.
     :param python: Python of the executors (``spark.pyspark.python``).
     :param archives: archives for ``spark.archives`` (e.g. a packed environment).
@@ -79,13 +79,11 @@ class StageSubmitHook(BaseHook):
 
     def __init__(self, pipeline: Pipeline, participant: str, *, conn_id: str | None = None,
                  spark_submit_kwargs: Mapping[str, Any] | None = None, python: str | None = None,
-                 archives: Sequence[str] = (), poll_interval: float = 10.0, by: str = "",
-                 runtime: RuntimeChoice | None = None) -> None:
+                 archives: Sequence[str] = (), poll_interval: float = 10.0, by: str = "") -> None:
         super().__init__()
         self.pipeline = pipeline
         self.participant = participant
         self.conn_id = conn_id
-        self.runtime = runtime or RuntimeChoice(Runtime.SPARK_SUBMIT if conn_id else Runtime.LOCAL, conn_id)
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
         self.python = python
         self.archives = tuple(archives)
@@ -105,9 +103,10 @@ class StageSubmitHook(BaseHook):
                        stage_fn: Callable[..., Any] | None = None) -> StageResult:
         """Run ``spec``'s attempt of ``epoch`` in this process (``stage_fn``: the function itself).
 
-        On local Spark, or on a Spark Connect session of the attempt's own (see
-        :class:`~.stage_runtime.ConnectAttempt`: its operations carry the attempt's tag, and
-        the session is released on the server when the stage ends, however it ends).
+        On local Spark, or -- ``spec.remote`` set -- on a Spark Connect session of the
+        attempt's own (:class:`~.stage_runtime.ConnectAttempt`: its operations carry the
+        attempt's tag, and the session is released on the server when the stage ends,
+        however it ends).
 
         Says first what an earlier attempt left (a killed try logs nothing itself). After
         :meth:`on_kill`, the interrupted Spark call's error -- the cancelled job's Java stack,
@@ -122,17 +121,16 @@ class StageSubmitHook(BaseHook):
             self.log.warning("%s", note)
         self.running_in_process = True
         try:
-            if self.runtime.runtime is not Runtime.CONNECT:
+            if spec.remote is None:
                 return run_stage(spec, stage_fn=stage_fn)
-            attempt = ConnectAttempt.of(self.runtime.remote or "", str(spec.store.get("storage_url") or ""),
-                                        spec.pipeline, epoch, spec.participant, spec.attempt)
-            session = attempt.open(spec.spark_conf)
-            self.connect = (attempt, session)
-            try:
-                return run_stage(spec, session, stage_fn=stage_fn)
-            finally:
-                self.connect = None
-                release(session)
+            attempt = ConnectAttempt.of(spec.remote, str(spec.store.get("storage_url") or ""), spec.pipeline,
+                                        epoch, spec.participant, spec.attempt)
+            with attempt.session(spec) as session:
+                self.connect = (attempt, session)
+                try:
+                    return run_stage(dataclasses.replace(spec, remote=attempt.url), session, stage_fn=stage_fn)
+                finally:
+                    self.connect = None
         except Exception as exc:
             if not self.terminated:
                 raise
@@ -323,7 +321,8 @@ class StageSubmitHook(BaseHook):
                 self.log.info("interrupted %d Connect operation(s) of %s", len(interrupted), attempt.tag)
             except Exception as exc:  # the server may be gone: nothing left running there
                 self.log.warning("interrupting %s on the Connect server failed: %s", attempt.tag, exc)
-            release(session)
+            with contextlib.suppress(Exception):  # (released once more, harmlessly, when the stage unwinds)
+                session.stop()
 
         stopper = threading.Thread(target=stop, name="stage-on-kill", daemon=True)
         stopper.start()

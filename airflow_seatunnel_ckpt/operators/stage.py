@@ -167,6 +167,7 @@ class SparkStageOperator(BasePipelineOperator):
             store=self.hook.config.to_mapping(include_secrets=True),
             spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if submitted else self.spark_conf,
             airflow_context=AirflowContext.of_task(context, self.task_id).to_dict(), dry_run=dry_run,
+            remote=self.runtime.remote,
             key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s", self.pipeline, self.stage,
                       self.participant, attempt, self.runtime.describe())
@@ -217,7 +218,7 @@ class SparkStageOperator(BasePipelineOperator):
     @cached_property
     def submit_hook(self) -> StageSubmitHook:
         """The hook that runs the stage in-process, or submits, reconnects to, cancels and waits for it."""
-        return StageSubmitHook(self.store_pipeline, self.participant, runtime=self.runtime, conn_id=self.conn_id,
+        return StageSubmitHook(self.store_pipeline, self.participant, conn_id=self.conn_id,
                                spark_submit_kwargs=self.spark_submit_kwargs, python=self.python,
                                archives=self.archives, poll_interval=self.poll_interval, by=f"stage {self.where}")
 

@@ -69,19 +69,21 @@ def test_a_connect_attempts_operations_are_interrupted_by_its_tag_from_another_c
     import threading
     import time
 
-    from airflow_seatunnel_ckpt.hooks.stage_runtime import release
+    from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
+    spec = StageSpec(pipeline="orders", participant="ingest", run_id="r1", attempt=1, stage="m:f",
+                     remote=connect_server)
     attempt = ConnectAttempt.of(connect_server, "file:///ckpt", "orders", 1, "ingest", 1)
     failed: list[BaseException] = []
     sessions = []
 
     def run() -> None:  # tags are per thread: the attempt's operations run where its session was opened
-        session = attempt.open({"spark.sql.shuffle.partitions": "2"})
-        sessions.append(session)
-        try:
-            session.range(0, 10**13, 1, 2).selectExpr("sum(id)").collect()  # runs for hours unless interrupted
-        except Exception as exc:
-            failed.append(exc)
+        with attempt.session(spec) as session:
+            sessions.append(session)
+            try:
+                session.range(0, 10**13, 1, 2).selectExpr("sum(id)").collect()  # hours unless interrupted
+            except Exception as exc:
+                failed.append(exc)
 
     worker = threading.Thread(target=run, daemon=True)
     started = time.monotonic()
@@ -92,9 +94,6 @@ def test_a_connect_attempts_operations_are_interrupted_by_its_tag_from_another_c
         if sessions:
             interrupted = attempt.interrupt()  # a client of its own, as from another process
     worker.join(timeout=60)
-    try:
-        assert interrupted and not worker.is_alive()
-        assert len(failed) == 1 and "OPERATION_CANCELED" in str(failed[0]), failed
-    finally:
-        for session in sessions:
-            release(session)
+    assert interrupted and not worker.is_alive()
+    assert len(failed) == 1 and "OPERATION_CANCELED" in str(failed[0]), failed
+    assert sessions[0].is_stopped  # released when the attempt's block ended
