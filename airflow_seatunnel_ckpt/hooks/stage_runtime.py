@@ -166,11 +166,12 @@ class ConnectAttempt:
             session.addTag(self.tag)
             yield session
 
-    def interrupt(self, session: SparkSession | None = None) -> list[str]:
+    def interrupt(self, session: SparkSession | None = None, *, release: bool = False) -> list[str]:
         """Interrupt the attempt's running operations on the server; the ids of those interrupted.
 
         With ``session`` (the attempt's own, in this process) through it; else through a new
-        client of the same server session, which is closed again without releasing it.
+        client of the same server session, which then also releases that session when
+        ``release`` is set (the attempt's own client is gone: nothing else will).
         """
         if session is not None:
             return list(session.interruptTag(self.tag))
@@ -178,7 +179,10 @@ class ConnectAttempt:
 
         client = SparkConnectClient(self.url)
         try:
-            return list(client.interrupt_tag(self.tag) or [])
+            interrupted = list(client.interrupt_tag(self.tag) or [])
+            if release:
+                client.release_session()
+            return interrupted
         finally:
             with contextlib.suppress(Exception):
                 client.close()

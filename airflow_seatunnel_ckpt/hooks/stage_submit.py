@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir, earlier_attempt
+from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir, earlier_attempt, read_lease
 from airflow_seatunnel_ckpt.core.protocol.submissions import (
     DeferralRecord,
     SubmissionCheck,
@@ -123,8 +123,8 @@ class StageSubmitHook(BaseHook):
         try:
             if spec.remote is None:
                 return run_stage(spec, stage_fn=stage_fn)
-            attempt = ConnectAttempt.of(spec.remote, str(spec.store.get("storage_url") or ""), spec.pipeline,
-                                        epoch, spec.participant, spec.attempt)
+            attempt = self.connect_attempt(spec, epoch, spec.attempt)
+            self.stop_earlier_connect_attempt(spec, epoch)
             with attempt.session(spec) as session:
                 self.connect = (attempt, session)
                 try:
@@ -141,6 +141,34 @@ class StageSubmitHook(BaseHook):
                 "(nothing was published)") from None
         finally:
             self.running_in_process = False
+
+    @staticmethod
+    def connect_attempt(spec: StageSpec, epoch: int, attempt: int) -> ConnectAttempt:
+        """The Connect session and tag of ``attempt`` of ``spec``'s participant in ``epoch``."""
+        return ConnectAttempt.of(spec.remote or "", str(spec.store.get("storage_url") or ""), spec.pipeline, epoch,
+                                 spec.participant, attempt)
+
+    def stop_earlier_connect_attempt(self, spec: StageSpec, epoch: int) -> None:
+        """Fence the earlier attempt whose lease this participant holds, and interrupt its Connect operations.
+
+        An earlier try that was killed outright (SIGKILL, a lost worker) left its operations
+        running on the server with no client to stop them. Its fence (cancelled) keeps it
+        from ever preparing, should its client still be alive somewhere; its operations are
+        interrupted by its tag and its server session released. Best effort beyond the
+        fence: a server that no longer knows the session has nothing of it running.
+        """
+        lease = read_lease(self.pipeline.storage, epoch, self.participant)
+        if lease is None or lease.attempt == spec.attempt:
+            return
+        if not self.cancel(epoch, lease.attempt, reason=f"attempt {spec.attempt} runs the stage again"):
+            return  # it began to prepare first: its prepare stands, and this attempt will find it
+        try:
+            interrupted = self.connect_attempt(spec, epoch, lease.attempt).interrupt(release=True)
+        except Exception as exc:  # the session is gone (released, timed out) or the server restarted
+            self.log.info("epoch %s: attempt %s's Connect session: %s", epoch, lease.attempt, exc)
+            return
+        self.log.warning("epoch %s: fenced %s attempt %s and interrupted its %d Connect operation(s) still running "
+                         "on the server", epoch, self.participant, lease.attempt, len(interrupted))
 
     # -- submit or reconnect -----------------------------------------------------------
     def submit(self, spec: StageSpec, epoch: int, try_number: int) -> SubmissionRecord:

@@ -69,3 +69,78 @@ def session_closed_on_the_server(attempt: Any) -> bool:
     finally:
         client.close()
     return False
+
+
+def test_a_client_killed_mid_stage_leaves_nothing_published_twice_and_the_next_try_commits(
+        connect_server: str, airflow_home: Path, clear_and_rerun: Any, tmp_path: Path) -> None:
+    """SIGKILL of the task process (the Connect client) while its attempt's operation runs on the server.
+
+    The next try of the same DAG run fences the killed attempt, interrupts its operation on
+    the server by the attempt's tag and releases its session, then runs the stage anew and
+    commits: every input row once in the sink.
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from airflow_seatunnel_ckpt.core.protocol.submissions import read_fence
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+    from tests.operators.connect_stage_dag import LOGICAL_DATE, make_dag
+    from tests.spark.conftest import OrdersPipeline
+    from tests.spark.stages import STAGED_MARKER_ENV
+
+    orders = OrdersPipeline(tmp_path)
+    orders.add_file("a", [1, 2, 3, 3, 4])
+    orders.add_file("b", [4, 5, 6, 1])
+    args = [orders.store["storage_url"], f"file://{orders.input_dir}", f"file://{tmp_path / 'out' / 'orders'}",
+            connect_server]
+    marker, log = tmp_path / "running", tmp_path / "task.log"
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, STAGED_MARKER_ENV: str(marker),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    with log.open("wb") as out:
+        task = subprocess.Popen([sys.executable, "-m", "tests.operators.connect_stage_dag", *args], cwd=repo,
+                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert task.poll() is None, f"the task ended early ({task.returncode}):\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, f"the stage did not start:\n{log.read_text()[-4000:]}"
+            time.sleep(0.2)
+        time.sleep(1)  # its long operation is on the server now
+    finally:
+        os.killpg(task.pid, signal.SIGKILL)  # the client dies: nothing of it runs to stop its operations
+        task.wait(timeout=30)
+    assert marker.read_text() == "1 1"
+
+    # What the scheduler does once the killed task's heartbeat stopped: the try failed; then its
+    # next try runs (here: in this process), as a retry or a clear of the task would run it.
+    run_id = f"manual__{LOGICAL_DATE.isoformat()}"
+    killed_try_failed("connect_stage", run_id, "orders.ingest")
+    again = clear_and_rerun(make_dag(*args), run_id, ["orders.ingest"])
+
+    assert again.state == "success", task_states(again)
+    status = orders.pipeline.status(1)
+    assert status.state is EpochState.COMMITTED and status.prepared["ingest"].attempt == 2
+    assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4, 5, 6]
+    # The killed attempt can never prepare, and its operation and session are gone from the server.
+    fence = read_fence(orders.pipeline, 1, "ingest", 1)
+    assert fence is not None and fence.cancelled, fence
+    killed = ConnectAttempt.of(connect_server, orders.store["storage_url"], "orders", 1, "ingest", 1)
+    assert session_closed_on_the_server(killed)
+
+
+def killed_try_failed(dag_id: str, run_id: str, task_id: str) -> None:
+    """Mark the task instance of a killed process failed, as the scheduler does when its heartbeat stops."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    with create_session() as session:
+        ti = session.scalar(select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
+                                                       TaskInstance.task_id == task_id))
+        assert ti is not None and ti.state == TaskInstanceState.RUNNING, ti
+        ti.state = TaskInstanceState.FAILED
