@@ -124,7 +124,8 @@ class StageSubmitHook(BaseHook):
             if spec.remote is None:
                 return run_stage(spec, stage_fn=stage_fn)
             attempt = self.connect_attempt(spec, epoch, spec.attempt)
-            self.stop_earlier_connect_attempt(spec, epoch)
+            if not spec.dry_run:  # (a dry run stops nobody's attempt)
+                self.stop_earlier_connect_attempt(spec, epoch)
             with attempt.session(spec) as session:
                 self.connect = (attempt, session)
                 try:

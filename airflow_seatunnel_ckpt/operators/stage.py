@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.protocol.recovery import abort_unfollowed
 from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck
-from airflow_seatunnel_ckpt.hooks.stage_runtime import RuntimeChoice, choose_runtime
+from airflow_seatunnel_ckpt.hooks.stage_runtime import Runtime, RuntimeChoice, choose_runtime
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook, attempt_for_try
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
@@ -66,7 +66,8 @@ class SparkStageOperator(BasePipelineOperator):
     :param conn_id: Spark connection for ``spark-submit``, or ``spark_connect`` connection for
         Spark Connect; ``None`` runs in-process on local Spark.
     :param spark_remote: a Spark Connect URL (``sc://host:port``) to run through instead of a
-        ``spark_connect`` connection (not with ``conn_id``).
+        ``spark_connect`` connection (not with ``conn_id``). A stage through Connect runs
+        from this task's process and does not defer.
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (``py_files``,
         ``executor_memory``, ``deploy_mode`` ...).
     :param pending_poke_interval: seconds between looks at an earlier undecided epoch.
@@ -171,6 +172,9 @@ class SparkStageOperator(BasePipelineOperator):
             key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s", self.pipeline, self.stage,
                       self.participant, attempt, self.runtime.describe())
+        if self.deferrable and self.runtime.runtime is Runtime.CONNECT:
+            self.log.info("a stage through Spark Connect runs from this worker and does not defer: its driver logic "
+                          "is this process's (docs/ARCHITECTURE.md, decision 39)")
         hook = self.submit_hook
         try:
             if not submitted:
