@@ -114,8 +114,13 @@ def choose_runtime(conn_id: str | None, spark_remote: str | None, where: str) ->
     if not conn_id:
         return RuntimeChoice(Runtime.LOCAL)
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from airflow.providers.common.compat.sdk import AirflowNotFoundException
 
-    connection = SparkConnectHook.get_connection(conn_id)
+    try:
+        connection = SparkConnectHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        # As SparkSubmitHook does: a Spark connection that is not defined means its defaults.
+        return RuntimeChoice(Runtime.SPARK_SUBMIT, conn_id=conn_id)
     if connection.conn_type != CONNECT_CONN_TYPE:
         return RuntimeChoice(Runtime.SPARK_SUBMIT, conn_id=conn_id)
     try:

@@ -28,6 +28,9 @@ def test_a_spark_connection_runs_through_spark_submit(monkeypatch: pytest.Monkey
     choice = choose_runtime("spark_yarn", None, WHERE)
     assert choice == RuntimeChoice(Runtime.SPARK_SUBMIT, conn_id="spark_yarn")
     assert not choice.in_process
+    # An undefined connection is spark-submit's defaults, as the Spark provider's hook takes it.
+    assert choose_runtime("spark_undefined", None, WHERE) == RuntimeChoice(Runtime.SPARK_SUBMIT,
+                                                                           conn_id="spark_undefined")
 
 
 def test_a_spark_connect_connection_runs_through_connect_with_its_url_and_token(
