@@ -17,6 +17,12 @@ groups of ``ours``, Spark's default Arrow batch size, and adaptive partition coa
 off -- on two cores it folds ``plain``'s shuffle partitions into a single task and makes
 the baseline slower, so off is the baseline's best setting (``--coalesce`` turns it on).
 
+With ``--connect`` (a Spark Connect server started from the installed pyspark on 127.0.0.1,
+``local[2]``, the same settings) or ``--remote sc://host:port`` the session is a Spark
+Connect one: ``plain`` is the same job sent through Connect, ``ours`` the same epoch
+through Connect (the stage's driver logic in this process, its Spark work on the server),
+so ``ours / plain`` is the epoch's overhead on a Connect runtime.
+
 Each round runs every variant (order alternating between rounds); the best time of each
 epoch over the rounds is reported (other processes on a small machine only ever add
 time), with the median of the two-epoch totals beside it. Ratios are against the
@@ -26,6 +32,7 @@ Usage::
 
     python bench/bench_spark_stage.py [--rows 2000000] [--files 20] [--rounds 3]
         [--key-groups 8] [--data-dir DIR] [--work-dir DIR] [--json out.json]
+        [--connect | --remote sc://host:port] [--variants plain,ours]
 """
 
 from __future__ import annotations
@@ -248,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures as JSON")
+    parser.add_argument("--remote", default=None, help="run through the Spark Connect server at this sc:// URL")
+    parser.add_argument("--connect", action="store_true",
+                        help="start a Spark Connect server (local[2], 127.0.0.1) and run through it")
     args = parser.parse_args(argv)
+    if args.connect or args.remote:
+        return through_connect(args)
 
     sys.path.insert(
         0, str(Path(__file__).resolve().parent)
@@ -268,20 +280,58 @@ def main(argv: list[str] | None = None) -> int:
     half = len(files) // 2
     epochs = [files[:half], files[half:]]
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("bench-spark-stage")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .config("spark.sql.shuffle.partitions", str(args.key_groups))
-        .config("spark.sql.execution.arrow.maxRecordsPerBatch", str(args.arrow_batch))
-        .config("spark.sql.adaptive.coalescePartitions.enabled", str(args.coalesce).lower())
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.master("local[2]").appName("bench-spark-stage")
+    for key, value in session_settings(args).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    return measure(spark, files, epochs, args)
+
+
+def session_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The settings every variant's session shares (a Connect server's at its start)."""
+    return {
+        "spark.ui.enabled": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": "4g",
+        "spark.sql.shuffle.partitions": str(args.key_groups),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(args.arrow_batch),
+        "spark.sql.adaptive.coalescePartitions.enabled": str(args.coalesce).lower(),
+    }
+
+
+def through_connect(args: argparse.Namespace) -> int:
+    """The same measurement on a Spark Connect session (``--connect`` starts the server)."""
+    from airflow_seatunnel_ckpt.spark import StageSpec
+    from airflow_seatunnel_ckpt.spark.session import remote_session
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    files = generate(args.data_dir, args.rows, args.files)
+    half = len(files) // 2
+    server = None
+    if args.connect:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.connect_server import start_server
+
+        conf = {k: v for k, v in session_settings(args).items() if k != "spark.driver.memory"}
+        server = start_server(python_path=str(Path(__file__).resolve().parent.parent), conf=conf)
+        print(f"Spark Connect server at {server.url} (local[2])")
+    remote = args.remote or server.url  # type: ignore[union-attr]
+    spec = StageSpec(pipeline="bench", participant="bench", run_id="bench", attempt=1, stage=STAGE, remote=remote,
+                     spark_conf={k: v for k, v in session_settings(args).items() if k.startswith("spark.sql.")})
+    try:
+        with remote_session(spec) as spark:
+            return measure(spark, files, [files[:half], files[half:]], args)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def measure(spark: Any, files: list[Path], epochs: list[list[Path]], args: argparse.Namespace) -> int:
+    """Warm up, then run every variant's two epochs ``--rounds`` times; print and return the figures."""
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="bench-spark-stage-"))
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     # Warm-up: JIT, Python workers, parquet readers; not measured.
@@ -313,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             shutil.rmtree(variant.work, ignore_errors=True)
-    spark.stop()
+    if not (args.connect or args.remote):
+        spark.stop()
 
     best = {n: [min(t) for t in times[n]] for n in names}
     print()
@@ -331,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": args.rows,
         "files": args.files,
         "rounds": args.rounds,
+        "connect": bool(args.connect or args.remote),
         "key_groups": args.key_groups,
         "coalesce": args.coalesce,
         "best_seconds": best,

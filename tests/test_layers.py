@@ -12,6 +12,8 @@
   new folder cannot arrive without a rule: ``spark/`` imports no Airflow, no sensor or
   trigger imports an operator, the hooks import no task, the core's sinks do not read the
   transaction log.
+* the core reads no orchestrator's environment and knows no Spark deployment: the
+  runtimes (in-process, ``spark-submit``, Connect) are the Airflow side's.
 """
 
 from __future__ import annotations
@@ -83,6 +85,20 @@ def imported(path: Path) -> Iterator[tuple[str, int]]:
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
                 yield (full if full in MODULES else node.module), node.lineno
+
+
+#: What only a runtime may know: Airflow's task environment, Spark masters and deploy modes.
+RUNTIME_KNOWLEDGE = ("AIRFLOW_CTX_", "spark://", "deploy_mode", "standalone")
+
+
+def test_the_core_reads_no_task_environment_and_knows_no_spark_deployment() -> None:
+    offenders = [
+        f"{name}:{number} mentions {word!r}"
+        for name, path in MODULES.items() if name.startswith(f"{PACKAGE}.core")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        for word in RUNTIME_KNOWLEDGE if word in line
+    ]
+    assert offenders == []
 
 
 def test_no_module_imports_itself_round_a_cycle() -> None:

@@ -190,7 +190,7 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions) -> t
     if deploy_mode == "cluster" and str(hook._connection.get("master") or "").startswith("spark://"):
         # Standalone cluster mode returns once the master accepted the driver; the exit
         # record must mean "the application ended" (a user's explicit "false" is judged by
-        # the driver's lease instead: see core.protocol.submissions.returns_at_submission).
+        # the driver's lease instead: see returns_at_submission).
         hook._conf.setdefault("spark.standalone.submit.waitAppCompletion", "true")
     if str(hook._connection.get("master") or "").startswith("local"):
         # A local-mode application serves only the worker it runs on: its driver, block
@@ -201,6 +201,16 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions) -> t
     # The provider builds (and masks) the command; only running it is done here.
     command = hook._build_spark_submit_command(DRIVER_SCRIPT)
     return command, env, hook
+
+
+def returns_at_submission(master: str, deploy_mode: str) -> bool:
+    """Whether ``spark-submit`` may exit 0 while its driver still runs.
+
+    Spark standalone in cluster mode returns once the master accepted the driver, unless
+    ``spark.standalone.submit.waitAppCompletion`` is true (the launch sets it, but a user's
+    ``spark_conf`` may turn it off). YARN and Kubernetes wait for the application by default.
+    """
+    return deploy_mode == "cluster" and master.startswith("spark://")
 
 
 def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> SubmissionRecord:
@@ -223,9 +233,12 @@ def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> Sub
         shutil.rmtree(workdir, ignore_errors=True)
         raise SubmitError(f"spark-submit of stage {spec.stage!r} (pipeline {spec.pipeline!r}, run {spec.run_id!r}, "
                           f"attempt {spec.attempt}) could not be launched: {exc}") from exc
+    master = str(hook._connection.get("master") or "")
+    deploy_mode = str(hook._connection.get("deploy_mode") or "")
     record = SubmissionRecord(epoch, spec.participant, spec.attempt, socket.gethostname(), launch.pid, launch.log,
-                              str(hook._connection.get("master") or ""),
-                              str(hook._connection.get("deploy_mode") or ""), time.time())
+                              runtime="spark-submit", target=f"{master} ({deploy_mode or 'client'} mode)",
+                              exits_before_stage=returns_at_submission(master, deploy_mode),
+                              submitted_at=time.time())
     record_submission(pipeline_of(spec), record)
     return record
 

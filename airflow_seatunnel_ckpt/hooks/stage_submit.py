@@ -1,12 +1,15 @@
-"""The stage's process: run in-process, or ``spark-submit`` detached, reconnect, cancel (fence) and wait.
+"""The stage's process: run in-process (local Spark or Spark Connect), or ``spark-submit`` detached,
+reconnect, cancel (fence) and wait.
 
 :class:`StageSubmitHook` holds every process decision of a stage, as the Apache Spark
-provider's ``SparkSubmitHook`` does for its operator: the stage operator builds one and
-calls it, and so does the submission trigger. A retry reconnects to the attempt of a
+provider's ``SparkSubmitHook`` does for its operator: the stage operator builds one for
+the runtime :func:`~.stage_runtime.choose_runtime` chose and calls it, and so does the
+submission trigger. A retry reconnects to the attempt of a
 try whose worker died while it waited in-process; it stops the attempt of a try that had
 deferred on it (that try was ended in Airflow: cleared, marked, or its trigger timed out)
 and submits its own. Terminated (``on_kill``), it stops what this process runs: the
-``spark-submit`` it waits for, or the in-process stage's Spark jobs.
+``spark-submit`` it waits for, the in-process stage's Spark jobs, or the Connect
+operations of its attempt (interrupted by the attempt's tag, its session released).
 
 See :mod:`airflow_seatunnel_ckpt.core.protocol.submissions` for the records and the judgement,
 and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
@@ -15,6 +18,7 @@ and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir, earlier_attempt
+from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir, earlier_attempt, read_lease
 from airflow_seatunnel_ckpt.core.protocol.submissions import (
     DeferralRecord,
     SubmissionCheck,
@@ -36,8 +40,11 @@ from airflow_seatunnel_ckpt.core.protocol.submissions import (
     request_cancel,
     submitted_attempts,
 )
+from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from airflow_seatunnel_ckpt.core import Pipeline
     from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
 
@@ -62,7 +69,7 @@ class StageSubmitHook(BaseHook):
 
     :param pipeline: the pipeline the stage prepares an epoch of.
     :param participant: the stage's participant name.
-    :param conn_id: the Spark connection (master, deploy mode, binary).
+    :param conn_id: the Spark connection (master, deploy mode, binary) for ``spark-submit``.
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments.
     :param python: Python of the executors (``spark.pyspark.python``).
     :param archives: archives for ``spark.archives`` (e.g. a packed environment).
@@ -88,16 +95,24 @@ class StageSubmitHook(BaseHook):
         self.terminated = False
         #: True while :meth:`run_in_process` runs a stage: the local Spark session is then the stage's own.
         self.running_in_process = False
+        #: The Connect attempt and its session while :meth:`run_in_process` runs one through Connect.
+        self.connect: tuple[ConnectAttempt, SparkSession] | None = None
 
     # -- in-process --------------------------------------------------------------------
     def run_in_process(self, spec: StageSpec, epoch: int,
                        stage_fn: Callable[..., Any] | None = None) -> StageResult:
-        """Run ``spec``'s attempt of ``epoch`` in this process on local Spark (``stage_fn``: the function itself).
+        """Run ``spec``'s attempt of ``epoch`` in this process (``stage_fn``: the function itself).
+
+        On local Spark, or -- ``spec.remote`` set -- on a Spark Connect session of the
+        attempt's own (:class:`~.stage_runtime.ConnectAttempt`: its operations carry the
+        attempt's tag, and the session is released on the server when the stage ends,
+        however it ends).
 
         Says first what an earlier attempt left (a killed try logs nothing itself). After
         :meth:`on_kill`, the interrupted Spark call's error -- the cancelled job's Java stack,
-        py4j's network errors -- is replaced by one :class:`StageTerminatedError` (``from
-        None``: no chained tracebacks); an error of the task runner itself passes through.
+        py4j's network errors, an interrupted Connect operation -- is replaced by one
+        :class:`StageTerminatedError` (``from None``: no chained tracebacks); an error of the
+        task runner itself passes through.
         """
         from airflow_seatunnel_ckpt.spark import run_stage
         from airflow_seatunnel_ckpt.spark.termination import StageTerminatedError
@@ -106,7 +121,17 @@ class StageSubmitHook(BaseHook):
             self.log.warning("%s", note)
         self.running_in_process = True
         try:
-            return run_stage(spec, stage_fn=stage_fn)
+            if spec.remote is None:
+                return run_stage(spec, stage_fn=stage_fn)
+            attempt = self.connect_attempt(spec, epoch, spec.attempt)
+            if not spec.dry_run:  # (a dry run stops nobody's attempt)
+                self.stop_earlier_connect_attempt(spec, epoch)
+            with attempt.session(spec) as session:
+                self.connect = (attempt, session)
+                try:
+                    return run_stage(dataclasses.replace(spec, remote=attempt.url), session, stage_fn=stage_fn)
+                finally:
+                    self.connect = None
         except Exception as exc:
             if not self.terminated:
                 raise
@@ -117,6 +142,34 @@ class StageSubmitHook(BaseHook):
                 "(nothing was published)") from None
         finally:
             self.running_in_process = False
+
+    @staticmethod
+    def connect_attempt(spec: StageSpec, epoch: int, attempt: int) -> ConnectAttempt:
+        """The Connect session and tag of ``attempt`` of ``spec``'s participant in ``epoch``."""
+        return ConnectAttempt.of(spec.remote or "", str(spec.store.get("storage_url") or ""), spec.pipeline, epoch,
+                                 spec.participant, attempt)
+
+    def stop_earlier_connect_attempt(self, spec: StageSpec, epoch: int) -> None:
+        """Fence the earlier attempt whose lease this participant holds, and interrupt its Connect operations.
+
+        An earlier try that was killed outright (SIGKILL, a lost worker) left its operations
+        running on the server with no client to stop them. Its fence (cancelled) keeps it
+        from ever preparing, should its client still be alive somewhere; its operations are
+        interrupted by its tag and its server session released. Best effort beyond the
+        fence: a server that no longer knows the session has nothing of it running.
+        """
+        lease = read_lease(self.pipeline.storage, epoch, self.participant)
+        if lease is None or lease.attempt == spec.attempt:
+            return
+        if not self.cancel(epoch, lease.attempt, reason=f"attempt {spec.attempt} runs the stage again"):
+            return  # it began to prepare first: its prepare stands, and this attempt will find it
+        try:
+            interrupted = self.connect_attempt(spec, epoch, lease.attempt).interrupt(release=True)
+        except Exception as exc:  # the session is gone (released, timed out) or the server restarted
+            self.log.info("epoch %s: attempt %s's Connect session: %s", epoch, lease.attempt, exc)
+            return
+        self.log.warning("epoch %s: fenced %s attempt %s and interrupted its %d Connect operation(s) still running "
+                         "on the server", epoch, self.participant, lease.attempt, len(interrupted))
 
     # -- submit or reconnect -----------------------------------------------------------
     def submit(self, spec: StageSpec, epoch: int, try_number: int) -> SubmissionRecord:
@@ -143,9 +196,9 @@ class StageSubmitHook(BaseHook):
             options = SubmitOptions(conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs,
                                     python=self.python, archives=self.archives)
             record = start_submission(spec, epoch, options)
-            self.log.info("epoch %s: submitted %s attempt %s (%s, deploy mode %s); launcher pid %s on %s, "
-                          "log %s", epoch, self.participant, record.attempt, record.master,
-                          record.deploy_mode or "client", record.launcher_pid, record.host, record.log)
+            self.log.info("epoch %s: submitted %s attempt %s (%s, %s); launcher pid %s on %s, log %s", epoch,
+                          self.participant, record.attempt, record.runtime, record.target, record.launcher_pid,
+                          record.host, record.log)
         self.submission = record
         return record
 
@@ -252,12 +305,15 @@ class StageSubmitHook(BaseHook):
         application as it does on Ctrl-C; the launcher's exit record then says so). A
         deferred try holds no process: its trigger's ``on_kill`` stops the submission, and
         so does the next try if the trigger never ran. An in-process stage has its Spark
-        jobs cancelled and its session stopped: it fails now with one error (see
-        :meth:`run_in_process`), its attempt unprepared; a retry stages anew.
+        jobs cancelled and its session stopped -- through Connect, its attempt's operations
+        interrupted by their tag and its server session released: it fails now with one
+        error (see :meth:`run_in_process`), its attempt unprepared; a retry stages anew.
         """
         from airflow_seatunnel_ckpt.spark.termination import quiet_py4j, stop_local_spark
 
         submission = self.submission
+        if self.connect is not None:
+            return self._interrupt_connect(*self.connect)
         if submission is None or submission.host != socket.gethostname():
             quiet_py4j()
             self.terminated = True
@@ -273,4 +329,31 @@ class StageSubmitHook(BaseHook):
         with contextlib.suppress(Exception):  # the launcher is stopped below in any case
             self.cancel(submission.epoch, submission.attempt, reason="the stage task was terminated")
         terminate(submission.launcher_pid)
+        return True
+
+    def _interrupt_connect(self, attempt: ConnectAttempt, session: SparkSession) -> bool:
+        """Interrupt the attempt's operations on the Connect server, then release its session.
+
+        Run in a thread: the SIGTERM handler interrupts the main thread inside a gRPC call,
+        whose channel it must not wait on. The attempt stays unprepared; if the server
+        cannot be reached, its lease and fence still keep the attempt from publishing.
+        """
+        import threading
+
+        self.terminated = True
+        self.log.warning("terminated: interrupting the Spark Connect operations of stage %s (tag %s) and "
+                         "releasing its session; this attempt stays unprepared", self.participant, attempt.tag)
+
+        def stop() -> None:
+            try:
+                interrupted = attempt.interrupt(session)
+                self.log.info("interrupted %d Connect operation(s) of %s", len(interrupted), attempt.tag)
+            except Exception as exc:  # the server may be gone: nothing left running there
+                self.log.warning("interrupting %s on the Connect server failed: %s", attempt.tag, exc)
+            with contextlib.suppress(Exception):  # (released once more, harmlessly, when the stage unwinds)
+                session.stop()
+
+        stopper = threading.Thread(target=stop, name="stage-on-kill", daemon=True)
+        stopper.start()
+        stopper.join(timeout=20)
         return True

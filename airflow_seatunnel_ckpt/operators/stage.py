@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.protocol.recovery import abort_unfollowed
 from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck
+from airflow_seatunnel_ckpt.hooks.stage_runtime import Runtime, RuntimeChoice, choose_runtime
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook, attempt_for_try
 from airflow_seatunnel_ckpt.operators import metrics
 from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
@@ -34,8 +35,11 @@ class SparkStageOperator(BasePipelineOperator):
     commit task's job once the branch decided.
 
     Without ``conn_id`` the stage runs in this process on a ``local[*]`` SparkSession;
-    with ``conn_id`` (a Spark connection) it is launched through the Apache Spark
-    provider's ``SparkSubmitHook``, on whichever master the connection names. That process
+    with ``conn_id`` of a Spark connection it is launched through the Apache Spark
+    provider's ``SparkSubmitHook``, on whichever master the connection names; with
+    ``conn_id`` of a ``spark_connect`` connection, or ``spark_remote="sc://host:port"``, it
+    runs from this process on a Spark Connect session to that server (no JVM in the
+    worker; see :mod:`~airflow_seatunnel_ckpt.hooks.stage_runtime`). That process
     work (run, submit detached, reconnect on a retry, cancel, wait, stop on SIGTERM) is
     :class:`~airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook`'s; a deferred try
     hands the wait to :class:`~airflow_seatunnel_ckpt.triggers.submission.StageSubmissionTrigger`.
@@ -59,7 +63,11 @@ class SparkStageOperator(BasePipelineOperator):
     :param key_groups: number of key groups of the keyed state (fixed for the life of the
         pipeline's state); ``None`` uses the runtime's default.
     :param spark_conf: Spark configuration for the session / ``spark-submit --conf``.
-    :param conn_id: Spark connection for ``spark-submit``; ``None`` runs in-process.
+    :param conn_id: Spark connection for ``spark-submit``, or ``spark_connect`` connection for
+        Spark Connect; ``None`` runs in-process on local Spark.
+    :param spark_remote: a Spark Connect URL (``sc://host:port``) to run through instead of a
+        ``spark_connect`` connection (not with ``conn_id``). A stage through Connect runs
+        from this task's process and does not defer.
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (``py_files``,
         ``executor_memory``, ``deploy_mode`` ...).
     :param pending_poke_interval: seconds between looks at an earlier undecided epoch.
@@ -69,7 +77,7 @@ class SparkStageOperator(BasePipelineOperator):
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "stage", "sources", "sinks",
-                                      "participant", "spark_conf", "conn_id")
+                                      "participant", "spark_conf", "conn_id", "spark_remote")
     template_fields_renderers = {"sources": "json", "sinks": "json", "spark_conf": "json"}
     ui_color = "#fcf3cf"
 
@@ -83,6 +91,7 @@ class SparkStageOperator(BasePipelineOperator):
         key_groups: int | None = None,
         spark_conf: Mapping[str, Any] | None = None,
         conn_id: str | None = None,
+        spark_remote: str | None = None,
         spark_submit_kwargs: Mapping[str, Any] | None = None,
         pending_poke_interval: float = 15.0,
         pending_wait_timeout: float | None = None,
@@ -108,6 +117,9 @@ class SparkStageOperator(BasePipelineOperator):
         self.key_groups = key_groups
         self.spark_conf = dict(spark_conf or {})
         self.conn_id = conn_id
+        self.spark_remote = spark_remote
+        #: The runtime chosen when the task runs (the connection's type is known only then).
+        self.runtime: RuntimeChoice | None = None
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
         self.pending_poke_interval = pending_poke_interval
         self.pending_wait_timeout = pending_wait_timeout
@@ -136,6 +148,8 @@ class SparkStageOperator(BasePipelineOperator):
         declared = StageDeclaration.check(participant=self.participant, stage=self.stage_callable or self.stage,
                                           sources=self.sources, sinks=self.sinks, importable=bool(self.conn_id),
                                           where=self.where)
+        self.runtime = choose_runtime(self.conn_id, self.spark_remote, self.where)
+        submitted = not self.runtime.in_process
         run_id, try_number = context["run_id"], context["ti"].try_number
         attempt, dry_run = attempt_for_try(try_number), try_number == 0
         self.is_dry_run = dry_run  # before the store is opened: a dry run writes no descriptor version
@@ -154,15 +168,18 @@ class SparkStageOperator(BasePipelineOperator):
             stage=self.stage, sources=with_kafka_connections({e.name: e.spec_options for e in declared.sources}),
             sinks={e.name: e.spec_options for e in declared.sinks},
             store=self.hook.config.to_mapping(include_secrets=True),
-            spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if self.conn_id else self.spark_conf,
+            spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if submitted else self.spark_conf,
             airflow_context=AirflowContext.of_task(context, self.task_id).to_dict(), dry_run=dry_run,
+            remote=self.runtime.remote,
             key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s", self.pipeline, self.stage,
-                      self.participant, attempt, f"through spark-submit (connection {self.conn_id})" if self.conn_id
-                      else "in-process on local Spark")
+                      self.participant, attempt, self.runtime.describe())
+        if self.deferrable and self.runtime.runtime is Runtime.CONNECT:
+            self.log.info("a stage through Spark Connect runs from this worker and does not defer: its driver logic "
+                          "is this process's (docs/ARCHITECTURE.md, decision 44)")
         hook = self.submit_hook
         try:
-            if not self.conn_id:
+            if not submitted:
                 result = hook.run_in_process(spec, epoch, self.stage_callable)
             else:
                 # Detached: a killed try leaves it running, and the next try reconnects to it;

@@ -129,9 +129,9 @@ def action_history(p: StoredPipeline, epochs: list[int]) -> list[HistoryRow]:
 
 
 def _describe_submission(record: SubmissionRecord, ended: ExitRecord | None, state: EpochState) -> str:
-    """``ingest attempt 2: spark-submit from host (launcher pid 7, local[1]); exit 1, stopped: ...``."""
-    text = (f"{record.participant} attempt {record.attempt}: spark-submit from {record.host} "
-            f"(launcher pid {record.launcher_pid}, {record.master or 'master ?'})")
+    """``ingest attempt 2: spark-submit from host (launcher pid 7, local[1] (client mode)); exit 1, stopped: ...``."""
+    text = (f"{record.participant} attempt {record.attempt}: {record.runtime or 'launched'} from {record.host} "
+            f"(launcher pid {record.launcher_pid}, {record.target or 'target ?'})")
     if ended is None:
         if state in (EpochState.ABORTING, EpochState.ABORTED):
             return (f"{text}; no exit record: the epoch was aborted, so this attempt was stopped or lost "

@@ -81,6 +81,12 @@ class AirflowContext(BaseModel):
                    logical_date=context.get("logical_date"), data_interval_start=context.get("data_interval_start"),
                    data_interval_end=context.get("data_interval_end"), params=dict(context.get("params") or {}))
 
+    def task_instance(self, attempt: int) -> str | None:
+        """``<dag>/<run>/<task>/<attempt>``, how a lease names the task it runs for (None outside Airflow)."""
+        if not (self.dag_id and self.run_id and self.task_id):
+            return None
+        return f"{self.dag_id}/{self.run_id}/{self.task_id}/{attempt}"
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> AirflowContext:
         """Parse :meth:`to_dict` output (empty or ``None``: run outside Airflow)."""

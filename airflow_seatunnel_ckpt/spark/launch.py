@@ -201,6 +201,7 @@ def run(plan: Mapping[str, Any]) -> int:
     from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
     from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
     from airflow_seatunnel_ckpt.core.protocol.submissions import TAIL_LINES, ExitRecord, record_exit
+    from airflow_seatunnel_ckpt.spark.context import AirflowContext
     from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
     spec = StageSpec.from_json(Path(plan["spec_file"]).read_text(encoding="utf-8"))
@@ -215,7 +216,8 @@ def run(plan: Mapping[str, Any]) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    holder = default_holder(run_id=spec.run_id, role="spark-submit launcher")
+    holder = default_holder(run_id=spec.run_id, role=f"{plan.get('runtime') or 'spark-submit'} launcher",
+                            ti=AirflowContext.from_dict(spec.airflow_context).task_instance(spec.attempt))
     returncode = 1
     stopped = ""
     try:

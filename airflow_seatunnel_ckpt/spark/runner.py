@@ -125,7 +125,8 @@ def run_stage(
     # the participant's lease: recovery and the next run see a running stage, however long
     # it takes, and a dead one once renewals stop (under spark-submit: this driver).
     with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, spec.attempt,
-                                  holder=default_holder(run_id=spec.run_id)):
+                                  holder=default_holder(run_id=spec.run_id, ti=AirflowContext.from_dict(
+                                      spec.airflow_context).task_instance(spec.attempt))):
         return _run_leased(spec, spark, stage_fn, submitted, config, pipeline, epoch, started, progress_interval)
 
 

@@ -33,7 +33,8 @@ def pipeline(tmp_path: Path) -> Pipeline:
 
 
 def submitted(p: Pipeline, epoch: int, attempt: int, *, exit_code: int | None = None) -> SubmissionRecord:
-    record = SubmissionRecord(epoch, "ingest", attempt, "worker-1", 4000 + attempt, "", "local[1]", "", 0.0)
+    record = SubmissionRecord(epoch, "ingest", attempt, "worker-1", 4000 + attempt, "", "spark-submit", "local[1]",
+                              False, 0.0)
     record_submission(p, record)
     if exit_code is None:
         assert LeaseKeeper.for_pipeline(p, epoch, "ingest", attempt).renew()

@@ -403,7 +403,7 @@ def test_on_a_cluster_the_driver_gets_the_spec_by_files_and_executors_run_the_sh
     assert len(rows) == 6 and {r["python_env"] for r in rows} == {"packed"}
     pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store").pipeline("orders")
     record = read_submission(pipeline, 1, "ingest", 1)
-    assert record.master == spark_standalone.master_url
+    assert (record.runtime, record.target) == ("spark-submit", f"{spark_standalone.master_url} (client mode)")
     wait_until(lambda: read_exit(pipeline, 1, "ingest", 1) is not None, 60, "the launcher's exit record")
     assert read_exit(pipeline, 1, "ingest", 1).returncode == 0
 
@@ -431,7 +431,7 @@ def test_standalone_cluster_mode_fails_with_sparks_own_refusal_not_as_finished_w
     assert "not supported for python applications on standalone clusters" in str(failure.value)
     pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store").pipeline("orders")
     record = read_submission(pipeline, 1, "ingest", 1)
-    assert (record.master, record.deploy_mode) == (spark_standalone.master_url, "cluster")
+    assert (record.target, record.exits_before_stage) == (f"{spark_standalone.master_url} (cluster mode)", True)
     assert read_exit(pipeline, 1, "ingest", 1).returncode != 0
     assert started(markers) == []  # no driver ever ran
 

@@ -127,7 +127,7 @@ def test_submitted_attempts_show_where_they_were_launched_from_and_how_they_ende
     epoch = p.begin("run-1", DAG_ID).epoch
     for attempt in (1, 2):
         record_submission(p, SubmissionRecord(epoch, "ingest", attempt, "worker-3", 100 + attempt, "/tmp/x.log",
-                                              "yarn", "cluster", 0.0))
+                                              "spark-submit", "yarn", False, 0.0))
     record_exit(p, ExitRecord(epoch, "ingest", 1, 143, ["..."], 0.0, "cancelled by triggerer on t-1: cleared"))
     row = next(r for r in pipeline_view(store, "orders").epochs if r.epoch == epoch)
     assert row.submissions == [
@@ -471,8 +471,8 @@ def test_page_shows_each_prepared_participant_with_its_attempt_and_an_aborted_su
     p.decide(epoch, Decision.COMMIT, "all prepared", by="test")
     p.commit(epoch)
     aborted = p.begin("run-2", DAG_ID).epoch
-    record_submission(p, SubmissionRecord(aborted, "ingest", 1, "worker-3", 101, "/tmp/x.log", "yarn", "cluster",
-                                          0.0))
+    record_submission(p, SubmissionRecord(aborted, "ingest", 1, "worker-3", 101, "/tmp/x.log", "spark-submit", "yarn",
+                                          False, 0.0))
     p.abort(aborted, "its run is dead", by="test")
 
     rows = {r.epoch: r for r in pipeline_view(store, "orders").epochs}

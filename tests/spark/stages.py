@@ -230,3 +230,14 @@ def stage_then_wait_in_a_spark_job(ctx: StageContext, spark: Any) -> None:
         yield from batches
 
     spark.range(1).mapInArrow(slow, "id long").collect()
+
+
+def dedup_then_wait_on_the_server(ctx: StageContext, spark: Any) -> None:
+    """:func:`dedup_orders`, then -- while ``$SEATUNNEL_TEST_STAGED_MARKER`` is set -- tell the test
+    (marker file, written here, in the client) and run a Spark job that takes hours, on the
+    server through Spark Connect (JVM work only: no Python worker, no data of the stage)."""
+    dedup_orders(ctx, spark)
+    marker = os.environ.get(STAGED_MARKER_ENV)
+    if marker:
+        Path(marker).write_text(f"{ctx.epoch} {ctx.attempt}")
+        spark.range(0, 10**13, 1, 2).selectExpr("sum(id)").collect()

@@ -56,7 +56,8 @@ def first_event(trigger: Any, timeout: float = 60) -> dict[str, Any]:
 def running_submission(p: Pipeline) -> int:
     """A submitted attempt 1 that runs (its lease fresh) and has prepared."""
     epoch = p.begin("run-1").epoch
-    record_submission(p, SubmissionRecord(epoch, "ingest", 1, "worker-1", 4242, "", "local[1]", "", 0.0))
+    record_submission(p, SubmissionRecord(epoch, "ingest", 1, "worker-1", 4242, "", "spark-submit", "local[1]",
+                                          False, 0.0))
     assert LeaseKeeper.for_pipeline(p, epoch, "ingest", 1).renew()
     prepare_participant(p, "run-1", Participant(), epoch=epoch)
     return epoch

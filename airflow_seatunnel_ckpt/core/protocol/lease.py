@@ -108,15 +108,12 @@ class LeaseRecord(Record):
 
 
 def default_holder(**extra: Any) -> dict[str, Any]:
-    """Host and pid of this process, plus the Airflow task it runs for when known.
+    """Host and pid of this process, plus what the caller adds (``None`` values left out).
 
-    Airflow exports ``AIRFLOW_CTX_*`` into a task's environment (and a spark-submit
-    driver inherits it), so the lease names the task instance without being told.
+    The orchestrator's view of the holder (e.g. ``ti``: the task instance it runs for)
+    comes from the caller, who knows it; the core reads no orchestrator's environment.
     """
     holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
-    ctx = [os.environ.get(f"AIRFLOW_CTX_{k}") for k in ("DAG_ID", "DAG_RUN_ID", "TASK_ID", "TRY_NUMBER")]
-    if all(ctx):
-        holder["ti"] = "/".join(str(c) for c in ctx)
     holder.update({k: v for k, v in extra.items() if v is not None})
     return holder
 

@@ -1,14 +1,15 @@
 """Submitted stages: who launched which attempt, how it ended, and whether it still runs.
 
-A stage submitted with ``spark-submit`` runs detached from the Airflow task that
-launched it: the task defers (or its worker dies, or the task is cleared) while the Spark
-application goes on. Two write-once records in the epoch's transaction log let anyone --
+A stage launched detached (``spark-submit``, or a Connect client in a launcher process)
+runs apart from the Airflow task that launched it: the task defers (or its worker dies,
+or the task is cleared) while the stage goes on. Two write-once records in the epoch's transaction log let anyone --
 the trigger watching it, a retry of the task, the Checkpoints page -- find the
 application again and learn how it ended, without the launching process:
 
 * ``submission-<participant>-a<attempt>``: written by the task right after launching:
-  the launcher's host and pid, where its log goes, the master and deploy mode;
-* ``exit-<participant>-a<attempt>``: written by the launcher when ``spark-submit`` exits:
+  the launcher's host and pid, where its log goes, which runtime runs the stage and where
+  (for people), and whether the launcher's clean exit may come before the stage's end;
+* ``exit-<participant>-a<attempt>``: written by the launcher when what it runs exits:
   its return code and the last lines of its output (the driver's error, for a stage
   that failed);
 * ``deferred-<participant>-a<attempt>``: written by the try that handed the attempt to
@@ -23,8 +24,8 @@ application again and learn how it ended, without the launching process:
   canceller then takes that attempt's outcome instead of replacing it).
 
 Whether the application still runs is the participant's lease (:mod:`.lease`): the
-launcher renews it while ``spark-submit`` runs (in cluster mode ``spark-submit`` waits for
-the application), and the driver renews it while the stage runs, wherever the driver is.
+launcher renews it while what it runs runs, and the stage renews it while it runs,
+wherever that is.
 :func:`judge_submission` is the one place that turns these records into an outcome.
 """
 
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 SUBMISSION_PREFIX = "submission-"
 EXIT_PREFIX = "exit-"
 DEFERRED_PREFIX = "deferred-"
-#: Lines of ``spark-submit`` output kept in an exit record.
+#: Lines of the launched process's output kept in an exit record.
 TAIL_LINES = 40
 
 
@@ -77,7 +78,11 @@ def deferred_name(participant: str, attempt: int) -> str:
 
 @pydantic.dataclasses.dataclass(config=RECORD)
 class SubmissionRecord(Record):
-    """An attempt of a participant launched through ``spark-submit``."""
+    """An attempt of a participant launched detached (by a launcher process the task started).
+
+    The core judges it from the store alone; what the runtime is and where it runs are
+    for people (messages, the Checkpoints page), never interpreted here.
+    """
 
     epoch: int
     participant: str
@@ -85,15 +90,21 @@ class SubmissionRecord(Record):
     host: str
     launcher_pid: int
     log: str
-    master: str = ""
-    deploy_mode: str = ""
+    #: The runtime that runs the stage (``spark-submit``, ``connect``), for people.
+    runtime: str = ""
+    #: Where it runs (a master and deploy mode, a Connect endpoint), for people.
+    target: str = ""
+    #: The launcher may exit cleanly while the stage still runs elsewhere (the runtime
+    #: hands it over, e.g. a cluster that only accepted it): its clean exit record then
+    #: ends nothing, and the stage is judged by its lease.
+    exits_before_stage: bool = False
     submitted_at: float = 0.0
     type: Literal["submission"] = tag("submission")
 
 
 @pydantic.dataclasses.dataclass(config=RECORD)
 class ExitRecord(Record):
-    """How ``spark-submit`` of an attempt ended."""
+    """How the launched process of an attempt ended."""
 
     epoch: int
     participant: str
@@ -101,7 +112,7 @@ class ExitRecord(Record):
     returncode: int
     tail: list[str] = pydantic.Field(default_factory=list)
     at: float = 0.0
-    #: Why the launcher stopped ``spark-submit`` itself ("" when it ended on its own).
+    #: Why the launcher stopped what it ran itself ("" when it ended on its own).
     stopped: str = ""
     type: Literal["submission-exit"] = tag("submission-exit")
 
@@ -236,7 +247,7 @@ class SubmissionOutcome(enum.StrEnum):
     PREPARED = "prepared"
     #: Still running: launched recently, or its lease is being renewed.
     RUNNING = "running"
-    #: ``spark-submit`` exited without the participant being prepared.
+    #: The launched process exited without the participant being prepared.
     FAILED = "failed"
     #: No exit record, and nobody renewed the lease within ``lease_timeout_s``: the
     #: launcher and the driver are gone (a lost machine, a killed process group).
@@ -266,23 +277,13 @@ class SubmissionCheck(Record):
     tail: list[str] = pydantic.Field(default_factory=list)
 
 
-def returns_at_submission(record: SubmissionRecord) -> bool:
-    """Whether ``spark-submit`` of this submission may exit 0 while its driver still runs.
-
-    Spark standalone in cluster mode returns once the master accepted the driver, unless
-    ``spark.standalone.submit.waitAppCompletion`` is true (the launch sets it, but a user's
-    ``spark_conf`` may turn it off). YARN and Kubernetes wait for the application by default.
-    """
-    return record.deploy_mode == "cluster" and record.master.startswith("spark://")
-
-
 def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int,
                      *, now: float | None = None, seen: EpochDir | None = None) -> SubmissionCheck:
     """Where the submitted ``attempt`` of ``participant`` in ``epoch`` stands (the one judgement).
 
     In order: prepared (by any attempt) wins; a decided epoch ends the wait; an exit record
-    means ``spark-submit`` is over -- except a clean exit of a submission that returns at
-    submission (:func:`returns_at_submission`), whose driver is judged by its lease; a lease
+    means the launcher is over -- except a clean exit of a submission whose record says its
+    launcher exits before the stage (``exits_before_stage``), which is judged by its lease; a lease
     of this attempt renewed within its timeout (:func:`~.lease.lease_timeout`) -- or, before
     the first renewal, a submission record younger than ``lease_timeout_s`` -- means it
     runs; anything else is lost. ``seen``: the epoch's log directory as the caller listed
@@ -306,34 +307,37 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
                      f"{participant} prepared")
     ended = read_exit(pipeline, epoch, participant, attempt) if exit_name(participant, attempt) in names else None
     detached = None
-    if ended is not None and ended.returncode == 0 and not ended.stopped:
+    launched = "the launch"
+    if ended is not None:
         submitted_as = read_submission(pipeline, epoch, participant, attempt)
-        if submitted_as is not None and returns_at_submission(submitted_as):
-            detached = ended  # the driver may run on: judged by its lease below
+        launched = submitted_as.runtime if submitted_as is not None and submitted_as.runtime else launched
+        if ended.returncode == 0 and not ended.stopped and submitted_as is not None \
+                and submitted_as.exits_before_stage:
+            detached = ended  # the stage may run on: judged by its lease below
     if ended is not None and detached is None:
         how = ("finished without preparing the participant" if ended.returncode == 0
                else f"failed with exit code {ended.returncode}")
         if ended.stopped:
             how = f"was stopped ({ended.stopped}), exit code {ended.returncode}"
-        return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt {attempt} "
+        return check(SubmissionOutcome.FAILED, f"epoch {epoch}: {launched} of {participant} attempt {attempt} "
                      f"{how}", returncode=ended.returncode, tail=ended.tail)
     now = store_now(pipeline.storage) if now is None else now
     held = held_lease(pipeline, epoch, participant, now) if participant in seen.leased() else None
     if held is not None and held.record is not None and held.record.attempt == attempt:
         lease, age = held.record, held.age_s
         if held.renewed:
-            returned = (" (spark-submit returned at submission, standalone cluster mode; its driver holds the "
-                        "lease)" if detached is not None else "")
+            returned = (f" ({launched} returned once the stage was handed over; the stage holds the lease)"
+                        if detached is not None else "")
             return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} runs "
                          f"({lease.describe_holder()}, lease renewed {max(age, 0):.0f}s ago){returned}")
         if detached is not None:
-            return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt "
-                         f"{attempt} returned at submission (standalone cluster mode) and its driver's lease was "
+            return check(SubmissionOutcome.FAILED, f"epoch {epoch}: {launched} of {participant} attempt "
+                         f"{attempt} returned once the stage was handed over and the stage's lease was "
                          f"last renewed {age:.0f}s ago, over {describe_timeout(pipeline.config, lease)}, without "
                          "preparing the participant", returncode=detached.returncode, tail=detached.tail)
         return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} is lost: its "
                      f"lease ({lease.describe_holder()}) was last renewed {age:.0f}s ago, over "
-                     f"{describe_timeout(pipeline.config, lease)}, and spark-submit left no exit record")
+                     f"{describe_timeout(pipeline.config, lease)}, and its launcher left no exit record")
     timeout = pipeline.config.lease_timeout_s
     submitted = submission_name(participant, attempt)
     if submitted in names:
@@ -342,8 +346,8 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
             return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} was "
                          f"submitted {max(age, 0):.0f}s ago and has not taken the lease yet")
         if detached is not None:
-            return check(SubmissionOutcome.FAILED, f"epoch {epoch}: spark-submit of {participant} attempt {attempt} "
-                         f"returned at submission (standalone cluster mode) {age:.0f}s ago and no driver ever took "
+            return check(SubmissionOutcome.FAILED, f"epoch {epoch}: {launched} of {participant} attempt {attempt} "
+                         f"returned once the stage was handed over, {age:.0f}s ago, and the stage never took "
                          f"the lease (lease_timeout_s={timeout:g})", returncode=detached.returncode,
                          tail=detached.tail)
         return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} was submitted "

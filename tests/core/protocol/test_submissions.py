@@ -127,9 +127,9 @@ def test_the_launcher_is_told_to_stop_a_cancelled_attempt(fast_spec: StoreSpec) 
 
 # -- case 8: the lease's own timeout ------------------------------------------------------
 
-def submitted(p: Pipeline, epoch: int, *, master: str = "local[1]", deploy_mode: str = "") -> None:
-    record_submission(p, SubmissionRecord(epoch, "ingest", 1, "worker-1", 4242, "/tmp/launch.log", master,
-                                          deploy_mode, time.time()))
+def submitted(p: Pipeline, epoch: int, *, exits_before_stage: bool = False) -> None:
+    record_submission(p, SubmissionRecord(epoch, "ingest", 1, "worker-1", 4242, "/tmp/launch.log", "spark-submit",
+                                          "local[1] (client mode)", exits_before_stage, time.time()))
 
 
 def test_a_submission_whose_lease_renews_for_a_longer_timeout_runs_past_the_observers_timeout(
@@ -147,9 +147,9 @@ def test_a_submission_whose_lease_renews_for_a_longer_timeout_runs_past_the_obse
     assert late.outcome is SubmissionOutcome.LOST and "timeout_s=600" in late.message
 
 
-# -- standalone cluster mode: spark-submit returns at submission --------------------------
+# -- a launcher that exits once the stage is handed over (spark-submit, standalone cluster mode) --
 
-def test_a_clean_exit_at_submission_in_standalone_cluster_mode_is_judged_by_the_drivers_lease(
+def test_a_clean_exit_of_a_launcher_that_hands_the_stage_over_is_judged_by_the_stages_lease(
     fast_spec: StoreSpec,
 ) -> None:
     p = fast_spec.pipeline()
@@ -157,7 +157,7 @@ def test_a_clean_exit_at_submission_in_standalone_cluster_mode_is_judged_by_the_
     # What that case writes: the submission (standalone master, cluster mode), the
     # launcher's exit record with code 0 right after the master accepted the driver, and
     # the lease the driver renews while the stage runs.
-    submitted(p, epoch, master="spark://127.0.0.1:7077", deploy_mode="cluster")
+    submitted(p, epoch, exits_before_stage=True)
     record_exit(p, ExitRecord(epoch, "ingest", 1, 0, ["INFO ClientEndpoint: Driver successfully submitted"],
                               time.time()))
     assert LeaseKeeper.for_pipeline(p, epoch, "ingest", 1).renew()
@@ -165,7 +165,7 @@ def test_a_clean_exit_at_submission_in_standalone_cluster_mode_is_judged_by_the_
 
     running = judge_submission(p, epoch, "ingest", 1, now=now)
     assert running.outcome is SubmissionOutcome.RUNNING, running.message
-    assert "standalone cluster mode" in running.message
+    assert "spark-submit returned once the stage was handed over" in running.message
     # The driver prepares: the stage is done.
     prepare_participant(p, "run-1", NEW, attempt=1, epoch=epoch)
     assert judge_submission(p, epoch, "ingest", 1, now=now).outcome is SubmissionOutcome.PREPARED
@@ -174,20 +174,21 @@ def test_a_clean_exit_at_submission_in_standalone_cluster_mode_is_judged_by_the_
 def test_a_driver_that_returned_at_submission_and_stopped_renewing_failed(fast_spec: StoreSpec) -> None:
     p = fast_spec.pipeline()
     epoch = p.begin("run-1").epoch
-    submitted(p, epoch, master="spark://127.0.0.1:7077", deploy_mode="cluster")
+    submitted(p, epoch, exits_before_stage=True)
     record_exit(p, ExitRecord(epoch, "ingest", 1, 0, ["Driver successfully submitted"], time.time()))
     assert LeaseKeeper.for_pipeline(p, epoch, "ingest", 1).renew()
     later = store_now(p.storage) + p.config.lease_timeout_s + 1
 
     failed = judge_submission(p, epoch, "ingest", 1, now=later)
     assert failed.outcome is SubmissionOutcome.FAILED and failed.returncode == 0
-    assert "returned at submission" in failed.message and failed.tail == ["Driver successfully submitted"]
+    assert "returned once the stage was handed over" in failed.message
+    assert failed.tail == ["Driver successfully submitted"]
 
 
 def test_a_clean_exit_in_client_mode_still_means_finished_without_preparing(fast_spec: StoreSpec) -> None:
     p = fast_spec.pipeline()
     epoch = p.begin("run-1").epoch
-    submitted(p, epoch, master="spark://127.0.0.1:7077", deploy_mode="client")
+    submitted(p, epoch)
     record_exit(p, ExitRecord(epoch, "ingest", 1, 0, [], time.time()))
     assert LeaseKeeper.for_pipeline(p, epoch, "ingest", 1).renew()
 

@@ -479,6 +479,53 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
     _phase(capsys, began, f"{BACKFILL_DAG}: the store, the table and the asset events checked")
 
 
+CONNECT_DAG = "connect_orders"
+CONNECT_CONN_ID = "spark_connect_local"
+
+
+def test_a_stage_through_spark_connect_runs_from_a_worker_without_java(
+    airflow_deployment: AirflowDeployment, connect_server: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``tests/integration/deployment/dags/connect_orders.py``: the example's stage through Spark Connect.
+
+    The stage names a ``spark_connect`` connection (created here through the REST API, to
+    the test session's Connect server); its task processes have no ``JAVA_HOME`` and no
+    ``java`` on PATH (the stage refuses to run otherwise). Two hours commit, every order
+    once in the Iceberg table, hour 1's re-sent orders dropped by the keyed state.
+    """
+    from urllib.parse import urlparse
+
+    from pyiceberg.catalog import load_catalog
+
+    deployment = airflow_deployment
+    began = time.monotonic()
+    address = urlparse(connect_server)
+    deployment.api("POST", "/connections", {"connection_id": CONNECT_CONN_ID, "conn_type": "spark_connect",
+                                            "host": address.hostname, "port": address.port})
+    deployment.wait_for(f"the dag-processor to parse {CONNECT_DAG}", lambda: deployment.api(
+        "GET", f"/dags?dag_id_pattern={CONNECT_DAG}").get("total_entries"), timeout=240)
+    deployment.api("PATCH", f"/dags/{CONNECT_DAG}", {"is_paused": False})
+    runs = []
+    for hour in (0, 1):  # queued at once; max_active_runs=1 runs them in order
+        when = (EXAMPLE.START + timedelta(hours=hour)).isoformat()
+        runs.append(deployment.api("POST", f"/dags/{CONNECT_DAG}/dagRuns", {
+            "dag_run_id": f"connect_h{hour}", "logical_date": when, "run_after": when})["dag_run_id"])
+    for run_id in runs:
+        _wait_success(deployment, run_id, dag_id=CONNECT_DAG)
+    _phase(capsys, began, f"{CONNECT_DAG}: hours 0 and 1 committed through Spark Connect")
+    deployment.api("PATCH", f"/dags/{CONNECT_DAG}", {"is_paused": True})
+
+    data = deployment.data / "connect"
+    pipeline = CheckpointStore.from_url(f"file://{data / 'checkpoints'}").pipeline(CONNECT_DAG)
+    assert [pipeline.state(e) for e in pipeline.epochs()] == [EpochState.COMMITTED] * 2
+    log = _task_log(deployment, runs[0], STAGE_TASK, 1, CONNECT_DAG).read_text(errors="replace")
+    assert f"through Spark Connect at sc://{address.hostname}:{address.port} (connection {CONNECT_CONN_ID})" in log
+    table = load_catalog("default", **EXAMPLE.iceberg_catalog(str(data))).load_table("shop.connect_orders")
+    published = [str(v) for v in table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()]
+    expected = {order["order_id"] for hour in (0, 1) for order in EXAMPLE.orders_of_hour(hour)}
+    assert sorted(published) == sorted(expected), (len(published), len(expected))
+
+
 HELD_DAG = "held_back_orders"
 
 

@@ -1,0 +1,193 @@
+"""Where a stage runs: the runtimes as one choice, and the Spark Connect session of an attempt.
+
+A stage task runs its stage on one of three runtimes, chosen once from its arguments by
+:func:`choose_runtime`:
+
+* ``local`` -- in the task's process on a classic ``local[*]`` session (no connection);
+* ``spark-submit`` -- detached through ``spark-submit`` to the master of a ``spark``
+  connection (:mod:`airflow_seatunnel_ckpt.hooks.spark_submit`);
+* ``connect`` -- in the task's process on a Spark Connect session to the server of a
+  ``spark_connect`` connection or of ``spark_remote="sc://..."``: the worker needs no JVM.
+
+The epoch's protocol is the same on each; what differs is only where Spark runs and how
+the task stops it. A Connect attempt is one server session with one tag
+(:class:`ConnectAttempt`), both derived from the attempt, so the task's ``on_kill`` -- or a
+later try, from any worker -- interrupts exactly that attempt's operations on the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import hashlib
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlparse
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from airflow_seatunnel_ckpt.spark.spec import StageSpec
+
+_log = logging.getLogger(__name__)
+
+#: The connection type of the Apache Spark provider's ``SparkConnectHook``.
+CONNECT_CONN_TYPE = "spark_connect"
+#: The scheme of a Spark Connect endpoint.
+CONNECT_SCHEME = "sc"
+
+
+class Runtime(enum.StrEnum):
+    """Where a stage's Spark work runs."""
+
+    #: In the task's process, on a classic ``local[*]`` session.
+    LOCAL = "local"
+    #: Detached through ``spark-submit``, on the master a ``spark`` connection names.
+    SPARK_SUBMIT = "spark-submit"
+    #: In the task's process, on a Spark Connect session to a remote server (no JVM here).
+    CONNECT = "connect"
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """The runtime a stage task runs its stage on, and what reaches it.
+
+    :param runtime: which runtime.
+    :param conn_id: the Spark or Spark Connect connection it came from, if any.
+    :param remote: the ``sc://`` URL of a Connect runtime (may hold a token: never logged;
+        see :meth:`describe`).
+    """
+
+    runtime: Runtime
+    conn_id: str | None = None
+    remote: str | None = None
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the stage runs in the task's process (its driver logic does, for Connect)."""
+        return self.runtime is not Runtime.SPARK_SUBMIT
+
+    def describe(self) -> str:
+        """For the task log: the runtime and where it runs (a Connect URL without its parameters)."""
+        if self.runtime is Runtime.CONNECT:
+            via = f" (connection {self.conn_id})" if self.conn_id else ""
+            return f"through Spark Connect at {public_url(self.remote or '')}{via}"
+        if self.runtime is Runtime.SPARK_SUBMIT:
+            return f"through spark-submit (connection {self.conn_id})"
+        return "in-process on local Spark"
+
+
+def public_url(remote: str) -> str:
+    """``sc://host:port`` of a Connect URL, without its ``;token=...`` parameters."""
+    parsed = urlparse(remote)
+    return f"{parsed.scheme}://{parsed.netloc.split(';')[0]}"
+
+
+def check_remote(remote: str, where: str) -> str:
+    """``remote`` if it is a Spark Connect URL (``sc://host[:port][/;params]``), else ConfigError."""
+    parsed = urlparse(remote) if isinstance(remote, str) else None
+    if parsed is None or parsed.scheme != CONNECT_SCHEME or not parsed.netloc:
+        raise ConfigError(f"{where}: spark_remote must be a Spark Connect URL 'sc://host:port', got "
+                          f"{public_url(remote) if isinstance(remote, str) else remote!r}; or give conn_id of a "
+                          f"{CONNECT_CONN_TYPE!r} connection")
+    return remote
+
+
+def choose_runtime(conn_id: str | None, spark_remote: str | None, where: str) -> RuntimeChoice:
+    """The runtime of a stage task from its ``conn_id`` and ``spark_remote`` (the one place that decides).
+
+    ``spark_remote`` (``sc://...``) or a ``spark_connect`` connection: Connect; any other
+    connection: ``spark-submit`` with it; neither: in-process local Spark. Both given is
+    refused: the two would name two places to run.
+    """
+    if spark_remote and conn_id:
+        raise ConfigError(f"{where}: give conn_id or spark_remote, not both (conn_id={conn_id!r}, spark_remote="
+                          f"{public_url(spark_remote)!r}): a spark_connect connection already names the server")
+    if spark_remote:
+        return RuntimeChoice(Runtime.CONNECT, remote=check_remote(spark_remote, where))
+    if not conn_id:
+        return RuntimeChoice(Runtime.LOCAL)
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+    from airflow.providers.common.compat.sdk import AirflowNotFoundException
+
+    try:
+        connection = SparkConnectHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        # As SparkSubmitHook does: a Spark connection that is not defined means its defaults.
+        return RuntimeChoice(Runtime.SPARK_SUBMIT, conn_id=conn_id)
+    if connection.conn_type != CONNECT_CONN_TYPE:
+        return RuntimeChoice(Runtime.SPARK_SUBMIT, conn_id=conn_id)
+    try:
+        remote = SparkConnectHook(conn_id=conn_id).get_connection_url()
+    except ValueError as exc:
+        raise ConfigError(f"{where}: Spark Connect connection {conn_id!r}: {exc}") from exc
+    return RuntimeChoice(Runtime.CONNECT, conn_id=conn_id, remote=check_remote(remote, where))
+
+
+@dataclass(frozen=True)
+class ConnectAttempt:
+    """One attempt's Spark Connect session on the server: its session id and its operations' tag.
+
+    Both are derived from the attempt (store, pipeline, epoch, participant, attempt), so any
+    process that knows the attempt -- its task's ``on_kill``, a later try on another worker --
+    reaches the same server session and interrupts the attempt's operations by their tag,
+    without anything of the process that started them.
+    """
+
+    remote: str
+    session_id: str
+    tag: str
+
+    @classmethod
+    def of(cls, remote: str, store: str, pipeline: str, epoch: int, participant: str, attempt: int) -> ConnectAttempt:
+        """The Connect session and tag of ``attempt`` of ``participant`` in ``epoch``."""
+        name = f"{store}\n{pipeline}\n{epoch}\n{participant}\n{attempt}"
+        # A UUID (the form Connect takes) fixed by the attempt; its version bits set as for uuid4.
+        session_id = str(uuid.UUID(bytes=hashlib.sha256(name.encode()).digest()[:16], version=4))
+        # Tags are plain text without commas; the participant name is validated as one word.
+        return cls(remote, session_id, f"seatunnel-ckpt-{pipeline}-e{epoch}-{participant}-a{attempt}")
+
+    @property
+    def url(self) -> str:
+        """``remote`` with this attempt's ``session_id`` among its parameters."""
+        base, _, params = self.remote.partition(";")
+        kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
+        base = base if base.endswith("/") else f"{base}/"
+        return ";".join([base, *kept, f"session_id={self.session_id}"])
+
+    @contextlib.contextmanager
+    def session(self, spec: StageSpec) -> Iterator[SparkSession]:
+        """The attempt's Connect session for ``spec`` (:func:`~airflow_seatunnel_ckpt.spark.session.remote_session`,
+        released when the block ends), with the attempt's tag on this thread's operations."""
+        from airflow_seatunnel_ckpt.spark.session import remote_session
+
+        with remote_session(dataclasses.replace(spec, remote=self.url)) as session:
+            session.addTag(self.tag)
+            yield session
+
+    def interrupt(self, session: SparkSession | None = None, *, release: bool = False) -> list[str]:
+        """Interrupt the attempt's running operations on the server; the ids of those interrupted.
+
+        With ``session`` (the attempt's own, in this process) through it; else through a new
+        client of the same server session, which then also releases that session when
+        ``release`` is set (the attempt's own client is gone: nothing else will).
+        """
+        if session is not None:
+            return list(session.interruptTag(self.tag))
+        from pyspark.sql.connect.client import SparkConnectClient
+
+        client = SparkConnectClient(self.url)
+        try:
+            interrupted = list(client.interrupt_tag(self.tag) or [])
+            if release:
+                client.release_session()
+            return interrupted
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()

@@ -1,0 +1,253 @@
+"""Stage tasks through Spark Connect: the example pipeline switched to a ``spark_connect``
+connection, and a task killed while its Connect operations run.
+
+Real Airflow on SQLite (``dag.test``), the test session's Connect server on 127.0.0.1
+(tests/connect_server.py): the stage's driver logic runs in the task's process, its Spark
+work on the server.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+
+from airflow_seatunnel_ckpt.core import EpochState
+from tests.epoch_test_dags import task_states
+from tests.operators.test_orders_pipeline import Example, at
+
+pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
+
+#: The Airflow connection the tests point the example's stage at.
+CONNECT_CONN_ID = "spark_connect_local"
+
+
+def connect_connection(monkeypatch: pytest.MonkeyPatch, server_url: str) -> None:
+    """A ``spark_connect`` connection to the test server, from the environment (as a deployment would define it)."""
+    address = urlparse(server_url)
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONNECT_CONN_ID.upper()}", json.dumps(
+        {"conn_type": "spark_connect", "host": address.hostname, "port": address.port}))
+
+
+def test_the_example_pipeline_runs_through_spark_connect_by_switching_its_connection(
+        connect_server: str, run_at: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    connect_connection(monkeypatch, connect_server)
+    example = Example(tmp_path / "data", monkeypatch)
+    example.dag.get_task("orders.ingest").conn_id = CONNECT_CONN_ID  # the only change to the example
+
+    runs = [run_at(example.dag, at(hour)) for hour in range(2)]
+
+    for run in runs:
+        assert run.state == "success", task_states(run)
+    assert [s.state for s in example.pipeline.list_epochs()] == [EpochState.COMMITTED] * 2
+    example.assert_exactly_once()
+    # Each epoch's attempt ran on its own server session, released when the stage ended.
+    for epoch in (1, 2):
+        assert session_closed_on_the_server(attempt_of(example, connect_server, epoch))
+
+
+def attempt_of(example: Example, server_url: str, epoch: int, attempt: int = 1) -> Any:
+    """The Connect attempt the stage task of ``epoch`` ran (its server session and tag)."""
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+
+    store = example.dag.get_task("orders.ingest").hook.config.to_mapping()["storage_url"]
+    return ConnectAttempt.of(f"{server_url}/", store, "orders", epoch, "ingest", attempt)
+
+
+def session_closed_on_the_server(attempt: Any) -> bool:
+    """Whether the server knows ``attempt``'s session and has released it (a client of it is refused)."""
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    client = SparkConnectClient(attempt.url)
+    try:
+        client.interrupt_tag(attempt.tag)
+    except Exception as exc:
+        return "SESSION_CLOSED" in str(exc)
+    finally:
+        client.close()
+    return False
+
+
+class RunningClient:
+    """The DAG of ``tests/operators/connect_stage_dag.py`` run in a process of its own, its stage's
+    Connect operation running on the server (the stage has staged its output before it)."""
+
+    def __init__(self, tmp_path: Path, server_url: str) -> None:
+        import os
+        import subprocess
+        import sys
+        import time
+
+        from tests.spark.conftest import OrdersPipeline
+        from tests.spark.stages import STAGED_MARKER_ENV
+
+        self.orders = OrdersPipeline(tmp_path)
+        self.orders.add_file("a", [1, 2, 3, 3, 4])
+        self.orders.add_file("b", [4, 5, 6, 1])
+        self.args = [self.orders.store["storage_url"], f"file://{self.orders.input_dir}",
+                     f"file://{tmp_path / 'out' / 'orders'}", server_url]
+        marker, self.log = tmp_path / "running", tmp_path / "task.log"
+        repo = Path(__file__).resolve().parents[2]
+        env = {**os.environ, STAGED_MARKER_ENV: str(marker),
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "tests.operators.connect_stage_dag", *self.args],
+                                            cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"the stage did not start ({self.process.returncode}):\n{self.output()[-4000:]}")
+            time.sleep(0.2)
+        time.sleep(1)  # its long operation is on the server now
+        assert marker.read_text() == "1 1"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """``sig`` to the task's process group; SIGKILL to whatever is left once it ended or after 90 s."""
+        import contextlib
+        import os
+        import subprocess
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=90)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+def test_a_client_killed_mid_stage_leaves_nothing_published_twice_and_the_next_try_commits(
+        connect_server: str, airflow_home: Path, clear_and_rerun: Any, tmp_path: Path) -> None:
+    """SIGKILL of the task process (the Connect client) while its attempt's operation runs on the server.
+
+    The next try of the same DAG run fences the killed attempt, interrupts its operation on
+    the server by the attempt's tag and releases its session, then runs the stage anew and
+    commits: every input row once in the sink.
+    """
+    from airflow_seatunnel_ckpt.core.protocol.submissions import read_fence
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+    from tests.operators.connect_stage_dag import LOGICAL_DATE, make_dag
+
+    client = RunningClient(tmp_path, connect_server)
+    client.kill()  # the client dies: nothing of it runs to stop its operations
+    orders = client.orders
+
+    # What the scheduler does once the killed task's heartbeat stopped: the try failed; then its
+    # next try runs (here: in this process), as a retry or a clear of the task would run it.
+    run_id = f"manual__{LOGICAL_DATE.isoformat()}"
+    killed_try_failed("connect_stage", run_id, "orders.ingest")
+    again = clear_and_rerun(make_dag(*client.args), run_id, ["orders.ingest"])
+
+    assert again.state == "success", task_states(again)
+    status = orders.pipeline.status(1)
+    assert status.state is EpochState.COMMITTED and status.prepared["ingest"].attempt == 2
+    assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4, 5, 6]
+    # The killed attempt can never prepare, and its operation and session are gone from the server.
+    fence = read_fence(orders.pipeline, 1, "ingest", 1)
+    assert fence is not None and fence.cancelled, fence
+    killed = ConnectAttempt.of(connect_server, orders.store["storage_url"], "orders", 1, "ingest", 1)
+    assert session_closed_on_the_server(killed)
+
+
+def test_a_terminated_connect_stage_interrupts_its_operations_by_tag_and_releases_its_session(
+        connect_server: str, airflow_home: Path, tmp_path: Path) -> None:
+    """SIGTERM to the task process (the task marked failed, its heartbeat lost): ``on_kill`` stops its attempt."""
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+
+    client = RunningClient(tmp_path, connect_server)
+    client.kill(signal.SIGTERM)
+
+    output = client.output()
+    assert output.count("terminated: interrupting the Spark Connect operations of stage ingest") == 1, output[-6000:]
+    errors = [line for line in output.splitlines() if "StageTerminatedError:" in line]
+    assert errors and "epoch 1, attempt 1 stays unprepared" in errors[0], output[-6000:]
+    assert client.orders.pipeline.prepared_for_run(f"manual__{LOGICAL_DATE_ISO}", "ingest") is None
+    attempt = ConnectAttempt.of(connect_server, client.orders.store["storage_url"], "orders", 1, "ingest", 1)
+    assert session_closed_on_the_server(attempt)
+
+
+#: The logical date of ``tests/operators/connect_stage_dag.py``'s run, as its run id has it.
+LOGICAL_DATE_ISO = "2026-01-01T00:00:00+00:00"
+
+
+def killed_try_failed(dag_id: str, run_id: str, task_id: str) -> None:
+    """Mark the task instance of a killed process failed, as the scheduler does when its heartbeat stops."""
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from airflow.utils.state import TaskInstanceState
+    from sqlalchemy import select
+
+    with create_session() as session:
+        ti = session.scalar(select(TaskInstance).where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
+                                                       TaskInstance.task_id == task_id))
+        assert ti is not None and ti.state == TaskInstanceState.RUNNING, ti
+        ti.state = TaskInstanceState.FAILED
+
+
+def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_attempt_begins_cleanly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server (a dedicated one) is killed while the attempt's operation runs; a new server takes attempt 2.
+
+    Connect's client retries an unreachable server for at least ten minutes by default
+    (``DefaultPolicy``: 15 retries, backoff up to 60 s); the test shortens that to three quick
+    retries, so the attempt fails in seconds instead.
+    """
+    import threading
+    import time
+
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
+    from tests.connect_server import start_server
+    from tests.spark.conftest import OrdersPipeline
+    from tests.spark.stages import STAGED_MARKER_ENV
+
+    repo = str(Path(__file__).resolve().parents[2])
+    orders = OrdersPipeline(tmp_path)
+    orders.add_file("a", [1, 2, 3, 3, 4])
+    stage = "tests.spark.stages:dedup_then_wait_on_the_server"
+    marker = tmp_path / "running"
+    monkeypatch.setenv(STAGED_MARKER_ENV, str(marker))
+    defaults = DefaultPolicy.__init__.__defaults__
+    assert defaults is not None
+    monkeypatch.setattr(DefaultPolicy.__init__, "__defaults__", (3, *defaults[1:]))
+    hook = StageSubmitHook(orders.pipeline, "ingest")
+    epoch = orders.pipeline.begin("run-1").epoch
+    server = start_server(tmp_path, python_path=repo)
+    try:
+        def kill_once_running() -> None:
+            deadline = time.monotonic() + 300
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            time.sleep(1)
+            server.stop(signal.SIGKILL)
+
+        killer = threading.Thread(target=kill_once_running, daemon=True)
+        killer.start()
+        with pytest.raises(Exception) as failed:
+            hook.run_in_process(orders.spec("run-1", 1, stage=stage, remote=server.url), epoch)
+        killer.join(timeout=60)
+    finally:
+        server.stop(signal.SIGKILL)
+    assert marker.read_text() == "1 1", failed.value  # it died mid-operation, not before
+    assert orders.pipeline.state(epoch) is EpochState.OPEN and orders.pipeline.prepared_for_run("run-1", "ingest") \
+        is None
+
+    monkeypatch.delenv(STAGED_MARKER_ENV)
+    again = start_server(tmp_path, python_path=repo)
+    try:
+        result = hook.run_in_process(orders.spec("run-1", 2, stage=stage, remote=again.url), epoch)
+    finally:
+        again.stop()
+    assert (result.epoch, result.attempt, result.rows) == (1, 2, 4)
+    orders.commit(result)
+    assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]
