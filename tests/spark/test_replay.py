@@ -276,25 +276,6 @@ def test_replay_of_the_newest_epochs_equals_a_fresh_run_keeps_the_earlier_epochs
     assert state_rows(lake.pipeline) == state_rows(fresh.pipeline)
 
 
-def test_full_refresh_fills_a_new_aggregate_column_for_stored_keys(spark: Any, tmp_path: Path) -> None:
-    lake = Lake(tmp_path / "lake", "iceberg")
-    lake.run(spark, range(1, 3), "fixed")  # keys stored without max_amount
-    fresh = Lake(tmp_path / "fresh", "iceberg")
-    fresh.run(spark, range(1, 3), "with_max")
-
-    result = lake.replay(spark, 1, stage="with_max")  # full refresh
-
-    assert result.replayed == [1, 2]
-    want = fresh.totals("customer, total, max_amount")
-    assert all(m is not None for _, _, m in want)
-    assert lake.totals("customer, total, max_amount") == want
-    assert lake.orders_summary() == fresh.orders_summary()
-    assert state_rows(lake.pipeline) == state_rows(fresh.pipeline)
-    lake.run(spark, range(3, 4), "with_max")  # the next epoch continues from the refreshed state
-    fresh.run(spark, range(3, 4), "with_max")
-    assert lake.totals("customer, total, max_amount") == fresh.totals("customer, total, max_amount")
-
-
 def test_replay_refuses_a_table_another_writer_committed_to_unless_forced(spark: Any, tmp_path: Path) -> None:
     from pyiceberg.catalog import load_catalog
 
