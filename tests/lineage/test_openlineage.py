@@ -301,6 +301,7 @@ def test_epoch_dag_emits_datasets_statistics_run_facet_and_spark_parent_run(
     from airflow_seatunnel_ckpt.core import CheckpointStore
     from airflow_seatunnel_ckpt.lineage.facets import RUN_FACET_KEY
     from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
+    from tests.conftest import FAST_JVM_OPTIONS  # here: the driver imports this module for its stage
     from tests.epoch_test_dags import START, task_states
     from tests.tables import duckdb_iceberg_rows
 
@@ -327,7 +328,9 @@ def test_epoch_dag_emits_datasets_statistics_run_facet_and_spark_parent_run(
                           "orders_table": {"type": "iceberg", "table": "lineage.orders", "catalog": catalog}},
                 "conn_id": "spark_local",
                 "spark_conf": {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                               "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+                               "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+                               # a driver of one short stage: the JVM flags that halve its start-up
+                               "spark.driver.extraJavaOptions": FAST_JVM_OPTIONS},
             }},
             sensor={"poke_interval": 0.5, "timeout": 300},
         )

@@ -279,10 +279,12 @@ def test_replay_of_the_newest_epochs_equals_a_fresh_run_keeps_the_earlier_epochs
     assert state_rows(lake.pipeline) == state_rows(fresh.pipeline)
 
 
+# On the classic session the same full refresh is proven by tests/spark/state/test_state_new_column.py.
+@pytest.mark.parametrize("runtime", ["connect"], indirect=True)
 def test_full_refresh_fills_a_new_aggregate_column_for_stored_keys(spark: Any, tmp_path: Path, runtime: str,
                                                                    request: pytest.FixtureRequest) -> None:
-    """On both runtimes: the replayed lake against a fresh one run on the classic session."""
-    remote = request.getfixturevalue("connect_server") if runtime == "connect" else None
+    """Through Spark Connect: the replayed lake against a fresh one run on the classic session."""
+    remote = request.getfixturevalue("connect_server")
     lake = Lake(tmp_path / "lake", "iceberg", remote)
     lake.run(spark, range(1, 3), "fixed")  # keys stored without max_amount
     fresh = Lake(tmp_path / "fresh", "iceberg")

@@ -32,7 +32,7 @@ Spark job).
 
 Before those, the recovery DAG recovers a pipeline on a store whose connection only the
 metadata database holds (named in ``[seatunnel_ckpt] stores``), and ``airflow backfill
-create`` (reprocess ``failed``, then ``completed``) runs two committed hours of a copy of
+create`` (reprocess ``failed``, then ``completed``) runs committed hours of a copy of
 the example again without publishing anything twice, and a run whose epoch an
 expectation refuses ends failed, with the reason in its note and its failure callback run.
 
@@ -422,7 +422,9 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
     decisions 8 and 12): the stage reuses the prepared output without running Spark, the
     commit confirms the COMMITTED epoch and emits no second asset event, and no epoch
     begins. Hour 1's run is marked failed after it committed (a user's "mark failed"), so
-    the ``failed`` backfill runs it again and skips hour 0.
+    the ``failed`` backfill runs it again and skips hour 0; the ``completed`` backfill then
+    runs hour 0 again (one hour: each behaviour runs one committed run again, and a run
+    less keeps the deployment's share of the suite down).
     """
     from pyiceberg.catalog import load_catalog
 
@@ -448,10 +450,9 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
     assert _backfill(deployment, "failed", 0, 1) == {0: "none: already exists", 1: runs[1]}
     _wait_success(deployment, runs[1], dag_id=BACKFILL_DAG)  # (the backfill queued it again)
     _phase(capsys, began, f"{BACKFILL_DAG}: the 'failed' backfill ran hour 1 again")
-    assert _backfill(deployment, "completed", 0, 1) == runs
-    for run_id in runs.values():
-        _wait_success(deployment, run_id, dag_id=BACKFILL_DAG)
-    _phase(capsys, began, f"{BACKFILL_DAG}: the 'completed' backfill ran hours 0 and 1 again")
+    assert _backfill(deployment, "completed", 0, 0) == {0: runs[0]}
+    _wait_success(deployment, runs[0], dag_id=BACKFILL_DAG)
+    _phase(capsys, began, f"{BACKFILL_DAG}: the 'completed' backfill ran hour 0 again")
     deployment.api("PATCH", f"/dags/{BACKFILL_DAG}", {"is_paused": True})
 
     # What the backfill runs did: their own runs again, each on the epoch it committed before.
@@ -463,7 +464,7 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
         commit = _xcom(deployment, BACKFILL_DAG, run_id, "orders.commit")
         assert (commit["epoch"], commit["already_committed"]) == (epochs[hour], True), commit
         tries = deployment.api("GET", f"/dags/{BACKFILL_DAG}/dagRuns/{run_id}/taskInstances/{STAGE_TASK}")
-        assert tries["try_number"] == 1 + (2 if hour == 1 else 1), tries  # run once, then by each backfill
+        assert tries["try_number"] == 2, tries  # run once, then by one of the backfills
     assert pipeline.epochs() == [1, 2] and all(pipeline.state(e) is EpochState.COMMITTED for e in (1, 2))
 
     # What was published: every order of hours 0-1 once, in one table snapshot and one asset event per epoch.

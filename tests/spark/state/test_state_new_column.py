@@ -58,6 +58,7 @@ def test_a_new_aggregate_column_in_a_snapshot_state_starts_empty_then_a_full_ref
     want = fresh.totals("customer, total, max_amount")
     assert all(m is not None for _, _, m in want)
     assert lake.totals("customer, total, max_amount") == want
+    assert lake.orders_summary() == fresh.orders_summary()
     assert state_rows(lake.pipeline) == state_rows(fresh.pipeline)
     lake.run(spark, range(4, 5), "with_max")  # the next epoch continues from the refreshed state
     fresh.run(spark, range(4, 5), "with_max")
