@@ -16,6 +16,7 @@ Nothing here imports PySpark or a table library: it runs on every parse of every
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -26,6 +27,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 OptionsT = TypeVar("OptionsT", bound="Options")
+#: A password in a libpq connection string, keyword form or URL form: options are stored in the
+#: checkpoint store, so a connection string there must not hold one.
+PASSWORD_IN_CONNINFO = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
 
 
 class Options(BaseModel):

@@ -10,14 +10,15 @@ DAG could use before the models existed is a field here, so DAGs keep parsing.
 from __future__ import annotations
 
 import inspect
+import re
 import warnings
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, MinLen
-from pydantic import BeforeValidator, Field, StrictBool, StrictInt
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
-from airflow_seatunnel_ckpt.core.options import Options, keyed
+from airflow_seatunnel_ckpt.core.options import PASSWORD_IN_CONNINFO, Options, keyed
 
 #: A positive whole number (a bool is not one).
 PositiveInt = Annotated[StrictInt, Ge(1)]
@@ -150,9 +151,100 @@ class KafkaSourceOptions(Options):
     """The consumer group named to the broker (offsets are never committed to it)."""
 
 
+#: A replication slot's or publication's name as PostgreSQL accepts it unquoted.
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+#: ``schema.name`` of a published table.
+_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
+
+
+class PostgresSourceOptions(Options):
+    """What both PostgreSQL sources share: the connection and the session's bounded waits."""
+
+    conninfo: str
+    """A libpq connection string without a password (``host=... port=... dbname=... user=...``; a
+    password comes from a password file, ``PGPASSFILE``)."""
+    lock_timeout_s: float = Field(30.0, gt=0)
+    """How long a statement of the source waits for a lock before the epoch fails (and is retried)."""
+    statement_timeout_s: float = Field(3600.0, gt=0)
+    """How long one statement of the source (reading an epoch's changes or rows) may run."""
+
+    @field_validator("conninfo")
+    @classmethod
+    def _no_password(cls, value: str) -> str:
+        if not value:
+            raise ValueError("name the database with a libpq connection string")
+        if PASSWORD_IN_CONNINFO.search(value):
+            raise ValueError("conninfo holds a password, and a source's options are stored in the checkpoint "
+                             "store; use a password file (PGPASSFILE) instead")
+        return value
+
+    def session_settings(self) -> dict[str, str]:
+        """The settings each connection of the source sets (milliseconds; text values in UTC)."""
+        return {"lock_timeout": str(max(1, round(self.lock_timeout_s * 1000))),
+                "statement_timeout": str(max(1, round(self.statement_timeout_s * 1000))), "TimeZone": "UTC"}
+
+
+class PostgresCdcSourceOptions(PostgresSourceOptions):
+    """``{"type": "postgres_cdc", ...}``: the changes of a publication's tables through a logical slot."""
+
+    type: Literal["postgres_cdc"] = "postgres_cdc"
+    slot: str
+    """The logical replication slot (pgoutput) the source reads; the source creates it on its first
+    epoch (dropping one of that name that no committed epoch read) and owns it."""
+    publication: str
+    """The publication whose tables' changes the source reads."""
+    tables: list[str] = Field(default_factory=list)
+    """Tables (``schema.name``) of the publication the source creates when it does not exist; empty:
+    the publication must exist."""
+    snapshot: bool = True
+    """The first epoch reads the tables whole, as of the slot's start (rows with ``_op`` ``insert``);
+    false: it starts with the changes after the slot's creation."""
+    keep_epochs: int = Field(1, ge=0)
+    """How many of the newest committed epochs' changes the slot keeps (its confirmed position stays
+    at their start), so that a replay can read them again; 0: none (the least WAL kept)."""
+
+    @field_validator("slot", "publication")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be a lower-case PostgreSQL name (letters, digits, '_', at most 63)")
+        return value
+
+    @field_validator("tables")
+    @classmethod
+    def _tables(cls, value: list[str]) -> list[str]:
+        bad = [t for t in value if not _TABLE.match(t)]
+        if bad:
+            raise ValueError(f"tables must be schema.name, got {bad}")
+        return sorted(set(value))
+
+
+class PostgresQuerySourceOptions(PostgresSourceOptions):
+    """``{"type": "postgres_query", ...}``: the rows of a table whose incremental column moved past the position."""
+
+    type: Literal["postgres_query"] = "postgres_query"
+    table: str
+    """The table, ``schema.name``."""
+    incremental_column: str
+    """The column whose growing values say what is new (a sequence, an identity, an ``updated_at`` set
+    with ``now()``); rows where it is NULL are never read."""
+    key_columns: list[str] = Field(default_factory=list)
+    """Columns that tell rows apart at the boundary value; empty: the table's primary key."""
+    in_flight_timeout_s: float = Field(60.0, gt=0)
+    """How long the plan waits for the transactions open when it took its snapshot to end (their rows
+    may carry values below the position) before the epoch fails, to be planned again."""
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        if not _TABLE.match(value):
+            raise ValueError("must be schema.name")
+        return value
+
+
 #: Every source type's options model, by ``type``.
 SOURCE_OPTIONS = keyed(FileSourceOptions, PipelineOutputSourceOptions, IcebergSourceOptions, DeltaSourceOptions,
-                       KafkaSourceOptions)
+                       KafkaSourceOptions, PostgresCdcSourceOptions, PostgresQuerySourceOptions)
 
 
 def constructor_signature(model: type[Options]) -> inspect.Signature:

@@ -34,18 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import Field, field_validator
+from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
-from airflow_seatunnel_ckpt.core.options import Options
-from airflow_seatunnel_ckpt.core.sinks.postgres_options import _PASSWORD
+from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     OPS,
     Change,
@@ -58,10 +54,6 @@ from airflow_seatunnel_ckpt.core.sources.pgoutput import (
 
 log = logging.getLogger(__name__)
 
-#: A replication slot's or publication's name as PostgreSQL accepts it unquoted.
-_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-#: ``schema.name`` of a published table.
-_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 #: The way out of a position the slot can no longer serve.
 RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run "
               "the pipeline under a new name into emptied sinks: its first epoch creates the slot again and reads "
@@ -70,68 +62,6 @@ RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_repl
 
 class CdcError(CheckpointError):
     """A ``postgres_cdc`` source cannot plan or read its pinned range (slot, publication or server changed)."""
-
-
-class PostgresSourceOptions(Options):
-    """What both PostgreSQL sources share: the connection and the session's bounded waits."""
-
-    conninfo: str
-    """A libpq connection string without a password (``host=... port=... dbname=... user=...``; a
-    password comes from a password file, ``PGPASSFILE``)."""
-    lock_timeout_s: float = Field(30.0, gt=0)
-    """How long a statement of the source waits for a lock before the epoch fails (and is retried)."""
-    statement_timeout_s: float = Field(3600.0, gt=0)
-    """How long one statement of the source (reading an epoch's changes or rows) may run."""
-
-    @field_validator("conninfo")
-    @classmethod
-    def _no_password(cls, value: str) -> str:
-        if not value:
-            raise ValueError("name the database with a libpq connection string")
-        if _PASSWORD.search(value):
-            raise ValueError("conninfo holds a password, and a source's options are stored in the checkpoint "
-                             "store; use a password file (PGPASSFILE) instead")
-        return value
-
-    def session_settings(self) -> dict[str, str]:
-        """The settings each connection of the source sets (milliseconds; text values in UTC)."""
-        return {"lock_timeout": str(max(1, round(self.lock_timeout_s * 1000))),
-                "statement_timeout": str(max(1, round(self.statement_timeout_s * 1000))), "TimeZone": "UTC"}
-
-
-class PostgresCdcSourceOptions(PostgresSourceOptions):
-    """``{"type": "postgres_cdc", ...}``: the changes of a publication's tables through a logical slot."""
-
-    type: Literal["postgres_cdc"] = "postgres_cdc"
-    slot: str
-    """The logical replication slot (pgoutput) the source reads; the source creates it on its first
-    epoch (dropping one of that name that no committed epoch read) and owns it."""
-    publication: str
-    """The publication whose tables' changes the source reads."""
-    tables: list[str] = Field(default_factory=list)
-    """Tables (``schema.name``) of the publication the source creates when it does not exist; empty:
-    the publication must exist."""
-    snapshot: bool = True
-    """The first epoch reads the tables whole, as of the slot's start (rows with ``_op`` ``insert``);
-    false: it starts with the changes after the slot's creation."""
-    keep_epochs: int = Field(1, ge=0)
-    """How many of the newest committed epochs' changes the slot keeps (its confirmed position stays
-    at their start), so that a replay can read them again; 0: none (the least WAL kept)."""
-
-    @field_validator("slot", "publication")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("must be a lower-case PostgreSQL name (letters, digits, '_', at most 63)")
-        return value
-
-    @field_validator("tables")
-    @classmethod
-    def _tables(cls, value: list[str]) -> list[str]:
-        bad = [t for t in value if not _TABLE.match(t)]
-        if bad:
-            raise ValueError(f"tables must be schema.name, got {bad}")
-        return sorted(set(value))
 
 
 @dataclass(frozen=True)

@@ -24,47 +24,18 @@ it moves the column past the position (to the epoch that then reads it).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
-
-from pydantic import Field, field_validator
+from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.sources.options import PostgresQuerySourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Column
-from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresSourceOptions
-
-#: ``schema.name``.
-_TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 
 
 class QueryError(CheckpointError):
     """A ``postgres_query`` source cannot plan or read (no such table or column, no key, a long transaction)."""
-
-
-class PostgresQuerySourceOptions(PostgresSourceOptions):
-    """``{"type": "postgres_query", ...}``: the rows of a table whose incremental column moved past the position."""
-
-    type: Literal["postgres_query"] = "postgres_query"
-    table: str
-    """The table, ``schema.name``."""
-    incremental_column: str
-    """The column whose growing values say what is new (a sequence, an identity, an ``updated_at`` set
-    with ``now()``); rows where it is NULL are never read."""
-    key_columns: list[str] = Field(default_factory=list)
-    """Columns that tell rows apart at the boundary value; empty: the table's primary key."""
-    in_flight_timeout_s: float = Field(60.0, gt=0)
-    """How long the plan waits for the transactions open when it took its snapshot to end (their rows
-    may carry values below the position) before the epoch fails, to be planned again."""
-
-    @field_validator("table")
-    @classmethod
-    def _table(cls, value: str) -> str:
-        if not _TABLE.match(value):
-            raise ValueError("must be schema.name")
-        return value
 
 
 def last_position(history: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:

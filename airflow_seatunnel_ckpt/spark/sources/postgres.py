@@ -24,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.options import checked
+from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresQuerySourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Column, Decoder, spark_type, typed_value
-from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc, PostgresCdcSourceOptions
-from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery, PostgresQuerySourceOptions
+from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
+from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery
 from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
 
 if TYPE_CHECKING:

@@ -17,17 +17,16 @@ import pytest
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.options import checked, keyed, parse
+from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresQuerySourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Decoder, lsn_text, lsn_value, spark_type, typed_value
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import (
     CdcError,
     PostgresCdc,
-    PostgresCdcSourceOptions,
     ServerState,
     SlotState,
     check_identity,
     released_to,
 )
-from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuerySourceOptions
 
 
 def cdc(conninfo: str, **options: Any) -> PostgresCdc:

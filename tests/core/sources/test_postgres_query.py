@@ -11,7 +11,8 @@ import psycopg
 import pytest
 
 from airflow_seatunnel_ckpt.core.options import checked
-from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery, PostgresQuerySourceOptions, QueryError
+from airflow_seatunnel_ckpt.core.sources.options import PostgresQuerySourceOptions
+from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery, QueryError
 
 
 def query(conninfo: str, **options: Any) -> PostgresQuery:
