@@ -2,6 +2,7 @@
 
 * the core imports neither Airflow nor PySpark, anywhere (lazy imports included);
 * storage, the bottom of the core, imports nothing of the protocol built on it;
+* the sinks never read the transaction log (the pipeline passes its answer in the request);
 * the core's folders are layered: ``state/`` imports nothing of ``protocol/`` or ``ops/``,
   ``protocol/`` nothing of ``ops/``, and the foundation (errors, config, codec, layout,
   models) none of them;
@@ -64,6 +65,16 @@ def test_the_core_imports_neither_airflow_nor_pyspark() -> None:
         for name, path in MODULES.items() if name.startswith(f"{PACKAGE}.core")
         for target, line in imported(path) if target.split(".")[0] in ("airflow", "pyspark")
     ]
+    assert offenders == []
+
+
+def test_sinks_never_read_the_transaction_log() -> None:
+    """A sink is told what the log says (``SinkCommit.log_holds``); it never opens the log itself."""
+    log = (f"{PACKAGE}.core.protocol.txlog", f"{PACKAGE}.core.protocol.settled")
+    sinks = [n for n in MODULES if n.startswith(f"{PACKAGE}.core.sinks")]
+    assert sinks, "no sink module found"
+    offenders = [f"{name}:{line} imports {target}" for name in sinks for target, line in imported(MODULES[name])
+                 if any(target == m or target.startswith(m + ".") for m in log)]
     assert offenders == []
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
-from airflow_seatunnel_ckpt.core.storage.publish import EpochsPointer
+from airflow_seatunnel_ckpt.core.sinks.files import EpochsPointer
 
 #: Where a table source starts when no committed epoch read it yet.
 START = ("earliest", "latest")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.core.models import ExpectationResult, SinkMode
 from airflow_seatunnel_ckpt.core.protocol.expectations import Expectation
+from airflow_seatunnel_ckpt.core.sinks.options import SinkOptionsBase
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -32,10 +33,10 @@ class Sink:
     """
 
     format = "parquet"
-    #: A table sink's options for the commit (``SinkManifest.table``); None for files.
-    table: dict[str, Any] | None = None
+    #: A table sink's typed options for the commit (``SinkManifest.table``); None for files.
+    table: SinkOptionsBase | None = None
 
-    def __init__(self, name: str, target_url: str, mode: str | SinkMode = SinkMode.CHANGES) -> None:
+    def __init__(self, name: str, target_url: str, mode: str | SinkMode = SinkMode.APPEND) -> None:
         self.name = name
         self.target_url = target_url
         self.staging_url: str | None = None
@@ -53,8 +54,8 @@ class Sink:
         except ValueError:
             raise ConfigError(
                 f"sink {name!r}: mode must be one of {[m.value for m in SinkMode]}, got {mode!r}; "
-                "'changes' publishes each epoch's rows beside the earlier epochs', 'snapshot' "
-                "replaces the table with each epoch's rows"
+                "'append' adds each epoch's rows beside the earlier epochs', 'upsert' replaces the rows with "
+                "the same merge_keys, 'snapshot' replaces the whole content with each epoch's rows"
             ) from None
 
     def bind(self, staging_url: str, storage_options: Mapping[str, Any] | None = None) -> None:

@@ -9,12 +9,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import SinkMode
+from airflow_seatunnel_ckpt.core.options import checked
 from airflow_seatunnel_ckpt.core.protocol.expectations import parse_expectations
+from airflow_seatunnel_ckpt.core.sinks.options import FileSinkOptions
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 from airflow_seatunnel_ckpt.spark.sinks.base import Sink, SinkError
-from airflow_seatunnel_ckpt.spark.sources.files import FILE_FORMATS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -23,20 +23,20 @@ if TYPE_CHECKING:
 class FileSink(Sink):
     """Files in a directory (any fsspec URL Spark can write): parquet, json, csv or orc.
 
-    Options (the stage spec's ``sinks.<name>`` mapping): ``path`` (required, the target
-    directory), ``format`` (``parquet`` default), ``options`` (writer options, passed to
-    Spark untouched), ``partition_by`` (columns), ``expectations`` (data-quality rules on
-    the rows written, see :mod:`core.protocol.expectations`), ``mode``:
+    Options (the stage spec's ``sinks.<name>`` mapping, :class:`FileSinkOptions`): ``path``
+    (required, the target directory), ``format`` (``parquet`` default), ``options`` (writer
+    options, passed to Spark untouched), ``partition_by`` (columns), ``expectations``
+    (data-quality rules on the rows written, see :mod:`core.protocol.expectations`), ``mode``:
 
-    * ``"changes"`` (default): every epoch's rows are published into their own
-      ``<path>/epoch=<e>/`` beside the earlier epochs'; reading ``<path>`` gives every
-      epoch's rows (an append-only table). Right for new records, and for the *changed
-      keys* a keyed state returns (``aggregate(...)``), read as a changelog: the newest
-      epoch holding a key has its current value. An epoch that wrote no rows publishes
-      nothing (no empty directory, no ``_SUCCESS``, no asset event). A replay publishes one
-      ``epoch=<R>/`` for the epochs it ran again and swaps it in for theirs through
-      ``<path>/_EPOCHS``; a reader that must never see a replay half-swapped reads the
-      directories :func:`core.storage.publish.current_epoch_dirs` names (docs/REPLAY.md).
+    * ``"append"`` (default; ``"changes"`` in the previous release): every epoch's rows are
+      published into their own ``<path>/epoch=<e>/`` beside the earlier epochs'; reading
+      ``<path>`` gives every epoch's rows (an append-only table). Right for new records, and
+      for the *changed keys* a keyed state returns (``aggregate(...)``), read as a
+      changelog: the newest epoch holding a key has its current value. An epoch that wrote
+      no rows publishes nothing (no empty directory, no ``_SUCCESS``, no asset event). A
+      replay publishes one ``epoch=<R>/`` for the epochs it ran again and swaps it in for
+      theirs through ``<path>/_EPOCHS``; a reader that must never see a replay half-swapped
+      reads the directories :func:`core.sinks.files.current_epoch_dirs` names (docs/REPLAY.md).
     * ``"snapshot"``: every epoch's rows are the whole table, e.g. a keyed state's
       current values (``aggregate(..., mode="snapshot")`` or ``state.snapshot()``). The
       commit publishes ``<path>/epoch=<e>/``, points ``<path>/_LATEST`` at it and then
@@ -51,20 +51,25 @@ class FileSink(Sink):
         format: str = "parquet",
         options: Mapping[str, Any] | None = None,
         partition_by: Sequence[str] | None = None,
-        mode: str = SinkMode.CHANGES.value,
+        mode: str = SinkMode.APPEND.value,
         expectations: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(name, fsspec_url(path).rstrip("/"), mode)
+        checked_options = checked(FileSinkOptions, {"path": path, "format": format, "options": dict(options or {}),
+                                                    "partition_by": list(partition_by or []), "mode": mode},
+                                  f"file sink {name!r}")
+        self._init(name, fsspec_url(checked_options.path).rstrip("/"), checked_options.mode, expectations,
+                   checked_options.format, checked_options.options, checked_options.partition_by)
+
+    def _init(self, name: str, target_url: str, mode: str, expectations: Mapping[str, Any] | None, format: str,
+              options: Mapping[str, Any], partition_by: Sequence[str]) -> None:
+        """The sink's state from checked options (a table sink checks its own model first)."""
+        super().__init__(name, target_url, mode)
         self.expectations = parse_expectations(name, expectations)
-        if format not in FILE_FORMATS:
-            raise ConfigError(
-                f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
-            )
         self.format = format
         #: The staged writer's expectation options while it applies the sink's rules.
         self._split: dict[str, str] = {}
-        self.options = {k: str(v) for k, v in (options or {}).items()}
-        self.partition_by = list(partition_by or [])
+        self.options = {k: str(v) for k, v in options.items()}
+        self.partition_by = list(partition_by)
 
     def write(self, df: DataFrame) -> int:
         """Write ``df`` into the attempt's staging directory, counting rows on the way.
