@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_seatunnel_ckpt.core.catalogs import checked_table_options, embedded_catalog
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.models import SinkMode
 from airflow_seatunnel_ckpt.core.options import checked
 from airflow_seatunnel_ckpt.core.sinks.options import (
     TIMEOUTS,
@@ -94,7 +93,8 @@ class IcebergSink(TableSink):
 
     Options: :class:`IcebergSinkOptions` (``table``, ``catalog``, ``catalog_name``,
     ``catalog_conn_id``, ``partition_by``, ``mode`` ``append|upsert|snapshot``,
-    ``merge_keys``, ``expectations``). An empty ``catalog`` with no ``catalog_conn_id`` is
+    ``merge_keys``, ``expectations``; no ``mode``: ``upsert`` with ``merge_keys``, else
+    ``append``). An empty ``catalog`` with no ``catalog_conn_id`` is
     the embedded SQL catalog on SQLite under ``$AIRFLOW_HOME/seatunnel-ckpt-warehouse``,
     resolved to absolute paths here so that every committer uses the same one. An upsert's
     rows replace the table's rows with the same key in the epoch's one transaction, so a
@@ -105,7 +105,7 @@ class IcebergSink(TableSink):
 
     def __init__(self, name: str, table: str, catalog: Mapping[str, Any] | None = None,
                  catalog_name: str = "default", catalog_conn_id: str | None = None,
-                 partition_by: Sequence[str] | None = None, mode: str = SinkMode.APPEND.value,
+                 partition_by: Sequence[str] | None = None, mode: str | None = None,
                  merge_keys: Sequence[str] | None = None, expectations: Mapping[str, Any] | None = None) -> None:
         where = f"iceberg sink {name!r}"
         options = checked(IcebergSinkOptions, {"table": table, "catalog": dict(catalog or {}),
@@ -142,7 +142,8 @@ class DeltaSink(TableSink):
 
     Options: :class:`DeltaSinkOptions` (``path``: the table's URL, a local path, ``file://``
     or ``s3://``/``s3a://``, the table created by the first epoch that has rows;
-    ``partition_by``; ``mode`` ``append|upsert|snapshot``; ``merge_keys``; ``expectations``).
+    ``partition_by``; ``mode`` ``append|upsert|snapshot``, without one ``upsert`` with
+    ``merge_keys``, else ``append``; ``merge_keys``; ``expectations``).
     Credentials are never options: the commit reuses the checkpoint store's when the
     table is on the same protocol, or takes them from a registered secret resolver.
     See docs/tables/delta.md.
@@ -151,7 +152,7 @@ class DeltaSink(TableSink):
     table_type = "delta"
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str] | None = None,
-                 mode: str = SinkMode.APPEND.value, merge_keys: Sequence[str] | None = None,
+                 mode: str | None = None, merge_keys: Sequence[str] | None = None,
                  expectations: Mapping[str, Any] | None = None) -> None:
         options = checked(DeltaSinkOptions, {"path": path, "partition_by": list(partition_by or []), "mode": mode,
                                              "merge_keys": merge_keys}, f"delta sink {name!r}")
