@@ -41,13 +41,11 @@ from airflow_seatunnel_ckpt.core import codec
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.storage.base import Storage
+from airflow_seatunnel_ckpt.core.storage.publish import DEFAULT_CONCURRENCY
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
     from airflow_seatunnel_ckpt.core.sinks.options import SinkOptionsBase
-
-#: How many files a publish checks and copies at once when the caller does not say.
-DEFAULT_CONCURRENCY = 8
 
 
 #: Called with a table sink's options before its commit; returns extra properties holding
