@@ -38,7 +38,8 @@ import tenacity
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, PublishError, SinkRefusedError
 from airflow_seatunnel_ckpt.core.sinks import base
-from airflow_seatunnel_ckpt.core.sinks.base import SinkCommit, SinkConnector
+from airflow_seatunnel_ckpt.core.sinks.base import SinkCommit as SinkCommit  # the request every sink takes
+from airflow_seatunnel_ckpt.core.sinks.base import SinkConnector
 
 if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never needs it
     import pyarrow as pa

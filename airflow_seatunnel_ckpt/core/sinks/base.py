@@ -89,7 +89,9 @@ class SinkCommit:
         from airflow_seatunnel_ckpt.core.sinks.options import FileSinkOptions
 
         found: SinkOptionsBase | None = self.sink.table
-        return found if found is not None else FileSinkOptions(path=self.sink.target_url, mode=self.sink.mode.value)
+        if found is not None:
+            return found
+        return FileSinkOptions.model_validate({"path": self.sink.target_url, "mode": self.sink.mode.value})
 
     @property
     def type(self) -> str:
