@@ -178,6 +178,12 @@ def commit_sink(request: SinkCommit) -> PublishedSink:
             "or the recovery DAG again") from exc
 
 
+def held_epoch(request: SinkCommit) -> int | None:
+    """The newest epoch of ``request``'s pipeline's sink that its target holds (None: none), read from the
+    target's marker; reads only. TableOwnershipError for another owner's table (see :mod:`.base`)."""
+    return connector(request).held_epoch(request)
+
+
 def staged_rows(request: SinkCommit, columns: list[str] | None = None) -> pa.Table:
     """The epoch's staged rows (``columns`` only, if given), read from the checkpoint store."""
     import pyarrow as pa

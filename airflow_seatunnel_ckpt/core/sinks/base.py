@@ -20,9 +20,11 @@ A sink is a module (one per type, :data:`core.sinks._BUILTIN`) that satisfies
   replayed epochs' rows for the new ones in the same commit (a full refresh,
   ``request.sink.full_refresh``, replaces the whole content); it is the same ``commit``
   call, since the swap and the marker must be one transaction of the target.
-* **recovery's view**: the epoch the target holds is read from its marker, and judged by
-  :func:`markers.check_marker` against ``request.log_holds``, the pipeline's log's answer
-  (the sinks never read the transaction log themselves).
+* **recovery's view** (``held_epoch(request) -> int | None``): the newest epoch of this
+  pipeline's sink the target holds, read from its marker (a file target: its newest
+  complete ``epoch=<e>/``) and judged by :func:`markers.check_marker` against
+  ``request.log_holds``, the pipeline's log's answer (the sinks never read the
+  transaction log themselves). Reads only.
 
 :func:`core.sinks.precheck_sink` and :func:`core.sinks.commit_sink` wrap these with the
 refusal wording; the pipeline calls nothing else of a sink.
@@ -180,3 +182,6 @@ class SinkConnector(Protocol):
 
     def commit(self, request: SinkCommit) -> PublishedSink:
         """Make the epoch's staged output visible in the target once (a replay's: in place of the replaced)."""
+
+    def held_epoch(self, request: SinkCommit) -> int | None:
+        """Recovery's view: the newest epoch of this pipeline's sink the target holds (None: none); reads only."""

@@ -248,6 +248,17 @@ _METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "C
                   "VACUUM END"}
 
 
+def held_epoch(request: SinkCommit) -> int | None:
+    """This store's pipeline's sink's newest epoch in the table (its application transaction; None: none).
+
+    Reads only; refuses another owner's table (TableOwnershipError), as :func:`table_epoch` does.
+    """
+    uri, where = identify(request)
+    fs_options, delta_options = storage_options(request, uri)
+    table = load(uri, delta_options, where)
+    return table_epoch(request, open_storage(uri, fs_options), table, where, decided=False)[1]
+
+
 def _refuse_foreign_commits(table: DeltaTable, request: SinkCommit, where: str) -> None:
     """Refuse a replay when a version after the first replaced epoch's was written by another writer.
 

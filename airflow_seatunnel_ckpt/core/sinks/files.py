@@ -110,6 +110,16 @@ def commit(request: SinkCommit) -> PublishedSink:
                          how.value)
 
 
+def held_epoch(request: SinkCommit) -> int | None:
+    """The newest epoch the target holds complete (its ``_SUCCESS``, not hidden by ``_EPOCHS``); None: none.
+
+    Reads only. A replay's directory counts as its own epoch (it holds the replaced ones).
+    """
+    target = target_of(request)
+    dirs = read_epochs_pointer(target).current(target.list_dir(""), lambda d: target.exists(f"{d}/{SUCCESS}"))
+    return int(dirs[-1].split("=", 1)[1]) if dirs else None
+
+
 def publish_sink_dir(source: Storage, staging: str, target: Storage, dst: str, files: Sequence[FileInfo],
                      summary: Mapping[str, Any], *, owner: Mapping[str, str], retries: int,
                      deadline_s: float = 300.0, concurrency: int = DEFAULT_CONCURRENCY,

@@ -209,6 +209,18 @@ def precheck(request: SinkCommit) -> None:
         _check_key(table.schema().column_names, request, where)
 
 
+def held_epoch(request: SinkCommit) -> int | None:
+    """This store's pipeline's sink's newest epoch in the table (its marker; None: none). Reads only.
+
+    Refuses another owner's table, or a marker this pipeline's log lacks (TableOwnershipError).
+    """
+    identifier, where = identify(request)
+    with _catalog(request) as catalog:
+        table = load(catalog, identifier)
+        epoch = -1 if table is None else _committed_epoch(table, request, where, decided=False)
+    return None if epoch < 0 else epoch
+
+
 def _refuse_foreign_commits(table: Table, request: SinkCommit, where: str) -> None:
     """Refuse a replay when a snapshot after the first replaced epoch's is not this sink's own.
 

@@ -590,6 +590,17 @@ def precheck(request: SinkCommit) -> None:
         raise _transient(exc, request, where, "the trial load") from exc
 
 
+def held_epoch(request: SinkCommit) -> int | None:
+    """This store's pipeline's sink's newest epoch in the table (its marker row; None: none). Reads only.
+
+    Refuses another owner's table, or a marker this pipeline's log lacks (TableOwnershipError).
+    """
+    options, where = identify(request)
+    with connect(conninfo(request, options, where), options, where) as conn:
+        owner, marker = _owner_and_marker(conn, request, options)
+        return markers.check_marker(request, owner, marker, where, decided=False)
+
+
 def _precheck_table(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                     schema: pa.Schema | None, where: str) -> None:
     owner, marker = _owner_and_marker(conn, request, options)
