@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from deltalake import write_deltalake
 
 from airflow_seatunnel_ckpt.core.models import SinkManifest
-from airflow_seatunnel_ckpt.core.sinks import TableCommit
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit
 from airflow_seatunnel_ckpt.core.sinks.delta import commit
 from airflow_seatunnel_ckpt.core.storage import open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
@@ -64,7 +64,7 @@ def ours(root: Path, tables: list[pa.Table]) -> float:
     manifest = SinkManifest("orders", uri, "staging", infos, sum(t.num_rows for t in tables),
                             table={"type": "delta", "uri": uri, "partition_by": ["country"]})
     started = time.perf_counter()
-    commit(TableCommit("bench", "file:///store", 1, manifest, store, 3))
+    commit(SinkCommit("bench", "file:///store", 1, manifest, store, 3))
     return time.perf_counter() - started
 
 

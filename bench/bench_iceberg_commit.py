@@ -4,7 +4,7 @@ For each file count ``n`` (the same rows in all, split into ``n`` Parquet files 
 partition value each, staged in a local checkpoint store) it times, on a table that
 already holds one epoch:
 
-* ``ours``: ``commit_table`` of the epoch (marker read, schema check, placement = one
+* ``ours``: ``commit_sink`` of the epoch (marker read, schema check, placement = one
   rename per partition directory, footers read for the data file statistics, one
   ``add_files`` transaction with the duplicate-file check, marker property);
 * ``append``: a plain ``table.append`` of the same rows as one Arrow table into a second
@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import load_catalog
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
-from airflow_seatunnel_ckpt.core.sinks import TableCommit, commit_table
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, commit_sink
 
 PARTITIONS = 10
 
@@ -65,7 +65,7 @@ def one_round(root: Path, files: int, total_rows: int) -> tuple[float, float, in
         manifest = pipeline.manifest_for_staged(epoch, 1, "orders", "iceberg://bench/bench.orders", total_rows)
         manifest = dataclasses.replace(manifest, table=options)
         started = time.perf_counter()
-        commit_table(TableCommit("bench", f"file://{root}", epoch, manifest, pipeline.storage, 3))
+        commit_sink(SinkCommit("bench", f"file://{root}", epoch, manifest, pipeline.storage, 3))
         timings.append(time.perf_counter() - started)
     lake = load_catalog("bench", **catalog)
     table = lake.load_table("bench.orders")

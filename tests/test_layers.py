@@ -2,6 +2,7 @@
 
 * the core imports neither Airflow nor PySpark, anywhere (lazy imports included);
 * storage, the bottom of the core, imports nothing of the protocol built on it;
+* the sinks never read the transaction log (the pipeline passes its answer in the request);
 * the core's folders are layered: ``state/`` imports nothing of ``protocol/`` or ``ops/``,
   ``protocol/`` nothing of ``ops/``, and the foundation (errors, config, codec, layout,
   models) none of them;
@@ -234,8 +235,6 @@ def test_a_folder_imports_nothing_its_layer_forbids(folder: str) -> None:
     assert offenders == []
 
 
-@pytest.mark.xfail(strict=True, reason="core/sinks/markers.py reads the transaction log until the sink "
-                                       "contract's branch (issue 30, SINKS) is merged; then drop this mark")
 def test_the_core_sinks_never_read_the_transaction_log() -> None:
     txlog = f"{PACKAGE}.core.protocol.txlog"
     offenders = [

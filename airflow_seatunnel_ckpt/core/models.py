@@ -17,7 +17,16 @@ from dataclasses import field
 from typing import Annotated, Any, Literal, TypeVar
 
 from annotated_types import Ge, Len
-from pydantic import AfterValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError, ValidationInfo
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+)
 from pydantic.dataclasses import dataclass
 from typing_extensions import TypedDict
 
@@ -78,18 +87,26 @@ class PartKind(enum.StrEnum):
 
 
 class SinkMode(enum.StrEnum):
-    """How a sink's epochs make up its target (``SinkManifest.mode``).
+    """How a sink's epochs make up its target (``SinkManifest.mode``), one vocabulary for every sink.
 
-    ``changes`` (the default): each epoch publishes what it wrote into its own
-    ``epoch=<e>/`` directory and readers of the target see every epoch's rows (an
-    append-only table); an epoch that wrote no rows publishes nothing. ``snapshot``: each
-    epoch's output *is* the whole table (e.g. a keyed state's current values); once the
-    newest ``epoch=<e>/`` is published the older snapshot directories are removed and the
-    target's ``_LATEST`` names the current one, so readers see the current state only.
+    ``append`` (the default): each epoch adds what it wrote beside the earlier epochs' rows
+    (a file sink: its own ``epoch=<e>/`` directory; an epoch that wrote no rows publishes
+    nothing). ``upsert``: each epoch's rows replace the target's rows with the same
+    ``merge_keys`` (tables). ``snapshot``: each epoch's output *is* the whole content (e.g. a
+    keyed state's current values): a file sink's ``_LATEST`` names the newest ``epoch=<e>/``
+    and the older snapshot directories are removed; a table's rows are replaced.
+    The previous release's ``changes`` reads as ``append``.
     """
 
-    CHANGES = "changes"
+    APPEND = "append"
+    UPSERT = "upsert"
     SNAPSHOT = "snapshot"
+    #: The previous release's name of ``APPEND`` (an alias: the same member).
+    CHANGES = "append"
+
+    @classmethod
+    def _missing_(cls, value: object) -> SinkMode | None:
+        return cls.APPEND if value == "changes" else None  # the previous release's name of append
 
 
 def _known_version(value: int, info: ValidationInfo) -> int:
@@ -260,10 +277,15 @@ class ExpectationResult(Record):
         return self.failed / self.checked if self.checked else 0.0
 
 
-def _names_table_type(table: dict[str, Any] | None) -> dict[str, Any] | None:
-    if table is not None and not isinstance(table.get("type"), str):
-        raise ValueError(f"a table sink's options must name its type, found {table!r}")
-    return table
+def _previous_mode(value: Any) -> Any:
+    # A stored name (strict decoding wants the enum), the previous release's "changes" included.
+    return SinkMode(value) if isinstance(value, str) and value in (*SinkMode, "changes") else value
+
+
+def _typed_options(options: Any) -> Any:
+    from airflow_seatunnel_ckpt.core.sinks.options import recorded_options  # the sinks' models, on first use
+
+    return recorded_options(options)
 
 
 @dataclass(config=RECORD)
@@ -276,11 +298,12 @@ class SinkManifest(Record):
     files: list[FileInfo]  #: relative to ``staging``
     rows: int
     format: str = "parquet"
-    mode: SinkMode = omitted_if(SinkMode.CHANGES)
-    #: A table sink's options (``{"type": "iceberg" | "delta", ...}``, never secrets): the
-    #: commit adds the staged files to that table in one transaction instead of publishing
-    #: ``<target_url>/epoch=<e>/`` (see :mod:`core.sinks`). None for a file sink.
-    table: Annotated[dict[str, Any] | None, AfterValidator(_names_table_type)] = omitted_if(None)
+    mode: Annotated[SinkMode, BeforeValidator(_previous_mode)] = omitted_if(SinkMode.APPEND)
+    #: A table sink's typed options (:data:`core.sinks.options.SinkOptions`, keyed on
+    #: ``type``, never secrets): the commit adds the staged files to that table in one
+    #: transaction instead of publishing ``<target_url>/epoch=<e>/`` (see :mod:`core.sinks`).
+    #: None for a file sink. A mapping (a previous release's record) is read into its model.
+    table: Annotated[Any, BeforeValidator(_typed_options)] = omitted_if(None)
     #: The sink's expectations as measured when the rows were staged (see
     #: :mod:`core.protocol.expectations`); empty when the sink declares none.
     expectations: tuple[ExpectationResult, ...] = omitted_if(())
@@ -293,6 +316,19 @@ class SinkManifest(Record):
     #: replaces the table's whole content with the replayed rows (per key the last one).
     full_refresh: bool = omitted_if(False)
 
+    def __post_init__(self) -> None:
+        # One mode for the manifest and its table's options. A previous release's record says
+        # "changes" here for an upsert (merge_keys in its table) and names no mode in its
+        # table for a snapshot: the one that is not append is the sink's.
+        if self.table is not None and self.table.mode != self.mode:
+            modes = {self.mode.value, self.table.mode} - {SinkMode.APPEND.value}
+            if len(modes) != 1:
+                raise ValueError(f"sink {self.sink!r}: mode {self.mode.value!r} and its options' mode "
+                                 f"{self.table.mode!r} disagree")
+            (mode,) = modes
+            object.__setattr__(self, "mode", SinkMode(mode))
+            object.__setattr__(self, "table", _typed_options({**self.table.to_dict(), "mode": mode}))
+
     @property
     def bytes(self) -> int:
         """Total size of the staged files."""
@@ -302,7 +338,7 @@ class SinkManifest(Record):
     def publishes(self) -> bool:
         """Whether committing the epoch publishes anything for this sink.
 
-        A ``changes`` sink with no rows publishes nothing: no empty ``epoch=<e>/``
+        An ``append`` or ``upsert`` sink with no rows publishes nothing: no empty ``epoch=<e>/``
         directory, no ``_SUCCESS``, no asset event. A ``snapshot`` sink always publishes,
         since its output replaces the table (an empty snapshot is an empty table), and
         neither does a replay's (it removes the replaced epochs' rows whatever it adds).

@@ -97,6 +97,8 @@ def problem(model: type[Options], error: Any) -> str:
                 + f"; it takes {takes}")
     if error["type"] == "missing":
         return f"missing required option {field!r}"
+    if not field:  # a rule over several options (a model validator): its message says which
+        return str(error["msg"]).removeprefix("Value error, ")
     return f"option {field!r}: {error['msg'][0].lower()}{error['msg'][1:]} (found {error['input']!r:.80})"
 
 

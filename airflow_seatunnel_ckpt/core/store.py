@@ -16,7 +16,7 @@ from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.ops.retention import RetentionReport, retain
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryReport, recover
-from airflow_seatunnel_ckpt.core.sinks.markers import store_id
+from airflow_seatunnel_ckpt.core.sinks.base import store_id
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 
 

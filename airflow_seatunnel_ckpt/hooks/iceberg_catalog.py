@@ -56,7 +56,7 @@ def catalog_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
         conn = BaseHook.get_connection(str(conn_id))
     except AirflowNotFoundException:
         raise ConfigError(
-            f"Iceberg sink of table {options.get('identifier')!r}: its catalog_conn_id {conn_id!r} is not an Airflow "
+            f"Iceberg sink of table {options.get('table')!r}: its catalog_conn_id {conn_id!r} is not an Airflow "
             "connection here; define it (UI, CLI or AIRFLOW_CONN_<ID>) where the commit runs, then retry the "
             "commit") from None
     return catalog_properties(conn)

@@ -255,11 +255,12 @@ def quality_facets(results: Sequence[ExpectationResult]) -> dict[str, Any]:
             "dataQualityAssertions": DataQualityAssertionsDatasetFacet(assertions=assertions)}
 
 
-def _sink_facets(table: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Dataset facets of a sink from its manifest's table options (None: a file sink)."""
+def _sink_facets(table: Any) -> dict[str, Any]:
+    """Dataset facets of a sink from its manifest's table options (a typed model; None: a file sink)."""
     if not table:
         return {}
-    return _table_facets(table, str(table.get("type", "")))
+    options = table.to_dict() if hasattr(table, "to_dict") else dict(table)
+    return _table_facets(options, str(options.get("type", "")))
 
 
 def unique_datasets(datasets: list[Any]) -> list[Any]:

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.spark.context import BoundSource, StageContext
     from airflow_seatunnel_ckpt.spark.registry import register_sink, register_source
     from airflow_seatunnel_ckpt.spark.runner import StageFunction, load_stage_function, run_stage
-    from airflow_seatunnel_ckpt.spark.sinks.files import FileSink, Sink, SinkError
+    from airflow_seatunnel_ckpt.spark.sinks.base import Sink, SinkError
+    from airflow_seatunnel_ckpt.spark.sinks.files import FileSink
     from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
     from airflow_seatunnel_ckpt.spark.sources.files import FileSource
     from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageResult, StageSpec
@@ -39,8 +40,8 @@ _EXPORTS = {
     "load_stage_function": "runner",
     "run_stage": "runner",
     "FileSink": "sinks.files",
-    "Sink": "sinks.files",
-    "SinkError": "sinks.files",
+    "Sink": "sinks.base",
+    "SinkError": "sinks.base",
     "register_sink": "registry",
     "FileSource": "sources.files",
     "Source": "sources.base",

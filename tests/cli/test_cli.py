@@ -217,7 +217,8 @@ def test_show_names_a_postgres_sinks_table_and_the_database_it_is_in_readably(cl
     import pyarrow.parquet as pq
 
     from airflow_seatunnel_ckpt.core.models import PublishedSink
-    from airflow_seatunnel_ckpt.core.sinks.postgres_options import parse
+    from airflow_seatunnel_ckpt.core.options import checked
+    from airflow_seatunnel_ckpt.core.sinks.options import PostgresSinkOptions
 
     p = cli.spec.pipeline("totals")
     epoch = p.begin("run-1").epoch
@@ -225,7 +226,7 @@ def test_show_names_a_postgres_sinks_table_and_the_database_it_is_in_readably(cl
     pq.write_table(pa.table({"customer": ["c1", "c2"], "total": [1.5, 2.5]}), buf)
     p.storage.write_atomic(f"{p.staging_path(epoch, 1, 'customer_totals')}/part-00000.parquet", buf.getvalue())
     options = {"type": "postgres", "table": "public.customer_totals", "conninfo": postgres_db, "create_table": True}
-    target = parse(options, "sink").target_url()
+    target = checked(PostgresSinkOptions, options, "sink").target_url()
     manifest = dataclasses.replace(p.manifest_for_staged(epoch, 1, "customer_totals", target, 2), table=options)
     p.prepare(epoch, "ingest", 1, run_id="run-1", sinks=[manifest])
     assert p.decide(epoch, Decision.COMMIT, "ok", by="test").decision is Decision.COMMIT

@@ -26,13 +26,14 @@ from airflow_seatunnel_ckpt.core import (
     layout,
 )
 from airflow_seatunnel_ckpt.core.models import ExpectationResult, PartRef
+from airflow_seatunnel_ckpt.core.sinks.files import OWNER_MARKER
 from airflow_seatunnel_ckpt.core.state.checkpoint import (
     TOMBSTONE,
     needs_full,
     read_chain,
     write_arrow_part,
 )
-from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage, open_storage
+from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 
 T = TypeVar("T")
 

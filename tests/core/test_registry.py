@@ -70,16 +70,16 @@ def test_the_three_registries_import_no_connector_or_table_library_until_asked()
     script = (
         "import sys\n"
         "from airflow_seatunnel_ckpt.spark.registry import SINKS, SOURCES\n"
-        "from airflow_seatunnel_ckpt.core.sinks import TABLE_FORMATS\n"
+        "from airflow_seatunnel_ckpt.core.sinks import CONNECTORS\n"
         "from airflow_seatunnel_ckpt.core.storage.registry import BACKENDS\n"
         "assert {'kafka', 'file'} <= set(SOURCES.types) and 'postgres' in SINKS.types\n"
-        "assert 'iceberg' in TABLE_FORMATS.names and 's3' in BACKENDS.names\n"
+        "assert 'iceberg' in CONNECTORS.names and 's3' in BACKENDS.names\n"
         "loaded = [m for m in ('pyspark', 'pyiceberg', 'deltalake', 'psycopg', 'confluent_kafka',\n"
         "          'airflow_seatunnel_ckpt.spark.sinks.tables', 'airflow_seatunnel_ckpt.spark.sources.kafka',\n"
         "          'airflow_seatunnel_ckpt.core.sinks.postgres') if m in sys.modules]\n"
         "assert loaded == [], loaded\n"
         "assert SINKS.factory('o', 'postgres').__name__ == 'PostgresSink'\n"
-        "assert TABLE_FORMATS.get('postgres').commit.__module__ == 'airflow_seatunnel_ckpt.core.sinks.postgres'\n"
+        "assert CONNECTORS.get('postgres').commit.__module__ == 'airflow_seatunnel_ckpt.core.sinks.postgres'\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
                           check=False)
@@ -88,15 +88,15 @@ def test_the_three_registries_import_no_connector_or_table_library_until_asked()
 
 def test_an_unknown_table_type_names_the_epoch_the_known_types_and_the_way_out() -> None:
     from airflow_seatunnel_ckpt.core.models import SinkManifest
-    from airflow_seatunnel_ckpt.core.sinks import TableCommit, precheck_table
+    from airflow_seatunnel_ckpt.core.sinks import SinkCommit, precheck_sink
     from airflow_seatunnel_ckpt.core.storage import open_storage
 
     sink = SinkManifest.from_dict({"sink": "out", "target_url": "memory://t", "staging": "s", "files": [],
                                    "rows": 0, "table": {"type": "hudi", "table": "a.b"}})
-    request = TableCommit("orders", "memory://store", 3, sink, open_storage("memory://store"), retries=0)
+    request = SinkCommit("orders", "memory://store", 3, sink, open_storage("memory://store"), retries=0)
     with pytest.raises(SinkRefusedError) as raised:  # refused before the decision
-        precheck_table(request)
+        precheck_sink(request)
     message = str(raised.value)
     assert "pipeline 'orders' epoch 3 sink 'out'" in message
-    assert "unknown table type 'hudi'; known: ['delta', 'iceberg', 'postgres']" in message
+    assert "unknown type 'hudi'; known: ['delta', 'file', 'iceberg', 'postgres']" in message
     assert "register_table_format()" in message

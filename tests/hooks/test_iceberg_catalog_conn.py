@@ -10,7 +10,7 @@ import pytest
 from pyiceberg.catalog import load_catalog
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.sinks import commit_table
+from airflow_seatunnel_ckpt.core.sinks import commit_sink
 from airflow_seatunnel_ckpt.hooks import iceberg_catalog
 from tests.core.sinks.test_iceberg_sink import IDENT, Lake, eu_us, scan_ids
 
@@ -22,9 +22,10 @@ def test_catalog_conn_id_supplies_the_catalog_at_commit_time(tmp_path: Path, mon
         "extra": {"type": "sql", **{k: v for k, v in lake.catalog_props.items() if k != "type"}}}))
     manifest = lake.stage(1, eu_us([1], [2]))
     # what the sink records: the connection's name, no catalog properties at all
-    manifest = dataclasses.replace(manifest, table={**manifest.table, "catalog": {}, "catalog_conn_id": "lake_catalog"})
+    manifest = dataclasses.replace(manifest,
+        table={**manifest.table.to_dict(), "catalog": {}, "catalog_conn_id": "lake_catalog"})
     assert "client-secret" not in json.dumps(manifest.to_dict())
-    assert commit_table(lake.request(1, manifest)).how == "appended"
+    assert commit_sink(lake.request(1, manifest)).how == "appended"
     assert scan_ids(load_catalog("lake", **lake.catalog_props).load_table(IDENT)) == [1, 2]
 
 

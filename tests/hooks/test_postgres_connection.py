@@ -34,8 +34,8 @@ def test_postgres_conn_id_supplies_the_database_at_the_decision_and_the_commit(
     assert epochs.table() == expected([1, 2, 3])
     assert epochs.query("SELECT tableowner FROM pg_tables WHERE tablename = 'orders'") == [("loader",)]
     recorded = epochs.pipeline.txlog.prepared(1)["ingest"].sinks[0].table
-    assert recorded is not None and recorded["postgres_conn_id"] == "warehouse_pg"
-    assert "the-secret-pw" not in json.dumps(recorded) and "conninfo" not in recorded
+    assert recorded is not None and recorded.postgres_conn_id == "warehouse_pg"
+    assert "the-secret-pw" not in json.dumps(recorded.to_dict()) and recorded.conninfo == ""
 
 
 def test_connection_fields_and_libpq_extras_become_the_conninfo(monkeypatch: pytest.MonkeyPatch) -> None:

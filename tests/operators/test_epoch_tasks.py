@@ -14,7 +14,8 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import FencedAttemptError, StorageError
-from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, LocalStorage, publish
+from airflow_seatunnel_ckpt.core.sinks.files import OWNER_MARKER
+from airflow_seatunnel_ckpt.core.storage import LocalStorage, publish
 from airflow_seatunnel_ckpt.operators import metrics
 from tests.epoch_test_dags import (
     PIPELINE,

@@ -62,7 +62,7 @@ def test_a_delta_sink_on_a_store_delta_rs_cannot_reach_is_refused_when_built() -
 def test_a_delta_sink_with_merge_keys_and_snapshot_mode_is_refused_when_built() -> None:
     with pytest.raises(ConfigError, match=r"merge_keys \['customer'\] with mode 'snapshot'"):
         DeltaSink("totals", "/tmp/t", mode="snapshot", merge_keys=["customer"])
-    assert DeltaSink("totals", "/tmp/t", merge_keys="customer").table["merge_keys"] == ["customer"]
+    assert DeltaSink("totals", "/tmp/t", merge_keys="customer").table.merge_keys == ["customer"]
 
 
 def test_a_key_value_state_upserted_into_delta_is_the_current_total_per_key(

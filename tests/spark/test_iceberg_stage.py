@@ -75,10 +75,10 @@ def test_sink_without_catalog_resolves_the_embedded_catalog_when_built(tmp_path:
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     sink = IcebergSink("orders", "lake.orders", partition_by=["customer"])
     root = f"{tmp_path}/seatunnel-ckpt-warehouse"
-    assert sink.table["catalog"] == {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}"}
-    assert sink.table["partition_by"] == ["customer"]
+    assert sink.table.catalog == {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}"}
+    assert sink.table.partition_by == ["customer"]
     # with a connection, the connection is the catalog: no embedded default mixed in
-    assert IcebergSink("orders", "lake.orders", catalog_conn_id="lake").table["catalog"] == {}
+    assert IcebergSink("orders", "lake.orders", catalog_conn_id="lake").table.catalog == {}
 
 
 def test_sink_refuses_secrets_in_catalog_options_and_names_the_way_out() -> None:
@@ -91,9 +91,10 @@ def test_sink_refuses_a_table_name_without_namespace() -> None:
         IcebergSink("orders", "orders")
 
 
-def test_sink_upsert_key_needs_changes_mode() -> None:
-    assert IcebergSink("t", "lake.t", merge_keys=["customer"]).table["merge_keys"] == ["customer"]
-    with pytest.raises(ConfigError, match="merge_keys \\(upsert\\) needs mode 'changes'"):
+def test_sink_upsert_key_needs_upsert_mode() -> None:
+    assert IcebergSink("t", "lake.t", merge_keys=["customer"]).table.merge_keys == ["customer"]
+    assert IcebergSink("t", "lake.t", merge_keys=["customer"]).mode.value == "upsert"
+    with pytest.raises(ConfigError, match=r"merge_keys \['customer'\] with mode 'snapshot'"):
         IcebergSink("t", "lake.t", merge_keys=["customer"], mode="snapshot")
 
 

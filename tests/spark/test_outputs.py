@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import EpochState
-from airflow_seatunnel_ckpt.core.storage.publish import LATEST
+from airflow_seatunnel_ckpt.core.sinks.files import LATEST
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
 from tests.spark.conftest import OrdersPipeline, order_row
 
@@ -166,6 +166,6 @@ def test_unknown_modes_are_refused_naming_the_choices(spark: Any, tmp_path: Path
         state.aggregate(df, "k", {"total": ("sum", "amount")}, mode="full")
     with pytest.raises(StateError, match=r"call snapshot\(\) after the update .*or pass snapshot\(schema=...\)"):
         state.snapshot()
-    refused = r"sink 'totals': mode must be one of \['changes', 'snapshot'\], got 'upsert'"
+    refused = r"file sink 'totals'.*option 'mode': input should be 'append' or 'snapshot' \(found 'upsert'\)"
     with pytest.raises(ConfigError, match=refused):
         sink_from_options("totals", {"type": "file", "path": str(tmp_path / "t"), "mode": "upsert"})

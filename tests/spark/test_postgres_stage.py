@@ -49,7 +49,7 @@ def test_a_postgres_sink_with_a_password_in_its_options_is_refused_when_built() 
         PostgresSink("o", "public.t", conninfo="host=db password=x")
     with pytest.raises(ConfigError, match="mode 'upsert' needs merge_keys"):
         PostgresSink("o", "public.t", postgres_conn_id="db", mode="upsert")
-    assert PostgresSink("o", "t", postgres_conn_id="db").table["table"] == "public.t"
+    assert PostgresSink("o", "t", postgres_conn_id="db").table.table == "public.t"
 
 
 def test_a_postgres_sinks_epoch_column_and_timeouts_are_recorded_when_built_from_a_stage_spec() -> None:
@@ -57,6 +57,6 @@ def test_a_postgres_sinks_epoch_column_and_timeouts_are_recorded_when_built_from
 
     sink = SINKS.build("o", {"type": "postgres", "table": "t", "postgres_conn_id": "db",
                              "epoch_column": "_seatunnel_epoch", "lock_timeout_s": 5})
-    assert sink.table["epoch_column"] == "_seatunnel_epoch" and sink.table["lock_timeout_s"] == 5.0
-    with pytest.raises(ConfigError, match="statement_timeout_s must be a number of seconds"):
+    assert sink.table.epoch_column == "_seatunnel_epoch" and sink.table.lock_timeout_s == 5.0
+    with pytest.raises(ConfigError, match="option 'statement_timeout_s'"):
         SINKS.build("o", {"type": "postgres", "table": "t", "postgres_conn_id": "db", "statement_timeout_s": 0})

@@ -25,8 +25,8 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError
+from airflow_seatunnel_ckpt.core.sinks.files import LATEST, current_epoch_dirs, read_epochs_pointer
 from airflow_seatunnel_ckpt.core.storage import open_storage
-from airflow_seatunnel_ckpt.core.storage.publish import LATEST, current_epoch_dirs, read_epochs_pointer
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.sources.files import SourceError
 from tests.conftest import FULL_CAMPAIGNS

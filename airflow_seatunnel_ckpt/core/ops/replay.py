@@ -54,7 +54,7 @@ from airflow_seatunnel_ckpt.core.models import (
 )
 from airflow_seatunnel_ckpt.core.ops.evolution import RUN_ID_PREFIX as EVOLUTION_PREFIX
 from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, RestoreSource, restore_point_at
-from airflow_seatunnel_ckpt.core.sinks import postgres_options
+from airflow_seatunnel_ckpt.core.sinks.options import PostgresSinkOptions, replay_refusal
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
@@ -223,18 +223,18 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
     """Every sink of the replayed epochs (epoch -> its sinks), if each can be replaced in one commit; else
     ReplayError."""
     sinks: dict[str, SinkManifest] = {}
-    recorded: dict[str, dict[int, Mapping[str, Any]]] = {}  # sink -> replayed epoch -> its table options
+    recorded: dict[str, dict[int, PostgresSinkOptions]] = {}  # sink -> replayed epoch -> its options
     for epoch, epoch_sinks in sorted(manifests.items()):
         for sink in epoch_sinks:
             sinks[sink.sink] = sink
-            if sink.table is not None:
+            if isinstance(sink.table, PostgresSinkOptions):
                 recorded.setdefault(sink.sink, {})[epoch] = sink.table
     for sink in sinks.values():
         why = None
-        if sink.table is not None and sink.table.get("merge_keys"):
+        if sink.mode is SinkMode.UPSERT:
             why = _upsert_refusal(through_newest)
-        elif sink.table is not None and sink.table.get("type") == "postgres":
-            why = postgres_options.replay_refusal(recorded[sink.sink])
+        elif sink.sink in recorded:
+            why = replay_refusal(recorded[sink.sink])
         elif sink.mode is SinkMode.SNAPSHOT and not through_newest:
             why = ("it is a snapshot sink, which holds only the newest epoch's output: replaying earlier epochs "
                    "alone cannot change it, and running the newest again would replace the later epochs' output "

@@ -22,8 +22,9 @@ files) and :mod:`replication` (the secondary replica). :mod:`restore` chooses th
 an epoch starts from; :mod:`recovery` and :mod:`retention` work on a pipeline through
 the methods here.
 
-Publishing one sink (owner check, verification, rename or copy, ``_SUCCESS``) is
-:func:`storage.publish_sink_dir`; :meth:`_publish_sink` only hands it the sink's manifest.
+Every sink (files, Iceberg, Delta, PostgreSQL) is asked the same two things through the
+sink contract (:mod:`core.sinks.base`): :func:`core.sinks.precheck_sink` before the commit
+decision, :func:`core.sinks.commit_sink` after it; :meth:`sink_commit` builds the request.
 """
 
 from __future__ import annotations
@@ -65,28 +66,17 @@ from airflow_seatunnel_ckpt.core.models import (
     PreparedRecord,
     PublishedSink,
     SinkManifest,
-    SinkMode,
     SourceState,
     unprepared,
 )
 from airflow_seatunnel_ckpt.core.protocol import expectations, restore, staging
 from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, restore_point
 from airflow_seatunnel_ckpt.core.protocol.txlog import ACTION_PREFIX, TransactionLog
-from airflow_seatunnel_ckpt.core.sinks import TableCommit, commit_table, precheck_table
-from airflow_seatunnel_ckpt.core.sinks.markers import store_id
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, commit_sink, precheck_sink
+from airflow_seatunnel_ckpt.core.sinks.base import store_id
 from airflow_seatunnel_ckpt.core.sources import source_log
 from airflow_seatunnel_ckpt.core.state.checkpoint import CheckpointManager, Problem, write_json_part
-from airflow_seatunnel_ckpt.core.storage import (
-    Storage,
-    open_storage,
-    publish_sink_dir,
-)
-from airflow_seatunnel_ckpt.core.storage.publish import (
-    PublishMethod,
-    precheck_target,
-    replace_epoch_dirs,
-    retire_older_snapshots,
-)
+from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.protocol.descriptor import PipelineDescriptor
@@ -427,14 +417,13 @@ class Pipeline:
 
         For commit, every participant the pipeline's descriptor declares must be prepared
         and verify (:class:`NotPreparedError` names a missing one), and the checkpoint's
-        ``_metadata`` is completed first. Every table sink must accept the epoch's staged
-        output (:func:`core.sinks.precheck_table`), and every file sink's target must be
-        this pipeline's (:func:`core.storage.publish.precheck_target`): a refusal aborts the
-        epoch here, with the refusal as the reason (the returned record says ABORT), so that
-        no sink is asked after the decision to take an epoch it refuses. ``participants`` may name
-        more participants that must be prepared, never fewer than the declared ones. Only
-        a pipeline without a descriptor (used from the core alone) commits "every
-        participant that prepared" by default.
+        ``_metadata`` is completed first. Every sink must accept the epoch's staged output
+        (:func:`core.sinks.precheck_sink`): a refusal aborts the epoch here, with the refusal
+        as the reason (the returned record says ABORT), so that no sink is asked after the
+        decision to take an epoch it refuses. ``participants`` may name more participants
+        that must be prepared, never fewer than the declared ones. Only a pipeline without
+        a descriptor (used from the core alone) commits "every participant that prepared"
+        by default.
 
         The commit decision reads what is new in the epoch (its state parts, its staged
         files) and trusts the parts the participants' committed base checkpoints already
@@ -534,29 +523,15 @@ class Pipeline:
         """Refuse the commit decision when a sink would refuse the epoch's staged output.
 
         The rule: everything that can refuse an epoch is checked before the decision (a
-        refusal after it would wedge the epoch COMMITTING). A table sink: the staged rows and
-        schema, the table's properties, and its owner and markers (another store's or
-        pipeline's table, a marker this store's log lacks), by :func:`precheck_table`. A file
-        sink: its target's owner marker and, for a replay, the target's ``_EPOCHS`` pointer,
-        by :func:`precheck_target`. Either raises :class:`SinkRefusedError`, and
-        :meth:`decide` aborts the epoch with it as the reason.
+        refusal after it would wedge the epoch COMMITTING). Every sink is asked alike
+        (:func:`precheck_sink`: a table's rows, schema, properties, owner and markers; a
+        file target's owner marker and a replay's ``_EPOCHS`` pointer); a refusal raises
+        :class:`SinkRefusedError`, and :meth:`decide` aborts the epoch with it as the reason.
         """
         for record in records:
             for sink in record.sinks:
-                if not sink.publishes:
-                    continue
-                if sink.table is not None:
-                    precheck_table(self.table_commit(epoch, sink))
-                    continue
-                try:
-                    precheck_target(self.target_storage(sink.target_url), self._target_owner(),
-                                    replacing=bool(sink.replaces) and sink.mode is SinkMode.CHANGES)
-                except SinkRefusedError as exc:
-                    raise SinkRefusedError(f"pipeline {self.name!r} epoch {epoch}: sink {sink.sink!r}: {exc}") from None
-
-    def _target_owner(self) -> dict[str, str]:
-        """What a file sink's target's owner marker names: this store (its URL) and this pipeline."""
-        return {"store": redact_url(self.storage.url.rsplit("/", 1)[0]), "pipeline": self.name}
+                if sink.publishes:
+                    precheck_sink(self.sink_commit(epoch, sink))
 
     def _verified_before(self, records: Iterable[PreparedRecord]) -> dict[str, PartRef]:
         """The parts the committed checkpoints these records built on cover (verified by their decisions).
@@ -634,7 +609,7 @@ class Pipeline:
                 "restore it from a backup of the store, then commit again")
         skipped = self.skipped_sinks(epoch)
         published = [PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, SKIPPED)
-                     if sink.sink in skipped else self._publish_sink(epoch, sink)
+                     if sink.sink in skipped else self._commit_sink(epoch, sink)
                      for record in records for sink in record.sinks]
         # A declared sink the stage did not write is recorded as such, so that "nothing
         # arrived" is visible in the committed record and the commit summary.
@@ -702,55 +677,44 @@ class Pipeline:
             return set()
         return {str(a.record.details.get("sink")) for a in self.txlog.actions(epoch) if a.record.action == SKIP_SINK}
 
-    def table_commit(self, epoch: int, sink: SinkManifest) -> TableCommit:
-        """What a table sink's commit of ``epoch`` needs (also what the checks before the decision read)."""
-        return TableCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink, self.storage,
-                           self.config.max_retries, store_id=self.store_id())
+    def sink_commit(self, epoch: int, sink: SinkManifest) -> SinkCommit:
+        """What a sink's commit of ``epoch`` needs (also what the checks before the decision read)."""
+        return SinkCommit(self.name, redact_url(self.storage.url.rsplit("/", 1)[0]), epoch, sink, self.storage,
+                          self.config.max_retries, log_holds=self.holds_commit,
+                          target_options=self.target_options(sink.target_url),
+                          concurrency=self.config.publish_concurrency)
+
+    def holds_commit(self, epoch: int) -> bool:
+        """Whether this pipeline's log holds ``epoch`` decided commit (committed, or settled as committed)."""
+        try:
+            state = self.txlog.state(epoch)
+        except EpochNotFoundError:  # settled and no longer listed, or never there
+            return self.txlog.settled.read().record.states().get(epoch) is EpochState.COMMITTED
+        if state is EpochState.COMMITTED:
+            return True
+        decision = self.txlog.read_decision(epoch) if state is EpochState.COMMITTING else None
+        return decision is not None and decision.decision is Decision.COMMIT
 
     def store_id(self) -> str:
         """The id of this pipeline's store (:mod:`core.sinks.markers`; created on first use)."""
         return store_id(self.root)
 
-    def target_storage(self, target_url: str) -> Storage:
-        """Storage for a sink's target; reuses the store's options for the same protocol."""
+    def target_options(self, target_url: str) -> dict[str, Any]:
+        """fsspec options for a sink's target: the configured ones, or the store's for the same protocol."""
         options = self._target_options.get(target_url)
         if options is None:
             same = target_url.split("://", 1)[0] == self.storage.url.split("://", 1)[0]
             options = self.storage.storage_options if same else {}
-        return open_storage(target_url, options)
+        return dict(options)
 
-    def _publish_sink(self, epoch: int, sink: SinkManifest) -> PublishedSink:
-        if not sink.publishes:  # no rows: no empty epoch directory (the epoch is still recorded)
+    def target_storage(self, target_url: str) -> Storage:
+        """Storage for a file sink's target (see :meth:`target_options`)."""
+        return open_storage(target_url, self.target_options(target_url))
+
+    def _commit_sink(self, epoch: int, sink: SinkManifest) -> PublishedSink:
+        if not sink.publishes:  # no rows: nothing to publish (the epoch is still recorded)
             return PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, EMPTY)
-        if sink.table is not None:  # one table transaction instead of an epoch directory
-            return commit_table(self.table_commit(epoch, sink))
-        target = self.target_storage(sink.target_url)
-        dst = layout.published_dir(epoch)
-        summary = {"pipeline": self.name, "epoch": epoch, "sink": sink.sink, "rows": sink.rows,
-                   "bytes": sink.bytes, "files": [{"path": f.path, "size": f.size} for f in sink.files]}
-        if sink.mode is not SinkMode.CHANGES:
-            summary["mode"] = sink.mode.value
-        owner = self._target_owner()
-        replay = bool(sink.replaces)  # a replay's output: one staged subdirectory per epoch run again
-        if replay:
-            summary["replaces"] = list(sink.replaces)
-            summary["files"] = [{"path": f.path.partition("/")[2], "size": f.size} for f in sink.files]
-
-        def publish() -> PublishMethod:
-            return publish_sink_dir(self.storage, sink.staging, target, dst, sink.files, summary,
-                                    owner=owner, retries=self.config.max_retries,
-                                    concurrency=self.config.publish_concurrency, flatten=replay)
-
-        if replay and sink.mode is SinkMode.CHANGES:  # swapped for the replaced epochs' directories
-            how = replace_epoch_dirs(target, dst, [layout.published_dir(e) for e in sink.replaces], publish)
-        else:
-            how = publish()
-        if sink.mode is SinkMode.SNAPSHOT:
-            snapshots = {e: name for name in target.list_dir("")
-                         if (e := layout.parse_staging_epoch(name)) is not None}
-            retire_older_snapshots(target, snapshots, epoch)
-        return PublishedSink(sink.sink, redact_url(sink.target_url), dst, len(sink.files), sink.rows, sink.bytes,
-                             how.value)
+        return commit_sink(self.sink_commit(epoch, sink))
 
     # -- abort -------------------------------------------------------------------------
     def abort(self, epoch: int, reason: str, by: str = "") -> DecisionRecord:

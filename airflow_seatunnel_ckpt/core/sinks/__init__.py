@@ -1,36 +1,26 @@
-"""Table sinks: a commit-decided epoch's staged Parquet files become one table transaction.
+"""Sinks: a commit-decided epoch's staged files made visible in each sink's target, once.
 
-A file sink publishes ``<target>/epoch=<e>/`` and a ``_SUCCESS`` summary no standard
-reader honours. A *table* sink (``SinkManifest.table`` set, ``{"type": "iceberg" | "delta" |
-"postgres", ...}``) instead hands the epoch's verified staged files to its table format, whose own
-commit is the moment the rows become visible to every reader of the table:
+Every sink implements one contract (:mod:`.base`: ``precheck`` before the decision,
+``commit`` after it, both with one :class:`SinkCommit` request), one module per type,
+imported on first use (:data:`CONNECTORS`, a :class:`~airflow_seatunnel_ckpt.core.registry.Registry`),
+so a pipeline without table sinks never imports pyiceberg, deltalake or psycopg:
 
-* the files are first placed at their final, deterministic location inside the table
-  (:func:`storage.publish_files`: idempotent, verified against the manifest's sizes and
-  CRC32C, never deleting anything);
-* then one transaction per sink per epoch adds them, recording the store id, pipeline,
-  sink and epoch in the table itself (Iceberg: table properties and the snapshot summary;
-  Delta: an application transaction ``txnAppId = seatunnel-ckpt/<store id>/<pipeline>/<sink>``,
-  ``txnVersion = epoch``), so a retry, a racing recovery run or the console reads the
-  table first and commits nothing twice;
-* the table's owner (store id and pipeline) is recorded in it too, and a second owner is
-  refused (:mod:`.markers`).
+* files (:mod:`.files`): ``<target>/epoch=<e>/`` and a ``_SUCCESS`` summary;
+* tables (:mod:`.iceberg`, :mod:`.delta`, :mod:`.postgres`): the epoch's verified staged
+  files are placed at their final, deterministic location inside the table
+  (:func:`storage.publish_files`), then one transaction per sink per epoch adds them,
+  recording the store id, pipeline, sink and epoch in the table itself, so a retry, a
+  racing recovery run or the console reads the table first and commits nothing twice;
+  the table's owner is recorded in it too, and a second owner is refused (:mod:`.markers`).
 
-The formats live in their own modules and are imported on first use, so a pipeline
-without table sinks never imports pyiceberg or deltalake. Each module defines
-``commit(request: TableCommit) -> PublishedSink`` and ``precheck(request: TableCommit) ->
-None``.
-
-Everything that can refuse an epoch is checked before the commit decision:
-:func:`precheck_table` runs in ``Pipeline.decide`` for every table sink (merge keys unique
-and not NULL, schema and partitioning against the existing table, table properties, the
-table's owner and epoch marker), from the staged files and their Parquet footers, and raises
-:class:`SinkRefusedError` (:class:`TableOwnershipError` for another owner's table or a marker
-this store's log lacks) so that the epoch is aborted and the table stays untouched.
-After the decision :func:`commit_table` only fails for transient reasons; a refusal then
-means the table changed after the decision, and it fails at once, naming
-``seatunnel-ckpt resolve --skip-sink`` as the way on. An exception of a table library is
-wrapped in :class:`PublishError` naming the pipeline, epoch and sink.
+The pipeline calls the two wrappers here. :func:`precheck_sink` runs in ``Pipeline.decide``
+for every sink and turns a refusal into :class:`SinkRefusedError` (kept as
+:class:`TableOwnershipError` for another owner's table or a marker this store's log lacks)
+naming the way out, so that the epoch is aborted and the target stays untouched. After the
+decision :func:`commit_sink` only fails for transient reasons; a refusal then means the
+target changed after the decision, and it fails at once, naming ``seatunnel-ckpt resolve
+--skip-sink`` as the way on. An exception of a library is wrapped in :class:`PublishError`
+naming the pipeline, epoch and sink.
 
 Secrets (catalog credentials) are never in the manifest: :func:`register_secret_resolver`
 lets the Airflow layer add them from a connection when the commit runs.
@@ -41,19 +31,21 @@ from __future__ import annotations
 import logging
 import types
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import tenacity
 
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, PublishError, SinkRefusedError
-from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
 from airflow_seatunnel_ckpt.core.registry import Registry
-from airflow_seatunnel_ckpt.core.storage.base import Storage
+from airflow_seatunnel_ckpt.core.sinks import base
+from airflow_seatunnel_ckpt.core.sinks.base import SinkCommit as SinkCommit  # the request every sink takes
+from airflow_seatunnel_ckpt.core.sinks.base import SinkConnector
 
 if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never needs it
     import pyarrow as pa
+
+    from airflow_seatunnel_ckpt.core.models import PublishedSink  # (the records import the sinks' options)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -86,81 +78,45 @@ def retry_conflicts(attempt: Callable[[], T], retries: int, where: str) -> T:
     return retrying(attempt)
 
 
-def _unknown_table_type(type_name: str, known: list[str]) -> str:
-    return (f"the sink names the unknown table type {type_name!r}; known: {known}. Register it with "
-            "register_table_format() in the processes that decide and commit")
+def _unknown_type(type_name: str, known: list[str]) -> str:
+    return (f"the sink names the unknown type {type_name!r}; known: {known}. Register it with register_sink_type() "
+            "(or register_table_format()) in the processes that decide and commit")
 
 
-#: Table type -> a module (or namespace) defining ``commit(request) -> PublishedSink`` and
-#: ``precheck(request) -> None``, imported on first use.
-TABLE_FORMATS: Registry[Any] = Registry(
-    "table type", {name: f"airflow_seatunnel_ckpt.core.sinks.{name}" for name in ("iceberg", "delta", "postgres")},
-    extras={"delta": "delta", "postgres": "postgres"}, unknown=_unknown_table_type,
+#: Sink type -> the module implementing :class:`SinkConnector`, imported on first use, so a
+#: pipeline without table sinks never imports pyiceberg, deltalake or psycopg.
+CONNECTORS: Registry[SinkConnector] = Registry(
+    "sink type",
+    {"file": f"{__name__}.files", **{name: f"{__name__}.{name}" for name in ("iceberg", "delta", "postgres")}},
+    extras={"delta": "delta", "postgres": "postgres"}, unknown=_unknown_type,
     options="airflow_seatunnel_ckpt.core.sinks.options:SINK_OPTIONS")
 
-#: Called with a table sink's options before its commit; returns extra properties holding
-#: secrets (e.g. a catalog's credentials from an Airflow connection named in the options).
-_SECRET_RESOLVERS: list[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = []
+
+def register_sink_type(type_name: str, connector: SinkConnector) -> None:
+    """Make sinks of ``type_name`` commit through ``connector`` (anything with ``precheck`` and ``commit``)."""
+    CONNECTORS.register(type_name, connector)
 
 
-@dataclass(frozen=True)
-class TableCommit:
-    """Everything one table sink's commit needs: which epoch, which files, from where."""
-
-    pipeline: str
-    #: The checkpoint store's URL without credentials (recorded in the table beside the epoch).
-    store: str
-    epoch: int
-    sink: SinkManifest
-    #: The checkpoint store: the staged files are ``<sink.staging>/<file.path>`` in it.
-    staged: Storage
-    #: Transient failures are retried this many times (with backoff) before raising.
-    retries: int
-    #: The store's id (:mod:`core.sinks.markers`), recorded in the table with the epoch. Empty:
-    #: read from the store, the parent of ``staged`` (see :func:`markers.store_id_of`).
-    store_id: str = ""
-
-    @property
-    def table(self) -> Mapping[str, Any]:
-        assert self.sink.table is not None
-        return self.sink.table
-
-    @property
-    def where(self) -> str:
-        """The pipeline, epoch and sink, for messages."""
-        return f"pipeline {self.pipeline!r} epoch {self.epoch} sink {self.sink.sink!r}"
-
-    def secrets(self) -> dict[str, Any]:
-        """Extra properties the registered resolvers add for this sink (credentials)."""
-        out: dict[str, Any] = {}
-        for resolve in _SECRET_RESOLVERS:
-            out.update(resolve(self.table))
-        return out
-
-
-def register_table_format(type_name: str, commit: Callable[[TableCommit], PublishedSink],
-                          precheck: Callable[[TableCommit], None] | None = None) -> None:
-    """Make sinks with ``table={"type": type_name, ...}`` commit through ``commit``.
-
-    ``precheck`` (called before the commit decision) raises :class:`SinkRefusedError` or
-    :class:`ConfigError` for an epoch the table would refuse; without it nothing is checked.
-    """
-    TABLE_FORMATS.register(type_name, types.SimpleNamespace(commit=commit, precheck=precheck or (lambda request: None)))
+def register_table_format(type_name: str, commit: Callable[[SinkCommit], PublishedSink],
+                          precheck: Callable[[SinkCommit], None] | None = None) -> None:
+    """:func:`register_sink_type` from two functions: ``commit`` and ``precheck`` (none: nothing is
+    checked before the decision); recovery's view of such a sink is that it holds no epoch."""
+    register_sink_type(type_name, types.SimpleNamespace(commit=commit, precheck=precheck or (lambda request: None),
+                                                        held_epoch=lambda request: None))
 
 
 def register_secret_resolver(resolve: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> None:
-    """Add a resolver of a table sink's secrets (called at commit time; see :class:`TableCommit`)."""
-    if resolve not in _SECRET_RESOLVERS:
-        _SECRET_RESOLVERS.append(resolve)
+    """Add a resolver of a table sink's secrets (called at commit time; see :class:`SinkCommit`)."""
+    if resolve not in base.SECRET_RESOLVERS:
+        base.SECRET_RESOLVERS.append(resolve)
 
 
-def _format(request: TableCommit) -> tuple[Callable[[TableCommit], PublishedSink], Callable[[TableCommit], None]]:
-    """The sink's table format: its ``commit`` and ``precheck`` (a built-in one imported on first use)."""
+def connector(request: SinkCommit) -> SinkConnector:
+    """The sink's type's implementation of the contract (a built-in one imported on first use)."""
     try:
-        table_format = TABLE_FORMATS.get(str(request.table.get("type")))
+        return CONNECTORS.get(request.type)
     except ConfigError as exc:
         raise ConfigError(f"{request.where}: {exc}") from exc
-    return table_format.commit, table_format.precheck
 
 
 def _refusal(exc: CheckpointError) -> type[SinkRefusedError]:
@@ -168,15 +124,20 @@ def _refusal(exc: CheckpointError) -> type[SinkRefusedError]:
     return type(exc) if isinstance(exc, SinkRefusedError) else SinkRefusedError
 
 
-def precheck_table(request: TableCommit) -> None:
-    """Refuse, before the commit decision, an epoch that ``request``'s table would refuse.
+def _library(request: SinkCommit) -> str:
+    """Whose exception a sink's unexpected error is, for messages."""
+    return "storage library (fsspec)" if request.type == "file" else "table library"
+
+
+def precheck_sink(request: SinkCommit) -> None:
+    """Refuse, before the commit decision, an epoch that ``request``'s sink would refuse.
 
     Raises :class:`SinkRefusedError` naming the sink, the rows or columns and the way out;
     the caller aborts the epoch, and the table is unchanged. A transient failure (the
     catalog or the store unreachable) raises as it is: the decision can be tried again.
     """
     try:
-        _format(request)[1](request)
+        connector(request).precheck(request)
     except CheckpointError as exc:
         if exc.retryable:
             raise
@@ -184,23 +145,23 @@ def precheck_table(request: TableCommit) -> None:
             f"{exc} [sink {request.sink.sink!r} refuses epoch {request.epoch}: the epoch is aborted before any "
             "change to the table, and its input is read again by the next run; fix the stage (or the table, "
             "or the sink's options) before it]") from exc
-    except Exception as exc:  # the table library's own error: not known to be final, so not a refusal
+    except Exception as exc:  # the library's own error: not known to be final, so not a refusal
         raise PublishError(
-            f"{request.where}: checking the epoch against its {request.table.get('type')} table failed in the "
-            f"table library: {type(exc).__name__}: {exc}. The epoch is not decided; decide again (clear the "
+            f"{request.where}: checking the epoch against its {request.type} sink failed in the "
+            f"{_library(request)}: {type(exc).__name__}: {exc}. The epoch is not decided; decide again (clear the "
             "branch task) once the table can be read") from exc
 
 
-def commit_table(request: TableCommit) -> PublishedSink:
-    """Commit one table sink of a commit-decided epoch (idempotent: see the module docs).
+def commit_sink(request: SinkCommit) -> PublishedSink:
+    """Commit one sink of a commit-decided epoch (idempotent: see :mod:`.base`).
 
     Only transient failures are left at this point (the epoch stays COMMITTING for a retry,
-    as :class:`PublishError`, also for any exception of the table library). A refusal means
-    the table changed after the decision: :class:`SinkRefusedError`, with the way out
+    as :class:`PublishError`, also for any exception of a library). A refusal means
+    the target changed after the decision: :class:`SinkRefusedError`, with the way out
     (``seatunnel-ckpt resolve --skip-sink``, :meth:`Pipeline.skip_sink`).
     """
     try:
-        return _format(request)[0](request)
+        return connector(request).commit(request)
     except CheckpointError as exc:
         if exc.retryable:
             raise
@@ -210,14 +171,20 @@ def commit_table(request: TableCommit) -> PublishedSink:
             "it. Undo that change (then run the commit again), or publish the epoch without this sink: "
             f"seatunnel-ckpt resolve {request.pipeline} {request.epoch} --skip-sink {request.sink.sink} --reason "
             "'...' (recorded in the transaction log; the sink misses this epoch's rows)]") from exc
-    except Exception as exc:  # the table library's own error (pyiceberg, deltalake, pyarrow): ours, named
+    except Exception as exc:  # the library's own error (pyiceberg, deltalake, pyarrow, fsspec): ours, named
         raise PublishError(
-            f"{request.where}: the {request.table.get('type')} commit failed in the table library: "
+            f"{request.where}: the {request.type} commit failed in the {_library(request)}: "
             f"{type(exc).__name__}: {exc}. The epoch stays COMMITTING and nothing is duplicated; run the commit "
             "or the recovery DAG again") from exc
 
 
-def staged_rows(request: TableCommit, columns: list[str] | None = None) -> pa.Table:
+def held_epoch(request: SinkCommit) -> int | None:
+    """The newest epoch of ``request``'s pipeline's sink that its target holds (None: none), read from the
+    target's marker; reads only. TableOwnershipError for another owner's table (see :mod:`.base`)."""
+    return connector(request).held_epoch(request)
+
+
+def staged_rows(request: SinkCommit, columns: list[str] | None = None) -> pa.Table:
     """The epoch's staged rows (``columns`` only, if given), read from the checkpoint store."""
     import pyarrow as pa
 
@@ -225,7 +192,7 @@ def staged_rows(request: TableCommit, columns: list[str] | None = None) -> pa.Ta
     return pa.concat_tables(parts) if parts else pa.table({})
 
 
-def staged_parts(request: TableCommit, columns: list[str] | None = None) -> list[tuple[int, pa.Table]]:
+def staged_parts(request: SinkCommit, columns: list[str] | None = None) -> list[tuple[int, pa.Table]]:
     """The staged rows by the epoch that wrote them, oldest first (``columns`` only, if given).
 
     A replay's files are staged per replayed epoch (``replayed-<e>/...``,
@@ -247,7 +214,7 @@ def staged_parts(request: TableCommit, columns: list[str] | None = None) -> list
     return [(epoch, pa.concat_tables(tables, promote_options="default")) for epoch, tables in sorted(parts.items())]
 
 
-def upserted_rows(request: TableCommit, keys: list[str], where: str) -> pa.Table:
+def upserted_rows(request: SinkCommit, keys: list[str], where: str) -> pa.Table:
     """The rows an upsert epoch writes: per key the last staged row (ConfigError: see :func:`check_merge_keys`).
 
     An epoch's rows hold one row per key. A replay's replayed epochs may each write a key
@@ -316,7 +283,7 @@ def rows_of_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Chunk
     return pc.is_in(probe.column(_ROW), value_set=found.combine_chunks())
 
 
-def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
+def staged_schema(request: SinkCommit, where: str) -> pa.Schema | None:
     """The one Parquet schema of the epoch's staged files, from their footers (None: no file).
 
     ConfigError if two files differ: the stage must write one schema per sink.
@@ -337,7 +304,7 @@ def staged_schema(request: TableCommit, where: str) -> pa.Schema | None:
     return schema
 
 
-def check_staged_merge_keys(request: TableCommit, schema: pa.Schema, keys: list[str], where: str) -> None:
+def check_staged_merge_keys(request: SinkCommit, schema: pa.Schema, keys: list[str], where: str) -> None:
     """:func:`check_merge_keys` over the epoch's staged rows, reading only their key columns
     (``schema``: the staged files' one schema, :func:`staged_schema`); a replay's per replayed
     epoch (a later one writes a key again: :func:`upserted_rows`)."""

@@ -77,7 +77,7 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRe
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks import (
     CommitConflict,
-    TableCommit,
+    SinkCommit,
     check_staged_merge_keys,
     delta_upsert,
     markers,
@@ -101,14 +101,14 @@ class PlacedFile:
     path: str
 
 
-def identify(request: TableCommit) -> tuple[str, str]:
+def identify(request: SinkCommit) -> tuple[str, str]:
     """The sink's table URL and how messages name the epoch's commit."""
     uri = _table_uri(request)
     return uri, (f"pipeline {request.pipeline!r} epoch {request.epoch} sink {request.sink.sink!r} "
                  f"(Delta table {redact_url(uri)})")
 
 
-def table_epoch(request: TableCommit, target: Storage, table: DeltaTable | None, where: str, *,
+def table_epoch(request: SinkCommit, target: Storage, table: DeltaTable | None, where: str, *,
                 decided: bool) -> tuple[markers.Owner | None, int | None]:
     """The table's owner and this store's pipeline's sink's epoch in it: the one place they are read.
 
@@ -121,7 +121,7 @@ def table_epoch(request: TableCommit, target: Storage, table: DeltaTable | None,
     return owner, markers.check_marker(request, owner, marker, where, decided=decided)
 
 
-def commit(request: TableCommit) -> PublishedSink:
+def commit(request: SinkCommit) -> PublishedSink:
     """Commit ``request``'s staged files as one Delta table version (see the module docs)."""
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
@@ -162,7 +162,7 @@ def commit(request: TableCommit) -> PublishedSink:
             if rows.num_rows:
                 try:
                     write_deltalake(_delta_uri(uri), rows, mode="error",
-                                    partition_by=[str(c) for c in request.table.get("partition_by") or []] or None,
+                                    partition_by=list(delta_upsert.options(request).partition_by) or None,
                                     storage_options=delta_options or None,
                                     commit_properties=_properties(request, app_id))
                 except (DeltaError, OSError) as exc:  # a racing committer created it: read the table again
@@ -202,7 +202,7 @@ def commit(request: TableCommit) -> PublishedSink:
         "recovery DAG) adds them once")
 
 
-def precheck(request: TableCommit) -> None:
+def precheck(request: SinkCommit) -> None:
     """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
 
     From the table's log, its owner marker and the staged files' Parquet footers (and, for
@@ -214,7 +214,7 @@ def precheck(request: TableCommit) -> None:
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
     keys = _merge_keys(request, where)
-    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    partition_by = list(delta_upsert.options(request).partition_by)
     if request.sink.replaces:
         replaced_in = load(uri, delta_options, where)
         if replaced_in is not None and not request.sink.force_replace:
@@ -248,7 +248,18 @@ _METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "C
                   "VACUUM END"}
 
 
-def _refuse_foreign_commits(table: DeltaTable, request: TableCommit, where: str) -> None:
+def held_epoch(request: SinkCommit) -> int | None:
+    """This store's pipeline's sink's newest epoch in the table (its application transaction; None: none).
+
+    Reads only; refuses another owner's table (TableOwnershipError), as :func:`table_epoch` does.
+    """
+    uri, where = identify(request)
+    fs_options, delta_options = storage_options(request, uri)
+    table = load(uri, delta_options, where)
+    return table_epoch(request, open_storage(uri, fs_options), table, where, decided=False)[1]
+
+
+def _refuse_foreign_commits(table: DeltaTable, request: SinkCommit, where: str) -> None:
     """Refuse a replay when a version after the first replaced epoch's was written by another writer.
 
     Such a version (another writer's append, delete, OPTIMIZE) may have changed or
@@ -270,7 +281,7 @@ def _refuse_foreign_commits(table: DeltaTable, request: TableCommit, where: str)
                 "changes to them are lost, its other rows stay)")
 
 
-def _replaced_files(table: DeltaTable, request: TableCommit) -> list[RemoveAction]:
+def _replaced_files(table: DeltaTable, request: SinkCommit) -> list[RemoveAction]:
     """Remove actions for the table's current data files that the epochs a replay replaces added."""
     replaced = set(request.sink.replaces)
     now = int(time.time() * 1000)
@@ -283,7 +294,7 @@ def _replaced_files(table: DeltaTable, request: TableCommit) -> list[RemoveActio
     return removes
 
 
-def check_table(table: DeltaTable, request: TableCommit, keys: Sequence[str], where: str) -> None:
+def check_table(table: DeltaTable, request: SinkCommit, keys: Sequence[str], where: str) -> None:
     """ConfigError if the table's properties forbid what the sink does (column mapping, append-only)."""
     configuration = table.metadata().configuration
     mapping = configuration.get("delta.columnMapping.mode") or "none"
@@ -299,33 +310,30 @@ def check_table(table: DeltaTable, request: TableCommit, keys: Sequence[str], wh
         what = "an upsert sink (merge_keys) updates" if keys else "a snapshot sink replaces"
         raise ConfigError(
             f"{where}: the table is append-only (delta.appendOnly=true) and {what} its rows. "
-            "Use mode 'changes' without merge_keys, or unset delta.appendOnly on the table")
+            "Use mode 'append', or unset delta.appendOnly on the table")
 
 
-def _merge_keys(request: TableCommit, where: str) -> list[str]:
+def _merge_keys(request: SinkCommit, where: str) -> list[str]:
     keys = delta_upsert.merge_keys(request)
     if keys and request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
-                          "sense with it. Drop merge_keys, or use mode 'changes'")
+                          "sense with it. Use mode 'upsert' or 'snapshot'")
     return keys
 
 
-def _table_uri(request: TableCommit) -> str:
-    uri = request.table.get("uri") or request.sink.target_url
-    if not isinstance(uri, str) or not uri:
-        raise ConfigError(f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: a Delta sink needs the "
-                          f"table's URL in its options ('path'), got {uri!r}")
+def _table_uri(request: SinkCommit) -> str:
+    uri = delta_upsert.options(request).path or request.sink.target_url
     if "://" not in uri:
         uri = f"file://{uri}"
     return uri.rstrip("/")
 
 
-def storage_options(request: TableCommit, uri: str) -> tuple[dict[str, Any], dict[str, str]]:
+def storage_options(request: SinkCommit, uri: str) -> tuple[dict[str, Any], dict[str, str]]:
     """The table's fsspec options (to place files) and the same as delta-rs options.
 
     The checkpoint store's options are reused when the table is on the store's protocol
     (as :meth:`Pipeline.target_storage` does for file sinks); secrets come from the
-    registered resolvers (:meth:`TableCommit.secrets`): an ``fs_options`` mapping in fsspec's
+    registered resolvers (:meth:`SinkCommit.secrets`): an ``fs_options`` mapping in fsspec's
     form, and upper-case keys passed to delta-rs as they are (``AWS_ACCESS_KEY_ID``, ...).
     """
     protocol = uri.split("://", 1)[0].lower()
@@ -368,7 +376,7 @@ def load(uri: str, options: dict[str, str], where: str) -> DeltaTable | None:
                            "(storage options or the connection's secret resolver), then retry the commit") from exc
 
 
-def place_files(request: TableCommit, target: Storage, where: str) -> tuple[list[PlacedFile], PublishMethod]:
+def place_files(request: SinkCommit, target: Storage, where: str) -> tuple[list[PlacedFile], PublishMethod]:
     """Copy the staged files to their deterministic paths in the table (idempotent, verified)."""
     placed, copied = [], False
     staged = request.staged
@@ -390,7 +398,7 @@ def place_files(request: TableCommit, target: Storage, where: str) -> tuple[list
     return placed, PublishMethod.COPY if copied else PublishMethod.ALREADY
 
 
-def add_actions(request: TableCommit, target: Storage, placed: Sequence[PlacedFile],
+def add_actions(request: SinkCommit, target: Storage, placed: Sequence[PlacedFile],
                 where: str) -> tuple[list[AddAction], pa.Schema | None]:
     """The add actions of the placed files, and their common Arrow schema (None: no file).
 
@@ -399,7 +407,7 @@ def add_actions(request: TableCommit, target: Storage, placed: Sequence[PlacedFi
     manifest here, right before the commit: delta-rs accepts an absolute or missing path
     without complaint and the table becomes unreadable.
     """
-    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    partition_by = list(delta_upsert.options(request).partition_by)
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
     now = int(time.time() * 1000)
@@ -450,7 +458,7 @@ def check_schema(table: DeltaTable, schema: pa.Schema, partition_by: Sequence[st
     return [Field(f.name, f.type, nullable=True) for n, f in incoming.items() if n not in current]
 
 
-def _properties(request: TableCommit, app_id: str) -> CommitProperties:
+def _properties(request: SinkCommit, app_id: str) -> CommitProperties:
     # max_commit_retries=0: every conflict goes back to commit(), which reloads the table
     # and reads the transaction version before trying again -- one path for a racing
     # committer of this epoch and for any other writer, instead of delta-rs's own rebase.
@@ -460,18 +468,18 @@ def _properties(request: TableCommit, app_id: str) -> CommitProperties:
         max_commit_retries=0, app_transactions=[Transaction(app_id, request.epoch)])
 
 
-def _create(request: TableCommit, uri: str, options: dict[str, str], actions: list[AddAction],
+def _create(request: SinkCommit, uri: str, options: dict[str, str], actions: list[AddAction],
             schema: pa.Schema, app_id: str) -> None:
     nullable = Schema([Field(f.name, f.type, nullable=True) for f in Schema.from_arrow(schema).fields])
     create_table_with_add_actions(
         _delta_uri(uri), nullable, actions, mode="error",
-        partition_by=[str(c) for c in request.table.get("partition_by") or []],
+        partition_by=list(delta_upsert.options(request).partition_by),
         storage_options=options or None, commit_properties=_properties(request, app_id))
 
 
-def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], schema: pa.Schema | None,
+def _append(request: SinkCommit, table: DeltaTable, actions: list[AddAction], schema: pa.Schema | None,
             app_id: str, where: str) -> None:
-    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    partition_by = list(delta_upsert.options(request).partition_by)
     check_table(table, request, (), where)
     added = check_schema(table, schema, partition_by, where) if schema is not None else []
     if added:
@@ -488,11 +496,11 @@ def _append(request: TableCommit, table: DeltaTable, actions: list[AddAction], s
                                    commit_properties=_properties(request, app_id))
 
 
-def _upsert(request: TableCommit, table: DeltaTable, options: dict[str, str], keys: list[str], app_id: str,
+def _upsert(request: SinkCommit, table: DeltaTable, options: dict[str, str], keys: list[str], app_id: str,
             where: str) -> None:
     rows = upserted_rows(request, keys, where)
     check_table(table, request, keys, where)
-    partition_by = [str(c) for c in request.table.get("partition_by") or []]
+    partition_by = list(delta_upsert.options(request).partition_by)
     added = check_schema(table, rows.schema, partition_by, where) if rows.num_rows else []
     if added:
         table.alter.add_columns(added)
@@ -514,7 +522,7 @@ def _upsert(request: TableCommit, table: DeltaTable, options: dict[str, str], ke
     delta_upsert.merge(table, rows, keys, _properties(request, app_id))
 
 
-def replay_base(table: DeltaTable, options: dict[str, str], request: TableCommit, where: str) -> int | None:
+def replay_base(table: DeltaTable, options: dict[str, str], request: SinkCommit, where: str) -> int | None:
     """The table version as of the epoch before a replay's first replaced epoch (None: no table yet).
 
     The version before this sink's first version of a replaced (or later) epoch, found by
@@ -556,7 +564,7 @@ def _at_version(table: DeltaTable, options: dict[str, str], version: int) -> Del
     return DeltaTable(table.table_uri, version=version, storage_options=options or None)
 
 
-def _published(request: TableCommit, uri: str, how: str) -> PublishedSink:
+def _published(request: SinkCommit, uri: str, how: str) -> PublishedSink:
     sink = request.sink
     return PublishedSink(sink.sink, redact_url(sink.target_url), redact_url(uri), len(sink.files), sink.rows,
                          sink.bytes, str(how))

@@ -28,20 +28,23 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import CommitProperties
 
-from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.sinks import TableCommit, rows_of_keys
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, rows_of_keys
+from airflow_seatunnel_ckpt.core.sinks.options import DeltaSinkOptions
 
 #: ``PublishedSink.how`` of an epoch merged into its table.
 MERGED = "merged"
 
 
-def merge_keys(request: TableCommit) -> list[str]:
-    """The sink's merge keys ([] for an append or snapshot sink); ConfigError if malformed."""
-    keys = request.table.get("merge_keys") or []
-    if not isinstance(keys, (list, tuple)) or not all(isinstance(k, str) and k for k in keys):
-        raise ConfigError(f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: merge_keys must be a list of "
-                          f"column names, got {keys!r}")
-    return list(keys)
+def options(request: SinkCommit) -> DeltaSinkOptions:
+    """The sink's typed options."""
+    found = request.table
+    assert isinstance(found, DeltaSinkOptions), found
+    return found
+
+
+def merge_keys(request: SinkCommit) -> list[str]:
+    """The sink's merge keys ([] for an append or snapshot sink; checked by the options model)."""
+    return list(options(request).merge_keys)
 
 
 #: The column of a replay's MERGE source that marks a touched key without a row (never written).

@@ -1,8 +1,8 @@
 """Iceberg table commits: one epoch of one sink becomes one Iceberg snapshot, exactly once.
 
-``commit(request)`` (called by :func:`core.sinks.commit_table` for a commit-decided
-epoch) does, for sink options ``{"type": "iceberg", "identifier": "ns.name", "catalog":
-{...}, "catalog_name": ..., "partition_by": [...]}``:
+``commit(request)`` (called by :func:`core.sinks.commit_sink` for a commit-decided
+epoch) does, for sink options :class:`IcebergSinkOptions` (``table: "ns.name"``,
+``catalog``, ``catalog_name``, ``partition_by``, ``mode``, ``merge_keys``):
 
 1. **marker first.** The table properties ``seatunnel-ckpt.<pipeline>.<sink>.{epoch,store-id}``
    hold the last epoch of this pipeline's sink committed into the table and the id of
@@ -79,7 +79,7 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError, PublishError, SinkRe
 from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks import (
     CommitConflict,
-    TableCommit,
+    SinkCommit,
     check_merge_keys,
     check_staged_merge_keys,
     markers,
@@ -88,6 +88,7 @@ from airflow_seatunnel_ckpt.core.sinks import (
     rows_of_keys,
     staged_schema,
 )
+from airflow_seatunnel_ckpt.core.sinks.options import IcebergSinkOptions
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
 
 log = logging.getLogger(__name__)
@@ -102,13 +103,13 @@ MERGED = "merged"
 ALREADY = "already"
 
 
-def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Catalog:
+def open_catalog(options: IcebergSinkOptions, secrets: Mapping[str, Any]) -> Catalog:
     """The sink's catalog: its properties plus resolved secrets.
 
     With neither catalog properties nor a connection (a manifest of a sink that did not
     resolve them), the embedded catalog of this process's ``$AIRFLOW_HOME``.
     """
-    given = options.get("catalog") or ({} if options.get("catalog_conn_id") else embedded_catalog())
+    given = options.catalog or ({} if options.catalog_conn_id else embedded_catalog())
     props = {str(k): str(v) for k, v in given.items()}
     props.update({str(k): str(v) for k, v in secrets.items()})
     uri = props.get("uri", "")
@@ -117,7 +118,7 @@ def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Cata
     warehouse = props.get("warehouse", "")
     if warehouse.startswith("file://"):
         os.makedirs(warehouse[len("file://"):], exist_ok=True)
-    name = str(options.get("catalog_name") or "default")
+    name = options.catalog_name or "default"
     try:
         return load_catalog(name, **props)
     except (ValueError, TypeError, KeyError, ImportError, NotImplementedError) as exc:  # the options themselves
@@ -131,14 +132,17 @@ def open_catalog(options: Mapping[str, Any], secrets: Mapping[str, Any]) -> Cata
             "once the catalog answers. If it never does, check the sink's catalog options") from exc
 
 
-def identify(request: TableCommit) -> tuple[str, str]:
+def identify(request: SinkCommit) -> tuple[str, str]:
     """The sink's table identifier (checked) and how messages name the epoch's commit."""
-    identifier = request.table.get("identifier")
-    if not isinstance(identifier, str) or "." not in identifier.strip("."):
-        raise ConfigError(
-            f"pipeline {request.pipeline!r} sink {request.sink.sink!r}: the Iceberg table must be named "
-            f"'<namespace>.<table>', got {identifier!r}; fix the sink's 'table' option")
+    identifier = _options(request).table  # checked by the options model: '<namespace>.<table>'
     return identifier, f"{request.where} (table {identifier})"
+
+
+def _options(request: SinkCommit) -> IcebergSinkOptions:
+    """The sink's typed options."""
+    found = request.table
+    assert isinstance(found, IcebergSinkOptions), found
+    return found
 
 
 def dispose(catalog: Catalog) -> None:
@@ -149,22 +153,22 @@ def dispose(catalog: Catalog) -> None:
 
 
 @contextlib.contextmanager
-def _catalog(request: TableCommit) -> Iterator[Catalog]:
-    catalog = open_catalog(request.table, request.secrets())
+def _catalog(request: SinkCommit) -> Iterator[Catalog]:
+    catalog = open_catalog(_options(request), request.secrets())
     try:
         yield catalog
     finally:
         dispose(catalog)
 
 
-def commit(request: TableCommit) -> PublishedSink:
+def commit(request: SinkCommit) -> PublishedSink:
     """Commit ``request``'s epoch into its Iceberg table exactly once (see the module docs)."""
     identifier, where = identify(request)
     with _catalog(request) as catalog:
         return _commit(catalog, identifier, request, where)
 
 
-def precheck(request: TableCommit) -> None:
+def precheck(request: SinkCommit) -> None:
     """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
 
     From the table's metadata and the staged files' Parquet footers (and, for
@@ -174,7 +178,7 @@ def precheck(request: TableCommit) -> None:
     partitioning fit.
     """
     identifier, where = identify(request)
-    key = [str(k) for k in request.table.get("merge_keys") or []]
+    key = list(_options(request).merge_keys)
     if request.sink.replaces:
         with _catalog(request) as catalog:
             table = load(catalog, identifier)
@@ -193,7 +197,7 @@ def precheck(request: TableCommit) -> None:
     with _catalog(request) as catalog:
         table = load(catalog, identifier)
         if table is None:
-            missing = [c for c in request.table.get("partition_by") or [] if c not in schema.names]
+            missing = [c for c in _options(request).partition_by if c not in schema.names]
             if missing:
                 raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
                                   f"(columns: {schema.names}); fix the sink's partition_by")
@@ -210,7 +214,19 @@ def precheck(request: TableCommit) -> None:
         _check_key(table.schema().column_names, request, where)
 
 
-def _refuse_foreign_commits(table: Table, request: TableCommit, where: str) -> None:
+def held_epoch(request: SinkCommit) -> int | None:
+    """This store's pipeline's sink's newest epoch in the table (its marker; None: none). Reads only.
+
+    Refuses another owner's table, or a marker this pipeline's log lacks (TableOwnershipError).
+    """
+    identifier, where = identify(request)
+    with _catalog(request) as catalog:
+        table = load(catalog, identifier)
+        epoch = -1 if table is None else _committed_epoch(table, request, where, decided=False)
+    return None if epoch < 0 else epoch
+
+
+def _refuse_foreign_commits(table: Table, request: SinkCommit, where: str) -> None:
     """Refuse a replay when a snapshot after the first replaced epoch's is not this sink's own.
 
     Such a snapshot (another writer's append, delete or compaction) may have changed the
@@ -235,7 +251,7 @@ def _refuse_foreign_commits(table: Table, request: TableCommit, where: str) -> N
                 "stay)")
 
 
-def _commit(catalog: Catalog, identifier: str, request: TableCommit, where: str) -> PublishedSink:
+def _commit(catalog: Catalog, identifier: str, request: SinkCommit, where: str) -> PublishedSink:
     def attempt() -> PublishedSink:
         table = load(catalog, identifier)
         if table is not None and _committed_epoch(table, request, where) >= request.epoch:
@@ -276,7 +292,7 @@ def load(catalog: Catalog, identifier: str) -> Table | None:
         return None
 
 
-def _committed_epoch(table: Table, request: TableCommit, where: str, *, decided: bool = True) -> int:
+def _committed_epoch(table: Table, request: SinkCommit, where: str, *, decided: bool = True) -> int:
     """This store's last epoch of the sink in the table (-1: none): the one place its marker is read.
 
     Refuses another owner's table, or a marker this pipeline's log lacks, with
@@ -289,11 +305,11 @@ def _committed_epoch(table: Table, request: TableCommit, where: str, *, decided:
     return -1 if committed is None else committed
 
 
-def _create(catalog: Catalog, identifier: str, schema: pa.Schema, request: TableCommit, where: str) -> Table:
+def _create(catalog: Catalog, identifier: str, schema: pa.Schema, request: SinkCommit, where: str) -> Table:
     namespace = identifier.rsplit(".", 1)[0]
     with contextlib.suppress(NamespaceAlreadyExistsError):  # a concurrent committer created it
         catalog.create_namespace_if_not_exists(namespace)
-    partition_by = list(request.table.get("partition_by") or [])
+    partition_by = list(_options(request).partition_by)
     missing = [c for c in partition_by if c not in schema.names]
     if missing:
         raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
@@ -311,7 +327,7 @@ def _create(catalog: Catalog, identifier: str, schema: pa.Schema, request: Table
     return catalog.load_table(identifier)
 
 
-def table_storage(table: Table, request: TableCommit) -> Storage:
+def table_storage(table: Table, request: SinkCommit) -> Storage:
     """The table's location as a :class:`Storage` (credentials: catalog's S3 properties or the store's)."""
     location = table.metadata.location.rstrip("/")
     options: dict[str, Any] = {}
@@ -335,7 +351,7 @@ def table_storage(table: Table, request: TableCommit) -> Storage:
     return backend_for(location.split("://", 1)[0].lower())(location, options)
 
 
-def final_dir(request: TableCommit, staged_dir: str) -> str:
+def final_dir(request: SinkCommit, staged_dir: str) -> str:
     """Where the files of one staged directory go, relative to the table location.
 
     ``__partition_region=EU`` becomes ``data/region=EU/<pipeline>/<sink>/<store>-e<epoch>``:
@@ -347,7 +363,7 @@ def final_dir(request: TableCommit, staged_dir: str) -> str:
     return posixpath.join("data", *parts, markers.placement(request))
 
 
-def _groups(request: TableCommit) -> dict[str, list[FileInfo]]:
+def _groups(request: SinkCommit) -> dict[str, list[FileInfo]]:
     groups: dict[str, list[FileInfo]] = {}
     for f in request.sink.files:
         folder, name = posixpath.split(f.path)
@@ -355,7 +371,7 @@ def _groups(request: TableCommit) -> dict[str, list[FileInfo]]:
     return groups
 
 
-def place_files(request: TableCommit, placed: Storage) -> list[str]:
+def place_files(request: SinkCommit, placed: Storage) -> list[str]:
     """Put the staged files at their final paths in the table (idempotent); their URLs."""
     urls: list[str] = []
     for folder, files in sorted(_groups(request).items()):
@@ -366,7 +382,7 @@ def place_files(request: TableCommit, placed: Storage) -> list[str]:
     return urls
 
 
-def _staged_schema(request: TableCommit, placed: Storage | None) -> pa.Schema:
+def _staged_schema(request: SinkCommit, placed: Storage | None) -> pa.Schema:
     """The Parquet schema of the epoch's first file: from staging, or where it was placed."""
     folder, files = sorted(_groups(request).items())[0]
     candidates = [(request.staged, posixpath.join(request.sink.staging, folder, files[0].path))]
@@ -418,8 +434,8 @@ def _check_schema(table: Table, file_schema: pa.Schema, where: str) -> list[str]
     return [name for name in new if name not in have]
 
 
-def _check_partitioning(table: Table, request: TableCommit, where: str) -> None:
-    wanted = list(request.table.get("partition_by") or [])
+def _check_partitioning(table: Table, request: SinkCommit, where: str) -> None:
+    wanted = list(_options(request).partition_by)
     schema = table.schema()
     spec = table.spec()
     found = [schema.find_column_name(f.source_id) for f in spec.fields]
@@ -430,18 +446,18 @@ def _check_partitioning(table: Table, request: TableCommit, where: str) -> None:
             "partition field. Set partition_by to the table's identity partition columns, or write a new table")
 
 
-def _check_key(columns: Sequence[str], request: TableCommit, where: str) -> None:
-    key = list(request.table.get("merge_keys") or [])
+def _check_key(columns: Sequence[str], request: SinkCommit, where: str) -> None:
+    key = list(_options(request).merge_keys)
     missing = [k for k in key if k not in columns]
     if missing:
         raise ConfigError(f"{where}: upsert key column(s) {missing} are not in the table "
                           f"(columns: {list(columns)}); fix the sink's merge_keys option")
     if key and request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a snapshot sink replaces the whole table, merge_keys would do "
-                          "nothing; remove merge_keys, or use mode 'changes' with merge_keys to upsert")
+                          "nothing; remove merge_keys, or use mode 'upsert' with merge_keys")
 
 
-def _commit_once(table: Table, request: TableCommit, placed: Storage, paths: Sequence[str],
+def _commit_once(table: Table, request: SinkCommit, placed: Storage, paths: Sequence[str],
                  file_schema: pa.Schema | None, added: Sequence[str], where: str) -> str:
     """One transaction: (schema additions,) one snapshot of the files, the marker. Raises on conflict."""
     summary = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
@@ -449,7 +465,7 @@ def _commit_once(table: Table, request: TableCommit, placed: Storage, paths: Seq
                f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
     view = _without_library_retry(table)
     snapshot = request.sink.mode is SinkMode.SNAPSHOT
-    key = [str(k) for k in request.table.get("merge_keys") or []]
+    key = list(_options(request).merge_keys)
     replaced = set(request.sink.replaces)
     try:
         with view.transaction() as tx:
@@ -492,7 +508,7 @@ def _commit_once(table: Table, request: TableCommit, placed: Storage, paths: Seq
     return REPLACED if snapshot or request.sink.replaces else MERGED if key else APPENDED
 
 
-def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: Storage, keys: pa.Table,
+def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, keys: pa.Table,
                   key: Sequence[str]) -> tuple[list[DataFile], list[DataFile]]:
     """The current data files holding any of the epoch's ``keys``, and their rewrites without those rows.
 
@@ -537,7 +553,7 @@ def _without_keys(tx: Transaction, view: Table, request: TableCommit, placed: St
     return old, rewritten
 
 
-def replay_base(table: Table, request: TableCommit, where: str) -> Snapshot | None:
+def replay_base(table: Table, request: SinkCommit, where: str) -> Snapshot | None:
     """The table's snapshot as of the epoch before a replay's first replaced epoch (None: the empty table).
 
     The parent of this sink's first snapshot of a replaced (or later) epoch, found by the
@@ -567,7 +583,7 @@ def replay_base(table: Table, request: TableCommit, where: str) -> Snapshot | No
     return table.current_snapshot()
 
 
-def _restore_before(tx: Transaction, view: Table, request: TableCommit, placed: Storage, paths: Sequence[str],
+def _restore_before(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, paths: Sequence[str],
                     key: Sequence[str], where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
     """A replay from a later epoch: the touched keys' current files out (and their rewrites), the rows
     they had before the replayed epochs (:func:`core.sinks.restored_before`) written to files in.
@@ -605,7 +621,7 @@ def _restore_before(tx: Transaction, view: Table, request: TableCommit, placed: 
     return old, rewritten, urls
 
 
-def _last_per_key(table: Table, request: TableCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:
+def _last_per_key(table: Table, request: SinkCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:
     """A replay's placed files (URLs) without the rows whose key a later replayed epoch writes again.
 
     Each replayed epoch's files hold one row per key; the newest replayed epoch's row is the
@@ -669,7 +685,7 @@ def _without_library_retry(table: Table) -> Table:
                  table.io, table.catalog)
 
 
-def _published(request: TableCommit, table: Table | None, how: str) -> PublishedSink:
+def _published(request: SinkCommit, table: Table | None, how: str) -> PublishedSink:
     location = table.metadata.location.rstrip("/") if table is not None else ""
     return PublishedSink(request.sink.sink, request.sink.target_url, location, len(request.sink.files),
                          request.sink.rows, request.sink.bytes, how)

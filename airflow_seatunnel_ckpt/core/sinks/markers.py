@@ -23,75 +23,25 @@ restarts at 1, another store's pipeline of the same name has epochs of its own).
 otherwise (a reset store, a wiped pipeline) the epoch is refused, never skipped.
 Each format reads its table's owner and marker in one place (Iceberg ``_committed_epoch``,
 Delta ``table_epoch``) and judges with it twice: in its ``precheck`` before the commit
-decision (:func:`core.sinks.precheck_table`: a refusal aborts the epoch, nothing is
+decision (:func:`core.sinks.precheck_sink`: a refusal aborts the epoch, nothing is
 written), and again in its ``commit`` before writing (a table altered after the decision).
 
-Below, in a section of its own: the store id: a UUID naming one checkpoint store, written
-once at the store's root.
+The store id (a UUID naming one checkpoint store, written once at the store's root) is
+part of the request's identity: :func:`core.sinks.base.store_id`.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_seatunnel_ckpt.core import codec
-from airflow_seatunnel_ckpt.core.config import redact_url
-from airflow_seatunnel_ckpt.core.errors import (
-    AlreadyExistsError,
-    CorruptCheckpointError,
-    EpochNotFoundError,
-    TableOwnershipError,
-)
-from airflow_seatunnel_ckpt.core.models import Decision, EpochState
-from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
-from airflow_seatunnel_ckpt.core.sinks import TableCommit
-from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage
-
-# -- store id --------------------------------------------------------------------------------------
-# The store id: a UUID naming one checkpoint store, written once at the store's root.
-#
-# A store's URL says where it is, not which store it is: a wiped and recreated store (an
-# ephemeral ``$AIRFLOW_HOME``) has the same URL and restarts its epochs at 1, and a store
-# copied elsewhere keeps its epochs under a new URL. Whatever the store writes outside
-# itself (the markers of table sinks, :mod:`core.sinks.markers`) names it by this id.
-#
-# ``<store>/_store_id`` is created by the first caller that needs it, with the store's
-# put-if-absent primitive (of concurrent first callers exactly one wins and every caller
-# returns the winner's id), and only read thereafter. It is framed and checksummed like
-# every record; pipelines are never named with a leading ``_``, so it shares no name.
-
-
-#: The store id file, at the root of the store (beside the pipelines' directories).
-STORE_ID = "_store_id"
-
-
-def store_id(root: Storage) -> str:
-    """The id of the store rooted at ``root``, created (create-exclusive) on first use."""
-    try:
-        data = root.read(STORE_ID)
-    except FileNotFoundError:
-        new = str(uuid.uuid4())
-        payload = {"store_id": new, "created_at": time.time(), "url": redact_url(root.url)}
-        try:
-            root.create_exclusive(STORE_ID, codec.encode_json(payload))
-            return new
-        except AlreadyExistsError:  # a concurrent first user won: its id is the store's
-            data = root.read(STORE_ID)
-    where = root.describe_path(STORE_ID)
-    record = codec.decode_json(data, where)
-    found = record.get("store_id") if isinstance(record, dict) else None
-    try:
-        return str(uuid.UUID(str(found)))
-    except ValueError:
-        raise CorruptCheckpointError(
-            f"{where}: the store id is {found!r}, not a UUID. Restore the file from a backup of the store; "
-            "only if none exists, delete it (a new id is created, and every table this store wrote must then "
-            "be handed over to it, see docs/tables)", where) from None
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, TableOwnershipError
+from airflow_seatunnel_ckpt.core.sinks.base import SinkCommit
+from airflow_seatunnel_ckpt.core.sinks.files import OWNER_MARKER
+from airflow_seatunnel_ckpt.core.sinks.options import DeltaSinkOptions, PostgresSinkOptions
+from airflow_seatunnel_ckpt.core.storage import Storage
 
 
 def short(store: str) -> str:
@@ -165,7 +115,7 @@ def read_owner_file(table_root: Storage, where: str) -> Owner | None:
     return Owner(str(found.get("store_id") or ""), str(found.get("pipeline") or ""), str(found.get("store") or ""))
 
 
-def claim_owner_file(table_root: Storage, request: TableCommit, where: str) -> None:
+def claim_owner_file(table_root: Storage, request: SinkCommit, where: str) -> None:
     """Create the owner marker at a (Delta) table's root; refuse if another owner's won meanwhile."""
     try:
         table_root.create_exclusive(OWNER_MARKER, owner_for(request).to_json())
@@ -173,20 +123,17 @@ def claim_owner_file(table_root: Storage, request: TableCommit, where: str) -> N
         check_owner(request, read_owner_file(table_root, where), where)
 
 
-def store_id_of(request: TableCommit) -> str:
+def store_id_of(request: SinkCommit) -> str:
     """``request.store_id``, or the id of the store whose pipeline directory ``staged`` is."""
-    if request.store_id:
-        return request.store_id
-    staged = request.staged
-    return store_id(type(staged)(staged.url.rsplit("/", 1)[0], staged.storage_options))
+    return request.resolved_store_id
 
 
-def owner_for(request: TableCommit) -> Owner:
+def owner_for(request: SinkCommit) -> Owner:
     """This request's pipeline and store as a table owner."""
     return Owner(store_id_of(request), request.pipeline, request.store)
 
 
-def owner_properties(request: TableCommit) -> dict[str, str]:
+def owner_properties(request: SinkCommit) -> dict[str, str]:
     """The table properties claiming the table for this request's pipeline and store."""
     owner = owner_for(request)
     return {OWNER: owner.value, OWNER_STORE: owner.store}
@@ -197,14 +144,14 @@ def marker_keys(pipeline: str, sink: str) -> dict[str, str]:
     return {field: f"{PREFIX}.{pipeline}.{sink}.{field}" for field in ("epoch", "store-id", "store")}
 
 
-def marker_for(request: TableCommit) -> dict[str, str]:
+def marker_for(request: SinkCommit) -> dict[str, str]:
     """The Iceberg table properties a commit of ``request`` sets: its marker and the owner."""
     keys = marker_keys(request.pipeline, request.sink.sink)
     return {keys["epoch"]: str(request.epoch), keys["store-id"]: store_id_of(request),
             keys["store"]: request.store, **owner_properties(request)}
 
 
-def iceberg_marker(properties: Mapping[str, str], request: TableCommit, where: str) -> Marker | None:
+def iceberg_marker(properties: Mapping[str, str], request: SinkCommit, where: str) -> Marker | None:
     """This sink's marker among an Iceberg table's properties (None: never committed)."""
     keys = marker_keys(request.pipeline, request.sink.sink)
     value = properties.get(keys["epoch"])
@@ -219,12 +166,12 @@ def iceberg_marker(properties: Mapping[str, str], request: TableCommit, where: s
     return Marker(properties.get(keys["store-id"], ""), request.pipeline, request.sink.sink, epoch)
 
 
-def delta_app_id(request: TableCommit) -> str:
+def delta_app_id(request: SinkCommit) -> str:
     """The Delta application id of this request's store, pipeline and sink."""
     return f"{PREFIX}/{store_id_of(request)}/{request.pipeline}/{request.sink.sink}"
 
 
-def placement(request: TableCommit) -> str:
+def placement(request: SinkCommit) -> str:
     """The part of a placed file's path that names its epoch: ``<pipeline>/<sink>/<store>-e<epoch>``.
 
     Names hold no ``/``, so no two (store, pipeline, sink, epoch) share it, whatever ``-``
@@ -234,7 +181,7 @@ def placement(request: TableCommit) -> str:
     return f"{request.pipeline}/{request.sink.sink}/{short(store_id_of(request))}-e{request.epoch}"
 
 
-def placed_epoch(path: str, request: TableCommit) -> int | None:
+def placed_epoch(path: str, request: SinkCommit) -> int | None:
     """The epoch of this store's pipeline and sink that placed the data file ``path`` (None: not ours).
 
     The inverse of :func:`placement`: what a replay reads to find the files the epochs it
@@ -250,21 +197,22 @@ def placed_epoch(path: str, request: TableCommit) -> int | None:
     return int(digits[:end]) if 0 < end < len(digits) and digits[end] in "/-" else None
 
 
-def _recorded_in(request: TableCommit) -> tuple[str, str]:
+def _recorded_in(request: SinkCommit) -> tuple[str, str]:
     """Where the table records its owner, and how to release it (for messages)."""
-    if request.table.get("type") == "delta":
-        uri = str(request.table.get("uri") or request.sink.target_url).rstrip("/")
+    options = request.table
+    if isinstance(options, DeltaSinkOptions):
+        uri = (options.path or request.sink.target_url).rstrip("/")
         return f"owner marker {uri}/{OWNER_MARKER}", f"delete its owner marker {uri}/{OWNER_MARKER}"
-    if request.table.get("type") == "postgres":
-        table = str(request.table.get("table"))
+    if isinstance(options, PostgresSinkOptions):
+        table = options.table
         owners = f"{table.rpartition('.')[0] or 'public'}.seatunnel_ckpt_owners"
         return f"owner row in {owners}", f"delete its row: DELETE FROM {owners} WHERE target_table = '{table}'"
     return f"table property {OWNER}", (
         f"remove its table property {OWNER}, e.g. with pyiceberg: catalog.load_table("
-        f"{request.table.get('identifier')!r}).transaction().remove_properties({OWNER!r}).commit_transaction()")
+        f"{getattr(options, 'table', '')!r}).transaction().remove_properties({OWNER!r}).commit_transaction()")
 
 
-def check_owner(request: TableCommit, found: Owner | None, where: str) -> None:
+def check_owner(request: SinkCommit, found: Owner | None, where: str) -> None:
     """TableOwnershipError if the table is owned by another pipeline or another store."""
     mine = owner_for(request)
     if found is None or (found.store_id, found.pipeline) == (mine.store_id, mine.pipeline):
@@ -284,22 +232,15 @@ def check_owner(request: TableCommit, found: Owner | None, where: str) -> None:
         "next commit claims it")
 
 
-def log_reaches(request: TableCommit, epoch: int, decided: bool) -> bool:
-    """Whether this pipeline's log holds ``epoch`` decided commit (``decided``: the request's own is)."""
-    if decided and epoch == request.epoch:
-        return True
-    log = TransactionLog(request.staged, request.pipeline)
-    try:
-        state = log.state(epoch)
-    except EpochNotFoundError:  # settled and no longer listed, or never there
-        return log.settled.read().record.states().get(epoch) is EpochState.COMMITTED
-    if state is EpochState.COMMITTED:
-        return True
-    decision = log.read_decision(epoch) if state is EpochState.COMMITTING else None
-    return decision is not None and decision.decision is Decision.COMMIT
+def log_reaches(request: SinkCommit, epoch: int, decided: bool) -> bool:
+    """Whether this pipeline's log holds ``epoch`` decided commit (``decided``: the request's own is).
+
+    The log is the pipeline's to read: the request carries its answer (``request.log_holds``).
+    """
+    return (decided and epoch == request.epoch) or request.log_holds(epoch)
 
 
-def check_marker(request: TableCommit, owner: Owner | None, marker: Marker | None, where: str, *,
+def check_marker(request: SinkCommit, owner: Owner | None, marker: Marker | None, where: str, *,
                  decided: bool) -> int | None:
     """The epoch the table holds for this store's pipeline and sink (None: none), or a refusal.
 
@@ -325,7 +266,7 @@ def check_marker(request: TableCommit, owner: Owner | None, marker: Marker | Non
     return marker.epoch
 
 
-def delta_marker(table: Any, request: TableCommit) -> Marker | None:
+def delta_marker(table: Any, request: SinkCommit) -> Marker | None:
     """This store's, pipeline's and sink's application transaction in a Delta table."""
     version = table.transaction_version(delta_app_id(request))
     return None if version is None else Marker(store_id_of(request), request.pipeline, request.sink.sink, version)

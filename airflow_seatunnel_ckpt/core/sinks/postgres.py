@@ -66,8 +66,8 @@ from psycopg import sql
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
-from airflow_seatunnel_ckpt.core.sinks import TableCommit, check_staged_merge_keys, markers, staged_rows, staged_schema
-from airflow_seatunnel_ckpt.core.sinks.postgres_options import PostgresOptions, parse
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, check_staged_merge_keys, markers, staged_rows, staged_schema
+from airflow_seatunnel_ckpt.core.sinks.options import PostgresSinkOptions
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
 
 log = logging.getLogger(__name__)
@@ -140,13 +140,14 @@ class Column:
     required: bool  # without a default (nor identity, nor generated): every epoch must write it
 
 
-def identify(request: TableCommit) -> tuple[PostgresOptions, str]:
+def identify(request: SinkCommit) -> tuple[PostgresSinkOptions, str]:
     """The sink's checked options and how messages name the epoch's commit."""
-    options = parse(request.table, f"pipeline {request.pipeline!r} sink {request.sink.sink!r}")
+    options = request.table
+    assert isinstance(options, PostgresSinkOptions), options
     return options, f"{request.where} (PostgreSQL table {options.table})"
 
 
-def conninfo(request: TableCommit, options: PostgresOptions, where: str) -> str:
+def conninfo(request: SinkCommit, options: PostgresSinkOptions, where: str) -> str:
     """The libpq connection string: from the secret resolvers (``postgres_conn_id``), else ``conninfo``."""
     found = request.secrets().get("conninfo") or options.conninfo
     if not found:
@@ -157,7 +158,7 @@ def conninfo(request: TableCommit, options: PostgresOptions, where: str) -> str:
 
 
 @contextmanager
-def connect(dsn: str, options: PostgresOptions, where: str) -> Iterator[psycopg.Connection]:
+def connect(dsn: str, options: PostgresSinkOptions, where: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection (transactions are explicit) with the sink's bounded waits.
 
     ``lock_timeout`` makes a wait for a lock (the marker row of a committer paused
@@ -177,7 +178,7 @@ def connect(dsn: str, options: PostgresOptions, where: str) -> Iterator[psycopg.
         yield conn
 
 
-def retrying(request: TableCommit, where: str, what: str,
+def retrying(request: SinkCommit, where: str, what: str,
              also: tuple[type[Exception], ...] = ()) -> tenacity.Retrying:
     """Transient database errors (and ``also``) retried ``request.retries`` times with backoff (then raised)."""
 
@@ -191,7 +192,7 @@ def retrying(request: TableCommit, where: str, what: str,
         wait=tenacity.wait_exponential(multiplier=0.05, max=5), before_sleep=log_retry, reraise=True)
 
 
-def _transient(exc: Exception, request: TableCommit, where: str, what: str) -> StorageError:
+def _transient(exc: Exception, request: SinkCommit, where: str, what: str) -> StorageError:
     waited = ""
     if isinstance(exc, psycopg.errors.LockNotAvailable):
         waited = (" Another session holds a lock it needs past lock_timeout_s (e.g. a committer of this epoch "
@@ -206,7 +207,7 @@ def _transient(exc: Exception, request: TableCommit, where: str, what: str) -> S
 
 
 # -- the commit ------------------------------------------------------------------------
-def commit(request: TableCommit) -> PublishedSink:
+def commit(request: SinkCommit) -> PublishedSink:
     """Load ``request``'s staged rows and its marker in one transaction (see the module docs).
 
     Rows the table refuses (:data:`REFUSALS`) are final: the trial load before the decision
@@ -228,7 +229,7 @@ def commit(request: TableCommit) -> PublishedSink:
     return _published(request, options, how)
 
 
-def _commit_once(request: TableCommit, options: PostgresOptions, dsn: str, where: str) -> str:
+def _commit_once(request: SinkCommit, options: PostgresSinkOptions, dsn: str, where: str) -> str:
     with connect(dsn, options, where) as conn:
         _bookkeeping(conn, options, where)
         with conn.transaction():
@@ -238,7 +239,7 @@ def _commit_once(request: TableCommit, options: PostgresOptions, dsn: str, where
             return _load(conn, request, options, staged_schema(request, where), where)
 
 
-def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema | None,
+def _load(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, schema: pa.Schema | None,
           where: str) -> str:
     """The epoch's rows into the table, inside the caller's transaction: the commit's and the trial load's.
 
@@ -272,14 +273,14 @@ def _load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptio
     return REPLACED if request.sink.replaces else PublishMethod.COPY
 
 
-def _key_of(alias: str, options: PostgresOptions) -> sql.Composable:
+def _key_of(alias: str, options: PostgresSinkOptions) -> sql.Composable:
     """``jsonb_build_object('k', <alias>.k, ...)``: a row's merge key as the before-images hold it."""
     return sql.SQL("jsonb_build_object({})").format(sql.SQL(", ").join(
         sql.SQL("{}, {}.{}").format(sql.Literal(k), sql.Identifier(alias), sql.Identifier(k))
         for k in options.merge_keys))
 
 
-def _keep_images(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                  keys: sql.Composable) -> None:
     """Record the table's current row (NULL: none) of each key ``keys`` (a table with a ``key`` jsonb
     column) as this epoch's before-image, and that the epoch kept them; a key recorded already keeps its
@@ -295,7 +296,7 @@ def _keep_images(conn: psycopg.Connection, request: TableCommit, options: Postgr
                                          _key_of("t", options)), (*ids, *ids, _KEPT))
 
 
-def _restore_before(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+def _restore_before(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
     """A replay from a later epoch of an upsert sink: each key the replaced epochs changed gets its row
     from before the first of them back (or goes, if it had none), from their before-images.
 
@@ -313,7 +314,7 @@ def _restore_before(conn: psycopg.Connection, request: TableCommit, options: Pos
         _qualified(options, EPOCHS), _qualified(options, IMAGES)), (*ids, replaced, _KEPT)).fetchone()
     if lacking and lacking[0]:
         raise ConfigError(
-            f"{where}: epoch(s) {lacking[0]} of this sink kept no before-images in {options.schema}.{IMAGES} "
+            f"{where}: epoch(s) {lacking[0]} of this sink kept no before-images in {options.schema_name}.{IMAGES} "
             f"(committed before they were kept, or deleted), and a replay from epoch {replaced[0]} restores the "
             f"values the keys had before epoch {replaced[0]} of this sink from them. Nothing was changed. Replay "
             "from epoch 1 (a full refresh, which needs no history)")
@@ -329,7 +330,7 @@ def _restore_before(conn: psycopg.Connection, request: TableCommit, options: Pos
                          "WHERE r.image IS NOT NULL").format(_qualified(options), _qualified(options), restore))
 
 
-def _written(schema: pa.Schema, options: PostgresOptions, where: str) -> pa.Schema:
+def _written(schema: pa.Schema, options: PostgresSinkOptions, where: str) -> pa.Schema:
     """The columns a commit writes: the staged ones and ``epoch_column`` (``bigint``, the epoch)."""
     if not options.epoch_column:
         return schema
@@ -339,7 +340,7 @@ def _written(schema: pa.Schema, options: PostgresOptions, where: str) -> pa.Sche
     return schema.append(pa.field(options.epoch_column, pa.int64()))
 
 
-def _delete_replaced(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+def _delete_replaced(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
     """Delete the rows the epochs a replay replaces appended (``epoch_column`` says which).
 
     Refused (ConfigError) without ``epoch_column``, and when the marker table records any of
@@ -364,7 +365,7 @@ def _delete_replaced(conn: psycopg.Connection, request: TableCommit, options: Po
         _qualified(options), sql.Identifier(options.epoch_column)), (replaced,))
 
 
-def refused(exc: psycopg.Error, request: TableCommit, options: PostgresOptions, where: str) -> str:
+def refused(exc: psycopg.Error, request: SinkCommit, options: PostgresSinkOptions, where: str) -> str:
     """The message for rows the table refused: the table, the column and constraint, the row, the way out."""
     diag = exc.diag
     in_copy = _COPY_COLUMN.search(diag.context or "")  # "COPY orders, line 2, column name: "toolong""
@@ -378,7 +379,7 @@ def refused(exc: psycopg.Error, request: TableCommit, options: PostgresOptions, 
             + _WAY_OUT.get(diag.sqlstate or "", "Fix the rows in the stage, or alter the table"))
 
 
-def _column_holding_nul(request: TableCommit) -> str | None:
+def _column_holding_nul(request: SinkCommit) -> str | None:
     """The first staged text column with a NUL character (PostgreSQL's error names none)."""
     import pyarrow.compute as pc
 
@@ -390,11 +391,11 @@ def _column_holding_nul(request: TableCommit) -> str | None:
     return None
 
 
-def _qualified(options: PostgresOptions, name: str | None = None) -> sql.Identifier:
-    return sql.Identifier(options.schema, name or options.name)
+def _qualified(options: PostgresSinkOptions, name: str | None = None) -> sql.Identifier:
+    return sql.Identifier(options.schema_name, name or options.name)
 
 
-def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+def _bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions, where: str) -> None:
     """Create the marker and owner tables in the table's schema if missing (own transaction).
 
     Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
@@ -410,11 +411,11 @@ def _bookkeeping(conn: psycopg.Connection, options: PostgresOptions, where: str)
     try:
         _create_bookkeeping(conn, options)
     except psycopg.errors.UniqueViolation as exc:
-        raise StorageError(f"{where}: creating {EPOCHS} and {OWNERS} in schema {options.schema} raced another "
+        raise StorageError(f"{where}: creating {EPOCHS} and {OWNERS} in schema {options.schema_name} raced another "
                            f"first commit ({str(exc).strip()}); trying again finds them") from exc
 
 
-def _create_bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> None:
+def _create_bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions) -> None:
     with conn.transaction():
         conn.execute(sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (store_id text NOT NULL, pipeline text NOT NULL, sink text NOT NULL, "
@@ -432,7 +433,7 @@ def _create_bookkeeping(conn: psycopg.Connection, options: PostgresOptions) -> N
         ).format(_qualified(options, IMAGES)))
 
 
-def _claim_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions) -> bool:
+def _claim_marker(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions) -> bool:
     """Insert the epoch's marker row; False if it exists (waits for a racing transaction holding it)."""
     row = conn.execute(sql.SQL(
         "INSERT INTO {} (store_id, pipeline, sink, epoch, target_table, store, rows) "
@@ -442,7 +443,7 @@ def _claim_marker(conn: psycopg.Connection, request: TableCommit, options: Postg
     return row.fetchone() is not None
 
 
-def _claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str, *,
+def _claim_owner(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str, *,
                  decided: bool = True) -> None:
     """Claim the table for this store's pipeline (if nobody has), then judge owner and markers."""
     owner = markers.owner_for(request)
@@ -453,7 +454,7 @@ def _claim_owner(conn: psycopg.Connection, request: TableCommit, options: Postgr
     markers.check_marker(request, found, marker, where, decided=decided)
 
 
-def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, *,
+def _owner_and_marker(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, *,
                       exclude_own: bool = False) -> tuple[markers.Owner | None, markers.Marker | None]:
     """The table's owner and this store's pipeline's sink's newest marker (None when absent)."""
     owners = conn.execute("SELECT to_regclass(%s)", (_qualified(options, OWNERS).as_string(conn),)).fetchone()
@@ -471,8 +472,8 @@ def _owner_and_marker(conn: psycopg.Connection, request: TableCommit, options: P
     return owner, (None if epoch is None else markers.Marker(store_id, request.pipeline, request.sink.sink, epoch))
 
 
-def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable, columns: Sequence[str],
-          options: PostgresOptions) -> None:
+def _copy(conn: psycopg.Connection, request: SinkCommit, table: sql.Composable, columns: Sequence[str],
+          options: PostgresSinkOptions) -> None:
     """``COPY`` the staged files' rows into ``table``, streamed: one Parquet batch at a time as CSV.
 
     Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
@@ -503,7 +504,7 @@ def _copy(conn: psycopg.Connection, request: TableCommit, table: sql.Composable,
                     copy.write(memoryview(out.getvalue()))
 
 
-def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, schema: pa.Schema) -> None:
+def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, schema: pa.Schema) -> None:
     """COPY into a temporary table, then ``MERGE`` it into the table (``INSERT ... ON CONFLICT`` before
     PostgreSQL 15).
 
@@ -550,14 +551,14 @@ def _upsert(conn: psycopg.Connection, request: TableCommit, options: PostgresOpt
         sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)), action))
 
 
-def _published(request: TableCommit, options: PostgresOptions, how: str) -> PublishedSink:
+def _published(request: SinkCommit, options: PostgresSinkOptions, how: str) -> PublishedSink:
     sink = request.sink
     return PublishedSink(sink.sink, sink.target_url, f"postgres table {options.table}", len(sink.files), sink.rows,
                          sink.bytes, str(how))
 
 
 # -- the checks before the decision ----------------------------------------------------
-def precheck(request: TableCommit) -> None:
+def precheck(request: SinkCommit) -> None:
     """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
 
     From the staged files' footers and key columns and the database's catalog: the table
@@ -565,7 +566,7 @@ def precheck(request: TableCommit) -> None:
     NULL or repeated staged key, and the owner and markers (:func:`markers.check_marker`).
     """
     options, where = identify(request)
-    if request.sink.mode is not SinkMode.CHANGES:
+    if request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
                           f"{request.sink.mode.value!r} is not supported")
     schema = staged_schema(request, where)
@@ -589,14 +590,25 @@ def precheck(request: TableCommit) -> None:
         raise _transient(exc, request, where, "the trial load") from exc
 
 
-def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+def held_epoch(request: SinkCommit) -> int | None:
+    """This store's pipeline's sink's newest epoch in the table (its marker row; None: none). Reads only.
+
+    Refuses another owner's table, or a marker this pipeline's log lacks (TableOwnershipError).
+    """
+    options, where = identify(request)
+    with connect(conninfo(request, options, where), options, where) as conn:
+        owner, marker = _owner_and_marker(conn, request, options)
+        return markers.check_marker(request, owner, marker, where, decided=False)
+
+
+def _precheck_table(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                     schema: pa.Schema | None, where: str) -> None:
     owner, marker = _owner_and_marker(conn, request, options)
     newest = markers.check_marker(request, owner, marker, where, decided=False)
     if newest is not None and newest > request.epoch:
         raise ConfigError(
-            f"{where}: the marker table {options.schema}.{EPOCHS} records epoch {newest} of this sink, beyond this "
-            "epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
+            f"{where}: the marker table {options.schema_name}.{EPOCHS} records epoch {newest} of this sink, beyond "
+            "this epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
             "table, or rename the pipeline or the sink")
     if schema is not None:
         _precheck_columns(conn, options, schema, where)
@@ -605,16 +617,16 @@ def _precheck_table(conn: psycopg.Connection, request: TableCommit, options: Pos
         claim_owner(conn, request, options, where)
 
 
-def _precheck_columns(conn: psycopg.Connection, options: PostgresOptions, schema: pa.Schema, where: str) -> None:
+def _precheck_columns(conn: psycopg.Connection, options: PostgresSinkOptions, schema: pa.Schema, where: str) -> None:
     """The table (or ``create_table``), its columns and types, merge keys and privileges against the staged schema."""
     written = _written(schema, options, where)
     table = _table_columns(conn, options)
     if table is None:
         if not options.create_table:
             raise ConfigError(_no_table(options, where))
-        if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (options.schema,)).fetchone() is None:
-            raise ConfigError(f"{where}: the schema {options.schema!r} does not exist in the database; create it "
-                              f"(CREATE SCHEMA {options.schema}) or name another table")
+        if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (options.schema_name,)).fetchone() is None:
+            raise ConfigError(f"{where}: the schema {options.schema_name!r} does not exist in the database; create it "
+                              f"(CREATE SCHEMA {options.schema_name}) or name another table")
         missing = [k for k in options.merge_keys if k not in schema.names]
         if missing:
             raise ConfigError(f"{where}: merge key(s) {missing} are not among the staged columns {schema.names}")
@@ -626,7 +638,7 @@ def _precheck_columns(conn: psycopg.Connection, options: PostgresOptions, schema
         check_privileges(conn, options, where)
 
 
-def claim_owner(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions, where: str) -> None:
+def claim_owner(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
     """Claim a table nobody owns yet for this store's pipeline, before the decision (committed at once).
 
     Two stores' (or pipelines') first epochs into one table: the first precheck to claim it
@@ -639,7 +651,7 @@ def claim_owner(conn: psycopg.Connection, request: TableCommit, options: Postgre
         _claim_owner(conn, request, options, where, decided=False)
 
 
-def trial_load(conn: psycopg.Connection, request: TableCommit, options: PostgresOptions,
+def trial_load(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                schema: pa.Schema | None, where: str) -> None:
     """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back.
 
@@ -658,7 +670,7 @@ def trial_load(conn: psycopg.Connection, request: TableCommit, options: Postgres
         _load(conn, request, options, schema, where)
 
 
-def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+def check_privileges(conn: psycopg.Connection, options: PostgresSinkOptions, where: str) -> None:
     """ConfigError unless the connection's role may load the table and write the marker and owner tables."""
     needed = [(_qualified(options), "INSERT"), *([(_qualified(options), "UPDATE")] if options.merge_keys else [])]
     for name in (EPOCHS, OWNERS, *([IMAGES] if options.merge_keys else [])):
@@ -674,9 +686,9 @@ def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: 
         _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
         _qualified(options, IMAGES).as_string(conn))).fetchone()
     if absent and absent[0]:
-        can = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (options.schema,)).fetchone()
+        can = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (options.schema_name,)).fetchone()
         if not (can and can[0]):
-            missing.append(f"CREATE on schema {options.schema} (the first commit creates {EPOCHS}, {OWNERS} and "
+            missing.append(f"CREATE on schema {options.schema_name} (the first commit creates {EPOCHS}, {OWNERS} and "
                            f"{IMAGES})")
     if missing:
         user = conn.execute("SELECT current_user").fetchone()
@@ -684,13 +696,13 @@ def check_privileges(conn: psycopg.Connection, options: PostgresOptions, where: 
                           "them (or connect as a role that has them) before the next run")
 
 
-def _no_table(options: PostgresOptions, where: str) -> str:
+def _no_table(options: PostgresSinkOptions, where: str) -> str:
     return (f"{where}: the table {options.table} does not exist. Create it (its columns as the stage writes them"
             f"{', a primary key on ' + str(list(options.merge_keys)) if options.merge_keys else ''}), or set "
             "create_table: true in the sink's options")
 
 
-def _table_columns(conn: psycopg.Connection, options: PostgresOptions) -> dict[str, Column] | None:
+def _table_columns(conn: psycopg.Connection, options: PostgresSinkOptions) -> dict[str, Column] | None:
     """The table's columns by name (None: no such table)."""
     found = conn.execute("SELECT to_regclass(%s)::oid", (_qualified(options).as_string(conn),)).fetchone()
     if found is None or found[0] is None:
@@ -723,7 +735,7 @@ def _loadable(arrow_type: pa.DataType) -> set[str] | None:
     return None
 
 
-def check_columns(table: dict[str, Column], schema: pa.Schema, options: PostgresOptions, where: str) -> None:
+def check_columns(table: dict[str, Column], schema: pa.Schema, options: PostgresSinkOptions, where: str) -> None:
     """ConfigError unless every staged column fits a table column and every required one is staged."""
     missing = [f.name for f in schema if f.name not in table]
     wrong = [f"{f.name}: the table has {table[f.name].declared}, the epoch's files {f.type}"
@@ -740,7 +752,7 @@ def check_columns(table: dict[str, Column], schema: pa.Schema, options: Postgres
             + "Cast, add or drop the columns in the stage to match the table, or alter the table")
 
 
-def check_unique(conn: psycopg.Connection, options: PostgresOptions, where: str) -> None:
+def check_unique(conn: psycopg.Connection, options: PostgresSinkOptions, where: str) -> None:
     """ConfigError unless the merge keys are exactly the columns of the primary key or a unique constraint."""
     rows = conn.execute(
         "SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_index i "
@@ -755,7 +767,7 @@ def check_unique(conn: psycopg.Connection, options: PostgresOptions, where: str)
             f"TABLE {options.table} ADD UNIQUE ({', '.join(options.merge_keys)}), or set merge_keys to a unique key")
 
 
-def _create_statement(options: PostgresOptions, schema: pa.Schema, where: str) -> sql.Composed:
+def _create_statement(options: PostgresSinkOptions, schema: pa.Schema, where: str) -> sql.Composed:
     """``CREATE TABLE IF NOT EXISTS`` for the staged schema (the merge keys its primary key)."""
     columns = []
     for f in schema:

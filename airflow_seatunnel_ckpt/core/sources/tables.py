@@ -33,7 +33,7 @@ from pydantic.dataclasses import dataclass
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import RECORD, Record, omitted_if
-from airflow_seatunnel_ckpt.core.storage.publish import EpochsPointer
+from airflow_seatunnel_ckpt.core.sinks.files import EpochsPointer
 
 #: The summary file a published epoch directory receives last (core.storage.publish.SUCCESS).
 SUCCESS = "_SUCCESS"

@@ -1,9 +1,6 @@
-"""The sink base class and the file sink: a stage's output, first written into its attempt's staging.
+"""The file sink: a stage's output staged as files, published as ``<target>/epoch=<e>/``.
 
-A sink never writes to its target directly: it writes below
-``_staging/epoch=<e>/attempt=<a>/<sink>/`` of the checkpoint store, and the commit task
-publishes that once every participant of the epoch prepared. So a failed, retried or
-stale attempt can never change what readers of the target see.
+The :class:`Sink` interface every sink implements is in :mod:`.base`.
 """
 
 from __future__ import annotations
@@ -12,89 +9,34 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
-from airflow_seatunnel_ckpt.core.models import ExpectationResult, SinkMode
-from airflow_seatunnel_ckpt.core.protocol.expectations import Expectation, parse_expectations
+from airflow_seatunnel_ckpt.core.models import SinkMode
+from airflow_seatunnel_ckpt.core.options import checked
+from airflow_seatunnel_ckpt.core.protocol.expectations import parse_expectations
+from airflow_seatunnel_ckpt.core.sinks.options import FileSinkOptions
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
-from airflow_seatunnel_ckpt.spark.sources.files import FILE_FORMATS
+from airflow_seatunnel_ckpt.spark.sinks.base import Sink, SinkError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-class SinkError(CheckpointError):
-    """A sink was used wrongly (written twice in one stage, unknown format, ...)."""
-
-
-class Sink:
-    """Output of a stage, bound to the attempt's staging directory.
-
-    :param name: the sink's name in the stage spec.
-    :param target_url: where the commit publishes the epoch's files.
-    """
-
-    format = "parquet"
-    #: A table sink's options for the commit (``SinkManifest.table``); None for files.
-    table: dict[str, Any] | None = None
-
-    def __init__(self, name: str, target_url: str, mode: str | SinkMode = SinkMode.CHANGES) -> None:
-        self.name = name
-        self.target_url = target_url
-        self.staging_url: str | None = None
-        #: fsspec options of the store holding the staging (for executors writing it).
-        self.staging_options: dict[str, Any] = {}
-        self.rows: int | None = None
-        #: Data-quality rules on the rows written (the ``expectations`` option), their
-        #: measured counts once written, and the sink taking the quarantined rows (bound
-        #: by the runner when a rule quarantines).
-        self.expectations: tuple[Expectation, ...] = ()
-        self.expectation_results: tuple[ExpectationResult, ...] = ()
-        self.quarantine: Sink | None = None
-        try:
-            self.mode = SinkMode(mode)
-        except ValueError:
-            raise ConfigError(
-                f"sink {name!r}: mode must be one of {[m.value for m in SinkMode]}, got {mode!r}; "
-                "'changes' publishes each epoch's rows beside the earlier epochs', 'snapshot' "
-                "replaces the table with each epoch's rows"
-            ) from None
-
-    def bind(self, staging_url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        """Called by the runner: stage into ``staging_url`` (opened with ``storage_options``)."""
-        self.staging_url = staging_url
-        self.staging_options = dict(storage_options or {})
-
-    @property
-    def written(self) -> bool:
-        """Whether the stage wrote this sink."""
-        return self.rows is not None
-
-    def write(self, df: DataFrame) -> int:
-        """Stage ``df``; returns the number of rows written."""
-        raise NotImplementedError
-
-    def quarantine_options(self) -> dict[str, Any] | None:
-        """The options of the sink taking this sink's quarantined rows (None: it has none)."""
-        return None
-
-
 class FileSink(Sink):
     """Files in a directory (any fsspec URL Spark can write): parquet, json, csv or orc.
 
-    Options (the stage spec's ``sinks.<name>`` mapping): ``path`` (required, the target
-    directory), ``format`` (``parquet`` default), ``options`` (writer options, passed to
-    Spark untouched), ``partition_by`` (columns), ``expectations`` (data-quality rules on
-    the rows written, see :mod:`core.protocol.expectations`), ``mode``:
+    Options (the stage spec's ``sinks.<name>`` mapping, :class:`FileSinkOptions`): ``path``
+    (required, the target directory), ``format`` (``parquet`` default), ``options`` (writer
+    options, passed to Spark untouched), ``partition_by`` (columns), ``expectations``
+    (data-quality rules on the rows written, see :mod:`core.protocol.expectations`), ``mode``:
 
-    * ``"changes"`` (default): every epoch's rows are published into their own
-      ``<path>/epoch=<e>/`` beside the earlier epochs'; reading ``<path>`` gives every
-      epoch's rows (an append-only table). Right for new records, and for the *changed
-      keys* a keyed state returns (``aggregate(...)``), read as a changelog: the newest
-      epoch holding a key has its current value. An epoch that wrote no rows publishes
-      nothing (no empty directory, no ``_SUCCESS``, no asset event). A replay publishes one
-      ``epoch=<R>/`` for the epochs it ran again and swaps it in for theirs through
-      ``<path>/_EPOCHS``; a reader that must never see a replay half-swapped reads the
-      directories :func:`core.storage.publish.current_epoch_dirs` names (docs/REPLAY.md).
+    * ``"append"`` (default; ``"changes"`` in the previous release): every epoch's rows are
+      published into their own ``<path>/epoch=<e>/`` beside the earlier epochs'; reading
+      ``<path>`` gives every epoch's rows (an append-only table). Right for new records, and
+      for the *changed keys* a keyed state returns (``aggregate(...)``), read as a
+      changelog: the newest epoch holding a key has its current value. An epoch that wrote
+      no rows publishes nothing (no empty directory, no ``_SUCCESS``, no asset event). A
+      replay publishes one ``epoch=<R>/`` for the epochs it ran again and swaps it in for
+      theirs through ``<path>/_EPOCHS``; a reader that must never see a replay half-swapped
+      reads the directories :func:`core.sinks.files.current_epoch_dirs` names (docs/REPLAY.md).
     * ``"snapshot"``: every epoch's rows are the whole table, e.g. a keyed state's
       current values (``aggregate(..., mode="snapshot")`` or ``state.snapshot()``). The
       commit publishes ``<path>/epoch=<e>/``, points ``<path>/_LATEST`` at it and then
@@ -109,20 +51,25 @@ class FileSink(Sink):
         format: str = "parquet",
         options: Mapping[str, Any] | None = None,
         partition_by: Sequence[str] | None = None,
-        mode: str = SinkMode.CHANGES.value,
+        mode: str = SinkMode.APPEND.value,
         expectations: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(name, fsspec_url(path).rstrip("/"), mode)
+        checked_options = checked(FileSinkOptions, {"path": path, "format": format, "options": dict(options or {}),
+                                                    "partition_by": list(partition_by or []), "mode": mode},
+                                  f"file sink {name!r}")
+        self._init(name, fsspec_url(checked_options.path).rstrip("/"), checked_options.mode, expectations,
+                   checked_options.format, checked_options.options, checked_options.partition_by)
+
+    def _init(self, name: str, target_url: str, mode: str, expectations: Mapping[str, Any] | None, format: str,
+              options: Mapping[str, Any], partition_by: Sequence[str]) -> None:
+        """The sink's state from checked options (a table sink checks its own model first)."""
+        super().__init__(name, target_url, mode)
         self.expectations = parse_expectations(name, expectations)
-        if format not in FILE_FORMATS:
-            raise ConfigError(
-                f"file sink {name!r}: format must be one of {FILE_FORMATS}, got {format!r}"
-            )
         self.format = format
         #: The staged writer's expectation options while it applies the sink's rules.
         self._split: dict[str, str] = {}
-        self.options = {k: str(v) for k, v in (options or {}).items()}
-        self.partition_by = list(partition_by or [])
+        self.options = {k: str(v) for k, v in options.items()}
+        self.partition_by = list(partition_by)
 
     def write(self, df: DataFrame) -> int:
         """Write ``df`` into the attempt's staging directory, counting rows on the way.

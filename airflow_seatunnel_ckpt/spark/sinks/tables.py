@@ -11,8 +11,9 @@ the table format expects of its data files:
   (``__partition_<column>``), so each file holds exactly one value of each partition
   column, and the column itself;
 * **timestamps as ``TIMESTAMP_MICROS``** (Spark's INT96 default is rejected by Iceberg);
-* the sink's options (never secrets) travel in the manifest (``SinkManifest.table``), so
-  the commit task, the recovery DAG and the console commit the same table.
+* the sink's typed options (never secrets; :mod:`core.sinks.options`) travel in the
+  manifest (``SinkManifest.table``), so the commit task, the recovery DAG and the console
+  commit the same table.
 """
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_seatunnel_ckpt.core.catalogs import checked_table_options, embedded_catalog
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.core.sinks.postgres_options import TIMEOUTS, parse
+from airflow_seatunnel_ckpt.core.options import checked
+from airflow_seatunnel_ckpt.core.sinks.options import (
+    TIMEOUTS,
+    DeltaSinkOptions,
+    IcebergSinkOptions,
+    PostgresSinkOptions,
+    SinkOptionsBase,
+)
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url
 from airflow_seatunnel_ckpt.spark.sinks.files import FileSink
 
@@ -37,20 +44,20 @@ PARTITION_PREFIX = "__partition_"
 class TableSink(FileSink):
     """A sink whose epochs are committed into a table format (see the module docs)."""
 
-    #: ``SinkManifest.table["type"]``: the :mod:`core.sinks` format that commits it.
+    #: ``SinkManifest.table.type``: the :mod:`core.sinks` module that commits it.
     table_type: ClassVar[str] = ""
 
-    def __init__(self, name: str, target_url: str, table: Mapping[str, Any], *,
-                 partition_by: Sequence[str] | None = None, mode: str = SinkMode.CHANGES.value,
+    def __init__(self, name: str, target_url: str, options: SinkOptionsBase,
                  expectations: Mapping[str, Any] | None = None) -> None:
-        super().__init__(name, target_url, format="parquet", partition_by=partition_by, mode=mode,
-                         expectations=expectations)
-        bad = [c for c in self.partition_by if not isinstance(c, str) or not c]
+        """``options``: the sink's checked options (what the commit needs; never secrets)."""
+        partition_by = list(getattr(options, "partition_by", []))
+        self._init(name, target_url, str(getattr(options, "mode", "append")), expectations, "parquet", {},
+                   partition_by)
+        bad = [c for c in self.partition_by if not c]
         if bad:
             raise ConfigError(f"{self.table_type} sink {name!r}: partition_by must be column names, got {bad}")
         #: What the commit needs to find the table (recorded in the prepared record).
-        self.table: dict[str, Any] = {"type": self.table_type, **table,
-                                      "partition_by": list(self.partition_by)}
+        self.table = options.recorded()
 
     def _stage(self, df: DataFrame, *, count: bool = True) -> int:
         """Stage ``df`` as Parquet data files of the table (one partition value per file)."""
@@ -84,56 +91,43 @@ class TableSink(FileSink):
 class IcebergSink(TableSink):
     """Epochs committed into an Apache Iceberg table with pyiceberg (one snapshot per epoch).
 
-    :param table: ``namespace.name`` (created on the first commit, namespace too).
-    :param catalog: pyiceberg catalog properties, never secrets (``type``, ``uri``,
-        ``warehouse``, ``s3.endpoint``...). Empty, with no ``catalog_conn_id``: the embedded
-        SQL catalog on SQLite under ``$AIRFLOW_HOME/seatunnel-ckpt-warehouse``, resolved to
-        absolute paths here so that every committer uses the same one.
-    :param catalog_name: the catalog's name (pyiceberg's; also ``~/.pyiceberg.yaml``'s).
-    :param catalog_conn_id: an Airflow connection whose properties (credentials included)
-        are added when the commit runs; only its name is recorded in the checkpoint store.
-    :param partition_by: identity partition columns of the table.
-    :param mode: ``changes`` (each epoch appends) or ``snapshot`` (each epoch replaces the
-        table's rows, in one snapshot).
-    :param expectations: data-quality rules on the rows written (docs/EXPECTATIONS.md).
-    :param merge_keys: upsert key columns (as the Delta sink's) (``changes`` mode only): each epoch's rows replace the
-        table's rows with the same key, in the epoch's one transaction, so a "totals per
-        customer" table read directly is always current. One row per key per epoch.
+    Options: :class:`IcebergSinkOptions` (``table``, ``catalog``, ``catalog_name``,
+    ``catalog_conn_id``, ``partition_by``, ``mode`` ``append|upsert|snapshot``,
+    ``merge_keys``, ``expectations``; no ``mode``: ``upsert`` with ``merge_keys``, else
+    ``append``). An empty ``catalog`` with no ``catalog_conn_id`` is
+    the embedded SQL catalog on SQLite under ``$AIRFLOW_HOME/seatunnel-ckpt-warehouse``,
+    resolved to absolute paths here so that every committer uses the same one. An upsert's
+    rows replace the table's rows with the same key in the epoch's one transaction, so a
+    "totals per customer" table read directly is always current (one row per key per epoch).
     """
 
     table_type = "iceberg"
 
     def __init__(self, name: str, table: str, catalog: Mapping[str, Any] | None = None,
                  catalog_name: str = "default", catalog_conn_id: str | None = None,
-                 partition_by: Sequence[str] | None = None, mode: str = SinkMode.CHANGES.value,
+                 partition_by: Sequence[str] | None = None, mode: str | None = None,
                  merge_keys: Sequence[str] | None = None, expectations: Mapping[str, Any] | None = None) -> None:
+        where = f"iceberg sink {name!r}"
+        options = checked(IcebergSinkOptions, {"table": table, "catalog": dict(catalog or {}),
+                                               "catalog_name": catalog_name, "catalog_conn_id": catalog_conn_id,
+                                               "partition_by": list(partition_by or []), "mode": mode,
+                                               "merge_keys": merge_keys}, where)
         props = checked_table_options(
-            f"iceberg sink {name!r}", table, catalog,
+            where, options.table, options.catalog,
             "Put them in an Airflow connection and name it in catalog_conn_id (its extras are pyiceberg "
             "properties, login/password the credential)")
-        keys = [merge_keys] if isinstance(merge_keys, str) else list(merge_keys or [])
-        if any(not isinstance(k, str) or not k for k in keys):
-            raise ConfigError(f"iceberg sink {name!r}: merge_keys must be column names, got {merge_keys!r}")
-        if keys and mode != SinkMode.CHANGES.value:
-            raise ConfigError(f"iceberg sink {name!r}: merge_keys (upsert) needs mode 'changes'; a {mode!r} sink "
-                              "replaces the whole table each epoch")
-        if not props and not catalog_conn_id:
+        if not props and not options.catalog_conn_id:
             props = embedded_catalog()
-        options: dict[str, Any] = {"identifier": table, "catalog_name": catalog_name, "catalog": props}
-        if catalog_conn_id:
-            options["catalog_conn_id"] = catalog_conn_id
-        if keys:
-            options["merge_keys"] = keys
-        super().__init__(name, f"iceberg://{catalog_name}/{table}", options, partition_by=partition_by, mode=mode,
-                         expectations=expectations)
+        super().__init__(name, f"iceberg://{options.catalog_name}/{options.table}",
+                         options.model_copy(update={"catalog": props}), expectations=expectations)
 
     def quarantine_options(self) -> dict[str, Any] | None:
         """A table ``<namespace>.<name>_quarantine`` beside this one, in the same catalog."""
-        assert self.table is not None
-        options = {"type": "iceberg", "table": f"{self.table['identifier']}_quarantine",
-                   "catalog": self.table["catalog"], "catalog_name": self.table["catalog_name"]}
-        if self.table.get("catalog_conn_id"):
-            options["catalog_conn_id"] = self.table["catalog_conn_id"]
+        assert isinstance(self.table, IcebergSinkOptions)
+        options: dict[str, Any] = {"type": "iceberg", "table": f"{self.table.table}_quarantine",
+                                   "catalog": self.table.catalog, "catalog_name": self.table.catalog_name}
+        if self.table.catalog_conn_id:
+            options["catalog_conn_id"] = self.table.catalog_conn_id
         return options
 
 
@@ -146,11 +140,10 @@ TABLE_PROTOCOLS = ("file", "s3")
 class DeltaSink(TableSink):
     """Epochs committed into a Delta Lake table with delta-rs (one table version per epoch).
 
-    Options: ``path`` (the table's URL: a local path, ``file://`` or ``s3://``/``s3a://``;
-    the table is created by the first epoch that has rows), ``partition_by`` (partition
-    columns of a new table; an existing table's must match), ``mode`` (``changes``
-    appends each epoch, ``snapshot`` replaces the table's rows in the same version),
-    ``expectations`` (data-quality rules on the rows written, docs/EXPECTATIONS.md).
+    Options: :class:`DeltaSinkOptions` (``path``: the table's URL, a local path, ``file://``
+    or ``s3://``/``s3a://``, the table created by the first epoch that has rows;
+    ``partition_by``; ``mode`` ``append|upsert|snapshot``, without one ``upsert`` with
+    ``merge_keys``, else ``append``; ``merge_keys``; ``expectations``).
     Credentials are never options: the commit reuses the checkpoint store's when the
     table is on the same protocol, or takes them from a registered secret resolver.
     See docs/tables/delta.md.
@@ -159,19 +152,16 @@ class DeltaSink(TableSink):
     table_type = "delta"
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str] | None = None,
-                 mode: str = SinkMode.CHANGES.value, merge_keys: Sequence[str] | None = None,
+                 mode: str | None = None, merge_keys: Sequence[str] | None = None,
                  expectations: Mapping[str, Any] | None = None) -> None:
-        url = fsspec_url(path).rstrip("/")
+        options = checked(DeltaSinkOptions, {"path": path, "partition_by": list(partition_by or []), "mode": mode,
+                                             "merge_keys": merge_keys}, f"delta sink {name!r}")
+        url = fsspec_url(options.path).rstrip("/")
         protocol = url.split("://", 1)[0]
         if protocol not in TABLE_PROTOCOLS:
             raise ConfigError(f"delta sink {name!r}: path {path!r} is on {protocol}://, where delta-rs cannot "
                               f"commit here; use one of {[p + '://' for p in TABLE_PROTOCOLS]} (or s3a://)")
-        keys = [merge_keys] if isinstance(merge_keys, str) else list(merge_keys or [])
-        if keys and mode == SinkMode.SNAPSHOT.value:
-            raise ConfigError(f"delta sink {name!r}: merge_keys {keys} with mode 'snapshot': a snapshot replaces the "
-                              "whole table, an upsert replaces rows by key. Choose one")
-        super().__init__(name, url, {"uri": url, **({"merge_keys": keys} if keys else {})},
-                         partition_by=partition_by, mode=mode, expectations=expectations)
+        super().__init__(name, url, options.model_copy(update={"path": url}), expectations=expectations)
 
     def quarantine_options(self) -> dict[str, Any] | None:
         """A table ``<path>_quarantine`` beside this one."""
@@ -183,20 +173,10 @@ class DeltaSink(TableSink):
 class PostgresSink(TableSink):
     """Epochs committed into a PostgreSQL table (one transaction per epoch, with its marker row).
 
-    :param table: ``schema.name`` (``name`` alone: schema ``public``).
-    :param postgres_conn_id: the Airflow Postgres connection the commit connects with; only
-        its name is recorded in the checkpoint store.
-    :param conninfo: a libpq connection string without a password, instead of a connection.
-    :param mode: ``append`` (each epoch's rows added) or ``upsert`` (merged on ``merge_keys``).
-    :param merge_keys: the columns of the table's primary key or a unique constraint (upsert).
-    :param create_table: create a missing table from the first epoch's columns (merge keys as
-        its primary key); without it a missing table refuses the epoch.
-    :param epoch_column: a ``bigint`` column each commit fills with its epoch, so that a replay
-        removes exactly the replayed epochs' rows (an append sink without one cannot be replayed).
-    :param lock_timeout_s: how long a statement waits for a lock (transient when it runs out).
-    :param statement_timeout_s: how long one statement (a large epoch's ``COPY``) may run.
-    :param idle_in_transaction_timeout_s: how long the server keeps a quiet session's transaction.
-    :param expectations: data-quality rules on the rows written (docs/EXPECTATIONS.md).
+    Options: :class:`PostgresSinkOptions` (``table``, ``postgres_conn_id`` or ``conninfo``,
+    ``mode`` ``append|upsert``, ``merge_keys``, ``create_table``, ``epoch_column``, the
+    session's timeouts, ``expectations``). Only the connection's name is recorded in the
+    checkpoint store; its password comes from the connection when the commit runs.
     """
 
     table_type = "postgres"
@@ -207,14 +187,12 @@ class PostgresSink(TableSink):
                  statement_timeout_s: float = TIMEOUTS["statement_timeout_s"],
                  idle_in_transaction_timeout_s: float = TIMEOUTS["idle_in_transaction_timeout_s"],
                  expectations: Mapping[str, Any] | None = None) -> None:
-        options = parse({"table": table, "postgres_conn_id": postgres_conn_id, "conninfo": conninfo, "mode": mode,
-                         "merge_keys": merge_keys, "create_table": create_table, "epoch_column": epoch_column,
-                         "lock_timeout_s": lock_timeout_s, "statement_timeout_s": statement_timeout_s,
-                         "idle_in_transaction_timeout_s": idle_in_transaction_timeout_s}, f"postgres sink {name!r}")
-        recorded = options.to_options()
-        recorded.pop("type")
-        super().__init__(name, options.target_url(), recorded, mode=SinkMode.CHANGES.value,
-                         expectations=expectations)
+        options = checked(PostgresSinkOptions, {
+            "table": table, "postgres_conn_id": postgres_conn_id, "conninfo": conninfo, "mode": mode,
+            "merge_keys": merge_keys, "create_table": create_table, "epoch_column": epoch_column,
+            "lock_timeout_s": lock_timeout_s, "statement_timeout_s": statement_timeout_s,
+            "idle_in_transaction_timeout_s": idle_in_transaction_timeout_s}, f"postgres sink {name!r}")
+        super().__init__(name, options.target_url(), options, expectations=expectations)
 
     def quarantine_options(self) -> dict[str, Any] | None:
         """None: quarantined rows hold a list column, which the sink's CSV load cannot take (use ``drop``)."""

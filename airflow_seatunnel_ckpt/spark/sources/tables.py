@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.catalogs import checked_table_options, embedded_catalog
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.sinks.files import EPOCHS, EpochsPointer
 from airflow_seatunnel_ckpt.core.sources import delta as delta_planning
 from airflow_seatunnel_ckpt.core.sources import iceberg as iceberg_planning
 from airflow_seatunnel_ckpt.core.sources import tables as planning
@@ -35,7 +36,6 @@ from airflow_seatunnel_ckpt.core.sources.options import (
     constructor_signature,
 )
 from airflow_seatunnel_ckpt.core.sources.tables import TableSourceError
-from airflow_seatunnel_ckpt.core.storage.publish import EPOCHS, EpochsPointer
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
 from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
 from airflow_seatunnel_ckpt.spark.sources.files import FileSource, file_identity

@@ -17,9 +17,9 @@ from airflow_seatunnel_ckpt.core import Pipeline, layout
 from airflow_seatunnel_ckpt.core.models import EpochState
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay, resume_replay
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
+from airflow_seatunnel_ckpt.core.sinks.files import EPOCHS, EpochsPointer, current_epoch_dirs
 from airflow_seatunnel_ckpt.core.sources.tables import TableSourceError, plan_published_epochs
 from airflow_seatunnel_ckpt.core.storage import open_storage
-from airflow_seatunnel_ckpt.core.storage.publish import EPOCHS, EpochsPointer, current_epoch_dirs
 from tests.core import faults
 from tests.core.conftest import StoreSpec, forget
 from tests.core.epochs import Participant, run_epoch, target_url

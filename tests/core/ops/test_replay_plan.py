@@ -22,7 +22,7 @@ from airflow_seatunnel_ckpt.core.ops.replay import (
     plan_replay,
     resume_replay,
 )
-from airflow_seatunnel_ckpt.core.sinks import TableCommit, markers
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, markers
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, published, run_epoch, stage, target_url
@@ -63,15 +63,15 @@ def test_a_replay_outside_the_committed_epochs_or_while_one_is_in_flight_is_refu
 def test_a_replays_manifest_keeps_the_epochs_it_replaces_and_files_name_the_epoch_that_placed_them(
         fast_spec: StoreSpec) -> None:
     manifest = SinkManifest("orders", "iceberg://lake/orders", "_staging/epoch=9/attempt=1/orders",
-                            [FileInfo("replayed-6/a.parquet", 3, 1)], 3, table={"type": "iceberg"},
-                            replaces=(6, 7, 8), force_replace=True)
+                            [FileInfo("replayed-6/a.parquet", 3, 1)], 3,
+                            table={"type": "iceberg", "table": "lake.orders"}, replaces=(6, 7, 8), force_replace=True)
     assert SinkManifest.from_dict(manifest.to_dict()) == manifest
     plain = dataclasses.replace(manifest, replaces=(), force_replace=False)
     assert "replaces" not in plain.to_dict() and SinkManifest.from_dict(plain.to_dict()) == plain
     assert dataclasses.replace(manifest, rows=0, files=[]).publishes  # an empty replay still removes rows
 
     pipeline = fast_spec.pipeline()
-    request = TableCommit("orders", "store", 9, manifest, pipeline.storage, 0, store_id="0123456789abcdef")
+    request = SinkCommit("orders", "store", 9, manifest, pipeline.storage, 0, store_id="0123456789abcdef")
     short = markers.placement(request).rsplit("/", 1)[1].split("-e")[0]
     assert markers.placed_epoch(f"s3://w/data/c=1/orders/orders/{short}-e12/part-0.parquet", request) == 12
     assert markers.placed_epoch(f"c=1/orders/orders/{short}-e7-00003.parquet", request) == 7  # Delta's names

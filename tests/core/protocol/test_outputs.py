@@ -15,8 +15,8 @@ import pytest
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, SinkMode, layout
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PreparedRecord, SinkManifest
-from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, open_storage
-from airflow_seatunnel_ckpt.core.storage.publish import LATEST
+from airflow_seatunnel_ckpt.core.sinks.files import LATEST, OWNER_MARKER
+from airflow_seatunnel_ckpt.core.storage import open_storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import Participant, prepare_participant, published, run_epoch, stage, target_url
 
@@ -97,7 +97,7 @@ def test_snapshot_sink_keeps_only_the_newest_epoch_and_points_latest_at_it(fast_
 def test_changes_sink_keeps_every_epoch(fast_spec: StoreSpec) -> None:
     p = fast_spec.pipeline()
     for n in (1, 2):
-        commit(p, prepare_sink(p, f"run-{n}", "orders", [b"r"], SinkMode.CHANGES))
+        commit(p, prepare_sink(p, f"run-{n}", "orders", [b"r"], SinkMode.APPEND))
     assert target_entries(p, "orders") == ["epoch=1", "epoch=2"]
 
 
@@ -106,8 +106,10 @@ def test_sink_mode_is_stored_only_when_not_the_default_and_refused_when_unknown(
     assert "mode" not in manifest.to_dict()
     snapshot = dataclasses.replace(manifest, mode=SinkMode.SNAPSHOT)
     assert SinkManifest.from_dict(snapshot.to_dict()) == snapshot
-    with pytest.raises(CorruptCheckpointError, match="prepared-ingest: .*mode: input should be 'changes' or 'snap"):
-        SinkManifest.from_dict({**snapshot.to_dict(), "mode": "upsert"}, "prepared-ingest")
+    with pytest.raises(CorruptCheckpointError, match="prepared-ingest: .*mode: input should be 'append', 'upsert'"):
+        SinkManifest.from_dict({**snapshot.to_dict(), "mode": "full"}, "prepared-ingest")
+    previous = SinkManifest.from_dict({**manifest.to_dict(), "mode": "changes"}, "prepared-ingest")
+    assert previous.mode is SinkMode.APPEND, "the previous release's name of append"
 
 
 # -- sinks declared but not written ------------------------------------------------------
@@ -115,7 +117,7 @@ def test_sink_mode_is_stored_only_when_not_the_default_and_refused_when_unknown(
 def test_sink_not_written_is_in_the_prepared_record_the_commit_result_and_the_log(
         fast_spec: StoreSpec, caplog: pytest.LogCaptureFixture) -> None:
     p = fast_spec.pipeline()
-    epoch = prepare_sink(p, "run-1", "orders", [b"a"], SinkMode.CHANGES, not_written=("audit",))
+    epoch = prepare_sink(p, "run-1", "orders", [b"a"], SinkMode.APPEND, not_written=("audit",))
     assert p.txlog.read_prepared(epoch, "ingest").not_written == ["audit"]
 
     with caplog.at_level(logging.WARNING, logger="airflow_seatunnel_ckpt.core.protocol.pipeline"):

@@ -22,8 +22,9 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, layout
 from airflow_seatunnel_ckpt.core.models import SinkManifest
+from airflow_seatunnel_ckpt.core.options import checked
 from airflow_seatunnel_ckpt.core.protocol import settled
-from airflow_seatunnel_ckpt.core.sinks.postgres_options import parse
+from airflow_seatunnel_ckpt.core.sinks.options import PostgresSinkOptions
 from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX
 from tests.core.sinks.test_iceberg_sink import Lake, eu
 
@@ -37,7 +38,8 @@ def postgres_totals(lake: Lake, epoch: int, dsn: str) -> SinkManifest:
     pq.write_table(pa.table({"customer": [f"c{epoch}"], "total": [float(epoch)]}, schema=TOTALS), buf)
     p.storage.write_atomic(f"{p.staging_path(epoch, 1, 'totals')}/part-00000.parquet", buf.getvalue())
     options = {"type": "postgres", "table": "public.customer_totals", "conninfo": dsn, "create_table": True}
-    manifest = p.manifest_for_staged(epoch, 1, "totals", parse(options, "sink 'totals'").target_url(), 1)
+    target = checked(PostgresSinkOptions, options, "sink 'totals'").target_url()
+    manifest = p.manifest_for_staged(epoch, 1, "totals", target, 1)
     return dataclasses.replace(manifest, table=options)
 
 

@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from airflow_seatunnel_ckpt.core.errors import PublishError
-from airflow_seatunnel_ckpt.core.sinks import commit_table
+from airflow_seatunnel_ckpt.core.sinks import commit_sink
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.sinks.test_delta_sink import (
     deltalake_rows,
@@ -37,7 +37,7 @@ def test_timestamp_and_date_statistics_bound_every_row(store: Storage, table_uri
                      "day": pa.array([dt.date(2026, 1, 1)] * 2)})
     manifest = stage(store, 1, {"__partition_day=2026-01-01/p.parquet": data}, uri=table_uri,
                      partition_by=("day",))
-    commit_table(request(store, 1, manifest))
+    commit_sink(request(store, 1, manifest))
 
     (add,) = logged_adds(table_uri)
     stats = json.loads(add["stats"])
@@ -60,7 +60,7 @@ def test_a_file_holding_two_partition_values_is_refused_before_the_log_commit(
 
     with pytest.raises(PublishError, match=r"country=DE/orders/orders/[0-9a-f]+-e1-00000\.parquet does not hold "
                                            r"exactly one value of partition column 'country'"):
-        commit_table(request(store, 1, manifest))
+        commit_sink(request(store, 1, manifest))
     assert not DeltaTable.is_deltatable(table_uri)
 
 
@@ -68,7 +68,7 @@ def test_null_and_integer_partition_values_are_logged_in_delta_string_form(store
     data = {"__partition_year=2026/a.parquet": pa.table({"id": [1], "year": pa.array([2026], pa.int32())}),
             "__partition_year=__HIVE_DEFAULT_PARTITION__/b.parquet":
                 pa.table({"id": [2], "year": pa.array([None], pa.int32())})}
-    commit_table(request(store, 1, stage(store, 1, data, uri=table_uri, partition_by=("year",))))
+    commit_sink(request(store, 1, stage(store, 1, data, uri=table_uri, partition_by=("year",))))
 
     logged = sorted((a["path"], a["partitionValues"]["year"]) for a in logged_adds(table_uri))
     assert [value for _, value in logged] == ["2026", None]
@@ -85,7 +85,7 @@ def test_timestamp_date_boolean_and_float_partitions_read_back_exactly(store: St
                      "day": pa.array([dt.date(2026, 1, 2)]), "flag": [True], "ratio": [1.5]})
     staged = "__partition_at=x/__partition_day=y/__partition_flag=true/__partition_ratio=1.5/p.parquet"
     manifest = stage(store, 1, {staged: data}, uri=table_uri, partition_by=("at", "day", "flag", "ratio"))
-    commit_table(request(store, 1, manifest))
+    commit_sink(request(store, 1, manifest))
 
     (add,) = logged_adds(table_uri)
     assert add["partitionValues"] == {"at": "2026-01-02T03:04:05.678901Z", "day": "2026-01-02", "flag": "true",

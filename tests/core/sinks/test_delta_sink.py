@@ -23,10 +23,12 @@ from deltalake import DeltaTable
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import PublishError, SinkRefusedError, TableOwnershipError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
-from airflow_seatunnel_ckpt.core.sinks import TableCommit, commit_table
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, commit_sink
 from airflow_seatunnel_ckpt.core.sinks import delta as delta_commit
-from airflow_seatunnel_ckpt.core.sinks.markers import short, store_id
-from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, Storage
+from airflow_seatunnel_ckpt.core.sinks.base import store_id
+from airflow_seatunnel_ckpt.core.sinks.files import OWNER_MARKER
+from airflow_seatunnel_ckpt.core.sinks.markers import short
+from airflow_seatunnel_ckpt.core.storage import Storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from tests.core import faults
 from tests.core.conftest import StoreSpec
@@ -42,7 +44,7 @@ def rows(ids: list[int], country: str) -> pa.Table:
 
 
 def stage(store: Storage, epoch: int, files: dict[str, pa.Table], *, uri: str, sink: str = "orders",
-          mode: SinkMode = SinkMode.CHANGES, partition_by: tuple[str, ...] = ("country",),
+          mode: SinkMode = SinkMode.APPEND, partition_by: tuple[str, ...] = ("country",),
           staging: str = "") -> SinkManifest:
     """Write ``files`` (path below the staging dir -> rows) as Parquet and describe them as a manifest."""
     staging = staging or f"staging/epoch={epoch}/attempt=1/{sink}"
@@ -56,8 +58,8 @@ def stage(store: Storage, epoch: int, files: dict[str, pa.Table], *, uri: str, s
                         table={"type": "delta", "uri": uri, "partition_by": list(partition_by)})
 
 
-def request(store: Storage, epoch: int, manifest: SinkManifest, retries: int = 3) -> TableCommit:
-    return TableCommit("orders", "file:///store", epoch, manifest, store, retries, store_id=store_id(store))
+def request(store: Storage, epoch: int, manifest: SinkManifest, retries: int = 3) -> SinkCommit:
+    return SinkCommit("orders", "file:///store", epoch, manifest, store, retries, store_id=store_id(store))
 
 
 def app_id(store: str, sink: str = "orders") -> str:
@@ -102,7 +104,7 @@ def expected(**countries: list[int]) -> list[tuple[Any, ...]]:
 def test_one_epoch_is_read_once_with_its_partition_values_by_deltalake_and_duckdb(
         store: Storage, table_uri: str) -> None:
     manifest = stage(store, 1, by_country(1, DE=[1, 2], FR=[3]), uri=table_uri)
-    published = commit_table(request(store, 1, manifest))
+    published = commit_sink(request(store, 1, manifest))
 
     assert (published.files, published.rows, published.how) == (2, 3, "copied")
     want = expected(DE=[1, 2], FR=[3])
@@ -126,8 +128,8 @@ def test_one_epoch_is_read_once_with_its_partition_values_by_deltalake_and_duckd
 
 def test_a_retried_commit_finds_the_epoch_in_the_table_and_adds_nothing(store: Storage, table_uri: str) -> None:
     manifest = stage(store, 1, by_country(1, DE=[1, 2]), uri=table_uri)
-    commit_table(request(store, 1, manifest))
-    again = commit_table(request(store, 1, manifest))
+    commit_sink(request(store, 1, manifest))
+    again = commit_sink(request(store, 1, manifest))
 
     assert again.how == "already"
     assert DeltaTable(table_uri).version() == 0
@@ -135,8 +137,8 @@ def test_a_retried_commit_finds_the_epoch_in_the_table_and_adds_nothing(store: S
 
 
 def test_changes_epochs_append_one_table_version_each(store: Storage, table_uri: str) -> None:
-    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
-    commit_table(request(store, 2, stage(store, 2, by_country(2, DE=[2], FR=[3]), uri=table_uri)))
+    commit_sink(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+    commit_sink(request(store, 2, stage(store, 2, by_country(2, DE=[2], FR=[3]), uri=table_uri)))
 
     table = DeltaTable(table_uri)
     assert (table.version(), table.transaction_version(app_id(store_id(store)))) == (1, 2)
@@ -148,9 +150,9 @@ def test_changes_epochs_append_one_table_version_each(store: Storage, table_uri:
 def test_two_committers_racing_one_epoch_land_it_in_one_version(
         store: Storage, table_uri: str, existing: bool, retries: int) -> None:
     if existing:
-        commit_table(request(store, 1, stage(store, 1, by_country(1, FR=[9]), uri=table_uri)))
+        commit_sink(request(store, 1, stage(store, 1, by_country(1, FR=[9]), uri=table_uri)))
     manifest = stage(store, 2, by_country(2, DE=[1, 2], FR=[3]), uri=table_uri)
-    outcomes = at_once([lambda: commit_table(request(store, 2, manifest, retries))] * 2)
+    outcomes = at_once([lambda: commit_sink(request(store, 2, manifest, retries))] * 2)
 
     # The loser's conflict is no error: it reads the table again and finds the epoch.
     assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
@@ -172,12 +174,12 @@ def test_a_commit_killed_after_placing_the_files_commits_them_once_when_rerun(
 
     monkeypatch.setattr(delta_commit, "create_table_with_add_actions", killed)
     with pytest.raises(SimulatedCrash):
-        commit_table(request(store, 1, manifest))
+        commit_sink(request(store, 1, manifest))
     assert sorted(str(p.relative_to(table_uri)) for p in Path(table_uri).rglob("*.parquet")) == [
         f"country=DE/{placed(store_id(store), 1, 0)}", f"country=FR/{placed(store_id(store), 1, 1)}"]
 
     monkeypatch.setattr(delta_commit, "create_table_with_add_actions", real)
-    assert commit_table(request(store, 1, manifest)).how == "copied"  # by the killed attempt: kept as they were
+    assert commit_sink(request(store, 1, manifest)).how == "copied"  # by the killed attempt: kept as they were
     assert DeltaTable(table_uri).version() == 0
     assert duckdb_rows(table_uri) == expected(DE=[1, 2], FR=[3])
     assert len(list(Path(table_uri).rglob("*.parquet"))) == 2
@@ -214,7 +216,7 @@ def test_a_staged_file_whose_size_differs_from_the_manifest_is_refused_by_name(
     store.write_atomic(damaged, store.read(damaged) + b"junk")
 
     with pytest.raises(PublishError, match=r"__partition_country=FR/part-00000-e1\.parquet.* bytes, the manifest says"):
-        commit_table(request(store, 1, manifest))
+        commit_sink(request(store, 1, manifest))
     assert not DeltaTable.is_deltatable(table_uri)
 
 
@@ -223,37 +225,37 @@ def test_a_placed_file_whose_size_differs_is_refused_before_the_log_commit(
     manifest = stage(store, 1, by_country(1, DE=[1]), uri=table_uri)
     place = delta_commit.place_files
 
-    def place_then_damage(req: TableCommit, target: Storage, where: str) -> Any:
+    def place_then_damage(req: SinkCommit, target: Storage, where: str) -> Any:
         placed, how = place(req, target, where)
         target.write_atomic(placed[0].path, b"not the file")
         return placed, how
 
     monkeypatch.setattr(delta_commit, "place_files", place_then_damage)
     with pytest.raises(PublishError, match=rf"country=DE/{placed(store_id(store), 1, 0)} is 12 bytes, the manifest"):
-        commit_table(request(store, 1, manifest))
+        commit_sink(request(store, 1, manifest))
     assert not DeltaTable.is_deltatable(table_uri)
 
 
 def test_a_changed_column_type_is_refused_before_anything_is_committed(store: Storage, table_uri: str) -> None:
-    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+    commit_sink(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     changed = pa.table({"id": ["x"], "country": ["DE"], "amount": [1.0]})
     manifest = stage(store, 2, {"__partition_country=DE/p.parquet": changed}, uri=table_uri)
 
     with pytest.raises(SinkRefusedError, match=r"id: table has PrimitiveType\(\"long\"\), the epoch's files have "
                                           r"PrimitiveType\(\"string\"\).*Cast or add the columns"):
-        commit_table(request(store, 2, manifest))
+        commit_sink(request(store, 2, manifest))
     assert DeltaTable(table_uri).version() == 0
     missing = pa.table({"id": [2], "country": ["DE"]})
     with pytest.raises(SinkRefusedError,
                        match=r"Columns missing from the files: amount \(PrimitiveType\(\"double\"\)\)"):
-        commit_table(request(store, 3, stage(store, 3, {"__partition_country=DE/p.parquet": missing}, uri=table_uri)))
+        commit_sink(request(store, 3, stage(store, 3, {"__partition_country=DE/p.parquet": missing}, uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
 
 
 def test_an_added_column_evolves_the_table_and_older_rows_read_null(store: Storage, table_uri: str) -> None:
-    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+    commit_sink(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     wider = rows([2], "DE").append_column("note", pa.array(["new"]))
-    commit_table(request(store, 2, stage(store, 2, {"__partition_country=DE/p.parquet": wider}, uri=table_uri)))
+    commit_sink(request(store, 2, stage(store, 2, {"__partition_country=DE/p.parquet": wider}, uri=table_uri)))
 
     want = [(1, "DE", 1.5, None), (2, "DE", 3.0, "new")]
     assert deltalake_rows(table_uri) == want
@@ -263,8 +265,8 @@ def test_an_added_column_evolves_the_table_and_older_rows_read_null(store: Stora
 
 def test_snapshot_epochs_replace_the_table_in_one_version_each(store: Storage, table_uri: str) -> None:
     snap = SinkMode.SNAPSHOT
-    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1, 2], FR=[3]), uri=table_uri, mode=snap)))
-    commit_table(request(store, 2, stage(store, 2, by_country(2, FR=[4]), uri=table_uri, mode=snap)))
+    commit_sink(request(store, 1, stage(store, 1, by_country(1, DE=[1, 2], FR=[3]), uri=table_uri, mode=snap)))
+    commit_sink(request(store, 2, stage(store, 2, by_country(2, FR=[4]), uri=table_uri, mode=snap)))
 
     assert duckdb_rows(table_uri) == expected(FR=[4])
     assert deltalake_rows(table_uri) == expected(FR=[4])
@@ -274,7 +276,7 @@ def test_snapshot_epochs_replace_the_table_in_one_version_each(store: Storage, t
     old = DeltaTable(table_uri, version=0).to_pyarrow_table()
     assert old.num_rows == 3
     empty = stage(store, 3, {"__partition_country=FR/p.parquet": rows([], "FR")}, uri=table_uri, mode=snap)
-    commit_table(request(store, 3, empty))
+    commit_sink(request(store, 3, empty))
     assert duckdb_rows(table_uri) == [] and DeltaTable(table_uri).version() == 2
 
 
@@ -287,7 +289,7 @@ def test_s3_options_of_the_store_become_delta_rs_storage_options(store: Storage)
         storage_options = {"key": "AK", "secret": "SK",
                            "client_kwargs": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}}
 
-    s3_request = TableCommit("orders", "s3://store-bucket", 1, manifest, S3Store(), 3)  # type: ignore[arg-type]
+    s3_request = SinkCommit("orders", "s3://store-bucket", 1, manifest, S3Store(), 3)  # type: ignore[arg-type]
     fs, opts = delta_commit.storage_options(s3_request, "s3://b/t")
     assert fs == S3Store.storage_options
     assert opts == {"AWS_ACCESS_KEY_ID": "AK", "AWS_SECRET_ACCESS_KEY": "SK", "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
@@ -301,7 +303,7 @@ def test_an_epoch_commits_once_into_a_delta_table_on_s3(s3_spec: StoreSpec, moto
     store = s3_spec.storage("store")
     uri = s3_spec.sub_url("tables/orders")
     manifest = stage(store, 1, by_country(1, DE=[1, 2], FR=[3]), uri=uri)
-    outcomes = at_once([lambda: commit_table(request(store, 1, manifest))] * 2)
+    outcomes = at_once([lambda: commit_sink(request(store, 1, manifest))] * 2)
 
     assert sorted(o.how for o in outcomes) == ["already", "copied"], outcomes  # type: ignore[union-attr]
     options = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -362,17 +364,17 @@ def test_a_commit_killed_at_any_step_lands_the_epoch_exactly_once_when_resumed(
 
 
 def test_a_sink_partitioned_unlike_its_existing_table_is_refused(store: Storage, table_uri: str) -> None:
-    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+    commit_sink(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     flat = stage(store, 2, {"p.parquet": rows([2], "DE")}, uri=table_uri, partition_by=())
 
     with pytest.raises(SinkRefusedError, match=r"the table is partitioned by \['country'\], the sink by \[\]"):
-        commit_table(request(store, 2, flat))
+        commit_sink(request(store, 2, flat))
     assert DeltaTable(table_uri).version() == 0
 
 
 def test_files_staged_in_another_store_are_copied_into_the_table(table_uri: str) -> None:
     store = StoreSpec("memory", f"memory://delta-{uuid.uuid4().hex}").storage("store")
-    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1, 2]), uri=table_uri)))
+    commit_sink(request(store, 1, stage(store, 1, by_country(1, DE=[1, 2]), uri=table_uri)))
 
     assert duckdb_rows(table_uri) == expected(DE=[1, 2])
 
@@ -381,16 +383,17 @@ def test_files_staged_in_another_store_are_copied_into_the_table(table_uri: str)
 def test_credentials_of_a_table_on_another_protocol_come_from_the_secret_resolver(
         local_spec: StoreSpec, s3_bucket: str, moto_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_seatunnel_ckpt.core import sinks as tables
+    from airflow_seatunnel_ckpt.core.sinks import base
 
-    monkeypatch.setattr(tables, "_SECRET_RESOLVERS", [])
+    monkeypatch.setattr(base, "SECRET_RESOLVERS", [])
     store = local_spec.storage("store")  # a local store: none of its options may reach S3
     uri = f"{s3_bucket}/tables/orders"
     manifest = stage(store, 1, by_country(1, DE=[1]), uri=uri)
     assert "testing" not in json.dumps(manifest.to_dict())  # never in the prepared record
 
     tables.register_secret_resolver(lambda options: {"fs_options": moto_server.storage_options}
-                                    if options.get("uri") == uri else {})
-    assert commit_table(request(store, 1, manifest)).how == "copied"
+                                    if options.get("path") == uri else {})
+    assert commit_sink(request(store, 1, manifest)).how == "copied"
     options = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_ENDPOINT_URL": moto_server.endpoint_url, "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
     assert deltalake_rows(uri, **options) == expected(DE=[1])
@@ -398,13 +401,13 @@ def test_credentials_of_a_table_on_another_protocol_come_from_the_secret_resolve
 
 def test_an_epoch_behind_the_tables_transaction_is_refused_not_skipped(store: Storage, table_uri: str) -> None:
     """A reset store (or another store's pipeline of the same name) must not lose its epochs as "already"."""
-    commit_table(request(store, 5, stage(store, 5, by_country(5, DE=[5]), uri=table_uri)))
+    commit_sink(request(store, 5, stage(store, 5, by_country(5, DE=[5]), uri=table_uri)))
     fresh = stage(store, 1, by_country(1, DE=[1]), uri=table_uri)
 
     with pytest.raises(TableOwnershipError, match=r"the table records epoch 5 of this pipeline's sink as committed "
                                                   r"by this store.*log of pipeline 'orders' has no commit decision "
                                                   r"for epoch 5.*Give this sink its own table"):
-        commit_table(request(store, 1, fresh))
+        commit_sink(request(store, 1, fresh))
     assert DeltaTable(table_uri).version() == 0
 
 
@@ -413,30 +416,30 @@ def test_a_table_with_column_mapping_is_refused_for_added_files(store: Storage, 
                       configuration={"delta.columnMapping.mode": "name"})
 
     with pytest.raises(SinkRefusedError, match=r"column mapping \(delta.columnMapping.mode=name\)"):
-        commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+        commit_sink(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     assert DeltaTable(table_uri).version() == 0
 
 
 def test_a_retry_finds_its_epoch_after_a_checkpoint_and_log_cleanup(store: Storage, table_uri: str) -> None:
     """The application transaction is carried into Delta checkpoints, not only the JSON commits."""
     for epoch in (1, 2, 3):
-        commit_table(request(store, epoch, stage(store, epoch, by_country(epoch, DE=[epoch]), uri=table_uri)))
+        commit_sink(request(store, epoch, stage(store, epoch, by_country(epoch, DE=[epoch]), uri=table_uri)))
     DeltaTable(table_uri).create_checkpoint()
     for old in sorted(Path(table_uri, "_delta_log").glob("*.json"))[:-1]:
         old.unlink()  # what log cleanup does after the retention period
 
-    again = commit_table(request(store, 3, stage(store, 3, by_country(3, DE=[3]), uri=table_uri)))
+    again = commit_sink(request(store, 3, stage(store, 3, by_country(3, DE=[3]), uri=table_uri)))
     assert again.how == "already"
     assert duckdb_rows(table_uri) == expected(DE=[1, 2, 3])
 
 
 def test_a_snapshot_sink_into_an_append_only_table_is_refused_at_once(store: Storage, table_uri: str) -> None:
     DeltaTable.create(table_uri, SCHEMA, partition_by=["country"], configuration={"delta.appendOnly": "true"})
-    commit_table(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
+    commit_sink(request(store, 1, stage(store, 1, by_country(1, DE=[1]), uri=table_uri)))
     manifest = stage(store, 2, by_country(2, DE=[2]), uri=table_uri, mode=SinkMode.SNAPSHOT)
 
     with pytest.raises(SinkRefusedError, match=r"append-only \(delta.appendOnly=true\)"):
-        commit_table(request(store, 2, manifest))
+        commit_sink(request(store, 2, manifest))
     assert DeltaTable(table_uri).version() == 1
 
 
@@ -531,10 +534,10 @@ def test_a_second_pipeline_into_the_table_is_aborted_before_the_decision_until_t
 def test_placement_names_of_pipelines_and_sinks_with_dashes_never_collide(store: Storage, table_uri: str) -> None:
     """Pipeline 'a' sink 'e1-x' and pipeline 'a-e1' sink 'x' used to share 'a-e1-e1-x-00000.parquet'."""
     first = stage(store, 1, by_country(1, DE=[1]), uri=table_uri, sink="e1-x")
-    commit_table(TableCommit("a", "file:///store", 1, first, store, 3, store_id=store_id(store)))
+    commit_sink(SinkCommit("a", "file:///store", 1, first, store, 3, store_id=store_id(store)))
     Path(table_uri, OWNER_MARKER).unlink(missing_ok=True)  # handed over to the other pipeline
     second = stage(store, 1, by_country(1, DE=[2, 3]), uri=table_uri, sink="x", staging="staging/other")
-    commit_table(TableCommit("a-e1", "file:///store", 1, second, store, 3, store_id=store_id(store)))
+    commit_sink(SinkCommit("a-e1", "file:///store", 1, second, store, 3, store_id=store_id(store)))
 
     assert duckdb_rows(table_uri) == expected(DE=[1, 2, 3])
     assert len({a["path"] for a in adds(table_uri)}) == 2

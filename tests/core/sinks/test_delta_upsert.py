@@ -17,8 +17,8 @@ from deltalake import DeltaTable
 
 from airflow_seatunnel_ckpt.core.errors import SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
-from airflow_seatunnel_ckpt.core.sinks import commit_table
-from airflow_seatunnel_ckpt.core.sinks.markers import store_id
+from airflow_seatunnel_ckpt.core.sinks import commit_sink
+from airflow_seatunnel_ckpt.core.sinks.base import store_id
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.epochs import at_once
 from tests.core.sinks.test_delta_sink import app_id, request, stage
@@ -35,7 +35,7 @@ def totals(**by_customer: float) -> dict[str, pa.Table]:
 def upsert(store: Storage, epoch: int, uri: str, files: dict[str, pa.Table]) -> SinkManifest:
     manifest = stage(store, epoch, files, uri=uri, sink="totals", partition_by=())
     return SinkManifest(manifest.sink, manifest.target_url, manifest.staging, manifest.files, manifest.rows,
-                        table={**(manifest.table or {}), "merge_keys": ["customer"]})
+                        table={**manifest.table.to_dict(), "mode": "upsert", "merge_keys": ["customer"]})
 
 
 def table_rows(uri: str) -> list[tuple[Any, ...]]:
@@ -54,8 +54,8 @@ def uri(tmp_path: Path) -> str:
 
 
 def test_upserted_epochs_leave_one_row_per_key_with_the_newest_values(store: Storage, uri: str) -> None:
-    commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=10.0, c1=20.0))))
-    merged = commit_table(request(store, 2, upsert(store, 2, uri, totals(c1=25.0, c2=30.0))))
+    commit_sink(request(store, 1, upsert(store, 1, uri, totals(c0=10.0, c1=20.0))))
+    merged = commit_sink(request(store, 2, upsert(store, 2, uri, totals(c1=25.0, c2=30.0))))
 
     assert merged.how == "merged"
     assert table_rows(uri) == [("c0", 10.0), ("c1", 25.0), ("c2", 30.0)]
@@ -70,19 +70,19 @@ def test_upserted_epochs_leave_one_row_per_key_with_the_newest_values(store: Sto
 
 
 def test_a_retried_upsert_finds_the_epoch_and_merges_nothing(store: Storage, uri: str) -> None:
-    commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=10.0))))
+    commit_sink(request(store, 1, upsert(store, 1, uri, totals(c0=10.0))))
     manifest = upsert(store, 2, uri, totals(c0=11.0))
-    commit_table(request(store, 2, manifest))
+    commit_sink(request(store, 2, manifest))
 
-    assert commit_table(request(store, 2, manifest)).how == "already"
+    assert commit_sink(request(store, 2, manifest)).how == "already"
     assert DeltaTable(uri).version() == 1
     assert table_rows(uri) == [("c0", 11.0)]
 
 
 def test_two_committers_racing_one_upsert_epoch_merge_it_once(store: Storage, uri: str) -> None:
-    commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=10.0))))
+    commit_sink(request(store, 1, upsert(store, 1, uri, totals(c0=10.0))))
     manifest = upsert(store, 2, uri, totals(c0=11.0, c1=1.0))
-    outcomes = at_once([lambda: commit_table(request(store, 2, manifest))] * 2)
+    outcomes = at_once([lambda: commit_sink(request(store, 2, manifest))] * 2)
 
     assert sorted(o.how for o in outcomes) == ["already", "merged"], outcomes  # type: ignore[union-attr]
     assert DeltaTable(uri).version() == 1
@@ -93,29 +93,31 @@ def test_two_committers_racing_one_upsert_epoch_merge_it_once(store: Storage, ur
 def test_an_epoch_repeating_a_key_is_refused_before_anything_is_committed(
         store: Storage, uri: str, epoch: int) -> None:
     if epoch == 2:
-        commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=1.0))))
+        commit_sink(request(store, 1, upsert(store, 1, uri, totals(c0=1.0))))
     twice = {"a.parquet": totals(c9=1.0)["part-00000.parquet"], "b.parquet": totals(c9=2.0)["part-00000.parquet"]}
 
     with pytest.raises(SinkRefusedError, match=r"1 key\(s\) appear more than once .*\{'customer': 'c9'\}"):
-        commit_table(request(store, epoch, upsert(store, epoch, uri, twice)))
+        commit_sink(request(store, epoch, upsert(store, epoch, uri, twice)))
     assert DeltaTable.is_deltatable(uri) is (epoch == 2)
     if epoch == 2:
         assert DeltaTable(uri).version() == 0
 
 
 def test_a_null_merge_key_is_refused(store: Storage, uri: str) -> None:
-    commit_table(request(store, 1, upsert(store, 1, uri, totals(c0=1.0))))
+    commit_sink(request(store, 1, upsert(store, 1, uri, totals(c0=1.0))))
     nulls = {"a.parquet": pa.table({"customer": [None], "total": [1.0]}, schema=TOTALS)}
 
     with pytest.raises(SinkRefusedError, match=r"merge key column 'customer' is NULL in 1 row\(s\)"):
-        commit_table(request(store, 2, upsert(store, 2, uri, nulls)))
+        commit_sink(request(store, 2, upsert(store, 2, uri, nulls)))
     assert DeltaTable(uri).version() == 0
 
 
 def test_merge_keys_on_a_snapshot_sink_are_refused(store: Storage, uri: str) -> None:
     manifest = upsert(store, 1, uri, totals(c0=1.0))
-    snapshot = SinkManifest(manifest.sink, manifest.target_url, manifest.staging, manifest.files, manifest.rows,
-                            mode=SinkMode.SNAPSHOT, table=manifest.table)
-    with pytest.raises(SinkRefusedError, match=r"merge_keys \(an upsert\) make no sense with it"):
-        commit_table(request(store, 1, snapshot))
+    with pytest.raises(ValueError, match=r"mode 'snapshot' and its options' mode 'upsert' disagree"):
+        SinkManifest(manifest.sink, manifest.target_url, manifest.staging, manifest.files, manifest.rows,
+                     mode=SinkMode.SNAPSHOT, table=manifest.table)
+    with pytest.raises(ValueError, match=r"merge_keys \['customer'\] with mode 'snapshot'"):
+        SinkManifest(manifest.sink, manifest.target_url, manifest.staging, manifest.files, manifest.rows,
+                     mode=SinkMode.SNAPSHOT, table={**manifest.table.to_dict(), "mode": "snapshot"})
     assert not DeltaTable.is_deltatable(uri)

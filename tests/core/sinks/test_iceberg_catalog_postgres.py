@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pyiceberg.catalog import load_catalog
 
-from airflow_seatunnel_ckpt.core.sinks import commit_table
+from airflow_seatunnel_ckpt.core.sinks import commit_sink
 from tests.core.epochs import at_once
 from tests.core.sinks.test_iceberg_sink import IDENT, Lake, eu_us, scan_ids
 from tests.postgres_server import PostgresServer
@@ -23,8 +23,8 @@ def test_an_iceberg_sql_catalog_on_postgres_commits_each_epoch_once(tmp_path: Pa
         manifest = lake.stage(epoch, eu_us([4], [5, 6]))
         lake.pipeline.prepare(epoch, "ingest", 1, run_id="run-2", sinks=[manifest])
         lake.pipeline.decide(epoch, lake.pipeline.txlog.read_decision(1).decision, "all prepared", by="test")
-        outcomes = at_once([lambda: commit_table(lake.request(epoch, manifest)),
-                            lambda: commit_table(lake.request(epoch, manifest))])
+        outcomes = at_once([lambda: commit_sink(lake.request(epoch, manifest)),
+                            lambda: commit_sink(lake.request(epoch, manifest))])
         assert not [o for o in outcomes if isinstance(o, BaseException)], outcomes
 
         loaded = load_catalog("lake", **catalog)

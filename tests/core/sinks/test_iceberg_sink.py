@@ -30,8 +30,9 @@ from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decis
 from airflow_seatunnel_ckpt.core.catalogs import embedded_catalog
 from airflow_seatunnel_ckpt.core.errors import SinkRefusedError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
-from airflow_seatunnel_ckpt.core.sinks import TableCommit, commit_table, register_secret_resolver
-from airflow_seatunnel_ckpt.core.sinks.markers import short, store_id
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, commit_sink, register_secret_resolver
+from airflow_seatunnel_ckpt.core.sinks.base import store_id
+from airflow_seatunnel_ckpt.core.sinks.markers import short
 from airflow_seatunnel_ckpt.core.storage import open_storage
 from tests.core.epochs import at_once
 from tests.core.faults import SimulatedCrash
@@ -68,7 +69,7 @@ class Lake:
                 "partition_by": ["region"] if partition_by is None else partition_by, **extra}
 
     def stage(self, epoch: int, parts: dict[str, pa.Table], *, attempt: int = 1, sink: str = "orders",
-              mode: SinkMode = SinkMode.CHANGES, partition_by: list[str] | None = None) -> SinkManifest:
+              mode: SinkMode = SinkMode.APPEND, partition_by: list[str] | None = None) -> SinkManifest:
         """Write one Parquet file per partition into the attempt's staging; its manifest."""
         staging = self.pipeline.staging_path(epoch, attempt, sink)
         for folder, table in parts.items():
@@ -80,9 +81,10 @@ class Lake:
         manifest = self.pipeline.manifest_for_staged(epoch, attempt, sink, f"iceberg://lake/{IDENT}", rows)
         return dataclasses.replace(manifest, mode=mode, table=self.options(partition_by))
 
-    def request(self, epoch: int, manifest: SinkManifest, retries: int = 3) -> TableCommit:
+    def request(self, epoch: int, manifest: SinkManifest, retries: int = 3) -> SinkCommit:
         store = self.pipeline.storage.url.rsplit("/", 1)[0]  # as Pipeline.commit names the store
-        return TableCommit(self.pipeline.name, store, epoch, manifest, self.pipeline.storage, retries)
+        return SinkCommit(self.pipeline.name, store, epoch, manifest, self.pipeline.storage, retries,
+                          log_holds=self.pipeline.holds_commit)
 
     def run_epoch(self, run_id: str, parts: dict[str, pa.Table], **kwargs: Any) -> int:
         """begin, stage, prepare, decide commit, commit: the whole protocol."""
@@ -143,8 +145,8 @@ def test_epoch_commit_is_one_snapshot_readable_by_pyiceberg_and_duckdb(tmp_path:
 def test_commit_retry_after_success_is_already_and_adds_no_snapshot(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
     manifest = lake.stage(1, eu_us([1], [2]))
-    first = commit_table(lake.request(1, manifest))
-    second = commit_table(lake.request(1, manifest))
+    first = commit_sink(lake.request(1, manifest))
+    second = commit_sink(lake.request(1, manifest))
     assert (first.how, second.how) == ("appended", "already")
     table = lake.table()
     assert len(table.snapshots()) == 1
@@ -170,11 +172,11 @@ def test_racing_committers_of_one_epoch_land_it_once(tmp_path: Path, monkeypatch
                                                      caplog: pytest.LogCaptureFixture) -> None:
     lake = Lake(tmp_path)
     manifest = lake.stage(1, eu_us([1, 2], [3]))
-    commit_table(lake.request(1, manifest))
+    commit_sink(lake.request(1, manifest))
     # epoch 2 is raced: both committers start from the same table version
     manifest = lake.stage(2, eu_us([4, 5], [6]))
     both_commit_at_once(monkeypatch)
-    outcomes = at_once([lambda: commit_table(lake.request(2, manifest)) for _ in range(2)])
+    outcomes = at_once([lambda: commit_sink(lake.request(2, manifest)) for _ in range(2)])
     assert "commit conflict" in caplog.text  # the loser's commit failed, then it read the marker
     errors = [o for o in outcomes if isinstance(o, BaseException)]
     assert not errors, errors
@@ -190,22 +192,22 @@ def test_with_pyiceberg_retry_left_on_a_raced_epoch_lands_twice(tmp_path: Path,
     """Why the commit turns the library's retry off (if this fails, pyiceberg fixed the trap)."""
     monkeypatch.setattr(iceberg, "_without_library_retry", lambda table: table)
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, lake.stage(1, eu_us([1, 2], [3]))))
+    commit_sink(lake.request(1, lake.stage(1, eu_us([1, 2], [3]))))
     manifest = lake.stage(2, eu_us([4, 5], [6]))
     both_commit_at_once(monkeypatch)
-    outcomes = at_once([lambda: commit_table(lake.request(2, manifest)) for _ in range(2)])
+    outcomes = at_once([lambda: commit_sink(lake.request(2, manifest)) for _ in range(2)])
     assert [getattr(o, "how", o) for o in outcomes] == ["appended", "appended"]
     assert scan_ids(lake.table()) == [1, 2, 3, 4, 4, 5, 5, 6, 6]
 
 
 def test_crash_after_placing_files_commits_rows_once(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, lake.stage(1, eu_us([1], [2]))))
+    commit_sink(lake.request(1, lake.stage(1, eu_us([1], [2]))))
     manifest = lake.stage(2, eu_us([3], [4]))
     request = lake.request(2, manifest)
     iceberg.place_files(request, iceberg.table_storage(lake.table(), request))  # then the process dies
     assert scan_ids(lake.table()) == [1, 2]  # placed files are invisible until the transaction
-    assert commit_table(request).how == "appended"
+    assert commit_sink(request).how == "appended"
     table = lake.table()
     assert scan_ids(table) == [1, 2, 3, 4]
     assert len(table.snapshots()) == 2
@@ -219,7 +221,7 @@ def test_crash_after_the_transaction_is_recovered_as_already(tmp_path: Path) -> 
     lake.pipeline.prepare(epoch, "ingest", 1, run_id=run_id, sinks=[manifest])
     lake.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test")
     # the commit task's table transaction lands, then it dies before recording `committed`
-    commit_table(lake.request(epoch, manifest))
+    commit_sink(lake.request(epoch, manifest))
     result = lake.pipeline.commit(epoch)  # the retry (or the recovery DAG)
     assert [s.how for s in result.sinks] == ["already"]
     table = lake.table()
@@ -245,12 +247,12 @@ def test_added_nullable_column_evolves_the_schema_in_the_epoch_transaction(tmp_p
 
 def test_type_change_is_refused_before_anything_is_committed(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, lake.stage(1, eu_us([1], [2]))))
+    commit_sink(lake.request(1, lake.stage(1, eu_us([1], [2]))))
     changed = pa.schema([f if f.name != "amount" else pa.field("amount", pa.string()) for f in SCHEMA])
     parts = {"__partition_region=EU": pa.table({"order_id": [3], "region": ["EU"], "amount": ["3.0"],
                                                 "ts": [dt.datetime(2026, 1, 2)]}, schema=changed)}
     with pytest.raises(SinkRefusedError, match=r"column 'amount' is double in the table but string") as err:
-        commit_table(lake.request(2, lake.stage(2, parts)))
+        commit_sink(lake.request(2, lake.stage(2, parts)))
     assert "nothing was committed" in str(err.value)
     table = lake.table()
     assert len(table.snapshots()) == 1 and scan_ids(table) == [1, 2]
@@ -260,10 +262,10 @@ def test_type_change_is_refused_before_anything_is_committed(tmp_path: Path) -> 
 
 def test_dropped_column_is_refused_naming_the_column(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, lake.stage(1, eu_us([1], [2]))))
+    commit_sink(lake.request(1, lake.stage(1, eu_us([1], [2]))))
     narrower = pa.schema([f for f in SCHEMA if f.name != "amount"])
     with pytest.raises(SinkRefusedError, match=r"column 'amount' \(double\) is in the table but not in the epoch's"):
-        commit_table(lake.request(2, lake.stage(2, eu_us([3], [4], narrower))))
+        commit_sink(lake.request(2, lake.stage(2, eu_us([3], [4], narrower))))
     assert len(lake.table().snapshots()) == 1
 
 
@@ -360,7 +362,7 @@ def test_a_second_store_with_a_pipeline_of_the_same_name_is_aborted_before_the_d
     staged = lake_b.stage(epoch, eu([102]))
     assert staged.table is not None
     lake_b.pipeline.prepare(epoch, "ingest", 1, run_id="r2", sinks=[
-        dataclasses.replace(staged, table={**staged.table, "identifier": "lake.orders_b"})])
+        dataclasses.replace(staged, table={**staged.table.to_dict(), "table": "lake.orders_b"})])
     assert lake_b.pipeline.decide(epoch, Decision.COMMIT, "all prepared", by="test").decision is Decision.COMMIT
     lake_b.pipeline.commit(epoch)
     assert scan_ids(load_catalog("lake", **lake_b.catalog_props).load_table("lake.orders_b")) == [102]
@@ -386,9 +388,9 @@ def test_a_second_pipeline_into_the_table_is_aborted_before_the_decision_until_t
 def test_placement_names_of_pipelines_and_sinks_with_dashes_never_collide(tmp_path: Path) -> None:
     """Pipeline 'a' sink 'e1-x' and pipeline 'a-e1' sink 'x' used to share 'data/region=EU/a-e1-e1-x/'."""
     first, second = Lake(tmp_path, pipeline="a"), Lake(tmp_path, pipeline="a-e1")
-    commit_table(first.request(1, first.stage(1, eu([1]), sink="e1-x")))
+    commit_sink(first.request(1, first.stage(1, eu([1]), sink="e1-x")))
     release(first.table())  # handed over to the other pipeline
-    commit_table(second.request(1, second.stage(1, eu([2, 3]), sink="x")))
+    commit_sink(second.request(1, second.stage(1, eu([2, 3]), sink="x")))
 
     assert scan_ids(first.table()) == [1, 2, 3]
     assert len(set(data_file_paths(first.table()))) == 2
@@ -396,9 +398,9 @@ def test_placement_names_of_pipelines_and_sinks_with_dashes_never_collide(tmp_pa
 
 def test_partitioning_that_differs_from_the_table_is_refused(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, lake.stage(1, eu_us([1], [2]))))
+    commit_sink(lake.request(1, lake.stage(1, eu_us([1], [2]))))
     with pytest.raises(SinkRefusedError, match="partitioned by identity of nothing"):
-        commit_table(lake.request(2, lake.stage(2, {"": orders([3], "EU")}, partition_by=[])))
+        commit_sink(lake.request(2, lake.stage(2, {"": orders([3], "EU")}, partition_by=[])))
 
 
 def test_empty_catalog_options_use_the_embedded_catalog_under_airflow_home(tmp_path: Path,
@@ -408,17 +410,18 @@ def test_empty_catalog_options_use_the_embedded_catalog_under_airflow_home(tmp_p
     assert props["uri"] == f"sqlite:///{tmp_path}/home/seatunnel-ckpt-warehouse/catalog.db"
     lake = Lake(tmp_path)
     manifest = lake.stage(1, eu_us([1], [2]))
-    manifest = dataclasses.replace(manifest, table={**manifest.table, "catalog": {}, "catalog_name": "default"})
-    commit_table(lake.request(1, manifest))
+    manifest = dataclasses.replace(manifest,
+        table={**manifest.table.to_dict(), "catalog": {}, "catalog_name": "default"})
+    commit_sink(lake.request(1, manifest))
     table = load_catalog("default", **props).load_table(IDENT)
     assert scan_ids(table) == [1, 2]
 
 
 def test_secret_resolver_adds_catalog_properties_at_commit_time(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_seatunnel_ckpt.core import sinks as tables
+    from airflow_seatunnel_ckpt.core.sinks import base
 
-    monkeypatch.setattr(tables, "_SECRET_RESOLVERS", [])  # only this test's resolver
+    monkeypatch.setattr(base, "SECRET_RESOLVERS", [])  # only this test's resolver
     lake = Lake(tmp_path)
     real_uri = lake.catalog_props["uri"]
     lake.catalog_props = {**lake.catalog_props, "uri": "sqlite:////nonexistent/never.db"}
@@ -428,9 +431,9 @@ def test_secret_resolver_adds_catalog_properties_at_commit_time(tmp_path: Path,
 
     register_secret_resolver(resolve)
     manifest = lake.stage(1, eu_us([1], [2]))
-    manifest = dataclasses.replace(manifest, table={**manifest.table, "catalog_conn_id": "lake_conn"})
+    manifest = dataclasses.replace(manifest, table={**manifest.table.to_dict(), "catalog_conn_id": "lake_conn"})
     assert real_uri not in str(manifest.to_dict())
-    commit_table(lake.request(1, manifest))
+    commit_sink(lake.request(1, manifest))
     assert scan_ids(load_catalog("lake", **{**lake.catalog_props, "uri": real_uri}).load_table(IDENT)) == [1, 2]
 
 
@@ -443,7 +446,7 @@ def test_warehouse_on_s3_commits_once(tmp_path: Path, moto_server: Any, s3_bucke
                 catalog=catalog)
     epoch = lake.run_epoch("r1", eu_us([1, 2], [3]))
     manifest = lake.stage(epoch, eu_us([1, 2], [3]), attempt=2)
-    assert commit_table(lake.request(epoch, manifest)).how == "already"
+    assert commit_sink(lake.request(epoch, manifest)).how == "already"
     table = lake.table()
     assert scan_ids(table) == [1, 2, 3]
     assert len(table.snapshots()) == 1
@@ -523,16 +526,16 @@ def totals(rows: dict[str, float]) -> pa.Table:
 
 def upsert_manifest(lake: Lake, epoch: int, rows: dict[str, float]) -> SinkManifest:
     manifest = lake.stage(epoch, {"": totals(rows)}, sink="totals", partition_by=[])
-    return dataclasses.replace(manifest, table={**manifest.table, "identifier": "lake.totals",
-                                                "merge_keys": ["customer"]})
+    return dataclasses.replace(manifest, table={**manifest.table.to_dict(), "table": "lake.totals",
+                                                "mode": "upsert", "merge_keys": ["customer"]})
 
 
 def test_upsert_key_replaces_the_rows_of_the_epochs_keys_in_one_commit(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
     for epoch, rows in enumerate([{"c0": 1.0, "c1": 2.0, "c2": 3.0}, {"c0": 10.0, "c3": 4.0}], start=1):
-        result = commit_table(lake.request(epoch, upsert_manifest(lake, epoch, rows)))
+        result = commit_sink(lake.request(epoch, upsert_manifest(lake, epoch, rows)))
         assert result.how == "merged"
-    assert commit_table(lake.request(2, upsert_manifest(lake, 2, {"c0": 10.0, "c3": 4.0}))).how == "already"
+    assert commit_sink(lake.request(2, upsert_manifest(lake, 2, {"c0": 10.0, "c3": 4.0}))).how == "already"
     table = load_catalog("lake", **lake.catalog_props).load_table("lake.totals")
     want = [("c0", 10.0), ("c1", 2.0), ("c2", 3.0), ("c3", 4.0)]
     assert sorted(tuple(r.values()) for r in table.scan().to_arrow().to_pylist()) == want
@@ -542,13 +545,13 @@ def test_upsert_key_replaces_the_rows_of_the_epochs_keys_in_one_commit(tmp_path:
 
 def test_upsert_refuses_a_key_twice_in_one_epoch_and_commits_nothing(tmp_path: Path) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, upsert_manifest(lake, 1, {"c0": 1.0})))
+    commit_sink(lake.request(1, upsert_manifest(lake, 1, {"c0": 1.0})))
     manifest = lake.stage(2, {"": pa.concat_tables([totals({"c0": 2.0}), totals({"c0": 3.0})])}, sink="totals",
                           partition_by=[])
-    manifest = dataclasses.replace(manifest, table={**manifest.table, "identifier": "lake.totals",
-                                                    "merge_keys": ["customer"]})
+    manifest = dataclasses.replace(manifest, table={**manifest.table.to_dict(), "table": "lake.totals",
+                                                    "mode": "upsert", "merge_keys": ["customer"]})
     with pytest.raises(SinkRefusedError, match=r"1 key\(s\) appear more than once.*'c0'"):
-        commit_table(lake.request(2, manifest))
+        commit_sink(lake.request(2, manifest))
     table = load_catalog("lake", **lake.catalog_props).load_table("lake.totals")
     assert table.scan().to_arrow().to_pylist() == [{"customer": "c0", "total": 1.0}]
 
@@ -556,7 +559,8 @@ def test_upsert_refuses_a_key_twice_in_one_epoch_and_commits_nothing(tmp_path: P
 def upsert_orders(lake: Lake, epoch: int, parts: dict[str, pa.Table]) -> SinkManifest:
     """An upsert epoch of ``lake.orders`` on ``order_id``, partitioned by region."""
     manifest = lake.stage(epoch, parts)
-    return dataclasses.replace(manifest, table={**manifest.table, "merge_keys": ["order_id"]})
+    return dataclasses.replace(manifest,
+        table={**manifest.table.to_dict(), "mode": "upsert", "merge_keys": ["order_id"]})
 
 
 def amounts_times_ten(parts: dict[str, pa.Table]) -> dict[str, pa.Table]:
@@ -570,9 +574,9 @@ def order_rows(table: Table) -> list[tuple[int, str, float]]:
 def test_upsert_epoch_is_one_overwrite_snapshot_that_rewrites_only_the_files_holding_its_keys(
         tmp_path: Path) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3, 4]))))
+    commit_sink(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3, 4]))))
     us_file = next(p for p in data_file_paths(lake.table()) if "/region=US/" in p)
-    result = commit_table(lake.request(2, upsert_orders(lake, 2, amounts_times_ten(
+    result = commit_sink(lake.request(2, upsert_orders(lake, 2, amounts_times_ten(
         {"__partition_region=EU": orders([2, 5], "EU")}))))
     assert result.how == "merged"
 
@@ -594,7 +598,7 @@ def test_upsert_commit_retried_after_a_crash_before_the_catalog_commit_adds_its_
     from pyiceberg.catalog.sql import SqlCatalog
 
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3]))))
+    commit_sink(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3]))))
     request = lake.request(2, upsert_orders(lake, 2, amounts_times_ten(eu_us([2, 4], []))))
     with monkeypatch.context() as mp:
         def die(*args: Any, **kwargs: Any) -> None:
@@ -602,25 +606,25 @@ def test_upsert_commit_retried_after_a_crash_before_the_catalog_commit_adds_its_
 
         mp.setattr(SqlCatalog, "commit_table", die)
         with pytest.raises(SimulatedCrash):
-            commit_table(request)
+            commit_sink(request)
     placed = iceberg.table_storage(lake.table(), request)
     written = [f.path for f in placed.walk("data") if "/rewritten-" in f.path]
     assert len(written) == 1 and len(lake.table().snapshots()) == 1  # written, not committed
 
-    assert commit_table(request).how == "merged"
+    assert commit_sink(request).how == "merged"
     table = lake.table()
     assert order_rows(table) == [(1, "EU", 1.0), (2, "EU", 20.0), (3, "US", 3.0), (4, "EU", 40.0)]
     assert [f.path for f in placed.walk("data") if "/rewritten-" in f.path] == written  # the same file, once
     assert len(table.snapshots()) == 2
-    assert commit_table(request).how == "already"
+    assert commit_sink(request).how == "already"
 
 
 def test_racing_upsert_committers_of_one_epoch_land_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lake = Lake(tmp_path)
-    commit_table(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3]))))
+    commit_sink(lake.request(1, upsert_orders(lake, 1, eu_us([1, 2], [3]))))
     manifest = upsert_orders(lake, 2, amounts_times_ten(eu_us([2, 4], [3])))
     both_commit_at_once(monkeypatch)
-    outcomes = at_once([lambda: commit_table(lake.request(2, manifest)) for _ in range(2)])
+    outcomes = at_once([lambda: commit_sink(lake.request(2, manifest)) for _ in range(2)])
     assert sorted(getattr(o, "how", repr(o)) for o in outcomes) == ["already", "merged"]
     table = lake.table()
     assert order_rows(table) == [(1, "EU", 1.0), (2, "EU", 20.0), (3, "US", 30.0), (4, "EU", 40.0)]
@@ -633,10 +637,11 @@ def test_upsert_on_two_key_columns_replaces_only_the_rows_matching_both(tmp_path
 
     def by_region_and_id(epoch: int, parts: dict[str, pa.Table]) -> SinkManifest:
         manifest = lake.stage(epoch, parts)
-        return dataclasses.replace(manifest, table={**manifest.table, "merge_keys": ["region", "order_id"]})
+        return dataclasses.replace(manifest,
+            table={**manifest.table.to_dict(), "mode": "upsert", "merge_keys": ["region", "order_id"]})
 
-    commit_table(lake.request(1, by_region_and_id(1, eu_us([1, 2], [1, 3]))))
-    result = commit_table(lake.request(2, by_region_and_id(2, amounts_times_ten(eu_us([1], [])))))
+    commit_sink(lake.request(1, by_region_and_id(1, eu_us([1, 2], [1, 3]))))
+    result = commit_sink(lake.request(2, by_region_and_id(2, amounts_times_ten(eu_us([1], [])))))
     assert result.how == "merged"
     table = lake.table()
     assert order_rows(table) == [(1, "EU", 10.0), (1, "US", 1.0), (2, "EU", 2.0), (3, "US", 3.0)]

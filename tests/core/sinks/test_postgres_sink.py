@@ -22,12 +22,14 @@ import pytest
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core import sinks as core_tables
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
-from airflow_seatunnel_ckpt.core.models import SinkMode
+from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay
+from airflow_seatunnel_ckpt.core.options import checked
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.core.protocol.txlog import TransactionLog
+from airflow_seatunnel_ckpt.core.sinks import base as sink_base
 from airflow_seatunnel_ckpt.core.sinks import postgres as postgres_tables
-from airflow_seatunnel_ckpt.core.sinks.postgres_options import parse
+from airflow_seatunnel_ckpt.core.sinks.options import PostgresSinkOptions
 from tests.core.epochs import at_once
 from tests.core.faults import SimulatedCrash
 
@@ -46,7 +48,7 @@ class Epochs:
         self.store_url = f"file://{store}"
         self.options = {"type": "postgres", "table": "public.orders", "conninfo": dsn, **options}
         self.dsn = dsn
-        self.mode = SinkMode.CHANGES
+        self.mode = SinkMode.APPEND
         self.pipeline = self.open()
         self.runs = 0
 
@@ -162,15 +164,11 @@ def test_a_missing_table_is_refused_before_the_decision_naming_the_table(tmp_pat
     assert epochs.query("SELECT to_regclass('public.orders')") == [(None,)]
 
 
-def test_a_snapshot_mode_is_refused_at_the_decision_and_the_table_is_untouched(epochs: Epochs) -> None:
-    epochs.run(rows([1]))
-    epochs.mode = SinkMode.SNAPSHOT
-    reason = epochs.refused(rows([2]))
-    assert "mode 'snapshot' is not supported" in reason
-    assert epochs.table() == expected([1])
-    epochs.mode = SinkMode.CHANGES
-    epochs.run(rows([3]))  # the next epoch still commits
-    assert epochs.table() == expected([1, 3])
+def test_a_snapshot_mode_is_refused_when_the_sink_is_declared_and_in_a_record(epochs: Epochs) -> None:
+    with pytest.raises(ConfigError, match=r"option 'mode': input should be 'append' or 'upsert' \(found 'snapshot'\)"):
+        checked(PostgresSinkOptions, {**epochs.options, "mode": "snapshot"}, "sink 'orders'")
+    with pytest.raises(ValueError, match="input should be 'append' or 'upsert'"):  # nor made, nor decoded
+        SinkManifest("orders", "postgres://x", "s", [], 0, mode=SinkMode.SNAPSHOT, table=epochs.options)
 
 
 def test_an_incompatible_column_type_is_refused_before_the_decision(tmp_path: Path, postgres_db: str) -> None:
@@ -220,9 +218,9 @@ def test_a_second_store_into_the_same_table_is_refused_before_the_decision(tmp_p
 
 def test_a_password_in_conninfo_is_refused_when_the_sink_is_declared() -> None:
     with pytest.raises(ConfigError, match="conninfo holds a password"):
-        parse({"table": "t", "conninfo": "host=db user=u password=secret"}, "sink 'orders'")
+        checked(PostgresSinkOptions, {"table": "t", "conninfo": "host=db user=u password=secret"}, "sink 'orders'")
     with pytest.raises(ConfigError, match="conninfo holds a password"):
-        parse({"table": "t", "conninfo": "postgresql://u:secret@db/x"}, "sink 'orders'")
+        checked(PostgresSinkOptions, {"table": "t", "conninfo": "postgresql://u:secret@db/x"}, "sink 'orders'")
 
 
 def test_two_racing_committers_of_one_epoch_land_it_once(epochs: Epochs) -> None:
@@ -272,7 +270,7 @@ def resolved_conninfo(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     def resolve(options: Any) -> dict[str, str]:
         return {"conninfo": found["conninfo"]} if options.get("postgres_conn_id") == "db" else {}
 
-    monkeypatch.setattr(core_tables, "_SECRET_RESOLVERS", [resolve])
+    monkeypatch.setattr(sink_base, "SECRET_RESOLVERS", [resolve])
     return found
 
 
@@ -427,7 +425,7 @@ def test_a_committer_paused_inside_its_transaction_is_ended_by_the_server_and_th
     epochs.run(rows([1]))
     epoch, decision, reason = epochs.decided(rows([2, 3]))
     assert decision is Decision.COMMIT, reason
-    options = parse(epochs.options, "sink 'orders'")
+    options = checked(PostgresSinkOptions, epochs.options, "sink 'orders'")
     # The server ends the paused session; its client learns it only when it speaks again (here: at the end).
     with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout), \
             postgres_tables.connect(postgres_db, options, "the paused committer") as paused:
@@ -443,13 +441,13 @@ def test_a_committer_paused_inside_its_transaction_is_ended_by_the_server_and_th
 
 
 def test_the_sessions_timeouts_are_bounded_options_checked_when_the_sink_is_declared() -> None:
-    options = parse({"table": "t", "conninfo": "host=db", "lock_timeout_s": 5}, "sink 'orders'")
+    options = checked(PostgresSinkOptions, {"table": "t", "conninfo": "host=db", "lock_timeout_s": 5}, "sink 'o'")
     assert options.session_settings() == {"lock_timeout": "5000", "statement_timeout": "3600000",
                                           "idle_in_transaction_session_timeout": "60000"}
-    assert options.to_options()["lock_timeout_s"] == 5.0 and "statement_timeout_s" not in options.to_options()
-    for bad in (0, -1, "30", True, None):
-        with pytest.raises(ConfigError, match="lock_timeout_s must be a number of seconds above 0"):
-            parse({"table": "t", "conninfo": "host=db", "lock_timeout_s": bad}, "sink 'orders'")
+    assert options.to_dict()["lock_timeout_s"] == 5.0 and options.to_dict()["statement_timeout_s"] == 3600.0
+    for bad in (0, -1, "30", True, 8 * 24 * 3600):
+        with pytest.raises(ConfigError, match="option 'lock_timeout_s'"):
+            checked(PostgresSinkOptions, {"table": "t", "conninfo": "host=db", "lock_timeout_s": bad}, "sink 'o'")
 
 
 #: The Arrow memory pools the tests measured with (never freed: see their use).
@@ -470,7 +468,7 @@ def test_a_large_epoch_is_loaded_batch_by_batch_within_bounded_arrow_memory(epoc
     epochs.pipeline.storage.write_atomic(f"{staging}/part-00000.parquet", buf.getvalue())
     large = epochs.pipeline.epochs()[-1]
     manifest = epochs.pipeline.manifest_for_staged(large, 1, "orders", "postgres://test/public.orders", count)
-    manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=epochs.options)
+    manifest = dataclasses.replace(manifest, mode=SinkMode.APPEND, table=epochs.options)
     epochs.pipeline.prepare(large, "ingest", 1, run_id="run-large", sinks=[manifest])
     assert epochs.pipeline.decide(large, Decision.COMMIT, "all prepared", by="test").decision is Decision.COMMIT
 
@@ -522,7 +520,7 @@ def replay_from(epochs: Epochs, start: int, suffix: str, read: dict[int, list[in
         p.storage.write_atomic(f"{staging}/replayed-{e}/part-00000.parquet", buf.getvalue())
         count += len(ids)
     manifest = p.manifest_for_staged(epoch, 1, "orders", "postgres://test/public.orders", count)
-    manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=epochs.options)
+    manifest = dataclasses.replace(manifest, mode=SinkMode.APPEND, table=epochs.options)
     finish_replay(p, epoch, run_id, plan, 1, sinks=[manifest], operators={}, reason="fix", by="test")
     return epoch
 
@@ -571,7 +569,7 @@ def test_a_replay_without_rows_whose_sink_lost_its_epoch_column_is_refused_befor
     epoch, run_id = begin_replay(p, plan, reason="fix", by="test")
     lost = {k: v for k, v in epochs.options.items() if k != "epoch_column"}  # the stage's sink now lacks it
     manifest = dataclasses.replace(p.manifest_for_staged(epoch, 1, "orders", "postgres://test/public.orders", 0),
-                                   mode=SinkMode.CHANGES, table=lost)
+                                   mode=SinkMode.APPEND, table=lost)
 
     with pytest.raises(ReplayError, match="lack now"):
         finish_replay(p, epoch, run_id, plan, 1, sinks=[manifest], operators={}, reason="fix", by="test")

@@ -31,9 +31,9 @@ from airflow_seatunnel_ckpt.cli import main as cli_main
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import PublishError, SinkRefusedError, TableOwnershipError
 from airflow_seatunnel_ckpt.core.models import SinkManifest, SinkMode
-from airflow_seatunnel_ckpt.core.sinks import TableCommit, commit_table
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, commit_sink
+from airflow_seatunnel_ckpt.core.sinks.files import OWNER_MARKER
 from airflow_seatunnel_ckpt.core.sinks.markers import Owner
-from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER
 from tests.core.sinks import test_delta_sink as delta
 from tests.core.sinks.test_iceberg_sink import SCHEMA, Lake, eu_us, orders, scan_ids
 from tests.tables import duckdb_delta_rows
@@ -81,8 +81,8 @@ class IcebergCase:
         def manifest(epoch: int) -> SinkManifest:
             staged = self.lake.stage(epoch, {"": rows}, sink="totals", partition_by=[])
             assert staged.table is not None
-            return dataclasses.replace(staged, table={**staged.table, "identifier": "lake.totals",
-                                                      "merge_keys": ["customer"]})
+            return dataclasses.replace(staged, table={**staged.table.to_dict(), "table": "lake.totals",
+                                                      "mode": "upsert", "merge_keys": ["customer"]})
         return manifest
 
     def seen(self, identifier: str) -> tuple[str, list[dict[str, Any]]]:
@@ -151,7 +151,7 @@ def test_an_iceberg_table_marked_by_another_store_aborts_the_epoch_and_a_table_o
     other_id = str(uuid.uuid4())  # another checkpoint store (its id), at another URL
     other = dataclasses.replace(case.lake.request(1, case.lake.stage(1, eu_us([1], [2]))), store="file:///elsewhere",
                                 store_id=other_id)
-    commit_table(other)
+    commit_sink(other)
     before = case.seen("lake.orders")
 
     epoch = prepare(case.pipeline, "r1", case.orders(eu_us([3], [4])))
@@ -165,7 +165,7 @@ def test_an_iceberg_table_marked_by_another_store_aborts_the_epoch_and_a_table_o
     def own_table(epoch: int) -> SinkManifest:
         staged = case.lake.stage(epoch, eu_us([3], [4]))
         assert staged.table is not None
-        return dataclasses.replace(staged, table={**staged.table, "identifier": "lake.orders_here"})
+        return dataclasses.replace(staged, table={**staged.table.to_dict(), "table": "lake.orders_here"})
 
     commit_epoch(case.pipeline, "r2", own_table)
     assert scan_ids(case.lake.table()) == [1, 2]
@@ -185,7 +185,7 @@ class DeltaCase:
     def uri(self, name: str) -> str:
         return str(self.tables / name)
 
-    def orders(self, files: dict[str, pa.Table], *, table: str = "orders", mode: SinkMode = SinkMode.CHANGES,
+    def orders(self, files: dict[str, pa.Table], *, table: str = "orders", mode: SinkMode = SinkMode.APPEND,
                partition_by: tuple[str, ...] = ("country",)) -> Callable[[int], SinkManifest]:
         def manifest(epoch: int) -> SinkManifest:
             return delta.stage(self.pipeline.storage, epoch, files, uri=self.uri(table), mode=mode,
@@ -197,7 +197,8 @@ class DeltaCase:
             staged = delta.stage(self.pipeline.storage, epoch, {"part-00000.parquet": rows}, uri=self.uri("totals"),
                                  sink="totals", partition_by=(), staging=self.pipeline.staging_path(epoch, 1, "totals"))
             assert staged.table is not None
-            return dataclasses.replace(staged, table={**staged.table, "merge_keys": ["customer"]})
+            return dataclasses.replace(staged,
+                table={**staged.table.to_dict(), "mode": "upsert", "merge_keys": ["customer"]})
         return manifest
 
     def seen(self, table: str) -> tuple[int, list[tuple[Any, ...]]]:
@@ -280,7 +281,7 @@ def test_a_delta_refusal_aborts_the_epoch_before_any_table_change_and_the_next_e
 def test_a_delta_table_past_the_epoch_aborts_it_and_a_table_of_its_own_commits(tmp_path: Path) -> None:
     """A pipeline removed and started again in its store must not lose its epochs as "already"."""
     case = DeltaCase(tmp_path)
-    commit_table(TableCommit("orders", "file:///elsewhere", 5, case.orders(delta.by_country(5, DE=[5]))(5),
+    commit_sink(SinkCommit("orders", "file:///elsewhere", 5, case.orders(delta.by_country(5, DE=[5]))(5),
                              case.pipeline.storage, 3))
     before = case.seen("orders")
 

@@ -23,7 +23,8 @@ from collections import Counter
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, layout
-from airflow_seatunnel_ckpt.core.storage import OWNER_MARKER, TEMP_PREFIX
+from airflow_seatunnel_ckpt.core.sinks.files import OWNER_MARKER
+from airflow_seatunnel_ckpt.core.storage import TEMP_PREFIX
 from tests.integration.reliability import synthetic
 
 

@@ -1,0 +1,187 @@
+"""The sink contract: what every sink (files, Iceberg, Delta, PostgreSQL) promises the protocol.
+
+A sink is a module (one per type, :data:`core.sinks._BUILTIN`) that satisfies
+:class:`SinkConnector`, called with one request record, :class:`SinkCommit`:
+
+* **identity and owner**: the request names the store (its id and URL) and the pipeline
+  writing the target, and the sink (its name, its options). A target records its owner on
+  the first commit and refuses another owner (a file sink: the ``_seatunnel_ckpt_owner``
+  marker; a table: :mod:`.markers`).
+* ``precheck(request)``: everything that can refuse the epoch, checked before the commit
+  decision (:meth:`Pipeline.decide`), from the staged files and the target, changing
+  nothing a reader sees (claiming an unowned target is allowed). Raises
+  :class:`SinkRefusedError` or :class:`ConfigError` for a refusal; any other failure is
+  transient (the decision is asked again).
+* ``commit(request) -> PublishedSink``: the epoch's staged output made visible in the
+  target, once: idempotent through the epoch's marker in the target (a retry, a racing
+  recovery run find it and commit nothing twice), its waits bounded by ``request.retries``
+  (and the sink's own timeouts). After the decision only transient failures remain.
+* **replace**: a replay's commit (``request.replaces`` not empty) swaps exactly the
+  replayed epochs' rows for the new ones in the same commit (a full refresh,
+  ``request.sink.full_refresh``, replaces the whole content); it is the same ``commit``
+  call, since the swap and the marker must be one transaction of the target.
+* **recovery's view** (``held_epoch(request) -> int | None``): the newest epoch of this
+  pipeline's sink the target holds, read from its marker (a file target: its newest
+  complete ``epoch=<e>/``) and judged by :func:`markers.check_marker` against
+  ``request.log_holds``, the pipeline's log's answer (the sinks never read the
+  transaction log themselves). Reads only.
+
+:func:`core.sinks.precheck_sink` and :func:`core.sinks.commit_sink` wrap these with the
+refusal wording; the pipeline calls nothing else of a sink.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_seatunnel_ckpt.core import codec
+from airflow_seatunnel_ckpt.core.config import redact_url
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.storage.base import Storage
+from airflow_seatunnel_ckpt.core.storage.publish import DEFAULT_CONCURRENCY
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkManifest
+    from airflow_seatunnel_ckpt.core.sinks.options import SinkOptionsBase
+
+
+#: Called with a table sink's options before its commit; returns extra properties holding
+#: secrets (e.g. a catalog's credentials from an Airflow connection named in the options):
+#: :func:`core.sinks.register_secret_resolver` adds one.
+SECRET_RESOLVERS: list[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = []
+
+
+def _nothing_committed(epoch: int) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class SinkCommit:
+    """Everything one sink's precheck and commit need: which epoch, which files, from where, for whom."""
+
+    pipeline: str
+    #: The checkpoint store's URL without credentials (recorded in the target beside the epoch).
+    store: str
+    epoch: int
+    sink: SinkManifest
+    #: The checkpoint store: the staged files are ``<sink.staging>/<file.path>`` in it.
+    staged: Storage
+    #: Transient failures are retried this many times (with backoff) before raising.
+    retries: int
+    #: The store's id (:mod:`core.sinks.markers`), recorded in a table with the epoch. Empty:
+    #: read from the store, the parent of ``staged``, when needed (:attr:`resolved_store_id`).
+    store_id: str = ""
+    #: Whether this pipeline's transaction log holds an epoch decided commit (the pipeline's
+    #: answer, :meth:`Pipeline.holds_commit`): a target's marker at or above the epoch counts
+    #: only then. Without it no other epoch counts as committed (a marker is refused).
+    log_holds: Callable[[int], bool] = field(default=_nothing_committed, compare=False)
+    #: fsspec options for opening ``sink.target_url`` as a store (a file sink's target).
+    target_options: Mapping[str, Any] = field(default_factory=dict)
+    #: Files checked and copied at once by a file sink's publish.
+    concurrency: int = DEFAULT_CONCURRENCY
+
+    @property
+    def table(self) -> SinkOptionsBase:
+        """The sink's typed options (a file sink's manifest names none: its target is all it needs)."""
+        from airflow_seatunnel_ckpt.core.sinks.options import FileSinkOptions
+
+        found: SinkOptionsBase | None = self.sink.table
+        if found is not None:
+            return found
+        return FileSinkOptions.model_validate({"path": self.sink.target_url, "mode": self.sink.mode.value})
+
+    @property
+    def type(self) -> str:
+        """The sink's type: ``file``, ``iceberg``, ``delta``, ``postgres``."""
+        return self.table.type
+
+    @functools.cached_property
+    def resolved_store_id(self) -> str:
+        """``store_id``, or the id of the store whose pipeline directory ``staged`` is (read once, when a
+        table needs it: a file sink never does)."""
+        if self.store_id:
+            return self.store_id
+        staged = self.staged
+        return store_id(type(staged)(staged.url.rsplit("/", 1)[0], staged.storage_options))
+
+    @property
+    def replaces(self) -> tuple[int, ...]:
+        """The epochs a replay's commit replaces (empty: not a replay)."""
+        return self.sink.replaces
+
+    @property
+    def owner(self) -> dict[str, str]:
+        """The store (its URL) and pipeline a file sink's owner marker names."""
+        return {"store": self.store, "pipeline": self.pipeline}
+
+    @property
+    def where(self) -> str:
+        """The pipeline, epoch and sink, for messages."""
+        return f"pipeline {self.pipeline!r} epoch {self.epoch} sink {self.sink.sink!r}"
+
+    def secrets(self) -> dict[str, Any]:
+        """Extra properties the registered resolvers add for this sink (credentials)."""
+        out: dict[str, Any] = {}
+        for resolve in SECRET_RESOLVERS:
+            out.update(resolve(self.table.to_dict()))
+        return out
+
+
+# -- store id --------------------------------------------------------------------------------------
+# The store id: a UUID naming one checkpoint store, written once at the store's root.
+#
+# A store's URL says where it is, not which store it is: a wiped and recreated store (an
+# ephemeral ``$AIRFLOW_HOME``) has the same URL and restarts its epochs at 1, and a store
+# copied elsewhere keeps its epochs under a new URL. Whatever the store writes outside
+# itself (the markers of table sinks, :mod:`core.sinks.markers`) names it by this id.
+#
+# ``<store>/_store_id`` is created by the first caller that needs it, with the store's
+# put-if-absent primitive (of concurrent first callers exactly one wins and every caller
+# returns the winner's id), and only read thereafter. It is framed and checksummed like
+# every record; pipelines are never named with a leading ``_``, so it shares no name.
+
+
+#: The store id file, at the root of the store (beside the pipelines' directories).
+STORE_ID = "_store_id"
+
+
+def store_id(root: Storage) -> str:
+    """The id of the store rooted at ``root``, created (create-exclusive) on first use."""
+    try:
+        data = root.read(STORE_ID)
+    except FileNotFoundError:
+        new = str(uuid.uuid4())
+        payload = {"store_id": new, "created_at": time.time(), "url": redact_url(root.url)}
+        try:
+            root.create_exclusive(STORE_ID, codec.encode_json(payload))
+            return new
+        except AlreadyExistsError:  # a concurrent first user won: its id is the store's
+            data = root.read(STORE_ID)
+    where = root.describe_path(STORE_ID)
+    record = codec.decode_json(data, where)
+    found = record.get("store_id") if isinstance(record, dict) else None
+    try:
+        return str(uuid.UUID(str(found)))
+    except ValueError:
+        raise CorruptCheckpointError(
+            f"{where}: the store id is {found!r}, not a UUID. Restore the file from a backup of the store; "
+            "only if none exists, delete it (a new id is created, and every table this store wrote must then "
+            "be handed over to it, see docs/tables)", where) from None
+
+
+class SinkConnector(Protocol):
+    """One sink type: the module :data:`core.sinks._BUILTIN` names (see the module docs)."""
+
+    def precheck(self, request: SinkCommit) -> None:
+        """Refuse (SinkRefusedError, ConfigError) an epoch the target would refuse; before the decision."""
+
+    def commit(self, request: SinkCommit) -> PublishedSink:
+        """Make the epoch's staged output visible in the target once (a replay's: in place of the replaced)."""
+
+    def held_epoch(self, request: SinkCommit) -> int | None:
+        """Recovery's view: the newest epoch of this pipeline's sink the target holds (None: none); reads only."""

@@ -1,0 +1,292 @@
+"""The sinks' options, typed: one model per sink type, keyed on ``type`` (:data:`SINK_OPTIONS`).
+
+A stage's ``sinks.<name>`` entry is checked into its model when the DAG is parsed
+(:func:`core.options.parse`), and the model travels in the prepared record's manifest
+(``SinkManifest.table``) to the commit, where nothing reads a dict again. Nothing here
+imports PySpark, psycopg or a table library: a DAG is parsed without them.
+
+One mode vocabulary for every sink (``mode``): ``append`` (each epoch's rows added beside
+the earlier epochs'), ``upsert`` (each epoch's rows replace the rows with the same
+``merge_keys``), ``snapshot`` (each epoch's rows are the whole content). Files take
+``append|snapshot``, Iceberg and Delta all three, PostgreSQL ``append|upsert``.
+
+Records of the previous release still decode: their ``mode: "changes"`` reads as
+``append``, ``merge_keys`` without a mode as ``upsert``, an Iceberg table's ``identifier``
+as ``table``, a Delta table's ``uri`` as ``path`` (:func:`_previous_release`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import AliasChoices, Field, Strict, field_validator, model_validator
+
+from airflow_seatunnel_ckpt.core.errors import ConfigError
+from airflow_seatunnel_ckpt.core.options import Options, checked, keyed
+
+#: The modes every sink type names its behaviour with (each type takes some of them).
+MODES = ("append", "upsert", "snapshot")
+#: The previous release's name of ``append`` (still read, in stored records and in DAGs).
+CHANGES = "changes"
+#: The file formats a file sink writes.
+FILE_FORMATS = ("parquet", "json", "csv", "orc")
+#: The PostgreSQL session's timeouts (seconds) and their defaults: a lock wait (a paused
+#: committer holding the epoch's marker row), one statement (a large epoch's COPY), a
+#: transaction left idle by its client.
+TIMEOUTS = {"lock_timeout_s": 30.0, "statement_timeout_s": 3600.0, "idle_in_transaction_timeout_s": 60.0}
+#: A password in a libpq connection string, keyword form or URL form.
+_PASSWORD = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
+#: A timeout option: seconds above 0, at most a week.
+Seconds = Annotated[float, Strict(), Field(gt=0, le=7 * 24 * 3600)]
+
+
+def _previous_release(data: Any) -> Any:
+    """A previous release's options in today's words (see the module docs); anything else as it is."""
+    if not isinstance(data, Mapping):
+        return data
+    out = dict(data)
+    keys = out.get("merge_keys")
+    if isinstance(keys, str):
+        out["merge_keys"] = [keys]
+    if out.get("mode") in (None, CHANGES) and out.get("merge_keys"):
+        out["mode"] = "upsert"  # the previous release's upsert: merge_keys on a ``changes`` sink
+    elif out.get("mode") == CHANGES:
+        out["mode"] = "append"
+    return {k: v for k, v in out.items() if v is not None}
+
+
+class SinkOptionsBase(Options):
+    """What every sink's options share: previous releases' words read, one mode, the rules on rows."""
+
+    expectations: dict[str, Any] | None = None
+    """Data-quality rules on the rows written (docs/EXPECTATIONS.md); never recorded in the manifest."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_previous_release(cls, data: Any) -> Any:
+        return _previous_release(data)
+
+    @model_validator(mode="after")
+    def _mode_and_keys_agree(self) -> SinkOptionsBase:
+        keys = getattr(self, "merge_keys", None)
+        mode = getattr(self, "mode", "append")
+        if mode == "upsert" and not keys:
+            raise ValueError("mode 'upsert' needs merge_keys (the columns whose rows an epoch replaces)")
+        if keys and mode != "upsert":
+            raise ValueError(f"merge_keys {list(keys)} with mode {mode!r}: merge_keys are the keys of an upsert; "
+                             "set mode 'upsert', or drop merge_keys")
+        return self
+
+    def recorded(self) -> SinkOptionsBase:
+        """The options as the prepared record keeps them: without the expectations (measured there already)."""
+        return self.model_copy(update={"expectations": None})
+
+
+class FileSinkOptions(SinkOptionsBase):
+    """A directory of files, one ``epoch=<e>/`` per epoch (docs/REFERENCE.md)."""
+
+    type: Literal["file"] = "file"
+    path: str
+    """The target directory: a local path or any fsspec URL Spark can write."""
+    format: Literal["parquet", "json", "csv", "orc"] = "parquet"
+    """The files' format."""
+    options: dict[str, Any] = {}
+    """Writer options, passed to Spark untouched."""
+    partition_by: list[str] = []
+    """Partition columns (directories ``<column>=<value>`` inside each epoch's)."""
+    mode: Literal["append", "snapshot"] = "append"
+    """``append``: each epoch's rows in its own ``epoch=<e>/``; ``snapshot``: each epoch's rows are the whole
+    content (``_LATEST`` names it, older snapshots are removed)."""
+
+
+class IcebergSinkOptions(SinkOptionsBase):
+    """An Apache Iceberg table, one snapshot per epoch, committed with pyiceberg."""
+
+    type: Literal["iceberg"] = "iceberg"
+    table: str = Field(validation_alias=AliasChoices("table", "identifier"))
+    """``<namespace>.<name>`` (created on the first commit, namespace too)."""
+    catalog: dict[str, Any] = {}
+    """pyiceberg catalog properties, never secrets. Empty, with no ``catalog_conn_id``: the embedded catalog."""
+    catalog_name: str = "default"
+    """The catalog's name (pyiceberg's; also ``~/.pyiceberg.yaml``'s)."""
+    catalog_conn_id: str | None = None
+    """An Airflow connection whose properties (credentials included) are added when the commit runs."""
+    partition_by: list[str] = []
+    """Identity partition columns of the table."""
+    mode: Literal["append", "upsert", "snapshot"] = "append"
+    """``append``, ``upsert`` (on ``merge_keys``) or ``snapshot`` (each epoch replaces the table's rows)."""
+    merge_keys: list[str] = []
+    """The key columns of an upsert: each epoch's rows replace the table's rows with the same key."""
+
+    @field_validator("table")
+    @classmethod
+    def _qualified(cls, table: str) -> str:
+        if len([p for p in table.split(".") if p]) < 2:
+            raise ValueError(f"the Iceberg table must be '<namespace>.<name>', got {table!r}")
+        return table
+
+
+class DeltaSinkOptions(SinkOptionsBase):
+    """A Delta Lake table, one table version per epoch, committed with delta-rs."""
+
+    type: Literal["delta"] = "delta"
+    path: str = Field(validation_alias=AliasChoices("path", "uri"))
+    """The table's URL: a local path, ``file://`` or ``s3://``/``s3a://`` (created by the first epoch with rows)."""
+    partition_by: list[str] = []
+    """Partition columns of a new table; an existing table's must match."""
+    mode: Literal["append", "upsert", "snapshot"] = "append"
+    """``append``, ``upsert`` (a MERGE on ``merge_keys``) or ``snapshot`` (each epoch replaces the rows)."""
+    merge_keys: list[str] = []
+    """The key columns of an upsert: each epoch's rows replace the table's rows with the same key."""
+
+
+class PostgresSinkOptions(SinkOptionsBase):
+    """A PostgreSQL table, one transaction per epoch with its marker row."""
+
+    type: Literal["postgres"] = "postgres"
+    table: str
+    """``<schema>.<name>`` (``<name>`` alone: schema ``public``)."""
+    postgres_conn_id: str = ""
+    """The Airflow Postgres connection the commit connects with; only its name is recorded."""
+    conninfo: str = ""
+    """A libpq connection string without a password, instead of a connection (no Airflow)."""
+    mode: Literal["append", "upsert"] = "append"
+    """``append`` (each epoch's rows added) or ``upsert`` (merged on ``merge_keys``)."""
+    merge_keys: list[str] = []
+    """The columns of the table's primary key or a unique constraint (upsert)."""
+    create_table: bool = False
+    """Create a missing table from the first epoch's columns (merge keys as its primary key)."""
+    epoch_column: str = ""
+    """A ``bigint`` column each commit fills with its epoch, so that a replay removes exactly the replayed
+    epochs' rows (an append sink without one cannot be replayed)."""
+    lock_timeout_s: Seconds = TIMEOUTS["lock_timeout_s"]
+    """How long a statement waits for a lock (transient when it runs out: the commit is retried)."""
+    statement_timeout_s: Seconds = TIMEOUTS["statement_timeout_s"]
+    """How long one statement (a large epoch's ``COPY`` or ``MERGE``) may run."""
+    idle_in_transaction_timeout_s: Seconds = TIMEOUTS["idle_in_transaction_timeout_s"]
+    """How long the server keeps the transaction of a client gone quiet before ending its session."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_partitions(cls, data: Any) -> Any:
+        # The previous release recorded ``partition_by: []`` for every table sink.
+        if isinstance(data, Mapping) and data.get("partition_by") in ([], ()):
+            return {k: v for k, v in data.items() if k != "partition_by"}
+        return data
+
+    @field_validator("table")
+    @classmethod
+    def _schema_and_name(cls, table: str) -> str:
+        if not table or table.count(".") > 1 or not all(table.split(".")):
+            raise ValueError(f"'table' must be '<schema>.<name>' (or '<name>' in schema public), got {table!r}")
+        return table if "." in table else f"public.{table}"
+
+    @model_validator(mode="after")
+    def _connection(self) -> PostgresSinkOptions:
+        if not self.postgres_conn_id and not self.conninfo:
+            raise ValueError("name the database with postgres_conn_id (an Airflow Postgres connection) or conninfo "
+                             "(a libpq connection string without a password)")
+        if _PASSWORD.search(self.conninfo):
+            raise ValueError("conninfo holds a password, and the sink's options are stored in the checkpoint store; "
+                             "put the credentials in an Airflow Postgres connection and name it in postgres_conn_id "
+                             "(or use a password file, PGPASSFILE)")
+        if self.epoch_column in self.merge_keys:
+            raise ValueError(f"epoch_column must be a column name (not a merge key), got {self.epoch_column!r}")
+        return self
+
+    @property
+    def schema_name(self) -> str:
+        """The table's schema."""
+        return self.table.partition(".")[0]
+
+    @property
+    def name(self) -> str:
+        """The table's name in its schema."""
+        return self.table.partition(".")[2]
+
+    def target_url(self) -> str:
+        """The table as an Airflow asset URI of the Postgres provider, ``postgres://host:port/database/schema/table``.
+
+        From ``conninfo`` where it names them (host ``localhost``, port 5432 and database
+        ``default`` otherwise); for ``postgres_conn_id`` the connection's id stands for the
+        host and the database is ``default``: the connection is read only when a task runs.
+        """
+        host, port, database = self.postgres_conn_id, "5432", "default"
+        if self.conninfo and not self.postgres_conn_id:
+            found = _conninfo_fields(self.conninfo)
+            host = found.get("host", "localhost").split(",")[0] or "localhost"
+            port = found.get("port", "5432").split(",")[0] or "5432"
+            database = found.get("dbname") or "default"
+        if host.startswith("/"):  # a Unix socket directory
+            host = "localhost"
+        return f"postgres://{host}:{port}/{database}/{self.schema_name}/{self.name}"
+
+    def session_settings(self) -> dict[str, str]:
+        """The PostgreSQL settings each connection of the sink sets (milliseconds)."""
+        return {"lock_timeout": _ms(self.lock_timeout_s), "statement_timeout": _ms(self.statement_timeout_s),
+                "idle_in_transaction_session_timeout": _ms(self.idle_in_transaction_timeout_s)}
+
+
+#: A sink's options, whichever its type (``SinkManifest.table``), told apart by ``type``.
+SinkOptions = Annotated[FileSinkOptions | IcebergSinkOptions | DeltaSinkOptions | PostgresSinkOptions,
+                        Field(discriminator="type")]
+#: The sink option models by type (:func:`core.options.parse` takes it).
+SINK_OPTIONS = keyed(FileSinkOptions, IcebergSinkOptions, DeltaSinkOptions, PostgresSinkOptions)
+
+
+def recorded_options(options: Any) -> SinkOptionsBase | None:
+    """``options`` (a model, or a stored or declared mapping naming its ``type``) as its model; None for None.
+
+    What ``SinkManifest.table`` holds: a mapping of a previous release (or of a stage's Spark
+    sink) is read into its model here. ValueError names what does not fit (decoding a record
+    turns it into a corrupt-record error naming the file).
+    """
+    if options is None or isinstance(options, SinkOptionsBase):
+        return options
+    if not isinstance(options, Mapping) or not isinstance(options.get("type"), str):
+        raise ValueError(f"a sink's options must name its type, found {options!r}")
+    model = SINK_OPTIONS.get(options["type"])
+    if model is None:
+        raise ValueError(f"unknown sink type {options['type']!r}; known: {sorted(SINK_OPTIONS)}")
+    try:
+        return checked(model, options, f"{options['type']} sink options")  # type: ignore[return-value]
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def replay_refusal(epochs: Mapping[int, PostgresSinkOptions]) -> str | None:
+    """Why a replay cannot replace the rows of a PostgreSQL append sink's ``epochs`` (epoch -> its options).
+
+    An append's rows are told apart by their epoch only through ``epoch_column``: without it
+    in every replayed epoch, the replay would add the rows again beside the old ones.
+    """
+    lacking = sorted(e for e, options in epochs.items() if not options.epoch_column)
+    if not lacking or any(o.merge_keys for o in epochs.values()):
+        return None
+    table = next(iter(epochs.values())).table
+    return (f"it appends to the PostgreSQL table {table} without an epoch_column in epoch(s) {lacking}, so the rows "
+            "those epochs appended cannot be told from the others, and the replay would add them again beside "
+            f"them. Give the sink an epoch_column (ALTER TABLE {table} ADD COLUMN _seatunnel_epoch bigint, then "
+            "epoch_column: '_seatunnel_epoch' in its options): epochs committed from then on can be replayed")
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, round(seconds * 1000)))
+
+
+def _conninfo_fields(conninfo: str) -> dict[str, str]:
+    """``host``, ``port`` and ``dbname`` of a libpq connection string (keyword or URL form), as far as given."""
+    if conninfo.startswith(("postgres://", "postgresql://")):
+        url = urlsplit(conninfo)
+        found = {"host": url.hostname or "", "port": str(url.port or ""), "dbname": url.path.lstrip("/")}
+        found.update({k: v[-1] for k, v in parse_qs(url.query).items()})
+        return {k: v for k, v in found.items() if v}
+    try:
+        words = shlex.split(conninfo)
+    except ValueError:
+        return {}
+    return {k.strip(): v for k, _, v in (w.partition("=") for w in words) if v}
