@@ -320,7 +320,7 @@ class SinkManifest(Record):
         # One mode for the manifest and its table's options. A previous release's record says
         # "changes" here for an upsert (merge_keys in its table) and names no mode in its
         # table for a snapshot: the one that is not append is the sink's.
-        if self.table is not None and self.table.mode != self.mode:
+        if self.table is not None and not isinstance(self.table, dict) and self.table.mode != self.mode:
             modes = {self.mode.value, self.table.mode} - {SinkMode.APPEND.value}
             if len(modes) != 1:
                 raise ValueError(f"sink {self.sink!r}: mode {self.mode.value!r} and its options' mode "

@@ -177,7 +177,7 @@ def test_a_bad_spec_is_an_import_error_of_the_dag_file_and_parsing_does_not_impo
     assert list(found["errors"]) == [str(dags / "bad_spec.py")]
     error = found["errors"][str(dags / "bad_spec.py")]
     assert "task 'orders.ingest'" in error and "sink 'orders_table'" in error
-    assert "unknown option(s) ['formt']" in error and "did you mean 'format'" in error
+    assert "unknown option 'formt' (did you mean 'format'?)" in error
     assert found["pyspark"] is False
     assert not (tmp_path / "store").exists()
 

@@ -97,8 +97,10 @@ class SinkCommit:
 
     @property
     def type(self) -> str:
-        """The sink's type: ``file``, ``iceberg``, ``delta``, ``postgres``."""
-        return self.table.type
+        """The sink's type: ``file``, ``iceberg``, ``delta``, ``postgres`` (or a registered one's,
+        whose options without a model stay the mapping the stage wrote)."""
+        table: Any = self.table
+        return str(table["type"] if isinstance(table, Mapping) else table.type)
 
     @functools.cached_property
     def resolved_store_id(self) -> str:
