@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from airflow_seatunnel_ckpt.core.storage.base import Capabilities, Data, Storage, chunks
+from airflow_seatunnel_ckpt.core.storage.base import Capabilities, Data, FileInfo, Storage, chunks
 
 
 class MemoryStorage(Storage):
@@ -36,3 +36,18 @@ class MemoryStorage(Storage):
         with self._lock:
             self.fs.copy(source_full, full)
         return True
+
+    # fsspec's memory filesystem lists and removes by going through one process-wide dict:
+    # a listing while another thread writes or deletes would fail ("dictionary changed size
+    # during iteration"), so listings and removals take the same lock as writes.
+    def list_dir(self, path: str = "") -> list[str]:
+        with self._lock:
+            return super().list_dir(path)
+
+    def walk(self, path: str = "", include_temp: bool = False) -> list[FileInfo]:
+        with self._lock:
+            return super().walk(path, include_temp)
+
+    def delete(self, path: str, recursive: bool = False) -> None:
+        with self._lock:
+            super().delete(path, recursive)
