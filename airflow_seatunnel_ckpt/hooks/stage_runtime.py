@@ -18,7 +18,6 @@ later try, from any worker -- interrupts exactly that attempt's operations on th
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import hashlib
 import logging
@@ -167,7 +166,7 @@ class ConnectAttempt:
         released when the block ends), with the attempt's tag on this thread's operations."""
         from airflow_seatunnel_ckpt.spark.session import remote_session
 
-        with remote_session(dataclasses.replace(spec, remote=self.url)) as session:
+        with remote_session(spec.replace(remote=self.url)) as session:
             session.addTag(self.tag)
             yield session
 

@@ -18,7 +18,6 @@ and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import socket
 import time
@@ -129,7 +128,7 @@ class StageSubmitHook(BaseHook):
             with attempt.session(spec) as session:
                 self.connect = (attempt, session)
                 try:
-                    return run_stage(dataclasses.replace(spec, remote=attempt.url), session, stage_fn=stage_fn)
+                    return run_stage(spec.replace(remote=attempt.url), session, stage_fn=stage_fn)
                 finally:
                     self.connect = None
         except Exception as exc:

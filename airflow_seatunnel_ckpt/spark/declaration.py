@@ -33,6 +33,7 @@ from typing import Any
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 from airflow_seatunnel_ckpt.core.layout import validate_name
 from airflow_seatunnel_ckpt.core.options import Options
+from airflow_seatunnel_ckpt.core.protocol.expectations import parse_expectations
 from airflow_seatunnel_ckpt.core.storage.registry import backend_for
 from airflow_seatunnel_ckpt.spark.ddl import checked_schema
 from airflow_seatunnel_ckpt.spark.registry import REGISTRIES
@@ -220,6 +221,9 @@ class EntryDeclaration:
             path = options.get("path")
             if kind == "sink" and isinstance(path, str) and "://" in path and not is_templated(path):
                 backend_for(path.split("://", 1)[0].lower())  # commit must be able to publish there
+            rules = options.get("expectations")
+            if kind == "sink" and registry.is_builtin(type_name) and not is_templated(rules):
+                parse_expectations(name, rules)  # the rules' own keys and actions (docs/EXPECTATIONS.md)
         except CheckpointError as exc:
             raise ConfigError(f"{where}: {exc}") from exc
         return cls(kind, name, str(type_name), dict(options), typed)

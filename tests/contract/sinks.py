@@ -281,7 +281,7 @@ class FileContext(SinkContext):
         return f"file://{self.path}"
 
     def table_commits(self) -> list[tuple[Any, str]]:
-        import airflow_seatunnel_ckpt.core.protocol.pipeline as protocol
+        import airflow_seatunnel_ckpt.core.sinks.files as protocol
 
         # The publish of an epoch directory (with its _SUCCESS), and a replay's swap of directories.
         return [(protocol, "publish_sink_dir"), (protocol, "replace_epoch_dirs")]

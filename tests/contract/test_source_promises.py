@@ -27,11 +27,7 @@ from tests.contract.sources import SOURCES, Reads
 pytestmark = pytest.mark.spark
 
 #: Promises a source does not keep yet (strict: the case fails once it does, so the mark goes).
-KNOWN_DEFECTS: dict[tuple[str, str], str] = {
-    **{(source, when): (f"the {source} source reads its pinned files by name without checking their pinned "
-                        "identity (size, mtime, ETag): a file rewritten under its name is read as the pinned input")
-       for source in ("files", "pipeline_output") for when in ("replaced-before-retry", "replaced-before-replay")},
-}
+KNOWN_DEFECTS: dict[tuple[str, str], str] = {}
 
 
 def cases(promise: str) -> list[Any]:

@@ -214,7 +214,7 @@ def test_a_run_killed_between_decision_and_publish_is_finished_before_the_next_e
         raise StorageError("worker killed before publishing")
 
     with monkeypatch.context() as crash:
-        crash.setattr(Pipeline, "_publish_sink", killed)
+        crash.setattr(Pipeline, "_commit_sink", killed)
         crashed = run_at(example.dag, at(1))
     assert task_states(crashed)["orders.commit"] == "failed"
     assert example.pipeline.state(2) is EpochState.COMMITTING

@@ -106,9 +106,10 @@ def make_stage(tmp_path: Path, stage: str, **kwargs: Any) -> Any:
 
     inputs = tmp_path / "input"
     inputs.mkdir(exist_ok=True)
-    for n in range(2):
-        (inputs / f"orders-{n}.json").write_text(
-            "".join(json.dumps({"order_id": f"o{n}-{i}", "amount": i}) + "\n" for i in range(3)))
+    for n in range(2):  # written once: a retry's stage reads the very files its epoch pinned
+        if not (inputs / f"orders-{n}.json").exists():
+            (inputs / f"orders-{n}.json").write_text(
+                "".join(json.dumps({"order_id": f"o{n}-{i}", "amount": i}) + "\n" for i in range(3)))
     options: dict[str, Any] = {
         "conn_id": "spark_local", "deferrable": True, "poll_interval": 0.5,
         "spark_conf": small_driver(),

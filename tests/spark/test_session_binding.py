@@ -27,7 +27,8 @@ _PROBE = textwrap.dedent("""
     from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
     # Only JVM flags in spark_conf (a short JVM's start-up): no address, no log configuration.
-    spark = stage_session(StageSpec("orders", "ingest", "run-1", 1, "m:f", master="local[1]",
+    spark = stage_session(StageSpec(pipeline="orders", participant="ingest", run_id="run-1", attempt=1, stage="m:f",
+                                    master="local[1]",
                                     spark_conf={"spark.driver.extraJavaOptions": sys.argv[1]}))
     spark.range(3).count()
     jvm = psutil.Process().children(recursive=True)

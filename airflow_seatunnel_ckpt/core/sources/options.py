@@ -254,12 +254,8 @@ def constructor_signature(model: type[Options]) -> inspect.Signature:
     and the model stays their one definition. A subclass with its own ``__init__`` keeps its own."""
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
               inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
-    for field_name, field in model.model_fields.items():
-        if field_name == "type":
-            continue
-        if field.is_required():
-            params.append(inspect.Parameter(field_name, inspect.Parameter.POSITIONAL_OR_KEYWORD))
-        else:
-            params.append(inspect.Parameter(field_name, inspect.Parameter.KEYWORD_ONLY,
-                                            default=field.get_default(call_default_factory=True)))
+    fields = [(n, f) for n, f in model.model_fields.items() if n != "type"]
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n, f in fields if f.is_required()]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=f.get_default(call_default_factory=True))
+               for n, f in fields if not f.is_required()]
     return inspect.Signature(params)

@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.options import checked
-from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresQuerySourceOptions
+from airflow_seatunnel_ckpt.core.sources.options import (
+    PostgresCdcSourceOptions,
+    PostgresQuerySourceOptions,
+    constructor_signature,
+)
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Column, Decoder, spark_type, typed_value
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
 from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery
@@ -140,3 +144,7 @@ class PostgresQuerySource(Source):
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
         return spark.createDataFrame(data, _schema((c.name, k) for c, k in zip(columns, types, strict=True)))
+
+
+PostgresCdcSource.__init__.__signature__ = constructor_signature(PostgresCdcSourceOptions)  # type: ignore[attr-defined]
+PostgresQuerySource.__init__.__signature__ = constructor_signature(PostgresQuerySourceOptions)  # type: ignore[attr-defined]

@@ -36,12 +36,12 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
+from airflow_seatunnel_ckpt.core.sinks.files import current_epoch_dirs
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
 from airflow_seatunnel_ckpt.core.storage import open_storage
-from airflow_seatunnel_ckpt.core.storage.publish import current_epoch_dirs
 from airflow_seatunnel_ckpt.spark import StageSpec, run_stage
 from airflow_seatunnel_ckpt.spark.replay import replay_stage
-from airflow_seatunnel_ckpt.spark.sources.files import SourceError
+from airflow_seatunnel_ckpt.spark.sources.base import SourceError
 from tests.conftest import FULL_CAMPAIGNS
 from tests.core import faults
 from tests.core.faults import SimulatedCrash
