@@ -240,4 +240,4 @@ def dedup_then_wait_on_the_server(ctx: StageContext, spark: Any) -> None:
     marker = os.environ.get(STAGED_MARKER_ENV)
     if marker:
         Path(marker).write_text(f"{ctx.epoch} {ctx.attempt}")
-        spark.range(0, 10**13, 1, 2).selectExpr("sum(id)").collect()
+        spark.range(0, 10**13, 1, 2).selectExpr("max(id)").collect()
