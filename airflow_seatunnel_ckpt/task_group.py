@@ -27,11 +27,11 @@ from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from airflow_seatunnel_ckpt.core.protocol.descriptor import ParticipantDescriptor
 from airflow_seatunnel_ckpt.operators.abort import AbortEpochOperator
-from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
 from airflow_seatunnel_ckpt.operators.branch import CommitBranchOperator
 from airflow_seatunnel_ckpt.operators.commit import CommitEpochOperator, sink_asset
 from airflow_seatunnel_ckpt.operators.replay import STAGE_ARGS, EpochOrReplayBranch, EpochReplayOperator
 from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
+from airflow_seatunnel_ckpt.pipeline_task import BasePipelineOperator
 from airflow_seatunnel_ckpt.sensors.prepared import EpochPreparedSensor
 
 #: Task ids the group uses itself; a participant may not take one of them.

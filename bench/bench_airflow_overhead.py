@@ -60,7 +60,7 @@ def prepare_epoch(pipeline: Any, run_id: str, attempt: int, target_url: str) -> 
 def build_dag(storage_url: str, target_url: str) -> Any:
     from airflow.sdk import DAG
 
-    from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
+    from airflow_seatunnel_ckpt.pipeline_task import BasePipelineOperator
     from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 
     class CoreStage(BasePipelineOperator):

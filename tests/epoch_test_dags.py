@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from airflow.sdk import DAG
 
-from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
+from airflow_seatunnel_ckpt.pipeline_task import BasePipelineOperator
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 
 START = datetime(2026, 1, 1, tzinfo=UTC)

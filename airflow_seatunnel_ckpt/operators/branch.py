@@ -13,7 +13,7 @@ from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, NotPrepar
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState, EpochStatus
 from airflow_seatunnel_ckpt.core.protocol.expectations import REFUSED, refusals
 from airflow_seatunnel_ckpt.core.protocol.pipeline import CHECK_FAILED, SINK_REFUSED
-from airflow_seatunnel_ckpt.operators.base import (
+from airflow_seatunnel_ckpt.pipeline_task import (
     PIPELINE_TEMPLATE_FIELDS,
     BasePipelineOperator,
     refusals_fail_at_once,

@@ -12,7 +12,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_seatunnel_ckpt.core.models import Decision, EpochState
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import (
+from airflow_seatunnel_ckpt.pipeline_task import (
     PIPELINE_TEMPLATE_FIELDS,
     BasePipelineOperator,
     refusals_fail_at_once,

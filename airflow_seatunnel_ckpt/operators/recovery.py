@@ -15,7 +15,7 @@ from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_seatunnel_ckpt.hooks.stores import CONFIG_OPTION, CONFIG_SECTION, configured_stores
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import (
+from airflow_seatunnel_ckpt.pipeline_task import (
     PIPELINE_TEMPLATE_FIELDS,
     BasePipelineOperator,
     ask_airflow_run_finished,

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseBranchOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
+from airflow_seatunnel_ckpt.pipeline_task import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -14,7 +14,7 @@ from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck
 from airflow_seatunnel_ckpt.hooks.stage_runtime import Runtime, RuntimeChoice, choose_runtime
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook, attempt_for_try
 from airflow_seatunnel_ckpt.operators import metrics
-from airflow_seatunnel_ckpt.operators.base import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
+from airflow_seatunnel_ckpt.pipeline_task import PIPELINE_TEMPLATE_FIELDS, BasePipelineOperator, refusals_fail_at_once
 from airflow_seatunnel_ckpt.spark.declaration import StageDeclaration  # imports no PySpark
 
 if TYPE_CHECKING:

@@ -94,7 +94,7 @@ def run_finished_in_db(run_id: str, dag_id: str) -> bool | None:
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    from airflow_seatunnel_ckpt.operators.base import TERMINAL_RUN_STATES
+    from airflow_seatunnel_ckpt.pipeline_task import TERMINAL_RUN_STATES
 
     if not dag_id:
         return None

@@ -16,7 +16,7 @@ import pytest
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.protocol.descriptor import read_descriptor
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook, StoreSettings
-from airflow_seatunnel_ckpt.operators.base import BaseStoreOperator
+from airflow_seatunnel_ckpt.pipeline_task import BaseStoreOperator
 from tests.epoch_test_dags import (
     REPO,
     build_epoch_dag,

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.models import SinkMode
-from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
+from airflow_seatunnel_ckpt.pipeline_task import BasePipelineOperator
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 from tests.epoch_test_dags import PIPELINE, START, logical_date, run_note, task_states, try_numbers
 from tests.tables import duckdb_delta_rows

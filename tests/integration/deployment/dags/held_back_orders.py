@@ -18,7 +18,7 @@ from typing import Any
 from airflow.sdk import DAG
 
 from airflow_seatunnel_ckpt.core.models import ExpectationResult
-from airflow_seatunnel_ckpt.operators.base import BasePipelineOperator
+from airflow_seatunnel_ckpt.pipeline_task import BasePipelineOperator
 from airflow_seatunnel_ckpt.task_group import checkpointed_epoch
 
 DATA = os.path.join(os.environ.get("SEATUNNEL_CKPT_EXAMPLE_DIR", "/tmp"), "held_back")
