@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
-from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions
+from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresSourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     OPS,
     Change,
@@ -58,6 +58,29 @@ log = logging.getLogger(__name__)
 RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run "
               "the pipeline under a new name into emptied sinks: its first epoch creates the slot again and reads "
               "the tables whole (a replay cannot: the first epoch's snapshot is not kept)")
+
+
+@contextmanager
+def connect(options: PostgresSourceOptions, where: str, error: type[CheckpointError]) -> Iterator[Any]:
+    """An autocommit connection of a PostgreSQL source with its bounded waits (psycopg 3); a
+    failure to connect or a statement's failure raises ``error`` naming ``where`` (transient:
+    the epoch fails before its decision and its retry reads the same pinned range)."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(options.conninfo, autocommit=True, connect_timeout=30,
+                               application_name="seatunnel-ckpt-source")
+    except psycopg.OperationalError as exc:
+        raise error(f"{where}: cannot connect to PostgreSQL: {str(exc).strip()}; check the connection and "
+                    "retry") from exc
+    with conn:
+        try:
+            for name, value in options.session_settings().items():
+                conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+            yield conn
+        except psycopg.Error as exc:  # a timeout, the slot in use by another reader, a lost connection
+            raise error(f"{where}: PostgreSQL failed: {type(exc).__name__}: {str(exc).strip()}. The epoch fails "
+                        "before its decision; its retry reads the same pinned range") from exc
 
 
 class CdcError(CheckpointError):
@@ -181,25 +204,9 @@ class PostgresCdc:
     def __init__(self, options: PostgresCdcSourceOptions, where: str) -> None:
         self.options, self.where = options, where
 
-    @contextmanager
-    def connect(self) -> Iterator[Any]:
+    def connect(self) -> contextlib.AbstractContextManager[Any]:
         """An autocommit connection with the source's bounded waits; a failure to connect is transient."""
-        import psycopg
-
-        try:
-            conn = psycopg.connect(self.options.conninfo, autocommit=True, connect_timeout=30,
-                                   application_name="seatunnel-ckpt-source")
-        except psycopg.OperationalError as exc:
-            raise CdcError(f"{self.where}: cannot connect to PostgreSQL: {str(exc).strip()}; check the "
-                           "connection and retry") from exc
-        with conn:
-            try:
-                for name, value in self.options.session_settings().items():
-                    conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-                yield conn
-            except psycopg.Error as exc:  # a timeout, the slot in use by another reader, a lost connection
-                raise CdcError(f"{self.where}: PostgreSQL failed: {type(exc).__name__}: {str(exc).strip()}. The "
-                               "epoch fails before its decision; its retry reads the same pinned range") from exc
+        return connect(self.options, self.where, CdcError)
 
     def server(self, conn: Any) -> ServerState:
         """The server's identity, its flush LSN, the publication's tables and the slot, now."""

@@ -24,14 +24,15 @@ it moves the column past the position (to the epoch that then reads it).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.sources.options import PostgresQuerySourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Column
+from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connect
 
 
 class QueryError(CheckpointError):
@@ -53,25 +54,9 @@ class PostgresQuery:
     def __init__(self, options: PostgresQuerySourceOptions, where: str) -> None:
         self.options, self.where = options, where
 
-    @contextmanager
-    def connect(self) -> Iterator[Any]:
+    def connect(self) -> contextlib.AbstractContextManager[Any]:
         """An autocommit connection with the source's bounded waits."""
-        import psycopg
-
-        try:
-            conn = psycopg.connect(self.options.conninfo, autocommit=True, connect_timeout=30,
-                                   application_name="seatunnel-ckpt-source")
-        except psycopg.OperationalError as exc:
-            raise QueryError(f"{self.where}: cannot connect to PostgreSQL: {str(exc).strip()}; check the "
-                             "connection and retry") from exc
-        with conn:
-            try:
-                for name, value in self.options.session_settings().items():
-                    conn.execute("SELECT set_config(%s, %s, false)", (name, value))
-                yield conn
-            except psycopg.Error as exc:  # a timeout, a lost connection
-                raise QueryError(f"{self.where}: PostgreSQL failed: {type(exc).__name__}: {str(exc).strip()}. "
-                                 "The epoch fails before its decision; its retry reads the same pinned range") from exc
+        return connect(self.options, self.where, QueryError)
 
     def columns(self, conn: Any) -> list[Column]:
         """The table's columns now (name, type, primary key)."""
