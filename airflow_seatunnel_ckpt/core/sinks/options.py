@@ -59,6 +59,69 @@ def _previous_release(data: Any) -> Any:
     return {k: v for k, v in out.items() if v is not None}
 
 
+#: The operations of a change row (``ApplyChanges.operation``), as the PostgreSQL CDC source writes them.
+OPERATIONS = ("insert", "update", "delete")
+#: The columns an SCD2 table adds to each version of a row: the sequence value that opened it and the one
+#: that closed it (NULL: the key's current version).
+SCD2_COLUMNS = ("__start_at", "__end_at")
+
+
+class ApplyChanges(Options):
+    """Apply change rows (inserts, updates, deletes; e.g. a ``postgres_cdc`` source's) to a keyed table.
+
+    The shape of Spark Declarative Pipelines' AUTO CDC (``apply_changes``): each epoch's
+    changes collapse to the last one per key (by ``sequence_by``); a change whose sequence is
+    not above the one the table holds for its key has no effect (out of order, replayed); a
+    delete removes the key's row (``scd1``) or closes its current version (``scd2``). The
+    table's columns are the change rows' without ``operation`` and ``except_columns``; an
+    ``scd1`` table keeps the ``sequence_by`` columns (the guard reads them), an ``scd2`` table
+    adds ``__start_at`` / ``__end_at`` (the first ``sequence_by`` column's values; the others
+    only order the changes within one value of it, e.g. ``_seq`` within one ``_lsn``).
+    """
+
+    type: str = "apply_changes"
+    keys: list[str]
+    """The columns that identify a row of the table (the source table's primary key)."""
+    sequence_by: list[str] = ["_lsn", "_seq"]
+    """The columns that order the changes (compared in turn); a change not above the table's has no effect."""
+    operation: str = "_op"
+    """The column holding each change's operation: ``insert``, ``update`` or ``delete``."""
+    deletes: bool = True
+    """Apply deletes (remove the row, or close its version); false: delete changes are ignored."""
+    history: Literal["scd1", "scd2"] = "scd1"
+    """``scd1``: one row per key, the latest; ``scd2``: every version, ``__start_at``/``__end_at`` bounding it."""
+    except_columns: list[str] = []
+    """Change columns left out of the table (e.g. ``_table``, ``_xid``, ``_unchanged_toast``)."""
+
+    @field_validator("keys", "sequence_by", mode="before")
+    @classmethod
+    def _listed(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _columns_agree(self) -> ApplyChanges:
+        if not self.keys or not self.sequence_by:
+            raise ValueError("apply_changes needs keys (the row's identity) and sequence_by (the changes' order)")
+        named = [*self.keys, *self.sequence_by, self.operation]
+        if len(set(named)) != len(named):
+            raise ValueError(f"apply_changes: keys {self.keys}, sequence_by {self.sequence_by} and operation "
+                             f"{self.operation!r} must be distinct columns")
+        dropped = set(self.except_columns) & set(named)
+        if dropped:
+            raise ValueError(f"apply_changes: except_columns {sorted(dropped)} are keys, sequence or operation "
+                             "columns, which applying the changes needs; leave them out of except_columns")
+        clash = set(SCD2_COLUMNS) & set(named)
+        if clash:
+            raise ValueError(f"apply_changes: {sorted(clash)} are the columns an scd2 table adds; rename them")
+        return self
+
+    def table_columns(self, change_columns: list[str]) -> list[str]:
+        """The target table's columns for change rows with ``change_columns`` (in their order)."""
+        left_out = {self.operation, *self.except_columns}
+        columns = [c for c in change_columns if c not in left_out]
+        return [*columns, *SCD2_COLUMNS] if self.history == "scd2" else columns
+
+
 class SinkOptionsBase(Options):
     """What every sink's options share: previous releases' words read, one mode, the rules on rows."""
 
@@ -69,6 +132,28 @@ class SinkOptionsBase(Options):
     @classmethod
     def _read_previous_release(cls, data: Any) -> Any:
         return _previous_release(data)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _changes_are_an_upsert(cls, data: Any) -> Any:
+        # Applying changes is an upsert on the changes' keys (one row, or one current version, per key).
+        if not isinstance(data, Mapping) or not data.get("apply_changes"):
+            return data
+        apply = data["apply_changes"]
+        keys = apply.keys if isinstance(apply, ApplyChanges) else (apply or {}).get("keys") if isinstance(
+            apply, Mapping) else None
+        keys = [keys] if isinstance(keys, str) else keys
+        out = dict(data)
+        if (out.get("mode") or "upsert") != "upsert":
+            raise ValueError(f"apply_changes with mode {out['mode']!r}: applying changes is an upsert on its keys; "
+                             "leave mode out (or set it to 'upsert')")
+        if out.get("merge_keys") and keys is not None and list(out["merge_keys"]) != list(keys):
+            raise ValueError(f"apply_changes keys {keys} and merge_keys {list(out['merge_keys'])} differ; "
+                             "leave merge_keys out (apply_changes.keys are the table's keys)")
+        out["mode"] = "upsert"
+        if keys is not None:
+            out["merge_keys"] = list(keys)
+        return out
 
     @model_validator(mode="after")
     def _mode_and_keys_agree(self) -> SinkOptionsBase:
@@ -121,6 +206,9 @@ class IcebergSinkOptions(SinkOptionsBase):
     """``append``, ``upsert`` (on ``merge_keys``) or ``snapshot`` (each epoch replaces the table's rows)."""
     merge_keys: list[str] = []
     """The key columns of an upsert: each epoch's rows replace the table's rows with the same key."""
+    apply_changes: ApplyChanges | None = None
+    """Apply change rows (``_op`` insert/update/delete, ordered by ``sequence_by``) instead of upserting
+    the rows: SCD1 or SCD2, deletes included (:class:`ApplyChanges`, docs/CDC.md)."""
 
     @field_validator("table")
     @classmethod
@@ -142,6 +230,9 @@ class DeltaSinkOptions(SinkOptionsBase):
     """``append``, ``upsert`` (a MERGE on ``merge_keys``) or ``snapshot`` (each epoch replaces the rows)."""
     merge_keys: list[str] = []
     """The key columns of an upsert: each epoch's rows replace the table's rows with the same key."""
+    apply_changes: ApplyChanges | None = None
+    """Apply change rows (``_op`` insert/update/delete, ordered by ``sequence_by``) instead of upserting
+    the rows: SCD1 or SCD2, deletes included (:class:`ApplyChanges`, docs/CDC.md)."""
 
 
 class PostgresSinkOptions(SinkOptionsBase):
@@ -158,6 +249,9 @@ class PostgresSinkOptions(SinkOptionsBase):
     """``append`` (each epoch's rows added) or ``upsert`` (merged on ``merge_keys``)."""
     merge_keys: list[str] = []
     """The columns of the table's primary key or a unique constraint (upsert)."""
+    apply_changes: ApplyChanges | None = None
+    """Apply change rows (``_op`` insert/update/delete, ordered by ``sequence_by``) instead of upserting
+    the rows: SCD1 or SCD2, deletes included (:class:`ApplyChanges`, docs/CDC.md)."""
     create_table: bool = False
     """Create a missing table from the first epoch's columns (merge keys as its primary key)."""
     epoch_column: str = ""

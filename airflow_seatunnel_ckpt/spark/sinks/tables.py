@@ -26,6 +26,7 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.options import checked
 from airflow_seatunnel_ckpt.core.sinks.options import (
     TIMEOUTS,
+    ApplyChanges,
     DeltaSinkOptions,
     IcebergSinkOptions,
     PostgresSinkOptions,
@@ -60,8 +61,13 @@ class TableSink(FileSink):
         self.table = options.recorded()
 
     def _stage(self, df: DataFrame, *, count: bool = True) -> int:
-        """Stage ``df`` as Parquet data files of the table (one partition value per file)."""
+        """Stage ``df`` as Parquet data files of the table (one partition value per file); change rows of an
+        ``apply_changes`` sink collapsed to the last per key first (:func:`last_change_per_key`)."""
         from pyspark.sql import functions as F
+
+        apply = getattr(self.table, "apply_changes", None)
+        if apply is not None:
+            df = last_change_per_key(df, apply, f"{self.table_type} sink {self.name!r}")
 
         missing = [c for c in self.partition_by if c not in df.columns]
         if missing:
@@ -86,6 +92,28 @@ class TableSink(FileSink):
                 conf.set("spark.sql.parquet.outputTimestampType", previous)
 
 
+def last_change_per_key(df: DataFrame, apply: ApplyChanges, where: str) -> DataFrame:
+    """``df``'s change rows collapsed to the last per key (the highest ``sequence_by``), without the
+    ``except_columns``; the operation column kept (the commit reads it).
+
+    ConfigError, before anything is staged, when a key, sequence or operation column is
+    missing; the operation values are checked at the commit's precheck (staged files).
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    needed = [*apply.keys, *apply.sequence_by, apply.operation]
+    missing = [c for c in needed if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{where}: apply_changes column(s) {missing} are not in the DataFrame (columns: "
+                          f"{df.columns}); write the change rows (e.g. a postgres_cdc source's) or fix the sink's "
+                          "apply_changes keys/sequence_by/operation")
+    last = Window.partitionBy(*apply.keys).orderBy(*[F.col(c).desc_nulls_last() for c in apply.sequence_by])
+    rank = "__apply_changes_rank"
+    kept = [c for c in df.columns if c not in set(apply.except_columns)]
+    return df.withColumn(rank, F.row_number().over(last)).where(F.col(rank) == 1).select(*kept)
+
+
 # -- The Iceberg sink: ``{"type": "iceberg", "table": "<namespace>.<name>", ...}`` in a stage spec. ---
 
 class IcebergSink(TableSink):
@@ -106,12 +134,13 @@ class IcebergSink(TableSink):
     def __init__(self, name: str, table: str, catalog: Mapping[str, Any] | None = None,
                  catalog_name: str = "default", catalog_conn_id: str | None = None,
                  partition_by: Sequence[str] | None = None, mode: str | None = None,
-                 merge_keys: Sequence[str] | None = None, expectations: Mapping[str, Any] | None = None) -> None:
+                 merge_keys: Sequence[str] | None = None, expectations: Mapping[str, Any] | None = None,
+                 apply_changes: Mapping[str, Any] | None = None) -> None:
         where = f"iceberg sink {name!r}"
         options = checked(IcebergSinkOptions, {"table": table, "catalog": dict(catalog or {}),
                                                "catalog_name": catalog_name, "catalog_conn_id": catalog_conn_id,
                                                "partition_by": list(partition_by or []), "mode": mode,
-                                               "merge_keys": merge_keys}, where)
+                                               "merge_keys": merge_keys, "apply_changes": apply_changes}, where)
         props = checked_table_options(
             where, options.table, options.catalog,
             "Put them in an Airflow connection and name it in catalog_conn_id (its extras are pyiceberg "
@@ -153,9 +182,10 @@ class DeltaSink(TableSink):
 
     def __init__(self, name: str, path: str, partition_by: Sequence[str] | None = None,
                  mode: str | None = None, merge_keys: Sequence[str] | None = None,
-                 expectations: Mapping[str, Any] | None = None) -> None:
+                 expectations: Mapping[str, Any] | None = None, apply_changes: Mapping[str, Any] | None = None) -> None:
         options = checked(DeltaSinkOptions, {"path": path, "partition_by": list(partition_by or []), "mode": mode,
-                                             "merge_keys": merge_keys}, f"delta sink {name!r}")
+                                             "merge_keys": merge_keys, "apply_changes": apply_changes},
+                          f"delta sink {name!r}")
         url = fsspec_url(options.path).rstrip("/")
         protocol = url.split("://", 1)[0]
         if protocol not in TABLE_PROTOCOLS:
@@ -182,16 +212,17 @@ class PostgresSink(TableSink):
     table_type = "postgres"
 
     def __init__(self, name: str, table: str, postgres_conn_id: str | None = None, conninfo: str | None = None,
-                 mode: str = "append", merge_keys: Sequence[str] | None = None, create_table: bool = False,
+                 mode: str | None = None, merge_keys: Sequence[str] | None = None, create_table: bool = False,
                  epoch_column: str = "", lock_timeout_s: float = TIMEOUTS["lock_timeout_s"],
                  statement_timeout_s: float = TIMEOUTS["statement_timeout_s"],
                  idle_in_transaction_timeout_s: float = TIMEOUTS["idle_in_transaction_timeout_s"],
-                 expectations: Mapping[str, Any] | None = None) -> None:
+                 expectations: Mapping[str, Any] | None = None, apply_changes: Mapping[str, Any] | None = None) -> None:
         options = checked(PostgresSinkOptions, {
             "table": table, "postgres_conn_id": postgres_conn_id, "conninfo": conninfo, "mode": mode,
             "merge_keys": merge_keys, "create_table": create_table, "epoch_column": epoch_column,
             "lock_timeout_s": lock_timeout_s, "statement_timeout_s": statement_timeout_s,
-            "idle_in_transaction_timeout_s": idle_in_transaction_timeout_s}, f"postgres sink {name!r}")
+            "idle_in_transaction_timeout_s": idle_in_transaction_timeout_s, "apply_changes": apply_changes},
+            f"postgres sink {name!r}")
         super().__init__(name, options.target_url(), options, expectations=expectations)
 
     def quarantine_options(self) -> dict[str, Any] | None:
