@@ -447,6 +447,9 @@ class CommitResult:
     epoch: int
     sinks: list[PublishedSink]
     already_committed: bool = False
+    #: Sinks whose target already held the epoch when a roll-forward asked it (``held_first``):
+    #: acknowledged as they were, not committed again.
+    held: tuple[str, ...] = ()
 
     @property
     def rows(self) -> int:
@@ -467,7 +470,7 @@ class CommitResult:
         """Plain data for XCom and ``--json`` output."""
         return {"epoch": self.epoch, "already_committed": self.already_committed,
                 "sinks": [s.to_dict() for s in self.sinks], "not_written": self.not_written,
-                "empty": self.empty}
+                "empty": self.empty, "held": list(self.held)}
 
 
 @dataclass(config=RECORD)

@@ -72,11 +72,12 @@ from airflow_seatunnel_ckpt.core.models import (
 from airflow_seatunnel_ckpt.core.protocol import expectations, restore, staging
 from airflow_seatunnel_ckpt.core.protocol.restore import RestorePoint, restore_point
 from airflow_seatunnel_ckpt.core.protocol.txlog import ACTION_PREFIX, TransactionLog
-from airflow_seatunnel_ckpt.core.sinks import SinkCommit, commit_sink, precheck_sink
+from airflow_seatunnel_ckpt.core.sinks import SinkCommit, commit_sink, held_epoch, precheck_sink
 from airflow_seatunnel_ckpt.core.sinks.base import store_id
 from airflow_seatunnel_ckpt.core.sources import source_log
 from airflow_seatunnel_ckpt.core.state.checkpoint import CheckpointManager, Problem, write_json_part
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
+from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.protocol.descriptor import PipelineDescriptor
@@ -583,12 +584,17 @@ class Pipeline:
         return carried
 
     # -- commit ------------------------------------------------------------------------
-    def commit(self, epoch: int) -> CommitResult:
+    def commit(self, epoch: int, *, held_first: bool = False) -> CommitResult:
         """Phase two: publish every sink of a commit-decided epoch, then ``committed``.
 
         Idempotent; already-published files are recognised by size. A failure leaves the
         epoch COMMITTING for the next retry or the recovery DAG -- nothing is deleted.
         A sink named by a ``skip-sink`` action (:meth:`skip_sink`) publishes nothing.
+
+        With ``held_first`` (recovery rolling forward an epoch whose commit another process
+        began) each sink is first asked which epoch its target holds (the contract's
+        :func:`core.sinks.held_epoch`): a sink whose target holds this epoch already is
+        acknowledged as it is, without a commit (``CommitResult.held``); the others commit.
         """
         validate_epoch(epoch)
         decision = self.txlog.read_decision(epoch)
@@ -608,8 +614,13 @@ class Pipeline:
                 f"({decision.participants}) is missing from {self.storage.describe_path(layout.txlog_dir(epoch))}; "
                 "restore it from a backup of the store, then commit again")
         skipped = self.skipped_sinks(epoch)
+        held = tuple(sink.sink for record in records for sink in record.sinks
+                     if held_first and sink.sink not in skipped and self._holds(epoch, sink))
         published = [PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, SKIPPED)
-                     if sink.sink in skipped else self._commit_sink(epoch, sink)
+                     if sink.sink in skipped else
+                     PublishedSink(sink.sink, redact_url(sink.target_url), "", len(sink.files), sink.rows, sink.bytes,
+                                   PublishMethod.ALREADY.value)
+                     if sink.sink in held else self._commit_sink(epoch, sink)
                      for record in records for sink in record.sinks]
         # A declared sink the stage did not write is recorded as such, so that "nothing
         # arrived" is visible in the committed record and the commit summary.
@@ -620,7 +631,7 @@ class Pipeline:
             restore.replicate(self.storage, secondary, epoch)
         self.txlog.acknowledge_committed(epoch, published)
         staging.drop_staging(self.storage, epoch)
-        result = CommitResult(epoch, published)
+        result = CommitResult(epoch, published, held=held)
         log.info("pipeline %s epoch %d: committed %s", self.name, epoch,
                  ", ".join(f"{p.sink}={p.rows} rows/{p.files} files" for p in published if p.published)
                  or "no output")
@@ -710,6 +721,23 @@ class Pipeline:
     def target_storage(self, target_url: str) -> Storage:
         """Storage for a file sink's target (see :meth:`target_options`)."""
         return open_storage(target_url, self.target_options(target_url))
+
+    def _holds(self, epoch: int, sink: SinkManifest) -> bool:
+        """Whether ``sink``'s target holds ``epoch`` already (recovery's view, :func:`core.sinks.held_epoch`).
+
+        A sink that staged no rows is never asked (its commit publishes nothing anyway). A
+        target that cannot say (unreachable, or refusing: another owner, a marker this log
+        lacks) counts as not holding it: its commit then runs and words the failure.
+        """
+        if not sink.publishes:
+            return False
+        try:
+            held = held_epoch(self.sink_commit(epoch, sink))
+        except Exception as exc:  # any library's error: the commit that follows reports it, named
+            log.info("pipeline %s epoch %d: sink %s cannot tell which epoch its target holds (%s); committing it",
+                     self.name, epoch, sink.sink, exc)
+            return False
+        return held is not None and held >= epoch
 
     def _commit_sink(self, epoch: int, sink: SinkManifest) -> PublishedSink:
         if not sink.publishes:  # no rows: nothing to publish (the epoch is still recorded)

@@ -1,13 +1,14 @@
 """Recovery: resolve every epoch a crash left unfinished, and remove garbage.
 
 :func:`resolve_epoch` judges one epoch and moves it on: it rolls a COMMITTING epoch
-forward (finish publishing), finishes the cleanup of an ABORTING one, aborts an
-OPEN/PREPARED one once :func:`lease.liveness` judges it dead (lease expired, prepared
-timeout, owning run finished), or says why it waits. :func:`recover` resolves every epoch
-above the settled watermark and removes staging, checkpoints and temp files that no
-record needs. Both act through the
-protocol's own transitions (:meth:`Pipeline.commit`, :meth:`Pipeline.abort`), so running
-it concurrently with a pipeline, or twice at once, is safe.
+forward (finish publishing; a sink whose target already holds the epoch, by the sink
+contract's ``held_epoch``, is not committed again), finishes the cleanup of an ABORTING
+one, aborts an OPEN/PREPARED one once :func:`lease.liveness` judges it dead (lease
+expired, prepared timeout, owning run finished), or says why it waits. :func:`recover`
+resolves every epoch above the settled watermark and removes staging, checkpoints and
+temp files that no record needs. Both act through the protocol's own transitions
+(:meth:`Pipeline.commit`, :meth:`Pipeline.abort`), so running it concurrently with a
+pipeline, or twice at once, is safe.
 
 Choosing the state to restore is :mod:`restore`; deleting old checkpoints is
 :mod:`retention`.
@@ -20,7 +21,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import layout
@@ -146,8 +147,9 @@ def resolve_epoch(pipeline: Pipeline, epoch: int, *, run_finished: RunFinished |
                   by: str = "recovery") -> Resolution:
     """Judge one epoch and move it on: the one place that decides what an unfinished epoch needs.
 
-    COMMITTING rolls forward (:meth:`Pipeline.commit`); ABORTING has its abort finished;
-    OPEN or PREPARED is aborted only when :func:`lease.liveness` judges it dead (its
+    COMMITTING rolls forward (:meth:`Pipeline.commit`; a sink whose target already holds
+    the epoch, by the sink contract's ``held_epoch``, is acknowledged without a commit);
+    ABORTING has its abort finished; OPEN or PREPARED is aborted only when :func:`lease.liveness` judges it dead (its
     stage's lease expired, it is undecided ``prepared_timeout_s`` after it was prepared,
     or ``run_finished(run_id, dag_id)`` says its owning DAG run is over) -- else it waits;
     a final epoch needs nothing. A failing step is returned with its error (the next
@@ -181,8 +183,15 @@ def resolve_epoch(pipeline: Pipeline, epoch: int, *, run_finished: RunFinished |
         return Resolution(epoch, step, reason, state, done=True, judged=judged, result=result)
 
     if state is EpochState.COMMITTING:
-        return act(RecoveryStep.FINISH_COMMIT, "decided commit, publish not acknowledged",
-                   lambda: pipeline.commit(epoch))
+        # Each sink's target is asked first (the sink contract's held_epoch): a commit killed
+        # after its sink's commit left the epoch in the target, which is acknowledged as it is.
+        rolled = act(RecoveryStep.FINISH_COMMIT, "decided commit, publish not acknowledged",
+                     lambda: pipeline.commit(epoch, held_first=True))
+        held = rolled.result.held if rolled.done else ()
+        if not held:
+            return rolled
+        return replace(rolled, reason=f"{rolled.reason}; sink(s) {list(held)} already held epoch {epoch}: "
+                       "acknowledged without committing them again")
     if state is EpochState.ABORTING:
         return act(RecoveryStep.FINISH_ABORT, "decided abort, cleanup not acknowledged",
                    lambda: pipeline.abort(epoch, f"{by} finished the abort", by=by))

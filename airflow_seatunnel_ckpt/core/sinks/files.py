@@ -111,12 +111,31 @@ def commit(request: SinkCommit) -> PublishedSink:
 
 
 def held_epoch(request: SinkCommit) -> int | None:
-    """The newest epoch the target holds complete (its ``_SUCCESS``, not hidden by ``_EPOCHS``); None: none.
+    """The newest epoch whose commit the target holds finished; None: none. Reads only.
 
-    Reads only. A replay's directory counts as its own epoch (it holds the replaced ones).
+    An epoch's directory is complete (its ``_SUCCESS``) and current (not hidden by
+    ``_EPOCHS``; a replay's directory counts as its own epoch, holding the replaced ones),
+    and what :func:`commit` does after writing it is done too: a replay's replaced
+    directories are removed, a snapshot is the one ``_LATEST`` names and no older one is
+    left. Recovery acknowledges an epoch held so without committing it again, so an
+    unfinished one counts as not held (its commit finishes it).
     """
     target = target_of(request)
-    dirs = read_epochs_pointer(target).current(target.list_dir(""), lambda d: target.exists(f"{d}/{SUCCESS}"))
+    names = target.list_dir("")
+    pointer = read_epochs_pointer(target)
+    dirs = pointer.current(names, lambda d: target.exists(f"{d}/{SUCCESS}"))
+    if not dirs:
+        return None
+    newest = dirs[-1]
+    unfinished = any(name in names for name in pointer.replaced_by.get(newest, ()))
+    if request.sink.mode is SinkMode.SNAPSHOT:
+        try:
+            latest = target.read(LATEST).decode().strip()
+        except FileNotFoundError:
+            latest = ""
+        unfinished = unfinished or latest != newest or len(dirs) > 1
+    if unfinished:  # the one before it is held
+        dirs = dirs[:-1]
     return int(dirs[-1].split("=", 1)[1]) if dirs else None
 
 
