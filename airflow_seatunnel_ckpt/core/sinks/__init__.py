@@ -1,7 +1,8 @@
 """Sinks: a commit-decided epoch's staged files made visible in each sink's target, once.
 
 Every sink implements one contract (:mod:`.base`: ``precheck`` before the decision,
-``commit`` after it, both with one :class:`SinkCommit` request), one module per type,
+``commit`` after it, or ``replace`` for a replay's, all with one :class:`SinkCommit`
+request), one module per type,
 imported on first use (:data:`CONNECTORS`, a :class:`~airflow_seatunnel_ckpt.core.registry.Registry`),
 so a pipeline without table sinks never imports pyiceberg, deltalake or psycopg:
 
@@ -93,16 +94,20 @@ CONNECTORS: Registry[SinkConnector] = Registry(
 
 
 def register_sink_type(type_name: str, connector: SinkConnector) -> None:
-    """Make sinks of ``type_name`` commit through ``connector`` (anything with ``precheck`` and ``commit``)."""
+    """Make sinks of ``type_name`` commit through ``connector`` (anything with ``precheck`` and ``commit``;
+    without ``replace`` its replays are refused before their decision)."""
     CONNECTORS.register(type_name, connector)
 
 
 def register_table_format(type_name: str, commit: Callable[[SinkCommit], PublishedSink],
-                          precheck: Callable[[SinkCommit], None] | None = None) -> None:
-    """:func:`register_sink_type` from two functions: ``commit`` and ``precheck`` (none: nothing is
-    checked before the decision); recovery's view of such a sink is that it holds no epoch."""
+                          precheck: Callable[[SinkCommit], None] | None = None,
+                          replace: Callable[[SinkCommit], PublishedSink] | None = None) -> None:
+    """:func:`register_sink_type` from functions: ``commit``, ``precheck`` (none: nothing is checked
+    before the decision) and ``replace`` (none: a replay into the sink is refused before its decision);
+    recovery's view of such a sink is that it holds no epoch."""
+    functions = {"replace": replace} if replace is not None else {}
     register_sink_type(type_name, types.SimpleNamespace(commit=commit, precheck=precheck or (lambda request: None),
-                                                        held_epoch=lambda request: None))
+                                                        held_epoch=lambda request: None, **functions))
 
 
 def register_secret_resolver(resolve: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> None:
@@ -137,7 +142,14 @@ def precheck_sink(request: SinkCommit) -> None:
     catalog or the store unreachable) raises as it is: the decision can be tried again.
     """
     try:
-        connector(request).precheck(request)
+        found = connector(request)
+        if request.replaces and not hasattr(found, "replace"):
+            raise SinkRefusedError(
+                f"{request.where}: the sink type {request.type!r} has no replace (its connector was registered "
+                f"without one), so a replay cannot swap the rows of epochs {list(request.replaces)} for the new "
+                "ones: its commit could only add them. Register the type with a replace, or run a new pipeline "
+                "into a new target")
+        found.precheck(request)
     except CheckpointError as exc:
         if exc.retryable:
             raise
@@ -153,7 +165,8 @@ def precheck_sink(request: SinkCommit) -> None:
 
 
 def commit_sink(request: SinkCommit) -> PublishedSink:
-    """Commit one sink of a commit-decided epoch (idempotent: see :mod:`.base`).
+    """Commit one sink of a commit-decided epoch (idempotent: see :mod:`.base`): the connector's
+    ``replace`` for a replay's epoch (``request.replaces``), its ``commit`` for any other.
 
     Only transient failures are left at this point (the epoch stays COMMITTING for a retry,
     as :class:`PublishError`, also for any exception of a library). A refusal means
@@ -161,7 +174,8 @@ def commit_sink(request: SinkCommit) -> PublishedSink:
     (``seatunnel-ckpt resolve --skip-sink``, :meth:`Pipeline.skip_sink`).
     """
     try:
-        return connector(request).commit(request)
+        found = connector(request)
+        return found.replace(request) if request.replaces else found.commit(request)
     except CheckpointError as exc:
         if exc.retryable:
             raise

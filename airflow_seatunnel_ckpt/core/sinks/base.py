@@ -16,10 +16,15 @@ A sink is a module (one per type, :data:`core.sinks._BUILTIN`) that satisfies
   target, once: idempotent through the epoch's marker in the target (a retry, a racing
   recovery run find it and commit nothing twice), its waits bounded by ``request.retries``
   (and the sink's own timeouts). After the decision only transient failures remain.
-* **replace**: a replay's commit (``request.replaces`` not empty) swaps exactly the
-  replayed epochs' rows for the new ones in the same commit (a full refresh,
-  ``request.sink.full_refresh``, replaces the whole content); it is the same ``commit``
-  call, since the swap and the marker must be one transaction of the target.
+* ``replace(request) -> PublishedSink``: a replay's commit (``request.replaces`` names the
+  replayed epochs) swaps exactly their rows for the new ones (a full refresh,
+  ``request.sink.full_refresh``, replaces the whole content), idempotent through the
+  replay epoch's marker like ``commit``. The swap and the marker are one transaction of the
+  target, so a connector's ``replace`` and ``commit`` usually share one body: the built-in
+  ones are the same function (``replace = commit``), which swaps when ``request.replaces``
+  is set. A sink type without ``replace`` cannot be replayed: a replay into it is refused
+  by :func:`core.sinks.precheck_sink`, before the decision (its ``commit`` might add the
+  replayed rows next to the replaced ones).
 * **recovery's view** (``held_epoch(request) -> int | None``): the newest epoch of this
   pipeline's sink the target holds, read from its marker (a file target: its newest
   complete ``epoch=<e>/``) and judged by :func:`markers.check_marker` against
@@ -186,7 +191,10 @@ class SinkConnector(Protocol):
         """Refuse (SinkRefusedError, ConfigError) an epoch the target would refuse; before the decision."""
 
     def commit(self, request: SinkCommit) -> PublishedSink:
-        """Make the epoch's staged output visible in the target once (a replay's: in place of the replaced)."""
+        """Make the epoch's staged output visible in the target once."""
+
+    def replace(self, request: SinkCommit) -> PublishedSink:
+        """A replay's commit: its staged output in place of the replaced epochs' (``request.replaces``), once."""
 
     def held_epoch(self, request: SinkCommit) -> int | None:
         """Recovery's view: the newest epoch of this pipeline's sink the target holds (None: none); reads only."""

@@ -248,6 +248,11 @@ _METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "C
                   "VACUUM END"}
 
 
+#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
+#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+replace = commit
+
+
 def held_epoch(request: SinkCommit) -> int | None:
     """This store's pipeline's sink's newest epoch in the table (its application transaction; None: none).
 

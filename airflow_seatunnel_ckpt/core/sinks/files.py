@@ -110,6 +110,11 @@ def commit(request: SinkCommit) -> PublishedSink:
                          how.value)
 
 
+#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
+#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+replace = commit
+
+
 def held_epoch(request: SinkCommit) -> int | None:
     """The newest epoch whose commit the target holds finished; None: none. Reads only.
 

@@ -214,6 +214,11 @@ def precheck(request: SinkCommit) -> None:
         _check_key(table.schema().column_names, request, where)
 
 
+#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
+#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+replace = commit
+
+
 def held_epoch(request: SinkCommit) -> int | None:
     """This store's pipeline's sink's newest epoch in the table (its marker; None: none). Reads only.
 
