@@ -195,13 +195,15 @@ class IcebergSinkOptions(SinkOptionsBase):
     table: str = Field(validation_alias=AliasChoices("table", "identifier"))
     """``<namespace>.<name>`` (created on the first commit, namespace too)."""
     catalog: dict[str, Any] = {}
-    """pyiceberg catalog properties, never secrets. Empty, with no ``catalog_conn_id``: the embedded catalog."""
+    """pyiceberg catalog properties (``type``, ``uri``, ``warehouse``, ``s3.endpoint``, ...), never secrets
+    (keys that look like secrets are refused). Empty, with no ``catalog_conn_id``: the embedded catalog."""
     catalog_name: str = "default"
     """The catalog's name (pyiceberg's; also ``~/.pyiceberg.yaml``'s)."""
     catalog_conn_id: str | None = None
-    """An Airflow connection whose properties (credentials included) are added when the commit runs."""
+    """An Airflow connection whose properties (credentials included) are added when the commit runs; only
+    its name is recorded."""
     partition_by: list[str] = []
-    """Identity partition columns of the table."""
+    """Identity partition columns of the table (each staged file holds one value of each, and the column)."""
     mode: Literal["append", "upsert", "snapshot"] = "append"
     """``append``, ``upsert`` (on ``merge_keys``) or ``snapshot`` (each epoch replaces the table's rows)."""
     merge_keys: list[str] = []
@@ -223,9 +225,11 @@ class DeltaSinkOptions(SinkOptionsBase):
 
     type: Literal["delta"] = "delta"
     path: str = Field(validation_alias=AliasChoices("path", "uri"))
-    """The table's URL: a local path, ``file://`` or ``s3://``/``s3a://`` (created by the first epoch with rows)."""
+    """The table's URL: a local path, ``file://``, ``s3://`` or ``s3a://`` (other protocols are refused when
+    the sink is built); the table is created by the first epoch with rows."""
     partition_by: list[str] = []
-    """Partition columns of a new table; an existing table's must match."""
+    """Partition columns of a new table; an existing table's must be the same list (else the epoch is
+    refused before its decision, nothing committed)."""
     mode: Literal["append", "upsert", "snapshot"] = "append"
     """``append``, ``upsert`` (a MERGE on ``merge_keys``) or ``snapshot`` (each epoch replaces the rows)."""
     merge_keys: list[str] = []
@@ -242,9 +246,11 @@ class PostgresSinkOptions(SinkOptionsBase):
     table: str
     """``<schema>.<name>`` (``<name>`` alone: schema ``public``)."""
     postgres_conn_id: str = ""
-    """The Airflow Postgres connection the commit connects with; only its name is recorded."""
+    """The Airflow Postgres connection the decision and the commit connect with (host, port, login,
+    password, ``schema`` = the database, libpq extras such as ``sslmode``); only its name is recorded."""
     conninfo: str = ""
-    """A libpq connection string without a password, instead of a connection (no Airflow)."""
+    """A libpq connection string without a password, instead of a connection (scripts, the core alone);
+    one with a password is refused (use a connection, or ``PGPASSFILE``)."""
     mode: Literal["append", "upsert"] = "append"
     """``append`` (each epoch's rows added) or ``upsert`` (merged on ``merge_keys``)."""
     merge_keys: list[str] = []
@@ -253,16 +259,22 @@ class PostgresSinkOptions(SinkOptionsBase):
     """Apply change rows (``_op`` insert/update/delete, ordered by ``sequence_by``) instead of upserting
     the rows: SCD1 or SCD2, deletes included (:class:`ApplyChanges`, docs/CDC.md)."""
     create_table: bool = False
-    """Create a missing table from the first epoch's columns (merge keys as its primary key)."""
+    """Create a missing table from the first epoch's columns (merge keys as its primary key); without it a
+    missing table refuses the epoch before its decision."""
     epoch_column: str = ""
-    """A ``bigint`` column each commit fills with its epoch, so that a replay removes exactly the replayed
-    epochs' rows (an append sink without one cannot be replayed)."""
+    """A ``bigint`` column each commit fills with its epoch (``create_table`` creates it), so that a replay
+    removes exactly the replayed epochs' rows (an append sink without one cannot be replayed)."""
     lock_timeout_s: Seconds = TIMEOUTS["lock_timeout_s"]
-    """How long a statement waits for a lock (transient when it runs out: the commit is retried)."""
+    """How long a statement waits for a lock (PostgreSQL ``lock_timeout``): a committer paused inside its
+    transaction holds the epoch's marker row, and the next attempt fails after this, transiently (the
+    commit is retried; the epoch stays COMMITTING meanwhile), instead of waiting until TCP notices."""
     statement_timeout_s: Seconds = TIMEOUTS["statement_timeout_s"]
-    """How long one statement (a large epoch's ``COPY`` or ``MERGE``) may run."""
+    """How long one statement may run (``statement_timeout``): a large epoch's ``COPY`` or ``MERGE``; raise
+    it for larger epochs."""
     idle_in_transaction_timeout_s: Seconds = TIMEOUTS["idle_in_transaction_timeout_s"]
-    """How long the server keeps the transaction of a client gone quiet before ending its session."""
+    """How long the server keeps a transaction whose client went quiet
+    (``idle_in_transaction_session_timeout``): a paused or hung committer's session is ended, its locks
+    released, and the next attempt goes on."""
 
     @model_validator(mode="before")
     @classmethod

@@ -46,31 +46,52 @@ class FileSourceOptions(Options):
 
     type: Literal["file"] = "file"
     path: Annotated[str, MinLen(1)]
-    """Directory URL, e.g. ``file:///data/in`` or ``s3://bucket/in``."""
+    """The input directory, any fsspec URL (``file:///data/in``, ``s3://bucket/in``); files and folders
+    whose names start with ``_`` or ``.`` are skipped."""
     format: FileFormat = "parquet"
     """How Spark reads the files."""
     options: dict[str, Any] = Field(default_factory=dict)
-    """Reader options passed to Spark (``{"header": "true"}``)."""
+    """Spark reader options (``{"header": "true"}``); a csv header is checked against the schema
+    (``enforceSchema=false``). Spark's own ``mode`` (``DROPMALFORMED``, ``FAILFAST``) turns the source's
+    record check off."""
     schema: str | None = None  # type: ignore[assignment]  # shadows the deprecated BaseModel.schema()
-    """DDL schema string (recommended for json/csv; also used for an epoch without new files)."""
+    """DDL schema string (``"order_id long, amount double"``); none: inferred. Recommended for csv and
+    json; also the schema of an epoch without new files."""
     max_files_per_epoch: PositiveInt | None = None
-    """Read at most this many new files (oldest names first; with ``max_file_age``, oldest modification times)."""
+    """Read at most this many new files per epoch (none: all): oldest names first; with ``max_file_age``,
+    oldest modification times first, so no waiting file falls behind the watermark."""
     storage_options: dict[str, Any] = Field(default_factory=dict)
     """fsspec options used to list the directory."""
     allow_missing: StrictBool = False
-    """Plan empty epochs while the directory does not exist (else a missing directory is an error)."""
+    """A directory that does not exist is an error (a mistyped path); true: empty epochs are planned until
+    it appears (on object stores an empty prefix counts as missing)."""
     on_change: Literal["error", "reread"] = "error"
-    """A consumed file changed under its name: fail the epoch, or read it again in full."""
+    """A consumed file that changed under its name (other size, mtime or ETag): ``error`` fails the epoch;
+    ``reread`` reads it again in full and hands every row to the stage as new input (what was published
+    stays). A stage that de-duplicates by key then drops the rows whose keys it already saw, corrected ones
+    included: a correction never reaches the sinks."""
     bad_records: Annotated[str, MinLen(1)] | None = None
-    """Directory URL that takes csv/json records that do not parse, published with the epoch."""
+    """csv and json only: a directory URL taking the records that do not parse against the schema (a wrong
+    type, extra or missing csv fields, a broken JSON line) as JSON lines (``source``, ``file``, ``record``,
+    ``parsed``), in a sink ``<source>.bad_records`` published with the epoch; they reach no other sink or
+    state, and the rest goes on. None: such a record fails the epoch, naming its file and line."""
     prefixes: Annotated[list[str], MinLen(1)] | None = None
-    """List only below these subdirectories of ``path`` (globs and Airflow templates allowed)."""
+    """Subfolders of ``path`` to list (none: all of ``path``), relative, globs and Airflow templates allowed
+    (``["dt={{ ds }}/"]``, ``["dt=*/hour=*/"]``): a year of input is not listed every hour; file names stay
+    relative to ``path``."""
     max_file_age: Annotated[float | str | None, BeforeValidator(_no_flag)] = None
-    """Ignore files modified this long before the newest consumed one (seconds, or ``"7d"``, ``"12h"``)."""
+    """Seconds, or ``"7d"``, ``"12h"``: files older than the newest committed file minus this are ignored
+    and leave the consumed-file index (Spark's ``maxFileAge``); widening or removing it later never lists
+    below what the index already forgot."""
     ordered_prefixes: StrictBool = False
-    """The glob prefixes match partitions whose names sort in time order: list from the newest consumed one."""
+    """The glob ``prefixes`` match partitions whose names sort in time order: per prefix, the partitions
+    that sort before the one holding its newest consumed file are not listed (files delivered late into
+    them are not seen, unless ``backfill_every`` is set). Not with both ``max_files_per_epoch`` and
+    ``max_file_age``."""
     backfill_every: PositiveInt | None = None
-    """With ``ordered_prefixes``, every this many epochs list every partition (late files are read then)."""
+    """With ``ordered_prefixes``: every this many epochs (epochs 24, 48, ... for 24) every partition is
+    listed, so files delivered late into older partitions are read then (Auto Loader's
+    ``backfillInterval``, in epochs)."""
 
 
 class PipelineOutputSourceOptions(Options):
@@ -102,11 +123,13 @@ class IcebergSourceOptions(Options):
     table: str
     """The table, ``namespace.name``."""
     catalog: dict[str, Any] | None = None
-    """pyiceberg catalog properties (default: the embedded SQL catalog the Iceberg sink uses)."""
+    """pyiceberg catalog properties (``{"type": "rest", "uri": ...}``); none: the embedded SQL catalog on
+    SQLite under ``$AIRFLOW_HOME/seatunnel-ckpt-warehouse``, the one the Iceberg sink uses by default."""
     catalog_name: str = "default"
-    """The catalog's name."""
+    """The catalog's name for pyiceberg."""
     start: Start = "earliest"
-    """The first epoch reads the whole current snapshot (``earliest``) or only rows appended after it."""
+    """The first epoch reads every file of the current snapshot (``earliest``) or none (``latest``: only
+    rows appended after it)."""
     skip_overwrites: StrictBool = False
     """Pass over ``overwrite`` snapshots instead of failing (Spark's ``streaming-skip-overwrite-snapshots``)."""
     skip_deletes: StrictBool = False
@@ -120,7 +143,8 @@ class DeltaSourceOptions(Options):
     path: Annotated[str, MinLen(1)]
     """The table's URL."""
     storage_options: dict[str, Any] = Field(default_factory=dict)
-    """delta-rs object-store options (e.g. ``AWS_ENDPOINT_URL``)."""
+    """delta-rs object-store options (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...); Spark reaches the
+    files through its own configuration."""
     start: Start = "earliest"
     """The first epoch reads the whole current version (``earliest``) or only rows appended after it."""
     skip_change_commits: StrictBool = False
@@ -132,23 +156,33 @@ class KafkaSourceOptions(Options):
 
     type: Literal["kafka"] = "kafka"
     bootstrap_servers: str | None = None
-    """The brokers, ``host:port,...`` (or give ``kafka_conn_id``)."""
+    """The brokers, ``host:port[,host:port]`` (or from ``kafka_conn_id``)."""
     topics: list[str] | None = None
-    """The topics read (or give ``pattern``)."""
+    """The topic names read; exactly one of ``topics`` and ``pattern``."""
     pattern: str | None = None
-    """A regular expression the whole topic name matches; topics created later that match are read too."""
+    """A regular expression (Python ``re``) the whole topic name matches; topics created later that match
+    are read too; names starting with ``__`` are never matched."""
     max_offsets_per_epoch: PositiveInt | None = None
-    """Caps the epoch, spread evenly over the partitions that have records."""
+    """At most this many offsets per epoch (none: everything), spread evenly over the partitions that have
+    records: a partition with fewer than its share passes the rest on, and what does not divide evenly goes
+    one offset each to the partitions in turn (continued by the next epoch), so none waits forever, even
+    under a cap below the number of partitions."""
     starting_offsets: Start = "earliest"
-    """Where the first epoch starts; partitions found later always start at their earliest offset."""
+    """Where the pipeline's first epoch starts: ``earliest`` reads what is in the topic, ``latest`` only what
+    is produced after its first plan. That first plan is the pipeline's start: an epoch planned after it
+    was aborted starts where it started. Partitions found later always start at their earliest offset."""
     fail_on_data_loss: StrictBool = True
-    """Records gone before an epoch read them fail the epoch before its decision (false: skipped, recorded)."""
+    """Records gone before an epoch read them fail the epoch before its decision; false: they are skipped
+    and recorded in the epoch's offsets as ``lost``."""
     config: dict[str, Any] | None = None
-    """librdkafka client settings, e.g. security."""
+    """librdkafka settings given directly (they win over the connection's). Recorded in clear in the
+    pipeline's descriptor in the store: keep secrets in the connection."""
     kafka_conn_id: str | None = None
-    """An Airflow connection whose extras are librdkafka settings (resolved when the task runs)."""
+    """An Airflow connection whose extras are librdkafka settings (resolved when the task runs; only its
+    name is recorded)."""
     group_id: str | None = None
-    """The consumer group named to the broker (offsets are never committed to it)."""
+    """The consumer group the clients name to the broker (none: ``seatunnel-ckpt-<source>``); nothing is
+    committed to it."""
 
 
 #: A replication slot's or publication's name as PostgreSQL accepts it unquoted.
