@@ -2,7 +2,9 @@
 
 For each pipeline of every checkpoint store (one mapped task per pipeline):
 
-* an epoch decided COMMIT whose publish never finished is published (roll forward);
+* an epoch decided COMMIT whose publish never finished is published (roll forward); a sink
+  whose target already holds it (a commit killed after the table commit) is not committed
+  again;
 * an undecided epoch is aborted once it is dead -- its stage's lease expired
   (``lease_timeout_s``, or the lease's own longer timeout), it is undecided
   ``prepared_timeout_s`` after it was prepared, or Airflow reports its DAG run finished

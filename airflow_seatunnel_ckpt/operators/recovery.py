@@ -92,8 +92,9 @@ class RecoverPipelineOperator(BasePipelineOperator):
     i.e. from its DAG, whatever this task is configured with; ``store_config`` given here
     still wins.
 
-    COMMITTING epochs finish publishing, undecided epochs are aborted once they are dead
-    (their stage's lease expired, they were prepared ``prepared_timeout_s`` ago and are
+    COMMITTING epochs finish publishing (a sink whose target already holds the epoch, by its
+    contract's ``held_epoch``, is acknowledged without committing again), undecided epochs
+    are aborted once they are dead (their stage's lease expired, they were prepared ``prepared_timeout_s`` ago and are
     still undecided, or Airflow says their DAG run is finished), and staging no record
     references is removed. A running stage is never aborted, however long it runs. Safe to run at any time
     and concurrently with the pipeline's own DAG runs: each action goes through the same
