@@ -616,11 +616,7 @@ class Pipeline:
         skipped = self.skipped_sinks(epoch)
         held = tuple(sink.sink for record in records for sink in record.sinks
                      if held_first and sink.sink not in skipped and self._holds(epoch, sink))
-        published = [PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, SKIPPED)
-                     if sink.sink in skipped else
-                     PublishedSink(sink.sink, redact_url(sink.target_url), "", len(sink.files), sink.rows, sink.bytes,
-                                   PublishMethod.ALREADY.value)
-                     if sink.sink in held else self._commit_sink(epoch, sink)
+        published = [self._commit_sink(epoch, sink, skipped=sink.sink in skipped, held=sink.sink in held)
                      for record in records for sink in record.sinks]
         # A declared sink the stage did not write is recorded as such, so that "nothing
         # arrived" is visible in the committed record and the commit summary.
@@ -739,9 +735,16 @@ class Pipeline:
             return False
         return held is not None and held >= epoch
 
-    def _commit_sink(self, epoch: int, sink: SinkManifest) -> PublishedSink:
+    def _commit_sink(self, epoch: int, sink: SinkManifest, *, skipped: bool, held: bool) -> PublishedSink:
+        """One sink's part of the commit: skipped, found held already (recorded as it is), or committed."""
+        target = redact_url(sink.target_url)
+        if skipped:
+            return PublishedSink(sink.sink, target, "", 0, 0, 0, SKIPPED)
         if not sink.publishes:  # no rows: nothing to publish (the epoch is still recorded)
-            return PublishedSink(sink.sink, redact_url(sink.target_url), "", 0, 0, 0, EMPTY)
+            return PublishedSink(sink.sink, target, "", 0, 0, 0, EMPTY)
+        if held:
+            return PublishedSink(sink.sink, target, "", len(sink.files), sink.rows, sink.bytes,
+                                 PublishMethod.ALREADY.value)
         return commit_sink(self.sink_commit(epoch, sink))
 
     # -- abort -------------------------------------------------------------------------
