@@ -10,6 +10,7 @@ from airflow_seatunnel_ckpt.core.errors import TableOwnershipError
 from airflow_seatunnel_ckpt.core.models import SinkManifest
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
 from airflow_seatunnel_ckpt.core.sinks import SinkCommit, commit_sink, held_epoch
+from airflow_seatunnel_ckpt.core.sinks.files import EPOCHS, EpochsPointer, target_of
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
 from tests.core.epochs import run_epoch
@@ -55,3 +56,22 @@ def test_a_postgres_tables_held_epoch_is_its_marker_row(tmp_path: Path, postgres
     epochs = Epochs(tmp_path / "store", postgres_db, create_table=True)
     epoch = epochs.run(rows([1, 2]))
     assert held_epoch(epochs.pipeline.sink_commit(epoch + 1, manifest_of(epochs.pipeline, epoch))) == epoch
+
+
+def test_a_file_target_holds_a_replay_only_once_its_replaced_directories_are_removed(local_spec: StoreSpec) -> None:
+    """A replay killed after its swap and before it removed the replaced directories is not held: recovery
+    commits it again, which removes them (an epoch held is acknowledged without a commit)."""
+    p = local_spec.pipeline()
+    first = run_epoch(p, "run-1")
+    second = run_epoch(p, "run-2")
+    request = p.sink_commit(second + 1, manifest_of(p, second))
+    target = target_of(request)
+    replay = f"epoch={second + 1}"
+    target.write_atomic(f"{replay}/part-00000.bin", b"new")
+    target.write_atomic(f"{replay}/_SUCCESS", b"{}")
+    replaced = (f"epoch={first}", f"epoch={second}")
+    target.write_atomic(EPOCHS, EpochsPointer(2, frozenset(replaced), {replay: replaced}).to_bytes())
+    assert held_epoch(request) is None, "the swap is done, the replaced directories are still there"
+    for name in replaced:
+        target.delete(name, recursive=True)
+    assert held_epoch(request) == second + 1
