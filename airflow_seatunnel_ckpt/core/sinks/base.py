@@ -27,15 +27,16 @@ A sink is a module (one per type, :data:`core.sinks._BUILTIN`) that satisfies
   replayed rows next to the replaced ones).
 * **recovery's view** (``held_epoch(request) -> int | None``): the newest epoch of this
   pipeline's sink the target holds, read from its marker (a file target: its newest
-  complete ``epoch=<e>/``) and judged by :func:`markers.check_marker` against
+  complete ``epoch=<e>/`` whose commit finished) and judged by :func:`markers.check_marker` against
   ``request.log_holds``, the pipeline's log's answer (the sinks never read the
   transaction log themselves). Reads only. Recovery rolls a COMMITTING epoch forward
   by asking this first (:meth:`Pipeline.commit` with ``held_first``): an epoch the target
   holds is acknowledged without a commit, so an epoch counts as held only once everything
   its commit does is done (a file target's snapshot pointer and removals included).
 
-:func:`core.sinks.precheck_sink` and :func:`core.sinks.commit_sink` wrap these with the
-refusal wording; the pipeline calls nothing else of a sink.
+:func:`core.sinks.precheck_sink`, :func:`core.sinks.commit_sink` (``commit`` or ``replace``)
+and :func:`core.sinks.held_epoch` wrap these with the refusal wording; the pipeline calls
+nothing else of a sink.
 """
 
 from __future__ import annotations

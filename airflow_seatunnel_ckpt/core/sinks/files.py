@@ -110,8 +110,8 @@ def commit(request: SinkCommit) -> PublishedSink:
                          how.value)
 
 
-#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
-#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+#: The contract's replace (a replay's commit) is this same commit: with ``request.replaces`` set, its
+#: directory is swapped in for the replaced epochs' through ``_EPOCHS`` (:func:`replace_epoch_dirs`).
 replace = commit
 
 
