@@ -22,7 +22,8 @@ exactly once. Everything happens in **one** transaction:
    with the epoch; a replay first deletes the rows of the epochs it replaces by it. An
    upsert keeps the rows it changes as they were before it (:data:`IMAGES`), which a
    replay from a later epoch restores first (:func:`_restore_before`); a full refresh
-   empties the table first.
+   empties the table first. ``apply_changes``: ``COPY`` into a temporary table, then the
+   change rows applied in SQL as SCD1 or SCD2 (:func:`_apply_changes`, :func:`_apply_step`).
 
 The transaction commits the rows and the marker together, so the marker says exactly
 whether the epoch landed, also after a crash between the database's commit and the log's
