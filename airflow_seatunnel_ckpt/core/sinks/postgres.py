@@ -297,6 +297,15 @@ def _key_of(alias: str, options: PostgresSinkOptions) -> sql.Composable:
         for k in options.merge_keys))
 
 
+def _keyed(table: str, keys: str, options: PostgresSinkOptions) -> sql.Composable:
+    """``table``'s row has the key the jsonb column ``<keys>.key`` holds, compared column by column (the
+    table's key index serves it: the cost follows the keys, not the table's size)."""
+    return sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = (jsonb_populate_record(NULL::{}, {}.key)).{}").format(
+            sql.Identifier(table), sql.Identifier(k), _qualified(options), sql.Identifier(keys), sql.Identifier(k))
+        for k in options.merge_keys)
+
+
 def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                  keys: sql.Composable) -> None:
     """Record the table's current row (NULL: none) of each key ``keys`` (a table with a ``key`` jsonb
@@ -308,12 +317,12 @@ def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: Postgre
         return
     ids = (markers.store_id_of(request), request.pipeline, request.sink.sink, request.epoch)
     versions = options.apply_changes is not None and options.apply_changes.history == "scd2"
-    image = sql.SQL("to_jsonb(t) FROM {} AS k LEFT JOIN {} AS t ON {} = k.key").format(
-        keys, _qualified(options), _key_of("t", options))
+    image = sql.SQL("to_jsonb(t) FROM {} AS k LEFT JOIN {} AS t ON {}").format(
+        keys, _qualified(options), _keyed("t", "k", options))
     if versions:  # every version of the key; none: NULL (a key column is never NULL in a row)
         image = sql.SQL("jsonb_agg(to_jsonb(t)) FILTER (WHERE t.{} IS NOT NULL) FROM {} AS k LEFT JOIN {} AS t "
-                        "ON {} = k.key GROUP BY k.key").format(sql.Identifier(options.merge_keys[0]), keys,
-                                                                _qualified(options), _key_of("t", options))
+                        "ON {} GROUP BY k.key").format(sql.Identifier(options.merge_keys[0]), keys,
+                                                      _qualified(options), _keyed("t", "k", options))
     conn.execute(sql.SQL(
         "INSERT INTO {} (store_id, pipeline, sink, epoch, key, image) SELECT %s, %s, %s, %s, k.key, {} "
         "UNION ALL SELECT %s, %s, %s, %s, %s::jsonb, NULL ON CONFLICT DO NOTHING").format(
@@ -348,8 +357,8 @@ def _restore_before(conn: psycopg.Connection, request: SinkCommit, options: Post
         "AND pipeline = %s AND sink = %s AND epoch = ANY(%s) AND key <> %s::jsonb ORDER BY key, epoch").format(
         restore, _qualified(options, IMAGES)), (*ids, replaced, _KEPT))
     _keep_images(conn, request, options, restore)
-    conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS r WHERE {} = r.key").format(
-        _qualified(options), restore, _key_of("t", options)))
+    conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS r WHERE {}").format(
+        _qualified(options), restore, _keyed("t", "r", options)))
     # An image is a row, or an scd2 key's versions (an array of rows).
     conn.execute(sql.SQL("INSERT INTO {} SELECT v.* FROM {} AS r CROSS JOIN LATERAL jsonb_populate_recordset("
                          "NULL::{}, CASE jsonb_typeof(r.image) WHEN 'array' THEN r.image ELSE jsonb_build_array("
