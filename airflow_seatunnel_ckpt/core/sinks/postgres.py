@@ -130,6 +130,10 @@ _WAY_OUT = {
     "42501": "Grant the role the privilege, or connect as a role that has it",
 }
 
+#: What the user can do when applied changes meet a unique key (:func:`refused`).
+_APPLIED_UNIQUE = ("Another unique key of the table than the changes' keys (and, for scd2, (keys, __start_at)) "
+                   "holds the value, or an scd2 key changed twice at one first sequence_by value in different "
+                   "epochs: drop or widen that unique key, or give sequence_by a first column that grows per change")
 #: Arrow type -> the PostgreSQL type ``create_table`` gives a column.
 _CREATE = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "uint8": "smallint",
            "uint16": "integer", "uint32": "bigint", "float": "real", "double": "double precision",
@@ -420,7 +424,8 @@ def refused(exc: psycopg.Error, request: SinkCommit, options: PostgresSinkOption
         (diag.message_detail or "").strip(), (diag.context or "").strip().replace("\n", " / ")) if part)
     return (f"{where}: the table {options.table} refuses the epoch's rows: {(diag.message_primary or str(exc)).strip()}"
             f"{f' ({named})' if named else ''}. Nothing was committed. "
-            + _WAY_OUT.get(diag.sqlstate or "", "Fix the rows in the stage, or alter the table"))
+            + (_APPLIED_UNIQUE if options.apply_changes is not None and diag.sqlstate == "23505" else
+               _WAY_OUT.get(diag.sqlstate or "", "Fix the rows in the stage, or alter the table")))
 
 
 def _column_holding_nul(request: SinkCommit) -> str | None:

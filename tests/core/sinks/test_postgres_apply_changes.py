@@ -155,7 +155,8 @@ APPLY_REFUSALS: dict[str, tuple[str | None, dict[str, Any], pa.Table, list[str]]
         "(id bigint PRIMARY KEY, name text CONSTRAINT named CHECK (name <> 'bad'), _lsn bigint, _seq integer)", {},
         changes((1, "bad", "update", 40, 0)), ["named", "constraint"]),
     "scd2-a-version-starting-where-one-starts": (
-        None, {"history": "scd2"}, changes((1, "again", "update", 10, 7)), ["orders_pkey", "(id, __start_at)"]),
+        None, {"history": "scd2"}, changes((1, "again", "update", 10, 7)),
+        ["orders_pkey", "(id, __start_at)", "first sequence_by value"]),
 }
 
 
