@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.models import DecisionRecord, SinkManifest, SinkMode
 from airflow_seatunnel_ckpt.core.ops.replay import begin_replay, finish_replay, plan_replay, resume_replay
 from tests.core.faults import SimulatedCrash
@@ -93,6 +93,11 @@ class SinkContext:
     def observe(self) -> None:
         """Called after every commit call (one that crashed too): a target that keeps no
         history of its own records the state a reader sees now."""
+
+    def staged(self, rows: pa.Table, epoch: int) -> pa.Table:
+        """``rows`` as the Spark sink stages them, ``epoch`` the one whose input they are (a replayed
+        epoch's own): as they are, but for a sink that applies change rows."""
+        return rows
 
 
 class IcebergContext(SinkContext):
@@ -342,9 +347,10 @@ CONTEXTS: dict[str, type[SinkContext]] = {"files": FileContext, "iceberg": Icebe
 
 def context_of(connector: str, root: Path, request: pytest.FixtureRequest, dsn: str | None = None) -> SinkContext:
     """The connector's context below ``root``; PostgreSQL's on ``dsn`` (default: the test's fresh database)."""
-    if connector == "postgres":
-        return PostgresContext(root, dsn or request.getfixturevalue("postgres_db"))
-    return CONTEXTS[connector](root)
+    context = CONTEXTS[connector]
+    if issubclass(context, PostgresContext):
+        return context(root, dsn or request.getfixturevalue("postgres_db"))
+    return context(root)
 
 
 class Epochs:
@@ -380,6 +386,7 @@ class Epochs:
         stages them (one file per region directory, or one file), and the sink's manifest."""
         staging = self.pipeline.staging_path(epoch, 1, "orders")
         for table, folder in zip(rows, below, strict=True):
+            table = self.context.staged(table, layout.replayed_epoch(folder) or epoch)
             parts = ({f"__partition_region={r}": table.filter(pc.equal(table.column("region"), r)) for r in REGIONS}
                      if self.context.partitioned else {"": table})
             for sub, part in parts.items():
@@ -501,5 +508,44 @@ class Epochs:
         self.states.append(sorted(r for e in sorted(self.written) for r in self.written[e]))
 
 
+# -- apply_changes contexts (PGAPPLY): change rows applied into PostgreSQL, SCD1 and SCD2 ---------
+
+class PostgresApplyContext(PostgresContext):
+    """The PostgreSQL table applying the suite's rows as change rows (an ``update`` each, sequenced by
+    the epoch whose input they are, then the id), SCD1: the table a reader sees is an upsert's."""
+
+    name = "postgres-scd1"
+    modes = frozenset({UPSERT})
+    history_kind = "scd1"
+
+    def options(self, mode: str) -> dict[str, Any]:
+        return {"type": "postgres", "table": "public.orders", "conninfo": self.dsn, "create_table": True,
+                "apply_changes": {"keys": ["id"], "sequence_by": ["_lsn", "_seq"], "history": self.history_kind}}
+
+    def staged(self, rows: pa.Table, epoch: int) -> pa.Table:
+        """The change columns added where the rows lack them (a refusal case brings its own)."""
+        added = {"_op": pa.array(["update"] * rows.num_rows, pa.string()),
+                 "_lsn": pa.array([epoch] * rows.num_rows, pa.int64()),
+                 "_seq": pc.fill_null(rows.column("id"), 0).cast(pa.int64())}
+        for name, column in added.items():
+            if name not in rows.column_names:
+                rows = rows.append_column(name, column)
+        return rows
+
+
+class PostgresScd2Context(PostgresApplyContext):
+    """The same changes kept as SCD2 versions; a reader of the current table reads the current versions."""
+
+    name = "postgres-scd2"
+    history_kind = "scd2"
+
+    def rows(self) -> Rows:
+        return [r[:3] for r in self._query("public.orders", "id, region, amount::float8, __end_at") if r[3] is None]
+
+
+CONTEXTS.update({"postgres-scd1": PostgresApplyContext, "postgres-scd2": PostgresScd2Context})
+
+
 __all__ = ["APPEND", "CONTEXTS", "SNAPSHOT", "UPSERT", "DeltaContext", "Epochs", "FileContext", "IcebergContext",
-           "PostgresContext", "SinkContext", "StagedReplay", "context_of"]
+           "PostgresApplyContext", "PostgresContext", "PostgresScd2Context", "SinkContext", "StagedReplay",
+           "context_of"]

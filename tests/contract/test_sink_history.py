@@ -29,6 +29,7 @@ from tests.contract.sinks import (
     UPSERT,
     DeltaContext,
     Epochs,
+    PostgresContext,
     context_of,
 )
 
@@ -129,7 +130,7 @@ def test_a_full_refresh_of_an_upsert_sink_is_one_table_commit_of_each_keys_last_
     # Ids 3..6 were written by two replayed epochs: the later one's row is the value.
     last = {i: e for e, ids in ((1, range(1, 5)), (2, range(3, 7)), (3, range(5, 9))) for i in ids}
     assert context.rows() == [(i, REGIONS[i % 2], i + (replay * 10 + last[i]) / 10) for i in range(1, 9)]
-    if connector == "postgres":  # every row of the table written by one transaction
+    if isinstance(context, PostgresContext):  # every row of the table written by one transaction
         assert len({x for (x,) in context._query("public.orders", "xmin::text")}) == 1
     else:
         assert len(context.history()) == commits_before + 1
@@ -171,7 +172,7 @@ def test_an_upsert_replay_whose_table_history_before_it_is_gone_is_refused_befor
         with context._table() as table:  # type: ignore[attr-defined]
             first = min(table.snapshots(), key=lambda s: s.sequence_number or 0)
             table.maintenance.expire_snapshots().by_id(first.snapshot_id).commit()
-    elif connector == "postgres":  # epoch 2's before-images (the rows before it) deleted
+    elif isinstance(context, PostgresContext):  # epoch 2's before-images (the rows before it) deleted
         import psycopg
 
         with psycopg.connect(context.dsn) as conn:  # type: ignore[attr-defined]

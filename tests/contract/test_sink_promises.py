@@ -43,6 +43,7 @@ from tests.contract.sinks import (
     SNAPSHOT,
     UPSERT,
     Epochs,
+    PostgresApplyContext,
     PostgresContext,
     SinkContext,
     StagedReplay,
@@ -113,7 +114,19 @@ def _constrained(bad: Callable[[int], pa.Table]) -> Callable[[Epochs], Setup]:
     return make
 
 
-TABLES = frozenset({"iceberg", "delta", "postgres"})
+#: The contexts whose sink applies change rows (``apply_changes``).
+APPLYING = frozenset(name for name, context in CONTEXTS.items() if issubclass(context, PostgresApplyContext))
+
+
+def changes(ids: list[int], ops: list[str] | None = None, lsns: list[Any] | None = None) -> Callable[[int], pa.Table]:
+    """Change rows of ``ids`` with the operations and sequence given (the context adds the rest)."""
+    def make(epoch: int) -> pa.Table:
+        return rows(ids)(epoch).append_column("_op", pa.array(ops or ["update"] * len(ids), pa.string())) \
+            .append_column("_lsn", pa.array(lsns or [epoch] * len(ids), pa.int64()))
+    return make
+
+
+TABLES = frozenset(name for name, context in CONTEXTS.items() if context.table)
 #: kind: (connectors, modes, the case, what the refusal names)
 REFUSALS: dict[str, tuple[frozenset[str], frozenset[str], Callable[[Epochs], Setup], str]] = {
     "changed-column-type": (TABLES, frozenset({APPEND, UPSERT}), _own(rows(
@@ -141,6 +154,10 @@ REFUSALS: dict[str, tuple[frozenset[str], frozenset[str], Callable[[Epochs], Set
                             _constrained(rows([4], amounts=[12345678.0])), r"amount"),
     "pg-nul-character": (frozenset({"postgres"}), frozenset({APPEND}), _constrained(rows([4], regions=["E\x00"])),
                          r"region"),
+    # apply_changes (PGAPPLY): change rows the sink cannot apply.
+    "apply-unknown-operation": (APPLYING, frozenset({UPSERT}), _own(changes([4], ops=["merge"])),
+                                r"'_op' holds \['merge'\]"),
+    "apply-null-sequence": (APPLYING, frozenset({UPSERT}), _own(changes([4], lsns=[None])), r"'_lsn' is NULL"),
 }
 
 
@@ -178,7 +195,7 @@ def fresh_contexts(connector: str, request: pytest.FixtureRequest, databases: li
                    ) -> Callable[[Path], SinkContext]:
     """A new context of ``connector`` per root; PostgreSQL's each on a database of its own (added to ``databases``)."""
     def context_at(root: Path) -> SinkContext:
-        if connector != "postgres":
+        if not issubclass(CONTEXTS[connector], PostgresContext):
             return context_of(connector, root, request)
         server = request.getfixturevalue("postgres_server")
         databases.append(server.create_database())

@@ -22,7 +22,8 @@ exactly once. Everything happens in **one** transaction:
    with the epoch; a replay first deletes the rows of the epochs it replaces by it. An
    upsert keeps the rows it changes as they were before it (:data:`IMAGES`), which a
    replay from a later epoch restores first (:func:`_restore_before`); a full refresh
-   empties the table first.
+   empties the table first. ``apply_changes``: ``COPY`` into a temporary table, then the
+   change rows applied in SQL as SCD1 or SCD2 (:func:`_apply_changes`, :func:`_apply_step`).
 
 The transaction commits the rows and the marker together, so the marker says exactly
 whether the epoch landed, also after a crash between the database's commit and the log's
@@ -58,6 +59,7 @@ from dataclasses import dataclass
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import tenacity
@@ -66,8 +68,16 @@ from psycopg import sql
 from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
-from airflow_seatunnel_ckpt.core.sinks import SinkCommit, check_staged_merge_keys, markers, staged_rows, staged_schema
-from airflow_seatunnel_ckpt.core.sinks.options import PostgresSinkOptions
+from airflow_seatunnel_ckpt.core.sinks import (
+    UNCHANGED_TOAST,
+    SinkCommit,
+    check_staged_changes,
+    check_staged_merge_keys,
+    markers,
+    staged_rows,
+    staged_schema,
+)
+from airflow_seatunnel_ckpt.core.sinks.options import SCD2_COLUMNS, ApplyChanges, PostgresSinkOptions
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
 
 log = logging.getLogger(__name__)
@@ -99,6 +109,8 @@ REFUSALS = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.Cardinalit
             psycopg.errors.RaiseException, psycopg.errors.InsufficientPrivilege)
 #: The temporary column a replay's upsert loads each row's replayed epoch into (never in the table).
 _REPLAYED = "__seatunnel_ckpt_replayed"
+#: The separator of the names a staged list column (:data:`UNCHANGED_TOAST`) is loaded as, in one text.
+_NAMES_SEP = "\x1f"
 #: The column a ``COPY`` error's context names.
 _COPY_COLUMN = re.compile(r"^COPY .*?, line \d+, column (.+?): ")
 #: SQLSTATE -> what the user can do about the rows the table refused (:func:`refused`).
@@ -118,6 +130,10 @@ _WAY_OUT = {
     "42501": "Grant the role the privilege, or connect as a role that has it",
 }
 
+#: What the user can do when applied changes meet a unique key (:func:`refused`).
+_APPLIED_UNIQUE = ("Another unique key of the table than the changes' keys (and, for scd2, (keys, __start_at)) "
+                   "holds the value, or an scd2 key changed twice at one first sequence_by value in different "
+                   "epochs: drop or widen that unique key, or give sequence_by a first column that grows per change")
 #: Arrow type -> the PostgreSQL type ``create_table`` gives a column.
 _CREATE = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "uint8": "smallint",
            "uint16": "integer", "uint32": "bigint", "float": "real", "double": "double precision",
@@ -264,7 +280,12 @@ def _load(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOp
         conn.execute(_create_statement(options, written, where))
         table = _table_columns(conn, options)
         assert table is not None
+    if options.apply_changes is not None:  # first: a table not made for it, named as such
+        check_applied_table(conn, table, options, options.apply_changes, where)
     check_columns(table, written, options, where)
+    if options.apply_changes is not None:
+        _apply_changes(conn, request, options, options.apply_changes, schema)
+        return MERGED
     if options.merge_keys:
         check_unique(conn, options, where)
         _upsert(conn, request, options, written)
@@ -280,20 +301,36 @@ def _key_of(alias: str, options: PostgresSinkOptions) -> sql.Composable:
         for k in options.merge_keys))
 
 
+def _keyed(table: str, keys: str, options: PostgresSinkOptions) -> sql.Composable:
+    """``table``'s row has the key the jsonb column ``<keys>.key`` holds, compared column by column (the
+    table's key index serves it: the cost follows the keys, not the table's size)."""
+    return sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = (jsonb_populate_record(NULL::{}, {}.key)).{}").format(
+            sql.Identifier(table), sql.Identifier(k), _qualified(options), sql.Identifier(keys), sql.Identifier(k))
+        for k in options.merge_keys)
+
+
 def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                  keys: sql.Composable) -> None:
     """Record the table's current row (NULL: none) of each key ``keys`` (a table with a ``key`` jsonb
     column) as this epoch's before-image, and that the epoch kept them; a key recorded already keeps its
-    first image (the row before the epoch changed anything)."""
+    first image (the row before the epoch changed anything). An scd2 table's image is the array of
+    all the key's versions (closed ones too), as :func:`_restore_before` puts them back."""
     found = conn.execute("SELECT to_regclass(%s)", (_qualified(options, IMAGES).as_string(conn),)).fetchone()
     if found is None or found[0] is None:  # the trial load before the first commit creates the bookkeeping
         return
     ids = (markers.store_id_of(request), request.pipeline, request.sink.sink, request.epoch)
+    versions = options.apply_changes is not None and options.apply_changes.history == "scd2"
+    image = sql.SQL("to_jsonb(t) FROM {} AS k LEFT JOIN {} AS t ON {}").format(
+        keys, _qualified(options), _keyed("t", "k", options))
+    if versions:  # every version of the key; none: NULL (a key column is never NULL in a row)
+        image = sql.SQL("jsonb_agg(to_jsonb(t)) FILTER (WHERE t.{} IS NOT NULL) FROM {} AS k LEFT JOIN {} AS t "
+                        "ON {} GROUP BY k.key").format(sql.Identifier(options.merge_keys[0]), keys,
+                                                      _qualified(options), _keyed("t", "k", options))
     conn.execute(sql.SQL(
-        "INSERT INTO {} (store_id, pipeline, sink, epoch, key, image) SELECT %s, %s, %s, %s, k.key, to_jsonb(t) "
-        "FROM {} AS k LEFT JOIN {} AS t ON {} = k.key UNION ALL SELECT %s, %s, %s, %s, %s::jsonb, NULL "
-        "ON CONFLICT DO NOTHING").format(_qualified(options, IMAGES), keys, _qualified(options),
-                                         _key_of("t", options)), (*ids, *ids, _KEPT))
+        "INSERT INTO {} (store_id, pipeline, sink, epoch, key, image) SELECT %s, %s, %s, %s, k.key, {} "
+        "UNION ALL SELECT %s, %s, %s, %s, %s::jsonb, NULL ON CONFLICT DO NOTHING").format(
+        _qualified(options, IMAGES), image), (*ids, *ids, _KEPT))
 
 
 def _restore_before(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
@@ -324,14 +361,25 @@ def _restore_before(conn: psycopg.Connection, request: SinkCommit, options: Post
         "AND pipeline = %s AND sink = %s AND epoch = ANY(%s) AND key <> %s::jsonb ORDER BY key, epoch").format(
         restore, _qualified(options, IMAGES)), (*ids, replaced, _KEPT))
     _keep_images(conn, request, options, restore)
-    conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS r WHERE {} = r.key").format(
-        _qualified(options), restore, _key_of("t", options)))
-    conn.execute(sql.SQL("INSERT INTO {} SELECT (jsonb_populate_record(NULL::{}, r.image)).* FROM {} AS r "
-                         "WHERE r.image IS NOT NULL").format(_qualified(options), _qualified(options), restore))
+    conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS r WHERE {}").format(
+        _qualified(options), restore, _keyed("t", "r", options)))
+    # An image is a row, or an scd2 key's versions (an array of rows).
+    conn.execute(sql.SQL("INSERT INTO {} SELECT v.* FROM {} AS r CROSS JOIN LATERAL jsonb_populate_recordset("
+                         "NULL::{}, CASE jsonb_typeof(r.image) WHEN 'array' THEN r.image ELSE jsonb_build_array("
+                         "r.image) END) AS v WHERE r.image IS NOT NULL").format(
+        _qualified(options), restore, _qualified(options)))
 
 
 def _written(schema: pa.Schema, options: PostgresSinkOptions, where: str) -> pa.Schema:
-    """The columns a commit writes: the staged ones and ``epoch_column`` (``bigint``, the epoch)."""
+    """The table columns a commit writes: the staged ones (an ``apply_changes`` sink's without the operation
+    and :data:`UNCHANGED_TOAST` columns, with scd2's ``__start_at``/``__end_at``, typed as the first
+    ``sequence_by`` column) and ``epoch_column`` (``bigint``, the epoch)."""
+    apply = options.apply_changes
+    if apply is not None:
+        kept = set(apply.table_columns(schema.names)) - {UNCHANGED_TOAST}
+        bounds = [pa.field(c, schema.field(apply.sequence_by[0]).type) for c in SCD2_COLUMNS
+                  if apply.history == "scd2" and apply.sequence_by[0] in schema.names]
+        schema = pa.schema([*(f for f in schema if f.name in kept), *bounds])
     if not options.epoch_column:
         return schema
     if options.epoch_column in schema.names:
@@ -376,7 +424,8 @@ def refused(exc: psycopg.Error, request: SinkCommit, options: PostgresSinkOption
         (diag.message_detail or "").strip(), (diag.context or "").strip().replace("\n", " / ")) if part)
     return (f"{where}: the table {options.table} refuses the epoch's rows: {(diag.message_primary or str(exc)).strip()}"
             f"{f' ({named})' if named else ''}. Nothing was committed. "
-            + _WAY_OUT.get(diag.sqlstate or "", "Fix the rows in the stage, or alter the table"))
+            + (_APPLIED_UNIQUE if options.apply_changes is not None and diag.sqlstate == "23505" else
+               _WAY_OUT.get(diag.sqlstate or "", "Fix the rows in the stage, or alter the table")))
 
 
 def _column_holding_nul(request: SinkCommit) -> str | None:
@@ -499,8 +548,12 @@ def _copy(conn: psycopg.Connection, request: SinkCommit, table: sql.Composable, 
                         if column in stamps and column not in staged:
                             batch = batch.append_column(column, pa.repeat(pa.scalar(stamps[column], pa.int64()),
                                                                           batch.num_rows))
+                    batch = batch.select(list(columns))
+                    for n, field in enumerate(batch.schema):  # a list of names (UNCHANGED_TOAST) as one text
+                        if pa.types.is_list(field.type) or pa.types.is_large_list(field.type):
+                            batch = batch.set_column(n, field.name, pc.binary_join(batch.column(n), _NAMES_SEP))
                     out = pa.BufferOutputStream()
-                    pa_csv.write_csv(batch.select(list(columns)), out, csv)
+                    pa_csv.write_csv(batch, out, csv)
                     copy.write(memoryview(out.getvalue()))
 
 
@@ -551,6 +604,144 @@ def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSink
         sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)), action))
 
 
+def _apply_changes(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
+                   apply: ApplyChanges, staged: pa.Schema) -> None:
+    """Apply the epoch's change rows (one per key; a replay's: one per key per replayed epoch) to the table.
+
+    ``COPY`` into a temporary table typed as the table's columns (plus the operation, the
+    :data:`UNCHANGED_TOAST` names and, for a replay, the replayed epoch), the keys' before-images
+    kept, then :func:`_apply_step` once, or once per replayed epoch in order (each one's changes
+    are one per key, as the epoch's were).
+    """
+    loaded = sql.Identifier(f"seatunnel_ckpt_changes_{request.epoch}")
+    stored = [c for c in _written(staged, options, "").names if c not in SCD2_COLUMNS]
+    toast = UNCHANGED_TOAST in staged.names
+    conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
+        loaded, sql.SQL(", ").join(map(sql.Identifier, stored)), _qualified(options)))
+    added = [apply.operation, *([UNCHANGED_TOAST] if toast else []), *([_REPLAYED] if request.sink.replaces else [])]
+    conn.execute(sql.SQL("ALTER TABLE {} {}").format(loaded, sql.SQL(", ").join(
+        sql.SQL("ADD COLUMN {} {}").format(sql.Identifier(c), sql.SQL("bigint" if c == _REPLAYED else "text"))
+        for c in added)))
+    _copy(conn, request, loaded, [*stored, *added], options)
+    if not apply.deletes:
+        conn.execute(sql.SQL("DELETE FROM {} WHERE {} = 'delete'").format(loaded, sql.Identifier(apply.operation)))
+    if not request.sink.full_refresh:  # a full refresh is never replaced but by another one
+        _keep_images(conn, request, options, sql.SQL("(SELECT {} AS key FROM {} AS s)").format(
+            _key_of("s", options), loaded))
+    if not request.sink.replaces:
+        _apply_step(conn, options, apply, loaded, stored, toast)
+        return
+    step = sql.Identifier(f"seatunnel_ckpt_step_{request.epoch}")
+    conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} (LIKE {}) ON COMMIT DROP").format(step, loaded))
+    replayed = conn.execute(sql.SQL("SELECT DISTINCT {} FROM {} ORDER BY 1").format(
+        sql.Identifier(_REPLAYED), loaded)).fetchall()
+    for (epoch,) in replayed:
+        conn.execute(sql.SQL("TRUNCATE {}").format(step))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {} WHERE {} = %s").format(
+            step, loaded, sql.Identifier(_REPLAYED)), (epoch,))
+        _apply_step(conn, options, apply, step, stored, toast)
+
+
+def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: ApplyChanges,
+                changes: sql.Identifier, stored: list[str], toast: bool) -> None:
+    """Apply ``changes`` (a temporary table, one change per key) to the table, in SQL on the server.
+
+    1. the guard: a change whose sequence is not above every one the table holds for its key
+       (scd2: nor below the end of one of its versions) has no effect: it is removed first;
+    2. a column the change names in :data:`UNCHANGED_TOAST` takes the key's (current) value;
+    3. scd1: the deleted keys' rows go, the others are ``INSERT ... ON CONFLICT DO UPDATE``;
+       scd2: each changed key's current version is closed at the change's first sequence value,
+       and every change but a delete adds a version opened there.
+    """
+    table = _qualified(options)
+    keys = sql.SQL(" AND ").join(sql.SQL("t.{} = s.{}").format(sql.Identifier(k), sql.Identifier(k))
+                                 for k in options.merge_keys)
+
+    def sequence(alias: str) -> sql.Composable:
+        return sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.Identifier(alias),
+                                                                                 sql.Identifier(c))
+                                                         for c in apply.sequence_by))
+
+    first, op = sql.Identifier(apply.sequence_by[0]), sql.Identifier(apply.operation)
+    start, end = map(sql.Identifier, SCD2_COLUMNS)
+    scd2 = apply.history == "scd2"
+    # A sequence the table holds NULL (a row written otherwise) is below every change.
+    stale = sql.SQL("({} > {}) IS FALSE").format(sequence("s"), sequence("t"))
+    if scd2:
+        stale = sql.SQL("{} OR (s.{} < t.{}) IS TRUE").format(stale, first, end)
+    conn.execute(sql.SQL("DELETE FROM {} AS s WHERE EXISTS (SELECT 1 FROM {} AS t WHERE {} AND ({}))").format(
+        changes, table, keys, stale))
+    values = [c for c in stored if c not in options.merge_keys]
+    if toast and values:
+        names = sql.SQL("string_to_array(s.{}, {})").format(sql.Identifier(UNCHANGED_TOAST), sql.Literal(_NAMES_SEP))
+        conn.execute(sql.SQL("UPDATE {} AS s SET {} FROM {} AS t WHERE {} AND s.{} <> ''{}").format(
+            changes, sql.SQL(", ").join(sql.SQL("{} = CASE WHEN {} = ANY({}) THEN t.{} ELSE s.{} END").format(
+                sql.Identifier(c), sql.Literal(c), names, sql.Identifier(c), sql.Identifier(c)) for c in values),
+            table, keys, sql.Identifier(UNCHANGED_TOAST),
+            sql.SQL(" AND t.{} IS NULL").format(end) if scd2 else sql.SQL("")))
+    columns = sql.SQL(", ").join(map(sql.Identifier, stored))
+    picked = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in stored)
+    if scd2:
+        conn.execute(sql.SQL("UPDATE {} AS t SET {} = s.{} FROM {} AS s WHERE {} AND t.{} IS NULL").format(
+            table, end, first, changes, keys, end))
+        conn.execute(sql.SQL("INSERT INTO {} ({}, {}) SELECT {}, s.{} FROM {} AS s WHERE s.{} <> 'delete'").format(
+            table, columns, start, picked, first, changes, op))
+        return
+    conn.execute(sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {} AND s.{} = 'delete'").format(
+        table, changes, keys, op))
+    action = (sql.SQL("DO UPDATE SET {} WHERE ({} < {}) IS NOT FALSE").format(
+        sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in values),
+        sequence("t"), sequence("excluded")) if values else sql.SQL("DO NOTHING"))
+    conn.execute(sql.SQL("INSERT INTO {} AS t ({}) SELECT {} FROM {} AS s WHERE s.{} <> 'delete' "
+                         "ON CONFLICT ({}) {}").format(table, columns, picked, changes, op,
+                                                       sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)),
+                                                       action))
+
+
+def check_applied_table(conn: psycopg.Connection, table: dict[str, Column], options: PostgresSinkOptions,
+                        apply: ApplyChanges, where: str) -> None:
+    """ConfigError unless an existing table can take the applied changes.
+
+    scd1: the ``sequence_by`` columns (the guard reads them) and a unique key on ``keys``;
+    scd2: ``__start_at``/``__end_at``, a unique key on (keys, ``__start_at``) and a partial
+    unique index on keys ``WHERE __end_at IS NULL``, and no unique key on the keys alone (a
+    table of one row per key, e.g. a plain upsert's, cannot keep versions).
+    """
+    way_out = "or drop create_table's table and let the first epoch create it (create_table: true)"
+    needed = [*SCD2_COLUMNS] if apply.history == "scd2" else list(apply.sequence_by)
+    missing = [c for c in needed if c not in table]
+    if missing:
+        what = ("keeps every version with the columns" if apply.history == "scd2"
+                else "keeps each key's sequence (sequence_by) in the columns")
+        raise ConfigError(
+            f"{where}: apply_changes ({apply.history}) {what} {list(needed)}, and the table {options.table} lacks "
+            f"{missing}: it was not made for applying changes (a plain upsert's table?). Nothing was committed. Add "
+            f"them (ALTER TABLE {options.table} ADD COLUMN ...), name another table, {way_out}")
+    if apply.history == "scd1":
+        check_unique(conn, options, where)
+        return
+    rows = conn.execute(
+        "SELECT array_agg(a.attname::text ORDER BY a.attname), coalesce(pg_get_expr(i.indpred, i.indrelid), '') "
+        "FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+        "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND i.indexprs IS NULL "
+        "GROUP BY i.indexrelid, i.indpred, i.indrelid", (_qualified(options).as_string(conn),)).fetchall()
+    unique = {(tuple(sorted(r[0])), re.sub(r"[()\s]", "", r[1])) for r in rows}
+    keys = tuple(sorted(options.merge_keys))
+    if (keys, "") in unique:
+        raise ConfigError(
+            f"{where}: apply_changes (scd2) keeps every version of a key in {options.table}, whose primary key or a "
+            f"unique constraint is the keys {list(options.merge_keys)} alone (one row per key: an scd1 or plain upsert "
+            f"table). Nothing was committed. Name another table, {way_out}")
+    wanted = {(tuple(sorted([*keys, SCD2_COLUMNS[0]])), ""): f"UNIQUE ({', '.join([*keys, SCD2_COLUMNS[0]])})",
+              (keys, f"{SCD2_COLUMNS[1]}ISNULL"): f"CREATE UNIQUE INDEX ON {options.table} ({', '.join(keys)}) "
+                                                  f"WHERE {SCD2_COLUMNS[1]} IS NULL"}
+    lacking = [ddl for key, ddl in wanted.items() if key not in unique]
+    if lacking:
+        raise ConfigError(
+            f"{where}: apply_changes (scd2) needs the table {options.table} to keep one version per key and start "
+            f"and one current version per key; it lacks {lacking}. Nothing was committed. Add them, {way_out}")
+
+
 def _published(request: SinkCommit, options: PostgresSinkOptions, how: str) -> PublishedSink:
     sink = request.sink
     return PublishedSink(sink.sink, sink.target_url, f"postgres table {options.table}", len(sink.files), sink.rows,
@@ -572,11 +763,14 @@ def precheck(request: SinkCommit) -> None:
     schema = staged_schema(request, where)
     if schema is None and not request.sink.replaces:
         return  # nothing to load; a replay without rows still deletes the replaced epochs' rows
-    unsupported = [f"{f.name} ({f.type})" for f in schema or [] if _loadable(f.type) is None]
+    unsupported = [f"{f.name} ({f.type})" for f in schema or [] if _loadable(f.type) is None
+                   and not (options.apply_changes is not None and f.name == UNCHANGED_TOAST)]  # read, not stored
     if unsupported:
         raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
                           "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
-    if options.merge_keys and schema is not None:
+    if options.apply_changes is not None and schema is not None:
+        check_staged_changes(request, schema, options.apply_changes, options.table, where)
+    elif options.merge_keys and schema is not None:
         check_staged_merge_keys(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)
     raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()  # as in the commit
@@ -637,8 +831,10 @@ def _precheck_columns(conn: psycopg.Connection, options: PostgresSinkOptions, sc
             raise ConfigError(f"{where}: merge key(s) {missing} are not among the staged columns {schema.names}")
         _create_statement(options, written, where)  # refuses columns it cannot create
     else:
+        if options.apply_changes is not None:  # first: a table not made for it, named as such
+            check_applied_table(conn, table, options, options.apply_changes, where)
         check_columns(table, written, options, where)
-        if options.merge_keys:
+        if options.merge_keys and options.apply_changes is None:
             check_unique(conn, options, where)
         check_privileges(conn, options, where)
 
@@ -677,7 +873,8 @@ def trial_load(conn: psycopg.Connection, request: SinkCommit, options: PostgresS
 
 def check_privileges(conn: psycopg.Connection, options: PostgresSinkOptions, where: str) -> None:
     """ConfigError unless the connection's role may load the table and write the marker and owner tables."""
-    needed = [(_qualified(options), "INSERT"), *([(_qualified(options), "UPDATE")] if options.merge_keys else [])]
+    needed = [(_qualified(options), "INSERT"), *([(_qualified(options), "UPDATE")] if options.merge_keys else []),
+              *([(_qualified(options), "DELETE")] if options.apply_changes else [])]
     for name in (EPOCHS, OWNERS, *([IMAGES] if options.merge_keys else [])):
         needed += [(_qualified(options, name), "INSERT"), (_qualified(options, name), "SELECT")]
     missing = []
@@ -785,6 +982,15 @@ def _create_statement(options: PostgresSinkOptions, schema: pa.Schema, where: st
             raise ConfigError(f"{where}: create_table cannot give column {f.name!r} ({f.type}) a type; create the "
                               "table yourself, or cast the column in the stage")
         columns.append(sql.SQL("{} " + declared).format(sql.Identifier(f.name)))
+    apply = options.apply_changes
+    if apply is not None and apply.history == "scd2":  # every version: the key and where it starts
+        keys = [*options.merge_keys, SCD2_COLUMNS[0]]
+        columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, keys))))
+        return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}); CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({}) "
+                       "WHERE {} IS NULL").format(
+            _qualified(options), sql.SQL(", ").join(columns), sql.Identifier(f"{options.name}_current"),
+            _qualified(options), sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)),
+            sql.Identifier(SCD2_COLUMNS[1]))
     if options.merge_keys:
         columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier,
                                                                                  options.merge_keys))))

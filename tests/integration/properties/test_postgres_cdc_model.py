@@ -247,3 +247,135 @@ def test_changes_made_while_killed_and_replayed_epochs_run_are_published_once_an
           f"faults {dict(campaign.faults)}")
     assert set(campaign.faults) >= {"export", "stage", "commit", "replay"}, campaign.faults
     campaign.epoch(spark, rng, "none")  # the next epoch still runs
+
+
+# -- apply_changes into PostgreSQL (PGAPPLY): the source table's changes applied as SCD1 and SCD2 ------------
+APPLY_RUNS = 14 if FULL_CAMPAIGNS else 9
+APPLY_SEED = 33
+#: The change columns the sinks leave out (``_unchanged_toast`` is read by the commit, never stored).
+APPLY = {"keys": ["id"], "sequence_by": ["_lsn", "_seq"], "except_columns": ["_table", "_commit_ts", "_xid"]}
+
+
+def apply_changes_stage(ctx: Any, spark: Any) -> None:
+    """The epoch's change rows into both applying sinks (each collapses them to the last per key)."""
+    changes = ctx.source("changes").read()
+    ctx.sink("scd1").write(changes)
+    ctx.sink("scd2").write(changes)
+
+
+class ApplyCampaign(Campaign):
+    """:class:`Campaign`'s epochs and faults over one source table, applied into two PostgreSQL sinks in the
+    schema ``sink``: ``sink.scd1`` (one row per key) and ``sink.scd2`` (every version)."""
+
+    def spec(self, run_id: str, attempt: int = 1) -> StageSpec:
+        source = {"type": "postgres_cdc", "conninfo": self.conninfo, "slot": "apply_slot",
+                  "publication": "apply_pub", "tables": ["public.src"], "keep_epochs": 2}
+        sinks = {h: {"type": "postgres", "table": f"sink.{h}", "conninfo": self.conninfo, "create_table": True,
+                     "apply_changes": {**APPLY, "history": h}} for h in ("scd1", "scd2")}
+        return StageSpec(pipeline="cdc", participant="ingest", run_id=run_id, attempt=attempt,
+                         stage=f"{__name__}:apply_changes_stage", sources={"changes": source}, sinks=sinks,
+                         store=self.store, key_groups=2)
+
+    def pinned_end(self, epoch: int) -> int:
+        """The end LSN the epoch's plan pinned (its changes committed below it)."""
+        plan = self.pipeline.txlog.read_plan(epoch, "ingest")
+        assert plan is not None
+        return int(plan["changes"]["end"])
+
+
+def change_source(db: psycopg.Connection, rng: random.Random) -> None:
+    """A few transactions of random inserts, updates and deletes on ``src`` (a key may change twice in one)."""
+    for _ in range(rng.randint(2, 6)):
+        with db.transaction():
+            for _ in range(rng.randint(1, 4)):
+                key = rng.randrange(KEYS)
+                if rng.random() < 0.3:
+                    db.execute("DELETE FROM src WHERE id = %s", (key,))
+                else:
+                    db.execute("INSERT INTO src VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE SET v = excluded.v, "
+                               "note = excluded.note", (key, rng.randrange(1000), rng.choice(["x", None, "y"])))
+
+
+def flushed(db: psycopg.Connection) -> None:
+    """Wait until the WAL written so far is flushed: decoding (and so the next plan) sees only flushed WAL."""
+    target = db.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+    while not db.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (target,)).fetchone()[0]:
+        time.sleep(0.05)
+
+
+def source_rows(db: psycopg.Connection) -> set[tuple[Any, ...]]:
+    return set(db.execute("SELECT id, v, note FROM src").fetchall())
+
+
+def except_both_ways(db: psycopg.Connection, relation: str) -> list[tuple[Any, ...]]:
+    """The rows of ``src`` not in ``relation`` and of ``relation`` not in ``src`` (empty: the same rows)."""
+    return db.execute(f"(SELECT id, v, note FROM src EXCEPT ALL SELECT id, v, note FROM {relation}) UNION ALL "
+                      f"(SELECT id, v, note FROM {relation} EXCEPT ALL SELECT id, v, note FROM src)").fetchall()
+
+
+def versions_as_of(db: psycopg.Connection, below: int) -> set[tuple[Any, ...]]:
+    """The scd2 versions current at LSN ``below`` (opened below it, not closed below it)."""
+    return set(db.execute("SELECT id, v, note FROM sink.scd2 WHERE __start_at < %s AND (__end_at IS NULL OR "
+                          "__end_at >= %s)", (below, below)).fetchall())
+
+
+def test_changes_applied_into_postgres_scd1_and_scd2_sinks_equal_the_source_table_after_each_epoch(
+        spark: Any, tmp_path: Path, postgres_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.core.sinks import postgres as postgres_tables
+
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        db.execute("CREATE TABLE src (id int PRIMARY KEY, v int, note text)")
+        db.execute("INSERT INTO src SELECT g, g, 'seed' FROM generate_series(0, 9) g")
+        db.execute("CREATE SCHEMA sink")
+    plan = faults.install(monkeypatch)
+    commit_once = postgres_tables._commit_once
+
+    def ticking(*args: Any, **kwargs: Any) -> Any:  # the sink's transaction is a crash point of its own
+        plan.tick("the PostgreSQL sink's commit")
+        return commit_once(*args, **kwargs)
+
+    monkeypatch.setattr(postgres_tables, "_commit_once", ticking)
+    campaign = ApplyCampaign(tmp_path, postgres_db, plan)
+    rng = random.Random(APPLY_SEED)
+    schedule = ["none", "stage", "none", "commit", "abandon", "none", "replay", "commit", "replay"]
+    schedule += [rng.choice(["none", "stage", "abandon", "commit", "replay"])
+                 for _ in range(APPLY_RUNS - len(schedule))]
+    #: the source's rows after each committed epoch, by the epoch's pinned end LSN
+    committed: dict[int, set[tuple[Any, ...]]] = {}
+    first_start: int | None = None
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        for fault in schedule:
+            if fault == "replay":
+                campaign.replay(spark)
+            else:
+                if committed:  # the first epoch snapshots the seed rows
+                    change_source(db, rng)
+                flushed(db)
+                source = source_rows(db)
+                campaign.epoch(spark, rng, fault)
+                epoch = campaign.pipeline.epoch_for_run(f"run-{campaign.runs}")
+                assert epoch is not None
+                if campaign.pipeline.state(epoch) is EpochState.COMMITTED:
+                    committed[campaign.pinned_end(epoch)] = source
+                    if first_start is None:
+                        first_start = int(campaign.pipeline.txlog.read_plan(epoch, "ingest")["changes"]["start"])
+            # After every step the sinks hold the source as of the newest committed epoch's pinned LSN.
+            newest = committed[max(committed)]
+            assert set(db.execute("SELECT id, v, note FROM sink.scd1").fetchall()) == newest, fault
+            assert set(db.execute("SELECT id, v, note FROM sink.scd2 WHERE __end_at IS NULL").fetchall()) == newest
+            if source_rows(db) == newest:  # nothing changed since: EXCEPT both ways, in the database
+                assert except_both_ways(db, "sink.scd1") == []
+                assert except_both_ways(db, "(SELECT * FROM sink.scd2 WHERE __end_at IS NULL) AS cur") == []
+        # The scd2 history: as of each committed epoch's pinned LSN, the versions current then are the source's.
+        assert first_start is not None
+        for end, rows in committed.items():
+            assert versions_as_of(db, max(end, first_start + 1)) == rows, f"as of LSN {end}"
+        chains = db.execute("SELECT id, array_agg(__start_at ORDER BY __start_at), array_agg(__end_at ORDER BY "
+                            "__start_at) FROM sink.scd2 GROUP BY id").fetchall()
+        for key, starts, ends in chains:  # versions never overlap: each closed at or before the next opens
+            assert all(e is not None and e <= s for e, s in zip(ends[:-1], starts[1:], strict=True)), (key, starts,
+                                                                                                         ends)
+        assert db.execute("SELECT count(*) FROM sink.scd2 WHERE __end_at IS NOT NULL").fetchone()[0] > 0
+    print(f"{len(committed)} committed epochs, runs {campaign.runs}, faults {dict(campaign.faults)}")
+    assert set(campaign.faults) >= {"stage", "commit", "replay"}, campaign.faults
+    campaign.epoch(spark, rng, "none")  # the next epoch still runs
