@@ -259,7 +259,10 @@ def restored_before(before: pa.Table, now: pa.Table, new_keys: pa.Table, keys: l
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    common = [c for c in before.column_names if c in now.column_names]
+    # Nested columns (a list of a change row's unchanged TOASTed columns) cannot be join keys: left out,
+    # the other columns still tell a changed row (a changed row's sequence columns always differ).
+    common = [c for c in before.column_names
+              if c in now.column_names and not pa.types.is_nested(now.schema.field(c).type)]
     # One type per column (a reader may give one snapshot's strings as large_string).
     then = pa.table([before.column(c).cast(now.schema.field(c).type) for c in common], names=common)
     changed = [a.select(common).join(b.select(common), keys=common, join_type="left anti").select(keys)
