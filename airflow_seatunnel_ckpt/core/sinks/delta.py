@@ -42,6 +42,9 @@ Decisions (docs/tables/delta.md has the user's view):
   file and the new add actions are one version, so readers see the old or the new table.
 * ``merge_keys`` (an upsert): the epoch's rows are MERGEd into an existing table, with the
   same application transaction in the same version (:mod:`.delta_upsert`).
+* ``apply_changes``: the rows of the epoch's keys are read, the change rows applied to them
+  (:mod:`.changes`, SCD1 or SCD2) and MERGEd back on the rows' identity, the application
+  transaction in the same version (:func:`_apply_changes`); the staged files are only read.
 * **refusals come first**: :func:`precheck` runs every refusal (schema, partitioning, merge
   keys, ``delta.appendOnly``, column mapping, the table's owner, an application transaction
   this store's log lacks or past the epoch) when

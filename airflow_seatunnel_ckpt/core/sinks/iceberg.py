@@ -26,7 +26,9 @@ epoch) does, for sink options :class:`IcebergSinkOptions` (``table: "ns.name"``,
    epoch's -- every current file (a ``snapshot`` sink, a full refresh of an upsert sink:
    :func:`_last_per_key`), the replaced epochs' (a replay), or
    with ``merge_keys`` (upsert) the files holding any of the epoch's keys, whose other rows
-   go into rewritten files in the same snapshot (:func:`_without_keys`) -- plus the marker
+   go into rewritten files in the same snapshot (:func:`_without_keys`), or with ``apply_changes``
+   those files and the keys' rows with the epoch's changes applied (:func:`_apply_changes`;
+   the staged change files are only read) -- plus the marker
    and owner properties. So every snapshot a time-travel or incremental reader can pin
    holds whole epochs. pyiceberg's own commit retry is switched off for it: on a conflict
    it rebases an append *without* re-checking duplicates, so two committers of one epoch
