@@ -293,3 +293,17 @@ def test_a_replay_with_other_changes_restores_the_keys_as_before_it_and_applies_
 
     assert scd2(target.table_rows()) == [(1, 1.0, 10, 21), (1, 1.7, 21, None), (2, 2.0, 10, 20), (2, 2.2, 31, None),
                                          (3, 3.0, 10, 32), (3, 3.9, 32, None)]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_with_deletes_false_a_delete_change_leaves_the_row_and_later_changes_still_apply(
+        tmp_path: Path, fmt: str) -> None:
+    target = context(tmp_path, fmt, "scd1")
+    epochs = Epochs(target, "upsert")
+    options = target.options
+    target.options = lambda mode: {  # type: ignore[method-assign]
+        **options(mode), "apply_changes": {**apply_changes("scd1"), "deletes": False}}
+    commit(epochs, changes(("insert", 1, 1.0, 10, 1), ("insert", 2, 2.0, 10, 2)))
+    commit(epochs, changes(("delete", 1, None, 20, 1), ("update", 2, 2.5, 20, 2)))
+
+    assert scd1(target.table_rows()) == [(1, "US", 1.0, 10, 1), (2, "EU", 2.5, 20, 2)]
