@@ -345,6 +345,61 @@ CONTEXTS: dict[str, type[SinkContext]] = {"files": FileContext, "iceberg": Icebe
                                           "postgres": PostgresContext}
 
 
+# -- apply_changes contexts (LAKE) ---------------------------------------------------------
+# The suite's rows staged as change rows (an update of each id, ordered by the epoch), applied
+# with ``apply_changes``: SCD1 keeps one row per id (the upsert model of :class:`Epochs`), SCD2
+# a version per id and epoch (its rows, without __start_at/__end_at, are the append model's).
+
+def change_rows(rows: pa.Table, sequence: int) -> pa.Table:
+    """``rows`` as updates at ``_lsn`` ``sequence`` (columns the rows hold already are kept: a refusal's)."""
+    for name, value, kind in (("_op", "update", pa.string()), ("_lsn", sequence, pa.int64()),
+                              ("_seq", 1, pa.int32())):
+        if name not in rows.column_names:
+            rows = rows.append_column(pa.field(name, kind), pa.array([value] * rows.num_rows, kind))
+    return rows
+
+
+def apply_changes(history: str) -> dict[str, Any]:
+    """The change contexts' ``apply_changes`` option."""
+    return {"keys": ["id"], "sequence_by": ["_lsn", "_seq"], "operation": "_op", "history": history}
+
+
+class IcebergScd1Context(IcebergContext):
+    """The Iceberg table with change rows applied as SCD1 (one row per id: the upsert model)."""
+
+    name = "iceberg-scd1"
+    modes = frozenset({UPSERT})
+
+    def options(self, mode: str) -> dict[str, Any]:
+        options = {k: v for k, v in super().options(mode).items() if k != "merge_keys"}
+        return {**options, "apply_changes": apply_changes("scd1")}
+
+    def staged(self, rows: pa.Table, epoch: int) -> pa.Table:
+        return change_rows(rows, epoch)
+
+
+class DeltaScd2Context(DeltaContext):
+    """The Delta table with change rows applied as SCD2 (a version per id and epoch: the append model)."""
+
+    name = "delta-scd2"
+    modes = frozenset({APPEND})
+
+    def options(self, mode: str) -> dict[str, Any]:
+        options = {k: v for k, v in super().options(mode).items() if k != "merge_keys"}
+        return {**options, "apply_changes": apply_changes("scd2")}
+
+    def staged(self, rows: pa.Table, epoch: int) -> pa.Table:
+        return change_rows(rows, epoch)
+
+    def table_commits(self) -> list[tuple[Any, str]]:
+        import airflow_seatunnel_ckpt.core.sinks.delta as delta_tables
+
+        return [(delta_tables, "_apply_changes")]
+
+
+CONTEXTS.update({"iceberg-scd1": IcebergScd1Context, "delta-scd2": DeltaScd2Context})
+
+
 def context_of(connector: str, root: Path, request: pytest.FixtureRequest, dsn: str | None = None) -> SinkContext:
     """The connector's context below ``root``; PostgreSQL's on ``dsn`` (default: the test's fresh database)."""
     context = CONTEXTS[connector]

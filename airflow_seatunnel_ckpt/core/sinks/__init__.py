@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # pyarrow is imported where it is used: parsing a DAG never n
     import pyarrow as pa
 
     from airflow_seatunnel_ckpt.core.models import PublishedSink  # (the records import the sinks' options)
-    from airflow_seatunnel_ckpt.core.sinks.options import ApplyChanges
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -274,7 +273,10 @@ def restored_before(before: pa.Table, now: pa.Table, new_keys: pa.Table, keys: l
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    common = [c for c in before.column_names if c in now.column_names]
+    # Nested columns (lists, structs) cannot be join keys: left out, the other columns still tell a
+    # changed row (an applied change's sequence columns always differ).
+    common = [c for c in before.column_names
+              if c in now.column_names and not pa.types.is_nested(now.schema.field(c).type)]
     # One type per column (a reader may give one snapshot's strings as large_string).
     then = pa.table([before.column(c).cast(now.schema.field(c).type) for c in common], names=common)
     changed = [a.select(common).join(b.select(common), keys=common, join_type="left anti").select(keys)
@@ -349,43 +351,3 @@ def check_merge_keys(rows: pa.Table, keys: list[str], where: str) -> None:
         raise ConfigError(f"{where}: {repeated.num_rows} key(s) appear more than once in the epoch's rows, e.g. "
                           f"{example}; an upsert needs one row per key. Aggregate or de-duplicate in the stage "
                           "(a key_value state's output has one row per key)")
-
-
-# -- apply_changes: the staged change rows every table sink checks before the decision ----------
-#: The change column naming an update's unchanged TOASTed columns (the ``postgres_cdc`` source's): a
-#: commit that finds it in the staged rows keeps the table's value of the columns it names; never stored.
-UNCHANGED_TOAST = "_unchanged_toast"
-
-
-def check_staged_changes(request: SinkCommit, schema: pa.Schema, apply: ApplyChanges, table: str, where: str) -> None:
-    """ConfigError unless the epoch's staged change rows can be applied: the key, sequence and operation
-    columns staged, every operation ``insert``, ``update`` or ``delete``, no key or sequence value NULL,
-    one change per key (per replayed epoch). Reads only those columns of the staged files."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from airflow_seatunnel_ckpt.core.sinks.options import OPERATIONS
-
-    needed = [*apply.keys, *apply.sequence_by, apply.operation]
-    missing = [c for c in needed if c not in schema.names]
-    if missing:
-        raise ConfigError(f"{where}: apply_changes into {table} needs the change column(s) {missing}, which the "
-                          f"epoch's rows lack (columns: {schema.names}); write the change rows (e.g. a postgres_cdc "
-                          "source's) or fix the sink's apply_changes keys/sequence_by/operation")
-    check_staged_merge_keys(request, schema, list(apply.keys), where)
-    for epoch, rows in staged_parts(request, [*apply.sequence_by, apply.operation]):
-        for column in apply.sequence_by:
-            nulls = rows.column(column).null_count
-            if nulls:
-                raise ConfigError(f"{where}: apply_changes into {table}: the sequence column {column!r} is NULL in "
-                                  f"{nulls} change row(s) (of epoch {epoch}); a change without a sequence cannot be "
-                                  "ordered against the table's. Fill or filter them in the stage")
-        ops = rows.column(apply.operation)
-        bad = pc.invert(pc.fill_null(pc.is_in(ops, value_set=pa.array(OPERATIONS, pa.string())), False))
-        found = ops.filter(bad)
-        if len(found):
-            values = sorted({str(v) for v in found.to_pylist()})[:5]
-            raise ConfigError(f"{where}: apply_changes into {table}: the operation column {apply.operation!r} holds "
-                              f"{values} in {len(found)} change row(s) (of epoch {epoch}), expected one of "
-                              f"{list(OPERATIONS)}. Map the operations to these in the stage, or filter the rows")
-

@@ -42,6 +42,9 @@ Decisions (docs/tables/delta.md has the user's view):
   file and the new add actions are one version, so readers see the old or the new table.
 * ``merge_keys`` (an upsert): the epoch's rows are MERGEd into an existing table, with the
   same application transaction in the same version (:mod:`.delta_upsert`).
+* ``apply_changes``: the rows of the epoch's keys are read, the change rows applied to them
+  (:mod:`.changes`, SCD1 or SCD2) and MERGEd back on the rows' identity, the application
+  transaction in the same version (:func:`_apply_changes`); the staged files are only read.
 * **refusals come first**: :func:`precheck` runs every refusal (schema, partitioning, merge
   keys, ``delta.appendOnly``, column mapping, the table's owner, an application transaction
   this store's log lacks or past the epoch) when
@@ -78,15 +81,19 @@ from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks import (
     CommitConflict,
     SinkCommit,
+    changes,
     check_staged_merge_keys,
     delta_upsert,
     markers,
     restored_before,
     retry_conflicts,
+    rows_of_keys,
+    staged_parts,
     staged_schema,
     upserted_rows,
 )
 from airflow_seatunnel_ckpt.core.sinks.delta_files import footer_stats, partition_dir
+from airflow_seatunnel_ckpt.core.sinks.options import ApplyChanges
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
@@ -150,6 +157,15 @@ def commit(request: SinkCommit) -> PublishedSink:
             return already
         if owner is None:
             markers.claim_owner_file(target, request, where)
+        apply = delta_upsert.options(request).apply_changes
+        if apply is not None:
+            try:
+                _apply_changes(request, table, uri, delta_options, apply, app_id, where)
+            except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
+                raise CommitConflict(exc) from exc
+            log.info("%s: applied the epoch's changes on %s (%s) as one table version", where, apply.keys,
+                     apply.history)
+            return _published(request, uri, delta_upsert.MERGED)
         if keys and table is not None:
             try:
                 _upsert(request, table, delta_options, keys, app_id, where)
@@ -224,7 +240,11 @@ def precheck(request: SinkCommit) -> None:
     schema = staged_schema(request, where)
     if schema is None:
         return
-    if keys:
+    apply = delta_upsert.options(request).apply_changes
+    if apply is not None:  # change rows: checked as changes, the table's schema is theirs applied
+        changes.check_staged_changes(request, schema, apply, where)
+        schema = changes.table_schema(apply, schema)
+    elif keys:
         check_staged_merge_keys(request, schema, keys, where)
     table = load(uri, delta_options, where)
     _, version = table_epoch(request, open_storage(uri, fs_options), table, where, decided=False)
@@ -240,6 +260,8 @@ def precheck(request: SinkCommit) -> None:
                               f"{schema.names}); fix the sink's partition_by")
         return
     check_table(table, request, keys, where)
+    if apply is not None:
+        changes.check_table(table.schema().to_arrow().names, apply, where)
     check_schema(table, schema, partition_by, where)
 
 
@@ -525,6 +547,71 @@ def _upsert(request: SinkCommit, table: DeltaTable, options: dict[str, str], key
                                   keys, _properties(request, app_id))
         return
     delta_upsert.merge(table, rows, keys, _properties(request, app_id))
+
+
+def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, options: dict[str, str],
+                   apply: ApplyChanges, app_id: str, where: str) -> None:
+    """The epoch's changes applied (:mod:`.changes`) in one table version with the application transaction.
+
+    The rows the table holds for the changes' keys (SCD2: every version) are read, the
+    changes applied to them with pyarrow, and one MERGE on the rows' identity (the keys;
+    SCD2: the keys and ``__start_at``) swaps the old rows for the new
+    (:func:`delta_upsert.replace_keys`). A replay applies the replayed changes to the touched
+    keys' rows as of the version before it; a full refresh, and a table not there yet, start
+    from no rows (one overwrite, one create).
+    """
+    parts = [rows for _, rows in staged_parts(request)]
+    for rows in parts:
+        changes.check_changes(rows, apply, where)  # checked at the decision; the staged files are the same
+    staged = staged_schema(request, where)
+    partition_by = list(delta_upsert.options(request).partition_by)
+    properties = _properties(request, app_id)
+    if table is None:
+        if staged is not None:
+            schema = changes.table_schema(apply, staged)
+            rows = changes.applied(schema.empty_table(), parts, apply, schema)
+            if rows.num_rows:
+                write_deltalake(_delta_uri(uri), rows, mode="error", partition_by=partition_by or None,
+                                storage_options=options or None, commit_properties=properties)
+        return
+    check_table(table, request, apply.keys, where)
+    changes.check_table(table.schema().to_arrow().names, apply, where)
+    added = check_schema(table, changes.table_schema(apply, staged), partition_by, where) if staged else []
+    if added:
+        table.alter.add_columns(added)
+        table.update_incremental()
+    schema = pa.schema(table.schema().to_arrow())
+    if request.sink.full_refresh:  # the replayed changes applied to no rows are the whole content, in one version
+        rows = changes.applied(schema.empty_table(), parts, apply, schema)
+        write_deltalake(table, rows, mode="overwrite", partition_by=partition_by or None,
+                        commit_properties=properties)
+        return
+    if request.sink.replaces:  # the touched keys as before the replayed epochs, the changes applied to them
+        base = replay_base(table, options, request, where)
+        now = pa.table(table.to_pyarrow_table())
+        before = (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
+                  else now.schema.empty_table())
+        touched, held = changes.restored_before(before, now, changes.keys_of(parts, apply, now.schema), apply)
+        current = now.filter(rows_of_keys(now, touched, apply.keys)) if now.num_rows else now
+    else:
+        touched = changes.keys_of(parts, apply, schema)
+        held = current = _rows_of_keys(table, touched, apply.keys)
+    new = changes.applied(held, parts, apply, schema)
+    ident = changes.identity(apply)
+    rows_now = pa.concat_tables([current.select(ident).cast(new.select(ident).schema), new.select(ident)])
+    delta_upsert.replace_keys(table, new, rows_now.group_by(ident).aggregate([]), ident, properties)
+
+
+def _rows_of_keys(table: DeltaTable, keys: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The table's rows whose key is one of ``keys`` (a single key column is pushed down as a filter)."""
+    import pyarrow.dataset as ds
+
+    dataset = table.to_pyarrow_dataset()
+    if not keys.num_rows:
+        return dataset.schema.empty_table()
+    found = (dataset.to_table(filter=ds.field(key[0]).isin(keys.column(key[0]).combine_chunks()))
+             if len(key) == 1 else dataset.to_table())
+    return found.filter(rows_of_keys(found, keys, key)) if found.num_rows else found
 
 
 def replay_base(table: DeltaTable, options: dict[str, str], request: SinkCommit, where: str) -> int | None:

@@ -56,7 +56,9 @@ def replace_keys(table: DeltaTable, rows: pa.Table, touched: pa.Table, keys: Seq
     """One MERGE in one version: every ``touched`` key's row becomes its row in ``rows``, or goes if none.
 
     A replay from a later epoch (:func:`core.sinks.restored_before`): the source holds
-    ``rows`` and, for the touched keys without one, a row marked for deletion.
+    ``rows`` and, for the touched keys without one, a row marked for deletion. ``keys`` are
+    the columns naming one row (applied changes of an SCD2 table: the keys and
+    ``__start_at``, each version a row of its own).
     """
     gone = touched.filter(pc.invert(rows_of_keys(touched, rows, keys))) if rows.num_rows else touched
     source = pa.concat_tables([rows.append_column(_DELETE, pa.repeat(pa.scalar(False), rows.num_rows)),

@@ -26,7 +26,9 @@ epoch) does, for sink options :class:`IcebergSinkOptions` (``table: "ns.name"``,
    epoch's -- every current file (a ``snapshot`` sink, a full refresh of an upsert sink:
    :func:`_last_per_key`), the replaced epochs' (a replay), or
    with ``merge_keys`` (upsert) the files holding any of the epoch's keys, whose other rows
-   go into rewritten files in the same snapshot (:func:`_without_keys`) -- plus the marker
+   go into rewritten files in the same snapshot (:func:`_without_keys`), or with ``apply_changes``
+   those files and the keys' rows with the epoch's changes applied (:func:`_apply_changes`;
+   the staged change files are only read) -- plus the marker
    and owner properties. So every snapshot a time-travel or incremental reader can pin
    holds whole epochs. pyiceberg's own commit retry is switched off for it: on a conflict
    it rebases an append *without* re-checking duplicates, so two committers of one epoch
@@ -80,15 +82,17 @@ from airflow_seatunnel_ckpt.core.models import EMPTY, PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks import (
     CommitConflict,
     SinkCommit,
+    changes,
     check_merge_keys,
     check_staged_merge_keys,
     markers,
     restored_before,
     retry_conflicts,
     rows_of_keys,
+    staged_parts,
     staged_schema,
 )
-from airflow_seatunnel_ckpt.core.sinks.options import IcebergSinkOptions
+from airflow_seatunnel_ckpt.core.sinks.options import ApplyChanges, IcebergSinkOptions
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, publish_files
 
 log = logging.getLogger(__name__)
@@ -192,7 +196,11 @@ def precheck(request: SinkCommit) -> None:
     drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
     for i in reversed(drop):
         schema = schema.remove(i)
-    if key:
+    apply = _options(request).apply_changes
+    if apply is not None:  # change rows: checked as changes, the table's schema is theirs applied
+        changes.check_staged_changes(request, schema, apply, where)
+        schema = changes.table_schema(apply, schema)
+    elif key:
         check_staged_merge_keys(request, schema, key, where)
     with _catalog(request) as catalog:
         table = load(catalog, identifier)
@@ -209,6 +217,8 @@ def precheck(request: SinkCommit) -> None:
                 f"{where}: the table's marker {markers.marker_keys(request.pipeline, request.sink.sink)['epoch']} "
                 f"is at epoch {committed}, beyond this epoch, and this store commits its epochs in order. Nothing "
                 "was committed. Give this sink its own table, or rename the pipeline or the sink")
+        if apply is not None:
+            changes.check_table(table.schema().column_names, apply, where)
         _check_schema(table, schema, where)
         _check_partitioning(table, request, where)
         _check_key(table.schema().column_names, request, where)
@@ -264,15 +274,20 @@ def _commit(catalog: Catalog, identifier: str, request: SinkCommit, where: str) 
         if table is None:
             if not request.sink.files:  # an empty snapshot of a table that never existed
                 return _published(request, None, EMPTY)
-            table = _create(catalog, identifier, _staged_schema(request, None), request, where)
+            table = _create(catalog, identifier, _table_schema(request, _staged_schema(request, None)), request,
+                            where)
             if _committed_epoch(table, request, where) >= request.epoch:
                 return _published(request, table, ALREADY)
         placed = table_storage(table, request)
-        file_schema = _staged_schema(request, placed) if request.sink.files else None
+        apply = _options(request).apply_changes
+        file_schema = _table_schema(request, _staged_schema(request, placed)) if request.sink.files else None
+        if apply is not None:
+            changes.check_table(table.schema().column_names, apply, where)
         added = _check_schema(table, file_schema, where) if file_schema is not None else []
         _check_partitioning(table, request, where)
         _check_key(table.schema().column_names, request, where)
-        paths = place_files(request, placed)
+        # Applied changes are new rows the commit writes; the staged change files are only read.
+        paths = place_files(request, placed) if apply is None else []
         try:
             how = _commit_once(table, request, placed, paths, file_schema, added, where)
         except (CommitFailedException, CommitStateUnknownException) as exc:
@@ -308,6 +323,12 @@ def _committed_epoch(table: Table, request: SinkCommit, where: str, *, decided: 
     marker = markers.iceberg_marker(props, request, where)
     committed = markers.check_marker(request, markers.Owner.parse(props), marker, where, decided=decided)
     return -1 if committed is None else committed
+
+
+def _table_schema(request: SinkCommit, staged: pa.Schema) -> pa.Schema:
+    """The table's schema for the epoch's staged files: theirs, or that of their changes applied."""
+    apply = _options(request).apply_changes
+    return staged if apply is None else changes.table_schema(apply, staged)
 
 
 def _create(catalog: Catalog, identifier: str, schema: pa.Schema, request: SinkCommit, where: str) -> Table:
@@ -480,18 +501,18 @@ def _commit_once(table: Table, request: SinkCommit, placed: Storage, paths: Sequ
             old: list[DataFile] = []
             rewritten: list[DataFile] = []
             whole = snapshot or (bool(key) and request.sink.full_refresh)
-            if key and replaced:  # a replay's rows: per key the newest replayed epoch's
+            apply = _options(request).apply_changes
+            if key and replaced and apply is None:  # a replay's rows: per key the newest replayed epoch's
                 paths = _last_per_key(view, request, placed, key, where)
-            if key and replaced and not whole:  # the keys the replay touches as before it, then its rows
+            if apply is not None:  # the changes' keys' rows out, their rows with the changes applied in
+                old, rewritten, paths = _apply_changes(tx, view, request, placed, apply, where)
+            elif key and replaced and not whole:  # the keys the replay touches as before it, then its rows
                 old, rewritten, restored = _restore_before(tx, view, request, placed, paths, key, where)
                 paths = [*paths, *restored]
             elif key and not whole:  # upsert: the epoch's rows replace the table's rows of the same keys
                 old, rewritten = _without_keys(tx, view, request, placed, _epoch_keys(view, paths, key, where), key)
             elif whole or replaced:  # every current file (snapshot, full refresh) or the replaced epochs' (replay)
-                current = tx.table_metadata.current_snapshot()
-                old = [entry.data_file for manifest in (current.manifests(view.io) if current else [])
-                       for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)
-                       if whole or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
+                old = _current_files(tx, view, request, whole)
             if not old and not snapshot and not replaced:
                 tx.add_files(list(paths), snapshot_properties=summary, check_duplicate_files=True)
             else:  # one OVERWRITE snapshot: the old files out, their rewrites and the epoch's files in
@@ -511,6 +532,51 @@ def _commit_once(table: Table, request: SinkCommit, placed: Storage, paths: Sequ
                           "was committed. Fix the cause, then retry the commit") from exc
     table.metadata, table.metadata_location = view.metadata, view.metadata_location
     return REPLACED if snapshot or request.sink.replaces else MERGED if key else APPENDED
+
+
+def _current_files(tx: Transaction, view: Table, request: SinkCommit, whole: bool) -> list[DataFile]:
+    """The current data files: every one (``whole``) or the replaced epochs' (a replay)."""
+    current = tx.table_metadata.current_snapshot()
+    replaced = set(request.sink.replaces)
+    return [entry.data_file for manifest in (current.manifests(view.io) if current else [])
+            for entry in manifest.fetch_manifest_entry(view.io, discard_deleted=True)
+            if whole or markers.placed_epoch(entry.data_file.file_path, request) in replaced]
+
+
+def _apply_changes(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, apply: ApplyChanges,
+                   where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
+    """The epoch's changes applied (:mod:`.changes`): the data files holding the changes' keys out
+    (and their rewrites without those keys' rows), the keys' new rows written to files in.
+
+    pyiceberg has no predicated MERGE: the rows the table holds for the keys are read
+    (the files that may hold them, as an upsert finds them), the changes applied to them
+    with pyarrow, and the result written as the epoch's data files. A replay applies the
+    replayed changes to the touched keys' rows as of the epoch before it; a full refresh
+    to an empty table, in place of every current file.
+    """
+    key = list(apply.keys)
+    schema = tx.table_metadata.schema()
+    file_schema = schema_to_pyarrow(schema, include_field_ids=False)
+    parts = [rows for _, rows in staged_parts(request)]
+    for rows in parts:
+        changes.check_changes(rows, apply, where)  # checked at the decision; the staged files are the same
+    rewritten: list[DataFile] = []
+    if request.sink.full_refresh:
+        old = _current_files(tx, view, request, whole=True)
+        held = file_schema.empty_table()
+    elif request.sink.replaces:
+        base = replay_base(view, request, where)
+        now = view.scan().to_arrow()
+        before = view.scan(snapshot_id=base.snapshot_id).to_arrow() if base is not None else now.schema.empty_table()
+        touched, held = changes.restored_before(before, now, changes.keys_of(parts, apply, now.schema), apply)
+        old, rewritten = _without_keys(tx, view, request, placed, touched, key)
+    else:
+        touched = changes.keys_of(parts, apply, file_schema)
+        held = (view.scan(row_filter=create_match_filter(touched, key)).to_arrow() if touched.num_rows
+                and tx.table_metadata.current_snapshot() is not None else file_schema.empty_table())
+        old, rewritten = _without_keys(tx, view, request, placed, touched, key)
+    new = changes.applied(held, parts, apply, file_schema)
+    return old, rewritten, _write_rows(tx, request, placed, new, "applied")
 
 
 def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, keys: pa.Table,
@@ -606,24 +672,37 @@ def _restore_before(tx: Transaction, view: Table, request: SinkCommit, placed: S
     columns = [restored.column(n).cast(f.type) if n in restored.column_names else pa.nulls(restored.num_rows, f.type)
                for n, f in zip(file_schema.names, file_schema, strict=True)]
     restored = pa.Table.from_arrays(columns, schema=file_schema) if restored.num_rows else file_schema.empty_table()
+    return old, rewritten, _write_rows(tx, request, placed, restored, "restored")
+
+
+def _write_rows(tx: Transaction, request: SinkCommit, placed: Storage, rows: pa.Table, prefix: str) -> list[str]:
+    """``rows`` (the table's schema) written to ``<prefix>-<n>-<digest>.parquet`` files in the epoch's placement,
+    one per partition; their URLs.
+
+    Written whole, under a name fixed by the file's bytes: a commit retried after a crash
+    before its catalog commit finds the same file and adds it (rows computed anew from a
+    table changed since get a file of their own; the first is left unreferenced).
+    """
+    schema = tx.table_metadata.schema()
     partition = [schema.find_column_name(f.source_id) or "" for f in tx.table_metadata.spec().fields]
-    groups = restored.select(partition).group_by(partition).aggregate([]).to_pylist() if partition else [{}]
+    groups = rows.select(partition).group_by(partition).aggregate([]).to_pylist() if partition else [{}]
     urls = []
     for n, values in enumerate(sorted(groups, key=repr)):
-        rows = restored
+        part = rows
         for column, value in values.items():
-            rows = rows.filter(pc.is_null(rows.column(column)) if value is None
-                               else pc.equal(rows.column(column), value))
-        if not rows.num_rows:
+            part = part.filter(pc.is_null(part.column(column)) if value is None
+                               else pc.equal(part.column(column), value))
+        if not part.num_rows:
             continue
+        buf = io.BytesIO()
+        pq.write_table(part, buf)
         folder = "/".join(f"{c}={urllib.parse.quote(str(v), safe='')}" for c, v in values.items())
-        path = posixpath.join("data", folder, markers.placement(request), f"restored-{n}.parquet")
+        name = f"{prefix}-{n}-{hashlib.sha256(buf.getvalue()).hexdigest()[:16]}.parquet"
+        path = posixpath.join("data", folder, markers.placement(request), name)
         if not placed.exists(path):
-            buf = io.BytesIO()
-            pq.write_table(rows, buf)
             placed.write_atomic(path, buf.getvalue())
         urls.append(placed.url_of(path))
-    return old, rewritten, urls
+    return urls
 
 
 def _last_per_key(table: Table, request: SinkCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:

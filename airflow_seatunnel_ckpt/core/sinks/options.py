@@ -61,6 +61,9 @@ def _previous_release(data: Any) -> Any:
 
 #: The operations of a change row (``ApplyChanges.operation``), as the PostgreSQL CDC source writes them.
 OPERATIONS = ("insert", "update", "delete")
+#: The change column naming an update's columns whose TOASTed value did not change (NULL in the change):
+#: applying keeps the table's value of those columns; read, never stored.
+UNCHANGED_TOAST = "_unchanged_toast"
 #: The columns an SCD2 table adds to each version of a row: the sequence value that opened it and the one
 #: that closed it (NULL: the key's current version).
 SCD2_COLUMNS = ("__start_at", "__end_at")
@@ -73,7 +76,7 @@ class ApplyChanges(Options):
     changes collapse to the last one per key (by ``sequence_by``); a change whose sequence is
     not above the one the table holds for its key has no effect (out of order, replayed); a
     delete removes the key's row (``scd1``) or closes its current version (``scd2``). The
-    table's columns are the change rows' without ``operation`` and ``except_columns``; an
+    table's columns are the change rows' without ``operation``, ``_unchanged_toast`` and ``except_columns``; an
     ``scd1`` table keeps the ``sequence_by`` columns (the guard reads them), an ``scd2`` table
     adds ``__start_at`` / ``__end_at`` (the first ``sequence_by`` column's values; the others
     only order the changes within one value of it, e.g. ``_seq`` within one ``_lsn``).
@@ -117,7 +120,7 @@ class ApplyChanges(Options):
 
     def table_columns(self, change_columns: list[str]) -> list[str]:
         """The target table's columns for change rows with ``change_columns`` (in their order)."""
-        left_out = {self.operation, *self.except_columns}
+        left_out = {self.operation, UNCHANGED_TOAST, *self.except_columns}
         columns = [c for c in change_columns if c not in left_out]
         return [*columns, *SCD2_COLUMNS] if self.history == "scd2" else columns
 

@@ -69,15 +69,14 @@ from airflow_seatunnel_ckpt.core import layout
 from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks import (
-    UNCHANGED_TOAST,
     SinkCommit,
-    check_staged_changes,
     check_staged_merge_keys,
     markers,
     staged_rows,
     staged_schema,
 )
-from airflow_seatunnel_ckpt.core.sinks.options import SCD2_COLUMNS, ApplyChanges, PostgresSinkOptions
+from airflow_seatunnel_ckpt.core.sinks.changes import check_staged_changes
+from airflow_seatunnel_ckpt.core.sinks.options import SCD2_COLUMNS, UNCHANGED_TOAST, ApplyChanges, PostgresSinkOptions
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
 
 log = logging.getLogger(__name__)
@@ -376,7 +375,7 @@ def _written(schema: pa.Schema, options: PostgresSinkOptions, where: str) -> pa.
     ``sequence_by`` column) and ``epoch_column`` (``bigint``, the epoch)."""
     apply = options.apply_changes
     if apply is not None:
-        kept = set(apply.table_columns(schema.names)) - {UNCHANGED_TOAST}
+        kept = set(apply.table_columns(schema.names))
         bounds = [pa.field(c, schema.field(apply.sequence_by[0]).type) for c in SCD2_COLUMNS
                   if apply.history == "scd2" and apply.sequence_by[0] in schema.names]
         schema = pa.schema([*(f for f in schema if f.name in kept), *bounds])
@@ -769,7 +768,8 @@ def precheck(request: SinkCommit) -> None:
         raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
                           "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
     if options.apply_changes is not None and schema is not None:
-        check_staged_changes(request, schema, options.apply_changes, options.table, where)
+        check_staged_changes(request, schema, options.apply_changes, where)
+        check_staged_merge_keys(request, schema, list(options.merge_keys), where)  # the statements need one per key
     elif options.merge_keys and schema is not None:
         check_staged_merge_keys(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)

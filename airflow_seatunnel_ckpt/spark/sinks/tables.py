@@ -108,6 +108,8 @@ def last_change_per_key(df: DataFrame, apply: ApplyChanges, where: str) -> DataF
         raise ConfigError(f"{where}: apply_changes column(s) {missing} are not in the DataFrame (columns: "
                           f"{df.columns}); write the change rows (e.g. a postgres_cdc source's) or fix the sink's "
                           "apply_changes keys/sequence_by/operation")
+    if not apply.deletes:  # ignored deletes are no change: the change before one is the key's last
+        df = df.where(~F.col(apply.operation).eqNullSafe("delete"))
     last = Window.partitionBy(*apply.keys).orderBy(*[F.col(c).desc_nulls_last() for c in apply.sequence_by])
     rank = "__apply_changes_rank"
     kept = [c for c in df.columns if c not in set(apply.except_columns)]

@@ -130,13 +130,13 @@ def test_scd2_an_unchanged_toasted_column_keeps_the_current_versions_value(tmp_p
 #: kind -> (the table made first or None, the sink's apply_changes, the refused changes, words of the reason)
 APPLY_REFUSALS: dict[str, tuple[str | None, dict[str, Any], pa.Table, list[str]]] = {
     "unknown-operation": (None, {}, changes((5, "e", "upsert", 40, 0)),
-                          ["'_op'", "['upsert']", "insert", "public.orders"]),
-    "null-operation": (None, {}, changes((5, "e", None, 40, 0)), ["'_op'", "['None']"]),
+                          ["'_op'", "'upsert'", "insert", "public.orders"]),
+    "null-operation": (None, {}, changes((5, "e", None, 40, 0)), ["'_op'", "holds None"]),
     "null-key": (None, {}, changes((None, "e", "insert", 40, 0)), ["'id'", "NULL"]),
     "null-sequence": (None, {}, changes((5, "e", "insert", None, 0)), ["'_lsn'", "NULL", "public.orders"]),
     "repeated-key": (None, {}, changes((5, "e", "insert", 40, 0), (5, "f", "update", 41, 0)), ["more than once"]),
     "missing-operation-column": (None, {}, changes((5, "e", "insert", 40, 0)).drop_columns(["_op"]),
-                                 ["['_op']", "lack"]),
+                                 ["['_op']", "not in the epoch's change rows"]),
     "scd1-table-of-a-plain-upsert": ("(id bigint PRIMARY KEY, name text)", {}, changes((5, "e", "insert", 40, 0)),
                                      ["lacks ['_lsn', '_seq']", "plain upsert"]),
     "scd2-table-without-bounds": ("(id bigint PRIMARY KEY, name text, _lsn bigint, _seq integer)",

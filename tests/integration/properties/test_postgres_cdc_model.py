@@ -379,3 +379,118 @@ def test_changes_applied_into_postgres_scd1_and_scd2_sinks_equal_the_source_tabl
     print(f"{len(committed)} committed epochs, runs {campaign.runs}, faults {dict(campaign.faults)}")
     assert set(campaign.faults) >= {"stage", "commit", "replay"}, campaign.faults
     campaign.epoch(spark, rng, "none")  # the next epoch still runs
+
+
+# -- LAKE: the changes applied into Iceberg (scd1) and Delta (scd2) -------------------------
+
+LAKE_CHANGE_COLUMNS = ["_table", "_commit_ts", "_xid", "_unchanged_toast"]
+
+
+def copy_changes_to_lake(ctx: Any, spark: Any) -> None:
+    """Every change row of the epoch into both apply_changes sinks."""
+    changes = ctx.source("changes").read()
+    ctx.sink("current").write(changes)
+    ctx.sink("history").write(changes)
+
+
+class LakeCampaign(Campaign):
+    """:class:`Campaign`'s epochs, kills and replays, into an Iceberg SCD1 and a Delta SCD2 sink of table ``l``."""
+
+    def __init__(self, root: Path, conninfo: str, plan: faults.CrashPlan) -> None:
+        super().__init__(root, conninfo, plan)
+        self.catalog = {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
+
+    def spec(self, run_id: str, attempt: int = 1) -> StageSpec:
+        source = {"type": "postgres_cdc", "conninfo": self.conninfo, "slot": "lake_slot",
+                  "publication": "lake_pub", "tables": ["public.l"], "keep_epochs": 2}
+        apply = {"keys": ["id"], "except_columns": LAKE_CHANGE_COLUMNS}
+        sinks = {"current": {"type": "iceberg", "table": "cdc.l", "catalog_name": "lake", "catalog": self.catalog,
+                             "apply_changes": {**apply, "history": "scd1"}},
+                 "history": {"type": "delta", "path": f"file://{self.root}/delta/l",
+                             "apply_changes": {**apply, "history": "scd2"}}}
+        return StageSpec(pipeline="cdc", participant="ingest", run_id=run_id, attempt=attempt,
+                         stage=f"{__name__}:copy_changes_to_lake", sources={"changes": source}, sinks=sinks,
+                         store=self.store, key_groups=2)
+
+    def current(self) -> set[tuple[Any, ...]]:
+        """The Iceberg SCD1 table's ``(id, v, note)`` rows."""
+        from pyiceberg.catalog import load_catalog
+
+        catalog = load_catalog("lake", **self.catalog)
+        try:
+            rows = catalog.load_table("cdc.l").scan().to_arrow().to_pylist()
+        finally:
+            catalog.engine.dispose()  # type: ignore[attr-defined]
+        return {(r["id"], r["v"], r["note"]) for r in rows}
+
+    def history(self) -> dict[int, list[tuple[Any, ...]]]:
+        """The Delta SCD2 table's versions per id: ``(v, note, __start_at, __end_at)`` by ``__start_at``."""
+        from deltalake import DeltaTable
+
+        versions: dict[int, list[tuple[Any, ...]]] = {}
+        for r in DeltaTable(f"{self.root}/delta/l").to_pyarrow_table().to_pylist():
+            versions.setdefault(r["id"], []).append((r["v"], r["note"], r["__start_at"], r["__end_at"]))
+        return {k: sorted(v, key=lambda x: x[2]) for k, v in versions.items()}
+
+
+def test_changes_applied_over_killed_and_replayed_epochs_keep_the_scd1_table_equal_to_the_source_and_scd2_its_versions(
+        spark: Any, tmp_path: Path, postgres_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(SEED + 7)
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        db.execute("CREATE TABLE l (id int PRIMARY KEY, v int, note text)")
+        db.execute("INSERT INTO l SELECT g, g, 'seed' FROM generate_series(0, 9) g")
+        campaign = LakeCampaign(tmp_path, postgres_db, faults.install(monkeypatch))
+        source: dict[int, tuple[Any, ...]] = {i: (i, "seed") for i in range(10)}
+        #: The committed versions per id, as the source table held them after each committed epoch.
+        versions: dict[int, list[tuple[Any, ...]]] = {}
+        touched: set[int] = set(source)  # the first epoch's snapshot
+        schedule = ["none", "stage", "commit", "abandon", "replay", "none", "commit", "replay"]
+        schedule += [rng.choice(["none", "stage", "abandon", "commit", "replay"]) for _ in range(RUNS)]
+        committed = dict(source)  # the source table as of the newest committed epoch's pinned LSN
+        for fault in schedule:
+            if fault == "replay":
+                campaign.replay(spark)
+            else:
+                before = set(campaign.pipeline.txlog.epochs())
+                campaign.epoch(spark, rng, fault)
+                new = [e for e in campaign.pipeline.txlog.epochs() if e not in before]
+                if new and campaign.pipeline.state(new[-1]) is EpochState.COMMITTED:
+                    for key in sorted(touched):  # the epoch's last change per key: a version, or the end of one
+                        open_ = versions.setdefault(key, [])
+                        if key in source:
+                            open_.append(source[key])
+                        elif open_ and open_[-1] is not None:
+                            open_.append(None)
+                    touched, committed = set(), dict(source)
+            # After each epoch: the SCD1 table is the source table as of the newest committed epoch's pinned
+            # LSN (no change is made while an epoch runs), both differences empty; the SCD2 table holds the
+            # committed versions, each closed where the next one (or the key's delete) begins.
+            table = {(k, *v) for k, v in committed.items()}
+            found = campaign.current()
+            assert found - table == set() and table - found == set(), fault
+            history = campaign.history()
+            assert set(history) == {k for k, v in versions.items() if any(x is not None for x in v)}, fault
+            for key, expected in versions.items():
+                got = history.get(key, [])
+                assert [(v, n) for v, n, _, _ in got] == [v for v in expected if v is not None], (fault, key)
+                assert all(got[i][3] is not None and got[i][3] <= got[i + 1][2] for i in range(len(got) - 1))
+                assert not got or (got[-1][3] is None) == (key in committed), (fault, key)
+            for _ in range(rng.randint(1, 6)):  # changes between epochs, in small transactions
+                key = rng.randrange(14)
+                if rng.random() < 0.3:
+                    if key in source:
+                        db.execute("DELETE FROM l WHERE id = %s", (key,))
+                        source.pop(key)
+                        touched.add(key)
+                else:
+                    value = (rng.randrange(1000), rng.choice(["x", None, "y"]))
+                    db.execute("INSERT INTO l VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE SET v = excluded.v, "
+                               "note = excluded.note", (key, *value))
+                    source[key] = value
+                    touched.add(key)
+            # The next plan pins the flushed WAL position: the changes are in it once flushed.
+            written = db.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+            while not db.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (written,)).fetchone()[0]:
+                time.sleep(0.05)
+    print(f"{campaign.runs} runs, faults {dict(campaign.faults)}")
+    assert set(campaign.faults) >= {"stage", "commit", "replay"}, campaign.faults
