@@ -44,6 +44,9 @@ class DbPipeline:
         pipeline.commit(result.epoch)
         return result
 
+    def store_pipeline(self) -> Any:
+        return CheckpointStore(CheckpointConfig.from_mapping(self.store)).pipeline("db")
+
     def rows(self, epoch: int) -> list[dict[str, Any]]:
         files = sorted((self.root / "out").glob(f"epoch={epoch}/*.parquet"))
         return [r for f in files for r in pq.read_table(f).to_pylist()]
@@ -93,3 +96,20 @@ def test_a_dropped_slot_fails_the_epoch_before_its_prepare_and_a_snapshot_epoch_
         lake.epoch(spark)
     pipeline = CheckpointStore(CheckpointConfig.from_mapping(lake.store)).pipeline("db")
     assert all(pipeline.state(e) is not EpochState.PREPARED for e in pipeline.txlog.epochs())
+
+
+def cdc_epochs(spark: Any, root: Path, postgres_db: str) -> DbPipeline:
+    """Pipeline ``db``: epoch 1 reads the snapshot of ``orders`` (2 rows), epoch 2 its changes (2 inserts,
+    1 update, 1 delete), both committed through a real stage into a file sink."""
+    db = psycopg.connect(postgres_db, autocommit=True)
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2))")
+    db.execute("INSERT INTO orders VALUES (1, 1.50), (2, 2.50)")
+    lake = DbPipeline(root, {"type": "postgres_cdc", "conninfo": postgres_db, "slot": "orders_slot",
+                             "publication": "orders_pub", "tables": ["public.orders"]})
+    lake.epoch(spark)
+    db.execute("INSERT INTO orders VALUES (3, 3), (4, 4)")
+    db.execute("UPDATE orders SET amount = 5 WHERE id = 1")
+    db.execute("DELETE FROM orders WHERE id = 2")
+    wait_flushed(db)
+    lake.epoch(spark)
+    return lake

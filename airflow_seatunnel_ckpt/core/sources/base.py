@@ -126,6 +126,12 @@ class Source(ABC):
             "reads exactly the input it pinned, so it cannot read this; abort the epoch (the next one plans "
             "the input as it is now) or restore the input as it was")
 
+    def read_figures(self) -> dict[str, Any]:
+        """What the last read counted beyond its offsets (a CDC read's changes by operation), recorded
+        with the epoch's consumed offsets so that ``show`` and the Checkpoints page give them; ``{}``
+        by default. Never part of the position: a plan reads only the offsets it pinned."""
+        return {}
+
     def read_exactly(self) -> None:
         """From now on, read exactly the pinned input or fail, whatever options allow skipping
         part of it (a replay with fewer rows would replace committed output)."""

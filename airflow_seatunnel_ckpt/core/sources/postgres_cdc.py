@@ -7,7 +7,8 @@ An epoch's offsets (JSON, pinned in the log before the stage reads)::
      "start": <LSN>, "end": <LSN>,          # the transactions read: commit LSN in [start, end)
      "lsns": "0/16F4B80..0/16F5FB0",        # the same, as PostgreSQL prints LSNs
      "snapshot": "<exported snapshot>" | None,   # the first epoch: the tables as of ``start``
-     "lag_bytes": <int>}                    # the WAL the slot keeps behind ``end`` when planned
+     "lag_bytes": <int>,                    # the WAL the slot keeps behind ``end`` when planned
+     "changes": {"insert": n, "update": n, "delete": n}}   # counted by the read, recorded when prepared
 
 ``end`` is the position: the next epoch starts there. The plan pins ``end`` as the server's
 flush LSN (decoding sees only flushed WAL); the read asks the slot for the changes up to it
@@ -185,6 +186,20 @@ def pinned(options: PostgresCdcSourceOptions, server: ServerState, start: int, e
     return {"slot": options.slot, "publication": options.publication, "tables": sorted(server.tables or []),
             "system_id": server.system_id, "database": server.database, "start": start, "end": end,
             "lsns": f"{lsn_text(start)}..{lsn_text(end)}", "snapshot": snapshot, "lag_bytes": lag_bytes}
+
+
+def describe(offsets: Mapping[str, Any]) -> str | None:
+    """An epoch's CDC input for people (``show``, the Checkpoints page): its LSN range as PostgreSQL
+    prints LSNs, its change counts by operation (as its read counted them) and the slot's lag when
+    it was planned; None for offsets of another source (or of an epoch that did not read it)."""
+    if offsets.get("lsns") is None:
+        return None
+    text = f"LSN {offsets['lsns']}" + (" with the snapshot" if offsets.get("snapshot") else "")
+    counts = offsets.get("changes")
+    if isinstance(counts, Mapping):
+        text += ", " + ", ".join(f"{counts.get(op, 0)} {op}{'' if counts.get(op, 0) == 1 else 's'}" for op in OPS)
+    lag = offsets.get("lag_bytes")
+    return text + (f", slot lag {lag} bytes" if lag is not None else "")
 
 
 def in_range(change: Change, start: int, end: int) -> bool:

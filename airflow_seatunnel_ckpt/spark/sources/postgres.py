@@ -29,7 +29,7 @@ from airflow_seatunnel_ckpt.core.sources.options import (
     PostgresQuerySourceOptions,
     constructor_signature,
 )
-from airflow_seatunnel_ckpt.core.sources.pgoutput import Column, Decoder, spark_type, typed_value
+from airflow_seatunnel_ckpt.core.sources.pgoutput import OPS, Column, Decoder, spark_type, typed_value
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
 from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery
 from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
@@ -70,6 +70,8 @@ class PostgresCdcSource(Source):
         super().__init__(name)
         self.options: PostgresCdcSourceOptions = _options(PostgresCdcSourceOptions, name, options)
         self.cdc = PostgresCdc(self.options, f"postgres_cdc source {name!r} (slot {self.options.slot!r})")
+        #: The last read's rows by ``_op`` (snapshot rows are inserts), for :meth:`read_figures`.
+        self.changes: dict[str, int] | None = None
 
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The LSN range after the committed position; the first epoch creates the slot (and its snapshot)."""
@@ -88,6 +90,10 @@ class PostgresCdcSource(Source):
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
 
+    def read_figures(self) -> dict[str, Any]:
+        """The last read's change counts by operation (``{"changes": {"insert": n, ...}}``)."""
+        return {} if self.changes is None else {"changes": dict(self.changes)}
+
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the pinned range's changes (and the first epoch's snapshot rows), ordered by (_lsn, _seq)."""
         decoder = Decoder()
@@ -105,6 +111,9 @@ class PostgresCdcSource(Source):
                              "_unchanged_toast": change.unchanged or None})
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
+        self.changes = dict.fromkeys(OPS, 0)
+        for row in rows:
+            self.changes[row["_op"]] += 1
         # Columns a relation message named (added since the catalog was read) count too.
         for relation in decoder.relations.values():
             known = {c.name for c in by_table.get(relation.table, [])}
