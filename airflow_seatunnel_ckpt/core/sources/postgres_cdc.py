@@ -27,8 +27,9 @@ The first epoch creates the slot through the replication protocol with ``SNAPSHO
 'export'``: the exported snapshot shows the tables exactly as of the slot's consistent
 point, where the stream starts, so no change is missed or read twice between snapshot and
 stream. The snapshot lives as long as the connection that exported it (held by the
-process that planned the epoch); a retry in another process cannot read it and fails, and
-the next epoch takes a new snapshot with a new slot (no committed epoch used the old one).
+process that planned the epoch); a retry in another process cannot read it, so it plans the
+first epoch again (:meth:`PostgresCdc.repin`): no committed epoch read the slot, so the slot
+is created again with a new snapshot, and the attempt records the new offsets as consumed.
 """
 
 from __future__ import annotations
@@ -313,20 +314,42 @@ class PostgresCdc:
             self.ensure_publication(conn)
             server = self.server(conn)
             if last_position(history) is None:
-                if self.options.tables and server.tables != self.options.tables:
-                    raise CdcError(f"{self.where}: the publication {self.options.publication!r} publishes "
-                                   f"{server.tables}, the source's tables are {self.options.tables}; make them the "
-                                   "same (ALTER PUBLICATION ... SET TABLE ..., or the source's 'tables')")
-                if server.slot is not None and not self.options.snapshot:
-                    start, snapshot = server.slot.confirmed_flush or server.flush_lsn, None  # a slot given
-                else:
-                    start, snapshot = self.create_slot(conn, server)
-                    server = self.server(conn)
-                return pinned(self.options, server, start, max(start, server.flush_lsn), snapshot, 0)
+                return self._first(conn, server)
             offsets = plan_range(history, server, self.options, self.where)
             self.release_export()
             self.advance(conn, server.slot, released_to(history, self.options.keep_epochs))
             return offsets
+
+    def _first(self, conn: Any, server: ServerState) -> dict[str, Any]:
+        """The first epoch's offsets: a new slot and snapshot (or, with ``snapshot: false``, a slot given)."""
+        if self.options.tables and server.tables != self.options.tables:
+            raise CdcError(f"{self.where}: the publication {self.options.publication!r} publishes "
+                           f"{server.tables}, the source's tables are {self.options.tables}; make them the "
+                           "same (ALTER PUBLICATION ... SET TABLE ..., or the source's 'tables')")
+        if server.slot is not None and not self.options.snapshot:
+            start, snapshot = server.slot.confirmed_flush or server.flush_lsn, None  # a slot given
+        else:
+            start, snapshot = self.create_slot(conn, server)
+            server = self.server(conn)
+        return pinned(self.options, server, start, max(start, server.flush_lsn), snapshot, 0)
+
+    def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The first epoch planned again when its pinned snapshot was exported by another process (gone
+        with it): the slot, which no committed epoch read, is created again with a new snapshot, and the
+        new offsets replace the pinned ones for this attempt (the caller makes sure no attempt of the
+        epoch prepared). None when the pinned offsets can be read here (no snapshot, or this process's)."""
+        name = offsets.get("snapshot")
+        if not name or self.exported.get(self._export_key, ("", None))[0] == name:
+            return None
+        with self.connect() as conn:
+            server = self.server(conn)
+            if (str(offsets["system_id"]), str(offsets["database"])) != (server.system_id, server.database):
+                check_identity(offsets, server, self.where, start=None)  # names the server it found
+            log.warning("%s: the snapshot %s the first epoch pinned (the tables as of LSN %s) was exported by "
+                        "the process that planned the epoch and is gone with it; no committed epoch read the slot, "
+                        "so this attempt creates it again with a new snapshot and reads that", self.where, name,
+                        lsn_text(int(offsets["start"])))
+            return self._first(conn, server)
 
     def check(self, offsets: Mapping[str, Any]) -> None:
         """The identity check of :func:`check_identity` against the server now (before a read or a replay)."""
@@ -355,8 +378,8 @@ class PostgresCdc:
             raise CdcError(
                 f"{self.where}: the snapshot {name} the first epoch pinned (the tables as of LSN "
                 f"{lsn_text(int(offsets['start']))}) was exported by the process that planned the epoch and is "
-                "gone with it, so this attempt cannot read it. Abort the epoch (its sensor's timeout does): the "
-                "next epoch creates the slot again with a new snapshot")
+                "gone with it, so this attempt cannot read it. Retry the stage: a retry that finds no snapshot "
+                "of its own before it reads creates the slot again with a new one (nothing was prepared)")
         with self.connect() as conn:
             conn.autocommit = False
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")

@@ -80,6 +80,13 @@ class PostgresCdcSource(Source):
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
 
+    def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The first epoch's slot and snapshot made again when the pinned snapshot was another process's."""
+        try:
+            return self.cdc.repin(offsets)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+
     def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
         """Refuse unless the slot still holds every change of the pinned range (a snapshot is never read twice)."""
         if offsets.get("snapshot"):
