@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.sinks.base import SECRET_RESOLVERS
 from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresSourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     OPS,
@@ -62,6 +63,21 @@ RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_repl
               "the tables whole (a replay cannot: the first epoch's snapshot is not kept)")
 
 
+def conninfo(options: PostgresSourceOptions, where: str, error: type[CheckpointError]) -> str:
+    """The libpq connection string of a PostgreSQL source: its ``conninfo``, or what the secret resolvers the
+    sinks share (the Airflow layer registers one: :mod:`airflow_seatunnel_ckpt.hooks.postgres_connection`) make
+    of its ``postgres_conn_id``, so that the password is read where the source connects and never stored."""
+    if options.conninfo:
+        return options.conninfo
+    for resolve in SECRET_RESOLVERS:
+        found = resolve(options.to_dict()).get("conninfo")
+        if found:
+            return str(found)
+    raise error(f"{where}: the source names the Airflow connection {options.postgres_conn_id!r}, but nothing here "
+                "reads Airflow connections; run the stage where the Airflow layer is imported (SparkStageOperator "
+                "in this process, or through Spark Connect), or give the source a conninfo without a password")
+
+
 @contextmanager
 def connect(options: PostgresSourceOptions, where: str, error: type[CheckpointError]) -> Iterator[Any]:
     """An autocommit connection of a PostgreSQL source with its bounded waits (psycopg 3); a
@@ -70,7 +86,7 @@ def connect(options: PostgresSourceOptions, where: str, error: type[CheckpointEr
     import psycopg
 
     try:
-        conn = psycopg.connect(options.conninfo, autocommit=True, connect_timeout=30,
+        conn = psycopg.connect(conninfo(options, where, error), autocommit=True, connect_timeout=30,
                                application_name="seatunnel-ckpt-source")
     except psycopg.OperationalError as exc:
         raise error(f"{where}: cannot connect to PostgreSQL: {str(exc).strip()}; check the connection and "
@@ -281,7 +297,8 @@ class PostgresCdc:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (self.options.slot,))
         export = "export" if self.options.snapshot else "nothing"
         try:
-            repl = psycopg2.connect(self.options.conninfo, connect_timeout=30, application_name="seatunnel-ckpt-source",
+            repl = psycopg2.connect(conninfo(self.options, self.where, CdcError), connect_timeout=30,
+                                    application_name="seatunnel-ckpt-source",
                                     connection_factory=psycopg2.extras.LogicalReplicationConnection)
             cur = repl.cursor()
             cur.execute(f"CREATE_REPLICATION_SLOT \"{self.options.slot}\" LOGICAL pgoutput (SNAPSHOT '{export}')")
@@ -298,7 +315,7 @@ class PostgresCdc:
 
     @property
     def _export_key(self) -> tuple[str, str]:
-        return (self.options.conninfo, self.options.slot)
+        return (self.options.database, self.options.slot)
 
     def release_export(self) -> None:
         """Close the connection holding the source's exported snapshot, if any (its epoch read it)."""
