@@ -149,9 +149,21 @@ class PostgresQuerySource(Source):
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
 
-    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
-        """The rows of the pinned range, with the table's columns as they are now."""
+    def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
+        """A replay's check: the same table, and as many rows in the pinned range as when it was planned."""
         try:
+            return self.query.pinned_gone(offsets, rows=True)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """The rows of the pinned range, with the table's columns as they are now (refused when the table
+        is another one under the name)."""
+        try:
+            gone = self.query.pinned_gone(offsets, rows=False)
+            if gone:
+                raise SourceError(f"{self.where}: {gone[0]}. The epoch reads exactly the range it pinned of the "
+                                  "table it planned; abort the epoch (the next one plans the table as it is now)")
             with self.query.connect() as conn:
                 columns = self.query.columns(conn)
             types = [spark_type(c.type_oid, c.type_modifier) for c in columns]
