@@ -39,7 +39,7 @@ import json
 import os
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 from airflow_seatunnel_ckpt.cli_common import (
@@ -58,11 +58,12 @@ from airflow_seatunnel_ckpt.cli_common import (
 )
 from airflow_seatunnel_ckpt.core import Decision, EpochState, codec, layout
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
-from airflow_seatunnel_ckpt.core.models import CommitResult, PublishedSink
+from airflow_seatunnel_ckpt.core.models import CommitResult, PreparedRecord, PublishedSink
 from airflow_seatunnel_ckpt.core.protocol import epoch_index
 from airflow_seatunnel_ckpt.core.protocol.epoch_index import EpochSummary
 from airflow_seatunnel_ckpt.core.protocol.expectations import describe as describe_expectation
 from airflow_seatunnel_ckpt.core.protocol.expectations import summary as expectation_summary
+from airflow_seatunnel_ckpt.core.sources.postgres_cdc import describe as describe_cdc_input
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
@@ -157,6 +158,18 @@ def _state_if_readable(p: StoredPipeline, epoch: int) -> str:
         return "UNKNOWN"
 
 
+def source_input(prepared: Iterable[PreparedRecord]) -> dict[str, str]:
+    """Per source, what the epoch read, for people: a CDC source's LSN range, its changes by
+    operation and the slot's lag (sources whose offsets say nothing readable are left out)."""
+    out: dict[str, str] = {}
+    for record in prepared:
+        for name, source in sorted(record.sources.items()):
+            text = describe_cdc_input(source.offsets)
+            if text is not None:
+                out[name] = text
+    return out
+
+
 def epoch_entry(p: StoredPipeline, epoch: int,
                 summary: EpochSummary | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """One epoch's ``--json`` entry and table row, from the epoch index's ``summary`` of it or its
@@ -172,7 +185,7 @@ def epoch_entry(p: StoredPipeline, epoch: int,
     logical_date = s.begin.logical_date if s.begin else ""
     rows = s.rows_per_sink()
     data = {**s.to_dict(), "logical_date": logical_date or None, "rows": rows,
-            "expectations": expectation_summary(s.prepared.values())}
+            "expectations": expectation_summary(s.prepared.values()), "input": source_input(s.prepared.values())}
     row = {"epoch": s.epoch, "state": s.state.value, "logical_date": logical_date or "-", "run_id": s.run_id,
            "participants": ",".join(f"{k}@{v.attempt}" for k, v in sorted(s.prepared.items())) or "-",
            "rows": ",".join(f"{sink}={n}" for sink, n in rows.items()) or "-",
@@ -230,8 +243,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         published = status.published
         rules = expectation_summary(status.prepared.values())
-        data = {"status": status.to_dict(), "expectations": rules}
+        read = source_input(status.prepared.values())
+        data = {"status": status.to_dict(), "expectations": rules, "input": read}
         lines = [f"pipeline {p.name} epoch {args.epoch}: {status.state.value} (run {status.run_id})"]
+        lines += [f"  input {name}: {text}" for name, text in read.items()]
         lines += [f"  expectation {describe_expectation(rule)}" for rule in rules]
         actions = p.txlog.actions(args.epoch)  # the audit trail: skip-sink, replay ...
         data["actions"] = [{"name": a.name, **a.record.to_dict(),

@@ -1,8 +1,9 @@
-"""The PostgreSQL sink's connection string from an Airflow Postgres connection, when a commit runs.
+"""The PostgreSQL sink's and sources' connection string from an Airflow Postgres connection, when used.
 
-A PostgreSQL sink names a connection in ``postgres_conn_id``; only that name is stored in
-the checkpoint store. When the branch task checks the epoch, or the commit task (the
-recovery DAG, the console inside an Airflow environment) commits it,
+A PostgreSQL sink or source names a connection in ``postgres_conn_id``; only that name is
+stored in the checkpoint store. When the stage task's process plans or reads a source, the
+branch task checks the epoch, or the commit task (the recovery DAG, the console inside an
+Airflow environment) commits it,
 :func:`postgres_secrets` reads the connection and turns it into a libpq connection string
 the way the Postgres provider's ``PostgresHook.get_conn`` reads it: ``host``, ``port``,
 ``login`` -> ``user``, ``password``, ``schema`` -> ``dbname``, and the extras that are libpq
@@ -43,18 +44,25 @@ def postgres_conninfo(conn: Connection) -> str:
     return make_conninfo("", **params)
 
 
+#: The options' types that name a PostgreSQL connection: the sink and both PostgreSQL sources.
+POSTGRES_TYPES = {"postgres": "sink", "postgres_cdc": "source", "postgres_query": "source"}
+
+
 def postgres_secrets(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The resolver: ``{"conninfo": ...}`` of a PostgreSQL sink's ``postgres_conn_id`` (none without one)."""
+    """The resolver: ``{"conninfo": ...}`` of a PostgreSQL sink's or source's ``postgres_conn_id`` (none
+    without one)."""
     conn_id = options.get("postgres_conn_id")
-    if options.get("type") != "postgres" or not conn_id:
+    kind = POSTGRES_TYPES.get(str(options.get("type")))
+    if kind is None or not conn_id:
         return {}
     try:
         conn = BaseHook.get_connection(str(conn_id))
     except AirflowNotFoundException:
+        where, tasks = (f"PostgreSQL sink of table {options.get('table')!r}", "the branch and commit tasks") \
+            if kind == "sink" else (f"{options.get('type')} source", "the stage task")
         raise ConfigError(
-            f"PostgreSQL sink of table {options.get('table')!r}: its postgres_conn_id {conn_id!r} is not an Airflow "
-            "connection here; define it (UI, CLI or AIRFLOW_CONN_<ID>) where the branch and commit tasks run, "
-            "then retry") from None
+            f"{where}: its postgres_conn_id {conn_id!r} is not an Airflow connection here; define it (UI, CLI or "
+            f"AIRFLOW_CONN_<ID>) where {tasks} run, then retry") from None
     return {"conninfo": postgres_conninfo(conn)}
 
 

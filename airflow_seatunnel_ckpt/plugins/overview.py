@@ -45,6 +45,8 @@ class EpochRow:
     damaged: str = ""  #: the damaged record's message (naming the file)
     #: Each sink rule's counts (``core.protocol.expectations.summary``): the failing fraction per rule.
     expectations: list[dict[str, Any]] = field(default_factory=list)
+    #: Per source, what the epoch read, as ``show`` gives it (a CDC source's LSN range, changes, slot lag).
+    input: dict[str, str] = field(default_factory=dict)
 
     @property
     def abortable(self) -> bool:
@@ -76,6 +78,7 @@ def epoch_row(p: StoredPipeline, epoch: int, summary: EpochSummary | None = None
     row.dag_id = summary.begin.dag_id if summary.begin else ""
     row.rows = dict(data.get("rows") or {})
     row.expectations = list(data.get("expectations") or [])
+    row.input = dict(data.get("input") or {})
     row.files = summary.files_per_sink()
     row.checkpoint_bytes = summary.checkpoint_bytes
     row.submissions = [_describe_submission(record, ended, summary.state) for record, ended in summary.submissions]

@@ -320,10 +320,18 @@ def _fixed_offsets(
         src.earlier_plans = functools.partial(_first_pinned_plan, pipeline, spec.participant, name, epoch)
 
     fixed = pipeline.pin_inputs(epoch, spec.participant, spec.attempt, make_plan)
-    return {
+    offsets = {
         name: dict(fixed[name]) if name in fixed else src.plan_from(base, epoch)
         for name, src in sources.items()
     }
+    # A pinned input only its planning process could read is planned again (Source.repin), but
+    # only while nothing is prepared: a prepared attempt's record names what the epoch read.
+    if pipeline.txlog.read_prepared(epoch, spec.participant) is None:
+        for name, src in sources.items():
+            repinned = src.repin(offsets[name])
+            if repinned is not None:
+                offsets[name] = repinned
+    return offsets
 
 
 def _first_pinned_plan(pipeline: Pipeline, participant: str, source: str, before: int) -> dict[str, Any] | None:

@@ -1066,3 +1066,24 @@ def test_a_damaged_decision_shows_as_damaged_in_pipelines_epochs_and_verify(cli:
     assert code == 1
     assert out.splitlines()[:2] == ["epoch 1: ok", "epoch 2: DAMAGED"]
     assert orders.storage.describe_path(damaged) in out.splitlines()[2]
+
+
+@pytest.mark.spark
+def test_show_gives_a_cdc_epochs_lsn_range_its_changes_by_operation_and_the_slots_lag(
+        spark: Any, tmp_path: Path, postgres_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.spark.test_postgres_sources import cdc_epochs
+
+    lake = cdc_epochs(spark, tmp_path, postgres_db)
+    offsets = lake.store_pipeline().txlog.read_prepared(2, "ingest").sources["db"].offsets
+    assert offsets["changes"] == {"insert": 2, "update": 1, "delete": 1}  # counted where the rows were read
+
+    assert main(["--store", lake.store["storage_url"], "show", "db", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == (f"  input db: LSN {offsets['lsns']}, 2 inserts, 1 update, 1 delete, "
+                        f"slot lag {offsets['lag_bytes']} bytes")
+    assert offsets["lsns"].count("/") == 2 and offsets["lag_bytes"] > 0
+    assert main(["--store", lake.store["storage_url"], "show", "db", "1"]) == 0
+    assert "  input db: LSN " in capsys.readouterr().out.splitlines()[1]
+    assert main(["--store", lake.store["storage_url"], "--json", "show", "db", "1"]) == 0
+    first = json.loads(capsys.readouterr().out)["input"]["db"]
+    assert "with the snapshot, 2 inserts, 0 updates, 0 deletes" in first

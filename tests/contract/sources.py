@@ -261,8 +261,81 @@ class KafkaSourceContext(SourceContext):
         self.broker.produce(self.topic, [(i % 2, b"k%d" % i, b"%d" % (i + 1000)) for i in self.produced])
 
 
+# -- CDCOPS: the PostgreSQL sources, each in a database of its own on the session's server -------------
+class PostgresQuerySourceContext(SourceContext):
+    """A PostgreSQL table read by its growing ``id`` (``postgres_query``)."""
+
+    name = "postgres_query"
+
+    def __init__(self, root: Path, request: pytest.FixtureRequest) -> None:
+        super().__init__(root, request)
+        self.conninfo: str = request.getfixturevalue("postgres_db")
+        self.create()
+
+    def sql(self, *statements: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)
+
+    def create(self) -> None:
+        self.sql("CREATE TABLE events (id bigint PRIMARY KEY)")
+
+    def options(self, permissive: bool) -> dict[str, Any]:
+        return {"type": "postgres_query", "conninfo": self.conninfo, "table": "public.events",
+                "incremental_column": "id"}
+
+    def add(self, ids: Sequence[int]) -> None:
+        self.sql(*(f"INSERT INTO events VALUES ({int(i)})" for i in ids))
+
+    def remove(self) -> None:
+        """Every row deleted."""
+        self.sql("DELETE FROM events")
+
+    def replace(self) -> None:
+        """The table dropped and created again under its name, with other rows."""
+        self.sql("DROP TABLE events", "CREATE TABLE events (id bigint PRIMARY KEY)",
+                 "INSERT INTO events SELECT g + 1000 FROM generate_series(1, 2) g")
+
+
+class PostgresCdcSourceContext(PostgresQuerySourceContext):
+    """A PostgreSQL table's changes through a logical replication slot (``postgres_cdc``); its ids are
+    inserts (the rows before the first epoch: its snapshot)."""
+
+    name = "postgres_cdc"
+
+    def create(self) -> None:
+        self.slot = f"contract_{uuid.uuid4().hex[:8]}"
+        super().create()
+
+    def options(self, permissive: bool) -> dict[str, Any]:
+        return {"type": "postgres_cdc", "conninfo": self.conninfo, "slot": self.slot, "publication": self.slot,
+                "tables": ["public.events"]}
+
+    def add(self, ids: Sequence[int]) -> None:
+        import psycopg
+
+        from tests.core.sources.test_postgres_cdc import flushed
+
+        super().add(ids)
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            flushed(conn)  # decoding sees only flushed WAL
+
+    def remove(self) -> None:
+        """The slot dropped: every change it held is gone."""
+        self.sql(f"SELECT pg_drop_replication_slot('{self.slot}')")
+
+    def replace(self) -> None:
+        """The slot dropped and created again under its name, and other rows in the table."""
+        self.remove()
+        self.sql(f"SELECT pg_create_logical_replication_slot('{self.slot}', 'pgoutput')", "DELETE FROM events",
+                 "INSERT INTO events SELECT g + 1000 FROM generate_series(1, 2) g")
+
+
 SOURCES: dict[str, type[SourceContext]] = {c.name: c for c in (
-    FileSourceContext, IcebergSourceContext, DeltaSourceContext, PipelineOutputContext, KafkaSourceContext)}
+    FileSourceContext, IcebergSourceContext, DeltaSourceContext, PipelineOutputContext, KafkaSourceContext,
+    PostgresQuerySourceContext, PostgresCdcSourceContext)}
 
 
 class Reads:

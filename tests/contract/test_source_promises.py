@@ -1,7 +1,8 @@
 """Promises every source keeps, each parametrised over every source's context.
 
-Files, an Iceberg table, a Delta table, another pipeline's output and a Kafka topic (on
-the session's broker), each read by a downstream pipeline through the Spark stage runtime:
+Files, an Iceberg table, a Delta table, another pipeline's output, a Kafka topic (on the
+session's broker) and a PostgreSQL table read by query and by change data capture (on the
+session's server), each read by a downstream pipeline through the Spark stage runtime:
 
 - every input row is read once across epochs, and an aborted epoch's input is read again
   by the next one;

@@ -67,3 +67,57 @@ def test_a_postgres_sinks_target_is_an_asset_uri_the_postgres_provider_accepts()
     assert sink_asset("p", "o", by_conninfo.target_url).uri == "postgres://db.example:6432/shop/serving/orders"
     assert sink_asset("p", "o", by_url.target_url).uri == "postgres://db:5432/shop/public/orders"
     assert sink_asset("p", "o", by_conn.target_url).uri == "postgres://warehouse:5432/default/serving/orders"
+
+
+def test_postgres_conn_id_supplies_the_database_of_both_postgresql_sources_and_is_all_they_record(
+        postgres_server: PostgresServer, postgres_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.core.options import checked
+    from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresQuerySourceOptions
+    from airflow_seatunnel_ckpt.core.sources.pgoutput import Decoder
+    from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
+    from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery
+    from tests.core.sources.test_postgres_cdc import flushed
+
+    dbname = conninfo_to_dict(postgres_db)["dbname"]
+    with psycopg.connect(postgres_db, autocommit=True) as conn:
+        conn.execute("CREATE ROLE reader LOGIN REPLICATION PASSWORD 'the-source-pw'")
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, amount int)")
+        conn.execute("INSERT INTO orders VALUES (1, 10)")
+        conn.execute("ALTER TABLE orders OWNER TO reader")
+        conn.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO reader')  # its publication
+    monkeypatch.setenv("AIRFLOW_CONN_SHOP_PG", json.dumps({
+        "conn_type": "postgres", "host": postgres_server.host, "port": postgres_server.port, "login": "reader",
+        "password": "the-source-pw", "schema": dbname, "extra": {"sslmode": "disable"}}))
+    cdc = checked(PostgresCdcSourceOptions, {"type": "postgres_cdc", "postgres_conn_id": "shop_pg", "slot": "shop",
+                                             "publication": "shop", "tables": ["public.orders"]}, "test")
+    query = checked(PostgresQuerySourceOptions, {"type": "postgres_query", "postgres_conn_id": "shop_pg",
+                                                 "table": "public.orders", "incremental_column": "id"}, "test")
+
+    source = PostgresCdc(cdc, "postgres_cdc source 'shop'")
+    first = source.plan([])
+    with psycopg.connect(postgres_db, autocommit=True) as conn:
+        assert conn.execute("SELECT usename FROM pg_stat_activity WHERE application_name = "
+                            "'seatunnel-ckpt-source' AND usename = 'reader'").fetchall()  # the exporter, as reader
+        conn.execute("INSERT INTO orders VALUES (2, 20)")
+        flushed(conn)
+    second = source.plan([{"epoch": 1, "offsets": first}])
+    assert [(c.op, c.values["id"]) for c in source.changes(second, Decoder())] == [("insert", "2")]
+    reader = PostgresQuery(query, "postgres_query source 'shop'")
+    with reader.connect() as conn:
+        columns = reader.columns(conn)
+    assert sorted(row[0] for row in reader.rows(reader.plan([]), columns)) == ["1", "2"]
+    recorded = json.dumps([cdc.to_dict(), query.to_dict(), first, second])
+    assert "the-source-pw" not in recorded and cdc.conninfo == query.conninfo == ""
+
+
+def test_a_postgresql_source_names_one_connection_and_no_password() -> None:
+    from airflow_seatunnel_ckpt.core.options import checked
+    from airflow_seatunnel_ckpt.core.sources.options import PostgresQuerySourceOptions
+
+    base = {"type": "postgres_query", "table": "public.orders", "incremental_column": "id"}
+    with pytest.raises(ConfigError, match="postgres_conn_id .* or conninfo"):
+        checked(PostgresQuerySourceOptions, base, "source 'shop'")
+    with pytest.raises(ConfigError, match="one of them"):
+        checked(PostgresQuerySourceOptions, {**base, "postgres_conn_id": "a", "conninfo": "host=db"}, "source 'shop'")
+    with pytest.raises(ConfigError, match="holds a password.*postgres_conn_id"):
+        checked(PostgresQuerySourceOptions, {**base, "conninfo": "host=db password=x"}, "source 'shop'")

@@ -480,3 +480,31 @@ def test_page_shows_each_prepared_participant_with_its_attempt_and_an_aborted_su
     assert rows[aborted].submissions == [
         "ingest attempt 1: spark-submit from worker-3 (launcher pid 101, yarn); no exit record: the epoch was "
         "aborted, so this attempt was stopped or lost before it recorded an exit (it can no longer prepare)"]
+
+
+@pytest.mark.spark
+def test_page_gives_a_cdc_epochs_lsn_range_its_changes_by_operation_and_the_slots_lag(
+        airflow_home: Path, spark: Any, tmp_path: Path, postgres_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from airflow_seatunnel_ckpt.plugins import app as page_app
+    from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
+    from tests.spark.test_postgres_sources import cdc_epochs
+
+    lake = cdc_epochs(spark, tmp_path, postgres_db)
+    offsets = lake.store_pipeline().txlog.read_prepared(2, "ingest").sources["db"].offsets
+    expected = (f"LSN {offsets['lsns']}, 2 inserts, 1 update, 1 delete, slot lag {offsets['lag_bytes']} bytes")
+    rows = {row.epoch: row for row in pipeline_view(CheckpointStore.from_url(lake.store["storage_url"]), "db").epochs}
+    assert rows[2].input == {"db": expected}
+    assert rows[1].input["db"].startswith("LSN ") and "with the snapshot, 2 inserts" in rows[1].input["db"]
+
+    monkeypatch.setenv("AIRFLOW__SEATUNNEL_CKPT__STORES", lake.store["storage_url"])
+    monkeypatch.setattr(page_app, "_authorize", lambda user, method, dag_id: None)
+    monkeypatch.setattr(page_app, "run_finished_in_db", lambda run_id, dag_id: None)
+    app = page_app.create_app()
+    app.dependency_overrides[page_app.current_user] = lambda: _User("alice")
+    html = TestClient(app).get("/stores/config-1/pipelines/db").text
+    cells = re.findall(r'<tr data-epoch="2".*?<td class="input">(.*?)</td>', html, re.S)
+    assert cells == [f"db: {expected}<br>"]

@@ -44,6 +44,9 @@ class DbPipeline:
         pipeline.commit(result.epoch)
         return result
 
+    def store_pipeline(self) -> Any:
+        return CheckpointStore(CheckpointConfig.from_mapping(self.store)).pipeline("db")
+
     def rows(self, epoch: int) -> list[dict[str, Any]]:
         files = sorted((self.root / "out").glob(f"epoch={epoch}/*.parquet"))
         return [r for f in files for r in pq.read_table(f).to_pylist()]
@@ -93,3 +96,73 @@ def test_a_dropped_slot_fails_the_epoch_before_its_prepare_and_a_snapshot_epoch_
         lake.epoch(spark)
     pipeline = CheckpointStore(CheckpointConfig.from_mapping(lake.store)).pipeline("db")
     assert all(pipeline.state(e) is not EpochState.PREPARED for e in pipeline.txlog.epochs())
+
+
+#: Attempt 1 of run-1 in a process of its own: it begins the epoch, pins its plan (creating the slot and
+#: exporting the snapshot) and exits before it reads, taking the exported snapshot with it.
+PLAN_AND_DIE = """
+import json, sys
+from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
+from airflow_seatunnel_ckpt.spark.sources.postgres import PostgresCdcSource
+store, options = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+pipeline = CheckpointStore(CheckpointConfig.from_mapping(store)).pipeline("db")
+epoch = pipeline.begin("run-1").epoch
+source = PostgresCdcSource("db", **{k: v for k, v in options.items() if k != "type"})
+base = pipeline.restore_point()
+print(json.dumps(pipeline.pin_inputs(epoch, "ingest", 1, lambda: {"db": source.plan_from(base, epoch)})["db"]))
+"""
+
+
+def test_a_first_epoch_planned_in_another_process_is_retried_here_with_a_new_snapshot_every_row_once(
+        spark: Any, tmp_path: Path, postgres_db: str) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    db = psycopg.connect(postgres_db, autocommit=True)
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2))")
+    db.execute("INSERT INTO orders VALUES (1, 1), (2, 2)")
+    lake = DbPipeline(tmp_path, {"type": "postgres_cdc", "conninfo": postgres_db, "slot": "orders_slot",
+                                 "publication": "orders_pub", "tables": ["public.orders"]})
+    planned = subprocess.run([sys.executable, "-c", PLAN_AND_DIE, json.dumps(lake.store), json.dumps(lake.source)],
+                             env={**os.environ, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True,
+                             timeout=120, check=True)
+    pinned = json.loads(planned.stdout.splitlines()[-1])
+    assert pinned["snapshot"]
+    # Changes after the first plan, before its retry: the retry's new snapshot holds them, the stream after it not.
+    db.execute("INSERT INTO orders VALUES (3, 3)")
+    db.execute("UPDATE orders SET amount = 10 WHERE id = 1")
+    db.execute("DELETE FROM orders WHERE id = 2")
+    wait_flushed(db)
+
+    retried = run_stage(lake.spec("run-1").replace(attempt=2), spark)
+    pipeline = lake.store_pipeline()
+    assert retried.epoch == 1 and pipeline.decide(1, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
+    pipeline.commit(1)
+    consumed = pipeline.txlog.read_prepared(1, "ingest").sources["db"].offsets
+    assert consumed["start"] >= pinned["end"] and consumed["snapshot"] != pinned["snapshot"]
+    assert sorted((r["_op"], r["id"], r["amount"]) for r in lake.rows(1)) == [
+        ("insert", 1, Decimal("10.00")), ("insert", 3, Decimal("3.00"))]
+    db.execute("INSERT INTO orders VALUES (4, 4)")
+    wait_flushed(db)
+    lake.runs = 1
+    second = lake.epoch(spark)
+    assert [(r["_op"], r["id"]) for r in lake.rows(second.epoch)] == [("insert", 4)]  # nothing of epoch 1 again
+
+
+def cdc_epochs(spark: Any, root: Path, postgres_db: str) -> DbPipeline:
+    """Pipeline ``db``: epoch 1 reads the snapshot of ``orders`` (2 rows), epoch 2 its changes (2 inserts,
+    1 update, 1 delete), both committed through a real stage into a file sink."""
+    db = psycopg.connect(postgres_db, autocommit=True)
+    db.execute("CREATE TABLE orders (id int PRIMARY KEY, amount numeric(10,2))")
+    db.execute("INSERT INTO orders VALUES (1, 1.50), (2, 2.50)")
+    lake = DbPipeline(root, {"type": "postgres_cdc", "conninfo": postgres_db, "slot": "orders_slot",
+                             "publication": "orders_pub", "tables": ["public.orders"]})
+    lake.epoch(spark)
+    db.execute("INSERT INTO orders VALUES (3, 3), (4, 4)")
+    db.execute("UPDATE orders SET amount = 5 WHERE id = 1")
+    db.execute("DELETE FROM orders WHERE id = 2")
+    wait_flushed(db)
+    lake.epoch(spark)
+    return lake

@@ -100,6 +100,14 @@ class Source(ABC):
         that plan started when no committed epoch read it, so the pipeline's start never moves."""
         return self.earlier_plans() if self.earlier_plans is not None else None
 
+    def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        """New offsets for pinned ones that only the process that planned them could read (a CDC
+        source's first snapshot, exported by that process), planned again so that a retry in
+        another process reads a consistent input; None (the default): the pinned offsets stand.
+        The runner asks only while no attempt of the epoch's participant has prepared, so the
+        prepared record names the offsets the epoch read."""
+        return None
+
     # -- check -------------------------------------------------------------------------------
     def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
         """What of the input ``offsets`` pin cannot be read as it was pinned now: one line per
@@ -125,6 +133,12 @@ class Source(ABC):
             f"{self.where}: the pinned input is not all there: {'; '.join(gone[:MAX_SHOWN])}{more}. The epoch "
             "reads exactly the input it pinned, so it cannot read this; abort the epoch (the next one plans "
             "the input as it is now) or restore the input as it was")
+
+    def read_figures(self) -> dict[str, Any]:
+        """What the last read counted beyond its offsets (a CDC read's changes by operation), recorded
+        with the epoch's consumed offsets so that ``show`` and the Checkpoints page give them; ``{}``
+        by default. Never part of the position: a plan reads only the offsets it pinned."""
+        return {}
 
     def read_exactly(self) -> None:
         """From now on, read exactly the pinned input or fail, whatever options allow skipping

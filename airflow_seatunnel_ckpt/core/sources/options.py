@@ -15,7 +15,7 @@ import warnings
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, MinLen
-from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from airflow_seatunnel_ckpt.core.options import PASSWORD_IN_CONNINFO, Options, keyed
@@ -194,9 +194,12 @@ _TABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*\.[A-Za-z_][A-Za-z0-9_$]*$")
 class PostgresSourceOptions(Options):
     """What both PostgreSQL sources share: the connection and the session's bounded waits."""
 
-    conninfo: str
+    postgres_conn_id: str = ""
+    """The Airflow Postgres connection the source connects with (read by the stage's process when it
+    connects, as the PostgreSQL sink reads its own); only its name is recorded."""
+    conninfo: str = ""
     """A libpq connection string without a password (``host=... port=... dbname=... user=...``; a
-    password comes from a password file, ``PGPASSFILE``)."""
+    password comes from a password file, ``PGPASSFILE``), instead of a connection (no Airflow)."""
     lock_timeout_s: float = Field(30.0, gt=0)
     """How long a statement of the source waits for a lock before the epoch fails (and is retried)."""
     statement_timeout_s: float = Field(3600.0, gt=0)
@@ -205,12 +208,23 @@ class PostgresSourceOptions(Options):
     @field_validator("conninfo")
     @classmethod
     def _no_password(cls, value: str) -> str:
-        if not value:
-            raise ValueError("name the database with a libpq connection string")
         if PASSWORD_IN_CONNINFO.search(value):
             raise ValueError("conninfo holds a password, and a source's options are stored in the checkpoint "
-                             "store; use a password file (PGPASSFILE) instead")
+                             "store; put the credentials in an Airflow Postgres connection and name it in "
+                             "postgres_conn_id (or use a password file, PGPASSFILE)")
         return value
+
+    @model_validator(mode="after")
+    def _one_connection(self) -> PostgresSourceOptions:
+        if bool(self.postgres_conn_id) == bool(self.conninfo):
+            raise ValueError("name the database with postgres_conn_id (an Airflow Postgres connection) or conninfo "
+                             "(a libpq connection string without a password), one of them")
+        return self
+
+    @property
+    def database(self) -> str:
+        """How messages and the in-process caches name the database: the connection's id or the conninfo."""
+        return f"connection {self.postgres_conn_id}" if self.postgres_conn_id else self.conninfo
 
     def session_settings(self) -> dict[str, str]:
         """The settings each connection of the source sets (milliseconds; text values in UTC)."""

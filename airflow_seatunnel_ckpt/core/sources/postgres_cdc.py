@@ -7,7 +7,8 @@ An epoch's offsets (JSON, pinned in the log before the stage reads)::
      "start": <LSN>, "end": <LSN>,          # the transactions read: commit LSN in [start, end)
      "lsns": "0/16F4B80..0/16F5FB0",        # the same, as PostgreSQL prints LSNs
      "snapshot": "<exported snapshot>" | None,   # the first epoch: the tables as of ``start``
-     "lag_bytes": <int>}                    # the WAL the slot keeps behind ``end`` when planned
+     "lag_bytes": <int>,                    # the WAL the slot keeps behind ``end`` when planned
+     "changes": {"insert": n, "update": n, "delete": n}}   # counted by the read, recorded when prepared
 
 ``end`` is the position: the next epoch starts there. The plan pins ``end`` as the server's
 flush LSN (decoding sees only flushed WAL); the read asks the slot for the changes up to it
@@ -26,8 +27,9 @@ The first epoch creates the slot through the replication protocol with ``SNAPSHO
 'export'``: the exported snapshot shows the tables exactly as of the slot's consistent
 point, where the stream starts, so no change is missed or read twice between snapshot and
 stream. The snapshot lives as long as the connection that exported it (held by the
-process that planned the epoch); a retry in another process cannot read it and fails, and
-the next epoch takes a new snapshot with a new slot (no committed epoch used the old one).
+process that planned the epoch); a retry in another process cannot read it, so it plans the
+first epoch again (:meth:`PostgresCdc.repin`): no committed epoch read the slot, so the slot
+is created again with a new snapshot, and the attempt records the new offsets as consumed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.sinks.base import SECRET_RESOLVERS
 from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresSourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     OPS,
@@ -60,6 +63,21 @@ RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_repl
               "the tables whole (a replay cannot: the first epoch's snapshot is not kept)")
 
 
+def conninfo(options: PostgresSourceOptions, where: str, error: type[CheckpointError]) -> str:
+    """The libpq connection string of a PostgreSQL source: its ``conninfo``, or what the secret resolvers the
+    sinks share (the Airflow layer registers one: :mod:`airflow_seatunnel_ckpt.hooks.postgres_connection`) make
+    of its ``postgres_conn_id``, so that the password is read where the source connects and never stored."""
+    if options.conninfo:
+        return options.conninfo
+    for resolve in SECRET_RESOLVERS:
+        found = resolve(options.to_dict()).get("conninfo")
+        if found:
+            return str(found)
+    raise error(f"{where}: the source names the Airflow connection {options.postgres_conn_id!r}, but nothing here "
+                "reads Airflow connections; run the stage where the Airflow layer is imported (SparkStageOperator "
+                "in this process, or through Spark Connect), or give the source a conninfo without a password")
+
+
 @contextmanager
 def connect(options: PostgresSourceOptions, where: str, error: type[CheckpointError]) -> Iterator[Any]:
     """An autocommit connection of a PostgreSQL source with its bounded waits (psycopg 3); a
@@ -68,7 +86,7 @@ def connect(options: PostgresSourceOptions, where: str, error: type[CheckpointEr
     import psycopg
 
     try:
-        conn = psycopg.connect(options.conninfo, autocommit=True, connect_timeout=30,
+        conn = psycopg.connect(conninfo(options, where, error), autocommit=True, connect_timeout=30,
                                application_name="seatunnel-ckpt-source")
     except psycopg.OperationalError as exc:
         raise error(f"{where}: cannot connect to PostgreSQL: {str(exc).strip()}; check the connection and "
@@ -187,6 +205,20 @@ def pinned(options: PostgresCdcSourceOptions, server: ServerState, start: int, e
             "lsns": f"{lsn_text(start)}..{lsn_text(end)}", "snapshot": snapshot, "lag_bytes": lag_bytes}
 
 
+def describe(offsets: Mapping[str, Any]) -> str | None:
+    """An epoch's CDC input for people (``show``, the Checkpoints page): its LSN range as PostgreSQL
+    prints LSNs, its change counts by operation (as its read counted them) and the slot's lag when
+    it was planned; None for offsets of another source (or of an epoch that did not read it)."""
+    if offsets.get("lsns") is None:
+        return None
+    text = f"LSN {offsets['lsns']}" + (" with the snapshot" if offsets.get("snapshot") else "")
+    counts = offsets.get("changes")
+    if isinstance(counts, Mapping):
+        text += ", " + ", ".join(f"{counts.get(op, 0)} {op}{'' if counts.get(op, 0) == 1 else 's'}" for op in OPS)
+    lag = offsets.get("lag_bytes")
+    return text + (f", slot lag {lag} bytes" if lag is not None else "")
+
+
 def in_range(change: Change, start: int, end: int) -> bool:
     """Whether ``change``'s transaction committed in ``[start, end)``."""
     return start <= change.lsn < end
@@ -265,7 +297,8 @@ class PostgresCdc:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (self.options.slot,))
         export = "export" if self.options.snapshot else "nothing"
         try:
-            repl = psycopg2.connect(self.options.conninfo, connect_timeout=30, application_name="seatunnel-ckpt-source",
+            repl = psycopg2.connect(conninfo(self.options, self.where, CdcError), connect_timeout=30,
+                                    application_name="seatunnel-ckpt-source",
                                     connection_factory=psycopg2.extras.LogicalReplicationConnection)
             cur = repl.cursor()
             cur.execute(f"CREATE_REPLICATION_SLOT \"{self.options.slot}\" LOGICAL pgoutput (SNAPSHOT '{export}')")
@@ -282,7 +315,7 @@ class PostgresCdc:
 
     @property
     def _export_key(self) -> tuple[str, str]:
-        return (self.options.conninfo, self.options.slot)
+        return (self.options.database, self.options.slot)
 
     def release_export(self) -> None:
         """Close the connection holding the source's exported snapshot, if any (its epoch read it)."""
@@ -298,20 +331,42 @@ class PostgresCdc:
             self.ensure_publication(conn)
             server = self.server(conn)
             if last_position(history) is None:
-                if self.options.tables and server.tables != self.options.tables:
-                    raise CdcError(f"{self.where}: the publication {self.options.publication!r} publishes "
-                                   f"{server.tables}, the source's tables are {self.options.tables}; make them the "
-                                   "same (ALTER PUBLICATION ... SET TABLE ..., or the source's 'tables')")
-                if server.slot is not None and not self.options.snapshot:
-                    start, snapshot = server.slot.confirmed_flush or server.flush_lsn, None  # a slot given
-                else:
-                    start, snapshot = self.create_slot(conn, server)
-                    server = self.server(conn)
-                return pinned(self.options, server, start, max(start, server.flush_lsn), snapshot, 0)
+                return self._first(conn, server)
             offsets = plan_range(history, server, self.options, self.where)
             self.release_export()
             self.advance(conn, server.slot, released_to(history, self.options.keep_epochs))
             return offsets
+
+    def _first(self, conn: Any, server: ServerState) -> dict[str, Any]:
+        """The first epoch's offsets: a new slot and snapshot (or, with ``snapshot: false``, a slot given)."""
+        if self.options.tables and server.tables != self.options.tables:
+            raise CdcError(f"{self.where}: the publication {self.options.publication!r} publishes "
+                           f"{server.tables}, the source's tables are {self.options.tables}; make them the "
+                           "same (ALTER PUBLICATION ... SET TABLE ..., or the source's 'tables')")
+        if server.slot is not None and not self.options.snapshot:
+            start, snapshot = server.slot.confirmed_flush or server.flush_lsn, None  # a slot given
+        else:
+            start, snapshot = self.create_slot(conn, server)
+            server = self.server(conn)
+        return pinned(self.options, server, start, max(start, server.flush_lsn), snapshot, 0)
+
+    def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The first epoch planned again when its pinned snapshot was exported by another process (gone
+        with it): the slot, which no committed epoch read, is created again with a new snapshot, and the
+        new offsets replace the pinned ones for this attempt (the caller makes sure no attempt of the
+        epoch prepared). None when the pinned offsets can be read here (no snapshot, or this process's)."""
+        name = offsets.get("snapshot")
+        if not name or self.exported.get(self._export_key, ("", None))[0] == name:
+            return None
+        with self.connect() as conn:
+            server = self.server(conn)
+            if (str(offsets["system_id"]), str(offsets["database"])) != (server.system_id, server.database):
+                check_identity(offsets, server, self.where, start=None)  # names the server it found
+            log.warning("%s: the snapshot %s the first epoch pinned (the tables as of LSN %s) was exported by "
+                        "the process that planned the epoch and is gone with it; no committed epoch read the slot, "
+                        "so this attempt creates it again with a new snapshot and reads that", self.where, name,
+                        lsn_text(int(offsets["start"])))
+            return self._first(conn, server)
 
     def check(self, offsets: Mapping[str, Any]) -> None:
         """The identity check of :func:`check_identity` against the server now (before a read or a replay)."""
@@ -340,8 +395,8 @@ class PostgresCdc:
             raise CdcError(
                 f"{self.where}: the snapshot {name} the first epoch pinned (the tables as of LSN "
                 f"{lsn_text(int(offsets['start']))}) was exported by the process that planned the epoch and is "
-                "gone with it, so this attempt cannot read it. Abort the epoch (its sensor's timeout does): the "
-                "next epoch creates the slot again with a new snapshot")
+                "gone with it, so this attempt cannot read it. Retry the stage: a retry that finds no snapshot "
+                "of its own before it reads creates the slot again with a new one (nothing was prepared)")
         with self.connect() as conn:
             conn.autocommit = False
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")

@@ -4,7 +4,8 @@ For databases without logical replication. An epoch's offsets (JSON, pinned befo
 
     {"table": "<schema>.<name>", "column": "<incremental column>", "keys": ["<key column>", ...],
      "low": "<value>" | None, "low_keys": ["<key>", ...],   # the previous epoch's high and its keys
-     "high": "<value>" | None, "high_keys": ["<key>", ...]}  # the rows at ``high`` the epoch reads
+     "high": "<value>" | None, "high_keys": ["<key>", ...],  # the rows at ``high`` the epoch reads
+     "table_oid": <oid>, "rows": <int>}    # the table's identity; the range's rows when planned
 
 Values are the column's text form, keys each row's key as ``jsonb_build_array(key columns)``
 text. The epoch reads the rows with ``low < column < high``, those at ``high`` whose keys the
@@ -20,6 +21,11 @@ committed before it started (a sequence, an identity column, ``now()`` or
 ``clock_timestamp()`` at write time). A value written smaller than one already planned
 (a back-dated timestamp) is missed; deletes are never seen; an update is read again only if
 it moves the column past the position (to the epoch that then reads it).
+
+Identity: the plan pins the table's oid and the number of rows in the range. A read refuses
+another table under the name (dropped and created again); a replay also refuses a range
+whose rows changed in number since (deleted, updated out of it, written into it), since it
+could not read the epoch's input again.
 """
 
 from __future__ import annotations
@@ -125,9 +131,45 @@ class PostgresQuery:
                 high, high_keys = last["high"], list(last["high_keys"])
         if last is not None and high is None:
             high, high_keys = last["high"], list(last["high_keys"])
-        return {"table": self.options.table, "column": self.options.incremental_column, "keys": keys,
-                "low": last["high"] if last else None, "low_keys": list(last["high_keys"]) if last else [],
-                "high": high, "high_keys": high_keys}
+        offsets = {"table": self.options.table, "column": self.options.incremental_column, "keys": keys,
+                   "low": last["high"] if last else None, "low_keys": list(last["high_keys"]) if last else [],
+                   "high": high, "high_keys": high_keys}
+        # After the wait: the rows of transactions open at the snapshot are committed and counted.
+        with self.connect() as conn:
+            offsets["table_oid"], offsets["rows"] = self._identity(conn, offsets)
+        return offsets
+
+    def _identity(self, conn: Any, offsets: Mapping[str, Any]) -> tuple[int, int]:
+        """The table's oid (a table dropped and created again under its name has another) and how many
+        rows the range ``offsets`` describe holds now."""
+        from psycopg import sql
+
+        (oid,) = conn.execute("SELECT %s::regclass::oid::bigint", (self.options.table,)).fetchone()
+        if offsets.get("high") is None:
+            return int(oid), 0
+        where, params = self._between(conn, offsets)
+        (count,) = conn.execute(sql.SQL("SELECT count(*) FROM {table} WHERE {where}").format(
+            table=sql.Identifier(*self.options.table.split(".")), where=where), params).fetchone()
+        return int(oid), int(count)
+
+    def pinned_gone(self, offsets: Mapping[str, Any], *, rows: bool) -> list[str]:
+        """What of the pinned range is not there as planned: another table under the name (a read's
+        check), and with ``rows`` (a replay's) rows of the range deleted, moved out or added since."""
+        if offsets.get("table_oid") is None:  # planned before ranges carried their identity
+            return []
+        with self.connect() as conn:
+            try:
+                oid, count = self._identity(conn, offsets)
+            except Exception as exc:  # the table is gone: no such relation
+                return [f"{self.options.table} cannot be read: {str(exc).strip()}"]
+        if oid != int(offsets["table_oid"]):
+            return [f"{self.options.table} is another table now (oid {oid}, the epoch planned oid "
+                    f"{offsets['table_oid']}): it was dropped and created again"]
+        if rows and offsets.get("rows") is not None and count != int(offsets["rows"]):
+            return [f"{self.options.table} holds {count} rows in the epoch's range of "
+                    f"{offsets['column']} ({offsets.get('low')!r}..{offsets.get('high')!r}), the epoch planned "
+                    f"{offsets['rows']}: rows were deleted, updated out of the range or written into it since"]
+        return []
 
     def _type(self, conn: Any) -> str:
         (type_name,) = conn.execute(
@@ -160,21 +202,27 @@ class PostgresQuery:
 
         if offsets.get("high") is None:
             return
-        q = self._sql(list(offsets["keys"]), "")
         with self.connect() as conn:
-            q["type"] = sql.SQL(self._type(conn))
-            low, high = offsets.get("low"), offsets["high"]
-            between = sql.SQL("({col} < CAST(%(high)s AS {type}) OR ({col} = CAST(%(high)s AS {type}) AND {key} = "
-                              "ANY(%(high_keys)s)))").format(**q)
-            if low is not None:
-                between = sql.SQL("{between} AND ({col} > CAST(%(low)s AS {type}) OR ({col} = CAST(%(low)s AS {type}) "
-                                  "AND NOT {key} = ANY(%(low_keys)s)))").format(between=between, **q)
-            query = sql.SQL("SELECT {cols} FROM {table} WHERE {between}").format(
+            where, params = self._between(conn, offsets)
+            query = sql.SQL("SELECT {cols} FROM {table} WHERE {where}").format(
                 cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in columns),
-                between=between, **q)
+                table=sql.Identifier(*self.options.table.split(".")), where=where)
             conn.autocommit = False
             with conn.cursor(name="rows") as cur:
-                cur.execute(query, {"low": low, "high": high, "low_keys": list(offsets.get("low_keys") or []),
-                                    "high_keys": list(offsets.get("high_keys") or [])})
+                cur.execute(query, params)
                 yield from cur
             conn.rollback()
+
+    def _between(self, conn: Any, offsets: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The condition selecting the rows of the range ``offsets`` describe (module docs), with its parameters."""
+        from psycopg import sql
+
+        q = self._sql(list(offsets["keys"]), self._type(conn))
+        between = sql.SQL("({col} < CAST(%(high)s AS {type}) OR ({col} = CAST(%(high)s AS {type}) AND {key} = "
+                          "ANY(%(high_keys)s)))").format(**q)
+        if offsets.get("low") is not None:
+            between = sql.SQL("{between} AND ({col} > CAST(%(low)s AS {type}) OR ({col} = CAST(%(low)s AS {type}) "
+                              "AND NOT {key} = ANY(%(low_keys)s)))").format(between=between, **q)
+        return between, {"low": offsets.get("low"), "high": offsets["high"],
+                         "low_keys": list(offsets.get("low_keys") or []),
+                         "high_keys": list(offsets.get("high_keys") or [])}

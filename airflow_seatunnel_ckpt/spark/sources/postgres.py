@@ -29,7 +29,7 @@ from airflow_seatunnel_ckpt.core.sources.options import (
     PostgresQuerySourceOptions,
     constructor_signature,
 )
-from airflow_seatunnel_ckpt.core.sources.pgoutput import Column, Decoder, spark_type, typed_value
+from airflow_seatunnel_ckpt.core.sources.pgoutput import OPS, Column, Decoder, spark_type, typed_value
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
 from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery
 from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
@@ -70,11 +70,20 @@ class PostgresCdcSource(Source):
         super().__init__(name)
         self.options: PostgresCdcSourceOptions = _options(PostgresCdcSourceOptions, name, options)
         self.cdc = PostgresCdc(self.options, f"postgres_cdc source {name!r} (slot {self.options.slot!r})")
+        #: The last read's rows by ``_op`` (snapshot rows are inserts), for :meth:`read_figures`.
+        self.changes: dict[str, int] | None = None
 
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The LSN range after the committed position; the first epoch creates the slot (and its snapshot)."""
         try:
             return self.cdc.plan(history)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The first epoch's slot and snapshot made again when the pinned snapshot was another process's."""
+        try:
+            return self.cdc.repin(offsets)
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
 
@@ -87,6 +96,10 @@ class PostgresCdcSource(Source):
             self.cdc.check(offsets)
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
+
+    def read_figures(self) -> dict[str, Any]:
+        """The last read's change counts by operation (``{"changes": {"insert": n, ...}}``)."""
+        return {} if self.changes is None else {"changes": dict(self.changes)}
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the pinned range's changes (and the first epoch's snapshot rows), ordered by (_lsn, _seq)."""
@@ -105,6 +118,9 @@ class PostgresCdcSource(Source):
                              "_unchanged_toast": change.unchanged or None})
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
+        self.changes = dict.fromkeys(OPS, 0)
+        for row in rows:
+            self.changes[row["_op"]] += 1
         # Columns a relation message named (added since the catalog was read) count too.
         for relation in decoder.relations.values():
             known = {c.name for c in by_table.get(relation.table, [])}
@@ -133,9 +149,21 @@ class PostgresQuerySource(Source):
         except CheckpointError as exc:
             raise SourceError(str(exc)) from exc
 
-    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
-        """The rows of the pinned range, with the table's columns as they are now."""
+    def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
+        """A replay's check: the same table, and as many rows in the pinned range as when it was planned."""
         try:
+            return self.query.pinned_gone(offsets, rows=True)
+        except CheckpointError as exc:
+            raise SourceError(str(exc)) from exc
+
+    def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
+        """The rows of the pinned range, with the table's columns as they are now (refused when the table
+        is another one under the name)."""
+        try:
+            gone = self.query.pinned_gone(offsets, rows=False)
+            if gone:
+                raise SourceError(f"{self.where}: {gone[0]}. The epoch reads exactly the range it pinned of the "
+                                  "table it planned; abort the epoch (the next one plans the table as it is now)")
             with self.query.connect() as conn:
                 columns = self.query.columns(conn)
             types = [spark_type(c.type_oid, c.type_modifier) for c in columns]
