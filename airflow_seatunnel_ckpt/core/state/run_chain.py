@@ -1,23 +1,15 @@
 """A key group's chain of sorted runs: bounded lookups, budgeted compaction, TTL.
 
-The chain is the ordered list of parts in ``_metadata`` (oldest first), as before; what
-changed is how it is used. A lookup reads, per run newest first, only the index, the
-bloom filter and the blocks that may hold a key still unresolved (``core/state/runs.py``), so
-an epoch costs its input plus O(runs x blocks touched), not the state's size.
+The chain is the ordered list of parts in ``_metadata`` (oldest first). A lookup reads,
+per run newest first, only the index, the filter and the blocks that may hold a key still
+unresolved (``core/state/runs.py``): an epoch costs its input plus O(runs x blocks touched).
 
-Compaction replaces periodic full rewrites, and no epoch pays for it more than a fixed
-share of the state (as Cassandra's and RocksDB's compaction rate limits): key groups
-merge in turns (``compaction_cap``: a quarter of them per epoch) within a budget of 8%
-of the state's bytes per epoch, and a merge is any window of neighbouring runs that fits
-it (``plan_compaction``): preferably ``fanout`` runs of similar size, widened over older
-runs not larger than the window (size-tiered), else, in a long chain, the cheapest
-neighbours. The merge is one streaming k-way merge, block by block (memory: one block
-per source), and its output takes the window's place in the chain. An epoch thus writes
-its changes plus at most the budget, and a chain holds a bounded number of runs (runs
-are at least about the budget's size, so ~1/budget / turns of them, plus the newest
-tiers: at most 12 with 8 or more key groups, ~21 with one, measured over 300 epochs of
-5% growth). A merge that starts at the chain's first run writes a FULL run and drops
-tombstones and expired keys; any other merge writes a DELTA run.
+Compaction is budgeted, as Cassandra's and RocksDB's rate limits: key groups merge in turns
+(``compaction_cap``) within a budget of the state's bytes per epoch, and a merge is a window
+of neighbouring runs that fits it (:func:`plan_compaction`; size-tiered, else the cheapest
+neighbours). It is one streaming k-way merge, block by block, whose output takes the
+window's place. A merge from the chain's first run writes a FULL run and drops tombstones
+and expired keys; any other writes a DELTA run (measurements: bench/README.md).
 """
 
 from __future__ import annotations
