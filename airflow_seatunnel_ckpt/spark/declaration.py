@@ -1,22 +1,13 @@
 """A stage as a DAG declares it -- checked when the DAG is parsed, without Spark.
 
-:class:`StageDeclaration` is the typed form of a stage operator's arguments (the stage
-function, its sources and sinks). It is built in the operator's constructor, so a mistake
-(an unknown option, an unknown source or sink type or format, a sink on a protocol no
-backend can publish to, a stage that is not ``"module:function"`` or whose module does not
-define that function, a source schema that is not Spark DDL) is an import error of the DAG
-file (``airflow dags list-import-errors``), not a failed task at 3 a.m.
-
-Each source and sink is checked through its type's options model
-(:func:`~airflow_seatunnel_ckpt.core.options.parse`: unknown keys with the nearest valid
-name, missing ones, wrong values), and the typed options are what the stage spec carries;
-a type without a model (a custom one registered without it) is checked against its
-factory's keyword parameters. Templated values (``"{{ ds }}"`` in a path) are left alone
-when the DAG is parsed and checked once rendered, when the task runs
-(:meth:`StageDeclaration.check` again).
-
-Nothing here imports PySpark, opens a store or touches the network: it runs on every
-parse of every DAG file.
+:class:`StageDeclaration` is the typed form of a stage operator's arguments, built in its
+constructor, so a mistake (an unknown option, type or format, a sink no backend can publish
+to, a stage that is not an importable ``"module:function"``, a schema that is not Spark DDL)
+is an import error of the DAG file, not a failed task at 3 a.m. Each source and sink is
+checked through its type's options model (:func:`~airflow_seatunnel_ckpt.core.options.parse`),
+a type without one against its factory's keyword parameters. Templated values are checked
+once rendered (:meth:`StageDeclaration.check` again). Nothing here imports PySpark, opens
+a store or touches the network: it runs on every parse of every DAG file.
 """
 
 from __future__ import annotations

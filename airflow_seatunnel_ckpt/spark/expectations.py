@@ -1,20 +1,14 @@
 """A sink's expectations, Spark side: flag, count and route rows in the job that writes them.
 
-:func:`flag` adds each rule's outcome to the DataFrame being written. When the sink stages
-Parquet through :mod:`.staged_writer` (Parquet files, Iceberg and Delta tables), the writer
-gets them packed into one small integer column per :data:`RULES_PER_MASK` rules, one bit
-per failed rule (:meth:`Flagged.writer_options`): each task counts the failures of each
-rule once per row group it buffers, leaves out the rows a ``drop`` or
-``quarantine`` rule removes and stages the quarantined ones, with the names of the rules
-they broke, into the sink's quarantine; the job commit lists the committed tasks' counts.
-One job, one pass, no observed metric on the JVM side (which would end the JVM's generated
-code for the stage and copy every row once more), and one column more per row for Spark's
-Arrow conversion, not one per rule. Any other writer observes the failures of each rule
-(``DataFrame.observe``) in its job and writes :attr:`Flagged.kept`; the quarantine is then
-a second job over :attr:`Flagged.quarantined`, which reads the flagged rows from the cache
-the sink's write filled, so the stage's transformations run once. Either way the counts come
-from the writing job itself, never from reading the output again, and since a flag is a
-function of the row's own values every row is kept or quarantined, never both, never neither.
+:func:`flag` adds each rule's outcome to the DataFrame being written. A sink staging
+Parquet through :mod:`.staged_writer` gets them packed, one bit per failed rule, into one
+small integer column per :data:`RULES_PER_MASK` rules (:meth:`Flagged.writer_options`): its
+tasks count the failures, leave out the rows a ``drop`` or ``quarantine`` rule removes and
+stage the quarantined ones into the sink's quarantine, in the one writing job and pass.
+Any other writer observes the failures (``DataFrame.observe``) and writes
+:attr:`Flagged.kept`; its quarantine is a second job over :attr:`Flagged.quarantined`, read
+from the cache the write filled. Either way the counts come from the writing job itself,
+and a flag being a function of the row, every row is kept or quarantined, exactly once.
 """
 
 from __future__ import annotations
