@@ -1,16 +1,12 @@
 """What every task of the provider shares: a checkpoint store, and one pipeline in it.
 
-The store arguments (``store_conn_id``, ``storage_url``, ``store_config``) are taken in one
+The store arguments (``store_conn_id``, ``storage_url``, ``store_config``) are taken by one
 constructor, :class:`BaseStoreOperator`, and resolved in one place,
-:class:`~airflow_seatunnel_ckpt.hooks.checkpoint_store.StoreSettings`; the provider's
-operators take them as keyword arguments they pass on (as ``BaseSQLOperator`` does for
-``conn_id`` in Airflow's common-sql provider), so no operator repeats them.
-
-Each pipeline task finds its epoch from its DAG and run id (``Pipeline.epoch_for_run``),
-never from XCom or a clock, so a retried or cleared task always lands on the same epoch
-as the rest of its run. A stage task also makes sure the pipeline's descriptor names its
-DAG as owner and declares the participants (see :mod:`airflow_seatunnel_ckpt.core.protocol.descriptor`):
-another DAG with a pipeline of the same name is refused before anything is written.
+:class:`~airflow_seatunnel_ckpt.hooks.checkpoint_store.StoreSettings`. Each pipeline task
+finds its epoch from its DAG and run id (``Pipeline.epoch_for_run``), never from XCom or
+a clock, so a retried or cleared task lands on the same epoch as the rest of its run. A
+stage task also makes sure the descriptor names its DAG as owner
+(:mod:`airflow_seatunnel_ckpt.core.protocol.descriptor`).
 """
 
 from __future__ import annotations

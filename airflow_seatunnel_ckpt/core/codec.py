@@ -9,14 +9,10 @@ Layout of one file (all integers big-endian)::
     trailer  0 u32 | 0 u32 | total raw length u64 | chunk count u32
              | crc32c(every byte before this field) u32
 
-Why this shape: every chunk is verified *before* it is decompressed or handed on, so a
-reader can stream a large state without holding it whole and without ever yielding
-damaged bytes; the raw length bounds decompression (no zstd bomb); the trailer makes any
-truncation detectable and its whole-file checksum catches what the chunk checks cannot
-(reordered or dropped chunks). Unknown versions are refused, never guessed at.
-
-Payloads are data only -- JSON or Arrow IPC -- never pickle, so a tampered store cannot
-run code in whoever reads it.
+Every chunk is verified before it is decompressed or handed on (a large state streams and
+damaged bytes are never yielded); the raw length bounds decompression; the trailer makes
+truncation, reordered or dropped chunks detectable. Unknown versions are refused. Payloads
+are data only, JSON or Arrow IPC, never pickle.
 """
 
 from __future__ import annotations

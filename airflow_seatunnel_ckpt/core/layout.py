@@ -14,10 +14,8 @@
       _descriptor/v<version>                           the pipeline descriptor, write-once per version
       _staging/epoch=<e>/attempt=<a>/<sink>/           staged output
 
-Epoch directories are zero-padded so that a plain listing is already in epoch order.
-
-Below, in a section of its own: validation of the names and numbers that become parts of
-storage paths.
+Epoch directories are zero-padded, so a plain listing is in epoch order. At the end: the
+validation of the names and numbers that become parts of paths.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The stage's process: run in-process (local Spark or Spark Connect), or ``spark-submit`` detached,
 reconnect, cancel (fence) and wait.
 
-:class:`StageSubmitHook` holds every process decision of a stage, as the Apache Spark
-provider's ``SparkSubmitHook`` does for its operator: the stage operator builds one for
-the runtime :func:`~.stage_runtime.choose_runtime` chose and calls it, and so does the
-submission trigger. A retry reconnects to the attempt of a
-try whose worker died while it waited in-process; it stops the attempt of a try that had
-deferred on it (that try was ended in Airflow: cleared, marked, or its trigger timed out)
-and submits its own. Terminated (``on_kill``), it stops what this process runs: the
-``spark-submit`` it waits for, the in-process stage's Spark jobs, or the Connect
-operations of its attempt (interrupted by the attempt's tag, its session released).
-
-See :mod:`airflow_seatunnel_ckpt.core.protocol.submissions` for the records and the judgement,
-and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
+:class:`StageSubmitHook` holds every process decision of a stage, as ``SparkSubmitHook``
+does for the Spark provider's operator; the stage operator and the submission trigger
+call it. A retry reconnects to the attempt of a try whose worker died while it waited,
+and stops the attempt of a try that had deferred on it. Terminated (``on_kill``), it
+stops what this process runs. The records and their judgement:
+:mod:`airflow_seatunnel_ckpt.core.protocol.submissions`; the launcher:
+:mod:`airflow_seatunnel_ckpt.spark.launch`.
 """
 
 from __future__ import annotations

@@ -6,14 +6,11 @@
         .../airflow_seatunnel_ckpt/spark/driver.py --spec-file spec.json
     python -m airflow_seatunnel_ckpt.spark.driver --spec-file /path/spec.json
 
-The spec is a :class:`~airflow_seatunnel_ckpt.spark.spec.StageSpec` in JSON (it holds the
-store's storage options, so it travels in a file, never on the command line). A
-``--spec-file`` that is not a path on the driver's host is looked up among the files
-``spark-submit`` shipped (``--files``): in the working directory (YARN and Kubernetes
-cluster mode put them there) and through ``SparkFiles``. The outcome is in the store --
-the participant's prepared record -- and optionally in ``--result-file`` (a local path or
-an fsspec URL). Exit status 0 means the participant is prepared for the epoch (by this
-or an earlier attempt).
+The spec is a :class:`~airflow_seatunnel_ckpt.spark.spec.StageSpec` in JSON, in a file (it
+holds the store's storage options); one not on the driver's host is looked up among the
+files ``spark-submit`` shipped (the working directory, ``SparkFiles``). The outcome is the
+participant's prepared record, and optionally ``--result-file`` (a path or fsspec URL).
+Exit status 0: the participant is prepared for the epoch (by this or an earlier attempt).
 """
 
 from __future__ import annotations

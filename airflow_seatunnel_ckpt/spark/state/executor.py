@@ -1,11 +1,8 @@
 """Executor side of keyed state: what runs in the tasks, one task per key group.
 
-Pure functions over Arrow batches plus the loading and writing of one key group's parts.
-A task receives the rows of exactly one key group (the driver repartitions by key into
-``key_groups`` partitions), loads that key group's chain straight from the checkpoint
-store, streams its result on, writes the key group's new part at the end of its input
-and reports the part in the update's report folder (``reports.ReportFolder``). Nothing of the state passes
-through the driver.
+Pure functions over Arrow batches, plus loading and writing one key group's parts: a task
+gets exactly one key group's rows, loads its chain from the store, streams its result on,
+writes the new part at the end of its input and reports it (``reports.ReportFolder``).
 """
 
 from __future__ import annotations
