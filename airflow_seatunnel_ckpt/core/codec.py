@@ -130,17 +130,9 @@ def _decompress(codec: Codec, stored: bytes | memoryview, raw_len: int, path: st
     return bytes(out)
 
 
-def encode_stream(
-    chunks: Iterable[bytes],
-    *,
-    kind: PayloadKind,
-    epoch: int = 0,
-    base_epoch: int | None = None,
-    delta: bool = False,
-    codec: Codec = Codec.ZSTD,
-    level: int = 3,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> Iterator[bytes]:
+def encode_stream(chunks: Iterable[bytes], *, kind: PayloadKind, epoch: int = 0, base_epoch: int | None = None,
+                  delta: bool = False, codec: Codec = Codec.ZSTD, level: int = 3,
+                  chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[bytes]:
     """Frame a payload given as pieces; yields the file's bytes piece by piece.
 
     Pieces are re-cut to ``chunk_size`` so memory stays bounded whatever the payload size.
@@ -310,10 +302,8 @@ def read_header(fh: IO[bytes], path: str) -> FrameHeader:
     return FrameHeader(version, kind_v, codec, bool(flags & FLAG_DELTA), epoch, base or None)
 
 
-def decode_stream(
-    fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = DEFAULT_MAX_CHUNK,
-    decompress: bool = True,
-) -> tuple[FrameHeader, Iterator[bytes]]:
+def decode_stream(fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = DEFAULT_MAX_CHUNK,
+                  decompress: bool = True) -> tuple[FrameHeader, Iterator[bytes]]:
     """Verify and decode a state file from a stream.
 
     Returns the header and an iterator of raw payload chunks. Every chunk is checked

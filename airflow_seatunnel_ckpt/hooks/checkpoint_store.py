@@ -53,11 +53,8 @@ DEFAULT_CONN_ID = "seatunnel_ckpt_default"
 DEFAULT_CONN_ENV = "SEATUNNEL_CKPT_STORE_CONN_ID"
 
 
-def config_from_connection(
-    conn: Connection | None,
-    storage_url: str | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> CheckpointConfig:
+def config_from_connection(conn: Connection | None, storage_url: str | None = None,
+                           overrides: Mapping[str, Any] | None = None) -> CheckpointConfig:
     """Build the checkpoint configuration from a connection, an explicit URL and overrides.
 
     Precedence, lowest first: built-in defaults, the connection (``host`` as URL,
@@ -301,12 +298,8 @@ class CheckpointStoreHook(BaseHook):
     conn_type = CONN_TYPE
     hook_name = "SeaTunnel Checkpoint Store"
 
-    def __init__(
-        self,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, store_conn_id: str | None = None, storage_url: str | None = None,
+                 store_config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.settings = StoreSettings.of(store_conn_id, storage_url, store_config)
         self.store_conn_id = self.settings.conn_id

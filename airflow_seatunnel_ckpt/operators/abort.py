@@ -57,15 +57,9 @@ class AbortEpochOperator(BasePipelineOperator):
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "reason")
     ui_color = "#fadbd8"
 
-    def __init__(
-        self,
-        *,
-        roll_forward: bool = True,
-        reason: str | None = None,
-        on_refusal: Literal["fail", "succeed"] = "fail",
-        trigger_rule: str = TriggerRule.ALL_DONE,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, roll_forward: bool = True, reason: str | None = None,
+                 on_refusal: Literal["fail", "succeed"] = "fail", trigger_rule: str = TriggerRule.ALL_DONE,
+                 **kwargs: Any) -> None:
         super().__init__(trigger_rule=trigger_rule, **kwargs)
         if on_refusal not in ON_REFUSAL:
             raise ValueError(f"{self.where}: on_refusal must be one of {ON_REFUSAL}, got {on_refusal!r}")

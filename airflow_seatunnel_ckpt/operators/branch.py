@@ -65,18 +65,9 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
                                       "commit_task_id", "abort_task_id", "fallback_task_id")
     ui_color = "#fdebd0"
 
-    def __init__(
-        self,
-        *,
-        commit_task_id: str,
-        abort_task_id: str,
-        fallback_task_id: str | None = None,
-        participants: Sequence[str] | None = None,
-        min_rows: int | None = None,
-        max_rows: int | None = None,
-        check: EpochCheck | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, commit_task_id: str, abort_task_id: str, fallback_task_id: str | None = None,
+                 participants: Sequence[str] | None = None, min_rows: int | None = None, max_rows: int | None = None,
+                 check: EpochCheck | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.commit_task_id = commit_task_id
         self.abort_task_id = abort_task_id

@@ -59,16 +59,9 @@ class CommitEpochOperator(BasePipelineOperator):
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
     ui_color = "#d5f5e3"
 
-    def __init__(
-        self,
-        *,
-        sink_assets: Mapping[str, Asset] | None = None,
-        retries: int = 5,
-        retry_delay: timedelta | float = timedelta(seconds=10),
-        retry_exponential_backoff: float = 2.0,
-        max_retry_delay: timedelta | float = timedelta(minutes=10),
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, sink_assets: Mapping[str, Asset] | None = None, retries: int = 5,
+                 retry_delay: timedelta | float = timedelta(seconds=10), retry_exponential_backoff: float = 2.0,
+                 max_retry_delay: timedelta | float = timedelta(minutes=10), **kwargs: Any) -> None:
         self.sink_assets = dict(sink_assets or {})
         outlets = [*(kwargs.pop("outlets", None) or []), *self.sink_assets.values()]
         super().__init__(retries=retries, retry_delay=retry_delay,

@@ -96,13 +96,7 @@ class RecoverPipelineOperator(BasePipelineOperator):
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
     ui_color = "#ebdef0"
 
-    def __init__(
-        self,
-        *,
-        apply: bool = True,
-        pipeline_dag_id: str | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, apply: bool = True, pipeline_dag_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.apply = apply
         self.pipeline_dag_id = pipeline_dag_id
@@ -144,13 +138,7 @@ class RetainCheckpointsOperator(BasePipelineOperator):
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
     ui_color = "#ebdef0"
 
-    def __init__(
-        self,
-        *,
-        max_retain: int | None = None,
-        apply: bool = True,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, max_retain: int | None = None, apply: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_retain = max_retain
         self.apply = apply

@@ -43,14 +43,8 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "participants")
     ui_color = "#d6eaf8"
 
-    def __init__(
-        self,
-        *,
-        participants: Sequence[str] | None = None,
-        deferrable: bool = False,
-        stage_task_ids: Sequence[str] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, participants: Sequence[str] | None = None, deferrable: bool = False,
+                 stage_task_ids: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.participants = list(participants) if participants else None
         self.deferrable = deferrable

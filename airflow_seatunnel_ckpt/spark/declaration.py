@@ -234,16 +234,8 @@ class StageDeclaration:
     sinks: tuple[EntryDeclaration, ...]
 
     @classmethod
-    def check(
-        cls,
-        *,
-        participant: str,
-        stage: str | Callable[..., Any],
-        sources: Any,
-        sinks: Any,
-        importable: bool,
-        where: str,
-    ) -> StageDeclaration:
+    def check(cls, *, participant: str, stage: str | Callable[..., Any], sources: Any, sinks: Any, importable: bool,
+              where: str) -> StageDeclaration:
         """Check every argument; ConfigError naming ``where``, the entry, what is wrong and the way out.
 
         :param importable: the stage runs in another process (``spark-submit``).

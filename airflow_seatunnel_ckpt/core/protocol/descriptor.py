@@ -285,16 +285,9 @@ def _check_owner(pipeline: Pipeline, latest: PipelineDescriptor | None, dag_id: 
         f"`seatunnel-ckpt describe {pipeline.name} --transfer-to {dag_id}`.")
 
 
-def ensure_descriptor(
-    pipeline: Pipeline,
-    *,
-    dag_id: str,
-    participants: Mapping[str, ParticipantDescriptor],
-    config: CheckpointConfig | None = None,
-    store_conn_id: str | None = None,
-    complete: bool = True,
-    write: bool = True,
-) -> PipelineDescriptor:
+def ensure_descriptor(pipeline: Pipeline, *, dag_id: str, participants: Mapping[str, ParticipantDescriptor],
+                      config: CheckpointConfig | None = None, store_conn_id: str | None = None, complete: bool = True,
+                      write: bool = True) -> PipelineDescriptor:
     """Make sure the pipeline's descriptor says what this DAG declares; return the newest version.
 
     :param dag_id: the DAG running the pipeline; if the descriptor names another owner,

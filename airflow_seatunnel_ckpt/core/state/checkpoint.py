@@ -150,10 +150,8 @@ class CheckpointManager:
         """Whether ``_metadata`` exists (the checkpoint was completed)."""
         return self.storage.exists(layout.metadata_path(epoch))
 
-    def verify_parts(
-        self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None,
-        trusted: Mapping[str, PartRef] | None = None, decode: bool = True,
-    ) -> list[Problem]:
+    def verify_parts(self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None,
+                     trusted: Mapping[str, PartRef] | None = None, decode: bool = True) -> list[Problem]:
         """Check that each part exists with its recorded size (and, if ``deep``, CRC32C + frame).
 
         ``deep`` reads each part whole: its size and CRC32C against the reference, then its

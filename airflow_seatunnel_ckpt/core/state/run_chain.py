@@ -49,14 +49,8 @@ def live_runs(chain: Sequence[PartRef], min_epoch: int | None) -> list[PartRef]:
     return [ref for ref in chain if ref.epoch >= min_epoch or ref.index is None]
 
 
-def lookup(
-    storage: Storage,
-    chain: Sequence[PartRef],
-    key_columns: list[str],
-    keys: Any,
-    *,
-    min_epoch: int | None = None,
-) -> tuple[np.ndarray, Any, int]:
+def lookup(storage: Storage, chain: Sequence[PartRef], key_columns: list[str], keys: Any, *,
+           min_epoch: int | None = None) -> tuple[np.ndarray, Any, int]:
     """Find unique ``keys`` in the chain: ``(positions, rows, bytes read)``.
 
     ``positions`` index ``keys`` for each key whose newest row is live (not a tombstone,
@@ -117,13 +111,8 @@ def _positions_in(block_keys: Any, wanted: Any) -> np.ndarray:
     return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def plan_compaction(
-    sizes: Sequence[int],
-    cap: int | None,
-    fanout: int = DEFAULT_FANOUT,
-    soft_runs: int = 2 * DEFAULT_FANOUT,
-    max_runs: int = MAX_RUNS,
-) -> tuple[int, int] | None:
+def plan_compaction(sizes: Sequence[int], cap: int | None, fanout: int = DEFAULT_FANOUT,
+                    soft_runs: int = 2 * DEFAULT_FANOUT, max_runs: int = MAX_RUNS) -> tuple[int, int] | None:
     """Which runs of a chain with run ``sizes`` (oldest first) to merge: ``(start, end)``.
 
     The merged window ``sizes[start:end]`` is contiguous, anywhere in the chain, and its
@@ -162,18 +151,9 @@ def plan_compaction(
     return None
 
 
-def compaction_cap(
-    chains: Mapping[int, Sequence[PartRef]],
-    key_groups: int,
-    key_group: int,
-    epoch: int,
-    *,
-    budget: float = DEFAULT_BUDGET,
-    turns: int = DEFAULT_TURNS,
-    floor: int = DEFAULT_MERGE_FLOOR,
-    changes: int = 0,
-    min_epoch: int | None = None,
-) -> int | None:
+def compaction_cap(chains: Mapping[int, Sequence[PartRef]], key_groups: int, key_group: int, epoch: int, *,
+                   budget: float = DEFAULT_BUDGET, turns: int = DEFAULT_TURNS, floor: int = DEFAULT_MERGE_FLOOR,
+                   changes: int = 0, min_epoch: int | None = None) -> int | None:
     """The most bytes ``key_group`` may merge in ``epoch`` (None: not its turn).
 
     Key groups take turns: in an epoch, only those with ``(epoch + key_group) % turns ==
@@ -213,15 +193,8 @@ def conform(table: Any, schema: Any) -> Any:
     return table.select(schema.names).cast(schema)
 
 
-def merge_sorted(
-    sources: Sequence[Iterator[Any]],
-    key_columns: list[str],
-    schema: Any,
-    *,
-    epochs: Sequence[int],
-    drop_dead: bool,
-    min_epoch: int | None,
-) -> Iterator[Any]:
+def merge_sorted(sources: Sequence[Iterator[Any]], key_columns: list[str], schema: Any, *, epochs: Sequence[int],
+                 drop_dead: bool, min_epoch: int | None) -> Iterator[Any]:
     """K-way merge of sorted block streams (oldest source first): newest row per key wins.
 
     Each round emits every row up to the smallest last key among the sources' current

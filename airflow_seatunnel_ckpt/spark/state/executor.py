@@ -179,15 +179,8 @@ def _task_partition() -> int:
     return context.partitionId() if context is not None else 0
 
 
-def _report(
-    reports: ReportFolder,
-    key_group: int,
-    partition: int,
-    rows: int,
-    changed: int,
-    written: Written,
-    read: int,
-) -> None:
+def _report(reports: ReportFolder, key_group: int, partition: int, rows: int, changed: int, written: Written,
+            read: int) -> None:
     report = PartReport(key_group, rows, changed, aligned=key_group == partition, part=written.part,
                         replaces=written.replaces, read=read + written.read, merged=written.merged,
                         merge_start=written.merge_start, merge_end=written.merge_end)
@@ -209,13 +202,8 @@ def _first_unseen(keys: pa.Array | pa.ChunkedArray, known: pa.Array | None) -> p
     return firsts
 
 
-def dedup_keep(
-    batches: Iterator[tuple[pa.Array, ...]],
-    *,
-    settings: StateSettings,
-    reports: ReportFolder,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-) -> Iterator[pa.Array]:
+def dedup_keep(batches: Iterator[tuple[pa.Array, ...]], *, settings: StateSettings, reports: ReportFolder,
+               chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[pa.Array]:
     """Executor side of :meth:`KeySet.dedup` for one key group (one task).
 
     A scalar Arrow iterator UDF over the key columns and the key-group column: yields,
@@ -326,13 +314,8 @@ def null_key_error(exc: BaseException) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
-def merge_partition(
-    batches: Iterator[pa.RecordBatch],
-    *,
-    settings: StateSettings,
-    aggregates: Mapping[str, Aggregate],
-    reports: ReportFolder,
-) -> Iterator[pa.RecordBatch]:
+def merge_partition(batches: Iterator[pa.RecordBatch], *, settings: StateSettings,
+                    aggregates: Mapping[str, Aggregate], reports: ReportFolder) -> Iterator[pa.RecordBatch]:
     """Executor side of :meth:`KeyValueState.aggregate` for one key group (one task).
 
     The input holds this epoch's partial aggregate per key; the restored values of those

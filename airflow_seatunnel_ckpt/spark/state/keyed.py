@@ -368,13 +368,8 @@ class KeySet(KeyedState):
 
     kind = StateKind.KEY_SET
 
-    def dedup(
-        self,
-        df: DataFrame,
-        key: str | Sequence[str],
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        ttl_epochs: int | None = None,
-    ) -> DataFrame:
+    def dedup(self, df: DataFrame, key: str | Sequence[str], chunk_rows: int = DEFAULT_CHUNK_ROWS,
+              ttl_epochs: int | None = None) -> DataFrame:
         """Rows of ``df`` whose key no committed epoch has seen, one row per key.
 
         Among rows of this epoch with the same key the first one read is kept (like
@@ -428,13 +423,8 @@ class KeyValueState(KeyedState):
 
     kind = StateKind.KEY_VALUE
 
-    def aggregate(
-        self,
-        df: DataFrame,
-        key: str | Sequence[str],
-        aggregates: Mapping[str, tuple[str, str]],
-        mode: str = CHANGES,
-    ) -> DataFrame:
+    def aggregate(self, df: DataFrame, key: str | Sequence[str], aggregates: Mapping[str, tuple[str, str]],
+                  mode: str = CHANGES) -> DataFrame:
         """Fold this epoch's rows into the running aggregates.
 
         ``aggregates`` maps an output column to ``(function, input column)``, e.g.
