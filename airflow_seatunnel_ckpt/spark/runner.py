@@ -83,14 +83,8 @@ def load_stage_function(path: str) -> StageFunction:
     return stage
 
 
-def run_stage(
-    spec: StageSpec,
-    spark: SparkSession | None = None,
-    *,
-    stage_fn: StageFunction | None = None,
-    submitted: bool = False,
-    progress_interval: float = DEFAULT_INTERVAL_S,
-) -> StageResult:
+def run_stage(spec: StageSpec, spark: SparkSession | None = None, *, stage_fn: StageFunction | None = None,
+              submitted: bool = False, progress_interval: float = DEFAULT_INTERVAL_S) -> StageResult:
     """Run ``spec``'s stage for its run's epoch and log it prepared.
 
     :param spark: session to use; default: a Spark Connect session to ``spec.remote`` if
@@ -237,7 +231,7 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
         offsets = plan(sources)
     except SourceError as exc:  # a missing directory, a changed consumed file
         raise SourceError(f"pipeline {spec.pipeline!r} epoch {epoch}: {exc}") from exc
-    sinks = _bound_sinks(pipeline, spec, staged_at)
+    sinks = {name: _bound_sink(pipeline, name, opts, staged_at) for name, opts in spec.sinks.items()}
     quarantines = _quarantine_sinks(pipeline, spec, sources, sinks, staged_at)
     rejected = _expectation_quarantines(pipeline, spec, sinks, quarantines, staged_at)
     bound = {name: BoundSource(session, src, offsets[name], quarantines.get(name), epoch)
@@ -298,13 +292,8 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
     return StageRun(ctx, bound, manifests, not_written, operators, written)
 
 
-def _fixed_offsets(
-    pipeline: Pipeline,
-    epoch: int,
-    spec: StageSpec,
-    sources: Mapping[str, Source],
-    base: RestorePoint,
-) -> dict[str, dict[str, Any]]:
+def _fixed_offsets(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: Mapping[str, Source],
+                   base: RestorePoint) -> dict[str, dict[str, Any]]:
     """This epoch's offsets per source: the first attempt's plan (see ``Pipeline.pin_inputs``).
 
     Without the stored plan a retry would list the input again and could pick up files
@@ -342,13 +331,11 @@ def _first_pinned_plan(pipeline: Pipeline, participant: str, source: str, before
     return None
 
 
-def _bound_sinks(pipeline: Pipeline, spec: StageSpec, staged_at: Callable[[str], str]) -> dict[str, Sink]:
-    sinks = {}
-    for name, opts in spec.sinks.items():
-        sink = sink_from_options(name, opts)
-        sink.bind(pipeline.storage.url_of(staged_at(name)), pipeline.storage.storage_options)
-        sinks[name] = sink
-    return sinks
+def _bound_sink(pipeline: Pipeline, name: str, options: Any, staged_at: Callable[[str], str]) -> Sink:
+    """The sink ``name`` of ``options``, staging into the attempt's staging of it."""
+    sink = sink_from_options(name, options)
+    sink.bind(pipeline.storage.url_of(staged_at(name)), pipeline.storage.storage_options)
+    return sink
 
 
 def _null_key_origin(spark: SparkSession, epoch: int, sources: Mapping[str, BoundSource],
@@ -403,9 +390,7 @@ def _quarantine_sinks(pipeline: Pipeline, spec: StageSpec, sources: Mapping[str,
                 f"stage spec: sink {sink_name!r} is the quarantine sink of source {name!r} "
                 "(its bad_records option); rename the sink"
             )
-        sink = sink_from_options(sink_name, {"type": "file", "path": target, "format": "json"})
-        sink.bind(pipeline.storage.url_of(staged_at(sink_name)), pipeline.storage.storage_options)
-        out[name] = sink
+        out[name] = _bound_sink(pipeline, sink_name, {"type": "file", "path": target, "format": "json"}, staged_at)
     return out
 
 
@@ -427,21 +412,13 @@ def _expectation_quarantines(pipeline: Pipeline, spec: StageSpec, sinks: Mapping
         if sink_name in names:
             raise ConfigError(f"stage spec: sink {sink_name!r} is the quarantine of sink {name!r} (its "
                               "expectations); rename the sink")
-        quarantine = sink_from_options(sink_name, options)
-        quarantine.bind(pipeline.storage.url_of(staged_at(sink_name)), pipeline.storage.storage_options)
-        sink.quarantine = quarantine
+        sink.quarantine = quarantine = _bound_sink(pipeline, sink_name, options, staged_at)
         out.append(quarantine)
     return out
 
 
-def _state_factory(
-    spark: SparkSession,
-    pipeline: Pipeline,
-    config: CheckpointConfig,
-    epoch: int,
-    spec: StageSpec,
-    base: RestorePoint,
-) -> Callable[[str, type[KeyedState]], KeyedState]:
+def _state_factory(spark: SparkSession, pipeline: Pipeline, config: CheckpointConfig, epoch: int, spec: StageSpec,
+                   base: RestorePoint) -> Callable[[str, type[KeyedState]], KeyedState]:
     store = StoreLocation.of(pipeline.storage)
     restore_from = StoreLocation.of(base.storage or pipeline.storage)
     # Parts restored from a replica live in another store: write every key group in full
