@@ -288,10 +288,8 @@ def read_header(fh: IO[bytes], path: str) -> FrameHeader:
     if crc32c(raw[: _HEADER.size]) != stored_crc:
         raise CorruptCheckpointError(f"{path}: header checksum mismatch", path)
     if version > FORMAT_VERSION:
-        raise IncompatibleFormatError(
-            f"{path}: written by format version {version}, this release reads up to "
-            f"{FORMAT_VERSION}; upgrade airflow-seatunnel-ckpt to read it", path,
-        )
+        raise IncompatibleFormatError(f"{path}: written by format version {version}, this release reads up to "
+                                      f"{FORMAT_VERSION}; upgrade airflow-seatunnel-ckpt to read it", path,)
     if version < 1 or flags & ~_KNOWN_FLAGS:
         raise IncompatibleFormatError(f"{path}: unknown format version {version} / flags {flags:#x}", path)
     try:

@@ -73,9 +73,7 @@ def absolute_local_url(url: str, what: str = "storage_url") -> str:
 #: ``scheme://userinfo@``. With a ``user:password`` form the password may itself hold
 #: ``/`` (AWS secret keys do) or ``@``, so it runs to the last ``@``: redacting too much of
 #: a message is harmless, leaking part of a secret is not.
-_USERINFO = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^@/?#]*:.*@|[^@/?#:]*@)", re.DOTALL
-)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^@/?#]*:.*@|[^@/?#:]*@)", re.DOTALL)
 #: Query parameters that carry credentials (SAS tokens, pre-signed URL signatures, keys).
 _SECRET_PARAM = re.compile(
     r"(?P<name>[?&;][^=&#;]*(?:key|secret|token|passw|pwd|signature|sig|credential|auth)[^=&#;]*=)[^&#;]*",

@@ -65,10 +65,8 @@ def config_from_connection(conn: Connection | None, storage_url: str | None = No
     values: dict[str, Any] = {}
     if conn is not None:
         if conn.conn_type and conn.conn_type != CONN_TYPE:
-            raise ConfigError(
-                f"connection {conn.conn_id!r} has type {conn.conn_type!r}; a checkpoint store "
-                f"needs a connection of type {CONN_TYPE!r}"
-            )
+            raise ConfigError(f"connection {conn.conn_id!r} has type {conn.conn_type!r}; a checkpoint store "
+                              f"needs a connection of type {CONN_TYPE!r}")
         extra = conn.extra_dejson
         if not isinstance(extra, Mapping):
             raise ConfigError(f"connection {conn.conn_id!r}: extras must be a JSON object")

@@ -57,25 +57,19 @@ def stage_import_path(stage: Any, *, where: str, importable: bool) -> str:
     """
     if isinstance(stage, str):
         if not is_templated(stage) and not STAGE_PATH.match(stage):
-            raise ConfigError(
-                f"{where}: stage {stage!r} is not an import path of the form 'package.module:function' "
-                "(e.g. 'my_pipelines.orders:dedup_orders'); pass that string, or the function itself"
-            )
+            raise ConfigError(f"{where}: stage {stage!r} is not an import path of the form 'package.module:function' "
+                              "(e.g. 'my_pipelines.orders:dedup_orders'); pass that string, or the function itself")
         if not is_templated(stage):
             _check_module_defines(stage, where)
         return stage
     if not callable(stage):
-        raise ConfigError(
-            f"{where}: stage must be a function or its import path 'package.module:function', "
-            f"got {type(stage).__name__} {stage!r}"
-        )
+        raise ConfigError(f"{where}: stage must be a function or its import path 'package.module:function', "
+                          f"got {type(stage).__name__} {stage!r}")
     module = getattr(stage, "__module__", None)
     qualname = getattr(stage, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
-        raise ConfigError(
-            f"{where}: stage {stage!r} has no module and name to import it by; pass a function "
-            "defined with 'def' at the top level of a module"
-        )
+        raise ConfigError(f"{where}: stage {stage!r} has no module and name to import it by; pass a function "
+                          "defined with 'def' at the top level of a module")
     path = f"{module}:{qualname}"
     if importable:
         problem = None

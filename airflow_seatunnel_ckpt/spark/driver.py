@@ -38,20 +38,15 @@ def _write_result(target: str, data: dict[str, object]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the stage a spec file describes; returns the process exit status."""
-    parser = argparse.ArgumentParser(
-        prog="airflow_seatunnel_ckpt.spark.driver", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="airflow_seatunnel_ckpt.spark.driver", description=__doc__.split("\n")[0])
     parser.add_argument("--spec-file", required=True, help="StageSpec as JSON")
     parser.add_argument("--result-file", help="where to write the StageResult as JSON")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--progress-interval", type=float, default=None,
                         help="seconds between two progress lines of the running Spark jobs (default 10)")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
     from airflow_seatunnel_ckpt.spark.runner import run_stage

@@ -107,13 +107,8 @@ def run_stage(spec: StageSpec, spark: SparkSession | None = None, *, stage_fn: S
     epoch = pipeline.begin(spec.run_id).epoch
     earlier = pipeline.prepared_for_run(spec.run_id, spec.participant)
     if earlier is not None:
-        log.info(
-            "pipeline %s epoch %d: %s already prepared by attempt %d; not running it again",
-            spec.pipeline,
-            epoch,
-            spec.participant,
-            earlier.attempt,
-        )
+        log.info("pipeline %s epoch %d: %s already prepared by attempt %d; not running it again", spec.pipeline,
+                 epoch, spec.participant, earlier.attempt)
         return StageResult.from_prepared(pipeline.name, earlier, reused=True)
     # From here until the prepared record exists (or the stage fails) this process holds
     # the participant's lease: recovery and the next run see a running stage, however long
@@ -136,15 +131,8 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
     # damaged in place (same size, flipped bytes) that failed attempt 1 mid-restore is
     # skipped in favour of a fallback (replica, log, older epoch) instead of failing again.
     base = pipeline.restore_point(deep=spec.attempt > 1)
-    log.info(
-        "pipeline %s epoch %d attempt %d: %s restores from %s (%s)",
-        spec.pipeline,
-        epoch,
-        spec.attempt,
-        spec.participant,
-        base.epoch if base.epoch else "nothing",
-        base.how,
-    )
+    log.info("pipeline %s epoch %d attempt %d: %s restores from %s (%s)", spec.pipeline, epoch, spec.attempt,
+             spec.participant, base.epoch if base.epoch else "nothing", base.how)
 
     def plan(sources: Mapping[str, Source]) -> dict[str, dict[str, Any]]:
         return _fixed_offsets(pipeline, epoch, spec, sources, base)
@@ -154,30 +142,20 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
     ctx, bound, manifests, not_written, operators, written = (
         ran.ctx, ran.bound, ran.manifests, ran.not_written, ran.operators, ran.written)
     try:
-        record = pipeline.prepare(
-            epoch,
-            spec.participant,
-            spec.attempt,
-            run_id=spec.run_id,
-            sinks=manifests,
-            operators=operators,
-            sources={n: b.consumed for n, b in bound.items()},
-            base=base,
-            not_written=not_written,
-        )
+        record = pipeline.prepare(epoch, spec.participant, spec.attempt, run_id=spec.run_id, sinks=manifests,
+                                  operators=operators, sources={n: b.consumed for n, b in bound.items()}, base=base,
+                                  not_written=not_written)
     except FencedAttemptError:
         winner = pipeline.txlog.read_prepared(epoch, spec.participant)
         if winner is None:
             raise
-        log.warning(
-            "pipeline %s epoch %d: attempt %d of %s was fenced; "
-            "attempt %d's prepared output stands",
-            spec.pipeline,
-            epoch,
-            spec.attempt,
-            spec.participant,
-            winner.attempt,
-        )
+        log.warning("pipeline %s epoch %d: attempt %d of %s was fenced; "
+                    "attempt %d's prepared output stands",
+                    spec.pipeline,
+                    epoch,
+                    spec.attempt,
+                    spec.participant,
+                    winner.attempt,)
         return StageResult.from_prepared(pipeline.name, winner, reused=True)
     result = StageResult.from_prepared(pipeline.name, record, reused=False)
     if spec.dry_run:
@@ -185,20 +163,18 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
                  pipeline.name)
     else:
         _record_state_shapes(pipeline, spec.participant, ctx.states)
-    log.info(
-        "pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), "
-        "%d checkpoint bytes "
-        "(%d in keyed state)",
-        spec.pipeline,
-        epoch,
-        spec.participant,
-        spec.attempt,
-        time.monotonic() - started,
-        result.rows,
-        len(manifests),
-        result.checkpoint_bytes,
-        written,
-    )
+    log.info("pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), "
+             "%d checkpoint bytes "
+             "(%d in keyed state)",
+             spec.pipeline,
+             epoch,
+             spec.participant,
+             spec.attempt,
+             time.monotonic() - started,
+             result.rows,
+             len(manifests),
+             result.checkpoint_bytes,
+             written,)
     return result
 
 
@@ -236,20 +212,18 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
     rejected = _expectation_quarantines(pipeline, spec, sinks, quarantines, staged_at)
     bound = {name: BoundSource(session, src, offsets[name], quarantines.get(name), epoch)
              for name, src in sources.items()}
-    ctx = StageContext(
-        session,
-        pipeline=spec.pipeline,
-        participant=spec.participant,
-        run_id=spec.run_id,
-        epoch=epoch,
-        attempt=spec.attempt,
-        restored_epoch=base.epoch,
-        key_groups=spec.key_groups,
-        sources=bound,
-        sinks=sinks,
-        state_factory=_state_factory(session, pipeline, config, epoch, spec, base),
-        airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}),
-    )
+    ctx = StageContext(session,
+                       pipeline=spec.pipeline,
+                       participant=spec.participant,
+                       run_id=spec.run_id,
+                       epoch=epoch,
+                       attempt=spec.attempt,
+                       restored_epoch=base.epoch,
+                       key_groups=spec.key_groups,
+                       sources=bound,
+                       sinks=sinks,
+                       state_factory=_state_factory(session, pipeline, config, epoch, spec, base),
+                       airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}),)
 
     operators: dict[str, OperatorState] = {}
     written = 0
@@ -282,12 +256,10 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
                                                  expectations=sink.expectation_results))
         else:
             not_written.append(name)
-            log.warning(
-                "pipeline %s epoch %d: stage %s declared sink %r but did not write it; the epoch "
-                "publishes nothing for it (recorded as not_written in the prepared record and the "
-                "commit). Write it (an empty DataFrame is fine) or remove it from the stage's sinks",
-                spec.pipeline, epoch, spec.stage, name,
-            )
+            log.warning("pipeline %s epoch %d: stage %s declared sink %r but did not write it; the epoch "
+                        "publishes nothing for it (recorded as not_written in the prepared record and the "
+                        "commit). Write it (an empty DataFrame is fine) or remove it from the stage's sinks",
+                        spec.pipeline, epoch, spec.stage, name,)
     log_row_counts(label, bound, sinks)
     return StageRun(ctx, bound, manifests, not_written, operators, written)
 
@@ -363,11 +335,9 @@ def _null_key_origin(spark: SparkSession, epoch: int, sources: Mapping[str, Boun
     origin = ("; ".join(found) if found else
               "no input file has a null " + repr(column) + " itself: the stage's own transformations "
               "produced it")
-    return StateError(
-        f"epoch {epoch}: keyed state {state!r}: key column {column!r} holds nulls, from "
-        f"{origin}. Drop or fill null keys before updating the state (e.g. df.where(col({column!r})."
-        "isNotNull())), or fix the input file and deliver it under a new name"
-    )
+    return StateError(f"epoch {epoch}: keyed state {state!r}: key column {column!r} holds nulls, from "
+                      f"{origin}. Drop or fill null keys before updating the state (e.g. df.where(col({column!r})."
+                      "isNotNull())), or fix the input file and deliver it under a new name")
 
 
 #: The name of a source's quarantine sink: ``<source>.bad_records``.
@@ -386,10 +356,8 @@ def _quarantine_sinks(pipeline: Pipeline, spec: StageSpec, sources: Mapping[str,
             continue
         sink_name = f"{name}{QUARANTINE_SUFFIX}"
         if sink_name in sinks:
-            raise ConfigError(
-                f"stage spec: sink {sink_name!r} is the quarantine sink of source {name!r} "
-                "(its bad_records option); rename the sink"
-            )
+            raise ConfigError(f"stage spec: sink {sink_name!r} is the quarantine sink of source {name!r} "
+                              "(its bad_records option); rename the sink")
         out[name] = _bound_sink(pipeline, sink_name, {"type": "file", "path": target, "format": "json"}, staged_at)
     return out
 
@@ -431,18 +399,9 @@ def _state_factory(spark: SparkSession, pipeline: Pipeline, config: CheckpointCo
     opened: dict[str, KeyedState] = {}
 
     def make(name: str, kind: type[KeyedState]) -> KeyedState:
-        settings = StateSettings(
-            name=name,
-            kind=kind.kind,
-            key_groups=spec.key_groups,
-            epoch=epoch,
-            attempt=spec.attempt,
-            store=store,
-            restore_from=restore_from,
-            policy=policy,
-            restored=base.operators.get(name),
-            pipeline=pipeline.name,
-        )
+        settings = StateSettings(name=name, kind=kind.kind, key_groups=spec.key_groups, epoch=epoch,
+                                 attempt=spec.attempt, store=store, restore_from=restore_from, policy=policy,
+                                 restored=base.operators.get(name), pipeline=pipeline.name)
         state = kind(spark, settings)
         # Only a state with committed values is held to its shape, and the shape is the
         # restored checkpoint's (the descriptor's only when the checkpoint recorded none):

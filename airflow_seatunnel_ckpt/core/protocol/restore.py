@@ -204,8 +204,6 @@ def _published_rows(txlog: TransactionLog, epoch: int) -> int:
 def _way_out(storage: Storage, pipeline: str, epoch: int, problems: list[Problem], why: str) -> str:
     where = storage.describe_path(layout.checkpoint_dir(epoch))
     first = problems[0] if problems else Problem(where, "damaged")
-    return (
-        f"pipeline {pipeline!r}: the newest committed checkpoint (epoch {epoch}) cannot be restored: "
-        f"{first}; {why}. Way out: restore that file from a backup or a replica (configure secondary_url), "
-        f"then run `seatunnel-ckpt verify {pipeline}`; nothing was changed in the store."
-    )
+    return (f"pipeline {pipeline!r}: the newest committed checkpoint (epoch {epoch}) cannot be restored: "
+            f"{first}; {why}. Way out: restore that file from a backup or a replica (configure secondary_url), "
+            f"then run `seatunnel-ckpt verify {pipeline}`; nothing was changed in the store.")

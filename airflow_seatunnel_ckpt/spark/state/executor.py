@@ -164,10 +164,8 @@ def _batch_key_group(batch: pa.RecordBatch, seen: int | None) -> int:
     low, high = (v.as_py() for v in pc.min_max(groups).values())
     if low != high or (seen is not None and low != seen):
         groups_seen = sorted({low, high, seen} - {None})
-        raise StateError(
-            f"keyed state: one task received rows of key groups {groups_seen}; Spark did not "
-            "keep the key-group partitioning of the state update"
-        )
+        raise StateError(f"keyed state: one task received rows of key groups {groups_seen}; Spark did not "
+                         "keep the key-group partitioning of the state update")
     return int(low)
 
 
