@@ -25,8 +25,6 @@ from pydantic import Field, Strict, field_validator, model_validator
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.options import Options, checked, keyed
 
-#: The modes every sink type names its behaviour with (each type takes some of them).
-MODES = ("append", "upsert", "snapshot")
 #: The file formats a file sink writes.
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
 #: The PostgreSQL session's timeouts (seconds) and their defaults: a lock wait (a paused

@@ -415,7 +415,7 @@ class KeyValueState(KeyedState):
 
         * ``"changes"`` (default): only the keys this epoch changed -- a changelog. Summed
           over every epoch it counts a key once per epoch that changed it, so publish it
-          to a ``changes`` sink for consumers that apply changes (newest epoch wins).
+          to an ``append`` sink for consumers that apply changes (newest epoch wins).
         * ``"snapshot"``: every key of the state (as :meth:`snapshot` after the update)
           -- the current table. Publish it to a sink with ``mode: snapshot``, which
           replaces the table each epoch, and a plain ``sum`` over the target is the true
