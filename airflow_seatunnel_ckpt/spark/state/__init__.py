@@ -31,20 +31,7 @@ from airflow_seatunnel_ckpt.spark.state.settings import (
 )
 
 __all__ = [
-    "DEFAULT_CHUNK_ROWS",
-    "KEY_GROUP_COLUMN",
-    "Aggregate",
-    "KeySet",
-    "KeyValueState",
-    "KeyedState",
-    "PartPolicy",
-    "PartReport",
-    "ReportFolder",
-    "StateError",
-    "StateKind",
-    "StateSettings",
-    "StoreLocation",
-    "dedup_keep",
-    "merge_partition",
-    "read_partition",
+    "DEFAULT_CHUNK_ROWS", "KEY_GROUP_COLUMN", "Aggregate", "KeySet", "KeyValueState", "KeyedState", "PartPolicy",
+    "PartReport", "ReportFolder", "StateError", "StateKind", "StateSettings", "StoreLocation", "dedup_keep",
+    "merge_partition", "read_partition",
 ]
