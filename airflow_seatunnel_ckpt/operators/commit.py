@@ -73,8 +73,7 @@ class CommitEpochOperator(BasePipelineOperator):
         pipeline = self.store_pipeline
         epoch = self.epoch_of_run(context)
         if epoch is None:
-            raise AirflowFailException(
-                f"pipeline {self.pipeline}: run {context['run_id']!r} has no epoch to commit")
+            raise AirflowFailException(f"pipeline {self.pipeline}: run {context['run_id']!r} has no epoch to commit")
         status = pipeline.status(epoch)
         decision = status.decision
         if decision is None:
@@ -82,9 +81,8 @@ class CommitEpochOperator(BasePipelineOperator):
                 f"pipeline {self.pipeline}: epoch {epoch} is {status.state.value} and undecided; "
                 "the branch task records the decision: clear it rather than the commit task")
         if decision.decision is Decision.ABORT:
-            raise AirflowFailException(
-                f"pipeline {self.pipeline}: epoch {epoch} was decided ABORT by {decision.by} "
-                f"({decision.reason}); there is nothing to publish")
+            raise AirflowFailException(f"pipeline {self.pipeline}: epoch {epoch} was decided ABORT by {decision.by} "
+                                       f"({decision.reason}); there is nothing to publish")
         already = status.state is EpochState.COMMITTED
         if already:
             self.log.info("epoch %s is already COMMITTED; confirming its published output", epoch)

@@ -59,10 +59,9 @@ class ListAllPipelinesOperator(BaseOperator):
             self.log.info("%s at %s holds %d pipeline(s): %s", where, redact_url(store.config.storage_url),
                           len(names), ", ".join(names) or "none")
             found += [{"pipeline": name, **configured.store_kwargs()} for name in names]
-        self.log.info(
-            "connections that live only in the metadata database cannot be listed by a task and are not "
-            "watched unless [%s] %s names them (ids or URLs, comma separated); the Checkpoints page marks "
-            "the stores this DAG does not watch", CONFIG_SECTION, CONFIG_OPTION)
+        self.log.info("connections that live only in the metadata database cannot be listed by a task and are not "
+                      "watched unless [%s] %s names them (ids or URLs, comma separated); the Checkpoints page marks "
+                      "the stores this DAG does not watch", CONFIG_SECTION, CONFIG_OPTION)
         if not found:
             default = CheckpointStoreHook()
             message = (
@@ -119,9 +118,8 @@ class RecoverPipelineOperator(BasePipelineOperator):
             self.log.info("pipeline %s: nothing to recover", self.pipeline)
         if report.errors:
             # Fail so the recovery DAG shows red; every action is retried by the next run.
-            raise RecoveryError(
-                f"pipeline {self.pipeline}: {len(report.errors)} recovery action(s) failed: "
-                + "; ".join(f"epoch {a.epoch} {a.action}: {a.error}" for a in report.errors))
+            raise RecoveryError(f"pipeline {self.pipeline}: {len(report.errors)} recovery action(s) failed: "
+                                + "; ".join(f"epoch {a.epoch} {a.action}: {a.error}" for a in report.errors))
         return {"pipeline": self.pipeline, **report.to_dict()}
 
 

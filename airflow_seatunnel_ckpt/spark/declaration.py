@@ -156,10 +156,9 @@ def _check_module_defines(stage: str, where: str) -> None:
         return
     functions = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
     close = difflib.get_close_matches(first, sorted(defined), n=1)
-    raise ConfigError(
-        f"{where}: stage {stage!r}: module {module!r} ({path}) defines no {first!r}"
-        + (f"; did you mean {close[0]!r}?" if close else "")
-        + f" Its functions: {functions or 'none'}. Fix the stage's 'module:function' path")
+    raise ConfigError(f"{where}: stage {stage!r}: module {module!r} ({path}) defines no {first!r}"
+                      + (f"; did you mean {close[0]!r}?" if close else "")
+                      + f" Its functions: {functions or 'none'}. Fix the stage's 'module:function' path")
 
 
 @dataclass(frozen=True)

@@ -63,9 +63,8 @@ def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) 
                 f"sink {sink!r}: expectation {rule.name!r}: expression {rule.expr!r} cannot be evaluated on the "
                 f"rows written ({first}); columns: {df.columns}. Fix the expression; nothing was written") from exc
         if not isinstance(field.dataType, BooleanType | NullType):
-            raise ConfigError(
-                f"sink {sink!r}: expectation {rule.name!r}: expression {rule.expr!r} is "
-                f"{field.dataType.simpleString()}, not boolean; write a condition such as 'amount > 0'")
+            raise ConfigError(f"sink {sink!r}: expectation {rule.name!r}: expression {rule.expr!r} is "
+                              f"{field.dataType.simpleString()}, not boolean; write a condition such as 'amount > 0'")
 
 
 @dataclass

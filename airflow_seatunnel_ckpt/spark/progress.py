@@ -159,10 +159,9 @@ def log_row_counts(label: str, sources: Mapping[str, BoundSource], sinks: Mappin
         parts.append(text)
         if quarantined:
             assert quarantine is not None
-            log.warning(
-                "%s: source %r: %d record(s) did not parse and were quarantined into sink %r "
-                "(published with the epoch to %s); fix them and deliver them again under a new "
-                "file name", label, name, quarantined, quarantine.name, quarantine.target_url)
+            log.warning("%s: source %r: %d record(s) did not parse and were quarantined into sink %r "
+                        "(published with the epoch to %s); fix them and deliver them again under a new "
+                        "file name", label, name, quarantined, quarantine.name, quarantine.target_url)
     for name, sink in sinks.items():
         parts.append(f"sink {name}: {sink.rows} written" if sink.written else f"sink {name}: not written")
     if parts:

@@ -346,9 +346,8 @@ def finish_replay(pipeline: Pipeline, epoch: int, run_id: str, plan: ReplayPlan,
                           f"(epoch {epoch}) was refused and aborted, nothing changed: {decision.reason}")
     result = pipeline.commit(epoch)
     if action is not None:
-        pipeline.txlog.record_outcome(
-            epoch, action, ActionOutcome.SUCCEEDED,
-            f"epochs {plan.epochs} replayed; output of epochs {plan.replaced} replaced")
+        pipeline.txlog.record_outcome(epoch, action, ActionOutcome.SUCCEEDED,
+                                      f"epochs {plan.epochs} replayed; output of epochs {plan.replaced} replaced")
     log.warning("pipeline %s: epochs %d..%d replayed as epoch %d by %s (%s)", pipeline.name, plan.from_epoch,
                 plan.to_epoch, epoch, by, reason)
     return result

@@ -349,9 +349,8 @@ class Pipeline:
                                 sorted(set(not_written) - {m.sink for m in sinks}))
         problems = self._verify_record(record, deep=False)
         if problems:
-            raise NotPreparedError(
-                f"pipeline {self.name!r} epoch {epoch}: cannot prepare {participant!r}: "
-                + "; ".join(map(str, problems[:5])))
+            raise NotPreparedError(f"pipeline {self.name!r} epoch {epoch}: cannot prepare {participant!r}: "
+                                   + "; ".join(map(str, problems[:5])))
         stored = self.txlog.write_prepared(record)
         staging.write_markers(self.storage, stored)
         log.info("pipeline %s epoch %d: %s attempt %d prepared (%d rows in %d sinks)",

@@ -419,9 +419,8 @@ def refuse_password(url: str, what: str = "store URL") -> None:
     if password is None and _PASSWORD_ANYWHERE.search(url):
         password = "?"
     if password is not None:
-        raise StorageError(
-            f"{what} {redact_url(url)} carries a password: pass credentials as storage options (or in "
-            "the Airflow connection), never in a URL, where logs and error messages would show them")
+        raise StorageError(f"{what} {redact_url(url)} carries a password: pass credentials as storage options (or in "
+                           "the Airflow connection), never in a URL, where logs and error messages would show them")
 
 
 def clean_relpath(path: str) -> str:

@@ -142,8 +142,7 @@ def staged_problem(storage: Storage, path: str, f: FileInfo, verify: bool = True
 
 def copy_file(src: Storage, src_path: str, dest: Storage, dst_path: str) -> None:
     """Copy one file between (possibly different) stores; the target appears whole."""
-    same_store = src.fs is dest.fs or (
-        src.protocol == dest.protocol and src.storage_options == dest.storage_options)
+    same_store = src.fs is dest.fs or (src.protocol == dest.protocol and src.storage_options == dest.storage_options)
     if same_store:
         try:
             if dest._copy_in_store(src.full_path(src_path), dest.full_path(dst_path)):

@@ -373,9 +373,8 @@ class KeySet(KeyedState):
         if not hasattr(F, "arrow_udf"):
             import pyspark
 
-            raise StateError(
-                f"key set {self.name!r}: de-duplication needs PySpark 4.1 or later (Arrow UDFs); the "
-                f"stage runs PySpark {pyspark.__version__}: upgrade Spark where the stage's driver runs")
+            raise StateError(f"key set {self.name!r}: de-duplication needs PySpark 4.1 or later (Arrow UDFs); the "
+                             f"stage runs PySpark {pyspark.__version__}: upgrade Spark where the stage's driver runs")
         with warnings.catch_warnings():  # a partial has no type hints to infer the UDF type from
             warnings.simplefilter("ignore", UserWarning)
             keep = F.arrow_udf(functools.partial(dedup_keep, settings=settings, reports=reports,
