@@ -41,8 +41,8 @@ def live_runs(chain: Sequence[PartRef], min_epoch: int | None) -> list[PartRef]:
     """``chain`` without the runs whose every row is expired (dropped unread).
 
     A run's epoch is the epoch that wrote it, an upper bound of its rows' epochs. Parts
-    of the earlier format (no index) stay: such a chain must keep its FULL part first,
-    and the next change compacts it into runs anyway.
+    read whole (no index, e.g. a rescale's) stay: such a chain must keep its FULL part
+    first, and the next change compacts it into runs anyway.
     """
     if min_epoch is None:
         return list(chain)

@@ -90,8 +90,8 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
     (``core.state.run_chain.compaction_cap``), so the epoch writes O(its changes) bytes; a window
     that ends with the new run takes the changes from memory and replaces the chain's
     newest runs.
-    A chain that must be written in full (or holds parts of the earlier format) becomes
-    one FULL run of its runs and the changes.
+    A chain that must be written in full (or holds parts read whole, as a rescale writes
+    them) becomes one FULL run of its runs and the changes.
     """
     chain = settings.chain(key_group)
     store = settings.store.open()
@@ -102,8 +102,8 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
     else:
         table = None
     if chain and (settings.must_write_full(key_group) or any(r.index is None for r in chain)):
-        # A chain of the earlier format (parts read whole) is migrated into one run on
-        # its first change, once: lookups in it would otherwise read it whole every epoch.
+        # A chain of parts read whole (no run index) becomes one run on its first change,
+        # once: lookups in it would otherwise read it whole every epoch.
         return _merge(settings, key_group, chain, 0, table)
     ref: PartRef | None = None
     if table is not None:
