@@ -210,11 +210,9 @@ class StageSubmitHook(BaseHook):
         False also when the cancel came after the attempt began to prepare (its fence record
         says so): the attempt is then watched to its end like a reconnected one.
 
-        A try that deferred holds no process, so this try cannot have followed its worker's
-        death: Airflow ended that deferral -- the task was cleared (run it again, maybe with
-        a fixed stage), marked, or its trigger timed out or failed. The trigger's ``on_kill``
-        stops the attempt too, but only when the triggerer had started that trigger and gets
-        to it before this try looks; the store's record makes the outcome the same either way.
+        A try that deferred holds no process, so Airflow ended that deferral (the task was
+        cleared or marked, or its trigger timed out or failed); the trigger's ``on_kill`` may
+        stop the attempt too, and the store's record makes the outcome the same either way.
         A try whose worker died while it waited in-process left no such record: its attempt
         is reconnected to.
         """

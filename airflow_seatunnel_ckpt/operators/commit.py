@@ -41,19 +41,16 @@ def sink_asset(pipeline: str, sink: str, target_url: str) -> Asset:
 class CommitEpochOperator(BasePipelineOperator):
     """Publish every sink of the run's epoch, which the branch decided to commit.
 
-    Thin over ``Pipeline.commit``: publishing is idempotent (already-published files are
-    recognised), so a retry, a clear or a second commit after a crash only finishes what
-    is missing. A transient failure raises, and Airflow retries with exponential backoff
-    (defaults below); the epoch stays COMMITTING in between and nothing is ever deleted.
-    An epoch decided ABORT, or not decided at all, and a refusal a retry cannot change (a
-    sink whose table was altered after the decision: ``seatunnel-ckpt resolve
-    --skip-sink`` is the way on) fail the task at once, without retries.
+    Thin over ``Pipeline.commit``, which is idempotent: a retry, a clear or a second commit
+    after a crash only finishes what is missing. A transient failure is retried with
+    exponential backoff (the epoch stays COMMITTING; nothing is deleted). An epoch decided
+    ABORT or undecided, and a refusal a retry cannot change (a table altered after the
+    decision: ``seatunnel-ckpt resolve --skip-sink``), fail the task at once.
 
-    :param sink_assets: asset per sink name (see :func:`sink_asset`); each gets an asset
-        event per commit that published something for the sink. They are added to
-        ``outlets``. A sink that staged no rows, or that the stage did not write, publishes
-        nothing in the epoch and gets no event (the epoch is still COMMITTED and recorded;
-        the task's return value lists such sinks under ``empty`` and ``not_written``).
+    :param sink_assets: asset per sink name (see :func:`sink_asset`), added to ``outlets``;
+        each gets an event per commit that published something for its sink (a sink with no
+        rows, or not written, gets none: the return value lists it under ``empty`` or
+        ``not_written``).
     """
 
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS

@@ -266,17 +266,11 @@ class KeyedState:
     def snapshot(self, schema: Any = None) -> DataFrame:
         """The state's whole current content, one row per key, read on executors.
 
-        Before the stage updates the state this is the state as of the last committed
-        checkpoint; after ``aggregate``/``dedup`` it is that plus this epoch's changes,
-        i.e. exactly what the epoch commits (key -> value: every key with its running
-        values; key set: every key seen). Write it to a sink with ``mode: snapshot`` to
-        give readers a table that always holds the current state.
-
-        ``schema`` (a DDL string or ``StructType``) is needed only for a state that has
-        no committed content yet and is read *before* this stage updated it; otherwise
-        the columns come from a committed part or from the update itself (so on the
-        first epoch ``snapshot()`` after ``aggregate()`` is an empty-then-filled table of
-        the right columns, no schema needed).
+        Before the stage's update: the state as of the last committed checkpoint; after
+        ``aggregate``/``dedup``: that plus this epoch's changes, exactly what the epoch
+        commits. Write it to a sink with ``mode: snapshot`` for a table that always holds the
+        current state. ``schema`` (DDL or ``StructType``) is needed only for a state with no
+        committed content read before this stage updated it.
         """
         restored = self._restored_frame(schema)
         if self._output is None:
