@@ -142,13 +142,11 @@ def _errors_as_null(spark: SparkSession) -> Iterator[None]:
     """Rules parsed and analysed inside evaluate without ANSI errors: an invalid cast, a
     division by zero or an index out of range is NULL in that row, so the row fails the rule.
 
-    ANSI mode (Spark 4's default) raises such an error from the task, failing the stage on
-    every attempt: no row of the input could ever pass, not even a ``warn`` rule's. Each
-    expression takes its evaluation mode from the session's ``spark.sql.ansi.enabled`` when
-    it is built, so it is switched off only while the rules are built (the analysed plan
-    keeps it) and restored at once; the stage's own expressions keep the session's mode.
-    Catalyst's ``TryEval`` around each rule would not do: whole-stage code generation hoists
-    a subexpression used twice out of it, and the error escapes again.
+    ANSI mode (Spark 4's default) would raise it from the task on every attempt. An
+    expression takes its mode from ``spark.sql.ansi.enabled`` when it is built, so the
+    setting is off only while the rules are built, then restored: the stage's own
+    expressions keep the session's mode. (``TryEval`` around each rule would not do:
+    whole-stage code generation hoists a shared subexpression out of it.)
     """
     conf = spark.conf
     previous = conf.get(ANSI, None)
@@ -214,16 +212,12 @@ def _with_masks(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Dat
     """``df`` with the staged writer's failure masks (:func:`mask_of`), checked and built in
     one analysis.
 
-    Each rule is first parsed on its own, as written (a text that would parse only inside the
-    mask's SQL is refused): ``selectExpr`` parses each of its expressions alone. The masks are
-    then one SQL expression each, whose ``CASE WHEN (<rule>)`` Spark's analyser accepts only
-    for a boolean rule: valid rules cost two analyses (building the masks as columns and
-    analysing the rules separately cost five times as much, a visible part of a small
-    epoch). Both are asked for the schema, which analyses the plan where the session is: a
-    classic DataFrame is analysed when built, a Spark Connect one only when asked. Whatever
-    the analyser refuses goes through :func:`check_expressions`, which names the rule that is
-    wrong; the one refusal it lets pass, a rule typed NULL (``CASE WHEN`` wants a boolean),
-    gets the masks with each rule cast to boolean.
+    Each rule is first parsed alone, as written (``selectExpr``); the masks are then one SQL
+    expression each, whose ``CASE WHEN (<rule>)`` the analyser accepts only for a boolean
+    rule: valid rules cost two analyses (asking for the schema analyses the plan on a classic
+    session and through Connect alike). Whatever the analyser refuses goes through
+    :func:`check_expressions`, which names the wrong rule; a rule typed NULL, the one refusal
+    it lets pass, gets the masks with each rule cast to boolean.
     """
     from pyspark.errors import AnalysisException, ParseException
 
