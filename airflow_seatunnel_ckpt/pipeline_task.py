@@ -91,12 +91,9 @@ class BaseStoreOperator(BaseOperator):
     A base for operators, sensors and branch operators alike: put it first among the
     bases (``class MySensor(BaseStoreOperator, BaseSensorOperator)``).
 
-    :param store_conn_id: connection of type ``seatunnel_ckpt``; ``None`` uses
-        ``storage_url``, else the provider's default (connection ``seatunnel_ckpt_default``
-        if defined, else ``$SEATUNNEL_CKPT_STORE`` or ``$AIRFLOW_HOME/seatunnel-ckpt``).
+    :param store_conn_id: connection of type ``seatunnel_ckpt`` (without one: see :class:`StoreSettings`).
     :param storage_url: store URL, overriding the connection's.
-    :param store_config: further ``CheckpointConfig`` fields (``prepared_timeout_s`` ...);
-        they win over the connection and over the pipeline's descriptor.
+    :param store_config: further ``CheckpointConfig`` fields; they win over the connection and the descriptor.
     """
 
     store_conn_id: str | None
