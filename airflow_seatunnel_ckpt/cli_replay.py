@@ -38,12 +38,11 @@ def _spec(args: argparse.Namespace, store: Any) -> Any:
                           "stage with --spec stage.json")
     (participant, shape), = descriptor.participants.items()
     key_groups = {s.key_groups for s in shape.states.values() if s.key_groups}
-    return StageSpec(
-        pipeline=args.pipeline, participant=participant, run_id="replay", attempt=1, stage=args.stage,
-        sources={n: {"type": e.type, **e.options} for n, e in shape.sources.items()},
-        sinks={n: {"type": e.type, **e.options} for n, e in shape.sinks.items()},
-        store={**descriptor.config, **settings},
-        **({"key_groups": key_groups.pop()} if len(key_groups) == 1 else {}))
+    return StageSpec(pipeline=args.pipeline, participant=participant, run_id="replay", attempt=1, stage=args.stage,
+                     sources={n: {"type": e.type, **e.options} for n, e in shape.sources.items()},
+                     sinks={n: {"type": e.type, **e.options} for n, e in shape.sinks.items()},
+                     store={**descriptor.config, **settings},
+                     **({"key_groups": key_groups.pop()} if len(key_groups) == 1 else {}))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

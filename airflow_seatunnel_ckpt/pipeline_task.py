@@ -1,16 +1,12 @@
 """What every task of the provider shares: a checkpoint store, and one pipeline in it.
 
-The store arguments (``store_conn_id``, ``storage_url``, ``store_config``) are taken in one
+The store arguments (``store_conn_id``, ``storage_url``, ``store_config``) are taken by one
 constructor, :class:`BaseStoreOperator`, and resolved in one place,
-:class:`~airflow_seatunnel_ckpt.hooks.checkpoint_store.StoreSettings`; the provider's
-operators take them as keyword arguments they pass on (as ``BaseSQLOperator`` does for
-``conn_id`` in Airflow's common-sql provider), so no operator repeats them.
-
-Each pipeline task finds its epoch from its DAG and run id (``Pipeline.epoch_for_run``),
-never from XCom or a clock, so a retried or cleared task always lands on the same epoch
-as the rest of its run. A stage task also makes sure the pipeline's descriptor names its
-DAG as owner and declares the participants (see :mod:`airflow_seatunnel_ckpt.core.protocol.descriptor`):
-another DAG with a pipeline of the same name is refused before anything is written.
+:class:`~airflow_seatunnel_ckpt.hooks.checkpoint_store.StoreSettings`. Each pipeline task
+finds its epoch from its DAG and run id (``Pipeline.epoch_for_run``), never from XCom or
+a clock, so a retried or cleared task lands on the same epoch as the rest of its run. A
+stage task also makes sure the descriptor names its DAG as owner
+(:mod:`airflow_seatunnel_ckpt.core.protocol.descriptor`).
 """
 
 from __future__ import annotations
@@ -95,12 +91,9 @@ class BaseStoreOperator(BaseOperator):
     A base for operators, sensors and branch operators alike: put it first among the
     bases (``class MySensor(BaseStoreOperator, BaseSensorOperator)``).
 
-    :param store_conn_id: connection of type ``seatunnel_ckpt``; ``None`` uses
-        ``storage_url``, else the provider's default (connection ``seatunnel_ckpt_default``
-        if defined, else ``$SEATUNNEL_CKPT_STORE`` or ``$AIRFLOW_HOME/seatunnel-ckpt``).
+    :param store_conn_id: connection of type ``seatunnel_ckpt`` (without one: see :class:`StoreSettings`).
     :param storage_url: store URL, overriding the connection's.
-    :param store_config: further ``CheckpointConfig`` fields (``prepared_timeout_s`` ...);
-        they win over the connection and over the pipeline's descriptor.
+    :param store_config: further ``CheckpointConfig`` fields; they win over the connection and the descriptor.
     """
 
     store_conn_id: str | None

@@ -132,11 +132,10 @@ def checkpointed_epoch(
             commit_kwargs.setdefault("sink_assets", _assets_for(pipeline, stages))
         commit_task = CommitEpochOperator(task_id="commit", **store, **commit_kwargs)
         abort_task = AbortEpochOperator(task_id="abort", **store, **{"on_refusal": on_refusal, **dict(abort or {})})
-        decide = CommitBranchOperator(
-            task_id="decide", participants=participants, commit_task_id=commit_task.task_id,
-            abort_task_id=abort_task.task_id,
-            fallback_task_id=fallback_task.task_id if fallback_task is not None else None,
-            **store, **dict(branch or {}))
+        decide = CommitBranchOperator(task_id="decide", participants=participants, commit_task_id=commit_task.task_id,
+                                      abort_task_id=abort_task.task_id,
+                                      fallback_task_id=fallback_task.task_id if fallback_task is not None else None,
+                                      **store, **dict(branch or {}))
         for name, task in zip(stages, stage_tasks, strict=True):
             if isinstance(task, BasePipelineOperator):
                 task.declared_participant = (name, shapes[name])

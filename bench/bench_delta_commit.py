@@ -62,7 +62,7 @@ def ours(root: Path, tables: list[pa.Table]) -> float:
         infos.append(FileInfo(path, store.size(f"staging/{path}"), store.checksum(f"staging/{path}")))
     uri = f"file://{root}/ours"
     manifest = SinkManifest("orders", uri, "staging", infos, sum(t.num_rows for t in tables),
-                            table={"type": "delta", "uri": uri, "partition_by": ["country"]})
+                            table={"type": "delta", "path": uri, "partition_by": ["country"]})
     started = time.perf_counter()
     commit(SinkCommit("bench", "file:///store", 1, manifest, store, 3))
     return time.perf_counter() - started

@@ -48,7 +48,7 @@ def one_round(root: Path, files: int, total_rows: int) -> tuple[float, float, in
     catalog = {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
     store = CheckpointStore(CheckpointConfig.from_mapping({"storage_url": f"file://{root}/store"}))
     pipeline = store.pipeline("bench")
-    options = {"type": "iceberg", "identifier": "bench.orders", "catalog_name": "bench", "catalog": catalog,
+    options = {"type": "iceberg", "table": "bench.orders", "catalog_name": "bench", "catalog": catalog,
                "partition_by": ["region"]}
     timings = []
     for epoch in (1, 2):  # epoch 1 creates the table; epoch 2 is timed

@@ -49,7 +49,6 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, Pipeline
-from airflow_seatunnel_ckpt.core.models import SinkMode
 
 TABLE_DDL = "(id bigint{key}, name text, amount double precision, ts timestamp)"
 
@@ -81,7 +80,7 @@ def staged_epoch(root: Path, tables: list[pa.Table], options: dict[str, object])
         pq.write_table(table, buf)
         pipeline.storage.write_atomic(f"{staging}/part-{n:05d}.parquet", buf.getvalue())
     manifest = pipeline.manifest_for_staged(epoch, 1, "orders", "postgres://bench", sum(t.num_rows for t in tables))
-    manifest = dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=options)
+    manifest = dataclasses.replace(manifest, table=options)
     pipeline.prepare(epoch, "ingest", 1, run_id="run", sinks=[manifest])
     started = time.perf_counter()
     assert pipeline.decide(epoch, Decision.COMMIT, "bench").decision is Decision.COMMIT

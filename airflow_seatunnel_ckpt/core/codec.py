@@ -9,14 +9,10 @@ Layout of one file (all integers big-endian)::
     trailer  0 u32 | 0 u32 | total raw length u64 | chunk count u32
              | crc32c(every byte before this field) u32
 
-Why this shape: every chunk is verified *before* it is decompressed or handed on, so a
-reader can stream a large state without holding it whole and without ever yielding
-damaged bytes; the raw length bounds decompression (no zstd bomb); the trailer makes any
-truncation detectable and its whole-file checksum catches what the chunk checks cannot
-(reordered or dropped chunks). Unknown versions are refused, never guessed at.
-
-Payloads are data only -- JSON or Arrow IPC -- never pickle, so a tampered store cannot
-run code in whoever reads it.
+Every chunk is verified before it is decompressed or handed on (a large state streams and
+damaged bytes are never yielded); the raw length bounds decompression; the trailer makes
+truncation, reordered or dropped chunks detectable. Unknown versions are refused. Payloads
+are data only, JSON or Arrow IPC, never pickle.
 """
 
 from __future__ import annotations
@@ -134,17 +130,9 @@ def _decompress(codec: Codec, stored: bytes | memoryview, raw_len: int, path: st
     return bytes(out)
 
 
-def encode_stream(
-    chunks: Iterable[bytes],
-    *,
-    kind: PayloadKind,
-    epoch: int = 0,
-    base_epoch: int | None = None,
-    delta: bool = False,
-    codec: Codec = Codec.ZSTD,
-    level: int = 3,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-) -> Iterator[bytes]:
+def encode_stream(chunks: Iterable[bytes], *, kind: PayloadKind, epoch: int = 0, base_epoch: int | None = None,
+                  delta: bool = False, codec: Codec = Codec.ZSTD, level: int = 3,
+                  chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[bytes]:
     """Frame a payload given as pieces; yields the file's bytes piece by piece.
 
     Pieces are re-cut to ``chunk_size`` so memory stays bounded whatever the payload size.
@@ -300,10 +288,8 @@ def read_header(fh: IO[bytes], path: str) -> FrameHeader:
     if crc32c(raw[: _HEADER.size]) != stored_crc:
         raise CorruptCheckpointError(f"{path}: header checksum mismatch", path)
     if version > FORMAT_VERSION:
-        raise IncompatibleFormatError(
-            f"{path}: written by format version {version}, this release reads up to "
-            f"{FORMAT_VERSION}; upgrade airflow-seatunnel-ckpt to read it", path,
-        )
+        raise IncompatibleFormatError(f"{path}: written by format version {version}, this release reads up to "
+                                      f"{FORMAT_VERSION}; upgrade airflow-seatunnel-ckpt to read it", path,)
     if version < 1 or flags & ~_KNOWN_FLAGS:
         raise IncompatibleFormatError(f"{path}: unknown format version {version} / flags {flags:#x}", path)
     try:
@@ -314,10 +300,8 @@ def read_header(fh: IO[bytes], path: str) -> FrameHeader:
     return FrameHeader(version, kind_v, codec, bool(flags & FLAG_DELTA), epoch, base or None)
 
 
-def decode_stream(
-    fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = DEFAULT_MAX_CHUNK,
-    decompress: bool = True,
-) -> tuple[FrameHeader, Iterator[bytes]]:
+def decode_stream(fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = DEFAULT_MAX_CHUNK,
+                  decompress: bool = True) -> tuple[FrameHeader, Iterator[bytes]]:
     """Verify and decode a state file from a stream.
 
     Returns the header and an iterator of raw payload chunks. Every chunk is checked

@@ -53,12 +53,9 @@ def default_storage_url() -> str:
 def absolute_local_url(url: str, what: str = "storage_url") -> str:
     """``url`` as given, or -- for a relative local path -- as an absolute ``file://`` URL (with a warning).
 
-    A bare path such as ``ckpt`` or ``./ckpt`` would name a different directory for every
-    working directory; it is resolved once, here, where the configuration is built, so
-    every process the configuration is handed to (other workers, a spark-submit driver)
-    uses the same directory. ``file://ckpt`` and ``file://./ckpt`` are not paths but URLs
-    with a host: the store refuses them (``file:///absolute/path`` is the form). Other
-    URLs are returned unchanged.
+    A bare path (``ckpt``, ``./ckpt``) names a directory per working directory: resolved
+    once, here, every process handed the configuration uses the same one. ``file://ckpt``
+    is a URL with a host, which the store refuses (``file:///absolute/path`` is the form).
     """
     if not isinstance(url, str) or not url or "://" in url or "::" in url or os.path.isabs(url):
         return url
@@ -73,9 +70,7 @@ def absolute_local_url(url: str, what: str = "storage_url") -> str:
 #: ``scheme://userinfo@``. With a ``user:password`` form the password may itself hold
 #: ``/`` (AWS secret keys do) or ``@``, so it runs to the last ``@``: redacting too much of
 #: a message is harmless, leaking part of a secret is not.
-_USERINFO = re.compile(
-    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^@/?#]*:.*@|[^@/?#:]*@)", re.DOTALL
-)
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?:[^@/?#]*:.*@|[^@/?#:]*@)", re.DOTALL)
 #: Query parameters that carry credentials (SAS tokens, pre-signed URL signatures, keys).
 _SECRET_PARAM = re.compile(
     r"(?P<name>[?&;][^=&#;]*(?:key|secret|token|passw|pwd|signature|sig|credential|auth)[^=&#;]*=)[^&#;]*",
@@ -98,13 +93,11 @@ def redact_url(url: str) -> str:
 def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """Values as a form or a text source writes them, as the typed config reads them.
 
-    Airflow's connection form stores every extra it shows: an empty field as ``null`` (or
-    ``""``), a number as the text typed (``"300"``), a JSON field as JSON or its text. Here
-    an empty value means the field's default (the key is left out), a number field's text
-    is its number, a true/false field's ``"true"`` / ``"false"`` (or ``yes`` / ``no``, ``1`` /
-    ``0``) its truth value and
-    ``storage_options`` given as JSON text its object. Anything else is kept as given, for
-    :meth:`CheckpointConfig.from_mapping` to check (and name the field of) as usual.
+    Airflow's connection form stores an empty field as ``null`` (or ``""``), a number as the
+    text typed, a JSON field as JSON or its text. Here an empty value is the field's default
+    (the key left out), a number field's text its number, ``"true"``/``"false"`` (``yes``/``no``,
+    ``1``/``0``) a truth value and ``storage_options`` as JSON text its object; anything else
+    is kept for :meth:`CheckpointConfig.from_mapping` to check and name.
     """
     kinds: dict[str, Any] = {f.name: type(f.default) for f in dataclasses.fields(CheckpointConfig)
                              if isinstance(f.default, (bool, int, float))}

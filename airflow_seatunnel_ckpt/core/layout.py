@@ -14,10 +14,8 @@
       _descriptor/v<version>                           the pipeline descriptor, write-once per version
       _staging/epoch=<e>/attempt=<a>/<sink>/           staged output
 
-Epoch directories are zero-padded so that a plain listing is already in epoch order.
-
-Below, in a section of its own: validation of the names and numbers that become parts of
-storage paths.
+Epoch directories are zero-padded, so a plain listing is in epoch order. At the end: the
+validation of the names and numbers that become parts of paths.
 """
 
 from __future__ import annotations
@@ -54,14 +52,10 @@ def validate_name(name: object, what: str = "name") -> str:
     if not name:
         raise InvalidNameError(f"{what} must not be empty")
     if len(name) > MAX_NAME_LENGTH:
-        raise InvalidNameError(
-            f"{what} is {len(name)} characters long; at most {MAX_NAME_LENGTH} are allowed"
-        )
+        raise InvalidNameError(f"{what} is {len(name)} characters long; at most {MAX_NAME_LENGTH} are allowed")
     if not _NAME.fullmatch(name) or ".." in name:
-        raise InvalidNameError(
-            f"{what} {name!r} is not allowed: use letters, digits, '_', '-' and '.', "
-            "start with a letter or digit, and no '..', '/', '\\' or control characters"
-        )
+        raise InvalidNameError(f"{what} {name!r} is not allowed: use letters, digits, '_', '-' and '.', "
+                               "start with a letter or digit, and no '..', '/', '\\' or control characters")
     return name
 
 
@@ -128,10 +122,8 @@ def part_path(epoch: int, kind: str, name: str, key_group: int, attempt: int, to
         raise ValueError(f"part kind must be 'sources' or 'operators', got {kind!r}")
     if isinstance(key_group, bool) or not isinstance(key_group, int) or not 0 <= key_group < 1 << 20:
         raise ValueError(f"key group must be an integer in 0..2**20, got {key_group!r}")
-    return (
-        f"{checkpoint_dir(epoch)}/{kind}/{validate_name(name, 'state name')}"
-        f"/part-{key_group}-{validate_attempt(attempt)}" + (f"-{token}" if token else "")
-    )
+    return (f"{checkpoint_dir(epoch)}/{kind}/{validate_name(name, 'state name')}"
+            f"/part-{key_group}-{validate_attempt(attempt)}" + (f"-{token}" if token else ""))
 
 
 def source_meta_path(epoch: int, source: str) -> str:

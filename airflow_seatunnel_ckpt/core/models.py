@@ -95,18 +95,11 @@ class SinkMode(enum.StrEnum):
     ``merge_keys`` (tables). ``snapshot``: each epoch's output *is* the whole content (e.g. a
     keyed state's current values): a file sink's ``_LATEST`` names the newest ``epoch=<e>/``
     and the older snapshot directories are removed; a table's rows are replaced.
-    The previous release's ``changes`` reads as ``append``.
     """
 
     APPEND = "append"
     UPSERT = "upsert"
     SNAPSHOT = "snapshot"
-    #: The previous release's name of ``APPEND`` (an alias: the same member).
-    CHANGES = "append"
-
-    @classmethod
-    def _missing_(cls, value: object) -> SinkMode | None:
-        return cls.APPEND if value == "changes" else None  # the previous release's name of append
 
 
 def _known_version(value: int, info: ValidationInfo) -> int:
@@ -277,11 +270,6 @@ class ExpectationResult(Record):
         return self.failed / self.checked if self.checked else 0.0
 
 
-def _previous_mode(value: Any) -> Any:
-    # A stored name (strict decoding wants the enum), the previous release's "changes" included.
-    return SinkMode(value) if isinstance(value, str) and value in (*SinkMode, "changes") else value
-
-
 def _typed_options(options: Any) -> Any:
     from airflow_seatunnel_ckpt.core.sinks.options import recorded_options  # the sinks' models, on first use
 
@@ -298,11 +286,11 @@ class SinkManifest(Record):
     files: list[FileInfo]  #: relative to ``staging``
     rows: int
     format: str = "parquet"
-    mode: Annotated[SinkMode, BeforeValidator(_previous_mode)] = omitted_if(SinkMode.APPEND)
+    mode: SinkMode = omitted_if(SinkMode.APPEND)
     #: A table sink's typed options (:data:`core.sinks.options.SinkOptions`, keyed on
     #: ``type``, never secrets): the commit adds the staged files to that table in one
     #: transaction instead of publishing ``<target_url>/epoch=<e>/`` (see :mod:`core.sinks`).
-    #: None for a file sink. A mapping (a previous release's record) is read into its model.
+    #: None for a file sink. A mapping is read into its model.
     table: Annotated[Any, BeforeValidator(_typed_options)] = omitted_if(None)
     #: The sink's expectations as measured when the rows were staged (see
     #: :mod:`core.protocol.expectations`); empty when the sink declares none.
@@ -317,9 +305,8 @@ class SinkManifest(Record):
     full_refresh: bool = omitted_if(False)
 
     def __post_init__(self) -> None:
-        # One mode for the manifest and its table's options. A previous release's record says
-        # "changes" here for an upsert (merge_keys in its table) and names no mode in its
-        # table for a snapshot: the one that is not append is the sink's.
+        # One mode for the manifest and its table's options: where one of them names a mode
+        # and the other is left at the default (append), the one named is the sink's.
         if self.table is not None and not isinstance(self.table, dict) and self.table.mode != self.mode:
             modes = {self.mode.value, self.table.mode} - {SinkMode.APPEND.value}
             if len(modes) != 1:

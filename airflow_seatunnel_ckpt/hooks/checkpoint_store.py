@@ -1,30 +1,20 @@
 """The checkpoint-store connection type and its hook.
 
-A connection of type ``seatunnel_ckpt`` names one checkpoint store: the fsspec URL of its
-root plus the storage options (credentials, endpoint) and any other
-:class:`~airflow_seatunnel_ckpt.core.CheckpointConfig` field, all kept in the connection
-extras::
+A connection of type ``seatunnel_ckpt`` names one store: the fsspec URL of its root, the
+storage options (credentials, endpoint) and any other
+:class:`~airflow_seatunnel_ckpt.core.CheckpointConfig` field, in its extras::
 
     AIRFLOW_CONN_ORDERS_STORE='{"conn_type": "seatunnel_ckpt",
         "extra": {"storage_url": "s3://lake/ckpt",
                   "storage_options": {"client_kwargs": {"endpoint_url": "http://minio:9000"}},
                   "prepared_timeout_s": 1800}}'
 
-``login`` / ``password`` fill the ``key`` / ``secret`` storage options (the names s3fs uses)
-when the extras do not set them. Extras as the UI's connection form saves them are read as
-meant: a field left empty (``null``) is the default, a number typed as text is that number
-(:func:`~airflow_seatunnel_ckpt.core.config.form_values`); an error names the connection.
-
-Where the store is comes from one place, :class:`StoreSettings`, for the hook and every
-task: an explicit ``store_conn_id``, else an explicit ``storage_url``, else the provider's
-default connection ``seatunnel_ckpt_default`` (``$SEATUNNEL_CKPT_STORE_CONN_ID`` names
-another) when it is defined, else the local default store of
-:func:`~airflow_seatunnel_ckpt.core.config.default_storage_url`
-(``$SEATUNNEL_CKPT_STORE``, or ``$AIRFLOW_HOME/seatunnel-ckpt``) -- the way the Spark
-provider falls back to ``spark_default`` and ``local[*]``. A pipeline DAG and the recovery
-DAG that both leave the store unset therefore always use the same store.
-
-Storage options are secrets: nothing here logs them, and URLs are logged redacted.
+``login`` / ``password`` fill the ``key`` / ``secret`` storage options when the extras do
+not; extras as the UI's form saves them (empty fields null, numbers as text) are read as
+meant (:func:`~airflow_seatunnel_ckpt.core.config.form_values`). Where a task's store is
+comes from :class:`StoreSettings` alone, so a pipeline DAG and the recovery DAG that both
+leave it unset use the same store. Storage options are secrets: never logged; URLs are
+logged redacted.
 """
 
 from __future__ import annotations
@@ -63,11 +53,8 @@ DEFAULT_CONN_ID = "seatunnel_ckpt_default"
 DEFAULT_CONN_ENV = "SEATUNNEL_CKPT_STORE_CONN_ID"
 
 
-def config_from_connection(
-    conn: Connection | None,
-    storage_url: str | None = None,
-    overrides: Mapping[str, Any] | None = None,
-) -> CheckpointConfig:
+def config_from_connection(conn: Connection | None, storage_url: str | None = None,
+                           overrides: Mapping[str, Any] | None = None) -> CheckpointConfig:
     """Build the checkpoint configuration from a connection, an explicit URL and overrides.
 
     Precedence, lowest first: built-in defaults, the connection (``host`` as URL,
@@ -78,10 +65,8 @@ def config_from_connection(
     values: dict[str, Any] = {}
     if conn is not None:
         if conn.conn_type and conn.conn_type != CONN_TYPE:
-            raise ConfigError(
-                f"connection {conn.conn_id!r} has type {conn.conn_type!r}; a checkpoint store "
-                f"needs a connection of type {CONN_TYPE!r}"
-            )
+            raise ConfigError(f"connection {conn.conn_id!r} has type {conn.conn_type!r}; a checkpoint store "
+                              f"needs a connection of type {CONN_TYPE!r}")
         extra = conn.extra_dejson
         if not isinstance(extra, Mapping):
             raise ConfigError(f"connection {conn.conn_id!r}: extras must be a JSON object")
@@ -141,6 +126,12 @@ def mask_store_secrets(options: Mapping[str, Any]) -> None:
 class StoreSettings:
     """Where a task's checkpoint store is: the three store arguments every task accepts.
 
+    An explicit ``store_conn_id``, else an explicit ``storage_url``, else the default
+    connection ``seatunnel_ckpt_default`` (``$SEATUNNEL_CKPT_STORE_CONN_ID`` names another)
+    when it is defined, else the local default store
+    (:func:`~airflow_seatunnel_ckpt.core.config.default_storage_url`), as the Spark provider
+    falls back to ``spark_default`` and ``local[*]``.
+
     :param conn_id: connection of type ``seatunnel_ckpt``; ``None``: see :meth:`connection_ids`.
     :param storage_url: store URL; overrides the connection's URL when both are given.
     :param store_config: further :class:`CheckpointConfig` fields (e.g.
@@ -187,11 +178,6 @@ class StoreSettings:
             ) from exc
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: bad store_config {sorted(config)}: {exc}") from exc
-
-    def to_kwargs(self) -> dict[str, Any]:
-        """The operator keyword arguments these settings came from."""
-        return {"store_conn_id": self.conn_id, "storage_url": self.storage_url,
-                "store_config": dict(self.store_config)}
 
     def connection_ids(self) -> tuple[str | None, bool]:
         """The connection to read and whether it must exist.
@@ -303,26 +289,15 @@ def check_prepared(pipeline: Pipeline, run_id: str,
 
 
 class CheckpointStoreHook(BaseHook):
-    """Open the checkpoint store named by a ``seatunnel_ckpt`` connection.
-
-    :param store_conn_id: connection of type ``seatunnel_ckpt``; ``None`` means no
-        connection: the store is ``storage_url`` or the local default.
-    :param storage_url: store URL; overrides the connection's URL when both are given.
-    :param store_config: further :class:`CheckpointConfig` fields (e.g.
-        ``prepared_timeout_s``); they override the connection's extras.
-    """
+    """Open the checkpoint store named by a ``seatunnel_ckpt`` connection (the arguments: :class:`StoreSettings`)."""
 
     conn_name_attr = "store_conn_id"
     default_conn_name = "seatunnel_ckpt_default"
     conn_type = CONN_TYPE
     hook_name = "SeaTunnel Checkpoint Store"
 
-    def __init__(
-        self,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, store_conn_id: str | None = None, storage_url: str | None = None,
+                 store_config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.settings = StoreSettings.of(store_conn_id, storage_url, store_config)
         self.store_conn_id = self.settings.conn_id
@@ -347,26 +322,26 @@ class CheckpointStoreHook(BaseHook):
     def get_config(self) -> CheckpointConfig:
         """The validated checkpoint configuration (reads the connection, if any)."""
         conn_id, required = self.settings.connection_ids()
-        conn = None
-        if conn_id is not None:
-            try:
-                conn = self.get_connection(conn_id)
-            except AirflowNotFoundException:
-                if required:
-                    raise
-        self.resolved_conn_id = conn_id if conn is not None else None
-        return self.settings.config(conn)
+        try:
+            conn = self.get_connection(conn_id) if conn_id is not None else None
+        except AirflowNotFoundException:
+            if required:
+                raise
+            conn = None
+        return self._config_with(conn_id, conn)
 
     async def aget_config(self) -> CheckpointConfig:
         """:meth:`get_config` for the triggerer's event loop (connection read without blocking)."""
         conn_id, required = self.settings.connection_ids()
-        conn = None
-        if conn_id is not None:
-            try:
-                conn = await self.aget_connection(conn_id)
-            except AirflowNotFoundException:
-                if required:
-                    raise
+        try:
+            conn = await self.aget_connection(conn_id) if conn_id is not None else None
+        except AirflowNotFoundException:
+            if required:
+                raise
+            conn = None
+        return self._config_with(conn_id, conn)
+
+    def _config_with(self, conn_id: str | None, conn: Connection | None) -> CheckpointConfig:
         self.resolved_conn_id = conn_id if conn is not None else None
         return self.settings.config(conn)
 

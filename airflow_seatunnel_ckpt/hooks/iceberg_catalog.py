@@ -1,20 +1,12 @@
 """Iceberg catalog credentials from an Airflow connection, added when a table commit runs.
 
-An Iceberg sink names a connection in ``catalog_conn_id``; only that name is stored in the
-checkpoint store. When the commit task (or the recovery DAG, or the console inside an
-Airflow environment) commits the table, :func:`catalog_secrets` reads the connection and
-turns it into pyiceberg catalog properties, following the Airflow Iceberg provider's
-connection where it fits:
-
-* ``host`` -> ``uri`` (the REST catalog's URL; for a SQL catalog put ``uri`` in the extras);
-* ``login`` / ``password`` -> ``credential = "<login>:<password>"`` (OAuth2 client id and
-  secret, as the provider's hook uses them);
-* the extras (a JSON object) -> pyiceberg properties as they are, e.g.
-  ``{"type": "rest", "warehouse": "...", "s3.secret-access-key": "..."}``; they win over
-  host and login.
-
+An Iceberg sink names a connection in ``catalog_conn_id`` (only the name is stored); when
+a task commits the table, :func:`catalog_secrets` turns the connection into pyiceberg
+catalog properties as the Airflow Iceberg provider reads it: ``host`` -> ``uri``,
+``login`` / ``password`` -> ``credential = "<login>:<password>"`` (OAuth2 client id and
+secret), and the extras (a JSON object) as pyiceberg properties that win over both.
 Importing this module registers the resolver (:func:`core.sinks.register_secret_resolver`);
-the checkpoint-store hook imports it, so every operator that commits has it.
+the checkpoint-store hook imports it.
 """
 
 from __future__ import annotations

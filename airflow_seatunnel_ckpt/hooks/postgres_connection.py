@@ -1,17 +1,13 @@
 """The PostgreSQL sink's and sources' connection string from an Airflow Postgres connection, when used.
 
-A PostgreSQL sink or source names a connection in ``postgres_conn_id``; only that name is
-stored in the checkpoint store. When the stage task's process plans or reads a source, the
-branch task checks the epoch, or the commit task (the recovery DAG, the console inside an
-Airflow environment) commits it,
-:func:`postgres_secrets` reads the connection and turns it into a libpq connection string
-the way the Postgres provider's ``PostgresHook.get_conn`` reads it: ``host``, ``port``,
-``login`` -> ``user``, ``password``, ``schema`` -> ``dbname``, and the extras that are libpq
-parameters (``sslmode``, ``sslrootcert``, ``connect_timeout``, ``options``, ...); the
-provider's own extras (``cursor``, ``iam``, ``sqlalchemy_*``...) are left out.
-
-Importing this module registers the resolver (:func:`core.sinks.register_secret_resolver`);
-the checkpoint-store hook imports it, so every operator that decides or commits has it.
+A PostgreSQL sink or source names a connection in ``postgres_conn_id`` (only the name is
+stored); when a task plans or reads the source, or checks or commits the epoch,
+:func:`postgres_secrets` turns it into a libpq connection string as
+``PostgresHook.get_conn`` reads it: ``host``, ``port``, ``login`` -> ``user``,
+``password``, ``schema`` -> ``dbname``, and the extras that are libpq parameters
+(``sslmode``, ``options`` ...; the provider's own extras are left out). Importing this
+module registers the resolver (:func:`core.sinks.register_secret_resolver`); the
+checkpoint-store hook imports it.
 """
 
 from __future__ import annotations

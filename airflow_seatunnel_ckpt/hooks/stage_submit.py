@@ -1,18 +1,13 @@
 """The stage's process: run in-process (local Spark or Spark Connect), or ``spark-submit`` detached,
 reconnect, cancel (fence) and wait.
 
-:class:`StageSubmitHook` holds every process decision of a stage, as the Apache Spark
-provider's ``SparkSubmitHook`` does for its operator: the stage operator builds one for
-the runtime :func:`~.stage_runtime.choose_runtime` chose and calls it, and so does the
-submission trigger. A retry reconnects to the attempt of a
-try whose worker died while it waited in-process; it stops the attempt of a try that had
-deferred on it (that try was ended in Airflow: cleared, marked, or its trigger timed out)
-and submits its own. Terminated (``on_kill``), it stops what this process runs: the
-``spark-submit`` it waits for, the in-process stage's Spark jobs, or the Connect
-operations of its attempt (interrupted by the attempt's tag, its session released).
-
-See :mod:`airflow_seatunnel_ckpt.core.protocol.submissions` for the records and the judgement,
-and :mod:`airflow_seatunnel_ckpt.spark.launch` for the launcher.
+:class:`StageSubmitHook` holds every process decision of a stage, as ``SparkSubmitHook``
+does for the Spark provider's operator; the stage operator and the submission trigger
+call it. A retry reconnects to the attempt of a try whose worker died while it waited,
+and stops the attempt of a try that had deferred on it. Terminated (``on_kill``), it
+stops what this process runs. The records and their judgement:
+:mod:`airflow_seatunnel_ckpt.core.protocol.submissions`; the launcher:
+:mod:`airflow_seatunnel_ckpt.spark.launch`.
 """
 
 from __future__ import annotations
@@ -215,11 +210,9 @@ class StageSubmitHook(BaseHook):
         False also when the cancel came after the attempt began to prepare (its fence record
         says so): the attempt is then watched to its end like a reconnected one.
 
-        A try that deferred holds no process, so this try cannot have followed its worker's
-        death: Airflow ended that deferral -- the task was cleared (run it again, maybe with
-        a fixed stage), marked, or its trigger timed out or failed. The trigger's ``on_kill``
-        stops the attempt too, but only when the triggerer had started that trigger and gets
-        to it before this try looks; the store's record makes the outcome the same either way.
+        A try that deferred holds no process, so Airflow ended that deferral (the task was
+        cleared or marked, or its trigger timed out or failed); the trigger's ``on_kill`` may
+        stop the attempt too, and the store's record makes the outcome the same either way.
         A try whose worker died while it waited in-process left no such record: its attempt
         is reconnected to.
         """

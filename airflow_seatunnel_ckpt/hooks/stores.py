@@ -1,19 +1,12 @@
 """Which checkpoint stores there are: the Checkpoints page shows them, the recovery DAG watches them.
 
-Three sources, in this order: every Airflow connection of type ``seatunnel_ckpt`` (one
-connection per store), from the metadata database and from ``AIRFLOW_CONN_<ID>``
-environment variables (which win over a database connection of the same id, as they do
-when a task looks the connection up), the entries of the ``[seatunnel_ckpt] stores`` option
-(comma separated: store URLs, for stores without a connection, and ids of connections, for
-connections a task cannot list), and the provider's default store (its default connection
-when defined, else ``$SEATUNNEL_CKPT_STORE``, else ``$AIRFLOW_HOME/seatunnel-ckpt``, when it
-exists). Each store gets a key that is safe in a URL path: the connection id, ``config-<n>``
-or ``default``.
-
-The recovery DAG's tasks call :func:`configured_stores` with ``database=False``: Airflow 3
-gives a task no access to the metadata database, only to connections it names by id, so a
-connection that lives only in the database is watched when ``[seatunnel_ckpt] stores`` names
-it (or it is the default connection). The page marks the stores recovery cannot see
+In this order: every connection of type ``seatunnel_ckpt`` (from the metadata database and
+``AIRFLOW_CONN_<ID>`` variables, which win, as in a task's lookup), the entries of
+``[seatunnel_ckpt] stores`` (store URLs and connection ids, comma separated) and the
+provider's default store when it exists. Each gets a key safe in a URL path: the
+connection id, ``config-<n>`` or ``default``. Recovery's tasks call
+:func:`configured_stores` with ``database=False`` (an Airflow 3 task cannot list the
+database's connections); the page marks the stores recovery cannot see
 (:attr:`ConfiguredStore.watched_by_recovery`).
 """
 

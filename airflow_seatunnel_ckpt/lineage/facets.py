@@ -1,16 +1,11 @@
 """OpenLineage datasets and run facet of an epoch's stage and commit tasks.
 
-The operators' ``get_openlineage_facets_on_*`` methods hand this module what the store
-says (stage options, prepared records, published sinks) and get an ``OperatorLineage``
-back. Inputs are the locations and tables the epoch consumed, with what the recorded
-source offsets say was read (files, bytes, rows, the Iceberg snapshot or Delta version);
-outputs are the sink targets with what was staged or published (rows, files, bytes), and
-the table format. The run facet :class:`CheckpointEpochRunFacet` carries the pipeline,
-epoch, attempt and decision.
-
-The OpenLineage provider is optional: nothing here is imported unless the provider calls
-the operators' methods, and :data:`CheckpointEpochRunFacet` is ``None`` without the
-``openlineage-python`` client (install the ``openlineage`` extra).
+The operators' ``get_openlineage_facets_on_*`` methods hand this module what the store says
+(stage options, prepared records, published sinks) and get an ``OperatorLineage``: inputs
+with what the recorded offsets say was read, outputs with what was staged or published,
+and the run facet :class:`CheckpointEpochRunFacet` (pipeline, epoch, attempt, decision).
+The OpenLineage provider is optional: :data:`CheckpointEpochRunFacet` is ``None`` without
+the ``openlineage-python`` client (the ``openlineage`` extra).
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """OpenLineage dataset names for the locations and tables the pipelines read and write.
 
-Pure functions over URLs and stage options: no Airflow, no OpenLineage client, no I/O, so
-the same name comes out of a DAG file, a task, the listener and the asset converter.
-They follow OpenLineage's dataset naming (``openlineage.client.naming``):
-
-* a local path or ``file:///p`` -> namespace ``file``, name ``/p``;
-* ``s3://bucket/key`` (and Hadoop's ``s3a://``) -> ``s3://bucket``, ``key``;
-* any other ``scheme://authority/path`` (``gs``, ``hdfs``, ``abfss``) -> ``scheme://authority``,
-  the path (``/``-rooted where OpenLineage roots it);
-* an Iceberg table ``iceberg://<catalog>/<namespace>.<table>`` (the URL the Iceberg sink
-  publishes to) -> ``iceberg://<catalog>``, ``<namespace>.<table>``.
-
-A Delta table is named by its location, as OpenLineage's Spark integration names it, so
-the Delta sink's dataset is the file or S3 dataset of its table directory. Credentials in
-a URL (``user:password@``) never reach a name.
+Pure functions over URLs and stage options (no Airflow, client or I/O), so a DAG file, a
+task, the listener and the asset converter name alike, as ``openlineage.client.naming``
+does: a local path or ``file:///p`` -> ``file``, ``/p``; ``s3://bucket/key`` (and
+``s3a://``) -> ``s3://bucket``, ``key``; any other ``scheme://authority/path`` ->
+``scheme://authority``, the path; an Iceberg table ``iceberg://<catalog>/<ns>.<table>`` ->
+``iceberg://<catalog>``, ``<ns>.<table>``. A Delta table is named by its location, as
+OpenLineage's Spark integration does. Credentials in a URL never reach a name.
 """
 
 from __future__ import annotations

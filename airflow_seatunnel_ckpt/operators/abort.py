@@ -36,24 +36,16 @@ HELD_BACK_KEY = "held_back"
 class AbortEpochOperator(BasePipelineOperator):
     """Abort the run's epoch: record ABORT (if undecided) and remove its staged output.
 
-    Its trigger rule defaults to ``all_done``: placed downstream of the stages, the
-    sensor and the branch it runs when any of them failed or timed out, and when the
-    branch chose it; the branch skips it when it chose commit.
+    Its trigger rule defaults to ``all_done``: it runs when a stage, the sensor or the
+    branch failed or timed out, and when the branch chose it. An epoch decided COMMIT is
+    never aborted: with ``roll_forward`` (the default) the task finishes its publish (the
+    commit task may never run). Idempotent: safe to retry and clear.
 
-    It never aborts an epoch decided COMMIT. Such an epoch only moves forward, so the
-    task logs that there is nothing to abort and, with ``roll_forward`` (the default),
-    finishes the publish itself -- the commit task may never run, e.g. when the branch
-    crashed right after recording the decision. Every outcome is idempotent, so the
-    task is safe to retry and clear.
-
-    An epoch aborted by a refusal (a failed check, an expectation over its threshold, a
-    sink's precheck; :func:`~airflow_seatunnel_ckpt.core.protocol.pipeline.is_refusal`) holds its
-    input back: every later run reads it again and is refused again until the input or the
-    rule changes. With ``on_refusal="fail"`` (the default) the task therefore fails once the
-    epoch is aborted -- without retries -- so the DAG run fails and its failure callbacks,
-    emails and alerts fire; the reason goes to the XCom ``held_back`` and, through the
-    provider's listener, to the DAG run's note. An abort after a dead attempt or a timeout
-    never fails the task.
+    An epoch aborted by a refusal (:func:`~airflow_seatunnel_ckpt.core.protocol.pipeline.is_refusal`)
+    holds its input back: every later run is refused again until the input or the rule
+    changes. With ``on_refusal="fail"`` the task then fails without retries, so the run's
+    failure callbacks and alerts fire; the reason goes to the XCom ``held_back`` and the
+    run's note. An abort after a dead attempt or a timeout never fails the task.
 
     :param roll_forward: publish an epoch found decided COMMIT instead of only logging.
     :param reason: reason recorded when this task makes the abort decision; by default
@@ -65,15 +57,9 @@ class AbortEpochOperator(BasePipelineOperator):
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "reason")
     ui_color = "#fadbd8"
 
-    def __init__(
-        self,
-        *,
-        roll_forward: bool = True,
-        reason: str | None = None,
-        on_refusal: Literal["fail", "succeed"] = "fail",
-        trigger_rule: str = TriggerRule.ALL_DONE,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, roll_forward: bool = True, reason: str | None = None,
+                 on_refusal: Literal["fail", "succeed"] = "fail", trigger_rule: str = TriggerRule.ALL_DONE,
+                 **kwargs: Any) -> None:
         super().__init__(trigger_rule=trigger_rule, **kwargs)
         if on_refusal not in ON_REFUSAL:
             raise ValueError(f"{self.where}: on_refusal must be one of {ON_REFUSAL}, got {on_refusal!r}")

@@ -41,13 +41,11 @@ class Verdict:
 class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
     """Decide commit or abort for the run's epoch, then follow the recorded decision.
 
-    The decision is written once, create-exclusive, by the core (``Pipeline.decide``);
-    whatever record wins -- this task's, or one written earlier by a cleared run of this
-    task, the abort task or the recovery DAG -- is the one followed. The epoch commits
-    when every expected participant is prepared and verifies and every user check
-    passes. A failed check aborts the epoch (nothing is published, the input stays
-    unconsumed for the next run) and also routes to ``fallback_task_id``, if given,
-    e.g. a quarantine or notification task.
+    The decision is written once by the core (``Pipeline.decide``), and whichever record
+    wins (this task's, a cleared run's, the abort task's, recovery's) is followed. The
+    epoch commits when every expected participant is prepared and verifies and every check
+    passes; a failed check aborts it (its input stays unconsumed) and also routes to
+    ``fallback_task_id``, if given.
 
     :param commit_task_id: task to run after a commit decision.
     :param abort_task_id: task to run after an abort decision.
@@ -65,18 +63,9 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
                                       "commit_task_id", "abort_task_id", "fallback_task_id")
     ui_color = "#fdebd0"
 
-    def __init__(
-        self,
-        *,
-        commit_task_id: str,
-        abort_task_id: str,
-        fallback_task_id: str | None = None,
-        participants: Sequence[str] | None = None,
-        min_rows: int | None = None,
-        max_rows: int | None = None,
-        check: EpochCheck | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, commit_task_id: str, abort_task_id: str, fallback_task_id: str | None = None,
+                 participants: Sequence[str] | None = None, min_rows: int | None = None, max_rows: int | None = None,
+                 check: EpochCheck | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.commit_task_id = commit_task_id
         self.abort_task_id = abort_task_id

@@ -41,34 +41,24 @@ def sink_asset(pipeline: str, sink: str, target_url: str) -> Asset:
 class CommitEpochOperator(BasePipelineOperator):
     """Publish every sink of the run's epoch, which the branch decided to commit.
 
-    Thin over ``Pipeline.commit``: publishing is idempotent (already-published files are
-    recognised), so a retry, a clear or a second commit after a crash only finishes what
-    is missing. A transient failure raises, and Airflow retries with exponential backoff
-    (defaults below); the epoch stays COMMITTING in between and nothing is ever deleted.
-    An epoch decided ABORT, or not decided at all, and a refusal a retry cannot change (a
-    sink whose table was altered after the decision: ``seatunnel-ckpt resolve
-    --skip-sink`` is the way on) fail the task at once, without retries.
+    Thin over ``Pipeline.commit``, which is idempotent: a retry, a clear or a second commit
+    after a crash only finishes what is missing. A transient failure is retried with
+    exponential backoff (the epoch stays COMMITTING; nothing is deleted). An epoch decided
+    ABORT or undecided, and a refusal a retry cannot change (a table altered after the
+    decision: ``seatunnel-ckpt resolve --skip-sink``), fail the task at once.
 
-    :param sink_assets: asset per sink name (see :func:`sink_asset`); each gets an asset
-        event per commit that published something for the sink. They are added to
-        ``outlets``. A sink that staged no rows, or that the stage did not write, publishes
-        nothing in the epoch and gets no event (the epoch is still COMMITTED and recorded;
-        the task's return value lists such sinks under ``empty`` and ``not_written``).
+    :param sink_assets: asset per sink name (see :func:`sink_asset`), added to ``outlets``;
+        each gets an event per commit that published something for its sink (a sink with no
+        rows, or not written, gets none: the return value lists it under ``empty`` or
+        ``not_written``).
     """
 
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
     ui_color = "#d5f5e3"
 
-    def __init__(
-        self,
-        *,
-        sink_assets: Mapping[str, Asset] | None = None,
-        retries: int = 5,
-        retry_delay: timedelta | float = timedelta(seconds=10),
-        retry_exponential_backoff: float = 2.0,
-        max_retry_delay: timedelta | float = timedelta(minutes=10),
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, sink_assets: Mapping[str, Asset] | None = None, retries: int = 5,
+                 retry_delay: timedelta | float = timedelta(seconds=10), retry_exponential_backoff: float = 2.0,
+                 max_retry_delay: timedelta | float = timedelta(minutes=10), **kwargs: Any) -> None:
         self.sink_assets = dict(sink_assets or {})
         outlets = [*(kwargs.pop("outlets", None) or []), *self.sink_assets.values()]
         super().__init__(retries=retries, retry_delay=retry_delay,
@@ -80,8 +70,7 @@ class CommitEpochOperator(BasePipelineOperator):
         pipeline = self.store_pipeline
         epoch = self.epoch_of_run(context)
         if epoch is None:
-            raise AirflowFailException(
-                f"pipeline {self.pipeline}: run {context['run_id']!r} has no epoch to commit")
+            raise AirflowFailException(f"pipeline {self.pipeline}: run {context['run_id']!r} has no epoch to commit")
         status = pipeline.status(epoch)
         decision = status.decision
         if decision is None:
@@ -89,9 +78,8 @@ class CommitEpochOperator(BasePipelineOperator):
                 f"pipeline {self.pipeline}: epoch {epoch} is {status.state.value} and undecided; "
                 "the branch task records the decision: clear it rather than the commit task")
         if decision.decision is Decision.ABORT:
-            raise AirflowFailException(
-                f"pipeline {self.pipeline}: epoch {epoch} was decided ABORT by {decision.by} "
-                f"({decision.reason}); there is nothing to publish")
+            raise AirflowFailException(f"pipeline {self.pipeline}: epoch {epoch} was decided ABORT by {decision.by} "
+                                       f"({decision.reason}); there is nothing to publish")
         already = status.state is EpochState.COMMITTED
         if already:
             self.log.info("epoch %s is already COMMITTED; confirming its published output", epoch)

@@ -28,18 +28,11 @@ if TYPE_CHECKING:
 class ListAllPipelinesOperator(BaseOperator):
     """Return every pipeline of every store the Checkpoints page lists, as task arguments.
 
-    One mapping per pipeline, ``{"pipeline", "store_conn_id", "storage_url"}``, to map the
-    recovery and retention tasks over with ``expand_kwargs``. The stores are found as the
-    page finds them (:func:`~airflow_seatunnel_ckpt.hooks.stores.configured_stores`):
-    connections of type ``seatunnel_ckpt`` from ``AIRFLOW_CONN_<ID>`` variables, the URLs
-    and connection ids of ``[seatunnel_ckpt] stores``, and the default store. A connection
-    that lives only in the metadata database cannot be listed by a task: name it in
-    ``[seatunnel_ckpt] stores``; the log says so, and the page marks such a store.
-
-    A store that cannot be opened is logged as a WARNING and skipped (the others are still
-    recovered). When no store holds a pipeline the task warns, naming the stores it read,
-    and, with ``expect_pipelines`` (the default), fails: a recovery DAG that protects
-    nothing must not look green.
+    One mapping per pipeline, ``{"pipeline", "store_conn_id", "storage_url"}``, for
+    ``expand_kwargs``; the stores as :func:`~airflow_seatunnel_ckpt.hooks.stores.configured_stores`
+    finds them without the metadata database. A store that cannot be opened is logged and
+    skipped. With no pipeline in any store the task warns and, with ``expect_pipelines``,
+    fails: a recovery DAG that protects nothing must not look green.
 
     :param expect_pipelines: fail when no store holds a pipeline.
     """
@@ -66,10 +59,9 @@ class ListAllPipelinesOperator(BaseOperator):
             self.log.info("%s at %s holds %d pipeline(s): %s", where, redact_url(store.config.storage_url),
                           len(names), ", ".join(names) or "none")
             found += [{"pipeline": name, **configured.store_kwargs()} for name in names]
-        self.log.info(
-            "connections that live only in the metadata database cannot be listed by a task and are not "
-            "watched unless [%s] %s names them (ids or URLs, comma separated); the Checkpoints page marks "
-            "the stores this DAG does not watch", CONFIG_SECTION, CONFIG_OPTION)
+        self.log.info("connections that live only in the metadata database cannot be listed by a task and are not "
+                      "watched unless [%s] %s names them (ids or URLs, comma separated); the Checkpoints page marks "
+                      "the stores this DAG does not watch", CONFIG_SECTION, CONFIG_OPTION)
         if not found:
             default = CheckpointStoreHook()
             message = (
@@ -88,18 +80,13 @@ class ListAllPipelinesOperator(BaseOperator):
 class RecoverPipelineOperator(BasePipelineOperator):
     """Resolve whatever a crash left half done in one pipeline (:func:`core.protocol.recovery.recover`).
 
-    The pipeline's own settings (``prepared_timeout_s`` ...) come from its descriptor,
-    i.e. from its DAG, whatever this task is configured with; ``store_config`` given here
-    still wins.
-
+    The pipeline's settings come from its descriptor (``store_config`` given here wins).
     COMMITTING epochs finish publishing (a sink whose target already holds the epoch, by its
     contract's ``held_epoch``, is acknowledged without committing again), undecided epochs
-    are aborted once they are dead (their stage's lease expired, they were prepared ``prepared_timeout_s`` ago and are
-    still undecided, or Airflow says their DAG run is finished), and staging no record
-    references is removed. A running stage is never aborted, however long it runs. Safe to run at any time
-    and concurrently with the pipeline's own DAG runs: each action goes through the same
-    write-once decision as the pipeline tasks. Map it over :class:`ListAllPipelinesOperator`
-    to cover every store.
+    are aborted once dead (lease expired, prepared too long ago, or their DAG run finished;
+    a running stage never is), and unreferenced staging is removed. Safe at any time,
+    concurrently with the pipeline's runs (the same write-once decision). Map it over
+    :class:`ListAllPipelinesOperator`.
 
     :param apply: carry the actions out; ``False`` only reports what would be done.
     :param pipeline_dag_id: the DAG whose runs begin the pipeline's epochs, asked for an
@@ -110,13 +97,7 @@ class RecoverPipelineOperator(BasePipelineOperator):
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
     ui_color = "#ebdef0"
 
-    def __init__(
-        self,
-        *,
-        apply: bool = True,
-        pipeline_dag_id: str | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, apply: bool = True, pipeline_dag_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.apply = apply
         self.pipeline_dag_id = pipeline_dag_id
@@ -139,19 +120,16 @@ class RecoverPipelineOperator(BasePipelineOperator):
             self.log.info("pipeline %s: nothing to recover", self.pipeline)
         if report.errors:
             # Fail so the recovery DAG shows red; every action is retried by the next run.
-            raise RecoveryError(
-                f"pipeline {self.pipeline}: {len(report.errors)} recovery action(s) failed: "
-                + "; ".join(f"epoch {a.epoch} {a.action}: {a.error}" for a in report.errors))
+            raise RecoveryError(f"pipeline {self.pipeline}: {len(report.errors)} recovery action(s) failed: "
+                                + "; ".join(f"epoch {a.epoch} {a.action}: {a.error}" for a in report.errors))
         return {"pipeline": self.pipeline, **report.to_dict()}
 
 
 class RetainCheckpointsOperator(BasePipelineOperator):
     """Delete checkpoints retention no longer needs (:func:`core.ops.retention.retain`).
 
-    Keeps the newest ``max_retain`` checkpoints (default: the pipeline's own setting, from
-    its descriptor, else the store's configuration),
-    always the newest fully committed one, and every base a kept incremental checkpoint
-    still needs.
+    Keeps the newest ``max_retain`` checkpoints (default: the pipeline's own setting), always
+    the newest committed one, and every base a kept incremental checkpoint needs.
 
     :param max_retain: checkpoints to keep; ``None`` uses the store's configuration.
     :param apply: delete; ``False`` only reports what would be deleted.
@@ -160,13 +138,7 @@ class RetainCheckpointsOperator(BasePipelineOperator):
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
     ui_color = "#ebdef0"
 
-    def __init__(
-        self,
-        *,
-        max_retain: int | None = None,
-        apply: bool = True,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, max_retain: int | None = None, apply: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_retain = max_retain
         self.apply = apply

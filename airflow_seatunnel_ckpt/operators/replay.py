@@ -5,22 +5,15 @@ Trigger the DAG holding it with a ``conf``::
     {"replay": {"from_epoch": 6, "to_epoch": 10, "reason": "amount was x10 (fixed in #123)", "force": false}}
 
 (``to_epoch`` and ``force`` optional; ``from_epoch`` 1 is a full refresh). The task runs
-:func:`spark.replay.replay_stage` in-process on local Spark with the stage it is given
-(the same ``stage``, ``sources`` and ``sinks`` as the pipeline's stage task): one replay
-epoch, recorded in the transaction log with who (the DAG run) and why, whose table commits
-swap the replayed epochs' rows. A refusal (an epoch in flight, a merge sink, another
-writer's commit) fails the task at once, naming the cause; see docs/REPLAY.md.
+:func:`spark.replay.replay_stage` in-process on local Spark with the pipeline stage's
+``stage``, ``sources`` and ``sinks``: one replay epoch, recorded with who and why. A
+refusal fails the task at once, naming the cause (docs/REPLAY.md).
 
-A pipeline DAG built with :func:`task_group.checkpointed_epoch` takes the same ``conf``
-itself: its ``epoch_or_replay`` task (:class:`EpochOrReplayBranch`) routes such a run to
-the group's ``replay`` task (:class:`EpochReplayOperator`, the participants' own stages)
-and skips the normal epoch's tasks, so the run ends green and the next run is a normal
-epoch. :func:`replay_conf` checks the ``conf`` (the keys below and nothing else).
-
-Airflow's own backfill and clear never replay: a cleared committed run finds its epoch
-committed and publishes nothing again; ``airflow backfill create`` over a date that has a
-run clears that run (the same run id), and a backfill run of a date without one is a new
-epoch that reads only input no epoch consumed yet.
+In a DAG built with :func:`task_group.checkpointed_epoch`, the ``epoch_or_replay`` task
+(:class:`EpochOrReplayBranch`) routes such a run to the group's ``replay`` task
+(:class:`EpochReplayOperator`) and skips the normal epoch's tasks. :func:`replay_conf`
+checks the ``conf``. Airflow's backfill and clear never replay: a cleared committed run
+publishes nothing again, and a backfill run is a new epoch of input not consumed yet.
 """
 
 from __future__ import annotations

@@ -34,21 +34,18 @@ class SparkStageOperator(BasePipelineOperator):
     checkpoint parts and the prepared record. Nothing is published here: that is the
     commit task's job once the branch decided.
 
-    Without ``conn_id`` the stage runs in this process on a ``local[*]`` SparkSession;
-    with ``conn_id`` of a Spark connection it is launched through the Apache Spark
-    provider's ``SparkSubmitHook``, on whichever master the connection names; with
-    ``conn_id`` of a ``spark_connect`` connection, or ``spark_remote="sc://host:port"``, it
-    runs from this process on a Spark Connect session to that server (no JVM in the
-    worker; see :mod:`~airflow_seatunnel_ckpt.hooks.stage_runtime`). That process
-    work (run, submit detached, reconnect on a retry, cancel, wait, stop on SIGTERM) is
-    :class:`~airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook`'s; a deferred try
-    hands the wait to :class:`~airflow_seatunnel_ckpt.triggers.submission.StageSubmissionTrigger`.
+    Without ``conn_id`` the stage runs in this process on a ``local[*]`` SparkSession; with
+    a Spark connection it is launched through ``SparkSubmitHook`` on the master it names;
+    with a ``spark_connect`` connection, or ``spark_remote="sc://host:port"``, it runs from
+    this process on a Spark Connect session (:mod:`~airflow_seatunnel_ckpt.hooks.stage_runtime`).
+    The process work is :class:`~airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook`'s;
+    a deferred try hands the wait to
+    :class:`~airflow_seatunnel_ckpt.triggers.submission.StageSubmissionTrigger`.
 
-    Safe to retry and clear: the Airflow try number is the attempt id, so a retry stages
-    into its own directory; if the participant is already prepared for this run's epoch
-    the task returns that record instead of running Spark again. A run whose epoch cannot
-    begin because an earlier epoch is undecided waits for it (rescheduled, no retry spent)
-    and aborts it once it is dead (:meth:`~.base.BasePipelineOperator.begin_epoch`).
+    Safe to retry and clear: the try number is the attempt id (its own staging), and a
+    participant already prepared for the run's epoch returns that record without running
+    Spark. A run whose epoch cannot begin behind an undecided earlier epoch waits for it
+    (rescheduled) and aborts it once it is dead (:meth:`~.base.BasePipelineOperator.begin_epoch`).
 
     Returns (XCom) the epoch, the attempt and the sink manifests.
 

@@ -26,18 +26,13 @@ if TYPE_CHECKING:
 class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
     """Wait until every expected participant of the run's epoch is prepared and verifies.
 
-    Succeeds (returning the check as XCom) when the participants' prepared records exist
-    and their checkpoint parts and staged files match the recorded sizes and checksums,
-    or when the epoch is already decided for commit (a cleared sensor re-ran).
-    Fails without retrying, with the reason in the log, when the epoch was aborted or
-    its prepared output is corrupt, and -- at once, not after ``timeout`` -- when every
-    stage task of the run has finished while the epoch is still not prepared (a stage
-    marked success or skipped without running, or marked while it ran): nothing can
-    prepare it any more. A timeout fails the sensor as usual. Either way the abort task
-    (trigger rule ``all_done``) takes over.
-
-    Works in ``poke`` and ``reschedule`` mode, and with ``deferrable=True`` hands the
-    waiting to :class:`EpochPreparedTrigger` in the triggerer.
+    Succeeds (the check as XCom) when the prepared records exist and their parts and
+    staged files match the recorded sizes, or the epoch is already decided commit. Fails
+    without retrying when the epoch was aborted or its output is corrupt, and at once when
+    every stage task of the run has finished with the epoch still not prepared (a stage
+    marked without running). The abort task (``all_done``) then takes over. Works in
+    ``poke`` and ``reschedule`` mode; ``deferrable=True`` waits in
+    :class:`EpochPreparedTrigger`.
 
     :param participants: stages that must prepare; ``None`` accepts any one participant.
     :param deferrable: wait in the triggerer instead of holding a worker slot.
@@ -48,14 +43,8 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "participants")
     ui_color = "#d6eaf8"
 
-    def __init__(
-        self,
-        *,
-        participants: Sequence[str] | None = None,
-        deferrable: bool = False,
-        stage_task_ids: Sequence[str] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, participants: Sequence[str] | None = None, deferrable: bool = False,
+                 stage_task_ids: Sequence[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.participants = list(participants) if participants else None
         self.deferrable = deferrable
@@ -71,16 +60,14 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
         self.log.info("%s; deferring to the triggerer (poll every %ss, timeout %ss)",
                       check.message, self.poke_interval, self.timeout)
         self.defer(
-            trigger=EpochPreparedTrigger(
-                pipeline=self.pipeline,
-                run_id=context["run_id"],
-                participants=self.participants,
-                store_conn_id=self.store_conn_id,
-                storage_url=self.storage_url,
-                store_config=self.store_config,
-                poll_interval=self.poke_interval,
-                deadline=time.time() + self.timeout,
-            ),
+            trigger=EpochPreparedTrigger(pipeline=self.pipeline,
+                                         run_id=context["run_id"],
+                                         participants=self.participants,
+                                         store_conn_id=self.store_conn_id,
+                                         storage_url=self.storage_url,
+                                         store_config=self.store_config,
+                                         poll_interval=self.poke_interval,
+                                         deadline=time.time() + self.timeout,),
             method_name="execute_complete",
             timeout=self.timeout,
         )

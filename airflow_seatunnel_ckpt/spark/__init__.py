@@ -57,26 +57,9 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "DEFAULT_KEY_GROUPS",
-    "BoundSource",
-    "FileSink",
-    "FileSource",
-    "KeySet",
-    "KeyValueState",
-    "Sink",
-    "SinkError",
-    "Source",
-    "SourceError",
-    "StageContext",
-    "StageFunction",
-    "StageResult",
-    "StageSpec",
-    "StateError",
-    "load_stage_function",
-    "register_sink",
-    "register_source",
-    "run_stage",
-    "submit_stage",
+    "DEFAULT_KEY_GROUPS", "BoundSource", "FileSink", "FileSource", "KeySet", "KeyValueState", "Sink", "SinkError",
+    "Source", "SourceError", "StageContext", "StageFunction", "StageResult", "StageSpec", "StateError",
+    "load_stage_function", "register_sink", "register_source", "run_stage", "submit_stage",
 ]
 
 

@@ -270,9 +270,7 @@ class StageContext:
         if state is None:
             state = self._states[name] = self._state_factory(name, kind)
         if not isinstance(state, kind):
-            raise ConfigError(
-                f"state {name!r} is already used as a {state.kind} in this stage"
-            )
+            raise ConfigError(f"state {name!r} is already used as a {state.kind} in this stage")
         return state
 
     @property

@@ -1,22 +1,13 @@
 """A stage as a DAG declares it -- checked when the DAG is parsed, without Spark.
 
-:class:`StageDeclaration` is the typed form of a stage operator's arguments (the stage
-function, its sources and sinks). It is built in the operator's constructor, so a mistake
-(an unknown option, an unknown source or sink type or format, a sink on a protocol no
-backend can publish to, a stage that is not ``"module:function"`` or whose module does not
-define that function, a source schema that is not Spark DDL) is an import error of the DAG
-file (``airflow dags list-import-errors``), not a failed task at 3 a.m.
-
-Each source and sink is checked through its type's options model
-(:func:`~airflow_seatunnel_ckpt.core.options.parse`: unknown keys with the nearest valid
-name, missing ones, wrong values), and the typed options are what the stage spec carries;
-a type without a model (a custom one registered without it) is checked against its
-factory's keyword parameters. Templated values (``"{{ ds }}"`` in a path) are left alone
-when the DAG is parsed and checked once rendered, when the task runs
-(:meth:`StageDeclaration.check` again).
-
-Nothing here imports PySpark, opens a store or touches the network: it runs on every
-parse of every DAG file.
+:class:`StageDeclaration` is the typed form of a stage operator's arguments, built in its
+constructor, so a mistake (an unknown option, type or format, a sink no backend can publish
+to, a stage that is not an importable ``"module:function"``, a schema that is not Spark DDL)
+is an import error of the DAG file, not a failed task at 3 a.m. Each source and sink is
+checked through its type's options model (:func:`~airflow_seatunnel_ckpt.core.options.parse`),
+a type without one against its factory's keyword parameters. Templated values are checked
+once rendered (:meth:`StageDeclaration.check` again). Nothing here imports PySpark, opens
+a store or touches the network: it runs on every parse of every DAG file.
 """
 
 from __future__ import annotations
@@ -66,25 +57,19 @@ def stage_import_path(stage: Any, *, where: str, importable: bool) -> str:
     """
     if isinstance(stage, str):
         if not is_templated(stage) and not STAGE_PATH.match(stage):
-            raise ConfigError(
-                f"{where}: stage {stage!r} is not an import path of the form 'package.module:function' "
-                "(e.g. 'my_pipelines.orders:dedup_orders'); pass that string, or the function itself"
-            )
+            raise ConfigError(f"{where}: stage {stage!r} is not an import path of the form 'package.module:function' "
+                              "(e.g. 'my_pipelines.orders:dedup_orders'); pass that string, or the function itself")
         if not is_templated(stage):
             _check_module_defines(stage, where)
         return stage
     if not callable(stage):
-        raise ConfigError(
-            f"{where}: stage must be a function or its import path 'package.module:function', "
-            f"got {type(stage).__name__} {stage!r}"
-        )
+        raise ConfigError(f"{where}: stage must be a function or its import path 'package.module:function', "
+                          f"got {type(stage).__name__} {stage!r}")
     module = getattr(stage, "__module__", None)
     qualname = getattr(stage, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
-        raise ConfigError(
-            f"{where}: stage {stage!r} has no module and name to import it by; pass a function "
-            "defined with 'def' at the top level of a module"
-        )
+        raise ConfigError(f"{where}: stage {stage!r} has no module and name to import it by; pass a function "
+                          "defined with 'def' at the top level of a module")
     path = f"{module}:{qualname}"
     if importable:
         problem = None
@@ -171,10 +156,9 @@ def _check_module_defines(stage: str, where: str) -> None:
         return
     functions = sorted(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
     close = difflib.get_close_matches(first, sorted(defined), n=1)
-    raise ConfigError(
-        f"{where}: stage {stage!r}: module {module!r} ({path}) defines no {first!r}"
-        + (f"; did you mean {close[0]!r}?" if close else "")
-        + f" Its functions: {functions or 'none'}. Fix the stage's 'module:function' path")
+    raise ConfigError(f"{where}: stage {stage!r}: module {module!r} ({path}) defines no {first!r}"
+                      + (f"; did you mean {close[0]!r}?" if close else "")
+                      + f" Its functions: {functions or 'none'}. Fix the stage's 'module:function' path")
 
 
 @dataclass(frozen=True)
@@ -243,16 +227,8 @@ class StageDeclaration:
     sinks: tuple[EntryDeclaration, ...]
 
     @classmethod
-    def check(
-        cls,
-        *,
-        participant: str,
-        stage: str | Callable[..., Any],
-        sources: Any,
-        sinks: Any,
-        importable: bool,
-        where: str,
-    ) -> StageDeclaration:
+    def check(cls, *, participant: str, stage: str | Callable[..., Any], sources: Any, sinks: Any, importable: bool,
+              where: str) -> StageDeclaration:
         """Check every argument; ConfigError naming ``where``, the entry, what is wrong and the way out.
 
         :param importable: the stage runs in another process (``spark-submit``).

@@ -6,14 +6,11 @@
         .../airflow_seatunnel_ckpt/spark/driver.py --spec-file spec.json
     python -m airflow_seatunnel_ckpt.spark.driver --spec-file /path/spec.json
 
-The spec is a :class:`~airflow_seatunnel_ckpt.spark.spec.StageSpec` in JSON (it holds the
-store's storage options, so it travels in a file, never on the command line). A
-``--spec-file`` that is not a path on the driver's host is looked up among the files
-``spark-submit`` shipped (``--files``): in the working directory (YARN and Kubernetes
-cluster mode put them there) and through ``SparkFiles``. The outcome is in the store --
-the participant's prepared record -- and optionally in ``--result-file`` (a local path or
-an fsspec URL). Exit status 0 means the participant is prepared for the epoch (by this
-or an earlier attempt).
+The spec is a :class:`~airflow_seatunnel_ckpt.spark.spec.StageSpec` in JSON, in a file (it
+holds the store's storage options); one not on the driver's host is looked up among the
+files ``spark-submit`` shipped (the working directory, ``SparkFiles``). The outcome is the
+participant's prepared record, and optionally ``--result-file`` (a path or fsspec URL).
+Exit status 0: the participant is prepared for the epoch (by this or an earlier attempt).
 """
 
 from __future__ import annotations
@@ -41,20 +38,15 @@ def _write_result(target: str, data: dict[str, object]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the stage a spec file describes; returns the process exit status."""
-    parser = argparse.ArgumentParser(
-        prog="airflow_seatunnel_ckpt.spark.driver", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="airflow_seatunnel_ckpt.spark.driver", description=__doc__.split("\n")[0])
     parser.add_argument("--spec-file", required=True, help="StageSpec as JSON")
     parser.add_argument("--result-file", help="where to write the StageResult as JSON")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--progress-interval", type=float, default=None,
                         help="seconds between two progress lines of the running Spark jobs (default 10)")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
     from airflow_seatunnel_ckpt.spark.runner import run_stage

@@ -1,20 +1,14 @@
 """A sink's expectations, Spark side: flag, count and route rows in the job that writes them.
 
-:func:`flag` adds each rule's outcome to the DataFrame being written. When the sink stages
-Parquet through :mod:`.staged_writer` (Parquet files, Iceberg and Delta tables), the writer
-gets them packed into one small integer column per :data:`RULES_PER_MASK` rules, one bit
-per failed rule (:meth:`Flagged.writer_options`): each task counts the failures of each
-rule once per row group it buffers, leaves out the rows a ``drop`` or
-``quarantine`` rule removes and stages the quarantined ones, with the names of the rules
-they broke, into the sink's quarantine; the job commit lists the committed tasks' counts.
-One job, one pass, no observed metric on the JVM side (which would end the JVM's generated
-code for the stage and copy every row once more), and one column more per row for Spark's
-Arrow conversion, not one per rule. Any other writer observes the failures of each rule
-(``DataFrame.observe``) in its job and writes :attr:`Flagged.kept`; the quarantine is then
-a second job over :attr:`Flagged.quarantined`, which reads the flagged rows from the cache
-the sink's write filled, so the stage's transformations run once. Either way the counts come
-from the writing job itself, never from reading the output again, and since a flag is a
-function of the row's own values every row is kept or quarantined, never both, never neither.
+:func:`flag` adds each rule's outcome to the DataFrame being written. A sink staging
+Parquet through :mod:`.staged_writer` gets them packed, one bit per failed rule, into one
+small integer column per :data:`RULES_PER_MASK` rules (:meth:`Flagged.writer_options`): its
+tasks count the failures, leave out the rows a ``drop`` or ``quarantine`` rule removes and
+stage the quarantined ones into the sink's quarantine, in the one writing job and pass.
+Any other writer observes the failures (``DataFrame.observe``) and writes
+:attr:`Flagged.kept`; its quarantine is a second job over :attr:`Flagged.quarantined`, read
+from the cache the write filled. Either way the counts come from the writing job itself,
+and a flag being a function of the row, every row is kept or quarantined, exactly once.
 """
 
 from __future__ import annotations
@@ -69,9 +63,8 @@ def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) 
                 f"sink {sink!r}: expectation {rule.name!r}: expression {rule.expr!r} cannot be evaluated on the "
                 f"rows written ({first}); columns: {df.columns}. Fix the expression; nothing was written") from exc
         if not isinstance(field.dataType, BooleanType | NullType):
-            raise ConfigError(
-                f"sink {sink!r}: expectation {rule.name!r}: expression {rule.expr!r} is "
-                f"{field.dataType.simpleString()}, not boolean; write a condition such as 'amount > 0'")
+            raise ConfigError(f"sink {sink!r}: expectation {rule.name!r}: expression {rule.expr!r} is "
+                              f"{field.dataType.simpleString()}, not boolean; write a condition such as 'amount > 0'")
 
 
 @dataclass
@@ -149,13 +142,11 @@ def _errors_as_null(spark: SparkSession) -> Iterator[None]:
     """Rules parsed and analysed inside evaluate without ANSI errors: an invalid cast, a
     division by zero or an index out of range is NULL in that row, so the row fails the rule.
 
-    ANSI mode (Spark 4's default) raises such an error from the task, failing the stage on
-    every attempt: no row of the input could ever pass, not even a ``warn`` rule's. Each
-    expression takes its evaluation mode from the session's ``spark.sql.ansi.enabled`` when
-    it is built, so it is switched off only while the rules are built (the analysed plan
-    keeps it) and restored at once; the stage's own expressions keep the session's mode.
-    Catalyst's ``TryEval`` around each rule would not do: whole-stage code generation hoists
-    a subexpression used twice out of it, and the error escapes again.
+    ANSI mode (Spark 4's default) would raise it from the task on every attempt. An
+    expression takes its mode from ``spark.sql.ansi.enabled`` when it is built, so the
+    setting is off only while the rules are built, then restored: the stage's own
+    expressions keep the session's mode. (``TryEval`` around each rule would not do:
+    whole-stage code generation hoists a shared subexpression out of it.)
     """
     conf = spark.conf
     previous = conf.get(ANSI, None)
@@ -221,16 +212,12 @@ def _with_masks(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Dat
     """``df`` with the staged writer's failure masks (:func:`mask_of`), checked and built in
     one analysis.
 
-    Each rule is first parsed on its own, as written (a text that would parse only inside the
-    mask's SQL is refused): ``selectExpr`` parses each of its expressions alone. The masks are
-    then one SQL expression each, whose ``CASE WHEN (<rule>)`` Spark's analyser accepts only
-    for a boolean rule: valid rules cost two analyses (building the masks as columns and
-    analysing the rules separately cost five times as much, a visible part of a small
-    epoch). Both are asked for the schema, which analyses the plan where the session is: a
-    classic DataFrame is analysed when built, a Spark Connect one only when asked. Whatever
-    the analyser refuses goes through :func:`check_expressions`, which names the rule that is
-    wrong; the one refusal it lets pass, a rule typed NULL (``CASE WHEN`` wants a boolean),
-    gets the masks with each rule cast to boolean.
+    Each rule is first parsed alone, as written (``selectExpr``); the masks are then one SQL
+    expression each, whose ``CASE WHEN (<rule>)`` the analyser accepts only for a boolean
+    rule: valid rules cost two analyses (asking for the schema analyses the plan on a classic
+    session and through Connect alike). Whatever the analyser refuses goes through
+    :func:`check_expressions`, which names the wrong rule; a rule typed NULL, the one refusal
+    it lets pass, gets the masks with each rule cast to boolean.
     """
     from pyspark.errors import AnalysisException, ParseException
 

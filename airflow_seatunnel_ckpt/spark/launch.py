@@ -1,31 +1,16 @@
 """The detached launcher of a submitted stage: runs ``spark-submit`` beyond the task's life.
 
-::
-
     python -m airflow_seatunnel_ckpt.spark.launch --plan <workdir>/plan.json
 
-The stage task starts this process in a session of its own (:func:`launch_detached`) and
-may then defer, be cleared, or die: the launcher is not its child in any way Airflow
-tracks. It
-
-1. holds the participant's lease while ``spark-submit`` runs (in cluster mode
-   ``spark-submit`` waits for the application; in client and local mode it *is* the
-   driver), so that the attempt is seen alive even while a cluster queues it;
-2. writes ``spark-submit``'s output to the log file the submission record names;
-3. stops ``spark-submit`` and everything it started (SIGTERM, then SIGKILL after
-   :data:`STOP_GRACE_S`) when a cancel is requested for the attempt (the deferred task was
-   marked failed or cleared in the UI) or the epoch is decided before the participant
-   prepared (aborted: the work can never be committed) -- it looks at every lease renewal;
-4. when ``spark-submit`` exits, ends whatever of its process group is still running (in
-   local and client mode the driver's Python process is ``spark-submit``'s child, and a
-   JVM stopped by a signal leaves it behind), writes the attempt's exit record (return
-   code, last lines of output) to the store -- so an exit record means nothing of the
-   attempt runs any more -- then removes its private working directory (the spec, which
-   holds the store's credentials, and the plan).
-
-SIGTERM (the task's ``on_kill``, a killed process group) is passed on to ``spark-submit``;
-the exit record is still written. Nothing read here is executed: the plan is JSON whose
-command is the one the task built.
+Started in a session of its own (:func:`launch_detached`), so the task may defer, be
+cleared or die. It holds the participant's lease while ``spark-submit`` runs, writes its
+output to the log the submission record names, stops it and its process group (SIGTERM,
+then SIGKILL after :data:`STOP_GRACE_S`) when a cancel is requested or the epoch is
+decided before the participant prepared, and when it exits writes the attempt's exit
+record (so an exit record means nothing of the attempt runs any more), then removes its
+working directory (the spec holds the store's credentials). SIGTERM is passed on to
+``spark-submit``; the exit record is still written. The plan is JSON; nothing read is
+executed but the command the task built.
 """
 
 from __future__ import annotations

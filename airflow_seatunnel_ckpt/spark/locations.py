@@ -25,11 +25,9 @@ def hadoop_path(url: str) -> str:
         return "file://" + os.path.abspath(url)
     scheme, rest = url.split("://", 1)
     if scheme in _PROCESS_LOCAL:
-        raise ConfigError(
-            f"{url}: a {scheme}:// location lives in one Python process and cannot be read "
-            "or written "
-            "by Spark; use a file://, hdfs:// or object-store URL for Spark sources and sinks"
-        )
+        raise ConfigError(f"{url}: a {scheme}:// location lives in one Python process and cannot be read "
+                          "or written "
+                          "by Spark; use a file://, hdfs:// or object-store URL for Spark sources and sinks")
     if "::" in scheme:
         raise ConfigError(f"{url}: chained fsspec URLs cannot be given to Spark")
     return f"{_HADOOP_SCHEMES.get(scheme, scheme)}://{rest}"

@@ -37,17 +37,13 @@ DEFAULT_INTERVAL_S = 10.0
 class StageProgress:
     """Log the progress of the Spark jobs a stage runs.
 
-    Use as a context manager around the stage's Spark work, in the thread that runs it;
-    leaving it stops logging (also when the stage fails). Each line names the Spark stages
-    that are active, their tasks done of all, and what their finished tasks read::
+    A context manager around the stage's Spark work, in the thread that runs it::
 
         pipeline orders epoch 7: ingest running: Spark stage 3: 5/8 tasks done, 120000 rows read
 
-    On a classic session a daemon thread polls the driver's status tracker; the jobs of the
-    calling thread carry a job tag, so a session shared with other stages of the process
-    shows only this stage's jobs. Through Spark Connect the server streams each operation's
-    progress to the client that runs it (``registerProgressHandler``): only this session's
-    operations, with the bytes (not the rows) their tasks read.
+    On a classic session a daemon thread polls the status tracker for the jobs tagged by
+    the calling thread (only this stage's); through Spark Connect the server streams each
+    operation's progress to its client (``registerProgressHandler``), bytes read, not rows.
 
     :param label: what the line starts with (pipeline, epoch, participant).
     :param interval: seconds between two lines at most; a line is logged only when something changed.
@@ -159,10 +155,9 @@ def log_row_counts(label: str, sources: Mapping[str, BoundSource], sinks: Mappin
         parts.append(text)
         if quarantined:
             assert quarantine is not None
-            log.warning(
-                "%s: source %r: %d record(s) did not parse and were quarantined into sink %r "
-                "(published with the epoch to %s); fix them and deliver them again under a new "
-                "file name", label, name, quarantined, quarantine.name, quarantine.target_url)
+            log.warning("%s: source %r: %d record(s) did not parse and were quarantined into sink %r "
+                        "(published with the epoch to %s); fix them and deliver them again under a new "
+                        "file name", label, name, quarantined, quarantine.name, quarantine.target_url)
     for name, sink in sinks.items():
         parts.append(f"sink {name}: {sink.rows} written" if sink.written else f"sink {name}: not written")
     if parts:

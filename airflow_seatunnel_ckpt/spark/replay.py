@@ -1,22 +1,12 @@
 """Run a replay's epochs again on Spark: each with the input it pinned, in order, from the restored state.
 
-:func:`replay_stage` is the stage runtime's half of :mod:`core.ops.replay` (which checks the
-replay, records it and commits it):
-
-1. roll forward a replay a crash left decided, refuse any other unsettled epoch;
-2. plan: the epochs ``from_epoch..to_epoch`` read again, the state before them;
-3. begin the replay epoch (its ``replay`` action record: who, why, the stage's code);
-4. for each replayed epoch, oldest first, run the stage function
-   (:func:`runner.execute_stage`) with **that epoch's pinned input** and the keyed state
-   the previous replayed epoch left, staging its output below the replay epoch's staging
-   (``replayed-<epoch>/``) and its state parts in the replay epoch's checkpoint;
-5. prepare, decide and commit the replay epoch: one table transaction per table sink
-   that swaps the replaced epochs' files for the new ones; a file sink's replay epoch
-   directory (every replayed epoch's files, side by side) swapped in for the replaced
-   epochs' directories through the target's ``_EPOCHS`` pointer.
-
-The lease of the replay epoch is held throughout, so recovery sees a running epoch, and
-an abandoned one once this process is gone (aborted: nothing of it was published).
+:func:`replay_stage` is the stage runtime's half of :mod:`core.ops.replay` (which checks,
+records and commits the replay): it rolls forward a replay a crash left decided (any other
+unsettled epoch refuses it), plans the epochs and the state before them, begins the replay
+epoch, runs the stage (:func:`runner.execute_stage`) for each replayed epoch, oldest first,
+with that epoch's pinned input and the state the previous one left (output staged below
+``replayed-<epoch>/``), then prepares, decides and commits the replay epoch. Its lease is
+held throughout: recovery sees it running, and aborts it once this process is gone.
 """
 
 from __future__ import annotations

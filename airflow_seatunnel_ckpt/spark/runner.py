@@ -83,14 +83,8 @@ def load_stage_function(path: str) -> StageFunction:
     return stage
 
 
-def run_stage(
-    spec: StageSpec,
-    spark: SparkSession | None = None,
-    *,
-    stage_fn: StageFunction | None = None,
-    submitted: bool = False,
-    progress_interval: float = DEFAULT_INTERVAL_S,
-) -> StageResult:
+def run_stage(spec: StageSpec, spark: SparkSession | None = None, *, stage_fn: StageFunction | None = None,
+              submitted: bool = False, progress_interval: float = DEFAULT_INTERVAL_S) -> StageResult:
     """Run ``spec``'s stage for its run's epoch and log it prepared.
 
     :param spark: session to use; default: a Spark Connect session to ``spec.remote`` if
@@ -113,13 +107,8 @@ def run_stage(
     epoch = pipeline.begin(spec.run_id).epoch
     earlier = pipeline.prepared_for_run(spec.run_id, spec.participant)
     if earlier is not None:
-        log.info(
-            "pipeline %s epoch %d: %s already prepared by attempt %d; not running it again",
-            spec.pipeline,
-            epoch,
-            spec.participant,
-            earlier.attempt,
-        )
+        log.info("pipeline %s epoch %d: %s already prepared by attempt %d; not running it again", spec.pipeline,
+                 epoch, spec.participant, earlier.attempt)
         return StageResult.from_prepared(pipeline.name, earlier, reused=True)
     # From here until the prepared record exists (or the stage fails) this process holds
     # the participant's lease: recovery and the next run see a running stage, however long
@@ -142,15 +131,8 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
     # damaged in place (same size, flipped bytes) that failed attempt 1 mid-restore is
     # skipped in favour of a fallback (replica, log, older epoch) instead of failing again.
     base = pipeline.restore_point(deep=spec.attempt > 1)
-    log.info(
-        "pipeline %s epoch %d attempt %d: %s restores from %s (%s)",
-        spec.pipeline,
-        epoch,
-        spec.attempt,
-        spec.participant,
-        base.epoch if base.epoch else "nothing",
-        base.how,
-    )
+    log.info("pipeline %s epoch %d attempt %d: %s restores from %s (%s)", spec.pipeline, epoch, spec.attempt,
+             spec.participant, base.epoch if base.epoch else "nothing", base.how)
 
     def plan(sources: Mapping[str, Source]) -> dict[str, dict[str, Any]]:
         return _fixed_offsets(pipeline, epoch, spec, sources, base)
@@ -160,30 +142,20 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
     ctx, bound, manifests, not_written, operators, written = (
         ran.ctx, ran.bound, ran.manifests, ran.not_written, ran.operators, ran.written)
     try:
-        record = pipeline.prepare(
-            epoch,
-            spec.participant,
-            spec.attempt,
-            run_id=spec.run_id,
-            sinks=manifests,
-            operators=operators,
-            sources={n: b.consumed for n, b in bound.items()},
-            base=base,
-            not_written=not_written,
-        )
+        record = pipeline.prepare(epoch, spec.participant, spec.attempt, run_id=spec.run_id, sinks=manifests,
+                                  operators=operators, sources={n: b.consumed for n, b in bound.items()}, base=base,
+                                  not_written=not_written)
     except FencedAttemptError:
         winner = pipeline.txlog.read_prepared(epoch, spec.participant)
         if winner is None:
             raise
-        log.warning(
-            "pipeline %s epoch %d: attempt %d of %s was fenced; "
-            "attempt %d's prepared output stands",
-            spec.pipeline,
-            epoch,
-            spec.attempt,
-            spec.participant,
-            winner.attempt,
-        )
+        log.warning("pipeline %s epoch %d: attempt %d of %s was fenced; "
+                    "attempt %d's prepared output stands",
+                    spec.pipeline,
+                    epoch,
+                    spec.attempt,
+                    spec.participant,
+                    winner.attempt,)
         return StageResult.from_prepared(pipeline.name, winner, reused=True)
     result = StageResult.from_prepared(pipeline.name, record, reused=False)
     if spec.dry_run:
@@ -191,20 +163,18 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
                  pipeline.name)
     else:
         _record_state_shapes(pipeline, spec.participant, ctx.states)
-    log.info(
-        "pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), "
-        "%d checkpoint bytes "
-        "(%d in keyed state)",
-        spec.pipeline,
-        epoch,
-        spec.participant,
-        spec.attempt,
-        time.monotonic() - started,
-        result.rows,
-        len(manifests),
-        result.checkpoint_bytes,
-        written,
-    )
+    log.info("pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), "
+             "%d checkpoint bytes "
+             "(%d in keyed state)",
+             spec.pipeline,
+             epoch,
+             spec.participant,
+             spec.attempt,
+             time.monotonic() - started,
+             result.rows,
+             len(manifests),
+             result.checkpoint_bytes,
+             written,)
     return result
 
 
@@ -237,25 +207,23 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
         offsets = plan(sources)
     except SourceError as exc:  # a missing directory, a changed consumed file
         raise SourceError(f"pipeline {spec.pipeline!r} epoch {epoch}: {exc}") from exc
-    sinks = _bound_sinks(pipeline, spec, staged_at)
+    sinks = {name: _bound_sink(pipeline, name, opts, staged_at) for name, opts in spec.sinks.items()}
     quarantines = _quarantine_sinks(pipeline, spec, sources, sinks, staged_at)
     rejected = _expectation_quarantines(pipeline, spec, sinks, quarantines, staged_at)
     bound = {name: BoundSource(session, src, offsets[name], quarantines.get(name), epoch)
              for name, src in sources.items()}
-    ctx = StageContext(
-        session,
-        pipeline=spec.pipeline,
-        participant=spec.participant,
-        run_id=spec.run_id,
-        epoch=epoch,
-        attempt=spec.attempt,
-        restored_epoch=base.epoch,
-        key_groups=spec.key_groups,
-        sources=bound,
-        sinks=sinks,
-        state_factory=_state_factory(session, pipeline, config, epoch, spec, base),
-        airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}),
-    )
+    ctx = StageContext(session,
+                       pipeline=spec.pipeline,
+                       participant=spec.participant,
+                       run_id=spec.run_id,
+                       epoch=epoch,
+                       attempt=spec.attempt,
+                       restored_epoch=base.epoch,
+                       key_groups=spec.key_groups,
+                       sources=bound,
+                       sinks=sinks,
+                       state_factory=_state_factory(session, pipeline, config, epoch, spec, base),
+                       airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}),)
 
     operators: dict[str, OperatorState] = {}
     written = 0
@@ -288,23 +256,16 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
                                                  expectations=sink.expectation_results))
         else:
             not_written.append(name)
-            log.warning(
-                "pipeline %s epoch %d: stage %s declared sink %r but did not write it; the epoch "
-                "publishes nothing for it (recorded as not_written in the prepared record and the "
-                "commit). Write it (an empty DataFrame is fine) or remove it from the stage's sinks",
-                spec.pipeline, epoch, spec.stage, name,
-            )
+            log.warning("pipeline %s epoch %d: stage %s declared sink %r but did not write it; the epoch "
+                        "publishes nothing for it (recorded as not_written in the prepared record and the "
+                        "commit). Write it (an empty DataFrame is fine) or remove it from the stage's sinks",
+                        spec.pipeline, epoch, spec.stage, name,)
     log_row_counts(label, bound, sinks)
     return StageRun(ctx, bound, manifests, not_written, operators, written)
 
 
-def _fixed_offsets(
-    pipeline: Pipeline,
-    epoch: int,
-    spec: StageSpec,
-    sources: Mapping[str, Source],
-    base: RestorePoint,
-) -> dict[str, dict[str, Any]]:
+def _fixed_offsets(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: Mapping[str, Source],
+                   base: RestorePoint) -> dict[str, dict[str, Any]]:
     """This epoch's offsets per source: the first attempt's plan (see ``Pipeline.pin_inputs``).
 
     Without the stored plan a retry would list the input again and could pick up files
@@ -350,13 +311,11 @@ def _first_pinned_plan(pipeline: Pipeline, participant: str, source: str, before
     return None
 
 
-def _bound_sinks(pipeline: Pipeline, spec: StageSpec, staged_at: Callable[[str], str]) -> dict[str, Sink]:
-    sinks = {}
-    for name, opts in spec.sinks.items():
-        sink = sink_from_options(name, opts)
-        sink.bind(pipeline.storage.url_of(staged_at(name)), pipeline.storage.storage_options)
-        sinks[name] = sink
-    return sinks
+def _bound_sink(pipeline: Pipeline, name: str, options: Any, staged_at: Callable[[str], str]) -> Sink:
+    """The sink ``name`` of ``options``, staging into the attempt's staging of it."""
+    sink = sink_from_options(name, options)
+    sink.bind(pipeline.storage.url_of(staged_at(name)), pipeline.storage.storage_options)
+    return sink
 
 
 def _null_key_origin(spark: SparkSession, epoch: int, sources: Mapping[str, BoundSource],
@@ -384,11 +343,9 @@ def _null_key_origin(spark: SparkSession, epoch: int, sources: Mapping[str, Boun
     origin = ("; ".join(found) if found else
               "no input file has a null " + repr(column) + " itself: the stage's own transformations "
               "produced it")
-    return StateError(
-        f"epoch {epoch}: keyed state {state!r}: key column {column!r} holds nulls, from "
-        f"{origin}. Drop or fill null keys before updating the state (e.g. df.where(col({column!r})."
-        "isNotNull())), or fix the input file and deliver it under a new name"
-    )
+    return StateError(f"epoch {epoch}: keyed state {state!r}: key column {column!r} holds nulls, from "
+                      f"{origin}. Drop or fill null keys before updating the state (e.g. df.where(col({column!r})."
+                      "isNotNull())), or fix the input file and deliver it under a new name")
 
 
 #: The name of a source's quarantine sink: ``<source>.bad_records``.
@@ -407,13 +364,9 @@ def _quarantine_sinks(pipeline: Pipeline, spec: StageSpec, sources: Mapping[str,
             continue
         sink_name = f"{name}{QUARANTINE_SUFFIX}"
         if sink_name in sinks:
-            raise ConfigError(
-                f"stage spec: sink {sink_name!r} is the quarantine sink of source {name!r} "
-                "(its bad_records option); rename the sink"
-            )
-        sink = sink_from_options(sink_name, {"type": "file", "path": target, "format": "json"})
-        sink.bind(pipeline.storage.url_of(staged_at(sink_name)), pipeline.storage.storage_options)
-        out[name] = sink
+            raise ConfigError(f"stage spec: sink {sink_name!r} is the quarantine sink of source {name!r} "
+                              "(its bad_records option); rename the sink")
+        out[name] = _bound_sink(pipeline, sink_name, {"type": "file", "path": target, "format": "json"}, staged_at)
     return out
 
 
@@ -435,21 +388,13 @@ def _expectation_quarantines(pipeline: Pipeline, spec: StageSpec, sinks: Mapping
         if sink_name in names:
             raise ConfigError(f"stage spec: sink {sink_name!r} is the quarantine of sink {name!r} (its "
                               "expectations); rename the sink")
-        quarantine = sink_from_options(sink_name, options)
-        quarantine.bind(pipeline.storage.url_of(staged_at(sink_name)), pipeline.storage.storage_options)
-        sink.quarantine = quarantine
+        sink.quarantine = quarantine = _bound_sink(pipeline, sink_name, options, staged_at)
         out.append(quarantine)
     return out
 
 
-def _state_factory(
-    spark: SparkSession,
-    pipeline: Pipeline,
-    config: CheckpointConfig,
-    epoch: int,
-    spec: StageSpec,
-    base: RestorePoint,
-) -> Callable[[str, type[KeyedState]], KeyedState]:
+def _state_factory(spark: SparkSession, pipeline: Pipeline, config: CheckpointConfig, epoch: int, spec: StageSpec,
+                   base: RestorePoint) -> Callable[[str, type[KeyedState]], KeyedState]:
     store = StoreLocation.of(pipeline.storage)
     restore_from = StoreLocation.of(base.storage or pipeline.storage)
     # Parts restored from a replica live in another store: write every key group in full
@@ -462,18 +407,9 @@ def _state_factory(
     opened: dict[str, KeyedState] = {}
 
     def make(name: str, kind: type[KeyedState]) -> KeyedState:
-        settings = StateSettings(
-            name=name,
-            kind=kind.kind,
-            key_groups=spec.key_groups,
-            epoch=epoch,
-            attempt=spec.attempt,
-            store=store,
-            restore_from=restore_from,
-            policy=policy,
-            restored=base.operators.get(name),
-            pipeline=pipeline.name,
-        )
+        settings = StateSettings(name=name, kind=kind.kind, key_groups=spec.key_groups, epoch=epoch,
+                                 attempt=spec.attempt, store=store, restore_from=restore_from, policy=policy,
+                                 restored=base.operators.get(name), pipeline=pipeline.name)
         state = kind(spark, settings)
         # Only a state with committed values is held to its shape, and the shape is the
         # restored checkpoint's (the descriptor's only when the checkpoint recorded none):

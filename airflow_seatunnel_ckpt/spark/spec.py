@@ -202,17 +202,15 @@ class StageResult(Record):
         new_parts += [
             p for s in record.sources.values() for p in s.chain if p.epoch == record.epoch
         ]
-        return cls(
-            pipeline=pipeline,
-            participant=record.participant,
-            epoch=record.epoch,
-            attempt=record.attempt,
-            run_id=record.run_id,
-            manifests=list(record.sinks),
-            sources={name: dict(state.offsets) for name, state in record.sources.items()},
-            checkpoint_bytes=sum(p.size for p in new_parts),
-            reused=reused,
-        )
+        return cls(pipeline=pipeline,
+                   participant=record.participant,
+                   epoch=record.epoch,
+                   attempt=record.attempt,
+                   run_id=record.run_id,
+                   manifests=list(record.sinks),
+                   sources={name: dict(state.offsets) for name, state in record.sources.items()},
+                   checkpoint_bytes=sum(p.size for p in new_parts),
+                   reused=reused,)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-data form (for XCom, the driver's ``--result-file`` and logs), with the rows staged."""

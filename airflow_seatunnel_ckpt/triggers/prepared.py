@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
-from airflow_seatunnel_ckpt.core import CheckpointStore
-from airflow_seatunnel_ckpt.hooks.checkpoint_store import (
-    CheckpointStoreHook,
-    PreparedCheck,
-    check_prepared,
-)
-from airflow_seatunnel_ckpt.triggers.store_errors import STORE_ERROR_TOLERANCE_S, StoreErrorBudget
+from airflow_seatunnel_ckpt.hooks.checkpoint_store import PreparedCheck, check_prepared
+from airflow_seatunnel_ckpt.triggers.store_errors import StoreErrorBudget, StoreTrigger
 
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core import Pipeline
 
 
-class EpochPreparedTrigger(BaseTrigger):
+class EpochPreparedTrigger(StoreTrigger):
     """Poll the checkpoint store until the run's epoch is prepared (or can never be).
 
     Fires exactly one event, a :class:`PreparedCheck` as a dict, whose ``outcome`` is
@@ -32,54 +27,18 @@ class EpochPreparedTrigger(BaseTrigger):
 
     A failing read of the store is polled through for ``store_error_timeout`` seconds
     before the trigger reports it (an ``error`` event).
-
-    The store is read in a worker thread: the core's storage calls are blocking and must
-    not stall the triggerer's event loop. Serialised kwargs never contain storage options
-    (they are stored in the metadata database and shown in logs); credentials come from
-    the connection, which the trigger resolves itself.
     """
 
-    def __init__(
-        self,
-        *,
-        pipeline: str,
-        run_id: str,
-        participants: Sequence[str] | None = None,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
-        poll_interval: float = 5.0,
-        deadline: float | None = None,
-        store_error_timeout: float = STORE_ERROR_TOLERANCE_S,
-    ) -> None:
-        super().__init__()
-        self.pipeline = pipeline
+    def __init__(self, *, run_id: str, participants: Sequence[str] | None = None, deadline: float | None = None,
+                 **store: Any) -> None:
+        super().__init__(**store)
         self.run_id = run_id
         self.participants = list(participants) if participants else None
-        self.store_conn_id = store_conn_id
-        self.storage_url = storage_url
-        self.store_config = {k: v for k, v in (store_config or {}).items()
-                             if k != "storage_options"}
-        self.poll_interval = float(poll_interval)
         self.deadline = deadline
-        self.store_error_timeout = float(store_error_timeout)
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Class path and kwargs to re-create the trigger in the triggerer."""
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "pipeline": self.pipeline,
-                "run_id": self.run_id,
-                "participants": self.participants,
-                "store_conn_id": self.store_conn_id,
-                "storage_url": self.storage_url,
-                "store_config": self.store_config,
-                "poll_interval": self.poll_interval,
-                "deadline": self.deadline,
-                "store_error_timeout": self.store_error_timeout,
-            },
-        )
+    def arguments(self) -> dict[str, Any]:
+        """The run, its participants and the deadline."""
+        return {"run_id": self.run_id, "participants": self.participants, "deadline": self.deadline}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Yield one event once waiting can no longer change the outcome.
@@ -87,15 +46,13 @@ class EpochPreparedTrigger(BaseTrigger):
         A failing read of the store is polled through for ``store_error_timeout`` seconds
         (:class:`~.store_errors.StoreErrorBudget`) before it is reported.
         """
-        hook = CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config)
         budget = StoreErrorBudget(self.store_error_timeout)
         pipeline: Pipeline | None = None
         while True:
             check: PreparedCheck | None = None
             try:
                 if pipeline is None:
-                    config = await hook.aget_config()
-                    pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
+                    pipeline = await self.open_pipeline()
                 check = await asyncio.to_thread(check_prepared, pipeline, self.run_id, self.participants)
             except Exception as exc:  # the task, not the triggerer, must report a lasting failure
                 if not budget.tolerate(exc):

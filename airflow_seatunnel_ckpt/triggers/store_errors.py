@@ -1,15 +1,25 @@
-"""How long a trigger polls on through failing reads of the checkpoint store."""
+"""What the provider's triggers share: one pipeline of a store, polled through failing reads."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
+from airflow.triggers.base import BaseTrigger
+
+from airflow_seatunnel_ckpt.core import CheckpointStore
 from airflow_seatunnel_ckpt.core.errors import (
     ConfigError,
     CorruptCheckpointError,
     InvalidEpochError,
     InvalidNameError,
 )
+from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+
+if TYPE_CHECKING:
+    from airflow_seatunnel_ckpt.core import Pipeline
 
 #: Seconds a trigger keeps polling through failing store reads before it reports the failure.
 STORE_ERROR_TOLERANCE_S = 300.0
@@ -53,3 +63,40 @@ class StoreErrorBudget:
         """``3 failed polls in 12s (tolerated for 300s)`` for log lines and the final error."""
         lasted = 0.0 if self._since is None else time.monotonic() - self._since
         return f"{self.failures} failed poll(s) in {lasted:.0f}s (tolerated for {self.tolerance_s:g}s)"
+
+
+class StoreTrigger(BaseTrigger):
+    """A trigger polling one pipeline of a checkpoint store (the store arguments as the task's).
+
+    Its serialised kwargs never contain storage options (they are stored in the metadata
+    database and shown in logs): credentials come from the connection, which the trigger
+    resolves itself. The store is read in a worker thread: the core's storage calls block
+    and must not stall the triggerer's event loop.
+    """
+
+    def __init__(self, *, pipeline: str, store_conn_id: str | None = None, storage_url: str | None = None,
+                 store_config: Mapping[str, Any] | None = None, poll_interval: float = 5.0,
+                 store_error_timeout: float = STORE_ERROR_TOLERANCE_S) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.store_conn_id = store_conn_id
+        self.storage_url = storage_url
+        self.store_config = {k: v for k, v in (store_config or {}).items() if k != "storage_options"}
+        self.poll_interval = float(poll_interval)
+        self.store_error_timeout = float(store_error_timeout)
+
+    def arguments(self) -> dict[str, Any]:
+        """The subclass's own kwargs, serialised beside the store's."""
+        raise NotImplementedError
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Class path and kwargs to re-create the trigger in the triggerer."""
+        return (f"{type(self).__module__}.{type(self).__qualname__}",
+                {"pipeline": self.pipeline, "store_conn_id": self.store_conn_id, "storage_url": self.storage_url,
+                 "store_config": self.store_config, "poll_interval": self.poll_interval,
+                 "store_error_timeout": self.store_error_timeout, **self.arguments()})
+
+    async def open_pipeline(self) -> Pipeline:
+        """The watched pipeline (its connection read without blocking the event loop)."""
+        config = await CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config).aget_config()
+        return (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)

@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
-from airflow_seatunnel_ckpt.core import CheckpointStore
 from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck, SubmissionOutcome
-from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
-from airflow_seatunnel_ckpt.triggers.store_errors import STORE_ERROR_TOLERANCE_S, StoreErrorBudget
-
-if TYPE_CHECKING:
-    pass
+from airflow_seatunnel_ckpt.triggers.store_errors import StoreErrorBudget, StoreTrigger
 
 
-class StageSubmissionTrigger(BaseTrigger):
+class StageSubmissionTrigger(StoreTrigger):
     """Poll the store until the submitted attempt is prepared, failed, lost or fenced.
 
     Fires one event, a :class:`~airflow_seatunnel_ckpt.core.protocol.submissions.SubmissionCheck`
@@ -32,63 +27,25 @@ class StageSubmissionTrigger(BaseTrigger):
 
     A failing read of the store is polled through for ``store_error_timeout`` seconds
     before the trigger reports it.
-
-    Serialised kwargs never contain storage options (they are stored in the metadata
-    database); credentials come from the connection, which the trigger resolves itself.
     """
 
-    def __init__(
-        self,
-        *,
-        pipeline: str,
-        epoch: int,
-        participant: str,
-        attempt: int,
-        store_conn_id: str | None = None,
-        storage_url: str | None = None,
-        store_config: Mapping[str, Any] | None = None,
-        poll_interval: float = 5.0,
-        log: str = "",
-        log_host: str = "",
-        store_error_timeout: float = STORE_ERROR_TOLERANCE_S,
-    ) -> None:
-        super().__init__()
-        self.pipeline = pipeline
+    def __init__(self, *, epoch: int, participant: str, attempt: int, log: str = "", log_host: str = "",
+                 **store: Any) -> None:
+        super().__init__(**store)
         self.epoch = int(epoch)
         self.participant = participant
         self.attempt = int(attempt)
-        self.store_conn_id = store_conn_id
-        self.storage_url = storage_url
-        self.store_config = {k: v for k, v in (store_config or {}).items() if k != "storage_options"}
-        self.poll_interval = float(poll_interval)
         self.log_file = log
         self.log_host = log_host
-        self.store_error_timeout = float(store_error_timeout)
 
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Class path and kwargs to re-create the trigger in the triggerer."""
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "pipeline": self.pipeline,
-                "epoch": self.epoch,
-                "participant": self.participant,
-                "attempt": self.attempt,
-                "store_conn_id": self.store_conn_id,
-                "storage_url": self.storage_url,
-                "store_config": self.store_config,
-                "poll_interval": self.poll_interval,
-                "log": self.log_file,
-                "log_host": self.log_host,
-                "store_error_timeout": self.store_error_timeout,
-            },
-        )
+    def arguments(self) -> dict[str, Any]:
+        """The watched attempt and where its launch log is."""
+        return {"epoch": self.epoch, "participant": self.participant, "attempt": self.attempt,
+                "log": self.log_file, "log_host": self.log_host}
 
     async def _submit_hook(self) -> StageSubmitHook:
         """The watched participant's :class:`StageSubmitHook`, on the store the connection names."""
-        config = await CheckpointStoreHook(self.store_conn_id, self.storage_url, self.store_config).aget_config()
-        pipeline = (await asyncio.to_thread(CheckpointStore, config)).pipeline(self.pipeline)
-        return StageSubmitHook(pipeline, self.participant)
+        return StageSubmitHook(await self.open_pipeline(), self.participant)
 
     async def on_kill(self) -> None:
         """The deferred task was marked failed, cleared or marked success: stop its application.

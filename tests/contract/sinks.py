@@ -113,7 +113,7 @@ class IcebergContext(SinkContext):
 
     def options(self, mode: str) -> dict[str, Any]:
         keys = {"merge_keys": ["id"]} if mode == UPSERT else {}
-        return {"type": "iceberg", "identifier": self.IDENT, "catalog_name": "lake", "catalog": self.catalog,
+        return {"type": "iceberg", "table": self.IDENT, "catalog_name": "lake", "catalog": self.catalog,
                 "partition_by": ["region"], **keys}
 
     def target_url(self) -> str:
@@ -174,7 +174,7 @@ class DeltaContext(SinkContext):
 
     def options(self, mode: str) -> dict[str, Any]:
         keys = {"merge_keys": ["id"]} if mode == UPSERT else {}
-        return {"type": "delta", "uri": self.target_url(), "partition_by": ["region"], **keys}
+        return {"type": "delta", "path": self.target_url(), "partition_by": ["region"], **keys}
 
     def target_url(self) -> str:
         return f"file://{self.root}/tables/orders"
@@ -280,7 +280,7 @@ class FileContext(SinkContext):
         self.seen: list[tuple[str, Rows]] = []
 
     def options(self, mode: str) -> dict[str, Any]:
-        return {"type": "file", "path": self.target_url(), "mode": "snapshot" if mode == SNAPSHOT else "changes"}
+        return {"type": "file", "path": self.target_url(), "mode": "snapshot" if mode == SNAPSHOT else "append"}
 
     def target_url(self) -> str:
         return f"file://{self.path}"
@@ -454,7 +454,7 @@ class Epochs:
                     self.pipeline.storage.write_atomic(path, buf.getvalue())
         manifest = self.pipeline.manifest_for_staged(epoch, 1, "orders", self.context.target_url(),
                                                      sum(t.num_rows for t in rows))
-        return dataclasses.replace(manifest, mode=SinkMode.SNAPSHOT if self.mode == SNAPSHOT else SinkMode.CHANGES,
+        return dataclasses.replace(manifest, mode=SinkMode.SNAPSHOT if self.mode == SNAPSHOT else SinkMode.APPEND,
                                    table=self.context.options(self.mode) if self.context.table else None)
 
     def prepare(self, rows: Callable[[int], pa.Table]) -> tuple[int, pa.Table]:

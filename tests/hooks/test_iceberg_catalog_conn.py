@@ -41,5 +41,5 @@ def test_connection_host_and_login_become_uri_and_credential(monkeypatch: pytest
 
 def test_missing_catalog_connection_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="catalog_conn_id 'no_such_catalog' is not an Airflow connection"):
-        iceberg_catalog.catalog_secrets({"type": "iceberg", "identifier": "lake.orders",
+        iceberg_catalog.catalog_secrets({"type": "iceberg", "table": "lake.orders",
                                          "catalog_conn_id": "no_such_catalog"})

@@ -35,11 +35,11 @@ class ParquetPrepareOperator(BasePipelineOperator):
     """Prepare the run's epoch with the rows of ``rows_file`` staged as Parquet for a Delta sink.
 
     :param rows_file: JSON list of ``{"customer", "total"}`` rows, read when the task runs.
-    :param table: the sink's table options (``{"type": "delta", "uri": ...}``).
+    :param table: the sink's table options (``{"type": "delta", "path": ...}``).
     """
 
     def __init__(self, *, participant: str, sinks: dict[str, str], rows_file: str, table: dict[str, Any],
-                 mode: str = "changes", **kwargs: Any) -> None:
+                 mode: str = "append", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.participant = participant
         self.sinks = sinks
@@ -70,7 +70,7 @@ def lake(tmp_path: Path) -> dict[str, Any]:
             "rows": tmp_path / "rows.json"}
 
 
-def build_dag(dag_id: str, lake: dict[str, Any], *, table: dict[str, Any], mode: str = "changes",
+def build_dag(dag_id: str, lake: dict[str, Any], *, table: dict[str, Any], mode: str = "append",
               commit: dict[str, Any] | None = None) -> DAG:
     with DAG(dag_id, schedule=None, start_date=START, catchup=False, max_active_runs=1,
              default_args={"retry_delay": timedelta(seconds=0)}) as dag:
@@ -90,7 +90,8 @@ def write_rows(lake: dict[str, Any], *rows: tuple[str | None, float]) -> None:
 
 def test_a_sink_refusing_the_epoch_takes_the_abort_path_and_the_next_run_commits(
         run_at: Any, lake: dict[str, Any]) -> None:
-    dag = build_dag("refused_upsert", lake, table={"type": "delta", "uri": lake["uri"], "merge_keys": ["customer"]})
+    dag = build_dag("refused_upsert", lake, table={"type": "delta", "path": lake["uri"], "merge_keys": ["customer"]},
+                    mode="upsert")
     write_rows(lake, ("c0", 1.0))
     assert run_at(dag, logical_date(0)).state == "success"
 
@@ -122,7 +123,7 @@ def test_a_refusal_after_the_decision_fails_the_commit_task_without_retries(
         if DeltaTable.is_deltatable(lake["uri"]):
             DeltaTable(lake["uri"]).alter.set_table_properties({"delta.appendOnly": "true"})
 
-    table = {"type": "delta", "uri": lake["uri"]}
+    table = {"type": "delta", "path": lake["uri"]}
     write_rows(lake, ("c0", 1.0))
     first = build_dag("altered_table", lake, table=table, mode="snapshot")
     assert run_at(first, logical_date(0)).state == "success"

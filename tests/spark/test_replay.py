@@ -344,7 +344,7 @@ def test_a_full_refresh_of_an_upsert_sink_replaces_the_tables_values_in_one_snap
 
     upsert = Lake(tmp_path / "upsert", "iceberg")
     sinks = upsert.sinks()
-    sinks["customer_totals"] = {**sinks["customer_totals"], "mode": "changes", "merge_keys": ["customer"]}
+    sinks["customer_totals"] = {**sinks["customer_totals"], "mode": "upsert", "merge_keys": ["customer"]}
     upsert.sinks = lambda: sinks  # type: ignore[method-assign]
     upsert.run(spark, range(1, 3), "buggy")
     buggy_totals = upsert.totals()

@@ -1,31 +1,17 @@
 """Evolving a pipeline's keyed state on purpose: rename, drop, reset, rescale.
 
-A stage whose keyed states differ from the committed ones (the shapes the restored
-checkpoint records, ``OperatorState.shape``) is refused before it prepares (see
-:func:`descriptor.state_changes`); these commands are the explicit way to change them.
-Each one:
+A stage whose keyed states differ from the committed ones is refused before it prepares
+(:func:`descriptor.state_changes`); these commands are the explicit way to change them.
+Each runs only when every epoch is settled, restores the newest committed checkpoint (a
+damaged one is refused) and writes an **evolution epoch**: a normal epoch (run id
+``evolution__<action>__<ms>``) with one ``prepared`` record per participant (the changed
+states, every source's history carried), a ``decision`` naming who and why, and
+``committed``; then a new descriptor version. Restore, retention and recovery need no
+special case, and the log is the audit trail. A failure before the decision aborts it.
 
-1. runs only when every epoch is settled (COMMITTED or ABORTED), so it never races a
-   stage's epoch;
-2. restores the newest committed checkpoint (the primary; a damaged one is refused);
-3. writes an **evolution epoch**: a normal epoch with its own ``begin`` (run id
-   ``evolution__<action>__<ms>``), one ``prepared`` record per participant (no sink
-   output, the changed states with their shapes, every source's history carried over), the ``decision``
-   (``by`` and ``reason`` say who changed what and why) and ``committed``. Restore,
-   retention and recovery therefore need no special case, and the transaction log is
-   the audit trail;
-4. writes a new descriptor version with the states' new shape.
-
-A failure before the decision aborts the evolution epoch: nothing is left in flight.
-
-``rename`` and ``rescale`` write new **full** parts (each key group's chain read and
-written again under the new name / key-group count): the new checkpoint references no
-part of another state's folder, so retention needs no new rule. ``drop`` and ``reset``
-write nothing: the state is simply absent from the evolution checkpoint (the older
-checkpoints keep it until retention removes them).
-
-``rescale`` holds one state's rows in memory at a time (it re-partitions them by
-:func:`key_groups.key_groups_of`, Spark's hash).
+``rename`` and ``rescale`` write new full parts (so no checkpoint references another
+state's folder); ``drop`` and ``reset`` write nothing: the state is absent from the new
+checkpoint. ``rescale`` holds one state's rows in memory at a time.
 """
 
 from __future__ import annotations

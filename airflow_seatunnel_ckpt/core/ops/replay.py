@@ -1,35 +1,23 @@
 """Replay: epochs N..M processed again with the stage's current code, their output replaced.
 
-A replay (and a *full refresh*, which is a replay from epoch 1) is one **replay epoch**
-``R``, a normal epoch of the log with run id ``replay__<N>-<M>__<ms>``, written after
-every epoch is settled:
+A replay (a *full refresh* is a replay from epoch 1) is one **replay epoch** ``R``, a
+normal epoch of the log with run id ``replay__<N>-<M>__<ms>``:
 
-1. :func:`plan_replay` checks what can refuse the replay before anything is written:
-   no epoch in flight, ``N..M`` within the committed epochs, one participant, a merge
-   (upsert) or snapshot sink only through the newest epoch, ``M``
-   the newest epoch when the pipeline has keyed state (epochs after ``M``
-   built their state on the replaced ones), ``N`` not inside an earlier replay's range,
-   and the checkpoint of the epoch before ``N`` still restorable;
+1. :func:`plan_replay` checks, before anything is written, what can refuse it: an epoch
+   in flight, ``N..M`` outside the committed epochs, more than one participant, an upsert
+   or snapshot sink not replayed through the newest epoch, keyed state with ``M`` not the
+   newest epoch, ``N`` inside an earlier replay, the checkpoint before ``N`` unrestorable;
 2. :func:`begin_replay` begins ``R`` and writes its ``action-*-replay`` record (who, why,
-   which epochs, which code): the audit trail ``epochs``, ``show`` and the Checkpoints
-   page list. An epoch that committed since the plan refuses the replay (``R`` aborted):
-   ``R`` would carry the consumed input of the epoch before it;
-3. the stage runtime (``spark.replay``) runs each replayed epoch again, in order, with
-   the input that epoch pinned in the log, from the keyed state of the epoch before ``N``
-   onwards, staging every epoch's output below ``R``'s staging;
-4. :func:`finish_replay` prepares ``R`` (the replayed state; the source histories of the
-   newest epoch carried, so nothing is read twice), decides and commits it. Each table
-   sink's commit is **one** table transaction that removes the data files the replaced
-   epochs added and adds the new ones (:attr:`SinkManifest.replaces`): a reader sees the
-   old rows or the new ones. A commit to the table by another writer after epoch ``N``
-   refuses the replay at the decision (naming the snapshot or version) unless ``force``.
-   A file sink's replay epoch directory is swapped for the replaced epochs' directories
-   through the target's ``_EPOCHS`` pointer (:func:`core.storage.publish.replace_epoch_dirs`).
+   which epochs and code); an epoch committed since the plan refuses it;
+3. the stage runtime (``spark.replay``) runs each replayed epoch again, in order, with the
+   input that epoch pinned, staging the output below ``R``'s staging;
+4. :func:`finish_replay` prepares, decides and commits ``R``: each table sink's commit is
+   one transaction removing the replaced epochs' data files and adding the new ones
+   (:attr:`SinkManifest.replaces`), refused at the decision after another writer's commit
+   unless ``force``; a file sink swaps directories through its ``_EPOCHS`` pointer.
 
-A replay killed before its decision leaves an open epoch whose lease expires: recovery
-aborts it (nothing was published) and the next replay runs. Killed after the decision,
-the epoch is COMMITTING: recovery, or :func:`resume_replay` (which a second replay calls),
-rolls it forward.
+Killed before its decision, ``R`` is aborted by recovery once its lease expires; killed
+after it, recovery or :func:`resume_replay` rolls it forward.
 """
 
 from __future__ import annotations
@@ -358,9 +346,8 @@ def finish_replay(pipeline: Pipeline, epoch: int, run_id: str, plan: ReplayPlan,
                           f"(epoch {epoch}) was refused and aborted, nothing changed: {decision.reason}")
     result = pipeline.commit(epoch)
     if action is not None:
-        pipeline.txlog.record_outcome(
-            epoch, action, ActionOutcome.SUCCEEDED,
-            f"epochs {plan.epochs} replayed; output of epochs {plan.replaced} replaced")
+        pipeline.txlog.record_outcome(epoch, action, ActionOutcome.SUCCEEDED,
+                                      f"epochs {plan.epochs} replayed; output of epochs {plan.replaced} replaced")
     log.warning("pipeline %s: epochs %d..%d replayed as epoch %d by %s (%s)", pipeline.name, plan.from_epoch,
                 plan.to_epoch, epoch, by, reason)
     return result

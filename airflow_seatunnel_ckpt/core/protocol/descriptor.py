@@ -1,30 +1,16 @@
 """The pipeline descriptor: one pipeline's configuration, owner and shape, kept in its store.
 
-::
+``<store>/<pipeline>/_descriptor/v000001.json, ...``: framed, checksummed JSON records
+created exclusively; the newest is the descriptor, and a version is written only when the
+content changes. It holds ``owner_dag_id`` (another DAG using the name is refused,
+:class:`PipelineOwnershipError`), ``config`` (the pipeline's :class:`CheckpointConfig`
+without secrets, so that recovery, retention, the CLI and every task use the pipeline's
+own settings) and ``participants`` (each with its sources, sinks and keyed states; a
+commit decision needs every one prepared).
 
-    <store>/<pipeline>/_descriptor/v000001.json, v000002.json, ...
-
-Each version is a framed, checksummed JSON record created exclusively (write-once, like
-the transaction log's records); the newest version is the descriptor. A new version is
-written only when the content changes. It holds:
-
-* ``owner_dag_id`` -- the DAG that runs the pipeline; another DAG using the same name is
-  refused (:class:`PipelineOwnershipError`) instead of silently sharing state and
-  consumed-input history;
-* ``config`` -- the pipeline's :class:`CheckpointConfig` **without secrets** (no storage
-  options, no store URL; ``store_conn_id`` says which connection supplies them), so
-  recovery, retention, the CLI and every task use the pipeline's own settings
-  (``prepared_timeout_s``, ``max_retain`` ...) whatever configuration they were started
-  with;
-* ``participants`` -- the declared participants; a commit decision needs every one of
-  them prepared (:meth:`Pipeline.decide`). Each lists its sources and sinks (type and
-  options without secrets) and its keyed states (kind, key columns, key groups,
-  aggregate, schema) as far as the stage runtime has learned them.
-
-The Airflow layer writes it when a stage task runs (:func:`ensure_descriptor`); the stage
-runtime adds what it learns about keyed states after a run (:func:`record_states`).
-A pipeline used from the core alone may have none: then everything falls back to the
-caller's configuration and "every prepared participant".
+The Airflow layer writes it when a stage task runs (:func:`ensure_descriptor`), the stage
+runtime adds what it learns of keyed states (:func:`record_states`). Without one, the
+caller's configuration and "every prepared participant" apply.
 """
 
 from __future__ import annotations
@@ -299,16 +285,9 @@ def _check_owner(pipeline: Pipeline, latest: PipelineDescriptor | None, dag_id: 
         f"`seatunnel-ckpt describe {pipeline.name} --transfer-to {dag_id}`.")
 
 
-def ensure_descriptor(
-    pipeline: Pipeline,
-    *,
-    dag_id: str,
-    participants: Mapping[str, ParticipantDescriptor],
-    config: CheckpointConfig | None = None,
-    store_conn_id: str | None = None,
-    complete: bool = True,
-    write: bool = True,
-) -> PipelineDescriptor:
+def ensure_descriptor(pipeline: Pipeline, *, dag_id: str, participants: Mapping[str, ParticipantDescriptor],
+                      config: CheckpointConfig | None = None, store_conn_id: str | None = None, complete: bool = True,
+                      write: bool = True) -> PipelineDescriptor:
     """Make sure the pipeline's descriptor says what this DAG declares; return the newest version.
 
     :param dag_id: the DAG running the pipeline; if the descriptor names another owner,

@@ -1,20 +1,14 @@
 """The epoch index: what the views show of settled epochs, kept with the log's compaction.
 
-When settling moves the watermark over a run of final epochs (:func:`sweep.settle`), each
-epoch is summarised once (:func:`summarise`: its records as ``status`` reads them, when it
-committed, its checkpoint's bytes, its spark-submit attempts) and the summaries are written
-in write-once segments of at most :data:`SEGMENT_EPOCHS` epochs, each in the log directory
-of its last epoch (``_txlog/epoch-<last>/epoch-index``), oldest first. A segment says which
-epoch it starts at, so the one ending at the watermark leads to the one before it: the
-newest K settled epochs cost about K / 8 reads and no listing, whatever the history.
-
-Like the settled record, the index is a summary, never the truth: the per-epoch records
-stay and the state machine never reads it. A segment that is missing (an advance written
-before the index existed, a run killed while writing) or damaged ends what the index
-holds, and the views read those epochs' records instead (:func:`summarise`), so a view
-is slower then, never wrong. Only final epochs are summarised, whose records never
-change; what may still change (a ``retired`` record, an operator's action record) is
-read from the records by whoever shows it.
+When settling moves the watermark over final epochs (:func:`sweep.settle`), each is
+summarised once (:func:`summarise`) into write-once segments of at most
+:data:`SEGMENT_EPOCHS` epochs, each in the log directory of its last epoch
+(``_txlog/epoch-<last>/epoch-index``); a segment names the epoch it starts at, so the
+newest K settled epochs cost about K / 8 reads and no listing. Like the settled record it
+is a summary, never the truth: the state machine never reads it, and a missing or damaged
+segment ends what it holds (the views read those epochs' records instead: slower, never
+wrong). What may still change of a final epoch (``retired``, action records) is read from
+the records by whoever shows it.
 """
 
 from __future__ import annotations

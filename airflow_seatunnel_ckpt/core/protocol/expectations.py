@@ -6,16 +6,13 @@ action and optional thresholds::
     expectations={"id_present": {"expr": "order_id IS NOT NULL", "on_fail": "quarantine",
                                  "max_fraction": 0.05}}
 
-A row fails a rule when the expression is not true (false or NULL). ``warn`` only counts,
-``drop`` removes the row from the sink's output, ``quarantine`` removes it and stages it
-into the sink's quarantine (``<sink>.quarantine``, published in the same commit), ``fail``
-aborts the epoch if any row fails. Over ``max_fraction`` or ``max_rows`` failed rows the
-epoch is aborted whatever the action. The rules are measured by the writing job itself
-(:mod:`spark.sinks.files`) and recorded per sink in the prepared record
-(:class:`~airflow_seatunnel_ckpt.core.models.ExpectationResult`); :func:`refusals` is what
-the commit decision asks of them.
-
-Nothing here imports PySpark: declarations are checked when the DAG is parsed.
+A row fails a rule when the expression is not true. ``warn`` only counts, ``drop`` removes
+the row, ``quarantine`` removes it and stages it into ``<sink>.quarantine`` (published in
+the same commit), ``fail`` aborts the epoch on any failed row; over ``max_fraction`` or
+``max_rows`` the epoch is aborted whatever the action. The writing job measures the rules
+(:mod:`spark.sinks.files`), the prepared record keeps the counts
+(:class:`~airflow_seatunnel_ckpt.core.models.ExpectationResult`), and :func:`refusals` is
+what the commit decision asks of them. Nothing here imports PySpark.
 """
 
 from __future__ import annotations

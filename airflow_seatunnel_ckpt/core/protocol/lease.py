@@ -1,27 +1,19 @@
 """Stage leases, and the one judgement of whether an undecided epoch is alive or dead.
 
-A begin-based timeout cannot tell a long stage from a dead one: it aborts every stage that
-runs longer than the timeout, forever. Instead the attempt running a stage holds a
-**lease** -- ``_txlog/epoch-<e>/lease-<participant>`` -- that a background thread rewrites
-every ``lease_renew_s`` (:class:`LeaseKeeper`). An undecided epoch is *dead*, and anyone
-may abort it, only when (:func:`liveness`):
+A timeout from ``begin`` cannot tell a long stage from a dead one. Instead the attempt
+running a stage holds a **lease**, ``_txlog/epoch-<e>/lease-<participant>``, rewritten every
+``lease_renew_s`` (:class:`LeaseKeeper`). An undecided epoch is *dead*, and anyone may abort
+it, only when (:func:`liveness`):
 
-* it is OPEN and its lease was not renewed for ``lease_timeout_s`` -- or for the lease's
-  own ``timeout_s``, when its holder renews for a longer one (:func:`lease_timeout`) -- (or
-  no lease was ever taken and its ``begin`` is that old), or
-* it is PREPARED and still undecided ``prepared_timeout_s`` after it was prepared (never
-  counted from ``begin``) -- unless a declared participant has not begun yet while the
-  owning DAG run is known to be running (a stage queued behind a pool), or
-* the DAG run that owns it is known to be finished (the Airflow layer asks Airflow; the
-  core only takes the answer).
+* it is OPEN and its lease was not renewed for ``lease_timeout_s`` (or the lease's own
+  longer ``timeout_s``, :func:`lease_timeout`; with no lease, since its ``begin``), or
+* it is PREPARED and undecided ``prepared_timeout_s`` after it was prepared, unless a
+  declared participant has not begun while the owning DAG run still runs, or
+* the DAG run that owns it is known to be finished (the Airflow layer's answer).
 
-An epoch decided commit is never dead: it only rolls forward.
-
-**Time is the store's.** Ages are ``store_now - modified(record)``, where ``store_now`` is
-the modification time of a clock probe the observer rewrites in the same store right
-then (:func:`store_now`). Both times come from the store's clock, so the wall clocks of
-the machine renewing a lease and of the machine judging it are never compared: skew
-between them changes nothing.
+An epoch decided commit is never dead. **Time is the store's**: ages are ``store_now -
+modified(record)``, ``store_now`` the modification time of a clock probe rewritten in the
+same store (:func:`store_now`), so no two machines' wall clocks are ever compared.
 """
 
 from __future__ import annotations

@@ -15,16 +15,10 @@ each is safe to repeat any number of times and to interleave with a crash at any
 * :meth:`Pipeline.abort` -- ``decision: abort`` unless already committed, remove staging
   and the uncommitted checkpoint, then ``aborted``
 
-The records live in :mod:`txlog`, the checkpoint files in :mod:`checkpoint`. Around the
-transitions, collaborators do one job each: :mod:`staging` (staged files against their
-manifests), :mod:`source_log` (source chains), :mod:`markers` (the checkpoint's marker
-files) and :mod:`replication` (the secondary replica). :mod:`restore` chooses the state
-an epoch starts from; :mod:`recovery` and :mod:`retention` work on a pipeline through
-the methods here.
-
-Every sink (files, Iceberg, Delta, PostgreSQL) is asked the same two things through the
-sink contract (:mod:`core.sinks.base`): :func:`core.sinks.precheck_sink` before the commit
-decision, :func:`core.sinks.commit_sink` after it; :meth:`sink_commit` builds the request.
+Collaborators do one job each: :mod:`txlog` (the records), :mod:`checkpoint`,
+:mod:`staging`, :mod:`source_log`, :mod:`restore`; recovery and retention call the methods
+here. Every sink is asked alike through the sink contract (:mod:`core.sinks.base`):
+:func:`core.sinks.precheck_sink` before the decision, :func:`core.sinks.commit_sink` after.
 """
 
 from __future__ import annotations
@@ -356,9 +350,8 @@ class Pipeline:
                                 sorted(set(not_written) - {m.sink for m in sinks}))
         problems = self._verify_record(record, deep=False)
         if problems:
-            raise NotPreparedError(
-                f"pipeline {self.name!r} epoch {epoch}: cannot prepare {participant!r}: "
-                + "; ".join(map(str, problems[:5])))
+            raise NotPreparedError(f"pipeline {self.name!r} epoch {epoch}: cannot prepare {participant!r}: "
+                                   + "; ".join(map(str, problems[:5])))
         stored = self.txlog.write_prepared(record)
         staging.write_markers(self.storage, stored)
         log.info("pipeline %s epoch %d: %s attempt %d prepared (%d rows in %d sinks)",

@@ -1,24 +1,14 @@
 """Where a new epoch's state restores from: the restore point and its fallbacks.
 
-:func:`restore_point` chooses the newest *committed* checkpoint that verifies. If it
-does not verify, it tries, in order:
+:func:`restore_point` chooses the newest *committed* checkpoint that verifies; if it does
+not, in order: its secondary replica (``secondary_url``), a rebuild from the transaction
+log (the prepared records name every part and consumed offset), or an older checkpoint
+when replaying the epochs in between cannot duplicate published output. Otherwise
+:class:`RecoveryError` names the damaged file and the way out. Uncommitted state is never
+restored. ``deep`` verification (a retried stage) checks each part's size, CRC32C and frame
+(:func:`codec.check_frame`); without it, each part exists with its recorded size.
 
-1. its secondary replica (``secondary_url``);
-2. a rebuild from the transaction log (the prepared records are a write-ahead log:
-   they name every part and every consumed offset);
-3. an older checkpoint, only when replaying the epochs in between cannot duplicate
-   published output.
-
-Otherwise it stops with :class:`RecoveryError` naming the damaged file and the way out.
-It never restores uncommitted state.
-
-"Verifies" with ``deep`` (a retried stage) is the commit decision's check: each part read
-whole, its size, CRC32C and frame checked without decompressing it
-(:func:`codec.check_frame`): any damage in place changes a checksum, and the restore's own
-reads decode what they use. Without ``deep``: each part exists with its recorded size.
-
-Below, in a section of its own: the secondary replica of committed checkpoints
-(``secondary_url``).
+At the end: the secondary replica of committed checkpoints.
 """
 
 from __future__ import annotations
@@ -214,8 +204,6 @@ def _published_rows(txlog: TransactionLog, epoch: int) -> int:
 def _way_out(storage: Storage, pipeline: str, epoch: int, problems: list[Problem], why: str) -> str:
     where = storage.describe_path(layout.checkpoint_dir(epoch))
     first = problems[0] if problems else Problem(where, "damaged")
-    return (
-        f"pipeline {pipeline!r}: the newest committed checkpoint (epoch {epoch}) cannot be restored: "
-        f"{first}; {why}. Way out: restore that file from a backup or a replica (configure secondary_url), "
-        f"then run `seatunnel-ckpt verify {pipeline}`; nothing was changed in the store."
-    )
+    return (f"pipeline {pipeline!r}: the newest committed checkpoint (epoch {epoch}) cannot be restored: "
+            f"{first}; {why}. Way out: restore that file from a backup or a replica (configure secondary_url), "
+            f"then run `seatunnel-ckpt verify {pipeline}`; nothing was changed in the store.")

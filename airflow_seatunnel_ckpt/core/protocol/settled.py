@@ -1,23 +1,16 @@
 """The settled watermark: a compacted summary of the transaction log's finished epochs.
 
-Every epoch at or below the watermark is *final*: COMMITTED or ABORTED with its
-``committed``/``aborted`` acknowledgement written, so nothing will ever happen to it
-again. The record says which of them committed and which aborted, so recovery,
-retention, restore and the CLI need not list and read one directory per epoch ever
-(the idea of Spark's ``HDFSMetadataLog`` compaction and Flink's completed checkpoint
-store).
-
-The record is a summary, never the truth: the per-epoch records stay where they are
-and win. It is safe under concurrency with plain put-if-absent and no lock:
+Every epoch at or below the watermark is final (COMMITTED or ABORTED, acknowledged), and
+the record says which committed, so readers need not read one directory per epoch ever
+(as Spark's ``HDFSMetadataLog`` compaction). The record is a summary, never the truth: the
+per-epoch records stay and win. Safe under concurrency with put-if-absent and no lock:
 
 * versions ``_txlog/_settled/v<N>`` are write-once; the newest intact one wins;
-* a writer creates version ``newest listed + 1`` only if it moves the watermark up, and
-  retries on a lost race while its watermark is still higher than the winner's;
-* a record only summarises states that never change (final ones), so two writers that
-  saw the log at different times can only disagree on *how far* the watermark goes,
-  never on what lies below it;
-* a reader that finds the newest version damaged falls back to an older one, and with
-  none intact to watermark 0 (a full listing): slower, never wrong.
+* a writer creates ``newest listed + 1`` only if it moves the watermark up, and retries a
+  lost race while its watermark is still higher than the winner's;
+* only final states are summarised, so two writers can disagree on how far the watermark
+  goes, never on what lies below it;
+* a damaged newest version falls back to an older one, or to watermark 0 (a full listing).
 """
 
 from __future__ import annotations

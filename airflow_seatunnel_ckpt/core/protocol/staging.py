@@ -1,12 +1,9 @@
 """Staged output: where an attempt stages each sink, and checking it against its manifest.
 
-Every attempt stages into its own ``_staging/epoch=<e>/attempt=<a>/<sink>/`` directory,
-so a stale attempt can never overwrite the winner's files. A prepared record's manifest
-names each staged file with its size and CRC32C; :func:`verify_staged` proves that
-exactly those bytes are still there before the commit decision.
-
-Below, in a section of its own: the checkpoint's marker files: ``sinks/<sink>/_prepared``
-and ``sources/<source>/_meta``.
+Every attempt stages into its own ``_staging/epoch=<e>/attempt=<a>/<sink>/``, so a stale
+attempt never overwrites the winner's files; :func:`verify_staged` proves that exactly the
+files the manifest names (size, CRC32C) are there before the commit decision. At the end:
+the checkpoint's marker files, ``sinks/<sink>/_prepared`` and ``sources/<source>/_meta``.
 """
 
 from __future__ import annotations

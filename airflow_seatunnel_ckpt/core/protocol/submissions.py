@@ -1,31 +1,21 @@
 """Submitted stages: who launched which attempt, how it ended, and whether it still runs.
 
 A stage launched detached (``spark-submit``, or a Connect client in a launcher process)
-runs apart from the Airflow task that launched it: the task defers (or its worker dies,
-or the task is cleared) while the stage goes on. Two write-once records in the epoch's transaction log let anyone --
-the trigger watching it, a retry of the task, the Checkpoints page -- find the
-application again and learn how it ended, without the launching process:
+runs apart from the task that launched it. Write-once records in the epoch's log let the
+trigger, a retry of the task or the Checkpoints page find it and learn how it ended:
 
-* ``submission-<participant>-a<attempt>``: written by the task right after launching:
-  the launcher's host and pid, where its log goes, which runtime runs the stage and where
-  (for people), and whether the launcher's clean exit may come before the stage's end;
-* ``exit-<participant>-a<attempt>``: written by the launcher when what it runs exits:
-  its return code and the last lines of its output (the driver's error, for a stage
-  that failed);
-* ``deferred-<participant>-a<attempt>``: written by the try that handed the attempt to
-  the triggerer, just before it deferred. A later try that finds the attempt still
-  running knows that deferral was ended in Airflow (the task cleared or marked, its
-  trigger timed out or failed) and stops the attempt instead of watching it;
+* ``submission-<participant>-a<attempt>``: by the task right after launching (the
+  launcher's host and pid, its log, the runtime and where it runs);
+* ``exit-<participant>-a<attempt>``: by the launcher when what it runs exits (return
+  code, last lines of output);
+* ``deferred-<participant>-a<attempt>``: by the try that deferred the attempt; a later try
+  that finds the attempt still running knows the deferral ended in Airflow and stops it;
 * ``fence-<participant>-a<attempt>`` (:meth:`.TransactionLog.settle_fence`): the attempt's
-  one chance to prepare, created once, either by its prepare (*preparing*, just before its
-  ``prepared`` record) or by anyone asking the launcher to stop the attempt
-  (*cancelled*, :func:`request_cancel`). One file, so a cancelled attempt never prepares,
-  and a cancel that comes after the attempt began to prepare loses and says so (the
-  canceller then takes that attempt's outcome instead of replacing it).
+  one chance to prepare, created once, by its prepare (*preparing*) or by a cancel
+  (*cancelled*, :func:`request_cancel`): a cancelled attempt never prepares, and a late
+  cancel loses and takes the attempt's outcome.
 
-Whether the application still runs is the participant's lease (:mod:`.lease`): the
-launcher renews it while what it runs runs, and the stage renews it while it runs,
-wherever that is.
+Whether it still runs is the participant's lease (:mod:`.lease`).
 :func:`judge_submission` is the one place that turns these records into an outcome.
 """
 

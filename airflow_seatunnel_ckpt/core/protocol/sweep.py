@@ -1,23 +1,15 @@
 """Settling the log without leaving debris behind: what the settled watermark covers is swept first.
 
-Below the settled watermark no run lists an epoch's directories again (that is the point
-of the watermark), so a temp file a killed writer left there would stay forever. Such
-files exist only on stores whose writes go through temp files
-(``Storage.capabilities.temp_files``, the local disk): there every record, marker and part
-is written to a ``.tmp-*`` file and then linked or renamed into place. They lie in the
-places an epoch owns: its ``_txlog/epoch-<e>/`` directory (a record write killed before
-its link), its run's index directory (a killed ``begin``), its checkpoint directory (a
-part or ``_metadata`` write) and, for a committed epoch, the root of each sink it
-published to that is a directory of a store (the owner marker's first claim, a snapshot
-sink's ``_LATEST``): a file sink's target or a Delta table's, never a table named by its
-catalog or database (:func:`sink_roots`).
+Below the watermark no run lists an epoch's directories again, so a temp file a killed
+writer left there would stay forever. Only stores whose writes go through temp files
+(``Storage.capabilities.temp_files``) have them, in the places an epoch owns: its log
+directory, its run's index directory, its checkpoint directory and, once committed, the
+root of each directory sink it published to (:func:`sink_roots`).
 
-:func:`settle` looks at each epoch it is about to cover once (:meth:`Storage.temp_files`),
-removes the temp files older than the timeout, and stops the watermark before an epoch
-that still holds a younger one (a writer may be finishing it; the next run looks again).
-Recovery and retention settle through it, so the cost stays one look per epoch, paid
-once, when it settles; recovery looks at the epochs above the watermark only
-(:func:`unsettled_places`).
+:func:`settle` looks at each epoch it is about to cover once, removes temp files older
+than the timeout, and stops the watermark before an epoch still holding a younger one (a
+writer may be finishing it). Recovery and retention settle through it;
+:func:`unsettled_places` lists the epochs above the watermark.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ SUCCESS = "_SUCCESS"
 #: In the target of a snapshot sink: the name of the directory holding the current
 #: snapshot (``epoch=<e>``, one line). Readers skip it like every ``_`` file.
 LATEST = "_LATEST"
-#: In the target of a ``changes`` sink a replay replaced epochs of: which epoch directories
+#: In the target of an ``append`` sink a replay replaced epochs of: which epoch directories
 #: readers skip (JSON, see :class:`EpochsPointer`). Readers skip the file itself like every ``_`` file.
 EPOCHS = "_EPOCHS"
 #: A published epoch directory's name.

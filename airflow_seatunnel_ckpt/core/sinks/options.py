@@ -8,11 +8,8 @@ imports PySpark, psycopg or a table library: a DAG is parsed without them.
 One mode vocabulary for every sink (``mode``): ``append`` (each epoch's rows added beside
 the earlier epochs'), ``upsert`` (each epoch's rows replace the rows with the same
 ``merge_keys``), ``snapshot`` (each epoch's rows are the whole content). Files take
-``append|snapshot``, Iceberg and Delta all three, PostgreSQL ``append|upsert``.
-
-Records of the previous release still decode: their ``mode: "changes"`` reads as
-``append``, ``merge_keys`` without a mode as ``upsert``, an Iceberg table's ``identifier``
-as ``table``, a Delta table's ``uri`` as ``path`` (:func:`_previous_release`).
+``append|snapshot``, Iceberg and Delta all three, PostgreSQL ``append|upsert``;
+``merge_keys`` without a mode mean ``upsert``.
 """
 
 from __future__ import annotations
@@ -23,15 +20,11 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import AliasChoices, Field, Strict, field_validator, model_validator
+from pydantic import Field, Strict, field_validator, model_validator
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.options import Options, checked, keyed
 
-#: The modes every sink type names its behaviour with (each type takes some of them).
-MODES = ("append", "upsert", "snapshot")
-#: The previous release's name of ``append`` (still read, in stored records and in DAGs).
-CHANGES = "changes"
 #: The file formats a file sink writes.
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
 #: The PostgreSQL session's timeouts (seconds) and their defaults: a lock wait (a paused
@@ -42,21 +35,6 @@ TIMEOUTS = {"lock_timeout_s": 30.0, "statement_timeout_s": 3600.0, "idle_in_tran
 _PASSWORD = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
 #: A timeout option: seconds above 0, at most a week.
 Seconds = Annotated[float, Strict(), Field(gt=0, le=7 * 24 * 3600)]
-
-
-def _previous_release(data: Any) -> Any:
-    """A previous release's options in today's words (see the module docs); anything else as it is."""
-    if not isinstance(data, Mapping):
-        return data
-    out = dict(data)
-    keys = out.get("merge_keys")
-    if isinstance(keys, str):
-        out["merge_keys"] = [keys]
-    if out.get("mode") in (None, CHANGES) and out.get("merge_keys"):
-        out["mode"] = "upsert"  # the previous release's upsert: merge_keys on a ``changes`` sink
-    elif out.get("mode") == CHANGES:
-        out["mode"] = "append"
-    return {k: v for k, v in out.items() if v is not None}
 
 
 #: The operations of a change row (``ApplyChanges.operation``), as the PostgreSQL CDC source writes them.
@@ -126,15 +104,24 @@ class ApplyChanges(Options):
 
 
 class SinkOptionsBase(Options):
-    """What every sink's options share: previous releases' words read, one mode, the rules on rows."""
+    """What every sink's options share: one mode, the rules on rows."""
 
     expectations: dict[str, Any] | None = None
     """Data-quality rules on the rows written (docs/EXPECTATIONS.md); never recorded in the manifest."""
 
     @model_validator(mode="before")
     @classmethod
-    def _read_previous_release(cls, data: Any) -> Any:
-        return _previous_release(data)
+    def _keys_mean_upsert(cls, data: Any) -> Any:
+        # An option left out as None (a Spark sink's keyword not given) takes its default, and
+        # merge_keys without a mode are an upsert on them.
+        if not isinstance(data, Mapping):
+            return data
+        out = {k: v for k, v in data.items() if v is not None}
+        if isinstance(out.get("merge_keys"), str):
+            out["merge_keys"] = [out["merge_keys"]]
+        if "mode" not in out and out.get("merge_keys"):
+            out["mode"] = "upsert"
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -195,7 +182,7 @@ class IcebergSinkOptions(SinkOptionsBase):
     """An Apache Iceberg table, one snapshot per epoch, committed with pyiceberg."""
 
     type: Literal["iceberg"] = "iceberg"
-    table: str = Field(validation_alias=AliasChoices("table", "identifier"))
+    table: str
     """``<namespace>.<name>`` (created on the first commit, namespace too)."""
     catalog: dict[str, Any] = {}
     """pyiceberg catalog properties (``type``, ``uri``, ``warehouse``, ``s3.endpoint``, ...), never secrets
@@ -227,7 +214,7 @@ class DeltaSinkOptions(SinkOptionsBase):
     """A Delta Lake table, one table version per epoch, committed with delta-rs."""
 
     type: Literal["delta"] = "delta"
-    path: str = Field(validation_alias=AliasChoices("path", "uri"))
+    path: str
     """The table's URL: a local path, ``file://``, ``s3://`` or ``s3a://`` (other protocols are refused when
     the sink is built); the table is created by the first epoch with rows."""
     partition_by: list[str] = []
@@ -278,14 +265,6 @@ class PostgresSinkOptions(SinkOptionsBase):
     """How long the server keeps a transaction whose client went quiet
     (``idle_in_transaction_session_timeout``): a paused or hung committer's session is ended, its locks
     released, and the next attempt goes on."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_partitions(cls, data: Any) -> Any:
-        # The previous release recorded ``partition_by: []`` for every table sink.
-        if isinstance(data, Mapping) and data.get("partition_by") in ([], ()):
-            return {k: v for k, v in data.items() if k != "partition_by"}
-        return data
 
     @field_validator("table")
     @classmethod
@@ -350,8 +329,8 @@ SINK_OPTIONS = keyed(FileSinkOptions, IcebergSinkOptions, DeltaSinkOptions, Post
 def recorded_options(options: Any) -> SinkOptionsBase | dict[str, Any] | None:
     """``options`` (a model, or a stored or declared mapping naming its ``type``) as its model; None for None.
 
-    What ``SinkManifest.table`` holds: a mapping of a previous release (or of a stage's Spark
-    sink) is read into its model here. ValueError names what does not fit (decoding a record
+    What ``SinkManifest.table`` holds: a stored mapping (or a stage's Spark sink's) is read
+    into its model here. ValueError names what does not fit (decoding a record
     turns it into a corrupt-record error naming the file).
     """
     if options is None or isinstance(options, SinkOptionsBase):

@@ -1,17 +1,12 @@
 """Epoch checkpoints in the SeaTunnel layout: write parts, complete, verify, restore.
 
-A checkpoint is *complete* only once ``checkpoint_<e>/_metadata`` exists; it is written
-last and exclusively, by the commit decision, and lists every part the checkpoint needs
--- including parts that live in older checkpoints (incremental checkpoints reference
-unchanged key groups instead of rewriting them, and chain delta parts onto a full one).
-
-Keyed state is stored per key group as a *chain*: an ordered list of parts, each holding
-only the keys that changed in its epoch (upserts, plus tombstones for removed keys), later
-parts overriding earlier ones. Parts are sorted runs read by bounded lookups
-(``core/state/runs.py``) and chains are bounded by size-tiered compaction
-(``core/state/run_chain.py``). Parts without a run index (``PartRef.index`` None: source chains,
-a rescaled state) are read whole, one full part + deltas bounded by
-``full_checkpoint_interval``.
+A checkpoint is *complete* once ``checkpoint_<e>/_metadata`` exists: written last and
+exclusively by the commit decision, it lists every part the checkpoint needs, parts of
+older checkpoints included (incremental checkpoints reference unchanged key groups).
+Keyed state is stored per key group as a *chain* of parts, each holding the keys changed
+in its epoch (upserts and tombstones), later parts overriding earlier ones: sorted runs
+(``core/state/runs.py``, ``core/state/run_chain.py``), or parts read whole where there is
+no run index (source chains, a rescaled state).
 """
 
 from __future__ import annotations
@@ -155,10 +150,8 @@ class CheckpointManager:
         """Whether ``_metadata`` exists (the checkpoint was completed)."""
         return self.storage.exists(layout.metadata_path(epoch))
 
-    def verify_parts(
-        self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None,
-        trusted: Mapping[str, PartRef] | None = None, decode: bool = True,
-    ) -> list[Problem]:
+    def verify_parts(self, parts: Iterable[PartRef], deep: bool = False, storage: Storage | None = None,
+                     trusted: Mapping[str, PartRef] | None = None, decode: bool = True) -> list[Problem]:
         """Check that each part exists with its recorded size (and, if ``deep``, CRC32C + frame).
 
         ``deep`` reads each part whole: its size and CRC32C against the reference, then its

@@ -22,19 +22,9 @@ from airflow_seatunnel_ckpt.core.storage import Storage
 TOMBSTONE = "__deleted"
 
 
-def write_part(
-    storage: Storage,
-    path: str,
-    pieces: Iterable[bytes],
-    *,
-    kind: codec.PayloadKind,
-    epoch: int,
-    key_group: int = 0,
-    delta: bool = False,
-    base_epoch: int | None = None,
-    level: int = 3,
-    compression: codec.Codec = codec.Codec.ZSTD,
-) -> PartRef:
+def write_part(storage: Storage, path: str, pieces: Iterable[bytes], *, kind: codec.PayloadKind, epoch: int,
+               key_group: int = 0, delta: bool = False, base_epoch: int | None = None, level: int = 3,
+               compression: codec.Codec = codec.Codec.ZSTD) -> PartRef:
     """Frame and write one state part atomically; returns its reference (size + CRC32C).
 
     Streams: the payload pieces are compressed chunk by chunk as they are written. Safe to

@@ -1,23 +1,15 @@
 """A key group's chain of sorted runs: bounded lookups, budgeted compaction, TTL.
 
-The chain is the ordered list of parts in ``_metadata`` (oldest first), as before; what
-changed is how it is used. A lookup reads, per run newest first, only the index, the
-bloom filter and the blocks that may hold a key still unresolved (``core/state/runs.py``), so
-an epoch costs its input plus O(runs x blocks touched), not the state's size.
+The chain is the ordered list of parts in ``_metadata`` (oldest first). A lookup reads,
+per run newest first, only the index, the filter and the blocks that may hold a key still
+unresolved (``core/state/runs.py``): an epoch costs its input plus O(runs x blocks touched).
 
-Compaction replaces periodic full rewrites, and no epoch pays for it more than a fixed
-share of the state (as Cassandra's and RocksDB's compaction rate limits): key groups
-merge in turns (``compaction_cap``: a quarter of them per epoch) within a budget of 8%
-of the state's bytes per epoch, and a merge is any window of neighbouring runs that fits
-it (``plan_compaction``): preferably ``fanout`` runs of similar size, widened over older
-runs not larger than the window (size-tiered), else, in a long chain, the cheapest
-neighbours. The merge is one streaming k-way merge, block by block (memory: one block
-per source), and its output takes the window's place in the chain. An epoch thus writes
-its changes plus at most the budget, and a chain holds a bounded number of runs (runs
-are at least about the budget's size, so ~1/budget / turns of them, plus the newest
-tiers: at most 12 with 8 or more key groups, ~21 with one, measured over 300 epochs of
-5% growth). A merge that starts at the chain's first run writes a FULL run and drops
-tombstones and expired keys; any other merge writes a DELTA run.
+Compaction is budgeted, as Cassandra's and RocksDB's rate limits: key groups merge in turns
+(``compaction_cap``) within a budget of the state's bytes per epoch, and a merge is a window
+of neighbouring runs that fits it (:func:`plan_compaction`; size-tiered, else the cheapest
+neighbours). It is one streaming k-way merge, block by block, whose output takes the
+window's place. A merge from the chain's first run writes a FULL run and drops tombstones
+and expired keys; any other writes a DELTA run (measurements: bench/README.md).
 """
 
 from __future__ import annotations
@@ -49,22 +41,16 @@ def live_runs(chain: Sequence[PartRef], min_epoch: int | None) -> list[PartRef]:
     """``chain`` without the runs whose every row is expired (dropped unread).
 
     A run's epoch is the epoch that wrote it, an upper bound of its rows' epochs. Parts
-    of the earlier format (no index) stay: such a chain must keep its FULL part first,
-    and the next change compacts it into runs anyway.
+    read whole (no index, e.g. a rescale's) stay: such a chain must keep its FULL part
+    first, and the next change compacts it into runs anyway.
     """
     if min_epoch is None:
         return list(chain)
     return [ref for ref in chain if ref.epoch >= min_epoch or ref.index is None]
 
 
-def lookup(
-    storage: Storage,
-    chain: Sequence[PartRef],
-    key_columns: list[str],
-    keys: Any,
-    *,
-    min_epoch: int | None = None,
-) -> tuple[np.ndarray, Any, int]:
+def lookup(storage: Storage, chain: Sequence[PartRef], key_columns: list[str], keys: Any, *,
+           min_epoch: int | None = None) -> tuple[np.ndarray, Any, int]:
     """Find unique ``keys`` in the chain: ``(positions, rows, bytes read)``.
 
     ``positions`` index ``keys`` for each key whose newest row is live (not a tombstone,
@@ -125,13 +111,8 @@ def _positions_in(block_keys: Any, wanted: Any) -> np.ndarray:
     return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def plan_compaction(
-    sizes: Sequence[int],
-    cap: int | None,
-    fanout: int = DEFAULT_FANOUT,
-    soft_runs: int = 2 * DEFAULT_FANOUT,
-    max_runs: int = MAX_RUNS,
-) -> tuple[int, int] | None:
+def plan_compaction(sizes: Sequence[int], cap: int | None, fanout: int = DEFAULT_FANOUT,
+                    soft_runs: int = 2 * DEFAULT_FANOUT, max_runs: int = MAX_RUNS) -> tuple[int, int] | None:
     """Which runs of a chain with run ``sizes`` (oldest first) to merge: ``(start, end)``.
 
     The merged window ``sizes[start:end]`` is contiguous, anywhere in the chain, and its
@@ -170,18 +151,9 @@ def plan_compaction(
     return None
 
 
-def compaction_cap(
-    chains: Mapping[int, Sequence[PartRef]],
-    key_groups: int,
-    key_group: int,
-    epoch: int,
-    *,
-    budget: float = DEFAULT_BUDGET,
-    turns: int = DEFAULT_TURNS,
-    floor: int = DEFAULT_MERGE_FLOOR,
-    changes: int = 0,
-    min_epoch: int | None = None,
-) -> int | None:
+def compaction_cap(chains: Mapping[int, Sequence[PartRef]], key_groups: int, key_group: int, epoch: int, *,
+                   budget: float = DEFAULT_BUDGET, turns: int = DEFAULT_TURNS, floor: int = DEFAULT_MERGE_FLOOR,
+                   changes: int = 0, min_epoch: int | None = None) -> int | None:
     """The most bytes ``key_group`` may merge in ``epoch`` (None: not its turn).
 
     Key groups take turns: in an epoch, only those with ``(epoch + key_group) % turns ==
@@ -221,15 +193,8 @@ def conform(table: Any, schema: Any) -> Any:
     return table.select(schema.names).cast(schema)
 
 
-def merge_sorted(
-    sources: Sequence[Iterator[Any]],
-    key_columns: list[str],
-    schema: Any,
-    *,
-    epochs: Sequence[int],
-    drop_dead: bool,
-    min_epoch: int | None,
-) -> Iterator[Any]:
+def merge_sorted(sources: Sequence[Iterator[Any]], key_columns: list[str], schema: Any, *, epochs: Sequence[int],
+                 drop_dead: bool, min_epoch: int | None) -> Iterator[Any]:
     """K-way merge of sorted block streams (oldest source first): newest row per key wins.
 
     Each round emits every row up to the smallest last key among the sources' current

@@ -1,35 +1,23 @@
 """Sorted runs: keyed state looked up by key, block by block, instead of loaded whole.
 
 A key group's state is an ordered list of immutable *runs* (an LSM without a memtable):
-each epoch's changed keys become one new run, and a lookup asks the runs newest first, so
-a key found in a newer run is never looked up in an older one. A run is one file in the
-state file format (``core/codec.py``, payload kind ``RUN``)::
+each epoch's changed keys become one new run, and a lookup asks the runs newest first. A
+run is one file in the state file format (``core/codec.py``, payload kind ``RUN``)::
 
     header | block chunk * | bloom chunk * | index chunk | trailer
 
-* A *block* is up to ``block_rows`` rows (and about 2 MiB) in key order, one Arrow IPC
-  stream, framed as exactly one chunk: a ranged read of its bytes is verified by the
-  chunk's own CRC32C and decoded without the rest of the file.
-* Each block has its own *bloom filter* (~0.8% false positives, register-blocked, see
-  :class:`Bloom`), one chunk each, stored together after the blocks (a partitioned filter,
-  as RocksDB's): a lookup reads only the filters of the blocks whose key range holds
-  one of its keys -- adjacent ones in one ranged read -- and then only the blocks whose
-  filter says "maybe". Keys the run does not hold cost filter bits, not blocks; a few
-  keys in a large run cost a few filters and blocks, not the whole run's filter.
-* The *index* (Arrow IPC) gives each block's first and last key, row count and the
-  byte ranges of the block and of its filter; its schema metadata holds the run's data
-  schema. ``PartRef.index`` says where it starts, so a reader fetches the index (and
-  the header, for the codec) with two ranged reads.
+* a *block*: up to ``block_rows`` rows in key order, one Arrow IPC stream framed as one
+  chunk, so a ranged read of it is verified and decoded alone;
+* a *bloom filter* per block (:class:`Bloom`), stored together after the blocks: a lookup
+  reads only the filters of the blocks whose key range may hold its keys, then only the
+  blocks whose filter says "maybe";
+* the *index* (Arrow IPC): each block's first and last key, rows and byte ranges; its
+  schema metadata holds the data schema. ``PartRef.index`` says where it starts.
 
-Hashing and the filters are numpy code, and that code is the format's definition (the
-hashes and filter bits are pinned by ``tests/core/state/test_runs.py``).
-
-Keys are ordered by :func:`sort_keys`: the key column itself, or for a composite key its
-injective string encoding (``checkpoint.key_array``). A whole run is still a valid state
-file: deep verification and :func:`read_run_table` read it with :func:`codec.decode_stream`.
-
-Below, in a section of its own: a process-wide cache of what sorted runs decoded: indexes,
-bloom filters, blocks.
+The numpy hashing and filter code is the format's definition (pinned by
+``tests/core/state/test_runs.py``). Keys are ordered by :func:`sort_keys`. A whole run is
+still a valid state file (:func:`read_run_table`). At the end: a process-wide cache of
+decoded indexes, filters and blocks.
 """
 
 from __future__ import annotations

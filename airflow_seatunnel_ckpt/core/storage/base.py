@@ -1,25 +1,18 @@
 """The storage interface: the primitives the commit protocol needs, over any fsspec URL.
 
-A :class:`Storage` is rooted at one URL; every method takes a path *relative* to that root
-(``/``-separated, validated so it can never leave the root). The primitives are the ones
-Spark's ``CheckpointFileManager`` and Flink's file sinks rely on:
+A :class:`Storage` is rooted at one URL; every method takes a path relative to it
+(validated so it can never leave the root). The primitives are those of Spark's
+``CheckpointFileManager``: read, :meth:`Storage.write_atomic` (the old file or the whole
+new one), :meth:`Storage.create_exclusive` (put-if-absent: one concurrent caller wins),
+list, walk, delete, size, :meth:`Storage.modified` (the store's clock),
+:meth:`Storage.checksum` / :meth:`Storage.file_info` (CRC32C, from the store when it keeps
+one) and :meth:`Storage.temp_files` (what a killed writer left).
 
-* :meth:`Storage.read` / :meth:`Storage.open_read`
-* :meth:`Storage.write_atomic` -- readers see the old file or the whole new one, never a part
-* :meth:`Storage.create_exclusive` -- put-if-absent; exactly one concurrent caller wins
-* :meth:`Storage.list_dir`, :meth:`Storage.walk`, :meth:`Storage.delete`
-* :meth:`Storage.size`, :meth:`Storage.exists`, :meth:`Storage.modified` (the store's clock)
-* :meth:`Storage.checksum` -- CRC32C, from the store when it keeps one
-* :meth:`Storage.file_info` -- size and kept CRC32C together (one request on an object store)
-* :meth:`Storage.temp_files` -- the temp files a killed writer left (none where writes leave none)
-
-A backend is a subclass that declares its :class:`Capabilities` and implements
-:meth:`Storage._put_if_absent`, the one primitive that carries the conditional-create
-guarantee (the store is probed for it when opened, see :mod:`.registry`); it overrides
-whatever else its store does better (``_write_whole``, :meth:`Storage.rename_dir`, ...).
-Publishing (:mod:`.publish`) is built on this interface and asks the backend how it moves
-files (:meth:`Storage.rename_dir`, ``_copy_in_store``); the interface knows nothing of it.
-Like fsspec's ``AbstractFileSystem``, the defaults here are written over fsspec calls.
+A backend subclasses it, declares its :class:`Capabilities`, implements
+:meth:`Storage._put_if_absent` (the conditional-create guarantee, probed when the store is
+opened: :mod:`.registry`) and overrides what its store does better. Publishing
+(:mod:`.publish`) asks the backend how it moves files; as in fsspec's
+``AbstractFileSystem``, the defaults here are written over fsspec calls.
 """
 
 from __future__ import annotations
@@ -426,9 +419,8 @@ def refuse_password(url: str, what: str = "store URL") -> None:
     if password is None and _PASSWORD_ANYWHERE.search(url):
         password = "?"
     if password is not None:
-        raise StorageError(
-            f"{what} {redact_url(url)} carries a password: pass credentials as storage options (or in "
-            "the Airflow connection), never in a URL, where logs and error messages would show them")
+        raise StorageError(f"{what} {redact_url(url)} carries a password: pass credentials as storage options (or in "
+                           "the Airflow connection), never in a URL, where logs and error messages would show them")
 
 
 def clean_relpath(path: str) -> str:

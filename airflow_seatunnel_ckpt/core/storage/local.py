@@ -41,9 +41,8 @@ class LocalStorage(Storage):
         refuse_password(url)
         scheme, _, rest = url.partition("://")
         if rest and not rest.startswith("/"):
-            raise StorageError(
-                f"store URL {redact_url(url)} has a host or credentials part; a local store is "
-                f"{scheme}:///absolute/path")
+            raise StorageError(f"store URL {redact_url(url)} has a host or credentials part; a local store is "
+                               f"{scheme}:///absolute/path")
         super().__init__(url, storage_options)
 
     # -- reads -------------------------------------------------------------------------

@@ -1,22 +1,14 @@
 """Placing staged files at a destination: exactly the files the commit decided on, once.
 
-The copy machinery every sink shares (:mod:`core.sinks`: a file sink's epoch directory, a
-table's data files). :func:`publish_files` makes exactly the manifest's files present at
-the destination:
-
-1. files already there with the manifest's size and CRC32C are kept (a retry or a
-   concurrent publisher; the destination is listed once); the others are **verified in
-   staging** against the manifest (size and CRC32C: a file damaged after the decision is
-   refused by name, :func:`staged_problem`) before the first one moves;
-2. the backend is asked **how** to move them: one directory rename where it can
-   (:meth:`Storage.rename_dir`), copy file by file elsewhere (:func:`copy_file`); either
-   way only the manifest's files are placed (Spark's ``_SUCCESS`` and Hadoop ``.crc``
-   files stay behind). Checks and copies run up to ``concurrency`` at a time: on an object
-   store each is one request (a ``HEAD`` answering size and CRC32C, a ``CopyObject``) whose
-   latency, not bandwidth, is the cost.
-
-It never deletes anything at the destination: a failure raises :class:`PublishError`
-(nothing to retry) or :class:`StorageError` (transient) and leaves the epoch COMMITTING.
+The copy machinery every sink shares. :func:`publish_files` keeps the files already at the
+destination with the manifest's size and CRC32C (a retry, a concurrent publisher), verifies
+the others in staging against the manifest (:func:`staged_problem`) before the first one
+moves, then asks the backend how to move them: one directory rename where it can
+(:meth:`Storage.rename_dir`), else file by file (:func:`copy_file`), only the manifest's
+files either way. Checks and copies run ``concurrency`` at a time (on an object store each
+is one request, whose latency is the cost). Nothing at the destination is ever deleted: a
+failure raises :class:`PublishError` or :class:`StorageError` (transient) and leaves the
+epoch COMMITTING.
 """
 
 from __future__ import annotations
@@ -150,8 +142,7 @@ def staged_problem(storage: Storage, path: str, f: FileInfo, verify: bool = True
 
 def copy_file(src: Storage, src_path: str, dest: Storage, dst_path: str) -> None:
     """Copy one file between (possibly different) stores; the target appears whole."""
-    same_store = src.fs is dest.fs or (
-        src.protocol == dest.protocol and src.storage_options == dest.storage_options)
+    same_store = src.fs is dest.fs or (src.protocol == dest.protocol and src.storage_options == dest.storage_options)
     if same_store:
         try:
             if dest._copy_in_store(src.full_path(src_path), dest.full_path(dst_path)):

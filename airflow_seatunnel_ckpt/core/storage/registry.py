@@ -35,12 +35,10 @@ _NOT_BUILT_IN = {
     "az": "adlfs's conditional create (If-None-Match) is not tested by this project",
 }
 
-_WAY_OUT = (
-    "A backend for it can be registered in the {group!r} entry-point group of an installed package, e.g. "
-    "'{protocol} = \"airflow_seatunnel_ckpt.core.storage.object_store:ObjectStorage\"' for an object store "
-    "whose fsspec filesystem implements pipe_file(mode=\"create\") as a conditional write; it is probed for "
-    "conditional create when a store is opened and refused if it does not honour it"
-)
+_WAY_OUT = ("A backend for it can be registered in the {group!r} entry-point group of an installed package, e.g. "
+            "'{protocol} = \"airflow_seatunnel_ckpt.core.storage.object_store:ObjectStorage\"' for an object store "
+            "whose fsspec filesystem implements pipe_file(mode=\"create\") as a conditional write; it is probed for "
+            "conditional create when a store is opened and refused if it does not honour it")
 
 
 def _unsupported(protocol: str, known: list[str]) -> str:

@@ -28,8 +28,8 @@ class FileSink(Sink):
     options, passed to Spark untouched), ``partition_by`` (columns), ``expectations``
     (data-quality rules on the rows written, see :mod:`core.protocol.expectations`), ``mode``:
 
-    * ``"append"`` (default; ``"changes"`` in the previous release): every epoch's rows are
-      published into their own ``<path>/epoch=<e>/`` beside the earlier epochs'; reading
+    * ``"append"`` (default): every epoch's rows are published into their own
+      ``<path>/epoch=<e>/`` beside the earlier epochs'; reading
       ``<path>`` gives every epoch's rows (an append-only table). Right for new records, and
       for the *changed keys* a keyed state returns (``aggregate(...)``), read as a
       changelog: the newest epoch holding a key has its current value. An epoch that wrote

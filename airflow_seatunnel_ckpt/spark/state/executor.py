@@ -1,11 +1,8 @@
 """Executor side of keyed state: what runs in the tasks, one task per key group.
 
-Pure functions over Arrow batches plus the loading and writing of one key group's parts.
-A task receives the rows of exactly one key group (the driver repartitions by key into
-``key_groups`` partitions), loads that key group's chain straight from the checkpoint
-store, streams its result on, writes the key group's new part at the end of its input
-and reports the part in the update's report folder (``reports.ReportFolder``). Nothing of the state passes
-through the driver.
+Pure functions over Arrow batches, plus loading and writing one key group's parts: a task
+gets exactly one key group's rows, loads its chain from the store, streams its result on,
+writes the new part at the end of its input and reports it (``reports.ReportFolder``).
 """
 
 from __future__ import annotations
@@ -93,8 +90,8 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
     (``core.state.run_chain.compaction_cap``), so the epoch writes O(its changes) bytes; a window
     that ends with the new run takes the changes from memory and replaces the chain's
     newest runs.
-    A chain that must be written in full (or holds parts of the earlier format) becomes
-    one FULL run of its runs and the changes.
+    A chain that must be written in full (or holds parts read whole, as a rescale writes
+    them) becomes one FULL run of its runs and the changes.
     """
     chain = settings.chain(key_group)
     store = settings.store.open()
@@ -105,8 +102,8 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
     else:
         table = None
     if chain and (settings.must_write_full(key_group) or any(r.index is None for r in chain)):
-        # A chain of the earlier format (parts read whole) is migrated into one run on
-        # its first change, once: lookups in it would otherwise read it whole every epoch.
+        # A chain of parts read whole (no run index) becomes one run on its first change,
+        # once: lookups in it would otherwise read it whole every epoch.
         return _merge(settings, key_group, chain, 0, table)
     ref: PartRef | None = None
     if table is not None:
@@ -167,10 +164,8 @@ def _batch_key_group(batch: pa.RecordBatch, seen: int | None) -> int:
     low, high = (v.as_py() for v in pc.min_max(groups).values())
     if low != high or (seen is not None and low != seen):
         groups_seen = sorted({low, high, seen} - {None})
-        raise StateError(
-            f"keyed state: one task received rows of key groups {groups_seen}; Spark did not "
-            "keep the key-group partitioning of the state update"
-        )
+        raise StateError(f"keyed state: one task received rows of key groups {groups_seen}; Spark did not "
+                         "keep the key-group partitioning of the state update")
     return int(low)
 
 
@@ -182,15 +177,8 @@ def _task_partition() -> int:
     return context.partitionId() if context is not None else 0
 
 
-def _report(
-    reports: ReportFolder,
-    key_group: int,
-    partition: int,
-    rows: int,
-    changed: int,
-    written: Written,
-    read: int,
-) -> None:
+def _report(reports: ReportFolder, key_group: int, partition: int, rows: int, changed: int, written: Written,
+            read: int) -> None:
     report = PartReport(key_group, rows, changed, aligned=key_group == partition, part=written.part,
                         replaces=written.replaces, read=read + written.read, merged=written.merged,
                         merge_start=written.merge_start, merge_end=written.merge_end)
@@ -212,13 +200,8 @@ def _first_unseen(keys: pa.Array | pa.ChunkedArray, known: pa.Array | None) -> p
     return firsts
 
 
-def dedup_keep(
-    batches: Iterator[tuple[pa.Array, ...]],
-    *,
-    settings: StateSettings,
-    reports: ReportFolder,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-) -> Iterator[pa.Array]:
+def dedup_keep(batches: Iterator[tuple[pa.Array, ...]], *, settings: StateSettings, reports: ReportFolder,
+               chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[pa.Array]:
     """Executor side of :meth:`KeySet.dedup` for one key group (one task).
 
     A scalar Arrow iterator UDF over the key columns and the key-group column: yields,
@@ -329,13 +312,8 @@ def null_key_error(exc: BaseException) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
-def merge_partition(
-    batches: Iterator[pa.RecordBatch],
-    *,
-    settings: StateSettings,
-    aggregates: Mapping[str, Aggregate],
-    reports: ReportFolder,
-) -> Iterator[pa.RecordBatch]:
+def merge_partition(batches: Iterator[pa.RecordBatch], *, settings: StateSettings,
+                    aggregates: Mapping[str, Aggregate], reports: ReportFolder) -> Iterator[pa.RecordBatch]:
     """Executor side of :meth:`KeyValueState.aggregate` for one key group (one task).
 
     The input holds this epoch's partial aggregate per key; the restored values of those

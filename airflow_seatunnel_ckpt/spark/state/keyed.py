@@ -72,10 +72,8 @@ class KeyedState:
 
     def __init__(self, spark: SparkSession, settings: StateSettings) -> None:
         if settings.kind != self.kind:
-            raise StateError(
-                f"keyed state {settings.name!r}: settings of a {settings.kind} given to a "
-                f"{type(self).__name__} ({self.kind})"
-            )
+            raise StateError(f"keyed state {settings.name!r}: settings of a {settings.kind} given to a "
+                             f"{type(self).__name__} ({self.kind})")
         self.spark = spark
         self.settings = settings
         self._reports: ReportFolder | None = None
@@ -110,10 +108,8 @@ class KeyedState:
         """Bind the state to its key columns for this stage's one update."""
         keys = _key_list(key)
         if self._output is not None:
-            raise StateError(
-                f"keyed state {self.name!r} is already updated in this stage; update a state "
-                "once per stage (union the inputs first)"
-            )
+            raise StateError(f"keyed state {self.name!r} is already updated in this stage; update a state "
+                             "once per stage (union the inputs first)")
         self.settings = self.settings.bound_to(keys)
         self._reports = ReportFolder(self.settings.store, self.settings.reports_folder(secrets.token_hex(6)))
         return self.settings, self._reports
@@ -121,14 +117,10 @@ class KeyedState:
     def _by_key_group(self, df: DataFrame, keys: Sequence[str]) -> DataFrame:
         missing = [k for k in keys if k not in df.columns]
         if missing:
-            raise StateError(
-                f"keyed state {self.name!r}: key column(s) {missing} not in the DataFrame "
-                f"(columns: {df.columns})"
-            )
+            raise StateError(f"keyed state {self.name!r}: key column(s) {missing} not in the DataFrame "
+                             f"(columns: {df.columns})")
         if KEY_GROUP_COLUMN in df.columns:
-            raise StateError(
-                f"keyed state {self.name!r}: the column name {KEY_GROUP_COLUMN!r} is reserved"
-            )
+            raise StateError(f"keyed state {self.name!r}: the column name {KEY_GROUP_COLUMN!r} is reserved")
         # repartition(G, keys) places a row in partition pmod(murmur3(keys), G): the key group.
         group = _key_group_of(keys, self.key_groups)
         return df.repartition(self.key_groups, *keys).withColumn(KEY_GROUP_COLUMN, group)
@@ -199,12 +191,8 @@ class KeyedState:
             return self.restored, 0
         reports, unsure = choose_reports(self._reports.read())
         if len(reports) < self.key_groups or unsure:
-            log.info(
-                "keyed state %s: %d of %d key groups reported; evaluating the update to completion",
-                self.name,
-                len(reports) - len(unsure),
-                self.key_groups,
-            )
+            log.info("keyed state %s: %d of %d key groups reported; evaluating the update to completion", self.name,
+                     len(reports) - len(unsure), self.key_groups)
             self._output.write.format("noop").mode("overwrite").save()
             reports, unsure = choose_reports(self._reports.read())
         missing = set(range(self.key_groups)) - set(reports)
@@ -212,10 +200,8 @@ class KeyedState:
         if to_check:
             with_input = self._key_groups_with_input(to_check)
             if with_input:
-                raise StateError(
-                    f"keyed state {self.name!r}: key groups {with_input[:10]} have input but never "
-                    "reported their part after a full evaluation; the stage cannot prepare"
-                )
+                raise StateError(f"keyed state {self.name!r}: key groups {with_input[:10]} have input but never "
+                                 "reported their part after a full evaluation; the stage cannot prepare")
             # No input rows in these key groups (Spark may not even run a task over input
             # it can prove empty): they are unchanged.
             for g in to_check:
@@ -226,10 +212,8 @@ class KeyedState:
         # The shape goes with the chains: the next run restoring them is held to it, on
         # every path (run_stage alone, spark-submit, Airflow).
         shape = self.shape()
-        state = OperatorState(
-            self.key_groups, list(self.settings.key_columns), chains, self.kind.value,
-            shape.state_shape if shape is not None else None,
-        )
+        state = OperatorState(self.key_groups, list(self.settings.key_columns), chains, self.kind.value,
+                              shape.state_shape if shape is not None else None)
         return state, written
 
     def _next_chains(self, reports: Mapping[int, PartReport]) -> tuple[dict[int, list[PartRef]], int]:
@@ -259,12 +243,10 @@ class KeyedState:
 
         assert self._input is not None
         group = _key_group_of(self.settings.key_columns, self.key_groups)
-        found = (
-            self._input.select(group.alias("g"))
-            .where(F.col("g").isin(key_groups))
-            .distinct()
-            .collect()
-        )
+        found = (self._input.select(group.alias("g"))
+                 .where(F.col("g").isin(key_groups))
+                 .distinct()
+                 .collect())
         return sorted(int(row.g) for row in found)
 
     def _remove_unreported_parts(self, keep: set[str]) -> None:
@@ -284,17 +266,11 @@ class KeyedState:
     def snapshot(self, schema: Any = None) -> DataFrame:
         """The state's whole current content, one row per key, read on executors.
 
-        Before the stage updates the state this is the state as of the last committed
-        checkpoint; after ``aggregate``/``dedup`` it is that plus this epoch's changes,
-        i.e. exactly what the epoch commits (key -> value: every key with its running
-        values; key set: every key seen). Write it to a sink with ``mode: snapshot`` to
-        give readers a table that always holds the current state.
-
-        ``schema`` (a DDL string or ``StructType``) is needed only for a state that has
-        no committed content yet and is read *before* this stage updated it; otherwise
-        the columns come from a committed part or from the update itself (so on the
-        first epoch ``snapshot()`` after ``aggregate()`` is an empty-then-filled table of
-        the right columns, no schema needed).
+        Before the stage's update: the state as of the last committed checkpoint; after
+        ``aggregate``/``dedup``: that plus this epoch's changes, exactly what the epoch
+        commits. Write it to a sink with ``mode: snapshot`` for a table that always holds the
+        current state. ``schema`` (DDL or ``StructType``) is needed only for a state with no
+        committed content read before this stage updated it.
         """
         restored = self._restored_frame(schema)
         if self._output is None:
@@ -333,11 +309,9 @@ class KeyedState:
             from pyspark.sql.pandas.types import from_arrow_schema
 
             return from_arrow_schema(state_schema(settings, sample))
-        raise StateError(
-            f"keyed state {self.name!r} has no committed content yet and this stage has not "
-            "updated it, so its columns are unknown: call snapshot() after the update "
-            "(aggregate/dedup), or pass snapshot(schema=...) with the state's columns"
-        )
+        raise StateError(f"keyed state {self.name!r} has no committed content yet and this stage has not "
+                         "updated it, so its columns are unknown: call snapshot() after the update "
+                         "(aggregate/dedup), or pass snapshot(schema=...) with the state's columns")
 
     def _recorded_schema(self) -> Any:
         """The state's columns as its committed shape records them (None if not recorded)."""
@@ -368,13 +342,8 @@ class KeySet(KeyedState):
 
     kind = StateKind.KEY_SET
 
-    def dedup(
-        self,
-        df: DataFrame,
-        key: str | Sequence[str],
-        chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        ttl_epochs: int | None = None,
-    ) -> DataFrame:
+    def dedup(self, df: DataFrame, key: str | Sequence[str], chunk_rows: int = DEFAULT_CHUNK_ROWS,
+              ttl_epochs: int | None = None) -> DataFrame:
         """Rows of ``df`` whose key no committed epoch has seen, one row per key.
 
         Among rows of this epoch with the same key the first one read is kept (like
@@ -398,9 +367,8 @@ class KeySet(KeyedState):
         if not hasattr(F, "arrow_udf"):
             import pyspark
 
-            raise StateError(
-                f"key set {self.name!r}: de-duplication needs PySpark 4.1 or later (Arrow UDFs); the "
-                f"stage runs PySpark {pyspark.__version__}: upgrade Spark where the stage's driver runs")
+            raise StateError(f"key set {self.name!r}: de-duplication needs PySpark 4.1 or later (Arrow UDFs); the "
+                             f"stage runs PySpark {pyspark.__version__}: upgrade Spark where the stage's driver runs")
         with warnings.catch_warnings():  # a partial has no type hints to infer the UDF type from
             warnings.simplefilter("ignore", UserWarning)
             keep = F.arrow_udf(functools.partial(dedup_keep, settings=settings, reports=reports,
@@ -428,13 +396,8 @@ class KeyValueState(KeyedState):
 
     kind = StateKind.KEY_VALUE
 
-    def aggregate(
-        self,
-        df: DataFrame,
-        key: str | Sequence[str],
-        aggregates: Mapping[str, tuple[str, str]],
-        mode: str = CHANGES,
-    ) -> DataFrame:
+    def aggregate(self, df: DataFrame, key: str | Sequence[str], aggregates: Mapping[str, tuple[str, str]],
+                  mode: str = CHANGES) -> DataFrame:
         """Fold this epoch's rows into the running aggregates.
 
         ``aggregates`` maps an output column to ``(function, input column)``, e.g.
@@ -445,7 +408,7 @@ class KeyValueState(KeyedState):
 
         * ``"changes"`` (default): only the keys this epoch changed -- a changelog. Summed
           over every epoch it counts a key once per epoch that changed it, so publish it
-          to a ``changes`` sink for consumers that apply changes (newest epoch wins).
+          to an ``append`` sink for consumers that apply changes (newest epoch wins).
         * ``"snapshot"``: every key of the state (as :meth:`snapshot` after the update)
           -- the current table. Publish it to a sink with ``mode: snapshot``, which
           replaces the table each epoch, and a plain ``sum`` over the target is the true
@@ -454,19 +417,15 @@ class KeyValueState(KeyedState):
         from pyspark.sql import functions as F
 
         if mode not in (CHANGES, SNAPSHOT):
-            raise ConfigError(
-                f"key -> value state {self.name!r}: mode must be {CHANGES!r} (the keys changed this "
-                f"epoch) or {SNAPSHOT!r} (every key: the current state), got {mode!r}"
-            )
+            raise ConfigError(f"key -> value state {self.name!r}: mode must be {CHANGES!r} (the keys changed this "
+                              f"epoch) or {SNAPSHOT!r} (every key: the current state), got {mode!r}")
         settings, reports = self._bind(key)
         exprs = []
         how: dict[str, Aggregate] = {}
         for name, spec in aggregates.items():
             function = self._aggregate_of(name, spec)
             if name in settings.key_columns:
-                raise ConfigError(
-                    f"key -> value state {self.name!r}: output {name!r} is also a key column"
-                )
+                raise ConfigError(f"key -> value state {self.name!r}: output {name!r} is also a key column")
             column = spec[1]
             arg = F.lit(1) if column == "*" else F.col(column)
             exprs.append(getattr(F, function.value)(arg).alias(name))
@@ -479,9 +438,7 @@ class KeyValueState(KeyedState):
             *exprs, F.first(KEY_GROUP_COLUMN).alias(KEY_GROUP_COLUMN)
         )
         out_schema = partial.drop(KEY_GROUP_COLUMN).schema
-        fn = functools.partial(
-            merge_partition, settings=settings, aggregates=how, reports=reports
-        )
+        fn = functools.partial(merge_partition, settings=settings, aggregates=how, reports=reports)
         self._input = df
         self._output = partial.mapInArrow(fn, out_schema)
         self._planned()
@@ -506,10 +463,8 @@ class KeyValueState(KeyedState):
         new = self._output.withColumn(_CHANGED, F.lit(True))
         joined = old.join(new, on=keys, how="full_outer")
         changed = F.col(_CHANGED).isNotNull()
-        return joined.select(
-            *keys,
-            *[F.when(changed, F.col(v)).otherwise(F.col(f"{v}{_OLD}")).alias(v) for v in values],
-        )
+        return joined.select(*keys,
+                             *[F.when(changed, F.col(v)).otherwise(F.col(f"{v}{_OLD}")).alias(v) for v in values])
 
     def _aggregate_of(self, name: str, spec: Any) -> Aggregate:
         """The aggregate function of an ``(function, column)`` spec, checked."""
@@ -518,8 +473,6 @@ class KeyValueState(KeyedState):
                 return Aggregate(spec[0])
             except ValueError:
                 pass
-        raise ConfigError(
-            f"key -> value state {self.name!r}: aggregate {name!r} must be "
-            f"(function, column) with function one of {tuple(a.value for a in Aggregate)}, "
-            f"got {spec!r}"
-        )
+        raise ConfigError(f"key -> value state {self.name!r}: aggregate {name!r} must be "
+                          f"(function, column) with function one of {tuple(a.value for a in Aggregate)}, "
+                          f"got {spec!r}")

@@ -1,17 +1,12 @@
 """The report protocol: how executor tasks tell the driver which parts they wrote.
 
-Each task of a state update writes one :class:`PartReport` as a small JSON file into the
-update's :class:`ReportFolder`, in the checkpoint store, after the part it names is
-complete; the driver lists the folder once the update ran. Files in the store, not a
-Spark accumulator, so that the reports reach the driver the same way on a classic
-session and through Spark Connect (whose client has no JVM and no accumulators).
-
-A key group may be reported more than once (task retries, speculative attempts, a
-repeated evaluation), and a task that failed after its report was written leaves that
-report behind. Any such report is correct: a report is written only after its part is
-complete, and the same input and restored state give the same keys, so the part is the
-key group's whole update whichever attempt wrote it. :func:`choose_reports` keeps one
-report per key group and says which key groups it cannot trust.
+Each task of a state update writes one :class:`PartReport`, a small JSON file in the
+update's :class:`ReportFolder` in the store, once its part is complete; the driver lists
+the folder after the update. Files, not an accumulator, so it works alike on a classic
+session and through Spark Connect. A key group reported more than once (retries,
+speculation, a repeated evaluation) is correct either way: the same input and restored
+state give the same part. :func:`choose_reports` keeps one report per key group and says
+which key groups it cannot trust.
 """
 
 from __future__ import annotations

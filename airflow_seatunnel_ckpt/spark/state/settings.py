@@ -100,13 +100,9 @@ class PartPolicy:
     @classmethod
     def from_config(cls, config: CheckpointConfig, *, force_full: bool = False) -> PartPolicy:
         """The policy of a pipeline's checkpoint configuration."""
-        return cls(
-            incremental=config.incremental,
-            full_checkpoint_interval=config.full_checkpoint_interval,
-            compression=Codec.ZSTD if config.compression == "zstd" else Codec.LZ4,
-            compression_level=config.compression_level,
-            force_full=force_full,
-        )
+        return cls(incremental=config.incremental, full_checkpoint_interval=config.full_checkpoint_interval,
+                   compression=Codec.ZSTD if config.compression == "zstd" else Codec.LZ4,
+                   compression_level=config.compression_level, force_full=force_full)
 
 
 def starts_empty(kind: StateKind) -> str:
@@ -161,11 +157,9 @@ class StateSettings:
                 f"with `seatunnel-ckpt rescale {self.pipeline} --key-groups {self.key_groups}` first"
             )
         if restored.state_kind != self.kind:
-            raise StateError(
-                f"keyed state {self.name!r} is a {restored.state_kind} in the checkpoint, "
-                f"not a {self.kind}; use another name for a new state, or start this one over with "
-                f"`seatunnel-ckpt state reset {self.pipeline} {self.name}` -- {starts_empty(self.kind)}"
-            )
+            raise StateError(f"keyed state {self.name!r} is a {restored.state_kind} in the checkpoint, "
+                             f"not a {self.kind}; use another name for a new state, or start this one over with "
+                             f"`seatunnel-ckpt state reset {self.pipeline} {self.name}` -- {starts_empty(self.kind)}")
         if not self.key_columns:
             object.__setattr__(self, "key_columns", tuple(restored.key_columns))
 
@@ -173,12 +167,10 @@ class StateSettings:
         """These settings for an update keyed by ``key_columns`` (the checkpoint's, if any)."""
         keys = tuple(key_columns)
         if self.restored is not None and keys != self.key_columns:
-            raise StateError(
-                f"keyed state {self.name!r} is keyed by {list(self.key_columns)} in the checkpoint, "
-                f"not {list(keys)}: its stored values belong to other keys. Way out: key it by "
-                f"{list(self.key_columns)} again; or start it over with `seatunnel-ckpt state reset "
-                f"{self.pipeline} {self.name}` or under a new state name -- {starts_empty(self.kind)}"
-            )
+            raise StateError(f"keyed state {self.name!r} is keyed by {list(self.key_columns)} in the checkpoint, "
+                             f"not {list(keys)}: its stored values belong to other keys. Way out: key it by "
+                             f"{list(self.key_columns)} again; or start it over with `seatunnel-ckpt state reset "
+                             f"{self.pipeline} {self.name}` or under a new state name -- {starts_empty(self.kind)}")
         return dataclasses.replace(self, key_columns=keys)
 
     @property

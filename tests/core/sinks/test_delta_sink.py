@@ -55,7 +55,7 @@ def stage(store: Storage, epoch: int, files: dict[str, pa.Table], *, uri: str, s
         store.write_atomic(f"{staging}/{path}", sink_buf.getvalue().to_pybytes())
         infos.append(FileInfo(path, store.size(f"{staging}/{path}"), store.checksum(f"{staging}/{path}")))
     return SinkManifest(sink, uri, staging, infos, sum(t.num_rows for t in files.values()), mode=mode,
-                        table={"type": "delta", "uri": uri, "partition_by": list(partition_by)})
+                        table={"type": "delta", "path": uri, "partition_by": list(partition_by)})
 
 
 def request(store: Storage, epoch: int, manifest: SinkManifest, retries: int = 3) -> SinkCommit:
@@ -282,7 +282,7 @@ def test_snapshot_epochs_replace_the_table_in_one_version_each(store: Storage, t
 
 def test_s3_options_of_the_store_become_delta_rs_storage_options(store: Storage) -> None:
     manifest = SinkManifest("o", "s3://b/t", "staging", [FileInfo("x.parquet", 1, 0)], 1,
-                            table={"type": "delta", "uri": "s3://b/t"})
+                            table={"type": "delta", "path": "s3://b/t"})
 
     class S3Store:
         url = "s3://store-bucket/root"

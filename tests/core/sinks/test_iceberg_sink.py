@@ -65,7 +65,7 @@ class Lake:
         self.pipeline: Pipeline = CheckpointStore(CheckpointConfig.from_mapping(config)).pipeline(pipeline)
 
     def options(self, partition_by: list[str] | None = None, **extra: Any) -> dict[str, Any]:
-        return {"type": "iceberg", "identifier": IDENT, "catalog_name": "lake", "catalog": self.catalog_props,
+        return {"type": "iceberg", "table": IDENT, "catalog_name": "lake", "catalog": self.catalog_props,
                 "partition_by": ["region"] if partition_by is None else partition_by, **extra}
 
     def stage(self, epoch: int, parts: dict[str, pa.Table], *, attempt: int = 1, sink: str = "orders",

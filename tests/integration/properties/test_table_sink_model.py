@@ -59,7 +59,6 @@ import airflow_seatunnel_ckpt.core.sinks.iceberg as iceberg_tables
 import airflow_seatunnel_ckpt.core.sinks.postgres as postgres_tables
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision, EpochState, Pipeline
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
-from airflow_seatunnel_ckpt.core.models import SinkMode
 from airflow_seatunnel_ckpt.core.ops.replay import ReplayError, begin_replay, finish_replay, plan_replay, resume_replay
 from airflow_seatunnel_ckpt.core.protocol.recovery import recover
 from tests.core import faults
@@ -155,14 +154,14 @@ class TableSinkModel(RuleBasedStateMachine):
     def options(self, table: int) -> dict[str, Any]:
         keys = {"merge_keys": ["id"]} if self.upsert else {}
         if self.FORMAT == "iceberg":
-            return {"type": "iceberg", "identifier": f"lake.orders_{table}", "catalog_name": "lake",
+            return {"type": "iceberg", "table": f"lake.orders_{table}", "catalog_name": "lake",
                     "catalog": self.catalog, "partition_by": ["region"], **keys}
-        return {"type": "delta", "uri": f"file://{self.root}/tables/orders_{table}", "partition_by": ["region"],
+        return {"type": "delta", "path": f"file://{self.root}/tables/orders_{table}", "partition_by": ["region"],
                 **keys}
 
     def target_of(self, options: dict[str, Any]) -> str:
         """The sink's target URL, as its Spark sink names it."""
-        return str(options.get("uri") or f"iceberg://lake/{options['identifier']}")
+        return str(options.get("path") or f"iceberg://lake/{options['table']}")
 
     def table_ids(self, table: int) -> list[int | None]:
         """The ``id`` column of the table as its format's own library reads it ([] before it exists)."""
@@ -238,7 +237,7 @@ class TableSinkModel(RuleBasedStateMachine):
         options = self.options(w.table)
         target = self.target_of(options)
         manifest = w.pipeline.manifest_for_staged(epoch, 1, "orders", target, rows.num_rows)
-        return dataclasses.replace(manifest, mode=SinkMode.CHANGES, table=options)
+        return dataclasses.replace(manifest, table=options)
 
     # -- epochs --------------------------------------------------------------------------
     def decided(self, w: Writer, rows: pa.Table) -> tuple[int, str | None]:
