@@ -66,6 +66,8 @@ class SinkContext:
     partitioned: ClassVar[bool] = True
     #: Whether the sink commits into a table (its options travel in the manifest) or publishes files.
     table: ClassVar[bool] = True
+    #: The sink applies change rows (``apply_changes``): several changes of one key in an epoch are legal.
+    applies: ClassVar[bool] = False
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -367,6 +369,8 @@ def apply_changes(history: str) -> dict[str, Any]:
 class IcebergScd1Context(IcebergContext):
     """The Iceberg table with change rows applied as SCD1 (one row per id: the upsert model)."""
 
+    applies = True
+
     name = "iceberg-scd1"
     modes = frozenset({UPSERT})
 
@@ -380,6 +384,8 @@ class IcebergScd1Context(IcebergContext):
 
 class DeltaScd2Context(DeltaContext):
     """The Delta table with change rows applied as SCD2 (a version per id and epoch: the append model)."""
+
+    applies = True
 
     name = "delta-scd2"
     modes = frozenset({APPEND})
@@ -568,6 +574,8 @@ class Epochs:
 class PostgresApplyContext(PostgresContext):
     """The PostgreSQL table applying the suite's rows as change rows (an ``update`` each, sequenced by
     the epoch whose input they are, then the id), SCD1: the table a reader sees is an upsert's."""
+
+    applies = True
 
     name = "postgres-scd1"
     modes = frozenset({UPSERT})

@@ -605,7 +605,7 @@ def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSink
 
 def _apply_changes(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                    apply: ApplyChanges, staged: pa.Schema) -> None:
-    """Apply the epoch's change rows (one per key; a replay's: one per key per replayed epoch) to the table.
+    """Apply the epoch's change rows (the last per key; a replay's: per replayed epoch) to the table.
 
     ``COPY`` into a temporary table typed as the table's columns (plus the operation, the
     :data:`UNCHANGED_TOAST` names and, for a replay, the replayed epoch), the keys' before-images
@@ -624,6 +624,7 @@ def _apply_changes(conn: psycopg.Connection, request: SinkCommit, options: Postg
     _copy(conn, request, loaded, [*stored, *added], options)
     if not apply.deletes:
         conn.execute(sql.SQL("DELETE FROM {} WHERE {} = 'delete'").format(loaded, sql.Identifier(apply.operation)))
+    _last_per_key(conn, options, apply, loaded, bool(request.sink.replaces))
     if not request.sink.full_refresh:  # a full refresh is never replaced but by another one
         _keep_images(conn, request, options, sql.SQL("(SELECT {} AS key FROM {} AS s)").format(
             _key_of("s", options), loaded))
@@ -639,6 +640,23 @@ def _apply_changes(conn: psycopg.Connection, request: SinkCommit, options: Postg
         conn.execute(sql.SQL("INSERT INTO {} SELECT * FROM {} WHERE {} = %s").format(
             step, loaded, sql.Identifier(_REPLAYED)), (epoch,))
         _apply_step(conn, options, apply, step, stored, toast)
+
+
+def _last_per_key(conn: psycopg.Connection, options: PostgresSinkOptions, apply: ApplyChanges,
+                  loaded: sql.Identifier, replay: bool) -> None:
+    """Keep only each key's last change in ``loaded`` (per replayed epoch), as the Spark side stages them
+    and as the lake sinks apply them: staged rows with several changes of one key apply the last."""
+    same = [*options.merge_keys, *([_REPLAYED] if replay else [])]
+
+    def sequence(alias: str) -> sql.Composable:
+        return sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.Identifier(alias), sql.Identifier(c))
+                                  for c in [*apply.sequence_by])
+
+    conn.execute(sql.SQL("DELETE FROM {} AS s USING {} AS l WHERE {} AND (({}) > ({}) OR (({}) = ({}) AND "
+                         "l.ctid > s.ctid))").format(
+        loaded, loaded, sql.SQL(" AND ").join(sql.SQL("l.{} = s.{}").format(sql.Identifier(c), sql.Identifier(c))
+                                              for c in same),
+        sequence("l"), sequence("s"), sequence("l"), sequence("s")))
 
 
 def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: ApplyChanges,
@@ -769,7 +787,6 @@ def precheck(request: SinkCommit) -> None:
                           "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
     if options.apply_changes is not None and schema is not None:
         check_staged_changes(request, schema, options.apply_changes, where)
-        check_staged_merge_keys(request, schema, list(options.merge_keys), where)  # the statements need one per key
     elif options.merge_keys and schema is not None:
         check_staged_merge_keys(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)

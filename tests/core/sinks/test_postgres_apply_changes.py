@@ -76,6 +76,19 @@ def test_scd1_a_change_not_above_the_tables_sequence_has_no_effect(tmp_path: Pat
     assert scd1(epochs) == [(1, "a", 10, 0), (2, "b", 10, 1), (3, "c", 12, 0), (4, "d", 5, 0)]
 
 
+@pytest.mark.parametrize("history", ["scd1", "scd2"])
+def test_several_changes_of_a_key_staged_in_one_epoch_apply_its_last_as_the_lake_sinks_do(
+        tmp_path: Path, postgres_db: str, history: str) -> None:
+    epochs = applying(tmp_path, postgres_db, history=history)
+    epochs.run(changes((1, "a", "insert", 10, 0), (2, "b", "insert", 10, 1)))
+    epochs.run(changes((1, "a2", "update", 20, 1), (1, "a1", "update", 20, 0), (2, "b2", "update", 20, 2),
+                       (2, None, "delete", 21, 0)))
+    if history == "scd1":
+        assert scd1(epochs) == [(1, "a2", 20, 1)]
+    else:
+        assert scd2(epochs) == [(1, "a", 10, 20), (1, "a2", 20, None), (2, "b", 10, 21)]
+
+
 def test_scd1_without_deletes_ignores_delete_changes(tmp_path: Path, postgres_db: str) -> None:
     epochs = applying(tmp_path, postgres_db, deletes=False)
     epochs.run(changes((1, "a", "insert", 10, 0), (2, "b", "insert", 10, 1)))
@@ -134,7 +147,6 @@ APPLY_REFUSALS: dict[str, tuple[str | None, dict[str, Any], pa.Table, list[str]]
     "null-operation": (None, {}, changes((5, "e", None, 40, 0)), ["'_op'", "holds None"]),
     "null-key": (None, {}, changes((None, "e", "insert", 40, 0)), ["'id'", "NULL"]),
     "null-sequence": (None, {}, changes((5, "e", "insert", None, 0)), ["'_lsn'", "NULL", "public.orders"]),
-    "repeated-key": (None, {}, changes((5, "e", "insert", 40, 0), (5, "f", "update", 41, 0)), ["more than once"]),
     "missing-operation-column": (None, {}, changes((5, "e", "insert", 40, 0)).drop_columns(["_op"]),
                                  ["['_op']", "not in the epoch's change rows"]),
     "scd1-table-of-a-plain-upsert": ("(id bigint PRIMARY KEY, name text)", {}, changes((5, "e", "insert", 40, 0)),
