@@ -207,6 +207,7 @@ def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_att
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
+    from tests.conftest import FAST_JVM_OPTIONS
     from tests.connect_server import start_server
     from tests.spark.conftest import OrdersPipeline
     from tests.spark.stages import STAGED_MARKER_ENV
@@ -222,7 +223,7 @@ def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_att
     monkeypatch.setattr(DefaultPolicy.__init__, "__defaults__", (3, *defaults[1:]))
     hook = StageSubmitHook(orders.pipeline, "ingest")
     epoch = orders.pipeline.begin("run-1").epoch
-    server = start_server(tmp_path, python_path=repo)
+    server = start_server(tmp_path, python_path=repo, jvm_options=FAST_JVM_OPTIONS)
     try:
         def kill_once_running() -> None:
             deadline = time.monotonic() + 300
@@ -243,7 +244,7 @@ def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_att
         is None
 
     monkeypatch.delenv(STAGED_MARKER_ENV)
-    again = start_server(tmp_path, python_path=repo)
+    again = start_server(tmp_path, python_path=repo, jvm_options=FAST_JVM_OPTIONS)
     try:
         result = hook.run_in_process(orders.spec("run-1", 2, stage=stage, remote=again.url), epoch)
     finally:
