@@ -4,12 +4,14 @@
 #   bash scripts/test.sh --quick             # unit tests and a fast slice: no Spark, deployment or crash campaigns
 #   bash scripts/test.sh -m "not cluster"    # skip the Spark standalone tests
 #   bash scripts/test.sh tests/integration/infra/test_s3.py -x
+#   bash scripts/test.sh -m connect_all      # the stage tests' Connect runs outside CI's slice
 # TEST_WORKERS=<n> sets the number of pytest-xdist workers (default: one more than the CPU count,
 # at most 4, since a worker waits on servers, leases and polls part of the time; each worker has
 # its own local[2] SparkSession, Airflow DB and S3 server); TEST_WORKERS=0 runs
 # in this process. Tests start longest first (tests/durations.json; TEST_DURATIONS_WRITE=1
-# rewrites it after a run). The slow suites run a fixed slice; RELIABILITY_FULL=1,
-# RELIABILITY_SCHEDULES=<n> and PROPERTIES_EXAMPLES=<n> run the rest (docs/RELIABILITY.md).
+# rewrites it after a run). The slow suites, and the stage tests' Connect runs, run a fixed
+# slice; RELIABILITY_FULL=1, RELIABILITY_SCHEDULES=<n> and PROPERTIES_EXAMPLES=<n> run the rest
+# (docs/RELIABILITY.md).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -3,7 +3,7 @@
 :func:`start_server` runs ``spark-submit --class
 org.apache.spark.sql.connect.service.SparkConnectServer`` (the class
 ``sbin/start-connect-server.sh`` starts; pyspark's ``jars/`` ships ``spark-connect``) with a
-``local[2]`` master, its gRPC endpoint bound to 127.0.0.1 at a free port, and the
+``local[1]`` master (:data:`MASTER`), its gRPC endpoint bound to 127.0.0.1 at a free port, and the
 checkout on ``PYTHONPATH`` so that the server's Python (Python data sources, UDFs, the
 data source's driver-side ``commit``) imports the package under test. :class:`ConnectServer`
 says where it listens (``sc://127.0.0.1:<port>``) and :meth:`ConnectServer.stop` ends it by
@@ -27,6 +27,13 @@ from pathlib import Path
 
 #: The Connect server's main class, as ``sbin/start-connect-server.sh`` starts it.
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+#: The server's master: one task slot. Each Connect session gets Python workers of its own
+#: (the session's artifacts are on their path), started and importing pyarrow, pandas and the
+#: package anew; a stage's task runs two of them (its Arrow UDF and its state report), so a
+#: second slot doubles those imports for the few rows a test stage has. Six stage runs of
+#: two epochs took 126 s instead of 185 s (same hour, loaded two-core machine).
+MASTER = "local[1]"
 
 
 class ConnectServerUnavailable(RuntimeError):
@@ -122,7 +129,7 @@ def start_server(
     port = free_port()
     log_path = scratch / f"connect-{port}.log"
     settings = {
-        "spark.master": "local[2]",
+        "spark.master": MASTER,
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
         "spark.driver.host": "127.0.0.1",

@@ -194,8 +194,9 @@ def killed_try_failed(dag_id: str, run_id: str, task_id: str) -> None:
 
 
 def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_attempt_begins_cleanly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server (a dedicated one) is killed while the attempt's operation runs; a new server takes attempt 2.
+        connect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server (a dedicated one) is killed while the attempt's operation runs; another server
+    (the session's, already running: a second cold server would only add its start) takes attempt 2.
 
     Connect's client retries an unreachable server for at least ten minutes by default
     (``DefaultPolicy``: 15 retries, backoff up to 60 s); the test shortens that to three quick
@@ -207,6 +208,7 @@ def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_att
     from pyspark.sql.connect.client.retries import DefaultPolicy
 
     from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
+    from tests.conftest import FAST_JVM_OPTIONS
     from tests.connect_server import start_server
     from tests.spark.conftest import OrdersPipeline
     from tests.spark.stages import STAGED_MARKER_ENV
@@ -222,7 +224,7 @@ def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_att
     monkeypatch.setattr(DefaultPolicy.__init__, "__defaults__", (3, *defaults[1:]))
     hook = StageSubmitHook(orders.pipeline, "ingest")
     epoch = orders.pipeline.begin("run-1").epoch
-    server = start_server(tmp_path, python_path=repo)
+    server = start_server(tmp_path, python_path=repo, jvm_options=FAST_JVM_OPTIONS)
     try:
         def kill_once_running() -> None:
             deadline = time.monotonic() + 300
@@ -243,11 +245,7 @@ def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_att
         is None
 
     monkeypatch.delenv(STAGED_MARKER_ENV)
-    again = start_server(tmp_path, python_path=repo)
-    try:
-        result = hook.run_in_process(orders.spec("run-1", 2, stage=stage, remote=again.url), epoch)
-    finally:
-        again.stop()
+    result = hook.run_in_process(orders.spec("run-1", 2, stage=stage, remote=connect_server), epoch)
     assert (result.epoch, result.attempt, result.rows) == (1, 2, 4)
     orders.commit(result)
     assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]

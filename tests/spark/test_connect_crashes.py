@@ -21,7 +21,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import EpochState
 from airflow_seatunnel_ckpt.spark import StageResult, run_stage
-from tests.conftest import SESSION_ROOT
+from tests.conftest import FAST_JVM_OPTIONS, SESSION_ROOT
 from tests.spark.conftest import OrdersPipeline
 from tests.spark.stages import STAGED_MARKER_ENV
 
@@ -97,7 +97,7 @@ def test_a_killed_server_fails_its_attempt_and_the_next_attempt_commits_once_on_
     from tests.connect_server import start_server
 
     _first_epoch(orders, connect_server)
-    server = start_server(SESSION_ROOT, python_path=str(REPO_ROOT))
+    server = start_server(SESSION_ROOT, python_path=str(REPO_ROOT), jvm_options=FAST_JVM_OPTIONS)
     marker = orders.root / "in-flight"
     monkeypatch.setenv(STAGED_MARKER_ENV, str(marker))
     stage = "tests.spark.stages:stage_then_wait_in_a_spark_job"

@@ -28,6 +28,7 @@ def delta_scan(table: Path, query: str = "SELECT * FROM t ORDER BY order_id") ->
     return [d[0] for d in result.description], result.fetchall()
 
 
+@pytest.mark.connect_slice("the Delta sink")
 def test_a_stage_writing_a_delta_sink_commits_each_epoch_once_into_the_table(
         run: RunStage, orders: OrdersPipeline) -> None:
     from deltalake import DeltaTable

@@ -64,6 +64,7 @@ def id_present(max_fraction: float) -> dict[str, Any]:
     return {"id_present": {"expr": "order_id IS NOT NULL", "on_fail": "quarantine", "max_fraction": max_fraction}}
 
 
+@pytest.mark.connect_slice("the Iceberg sink and its quarantine table; the rules' counts come back in the response")
 @pytest.mark.spark
 def test_quarantine_under_its_threshold_commits_kept_rows_and_quarantined_rows_in_one_epoch(
         run: RunStage, orders: OrdersPipeline) -> None:
@@ -109,6 +110,7 @@ def test_quarantine_over_its_threshold_aborts_the_epoch_and_leaves_both_tables_u
     assert table_rows(orders, "lake.orders_quarantine") == []
 
 
+@pytest.mark.connect_slice("a failed rule aborts the epoch from the server's counts")
 @pytest.mark.spark
 def test_a_fail_rule_that_fails_one_row_aborts_the_epoch(run: RunStage, orders: OrdersPipeline) -> None:
     add_orders(orders, "f1", range(1, 11))
@@ -120,6 +122,7 @@ def test_a_fail_rule_that_fails_one_row_aborts_the_epoch(run: RunStage, orders: 
         in record.reason
 
 
+@pytest.mark.connect_slice("a Connect DataFrame is analysed only when asked: the refusal must still come first")
 @pytest.mark.spark
 @pytest.mark.parametrize(("expr", "why"), [("amount >", "PARSE_SYNTAX_ERROR|Syntax error"),
                                            ("no_such_column > 0", "no_such_column"),

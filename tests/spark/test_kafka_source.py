@@ -96,6 +96,7 @@ class KafkaPipeline:
         return sorted((r["topic"], r["partition"], r["offset"]) for r in self.published(epoch))
 
 
+@pytest.mark.connect_slice("the Kafka source: its partitions read by the server's Python workers")
 def test_epochs_read_each_record_once_and_resume_at_the_committed_position(
         run: RunStage, tmp_path: Path, kafka_broker: KafkaBroker) -> None:
     topic = new_topic(kafka_broker)

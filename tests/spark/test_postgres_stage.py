@@ -17,6 +17,7 @@ from tests.spark.conftest import OrdersPipeline, RunStage, order_row
 pytestmark = [pytest.mark.spark]
 
 
+@pytest.mark.connect_slice("the PostgreSQL sinks: staged by the server's tasks, loaded by the client")
 def test_a_stage_writing_postgres_sinks_appends_orders_and_upserts_totals_once_per_epoch(
         run: RunStage, orders: OrdersPipeline, postgres_db: str) -> None:
     sinks = {"orders_table": {"type": "postgres", "table": "public.orders", "conninfo": postgres_db,

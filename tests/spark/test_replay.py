@@ -280,6 +280,8 @@ def test_replay_of_the_newest_epochs_equals_a_fresh_run_keeps_the_earlier_epochs
 
 
 # On the classic session the same full refresh is proven by tests/spark/state/test_state_new_column.py.
+# Connect only on demand (`-m connect_all`): the replay's code is the same on both runtimes once the
+# session is made, and its Connect run is the suite's longest stage test (docs/RELIABILITY.md, "The Connect slice").
 @pytest.mark.parametrize("runtime", ["connect"], indirect=True)
 def test_full_refresh_fills_a_new_aggregate_column_for_stored_keys(spark: Any, tmp_path: Path, runtime: str,
                                                                    request: pytest.FixtureRequest) -> None:

@@ -227,6 +227,7 @@ def test_a_quarantined_record_reaches_no_sink_and_no_keyed_state_when_the_stage_
 
 # -- null keys in keyed state ------------------------------------------------------------
 
+@pytest.mark.connect_slice("an error raised in the server's tasks reaches the client with the input file named")
 def test_null_key_error_names_the_input_file_that_has_it(
     run: RunStage, orders: OrdersPipeline
 ) -> None:

@@ -247,6 +247,7 @@ def test_a_filter_after_dedup_does_not_keep_keys_from_the_state(
     assert published_ids() == [2, 4, 5, 6]
 
 
+@pytest.mark.connect_slice("the file source's text formats and the CSV sink")
 def test_json_source_csv_sink_and_a_composite_key(run: RunStage, orders: OrdersPipeline) -> None:
     import json
 
