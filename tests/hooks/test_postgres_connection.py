@@ -80,13 +80,13 @@ def test_postgres_conn_id_supplies_the_database_of_both_postgresql_sources_and_i
 
     dbname = conninfo_to_dict(postgres_db)["dbname"]
     with psycopg.connect(postgres_db, autocommit=True) as conn:
-        conn.execute("CREATE ROLE reader LOGIN REPLICATION PASSWORD 'the-source-pw'")
+        conn.execute("CREATE ROLE cdc_reader LOGIN REPLICATION PASSWORD 'the-source-pw'")
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, amount int)")
         conn.execute("INSERT INTO orders VALUES (1, 10)")
-        conn.execute("ALTER TABLE orders OWNER TO reader")
-        conn.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO reader')  # its publication
+        conn.execute("ALTER TABLE orders OWNER TO cdc_reader")
+        conn.execute(f'GRANT CREATE ON DATABASE "{dbname}" TO cdc_reader')  # its publication
     monkeypatch.setenv("AIRFLOW_CONN_SHOP_PG", json.dumps({
-        "conn_type": "postgres", "host": postgres_server.host, "port": postgres_server.port, "login": "reader",
+        "conn_type": "postgres", "host": postgres_server.host, "port": postgres_server.port, "login": "cdc_reader",
         "password": "the-source-pw", "schema": dbname, "extra": {"sslmode": "disable"}}))
     cdc = checked(PostgresCdcSourceOptions, {"type": "postgres_cdc", "postgres_conn_id": "shop_pg", "slot": "shop",
                                              "publication": "shop", "tables": ["public.orders"]}, "test")
@@ -97,7 +97,7 @@ def test_postgres_conn_id_supplies_the_database_of_both_postgresql_sources_and_i
     first = source.plan([])
     with psycopg.connect(postgres_db, autocommit=True) as conn:
         assert conn.execute("SELECT usename FROM pg_stat_activity WHERE application_name = "
-                            "'seatunnel-ckpt-source' AND usename = 'reader'").fetchall()  # the exporter, as reader
+                            "'seatunnel-ckpt-source' AND usename = 'cdc_reader'").fetchall()  # the exporter, as cdc_reader
         conn.execute("INSERT INTO orders VALUES (2, 20)")
         flushed(conn)
     second = source.plan([{"epoch": 1, "offsets": first}])
