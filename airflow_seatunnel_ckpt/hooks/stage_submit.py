@@ -165,7 +165,9 @@ class StageSubmitHook(BaseHook):
         try:
             interrupted = self.connect_attempt(spec, epoch, lease.attempt).interrupt(release=True)
         except Exception as exc:  # the session is gone (released, timed out) or the server restarted
-            self.log.info("epoch %s: attempt %s's Connect session: %s", epoch, lease.attempt, exc)
+            self.log.warning("epoch %s: attempt %s's Connect operations (tag %s) could not be interrupted, or its "
+                             "session released: %s; a session the server no longer knows runs nothing", epoch,
+                             lease.attempt, self.connect_attempt(spec, epoch, lease.attempt).tag, exc)
             return
         self.log.warning("epoch %s: fenced %s attempt %s and interrupted its %d Connect operation(s) still running "
                          "on the server", epoch, self.participant, lease.attempt, len(interrupted))

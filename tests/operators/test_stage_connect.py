@@ -251,3 +251,93 @@ def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_att
     assert (result.epoch, result.attempt, result.rows) == (1, 2, 4)
     orders.commit(result)
     assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]
+
+
+# -- CONNECT: the server's side of a killed client ------------------------------------------
+def server_jobs(ui_url: str, tag: str) -> list[dict[str, Any]]:
+    """The jobs of the Connect server's application (its REST status API) that carry ``tag``."""
+    from urllib.request import urlopen
+
+    with urlopen(f"{ui_url}/api/v1/applications", timeout=60) as answer:
+        (application,) = json.load(answer)
+    with urlopen(f"{ui_url}/api/v1/applications/{application['id']}/jobs", timeout=60) as answer:
+        jobs: list[dict[str, Any]] = json.load(answer)
+    return [job for job in jobs if any(tag in job_tag for job_tag in job.get("jobTags", []))]
+
+
+def wait_for_jobs(ui_url: str, tag: str, done: Any, what: str, timeout: float = 90) -> list[dict[str, Any]]:
+    """Poll the server's jobs of ``tag`` until ``done(jobs)``; fail naming ``what`` after ``timeout`` seconds."""
+    import contextlib
+    import time
+
+    deadline, jobs = time.monotonic() + timeout, None
+    while True:
+        with contextlib.suppress(OSError):  # a busy server's UI may answer late: ask again
+            jobs = server_jobs(ui_url, tag)
+        if jobs is not None and done(jobs):
+            return jobs
+        assert time.monotonic() < deadline, f"{what} within {timeout:g}s; the server's jobs of {tag}: {jobs}"
+        time.sleep(0.5)
+
+
+def lose_the_interrupt_of(tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the Connect client's interrupt of ``tag`` fail once, as when a busy server's answer is lost."""
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    interrupt_tag, lost = SparkConnectClient.interrupt_tag, []
+
+    def failing(client: Any, asked: str) -> Any:
+        if asked == tag and not lost:
+            lost.append(asked)
+            raise SparkConnectGrpcException("the interrupt's answer was lost (injected by the test)")
+        return interrupt_tag(client, asked)
+
+    monkeypatch.setattr(SparkConnectClient, "interrupt_tag", failing)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("interrupt", ["answered", "lost"])
+def test_the_next_try_stops_the_job_a_killed_client_left_running_on_the_server(
+        interrupt: str, airflow_home: Path, clear_and_rerun: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's own account, not the client's: once the next try started, no job of the killed
+    attempt runs on the Connect server any more (its job would otherwise run for hours) -- also
+    when the next try's interrupt by tag fails ("lost": the one failure injected, as a busy
+    server's lost answer cannot be had on demand): releasing the session ends its operations.
+
+    A server of the test's own, with its status API on loopback; the killed attempt's job is
+    bounded by that server's life (stopped when the test ends, however it ends).
+    """
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+    from tests.connect_server import free_port, start_server
+    from tests.operators.connect_stage_dag import LOGICAL_DATE, make_dag
+    from tests.spark.stages import BUSY_IDS_ENV
+
+    ui_port = free_port()
+    server = start_server(tmp_path, python_path=str(Path(__file__).resolve().parents[2]),
+                          conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)})
+    ui_url = f"http://127.0.0.1:{ui_port}"
+    try:
+        monkeypatch.setenv(BUSY_IDS_ENV, str(10**15))  # hours, unless interrupted
+        client = RunningClient(tmp_path, server.url)
+        client.kill()
+        killed = ConnectAttempt.of(server.url, client.orders.store["storage_url"], "orders", 1, "ingest", 1)
+        seen = wait_for_jobs(ui_url, killed.tag, lambda jobs: any(j["status"] == "RUNNING" for j in jobs),
+                             "the killed client's job was not seen running on the server", timeout=180)
+        busy = {j["jobId"] for j in seen if j["status"] == "RUNNING"}
+
+        if interrupt == "lost":
+            lose_the_interrupt_of(killed.tag, monkeypatch)
+        run_id = f"manual__{LOGICAL_DATE.isoformat()}"
+        killed_try_failed("connect_stage", run_id, "orders.ingest")
+        again = clear_and_rerun(make_dag(*client.args), run_id, ["orders.ingest"])
+
+        assert again.state == "success", task_states(again)
+        jobs = wait_for_jobs(ui_url, killed.tag, lambda jobs: all(j["status"] != "RUNNING" for j in jobs),
+                             "the killed client's job still ran on the server after the next try", timeout=120)
+        # Interrupted (failed), not run to its end: only the server's end would end it otherwise.
+        assert {j["jobId"]: j["status"] for j in jobs if j["jobId"] in busy} == dict.fromkeys(busy, "FAILED"), jobs
+        assert sorted(row["order_id"] for row in client.orders.published()) == [1, 2, 3, 4, 5, 6]
+    finally:
+        server.stop(signal.SIGKILL)
