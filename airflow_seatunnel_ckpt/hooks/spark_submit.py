@@ -18,6 +18,9 @@ top-level module (typically beside the DAG in Airflow's DAGs folder) travels wit
 the user names (``python``, e.g. ``./environment/bin/python`` of a packed environment
 shipped with ``archives``); without one, this interpreter, which suits local and client
 mode on hosts that share it.
+
+A deferrable Spark Connect stage is launched the same way, with the driver module for
+command (:func:`connect_command`): no ``spark-submit``, no JVM.
 """
 
 from __future__ import annotations
@@ -375,15 +378,37 @@ def returns_at_submission(master: str, deploy_mode: str) -> bool:
     return deploy_mode == "cluster" and master.startswith("spark://")
 
 
+def connect_command(spec: StageSpec, spec_file: Path) -> tuple[list[str], dict[str, str]]:
+    """The command of a detached Spark Connect stage and its environment: the driver module in
+    this host's Python, on a Connect session (no ``spark-submit``, no JVM)."""
+    env: dict[str, str] = {}
+    folders = [os.path.dirname(f) for f in stage_module_files(spec.stage)]
+    if folders:  # a stage module beside the DAG: the DAGs folder is on the task's sys.path only
+        env["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return [sys.executable, "-m", "airflow_seatunnel_ckpt.spark.driver", "--spec-file", str(spec_file)], env
+
+
 def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> SubmissionRecord:
-    """Launch ``spec``'s stage for ``epoch`` detached and record the submission in the store."""
+    """Launch ``spec``'s stage for ``epoch`` detached and record the submission in the store.
+
+    With ``spec.remote`` (Spark Connect) the launcher runs :func:`connect_command` instead of
+    ``spark-submit``; ``options`` are then not used.
+    """
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import public_url
     from airflow_seatunnel_ckpt.spark.launch import launch_detached, log_path, private_workdir, write_private
 
     workdir = private_workdir()
+    runtime = "connect" if spec.remote is not None else "spark-submit"
     try:
         spec_file = workdir / SPEC_NAME
         write_private(spec_file, spec.to_json())
-        command, env, connection = build_command(spec, spec_file, options)
+        if spec.remote is not None:
+            command, env = connect_command(spec, spec_file)
+            target, exits_before_stage = public_url(spec.remote), False
+        else:
+            command, env, connection = build_command(spec, spec_file, options)
+            target = connection.target
+            exits_before_stage = returns_at_submission(connection.master, connection.deploy_mode or "")
         # The driver's working directory is empty: the spec reaches it only the way it
         # reaches a driver on another host (``--files``).
         driver_dir = workdir / "driver"
@@ -393,12 +418,10 @@ def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> Sub
                                  log=log, cwd=str(driver_dir))
     except Exception as exc:
         shutil.rmtree(workdir, ignore_errors=True)
-        raise SubmitError(f"spark-submit of stage {spec.stage!r} (pipeline {spec.pipeline!r}, run {spec.run_id!r}, "
-                          f"attempt {spec.attempt}) could not be launched: {exc}") from exc
+        raise SubmitError(f"{runtime} launch of stage {spec.stage!r} (pipeline {spec.pipeline!r}, run "
+                          f"{spec.run_id!r}, attempt {spec.attempt}) failed: {exc}") from exc
     record = SubmissionRecord(epoch, spec.participant, spec.attempt, socket.gethostname(), launch.pid, launch.log,
-                              runtime="spark-submit", target=connection.target,
-                              exits_before_stage=returns_at_submission(connection.master,
-                                                                       connection.deploy_mode or ""),
+                              runtime=runtime, target=target, exits_before_stage=exits_before_stage,
                               submitted_at=time.time())
     record_submission(pipeline_of(spec), record)
     return record

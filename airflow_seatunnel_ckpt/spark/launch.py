@@ -23,6 +23,10 @@ tracks. It
    attempt runs any more -- then removes its private working directory (the spec, which
    holds the store's credentials, and the plan).
 
+A deferred Spark Connect stage runs the same way with the driver module for command (no
+``spark-submit``, no JVM); a driver that was stopped or failed has its Connect session
+released -- which ends what it left running on the server -- before the exit record.
+
 SIGTERM (the task's ``on_kill``, a killed process group) is passed on to ``spark-submit``;
 the exit record is still written. Nothing read here is executed: the plan is JSON whose
 command is the one the task built.
@@ -196,6 +200,21 @@ def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> s
         return ""
 
 
+def _release_connect_session(remote: str) -> None:
+    """Release the Connect session of a driver that was stopped or failed: that ends whatever
+    operation it left running on the server, before the exit record says nothing runs."""
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    try:
+        client = SparkConnectClient(remote)
+        try:
+            client.release_session()
+        finally:
+            client.close()
+    except Exception as exc:  # released already (the driver's own ending), or the server is gone
+        print(f"seatunnel-ckpt launcher: the stage's Connect session: {exc}", flush=True)
+
+
 def run(plan: Mapping[str, Any]) -> int:
     """Run ``spark-submit`` as the plan says, holding the lease; write the exit record."""
     from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
@@ -240,6 +259,8 @@ def run(plan: Mapping[str, Any]) -> int:
                         break
     finally:
         end_process_group(LEFTOVER_GRACE_S)
+        if spec.remote is not None and (returncode != 0 or stopped):
+            _release_connect_session(spec.remote)
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         try:
             with open(plan["log"], encoding="utf-8", errors="replace") as fh:

@@ -341,3 +341,47 @@ def test_the_next_try_stops_the_job_a_killed_client_left_running_on_the_server(
         assert sorted(row["order_id"] for row in client.orders.published()) == [1, 2, 3, 4, 5, 6]
     finally:
         server.stop(signal.SIGKILL)
+
+
+def connect_stage_task(orders: Any, server_url: str, **kwargs: Any) -> Any:
+    """The orders stage as a deferrable task through Spark Connect at ``server_url``."""
+    from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
+
+    return SparkStageOperator(
+        task_id="ingest", pipeline="orders", storage_url=orders.store["storage_url"],
+        store_config={"lease_timeout_s": 8, "lease_renew_s": 1}, spark_remote=server_url, deferrable=True,
+        poll_interval=0.5, key_groups=2,
+        sources={"orders": {"type": "file", "path": f"file://{orders.input_dir}", "format": "parquet"}},
+        sinks={"orders_table": {"type": "file", "path": f"file://{orders.root / 'out' / 'orders'}"}}, **kwargs)
+
+
+@pytest.mark.timeout(600)
+def test_a_deferrable_connect_stage_runs_detached_and_the_triggerer_resumes_it_to_one_commit(
+        connect_server: str, airflow_home: Path, tmp_path: Path) -> None:
+    """``deferrable=True`` through Connect: the task launches the stage's driver module detached on
+    this worker (no JVM: a Connect client) and defers; the trigger -- here one rebuilt from its
+    serialized form, as a restarted triggerer has it -- watches the attempt in the store, and the
+    resumed task takes its prepared record; the epoch commits once."""
+    import os
+
+    from airflow_seatunnel_ckpt.core import Decision
+    from airflow_seatunnel_ckpt.core.protocol.submissions import read_submission
+    from tests.operators.test_stage_detached_submit import context_of, deferred, fire
+    from tests.spark.conftest import OrdersPipeline
+
+    orders = OrdersPipeline(tmp_path)
+    orders.add_file("a", [1, 2, 3, 3, 4])
+    stage = connect_stage_task(orders, connect_server, stage="tests.spark.stages:dedup_orders")
+
+    trigger = deferred(stage, 1)
+    record = read_submission(orders.pipeline, 1, "ingest", 1)
+    assert record is not None and (record.runtime, record.target) == ("connect", connect_server)
+    assert record.launcher_pid != os.getpid()  # the stage runs in a process of its own, not the task's
+    classpath, kwargs = trigger.serialize()
+    event = fire(type(trigger)(**kwargs))
+    result = stage.execute_complete(context_of(1), event)
+
+    assert (result["epoch"], result["attempt"], result["rows"]) == (1, 1, 4)
+    assert orders.pipeline.decide(1, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
+    orders.pipeline.commit(1)
+    assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]
