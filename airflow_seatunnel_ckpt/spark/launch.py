@@ -212,7 +212,8 @@ def _release_connect_session(remote: str) -> None:
         finally:
             client.close()
     except Exception as exc:  # released already (the driver's own ending), or the server is gone
-        print(f"seatunnel-ckpt launcher: the stage's Connect session: {exc}", flush=True)
+        if "SESSION_CLOSED" not in str(exc):
+            print(f"seatunnel-ckpt launcher: the stage's Connect session: {exc}", flush=True)
 
 
 def run(plan: Mapping[str, Any]) -> int:

@@ -385,3 +385,49 @@ def test_a_deferrable_connect_stage_runs_detached_and_the_triggerer_resumes_it_t
     assert orders.pipeline.decide(1, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
     orders.pipeline.commit(1)
     assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]
+
+
+@pytest.mark.timeout(600)
+def test_a_cleared_deferred_connect_stage_has_its_attempt_stopped_and_its_session_released(
+        connect_server: str, airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Try 1 deferred while its job runs on the server; the task is cleared. Try 2 fences attempt 1,
+    whose launcher stops its driver and releases its Connect session (ending the job there), then
+    runs its own attempt: every row once."""
+    import time
+
+    from airflow_seatunnel_ckpt.core import Decision
+    from airflow_seatunnel_ckpt.core.protocol.submissions import read_exit, read_fence
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+    from tests.operators.test_stage_detached_submit import context_of, deferred, fire
+    from tests.spark.conftest import OrdersPipeline
+    from tests.spark.stages import STAGED_MARKER_ENV
+
+    orders = OrdersPipeline(tmp_path)
+    orders.add_file("a", [1, 2, 3, 3, 4])
+    marker = tmp_path / "running"
+    monkeypatch.setenv(STAGED_MARKER_ENV, str(marker))  # the detached driver inherits it: attempt 1 waits
+    stage = connect_stage_task(orders, connect_server, stage="tests.spark.stages:dedup_then_wait_on_the_server")
+    deferred(stage, 1)
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert time.monotonic() < deadline, "attempt 1 did not reach its job on the server"
+        time.sleep(0.2)
+    monkeypatch.delenv(STAGED_MARKER_ENV)
+
+    trigger = deferred(connect_stage_task(orders, connect_server,
+                                          stage="tests.spark.stages:dedup_then_wait_on_the_server"), 2)
+    fence = read_fence(orders.pipeline, 1, "ingest", 1)
+    assert fence is not None and fence.cancelled, fence
+    while (ended := read_exit(orders.pipeline, 1, "ingest", 1)) is None:
+        assert time.monotonic() < deadline + 120, "attempt 1's launcher did not stop it"
+        time.sleep(0.2)
+    # Stopped by its launcher at the fence, or failed first as its session was released under it.
+    assert ended.returncode != 0, ended
+    killed = ConnectAttempt.of(connect_server, orders.store["storage_url"], "orders", 1, "ingest", 1)
+    assert session_closed_on_the_server(killed)
+
+    result = stage.execute_complete(context_of(2), fire(trigger))
+    assert (result["epoch"], result["attempt"]) == (1, 2)
+    assert orders.pipeline.decide(1, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
+    orders.pipeline.commit(1)
+    assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]
