@@ -272,3 +272,52 @@ def test_only_the_classic_module_reaches_into_the_drivers_jvm() -> None:
         for used, line in used_names(path) if used in CLASSIC_ONLY_NAMES
     ]
     assert offenders == []
+
+
+# -- CONNECT: the Airflow providers' hooks through their public API only ------------------
+#: The providers' hook classes the package builds on; their private members change without notice.
+PROVIDER_HOOKS = ("airflow.providers.apache.spark.hooks.spark_submit:SparkSubmitHook",
+                  "airflow.providers.apache.spark.hooks.spark_connect:SparkConnectHook")
+
+
+def provider_private_members() -> dict[str, set[str]]:
+    """Each provider hook's class name -> its private members (methods and ``self._...`` attributes)."""
+    import importlib
+    import inspect
+
+    found: dict[str, set[str]] = {}
+    for target in PROVIDER_HOOKS:
+        module, _, name = target.partition(":")
+        cls = getattr(importlib.import_module(module), name)
+        members = {m for m in dir(cls) if m.startswith("_") and not m.startswith("__")}
+        for node in ast.walk(ast.parse(inspect.getsource(cls))):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                members.add(node.attr)
+        # What every class has (BaseHook's and LoggingMixin's own) is not the hook's.
+        found[name] = members - {m for m in dir(object) if m.startswith("_")}
+    return found
+
+
+def test_nothing_relies_on_private_members_of_the_providers_hooks() -> None:
+    """A provider release may rename its hooks' internals: the package subclasses none and uses none.
+
+    ``self._x`` in the package's own classes is theirs (none subclasses a provider hook);
+    any other ``<something>._x`` naming a hook's private member is a use of it.
+    """
+    private = provider_private_members()
+    hooks = set(private)
+    names = set().union(*private.values())
+    offenders = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                offenders += [f"{module}:{node.lineno} subclasses {base.id if isinstance(base, ast.Name) else ''}"
+                              for base in node.bases if isinstance(base, ast.Name) and base.id in hooks]
+            elif (isinstance(node, ast.Attribute) and node.attr in names
+                  and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                offenders.append(f"{module}:{node.lineno} uses {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and node.module and ".providers." in node.module:
+                offenders += [f"{module}:{node.lineno} imports {alias.name} from {node.module}"
+                              for alias in node.names if alias.name.startswith("_")]
+    assert offenders == []

@@ -1,7 +1,8 @@
 """Run a stage on any Spark master with ``spark-submit``, detached from the task that launched it.
 
-The command is built by the Apache Spark provider's ``SparkSubmitHook`` (connection,
-deploy mode, Kerberos, ``--conf``...); it is run by the detached launcher
+The command is built from the Spark connection as the Apache Spark provider's
+``SparkSubmitHook`` builds it (master, deploy mode, queue, Kerberos, ``--conf``...), through
+public APIs only; it is run by the detached launcher
 (:mod:`airflow_seatunnel_ckpt.spark.launch`), so that the application outlives a
 deferred, cleared or killed task and a retry can find it again (see
 :mod:`airflow_seatunnel_ckpt.core.protocol.submissions`).
@@ -17,10 +18,15 @@ top-level module (typically beside the DAG in Airflow's DAGs folder) travels wit
 the user names (``python``, e.g. ``./environment/bin/python`` of a packed environment
 shipped with ``archives``); without one, this interpreter, which suits local and client
 mode on hosts that share it.
+
+A deferrable Spark Connect stage is launched the same way, with the driver module for
+command (:func:`connect_command`): no ``spark-submit``, no JVM.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import importlib.util
 import logging
 import os
@@ -104,23 +110,172 @@ def _with_py_files(hook_kwargs: Mapping[str, Any], files: list[str]) -> dict[str
     return kwargs
 
 
-def _hook_class() -> Any:
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+#: ``SparkSubmitHook``'s arguments that a stage's submission takes (``hook_kwargs``), by
+#: the provider's names: the ``spark-submit`` option each becomes. The hook's others
+#: (``java_class``, ``application_args``, status polling, post-submit commands...) concern
+#: the attached run of its own ``submit()``, which a detached stage does not use.
+_VALUE_OPTIONS = {
+    "files": "--files", "py_files": "--py-files", "archives": "--archives",
+    "driver_class_path": "--driver-class-path", "jars": "--jars", "packages": "--packages",
+    "exclude_packages": "--exclude-packages", "repositories": "--repositories",
+    "num_executors": "--num-executors", "total_executor_cores": "--total-executor-cores",
+    "executor_cores": "--executor-cores", "executor_memory": "--executor-memory",
+    "driver_memory": "--driver-memory", "proxy_user": "--proxy-user", "properties_file": "--properties-file",
+}
+#: The further arguments read while resolving the connection or building the command.
+_OTHER_ARGUMENTS = frozenset({"conf", "keytab", "principal", "yarn_queue", "deploy_mode", "spark_binary",
+                              "use_krb5ccache", "verbose", "name"})
+#: The ``spark-submit`` launchers a connection may name (as the provider allows).
+ALLOWED_SPARK_BINARIES = ("spark-submit", "spark2-submit", "spark3-submit")
+#: Name of the keytab a connection carries (base64 in its extra), written beside the spec.
+KEYTAB_NAME = "seatunnel-ckpt.keytab"
 
-    class StageSubmitHook(SparkSubmitHook):
-        """``SparkSubmitHook`` whose master may be given directly instead of by connection."""
 
-        def __init__(self, *, master: str | None = None, **kwargs: Any) -> None:
-            self._master_override = master
-            super().__init__(**kwargs)
+@dataclass(frozen=True)
+class SparkConnection:
+    """Where and how ``spark-submit`` submits, read from an Airflow ``spark`` connection.
 
-        def _resolve_connection(self) -> dict[str, Any]:
-            data: dict[str, Any] = super()._resolve_connection()
-            if self._master_override:
-                data["master"] = self._master_override
-            return data
+    Read the way the Apache Spark provider reads one (its connection form's fields: host and
+    port for the master, ``deploy-mode``, ``queue``, ``spark-binary``, ``namespace``,
+    ``principal``, ``keytab`` in the extra), through the public connection API only; the
+    hook's arguments (``deploy_mode``, ``yarn_queue``, ``spark_binary``, ``principal``,
+    ``keytab``) override the connection's, as they do for the provider's hook.
+    """
 
-    return StageSubmitHook
+    master: str
+    deploy_mode: str | None = None
+    queue: str | None = None
+    spark_binary: str = "spark-submit"
+    namespace: str | None = None
+    principal: str | None = None
+    #: base64 content of the keytab from the connection's extra (written to a file per submission)
+    keytab_base64: str | None = None
+    #: path of a keytab given as the hook's ``keytab`` argument
+    keytab_path: str | None = None
+
+    @classmethod
+    def resolve(cls, conn_id: str, kwargs: Mapping[str, Any], *, master: str | None = None) -> SparkConnection:
+        """The connection ``conn_id`` with ``kwargs``' overrides; ``master`` overrides its master.
+
+        A connection that is not defined means the provider's defaults (master ``yarn``).
+        """
+        from airflow.providers.common.compat.sdk import AirflowNotFoundException
+        from airflow.sdk import BaseHook
+
+        found: dict[str, Any] = {"master": "yarn"}
+        try:
+            conn = BaseHook.get_connection(conn_id)
+        except AirflowNotFoundException:
+            _log.info("Spark connection %r is not defined: master %s", conn_id, master or found["master"])
+            extra: dict[str, Any] = {}
+        else:
+            extra = dict(conn.extra_dejson)
+            if conn.conn_type == "spark" and conn.host and ("://" in conn.host or not conn.port):
+                found["master"] = conn.host  # the form's host holds the whole master URL
+            else:  # a connection from a URI: its scheme is the conn_type
+                found["master"] = f"{conn.conn_type}://{conn.host or ''}"
+            if conn.port:
+                found["master"] = f"{found['master']}:{conn.port}"
+            if extra.get("spark-home"):
+                raise SubmitError(f"Spark connection {conn_id!r}: the spark-home extra is not supported (as in the "
+                                  f"Apache Spark provider); put one of {', '.join(ALLOWED_SPARK_BINARIES)} on "
+                                  "PATH and name it in spark-binary")
+        binary = str(kwargs.get("spark_binary") or extra.get("spark-binary") or "spark-submit")
+        if binary not in ALLOWED_SPARK_BINARIES:
+            raise SubmitError(f"Spark connection {conn_id!r}: spark binary {binary!r} is not one of "
+                              f"{', '.join(ALLOWED_SPARK_BINARIES)}; set spark-binary in the connection's extra "
+                              "(or spark_binary) to one of them")
+        return cls(master=master or found["master"],
+                   deploy_mode=kwargs.get("deploy_mode") or extra.get("deploy-mode"),
+                   queue=kwargs.get("yarn_queue") or extra.get("queue"),
+                   spark_binary=binary,
+                   namespace=(kwargs.get("conf") or {}).get("spark.kubernetes.namespace") or extra.get("namespace"),
+                   principal=kwargs.get("principal") or extra.get("principal"),
+                   keytab_base64=None if kwargs.get("keytab") else extra.get("keytab"),
+                   keytab_path=kwargs.get("keytab"))
+
+    @property
+    def target(self) -> str:
+        """The master and deploy mode, for the submission record and messages."""
+        return f"{self.master} ({self.deploy_mode or 'client'} mode)"
+
+
+def keytab_file(connection: SparkConnection, directory: Path) -> str | None:
+    """The keytab path for ``--keytab``: the hook's, or the connection's written into ``directory``."""
+    if connection.keytab_path or not connection.keytab_base64:
+        return connection.keytab_path
+    try:
+        content = base64.b64decode(connection.keytab_base64, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SubmitError(f"the keytab of the Spark connection (principal {connection.principal!r}) is not base64 "
+                          f"({exc}); store the output of `base64 <keytab file>` in its keytab field") from exc
+    path = directory / KEYTAB_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # readable by this user only
+    with os.fdopen(fd, "wb") as out:
+        out.write(content)
+    return str(path)
+
+
+def submit_arguments(connection: SparkConnection, kwargs: Mapping[str, Any], conf: Mapping[str, str],
+                     env: Mapping[str, str], keytab: str | None) -> list[str]:
+    """The ``spark-submit`` options before the application: what the provider's hook would pass.
+
+    ``env`` (the user's ``env_vars``) reaches a YARN application master or a Kubernetes
+    driver as configuration, as with the hook; in standalone cluster mode nothing carries
+    it, so it is refused rather than dropped.
+    """
+    unknown = sorted(set(kwargs) - set(_VALUE_OPTIONS) - _OTHER_ARGUMENTS)
+    if unknown:
+        raise SubmitError(f"spark_submit_kwargs {', '.join(map(repr, unknown))} do not apply to a stage's detached "
+                          f"spark-submit; it takes {', '.join(sorted([*_VALUE_OPTIONS, *_OTHER_ARGUMENTS]))}")
+    args = ["--master", connection.master]
+    conf = dict(conf)
+    yarn, kubernetes = "yarn" in connection.master, "k8s" in connection.master
+    if env and (yarn or kubernetes):
+        template = "spark.yarn.appMasterEnv.{}" if yarn else "spark.kubernetes.driverEnv.{}"
+        conf.update({template.format(key): str(value) for key, value in env.items()})
+    elif env and connection.deploy_mode == "cluster":
+        raise SubmitError(f"env_vars ({', '.join(sorted(env))}) cannot reach a driver in standalone cluster mode "
+                          f"({connection.target}); set them with spark_conf (spark.driverEnv.*) instead")
+    if kubernetes and connection.namespace:
+        conf.setdefault("spark.kubernetes.namespace", connection.namespace)
+    if kwargs.get("use_krb5ccache"):
+        if not os.environ.get("KRB5CCNAME"):
+            raise SubmitError("use_krb5ccache is set but KRB5CCNAME is not: name the Kerberos ticket cache in the "
+                              "worker's environment")
+        conf["spark.kerberos.renewal.credentials"] = "ccache"
+    for key, value in conf.items():
+        args += ["--conf", f"{key}={value}"]
+    for argument, option in _VALUE_OPTIONS.items():
+        if kwargs.get(argument):
+            args += [option, str(kwargs[argument])]
+    principal = connection.principal
+    if kwargs.get("use_krb5ccache"):
+        from airflow.security import kerberos
+
+        principal = kerberos.get_kerberos_principal(principal)
+    if keytab:
+        args += ["--keytab", keytab]
+    if principal:
+        args += ["--principal", principal]
+    if kwargs.get("name"):
+        args += ["--name", str(kwargs["name"])]
+    if kwargs.get("verbose"):
+        args.append("--verbose")
+    if connection.queue:
+        args += ["--queue", connection.queue]
+    if connection.deploy_mode:
+        args += ["--deploy-mode", connection.deploy_mode]
+    return args
+
+
+def masked(command: Sequence[str]) -> str:
+    """``command`` for a log line, with the values of keys that name a secret or password hidden."""
+    shown = []
+    for arg in command:
+        key, sep, _ = arg.partition("=")
+        shown.append(f"{key}=******" if sep and any(word in key.lower() for word in ("secret", "password")) else arg)
+    return " ".join(shown)
 
 
 #: Name of the spec among the files shipped with ``--files``.
@@ -165,42 +320,52 @@ def spark_conf_for(spec: StageSpec, options: SubmitOptions, deploy_mode: str | N
     return conf
 
 
-def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions) -> tuple[list[str], dict[str, str], Any]:
-    """The ``spark-submit`` command line, its environment, and the hook that built it."""
+def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions
+                  ) -> tuple[list[str], dict[str, str], SparkConnection]:
+    """The ``spark-submit`` command line, its environment, and the connection it submits with.
+
+    Built from the Spark connection the way the provider's ``SparkSubmitHook`` builds it
+    (:class:`SparkConnection`, :func:`submit_arguments`), through public APIs only: the
+    hook runs the command itself and attached, while a stage's runs detached.
+    """
     hook_kwargs = _with_py_files(options.hook_kwargs, stage_module_files(spec.stage))
-    given_env = hook_kwargs.pop("env_vars", None) or {}
+    given_env = {str(k): str(v) for k, v in (hook_kwargs.pop("env_vars", None) or {}).items()}
     listed = [f for f in str(hook_kwargs.get("files") or "").split(",") if f]
     hook_kwargs["files"] = ",".join([*listed, str(spec_file)])
-    master = options.master if options.master or options.conn_id else "local[*]"
-    env = {**dict(given_env), **dict(options.env_vars)}
-    if shutil.which(options.spark_binary) is None:
+    hook_kwargs.setdefault("name", f"{spec.pipeline}-{spec.participant}"[:200])
+    if options.spark_binary != "spark-submit":  # (the default leaves the connection's spark-binary to count)
+        hook_kwargs.setdefault("spark_binary", options.spark_binary)
+    connection = SparkConnection.resolve(options.conn_id or "spark_default", hook_kwargs,
+                                         master=options.master if options.master or options.conn_id else "local[*]")
+    user_env = {**given_env, **dict(options.env_vars)}
+    env = dict(user_env)
+    if shutil.which(connection.spark_binary) is None:
         launcher_dir = spark_submit_binary_dir()
         if launcher_dir:
             env["PATH"] = os.pathsep.join([launcher_dir, env.get("PATH", os.environ.get("PATH", ""))])
-    hook = _hook_class()(master=master, conn_id=options.conn_id or "spark_default",
-                         application_args=["--spec-file", spec_file.name],
-                         name=f"{spec.pipeline}-{spec.participant}"[:200], env_vars=env,
-                         spark_binary=options.spark_binary, **hook_kwargs)
-    deploy_mode = hook._connection.get("deploy_mode")
-    if deploy_mode != "cluster":  # (the hook holds ``env`` itself: it reads it when building)
+    cluster = connection.deploy_mode == "cluster"
+    if not cluster:
         env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         if not options.python:
             env.setdefault("PYSPARK_PYTHON", sys.executable)
-    hook._conf = spark_conf_for(spec, options, deploy_mode)
-    if deploy_mode == "cluster" and str(hook._connection.get("master") or "").startswith("spark://"):
+    conf = {**{str(k): str(v) for k, v in (hook_kwargs.get("conf") or {}).items()},
+            **spark_conf_for(spec, options, connection.deploy_mode)}
+    if cluster and connection.master.startswith("spark://"):
         # Standalone cluster mode returns once the master accepted the driver; the exit
         # record must mean "the application ended" (a user's explicit "false" is judged by
         # the driver's lease instead: see returns_at_submission).
-        hook._conf.setdefault("spark.standalone.submit.waitAppCompletion", "true")
-    if str(hook._connection.get("master") or "").startswith("local"):
+        conf.setdefault("spark.standalone.submit.waitAppCompletion", "true")
+    if connection.master.startswith("local"):
         # A local-mode application serves only the worker it runs on: its driver, block
         # manager and UI listen on loopback unless the user's spark_conf says otherwise.
         env.setdefault("SPARK_LOCAL_IP", LOOPBACK)
         for key in ("spark.driver.bindAddress", "spark.driver.host"):
-            hook._conf.setdefault(key, LOOPBACK)
-    # The provider builds (and masks) the command; only running it is done here.
-    command = hook._build_spark_submit_command(DRIVER_SCRIPT)
-    return command, env, hook
+            conf.setdefault(key, LOOPBACK)
+    keytab = keytab_file(connection, spec_file.parent)
+    command = [connection.spark_binary, *submit_arguments(connection, hook_kwargs, conf, user_env, keytab),
+               DRIVER_SCRIPT, "--spec-file", spec_file.name]
+    _log.info("spark-submit command: %s", masked(command))
+    return command, env, connection
 
 
 def returns_at_submission(master: str, deploy_mode: str) -> bool:
@@ -213,15 +378,37 @@ def returns_at_submission(master: str, deploy_mode: str) -> bool:
     return deploy_mode == "cluster" and master.startswith("spark://")
 
 
+def connect_command(spec: StageSpec, spec_file: Path) -> tuple[list[str], dict[str, str]]:
+    """The command of a detached Spark Connect stage and its environment: the driver module in
+    this host's Python, on a Connect session (no ``spark-submit``, no JVM)."""
+    env: dict[str, str] = {}
+    folders = [os.path.dirname(f) for f in stage_module_files(spec.stage)]
+    if folders:  # a stage module beside the DAG: the DAGs folder is on the task's sys.path only
+        env["PYTHONPATH"] = os.pathsep.join([*folders, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return [sys.executable, "-m", "airflow_seatunnel_ckpt.spark.driver", "--spec-file", str(spec_file)], env
+
+
 def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> SubmissionRecord:
-    """Launch ``spec``'s stage for ``epoch`` detached and record the submission in the store."""
+    """Launch ``spec``'s stage for ``epoch`` detached and record the submission in the store.
+
+    With ``spec.remote`` (Spark Connect) the launcher runs :func:`connect_command` instead of
+    ``spark-submit``; ``options`` are then not used.
+    """
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import public_url
     from airflow_seatunnel_ckpt.spark.launch import launch_detached, log_path, private_workdir, write_private
 
     workdir = private_workdir()
+    runtime = "connect" if spec.remote is not None else "spark-submit"
     try:
         spec_file = workdir / SPEC_NAME
         write_private(spec_file, spec.to_json())
-        command, env, hook = build_command(spec, spec_file, options)
+        if spec.remote is not None:
+            command, env = connect_command(spec, spec_file)
+            target, exits_before_stage = public_url(spec.remote), False
+        else:
+            command, env, connection = build_command(spec, spec_file, options)
+            target = connection.target
+            exits_before_stage = returns_at_submission(connection.master, connection.deploy_mode or "")
         # The driver's working directory is empty: the spec reaches it only the way it
         # reaches a driver on another host (``--files``).
         driver_dir = workdir / "driver"
@@ -231,13 +418,10 @@ def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> Sub
                                  log=log, cwd=str(driver_dir))
     except Exception as exc:
         shutil.rmtree(workdir, ignore_errors=True)
-        raise SubmitError(f"spark-submit of stage {spec.stage!r} (pipeline {spec.pipeline!r}, run {spec.run_id!r}, "
-                          f"attempt {spec.attempt}) could not be launched: {exc}") from exc
-    master = str(hook._connection.get("master") or "")
-    deploy_mode = str(hook._connection.get("deploy_mode") or "")
+        raise SubmitError(f"{runtime} launch of stage {spec.stage!r} (pipeline {spec.pipeline!r}, run "
+                          f"{spec.run_id!r}, attempt {spec.attempt}) failed: {exc}") from exc
     record = SubmissionRecord(epoch, spec.participant, spec.attempt, socket.gethostname(), launch.pid, launch.log,
-                              runtime="spark-submit", target=f"{master} ({deploy_mode or 'client'} mode)",
-                              exits_before_stage=returns_at_submission(master, deploy_mode),
+                              runtime=runtime, target=target, exits_before_stage=exits_before_stage,
                               submitted_at=time.time())
     record_submission(pipeline_of(spec), record)
     return record

@@ -175,7 +175,10 @@ class ConnectAttempt:
 
         With ``session`` (the attempt's own, in this process) through it; else through a new
         client of the same server session, which then also releases that session when
-        ``release`` is set (the attempt's own client is gone: nothing else will).
+        ``release`` is set (the attempt's own client is gone: nothing else will). The release
+        is what ends every operation of the session on the server -- also one a thread of the
+        client started without the tag (tags are per thread) -- so it is made even when the
+        interrupt failed (a busy server, a lost answer), whose error is raised after it.
         """
         if session is not None:
             return list(session.interruptTag(self.tag))
@@ -183,10 +186,11 @@ class ConnectAttempt:
 
         client = SparkConnectClient(self.url)
         try:
-            interrupted = list(client.interrupt_tag(self.tag) or [])
-            if release:
-                client.release_session()
-            return interrupted
+            try:
+                return list(client.interrupt_tag(self.tag) or [])
+            finally:
+                if release:
+                    client.release_session()
         finally:
             with contextlib.suppress(Exception):
                 client.close()

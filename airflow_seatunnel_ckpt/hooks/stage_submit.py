@@ -160,14 +160,17 @@ class StageSubmitHook(BaseHook):
         try:
             interrupted = self.connect_attempt(spec, epoch, lease.attempt).interrupt(release=True)
         except Exception as exc:  # the session is gone (released, timed out) or the server restarted
-            self.log.info("epoch %s: attempt %s's Connect session: %s", epoch, lease.attempt, exc)
+            self.log.warning("epoch %s: attempt %s's Connect operations (tag %s) could not be interrupted, or its "
+                             "session released: %s; a session the server no longer knows runs nothing", epoch,
+                             lease.attempt, self.connect_attempt(spec, epoch, lease.attempt).tag, exc)
             return
         self.log.warning("epoch %s: fenced %s attempt %s and interrupted its %d Connect operation(s) still running "
                          "on the server", epoch, self.participant, lease.attempt, len(interrupted))
 
     # -- submit or reconnect -----------------------------------------------------------
     def submit(self, spec: StageSpec, epoch: int, try_number: int) -> SubmissionRecord:
-        """Find the attempt of an earlier try still running, or launch ``spec``'s attempt detached.
+        """Find the attempt of an earlier try still running, or launch ``spec``'s attempt detached
+        (through ``spark-submit``, or -- ``spec.remote`` set -- the driver module on a Connect session).
 
         An earlier try's attempt that the try deferred on is stopped first (see
         :meth:`stop_if_handed_to_triggerer`); one whose worker died while it waited in-process
@@ -187,6 +190,11 @@ class StageSubmitHook(BaseHook):
                 ended = judge_submission(self.pipeline, epoch, self.participant, spec.attempt)
                 raise SubmitError(f"{ended.message}; an attempt is submitted once: clear the task (a new try "
                                   "is a new attempt)")
+            if spec.remote is not None:
+                # Through Connect the detached driver runs on the attempt's own server session
+                # (its URL carries the session id), and a dead earlier attempt's session is released.
+                self.stop_earlier_connect_attempt(spec, epoch)
+                spec = spec.replace(remote=self.connect_attempt(spec, epoch, spec.attempt).url)
             options = SubmitOptions(conn_id=self.conn_id, hook_kwargs=self.spark_submit_kwargs,
                                     python=self.python, archives=self.archives)
             record = start_submission(spec, epoch, options)

@@ -50,8 +50,9 @@ class SparkStageOperator(BasePipelineOperator):
     Returns (XCom) the epoch, the attempt and the sink manifests.
 
     :param stage: the stage function, or its import path ``"module:function"``. A function
-        is called directly in-process; with ``conn_id`` (``spark-submit``) the driver imports
-        it by its module path, so it must be defined at the top level of an importable module.
+        is called directly in-process; with ``conn_id`` (``spark-submit``), or deferrable
+        through Connect, the driver imports it by its module path, so it must be defined at
+        the top level of an importable module.
         The stage gets the Airflow run's logical date, data interval and params on ``ctx``.
     :param sources: source name -> source options (``type``, ``path``, ``format`` ...).
     :param sinks: sink name -> sink options (``type``, ``path``, ``format`` ...).
@@ -64,7 +65,8 @@ class SparkStageOperator(BasePipelineOperator):
         Spark Connect; ``None`` runs in-process on local Spark.
     :param spark_remote: a Spark Connect URL (``sc://host:port``) to run through instead of a
         ``spark_connect`` connection (not with ``conn_id``). A stage through Connect runs
-        from this task's process and does not defer.
+        from this task's process; deferrable, from a detached process of its own on this
+        worker, whose attempt the triggerer watches in the store (as for ``spark-submit``).
     :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (``py_files``,
         ``executor_memory``, ``deploy_mode`` ...).
     :param pending_poke_interval: seconds between looks at an earlier undecided epoch.
@@ -103,7 +105,8 @@ class SparkStageOperator(BasePipelineOperator):
         # When the DAG is parsed: a mistake is an import error of the DAG file (templated
         # values are checked again once rendered, in execute).
         declared = StageDeclaration.check(participant=self.participant, stage=stage, sources=sources,
-                                          sinks=sinks, importable=bool(conn_id), where=self.where)
+                                          sinks=sinks, importable=bool(conn_id) or (deferrable and bool(spark_remote)),
+                                          where=self.where)
         #: The stage's import path (derived from the function when one was given).
         self.stage = declared.stage
         #: The stage function itself, when the DAG passed it (called directly in-process).
@@ -142,13 +145,16 @@ class SparkStageOperator(BasePipelineOperator):
 
         # The rendered values (a templated path, format or URL) are checked now; the spec
         # carries the entries typed.
+        importable = bool(self.conn_id) or (self.deferrable and bool(self.spark_remote))
         declared = StageDeclaration.check(participant=self.participant, stage=self.stage_callable or self.stage,
-                                          sources=self.sources, sinks=self.sinks, importable=bool(self.conn_id),
+                                          sources=self.sources, sinks=self.sinks, importable=importable,
                                           where=self.where)
         self.runtime = choose_runtime(self.conn_id, self.spark_remote, self.where)
-        submitted = not self.runtime.in_process
         run_id, try_number = context["run_id"], context["ti"].try_number
         attempt, dry_run = attempt_for_try(try_number), try_number == 0
+        # A deferrable Connect stage runs detached too: its driver module in a process of its own.
+        submitted = not self.runtime.in_process or (self.deferrable and not dry_run
+                                                    and self.runtime.runtime is Runtime.CONNECT)
         self.is_dry_run = dry_run  # before the store is opened: a dry run writes no descriptor version
         existing = self.store_pipeline.prepared_for_run(run_id, self.participant)
         if existing is not None:  # checked here too so that spark-submit is not even launched
@@ -165,15 +171,13 @@ class SparkStageOperator(BasePipelineOperator):
             stage=self.stage, sources=with_kafka_connections({e.name: e.spec_options for e in declared.sources}),
             sinks={e.name: e.spec_options for e in declared.sinks},
             store=self.hook.config.to_mapping(include_secrets=True),
-            spark_conf=with_openlineage_spark_properties(self.spark_conf, context) if submitted else self.spark_conf,
+            spark_conf=with_openlineage_spark_properties(self.spark_conf, context)
+            if self.runtime.runtime is Runtime.SPARK_SUBMIT else self.spark_conf,
             airflow_context=AirflowContext.of_task(context, self.task_id).to_dict(), dry_run=dry_run,
             remote=self.runtime.remote,
             key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         self.log.info("pipeline %s: running stage %s as participant %s, attempt %s, %s", self.pipeline, self.stage,
                       self.participant, attempt, self.runtime.describe())
-        if self.deferrable and self.runtime.runtime is Runtime.CONNECT:
-            self.log.info("a stage through Spark Connect runs from this worker and does not defer: its driver logic "
-                          "is this process's (docs/ARCHITECTURE.md, decision 44)")
         hook = self.submit_hook
         try:
             if not submitted:

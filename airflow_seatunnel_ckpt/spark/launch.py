@@ -11,6 +11,10 @@ record (so an exit record means nothing of the attempt runs any more), then remo
 working directory (the spec holds the store's credentials). SIGTERM is passed on to
 ``spark-submit``; the exit record is still written. The plan is JSON; nothing read is
 executed but the command the task built.
+
+A deferred Spark Connect stage runs the same way with the driver module for command (no
+``spark-submit``, no JVM); a driver that was stopped or failed has its Connect session
+released -- which ends what it left running on the server -- before the exit record.
 """
 
 from __future__ import annotations
@@ -181,6 +185,22 @@ def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> s
         return ""
 
 
+def _release_connect_session(remote: str) -> None:
+    """Release the Connect session of a driver that was stopped or failed: that ends whatever
+    operation it left running on the server, before the exit record says nothing runs."""
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    try:
+        client = SparkConnectClient(remote)
+        try:
+            client.release_session()
+        finally:
+            client.close()
+    except Exception as exc:  # released already (the driver's own ending), or the server is gone
+        if "SESSION_CLOSED" not in str(exc):
+            print(f"seatunnel-ckpt launcher: the stage's Connect session: {exc}", flush=True)
+
+
 def run(plan: Mapping[str, Any]) -> int:
     """Run ``spark-submit`` as the plan says, holding the lease; write the exit record."""
     from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
@@ -225,6 +245,8 @@ def run(plan: Mapping[str, Any]) -> int:
                         break
     finally:
         end_process_group(LEFTOVER_GRACE_S)
+        if spec.remote is not None and (returncode != 0 or stopped):
+            _release_connect_session(spec.remote)
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         try:
             with open(plan["log"], encoding="utf-8", errors="replace") as fh:

@@ -249,3 +249,183 @@ def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_att
     assert (result.epoch, result.attempt, result.rows) == (1, 2, 4)
     orders.commit(result)
     assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]
+
+
+# -- CONNECT: the server's side of a killed client ------------------------------------------
+def server_jobs(ui_url: str, tag: str) -> list[dict[str, Any]]:
+    """The jobs of the Connect server's application (its REST status API) that carry ``tag``."""
+    from urllib.request import urlopen
+
+    with urlopen(f"{ui_url}/api/v1/applications", timeout=60) as answer:
+        (application,) = json.load(answer)
+    with urlopen(f"{ui_url}/api/v1/applications/{application['id']}/jobs", timeout=60) as answer:
+        jobs: list[dict[str, Any]] = json.load(answer)
+    return [job for job in jobs if any(tag in job_tag for job_tag in job.get("jobTags", []))]
+
+
+def wait_for_jobs(ui_url: str, tag: str, done: Any, what: str, timeout: float = 90) -> list[dict[str, Any]]:
+    """Poll the server's jobs of ``tag`` until ``done(jobs)``; fail naming ``what`` after ``timeout`` seconds."""
+    import contextlib
+    import time
+
+    deadline, jobs = time.monotonic() + timeout, None
+    while True:
+        with contextlib.suppress(OSError):  # a busy server's UI may answer late: ask again
+            jobs = server_jobs(ui_url, tag)
+        if jobs is not None and done(jobs):
+            return jobs
+        assert time.monotonic() < deadline, f"{what} within {timeout:g}s; the server's jobs of {tag}: {jobs}"
+        time.sleep(0.5)
+
+
+def lose_the_interrupt_of(tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the Connect client's interrupt of ``tag`` fail once, as when a busy server's answer is lost."""
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+    from pyspark.sql.connect.client import SparkConnectClient
+
+    interrupt_tag, lost = SparkConnectClient.interrupt_tag, []
+
+    def failing(client: Any, asked: str) -> Any:
+        if asked == tag and not lost:
+            lost.append(asked)
+            raise SparkConnectGrpcException("the interrupt's answer was lost (injected by the test)")
+        return interrupt_tag(client, asked)
+
+    monkeypatch.setattr(SparkConnectClient, "interrupt_tag", failing)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("interrupt", ["answered", "lost"])
+def test_the_next_try_stops_the_job_a_killed_client_left_running_on_the_server(
+        interrupt: str, airflow_home: Path, clear_and_rerun: Any, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's own account, not the client's: once the next try started, no job of the killed
+    attempt runs on the Connect server any more (its job would otherwise run for hours) -- also
+    when the next try's interrupt by tag fails ("lost": the one failure injected, as a busy
+    server's lost answer cannot be had on demand): releasing the session ends its operations.
+
+    A server of the test's own, with its status API on loopback; the killed attempt's job is
+    bounded by that server's life (stopped when the test ends, however it ends).
+    """
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+    from tests.connect_server import free_port, start_server
+    from tests.operators.connect_stage_dag import LOGICAL_DATE, make_dag
+    from tests.spark.stages import BUSY_IDS_ENV
+
+    ui_port = free_port()
+    server = start_server(tmp_path, python_path=str(Path(__file__).resolve().parents[2]),
+                          conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)})
+    ui_url = f"http://127.0.0.1:{ui_port}"
+    try:
+        monkeypatch.setenv(BUSY_IDS_ENV, str(10**15))  # hours, unless interrupted
+        client = RunningClient(tmp_path, server.url)
+        client.kill()
+        killed = ConnectAttempt.of(server.url, client.orders.store["storage_url"], "orders", 1, "ingest", 1)
+        seen = wait_for_jobs(ui_url, killed.tag, lambda jobs: any(j["status"] == "RUNNING" for j in jobs),
+                             "the killed client's job was not seen running on the server", timeout=180)
+        busy = {j["jobId"] for j in seen if j["status"] == "RUNNING"}
+
+        if interrupt == "lost":
+            lose_the_interrupt_of(killed.tag, monkeypatch)
+        run_id = f"manual__{LOGICAL_DATE.isoformat()}"
+        killed_try_failed("connect_stage", run_id, "orders.ingest")
+        again = clear_and_rerun(make_dag(*client.args), run_id, ["orders.ingest"])
+
+        assert again.state == "success", task_states(again)
+        jobs = wait_for_jobs(ui_url, killed.tag, lambda jobs: all(j["status"] != "RUNNING" for j in jobs),
+                             "the killed client's job still ran on the server after the next try", timeout=120)
+        # Interrupted (failed), not run to its end: only the server's end would end it otherwise.
+        assert {j["jobId"]: j["status"] for j in jobs if j["jobId"] in busy} == dict.fromkeys(busy, "FAILED"), jobs
+        assert sorted(row["order_id"] for row in client.orders.published()) == [1, 2, 3, 4, 5, 6]
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def connect_stage_task(orders: Any, server_url: str, **kwargs: Any) -> Any:
+    """The orders stage as a deferrable task through Spark Connect at ``server_url``."""
+    from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
+
+    return SparkStageOperator(
+        task_id="ingest", pipeline="orders", storage_url=orders.store["storage_url"],
+        store_config={"lease_timeout_s": 8, "lease_renew_s": 1}, spark_remote=server_url, deferrable=True,
+        poll_interval=0.5, key_groups=2,
+        sources={"orders": {"type": "file", "path": f"file://{orders.input_dir}", "format": "parquet"}},
+        sinks={"orders_table": {"type": "file", "path": f"file://{orders.root / 'out' / 'orders'}"}}, **kwargs)
+
+
+@pytest.mark.timeout(600)
+def test_a_deferrable_connect_stage_runs_detached_and_the_triggerer_resumes_it_to_one_commit(
+        connect_server: str, airflow_home: Path, tmp_path: Path) -> None:
+    """``deferrable=True`` through Connect: the task launches the stage's driver module detached on
+    this worker (no JVM: a Connect client) and defers; the trigger -- here one rebuilt from its
+    serialized form, as a restarted triggerer has it -- watches the attempt in the store, and the
+    resumed task takes its prepared record; the epoch commits once."""
+    import os
+
+    from airflow_seatunnel_ckpt.core import Decision
+    from airflow_seatunnel_ckpt.core.protocol.submissions import read_submission
+    from tests.operators.test_stage_detached_submit import context_of, deferred, fire
+    from tests.spark.conftest import OrdersPipeline
+
+    orders = OrdersPipeline(tmp_path)
+    orders.add_file("a", [1, 2, 3, 3, 4])
+    stage = connect_stage_task(orders, connect_server, stage="tests.spark.stages:dedup_orders")
+
+    trigger = deferred(stage, 1)
+    record = read_submission(orders.pipeline, 1, "ingest", 1)
+    assert record is not None and (record.runtime, record.target) == ("connect", connect_server)
+    assert record.launcher_pid != os.getpid()  # the stage runs in a process of its own, not the task's
+    classpath, kwargs = trigger.serialize()
+    event = fire(type(trigger)(**kwargs))
+    result = stage.execute_complete(context_of(1), event)
+
+    assert (result["epoch"], result["attempt"], result["rows"]) == (1, 1, 4)
+    assert orders.pipeline.decide(1, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
+    orders.pipeline.commit(1)
+    assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]
+
+
+@pytest.mark.timeout(600)
+def test_a_cleared_deferred_connect_stage_has_its_attempt_stopped_and_its_session_released(
+        connect_server: str, airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Try 1 deferred while its job runs on the server; the task is cleared. Try 2 fences attempt 1,
+    whose launcher stops its driver and releases its Connect session (ending the job there), then
+    runs its own attempt: every row once."""
+    import time
+
+    from airflow_seatunnel_ckpt.core import Decision
+    from airflow_seatunnel_ckpt.core.protocol.submissions import read_exit, read_fence
+    from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+    from tests.operators.test_stage_detached_submit import context_of, deferred, fire
+    from tests.spark.conftest import OrdersPipeline
+    from tests.spark.stages import STAGED_MARKER_ENV
+
+    orders = OrdersPipeline(tmp_path)
+    orders.add_file("a", [1, 2, 3, 3, 4])
+    marker = tmp_path / "running"
+    monkeypatch.setenv(STAGED_MARKER_ENV, str(marker))  # the detached driver inherits it: attempt 1 waits
+    stage = connect_stage_task(orders, connect_server, stage="tests.spark.stages:dedup_then_wait_on_the_server")
+    deferred(stage, 1)
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert time.monotonic() < deadline, "attempt 1 did not reach its job on the server"
+        time.sleep(0.2)
+    monkeypatch.delenv(STAGED_MARKER_ENV)
+
+    trigger = deferred(connect_stage_task(orders, connect_server,
+                                          stage="tests.spark.stages:dedup_then_wait_on_the_server"), 2)
+    fence = read_fence(orders.pipeline, 1, "ingest", 1)
+    assert fence is not None and fence.cancelled, fence
+    while (ended := read_exit(orders.pipeline, 1, "ingest", 1)) is None:
+        assert time.monotonic() < deadline + 120, "attempt 1's launcher did not stop it"
+        time.sleep(0.2)
+    # Stopped by its launcher at the fence, or failed first as its session was released under it.
+    assert ended.returncode != 0, ended
+    killed = ConnectAttempt.of(connect_server, orders.store["storage_url"], "orders", 1, "ingest", 1)
+    assert session_closed_on_the_server(killed)
+
+    result = stage.execute_complete(context_of(2), fire(trigger))
+    assert (result["epoch"], result["attempt"]) == (1, 2)
+    assert orders.pipeline.decide(1, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
+    orders.pipeline.commit(1)
+    assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4]

@@ -15,6 +15,10 @@ from airflow_seatunnel_ckpt.spark import Source, StageContext, register_source
 
 #: Environment variable naming a file the "hang" stage creates once it has staged output.
 STAGED_MARKER_ENV = "SEATUNNEL_TEST_STAGED_MARKER"
+#: Environment variable: how many ids the job of :func:`dedup_then_wait_on_the_server` scans
+#: (default 10**11, a minute or two). More only on a server of the test's own, which the
+#: test stops: a job nothing interrupts then ends with that server.
+BUSY_IDS_ENV = "SEATUNNEL_TEST_BUSY_IDS"
 
 
 class InjectedFailure(RuntimeError):
@@ -240,4 +244,5 @@ def dedup_then_wait_on_the_server(ctx: StageContext, spark: Any) -> None:
     marker = os.environ.get(STAGED_MARKER_ENV)
     if marker:
         Path(marker).write_text(f"{ctx.epoch} {ctx.attempt}")
-        spark.range(0, 10**11, 1, 2).selectExpr("max(id)").collect()  # a minute or two unless interrupted
+        ids = int(os.environ.get(BUSY_IDS_ENV) or 10**11)
+        spark.range(0, ids, 1, 2).selectExpr("max(id)").collect()  # a minute or two unless interrupted
