@@ -97,7 +97,7 @@ def test_postgres_conn_id_supplies_the_database_of_both_postgresql_sources_and_i
     first = source.plan([])
     with psycopg.connect(postgres_db, autocommit=True) as conn:
         assert conn.execute("SELECT usename FROM pg_stat_activity WHERE application_name = "
-                            "'seatunnel-ckpt-source' AND usename = 'cdc_reader'").fetchall()  # the exporter, as that role
+                            "'seatunnel-ckpt-source' AND usename = 'cdc_reader'").fetchall()  # the exporter
         conn.execute("INSERT INTO orders VALUES (2, 20)")
         flushed(conn)
     second = source.plan([{"epoch": 1, "offsets": first}])
