@@ -82,7 +82,9 @@ from airflow_seatunnel_ckpt.core.sinks import (
     CommitConflict,
     SinkCommit,
     changes,
+    check_partition_columns,
     check_staged_merge_keys,
+    check_staged_rows,
     delta_upsert,
     markers,
     restored_before,
@@ -134,7 +136,7 @@ def commit(request: SinkCommit) -> PublishedSink:
     fs_options, delta_options = storage_options(request, uri)
     target = open_storage(uri, fs_options)
     app_id = markers.delta_app_id(request)
-    keys = _merge_keys(request, where)
+    keys = delta_upsert.merge_keys(request)
     placed: list[PlacedFile] | None = None  # placed once; every attempt commits the same actions
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
@@ -229,7 +231,7 @@ def precheck(request: SinkCommit) -> None:
     """
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
-    keys = _merge_keys(request, where)
+    keys = delta_upsert.merge_keys(request)
     partition_by = list(delta_upsert.options(request).partition_by)
     if request.sink.replaces:
         replaced_in = load(uri, delta_options, where)
@@ -240,24 +242,14 @@ def precheck(request: SinkCommit) -> None:
     schema = staged_schema(request, where)
     if schema is None:
         return
+    schema = check_staged_rows(request, schema, keys, where)
     apply = delta_upsert.options(request).apply_changes
-    if apply is not None:  # change rows: checked as changes, the table's schema is theirs applied
-        changes.check_staged_changes(request, schema, apply, where)
-        schema = changes.table_schema(apply, schema)
-    elif keys:
-        check_staged_merge_keys(request, schema, keys, where)
     table = load(uri, delta_options, where)
     _, version = table_epoch(request, open_storage(uri, fs_options), table, where, decided=False)
-    if version is not None and version > request.epoch:
-        raise SinkRefusedError(
-            f"{where}: the table's application transaction {markers.delta_app_id(request)!r} is at epoch "
-            f"{version}, beyond this epoch, and this store commits its epochs in order. Nothing was committed. "
-            "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
+    markers.refuse_past(request, version, f"the table's application transaction {markers.delta_app_id(request)!r}",
+                        where)
     if table is None:
-        missing = [c for c in partition_by if c not in schema.names]
-        if missing:
-            raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files (columns: "
-                              f"{schema.names}); fix the sink's partition_by")
+        check_partition_columns(partition_by, schema, where)
         return
     check_table(table, request, keys, where)
     if apply is not None:
@@ -338,14 +330,6 @@ def check_table(table: DeltaTable, request: SinkCommit, keys: Sequence[str], whe
         raise ConfigError(
             f"{where}: the table is append-only (delta.appendOnly=true) and {what} its rows. "
             "Use mode 'append', or unset delta.appendOnly on the table")
-
-
-def _merge_keys(request: SinkCommit, where: str) -> list[str]:
-    keys = delta_upsert.merge_keys(request)
-    if keys and request.sink.mode is SinkMode.SNAPSHOT:
-        raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
-                          "sense with it. Use mode 'upsert' or 'snapshot'")
-    return keys
 
 
 def _table_uri(request: SinkCommit) -> str:
@@ -509,12 +493,7 @@ def _append(request: SinkCommit, table: DeltaTable, actions: list[AddAction], sc
     partition_by = list(delta_upsert.options(request).partition_by)
     check_table(table, request, (), where)
     added = check_schema(table, schema, partition_by, where) if schema is not None else []
-    if added:
-        # A metadata-only commit of its own: create_write_transaction would take the files
-        # and keep the old schema, hiding the new columns from every reader.
-        log.info("%s: adding column(s) %s to the table", where, [f.name for f in added])
-        table.alter.add_columns(added)
-        table.update_incremental()
+    _add_columns(table, added, where)
     mode = "overwrite" if request.sink.mode is SinkMode.SNAPSHOT else "append"
     files: list[AddAction | RemoveAction] = list(actions)
     if request.sink.replaces and mode == "append":  # a replay: its epochs' files out, the new ones in
@@ -523,25 +502,29 @@ def _append(request: SinkCommit, table: DeltaTable, actions: list[AddAction], sc
                                    commit_properties=_properties(request, app_id))
 
 
+def _add_columns(table: DeltaTable, added: list[Field], where: str) -> None:
+    """Add ``added`` columns to the table in a metadata-only commit of their own, before the data's:
+    create_write_transaction would take the files and keep the old schema, hiding the new columns."""
+    if added:
+        log.info("%s: adding column(s) %s to the table", where, [f.name for f in added])
+        table.alter.add_columns(added)
+        table.update_incremental()
+
+
 def _upsert(request: SinkCommit, table: DeltaTable, options: dict[str, str], keys: list[str], app_id: str,
             where: str) -> None:
     rows = upserted_rows(request, keys, where)
     check_table(table, request, keys, where)
     partition_by = list(delta_upsert.options(request).partition_by)
     added = check_schema(table, rows.schema, partition_by, where) if rows.num_rows else []
-    if added:
-        table.alter.add_columns(added)
-        table.update_incremental()
+    _add_columns(table, added, where)
     if request.sink.full_refresh:  # the replayed rows are the table's whole content, in one version
         data = rows if rows.num_rows else pa.schema(table.schema().to_arrow()).empty_table()
         write_deltalake(table, data, mode="overwrite", partition_by=partition_by or None,
                         commit_properties=_properties(request, app_id))
         return
     if request.sink.replaces:  # the touched keys as before the replayed epochs, then the new rows
-        base = replay_base(table, options, request, where)
-        now = pa.table(table.to_pyarrow_table())
-        before = (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
-                  else now.schema.empty_table())
+        before, now = _before_replay(table, options, request, where)
         touched, restored = restored_before(before, now, rows.select(keys), keys)
         delta_upsert.replace_keys(table, pa.concat_tables([restored, rows], promote_options="permissive"), touched,
                                   keys, _properties(request, app_id))
@@ -577,9 +560,7 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
     check_table(table, request, apply.keys, where)
     changes.check_table(table.schema().to_arrow().names, apply, where)
     added = check_schema(table, changes.table_schema(apply, staged), partition_by, where) if staged else []
-    if added:
-        table.alter.add_columns(added)
-        table.update_incremental()
+    _add_columns(table, added, where)
     schema = pa.schema(table.schema().to_arrow())
     if request.sink.full_refresh:  # the replayed changes applied to no rows are the whole content, in one version
         rows = changes.applied(schema.empty_table(), parts, apply, schema)
@@ -587,10 +568,7 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
                         commit_properties=properties)
         return
     if request.sink.replaces:  # the touched keys as before the replayed epochs, the changes applied to them
-        base = replay_base(table, options, request, where)
-        now = pa.table(table.to_pyarrow_table())
-        before = (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
-                  else now.schema.empty_table())
+        before, now = _before_replay(table, options, request, where)
         touched, held = changes.restored_before(before, now, changes.keys_of(parts, apply, now.schema), apply)
         current = now.filter(rows_of_keys(now, touched, apply.keys)) if now.num_rows else now
     else:
@@ -650,6 +628,15 @@ def replay_base(table: DeltaTable, options: dict[str, str], request: SinkCommit,
             "the keys had before it. Nothing was changed. Replay from epoch 1 (a full refresh, which needs no "
             "history)")
     return table.version()
+
+
+def _before_replay(table: DeltaTable, options: dict[str, str], request: SinkCommit,
+                   where: str) -> tuple[pa.Table, pa.Table]:
+    """The table's rows as of the version before a replay's first replaced epoch (:func:`replay_base`), and now."""
+    base = replay_base(table, options, request, where)
+    now = pa.table(table.to_pyarrow_table())
+    return (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
+            else now.schema.empty_table()), now
 
 
 def _at_version(table: DeltaTable, options: dict[str, str], version: int) -> DeltaTable:

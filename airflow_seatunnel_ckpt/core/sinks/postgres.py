@@ -70,12 +70,11 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks import (
     SinkCommit,
-    check_staged_merge_keys,
+    check_staged_rows,
     markers,
     staged_rows,
     staged_schema,
 )
-from airflow_seatunnel_ckpt.core.sinks.changes import check_staged_changes
 from airflow_seatunnel_ckpt.core.sinks.options import SCD2_COLUMNS, UNCHANGED_TOAST, ApplyChanges, PostgresSinkOptions
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
 
@@ -785,10 +784,8 @@ def precheck(request: SinkCommit) -> None:
     if unsupported:
         raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
                           "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
-    if options.apply_changes is not None and schema is not None:
-        check_staged_changes(request, schema, options.apply_changes, where)
-    elif options.merge_keys and schema is not None:
-        check_staged_merge_keys(request, schema, list(options.merge_keys), where)
+    if schema is not None:
+        check_staged_rows(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)
     raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()  # as in the commit
     try:
@@ -821,11 +818,8 @@ def _precheck_table(conn: psycopg.Connection, request: SinkCommit, options: Post
                     schema: pa.Schema | None, where: str) -> None:
     owner, marker = _owner_and_marker(conn, request, options)
     newest = markers.check_marker(request, owner, marker, where, decided=False)
-    if newest is not None and newest > request.epoch:
-        raise ConfigError(
-            f"{where}: the marker table {options.schema_name}.{EPOCHS} records epoch {newest} of this sink, beyond "
-            "this epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
-            "table, or rename the pipeline or the sink")
+    markers.refuse_past(request, newest, f"this sink's newest row in the marker table {options.schema_name}.{EPOCHS}",
+                        where)
     if schema is not None:
         _precheck_columns(conn, options, schema, where)
     trial_load(conn, request, options, schema, where)
