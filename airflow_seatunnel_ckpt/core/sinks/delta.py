@@ -40,8 +40,12 @@ Decisions (docs/tables/delta.md has the user's view):
   columns). A missing column or a changed type is refused before anything is committed.
 * ``mode: snapshot`` commits with ``mode="overwrite"``: the remove actions of every current
   file and the new add actions are one version, so readers see the old or the new table.
-* ``merge_keys`` (an upsert): the epoch's rows are MERGEd into an existing table, with the
-  same application transaction in the same version (:mod:`.delta_upsert`).
+* ``merge_keys`` (an upsert): the epoch's rows (one epoch of one keyed result: small) are
+  read and MERGEd into an existing table with delta-rs (update every matched row, insert the
+  others), the application transaction in the same version, so a retry that finds it adds
+  nothing, as for appends (:func:`_merge`). MERGE writes new data files itself (the staged
+  files are read, not added); a new table is still created from the placed files. Keys
+  are never deleted by an upsert.
 * ``apply_changes``: the rows of the epoch's keys are read, the change rows applied to them
   (:mod:`.changes`, SCD1 or SCD2) and MERGEd back on the rows' identity, the application
   transaction in the same version (:func:`_apply_changes`); the staged files are only read.
@@ -63,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -85,7 +90,6 @@ from airflow_seatunnel_ckpt.core.sinks import (
     check_partition_columns,
     check_staged_merge_keys,
     check_staged_rows,
-    delta_upsert,
     markers,
     restored_before,
     retry_conflicts,
@@ -95,12 +99,16 @@ from airflow_seatunnel_ckpt.core.sinks import (
     upserted_rows,
 )
 from airflow_seatunnel_ckpt.core.sinks.delta_files import footer_stats, partition_dir
-from airflow_seatunnel_ckpt.core.sinks.options import ApplyChanges
+from airflow_seatunnel_ckpt.core.sinks.options import ApplyChanges, DeltaSinkOptions
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
 
 log = logging.getLogger(__name__)
+#: ``PublishedSink.how`` of an epoch merged into its table.
+MERGED = "merged"
+#: The column of a replay's MERGE source that marks a touched key without a row (never written).
+_DELETE = "__seatunnel_ckpt_delete"
 
 @dataclass(frozen=True)
 class PlacedFile:
@@ -108,6 +116,13 @@ class PlacedFile:
 
     staged: FileInfo
     path: str
+
+
+def _options(request: SinkCommit) -> DeltaSinkOptions:
+    """The sink's typed options."""
+    found = request.table
+    assert isinstance(found, DeltaSinkOptions), found
+    return found
 
 
 def identify(request: SinkCommit) -> tuple[str, str]:
@@ -136,7 +151,7 @@ def commit(request: SinkCommit) -> PublishedSink:
     fs_options, delta_options = storage_options(request, uri)
     target = open_storage(uri, fs_options)
     app_id = markers.delta_app_id(request)
-    keys = delta_upsert.merge_keys(request)
+    keys = list(_options(request).merge_keys)
     placed: list[PlacedFile] | None = None  # placed once; every attempt commits the same actions
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
@@ -159,7 +174,7 @@ def commit(request: SinkCommit) -> PublishedSink:
             return already
         if owner is None:
             markers.claim_owner_file(target, request, where)
-        apply = delta_upsert.options(request).apply_changes
+        apply = _options(request).apply_changes
         if apply is not None:
             try:
                 _apply_changes(request, table, uri, delta_options, apply, app_id, where)
@@ -167,25 +182,25 @@ def commit(request: SinkCommit) -> PublishedSink:
                 raise CommitConflict(exc) from exc
             log.info("%s: applied the epoch's changes on %s (%s) as one table version", where, apply.keys,
                      apply.history)
-            return _published(request, uri, delta_upsert.MERGED)
+            return _published(request, uri, MERGED)
         if keys and table is not None:
             try:
                 _upsert(request, table, delta_options, keys, app_id, where)
             except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
                 raise CommitConflict(exc) from exc
             log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
-            return _published(request, uri, delta_upsert.MERGED)
+            return _published(request, uri, MERGED)
         if keys and request.sink.replaces:  # a replay into no table: created from its rows, per key the newest
             rows = upserted_rows(request, keys, where)
             if rows.num_rows:
                 try:
                     write_deltalake(_delta_uri(uri), rows, mode="error",
-                                    partition_by=list(delta_upsert.options(request).partition_by) or None,
+                                    partition_by=list(_options(request).partition_by) or None,
                                     storage_options=delta_options or None,
                                     commit_properties=_properties(request, app_id))
                 except (DeltaError, OSError) as exc:  # a racing committer created it: read the table again
                     raise CommitConflict(exc) from exc
-            return _published(request, uri, delta_upsert.MERGED)
+            return _published(request, uri, MERGED)
         if keys:  # a new table: created from the placed files, so the keys must be unique already
             staged = staged_schema(request, where)
             if staged is not None:
@@ -231,8 +246,8 @@ def precheck(request: SinkCommit) -> None:
     """
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
-    keys = delta_upsert.merge_keys(request)
-    partition_by = list(delta_upsert.options(request).partition_by)
+    keys = list(_options(request).merge_keys)
+    partition_by = list(_options(request).partition_by)
     if request.sink.replaces:
         replaced_in = load(uri, delta_options, where)
         if replaced_in is not None and not request.sink.force_replace:
@@ -243,7 +258,7 @@ def precheck(request: SinkCommit) -> None:
     if schema is None:
         return
     schema = check_staged_rows(request, schema, keys, where)
-    apply = delta_upsert.options(request).apply_changes
+    apply = _options(request).apply_changes
     table = load(uri, delta_options, where)
     _, version = table_epoch(request, open_storage(uri, fs_options), table, where, decided=False)
     markers.refuse_past(request, version, f"the table's application transaction {markers.delta_app_id(request)!r}",
@@ -333,7 +348,7 @@ def check_table(table: DeltaTable, request: SinkCommit, keys: Sequence[str], whe
 
 
 def _table_uri(request: SinkCommit) -> str:
-    uri = delta_upsert.options(request).path or request.sink.target_url
+    uri = _options(request).path or request.sink.target_url
     if "://" not in uri:
         uri = f"file://{uri}"
     return uri.rstrip("/")
@@ -418,7 +433,7 @@ def add_actions(request: SinkCommit, target: Storage, placed: Sequence[PlacedFil
     manifest here, right before the commit: delta-rs accepts an absolute or missing path
     without complaint and the table becomes unreadable.
     """
-    partition_by = list(delta_upsert.options(request).partition_by)
+    partition_by = list(_options(request).partition_by)
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
     now = int(time.time() * 1000)
@@ -484,13 +499,13 @@ def _create(request: SinkCommit, uri: str, options: dict[str, str], actions: lis
     nullable = Schema([Field(f.name, f.type, nullable=True) for f in Schema.from_arrow(schema).fields])
     create_table_with_add_actions(
         _delta_uri(uri), nullable, actions, mode="error",
-        partition_by=list(delta_upsert.options(request).partition_by),
+        partition_by=list(_options(request).partition_by),
         storage_options=options or None, commit_properties=_properties(request, app_id))
 
 
 def _append(request: SinkCommit, table: DeltaTable, actions: list[AddAction], schema: pa.Schema | None,
             app_id: str, where: str) -> None:
-    partition_by = list(delta_upsert.options(request).partition_by)
+    partition_by = list(_options(request).partition_by)
     check_table(table, request, (), where)
     added = check_schema(table, schema, partition_by, where) if schema is not None else []
     _add_columns(table, added, where)
@@ -515,7 +530,7 @@ def _upsert(request: SinkCommit, table: DeltaTable, options: dict[str, str], key
             where: str) -> None:
     rows = upserted_rows(request, keys, where)
     check_table(table, request, keys, where)
-    partition_by = list(delta_upsert.options(request).partition_by)
+    partition_by = list(_options(request).partition_by)
     added = check_schema(table, rows.schema, partition_by, where) if rows.num_rows else []
     _add_columns(table, added, where)
     if request.sink.full_refresh:  # the replayed rows are the table's whole content, in one version
@@ -526,10 +541,10 @@ def _upsert(request: SinkCommit, table: DeltaTable, options: dict[str, str], key
     if request.sink.replaces:  # the touched keys as before the replayed epochs, then the new rows
         before, now = _before_replay(table, options, request, where)
         touched, restored = restored_before(before, now, rows.select(keys), keys)
-        delta_upsert.replace_keys(table, pa.concat_tables([restored, rows], promote_options="permissive"), touched,
+        _replace_keys(table, pa.concat_tables([restored, rows], promote_options="permissive"), touched,
                                   keys, _properties(request, app_id))
         return
-    delta_upsert.merge(table, rows, keys, _properties(request, app_id))
+    _merge(table, rows, keys, _properties(request, app_id))
 
 
 def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, options: dict[str, str],
@@ -539,7 +554,7 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
     The rows the table holds for the changes' keys (SCD2: every version) are read, the
     changes applied to them with pyarrow, and one MERGE on the rows' identity (the keys;
     SCD2: the keys and ``__start_at``) swaps the old rows for the new
-    (:func:`delta_upsert.replace_keys`). A replay applies the replayed changes to the touched
+    (:func:`_replace_keys`). A replay applies the replayed changes to the touched
     keys' rows as of the version before it; a full refresh, and a table not there yet, start
     from no rows (one overwrite, one create).
     """
@@ -547,7 +562,7 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
     for rows in parts:
         changes.check_changes(rows, apply, where)  # checked at the decision; the staged files are the same
     staged = staged_schema(request, where)
-    partition_by = list(delta_upsert.options(request).partition_by)
+    partition_by = list(_options(request).partition_by)
     properties = _properties(request, app_id)
     if table is None:
         if staged is not None:
@@ -577,7 +592,35 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
     new = changes.applied(held, parts, apply, schema)
     ident = changes.identity(apply)
     rows_now = pa.concat_tables([current.select(ident).cast(new.select(ident).schema), new.select(ident)])
-    delta_upsert.replace_keys(table, new, rows_now.group_by(ident).aggregate([]), ident, properties)
+    _replace_keys(table, new, rows_now.group_by(ident).aggregate([]), ident, properties)
+
+
+def _replace_keys(table: DeltaTable, rows: pa.Table, touched: pa.Table, keys: Sequence[str],
+                  properties: CommitProperties) -> dict[str, Any]:
+    """One MERGE in one version: every ``touched`` key's row becomes its row in ``rows``, or goes if none.
+
+    A replay from a later epoch (:func:`core.sinks.restored_before`): the source holds
+    ``rows`` and, for the touched keys without one, a row marked for deletion. ``keys`` are
+    the columns naming one row (applied changes of an SCD2 table: the keys and
+    ``__start_at``, each version a row of its own).
+    """
+    gone = touched.filter(pc.invert(rows_of_keys(touched, rows, keys))) if rows.num_rows else touched
+    source = pa.concat_tables([rows.append_column(_DELETE, pa.repeat(pa.scalar(False), rows.num_rows)),
+                               gone.append_column(_DELETE, pa.repeat(pa.scalar(True), gone.num_rows))],
+                              promote_options="permissive")
+    predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    columns = {c: f"s.`{c}`" for c in rows.column_names}
+    return (table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=properties)
+            .when_matched_delete(predicate=f"s.`{_DELETE}`")
+            .when_matched_update({c: v for c, v in columns.items() if c not in keys}, predicate=f"NOT s.`{_DELETE}`")
+            .when_not_matched_insert(columns, predicate=f"NOT s.`{_DELETE}`").execute())
+
+
+def _merge(table: DeltaTable, rows: pa.Table, keys: Sequence[str], properties: CommitProperties) -> dict[str, Any]:
+    """MERGE ``rows`` into ``table`` on ``keys`` in one version carrying ``properties``; the metrics."""
+    predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    return (table.merge(rows, predicate, source_alias="s", target_alias="t", commit_properties=properties)
+            .when_matched_update_all().when_not_matched_insert_all().execute())
 
 
 def _rows_of_keys(table: DeltaTable, keys: pa.Table, key: Sequence[str]) -> pa.Table:
