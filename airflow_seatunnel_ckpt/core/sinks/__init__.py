@@ -321,6 +321,32 @@ def staged_schema(request: SinkCommit, where: str) -> pa.Schema | None:
     return schema
 
 
+def check_staged_rows(request: SinkCommit, schema: pa.Schema, keys: list[str], where: str) -> pa.Schema:
+    """The refusals of the epoch's staged rows, before the decision, and the table schema they make.
+
+    With ``apply_changes``: the change rows (:func:`changes.check_staged_changes`), whose table
+    schema is theirs applied (:func:`changes.table_schema`); else with ``keys`` (an upsert):
+    :func:`check_staged_merge_keys`. ``schema``: the staged files' one schema (:func:`staged_schema`).
+    """
+    from airflow_seatunnel_ckpt.core.sinks import changes
+
+    apply = getattr(request.table, "apply_changes", None)
+    if apply is not None:
+        changes.check_staged_changes(request, schema, apply, where)
+        return changes.table_schema(apply, schema)
+    if keys:
+        check_staged_merge_keys(request, schema, keys, where)
+    return schema
+
+
+def check_partition_columns(partition_by: Sequence[str], schema: pa.Schema, where: str) -> None:
+    """ConfigError unless every ``partition_by`` column is in the staged files' ``schema``."""
+    missing = [c for c in partition_by if c not in schema.names]
+    if missing:
+        raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
+                          f"(columns: {schema.names}); fix the sink's partition_by")
+
+
 def check_staged_merge_keys(request: SinkCommit, schema: pa.Schema, keys: list[str], where: str) -> None:
     """:func:`check_merge_keys` over the epoch's staged rows, reading only their key columns
     (``schema``: the staged files' one schema, :func:`staged_schema`); a replay's per replayed

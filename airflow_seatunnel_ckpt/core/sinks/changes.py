@@ -48,14 +48,19 @@ def check_staged_changes(request: SinkCommit, schema: pa.Schema, apply: ApplyCha
     only their key, sequence and operation columns (a replay's: per replayed epoch)."""
     from airflow_seatunnel_ckpt.core.sinks import staged_parts
 
-    needed = [*apply.keys, *apply.sequence_by, apply.operation]
-    missing = [c for c in needed if c not in schema.names]
-    if missing:
-        raise ConfigError(f"{where}: apply_changes column(s) {missing} are not in the epoch's change rows (columns: "
-                          f"{schema.names}); stage the change rows (e.g. a postgres_cdc source's) or fix the "
-                          "sink's apply_changes keys/sequence_by/operation")
-    for epoch, rows in staged_parts(request, needed):
+    check_columns(schema.names, apply, where)
+    for epoch, rows in staged_parts(request, [*apply.keys, *apply.sequence_by, apply.operation]):
         check_changes(rows, apply, f"{where} (the change rows of epoch {epoch})")
+
+
+def check_columns(columns: Sequence[str], apply: ApplyChanges, where: str,
+                  holder: str = "the epoch's change rows") -> None:
+    """ConfigError unless ``columns`` (those of ``holder``) hold the changes' key, sequence and operation columns."""
+    missing = [c for c in [*apply.keys, *apply.sequence_by, apply.operation] if c not in columns]
+    if missing:
+        raise ConfigError(f"{where}: apply_changes column(s) {missing} are not in {holder} (columns: {list(columns)}); "
+                          "stage the change rows (e.g. a postgres_cdc source's) or fix the sink's apply_changes "
+                          "keys/sequence_by/operation")
 
 
 def check_changes(rows: pa.Table, apply: ApplyChanges, where: str) -> None:
@@ -66,12 +71,7 @@ def check_changes(rows: pa.Table, apply: ApplyChanges, where: str) -> None:
 
     if not rows.num_rows:
         return
-    needed = [*apply.keys, *apply.sequence_by, apply.operation]
-    missing = [c for c in needed if c not in rows.column_names]
-    if missing:
-        raise ConfigError(f"{where}: apply_changes column(s) {missing} are not in the epoch's change rows (columns: "
-                          f"{rows.column_names}); stage the change rows (e.g. a postgres_cdc source's) or fix the "
-                          "sink's apply_changes keys/sequence_by/operation")
+    check_columns(rows.column_names, apply, where)
     for column in [*apply.keys, *apply.sequence_by]:
         nulls = rows.column(column).null_count
         if nulls:

@@ -40,8 +40,12 @@ Decisions (docs/tables/delta.md has the user's view):
   columns). A missing column or a changed type is refused before anything is committed.
 * ``mode: snapshot`` commits with ``mode="overwrite"``: the remove actions of every current
   file and the new add actions are one version, so readers see the old or the new table.
-* ``merge_keys`` (an upsert): the epoch's rows are MERGEd into an existing table, with the
-  same application transaction in the same version (:mod:`.delta_upsert`).
+* ``merge_keys`` (an upsert): the epoch's rows (one epoch of one keyed result: small) are
+  read and MERGEd into an existing table with delta-rs (update every matched row, insert the
+  others), the application transaction in the same version, so a retry that finds it adds
+  nothing, as for appends (:func:`_merge`). MERGE writes new data files itself (the staged
+  files are read, not added); a new table is still created from the placed files. Keys
+  are never deleted by an upsert.
 * ``apply_changes``: the rows of the epoch's keys are read, the change rows applied to them
   (:mod:`.changes`, SCD1 or SCD2) and MERGEd back on the rows' identity, the application
   transaction in the same version (:func:`_apply_changes`); the staged files are only read.
@@ -63,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import DeltaError, TableNotFoundError
@@ -82,8 +87,9 @@ from airflow_seatunnel_ckpt.core.sinks import (
     CommitConflict,
     SinkCommit,
     changes,
+    check_partition_columns,
     check_staged_merge_keys,
-    delta_upsert,
+    check_staged_rows,
     markers,
     restored_before,
     retry_conflicts,
@@ -93,12 +99,16 @@ from airflow_seatunnel_ckpt.core.sinks import (
     upserted_rows,
 )
 from airflow_seatunnel_ckpt.core.sinks.delta_files import footer_stats, partition_dir
-from airflow_seatunnel_ckpt.core.sinks.options import ApplyChanges
+from airflow_seatunnel_ckpt.core.sinks.options import ApplyChanges, DeltaSinkOptions
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.storage.base import FileInfo
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod, copy_file, holds, staged_problem
 
 log = logging.getLogger(__name__)
+#: ``PublishedSink.how`` of an epoch merged into its table.
+MERGED = "merged"
+#: The column of a replay's MERGE source that marks a touched key without a row (never written).
+_DELETE = "__seatunnel_ckpt_delete"
 
 @dataclass(frozen=True)
 class PlacedFile:
@@ -106,6 +116,13 @@ class PlacedFile:
 
     staged: FileInfo
     path: str
+
+
+def _options(request: SinkCommit) -> DeltaSinkOptions:
+    """The sink's typed options."""
+    found = request.table
+    assert isinstance(found, DeltaSinkOptions), found
+    return found
 
 
 def identify(request: SinkCommit) -> tuple[str, str]:
@@ -134,7 +151,7 @@ def commit(request: SinkCommit) -> PublishedSink:
     fs_options, delta_options = storage_options(request, uri)
     target = open_storage(uri, fs_options)
     app_id = markers.delta_app_id(request)
-    keys = _merge_keys(request, where)
+    keys = list(_options(request).merge_keys)
     placed: list[PlacedFile] | None = None  # placed once; every attempt commits the same actions
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
@@ -157,7 +174,7 @@ def commit(request: SinkCommit) -> PublishedSink:
             return already
         if owner is None:
             markers.claim_owner_file(target, request, where)
-        apply = delta_upsert.options(request).apply_changes
+        apply = _options(request).apply_changes
         if apply is not None:
             try:
                 _apply_changes(request, table, uri, delta_options, apply, app_id, where)
@@ -165,25 +182,25 @@ def commit(request: SinkCommit) -> PublishedSink:
                 raise CommitConflict(exc) from exc
             log.info("%s: applied the epoch's changes on %s (%s) as one table version", where, apply.keys,
                      apply.history)
-            return _published(request, uri, delta_upsert.MERGED)
+            return _published(request, uri, MERGED)
         if keys and table is not None:
             try:
                 _upsert(request, table, delta_options, keys, app_id, where)
             except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
                 raise CommitConflict(exc) from exc
             log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
-            return _published(request, uri, delta_upsert.MERGED)
+            return _published(request, uri, MERGED)
         if keys and request.sink.replaces:  # a replay into no table: created from its rows, per key the newest
             rows = upserted_rows(request, keys, where)
             if rows.num_rows:
                 try:
                     write_deltalake(_delta_uri(uri), rows, mode="error",
-                                    partition_by=list(delta_upsert.options(request).partition_by) or None,
+                                    partition_by=list(_options(request).partition_by) or None,
                                     storage_options=delta_options or None,
                                     commit_properties=_properties(request, app_id))
                 except (DeltaError, OSError) as exc:  # a racing committer created it: read the table again
                     raise CommitConflict(exc) from exc
-            return _published(request, uri, delta_upsert.MERGED)
+            return _published(request, uri, MERGED)
         if keys:  # a new table: created from the placed files, so the keys must be unique already
             staged = staged_schema(request, where)
             if staged is not None:
@@ -229,8 +246,8 @@ def precheck(request: SinkCommit) -> None:
     """
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
-    keys = _merge_keys(request, where)
-    partition_by = list(delta_upsert.options(request).partition_by)
+    keys = list(_options(request).merge_keys)
+    partition_by = list(_options(request).partition_by)
     if request.sink.replaces:
         replaced_in = load(uri, delta_options, where)
         if replaced_in is not None and not request.sink.force_replace:
@@ -240,24 +257,14 @@ def precheck(request: SinkCommit) -> None:
     schema = staged_schema(request, where)
     if schema is None:
         return
-    apply = delta_upsert.options(request).apply_changes
-    if apply is not None:  # change rows: checked as changes, the table's schema is theirs applied
-        changes.check_staged_changes(request, schema, apply, where)
-        schema = changes.table_schema(apply, schema)
-    elif keys:
-        check_staged_merge_keys(request, schema, keys, where)
+    schema = check_staged_rows(request, schema, keys, where)
+    apply = _options(request).apply_changes
     table = load(uri, delta_options, where)
     _, version = table_epoch(request, open_storage(uri, fs_options), table, where, decided=False)
-    if version is not None and version > request.epoch:
-        raise SinkRefusedError(
-            f"{where}: the table's application transaction {markers.delta_app_id(request)!r} is at epoch "
-            f"{version}, beyond this epoch, and this store commits its epochs in order. Nothing was committed. "
-            "Give this sink its own table, or rename the pipeline or the sink (a new application id)")
+    markers.refuse_past(request, version, f"the table's application transaction {markers.delta_app_id(request)!r}",
+                        where)
     if table is None:
-        missing = [c for c in partition_by if c not in schema.names]
-        if missing:
-            raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files (columns: "
-                              f"{schema.names}); fix the sink's partition_by")
+        check_partition_columns(partition_by, schema, where)
         return
     check_table(table, request, keys, where)
     if apply is not None:
@@ -340,16 +347,8 @@ def check_table(table: DeltaTable, request: SinkCommit, keys: Sequence[str], whe
             "Use mode 'append', or unset delta.appendOnly on the table")
 
 
-def _merge_keys(request: SinkCommit, where: str) -> list[str]:
-    keys = delta_upsert.merge_keys(request)
-    if keys and request.sink.mode is SinkMode.SNAPSHOT:
-        raise ConfigError(f"{where}: a snapshot sink replaces the whole table; merge_keys (an upsert) make no "
-                          "sense with it. Use mode 'upsert' or 'snapshot'")
-    return keys
-
-
 def _table_uri(request: SinkCommit) -> str:
-    uri = delta_upsert.options(request).path or request.sink.target_url
+    uri = _options(request).path or request.sink.target_url
     if "://" not in uri:
         uri = f"file://{uri}"
     return uri.rstrip("/")
@@ -434,7 +433,7 @@ def add_actions(request: SinkCommit, target: Storage, placed: Sequence[PlacedFil
     manifest here, right before the commit: delta-rs accepts an absolute or missing path
     without complaint and the table becomes unreadable.
     """
-    partition_by = list(delta_upsert.options(request).partition_by)
+    partition_by = list(_options(request).partition_by)
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
     now = int(time.time() * 1000)
@@ -500,21 +499,16 @@ def _create(request: SinkCommit, uri: str, options: dict[str, str], actions: lis
     nullable = Schema([Field(f.name, f.type, nullable=True) for f in Schema.from_arrow(schema).fields])
     create_table_with_add_actions(
         _delta_uri(uri), nullable, actions, mode="error",
-        partition_by=list(delta_upsert.options(request).partition_by),
+        partition_by=list(_options(request).partition_by),
         storage_options=options or None, commit_properties=_properties(request, app_id))
 
 
 def _append(request: SinkCommit, table: DeltaTable, actions: list[AddAction], schema: pa.Schema | None,
             app_id: str, where: str) -> None:
-    partition_by = list(delta_upsert.options(request).partition_by)
+    partition_by = list(_options(request).partition_by)
     check_table(table, request, (), where)
     added = check_schema(table, schema, partition_by, where) if schema is not None else []
-    if added:
-        # A metadata-only commit of its own: create_write_transaction would take the files
-        # and keep the old schema, hiding the new columns from every reader.
-        log.info("%s: adding column(s) %s to the table", where, [f.name for f in added])
-        table.alter.add_columns(added)
-        table.update_incremental()
+    _add_columns(table, added, where)
     mode = "overwrite" if request.sink.mode is SinkMode.SNAPSHOT else "append"
     files: list[AddAction | RemoveAction] = list(actions)
     if request.sink.replaces and mode == "append":  # a replay: its epochs' files out, the new ones in
@@ -523,30 +517,34 @@ def _append(request: SinkCommit, table: DeltaTable, actions: list[AddAction], sc
                                    commit_properties=_properties(request, app_id))
 
 
+def _add_columns(table: DeltaTable, added: list[Field], where: str) -> None:
+    """Add ``added`` columns to the table in a metadata-only commit of their own, before the data's:
+    create_write_transaction would take the files and keep the old schema, hiding the new columns."""
+    if added:
+        log.info("%s: adding column(s) %s to the table", where, [f.name for f in added])
+        table.alter.add_columns(added)
+        table.update_incremental()
+
+
 def _upsert(request: SinkCommit, table: DeltaTable, options: dict[str, str], keys: list[str], app_id: str,
             where: str) -> None:
     rows = upserted_rows(request, keys, where)
     check_table(table, request, keys, where)
-    partition_by = list(delta_upsert.options(request).partition_by)
+    partition_by = list(_options(request).partition_by)
     added = check_schema(table, rows.schema, partition_by, where) if rows.num_rows else []
-    if added:
-        table.alter.add_columns(added)
-        table.update_incremental()
+    _add_columns(table, added, where)
     if request.sink.full_refresh:  # the replayed rows are the table's whole content, in one version
         data = rows if rows.num_rows else pa.schema(table.schema().to_arrow()).empty_table()
         write_deltalake(table, data, mode="overwrite", partition_by=partition_by or None,
                         commit_properties=_properties(request, app_id))
         return
     if request.sink.replaces:  # the touched keys as before the replayed epochs, then the new rows
-        base = replay_base(table, options, request, where)
-        now = pa.table(table.to_pyarrow_table())
-        before = (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
-                  else now.schema.empty_table())
+        before, now = _before_replay(table, options, request, where)
         touched, restored = restored_before(before, now, rows.select(keys), keys)
-        delta_upsert.replace_keys(table, pa.concat_tables([restored, rows], promote_options="permissive"), touched,
+        _replace_keys(table, pa.concat_tables([restored, rows], promote_options="permissive"), touched,
                                   keys, _properties(request, app_id))
         return
-    delta_upsert.merge(table, rows, keys, _properties(request, app_id))
+    _merge(table, rows, keys, _properties(request, app_id))
 
 
 def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, options: dict[str, str],
@@ -556,7 +554,7 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
     The rows the table holds for the changes' keys (SCD2: every version) are read, the
     changes applied to them with pyarrow, and one MERGE on the rows' identity (the keys;
     SCD2: the keys and ``__start_at``) swaps the old rows for the new
-    (:func:`delta_upsert.replace_keys`). A replay applies the replayed changes to the touched
+    (:func:`_replace_keys`). A replay applies the replayed changes to the touched
     keys' rows as of the version before it; a full refresh, and a table not there yet, start
     from no rows (one overwrite, one create).
     """
@@ -564,7 +562,7 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
     for rows in parts:
         changes.check_changes(rows, apply, where)  # checked at the decision; the staged files are the same
     staged = staged_schema(request, where)
-    partition_by = list(delta_upsert.options(request).partition_by)
+    partition_by = list(_options(request).partition_by)
     properties = _properties(request, app_id)
     if table is None:
         if staged is not None:
@@ -577,9 +575,7 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
     check_table(table, request, apply.keys, where)
     changes.check_table(table.schema().to_arrow().names, apply, where)
     added = check_schema(table, changes.table_schema(apply, staged), partition_by, where) if staged else []
-    if added:
-        table.alter.add_columns(added)
-        table.update_incremental()
+    _add_columns(table, added, where)
     schema = pa.schema(table.schema().to_arrow())
     if request.sink.full_refresh:  # the replayed changes applied to no rows are the whole content, in one version
         rows = changes.applied(schema.empty_table(), parts, apply, schema)
@@ -587,10 +583,7 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
                         commit_properties=properties)
         return
     if request.sink.replaces:  # the touched keys as before the replayed epochs, the changes applied to them
-        base = replay_base(table, options, request, where)
-        now = pa.table(table.to_pyarrow_table())
-        before = (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
-                  else now.schema.empty_table())
+        before, now = _before_replay(table, options, request, where)
         touched, held = changes.restored_before(before, now, changes.keys_of(parts, apply, now.schema), apply)
         current = now.filter(rows_of_keys(now, touched, apply.keys)) if now.num_rows else now
     else:
@@ -599,7 +592,35 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
     new = changes.applied(held, parts, apply, schema)
     ident = changes.identity(apply)
     rows_now = pa.concat_tables([current.select(ident).cast(new.select(ident).schema), new.select(ident)])
-    delta_upsert.replace_keys(table, new, rows_now.group_by(ident).aggregate([]), ident, properties)
+    _replace_keys(table, new, rows_now.group_by(ident).aggregate([]), ident, properties)
+
+
+def _replace_keys(table: DeltaTable, rows: pa.Table, touched: pa.Table, keys: Sequence[str],
+                  properties: CommitProperties) -> dict[str, Any]:
+    """One MERGE in one version: every ``touched`` key's row becomes its row in ``rows``, or goes if none.
+
+    A replay from a later epoch (:func:`core.sinks.restored_before`): the source holds
+    ``rows`` and, for the touched keys without one, a row marked for deletion. ``keys`` are
+    the columns naming one row (applied changes of an SCD2 table: the keys and
+    ``__start_at``, each version a row of its own).
+    """
+    gone = touched.filter(pc.invert(rows_of_keys(touched, rows, keys))) if rows.num_rows else touched
+    source = pa.concat_tables([rows.append_column(_DELETE, pa.repeat(pa.scalar(False), rows.num_rows)),
+                               gone.append_column(_DELETE, pa.repeat(pa.scalar(True), gone.num_rows))],
+                              promote_options="permissive")
+    predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    columns = {c: f"s.`{c}`" for c in rows.column_names}
+    return (table.merge(source, predicate, source_alias="s", target_alias="t", commit_properties=properties)
+            .when_matched_delete(predicate=f"s.`{_DELETE}`")
+            .when_matched_update({c: v for c, v in columns.items() if c not in keys}, predicate=f"NOT s.`{_DELETE}`")
+            .when_not_matched_insert(columns, predicate=f"NOT s.`{_DELETE}`").execute())
+
+
+def _merge(table: DeltaTable, rows: pa.Table, keys: Sequence[str], properties: CommitProperties) -> dict[str, Any]:
+    """MERGE ``rows`` into ``table`` on ``keys`` in one version carrying ``properties``; the metrics."""
+    predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in keys)
+    return (table.merge(rows, predicate, source_alias="s", target_alias="t", commit_properties=properties)
+            .when_matched_update_all().when_not_matched_insert_all().execute())
 
 
 def _rows_of_keys(table: DeltaTable, keys: pa.Table, key: Sequence[str]) -> pa.Table:
@@ -650,6 +671,15 @@ def replay_base(table: DeltaTable, options: dict[str, str], request: SinkCommit,
             "the keys had before it. Nothing was changed. Replay from epoch 1 (a full refresh, which needs no "
             "history)")
     return table.version()
+
+
+def _before_replay(table: DeltaTable, options: dict[str, str], request: SinkCommit,
+                   where: str) -> tuple[pa.Table, pa.Table]:
+    """The table's rows as of the version before a replay's first replaced epoch (:func:`replay_base`), and now."""
+    base = replay_base(table, options, request, where)
+    now = pa.table(table.to_pyarrow_table())
+    return (pa.table(_at_version(table, options, base).to_pyarrow_table()) if base is not None
+            else now.schema.empty_table()), now
 
 
 def _at_version(table: DeltaTable, options: dict[str, str], version: int) -> DeltaTable:

@@ -84,7 +84,8 @@ from airflow_seatunnel_ckpt.core.sinks import (
     SinkCommit,
     changes,
     check_merge_keys,
-    check_staged_merge_keys,
+    check_partition_columns,
+    check_staged_rows,
     markers,
     restored_before,
     retry_conflicts,
@@ -196,27 +197,16 @@ def precheck(request: SinkCommit) -> None:
     drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
     for i in reversed(drop):
         schema = schema.remove(i)
+    schema = check_staged_rows(request, schema, key, where)
     apply = _options(request).apply_changes
-    if apply is not None:  # change rows: checked as changes, the table's schema is theirs applied
-        changes.check_staged_changes(request, schema, apply, where)
-        schema = changes.table_schema(apply, schema)
-    elif key:
-        check_staged_merge_keys(request, schema, key, where)
     with _catalog(request) as catalog:
         table = load(catalog, identifier)
         if table is None:
-            missing = [c for c in _options(request).partition_by if c not in schema.names]
-            if missing:
-                raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
-                                  f"(columns: {schema.names}); fix the sink's partition_by")
+            check_partition_columns(_options(request).partition_by, schema, where)
             _check_key(schema.names, request, where)
             return
-        committed = _committed_epoch(table, request, where, decided=False)
-        if committed > request.epoch:
-            raise SinkRefusedError(
-                f"{where}: the table's marker {markers.marker_keys(request.pipeline, request.sink.sink)['epoch']} "
-                f"is at epoch {committed}, beyond this epoch, and this store commits its epochs in order. Nothing "
-                "was committed. Give this sink its own table, or rename the pipeline or the sink")
+        marker = f"the table's marker {markers.marker_keys(request.pipeline, request.sink.sink)['epoch']}"
+        markers.refuse_past(request, _committed_epoch(table, request, where, decided=False), marker, where)
         if apply is not None:
             changes.check_table(table.schema().column_names, apply, where)
         _check_schema(table, schema, where)
@@ -248,12 +238,8 @@ def _refuse_foreign_commits(table: Table, request: SinkCommit, where: str) -> No
     replaced epochs' rows or files; the replay would silently drop that change.
     """
     replaced = set(request.sink.replaces)
-    ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
-            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
     started = False
-    for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
-        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
-        own = all(summary.get(k) == v for k, v in ours.items())
+    for snapshot, summary, own in _snapshots(table, request):
         if own and int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0")) in replaced:
             started = True
         elif started and not own:
@@ -264,6 +250,16 @@ def _refuse_foreign_commits(table: Table, request: SinkCommit, where: str) -> No
                 "whatever it changed in their rows. Nothing was changed. Replay with force=True (--force) to "
                 "replace those epochs' files anyway (that snapshot's changes to them are lost, its other rows "
                 "stay)")
+
+
+def _snapshots(table: Table, request: SinkCommit) -> Iterator[tuple[Snapshot, dict[str, str], bool]]:
+    """The table's snapshots, oldest first, each with its summary and whether this store's pipeline's sink
+    committed it (by the summary)."""
+    ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
+            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+    for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
+        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+        yield snapshot, summary, all(summary.get(k) == v for k, v in ours.items())
 
 
 def _commit(catalog: Catalog, identifier: str, request: SinkCommit, where: str) -> PublishedSink:
@@ -336,10 +332,7 @@ def _create(catalog: Catalog, identifier: str, schema: pa.Schema, request: SinkC
     with contextlib.suppress(NamespaceAlreadyExistsError):  # a concurrent committer created it
         catalog.create_namespace_if_not_exists(namespace)
     partition_by = list(_options(request).partition_by)
-    missing = [c for c in partition_by if c not in schema.names]
-    if missing:
-        raise ConfigError(f"{where}: partition column(s) {missing} are not in the staged files "
-                          f"(columns: {schema.names}); fix the sink's partition_by")
+    check_partition_columns(partition_by, schema, where)
     try:
         tx = catalog.create_table_transaction(identifier, schema)
         if partition_by:
@@ -473,14 +466,11 @@ def _check_partitioning(table: Table, request: SinkCommit, where: str) -> None:
 
 
 def _check_key(columns: Sequence[str], request: SinkCommit, where: str) -> None:
-    key = list(_options(request).merge_keys)
-    missing = [k for k in key if k not in columns]
+    # merge_keys with another mode than upsert are refused by the options model already.
+    missing = [k for k in _options(request).merge_keys if k not in columns]
     if missing:
         raise ConfigError(f"{where}: upsert key column(s) {missing} are not in the table "
                           f"(columns: {list(columns)}); fix the sink's merge_keys option")
-    if key and request.sink.mode is SinkMode.SNAPSHOT:
-        raise ConfigError(f"{where}: a snapshot sink replaces the whole table, merge_keys would do "
-                          "nothing; remove merge_keys, or use mode 'upsert' with merge_keys")
 
 
 def _commit_once(table: Table, request: SinkCommit, placed: Storage, paths: Sequence[str],
@@ -565,9 +555,7 @@ def _apply_changes(tx: Transaction, view: Table, request: SinkCommit, placed: St
         old = _current_files(tx, view, request, whole=True)
         held = file_schema.empty_table()
     elif request.sink.replaces:
-        base = replay_base(view, request, where)
-        now = view.scan().to_arrow()
-        before = view.scan(snapshot_id=base.snapshot_id).to_arrow() if base is not None else now.schema.empty_table()
+        before, now = _before_replay(view, request, where)
         touched, held = changes.restored_before(before, now, changes.keys_of(parts, apply, now.schema), apply)
         old, rewritten = _without_keys(tx, view, request, placed, touched, key)
     else:
@@ -632,12 +620,9 @@ def replay_base(table: Table, request: SinkCommit, where: str) -> Snapshot | Non
     none. A parent that was expired refuses the replay (:class:`SinkRefusedError`).
     """
     first = min(request.sink.replaces)
-    ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
-            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
-    for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
-        summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
+    for snapshot, summary, own in _snapshots(table, request):
         epoch = int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0"))
-        if all(summary.get(k) == v for k, v in ours.items()) and first <= epoch != request.epoch:
+        if own and first <= epoch != request.epoch:
             # An expired parent's id may be dropped from its child: the summary's record counts
             # still tell whether the table before the snapshot held rows.
             held = sum(int(summary.get(k, "0")) * sign for k, sign in (("total-records", 1), ("added-records", -1),
@@ -654,6 +639,14 @@ def replay_base(table: Table, request: SinkCommit, where: str) -> Snapshot | Non
     return table.current_snapshot()
 
 
+def _before_replay(table: Table, request: SinkCommit, where: str) -> tuple[pa.Table, pa.Table]:
+    """The table's rows as of the epoch before a replay's first replaced epoch (:func:`replay_base`), and now."""
+    base = replay_base(table, request, where)
+    now = table.scan().to_arrow()
+    return (table.scan(snapshot_id=base.snapshot_id).to_arrow() if base is not None
+            else now.schema.empty_table()), now
+
+
 def _restore_before(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, paths: Sequence[str],
                     key: Sequence[str], where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
     """A replay from a later epoch: the touched keys' current files out (and their rewrites), the rows
@@ -662,11 +655,8 @@ def _restore_before(tx: Transaction, view: Table, request: SinkCommit, placed: S
     The restored rows go to ``restored-<n>.parquet`` in the replay epoch's placement, one file
     per partition, written whole and found again by a retried commit.
     """
-    base = replay_base(view, request, where)
-    schema = tx.table_metadata.schema()
-    file_schema = schema_to_pyarrow(schema, include_field_ids=False)
-    now = view.scan().to_arrow()
-    before = view.scan(snapshot_id=base.snapshot_id).to_arrow() if base is not None else file_schema.empty_table()
+    file_schema = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
+    before, now = _before_replay(view, request, where)
     touched, restored = restored_before(before, now, _epoch_keys(view, paths, key, where), list(key))
     old, rewritten = _without_keys(tx, view, request, placed, touched, key)
     columns = [restored.column(n).cast(f.type) if n in restored.column_names else pa.nulls(restored.num_rows, f.type)

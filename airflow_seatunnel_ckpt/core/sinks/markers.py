@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, TableOwnershipError
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, SinkRefusedError, TableOwnershipError
 from airflow_seatunnel_ckpt.core.sinks.base import SinkCommit
 from airflow_seatunnel_ckpt.core.sinks.files import OWNER_MARKER
 from airflow_seatunnel_ckpt.core.sinks.options import DeltaSinkOptions, PostgresSinkOptions
@@ -264,6 +264,15 @@ def check_marker(request: SinkCommit, owner: Owner | None, marker: Marker | None
             f"not the table's. Nothing was committed; treating epoch {request.epoch} as already in the table would "
             "lose its rows. Give this sink its own table, or rename the pipeline or the sink")
     return marker.epoch
+
+
+def refuse_past(request: SinkCommit, newest: int | None, marker: str, where: str) -> None:
+    """Before the decision: SinkRefusedError if the table's ``marker`` (named for the message) of this
+    store's pipeline's sink, at epoch ``newest`` (:func:`check_marker`), is past the request's epoch."""
+    if newest is not None and newest > request.epoch:
+        raise SinkRefusedError(
+            f"{where}: {marker} is at epoch {newest}, beyond this epoch, and this store commits its epochs in "
+            "order. Nothing was committed. Give this sink its own table, or rename the pipeline or the sink")
 
 
 def delta_marker(table: Any, request: SinkCommit) -> Marker | None:

@@ -70,12 +70,11 @@ from airflow_seatunnel_ckpt.core.errors import ConfigError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks import (
     SinkCommit,
-    check_staged_merge_keys,
+    check_staged_rows,
     markers,
     staged_rows,
     staged_schema,
 )
-from airflow_seatunnel_ckpt.core.sinks.changes import check_staged_changes
 from airflow_seatunnel_ckpt.core.sinks.options import SCD2_COLUMNS, UNCHANGED_TOAST, ApplyChanges, PostgresSinkOptions
 from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
 
@@ -443,6 +442,17 @@ def _qualified(options: PostgresSinkOptions, name: str | None = None) -> sql.Ide
     return sql.Identifier(options.schema_name, name or options.name)
 
 
+def _names(columns: Sequence[str], alias: str | None = None) -> sql.Composable:
+    """``a, b`` (or ``<alias>.a, <alias>.b``): the columns as SQL."""
+    return sql.SQL(", ").join(sql.Identifier(*([alias] if alias else []), c) for c in columns)
+
+
+def _same(left: str, right: str, columns: Sequence[str]) -> sql.Composable:
+    """``<left>.c = <right>.c AND ...``: the two rows agree on ``columns`` (a join on them)."""
+    return sql.SQL(" AND ").join(sql.SQL("{} = {}").format(sql.Identifier(left, c), sql.Identifier(right, c))
+                                 for c in columns)
+
+
 def _bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions, where: str) -> None:
     """Create the marker and owner tables in the table's schema if missing (own transaction).
 
@@ -530,7 +540,7 @@ def _copy(conn: psycopg.Connection, request: SinkCommit, table: sql.Composable, 
     with the replayed epoch that staged the file (:func:`layout.replayed_epoch`).
     """
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-        table, sql.SQL(", ").join(map(sql.Identifier, columns)))
+        table, _names(columns))
     staged = [c for c in columns if c not in (options.epoch_column, _REPLAYED)]
     csv = pa_csv.WriteOptions(include_header=False, batch_size=COPY_BATCH_ROWS)
     with conn.cursor() as cur, cur.copy(statement) as copy:
@@ -567,16 +577,15 @@ def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSink
     one of the epoch's keys meanwhile makes it fail with a unique violation, which is retried.
     """
     staging = sql.Identifier(f"seatunnel_ckpt_stage_{request.epoch}")
-    columns = sql.SQL(", ").join(map(sql.Identifier, schema.names))
+    columns = _names(schema.names)
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
         staging, columns, _qualified(options)))
     if request.sink.replaces:  # a replay's epochs may each write a key: the newest replayed epoch's row wins
         conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} bigint").format(staging, sql.Identifier(_REPLAYED)))
         _copy(conn, request, staging, [*schema.names, _REPLAYED], options)
         conn.execute(sql.SQL("DELETE FROM {} AS s USING {} AS n WHERE {} AND n.{} > s.{}").format(
-            staging, staging, sql.SQL(" AND ").join(sql.SQL("s.{} = n.{}").format(sql.Identifier(k), sql.Identifier(k))
-                                                    for k in options.merge_keys),
-            sql.Identifier(_REPLAYED), sql.Identifier(_REPLAYED)))
+            staging, staging, _same("s", "n", options.merge_keys), sql.Identifier(_REPLAYED),
+            sql.Identifier(_REPLAYED)))
     else:
         _copy(conn, request, staging, schema.names, options)
     if not request.sink.full_refresh:  # a full refresh is never replaced but by another one
@@ -589,18 +598,15 @@ def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSink
             sql.SQL("{} = s.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others)
                    if others else sql.SQL(""))
         conn.execute(sql.SQL("MERGE INTO {} AS t USING {} AS s ON {}{} WHEN NOT MATCHED THEN INSERT ({}) VALUES ({})")
-                     .format(_qualified(options), staging,
-                             sql.SQL(" AND ").join(sql.SQL("t.{} = s.{}").format(sql.Identifier(k), sql.Identifier(k))
-                                                   for k in options.merge_keys),
-                             matched, columns,
-                             sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in schema.names)))
+                     .format(_qualified(options), staging, _same("t", "s", options.merge_keys), matched, columns,
+                             _names(schema.names, "s")))
         return
     action = (sql.SQL("DO UPDATE SET ") + sql.SQL(", ").join(
         sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(c), sql.Identifier(c)) for c in others)
               if others else sql.SQL("DO NOTHING"))
     conn.execute(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
         _qualified(options), columns, columns, staging,
-        sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)), action))
+        _names(options.merge_keys), action))
 
 
 def _apply_changes(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
@@ -616,7 +622,7 @@ def _apply_changes(conn: psycopg.Connection, request: SinkCommit, options: Postg
     stored = [c for c in _written(staged, options, "").names if c not in SCD2_COLUMNS]
     toast = UNCHANGED_TOAST in staged.names
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
-        loaded, sql.SQL(", ").join(map(sql.Identifier, stored)), _qualified(options)))
+        loaded, _names(stored), _qualified(options)))
     added = [apply.operation, *([UNCHANGED_TOAST] if toast else []), *([_REPLAYED] if request.sink.replaces else [])]
     conn.execute(sql.SQL("ALTER TABLE {} {}").format(loaded, sql.SQL(", ").join(
         sql.SQL("ADD COLUMN {} {}").format(sql.Identifier(c), sql.SQL("bigint" if c == _REPLAYED else "text"))
@@ -647,16 +653,9 @@ def _last_per_key(conn: psycopg.Connection, options: PostgresSinkOptions, apply:
     """Keep only each key's last change in ``loaded`` (per replayed epoch), as the Spark side stages them
     and as the lake sinks apply them: staged rows with several changes of one key apply the last."""
     same = [*options.merge_keys, *([_REPLAYED] if replay else [])]
-
-    def sequence(alias: str) -> sql.Composable:
-        return sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.Identifier(alias), sql.Identifier(c))
-                                  for c in [*apply.sequence_by])
-
+    later, this = _names(apply.sequence_by, "l"), _names(apply.sequence_by, "s")
     conn.execute(sql.SQL("DELETE FROM {} AS s USING {} AS l WHERE {} AND (({}) > ({}) OR (({}) = ({}) AND "
-                         "l.ctid > s.ctid))").format(
-        loaded, loaded, sql.SQL(" AND ").join(sql.SQL("l.{} = s.{}").format(sql.Identifier(c), sql.Identifier(c))
-                                              for c in same),
-        sequence("l"), sequence("s"), sequence("l"), sequence("s")))
+                         "l.ctid > s.ctid))").format(loaded, loaded, _same("l", "s", same), later, this, later, this))
 
 
 def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: ApplyChanges,
@@ -671,13 +670,10 @@ def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: A
        and every change but a delete adds a version opened there.
     """
     table = _qualified(options)
-    keys = sql.SQL(" AND ").join(sql.SQL("t.{} = s.{}").format(sql.Identifier(k), sql.Identifier(k))
-                                 for k in options.merge_keys)
+    keys = _same("t", "s", options.merge_keys)
 
     def sequence(alias: str) -> sql.Composable:
-        return sql.SQL("({})").format(sql.SQL(", ").join(sql.SQL("{}.{}").format(sql.Identifier(alias),
-                                                                                 sql.Identifier(c))
-                                                         for c in apply.sequence_by))
+        return sql.SQL("({})").format(_names(apply.sequence_by, alias))
 
     first, op = sql.Identifier(apply.sequence_by[0]), sql.Identifier(apply.operation)
     start, end = map(sql.Identifier, SCD2_COLUMNS)
@@ -696,8 +692,7 @@ def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: A
                 sql.Identifier(c), sql.Literal(c), names, sql.Identifier(c), sql.Identifier(c)) for c in values),
             table, keys, sql.Identifier(UNCHANGED_TOAST),
             sql.SQL(" AND t.{} IS NULL").format(end) if scd2 else sql.SQL("")))
-    columns = sql.SQL(", ").join(map(sql.Identifier, stored))
-    picked = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(c)) for c in stored)
+    columns, picked = _names(stored), _names(stored, "s")
     if scd2:
         conn.execute(sql.SQL("UPDATE {} AS t SET {} = s.{} FROM {} AS s WHERE {} AND t.{} IS NULL").format(
             table, end, first, changes, keys, end))
@@ -711,8 +706,7 @@ def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: A
         sequence("t"), sequence("excluded")) if values else sql.SQL("DO NOTHING"))
     conn.execute(sql.SQL("INSERT INTO {} AS t ({}) SELECT {} FROM {} AS s WHERE s.{} <> 'delete' "
                          "ON CONFLICT ({}) {}").format(table, columns, picked, changes, op,
-                                                       sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)),
-                                                       action))
+                                                       _names(options.merge_keys), action))
 
 
 def check_applied_table(conn: psycopg.Connection, table: dict[str, Column], options: PostgresSinkOptions,
@@ -785,10 +779,8 @@ def precheck(request: SinkCommit) -> None:
     if unsupported:
         raise ConfigError(f"{where}: column(s) {', '.join(unsupported)} have types the sink cannot load; cast "
                           "them in the stage to numbers, text, booleans, dates, timestamps or decimals")
-    if options.apply_changes is not None and schema is not None:
-        check_staged_changes(request, schema, options.apply_changes, where)
-    elif options.merge_keys and schema is not None:
-        check_staged_merge_keys(request, schema, list(options.merge_keys), where)
+    if schema is not None:
+        check_staged_rows(request, schema, list(options.merge_keys), where)
     dsn = conninfo(request, options, where)
     raced = (psycopg.errors.UniqueViolation,) if options.merge_keys else ()  # as in the commit
     try:
@@ -821,11 +813,8 @@ def _precheck_table(conn: psycopg.Connection, request: SinkCommit, options: Post
                     schema: pa.Schema | None, where: str) -> None:
     owner, marker = _owner_and_marker(conn, request, options)
     newest = markers.check_marker(request, owner, marker, where, decided=False)
-    if newest is not None and newest > request.epoch:
-        raise ConfigError(
-            f"{where}: the marker table {options.schema_name}.{EPOCHS} records epoch {newest} of this sink, beyond "
-            "this epoch, and this store commits its epochs in order. Nothing was committed. Give this sink its own "
-            "table, or rename the pipeline or the sink")
+    markers.refuse_past(request, newest, f"this sink's newest row in the marker table {options.schema_name}.{EPOCHS}",
+                        where)
     if schema is not None:
         _precheck_columns(conn, options, schema, where)
     trial_load(conn, request, options, schema, where)
@@ -1002,13 +991,12 @@ def _create_statement(options: PostgresSinkOptions, schema: pa.Schema, where: st
     apply = options.apply_changes
     if apply is not None and apply.history == "scd2":  # every version: the key and where it starts
         keys = [*options.merge_keys, SCD2_COLUMNS[0]]
-        columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, keys))))
+        columns.append(sql.SQL("PRIMARY KEY ({})").format(_names(keys)))
         return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}); CREATE UNIQUE INDEX IF NOT EXISTS {} ON {} ({}) "
                        "WHERE {} IS NULL").format(
             _qualified(options), sql.SQL(", ").join(columns), sql.Identifier(f"{options.name}_current"),
-            _qualified(options), sql.SQL(", ").join(map(sql.Identifier, options.merge_keys)),
+            _qualified(options), _names(options.merge_keys),
             sql.Identifier(SCD2_COLUMNS[1]))
     if options.merge_keys:
-        columns.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier,
-                                                                                 options.merge_keys))))
+        columns.append(sql.SQL("PRIMARY KEY ({})").format(_names(options.merge_keys)))
     return sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(_qualified(options), sql.SQL(", ").join(columns))

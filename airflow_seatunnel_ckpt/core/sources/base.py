@@ -27,9 +27,10 @@ The Spark side (:class:`airflow_seatunnel_ckpt.spark.sources.base.Source`) adds 
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
@@ -46,6 +47,26 @@ MAX_SHOWN = 5
 
 class SourceError(CheckpointError):
     """A source cannot plan or read its input (missing path, unreadable file, no schema, input gone)."""
+
+
+def last_read(history: Sequence[Mapping[str, Any]], field: str) -> dict[str, Any] | None:
+    """The offsets of the newest committed epoch that read the source (its offsets' ``field`` is set, e.g.
+    the ``end`` of a range); None: none did."""
+    for entry in reversed(history):
+        offsets = entry.get("offsets") or {}
+        if offsets.get(field) is not None:
+            return dict(offsets)
+    return None
+
+
+@contextlib.contextmanager
+def as_source_error(caught: type[CheckpointError] = CheckpointError) -> Iterator[None]:
+    """A ``caught`` error of the core's planning or reading raised as :class:`SourceError`, its message
+    kept: what the pipeline expects of a source."""
+    try:
+        yield
+    except caught as exc:
+        raise SourceError(str(exc)) from exc
 
 
 class Source(ABC):

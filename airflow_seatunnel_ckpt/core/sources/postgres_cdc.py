@@ -44,6 +44,7 @@ from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.sinks.base import SECRET_RESOLVERS
+from airflow_seatunnel_ckpt.core.sources.base import last_read
 from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresSourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     OPS,
@@ -132,15 +133,6 @@ class ServerState:
     slot: SlotState | None
 
 
-def last_position(history: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The offsets of the newest committed epoch that read the source (its ``end`` is the position)."""
-    for entry in reversed(history):
-        offsets = entry.get("offsets") or {}
-        if offsets.get("end") is not None:
-            return dict(offsets)
-    return None
-
-
 def released_to(history: Sequence[Mapping[str, Any]], keep_epochs: int) -> int | None:
     """Where the slot's confirmed position may move: the newest committed epoch's end, or with
     ``keep_epochs`` the start of the ``keep_epochs``-th newest, so those epochs stay readable."""
@@ -188,7 +180,7 @@ def check_identity(offsets: Mapping[str, Any], server: ServerState, where: str, 
 def plan_range(history: Sequence[Mapping[str, Any]], server: ServerState, options: PostgresCdcSourceOptions,
                where: str) -> dict[str, Any]:
     """This epoch's offsets after the committed position (module docs); the first epoch is the caller's."""
-    last = last_position(history)
+    last = last_read(history, "end")
     assert last is not None, "the first epoch creates its slot: PostgresCdc.plan"
     start = int(last["end"])
     check_identity(last, server, where, start=start)
@@ -330,7 +322,7 @@ class PostgresCdc:
         with self.connect() as conn:
             self.ensure_publication(conn)
             server = self.server(conn)
-            if last_position(history) is None:
+            if last_read(history, "end") is None:
                 return self._first(conn, server)
             offsets = plan_range(history, server, self.options, self.where)
             self.release_export()

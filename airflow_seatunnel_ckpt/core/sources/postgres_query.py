@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
+from airflow_seatunnel_ckpt.core.sources.base import last_read
 from airflow_seatunnel_ckpt.core.sources.options import PostgresQuerySourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Column
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connect
@@ -43,15 +44,6 @@ from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connect
 
 class QueryError(CheckpointError):
     """A ``postgres_query`` source cannot plan or read (no such table or column, no key, a long transaction)."""
-
-
-def last_position(history: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The offsets of the newest committed epoch that read rows up to a value (its ``high``)."""
-    for entry in reversed(history):
-        offsets = entry.get("offsets") or {}
-        if offsets.get("high") is not None:
-            return dict(offsets)
-    return None
 
 
 class PostgresQuery:
@@ -105,7 +97,7 @@ class PostgresQuery:
         """This epoch's offsets (module docs): ``high`` from a snapshot, after the transactions open then ended."""
         from psycopg import sql
 
-        last = last_position(history)
+        last = last_read(history, "high")
         with self.connect() as conn:
             columns = self.columns(conn)
             keys = self.keys(columns)

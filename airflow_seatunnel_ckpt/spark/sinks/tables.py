@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_seatunnel_ckpt.core.catalogs import checked_table_options, embedded_catalog
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.options import checked
+from airflow_seatunnel_ckpt.core.sinks import changes
 from airflow_seatunnel_ckpt.core.sinks.options import (
     TIMEOUTS,
     ApplyChanges,
@@ -102,12 +103,7 @@ def last_change_per_key(df: DataFrame, apply: ApplyChanges, where: str) -> DataF
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    needed = [*apply.keys, *apply.sequence_by, apply.operation]
-    missing = [c for c in needed if c not in df.columns]
-    if missing:
-        raise ConfigError(f"{where}: apply_changes column(s) {missing} are not in the DataFrame (columns: "
-                          f"{df.columns}); write the change rows (e.g. a postgres_cdc source's) or fix the sink's "
-                          "apply_changes keys/sequence_by/operation")
+    changes.check_columns(df.columns, apply, where, "the DataFrame")
     if not apply.deletes:  # ignored deletes are no change: the change before one is the key's last
         df = df.where(~F.col(apply.operation).eqNullSafe("delete"))
     last = Window.partitionBy(*apply.keys).orderBy(*[F.col(c).desc_nulls_last() for c in apply.sequence_by])

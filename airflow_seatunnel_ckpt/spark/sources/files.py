@@ -16,10 +16,10 @@ import posixpath
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.sources import files as file_index
 from airflow_seatunnel_ckpt.core.sources import source_log
-from airflow_seatunnel_ckpt.core.sources.base import files_gone
+from airflow_seatunnel_ckpt.core.sources.base import as_source_error, files_gone
 from airflow_seatunnel_ckpt.core.sources.files import FileIndex
 from airflow_seatunnel_ckpt.core.sources.options import FileSourceOptions, constructor_signature
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url, hadoop_path
@@ -183,10 +183,8 @@ class FileSource(Source):
 
     def _index_of(self, history: list[dict[str, Any]]) -> FileIndex:
         """The consumed-file index of history entries."""
-        try:
+        with as_source_error():
             rows = file_index.rows_from_entries(history, f"file source {self.name!r}")
-        except CheckpointError as exc:
-            raise SourceError(str(exc)) from exc
         return FileIndex.from_table(rows)
 
     def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.sources import kafka as kafka_offsets
+from airflow_seatunnel_ckpt.core.sources.base import as_source_error
 from airflow_seatunnel_ckpt.core.sources.kafka import KafkaOffsetsError, Range, TopicState
 from airflow_seatunnel_ckpt.core.sources.options import KafkaSourceOptions, constructor_signature
 from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
@@ -114,13 +115,11 @@ class KafkaSource(Source):
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The ranges since the committed position, capped (see the class docs)."""
         state = self.broker_state()
-        try:
+        with as_source_error(KafkaOffsetsError):
             offsets = kafka_offsets.plan_offsets(
                 history, state, self.subscribed, starting_offsets=self.starting_offsets,
                 max_offsets_per_epoch=self.max_offsets_per_epoch, fail_on_data_loss=self.fail_on_data_loss,
                 where=self.where, first_plan=self.first_pinned)
-        except KafkaOffsetsError as exc:
-            raise SourceError(str(exc)) from exc
         if offsets["lost"]:
             log.warning("%s: skipping lost records (fail_on_data_loss=false): %s", self.where,
                         kafka_offsets.describe_lost(offsets["lost"]))
@@ -142,11 +141,9 @@ class KafkaSource(Source):
         if not ranges:
             return [], []
         state = self.broker_state(sorted({r.topic for r in ranges}))
-        try:
+        with as_source_error(KafkaOffsetsError):
             return kafka_offsets.check_pinned(ranges, offsets.get("topic_ids") or {}, state,
                                               fail_on_data_loss=False, where=self.where)
-        except KafkaOffsetsError as exc:
-            raise SourceError(str(exc)) from exc
 
     def readable_ranges(self, offsets: Mapping[str, Any]) -> list[Range]:
         """The pinned ranges to read: lost records fail here, before prepare, unless skipped."""

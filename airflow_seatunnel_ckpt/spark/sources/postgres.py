@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.options import checked
+from airflow_seatunnel_ckpt.core.sources.base import as_source_error
 from airflow_seatunnel_ckpt.core.sources.options import (
     PostgresCdcSourceOptions,
     PostgresQuerySourceOptions,
@@ -75,27 +75,21 @@ class PostgresCdcSource(Source):
 
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The LSN range after the committed position; the first epoch creates the slot (and its snapshot)."""
-        try:
+        with as_source_error():
             return self.cdc.plan(history)
-        except CheckpointError as exc:
-            raise SourceError(str(exc)) from exc
 
     def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
         """The first epoch's slot and snapshot made again when the pinned snapshot was another process's."""
-        try:
+        with as_source_error():
             return self.cdc.repin(offsets)
-        except CheckpointError as exc:
-            raise SourceError(str(exc)) from exc
 
     def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
         """Refuse unless the slot still holds every change of the pinned range (a snapshot is never read twice)."""
         if offsets.get("snapshot"):
             raise SourceError(f"{self.cdc.where}: the epoch read the tables whole through a snapshot exported when "
                               "its slot was created, which no later process can read again")
-        try:
+        with as_source_error():
             self.cdc.check(offsets)
-        except CheckpointError as exc:
-            raise SourceError(str(exc)) from exc
 
     def read_figures(self) -> dict[str, Any]:
         """The last read's change counts by operation (``{"changes": {"insert": n, ...}}``)."""
@@ -104,7 +98,7 @@ class PostgresCdcSource(Source):
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the pinned range's changes (and the first epoch's snapshot rows), ordered by (_lsn, _seq)."""
         decoder = Decoder()
-        try:
+        with as_source_error():
             self.cdc.check(offsets)  # the server, slot and publication, before anything is read
             with self.cdc.connect() as conn:
                 by_table: dict[str, list[Column]] = self.cdc.columns(conn, list(offsets["tables"]))
@@ -116,8 +110,6 @@ class PostgresCdcSource(Source):
                 rows.append({**change.values, "_table": change.table, "_op": change.op, "_lsn": change.lsn,
                              "_seq": change.seq, "_commit_ts": change.commit_ts, "_xid": change.xid,
                              "_unchanged_toast": change.unchanged or None})
-        except CheckpointError as exc:
-            raise SourceError(str(exc)) from exc
         self.changes = dict.fromkeys(OPS, 0)
         for row in rows:
             self.changes[row["_op"]] += 1
@@ -144,22 +136,18 @@ class PostgresQuerySource(Source):
 
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The value range after the committed position, with the keys at its boundaries."""
-        try:
+        with as_source_error():
             return self.query.plan(history)
-        except CheckpointError as exc:
-            raise SourceError(str(exc)) from exc
 
     def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
         """A replay's check: the same table, and as many rows in the pinned range as when it was planned."""
-        try:
+        with as_source_error():
             return self.query.pinned_gone(offsets, rows=True)
-        except CheckpointError as exc:
-            raise SourceError(str(exc)) from exc
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """The rows of the pinned range, with the table's columns as they are now (refused when the table
         is another one under the name)."""
-        try:
+        with as_source_error():
             gone = self.query.pinned_gone(offsets, rows=False)
             if gone:
                 raise SourceError(f"{self.where}: {gone[0]}. The epoch reads exactly the range it pinned of the "
@@ -169,8 +157,6 @@ class PostgresQuerySource(Source):
             types = [spark_type(c.type_oid, c.type_modifier) for c in columns]
             data = [tuple(typed_value(k, v) for k, v in zip(types, row, strict=True))
                     for row in self.query.rows(offsets, columns)]
-        except CheckpointError as exc:
-            raise SourceError(str(exc)) from exc
         return spark.createDataFrame(data, _schema((c.name, k) for c, k in zip(columns, types, strict=True)))
 
 

@@ -27,7 +27,7 @@ from airflow_seatunnel_ckpt.core.sinks.files import EPOCHS, EpochsPointer
 from airflow_seatunnel_ckpt.core.sources import delta as delta_planning
 from airflow_seatunnel_ckpt.core.sources import iceberg as iceberg_planning
 from airflow_seatunnel_ckpt.core.sources import tables as planning
-from airflow_seatunnel_ckpt.core.sources.base import files_gone
+from airflow_seatunnel_ckpt.core.sources.base import as_source_error, files_gone
 from airflow_seatunnel_ckpt.core.sources.options import (
     DeltaSourceOptions,
     FileSourceOptions,
@@ -93,22 +93,18 @@ class IcebergSource(Source):
 
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The data files appended since the consumed snapshot (see the class docs)."""
-        try:
+        with as_source_error(TableSourceError):
             return iceberg_planning.plan_iceberg(self._load(), history, start=self.start, skip=self.skip,
                                          where=self.where)
-        except TableSourceError as exc:
-            raise SourceError(str(exc)) from exc
 
     def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
         """The pinned data files gone (snapshot expiry, orphan-file removal) or of another size,
         asked through the table's own file IO (its credentials, as the catalog configures them)."""
-        try:
+        with as_source_error(TableSourceError):
             files = planning.planned_files(offsets, self.where)
             if not files:
                 return []
             io = self._load().io
-        except TableSourceError as exc:
-            raise SourceError(str(exc)) from exc
         gone = []
         for f in files:
             found = io.new_input(f.path)
@@ -121,12 +117,10 @@ class IcebergSource(Source):
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the planned data files, as Parquet (the table's columns if there are none)."""
-        try:
+        with as_source_error(TableSourceError):
             files = planning.planned_files(offsets, self.where)
             if not files:
                 return _empty(spark, self._load().schema().as_arrow())
-        except TableSourceError as exc:
-            raise SourceError(str(exc)) from exc
         return _read_parquet(spark, [hadoop_path(f.path) for f in files])
 
 
@@ -157,11 +151,9 @@ class DeltaSource(Source):
 
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
         """The data files the versions since the consumed one appended (see the class docs)."""
-        try:
+        with as_source_error(TableSourceError):
             return delta_planning.plan_delta(self.url, self.storage_options, history, start=self.start,
                                        skip_change_commits=self.skip_change_commits, where=self.where)
-        except TableSourceError as exc:
-            raise SourceError(str(exc)) from exc
 
     def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
         """The pinned data files gone (``VACUUM``) or of another size, listed once per directory."""
@@ -182,10 +174,8 @@ class DeltaSource(Source):
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """The planned files, with the partition values of each added where the file lacks them."""
-        try:
+        with as_source_error(TableSourceError):
             files = planning.planned_files(offsets, self.where)
-        except TableSourceError as exc:
-            raise SourceError(str(exc)) from exc
         table = self._table()
         if not files:
             return _empty(spark, table.schema().to_arrow())
@@ -297,11 +287,9 @@ class PipelineOutputSource(FileSource):
         else:
             raise SourceError(f"pipeline_output source {self.name!r}: {self.url}/{EPOCHS} changed during each "
                               "listing (an upstream replay is swapping epochs); the epoch runs again later")
-        try:
+        with as_source_error(TableSourceError):
             return planning.plan_published_epochs(listing, history, f"pipeline_output source {self.name!r} "
                                                   f"({self.url})", pointer, self.skip_replays)
-        except TableSourceError as exc:
-            raise SourceError(str(exc)) from exc
 
     def read_checked(self, spark: SparkSession, offsets: Mapping[str, Any]) -> tuple[DataFrame, DataFrame | None]:
         """As the file source; a partitioned upstream sink's columns are discovered below
