@@ -353,9 +353,18 @@ def connect_stage_task(orders: Any, server_url: str, **kwargs: Any) -> Any:
         sinks={"orders_table": {"type": "file", "path": f"file://{orders.root / 'out' / 'orders'}"}}, **kwargs)
 
 
+def detached_driver_imports_the_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The detached driver imports the stage module from the repository root (CI runs pytest without
+    PYTHONPATH), as the detached spark-submit tests' drivers do."""
+    import os
+
+    repo = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])))
+
+
 @pytest.mark.timeout(600)
 def test_a_deferrable_connect_stage_runs_detached_and_the_triggerer_resumes_it_to_one_commit(
-        connect_server: str, airflow_home: Path, tmp_path: Path) -> None:
+        connect_server: str, airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``deferrable=True`` through Connect: the task launches the stage's driver module detached on
     this worker (no JVM: a Connect client) and defers; the trigger -- here one rebuilt from its
     serialized form, as a restarted triggerer has it -- watches the attempt in the store, and the
@@ -367,6 +376,7 @@ def test_a_deferrable_connect_stage_runs_detached_and_the_triggerer_resumes_it_t
     from tests.operators.test_stage_detached_submit import context_of, deferred, fire
     from tests.spark.conftest import OrdersPipeline
 
+    detached_driver_imports_the_tests(monkeypatch)
     orders = OrdersPipeline(tmp_path)
     orders.add_file("a", [1, 2, 3, 3, 4])
     stage = connect_stage_task(orders, connect_server, stage="tests.spark.stages:dedup_orders")
@@ -399,6 +409,8 @@ def test_a_cleared_deferred_connect_stage_has_its_attempt_stopped_and_its_sessio
     from tests.operators.test_stage_detached_submit import context_of, deferred, fire
     from tests.spark.conftest import OrdersPipeline
     from tests.spark.stages import STAGED_MARKER_ENV
+
+    detached_driver_imports_the_tests(monkeypatch)
 
     orders = OrdersPipeline(tmp_path)
     orders.add_file("a", [1, 2, 3, 3, 4])
