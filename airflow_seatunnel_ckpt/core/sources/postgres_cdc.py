@@ -432,10 +432,10 @@ class PostgresCdc:
                             (self.options.slot, lsn_text(end), self.options.publication))
                 try:
                     for (data,) in cur:
-                        change = decoder.message(bytes(data))
-                        if change is not None and in_range(change, start, end):
-                            counts[change.op] += 1
-                            yield change
+                        for change in decoder.message(bytes(data)):
+                            if in_range(change, start, end):
+                                counts[change.op] += 1
+                                yield change
                 except DecodeError as exc:
                     raise CdcError(f"{self.where}: the changes between LSN {lsn_text(start)} and {lsn_text(end)}: "
                                    f"{exc}. The epoch fails before its decision. " + RESNAPSHOT.format(
