@@ -134,3 +134,25 @@ def test_an_update_of_the_key_removes_the_old_keys_row_from_every_applying_sink(
         # The SCD2 history: the moved row's version under its old key is closed, not left open.
         closed = {(r["k1"], r["k2"]) for r in lake.delta() if r["__end_at"] is not None}
         assert ("a ", 1) in closed
+
+
+def test_the_first_epochs_snapshot_gives_each_value_as_the_changes_give_it_so_a_char_key_stays_one_row(
+        spark: Any, tmp_path: Path, postgres_db: str) -> None:
+    # `column::text` is not a value's output for char(n) (trailing blanks cut), boolean ('true') or inet (its
+    # mask added): a snapshot read so gave a char(n) key that the changes' key (padded) did not match.
+    columns = ["code", "flag", "host", "v"]
+    with psycopg.connect(postgres_db, autocommit=True) as db:
+        db.execute("CREATE SCHEMA sink")
+        db.execute("CREATE TABLE ch (code char(4) PRIMARY KEY, flag boolean, host inet, v int)")
+        db.execute("INSERT INTO ch VALUES ('ab', true, '10.0.0.1', 1), ('abcd', false, NULL, 2), "
+                   "('x', NULL, '10.0.0.0/8', 3)")
+        lake = Lake(tmp_path, postgres_db, "ch", ["code"], sinks=("iceberg", "postgres"))
+        lake.epoch(spark)
+        first = {("ab  ", True, "10.0.0.1", 1), ("abcd", False, None, 2), ("x   ", None, "10.0.0.0/8", 3)}
+        assert current_rows(lake, db, columns) == {"iceberg": first, "postgres": first}
+        db.execute("UPDATE ch SET v = 10 WHERE code = 'ab'")
+        db.execute("DELETE FROM ch WHERE code = 'abcd'")
+        flushed(db)
+        lake.epoch(spark)
+        second = {("ab  ", True, "10.0.0.1", 10), ("x   ", None, "10.0.0.0/8", 3)}
+        assert current_rows(lake, db, columns) == {"iceberg": second, "postgres": second}

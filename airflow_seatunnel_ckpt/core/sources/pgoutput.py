@@ -290,6 +290,17 @@ def spark_type(type_oid: int, type_modifier: int) -> str:
     return SPARK_TYPES.get(type_oid, "string")
 
 
+def output_columns(names: Sequence[str]) -> Any:
+    """A select list of the columns ``names``, each value as its type's output function writes it (what
+    pgoutput sends, what :func:`typed_value` reads). Not ``::text``: it cuts char(n)'s trailing blanks (a
+    key the changes then do not match), writes booleans as ``true`` and inet with its mask. ``concat``
+    calls the output function (and writes NULL as '', hence the CASE)."""
+    from psycopg import sql
+
+    return sql.SQL(", ").join(sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END").format(
+        c=sql.Identifier(name)) for name in names)
+
+
 def typed_value(spark_type_name: str, text: str | None) -> Any:
     """``text`` (PostgreSQL's output of a value) as the Python value of ``spark_type_name``."""
     if text is None:

@@ -53,6 +53,7 @@ from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     Decoder,
     lsn_text,
     lsn_value,
+    output_columns,
 )
 
 log = logging.getLogger(__name__)
@@ -403,9 +404,8 @@ class PostgresCdc:
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
             for number, table in enumerate(offsets["tables"]):
                 cols = columns[table]
-                query = sql.SQL("SELECT {} FROM {}").format(
-                    sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in cols),
-                    sql.Identifier(*table.split(".")))
+                query = sql.SQL("SELECT {} FROM {}").format(output_columns([c.name for c in cols]),
+                                                            sql.Identifier(*table.split(".")))
                 with conn.cursor(name=f"snapshot_{number}") as cur:
                     cur.execute(query)
                     for row in cur:
