@@ -624,15 +624,28 @@ def _merge(table: DeltaTable, rows: pa.Table, keys: Sequence[str], properties: C
 
 
 def _rows_of_keys(table: DeltaTable, keys: pa.Table, key: Sequence[str]) -> pa.Table:
-    """The table's rows whose key is one of ``keys`` (a single key column is pushed down as a filter)."""
+    """The table's rows whose key is one of ``keys``, picked batch by batch (the table is never held whole).
+
+    Key columns of numbers, dates and times are pushed down as filters (files whose statistics
+    rule their values out are not read; a composite key's is a superset). Text and binary
+    ones are not: delta-rs writes them as ``string_view``, whose statistics pyarrow cannot
+    compare with a filter on the table's ``string`` (no kernel), which would fail every
+    commit after the first MERGE.
+    """
     import pyarrow.dataset as ds
 
     dataset = table.to_pyarrow_dataset()
     if not keys.num_rows:
         return dataset.schema.empty_table()
-    found = (dataset.to_table(filter=ds.field(key[0]).isin(keys.column(key[0]).combine_chunks()))
-             if len(key) == 1 else dataset.to_table())
-    return found.filter(rows_of_keys(found, keys, key)) if found.num_rows else found
+    pushed = None
+    for k in key:
+        kind = dataset.schema.field(k).type
+        if pa.types.is_integer(kind) or pa.types.is_temporal(kind) or pa.types.is_decimal(kind):
+            values = ds.field(k).isin(pc.unique(keys.column(k).combine_chunks()).cast(kind))
+            pushed = values if pushed is None else pushed & values
+    batches = [batch.filter(rows_of_keys(pa.Table.from_batches([batch]), keys, key).combine_chunks())
+               for batch in dataset.to_batches(filter=pushed) if batch.num_rows]
+    return pa.Table.from_batches(batches, schema=dataset.schema) if batches else dataset.schema.empty_table()
 
 
 def replay_base(table: DeltaTable, options: dict[str, str], request: SinkCommit, where: str) -> int | None:

@@ -65,7 +65,7 @@ from pyiceberg.exceptions import (
     ResolveError,
     TableAlreadyExistsError,
 )
-from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.expressions import AlwaysTrue, And, BooleanExpression, In
 from pyiceberg.io.pyarrow import ArrowScan, _pyarrow_to_schema_without_ids, parquet_file_to_data_file, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import promote
@@ -560,15 +560,24 @@ def _apply_changes(tx: Transaction, view: Table, request: SinkCommit, placed: St
         old, rewritten = _without_keys(tx, view, request, placed, touched, key)
     else:
         touched = changes.keys_of(parts, apply, file_schema)
-        held = (view.scan(row_filter=create_match_filter(touched, key)).to_arrow() if touched.num_rows
-                and tx.table_metadata.current_snapshot() is not None else file_schema.empty_table())
-        old, rewritten = _without_keys(tx, view, request, placed, touched, key)
+        found: list[pa.Table] = []  # the keys' rows, from the files read to rewrite them (no second scan)
+        old, rewritten = _without_keys(tx, view, request, placed, touched, key, found)
+        held = pa.concat_tables(found) if found else file_schema.empty_table()
     new = changes.applied(held, parts, apply, file_schema)
     return old, rewritten, _write_rows(tx, request, placed, new, "applied")
 
 
+def _files_of_keys(keys: pa.Table, key: Sequence[str]) -> BooleanExpression:
+    """A filter that every file holding one of ``keys`` passes: a single key's values; a composite key's, each
+    column's values (a superset: the rows are picked exactly by :func:`rows_of_keys`). pyiceberg's match filter
+    of a composite key (an Or of one And per key) takes time quadratic in the keys to build and to plan with."""
+    if len(key) == 1:
+        return create_match_filter(keys, list(key))
+    return And(*[In(k, set(pc.unique(keys.column(k)).to_pylist())) for k in key])
+
+
 def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, keys: pa.Table,
-                  key: Sequence[str]) -> tuple[list[DataFile], list[DataFile]]:
+                  key: Sequence[str], found: list[pa.Table] | None = None) -> tuple[list[DataFile], list[DataFile]]:
     """The current data files holding any of the epoch's ``keys``, and their rewrites without those rows.
 
     Copy-on-write as pyiceberg's ``Transaction.delete`` does it, but into the epoch's own
@@ -590,12 +599,14 @@ def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Sto
     file_schema = schema_to_pyarrow(schema, include_field_ids=True)
     old: list[DataFile] = []
     rewritten: list[DataFile] = []
-    for task in DataScan(metadata, view.io, row_filter=create_match_filter(keys, list(key))).plan_files():
+    for task in DataScan(metadata, view.io, row_filter=_files_of_keys(keys, key)).plan_files():
         rows = ArrowScan(metadata, view.io, schema, AlwaysTrue()).to_table([task])
         hit = rows_of_keys(rows, keys, key)
         if not pc.any(hit).as_py():
             continue  # the statistics could not rule the file out, its rows can
         old.append(task.file)
+        if found is not None:
+            found.append(rows.filter(hit))
         kept = rows.filter(pc.invert(hit))
         if not kept.num_rows:
             continue

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -151,29 +151,31 @@ def timestamp(micros: int) -> dt.datetime:
 class Decoder:
     """Turns a slot's messages, in order, into :class:`Change` rows (keeps the relations seen)."""
 
-    def __init__(self) -> None:
+    def __init__(self, primary_keys: Mapping[str, Sequence[str]] | None = None) -> None:
+        """``primary_keys``: ``schema.table`` -> its key columns, for tables of ``REPLICA IDENTITY FULL``
+        (whose relation message flags every column), so that an update of their key is seen as one."""
         self.relations: dict[int, Relation] = {}
+        self.primary_keys = {t: list(k) for t, k in (primary_keys or {}).items()}
         self._begin: tuple[int, dt.datetime, int] | None = None
         self._seq = 0
 
     def changes(self, messages: Iterable[bytes]) -> Iterator[Change]:
         """The changes of ``messages`` (every one inside a ``B`` .. ``C`` pair)."""
         for message in messages:
-            change = self.message(bytes(message))
-            if change is not None:
-                yield change
+            yield from self.message(bytes(message))
 
-    def message(self, data: bytes) -> Change | None:
-        """Decode one message; the change it carries, if any."""
+    def message(self, data: bytes) -> list[Change]:
+        """Decode one message; the changes it carries: none, one, or two for an update of the key (a
+        delete of the old key, then the update, so that whoever applies them by key removes the old row)."""
         reader = _Reader(data)
         kind = reader.take(1)
         if kind == b"B":
             final_lsn, ts, xid = reader.int64(), reader.int64(), reader.uint32()
             self._begin, self._seq = (final_lsn, timestamp(ts), xid), 0
-            return None
+            return []
         if kind == b"C":
             self._begin = None
-            return None
+            return []
         if kind == b"R":
             oid, schema, name = reader.uint32(), reader.string(), reader.string()
             identity = chr(reader.int8())
@@ -182,9 +184,9 @@ class Decoder:
                 flags = reader.int8()
                 columns.append(Column(reader.string(), reader.uint32(), reader.int32(), bool(flags & 1)))
             self.relations[oid] = Relation(oid, schema or "pg_catalog", name, identity, tuple(columns))
-            return None
+            return []
         if kind in (b"Y", b"O", b"M"):  # types, origins, logical messages: nothing to apply
-            return None
+            return []
         if kind == b"T":
             count = reader.uint32()
             reader.int8()
@@ -202,13 +204,13 @@ class Decoder:
             raise DecodeError(f"a change of relation {oid} before its relation message")
         return relation
 
-    def _row(self, kind: bytes, reader: _Reader) -> Change:
+    def _row(self, kind: bytes, reader: _Reader) -> list[Change]:
         if self._begin is None:
             raise DecodeError(f"a {kind!r} change outside a transaction")
         relation = self._relation(reader.uint32())
         names = [c.name for c in relation.columns]
         old: list[Any] | None = None
-        part = reader.take(1)
+        part = old_part = reader.take(1)
         if part in (b"K", b"O"):
             old = _tuple(reader)
             if kind == b"U":
@@ -232,10 +234,33 @@ class Decoder:
                         unchanged.append(name)
                         value = None
                 values[name] = value
+        out = []
+        if kind == b"U" and old is not None:
+            moved = self._moved_from(relation, old, old_part, values, unchanged)
+            if moved is not None:
+                out.append(self._change("delete", relation, moved, []))
+        op = {b"I": "insert", b"U": "update", b"D": "delete"}[kind]
+        return [*out, self._change(op, relation, values, unchanged)]
+
+    def _change(self, op: str, relation: Relation, values: dict[str, Any], unchanged: list[str]) -> Change:
+        assert self._begin is not None
         self._seq += 1
         lsn, ts, xid = self._begin
-        op = {b"I": "insert", b"U": "update", b"D": "delete"}[kind]
         return Change(op, relation.table, lsn, self._seq, ts, xid, values, unchanged)
+
+    def _moved_from(self, relation: Relation, old: list[Any], part: bytes, new: dict[str, Any],
+                    unchanged: list[str]) -> dict[str, Any] | None:
+        """An update's old row as a delete carries it (``K``: its key, ``O``: every column) when the update
+        changed the key, else None. A FULL identity flags every column: its key is the catalog's primary key."""
+        names = [c.name for c in relation.columns]
+        if relation.replica_identity == "f":
+            keys = [k for k in self.primary_keys.get(relation.table, []) if k in names]
+        else:
+            keys = [c.name for c in relation.columns if c.key]
+        before = dict(zip(names, old, strict=True))
+        if not keys or all(before[k] is UNCHANGED or k in unchanged or before[k] == new.get(k) for k in keys):
+            return None
+        return {n: v for n, v in before.items() if v is not UNCHANGED and (part == b"O" or n in keys)}
 
 
 def lsn_text(lsn: int) -> str:
@@ -263,6 +288,17 @@ def spark_type(type_oid: int, type_modifier: int) -> str:
         if precision <= 38:
             return f"decimal({precision},{scale})"
     return SPARK_TYPES.get(type_oid, "string")
+
+
+def output_columns(names: Sequence[str]) -> Any:
+    """A select list of the columns ``names``, each value as its type's output function writes it (what
+    pgoutput sends, what :func:`typed_value` reads). Not ``::text``: it cuts char(n)'s trailing blanks (a
+    key the changes then do not match), writes booleans as ``true`` and inet with its mask. ``concat``
+    calls the output function (and writes NULL as '', hence the CASE)."""
+    from psycopg import sql
+
+    return sql.SQL(", ").join(sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END").format(
+        c=sql.Identifier(name)) for name in names)
 
 
 def typed_value(spark_type_name: str, text: str | None) -> Any:

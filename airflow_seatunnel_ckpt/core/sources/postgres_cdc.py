@@ -54,6 +54,7 @@ from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     Decoder,
     lsn_text,
     lsn_value,
+    output_columns,
 )
 
 log = logging.getLogger(__name__)
@@ -395,9 +396,8 @@ class PostgresCdc:
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(name)))
             for number, table in enumerate(offsets["tables"]):
                 cols = columns[table]
-                query = sql.SQL("SELECT {} FROM {}").format(
-                    sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in cols),
-                    sql.Identifier(*table.split(".")))
+                query = sql.SQL("SELECT {} FROM {}").format(output_columns([c.name for c in cols]),
+                                                            sql.Identifier(*table.split(".")))
                 with conn.cursor(name=f"snapshot_{number}") as cur:
                     cur.execute(query)
                     for row in cur:
@@ -424,10 +424,10 @@ class PostgresCdc:
                             (self.options.slot, lsn_text(end), self.options.publication))
                 try:
                     for (data,) in cur:
-                        change = decoder.message(bytes(data))
-                        if change is not None and in_range(change, start, end):
-                            counts[change.op] += 1
-                            yield change
+                        for change in decoder.message(bytes(data)):
+                            if in_range(change, start, end):
+                                counts[change.op] += 1
+                                yield change
                 except DecodeError as exc:
                     raise CdcError(f"{self.where}: the changes between LSN {lsn_text(start)} and {lsn_text(end)}: "
                                    f"{exc}. The epoch fails before its decision. " + RESNAPSHOT.format(

@@ -38,7 +38,7 @@ from typing import Any
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.sources.base import last_read
 from airflow_seatunnel_ckpt.core.sources.options import PostgresQuerySourceOptions
-from airflow_seatunnel_ckpt.core.sources.pgoutput import Column
+from airflow_seatunnel_ckpt.core.sources.pgoutput import Column, output_columns
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connect
 
 
@@ -197,7 +197,7 @@ class PostgresQuery:
         with self.connect() as conn:
             where, params = self._between(conn, offsets)
             query = sql.SQL("SELECT {cols} FROM {table} WHERE {where}").format(
-                cols=sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c.name)) for c in columns),
+                cols=output_columns([c.name for c in columns]),
                 table=sql.Identifier(*self.options.table.split(".")), where=where)
             conn.autocommit = False
             with conn.cursor(name="rows") as cur:

@@ -97,11 +97,11 @@ class PostgresCdcSource(Source):
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
         """Exactly the pinned range's changes (and the first epoch's snapshot rows), ordered by (_lsn, _seq)."""
-        decoder = Decoder()
         with as_source_error():
             self.cdc.check(offsets)  # the server, slot and publication, before anything is read
             with self.cdc.connect() as conn:
                 by_table: dict[str, list[Column]] = self.cdc.columns(conn, list(offsets["tables"]))
+            decoder = Decoder({t: [c.name for c in cols if c.key] for t, cols in by_table.items()})
             rows: list[dict[str, Any]] = []
             if offsets.get("snapshot"):
                 rows += [{**values, "_table": table, "_op": "insert", "_lsn": int(offsets["start"]), "_seq": 0}

@@ -258,3 +258,20 @@ def test_a_transaction_larger_than_the_decoding_memory_is_read_whole_in_order(po
     assert [c.op for c in got[-10:]] == ["delete"] * 10 and got[-1].values == {"id": "10"}
     spilled = db.execute("SELECT spill_txns FROM pg_stat_replication_slots WHERE slot_name = 'orders_slot'").fetchone()
     assert spilled and spilled[0] > 0  # the server decoded it through disk
+
+
+@pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
+def test_an_update_of_the_key_is_a_delete_of_the_old_key_then_the_update_and_other_updates_stay_one(
+        postgres_db: str, identity: str) -> None:
+    db = setup(postgres_db, identity)
+    db.execute("INSERT INTO orders VALUES (1, 1, 'a'), (2, 2, 'b')")
+    source = cdc(postgres_db, snapshot=False)
+    first = source.plan([])
+    db.execute("UPDATE orders SET id = 5, amount = 5 WHERE id = 1")
+    db.execute("UPDATE orders SET amount = 3 WHERE id = 2")
+    flushed(db)
+    second = source.plan([{"epoch": 1, "offsets": first}])
+    got = list(source.changes(second, Decoder({"public.orders": ["id"]})))
+    old_row = ("1.00", "a") if identity == "FULL" else (None, None)  # a FULL identity's old row is whole
+    assert [(c.op, c.values.get("id"), c.values.get("amount"), c.values.get("note"), c.seq) for c in got] == [
+        ("delete", "1", *old_row, 1), ("update", "5", "5.00", "a", 2), ("update", "2", "3.00", "b", 1)]

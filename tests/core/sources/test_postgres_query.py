@@ -137,3 +137,18 @@ def test_rows_written_by_concurrent_slow_transactions_with_tied_values_are_each_
     everything = [int(i) for (i,) in db.execute("SELECT id FROM events").fetchall()]
     assert len(everything) > 50
     assert sorted(read) == sorted(everything)  # each row once: none lost, none twice
+
+
+def test_rows_are_read_as_their_types_output_them_so_booleans_char_and_inet_keep_their_values(
+        postgres_db: str) -> None:
+    from airflow_seatunnel_ckpt.core.sources.pgoutput import spark_type, typed_value
+
+    db = psycopg.connect(postgres_db, autocommit=True)
+    db.execute("CREATE TABLE events (id int PRIMARY KEY, at int NOT NULL, flag boolean, code char(4), host inet)")
+    db.execute("INSERT INTO events VALUES (1, 1, true, 'ab', '10.0.0.1'), (2, 1, false, NULL, NULL)")
+    source = query(postgres_db)
+    with source.connect() as conn:
+        columns = source.columns(conn)
+    rows = sorted(tuple(typed_value(spark_type(c.type_oid, c.type_modifier), v) for c, v in
+                         zip(columns, row, strict=True)) for row in source.rows(source.plan([]), columns))
+    assert rows == [(1, 1, True, "ab  ", "10.0.0.1"), (2, 1, False, None, None)]

@@ -282,12 +282,18 @@ class ApplyCampaign(Campaign):
 
 
 def change_source(db: psycopg.Connection, rng: random.Random) -> None:
-    """A few transactions of random inserts, updates and deletes on ``src`` (a key may change twice in one)."""
+    """A few transactions of random inserts, updates, deletes and updates of the key on ``src`` (a key may
+    change twice in one)."""
     for _ in range(rng.randint(2, 6)):
         with db.transaction():
             for _ in range(rng.randint(1, 4)):
                 key = rng.randrange(KEYS)
-                if rng.random() < 0.3:
+                draw = rng.random()
+                if draw < 0.1:  # the key itself: the old key's row goes, the new key's comes
+                    new = rng.randrange(KEYS)
+                    db.execute("UPDATE src SET id = %s WHERE id = %s AND NOT EXISTS (SELECT FROM src WHERE id = %s)",
+                               (new, key, new))
+                elif draw < 0.35:
                     db.execute("DELETE FROM src WHERE id = %s", (key,))
                 else:
                     db.execute("INSERT INTO src VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE SET v = excluded.v, "
@@ -475,7 +481,14 @@ def test_changes_applied_over_killed_and_replayed_epochs_keep_the_scd1_table_equ
                 assert not got or (got[-1][3] is None) == (key in committed), (fault, key)
             for _ in range(rng.randint(1, 6)):  # changes between epochs, in small transactions
                 key = rng.randrange(14)
-                if rng.random() < 0.3:
+                draw = rng.random()
+                if draw < 0.1:  # an update of the key: the old key's row goes, the new key's comes
+                    new = rng.randrange(14)
+                    if key in source and new not in source:
+                        db.execute("UPDATE l SET id = %s WHERE id = %s", (new, key))
+                        source[new] = source.pop(key)
+                        touched |= {key, new}
+                elif draw < 0.35:
                     if key in source:
                         db.execute("DELETE FROM l WHERE id = %s", (key,))
                         source.pop(key)
