@@ -90,8 +90,8 @@ def test_getting_started_takes_kafka_records_into_postgres_exactly_once_from_a_s
             k: documented[k] for k in ("state", "run_id", "rows")}
         assert cli.main(["--store", store, "show", "orders", "2", "--json"]) == 0
         shown = json.loads(capsys.readouterr().out)
-        assert set(shown) == {"status", "expectations", "actions", "checkpoint"}
-        assert set(shown["status"]) == set(documented) - {"logical_date", "rows", "expectations"}
+        assert set(shown) == {"status", "expectations", "input", "actions", "checkpoint"}
+        assert set(shown["status"]) == set(documented) - {"logical_date", "rows", "expectations", "input"}
         assert set(shown["checkpoint"]) >= {"format_version", "epoch", "base_epoch", "run_id", "participants",
                                             "sources", "sinks", "operators"}
         assert set(shown["checkpoint"]["sources"]["orders"]["offsets"]) == {"start", "end", "topic_ids", "lost"}

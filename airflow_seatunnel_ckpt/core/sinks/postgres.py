@@ -458,8 +458,9 @@ def _bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions, where: 
 
     Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
     a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``. Two
-    first commits racing: the loser's ``CREATE`` meets a unique violation in the catalog,
-    raised as a (transient) :class:`StorageError`, and its next attempt finds the tables.
+    first commits racing: the loser's ``CREATE`` meets a unique violation in the catalog or
+    finds the relation already there (which of the two depends on the moment), raised as a
+    (transient) :class:`StorageError`, and its next attempt finds the tables.
     """
     found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", (
         _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
@@ -468,7 +469,7 @@ def _bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions, where: 
         return
     try:
         _create_bookkeeping(conn, options)
-    except psycopg.errors.UniqueViolation as exc:
+    except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable, psycopg.errors.DuplicateObject) as exc:
         raise StorageError(f"{where}: creating {EPOCHS} and {OWNERS} in schema {options.schema_name} raced another "
                            f"first commit ({str(exc).strip()}); trying again finds them") from exc
 
