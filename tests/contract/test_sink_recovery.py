@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,14 +35,22 @@ def finish_commit(report: RecoveryReport, epoch: int) -> str:
     return found[0].reason
 
 
-@pytest.mark.parametrize("connector", sorted(CONTEXTS))
-def test_recovery_settles_an_epoch_its_sink_already_holds_without_committing_it_again(
-        tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture, connector: str) -> None:
+def decided_after_two_epochs(connector: str, tmp_path: Path,
+                             request: pytest.FixtureRequest) -> tuple[Any, Epochs, int, Any]:
+    """The connector's context with two committed epochs and a third prepared and decided commit:
+    ``(context, epochs, the third epoch, its staged manifest)``."""
     context = context_of(connector, tmp_path, request)
     epochs = Epochs(context, APPEND)
     epochs.run([1, 2])
     epoch, staged = epochs.prepare(lambda e: epoch_rows([3, 4], e))
     assert epochs.decide(epoch).decision.value == "commit"
+    return context, epochs, epoch, staged
+
+
+@pytest.mark.parametrize("connector", sorted(CONTEXTS))
+def test_recovery_settles_an_epoch_its_sink_already_holds_without_committing_it_again(
+        tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture, connector: str) -> None:
+    context, epochs, epoch, staged = decided_after_two_epochs(connector, tmp_path, request)
     reports: list[RecoveryReport] = []
     before: dict[str, tuple[int, bytes]] = {}
 
@@ -69,11 +78,7 @@ def test_recovery_settles_an_epoch_its_sink_already_holds_without_committing_it_
 @pytest.mark.parametrize("connector", sorted(CONTEXTS))
 def test_recovery_commits_an_epoch_its_sink_does_not_hold_yet(
         tmp_path: Path, request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture, connector: str) -> None:
-    context = context_of(connector, tmp_path, request)
-    epochs = Epochs(context, APPEND)
-    epochs.run([1, 2])
-    epoch, staged = epochs.prepare(lambda e: epoch_rows([3, 4], e))
-    assert epochs.decide(epoch).decision.value == "commit"
+    context, epochs, epoch, staged = decided_after_two_epochs(connector, tmp_path, request)
     reports: list[RecoveryReport] = []
 
     def recovery() -> None:
