@@ -438,3 +438,30 @@ def test_a_replay_killed_before_each_of_its_mutations_is_finished_once_and_the_n
     finally:
         drop(request, databases)
     assert any("the sink's commit" in c for c in run.crashed_at), run.crashed_at
+
+
+# -- apply_changes: several changes of one key in one epoch ---------------------------------------
+@pytest.mark.parametrize("connector", sorted(APPLYING))
+def test_several_changes_of_one_key_in_an_epoch_apply_the_one_with_the_highest_sequence_and_the_next_epoch_commits(
+        tmp_path: Path, request: pytest.FixtureRequest, connector: str) -> None:
+    """A stage may write several changes of one key in an epoch (the Spark side keeps the last, but a
+    sink is handed whatever was staged): every applying sink applies the one with the highest
+    sequence, whatever the rows' order, and writes one row (one version) of the key."""
+    context = context_of(connector, tmp_path, request)
+    epochs = Epochs(context, sorted(context.modes)[0])
+    epochs.run([1, 2])
+
+    def two_changes_of_key_4(epoch: int) -> pa.Table:
+        typed = context.staged(epoch_rows([4], epoch), epoch).schema  # the change columns as the context types them
+        return pa.table({"id": [4, 4], "region": [REGIONS[0]] * 2, "amount": [2.0, 1.0],
+                         "_op": ["update", "insert"], "_lsn": [epoch, epoch], "_seq": [2, 1]}, schema=typed)
+
+    for rows in (two_changes_of_key_4, lambda e: epoch_rows([5], e)):
+        epoch, _ = epochs.prepare(rows)
+        decided = epochs.decide(epoch)
+        assert decided.decision is Decision.COMMIT, decided.reason
+        epochs.pipeline.commit(epoch)
+        assert epochs.pipeline.state(epoch) is EpochState.COMMITTED
+    found = context.rows()
+    assert [r for r in found if r[0] == 4] == [(4, REGIONS[0], 2.0)], found
+    assert [r for r in found if r[0] == 5] == rows_of(epoch_rows([5], epoch)), found
