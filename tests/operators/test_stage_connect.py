@@ -397,7 +397,8 @@ def test_a_deferrable_connect_stage_runs_detached_and_the_triggerer_resumes_it_t
 
 @pytest.mark.timeout(600)
 def test_a_cleared_deferred_connect_stage_has_its_attempt_stopped_and_its_session_released(
-        connect_server: str, airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        connect_server: str, connect_server_process: Any, airflow_home: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Try 1 deferred while its job runs on the server; the task is cleared. Try 2 fences attempt 1,
     whose launcher stops its driver and releases its Connect session (ending the job there), then
     runs its own attempt: every row once."""
@@ -436,7 +437,12 @@ def test_a_cleared_deferred_connect_stage_has_its_attempt_stopped_and_its_sessio
     killed = ConnectAttempt.of(connect_server, orders.store["storage_url"], "orders", 1, "ingest", 1)
     assert session_closed_on_the_server(killed)
 
-    result = stage.execute_complete(context_of(2), fire(trigger))
+    try:
+        event = fire(trigger)
+    except TimeoutError:
+        raise AssertionError(f"attempt 2 did not end; its exit: {read_exit(orders.pipeline, 1, 'ingest', 2)}; the "
+                             f"server's log:\n{connect_server_process.log_tail(80)}") from None
+    result = stage.execute_complete(context_of(2), event)
     assert (result["epoch"], result["attempt"]) == (1, 2)
     assert orders.pipeline.decide(1, Decision.COMMIT, "test", "test").decision is Decision.COMMIT
     orders.pipeline.commit(1)

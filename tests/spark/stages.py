@@ -237,12 +237,18 @@ def stage_then_wait_in_a_spark_job(ctx: StageContext, spark: Any) -> None:
 
 
 def dedup_then_wait_on_the_server(ctx: StageContext, spark: Any) -> None:
-    """:func:`dedup_orders`, then -- while ``$SEATUNNEL_TEST_STAGED_MARKER`` is set -- tell the test
-    (marker file, written here, in the client) and run a Spark job of a minute or two, on the
-    server through Spark Connect (JVM work only: no Python worker, no data of the stage)."""
+    """:func:`dedup_orders`, then -- while ``$SEATUNNEL_TEST_STAGED_MARKER`` is set -- run a Spark
+    job of a minute or two on the server through Spark Connect (JVM work only: no Python worker,
+    no data of the stage) and tell the test (marker file, written here, in the client) once the
+    server reports a task of it running: a test that acts on the marker acts on a running job,
+    not on a request still on its way."""
     dedup_orders(ctx, spark)
     marker = os.environ.get(STAGED_MARKER_ENV)
     if marker:
-        Path(marker).write_text(f"{ctx.epoch} {ctx.attempt}")
+        def told(stages: Any, inflight_tasks: int, operation_id: Any, done: bool) -> None:
+            if inflight_tasks > 0 and not done:
+                Path(marker).write_text(f"{ctx.epoch} {ctx.attempt}")
+
+        spark.registerProgressHandler(told)
         ids = int(os.environ.get(BUSY_IDS_ENV) or 10**11)
         spark.range(0, ids, 1, 2).selectExpr("max(id)").collect()  # a minute or two unless interrupted
