@@ -219,7 +219,8 @@ class PipelineDescriptor(Record):
 
 def descriptor_versions(storage: Storage) -> list[int]:
     """Every descriptor version of the pipeline at ``storage``, ascending."""
-    found = (layout.parse_descriptor_name(n) for n in storage.list_dir(layout.DESCRIPTOR))
+    names = storage.list_dir(layout.DESCRIPTOR)
+    found = (layout.parse_version_name(n, layout.DESCRIPTOR_WIDTH, ".json") for n in names)
     return sorted(v for v in found if v is not None)
 
 
