@@ -96,7 +96,6 @@ EPOCH_WIDTH = 12
 _CHECKPOINT_DIR = re.compile(r"checkpoint_([1-9]\d{0,11})")
 _TXLOG_DIR = re.compile(r"epoch-(\d{12})")
 _STAGING_EPOCH = re.compile(r"epoch=([1-9]\d{0,11})")
-_DESCRIPTOR_FILE = re.compile(r"v(\d{6})\.json")
 
 
 def checkpoint_dir(epoch: int) -> str:
@@ -169,8 +168,6 @@ def run_key(run_id: str, dag_id: str = "") -> str:
     Airflow run ids are unique per DAG only (``manual__<date>`` recurs in every DAG), so
     the key covers both (an empty ``dag_id``: core-only callers that know no DAG).
     """
-    from airflow_seatunnel_ckpt.core.errors import InvalidNameError
-
     if not isinstance(run_id, str) or not run_id or len(run_id) > 1000 or "\x00" in run_id:
         raise InvalidNameError(f"run id must be a non-empty string of at most 1000 characters, got {run_id!r}")
     if not isinstance(dag_id, str) or len(dag_id) > 1000 or "\x00" in dag_id:
@@ -191,20 +188,15 @@ def _version_name(version: int, width: int, what: str) -> str:
     return f"v{version:0{width}d}"
 
 
-def _parse_version(pattern: re.Pattern[str], name: str) -> int | None:
-    """The version in ``name`` if it is a version name (``pattern``), else None."""
-    m = pattern.fullmatch(name)
+def parse_version_name(name: str, width: int, suffix: str = "") -> int | None:
+    """The version of a ``v<version>[suffix]`` name zero-padded to ``width`` digits, or None for anything else."""
+    m = re.fullmatch(rf"v(\d{{{width}}}){re.escape(suffix)}", name)
     return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
 
 
 def descriptor_path(version: int) -> str:
     """``_descriptor/v<NNNNNN>.json``: one write-once version of the pipeline descriptor."""
     return f"{DESCRIPTOR}/{_version_name(version, DESCRIPTOR_WIDTH, 'descriptor')}.json"
-
-
-def parse_descriptor_name(name: str) -> int | None:
-    """The version of a ``v<NNNNNN>.json`` descriptor file name, or None for anything else."""
-    return _parse_version(_DESCRIPTOR_FILE, name)
 
 
 def staging_epoch_dir(epoch: int) -> str:
@@ -243,14 +235,8 @@ def parse_staging_epoch(name: str) -> int | None:
 #: ``_txlog/_settled``: the settled watermark's versions (see :mod:`settled`).
 SETTLED = f"{TXLOG}/_settled"
 SETTLED_WIDTH = 12
-_SETTLED_FILE = re.compile(r"v(\d{12})")
 
 
 def settled_path(version: int) -> str:
     """``_txlog/_settled/v<NNNNNNNNNNNN>``: one write-once version of the settled watermark."""
     return f"{SETTLED}/{_version_name(version, SETTLED_WIDTH, 'settled record')}"
-
-
-def parse_settled_name(name: str) -> int | None:
-    """The version of a ``v<NNNNNNNNNNNN>`` settled record name, or None for anything else."""
-    return _parse_version(_SETTLED_FILE, name)

@@ -120,11 +120,6 @@ def omitted_if(default: Any) -> Any:
     return Field(default=default, exclude_if=lambda value: value == default)
 
 
-def omitted_if_empty() -> Any:
-    """An empty-list default that is left out of the stored JSON while empty."""
-    return Field(default_factory=list, exclude_if=lambda value: not value)
-
-
 def tag(name: str) -> Any:
     """The ``type`` field naming a record's kind in its JSON (checked on decode)."""
     return Field(default=name, repr=False)
@@ -364,8 +359,8 @@ class PreparedRecord(Record):
     sources: dict[str, SourceState]
     #: The committed checkpoint the participant restored from (None: empty state).
     base_epoch: int | None = None
-    #: Sinks the stage declared but did not write this epoch.
-    not_written: list[str] = omitted_if_empty()
+    #: Sinks the stage declared but did not write this epoch (left out of the stored JSON while empty).
+    not_written: list[str] = Field(default_factory=list, exclude_if=lambda value: not value)
     type: Literal["prepared"] = tag("prepared")
 
     @property

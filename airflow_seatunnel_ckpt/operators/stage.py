@@ -80,26 +80,15 @@ class SparkStageOperator(BasePipelineOperator):
     template_fields_renderers = {"sources": "json", "sinks": "json", "spark_conf": "json"}
     ui_color = "#fcf3cf"
 
-    def __init__(
-        self,
-        *,
-        stage: str | Callable[..., Any],
-        sources: Mapping[str, Mapping[str, Any]],
-        sinks: Mapping[str, Mapping[str, Any]],
-        participant: str | None = None,
-        key_groups: int | None = None,
-        spark_conf: Mapping[str, Any] | None = None,
-        conn_id: str | None = None,
-        spark_remote: str | None = None,
-        spark_submit_kwargs: Mapping[str, Any] | None = None,
-        pending_poke_interval: float = 15.0,
-        pending_wait_timeout: float | None = None,
-        python: str | None = None,
-        archives: Sequence[str] | None = None,
-        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        poll_interval: float = 10.0,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, *, stage: str | Callable[..., Any], sources: Mapping[str, Mapping[str, Any]],
+                 sinks: Mapping[str, Mapping[str, Any]], participant: str | None = None,
+                 key_groups: int | None = None, spark_conf: Mapping[str, Any] | None = None,
+                 conn_id: str | None = None, spark_remote: str | None = None,
+                 spark_submit_kwargs: Mapping[str, Any] | None = None, pending_poke_interval: float = 15.0,
+                 pending_wait_timeout: float | None = None, python: str | None = None,
+                 archives: Sequence[str] | None = None,
+                 deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+                 poll_interval: float = 10.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.participant = participant or self.task_id.rsplit(".", 1)[-1]
         # When the DAG is parsed: a mistake is an import error of the DAG file (templated

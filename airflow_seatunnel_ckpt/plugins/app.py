@@ -30,13 +30,9 @@ from pydantic import BaseModel, Field
 from airflow_seatunnel_ckpt.core import EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError, DecisionConflictError
 from airflow_seatunnel_ckpt.core.models import ActionOutcome
-from airflow_seatunnel_ckpt.core.protocol.recovery import RecoveryReport, RecoveryStep, recover, resolve_epoch
+from airflow_seatunnel_ckpt.core.protocol import recovery
 from airflow_seatunnel_ckpt.hooks.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 from airflow_seatunnel_ckpt.plugins import charts, overview, run_notes
-
-#: Recovery steps that decide or finish an epoch: the ones recorded with the user who ran recovery.
-_RESOLVING = frozenset({RecoveryStep.FINISH_COMMIT, RecoveryStep.FINISH_ABORT, RecoveryStep.ABORT_TIMEOUT,
-                        RecoveryStep.ABORT_DEAD_OWNER})
 
 #: Where the API server mounts the app (also the external views' hrefs).
 URL_PREFIX = "/seatunnel-ckpt"
@@ -234,12 +230,12 @@ def create_app() -> FastAPI:
         p, action = _action(store_key, name, epoch, "retry-publish", body, user, (EpochState.COMMITTING,),
                             "a COMMITTING epoch's publish can be retried")
         try:
-            resolution = resolve_epoch(p, epoch, by=_actor(user))
+            resolution = recovery.resolve_epoch(p, epoch, by=_actor(user))
         except Exception as exc:  # anything but a store or target error (those come back in the resolution)
             raise _failed(p, epoch, action, 502, f"publish failed again: {exc}") from exc
         if resolution.error:
             raise _failed(p, epoch, action, 502, f"publish failed again: {resolution.error}")
-        if resolution.step is not RecoveryStep.FINISH_COMMIT:
+        if resolution.step is not recovery.RecoveryStep.FINISH_COMMIT:
             raise _refused(p, epoch, action, f"epoch {epoch} changed meanwhile: {resolution.reason}")
         result = resolution.result
         published = ", ".join(f"{s.sink}: {s.rows} rows in {s.files} files" for s in result.sinks)
@@ -251,22 +247,26 @@ def create_app() -> FastAPI:
     def run_recovery(store_key: str, name: str, body: ActionBody, user: User) -> JSONResponse:
         """Carry out what recovery's dry run shows; each epoch it acts on records the user and the outcome."""
         p = _guarded(store_key, name, user)
-        planned = recover(p, dry_run=True, run_finished=run_finished_in_db)
+        planned = recovery.recover(p, dry_run=True, run_finished=run_finished_in_db)
         known = set(p.txlog.open_epochs()[1])  # (what recovery resolves lies above the watermark)
+
+        def resolved(report: recovery.RecoveryReport) -> list[int]:
+            epochs = {a.epoch for a in report.actions if a.action in recovery.RESOLVING}
+            return sorted(e for e in epochs if e is not None and e in known)
+
         recorded = {epoch: p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
-                    for epoch in sorted({a.epoch for a in planned.actions
-                                         if a.action in _RESOLVING and a.epoch is not None and a.epoch in known})}
+                    for epoch in resolved(planned)}
         try:
-            report = recover(p, dry_run=False, run_finished=run_finished_in_db)
+            report = recovery.recover(p, dry_run=False, run_finished=run_finished_in_db)
         except Exception as exc:
             for epoch, action in recorded.items():
                 p.txlog.record_outcome(epoch, action, ActionOutcome.FAILED, f"recovery failed: {exc}")
             raise
         # An epoch the real run resolved that the dry run did not show (it died meanwhile)
         # is recorded too, after the fact.
-        for epoch in sorted({a.epoch for a in report.actions if a.action in _RESOLVING and a.epoch is not None
-                             and a.epoch not in recorded and a.epoch in known}):
-            recorded[epoch] = p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
+        for epoch in resolved(report):
+            if epoch not in recorded:
+                recorded[epoch] = p.txlog.record_action(epoch, "recover", _actor(user), body.reason)
         for epoch, action in recorded.items():
             p.txlog.record_outcome(epoch, action, *_recovery_outcome(report, epoch))
         # 200 even when an action failed or an epoch needs inspecting: the report names
@@ -288,7 +288,7 @@ def _failed(p: Any, epoch: int, action: str, status: int, detail: str) -> HTTPEx
     return HTTPException(status_code=status, detail=detail)
 
 
-def _recovery_outcome(report: RecoveryReport, epoch: int) -> tuple[ActionOutcome, str]:
+def _recovery_outcome(report: recovery.RecoveryReport, epoch: int) -> tuple[ActionOutcome, str]:
     """What recovery did to ``epoch``: its steps (and errors) from the real run's report."""
     steps = [a for a in report.actions if a.epoch == epoch]
     if not steps:

@@ -59,18 +59,11 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
             return self._finish(check)
         self.log.info("%s; deferring to the triggerer (poll every %ss, timeout %ss)",
                       check.message, self.poke_interval, self.timeout)
-        self.defer(
-            trigger=EpochPreparedTrigger(pipeline=self.pipeline,
-                                         run_id=context["run_id"],
-                                         participants=self.participants,
-                                         store_conn_id=self.store_conn_id,
-                                         storage_url=self.storage_url,
-                                         store_config=self.store_config,
-                                         poll_interval=self.poke_interval,
-                                         deadline=time.time() + self.timeout,),
-            method_name="execute_complete",
-            timeout=self.timeout,
-        )
+        trigger = EpochPreparedTrigger(pipeline=self.pipeline, run_id=context["run_id"], participants=self.participants,
+                                       store_conn_id=self.store_conn_id, storage_url=self.storage_url,
+                                       store_config=self.store_config, poll_interval=self.poke_interval,
+                                       deadline=time.time() + self.timeout)
+        self.defer(trigger=trigger, method_name="execute_complete", timeout=self.timeout)
 
     def poke(self, context: Context) -> bool | PokeReturnValue:
         """One look at the store (poke and reschedule mode)."""

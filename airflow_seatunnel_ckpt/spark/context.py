@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Observation, SparkSession
 
 T = TypeVar("T")
+S = TypeVar("S", bound=KeyedState)
 
 
 def _read_only(params: Any) -> Mapping[str, Any]:
@@ -194,22 +195,10 @@ class StageContext:
     checkpoint parts, manifests, the prepared record) is the runner's job.
     """
 
-    def __init__(
-        self,
-        spark: SparkSession,
-        *,
-        pipeline: str,
-        participant: str,
-        run_id: str,
-        epoch: int,
-        attempt: int,
-        restored_epoch: int | None,
-        key_groups: int,
-        sources: Mapping[str, BoundSource],
-        sinks: Mapping[str, Sink],
-        state_factory: Callable[[str, type[KeyedState]], KeyedState],
-        airflow: AirflowContext | None = None,
-    ) -> None:
+    def __init__(self, spark: SparkSession, *, pipeline: str, participant: str, run_id: str, epoch: int, attempt: int,
+                 restored_epoch: int | None, key_groups: int, sources: Mapping[str, BoundSource],
+                 sinks: Mapping[str, Sink], state_factory: Callable[[str, type[KeyedState]], KeyedState],
+                 airflow: AirflowContext | None = None) -> None:
         self.spark = spark
         self.pipeline = pipeline
         self.participant = participant
@@ -255,17 +244,13 @@ class StageContext:
 
     def key_set(self, name: str) -> KeySet:
         """The key set ``name`` (created empty on first use), for de-duplication."""
-        state = self._state(name, KeySet)
-        assert isinstance(state, KeySet)
-        return state
+        return self._state(name, KeySet)
 
     def key_value(self, name: str) -> KeyValueState:
         """The key -> value state ``name`` (created empty on first use), for running aggregates."""
-        state = self._state(name, KeyValueState)
-        assert isinstance(state, KeyValueState)
-        return state
+        return self._state(name, KeyValueState)
 
-    def _state(self, name: str, kind: type[KeyedState]) -> KeyedState:
+    def _state(self, name: str, kind: type[S]) -> S:
         state = self._states.get(name)
         if state is None:
             state = self._states[name] = self._state_factory(name, kind)

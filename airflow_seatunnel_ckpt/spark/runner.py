@@ -139,42 +139,26 @@ def _run_leased(spec: StageSpec, spark: SparkSession | None, stage_fn: StageFunc
 
     ran = execute_stage(spec, session, fn, pipeline, config, epoch, base, plan,
                         lambda name: pipeline.staging_path(epoch, spec.attempt, name), progress_interval)
-    ctx, bound, manifests, not_written, operators, written = (
-        ran.ctx, ran.bound, ran.manifests, ran.not_written, ran.operators, ran.written)
     try:
-        record = pipeline.prepare(epoch, spec.participant, spec.attempt, run_id=spec.run_id, sinks=manifests,
-                                  operators=operators, sources={n: b.consumed for n, b in bound.items()}, base=base,
-                                  not_written=not_written)
+        record = pipeline.prepare(epoch, spec.participant, spec.attempt, run_id=spec.run_id, sinks=ran.manifests,
+                                  operators=ran.operators, sources={n: b.consumed for n, b in ran.bound.items()},
+                                  base=base, not_written=ran.not_written)
     except FencedAttemptError:
         winner = pipeline.txlog.read_prepared(epoch, spec.participant)
         if winner is None:
             raise
-        log.warning("pipeline %s epoch %d: attempt %d of %s was fenced; "
-                    "attempt %d's prepared output stands",
-                    spec.pipeline,
-                    epoch,
-                    spec.attempt,
-                    spec.participant,
-                    winner.attempt,)
+        log.warning("pipeline %s epoch %d: attempt %d of %s was fenced; attempt %d's prepared output stands",
+                    spec.pipeline, epoch, spec.attempt, spec.participant, winner.attempt)
         return StageResult.from_prepared(pipeline.name, winner, reused=True)
     result = StageResult.from_prepared(pipeline.name, record, reused=False)
     if spec.dry_run:
         log.info("pipeline %s: dry run: the shapes of its keyed states are not recorded in the descriptor",
                  pipeline.name)
     else:
-        _record_state_shapes(pipeline, spec.participant, ctx.states)
-    log.info("pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), "
-             "%d checkpoint bytes "
-             "(%d in keyed state)",
-             spec.pipeline,
-             epoch,
-             spec.participant,
-             spec.attempt,
-             time.monotonic() - started,
-             result.rows,
-             len(manifests),
-             result.checkpoint_bytes,
-             written,)
+        _record_state_shapes(pipeline, spec.participant, ran.ctx.states)
+    log.info("pipeline %s epoch %d: %s attempt %d prepared in %.1fs: %d rows in %d sink(s), %d checkpoint bytes "
+             "(%d in keyed state)", spec.pipeline, epoch, spec.participant, spec.attempt, time.monotonic() - started,
+             result.rows, len(ran.manifests), result.checkpoint_bytes, ran.written)
     return result
 
 
@@ -212,18 +196,11 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
     rejected = _expectation_quarantines(pipeline, spec, sinks, quarantines, staged_at)
     bound = {name: BoundSource(session, src, offsets[name], quarantines.get(name), epoch)
              for name, src in sources.items()}
-    ctx = StageContext(session,
-                       pipeline=spec.pipeline,
-                       participant=spec.participant,
-                       run_id=spec.run_id,
-                       epoch=epoch,
-                       attempt=spec.attempt,
-                       restored_epoch=base.epoch,
-                       key_groups=spec.key_groups,
-                       sources=bound,
-                       sinks=sinks,
+    ctx = StageContext(session, pipeline=spec.pipeline, participant=spec.participant, run_id=spec.run_id,
+                       epoch=epoch, attempt=spec.attempt, restored_epoch=base.epoch, key_groups=spec.key_groups,
+                       sources=bound, sinks=sinks,
                        state_factory=_state_factory(session, pipeline, config, epoch, spec, base),
-                       airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}),)
+                       airflow=AirflowContext.from_dict(spec.airflow_context or {"run_id": spec.run_id}))
 
     operators: dict[str, OperatorState] = {}
     written = 0
@@ -412,9 +389,9 @@ def _state_factory(spark: SparkSession, pipeline: Pipeline, config: CheckpointCo
                                  restored=base.operators.get(name), pipeline=pipeline.name)
         state = kind(spark, settings)
         # Only a state with committed values is held to its shape, and the shape is the
-        # restored checkpoint's (the descriptor's only when the checkpoint recorded none):
-        # a state whose epochs were all aborted, or that was
-        # reset, is free, and a run without Airflow (no descriptor) is held all the same.
+        # restored checkpoint's (the descriptor's only when the checkpoint recorded none): a state
+        # whose epochs were all aborted, or that was reset, is free, and a run without Airflow
+        # (no descriptor) is held all the same.
         restored = base.operators.get(name)
         if restored is not None:
             state.recorded = StateDescriptor.of_operator(restored, recorded.get(name))
@@ -444,11 +421,7 @@ def _record_state_shapes(pipeline: Pipeline, participant: str, states: Mapping[s
     """
     from airflow_seatunnel_ckpt.core.protocol.descriptor import record_states
 
-    shapes: dict[str, StateDescriptor] = {}
-    for name, state in states.items():
-        shape = state.shape()
-        if shape is not None:
-            shapes[name] = shape
+    shapes = {name: shape for name, state in states.items() if (shape := state.shape()) is not None}
     try:
         record_states(pipeline, participant, shapes)
     except CheckpointError as exc:
@@ -489,13 +462,10 @@ def _refuse_renamed_states(pipeline: Pipeline, base: RestorePoint, participant: 
                 f"which would start {name!r} from zero. Way out: `seatunnel-ckpt state rename {pipeline.name} "
                 f"{alike[0]} {name}` keeps its values; or, if {name!r} is really a new state, also open "
                 f"{alike[0]!r} in the stage, before updating {name!r} (ctx.{state.kind.value}({alike[0]!r})), "
-                f"or `seatunnel-ckpt state drop "
-                f"{pipeline.name} {alike[0]}` if it is no longer needed")
+                f"or `seatunnel-ckpt state drop {pipeline.name} {alike[0]}` if it is no longer needed")
 
 
-def _owned_operators(
-    pipeline: Pipeline, base: RestorePoint, participant: str
-) -> dict[str, OperatorState]:
+def _owned_operators(pipeline: Pipeline, base: RestorePoint, participant: str) -> dict[str, OperatorState]:
     """States this participant prepared in the restored epoch: carried over unchanged
     when the stage does not open them, so a quiet epoch never drops state."""
     if base.epoch is None:

@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -219,7 +219,8 @@ class PipelineDescriptor(Record):
 
 def descriptor_versions(storage: Storage) -> list[int]:
     """Every descriptor version of the pipeline at ``storage``, ascending."""
-    found = (layout.parse_descriptor_name(n) for n in storage.list_dir(layout.DESCRIPTOR))
+    names = storage.list_dir(layout.DESCRIPTOR)
+    found = (layout.parse_version_name(n, layout.DESCRIPTOR_WIDTH, ".json") for n in names)
     return sorted(v for v in found if v is not None)
 
 
@@ -239,7 +240,7 @@ def read_descriptor(storage: Storage, version: int | None = None,
     return descriptor
 
 
-def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Any,
+def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Callable[[Any], PipelineDescriptor],
                 write: bool = True) -> PipelineDescriptor:
     """Write ``make(latest)`` as the next version unless its content equals ``latest``'s.
 
@@ -331,47 +332,39 @@ def record_states(pipeline: Pipeline, participant: str,
     if latest is None or not states:
         return latest
 
-    def make(current: PipelineDescriptor | None) -> PipelineDescriptor:
-        assert current is not None  # a descriptor is never deleted
+    def merge(current: PipelineDescriptor) -> PipelineDescriptor:
         shape = current.participants.get(participant, ParticipantDescriptor())
         merged = dataclasses.replace(shape, states={**shape.states, **states})
         return dataclasses.replace(current, participants={**current.participants, participant: merged})
 
-    return _write_next(pipeline, latest, make)
+    return _write_next(pipeline, latest, merge)
 
 
 def transfer_ownership(pipeline: Pipeline, new_owner: str) -> PipelineDescriptor:
     """Give the pipeline to DAG ``new_owner`` (a new descriptor version; explicit and logged)."""
     if not isinstance(new_owner, str) or not new_owner:
         raise PipelineOwnershipError("the new owner must be a non-empty DAG id")
+
+    def give(current: PipelineDescriptor) -> PipelineDescriptor:
+        log.warning("pipeline %s: ownership transferred from DAG %s to DAG %s", pipeline.name,
+                    current.owner_dag_id, new_owner)
+        return dataclasses.replace(current, owner_dag_id=new_owner)
+
+    return write_descriptor_change(pipeline, give)
+
+
+def write_descriptor_change(pipeline: Pipeline,
+                            change: Callable[[PipelineDescriptor], PipelineDescriptor]) -> PipelineDescriptor:
+    """Write ``change(newest descriptor)`` as the next version (an ownership or shape change).
+
+    A change of a pipeline without a descriptor is refused: there is nothing to change.
+    """
     latest = read_descriptor(pipeline.storage, max_chunk=pipeline.config.max_chunk_bytes)
     if latest is None:
         raise PipelineOwnershipError(
-            f"pipeline {pipeline.name!r} in {pipeline.storage.describe()} has no descriptor, so no owner to "
-            "transfer from; the first DAG whose stage runs it becomes its owner")
-
-    def make(current: PipelineDescriptor | None) -> PipelineDescriptor:
-        assert current is not None
-        return dataclasses.replace(current, owner_dag_id=new_owner)
-
-    result = _write_next(pipeline, latest, make)
-    log.warning("pipeline %s: ownership transferred from DAG %s to DAG %s", pipeline.name,
-                latest.owner_dag_id, new_owner)
-    return result
-
-
-def write_descriptor_change(pipeline: Pipeline, change: Any) -> PipelineDescriptor:
-    """Write ``change(newest descriptor)`` as the next version (an evolution command's shape change)."""
-    latest = read_descriptor(pipeline.storage, max_chunk=pipeline.config.max_chunk_bytes)
-    if latest is None:
-        raise PipelineOwnershipError(f"pipeline {pipeline.name!r} in {pipeline.storage.describe()} has no descriptor")
-
-    def make(current: PipelineDescriptor | None) -> PipelineDescriptor:
-        assert current is not None
-        result: PipelineDescriptor = change(current)
-        return result
-
-    return _write_next(pipeline, latest, make)
+            f"pipeline {pipeline.name!r} in {pipeline.storage.describe()} has no descriptor, so no owner or shape to "
+            "change; the first DAG whose stage runs it becomes its owner")
+    return _write_next(pipeline, latest, change)
 
 
 # -- comparing a state's shape with the recorded one ----------------------------------------

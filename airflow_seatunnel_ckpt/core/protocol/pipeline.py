@@ -293,19 +293,10 @@ class Pipeline:
         return self.txlog.fix_plan(epoch, participant, attempt, make_plan())
 
     # -- prepare -----------------------------------------------------------------------
-    def prepare(
-        self,
-        epoch: int,
-        participant: str,
-        attempt: int,
-        *,
-        run_id: str,
-        sinks: list[SinkManifest],
-        operators: Mapping[str, OperatorState] | None = None,
-        sources: Mapping[str, Mapping[str, Any]] | None = None,
-        base: RestorePoint | None = None,
-        not_written: Sequence[str] = (),
-    ) -> PreparedRecord:
+    def prepare(self, epoch: int, participant: str, attempt: int, *, run_id: str, sinks: list[SinkManifest],
+                operators: Mapping[str, OperatorState] | None = None,
+                sources: Mapping[str, Mapping[str, Any]] | None = None, base: RestorePoint | None = None,
+                not_written: Sequence[str] = ()) -> PreparedRecord:
         """Phase one for one participant: record its staged output, state and input.
 
         ``sources`` maps source name to the offsets consumed this epoch (the WAL entry);

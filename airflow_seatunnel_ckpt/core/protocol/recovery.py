@@ -63,6 +63,11 @@ class RecoveryStep(enum.StrEnum):
     DROP_TEMP = "drop-temp"  #: a temp file left by a killed writer
 
 
+#: The steps that leave an epoch final once done (the Checkpoints page records them with the user).
+RESOLVING = frozenset({RecoveryStep.FINISH_COMMIT, RecoveryStep.FINISH_ABORT, RecoveryStep.ABORT_TIMEOUT,
+                       RecoveryStep.ABORT_DEAD_OWNER})
+
+
 @dataclass(frozen=True)
 class RecoveryAction:
     """One thing recovery did (or, in a dry run, would do)."""
@@ -399,7 +404,7 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
         # States read above are still true if final (they never change); the epochs this
         # run finished or aborted are read again, so one run both resolves and settles them.
         for action in report.actions:
-            if action.done and action.epoch is not None and action.action in _RESOLVING:
+            if action.done and action.epoch is not None and action.action in RESOLVING:
                 try:
                     states[action.epoch] = pipeline.state(action.epoch)
                 except CheckpointError:
@@ -409,7 +414,3 @@ def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
                                                  f"{path} is a temp file left by a killed writer", done=True))
     return report
 
-
-#: The actions that leave an epoch final once done.
-_RESOLVING = (RecoveryStep.FINISH_COMMIT, RecoveryStep.FINISH_ABORT, RecoveryStep.ABORT_TIMEOUT,
-              RecoveryStep.ABORT_DEAD_OWNER)

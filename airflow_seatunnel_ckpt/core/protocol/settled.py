@@ -151,7 +151,7 @@ class SettledLog:
 
     def versions(self) -> list[int]:
         """Every version present, ascending (one listing)."""
-        found = (layout.parse_settled_name(n) for n in self.storage.list_dir(layout.SETTLED))
+        found = (layout.parse_version_name(n, layout.SETTLED_WIDTH) for n in self.storage.list_dir(layout.SETTLED))
         return sorted(v for v in found if v is not None)
 
     def read(self) -> SettledRead:

@@ -51,19 +51,16 @@ DEFERRED_PREFIX = "deferred-"
 TAIL_LINES = 40
 
 
-def submission_name(participant: str, attempt: int) -> str:
-    """``submission-<participant>-a<attempt>``."""
-    return layout.attempt_record_name(SUBMISSION_PREFIX, participant, attempt)
+def _path(prefix: str, epoch: int, participant: str, attempt: int) -> str:
+    """Where the record ``<prefix><participant>-a<attempt>`` of ``epoch`` is."""
+    return layout.record_path(validate_epoch(epoch), layout.attempt_record_name(prefix, participant, attempt))
 
 
-def exit_name(participant: str, attempt: int) -> str:
-    """``exit-<participant>-a<attempt>``."""
-    return layout.attempt_record_name(EXIT_PREFIX, participant, attempt)
-
-
-def deferred_name(participant: str, attempt: int) -> str:
-    """``deferred-<participant>-a<attempt>``."""
-    return layout.attempt_record_name(DEFERRED_PREFIX, participant, attempt)
+def _write(pipeline: Pipeline, prefix: str, record: Any, *, keep_first: bool = True) -> None:
+    """Create the attempt's record named by ``prefix``; with ``keep_first`` a second one is dropped."""
+    with contextlib.suppress(*((AlreadyExistsError,) if keep_first else ())):
+        pipeline.storage.create_exclusive(_path(prefix, record.epoch, record.participant, record.attempt),
+                                          codec.encode_json(record.to_dict()))
 
 
 @pydantic.dataclasses.dataclass(config=RECORD)
@@ -109,15 +106,12 @@ class ExitRecord(Record):
 
 def record_submission(pipeline: Pipeline, record: SubmissionRecord) -> None:
     """Write the attempt's submission record (write-once: an attempt is launched once)."""
-    path = layout.record_path(record.epoch, submission_name(record.participant, record.attempt))
-    pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
+    _write(pipeline, SUBMISSION_PREFIX, record, keep_first=False)
 
 
 def record_exit(pipeline: Pipeline, record: ExitRecord) -> None:
     """Write the attempt's exit record; a second one (a launcher run twice) keeps the first."""
-    path = layout.record_path(record.epoch, exit_name(record.participant, record.attempt))
-    with contextlib.suppress(AlreadyExistsError):
-        pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
+    _write(pipeline, EXIT_PREFIX, record)
 
 
 def read_fence(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> FenceRecord | None:
@@ -155,15 +149,12 @@ def record_deferral(pipeline: Pipeline, record: DeferralRecord) -> None:
     Only the first matters: once a try deferred on an attempt, any later try that finds it
     running stops it (see :func:`read_deferral`), so no second try ever defers on it.
     """
-    path = layout.record_path(record.epoch, deferred_name(record.participant, record.attempt))
-    with contextlib.suppress(AlreadyExistsError):
-        pipeline.storage.create_exclusive(path, codec.encode_json(record.to_dict()))
+    _write(pipeline, DEFERRED_PREFIX, record)
 
 
 def read_deferral(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> DeferralRecord | None:
     """The try that handed ``attempt`` to the triggerer, if one did."""
-    path = layout.record_path(validate_epoch(epoch), deferred_name(participant, attempt))
-    return pipeline.txlog.read_record(path, DeferralRecord)
+    return pipeline.txlog.read_record(_path(DEFERRED_PREFIX, epoch, participant, attempt), DeferralRecord)
 
 
 def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
@@ -189,13 +180,13 @@ def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) 
 
 
 def read_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> SubmissionRecord | None:
-    path = layout.record_path(validate_epoch(epoch), submission_name(participant, attempt))
-    return pipeline.txlog.read_record(path, SubmissionRecord)
+    """The attempt's submission record, or None."""
+    return pipeline.txlog.read_record(_path(SUBMISSION_PREFIX, epoch, participant, attempt), SubmissionRecord)
 
 
 def read_exit(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> ExitRecord | None:
-    path = layout.record_path(validate_epoch(epoch), exit_name(participant, attempt))
-    return pipeline.txlog.read_record(path, ExitRecord)
+    """The attempt's exit record, or None (running, or lost)."""
+    return pipeline.txlog.read_record(_path(EXIT_PREFIX, epoch, participant, attempt), ExitRecord)
 
 
 def submissions_of(pipeline: Pipeline, epoch: int,
@@ -212,7 +203,7 @@ def submissions_of(pipeline: Pipeline, epoch: int,
         record = read_submission(pipeline, epoch, participant, int(attempt))
         if record is not None:
             ended = read_exit(pipeline, epoch, participant, int(attempt)) \
-                if exit_name(participant, int(attempt)) in names else None
+                if layout.attempt_record_name(EXIT_PREFIX, participant, int(attempt)) in names else None
             found.append((record, ended))
     return found
 
@@ -295,7 +286,8 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
     if state.decided:
         return check(SubmissionOutcome.DECIDED, f"epoch {epoch} was decided ({state.value}) before "
                      f"{participant} prepared")
-    ended = read_exit(pipeline, epoch, participant, attempt) if exit_name(participant, attempt) in names else None
+    exited = layout.attempt_record_name(EXIT_PREFIX, participant, attempt) in names
+    ended = read_exit(pipeline, epoch, participant, attempt) if exited else None
     detached = None
     launched = "the launch"
     if ended is not None:
@@ -329,7 +321,7 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
                      f"lease ({lease.describe_holder()}) was last renewed {age:.0f}s ago, over "
                      f"{describe_timeout(pipeline.config, lease)}, and its launcher left no exit record")
     timeout = pipeline.config.lease_timeout_s
-    submitted = submission_name(participant, attempt)
+    submitted = layout.attempt_record_name(SUBMISSION_PREFIX, participant, attempt)
     if submitted in names:
         age = now - pipeline.storage.modified(layout.record_path(epoch, submitted))
         if age <= timeout:

@@ -95,22 +95,18 @@ def sink_roots(pipeline: Pipeline, epoch: int) -> list[Storage]:
     return out
 
 
-def epoch_places(pipeline: Pipeline, epoch: int, state: EpochState | None) -> list[Place]:
-    """Where ``epoch``'s killed writers may have left temp files (see the module docstring).
+def epoch_places(pipeline: Pipeline, epoch: int, state: EpochState | None, *, own_dirs: bool = True) -> list[Place]:
+    """Where ``epoch``'s killed writers may have left temp files (see the module docstring): its log
+    and checkpoint directories (unless ``own_dirs`` is False), its run's index directory and, once
+    it committed, the roots of its sinks.
 
     :class:`CheckpointError` if a record the places are read from cannot be read.
     """
     storage = pipeline.storage
-    places = [Place(storage, layout.txlog_dir(epoch)), Place(storage, layout.checkpoint_dir(epoch))]
-    return places + _run_and_sinks(pipeline, epoch, state)
-
-
-def _run_and_sinks(pipeline: Pipeline, epoch: int, state: EpochState | None) -> list[Place]:
-    """The run index directory of ``epoch``'s run and, once it committed, the roots of its sinks."""
-    places = []
+    places = [Place(storage, layout.txlog_dir(epoch)), Place(storage, layout.checkpoint_dir(epoch))] if own_dirs else []
     begin = pipeline.txlog.read_begin(epoch)
     if begin is not None:
-        places.append(Place(pipeline.storage, layout.run_index_dir(begin.run_id, begin.dag_id), recursive=False))
+        places.append(Place(storage, layout.run_index_dir(begin.run_id, begin.dag_id), recursive=False))
     if state is EpochState.COMMITTED:
         places += [Place(target, "", recursive=False) for target in sink_roots(pipeline, epoch)]
     return places
@@ -143,7 +139,8 @@ def unsettled_places(pipeline: Pipeline, watermark: int, above: Iterable[int],
     places = {(storage.url, ""): Place(storage, "", prune=settled_or_index)}
     for epoch in above:
         try:
-            places.update(((p.storage.url, p.path), p) for p in _run_and_sinks(pipeline, epoch, states.get(epoch)))
+            places.update(((p.storage.url, p.path), p)
+                          for p in epoch_places(pipeline, epoch, states.get(epoch), own_dirs=False))
         except CorruptCheckpointError:
             continue
     return list(places.values())

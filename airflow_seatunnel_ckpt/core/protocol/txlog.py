@@ -51,6 +51,7 @@ from airflow_seatunnel_ckpt.core.protocol.settled import SettledLog, SettledRead
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 R = TypeVar("R")
+W = TypeVar("W", bound=Record)
 
 BEGIN = "begin"
 DECISION = "decision"
@@ -116,6 +117,18 @@ class TransactionLog:
     # -- record I/O --------------------------------------------------------------------
     def _write_once(self, path: str, payload: dict[str, Any]) -> None:
         self.storage.create_exclusive(path, codec.encode_json(payload))
+
+    def _write_or_read(self, path: str, record: W, parse: type[W]) -> W:
+        """Create the record at ``path`` as ``record``; if one is there already, the one stored first."""
+        try:
+            self._write_once(path, record.to_dict())
+            return record
+        except AlreadyExistsError:
+            stored = self.read_record(path, parse)
+        if stored is None:  # pragma: no cover - a write-once record never disappears
+            where = self.storage.describe_path(path)
+            raise CorruptCheckpointError(f"{where} exists but cannot be read back", where)
+        return stored
 
     def read_record(self, path: str, parse: type[R] | Callable[[dict[str, Any], str], R]) -> R | None:
         """Read one record of type ``parse`` (or parsed by it); None if absent, CorruptCheckpointError if damaged."""
@@ -289,19 +302,14 @@ class TransactionLog:
                 f"pipeline {self.pipeline!r} epoch {record.epoch}: attempt {record.attempt} of {participant!r} "
                 f"was cancelled by {fence.by} ({fence.reason}) before it prepared; it cannot prepare and its "
                 "staged output will never be published (the attempt that replaced it prepares instead)")
-        path = layout.record_path(record.epoch, PREPARED_PREFIX + participant)
-        try:
-            self._write_once(path, record.to_dict())
-            return record
-        except AlreadyExistsError:
-            stored = self.read_prepared(record.epoch, participant)
-            if stored is not None and stored.attempt == record.attempt:
-                return stored
+        stored = self._write_or_read(layout.record_path(record.epoch, PREPARED_PREFIX + participant), record,
+                                     PreparedRecord)
+        if stored.attempt != record.attempt:
             raise FencedAttemptError(
                 f"pipeline {self.pipeline!r} epoch {record.epoch}: participant {participant!r} was already "
-                f"prepared by attempt {stored.attempt if stored else '?'}; attempt {record.attempt} is stale and "
-                "its staged output will never be published"
-            ) from None
+                f"prepared by attempt {stored.attempt}; attempt {record.attempt} is stale and its staged output "
+                "will never be published")
+        return stored
 
     def settle_fence(self, record: FenceRecord) -> FenceRecord:
         """Create the attempt's fence record as ``record``, or return the one that came first.
@@ -311,14 +319,7 @@ class TransactionLog:
         never prepares, and a cancel after the prepare began finds the fence settled.
         """
         path = layout.record_path(validate_epoch(record.epoch), fence_name(record.participant, record.attempt))
-        try:
-            self._write_once(path, record.to_dict())
-            return record
-        except AlreadyExistsError:
-            stored = self.read_record(path, FenceRecord)
-        if stored is None:  # pragma: no cover - a fence record is never removed while its epoch is undecided
-            raise CorruptCheckpointError(f"{self.storage.describe_path(path)} exists but cannot be read back")
-        return stored
+        return self._write_or_read(path, record, FenceRecord)
 
     def read_fence(self, epoch: int, participant: str, attempt: int) -> FenceRecord | None:
         """The attempt's fence record (None: neither prepared nor cancelled yet)."""
@@ -373,17 +374,7 @@ class TransactionLog:
         # damaged must still be abortable, or it would block every later epoch.
         if not self.storage.list_dir(layout.txlog_dir(record.epoch)):
             raise EpochNotFoundError(f"pipeline {self.pipeline!r} has no epoch {record.epoch}")
-        try:
-            self._write_once(layout.record_path(record.epoch, DECISION), record.to_dict())
-            return record
-        except AlreadyExistsError:
-            stored = self.read_decision(record.epoch)
-            if stored is None:  # pragma: no cover - a decision never disappears
-                raise CorruptCheckpointError(
-                    f"decision of epoch {record.epoch} exists but cannot be read",
-                    self.storage.describe_path(layout.record_path(record.epoch, DECISION)),
-                ) from None
-            return stored
+        return self._write_or_read(layout.record_path(record.epoch, DECISION), record, DecisionRecord)
 
     def read_decision(self, epoch: int) -> DecisionRecord | None:
         """The ``decision`` record of ``epoch``, or None while undecided."""
@@ -392,24 +383,24 @@ class TransactionLog:
     # -- acknowledgements --------------------------------------------------------------
     def acknowledge_committed(self, epoch: int, published: list[PublishedSink]) -> None:
         """Write ``committed`` (idempotent): the publish finished for every sink."""
-        self._acknowledge(epoch, COMMITTED, {"type": COMMITTED, "epoch": epoch, "at": time.time(),
-                                             "published": [p.to_dict() for p in published]})
+        self._acknowledge(epoch, COMMITTED, published=[p.to_dict() for p in published])
 
     def acknowledge_aborted(self, epoch: int) -> None:
         """Write ``aborted`` (idempotent): staging and the uncommitted checkpoint are gone."""
-        self._acknowledge(epoch, ABORTED, {"type": ABORTED, "epoch": epoch, "at": time.time()})
+        self._acknowledge(epoch, ABORTED)
 
     def retire(self, epoch: int) -> None:
         """Write ``retired`` (idempotent): retention removed the committed checkpoint on purpose."""
-        self._acknowledge(epoch, RETIRED, {"type": RETIRED, "epoch": epoch, "at": time.time()})
+        self._acknowledge(epoch, RETIRED)
 
     def is_retired(self, epoch: int) -> bool:
         """Whether retention removed this epoch's checkpoint (it stays COMMITTED in the log)."""
         return self.storage.exists(layout.record_path(epoch, RETIRED))
 
-    def _acknowledge(self, epoch: int, name: str, payload: dict[str, Any]) -> None:
+    def _acknowledge(self, epoch: int, name: str, **details: Any) -> None:
         with contextlib.suppress(AlreadyExistsError):
-            self._write_once(layout.record_path(epoch, name), payload)
+            self._write_once(layout.record_path(epoch, name),
+                             {"type": name, "epoch": epoch, "at": time.time(), **details})
 
     def record_action(self, epoch: int, action: str, by: str, reason: str, **details: Any) -> str:
         """Write an ``action-*`` record: who does what to the epoch, and why. Returns its name.

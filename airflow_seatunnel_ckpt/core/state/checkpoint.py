@@ -20,36 +20,24 @@ from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import CheckpointMetadata, PartKind, PartRef, decode
 from airflow_seatunnel_ckpt.core.state.parts import (  # part I/O, re-exported for the modules that read checkpoints
-    TOMBSTONE as TOMBSTONE,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    apply_delta as apply_delta,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    check_part as check_part,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    key_array as key_array,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    read_arrow_part as read_arrow_part,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    read_json_part as read_json_part,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    read_part as read_part,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    write_arrow_part as write_arrow_part,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    write_json_part as write_json_part,
-)
-from airflow_seatunnel_ckpt.core.state.parts import (
-    write_part as write_part,
+    TOMBSTONE,
+    apply_delta,
+    check_part,
+    key_array,
+    read_arrow_part,
+    read_json_part,
+    read_part,
+    write_arrow_part,
+    write_json_part,
+    write_part,
 )
 from airflow_seatunnel_ckpt.core.storage import Storage
+
+__all__ = [
+    "TOMBSTONE", "CheckpointManager", "Problem", "apply_delta", "check_part", "key_array", "needs_full",
+    "read_arrow_part", "read_chain", "read_json_part", "read_part", "same_part", "write_arrow_part",
+    "write_json_part", "write_part",
+]
 
 
 @dataclass(frozen=True)

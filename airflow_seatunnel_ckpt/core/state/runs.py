@@ -229,21 +229,10 @@ def _blocks(pieces: Iterable[Any], block_rows: int) -> Iterator[Any]:
         yield pa.concat_tables(buffered)
 
 
-def write_run(
-    storage: Storage,
-    path: str,
-    pieces: Iterable[Any],
-    key_columns: list[str],
-    schema: Any,
-    *,
-    epoch: int,
-    key_group: int = 0,
-    delta: bool = False,
-    base_epoch: int | None = None,
-    block_rows: int = DEFAULT_BLOCK_ROWS,
-    level: int = 3,
-    compression: codec.Codec = codec.Codec.ZSTD,
-) -> PartRef:
+def write_run(storage: Storage, path: str, pieces: Iterable[Any], key_columns: list[str], schema: Any, *, epoch: int,
+              key_group: int = 0, delta: bool = False, base_epoch: int | None = None,
+              block_rows: int = DEFAULT_BLOCK_ROWS, level: int = 3,
+              compression: codec.Codec = codec.Codec.ZSTD) -> PartRef:
     """Write sorted, key-unique ``pieces`` (ascending, non-overlapping) as one run.
 
     Streams: memory is one block plus the blocks' bloom filters (~1.25 bytes a key).

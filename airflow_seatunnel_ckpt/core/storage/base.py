@@ -150,37 +150,34 @@ class Storage(abc.ABC):
         """The root URL with credentials redacted."""
         return redact_url(self.url)
 
-    def _err(self, what: str, path: str, exc: BaseException) -> StorageError:
-        return StorageError(f"{what} {redact_url(self.url_of(path))} failed: {exc}")
+    @contextlib.contextmanager
+    def _failing(self, what: str, path: str,
+                 passed: tuple[type[BaseException], ...] = (FileNotFoundError, StorageError)) -> Iterator[None]:
+        """Any error but the ``passed`` ones (absence, our own) as a StorageError naming what failed on
+        which file (its URL redacted)."""
+        try:
+            yield
+        except passed:
+            raise
+        except Exception as exc:
+            raise StorageError(f"{what} {redact_url(self.url_of(path))} failed: {exc}") from exc
 
     # -- reads -------------------------------------------------------------------------
     def read(self, path: str) -> bytes:
         """Whole content of the file at ``path``; FileNotFoundError if absent."""
-        try:
+        with self._failing("reading", path):
             return bytes(self.fs.cat_file(self.full_path(path)))
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise self._err("reading", path, exc) from exc
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` (exclusive) of the file at ``path``: one ranged read
         (a GET with a Range header on object stores); FileNotFoundError if absent."""
-        try:
+        with self._failing("reading", path):
             return bytes(self.fs.cat_file(self.full_path(path), start=start, end=end))
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise self._err("reading", path, exc) from exc
 
     def open_read(self, path: str) -> IO[bytes]:
         """A binary file object for streaming reads; FileNotFoundError if absent."""
-        try:
+        with self._failing("opening", path):
             return self.fs.open(self.full_path(path), "rb")  # type: ignore[no-any-return]
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise self._err("opening", path, exc) from exc
 
     def checksum(self, path: str) -> int:
         """CRC32C of the whole file at ``path``: the one the store keeps, else read and computed."""
@@ -209,19 +206,13 @@ class Storage(abc.ABC):
 
     def exists(self, path: str) -> bool:
         """Whether a file or directory exists at ``path``."""
-        try:
+        with self._failing("checking", path):
             return bool(self.fs.exists(self.full_path(path)))
-        except Exception as exc:
-            raise self._err("checking", path, exc) from exc
 
     def size(self, path: str) -> int:
         """Size in bytes of the file at ``path``; FileNotFoundError if absent."""
-        try:
+        with self._failing("sizing", path):
             return int(self.fs.size(self.full_path(path)))
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise self._err("sizing", path, exc) from exc
 
     def modified(self, path: str) -> float:
         """When the file at ``path`` was last written, by the STORE's clock (Unix seconds).
@@ -229,15 +220,11 @@ class Storage(abc.ABC):
         File mtime, object ``LastModified``: compare it with another ``modified`` of the
         same store, never with this machine's wall clock. FileNotFoundError if absent.
         """
-        try:
+        with self._failing("reading the modification time of", path):
             stamp = self.fs.modified(self.full_path(path))
-            if stamp.tzinfo is None:  # fsspec backends report UTC; some leave it naive
-                stamp = stamp.replace(tzinfo=datetime.UTC)
-            return float(stamp.timestamp())
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise self._err("reading the modification time of", path, exc) from exc
+        if stamp.tzinfo is None:  # fsspec backends report UTC; some leave it naive
+            stamp = stamp.replace(tzinfo=datetime.UTC)
+        return float(stamp.timestamp())
 
     def list_dir(self, path: str = "") -> list[str]:
         """Names of the direct children of directory ``path`` (sorted; [] if absent)."""
@@ -249,7 +236,7 @@ class Storage(abc.ABC):
         except NotADirectoryError:
             return []
         except Exception as exc:
-            raise self._err("listing", path, exc) from exc
+            raise StorageError(f"listing {self.describe_path(path)} failed: {exc}") from exc
         names = []
         for entry in entries:
             name = posixpath.basename(str(entry).rstrip("/"))
@@ -265,7 +252,7 @@ class Storage(abc.ABC):
         except FileNotFoundError:
             return []
         except Exception as exc:
-            raise self._err("walking", path, exc) from exc
+            raise StorageError(f"walking {self.describe_path(path)} failed: {exc}") from exc
         out = []
         prefix = full.rstrip("/") + "/"
         for name, info in found.items():
@@ -294,12 +281,8 @@ class Storage(abc.ABC):
     def write_atomic(self, path: str, data: Data) -> int:
         """Write ``data`` so that readers never see a partial file. Returns bytes written."""
         full = self.full_path(path)
-        try:
+        with self._failing("writing", path, passed=(StorageError,)):
             return self._write_whole(full, data)
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise self._err("writing", path, exc) from exc
 
     def _write_whole(self, full: str, data: Data) -> int:
         """Write ``data`` to filesystem path ``full`` so that it appears whole or not at all.
@@ -323,14 +306,11 @@ class Storage(abc.ABC):
     def create_exclusive(self, path: str, data: bytes) -> None:
         """Create ``path`` with ``data`` only if it does not exist (AlreadyExistsError if it does)."""
         full = self.full_path(path)
-        try:
-            self._put_if_absent(full, bytes(data))
-        except FileExistsError as exc:
-            raise AlreadyExistsError(f"{self.describe_path(path)} already exists") from exc
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise self._err("creating", path, exc) from exc
+        with self._failing("creating", path, passed=(StorageError,)):
+            try:
+                self._put_if_absent(full, bytes(data))
+            except FileExistsError as exc:
+                raise AlreadyExistsError(f"{self.describe_path(path)} already exists") from exc
 
     @abc.abstractmethod
     def _put_if_absent(self, full: str, data: bytes) -> None:
@@ -358,12 +338,8 @@ class Storage(abc.ABC):
             if self.fs.exists(full):
                 self.fs.rm(full, recursive=recursive)
 
-        try:
+        with contextlib.suppress(FileNotFoundError), self._failing("deleting", path):
             remove()
-        except FileNotFoundError:
-            return
-        except Exception as exc:
-            raise self._err("deleting", path, exc) from exc
 
     def _remove_quietly(self, full: str) -> None:
         """Remove the file at filesystem path ``full`` if it is there (probe clean-up)."""

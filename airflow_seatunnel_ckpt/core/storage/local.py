@@ -47,12 +47,8 @@ class LocalStorage(Storage):
 
     # -- reads -------------------------------------------------------------------------
     def modified(self, path: str) -> float:
-        try:
+        with self._failing("reading the modification time of", path):
             return os.stat(self.full_path(path)).st_mtime
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise self._err("reading the modification time of", path, exc) from exc
 
     def list_dir(self, path: str = "") -> list[str]:
         # os.scandir directly: fsspec's ls normalises every entry's path, which costs a
@@ -64,19 +60,17 @@ class LocalStorage(Storage):
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
-            raise self._err("listing", path, exc) from exc
+            raise StorageError(f"listing {self.describe_path(path)} failed: {exc}") from exc
 
     def walk(self, path: str = "", include_temp: bool = False) -> list[FileInfo]:
         # os.scandir for the same reason as list_dir: fsspec's find stats and normalises
         # every file through several layers, a few hundred ms for a 10,000-file output.
         out: list[FileInfo] = []
-        try:
+        with self._failing("walking", path, passed=(StorageError,)):
             for rel, entry in _files_below(self.full_path(path), ""):
                 if include_temp or not entry.name.startswith(TEMP_PREFIX):
                     with contextlib.suppress(FileNotFoundError):  # removed while we listed
                         out.append(FileInfo(rel, entry.stat(follow_symlinks=False).st_size))
-        except OSError as exc:
-            raise self._err("walking", path, exc) from exc
         return sorted(out, key=lambda f: f.path)
 
     def temp_files(self, path: str = "", *, now: float, older_than: float, recursive: bool = True,
@@ -86,7 +80,7 @@ class LocalStorage(Storage):
         stale: list[str] = []
         young = False
         rel = clean_relpath(path)
-        try:
+        with self._failing("looking for temp files below", rel, passed=(StorageError,)):
             for name, entry in _files_below(self.full_path(rel), f"{rel}/" if rel else "",
                                             lambda d: recursive and not (prune and prune(d))):
                 if not entry.name.startswith(TEMP_PREFIX):
@@ -99,8 +93,6 @@ class LocalStorage(Storage):
                     stale.append(name)
                 else:
                     young = True
-        except OSError as exc:
-            raise self._err("looking for temp files below", rel, exc) from exc
         return TempFiles(sorted(stale), young)
 
     # -- writes ------------------------------------------------------------------------

@@ -75,12 +75,8 @@ class ObjectStorage(Storage):
 
     def file_info(self, path: str) -> FileInfo:
         # One HEAD answers both: ContentLength, and the CRC32C with ChecksumMode=ENABLED.
-        try:
+        with self._failing("reading the size and checksum of", path):
             head = self._head(self.full_path(path), ChecksumMode="ENABLED")
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise self._err("reading the size and checksum of", path, exc) from exc
         value = head.get("ChecksumCRC32C")
         # A composite checksum ("...-<parts>") covers the parts, not the object.
         if not value or "-" in value or head.get("ChecksumType") == "COMPOSITE":
@@ -90,12 +86,8 @@ class ObjectStorage(Storage):
         return FileInfo(path, int(head["ContentLength"]), crc)
 
     def modified(self, path: str) -> float:
-        try:
+        with self._failing("reading the modification time of", path):
             return float(self._head(self.full_path(path))["LastModified"].timestamp())
-        except FileNotFoundError:
-            raise
-        except Exception as exc:
-            raise self._err("reading the modification time of", path, exc) from exc
 
     def list_dir(self, path: str = "") -> list[str]:
         # One LIST request per thousand names and nothing else. s3fs's ``ls`` lists the
@@ -115,7 +107,7 @@ class ObjectStorage(Storage):
         except FileNotFoundError:  # no such bucket: nothing below it either
             return []
         except Exception as exc:
-            raise self._err("listing", path, exc) from exc
+            raise StorageError(f"listing {self.describe_path(path)} failed: {exc}") from exc
         return sorted(n for n in names if n and not n.startswith(TEMP_PREFIX))
 
     # -- writes ------------------------------------------------------------------------
@@ -163,12 +155,8 @@ class ObjectStorage(Storage):
                     return
                 raise AlreadyExistsError(f"{self.describe_path(path)} already exists") from exc
 
-        try:
+        with self._failing("creating", path, passed=(StorageError,)):
             put()
-        except StorageError:
-            raise
-        except Exception as exc:
-            raise self._err("creating", path, exc) from exc
 
     def _holds(self, full: str, payload: bytes) -> bool:
         try:

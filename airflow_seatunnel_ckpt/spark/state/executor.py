@@ -363,9 +363,8 @@ def merge_partition(batches: Iterator[pa.RecordBatch], *, settings: StateSetting
     _report(reports, key_group, partition, rows, changed, written, read)
 
 
-def read_partition(
-    batches: Iterator[pa.RecordBatch], *, settings: StateSettings, schema: pa.Schema
-) -> Iterator[pa.RecordBatch]:
+def read_partition(batches: Iterator[pa.RecordBatch], *, settings: StateSettings,
+                   schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Executor side of ``snapshot()``: stream the restored state of the key groups listed.
 
     Every key group's rows are given ``schema``'s columns: a column its parts do not
