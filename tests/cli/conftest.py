@@ -1,5 +1,5 @@
 """The console's tests use the core tests' local store (``tests/core/conftest.py``)."""
 
-from tests.core.conftest import forget_memory_files, local_spec
+from tests.core.conftest import local_spec
 
-__all__ = ["forget_memory_files", "local_spec"]
+__all__ = ["local_spec"]

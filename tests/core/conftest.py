@@ -10,7 +10,7 @@ that do not depend on the store.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,23 +54,9 @@ def _memory() -> StoreSpec:
     return StoreSpec("memory", f"memory://test-{uuid.uuid4().hex}")
 
 
-@pytest.fixture(autouse=True)
-def forget_memory_files() -> Iterator[None]:
-    """Drop what a test left in fsspec's process-wide memory filesystem.
-
-    Its listings scan every file of every test, so leftovers would make later tests slower.
-    """
-    from fsspec.implementations.memory import MemoryFileSystem
-
-    files, dirs = set(MemoryFileSystem.store), list(MemoryFileSystem.pseudo_dirs)
-    yield
-    for path in set(MemoryFileSystem.store) - files:
-        MemoryFileSystem.store.pop(path, None)
-    MemoryFileSystem.pseudo_dirs[:] = dirs
-
-
 def forget(spec: StoreSpec) -> None:
-    """Remove a memory store's files now (for tests that build many stores in a loop)."""
+    """Remove a memory store's files now (for tests that build many stores in a loop;
+    ``forget_memory_files`` in tests/conftest.py removes the rest after each test)."""
     if spec.backend == "memory":
         spec.storage().delete("", recursive=True)
 

@@ -9,7 +9,8 @@ db migrate``) -- the database Airflow deployments run on -- and run tasks with t
 LocalExecutor. The DAGs folder holds copies of the example pipeline's two files and of the
 recovery DAG (which runs only when a test triggers it: the deployment schedules nothing by
 itself), and of ``tests/integration/deployment/dags/`` (a pipeline whose stage is
-submitted and deferred; a copy of the example, which a test backfills). The settings that
+submitted and deferred; the example's stage through Spark Connect, whose committed hours a
+test backfills). The settings that
 bring a stuck epoch under a minute (docs/DEPLOYMENT.md) are set, shortened further so the
 lost-worker case waits less: Airflow's task heartbeat timeout of 10 s (DEPLOYMENT.md
 recommends 20 s), checked every 2 s, a supervisor beating every 2 s. Every Spark JVM the

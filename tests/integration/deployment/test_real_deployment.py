@@ -32,8 +32,8 @@ Spark job).
 
 Before those, the recovery DAG recovers a pipeline on a store whose connection only the
 metadata database holds (named in ``[seatunnel_ckpt] stores``), and ``airflow backfill
-create`` (reprocess ``failed``, then ``completed``) runs committed hours of a copy of
-the example again without publishing anything twice, and a run whose epoch an
+create`` (reprocess ``failed``, then ``completed``) runs the hours the example's stage
+committed through Spark Connect again without publishing anything twice, and a run whose epoch an
 expectation refuses ends failed, with the reason in its note and its failure callback run.
 
 Then the store and the table are read independently: every epoch ended COMMITTED or
@@ -372,7 +372,70 @@ def test_the_recovery_dag_recovers_a_pipeline_on_a_connections_store(
     deployment.api("PATCH", f"/dags/{RECOVERY_DAG}", {"is_paused": True})
 
 
-BACKFILL_DAG = "backfilled_orders"
+CONNECT_DAG = "connect_orders"
+CONNECT_CONN_ID = "spark_connect_local"
+
+
+@pytest.fixture(scope="module")
+def connect_orders_runs(airflow_deployment: AirflowDeployment, connect_server: str) -> list[str]:
+    """Hours 0 and 1 of ``connect_orders`` committed through Spark Connect; their run ids.
+
+    Made once for the module: the Connect test checks how they ran, and the backfill test
+    runs these committed hours again (a backfilled run reuses its committed epoch's prepared
+    output without starting Spark, so the runtime its stage ran on does not matter there),
+    two runs of a Spark stage fewer than a DAG of its own to backfill.
+    """
+    from urllib.parse import urlparse
+
+    deployment = airflow_deployment
+    began = time.monotonic()
+    address = urlparse(connect_server)
+    deployment.api("POST", "/connections", {"connection_id": CONNECT_CONN_ID, "conn_type": "spark_connect",
+                                            "host": address.hostname, "port": address.port})
+    deployment.wait_for(f"the dag-processor to parse {CONNECT_DAG}", lambda: deployment.api(
+        "GET", f"/dags?dag_id_pattern={CONNECT_DAG}").get("total_entries"), timeout=240)
+    deployment.api("PATCH", f"/dags/{CONNECT_DAG}", {"is_paused": False})
+    runs = []
+    for hour in (0, 1):  # queued at once; max_active_runs=1 runs them in order
+        when = (EXAMPLE.START + timedelta(hours=hour)).isoformat()
+        runs.append(deployment.api("POST", f"/dags/{CONNECT_DAG}/dagRuns", {
+            "dag_run_id": f"connect_h{hour}", "logical_date": when, "run_after": when})["dag_run_id"])
+    for run_id in runs:
+        _wait_success(deployment, run_id, dag_id=CONNECT_DAG)
+    print(f"\n[{time.monotonic() - began:6.1f}s] {CONNECT_DAG}: hours 0 and 1 committed through Spark Connect")
+    deployment.api("PATCH", f"/dags/{CONNECT_DAG}", {"is_paused": True})
+    return runs
+
+
+def test_a_stage_through_spark_connect_runs_from_a_worker_without_java(
+    airflow_deployment: AirflowDeployment, connect_server: str, connect_orders_runs: list[str],
+) -> None:
+    """``tests/integration/deployment/dags/connect_orders.py``: the example's stage through Spark Connect.
+
+    The stage names a ``spark_connect`` connection (created through the REST API, to the
+    test session's Connect server); its task processes have no ``JAVA_HOME`` and no
+    ``java`` on PATH (the stage refuses to run otherwise). Two hours commit, every order
+    once in the Iceberg table, hour 1's re-sent orders dropped by the keyed state.
+    """
+    from urllib.parse import urlparse
+
+    from pyiceberg.catalog import load_catalog
+
+    deployment = airflow_deployment
+    address = urlparse(connect_server)
+    data = deployment.data / "connect"
+    pipeline = CheckpointStore.from_url(f"file://{data / 'checkpoints'}").pipeline(CONNECT_DAG)
+    assert [pipeline.state(e) for e in pipeline.epochs()] == [EpochState.COMMITTED] * 2
+    log = _task_log(deployment, connect_orders_runs[0], STAGE_TASK, 1, CONNECT_DAG).read_text(errors="replace")
+    assert f"through Spark Connect at sc://{address.hostname}:{address.port} (connection {CONNECT_CONN_ID})" in log
+    table = load_catalog("default", **EXAMPLE.iceberg_catalog(str(data))).load_table("shop.connect_orders")
+    published = [str(v) for v in table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()]
+    expected = {order["order_id"] for hour in (0, 1) for order in EXAMPLE.orders_of_hour(hour)}
+    assert sorted(published) == sorted(expected), (len(published), len(expected))
+
+
+#: The backfill runs the Connect test's committed hours again (``connect_orders_runs``).
+BACKFILL_DAG = CONNECT_DAG
 
 
 def _xcom(deployment: AirflowDeployment, dag_id: str, run_id: str, task_id: str) -> Any:
@@ -418,7 +481,7 @@ def _backfill(deployment: AirflowDeployment, reprocess: str, first_hour: int, la
 
 
 def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothing_twice(
-    airflow_deployment: AirflowDeployment, capsys: pytest.CaptureFixture[str],
+    airflow_deployment: AirflowDeployment, connect_orders_runs: list[str], capsys: pytest.CaptureFixture[str],
 ) -> None:
     """``airflow backfill create`` (reprocess ``failed``, then ``completed``) over two committed hours.
 
@@ -427,7 +490,8 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
     backfilled run finds the epoch its run id already committed (docs/ARCHITECTURE.md,
     decisions 8 and 12): the stage reuses the prepared output without running Spark, the
     commit confirms the COMMITTED epoch and emits no second asset event, and no epoch
-    begins. Hour 1's run is marked failed after it committed (a user's "mark failed"), so
+    begins. The hours are ``connect_orders``' two committed runs (the example's generator
+    and stage). Hour 1's run is marked failed after it committed (a user's "mark failed"), so
     the ``failed`` backfill runs it again and skips hour 0; the ``completed`` backfill then
     runs hour 0 again (one hour: each behaviour runs one committed run again, and a run
     less keeps the deployment's share of the suite down).
@@ -436,21 +500,12 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
 
     deployment = airflow_deployment
     began = time.monotonic()
-    deployment.wait_for(f"the dag-processor to parse {BACKFILL_DAG}", lambda: deployment.api(
-        "GET", f"/dags?dag_id_pattern={BACKFILL_DAG}").get("total_entries"), timeout=240)
-    deployment.api("PATCH", f"/dags/{BACKFILL_DAG}", {"is_paused": False})
-    runs: dict[int, str] = {}
-    for hour in (0, 1):  # queued at once; max_active_runs=1 runs them in order
-        when = (EXAMPLE.START + timedelta(hours=hour)).isoformat()
-        runs[hour] = deployment.api("POST", f"/dags/{BACKFILL_DAG}/dagRuns", {
-            "dag_run_id": f"backfilled_h{hour}", "logical_date": when, "run_after": when})["dag_run_id"]
-    for run_id in runs.values():
-        _wait_success(deployment, run_id, dag_id=BACKFILL_DAG)
-    _phase(capsys, began, f"{BACKFILL_DAG}: hours 0 and 1 committed")
-    pipeline = CheckpointStore.from_url(f"file://{deployment.data / 'backfilled' / 'checkpoints'}").pipeline(
+    runs = dict(enumerate(connect_orders_runs))
+    pipeline = CheckpointStore.from_url(f"file://{deployment.data / 'connect' / 'checkpoints'}").pipeline(
         BACKFILL_DAG)
     epochs = {hour: pipeline.epoch_for_run(run_id, BACKFILL_DAG) for hour, run_id in runs.items()}
     assert sorted(epochs.values()) == pipeline.epochs() == [1, 2], (epochs, pipeline.epochs())
+    deployment.api("PATCH", f"/dags/{BACKFILL_DAG}", {"is_paused": False})
 
     deployment.api("PATCH", f"/dags/{BACKFILL_DAG}/dagRuns/{runs[1]}", {"state": "failed"})
     assert _backfill(deployment, "failed", 0, 1) == {0: "none: already exists", 1: runs[1]}
@@ -474,8 +529,8 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
     assert pipeline.epochs() == [1, 2] and all(pipeline.state(e) is EpochState.COMMITTED for e in (1, 2))
 
     # What was published: every order of hours 0-1 once, in one table snapshot and one asset event per epoch.
-    table = load_catalog("default", **EXAMPLE.iceberg_catalog(str(deployment.data / "backfilled"))).load_table(
-        "shop.backfilled_orders")
+    table = load_catalog("default", **EXAMPLE.iceberg_catalog(str(deployment.data / "connect"))).load_table(
+        "shop.connect_orders")
     published = [str(v) for v in table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()]
     expected = {order["order_id"] for hour in runs for order in EXAMPLE.orders_of_hour(hour)}
     assert sorted(published) == sorted(expected), (len(published), len(expected))
@@ -484,53 +539,6 @@ def test_a_backfill_of_committed_hours_runs_their_runs_again_and_publishes_nothi
     assert sorted((e["source_run_id"], e["extra"]["epoch"]) for e in events) == sorted(
         (runs[hour], epoch) for hour, epoch in epochs.items()), events
     _phase(capsys, began, f"{BACKFILL_DAG}: the store, the table and the asset events checked")
-
-
-CONNECT_DAG = "connect_orders"
-CONNECT_CONN_ID = "spark_connect_local"
-
-
-def test_a_stage_through_spark_connect_runs_from_a_worker_without_java(
-    airflow_deployment: AirflowDeployment, connect_server: str, capsys: pytest.CaptureFixture[str],
-) -> None:
-    """``tests/integration/deployment/dags/connect_orders.py``: the example's stage through Spark Connect.
-
-    The stage names a ``spark_connect`` connection (created here through the REST API, to
-    the test session's Connect server); its task processes have no ``JAVA_HOME`` and no
-    ``java`` on PATH (the stage refuses to run otherwise). Two hours commit, every order
-    once in the Iceberg table, hour 1's re-sent orders dropped by the keyed state.
-    """
-    from urllib.parse import urlparse
-
-    from pyiceberg.catalog import load_catalog
-
-    deployment = airflow_deployment
-    began = time.monotonic()
-    address = urlparse(connect_server)
-    deployment.api("POST", "/connections", {"connection_id": CONNECT_CONN_ID, "conn_type": "spark_connect",
-                                            "host": address.hostname, "port": address.port})
-    deployment.wait_for(f"the dag-processor to parse {CONNECT_DAG}", lambda: deployment.api(
-        "GET", f"/dags?dag_id_pattern={CONNECT_DAG}").get("total_entries"), timeout=240)
-    deployment.api("PATCH", f"/dags/{CONNECT_DAG}", {"is_paused": False})
-    runs = []
-    for hour in (0, 1):  # queued at once; max_active_runs=1 runs them in order
-        when = (EXAMPLE.START + timedelta(hours=hour)).isoformat()
-        runs.append(deployment.api("POST", f"/dags/{CONNECT_DAG}/dagRuns", {
-            "dag_run_id": f"connect_h{hour}", "logical_date": when, "run_after": when})["dag_run_id"])
-    for run_id in runs:
-        _wait_success(deployment, run_id, dag_id=CONNECT_DAG)
-    _phase(capsys, began, f"{CONNECT_DAG}: hours 0 and 1 committed through Spark Connect")
-    deployment.api("PATCH", f"/dags/{CONNECT_DAG}", {"is_paused": True})
-
-    data = deployment.data / "connect"
-    pipeline = CheckpointStore.from_url(f"file://{data / 'checkpoints'}").pipeline(CONNECT_DAG)
-    assert [pipeline.state(e) for e in pipeline.epochs()] == [EpochState.COMMITTED] * 2
-    log = _task_log(deployment, runs[0], STAGE_TASK, 1, CONNECT_DAG).read_text(errors="replace")
-    assert f"through Spark Connect at sc://{address.hostname}:{address.port} (connection {CONNECT_CONN_ID})" in log
-    table = load_catalog("default", **EXAMPLE.iceberg_catalog(str(data))).load_table("shop.connect_orders")
-    published = [str(v) for v in table.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()]
-    expected = {order["order_id"] for hour in (0, 1) for order in EXAMPLE.orders_of_hour(hour)}
-    assert sorted(published) == sorted(expected), (len(published), len(expected))
 
 
 HELD_DAG = "held_back_orders"

@@ -15,6 +15,7 @@ Environment knobs (the CI slice is the default):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -140,9 +141,9 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-def scratch(tmp_path: Path) -> Iterator[Path]:
-    """A scratch directory on tmpfs when there is one.
+@contextlib.contextmanager
+def _scratch_root(fallback: Path) -> Iterator[Path]:
+    """A scratch directory on tmpfs when there is one, else ``fallback``; removed afterwards.
 
     A SIGKILLed process loses nothing the page cache holds, so these tests do not need
     ``fsync`` to reach a disk; on tmpfs it returns at once and the suite runs several
@@ -150,13 +151,20 @@ def scratch(tmp_path: Path) -> Iterator[Path]:
     """
     shm = Path("/dev/shm")
     if not (shm.is_dir() and os.access(shm, os.W_OK)):
-        yield tmp_path
+        yield fallback
         return
     root = Path(tempfile.mkdtemp(prefix="reliability-", dir=shm))
     try:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """A scratch directory for one test (see :func:`_scratch_root`)."""
+    with _scratch_root(tmp_path) as root:
+        yield root
 
 
 @pytest.fixture
@@ -173,3 +181,38 @@ def make_world(backend: str, scratch: Path, request: pytest.FixtureRequest) -> W
 def world(make_world: Callable[..., World]) -> World:
     """One fresh world on the test's backend."""
     return make_world()
+
+
+class BuiltWorlds:
+    """Worlds built once per module and backend, and put back in place before each later test.
+
+    Many cases start from the same few committed epochs; building them runs the protocol
+    (about 1 s a world on the local disk and 5 s on S3 on a loaded two-core machine), while
+    restoring a saved copy is a file copy (server-side copies on S3). Each test still gets
+    the world exactly as built, at the same place (records name their targets by URL).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._built: dict[tuple[str, str], tuple[WorldFactory, World, str]] = {}
+
+    def get(self, like: WorldFactory, name: str, build: Callable[[World], None]) -> World:
+        """The world ``build`` makes from a fresh one on the backend (and bucket) of ``like``,
+        as it was right after ``build``: built by the module's first test that asks, restored after."""
+        key = (like.backend, name)
+        if key in self._built:
+            factory, world, token = self._built[key]
+            factory.restore(world, token)
+            return world
+        factory = WorldFactory(like.backend, self.root / like.backend / name, like.bucket, like.storage_options)
+        world = factory()
+        build(world)
+        self._built[key] = (factory, world, factory.save(world))
+        return world
+
+
+@pytest.fixture(scope="module")
+def built_worlds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BuiltWorlds]:
+    """The module's :class:`BuiltWorlds` (their files removed after its last test)."""
+    with _scratch_root(tmp_path_factory.mktemp("built-worlds")) as root:
+        yield BuiltWorlds(root)

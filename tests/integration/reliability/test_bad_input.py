@@ -43,7 +43,7 @@ from airflow_seatunnel_ckpt.core.errors import (
 from airflow_seatunnel_ckpt.core.models import SinkManifest
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from tests.integration.reliability import invariants, synthetic
-from tests.integration.reliability.conftest import WorldFactory
+from tests.integration.reliability.conftest import BuiltWorlds, WorldFactory
 from tests.integration.reliability.scenarios import _history, drain
 from tests.integration.reliability.synthetic import World
 
@@ -101,13 +101,16 @@ def store_snapshot(world: World) -> dict[str, tuple[Any, ...]]:
     return out
 
 
-@pytest.fixture
-def open_epoch(make_world: WorldFactory) -> World:
-    """Two committed epochs, and epoch 3 begun by run-3 (undecided, nothing staged yet)."""
-    world = make_world()
+def _open_epoch(world: World) -> None:
     _history(world)
     world.pipeline().begin("run-3")
-    return world
+
+
+@pytest.fixture
+def open_epoch(make_world: WorldFactory, built_worlds: BuiltWorlds) -> World:
+    """Two committed epochs, and epoch 3 begun by run-3 (undecided, nothing staged yet):
+    built once per backend, restored for each case."""
+    return built_worlds.get(make_world, "open-epoch", _open_epoch)
 
 
 def refused(
@@ -265,10 +268,9 @@ def frame(
 
 
 @pytest.fixture
-def committed(make_world: WorldFactory) -> World:
-    world = make_world()
-    _history(world)
-    return world
+def committed(make_world: WorldFactory, built_worlds: BuiltWorlds) -> World:
+    """Two committed epochs: built once per backend, restored for each case."""
+    return built_worlds.get(make_world, "committed", _history)
 
 
 def test_a_metadata_file_from_a_newer_format_version_is_refused_by_name(committed: World) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.integration.reliability import crashdriver, invariants, synthetic
-from tests.integration.reliability.conftest import FULL, SETTINGS, WorldFactory
+from tests.integration.reliability.conftest import FULL, SETTINGS, BuiltWorlds, WorldFactory
 from tests.integration.reliability.scenarios import _committing_mess, _history, _prepared_mess, drain
 
 pytestmark = pytest.mark.crash
@@ -47,10 +47,9 @@ def assert_clean_after_recovery(world: synthetic.World) -> None:
 
 @pytest.mark.parametrize("lined_up", [True, False], ids=["lined-up", "free-running"])
 def test_zombie_and_retry_preparing_at_once_one_wins_the_other_is_fenced(
-    make_world: WorldFactory, lined_up: bool
+    make_world: WorldFactory, built_worlds: BuiltWorlds, lined_up: bool
 ) -> None:
-    world = make_world()
-    _history(world)
+    world = built_worlds.get(make_world, "history", _history)
     for round_ in range(rounds(make_world, 3)):
         run_id = f"race-{round_}"
         world.add_input(1)
@@ -79,10 +78,9 @@ def test_zombie_and_retry_preparing_at_once_one_wins_the_other_is_fenced(
 
 
 def test_zombie_frozen_mid_staging_wakes_after_its_retry_committed_and_publishes_nothing(
-    make_world: WorldFactory,
+    make_world: WorldFactory, built_worlds: BuiltWorlds,
 ) -> None:
-    world = make_world()
-    _history(world)
+    world = built_worlds.get(make_world, "history", _history)
     zombie = crashdriver.start_step(
         world,
         "stage",
@@ -108,10 +106,9 @@ def test_zombie_frozen_mid_staging_wakes_after_its_retry_committed_and_publishes
 
 @pytest.mark.parametrize("lined_up", [True, False], ids=["lined-up", "free-running"])
 def test_commit_and_abort_racing_on_one_epoch_exactly_one_decision_takes_effect(
-    make_world: WorldFactory, lined_up: bool
+    make_world: WorldFactory, built_worlds: BuiltWorlds, lined_up: bool
 ) -> None:
-    world = make_world()
-    _history(world)
+    world = built_worlds.get(make_world, "history", _history)
     decisions = []
     for round_ in range(rounds(make_world, 4)):
         run_id = f"race-{round_}"
@@ -164,15 +161,14 @@ def test_two_recovery_runs_at_once_reach_the_same_end_state_as_one(make_world: W
 
 
 def test_recovery_keeps_the_staging_of_an_epoch_that_began_after_it_listed_the_log(
-    make_world: WorldFactory,
+    make_world: WorldFactory, built_worlds: BuiltWorlds,
 ) -> None:
     """The recovery DAG runs while the pipeline's next DAG run stages its epoch.
 
     The interleaving is made deterministic: the new run begins and stages its epoch right
     after recovery has listed the epochs of the log (as another process could at any time).
     """
-    world = make_world()
-    _history(world)
+    world = built_worlds.get(make_world, "history", _history)
     p = world.pipeline()
     listed = p.txlog.open_epochs
 

@@ -34,7 +34,7 @@ from airflow_seatunnel_ckpt.core.errors import (
 )
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.integration.reliability import invariants, report, synthetic
-from tests.integration.reliability.conftest import WorldFactory
+from tests.integration.reliability.conftest import BuiltWorlds, WorldFactory
 from tests.integration.reliability.scenarios import _history, consumed_files, drain
 from tests.integration.reliability.synthetic import World
 
@@ -152,13 +152,16 @@ def assert_exactly_once_from_the_output(world: World) -> None:
     assert {k: v for k, v in state.items() if v} == dict(Counter(synthetic.key_of(r) for r in inputs))
 
 
-@pytest.fixture
-def committed(make_world: WorldFactory) -> World:
-    world = make_world()
+def _committed(world: World) -> None:
     _history(world)
     synthetic.run_dag_run(world, "run-3")
     world.add_input(2)
-    return world
+
+
+@pytest.fixture
+def committed(make_world: WorldFactory, built_worlds: BuiltWorlds) -> World:
+    """Three committed epochs and two new input files: built once per backend, restored for each case."""
+    return built_worlds.get(make_world, "committed", _committed)
 
 
 @pytest.mark.parametrize(("case", "fault"), matrix())
