@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -192,23 +192,26 @@ class Decoder:
     def decode(self, messages: Iterable[bytes], into: ChangeColumns, start: int, end: int) -> None:
         """Add the changes of ``messages`` whose transaction committed in ``[start, end)`` to ``into``; the
         row messages of other transactions are skipped undecoded (their relation messages still count)."""
-        add = into.add
+        add, row = into.add, self._row
         for data in messages:
             kind = data[0] if data else 0
-            if kind in _OPS and not (self._begin is not None and start <= self._begin[0] < end):
-                if self._begin is None:
-                    raise DecodeError(f"a {bytes([kind])!r} change outside a transaction")
-                continue
-            rows = self._message(data)
-            if rows:
-                lsn, micros, xid = self._begin  # type: ignore[misc]
+            if kind not in _OPS:
+                self._message(data)
+            elif self._begin is not None and start <= self._begin[0] < end:
+                rows = self._message(data, row, kind)
+                lsn, micros, xid = self._begin
                 first = self._seq - len(rows) + 1
                 for number, (op, relation, values, unchanged, _) in enumerate(rows):
                     add(op, relation, values, unchanged, lsn, first + number, micros, xid)
+            elif self._begin is None:
+                raise DecodeError(f"a {bytes([kind])!r} change outside a transaction")
 
-    def _message(self, data: bytes) -> list[RowChange]:
+    def _message(self, data: bytes, decode: Callable[..., list[RowChange]] | None = None,
+                 kind: int = 0) -> list[RowChange]:
+        """``decode(kind, data)`` (a row message's), else :meth:`_decode` of ``data``; a message shorter than
+        it says, or malformed, as a :class:`DecodeError`."""
         try:
-            return self._decode(data)
+            return decode(kind, data) if decode is not None else self._decode(data)
         except (struct.error, IndexError, ValueError) as exc:
             if isinstance(exc, DecodeError):
                 raise
@@ -333,8 +336,8 @@ class ChangeColumns:
         self._meta = tuple(self.meta.values())
         #: (table, column names) -> the value lists of those columns, and those of the other columns.
         self._plans: dict[tuple[str, tuple[str, ...]], tuple[list[list[Any]], list[list[Any]]]] = {}
-        #: Relation oid -> (the relation, its plan): a relation message makes a new relation object.
-        self._relations: dict[int, tuple[Relation, tuple[list[list[Any]], list[list[Any]]]]] = {}
+        #: Relation oid -> (the relation, its plan, its table): a relation message makes a new relation object.
+        self._relations: dict[int, tuple[Relation, tuple[list[list[Any]], list[list[Any]]], str]] = {}
 
     def _plan(self, table: str, names: Sequence[str]) -> tuple[list[list[Any]], list[list[Any]]]:
         plan = self._plans.get((table, tuple(names)))
@@ -354,11 +357,9 @@ class ChangeColumns:
         """One change of ``relation`` (``values`` in its column order)."""
         known = self._relations.get(relation.oid)
         if known is None or known[0] is not relation:
-            plan = self._plan(relation.table, [c.name for c in relation.columns])
-            self._relations[relation.oid] = (relation, plan)
-        else:
-            plan = known[1]
-        self._append(plan, values, relation.table, op, lsn, seq, micros, xid, unchanged or None)
+            known = self._relations[relation.oid] = (
+                relation, self._plan(relation.table, [c.name for c in relation.columns]), relation.table)
+        self._append(known[1], values, known[2], op, lsn, seq, micros, xid, unchanged or None)
 
     def add_rows(self, table: str, names: Sequence[str], rows: Iterable[Sequence[Any]], lsn: int) -> None:
         """Rows of ``table`` (``names``' values) as inserts at ``lsn`` with ``_seq`` 0: a snapshot's rows."""
