@@ -5,7 +5,8 @@ Both plan in the core (:mod:`airflow_seatunnel_ckpt.core.sources.postgres_cdc`,
 :mod:`airflow_seatunnel_ckpt.core.sources.postgres_query`), which pins the epoch's range in
 the log before anything is read; here the pinned range is read -- on the driver, over one
 connection (a slot's changes come in one ordered stream) -- and handed to Spark as a
-DataFrame. Values keep their PostgreSQL types where Spark has one
+DataFrame (the CDC source's made from one Arrow table built column by column:
+:func:`dataframe`). Values keep their PostgreSQL types where Spark has one
 (:func:`~airflow_seatunnel_ckpt.core.sources.pgoutput.spark_type`), text otherwise.
 
 A change row of ``postgres_cdc`` has the table's columns and ``_table`` (``schema.name``),
