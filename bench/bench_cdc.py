@@ -12,14 +12,17 @@ times, in one Spark session (``local[2]``):
   server's flush LSN pinned in the log; read: the slot's changes between the committed
   position and it, decoded on the driver; staged into the file sink), then the commit
   decision and the publish: the whole epoch, which must hold exactly N change rows;
+* ``read`` -- the source's read alone, again on the epoch's pinned range: the changes decoded
+  on the driver into a DataFrame, and a ``count()`` of it (wall time, and the driver
+  process's CPU time: what the decoder costs, less moved by other load on the machine);
 * ``full`` -- what bringing the lake up to date costs without CDC: a plain Spark read of the
   whole table, ``spark.read.format("jdbc")`` with the PostgreSQL JDBC driver (``--jdbc-jar``,
   the Maven repository's copy by default; two partitions on ``id``), written as Parquet.
   Without the jar the baseline is psycopg -> Arrow -> ``createDataFrame`` (printed as such).
 
-Reported per size: the best epoch and full-read times over ``--rounds``, changes/s of the
-epoch, rows/s of the full read, the ratio epoch / full read, and how the epoch's time grows
-with M (it should follow N, not M). The load average is printed before and after.
+Reported per size: the best epoch, read and full-read times over ``--rounds`` (and the read's
+driver CPU time), changes/s of the epoch, rows/s of the full read, the ratio epoch / full
+read, and how the epoch's time grows with M (it should follow N, not M). The load average is printed before and after.
 
 Usage::
 
@@ -101,7 +104,8 @@ def change(conninfo: str, changes: int, next_id: int, rows: int) -> int:
     return next_id + quarter
 
 
-def run_epoch(spark: Any, spec: Any, run_id: str) -> tuple[float, int]:
+def run_epoch(spark: Any, spec: Any, run_id: str) -> tuple[float, int, dict[str, Any]]:
+    """One whole epoch: its seconds, its rows and the source's consumed offsets."""
     from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Decision
     from airflow_seatunnel_ckpt.spark import run_stage
 
@@ -110,7 +114,19 @@ def run_epoch(spark: Any, spec: Any, run_id: str) -> tuple[float, int]:
     pipeline = CheckpointStore(CheckpointConfig.from_mapping(spec.store)).pipeline(spec.pipeline)
     pipeline.decide(result.epoch, Decision.COMMIT, "bench", by="bench")
     pipeline.commit(result.epoch)
-    return time.perf_counter() - started, result.rows
+    seconds = time.perf_counter() - started
+    prepared = pipeline.txlog.read_prepared(result.epoch, spec.participant)
+    return seconds, result.rows, dict(prepared.sources["orders"].offsets) if prepared else {}
+
+
+def run_read(spark: Any, spec: Any, offsets: dict[str, Any]) -> tuple[float, float, int]:
+    """The source's read of ``offsets`` and a count of it: wall seconds, driver CPU seconds, rows."""
+    from airflow_seatunnel_ckpt.spark.sources.postgres import PostgresCdcSource
+
+    source = PostgresCdcSource("orders", **spec.sources["orders"])
+    started, cpu = time.perf_counter(), time.process_time()
+    rows = source.read(spark, offsets).count()
+    return time.perf_counter() - started, time.process_time() - cpu, rows
 
 
 def run_full(spark: Any, server: Any, db: str, jar: Path | None, rows: int, out: Path) -> float:
@@ -170,29 +186,36 @@ def main() -> None:
                              sinks={"out": {"type": "file", "path": f"file://{work / db / 'out'}"}},
                              store={"storage_url": f"file://{work / db / 'store'}"}, key_groups=2)
             run_epoch(spark, spec, "first")
-            times: dict[str, list[float]] = {"ours": [], "full": []}
+            times: dict[str, list[float]] = {"ours": [], "read": [], "read_cpu": [], "full": []}
             next_id = rows + 1
             for number in range(args.rounds):
                 next_id = change(conninfo, args.changes, next_id, rows)
-                seconds, got = run_epoch(spark, spec, f"round-{number}")
+                seconds, got, offsets = run_epoch(spark, spec, f"round-{number}")
                 assert got == args.changes, f"the epoch read {got} change rows, {args.changes} were made"
                 times["ours"].append(seconds)
+                read, read_cpu, counted = run_read(spark, spec, offsets)
+                assert counted == got, f"the read counted {counted} rows, the epoch {got}"
+                times["read"].append(read)
+                times["read_cpu"].append(read_cpu)
                 times["full"].append(run_full(spark, server, db, jar, rows, work / db / f"full-{number}"))
-                print(f"M={rows} round {number + 1}: epoch {seconds:.2f}s ({got} changes), full read "
+                print(f"M={rows} round {number + 1}: epoch {seconds:.2f}s ({got} changes), read {read:.2f}s "
+                      f"(driver CPU {read_cpu:.2f}s), full read "
                       f"{times['full'][-1]:.2f}s; load {os.getloadavg()[0]:.1f}", flush=True)
             best = {v: min(t) for v, t in times.items()}
             report["sizes"][rows] = {"best": best, "changes_per_s": args.changes / best["ours"],
+                                     "read_changes_per_s": args.changes / best["read"],
                                      "rows_per_s": rows / best["full"], "ratio": best["ours"] / best["full"],
                                      "times": times}
             server.drop_database(db)
         sizes = sorted(report["sizes"])
         smallest = report["sizes"][sizes[0]]["best"]["ours"]
-        print(f"\n{'M rows':>10} {'epoch s':>8} {'changes/s':>10} {'full s':>8} {'rows/s':>10} "
-              f"{'epoch/full':>10} {'epoch vs M0':>11}")
+        print(f"\n{'M rows':>10} {'epoch s':>8} {'changes/s':>10} {'read s':>7} {'read CPU':>8} {'full s':>8} "
+              f"{'rows/s':>10} {'epoch/full':>10} {'epoch vs M0':>11}")
         for rows in sizes:
             r = report["sizes"][rows]
             r["growth"] = r["best"]["ours"] / smallest
-            print(f"{rows:>10,} {r['best']['ours']:>8.2f} {r['changes_per_s']:>10,.0f} {r['best']['full']:>8.2f} "
+            print(f"{rows:>10,} {r['best']['ours']:>8.2f} {r['changes_per_s']:>10,.0f} {r['best']['read']:>7.2f} "
+                  f"{r['best']['read_cpu']:>8.2f} {r['best']['full']:>8.2f} "
                   f"{r['rows_per_s']:>10,.0f} {r['ratio']:>10.3f} {r['growth']:>11.2f}")
         report["load_after"] = os.getloadavg()
         print(f"load average after {report['load_after']}")

@@ -12,10 +12,14 @@ past ``logical_decoding_work_mem``) and sends it whole, so every change arrives 
 ``B`` .. ``C`` pair, transactions in commit order.
 
 Values arrive as text (PostgreSQL's output functions); :func:`typed_value` turns the common
-types into Python values. An update's unchanged TOASTed column arrives as "unchanged" (no
-value): it is taken from the old tuple when the table sends one (``REPLICA IDENTITY
-FULL``), else left NULL and named in :attr:`Change.unchanged` so that whoever applies the
-change keeps the value it has (never writes the NULL).
+types into Python values, :func:`arrow_values` a column of them into an Arrow array. The
+decoder is the read's hot path: :meth:`Decoder.decode` fills a :class:`ChangeColumns` (a list
+per column) without an object per change; :meth:`Decoder.message` gives :class:`Change` objects.
+
+An update's unchanged TOASTed column arrives as "unchanged" (no value): it is taken from the
+old tuple when the table sends one (``REPLICA IDENTITY FULL``), else left NULL and named in
+:attr:`Change.unchanged` so that whoever applies the change keeps the value it has (never
+writes the NULL).
 
 Pure data: no database client here.
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -33,6 +37,8 @@ from airflow_seatunnel_ckpt.core.errors import CheckpointError
 
 #: PostgreSQL's epoch for timestamps in the protocol (microseconds since 2000-01-01 UTC).
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+#: The same as microseconds since 1970-01-01 UTC.
+PG_EPOCH_MICROS = 946_684_800_000_000
 
 #: The operations a change row carries in ``_op``.
 OPS = ("insert", "update", "delete")
@@ -88,59 +94,52 @@ class Change:
     unchanged: list[str] = field(default_factory=list)
 
 
-class _Reader:
-    """Big-endian reads over one message."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data, self.at = data, 0
-
-    def take(self, n: int) -> bytes:
-        if self.at + n > len(self.data):
-            raise DecodeError(f"pgoutput message {self.data[:1]!r} ends early: wanted {n} bytes at {self.at}, "
-                              f"it has {len(self.data)}")
-        out = self.data[self.at:self.at + n]
-        self.at += n
-        return out
-
-    def int8(self) -> int:
-        return self.take(1)[0]
-
-    def int16(self) -> int:
-        return int(struct.unpack(">h", self.take(2))[0])
-
-    def int32(self) -> int:
-        return int(struct.unpack(">i", self.take(4))[0])
-
-    def uint32(self) -> int:
-        return int(struct.unpack(">I", self.take(4))[0])
-
-    def int64(self) -> int:
-        return int(struct.unpack(">q", self.take(8))[0])
-
-    def string(self) -> str:
-        end = self.data.index(b"\0", self.at)
-        out = self.data[self.at:end].decode()
-        self.at = end + 1
-        return out
-
+_INT16 = struct.Struct(">h").unpack_from
+_INT32 = struct.Struct(">i").unpack_from
+_UINT32 = struct.Struct(">I").unpack_from
+#: ``B``: the commit's LSN, its timestamp (microseconds since 2000-01-01 UTC), the xid.
+_BEGIN = struct.Struct(">qqI").unpack_from
 
 #: A tuple column's value: text, NULL (None) or unchanged TOAST (this marker).
 UNCHANGED = object()
 
+#: A decoded row change: (operation, relation, values in the relation's column order, names of unchanged
+#: TOASTed columns, names of the columns it carries). Values are text or None (also for a column it does
+#: not carry: a delete's non-key columns, an unchanged TOASTed value without an old one). A plain tuple,
+#: not an object per change: this is the decoder's hot path.
+RowChange = tuple[str, Relation, list[Any], list[str], list[str]]
 
-def _tuple(reader: _Reader) -> list[Any]:
+
+def _tuple(data: bytes, at: int) -> tuple[list[Any], int]:
+    """A TupleData at ``at``: its values (text, None, :data:`UNCHANGED`, or bytes for binary) and where it ends."""
+    (count,) = _INT16(data, at)
+    at += 2
     values: list[Any] = []
-    for _ in range(reader.int16()):
-        kind = reader.take(1)
-        if kind == b"n":
-            values.append(None)
-        elif kind == b"u":
-            values.append(UNCHANGED)
-        elif kind in (b"t", b"b"):
-            values.append(reader.take(reader.int32()).decode() if kind == b"t" else reader.take(reader.int32()))
+    append = values.append
+    for _ in range(count):
+        kind = data[at]
+        at += 1
+        if kind == 116 or kind == 98:  # t(ext), b(inary): int32 length, then the value
+            (size,) = _INT32(data, at)
+            at += 4
+            end = at + size
+            if end > len(data):
+                raise DecodeError(f"pgoutput message {data[:1]!r} ends early: wanted {size} bytes at {at}, "
+                                  f"it has {len(data)}")
+            append(data[at:end].decode() if kind == 116 else data[at:end])
+            at = end
+        elif kind == 110:  # n(ull)
+            append(None)
+        elif kind == 117:  # u(nchanged TOAST)
+            append(UNCHANGED)
         else:
-            raise DecodeError(f"pgoutput tuple column of unknown kind {kind!r}")
-    return values
+            raise DecodeError(f"pgoutput tuple column of unknown kind {bytes([kind])!r}")
+    return values, at
+
+
+def _string(data: bytes, at: int) -> tuple[str, int]:
+    end = data.index(b"\0", at)
+    return data[at:end].decode(), end + 1
 
 
 def timestamp(micros: int) -> dt.datetime:
@@ -148,16 +147,27 @@ def timestamp(micros: int) -> dt.datetime:
     return PG_EPOCH + dt.timedelta(microseconds=micros)
 
 
+#: Row messages -> the operation of their changes.
+_OPS = {73: "insert", 85: "update", 68: "delete"}  # I, U, D
+
+
 class Decoder:
-    """Turns a slot's messages, in order, into :class:`Change` rows (keeps the relations seen)."""
+    """Turns a slot's messages, in order, into changes (keeps the relations seen).
+
+    :meth:`message` gives :class:`Change` objects; :meth:`decode` the same changes as plain
+    tuples into a :class:`ChangeColumns` (the Spark source's path, no object per change).
+    """
 
     def __init__(self, primary_keys: Mapping[str, Sequence[str]] | None = None) -> None:
         """``primary_keys``: ``schema.table`` -> its key columns, for tables of ``REPLICA IDENTITY FULL``
         (whose relation message flags every column), so that an update of their key is seen as one."""
         self.relations: dict[int, Relation] = {}
         self.primary_keys = {t: list(k) for t, k in (primary_keys or {}).items()}
-        self._begin: tuple[int, dt.datetime, int] | None = None
+        #: The open transaction's commit LSN, commit timestamp (protocol microseconds) and xid.
+        self._begin: tuple[int, int, int] | None = None
         self._seq = 0
+        #: Relation oid -> (the relation, its column names, the indexes of its key columns).
+        self._plans: dict[int, tuple[Relation, list[str], list[int]]] = {}
 
     def changes(self, messages: Iterable[bytes]) -> Iterator[Change]:
         """The changes of ``messages`` (every one inside a ``B`` .. ``C`` pair)."""
@@ -167,100 +177,205 @@ class Decoder:
     def message(self, data: bytes) -> list[Change]:
         """Decode one message; the changes it carries: none, one, or two for an update of the key (a
         delete of the old key, then the update, so that whoever applies them by key removes the old row)."""
-        reader = _Reader(data)
-        kind = reader.take(1)
-        if kind == b"B":
-            final_lsn, ts, xid = reader.int64(), reader.int64(), reader.uint32()
-            self._begin, self._seq = (final_lsn, timestamp(ts), xid), 0
+        rows = self._message(data)
+        if not rows:
             return []
-        if kind == b"C":
+        assert self._begin is not None
+        lsn, micros, xid = self._begin
+        first = self._seq - len(rows) + 1
+        names = [c.name for c in rows[0][1].columns]
+        return [Change(op, relation.table, lsn, first + number, timestamp(micros), xid,
+                       {n: v for n, v in zip(names, values, strict=True) if n in carried} if op == "delete"
+                       else dict(zip(names, values, strict=True)), list(unchanged))
+                for number, (op, relation, values, unchanged, carried) in enumerate(rows)]
+
+    def decode(self, messages: Iterable[bytes], into: ChangeColumns, start: int, end: int) -> None:
+        """Add the changes of ``messages`` whose transaction committed in ``[start, end)`` to ``into``; the
+        row messages of other transactions are skipped undecoded (their relation messages still count)."""
+        add, row = into.add, self._row
+        for data in messages:
+            kind = data[0] if data else 0
+            if kind not in _OPS:
+                self._message(data)
+            elif self._begin is not None and start <= self._begin[0] < end:
+                rows = self._message(data, row, kind)
+                lsn, micros, xid = self._begin
+                first = self._seq - len(rows) + 1
+                for number, (op, relation, values, unchanged, _) in enumerate(rows):
+                    add(op, relation, values, unchanged, lsn, first + number, micros, xid)
+            elif self._begin is None:
+                raise DecodeError(f"a {bytes([kind])!r} change outside a transaction")
+
+    def _message(self, data: bytes, decode: Callable[..., list[RowChange]] | None = None,
+                 kind: int = 0) -> list[RowChange]:
+        """``decode(kind, data)`` (a row message's), else :meth:`_decode` of ``data``; a message shorter than
+        it says, or malformed, as a :class:`DecodeError`."""
+        try:
+            return decode(kind, data) if decode is not None else self._decode(data)
+        except (struct.error, IndexError, ValueError) as exc:
+            if isinstance(exc, DecodeError):
+                raise
+            raise DecodeError(f"pgoutput message {data[:1]!r} ends early or is malformed ({len(data)} bytes: "
+                              f"{exc})") from exc
+
+    def _decode(self, data: bytes) -> list[RowChange]:
+        kind = data[0]
+        if kind in _OPS:
+            return self._row(kind, data)
+        if kind == 66:  # B
+            self._begin, self._seq = _BEGIN(data, 1), 0
+            return []
+        if kind == 67:  # C
             self._begin = None
             return []
-        if kind == b"R":
-            oid, schema, name = reader.uint32(), reader.string(), reader.string()
-            identity = chr(reader.int8())
+        if kind == 82:  # R
+            (oid,) = _UINT32(data, 1)
+            schema, at = _string(data, 5)
+            name, at = _string(data, at)
+            identity = chr(data[at])
+            (count,) = _INT16(data, at + 1)
+            at += 3
             columns = []
-            for _ in range(reader.int16()):
-                flags = reader.int8()
-                columns.append(Column(reader.string(), reader.uint32(), reader.int32(), bool(flags & 1)))
+            for _ in range(count):
+                flags = data[at]
+                column, at = _string(data, at + 1)
+                type_oid, type_modifier = _UINT32(data, at)[0], _INT32(data, at + 4)[0]
+                at += 8
+                columns.append(Column(column, type_oid, type_modifier, bool(flags & 1)))
             self.relations[oid] = Relation(oid, schema or "pg_catalog", name, identity, tuple(columns))
             return []
-        if kind in (b"Y", b"O", b"M"):  # types, origins, logical messages: nothing to apply
+        if kind in (89, 79, 77):  # Y types, O origins, M logical messages: nothing to apply
             return []
-        if kind == b"T":
-            count = reader.uint32()
-            reader.int8()
-            names = [self._relation(reader.uint32()).table for _ in range(count)]
+        if kind == 84:  # T
+            (count,) = _UINT32(data, 1)
+            names = [self._relation(_UINT32(data, 6 + 4 * n)[0])[0].table for n in range(count)]
             raise DecodeError(f"a TRUNCATE of published table(s) {names} in the transaction committed at "
                               f"LSN {lsn_text(self._begin[0]) if self._begin else '?'}: the rows it removed "
                               "cannot be turned into deletes")
-        if kind in (b"I", b"U", b"D"):
-            return self._row(kind, reader)
-        raise DecodeError(f"unknown pgoutput message {kind!r}")
+        raise DecodeError(f"unknown pgoutput message {bytes([kind])!r}")
 
-    def _relation(self, oid: int) -> Relation:
+    def _relation(self, oid: int) -> tuple[Relation, list[str], list[int]]:
+        """The relation of ``oid`` with its column names and key indexes (made once per relation message)."""
         relation = self.relations.get(oid)
         if relation is None:
             raise DecodeError(f"a change of relation {oid} before its relation message")
-        return relation
+        plan = self._plans.get(oid)
+        if plan is None or plan[0] is not relation:
+            names = [c.name for c in relation.columns]
+            if relation.replica_identity == "f":  # FULL flags every column: the key is the catalog's
+                keys = [names.index(k) for k in self.primary_keys.get(relation.table, []) if k in names]
+            else:
+                keys = [i for i, c in enumerate(relation.columns) if c.key]
+            plan = self._plans[oid] = (relation, names, keys)
+        return plan
 
-    def _row(self, kind: bytes, reader: _Reader) -> list[Change]:
+    def _row(self, kind: int, data: bytes) -> list[RowChange]:
         if self._begin is None:
-            raise DecodeError(f"a {kind!r} change outside a transaction")
-        relation = self._relation(reader.uint32())
-        names = [c.name for c in relation.columns]
+            raise DecodeError(f"a {bytes([kind])!r} change outside a transaction")
+        relation, names, keys = self._relation(_UINT32(data, 1)[0])
         old: list[Any] | None = None
-        part = old_part = reader.take(1)
-        if part in (b"K", b"O"):
-            old = _tuple(reader)
-            if kind == b"U":
-                part = reader.take(1)
-        if kind == b"D":
-            assert old is not None
-            # A key-only tuple (K) has NULL in the non-key columns: only the key is named.
-            values = {n: v for n, v, c in zip(names, old, relation.columns, strict=True) if part == b"O" or c.key}
-            unchanged: list[str] = []
-        else:
-            if part != b"N":
-                raise DecodeError(f"pgoutput {kind!r} message of {relation.table} without its new tuple")
-            new = _tuple(reader)
-            values, unchanged = {}, []
-            for index, (name, value) in enumerate(zip(names, new, strict=True)):
+        part = old_part = data[5]
+        at = 6
+        if part == 75 or part == 79:  # K(ey) or O(ld) tuple
+            old, at = _tuple(data, at)
+            if kind == 85:
+                part = data[at]
+                at += 1
+        if kind == 68:  # D
+            if old is None:
+                raise DecodeError(f"pgoutput {bytes([kind])!r} message of {relation.table} without its old tuple")
+            self._seq += 1
+            # A key-only tuple (K) has NULL in the non-key columns: it carries the columns flagged as key.
+            carried = names if part == 79 else [n for n, c in zip(names, relation.columns, strict=True) if c.key]
+            return [("delete", relation, [None if v is UNCHANGED else v for v in old], [], carried)]
+        if part != 78:  # N(ew) tuple
+            raise DecodeError(f"pgoutput {bytes([kind])!r} message of {relation.table} without its new tuple")
+        values, at = _tuple(data, at)
+        if len(values) != len(names):
+            raise DecodeError(f"pgoutput {bytes([kind])!r} message of {relation.table} has {len(values)} "
+                              f"columns, its relation {len(names)}")
+        unchanged: list[str] = []
+        if UNCHANGED in values:
+            full = old is not None and len(old) == len(values)
+            for index, value in enumerate(values):
                 if value is UNCHANGED:
                     # The old tuple of REPLICA IDENTITY FULL holds the value, detoasted.
-                    if old is not None and part == b"N" and old[index] is not UNCHANGED and len(old) == len(new):
-                        value = old[index]
+                    if full and old[index] is not UNCHANGED:  # type: ignore[index]
+                        values[index] = old[index]  # type: ignore[index]
                     else:
-                        unchanged.append(name)
-                        value = None
-                values[name] = value
-        out = []
-        if kind == b"U" and old is not None:
-            moved = self._moved_from(relation, old, old_part, values, unchanged)
-            if moved is not None:
-                out.append(self._change("delete", relation, moved, []))
-        op = {b"I": "insert", b"U": "update", b"D": "delete"}[kind]
-        return [*out, self._change(op, relation, values, unchanged)]
+                        unchanged.append(names[index])
+                        values[index] = None
+        if kind == 73:
+            self._seq += 1
+            return [("insert", relation, values, unchanged, names)]
+        out: list[RowChange] = []
+        if old is not None and keys and any(
+                old[k] is not UNCHANGED and names[k] not in unchanged and old[k] != values[k] for k in keys):
+            # The update changed the key: first a delete of the old row as a delete carries it (K: its key,
+            # O: every column).
+            moved = [None if v is UNCHANGED or (old_part == 75 and i not in keys) else v for i, v in enumerate(old)]
+            out.append(("delete", relation, moved, [],
+                        [n for i, n in enumerate(names) if old[i] is not UNCHANGED and (old_part == 79 or i in keys)]))
+        out.append(("update", relation, values, unchanged, names))
+        self._seq += len(out)
+        return out
 
-    def _change(self, op: str, relation: Relation, values: dict[str, Any], unchanged: list[str]) -> Change:
-        assert self._begin is not None
-        self._seq += 1
-        lsn, ts, xid = self._begin
-        return Change(op, relation.table, lsn, self._seq, ts, xid, values, unchanged)
 
-    def _moved_from(self, relation: Relation, old: list[Any], part: bytes, new: dict[str, Any],
-                    unchanged: list[str]) -> dict[str, Any] | None:
-        """An update's old row as a delete carries it (``K``: its key, ``O``: every column) when the update
-        changed the key, else None. A FULL identity flags every column: its key is the catalog's primary key."""
-        names = [c.name for c in relation.columns]
-        if relation.replica_identity == "f":
-            keys = [k for k in self.primary_keys.get(relation.table, []) if k in names]
-        else:
-            keys = [c.name for c in relation.columns if c.key]
-        before = dict(zip(names, old, strict=True))
-        if not keys or all(before[k] is UNCHANGED or k in unchanged or before[k] == new.get(k) for k in keys):
-            return None
-        return {n: v for n, v in before.items() if v is not UNCHANGED and (part == b"O" or n in keys)}
+class ChangeColumns:
+    """Change rows kept column by column, as the Spark source hands them to Spark (one list per column,
+    no object per change): each table column's text values (None for NULL and for the rows of tables
+    without the column) and the change columns ``_table``, ``_op``, ``_lsn``, ``_seq``, ``_commit_ts``
+    (protocol microseconds), ``_xid`` and ``_unchanged_toast``, in the order the rows were added."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        #: Column name -> its values, one per row.
+        self.values: dict[str, list[Any]] = {}
+        self.meta: dict[str, list[Any]] = {n: [] for n in (
+            "_table", "_op", "_lsn", "_seq", "_commit_ts", "_xid", "_unchanged_toast")}
+        self._meta = tuple(self.meta.values())
+        #: (table, column names) -> the value lists of those columns, and those of the other columns.
+        self._plans: dict[tuple[str, tuple[str, ...]], tuple[list[list[Any]], list[list[Any]]]] = {}
+        #: Relation oid -> (the relation, its plan, its table): a relation message makes a new relation object.
+        self._relations: dict[int, tuple[Relation, tuple[list[list[Any]], list[list[Any]]], str]] = {}
+
+    def _plan(self, table: str, names: Sequence[str]) -> tuple[list[list[Any]], list[list[Any]]]:
+        plan = self._plans.get((table, tuple(names)))
+        if plan is None:
+            for name in names:
+                if name not in self.values:  # a column seen first now: NULL in the rows before
+                    self.values[name] = [None] * self.count
+                    self._plans.clear()  # every other table's rows get NULL in it from now on
+                    self._relations.clear()
+            targets = [self.values[n] for n in names]
+            plan = self._plans[(table, tuple(names))] = (targets, [v for n, v in self.values.items()
+                                                                    if n not in names])
+        return plan
+
+    def add(self, op: str, relation: Relation, values: Sequence[Any], unchanged: list[str], lsn: int, seq: int,
+            micros: int | None, xid: int | None) -> None:
+        """One change of ``relation`` (``values`` in its column order)."""
+        known = self._relations.get(relation.oid)
+        if known is None or known[0] is not relation:
+            known = self._relations[relation.oid] = (
+                relation, self._plan(relation.table, [c.name for c in relation.columns]), relation.table)
+        self._append(known[1], values, known[2], op, lsn, seq, micros, xid, unchanged or None)
+
+    def add_rows(self, table: str, names: Sequence[str], rows: Iterable[Sequence[Any]], lsn: int) -> None:
+        """Rows of ``table`` (``names``' values) as inserts at ``lsn`` with ``_seq`` 0: a snapshot's rows."""
+        plan = self._plan(table, names)
+        for row in rows:
+            self._append(plan, row, table, "insert", lsn, 0, None, None, None)
+
+    def _append(self, plan: tuple[list[list[Any]], list[list[Any]]], values: Sequence[Any], *meta: Any) -> None:
+        targets, others = plan
+        for target, value in zip(targets, values, strict=True):
+            target.append(value)
+        for other in others:
+            other.append(None)
+        for target, value in zip(self._meta, meta, strict=True):
+            target.append(value)
+        self.count += 1
 
 
 def lsn_text(lsn: int) -> str:
@@ -322,3 +437,35 @@ def typed_value(spark_type_name: str, text: str | None) -> Any:
     if spark_type_name == "binary":
         return bytes.fromhex(text[2:]) if text.startswith("\\x") else text.encode()
     return text
+
+
+def arrow_type(spark_type_name: str) -> Any:
+    """The Arrow type of a Spark SQL type name of :func:`spark_type` (and ``array<string>``)."""
+    import pyarrow as pa
+
+    if spark_type_name.startswith("decimal("):
+        precision, scale = spark_type_name[len("decimal("):-1].split(",")
+        return pa.decimal128(int(precision), int(scale))
+    if spark_type_name == "array<string>":
+        return pa.list_(pa.string())
+    if spark_type_name in ("timestamp", "timestamp_ntz"):  # an instant (UTC), or a wall-clock time
+        return pa.timestamp("us", tz="UTC" if spark_type_name == "timestamp" else None)
+    return {"boolean": pa.bool_, "bigint": pa.int64, "int": pa.int32, "float": pa.float32, "double": pa.float64,
+            "date": pa.date32, "binary": pa.binary, "string": pa.string}[spark_type_name]()
+
+
+def arrow_values(spark_type_name: str, texts: list[str | None]) -> Any:
+    """A column of PostgreSQL's text output as a ``pyarrow.Array`` of ``spark_type_name``: the values of
+    :func:`typed_value`, converted a column at a time (integers and decimals parsed by Arrow, whose
+    parsers give the same values for PostgreSQL's output: digits, a sign, a point)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    target = arrow_type(spark_type_name)
+    if spark_type_name in ("bigint", "int", "string") or spark_type_name.startswith("decimal"):
+        return pa.array(texts, pa.string()).cast(target)
+    if spark_type_name == "boolean":
+        return pc.equal(pa.array(texts, pa.string()), "t")
+    if spark_type_name == "timestamp_ntz":
+        return pa.array([None if t is None else dt.datetime.fromisoformat(t) for t in texts], target)
+    return pa.array([typed_value(spark_type_name, t) for t in texts], target)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     OPS,
     Change,
+    ChangeColumns,
     Column,
     DecodeError,
     Decoder,
@@ -58,6 +60,9 @@ from airflow_seatunnel_ckpt.core.sources.pgoutput import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Messages fetched from the slot per round trip.
+FETCH_MESSAGES = 10_000
 
 #: The way out of a position the slot can no longer serve.
 RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_replication_slot('{slot}')) and run "
@@ -404,34 +409,52 @@ class PostgresCdc:
                         yield table, dict(zip([c.name for c in cols], row, strict=True))
             conn.rollback()
 
-    def changes(self, offsets: Mapping[str, Any], decoder: Decoder) -> Iterator[Change]:
-        """The changes of the transactions committed in the pinned ``[start, end)``, without consuming them.
+    def messages(self, offsets: Mapping[str, Any]) -> Iterator[bytes]:
+        """The slot's messages up to the pinned ``end``, in order, without consuming them; the identity is
+        checked first (nothing is read from another slot, server or publication). Fetched in batches of
+        :data:`FETCH_MESSAGES`, in binary (the messages as they are, not hex text to parse)."""
+        with self.connect() as conn:
+            check_identity(offsets, self.server(conn), self.where, start=int(offsets["start"]))
+            conn.autocommit = False
+            with conn.cursor(name="changes", binary=True) as cur:
+                cur.itersize = FETCH_MESSAGES
+                cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
+                            "'proto_version', '1', 'publication_names', %s)",
+                            (self.options.slot, lsn_text(int(offsets["end"])), self.options.publication))
+                for (data,) in cur:
+                    yield data
+            conn.rollback()
 
-        The identity is checked first (nothing is read from another slot, server or publication).
-        """
+    @contextmanager
+    def _decoding(self, start: int, end: int) -> Iterator[None]:
+        """A message the decoder cannot take fails the read, naming the range and the way out."""
+        try:
+            yield
+        except DecodeError as exc:
+            raise CdcError(f"{self.where}: the changes between LSN {lsn_text(start)} and {lsn_text(end)}: "
+                           f"{exc}. The epoch fails before its decision. " + RESNAPSHOT.format(
+                               slot=self.options.slot)) from exc
+
+    def changes(self, offsets: Mapping[str, Any], decoder: Decoder) -> Iterator[Change]:
+        """The changes of the transactions committed in the pinned ``[start, end)``, without consuming them
+        (:meth:`messages`), one :class:`~airflow_seatunnel_ckpt.core.sources.pgoutput.Change` each."""
         start, end = int(offsets["start"]), int(offsets["end"])
         if end <= start:
             return
-        counts = dict.fromkeys(OPS, 0)
-        with self.connect() as conn:
-            check_identity(offsets, self.server(conn), self.where, start=start)
-            conn.autocommit = False
-            started = time.monotonic()
-            with conn.cursor(name="changes") as cur:
-                cur.itersize = 2000
-                cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, NULL, "
-                            "'proto_version', '1', 'publication_names', %s)",
-                            (self.options.slot, lsn_text(end), self.options.publication))
-                try:
-                    for (data,) in cur:
-                        for change in decoder.message(bytes(data)):
-                            if in_range(change, start, end):
-                                counts[change.op] += 1
-                                yield change
-                except DecodeError as exc:
-                    raise CdcError(f"{self.where}: the changes between LSN {lsn_text(start)} and {lsn_text(end)}: "
-                                   f"{exc}. The epoch fails before its decision. " + RESNAPSHOT.format(
-                                       slot=self.options.slot)) from exc
-            conn.rollback()
-            log.info("%s: read the changes of LSN %s..%s in %.1fs: %s", self.where, lsn_text(start),
-                     lsn_text(end), time.monotonic() - started, ", ".join(f"{n} {op}s" for op, n in counts.items()))
+        with self._decoding(start, end):
+            for data in self.messages(offsets):
+                for change in decoder.message(data):
+                    if in_range(change, start, end):
+                        yield change
+
+    def read_changes(self, offsets: Mapping[str, Any], decoder: Decoder, into: ChangeColumns) -> None:
+        """The changes of :meth:`changes` added to ``into`` column by column (the Spark source's read)."""
+        start, end = int(offsets["start"]), int(offsets["end"])
+        if end <= start:
+            return
+        started, before = time.monotonic(), into.count
+        with self._decoding(start, end):
+            decoder.decode(self.messages(offsets), into, start, end)
+        counts = Counter(into.meta["_op"][before:])
+        log.info("%s: read the changes of LSN %s..%s in %.1fs: %s", self.where, lsn_text(start), lsn_text(end),
+                 time.monotonic() - started, ", ".join(f"{counts[op]} {op}s" for op in OPS))

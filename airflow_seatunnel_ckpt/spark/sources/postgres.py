@@ -5,7 +5,8 @@ Both plan in the core (:mod:`airflow_seatunnel_ckpt.core.sources.postgres_cdc`,
 :mod:`airflow_seatunnel_ckpt.core.sources.postgres_query`), which pins the epoch's range in
 the log before anything is read; here the pinned range is read -- on the driver, over one
 connection (a slot's changes come in one ordered stream) -- and handed to Spark as a
-DataFrame. Values keep their PostgreSQL types where Spark has one
+DataFrame (the CDC source's made from one Arrow table built column by column:
+:func:`dataframe`). Values keep their PostgreSQL types where Spark has one
 (:func:`~airflow_seatunnel_ckpt.core.sources.pgoutput.spark_type`), text otherwise.
 
 A change row of ``postgres_cdc`` has the table's columns and ``_table`` (``schema.name``),
@@ -19,7 +20,10 @@ Order changes by ``(_lsn, _seq)``. docs/CDC.md describes both sources.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.options import checked
@@ -29,7 +33,17 @@ from airflow_seatunnel_ckpt.core.sources.options import (
     PostgresQuerySourceOptions,
     constructor_signature,
 )
-from airflow_seatunnel_ckpt.core.sources.pgoutput import OPS, Column, Decoder, spark_type, typed_value
+from airflow_seatunnel_ckpt.core.sources.pgoutput import (
+    OPS,
+    PG_EPOCH_MICROS,
+    ChangeColumns,
+    Column,
+    Decoder,
+    arrow_type,
+    arrow_values,
+    spark_type,
+    typed_value,
+)
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
 from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery
 from airflow_seatunnel_ckpt.spark.sources.files import Source, SourceError
@@ -54,6 +68,20 @@ def table_columns(by_table: Mapping[str, Sequence[Column]]) -> dict[str, str]:
             kind = spark_type(column.type_oid, column.type_modifier)
             out[column.name] = kind if out.get(column.name, kind) == kind else "string"
     return out
+
+
+def dataframe(spark: SparkSession, columns: Sequence[tuple[str, str, list[Any], bool]]) -> DataFrame:
+    """A DataFrame of ``columns`` (name, Spark type, values, whether the values are PostgreSQL's text
+    output or already Python values of the type) made from one Arrow table: each column converted at
+    once (:func:`~airflow_seatunnel_ckpt.core.sources.pgoutput.arrow_values`), no Python row to check
+    and pickle per value. Classic Spark and Spark Connect both take a ``pyarrow.Table`` with a schema."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    table = pa.Table.from_arrays([arrow_values(kind, values) if text else pa.array(values, arrow_type(kind))
+                                  for _, kind, values, text in columns], names=[name for name, *_ in columns])
+    # An Arrow timestamp without a time zone is Spark's timestamp_ntz, with one (UTC) its timestamp.
+    return spark.createDataFrame(table, from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
 def _options(model: type[Any], name: str, options: Mapping[str, Any]) -> Any:
@@ -102,26 +130,24 @@ class PostgresCdcSource(Source):
             with self.cdc.connect() as conn:
                 by_table: dict[str, list[Column]] = self.cdc.columns(conn, list(offsets["tables"]))
             decoder = Decoder({t: [c.name for c in cols if c.key] for t, cols in by_table.items()})
-            rows: list[dict[str, Any]] = []
+            rows = ChangeColumns()
             if offsets.get("snapshot"):
-                rows += [{**values, "_table": table, "_op": "insert", "_lsn": int(offsets["start"]), "_seq": 0}
-                         for table, values in self.cdc.snapshot_rows(offsets, by_table)]
-            for change in self.cdc.changes(offsets, decoder):
-                rows.append({**change.values, "_table": change.table, "_op": change.op, "_lsn": change.lsn,
-                             "_seq": change.seq, "_commit_ts": change.commit_ts, "_xid": change.xid,
-                             "_unchanged_toast": change.unchanged or None})
-        self.changes = dict.fromkeys(OPS, 0)
-        for row in rows:
-            self.changes[row["_op"]] += 1
+                for table, group in groupby(self.cdc.snapshot_rows(offsets, by_table), key=itemgetter(0)):
+                    rows.add_rows(table, [c.name for c in by_table[table]], (list(v.values()) for _, v in group),
+                                  int(offsets["start"]))
+            self.cdc.read_changes(offsets, decoder, rows)
+        counts = Counter(rows.meta["_op"])
+        self.changes = {op: counts[op] for op in OPS}
         # Columns a relation message named (added since the catalog was read) count too.
         for relation in decoder.relations.values():
             known = {c.name for c in by_table.get(relation.table, [])}
             by_table.setdefault(relation.table, []).extend(c for c in relation.columns if c.name not in known)
         columns = {**table_columns(by_table), **dict(CHANGE_COLUMNS)}
-        meta = dict(CHANGE_COLUMNS)
-        data = [tuple(row.get(n) if n in meta else typed_value(kind, row.get(n)) for n, kind in columns.items())
-                for row in rows]
-        return spark.createDataFrame(data, _schema(columns.items()))
+        # The commit timestamps come as protocol microseconds: an instant in 1970's microseconds, for Arrow.
+        rows.meta["_commit_ts"] = [None if v is None else v + PG_EPOCH_MICROS for v in rows.meta["_commit_ts"]]
+        return dataframe(spark, [(n, kind, rows.meta[n], False) if n in rows.meta else
+                                 (n, kind, rows.values.get(n, [None] * rows.count), True)
+                                 for n, kind in columns.items()])
 
 
 class PostgresQuerySource(Source):
