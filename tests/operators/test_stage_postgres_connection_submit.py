@@ -93,22 +93,23 @@ def shop(postgres_server: PostgresServer, postgres_db: str, tmp_path: Path,
         db.close()
 
 
-def pg_stage(tmp_path: Path, conn_id: str = "shop_pg", **kwargs: Any) -> Any:
-    """The stage task: ``orders`` by an incremental query and ``changes`` by CDC, both through ``conn_id``."""
+def pg_stage(tmp_path: Path, pg_conn_id: str = "shop_pg", **kwargs: Any) -> Any:
+    """The stage task: ``orders`` by an incremental query and ``changes`` by CDC, both through ``pg_conn_id``;
+    through ``spark-submit`` to ``local[1]`` unless ``kwargs`` say otherwise."""
     from airflow_seatunnel_ckpt.operators.stage import SparkStageOperator
     from tests.operators.test_stage_detached_submit import small_driver
 
+    runtime = {"conn_id": "spark_local", "spark_conf": small_driver(), **kwargs}
     return SparkStageOperator(
         task_id="ingest", pipeline="shop", storage_url=f"file://{tmp_path}/store",
-        stage=f"{__name__}:copy_when_released", conn_id="spark_local", poll_interval=0.5,
-        spark_conf=small_driver(),
-        sources={"orders": {"type": "postgres_query", "postgres_conn_id": conn_id, "table": "public.orders",
+        stage=f"{__name__}:copy_when_released", poll_interval=0.5,
+        sources={"orders": {"type": "postgres_query", "postgres_conn_id": pg_conn_id, "table": "public.orders",
                             "incremental_column": "id"},
-                 "changes": {"type": "postgres_cdc", "postgres_conn_id": conn_id, "slot": "shop_slot",
+                 "changes": {"type": "postgres_cdc", "postgres_conn_id": pg_conn_id, "slot": "shop_slot",
                              "publication": "shop_pub", "tables": ["public.orders"]}},
         sinks={"orders_out": {"type": "file", "path": f"file://{tmp_path}/orders"},
                "changes_out": {"type": "file", "path": f"file://{tmp_path}/changes"}},
-        **kwargs)
+        **runtime)
 
 
 def context_for(run_id: str, try_number: int = 1) -> dict[str, Any]:
@@ -230,3 +231,20 @@ def test_a_postgres_source_whose_connection_is_missing_fails_the_stage_before_an
     pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store").pipeline("shop")
     assert submitted_attempts(pipeline, 1, "ingest") == []
     assert pipeline.state(1) is EpochState.OPEN  # not decided: the branch aborts it
+
+
+@pytest.mark.timeout(600)
+def test_a_deferrable_connect_stage_reads_postgres_sources_named_by_a_connection_in_its_detached_driver(
+        connect_server: str, airflow_home: Path, tmp_path: Path, shop: psycopg.Connection) -> None:
+    """The other driver outside the task's process: a deferrable Spark Connect stage's driver module
+    gets the connection from the task the same way, and the epoch commits every row once."""
+    from tests.operators.test_stage_detached_submit import context_of, deferred, fire
+
+    (Path(os.environ[MARKERS_ENV]) / "release").touch()
+    stage = pg_stage(tmp_path, deferrable=True, conn_id=None, spark_remote=connect_server, spark_conf={})
+    event = fire(deferred(stage, 1))
+    assert event["outcome"] == "prepared", event
+    result = stage.execute_complete(context_of(1), event)
+    commit(tmp_path, result["epoch"])
+    assert sorted(r["id"] for r in published(tmp_path, "orders", 1)) == [1, 2]
+    assert sorted((r["_op"], r["id"]) for r in published(tmp_path, "changes", 1)) == [("insert", 1), ("insert", 2)]
