@@ -99,7 +99,7 @@ def driver_connections(sources: Mapping[str, Mapping[str, Any] | Options], direc
             raise ConfigError(f"{opts.get('type')} source {name!r}: connection {conn_id!r} has an sslpassword, which a "
                               "driver outside the task's process could only get in its spec; use a client key without "
                               "a passphrase (sslkey, readable only by the driver's user) for this stage")
-        password = params.pop("password", None)
+        password = str(params.pop("password", "") or "")
         entry = {"conninfo": make_conninfo("", **params)}
         if password:
             if "\n" in password or "\r" in password:
