@@ -19,6 +19,10 @@ the user names (``python``, e.g. ``./environment/bin/python`` of a packed enviro
 shipped with ``archives``); without one, this interpreter, which suits local and client
 mode on hosts that share it.
 
+The PostgreSQL sources' connections are resolved here; the spec holds each one's conninfo
+without the password, and the password travels in a libpq password file beside the spec
+(with ``--files`` too), removed with the submission's private directory.
+
 A deferrable Spark Connect stage is launched the same way, with the driver module for
 command (:func:`connect_command`): no ``spark-submit``, no JVM.
 """
@@ -331,7 +335,9 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions
     hook_kwargs = _with_py_files(options.hook_kwargs, stage_module_files(spec.stage))
     given_env = {str(k): str(v) for k, v in (hook_kwargs.pop("env_vars", None) or {}).items()}
     listed = [f for f in str(hook_kwargs.get("files") or "").split(",") if f]
-    hook_kwargs["files"] = ",".join([*listed, str(spec_file)])
+    # The sources' password files travel as the spec does, to a driver on any host.
+    passfiles = [given["passfile"] for given in spec.connections.values() if given.get("passfile")]
+    hook_kwargs["files"] = ",".join([*listed, str(spec_file), *passfiles])
     hook_kwargs.setdefault("name", f"{spec.pipeline}-{spec.participant}"[:200])
     if options.spark_binary != "spark-submit":  # (the default leaves the connection's spark-binary to count)
         hook_kwargs.setdefault("spark_binary", options.spark_binary)
@@ -394,11 +400,19 @@ def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> Sub
     With ``spec.remote`` (Spark Connect) the launcher runs :func:`connect_command` instead of
     ``spark-submit``; ``options`` are then not used.
     """
+    from airflow_seatunnel_ckpt.hooks.postgres_connection import driver_connections
     from airflow_seatunnel_ckpt.hooks.stage_runtime import public_url
     from airflow_seatunnel_ckpt.spark.launch import launch_detached, log_path, private_workdir, write_private
 
     workdir = private_workdir()
     runtime = "connect" if spec.remote is not None else "spark-submit"
+    try:
+        # The driver has no Airflow: the sources' connections are resolved here (a connection
+        # that is not defined fails the task now, before anything is launched).
+        spec = spec.replace(connections=driver_connections(spec.sources, workdir))
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
     try:
         spec_file = workdir / SPEC_NAME
         write_private(spec_file, spec.to_json())

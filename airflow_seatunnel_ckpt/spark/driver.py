@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from airflow_seatunnel_ckpt.spark.spec import StageResult
+    from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
 
 
 def _write_result(target: str, data: dict[str, object]) -> None:
@@ -67,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"spec file {args.spec_file!r} is neither a file on this host nor among the files "
                          "spark-submit shipped (--files); the stage task ships it: re-run the task")
     spec = StageSpec.from_json(text)
+    _use_connections(spec, submitted)
     interval = {} if args.progress_interval is None else {"progress_interval": args.progress_interval}
     if spec.remote is not None:  # through Spark Connect: run_stage opens and releases its session
         _finish(run_stage(spec, **interval), args.result_file)
@@ -86,6 +87,39 @@ def _finish(result: StageResult, result_file: str | None) -> None:
         _write_result(result_file, result.to_dict())
     print(json.dumps({"epoch": result.epoch, "attempt": result.attempt, "rows": result.rows,
                       "reused": result.reused}))
+
+
+def _use_connections(spec: StageSpec, submitted: bool) -> None:
+    """Let the PostgreSQL sources connect through the connections the submitting task resolved
+    (``spec.connections``): each one's conninfo with its password file, found on this host or
+    among the files ``spark-submit`` shipped."""
+    if not spec.connections:
+        return
+    from psycopg.conninfo import make_conninfo
+
+    from airflow_seatunnel_ckpt.core.sinks import register_secret_resolver
+    from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connections_resolver
+
+    conninfos = {}
+    for conn_id, given in spec.connections.items():
+        conninfo, passfile = given.get("conninfo", ""), given.get("passfile")
+        if passfile:
+            if not os.path.isfile(passfile) and submitted:
+                from pyspark.sql import SparkSession
+
+                from airflow_seatunnel_ckpt.spark.classic import shipped_file
+
+                SparkSession.builder.getOrCreate()
+                passfile = shipped_file(os.path.basename(passfile))
+            if not os.path.isfile(passfile):
+                raise SystemExit(f"the password file of connection {conn_id!r} ({given['passfile']}) is neither a "
+                                 "file on this host nor among the files spark-submit shipped (--files); the stage "
+                                 "task writes it beside the spec: re-run the task")
+            if os.stat(passfile).st_mode & 0o077:  # a shipped copy: libpq ignores a file others may read
+                os.chmod(passfile, 0o600)
+            conninfo = make_conninfo(conninfo, passfile=passfile)
+        conninfos[conn_id] = conninfo
+    register_secret_resolver(connections_resolver(conninfos))
 
 
 def _read_local(path: str) -> str | None:

@@ -109,6 +109,10 @@ class StageSpec(BaseModel):
         :class:`~airflow_seatunnel_ckpt.spark.context.AirflowContext`); empty outside Airflow.
     :param dry_run: a run whose epoch is aborted afterwards (``airflow tasks test``): it
         records nothing in the pipeline's descriptor (the shapes of its keyed states).
+    :param connections: the Airflow connections of the PostgreSQL sources, resolved by the task
+        for a driver outside its process (``spark-submit``, a detached Connect driver): connection
+        id -> ``{"conninfo": <without the password>, "passfile": <a libpq password file beside
+        the spec>}`` (:func:`~airflow_seatunnel_ckpt.hooks.postgres_connection.driver_connections`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -128,6 +132,7 @@ class StageSpec(BaseModel):
     app_name: str | None = None
     airflow_context: Mapping[str, Any] = Field(default_factory=dict)
     dry_run: bool = False
+    connections: Mapping[str, Mapping[str, str]] = Field(default_factory=dict)
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -121,3 +121,33 @@ def test_a_postgresql_source_names_one_connection_and_no_password() -> None:
         checked(PostgresQuerySourceOptions, {**base, "postgres_conn_id": "a", "conninfo": "host=db"}, "source 'shop'")
     with pytest.raises(ConfigError, match="holds a password.*postgres_conn_id"):
         checked(PostgresQuerySourceOptions, {**base, "conninfo": "host=db password=x"}, "source 'shop'")
+
+
+def test_a_driver_outside_the_task_gets_each_source_connection_without_its_password_beside_a_password_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import stat
+
+    monkeypatch.setenv("AIRFLOW_CONN_SHOP", json.dumps({
+        "conn_type": "postgres", "host": "db.example", "port": 5433, "login": "etl", "password": "a:b\\c",
+        "schema": "sales", "extra": {"sslmode": "require"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_SECURE", json.dumps({
+        "conn_type": "postgres", "host": "db.example", "login": "etl", "extra": {"sslpassword": "key-pass"}}))
+    query = {"type": "postgres_query", "table": "public.orders", "incremental_column": "id"}
+    given = postgres_connection.driver_connections({
+        "orders": {**query, "postgres_conn_id": "shop"},
+        "more": {**query, "postgres_conn_id": "shop", "table": "public.more"},  # one connection, one file
+        "plain": {**query, "conninfo": "host=db.example dbname=sales"},
+        "out": {"type": "postgres", "table": "public.t", "postgres_conn_id": "secure"},  # a sink: its tasks read it
+    }, tmp_path)
+
+    assert list(given) == ["shop"]
+    assert conninfo_to_dict(given["shop"]["conninfo"]) == {"host": "db.example", "port": "5433", "user": "etl",
+                                                           "dbname": "sales", "sslmode": "require"}
+    passfile = Path(given["shop"]["passfile"])
+    assert passfile.parent == tmp_path and stat.S_IMODE(passfile.stat().st_mode) == 0o600
+    assert passfile.read_text() == "*:*:*:*:a\\:b\\\\c\n"  # ':' and '\' escaped as libpq reads them
+    with pytest.raises(ConfigError, match="source 'orders': connection 'secure' has an sslpassword"):
+        postgres_connection.driver_connections({"orders": {**query, "postgres_conn_id": "secure"}}, tmp_path)
+    with pytest.raises(ConfigError, match="postgres_query source 'orders': its postgres_conn_id 'nope' is not an "
+                                          "Airflow connection here.*where the stage task runs"):
+        postgres_connection.driver_connections({"orders": {**query, "postgres_conn_id": "nope"}}, tmp_path)

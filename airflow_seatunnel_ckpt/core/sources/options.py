@@ -195,8 +195,9 @@ class PostgresSourceOptions(Options):
     """What both PostgreSQL sources share: the connection and the session's bounded waits."""
 
     postgres_conn_id: str = ""
-    """The Airflow Postgres connection the source connects with (read by the stage's process when it
-    connects, as the PostgreSQL sink reads its own); only its name is recorded."""
+    """The Airflow Postgres connection the source connects with, on every runtime: read by the stage
+    task (a ``spark-submit`` driver gets it from the task, its password in a private password file);
+    only its name is recorded."""
     conninfo: str = ""
     """A libpq connection string without a password (``host=... port=... dbname=... user=...``; a
     password comes from a password file, ``PGPASSFILE``), instead of a connection (no Airflow)."""

@@ -38,7 +38,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -72,8 +72,9 @@ RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_repl
 
 def conninfo(options: PostgresSourceOptions, where: str, error: type[CheckpointError]) -> str:
     """The libpq connection string of a PostgreSQL source: its ``conninfo``, or what the secret resolvers the
-    sinks share (the Airflow layer registers one: :mod:`airflow_seatunnel_ckpt.hooks.postgres_connection`) make
-    of its ``postgres_conn_id``, so that the password is read where the source connects and never stored."""
+    sinks share make of its ``postgres_conn_id``, so that the password is read where the source connects and
+    never stored. The Airflow layer registers one (:mod:`airflow_seatunnel_ckpt.hooks.postgres_connection`); a
+    driver the task submitted registers :func:`connections_resolver` of the connections the task resolved."""
     if options.conninfo:
         return options.conninfo
     for resolve in SECRET_RESOLVERS:
@@ -81,8 +82,21 @@ def conninfo(options: PostgresSourceOptions, where: str, error: type[CheckpointE
         if found:
             return str(found)
     raise error(f"{where}: the source names the Airflow connection {options.postgres_conn_id!r}, but nothing here "
-                "reads Airflow connections; run the stage where the Airflow layer is imported (SparkStageOperator "
-                "in this process, or through Spark Connect), or give the source a conninfo without a password")
+                "reads Airflow connections, and the stage's spec brings no resolved connection of that name; run "
+                "the stage from a SparkStageOperator (in its process, through Spark Connect or spark-submit), or "
+                "give the source a conninfo without a password")
+
+
+def connections_resolver(conninfos: Mapping[str, str]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """A secret resolver answering a PostgreSQL source's ``postgres_conn_id`` from ``conninfos`` (connection
+    id -> conninfo): a driver outside the task's process connects with the connections the task resolved
+    (their passwords in password files, never in the conninfo)."""
+    def resolve(options: Mapping[str, Any]) -> dict[str, Any]:
+        if options.get("type") not in ("postgres_cdc", "postgres_query"):
+            return {}
+        found = conninfos.get(str(options.get("postgres_conn_id") or ""))
+        return {"conninfo": found} if found else {}
+    return resolve
 
 
 @contextmanager
