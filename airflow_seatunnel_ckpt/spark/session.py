@@ -1,7 +1,8 @@
 """The SparkSession a stage runs in: in-process ``local[*]`` by default, the one
 ``spark-submit`` started for the driver module, or a Spark Connect session to the spec's
-``remote`` server; and what the package's tasks do first in each Python worker of that
-session."""
+``remote`` server (:class:`ConnectAttempt`: a stage attempt's or a replay's, named so that
+another process can stop it); and what the package's tasks do first in each Python worker
+of that session."""
 
 from __future__ import annotations
 
