@@ -100,8 +100,9 @@ def checkpointed_epoch(
     :param replay: extra :class:`EpochReplayOperator` arguments of the ``replay`` task,
         which runs instead of the epoch when the run's ``conf`` holds ``"replay"``
         (``{"from_epoch": N, "to_epoch": M, "reason": "...", "force": false}``; see the
-        module docs). It runs in-process on local Spark with the stages' ``stage``,
-        ``sources``, ``sinks``, ``key_groups`` and ``spark_conf``.
+        module docs). It runs with the stages' ``stage``, ``sources``, ``sinks``,
+        ``key_groups`` and ``spark_conf``: through Spark Connect when the stage runs through
+        it (its ``conn_id`` or ``spark_remote``), else in-process on local Spark.
     :param emit_assets: give the commit task one asset per sink with a literal URL.
     :param stage_class: operator class of the stages (any operator that prepares the
         run's epoch as a participant and accepts ``pipeline`` and the store arguments).

@@ -5,7 +5,8 @@ Trigger the DAG holding it with a ``conf``::
     {"replay": {"from_epoch": 6, "to_epoch": 10, "reason": "amount was x10 (fixed in #123)", "force": false}}
 
 (``to_epoch`` and ``force`` optional; ``from_epoch`` 1 is a full refresh). The task runs
-:func:`spark.replay.replay_stage` in-process on local Spark with the pipeline stage's
+:func:`spark.replay.replay_stage` in-process on local Spark -- or, given a ``spark_connect``
+connection or ``spark_remote``, through Spark Connect -- with the pipeline stage's
 ``stage``, ``sources`` and ``sinks``: one replay epoch, recorded with who and why. A
 refusal fails the task at once, naming the cause (docs/REPLAY.md).
 
@@ -19,6 +20,7 @@ publishes nothing again, and a backfill run is a new epoch of input not consumed
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseBranchOperator
@@ -28,6 +30,8 @@ from airflow_seatunnel_ckpt.pipeline_task import PIPELINE_TEMPLATE_FIELDS, BaseP
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
 
 #: The key of a DAG run's ``conf`` that asks for a replay.
 CONF_KEY = "replay"
@@ -92,6 +96,9 @@ class ReplayOperator(BasePipelineOperator):
     :param to_epoch: the last one; default the conf's, else the newest committed epoch.
     :param reason: why; default the conf's (required one way or the other).
     :param force: replace epochs of a table another writer committed to since; default the conf's.
+    :param conn_id: a ``spark_connect`` connection to replay through Spark Connect (another
+        Spark connection: on local Spark, as without one).
+    :param spark_remote: a Spark Connect URL (``sc://host:port``) to replay through instead.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "from_epoch", "to_epoch", "reason")
@@ -101,7 +108,7 @@ class ReplayOperator(BasePipelineOperator):
                  sinks: Mapping[str, Mapping[str, Any]], key_groups: int | None = None,
                  spark_conf: Mapping[str, Any] | None = None, from_epoch: int | str | None = None,
                  to_epoch: int | str | None = None, reason: str | None = None, force: bool | None = None,
-                 **kwargs: Any) -> None:
+                 conn_id: str | None = None, spark_remote: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.participant = participant
         self.stage = stage
@@ -113,6 +120,8 @@ class ReplayOperator(BasePipelineOperator):
         self.to_epoch = to_epoch
         self.reason = reason
         self.force = force
+        self.conn_id = conn_id
+        self.spark_remote = spark_remote
 
     def _asked(self, context: Context) -> dict[str, Any]:
         """From epoch, to epoch, reason and force: the arguments, else the run's ``conf``."""
@@ -142,27 +151,48 @@ class ReplayOperator(BasePipelineOperator):
     def _replay(self, context: Context, asked: Mapping[str, Any],
                 stage_fn: Callable[..., Any] | None = None) -> dict[str, Any]:
         """Replay as ``asked`` with this task's participant, stage, sources and sinks."""
+        from airflow_seatunnel_ckpt.hooks.stage_runtime import Runtime, choose_runtime
+        from airflow_seatunnel_ckpt.hooks.stage_submit import attempt_for_try
         from airflow_seatunnel_ckpt.spark.context import AirflowContext
         from airflow_seatunnel_ckpt.spark.replay import replay_stage
         from airflow_seatunnel_ckpt.spark.spec import DEFAULT_KEY_GROUPS, StageSpec
 
-        spec = StageSpec(pipeline=self.pipeline, participant=self.participant, run_id=context["run_id"], attempt=1,
-                         stage=self.stage, sources=self.sources, sinks=self.sinks,
+        runtime = choose_runtime(self.conn_id, self.spark_remote, self.where)
+        ti = context.get("ti")
+        # The try makes the replay (its Connect session derives from it: a later try finds the killed one's).
+        spec = StageSpec(pipeline=self.pipeline, participant=self.participant, run_id=context["run_id"],
+                         attempt=attempt_for_try(getattr(ti, "try_number", 1)), stage=self.stage,
+                         sources=self.sources, sinks=self.sinks,
                          store=self.hook.config.to_mapping(include_secrets=True), spark_conf=self.spark_conf,
                          airflow_context=AirflowContext.of_task(context, self.task_id).to_dict(),
+                         remote=runtime.remote if runtime.runtime is Runtime.CONNECT else None,
                          key_groups=DEFAULT_KEY_GROUPS if self.key_groups is None else self.key_groups)
         dag_id = getattr(context.get("dag"), "dag_id", "")
-        ti = context.get("ti")
         by = f"airflow: DAG {dag_id!r} run {context['run_id']!r}"
         details = {"dag_version_id": str(getattr(ti, "dag_version_id", "") or "")}
         self.log.info("pipeline %s: replaying epochs %s..%s (%s)", self.pipeline, asked["from_epoch"],
                       asked["to_epoch"] or "newest", asked["reason"])
         with refusals_fail_at_once():
             result = replay_stage(spec, asked["from_epoch"], asked["to_epoch"], reason=str(asked["reason"]), by=by,
-                                  force=asked["force"], details=details, stage_fn=stage_fn)
+                                  force=asked["force"], details=details, stage_fn=stage_fn,
+                                  on_connect=partial(setattr, self.connect_hook, "connect"))
         self.log.info("pipeline %s: epochs %s replayed as epoch %s; output of epochs %s replaced", self.pipeline,
                       result.replayed, result.epoch, result.replaced)
         return result.to_dict()
+
+    @cached_property
+    def connect_hook(self) -> StageSubmitHook:
+        """The stage's hook, holding the replay's Connect attempt and session while they run (for :meth:`on_kill`)."""
+        from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
+
+        return StageSubmitHook(self.store_pipeline, self.participant, by=f"replay {self.where}")
+
+    def on_kill(self) -> None:
+        """Airflow terminates this task (SIGTERM): a replay through Spark Connect has its operations interrupted
+        by their tag and its server session released, as a stage's (:meth:`StageSubmitHook.on_kill`); the
+        replay then fails and its epoch is aborted. On local Spark the task's process ends with its session."""
+        if "connect_hook" in self.__dict__ and self.connect_hook.connect is not None:
+            self.connect_hook.on_kill()
 
 
 class EpochOrReplayBranch(BaseBranchOperator):
@@ -195,17 +225,18 @@ class EpochOrReplayBranch(BaseBranchOperator):
 
 
 #: The stage operator's arguments a replay of its participant uses.
-STAGE_ARGS = ("stage", "sources", "sinks", "key_groups", "spark_conf")
+STAGE_ARGS = ("stage", "sources", "sinks", "key_groups", "spark_conf", "conn_id", "spark_remote")
 
 
 class EpochReplayOperator(ReplayOperator):
     """The ``replay`` task of :func:`task_group.checkpointed_epoch`: a replay with the participants' own stages.
 
     ``stages`` maps each participant to its stage task's arguments (``stage``,
-    ``sources``, ``sinks``, ``key_groups``, ``spark_conf``; a stage given as a function is
-    called directly). The replay takes what the run's ``conf["replay"]`` asks (see
-    :func:`replay_conf`) and runs in this task, in-process on local Spark, with the stage
-    of the participant that wrote the replayed epochs (a replay has one participant).
+    ``sources``, ``sinks``, ``key_groups``, ``spark_conf``, ``conn_id``, ``spark_remote``; a
+    stage given as a function is called directly). The replay takes what the run's
+    ``conf["replay"]`` asks (see :func:`replay_conf`) and runs in this task, with the stage
+    of the participant that wrote the replayed epochs (a replay has one participant):
+    through Spark Connect when that stage runs through it, else in-process on local Spark.
 
     :param stages: participant -> its stage task's arguments.
     :param stage_callables: participant -> its stage function, when the DAG passed one.
@@ -238,6 +269,7 @@ class EpochReplayOperator(ReplayOperator):
         self.sources = {name: dict(opts) for name, opts in sources.items()}
         self.sinks = {name: dict(opts) for name, opts in sinks.items()}
         self.key_groups, self.spark_conf = options.get("key_groups"), dict(options.get("spark_conf") or {})
+        self.conn_id, self.spark_remote = options.get("conn_id"), options.get("spark_remote")
         return self._replay(context, asked, self.stage_callables.get(participant))
 
     def _participant_of(self, asked: Mapping[str, Any]) -> str:

@@ -11,10 +11,11 @@ held throughout: recovery sees it running, and aborts it once this process is go
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +32,7 @@ from airflow_seatunnel_ckpt.core.ops.replay import (
     replayed_range,
     resume_replay,
 )
-from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder, liveness, read_lease
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
 from airflow_seatunnel_ckpt.spark.registry import source_from_options
@@ -41,7 +42,7 @@ from airflow_seatunnel_ckpt.spark.runner import (
     execute_stage,
     load_stage_function,
 )
-from airflow_seatunnel_ckpt.spark.session import remote_session, stage_session
+from airflow_seatunnel_ckpt.spark.session import ConnectAttempt, stage_session
 from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
 from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
@@ -83,24 +84,33 @@ class ReplayResult:
 
 def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, *, reason: str, by: str,
                  force: bool = False, spark: SparkSession | None = None,
-                 stage_fn: StageFunction | None = None, details: Mapping[str, Any] | None = None) -> ReplayResult:
+                 stage_fn: StageFunction | None = None, details: Mapping[str, Any] | None = None,
+                 on_connect: Callable[[tuple[ConnectAttempt, SparkSession] | None], None] | None = None
+                 ) -> ReplayResult:
     """Replay epochs ``from_epoch..to_epoch`` of ``spec``'s pipeline with ``spec``'s stage (see the module docs).
 
-    ``spec`` is the stage as it runs now (its ``run_id`` and ``attempt`` are not used):
-    its code, sources and sinks. ``to_epoch`` defaults to the newest committed epoch; a
-    full refresh is ``from_epoch=1``. ``force`` replaces a table's epochs even after
-    another writer committed to it (that writer's changes to those epochs' rows are lost).
+    ``spec`` is the stage as it runs now (its ``run_id`` is not used): its code, sources
+    and sinks; its ``attempt`` is the try that makes the replay (a task's try number).
+    ``to_epoch`` defaults to the newest committed epoch; a full refresh is
+    ``from_epoch=1``. ``force`` replaces a table's epochs even after another writer
+    committed to it (that writer's changes to those epochs' rows are lost).
     ``details`` (plain values, e.g. the DAG version) join the replay's action record.
+
+    Through Spark Connect (``spec.remote``, no ``spark`` given) the replay runs on a server
+    session of the replay epoch and try (:func:`replay_attempt`), opened once the replay's
+    lease records that try, and released when it ends; ``on_connect`` is told that attempt
+    and session while they run (None after), for a caller that interrupts them from another
+    thread (a task's ``on_kill``). First, the sessions of earlier replays whose maker is
+    gone are released and those replays aborted (:func:`release_killed_replays`).
 
     :raises ReplayError: the replay cannot run (nothing was changed), or its decision
         refused it (the replay epoch is aborted).
     """
-    if spark is None and spec.remote is not None:  # through Spark Connect, a session of its own
-        with remote_session(spec) as session:
-            return replay_stage(spec, from_epoch, to_epoch, reason=reason, by=by, force=force, spark=session,
-                                stage_fn=stage_fn, details=details)
     config = CheckpointConfig.from_mapping(spec.store)
     pipeline = CheckpointStore(config).pipeline(spec.pipeline)
+    connect = spark is None and spec.remote is not None  # through Spark Connect: a session of the replay's own
+    if connect:
+        release_killed_replays(pipeline, spec, by)
     resumed = resume_replay(pipeline)
     if resumed is not None:
         log.warning("pipeline %s: a replay decided before a crash was committed (epoch %d); run the replay again "
@@ -119,22 +129,91 @@ def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, 
                           f"no longer declares; their rows could not be replaced. Declare them again to replay")
     _verify_inputs(pipeline, spec, plan)
     fn = stage_fn or load_stage_function(spec.stage)
-    session = spark or stage_session(spec)
+    session = spark if spark is not None or connect else stage_session(spec)
     recorded = {"stage": spec.stage, "dag_id": (spec.airflow_context or {}).get("dag_id"), "force": force,
                 **dict(details or {})}
     epoch, run_id = begin_replay(pipeline, plan, reason=reason, by=by, details=recorded)
     try:
-        with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, ATTEMPT,
-                                      holder=default_holder(run_id=run_id, by=by)):
-            sinks, operators, states = _run_replayed(pipeline, config, spec, session, fn, plan, epoch, run_id)
-            commit = finish_replay(pipeline, epoch, run_id, plan, ATTEMPT, sinks=sinks, operators=operators,
-                                   reason=reason, by=by, force=force)
+        # (a Connect session is released before a failed replay's staging is removed)
+        with contextlib.ExitStack() as opened:
+            with LeaseKeeper.for_pipeline(pipeline, epoch, spec.participant, ATTEMPT,
+                                          holder=default_holder(run_id=run_id, by=by, **_try_of(spec))):
+                if session is None:  # opened once the lease says which try makes the epoch (a later try reads it)
+                    attempt = replay_attempt(spec, epoch, spec.attempt)
+                    session = opened.enter_context(attempt.session(spec))
+                    if on_connect is not None:
+                        on_connect((attempt, session))
+                        opened.callback(on_connect, None)
+                sinks, operators, states = _run_replayed(pipeline, config, spec, session, fn, plan, epoch, run_id)
+                commit = finish_replay(pipeline, epoch, run_id, plan, ATTEMPT, sinks=sinks, operators=operators,
+                                       reason=reason, by=by, force=force)
+            _record_state_shapes(pipeline, spec.participant, states)
     except Exception as exc:  # a failed stage or store: abort now (a killed process leaves it to recovery)
         abandon_replay(pipeline, epoch, exc, by)
         raise
-    _record_state_shapes(pipeline, spec.participant, states)
     return ReplayResult(pipeline.name, epoch, run_id, plan.from_epoch, plan.to_epoch, plan.epochs, plan.replaced,
                         commit)
+
+
+#: The lease holder's fields that say which try of which task makes a replay epoch.
+_TASK, _TRY = "task", "try"
+
+
+def _try_of(spec: StageSpec) -> dict[str, Any]:
+    """What the replay's lease holder records of who makes the replay: the task (dag, task, run; none
+    outside Airflow) and its try (``spec.attempt``), from which its Connect session derives."""
+    task = spec.airflow_context or {}
+    named = task.get("dag_id") and task.get("task_id") and task.get("run_id")
+    return {_TRY: spec.attempt, _TASK: f"{task['dag_id']}.{task['task_id']} run {task['run_id']}" if named else None}
+
+
+def replay_attempt(spec: StageSpec, epoch: int, attempt: int) -> ConnectAttempt:
+    """The Connect session and tag of replay epoch ``epoch`` made by try ``attempt`` (a replay epoch has
+    no stage attempts of its own: its session is named like one of the try that makes it)."""
+    return ConnectAttempt.of(spec.remote or "", str(spec.store.get("storage_url") or ""), spec.pipeline, epoch,
+                             spec.participant, attempt)
+
+
+def release_killed_replays(pipeline: Pipeline, spec: StageSpec, by: str) -> None:
+    """Release the Connect session of every unsettled replay epoch whose maker is gone, and abort it (unless
+    decided: a decided one is rolled forward by :func:`resume_replay`).
+
+    Gone: an earlier try of the task that runs ``spec`` (Airflow runs one try of a task at
+    a time: a new try means the old one's process was killed or lost), or a maker whose
+    lease expired. Its server session -- named by the epoch and the try its lease records --
+    is released, which ends its jobs on the server (a killed client leaves them running,
+    holding the server's slots), before its staging is removed. A replay still running
+    elsewhere is left alone: :func:`resume_replay` refuses this one, naming it. Best effort
+    on the server: a session it no longer knows runs nothing.
+    """
+    mine = _try_of(spec)
+    for status in pipeline.list_epochs():
+        if status.state.final or replayed_range(status.run_id) is None:
+            continue
+        lease = read_lease(pipeline.storage, status.epoch, spec.participant)
+        holder = lease.holder if lease is not None else {}
+        earlier_try = (mine[_TASK] is not None and holder.get(_TASK) == mine[_TASK]
+                       and isinstance(holder.get(_TRY), int) and holder[_TRY] < spec.attempt)
+        judged = liveness(pipeline, status.epoch)
+        if not (earlier_try or judged.dead):
+            continue
+        why = (f"try {holder[_TRY]} of {mine[_TASK]} made it and try {spec.attempt} runs now" if earlier_try
+               else judged.describe())
+        if not isinstance(holder.get(_TRY), int):  # killed before its lease: it opened no session
+            abandon_replay(pipeline, status.epoch, ReplayError(f"its maker is gone: {why}"), by)
+            continue
+        killed = replay_attempt(spec, status.epoch, holder[_TRY])
+        try:
+            interrupted = killed.interrupt(release=True)
+            log.warning("pipeline %s: replay epoch %d's maker is gone (%s): interrupted its %d Connect operation(s) "
+                        "(tag %s) and released its server session", pipeline.name, status.epoch, why,
+                        len(interrupted), killed.tag)
+        except Exception as exc:  # the session is gone (released, timed out) or the server restarted
+            log.warning("pipeline %s: replay epoch %d's maker is gone (%s); its Connect operations (tag %s) could not "
+                        "be interrupted, or its session released: %s; a session the server no longer knows runs "
+                        "nothing", pipeline.name, status.epoch, why, killed.tag, exc)
+        if not status.state.decided:
+            abandon_replay(pipeline, status.epoch, ReplayError(f"its maker is gone: {why}"), by)
 
 
 def _verify_inputs(pipeline: Pipeline, spec: StageSpec, plan: ReplayPlan) -> None:
@@ -212,4 +291,4 @@ def _merged(epoch: int, parts: list[tuple[int, SinkManifest]]) -> SinkManifest:
                                expectations=expectations)
 
 
-__all__ = ["ReplayResult", "replay_stage"]
+__all__ = ["ReplayResult", "release_killed_replays", "replay_attempt", "replay_stage"]

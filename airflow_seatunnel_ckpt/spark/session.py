@@ -1,18 +1,22 @@
 """The SparkSession a stage runs in: in-process ``local[*]`` by default, the one
 ``spark-submit`` started for the driver module, or a Spark Connect session to the spec's
-``remote`` server; and what the package's tasks do first in each Python worker of that
-session."""
+``remote`` server (:class:`ConnectAttempt`: a stage attempt's or a replay's, named so that
+another process can stop it); and what the package's tasks do first in each Python worker
+of that session."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import sys
 import tempfile
+import uuid
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,6 +142,73 @@ def remote_session(spec: StageSpec) -> Iterator[SparkSession]:
             os.environ.pop(CONNECT_MODE, None)
         else:
             os.environ[CONNECT_MODE] = before
+
+
+@dataclass(frozen=True)
+class ConnectAttempt:
+    """One attempt's Spark Connect session on the server: its session id and its operations' tag.
+
+    Both are derived from the attempt (store, pipeline, epoch, participant, attempt), so any
+    process that knows the attempt -- its task's ``on_kill``, a later try on another worker --
+    reaches the same server session and interrupts the attempt's operations by their tag,
+    without anything of the process that started them. A stage's attempt is its attempt of
+    the epoch (``hooks.stage_submit``); a replay's is the try that makes the replay epoch
+    (:mod:`.replay`).
+    """
+
+    remote: str
+    session_id: str
+    tag: str
+
+    @classmethod
+    def of(cls, remote: str, store: str, pipeline: str, epoch: int, participant: str, attempt: int) -> ConnectAttempt:
+        """The Connect session and tag of ``attempt`` of ``participant`` in ``epoch``."""
+        name = f"{store}\n{pipeline}\n{epoch}\n{participant}\n{attempt}"
+        # A UUID (the form Connect takes) fixed by the attempt; its version bits set as for uuid4.
+        session_id = str(uuid.UUID(bytes=hashlib.sha256(name.encode()).digest()[:16], version=4))
+        # Tags are plain text without commas; the participant name is validated as one word.
+        return cls(remote, session_id, f"seatunnel-ckpt-{pipeline}-e{epoch}-{participant}-a{attempt}")
+
+    @property
+    def url(self) -> str:
+        """``remote`` with this attempt's ``session_id`` among its parameters."""
+        base, _, params = self.remote.partition(";")
+        kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
+        base = base if base.endswith("/") else f"{base}/"
+        return ";".join([base, *kept, f"session_id={self.session_id}"])
+
+    @contextlib.contextmanager
+    def session(self, spec: StageSpec) -> Iterator[SparkSession]:
+        """The attempt's Connect session for ``spec`` (:func:`remote_session`, released when the
+        block ends), with the attempt's tag on this thread's operations."""
+        with remote_session(spec.replace(remote=self.url)) as session:
+            session.addTag(self.tag)
+            yield session
+
+    def interrupt(self, session: SparkSession | None = None, *, release: bool = False) -> list[str]:
+        """Interrupt the attempt's running operations on the server; the ids of those interrupted.
+
+        With ``session`` (the attempt's own, in this process) through it; else through a new
+        client of the same server session, which then also releases that session when
+        ``release`` is set (the attempt's own client is gone: nothing else will). The release
+        is what ends every operation of the session on the server -- also one a thread of the
+        client started without the tag (tags are per thread) -- so it is made even when the
+        interrupt failed (a busy server, a lost answer), whose error is raised after it.
+        """
+        if session is not None:
+            return list(session.interruptTag(self.tag))
+        from pyspark.sql.connect.client import SparkConnectClient
+
+        client = SparkConnectClient(self.url)
+        try:
+            try:
+                return list(client.interrupt_tag(self.tag) or [])
+            finally:
+                if release:
+                    client.release_session()
+        finally:
+            with contextlib.suppress(Exception):
+                client.close()
 
 
 @functools.cache

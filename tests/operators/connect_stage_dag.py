@@ -5,6 +5,8 @@ DAG to the metadata database of the test session (it imports ``tests.conftest``,
 the session's root from the environment) and runs it with ``dag.test()`` at
 :data:`LOGICAL_DATE`, with the run id ``run_at`` gives that date: the test kills this
 process while the stage's Connect operation runs, then runs the same DAG run again itself.
+With a fifth argument ``replay`` the process commits that epoch, then replays it in a run of
+its own (:data:`REPLAY_DATE`), which the test kills the same way.
 """
 
 from __future__ import annotations
@@ -36,11 +38,29 @@ def make_dag(store_url: str, input_dir: str, output_dir: str, remote: str) -> An
     return dag
 
 
-def main(store_url: str, input_dir: str, output_dir: str, remote: str) -> None:
+#: The logical date of the replay run (``... REMOTE replay``), the day after :data:`LOGICAL_DATE`'s epoch.
+REPLAY_DATE = LOGICAL_DATE + timedelta(days=1)
+#: What the replay run's ``conf`` asks: a full refresh.
+REPLAY_CONF = {"replay": {"from_epoch": 1, "reason": "full refresh through Connect"}}
+
+
+def main(store_url: str, input_dir: str, output_dir: str, remote: str, replay: str = "") -> None:
+    """Run the DAG at :data:`LOGICAL_DATE`; with ``replay``, commit that epoch first (its stage told
+    nothing to wait for: ``$SEATUNNEL_TEST_STAGED_MARKER`` unset for it), then replay it in the run at
+    :data:`REPLAY_DATE`."""
+    import os
+
+    from tests.spark.stages import STAGED_MARKER_ENV
+
     dag = make_dag(store_url, input_dir, output_dir, remote)
     session.sync_dag_to_db(dag)
+    marker = os.environ.pop(STAGED_MARKER_ENV, None) if replay else None
     dag.test(logical_date=LOGICAL_DATE, run_after=LOGICAL_DATE)
+    if replay:
+        if marker:
+            os.environ[STAGED_MARKER_ENV] = marker
+        dag.test(logical_date=REPLAY_DATE, run_after=REPLAY_DATE, run_conf=REPLAY_CONF)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

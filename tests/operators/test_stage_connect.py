@@ -74,9 +74,13 @@ def session_closed_on_the_server(attempt: Any) -> bool:
 
 class RunningClient:
     """The DAG of ``tests/operators/connect_stage_dag.py`` run in a process of its own, its stage's
-    Connect operation running on the server (the stage has staged its output before it)."""
+    Connect operation running on the server (the stage has staged its output before it).
 
-    def __init__(self, tmp_path: Path, server_url: str) -> None:
+    ``extra``: the script's further arguments (``"replay"``: the stage waits in the replay
+    run); ``told``: what the stage writes in its marker (``"<epoch> <attempt>"``).
+    """
+
+    def __init__(self, tmp_path: Path, server_url: str, *extra: str, told: str = "1 1") -> None:
         import os
         import subprocess
         import sys
@@ -95,7 +99,8 @@ class RunningClient:
         env = {**os.environ, STAGED_MARKER_ENV: str(marker),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
         with self.log.open("wb") as out:
-            self.process = subprocess.Popen([sys.executable, "-m", "tests.operators.connect_stage_dag", *self.args],
+            self.process = subprocess.Popen([sys.executable, "-m", "tests.operators.connect_stage_dag", *self.args,
+                                             *extra],
                                             cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True)
         deadline = time.monotonic() + 300
@@ -105,7 +110,7 @@ class RunningClient:
                 raise AssertionError(f"the stage did not start ({self.process.returncode}):\n{self.output()[-4000:]}")
             time.sleep(0.2)
         time.sleep(1)  # its long operation is on the server now
-        assert marker.read_text() == "1 1"
+        assert marker.read_text() == told
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
