@@ -35,19 +35,13 @@ from airflow_seatunnel_ckpt.core.protocol.submissions import (
     submitted_attempts,
 )
 from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
+from airflow_seatunnel_ckpt.spark.spec import UNSCHEDULED_ATTEMPT
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from airflow_seatunnel_ckpt.core import Pipeline
     from airflow_seatunnel_ckpt.spark.spec import StageResult, StageSpec
-
-
-#: The attempt id of a run with try number 0, which Airflow gives a task it runs without the
-#: scheduler (``airflow tasks test``). It is kept apart from the ids of real tries (1, 2, ...)
-#: so that such a run never shares a staging directory or lease with a scheduled try of the
-#: same DAG run; which of them prepares first still wins, as for any two attempts.
-UNSCHEDULED_ATTEMPT = 1_000_000
 
 
 def attempt_for_try(try_number: int) -> int:

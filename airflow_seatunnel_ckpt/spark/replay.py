@@ -44,7 +44,7 @@ from airflow_seatunnel_ckpt.spark.runner import (
 )
 from airflow_seatunnel_ckpt.spark.session import ConnectAttempt, stage_session
 from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
-from airflow_seatunnel_ckpt.spark.spec import StageSpec
+from airflow_seatunnel_ckpt.spark.spec import UNSCHEDULED_ATTEMPT, StageSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -179,8 +179,9 @@ def release_killed_replays(pipeline: Pipeline, spec: StageSpec, by: str) -> None
     decided: a decided one is rolled forward by :func:`resume_replay`).
 
     Gone: an earlier try of the task that runs ``spec`` (Airflow runs one try of a task at
-    a time: a new try means the old one's process was killed or lost), or a maker whose
-    lease expired. Its server session -- named by the epoch and the try its lease records --
+    a time: a new try means the old one's process was killed or lost; not so for ``airflow
+    tasks test``, :data:`~.spec.UNSCHEDULED_ATTEMPT`, which runs beside the scheduled tries),
+    or a maker whose lease expired. Its server session -- named by the epoch and the try its lease records --
     is released, which ends its jobs on the server (a killed client leaves them running,
     holding the server's slots), before its staging is removed. A replay still running
     elsewhere is left alone: :func:`resume_replay` refuses this one, naming it. Best effort
@@ -193,6 +194,7 @@ def release_killed_replays(pipeline: Pipeline, spec: StageSpec, by: str) -> None
         lease = read_lease(pipeline.storage, status.epoch, spec.participant)
         holder = lease.holder if lease is not None else {}
         earlier_try = (mine[_TASK] is not None and holder.get(_TASK) == mine[_TASK]
+                       and spec.attempt != UNSCHEDULED_ATTEMPT
                        and isinstance(holder.get(_TRY), int) and holder[_TRY] < spec.attempt)
         judged = liveness(pipeline, status.epoch)
         if not (earlier_try or judged.dead):
