@@ -5,8 +5,8 @@ Both plan in the core (:mod:`airflow_seatunnel_ckpt.core.sources.postgres_cdc`,
 :mod:`airflow_seatunnel_ckpt.core.sources.postgres_query`), which pins the epoch's range in
 the log before anything is read; here the pinned range is read -- on the driver, over one
 connection (a slot's changes come in one ordered stream) -- and handed to Spark as a
-DataFrame (the CDC source's made from one Arrow table built column by column:
-:func:`dataframe`). Values keep their PostgreSQL types where Spark has one
+DataFrame made from one Arrow table built column by column (:func:`dataframe`). Values keep
+their PostgreSQL types where Spark has one
 (:func:`~airflow_seatunnel_ckpt.core.sources.pgoutput.spark_type`), text otherwise.
 
 A change row of ``postgres_cdc`` has the table's columns and ``_table`` (``schema.name``),
@@ -21,7 +21,7 @@ Order changes by ``(_lsn, _seq)``. docs/CDC.md describes both sources.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import groupby
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
@@ -42,7 +42,6 @@ from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     arrow_type,
     arrow_values,
     spark_type,
-    typed_value,
 )
 from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
 from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery
@@ -54,10 +53,6 @@ if TYPE_CHECKING:
 #: The columns every change row carries besides the table's, with their Spark types.
 CHANGE_COLUMNS = (("_table", "string"), ("_op", "string"), ("_lsn", "bigint"), ("_seq", "int"),
                   ("_commit_ts", "timestamp"), ("_xid", "bigint"), ("_unchanged_toast", "array<string>"))
-
-
-def _schema(columns: Iterable[tuple[str, str]]) -> str:
-    return ", ".join(f"`{name.replace('`', '``')}` {kind}" for name, kind in columns)
 
 
 def table_columns(by_table: Mapping[str, Sequence[Column]]) -> dict[str, str]:
@@ -180,10 +175,9 @@ class PostgresQuerySource(Source):
                                   "table it planned; abort the epoch (the next one plans the table as it is now)")
             with self.query.connect() as conn:
                 columns = self.query.columns(conn)
-            types = [spark_type(c.type_oid, c.type_modifier) for c in columns]
-            data = [tuple(typed_value(k, v) for k, v in zip(types, row, strict=True))
-                    for row in self.query.rows(offsets, columns)]
-        return spark.createDataFrame(data, _schema((c.name, k) for c, k in zip(columns, types, strict=True)))
+            rows = list(self.query.rows(offsets, columns))
+        return dataframe(spark, [(c.name, spark_type(c.type_oid, c.type_modifier), [row[i] for row in rows], True)
+                                 for i, c in enumerate(columns)])
 
 
 PostgresCdcSource.__init__.__signature__ = constructor_signature(PostgresCdcSourceOptions)  # type: ignore[attr-defined]
