@@ -85,6 +85,12 @@ class SourceContext:
         """The input added so far is replaced, under the same identity (name), by other rows."""
         raise NotImplementedError
 
+    def by_connection(self, secret: str) -> tuple[dict[str, Any], str, dict[str, Any]] | None:
+        """The source's options naming an Airflow connection instead of giving its address, the
+        connection's id, and the connection (``AIRFLOW_CONN_<ID>`` JSON) carrying ``secret`` as its
+        credential; None for a source that takes no connection."""
+        return None
+
 
 class FileSourceContext(SourceContext):
     """Parquet files in a directory; a file changed under its name is read again on request."""
@@ -246,6 +252,12 @@ class KafkaSourceContext(SourceContext):
         return {"type": "kafka", "bootstrap_servers": self.broker.bootstrap_servers, "topics": [self.topic],
                 **({"fail_on_data_loss": False} if permissive else {})}
 
+    def by_connection(self, secret: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        options = self.options(permissive=False)
+        del options["bootstrap_servers"]
+        extra = {"bootstrap.servers": self.broker.bootstrap_servers, "sasl.password": secret}
+        return {**options, "kafka_conn_id": "contract_kafka"}, "contract_kafka", {"conn_type": "kafka", "extra": extra}
+
     def add(self, ids: Sequence[int]) -> None:
         self.broker.produce(self.topic, [(i % 2, b"k%d" % i, b"%d" % i) for i in ids])
         self.produced += ids
@@ -285,6 +297,16 @@ class PostgresQuerySourceContext(SourceContext):
     def options(self, permissive: bool) -> dict[str, Any]:
         return {"type": "postgres_query", "conninfo": self.conninfo, "table": "public.events",
                 "incremental_column": "id"}
+
+    def by_connection(self, secret: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+        from psycopg.conninfo import conninfo_to_dict
+
+        options, address = self.options(permissive=False), conninfo_to_dict(self.conninfo)
+        del options["conninfo"]
+        # (the session's server trusts its local clients: the password travels, it is not checked)
+        connection = {"conn_type": "postgres", "host": address.get("host"), "port": int(address.get("port") or 5432),
+                      "login": address.get("user"), "password": secret, "schema": address.get("dbname")}
+        return {**options, "postgres_conn_id": "contract_pg"}, "contract_pg", connection
 
     def add(self, ids: Sequence[int]) -> None:
         self.sql(*(f"INSERT INTO events VALUES ({int(i)})" for i in ids))
@@ -342,10 +364,12 @@ class Reads:
     """A downstream pipeline reading ``context``'s source (with its ``permissive`` options or not)
     into a file sink, one stage per epoch."""
 
-    def __init__(self, context: SourceContext, spark: Any, permissive: bool = False) -> None:
+    def __init__(self, context: SourceContext, spark: Any, permissive: bool = False,
+                 options: dict[str, Any] | None = None) -> None:
         self.context = context
         self.spark = spark
         self.permissive = permissive
+        self.options = options  # instead of the context's
         self.root = context.root / "downstream"
         self.out = FileContext(self.root)
         self.runs = 0
@@ -359,8 +383,12 @@ class Reads:
         return CheckpointStore(CheckpointConfig.from_mapping(self.store)).pipeline("events")
 
     def spec(self, run_id: str, attempt: int = 1, stage: str = COPY) -> StageSpec:
+        from airflow_seatunnel_ckpt.hooks.kafka import with_kafka_connections
+
+        # The sources as the stage task hands them to the stage (a Kafka connection read in the task).
+        sources = with_kafka_connections({"events": self.options or self.context.options(self.permissive)})
         return StageSpec(pipeline="events", participant="ingest", run_id=run_id, attempt=attempt, stage=stage,
-                         sources={"events": self.context.options(self.permissive)},
+                         sources=sources,
                          sinks={"out": {"type": "file", "path": self.out.target_url()}}, store=self.store,
                          key_groups=2)
 

@@ -12,7 +12,9 @@ session's server), each read by a downstream pipeline through the Spark stage ru
   deleted and created again) refuses the replay, whatever the source's options allow a
   normal epoch to skip, and the committed output stays;
 - input replaced under its identity (a file rewritten under its name, a table replaced, a
-  topic created again) is refused, never read as the pinned input: by a retry and by a replay.
+  topic created again) is refused, never read as the pinned input: by a retry and by a replay;
+- a source that takes an Airflow connection (Kafka, both PostgreSQL sources) reads through it
+  as through its inline address, and the store never holds the connection's secret.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import Decision
-from tests.contract.sources import SOURCES, Reads
+from tests.contract.sources import SOURCES, Reads, SourceContext
 
 pytestmark = pytest.mark.spark
 
@@ -124,3 +126,33 @@ def test_input_replaced_under_its_identity_before_a_replay_is_refused_not_read_a
     assert not isinstance(refused.value, AssertionError), refused.value
     assert reads.ids() == [1, 2], f"the refused replay changed the output ({refused.value})"
     assert reads.pipeline.committed_epochs() == [1]
+
+
+#: The credential of the connections the suite names: looked for in every file of the store.
+SECRET = "contract-secret-5d1e"
+
+
+@pytest.mark.parametrize("source", [c for c in cases("connection")
+                                    if SOURCES[c.values[0]].by_connection is not SourceContext.by_connection])
+def test_a_source_named_by_a_connection_reads_every_row_once_and_the_store_never_holds_its_secret(
+        source: str, tmp_path: Path, request: pytest.FixtureRequest, spark: Any, airflow_home: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import airflow_seatunnel_ckpt.hooks.postgres_connection  # noqa: F401  (the task's resolver, as a stage task has it)
+    from tests.operators.test_stage_postgres_connection_submit import files_holding
+
+    context = SOURCES[source](tmp_path, request)
+    named = context.by_connection(SECRET)
+    assert named is not None
+    options, conn_id, connection = named
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(connection))
+    reads = Reads(context, spark, options=options)
+
+    context.add([1, 2, 3])
+    reads.epoch()
+    context.add([4])
+    reads.epoch()
+
+    assert reads.ids() == [1, 2, 3, 4]
+    assert files_holding(reads.root / "store", SECRET) == []
