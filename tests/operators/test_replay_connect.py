@@ -18,9 +18,11 @@ from airflow_seatunnel_ckpt.core import EpochState
 from tests.epoch_test_dags import task_states
 from tests.operators.test_stage_connect import (
     RunningClient,
+    assert_ended_by_the_next_try,
+    busy_server,
     killed_try_failed,
+    running_jobs,
     session_closed_on_the_server,
-    wait_for_jobs,
 )
 
 pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.slow]
@@ -38,26 +40,17 @@ def test_the_next_try_of_a_killed_connect_replay_ends_its_job_on_the_server_and_
     sink holds every input row once.
     """
     from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
-    from tests.connect_server import free_port, start_server
     from tests.operators.connect_stage_dag import REPLAY_DATE, make_dag
-    from tests.spark.stages import BUSY_IDS_ENV
     from tests.spark.test_replay_files import read_sink
 
-    ui_port = free_port()
-    server = start_server(tmp_path, python_path=str(Path(__file__).resolve().parents[2]),
-                          conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)})
-    ui_url = f"http://127.0.0.1:{ui_port}"
-    try:
-        monkeypatch.setenv(BUSY_IDS_ENV, str(10**15))  # hours, unless interrupted
+    with busy_server(tmp_path, monkeypatch) as (server, ui_url):
         # Epoch 1 commits; the replay of it (epoch 2, try 1) stages, then runs its long job on the server.
         client = RunningClient(tmp_path, server.url, "replay", told="2 1")
         client.kill()
         orders = client.orders
         # Its session and tag: those of the replay epoch (2) and the try (1) that made it.
         killed = ConnectAttempt.of(server.url, orders.store["storage_url"], "orders", 2, "ingest", 1)
-        seen = wait_for_jobs(ui_url, killed.tag, lambda jobs: any(j["status"] == "RUNNING" for j in jobs),
-                             "the killed replay's job was not seen running on the server", timeout=180)
-        busy = {j["jobId"] for j in seen if j["status"] == "RUNNING"}
+        busy = running_jobs(ui_url, killed.tag, "the killed replay's job")
         assert orders.pipeline.state(2) is EpochState.OPEN
 
         run_id = f"manual__{REPLAY_DATE.isoformat()}"
@@ -65,10 +58,7 @@ def test_the_next_try_of_a_killed_connect_replay_ends_its_job_on_the_server_and_
         again = clear_and_rerun(make_dag(*client.args), run_id, ["orders.replay"])
 
         assert again.state == "success", task_states(again)
-        jobs = wait_for_jobs(ui_url, killed.tag, lambda jobs: all(j["status"] != "RUNNING" for j in jobs),
-                             "the killed replay's job still ran on the server after the next try", timeout=120)
-        # Ended by the release (failed), not run to its end: only the server's end would end it otherwise.
-        assert {j["jobId"]: j["status"] for j in jobs if j["jobId"] in busy} == dict.fromkeys(busy, "FAILED"), jobs
+        assert_ended_by_the_next_try(ui_url, killed.tag, busy, "the killed replay's job")
         assert session_closed_on_the_server(killed)
         assert [s.state for s in orders.pipeline.list_epochs()] == [EpochState.COMMITTED, EpochState.ABORTED,
                                                                     EpochState.COMMITTED]
@@ -78,8 +68,6 @@ def test_the_next_try_of_a_killed_connect_replay_ends_its_job_on_the_server_and_
             ConnectAttempt.of(server.url, orders.store["storage_url"], "orders", 3, "ingest", 2))
         sink = read_sink(f"file://{tmp_path / 'out' / 'orders'}")
         assert sorted(sink.column("order_id").to_pylist()) == [1, 2, 3, 4, 5, 6]
-    finally:
-        server.stop(signal.SIGKILL)
 
 
 def test_a_terminated_connect_replay_interrupts_its_operations_by_tag_releases_its_session_and_aborts(

@@ -8,8 +8,10 @@ work on the server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -283,6 +285,39 @@ def wait_for_jobs(ui_url: str, tag: str, done: Any, what: str, timeout: float = 
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def busy_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
+    """A Connect server of the test's own and its status API's URL on loopback; the busy stage's job
+    runs for hours unless interrupted, so it is bounded by this server's life (stopped however the
+    test ends)."""
+    from tests.connect_server import free_port, start_server
+    from tests.spark.stages import BUSY_IDS_ENV
+
+    ui_port = free_port()
+    server = start_server(tmp_path, python_path=str(Path(__file__).resolve().parents[2]),
+                          conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)})
+    monkeypatch.setenv(BUSY_IDS_ENV, str(10**15))
+    try:
+        yield server, f"http://127.0.0.1:{ui_port}"
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def running_jobs(ui_url: str, tag: str, what: str) -> set[int]:
+    """The ids of ``tag``'s jobs once one of them runs on the server (``what``: whose, for the failure)."""
+    seen = wait_for_jobs(ui_url, tag, lambda jobs: any(j["status"] == "RUNNING" for j in jobs),
+                         f"{what} was not seen running on the server", timeout=180)
+    return {j["jobId"] for j in seen if j["status"] == "RUNNING"}
+
+
+def assert_ended_by_the_next_try(ui_url: str, tag: str, busy: set[int], what: str) -> None:
+    """No job of ``tag`` runs any more, and the ``busy`` ones failed: interrupted or ended by the release of
+    their session, not run to their end (only the server's end would end them otherwise)."""
+    jobs = wait_for_jobs(ui_url, tag, lambda jobs: all(j["status"] != "RUNNING" for j in jobs),
+                         f"{what} still ran on the server after the next try", timeout=120)
+    assert {j["jobId"]: j["status"] for j in jobs if j["jobId"] in busy} == dict.fromkeys(busy, "FAILED"), jobs
+
+
 def lose_the_interrupt_of(tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the Connect client's interrupt of ``tag`` fail once, as when a busy server's answer is lost."""
     from pyspark.errors.exceptions.connect import SparkConnectGrpcException
@@ -313,22 +348,13 @@ def test_the_next_try_stops_the_job_a_killed_client_left_running_on_the_server(
     bounded by that server's life (stopped when the test ends, however it ends).
     """
     from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
-    from tests.connect_server import free_port, start_server
     from tests.operators.connect_stage_dag import LOGICAL_DATE, make_dag
-    from tests.spark.stages import BUSY_IDS_ENV
 
-    ui_port = free_port()
-    server = start_server(tmp_path, python_path=str(Path(__file__).resolve().parents[2]),
-                          conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)})
-    ui_url = f"http://127.0.0.1:{ui_port}"
-    try:
-        monkeypatch.setenv(BUSY_IDS_ENV, str(10**15))  # hours, unless interrupted
+    with busy_server(tmp_path, monkeypatch) as (server, ui_url):
         client = RunningClient(tmp_path, server.url)
         client.kill()
         killed = ConnectAttempt.of(server.url, client.orders.store["storage_url"], "orders", 1, "ingest", 1)
-        seen = wait_for_jobs(ui_url, killed.tag, lambda jobs: any(j["status"] == "RUNNING" for j in jobs),
-                             "the killed client's job was not seen running on the server", timeout=180)
-        busy = {j["jobId"] for j in seen if j["status"] == "RUNNING"}
+        busy = running_jobs(ui_url, killed.tag, "the killed client's job")
 
         if interrupt == "lost":
             lose_the_interrupt_of(killed.tag, monkeypatch)
@@ -337,13 +363,8 @@ def test_the_next_try_stops_the_job_a_killed_client_left_running_on_the_server(
         again = clear_and_rerun(make_dag(*client.args), run_id, ["orders.ingest"])
 
         assert again.state == "success", task_states(again)
-        jobs = wait_for_jobs(ui_url, killed.tag, lambda jobs: all(j["status"] != "RUNNING" for j in jobs),
-                             "the killed client's job still ran on the server after the next try", timeout=120)
-        # Interrupted (failed), not run to its end: only the server's end would end it otherwise.
-        assert {j["jobId"]: j["status"] for j in jobs if j["jobId"] in busy} == dict.fromkeys(busy, "FAILED"), jobs
+        assert_ended_by_the_next_try(ui_url, killed.tag, busy, "the killed client's job")
         assert sorted(row["order_id"] for row in client.orders.published()) == [1, 2, 3, 4, 5, 6]
-    finally:
-        server.stop(signal.SIGKILL)
 
 
 def connect_stage_task(orders: Any, server_url: str, **kwargs: Any) -> Any:
