@@ -73,10 +73,9 @@ def test_postgres_conn_id_supplies_the_database_of_both_postgresql_sources_and_i
         postgres_server: PostgresServer, postgres_db: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_seatunnel_ckpt.core.options import checked
     from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresQuerySourceOptions
-    from airflow_seatunnel_ckpt.core.sources.pgoutput import Decoder
     from airflow_seatunnel_ckpt.core.sources.postgres_cdc import PostgresCdc
     from airflow_seatunnel_ckpt.core.sources.postgres_query import PostgresQuery
-    from tests.core.sources.test_postgres_cdc import flushed
+    from tests.core.sources.test_postgres_cdc import flushed, read
 
     dbname = conninfo_to_dict(postgres_db)["dbname"]
     with psycopg.connect(postgres_db, autocommit=True) as conn:
@@ -101,7 +100,7 @@ def test_postgres_conn_id_supplies_the_database_of_both_postgresql_sources_and_i
         conn.execute("INSERT INTO orders VALUES (2, 20)")
         flushed(conn)
     second = source.plan([{"epoch": 1, "offsets": first}])
-    assert [(c.op, c.values["id"]) for c in source.changes(second, Decoder())] == [("insert", "2")]
+    assert [(c.op, c.values["id"]) for c in read(source, second)] == [("insert", "2")]
     reader = PostgresQuery(query, "postgres_query source 'shop'")
     with reader.connect() as conn:
         columns = reader.columns(conn)

@@ -14,11 +14,11 @@ past ``logical_decoding_work_mem``) and sends it whole, so every change arrives 
 Values arrive as text (PostgreSQL's output functions); :func:`typed_value` turns the common
 types into Python values, :func:`arrow_values` a column of them into an Arrow array. The
 decoder is the read's hot path: :meth:`Decoder.decode` fills a :class:`ChangeColumns` (a list
-per column) without an object per change; :meth:`Decoder.message` gives :class:`Change` objects.
+per column) without an object per change.
 
 An update's unchanged TOASTed column arrives as "unchanged" (no value): it is taken from the
 old tuple when the table sends one (``REPLICA IDENTITY FULL``), else left NULL and named in
-:attr:`Change.unchanged` so that whoever applies the change keeps the value it has (never
+the row's ``_unchanged_toast`` so that whoever applies the change keeps the value it has (never
 writes the NULL).
 
 Pure data: no database client here.
@@ -28,16 +28,14 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 
-#: PostgreSQL's epoch for timestamps in the protocol (microseconds since 2000-01-01 UTC).
-PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
-#: The same as microseconds since 1970-01-01 UTC.
+#: PostgreSQL's epoch for timestamps in the protocol (2000-01-01 UTC), as microseconds since 1970-01-01 UTC.
 PG_EPOCH_MICROS = 946_684_800_000_000
 
 #: The operations a change row carries in ``_op``.
@@ -76,24 +74,6 @@ class Relation:
         return f"{self.schema}.{self.name}"
 
 
-@dataclass
-class Change:
-    """One decoded change: its transaction's commit position and the row's columns (text values)."""
-
-    op: str
-    table: str
-    #: The commit record's LSN of the change's transaction: the order of transactions.
-    lsn: int
-    #: The change's place in its transaction (1, 2, ...): with ``lsn``, the order of changes.
-    seq: int
-    commit_ts: dt.datetime
-    xid: int
-    #: Column -> text value (None: NULL). A delete carries the key (or every column, with FULL identity).
-    values: dict[str, str | None]
-    #: Columns of an update whose TOASTed value did not change and is not in the message.
-    unchanged: list[str] = field(default_factory=list)
-
-
 _INT16 = struct.Struct(">h").unpack_from
 _INT32 = struct.Struct(">i").unpack_from
 _UINT32 = struct.Struct(">I").unpack_from
@@ -104,10 +84,10 @@ _BEGIN = struct.Struct(">qqI").unpack_from
 UNCHANGED = object()
 
 #: A decoded row change: (operation, relation, values in the relation's column order, names of unchanged
-#: TOASTed columns, names of the columns it carries). Values are text or None (also for a column it does
-#: not carry: a delete's non-key columns, an unchanged TOASTed value without an old one). A plain tuple,
-#: not an object per change: this is the decoder's hot path.
-RowChange = tuple[str, Relation, list[Any], list[str], list[str]]
+#: TOASTed columns). Values are text or None (also for a column it does not carry: a delete's non-key
+#: columns, an unchanged TOASTed value without an old one). A plain tuple, not an object per change: this
+#: is the decoder's hot path.
+RowChange = tuple[str, Relation, list[Any], list[str]]
 
 
 def _tuple(data: bytes, at: int) -> tuple[list[Any], int]:
@@ -142,21 +122,14 @@ def _string(data: bytes, at: int) -> tuple[str, int]:
     return data[at:end].decode(), end + 1
 
 
-def timestamp(micros: int) -> dt.datetime:
-    """A protocol timestamp (microseconds since 2000-01-01 UTC) as an aware datetime."""
-    return PG_EPOCH + dt.timedelta(microseconds=micros)
-
-
 #: Row messages -> the operation of their changes.
 _OPS = {73: "insert", 85: "update", 68: "delete"}  # I, U, D
 
 
 class Decoder:
-    """Turns a slot's messages, in order, into changes (keeps the relations seen).
-
-    :meth:`message` gives :class:`Change` objects; :meth:`decode` the same changes as plain
-    tuples into a :class:`ChangeColumns` (the Spark source's path, no object per change).
-    """
+    """Turns a slot's messages, in order, into change rows of a :class:`ChangeColumns` (keeps the
+    relations seen): an update of the key gives a delete of the old key, then the update, so that
+    whoever applies them by key removes the old row."""
 
     def __init__(self, primary_keys: Mapping[str, Sequence[str]] | None = None) -> None:
         """``primary_keys``: ``schema.table`` -> its key columns, for tables of ``REPLICA IDENTITY FULL``
@@ -168,26 +141,6 @@ class Decoder:
         self._seq = 0
         #: Relation oid -> (the relation, its column names, the indexes of its key columns).
         self._plans: dict[int, tuple[Relation, list[str], list[int]]] = {}
-
-    def changes(self, messages: Iterable[bytes]) -> Iterator[Change]:
-        """The changes of ``messages`` (every one inside a ``B`` .. ``C`` pair)."""
-        for message in messages:
-            yield from self.message(bytes(message))
-
-    def message(self, data: bytes) -> list[Change]:
-        """Decode one message; the changes it carries: none, one, or two for an update of the key (a
-        delete of the old key, then the update, so that whoever applies them by key removes the old row)."""
-        rows = self._message(data)
-        if not rows:
-            return []
-        assert self._begin is not None
-        lsn, micros, xid = self._begin
-        first = self._seq - len(rows) + 1
-        names = [c.name for c in rows[0][1].columns]
-        return [Change(op, relation.table, lsn, first + number, timestamp(micros), xid,
-                       {n: v for n, v in zip(names, values, strict=True) if n in carried} if op == "delete"
-                       else dict(zip(names, values, strict=True)), list(unchanged))
-                for number, (op, relation, values, unchanged, carried) in enumerate(rows)]
 
     def decode(self, messages: Iterable[bytes], into: ChangeColumns, start: int, end: int) -> None:
         """Add the changes of ``messages`` whose transaction committed in ``[start, end)`` to ``into``; the
@@ -201,7 +154,7 @@ class Decoder:
                 rows = self._message(data, row, kind)
                 lsn, micros, xid = self._begin
                 first = self._seq - len(rows) + 1
-                for number, (op, relation, values, unchanged, _) in enumerate(rows):
+                for number, (op, relation, values, unchanged) in enumerate(rows):
                     add(op, relation, values, unchanged, lsn, first + number, micros, xid)
             elif self._begin is None:
                 raise DecodeError(f"a {bytes([kind])!r} change outside a transaction")
@@ -285,9 +238,8 @@ class Decoder:
             if old is None:
                 raise DecodeError(f"pgoutput {bytes([kind])!r} message of {relation.table} without its old tuple")
             self._seq += 1
-            # A key-only tuple (K) has NULL in the non-key columns: it carries the columns flagged as key.
-            carried = names if part == 79 else [n for n, c in zip(names, relation.columns, strict=True) if c.key]
-            return [("delete", relation, [None if v is UNCHANGED else v for v in old], [], carried)]
+            # A key-only tuple (K) has NULL in the non-key columns.
+            return [("delete", relation, [None if v is UNCHANGED else v for v in old], [])]
         if part != 78:  # N(ew) tuple
             raise DecodeError(f"pgoutput {bytes([kind])!r} message of {relation.table} without its new tuple")
         values, at = _tuple(data, at)
@@ -307,16 +259,15 @@ class Decoder:
                         values[index] = None
         if kind == 73:
             self._seq += 1
-            return [("insert", relation, values, unchanged, names)]
+            return [("insert", relation, values, unchanged)]
         out: list[RowChange] = []
         if old is not None and keys and any(
                 old[k] is not UNCHANGED and names[k] not in unchanged and old[k] != values[k] for k in keys):
             # The update changed the key: first a delete of the old row as a delete carries it (K: its key,
             # O: every column).
             moved = [None if v is UNCHANGED or (old_part == 75 and i not in keys) else v for i, v in enumerate(old)]
-            out.append(("delete", relation, moved, [],
-                        [n for i, n in enumerate(names) if old[i] is not UNCHANGED and (old_part == 79 or i in keys)]))
-        out.append(("update", relation, values, unchanged, names))
+            out.append(("delete", relation, moved, []))
+        out.append(("update", relation, values, unchanged))
         self._seq += len(out)
         return out
 

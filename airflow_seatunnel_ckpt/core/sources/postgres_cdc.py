@@ -49,7 +49,6 @@ from airflow_seatunnel_ckpt.core.sources.base import last_read
 from airflow_seatunnel_ckpt.core.sources.options import PostgresCdcSourceOptions, PostgresSourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import (
     OPS,
-    Change,
     ChangeColumns,
     Column,
     DecodeError,
@@ -229,11 +228,6 @@ def describe(offsets: Mapping[str, Any]) -> str | None:
         text += ", " + ", ".join(f"{counts.get(op, 0)} {op}{'' if counts.get(op, 0) == 1 else 's'}" for op in OPS)
     lag = offsets.get("lag_bytes")
     return text + (f", slot lag {lag} bytes" if lag is not None else "")
-
-
-def in_range(change: Change, start: int, end: int) -> bool:
-    """Whether ``change``'s transaction committed in ``[start, end)``."""
-    return start <= change.lsn < end
 
 
 # -- the database ------------------------------------------------------------------------------
@@ -449,20 +443,9 @@ class PostgresCdc:
                            f"{exc}. The epoch fails before its decision. " + RESNAPSHOT.format(
                                slot=self.options.slot)) from exc
 
-    def changes(self, offsets: Mapping[str, Any], decoder: Decoder) -> Iterator[Change]:
-        """The changes of the transactions committed in the pinned ``[start, end)``, without consuming them
-        (:meth:`messages`), one :class:`~airflow_seatunnel_ckpt.core.sources.pgoutput.Change` each."""
-        start, end = int(offsets["start"]), int(offsets["end"])
-        if end <= start:
-            return
-        with self._decoding(start, end):
-            for data in self.messages(offsets):
-                for change in decoder.message(data):
-                    if in_range(change, start, end):
-                        yield change
-
     def read_changes(self, offsets: Mapping[str, Any], decoder: Decoder, into: ChangeColumns) -> None:
-        """The changes of :meth:`changes` added to ``into`` column by column (the Spark source's read)."""
+        """The changes of the transactions committed in the pinned ``[start, end)`` added to ``into`` column by
+        column (the Spark source's read), without consuming them (:meth:`messages`)."""
         start, end = int(offsets["start"]), int(offsets["end"])
         if end <= start:
             return
