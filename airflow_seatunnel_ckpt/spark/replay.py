@@ -196,11 +196,13 @@ def release_killed_replays(pipeline: Pipeline, spec: StageSpec, by: str) -> None
         earlier_try = (mine[_TASK] is not None and holder.get(_TASK) == mine[_TASK]
                        and spec.attempt != UNSCHEDULED_ATTEMPT
                        and isinstance(holder.get(_TRY), int) and holder[_TRY] < spec.attempt)
-        judged = liveness(pipeline, status.epoch)
-        if not (earlier_try or judged.dead):
-            continue
-        why = (f"try {holder[_TRY]} of {mine[_TASK]} made it and try {spec.attempt} runs now" if earlier_try
-               else judged.describe())
+        if earlier_try:
+            why = f"try {holder[_TRY]} of {mine[_TASK]} made it and try {spec.attempt} runs now"
+        else:  # judged only when the try does not tell already
+            judged = liveness(pipeline, status.epoch)
+            if not judged.dead:
+                continue
+            why = judged.describe()
         if not isinstance(holder.get(_TRY), int):  # killed before its lease: it opened no session
             abandon_replay(pipeline, status.epoch, ReplayError(f"its maker is gone: {why}"), by)
             continue
