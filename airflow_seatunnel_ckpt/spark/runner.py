@@ -1,17 +1,7 @@
 """Run one stage for one epoch: the prepare phase of the epoch's two-phase commit.
 
-:func:`run_stage` is the whole sequence, in order:
-
-1. **begin** -- the epoch of the run id (the same for every retry and cleared task);
-2. **already prepared?** -- if an earlier attempt prepared this participant, return that
-   result without running anything (retries are idempotent);
-3. **restore** -- the newest committed checkpoint that verifies (never uncommitted state);
-4. **fix the input** -- each source plans its offsets from the committed history; the
-   first attempt's plan is stored write-once, so every retry reads the same input;
-5. **run** the user's stage function;
-6. **checkpoint** -- collect the key groups' parts the executors wrote;
-7. **prepare** -- sink manifests, state chains and consumed offsets become the
-   participant's prepared record (the write-ahead log). A stale attempt is fenced.
+:func:`run_stage`: begin, reuse an earlier attempt's prepared record, restore, pin the input, run the stage function,
+    collect the keyed state's parts, prepare (a stale attempt is fenced).
 """
 
 from __future__ import annotations
@@ -87,13 +77,11 @@ def run_stage(spec: StageSpec, spark: SparkSession | None = None, *, stage_fn: S
               submitted: bool = False, progress_interval: float = DEFAULT_INTERVAL_S) -> StageResult:
     """Run ``spec``'s stage for its run's epoch and log it prepared.
 
-    :param spark: session to use; default: a Spark Connect session to ``spec.remote`` if
-        the spec names one, else the active session, else a new one (``spec.master`` or
-        ``local[*]``, with ``spec.spark_conf``).
+    :param spark: session to use; default: a Connect session to ``spec.remote``, else the active session, else a new one
+        (``spec.master`` or ``local[*]``, with ``spec.spark_conf``).
     :param stage_fn: the stage function itself, instead of importing ``spec.stage``.
     :param submitted: running under ``spark-submit`` (its ``--master`` is kept).
-    :param progress_interval: seconds between two looks at Spark's progress while the
-        stage runs (logged when it changed; see :class:`~.progress.StageProgress`).
+    :param progress_interval: seconds between two looks at Spark's progress (:class:`~.progress.StageProgress`).
     :raises FencedAttemptError: the epoch was decided before this attempt prepared.
     """
     if spark is None and spec.remote is not None:
@@ -179,13 +167,8 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
                   plan: Callable[[Mapping[str, Source]], dict[str, dict[str, Any]]],
                   staged_at: Callable[[str], str],
                   progress_interval: float = DEFAULT_INTERVAL_S) -> StageRun:
-    """Steps 4-6 of :func:`run_stage`: read ``plan``'s input, run ``fn`` from ``base``'s state,
-    stage each sink at ``staged_at(sink)`` (relative to the pipeline root) and collect the
-    manifests and the keyed state's parts (nothing is prepared: the caller does that).
-
-    Also what a replay runs for each replayed epoch (:mod:`.replay`), with the epoch's
-    recorded plan and the state the previous replayed epoch left.
-    """
+    """Read ``plan``'s input, run ``fn`` from ``base``'s state, stage each sink at ``staged_at(sink)`` and collect the
+    manifests and keyed state's parts (the caller prepares); also what a replay runs per epoch."""
     sources = {name: source_from_options(name, opts) for name, opts in spec.sources.items()}
     try:
         offsets = plan(sources)
@@ -243,13 +226,8 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
 
 def _fixed_offsets(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: Mapping[str, Source],
                    base: RestorePoint) -> dict[str, dict[str, Any]]:
-    """This epoch's offsets per source: the first attempt's plan (see ``Pipeline.pin_inputs``).
-
-    Without the stored plan a retry would list the input again and could pick up files
-    that arrived after the failed attempt; with it, epoch N reads the same input on every
-    attempt and late files wait for epoch N+1. A source added to the stage after the plan
-    was fixed is planned on the spot.
-    """
+    """This epoch's offsets per source: the first attempt's plan (``Pipeline.pin_inputs``), so every retry reads the
+    same input; a source added since is planned on the spot."""
 
     def make_plan() -> dict[str, dict[str, Any]]:
         return {name: src.plan_from(base, epoch) for name, src in sources.items()}
@@ -273,12 +251,8 @@ def _fixed_offsets(pipeline: Pipeline, epoch: int, spec: StageSpec, sources: Map
 
 
 def _first_pinned_plan(pipeline: Pipeline, participant: str, source: str, before: int) -> dict[str, Any] | None:
-    """The offsets the newest epoch below ``before`` that planned ``source`` pinned for it, or None.
-
-    Newest first, so the cost does not grow with the log: a plan made with no committed
-    position starts where the plan before it started, so the newest one carries the first
-    one's start; and a plan without the source (not declared then) ends the search.
-    """
+    """The offsets the newest epoch below ``before`` that planned ``source`` pinned for it, or None (newest first: it
+    carries the first plan's start, so the cost does not grow with the log)."""
     for earlier in reversed(pipeline.txlog.epochs()):
         if earlier >= before:
             continue
@@ -297,8 +271,8 @@ def _bound_sink(pipeline: Pipeline, name: str, options: Any, staged_at: Callable
 
 def _null_key_origin(spark: SparkSession, epoch: int, sources: Mapping[str, BoundSource],
                      state: str, column: str) -> StateError:
-    """The null-key error of ``state``, naming the input files whose rows have a null
-    ``column`` (looked up only now that the stage failed: one filtered read per source)."""
+    """The null-key error of ``state``, naming the input files with a null ``column`` (one filtered read per source,
+    only now that the stage failed)."""
     from pyspark.sql import functions as F
 
     found: list[str] = []
@@ -331,9 +305,8 @@ QUARANTINE_SUFFIX = ".bad_records"
 
 def _quarantine_sinks(pipeline: Pipeline, spec: StageSpec, sources: Mapping[str, Source],
                       sinks: Mapping[str, Sink], staged_at: Callable[[str], str]) -> dict[str, Sink]:
-    """Per source with a ``bad_records`` directory: a JSON file sink ``<source>.bad_records``
-    into which the source stages the records it rejects, published with the epoch like
-    any sink (so a bad record is neither lost nor able to block the pipeline)."""
+    """Per source with a ``bad_records`` directory: the JSON file sink ``<source>.bad_records`` its rejected records are
+    staged into and published with the epoch."""
     out: dict[str, Sink] = {}
     for name, src in sources.items():
         target = getattr(src, "bad_records", None)
@@ -350,8 +323,7 @@ def _quarantine_sinks(pipeline: Pipeline, spec: StageSpec, sources: Mapping[str,
 def _expectation_quarantines(pipeline: Pipeline, spec: StageSpec, sinks: Mapping[str, Sink],
                              taken: Mapping[str, Sink], staged_at: Callable[[str], str]) -> list[Sink]:
     """Per sink with a ``quarantine`` expectation: the sink ``<sink>.quarantine`` beside it
-    (a table or directory, :meth:`Sink.quarantine_options`) into which it stages the rows
-    it quarantines, published in the same commit as the sink."""
+    (:meth:`Sink.quarantine_options`), published in the same commit."""
     out: list[Sink] = []
     names = {*sinks, *(q.name for q in taken.values())}
     for name, sink in sinks.items():
@@ -410,15 +382,8 @@ def _state_factory(spark: SparkSession, pipeline: Pipeline, config: CheckpointCo
 
 
 def _record_state_shapes(pipeline: Pipeline, participant: str, states: Mapping[str, KeyedState]) -> None:
-    """Record in the pipeline's descriptor what this run learned about its keyed states.
-
-    Only states the stage updated: their key columns, aggregate and schema are known
-    now (a restored state the stage left alone keeps what an earlier run recorded). The
-    descriptor gets a new version only when something changed, i.e. the first time a
-    state is seen and whenever its shape changes; a pipeline without a descriptor (run
-    without Airflow) is left without one. A failure to record is logged, never fatal:
-    the epoch is already prepared.
-    """
+    """Record in the descriptor the shapes of the keyed states the stage updated (a new version only on a change; none
+    without a descriptor); a failure is logged, never fatal: the epoch is prepared."""
     from airflow_seatunnel_ckpt.core.protocol.descriptor import record_states
 
     shapes = {name: shape for name, state in states.items() if (shape := state.shape()) is not None}
@@ -433,14 +398,9 @@ def _refuse_renamed_states(pipeline: Pipeline, base: RestorePoint, participant: 
                            states: Mapping[str, KeyedState]) -> None:
     """Refuse, before prepare, a stage that looks like it renamed a keyed state.
 
-    The rule: a state the stage updated that has no committed values, while a committed
-    state of this participant with the same kind and key columns was not opened (so far:
-    it runs when each update is planned, before anything is written, and once more after
-    the stage function returned). Renaming ``ctx.key_value("a")`` to ``"b"`` in the code would otherwise
-    start ``b`` from zero, and renaming it back would resume ``a`` without ``b``'s
-    epochs. A stage that really adds a second state alongside the first opens the first
-    before it updates the new one (a state opened, even without an update, is never taken
-    for a renamed one).
+    A state updated without committed values, while a committed state of this participant of the same kind and key
+    columns was not opened, would start from zero (and renaming it back would lose its epochs). A real second state is
+    told apart by opening the first one before updating the new one.
     """
     owned = _owned_operators(pipeline, base, participant)
     missing = {name: op for name, op in owned.items() if name not in states}
@@ -466,8 +426,8 @@ def _refuse_renamed_states(pipeline: Pipeline, base: RestorePoint, participant: 
 
 
 def _owned_operators(pipeline: Pipeline, base: RestorePoint, participant: str) -> dict[str, OperatorState]:
-    """States this participant prepared in the restored epoch: carried over unchanged
-    when the stage does not open them, so a quiet epoch never drops state."""
+    """States this participant prepared in the restored epoch, carried over when the stage does not open them (a quiet
+    epoch never drops state)."""
     if base.epoch is None:
         return {}
     record = pipeline.txlog.read_prepared(base.epoch, participant)

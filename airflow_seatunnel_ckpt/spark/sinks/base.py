@@ -1,11 +1,5 @@
-"""The Spark-side sink interface: a stage's output, first written into its attempt's staging.
-
-A sink never writes to its target directly: it writes below
-``_staging/epoch=<e>/attempt=<a>/<sink>/`` of the checkpoint store, and the commit task
-publishes that once every participant of the epoch prepared (through the core's sink
-contract, :mod:`core.sinks.base`). So a failed, retried or stale attempt can never change
-what readers of the target see.
-"""
+"""The Spark-side sink interface: a stage's output, written into its attempt's staging below
+``_staging/epoch=<e>/attempt=<a>/<sink>/`` and published by the commit (:mod:`core.sinks.base`)."""
 
 from __future__ import annotations
 
@@ -26,11 +20,8 @@ class SinkError(CheckpointError):
 
 
 class Sink:
-    """Output of a stage, bound to the attempt's staging directory.
-
-    :param name: the sink's name in the stage spec.
-    :param target_url: where the commit publishes the epoch's files.
-    """
+    """Output of a stage (``name`` in the spec), bound to the attempt's staging directory; the commit publishes it to
+    ``target_url``."""
 
     format = "parquet"
     #: A table sink's typed options for the commit (``SinkManifest.table``); None for files.

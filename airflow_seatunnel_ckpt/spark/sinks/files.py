@@ -1,7 +1,4 @@
-"""The file sink: a stage's output staged as files, published as ``<target>/epoch=<e>/``.
-
-The :class:`Sink` interface every sink implements is in :mod:`.base`.
-"""
+"""The file sink: a stage's output staged as files, published as ``<target>/epoch=<e>/``."""
 
 from __future__ import annotations
 
@@ -23,25 +20,9 @@ if TYPE_CHECKING:
 class FileSink(Sink):
     """Files in a directory (any fsspec URL Spark can write): parquet, json, csv or orc.
 
-    Options (the stage spec's ``sinks.<name>`` mapping, :class:`FileSinkOptions`): ``path``
-    (required, the target directory), ``format`` (``parquet`` default), ``options`` (writer
-    options, passed to Spark untouched), ``partition_by`` (columns), ``expectations``
-    (data-quality rules on the rows written, see :mod:`core.protocol.expectations`), ``mode``:
-
-    * ``"append"`` (default): every epoch's rows are published into their own
-      ``<path>/epoch=<e>/`` beside the earlier epochs'; reading
-      ``<path>`` gives every epoch's rows (an append-only table). Right for new records, and
-      for the *changed keys* a keyed state returns (``aggregate(...)``), read as a
-      changelog: the newest epoch holding a key has its current value. An epoch that wrote
-      no rows publishes nothing (no empty directory, no ``_SUCCESS``, no asset event). A
-      replay publishes one ``epoch=<R>/`` for the epochs it ran again and swaps it in for
-      theirs through ``<path>/_EPOCHS``; a reader that must never see a replay half-swapped
-      reads the directories :func:`core.sinks.files.current_epoch_dirs` names (docs/REPLAY.md).
-    * ``"snapshot"``: every epoch's rows are the whole table, e.g. a keyed state's
-      current values (``aggregate(..., mode="snapshot")`` or ``state.snapshot()``). The
-      commit publishes ``<path>/epoch=<e>/``, points ``<path>/_LATEST`` at it and then
-      removes the older snapshot directories, so reading ``<path>`` (pandas, pyarrow,
-      Spark) gives the current state only -- a sum over it is the true total.
+    Options: :class:`FileSinkOptions`. ``mode`` ``"append"`` (default) publishes each epoch's rows into its own
+    ``<path>/epoch=<e>/``; ``"snapshot"`` makes each epoch's rows the whole table (``<path>/_LATEST``, older snapshots
+    removed). docs/REPLAY.md and docs/REFERENCE.md say how a replay swaps epochs and what readers see.
     """
 
     def __init__(
@@ -72,14 +53,9 @@ class FileSink(Sink):
         self.partition_by = list(partition_by)
 
     def write(self, df: DataFrame) -> int:
-        """Write ``df`` into the attempt's staging directory, counting rows on the way.
-
-        The count comes from the same job, not a second pass over the data, and so do the
-        failures of each expectation (:mod:`.expectations`: counted by the staged writer, or
-        observed): the rows a ``drop`` or ``quarantine`` rule removes are not staged, and
-        the quarantined ones are staged into :attr:`quarantine`. Writing the same sink twice in one stage is
-        refused (union the DataFrames instead).
-        """
+        """Write ``df`` into the attempt's staging directory, counting rows (and each expectation's failures,
+        :mod:`.expectations`) in the same job; rows a ``drop`` or ``quarantine`` rule removes are not staged, the
+            quarantined ones go to :attr:`quarantine`. A sink is written once per stage."""
         if self.staging_url is None:
             raise SinkError(f"sink {self.name!r} is not bound to a staging directory")
         if self.written:

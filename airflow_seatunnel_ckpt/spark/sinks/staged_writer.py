@@ -1,31 +1,15 @@
 """Staging Parquet with each file's CRC32C computed by the executor that writes it.
 
-Spark's own file writer gives the driver nothing but a directory: to record each staged
-file's CRC32C in the manifest the driver would have to read every output byte again. A
-Python data source writer (Spark 4) instead encodes the executor's Arrow batches with
-pyarrow, checksums the bytes as it stores them, and returns ``(path, size, CRC32C)`` in
-its task's commit message. The job commit -- only the messages of task attempts that
-Spark committed -- writes them to ``<staging>/_seatunnel_files.json``
-(:data:`core.protocol.staging.FILES_LIST`), which :func:`core.protocol.staging.manifest_of` takes as the
-authoritative file list: the driver lists the directory once and reads no data, and a
-file left by a failed task attempt is not output.
+A Python data source writer encodes the executor's Arrow batches with pyarrow, checksums the bytes as it stores each
+file (one atomic write, a single PUT carrying the CRC32C) and returns ``(path, size, CRC32C)``; the job commit -- only
+tasks Spark committed -- writes them to ``<staging>/_seatunnel_files.json`` (:data:`core.protocol.staging.FILES_LIST`),
+the authoritative file list, so the driver reads no data and a failed task's file is not output. Used by
+:class:`~airflow_seatunnel_ckpt.spark.sinks.files.FileSink` for Parquet with at most ``compression`` and partition types
+of :func:`supported_partition_type`.
 
-Each file is buffered on the executor (up to :data:`ROLL_BYTES`, then the next file
-starts) and stored with one atomic write, so an object store gets a single PUT carrying
-the CRC32C, which it verifies on arrival. Partitioned output is sorted by the partition
-columns within each task first (as Spark does), so a task holds one open file at a time.
-Used by :class:`~airflow_seatunnel_ckpt.spark.sinks.files.FileSink` for Parquet with at
-most a ``compression`` option and partition columns of the types in
-:func:`supported_partition_type`; everything else is written by Spark's writer.
-
-With the ``expectation_rules`` option the writer applies a sink's expectations itself
-(:mod:`.expectations`): each row carries a failure mask (one bit per rule, set when the row
-failed it), the task counts each rule's failures, leaves out the rows a ``drop`` or
-``quarantine`` rule removes and stages the quarantined ones, with the names of the rules
-they broke, as Parquet files of their own in ``quarantine_path`` (with their own file
-list). The job commit adds the committed tasks' counts to the file list
-(:func:`expectation_counts`): measured in the writing pass, with no second job and no
-observed metric on the JVM side.
+With ``expectation_rules`` it applies a sink's expectations itself: a per-row failure mask, counts per rule, the rows
+removed left out and the quarantined ones staged in ``quarantine_path``; the counts go with the file list
+(:func:`expectation_counts`; docs/EXPECTATIONS.md).
 """
 
 from __future__ import annotations
@@ -201,10 +185,8 @@ class StagedParquetWriter(DataSourceArrowWriter):
         return StagedFiles(stored, rules.quarantine.finish() if rules.quarantine is not None else [], rules.counts)
 
     def _by_partition(self, table: Any) -> Iterator[tuple[str, Any]]:
-        """``(directory, rows without the partition columns)`` for each run of equal partition values.
-
-        The task's rows are sorted by the partition columns, so each value is one run.
-        """
+        """``(directory, rows without the partition columns)`` for each run of equal partition values (the task's rows
+        are sorted by them)."""
         if not self.partition_by:
             yield "", table
             return
@@ -254,13 +236,8 @@ COUNTS_KEY = "expectations"
 
 
 def staging_storage(url: str, storage_options: Mapping[str, Any]) -> Storage:
-    """The store of a staging directory, opened without the conditional-create probe.
-
-    :func:`~airflow_seatunnel_ckpt.core.storage.open_storage` probes each new root once per
-    process (a dozen synced creates and removes), and every attempt stages into new
-    directories, so each task, job commit and quarantine would probe again; the staged
-    writer only stores whole files and reads its file list, never a conditional create.
-    """
+    """The store of a staging directory, opened without the conditional-create probe (the writer only stores whole
+    files, and a probe per new staging root would cost a dozen synced writes)."""
     from airflow_seatunnel_ckpt.core.storage import open_storage
 
     return open_storage(url, storage_options, probe=False)
@@ -296,13 +273,8 @@ class _TaskExpectations:
         return schema
 
     def take(self, table: Any) -> Any:
-        """Count ``table``'s failures; the rows the sink keeps, without the masks.
-
-        Each mask is scanned once for the rows failing any of its rules (usually few); the
-        counts, the removed and the quarantined rows are then taken from those positions
-        only, and the quarantined rows are gathered by position instead of filtering the
-        whole row group once more.
-        """
+        """Count ``table``'s failures; the rows the sink keeps, without the masks (each mask scanned once for the
+        failing rows; those are taken by position)."""
         import numpy as np
         import pyarrow as pa
 

@@ -1,19 +1,9 @@
-"""Table sinks, Spark side (Iceberg, Delta, PostgreSQL): Parquet staged so that a table format can add
-the files as they are.
+"""Table sinks, Spark side (Iceberg, Delta, PostgreSQL): Parquet staged so that the commit (in Python,
+:mod:`core.sinks`) can add the files as they are.
 
-The table commit itself runs in Python on the committing task (:mod:`core.sinks`), with
-no Iceberg or Delta jars on the Spark cluster. So the staged Parquet must already be what
-the table format expects of its data files:
-
-* **partition columns stay inside the files.** Spark's ``partitionBy`` drops them (the
-  value lives only in the directory name), and pyiceberg's ``add_files`` then accepts
-  the files silently with NULL partitions. The staging is partitioned by hidden copies
-  (``__partition_<column>``), so each file holds exactly one value of each partition
-  column, and the column itself;
-* **timestamps as ``TIMESTAMP_MICROS``** (Spark's INT96 default is rejected by Iceberg);
-* the sink's typed options (never secrets; :mod:`core.sinks.options`) travel in the
-  manifest (``SinkManifest.table``), so the commit task, the recovery DAG and the console
-  commit the same table.
+The partition columns stay inside the files (the staging is partitioned by hidden copies, ``__partition_<column>``:
+pyiceberg's ``add_files`` would take NULL partitions silently), timestamps are ``TIMESTAMP_MICROS`` (Iceberg refuses
+INT96), and the typed options (never secrets) travel in the manifest (``SinkManifest.table``).
 """
 
 from __future__ import annotations
@@ -94,12 +84,8 @@ class TableSink(FileSink):
 
 
 def last_change_per_key(df: DataFrame, apply: ApplyChanges, where: str) -> DataFrame:
-    """``df``'s change rows collapsed to the last per key (the highest ``sequence_by``), without the
-    ``except_columns``; the operation column kept (the commit reads it).
-
-    ConfigError, before anything is staged, when a key, sequence or operation column is
-    missing; the operation values are checked at the commit's precheck (staged files).
-    """
+    """``df``'s change rows collapsed to the last per key (the highest ``sequence_by``), without the ``except_columns``,
+    the operation column kept; ConfigError for a missing key, sequence or operation column."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -117,14 +103,8 @@ def last_change_per_key(df: DataFrame, apply: ApplyChanges, where: str) -> DataF
 class IcebergSink(TableSink):
     """Epochs committed into an Apache Iceberg table with pyiceberg (one snapshot per epoch).
 
-    Options: :class:`IcebergSinkOptions` (``table``, ``catalog``, ``catalog_name``,
-    ``catalog_conn_id``, ``partition_by``, ``mode`` ``append|upsert|snapshot``,
-    ``merge_keys``, ``expectations``; no ``mode``: ``upsert`` with ``merge_keys``, else
-    ``append``). An empty ``catalog`` with no ``catalog_conn_id`` is
-    the embedded SQL catalog on SQLite under ``$AIRFLOW_HOME/seatunnel-ckpt-warehouse``,
-    resolved to absolute paths here so that every committer uses the same one. An upsert's
-    rows replace the table's rows with the same key in the epoch's one transaction, so a
-    "totals per customer" table read directly is always current (one row per key per epoch).
+    Options: :class:`IcebergSinkOptions`; no ``catalog`` and no ``catalog_conn_id`` is the embedded SQLite catalog,
+    resolved here so that every committer uses the same one (docs/tables/iceberg.md).
     """
 
     table_type = "iceberg"
@@ -167,13 +147,8 @@ TABLE_PROTOCOLS = ("file", "s3")
 class DeltaSink(TableSink):
     """Epochs committed into a Delta Lake table with delta-rs (one table version per epoch).
 
-    Options: :class:`DeltaSinkOptions` (``path``: the table's URL, a local path, ``file://``
-    or ``s3://``/``s3a://``, the table created by the first epoch that has rows;
-    ``partition_by``; ``mode`` ``append|upsert|snapshot``, without one ``upsert`` with
-    ``merge_keys``, else ``append``; ``merge_keys``; ``expectations``).
-    Credentials are never options: the commit reuses the checkpoint store's when the
-    table is on the same protocol, or takes them from a registered secret resolver.
-    See docs/tables/delta.md.
+    Options: :class:`DeltaSinkOptions`; credentials are never options: the commit reuses the store's or a secret
+    resolver's (docs/tables/delta.md).
     """
 
     table_type = "delta"
@@ -201,10 +176,8 @@ class DeltaSink(TableSink):
 class PostgresSink(TableSink):
     """Epochs committed into a PostgreSQL table (one transaction per epoch, with its marker row).
 
-    Options: :class:`PostgresSinkOptions` (``table``, ``postgres_conn_id`` or ``conninfo``,
-    ``mode`` ``append|upsert``, ``merge_keys``, ``create_table``, ``epoch_column``, the
-    session's timeouts, ``expectations``). Only the connection's name is recorded in the
-    checkpoint store; its password comes from the connection when the commit runs.
+    Options: :class:`PostgresSinkOptions`; only the connection's name is recorded, its password is read at commit
+    (docs/POSTGRES.md).
     """
 
     table_type = "postgres"

@@ -1,10 +1,5 @@
-"""The Spark side of the source contract: a source that also reads its pinned input.
-
-:class:`Source` is :class:`airflow_seatunnel_ckpt.core.sources.base.Source` (plan, pin,
-check, position, replay) plus :meth:`Source.read`. The stage reads every source through
-``BoundSource.read`` (:mod:`airflow_seatunnel_ckpt.spark.context`) with the epoch's pinned
-offsets; a source checks there, where it reads, that the input is the pinned one.
-"""
+"""The Spark side of the source contract: :class:`airflow_seatunnel_ckpt.core.sources.base.Source` (plan, pin, check,
+position, replay) plus :meth:`Source.read` of the epoch's pinned offsets (through ``BoundSource.read``)."""
 
 from __future__ import annotations
 
@@ -24,32 +19,9 @@ __all__ = ["Source", "SourceError"]
 class Source(base.Source):
     """Input of a stage: offsets in, DataFrame out.
 
-    A new kind of source implements ``plan`` and ``read`` and registers a type name, in the
-    module of the stage function (the runner imports it before it builds the sources)::
-
-        class KafkaSource(Source):
-            def __init__(self, name, topic, servers):
-                super().__init__(name)
-                self.topic, self.servers = topic, servers
-
-            def plan(self, history):
-                # Resume where the last committed epoch that read the topic stopped.
-                ends = [e["offsets"]["end"] for e in history if e["offsets"]]
-                start = ends[-1] if ends else "earliest"
-                return {"start": start, "end": latest_offsets(self.servers, self.topic)}
-
-            def read(self, spark, offsets):
-                return (spark.read.format("kafka")
-                        .option("kafka.bootstrap.servers", self.servers)
-                        .option("subscribe", self.topic)
-                        .option("startingOffsets", json.dumps(offsets["start"]))
-                        .option("endingOffsets", json.dumps(offsets["end"])).load())
-
-        register_source("kafka", KafkaSource)  # spec: {"type": "kafka", "topic": ..., ...}
-
-    A source whose input can change or vanish under the same position also implements
-    ``pinned_gone`` (what of the pinned input is not there as pinned), so that its reads
-    and a replay refuse instead of reading something else. An epoch whose stage did not
+    A new kind of source implements ``plan`` and ``read`` and is registered by type name in the stage function's module
+    (``register_source("kafka", KafkaSource)``); one whose input can change under the same position also implements
+    ``pinned_gone``, so its reads and a replay refuse instead of reading something else. An epoch whose stage did not
     read the source records ``{}`` for it.
     """
 

@@ -1,13 +1,5 @@
-"""The file source: files below a directory, each read by exactly one committed epoch.
-
-Its offsets are the files an epoch reads, with each file's identity, so each epoch reads
-exactly the files no committed epoch consumed, files that arrive late land in a later
-epoch, and a pinned file rewritten under its name is refused where it is read. The
-contract it implements is :mod:`~airflow_seatunnel_ckpt.spark.sources.base`.
-
-How a directory is listed (prefixes, globs, identities) is in
-:mod:`~airflow_seatunnel_ckpt.spark.sources.listing`.
-"""
+"""The file source: files below a directory, each read by exactly one committed epoch (its offsets are the files with
+their identities; listing is in :mod:`.listing`)."""
 
 from __future__ import annotations
 
@@ -56,31 +48,14 @@ log = logging.getLogger(__name__)
 class FileSource(Source):
     """Files below a directory (any fsspec URL), read by Spark as parquet/json/csv/orc.
 
-    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.FileSourceOptions`, one
-    docstring per option; docs/FILE_SOURCES.md says how ``prefixes``, ``ordered_prefixes``,
-    ``backfill_every``, ``max_file_age`` and ``max_files_per_epoch`` compose.
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.FileSourceOptions` (docs/FILE_SOURCES.md). Names
+    starting with ``_`` or ``.`` are ignored, as Spark does. Offsets are ``{"files": [...], "identity": {name: {"size",
+    "mtime"[, "etag"]}}, "consumed_index": {...}}``; the checkpoint keeps the consumed files as a sorted index
+    (:mod:`~airflow_seatunnel_ckpt.core.sources.files`).
 
-    Files and directories whose name starts with ``_`` or ``.`` are ignored (``_SUCCESS``,
-    ``.crc``, in-progress uploads), as Spark does.
-
-    Offsets are ``{"files": [name, ...], "identity": {name: {"size": n, "mtime": t}},
-    "consumed_index": {"max_file_age": s}}`` (with ``"etag"`` too where the store keeps
-    one: then the ETag decides whether a file changed). The checkpoint keeps the consumed
-    files as a sorted index (:mod:`~airflow_seatunnel_ckpt.core.sources.files`), and planning
-    looks up the listed names only. A file listed in ``files`` without an identity
-    (offsets a core-only caller gave) is consumed with an unknown identity and never
-    counts as changed.
-
-    csv and json are read in Spark's ``PERMISSIVE`` mode with a corrupt-record column
-    (``columnNameOfCorruptRecord``), so a record that does not parse -- a wrong type, a
-    csv row with more or fewer fields than the schema, a broken JSON line -- is caught
-    instead of becoming NULLs (or losing its extra fields): the epoch fails naming the
-    file and line, unless ``bad_records`` quarantines it. A ``mode`` the user sets in
-    ``options`` (``DROPMALFORMED``, ``FAILFAST``) is Spark's and is left alone.
-
-    Every read checks the pinned files' identities first (:meth:`pinned_gone`): a file
-    rewritten or removed between the plan and a retry's read fails the epoch before its
-    decision, and a replay is refused before it writes anything.
+    csv and json are read ``PERMISSIVE`` with a corrupt-record column, so a record that does not parse fails the epoch
+    naming file and line (or goes to ``bad_records``) instead of becoming NULLs; a ``mode`` set in ``options`` is left
+    alone. Every read checks the pinned files' identities first (:meth:`pinned_gone`).
     """
 
     kind = "file"
@@ -135,10 +110,8 @@ class FileSource(Source):
         return sorted(self.list_identities())
 
     def list_identities(self, floors: Mapping[str, str | None] | None = None) -> dict[str, dict[str, Any]]:
-        """Every data file below the directory (or its ``prefixes``) with its identity,
-        by name relative to the directory. With ``ordered_prefixes``, the partitions of a
-        glob prefix that sort before its floor's are not listed (``floors``: prefix -> the
-        relative file name, see :meth:`floors`).
+        """Every data file below the directory (or its ``prefixes``) with its identity, by relative name; with
+        ``ordered_prefixes`` a glob prefix's partitions before its floor (``floors``) are skipped.
 
         :raises SourceError: the directory does not exist and ``allow_missing`` is off.
         """
@@ -213,15 +186,8 @@ class FileSource(Source):
         return {p: index.greatest_path(*prefix_matcher(p)) for p in self.prefixes or [] if is_glob(p)}
 
     def plan_indexed(self, index: FileIndex, *, backfill: bool = False) -> dict[str, Any]:
-        """The listed files that the index does not hold.
-
-        A held file whose identity changed since is an error (``on_change="error"``) or
-        planned again (``"reread"``); a file older than the watermark (``max_file_age``
-        before the newest consumed file, never below what the index forgot) is ignored.
-        ``max_files_per_epoch`` takes the oldest names first, or, with ``max_file_age``,
-        the oldest modification times first (so the watermark never passes a file left
-        waiting). ``backfill`` lists the partitions ``ordered_prefixes`` would skip.
-        """
+        """The listed files that the index does not hold (docs/FILE_SOURCES.md: a changed file per ``on_change``, the
+        ``max_file_age`` watermark, ``max_files_per_epoch`` oldest first, ``backfill``)."""
         floors = self.floors(index) if self.ordered_prefixes and not backfill else None
         if backfill:
             log.info("file source %r: backfill epoch (backfill_every=%s): listing every partition the prefixes "

@@ -1,19 +1,6 @@
-"""The Kafka source: ``{"type": "kafka", ...}``, offsets as the epoch's position.
-
-The plan asks the broker for every subscribed partition's earliest and end offsets and the
-topics' ids, and pins ``[start, end)`` per partition in the log
-(:mod:`airflow_seatunnel_ckpt.core.sources.kafka`); a retry of the epoch reads the same
-ranges. The read is a Spark Python data source (``seatunnel_kafka_ranges``) with one input
-partition per topic-partition range, each read on an executor by a ``confluent-kafka``
-consumer assigned to that partition from ``start`` until ``end`` -- no Spark Kafka jar.
-Rows have Spark's Kafka source columns: ``key``, ``value`` (binary), ``topic``,
-``partition``, ``offset``, ``timestamp``, ``timestampType``.
-
-The client configuration (``bootstrap.servers``, security settings) is a plain librdkafka
-dict here; an Airflow connection named by ``kafka_conn_id`` is turned into it by the stage
-operator when the task runs (:mod:`airflow_seatunnel_ckpt.hooks.kafka`), and neither is
-ever written to the checkpoint store. ``docs/KAFKA.md`` describes the options.
-"""
+"""The Kafka source: ``{"type": "kafka", ...}``, pinned ``[start, end)`` offsets per partition as the epoch's position
+(:mod:`airflow_seatunnel_ckpt.core.sources.kafka`), read by :mod:`.kafka_reader` with Spark's Kafka source columns; the
+client configuration is never written to the store (docs/KAFKA.md)."""
 
 from __future__ import annotations
 
@@ -42,11 +29,8 @@ ADMIN_TIMEOUT_S = 30.0
 class KafkaSource(Source):
     """Records of Kafka topics: each epoch reads the offsets produced since the last committed one.
 
-    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.KafkaSourceOptions` (docs/KAFKA.md).
-    ``kafka_conn_id`` is resolved into ``config`` by the stage operator when the task runs;
-    offsets are never committed to ``group_id``: the checkpoint is the position.
-
-    Offsets: see :mod:`airflow_seatunnel_ckpt.core.sources.kafka`.
+    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.KafkaSourceOptions`; ``kafka_conn_id`` is resolved
+    into ``config`` by the stage operator, and nothing is committed to ``group_id``: the checkpoint is the position.
     """
 
     kind = "kafka"
@@ -165,11 +149,8 @@ class KafkaSource(Source):
         return not self.fail_on_data_loss and not self.exact
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
-        """Exactly the pinned ranges, one Spark input partition per topic-partition range.
-
-        Each executor checks its partition against the pinned topic id and range again (a
-        topic deleted and created again after this check must not pass for the pinned one).
-        """
+        """Exactly the pinned ranges, one Spark input partition per topic-partition range (each executor checks the
+        pinned topic id and range again)."""
         from airflow_seatunnel_ckpt.spark.sources.kafka_reader import SCHEMA, read_ranges
 
         ranges = self.readable_ranges(offsets)

@@ -1,14 +1,6 @@
-"""Reading pinned Kafka offset ranges on the executors: a Spark Python data source over confluent-kafka.
-
-``spark.read.format("seatunnel_kafka_ranges")`` with one input partition per
-topic-partition range; each is read by a consumer assigned to that partition from the
-range's start until its end, yielding Arrow batches with Spark's Kafka source columns.
-Where the partition is read, the topic's id is checked against the pinned one before and
-after the fetch, and every record's offset against the range, so a topic deleted and
-created again after the plan never passes for the pinned one. The
-Kafka source (:mod:`.kafka_source`) checks the ranges and calls :func:`read_ranges`; the
-module imports PySpark, so it is imported only when a stage reads.
-"""
+"""Reading pinned Kafka offset ranges on the executors: a Spark Python data source (``seatunnel_kafka_ranges``) over
+confluent-kafka, one input partition per range; the topic id is checked before and after the fetch and every offset
+against the range."""
 
 from __future__ import annotations
 
@@ -51,12 +43,8 @@ CONSUMER_ONLY = ("group.id", "enable.auto.commit", "enable.partition.eof", "auto
 
 def read_ranges(spark: SparkSession, ranges: list[Range], config: Mapping[str, Any], where: str = "kafka source",
                 fail_on_data_loss: bool = True, topic_ids: Mapping[str, str] | None = None) -> DataFrame:
-    """The records of ``ranges`` as a DataFrame (Spark's Kafka columns), read on the executors.
-
-    No checkpoint protocol: the plain per-partition reader (the benchmark's baseline uses it
-    as it is). ``topic_ids`` are the ids the ranges were pinned against; each executor
-    refuses a topic whose id is another. Client settings travel as ``kafka.<setting>``
-    options, which Spark does not print in the scan's plan.
+    """The records of ``ranges`` as a DataFrame (Spark's Kafka columns), read on the executors; a topic whose id is not
+    its ``topic_ids`` entry is refused. Client settings travel as ``kafka.<setting>`` options (not printed in the plan).
     """
     ids = topic_ids or {}
     spark.dataSource.register(KafkaRangesDataSource)
@@ -123,10 +111,8 @@ class KafkaRangesReader(DataSourceReader):
 def read_range(config: Mapping[str, Any], r: RangePartition, where: str, fail_on_data_loss: bool) -> Iterator[Any]:
     """The records of one range, ``[r.start, r.end)``, as Arrow record batches.
 
-    :raises KafkaOffsetsError: the topic is not the pinned one (another id, or gone), a
-        record's offset is outside the range or out of order, or the pinned start is gone
-        (with ``fail_on_data_loss``; otherwise the range is cut or skipped and the executor's
-        log says so).
+    :raises KafkaOffsetsError: the topic is not the pinned one, an offset is outside the range or out of order, or the
+        pinned start is gone (with ``fail_on_data_loss``; otherwise the range is cut or skipped, and logged).
     """
     import pyarrow as pa
     from confluent_kafka import Consumer, TopicPartition
@@ -214,8 +200,7 @@ def read_range(config: Mapping[str, Any], r: RangePartition, where: str, fail_on
 def _changed_topic(config: Mapping[str, Any], r: RangePartition, where: str, when: str) -> list[dict[str, Any]]:
     """``r`` as lost (one entry) if its topic now has another id than the pinned one, else nothing.
 
-    :raises KafkaOffsetsError: the broker does not describe the topic (gone, or not visible
-        now): not skippable, since the same topic may be listed again and the retry reads it.
+    :raises KafkaOffsetsError: the broker does not describe the topic (not skippable: the retry may see it again).
     """
     if r.topic_id is None:
         return []

@@ -1,12 +1,5 @@
-"""How a file source lists its input: below ``path``, or below ``prefixes`` only.
-
-Prefixes are subdirectories of ``path`` (rendered by Airflow when templated, expanded
-with the store's ``glob`` when they hold a glob); ordered glob prefixes are expanded one
-directory level at a time from their floor: the partition of the greatest consumed name
-that the prefix matches (each prefix has its own). Identities
-(size, ETag, mtime) come from the listing, and the option checks of ``prefixes`` and
-``max_file_age`` live here with them.
-"""
+"""How a file source lists its input: below ``path``, or below ``prefixes`` only (globs expanded; ordered glob prefixes
+from their floor), with each file's identity; and the checks of ``prefixes`` and ``max_file_age``."""
 
 from __future__ import annotations
 

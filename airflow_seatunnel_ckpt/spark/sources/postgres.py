@@ -1,21 +1,9 @@
-"""The PostgreSQL sources: ``{"type": "postgres_cdc", ...}`` (logical replication) and
-``{"type": "postgres_query", ...}`` (an incremental column's high-water mark).
+"""The PostgreSQL sources: ``postgres_cdc`` (logical replication) and ``postgres_query`` (an incremental column's
+high-water mark).
 
-Both plan in the core (:mod:`airflow_seatunnel_ckpt.core.sources.postgres_cdc`,
-:mod:`airflow_seatunnel_ckpt.core.sources.postgres_query`), which pins the epoch's range in
-the log before anything is read; here the pinned range is read -- on the driver, over one
-connection (a slot's changes come in one ordered stream) -- and handed to Spark as a
-DataFrame made from one Arrow table built column by column (:func:`dataframe`). Values keep
-their PostgreSQL types where Spark has one
-(:func:`~airflow_seatunnel_ckpt.core.sources.pgoutput.spark_type`), text otherwise.
-
-A change row of ``postgres_cdc`` has the table's columns and ``_table`` (``schema.name``),
-``_op`` (``insert`` | ``update`` | ``delete``), ``_lsn`` (the commit LSN of its transaction,
-bigint: the order of transactions), ``_seq`` (its place in the transaction; 0 for the
-first epoch's snapshot rows, which carry the slot's start as ``_lsn``), ``_commit_ts``,
-``_xid`` and ``_unchanged_toast`` (columns of an update whose TOASTed value did not change
-and is not in the message: NULL here, to be kept as they are by whoever applies the change).
-Order changes by ``(_lsn, _seq)``. docs/CDC.md describes both sources.
+Both plan in the core (:mod:`~airflow_seatunnel_ckpt.core.sources.postgres_cdc`,
+:mod:`~airflow_seatunnel_ckpt.core.sources.postgres_query`); here the pinned range is read on the driver over one
+    connection and handed to Spark as one Arrow table (:func:`dataframe`). docs/CDC.md describes the rows.
 """
 
 from __future__ import annotations
@@ -66,10 +54,8 @@ def table_columns(by_table: Mapping[str, Sequence[Column]]) -> dict[str, str]:
 
 
 def dataframe(spark: SparkSession, columns: Sequence[tuple[str, str, list[Any], bool]]) -> DataFrame:
-    """A DataFrame of ``columns`` (name, Spark type, values, whether the values are PostgreSQL's text
-    output or already Python values of the type) made from one Arrow table: each column converted at
-    once (:func:`~airflow_seatunnel_ckpt.core.sources.pgoutput.arrow_values`), no Python row to check
-    and pickle per value. Classic Spark and Spark Connect both take a ``pyarrow.Table`` with a schema."""
+    """A DataFrame of ``columns`` (name, Spark type, values, whether they are PostgreSQL's text output) from one Arrow
+    table, each column converted at once (:func:`~airflow_seatunnel_ckpt.core.sources.pgoutput.arrow_values`)."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 

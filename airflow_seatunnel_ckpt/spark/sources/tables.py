@@ -1,18 +1,6 @@
-"""Table sources: Iceberg snapshots, Delta versions and another pipeline's published epochs.
-
-Each is a :class:`~airflow_seatunnel_ckpt.spark.sources.base.Source` whose offsets are the
-table's own positions plus the exact data files between the consumed position and this
-epoch's (planned by :mod:`airflow_seatunnel_ckpt.core.sources.tables`, from metadata
-alone). The runner pins them for the epoch, so a retry reads the same files; Spark reads
-them as plain Parquet -- no Iceberg or Delta jars. With them, bronze -> silver pipelines
-chain exactly-once: each row an upstream pipeline committed is read by exactly one
-committed epoch downstream.
-
-* ``{"type": "iceberg", "table": "ns.name", "catalog": {...}}`` -- :class:`IcebergSource`;
-* ``{"type": "delta", "path": "<table URL>"}`` -- :class:`DeltaSource`;
-* ``{"type": "pipeline_output", "path": "<file sink target>"}`` --
-  :class:`PipelineOutputSource`, another pipeline's file sink, committed epochs only.
-"""
+"""Table sources: Iceberg snapshots, Delta versions and another pipeline's published epochs, whose offsets are the
+table's positions plus the exact data files between them (:mod:`airflow_seatunnel_ckpt.core.sources.tables`), read by
+Spark as plain Parquet (docs/tables/sources.md)."""
 
 from __future__ import annotations
 
@@ -60,13 +48,8 @@ def _read_parquet(spark: SparkSession, paths: list[str]) -> DataFrame:
 
 
 class IcebergSource(Source):
-    """An Apache Iceberg table: each epoch reads the rows appended since the last one.
-
-    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.IcebergSourceOptions`.
-
-    Offsets: ``{"snapshot_id": s, "after_snapshot_id": c, "files": [{"path", "size",
-    "records"}, ...]}``.
-    """
+    """An Apache Iceberg table: each epoch reads the rows appended since the last one (``{"snapshot_id",
+    "after_snapshot_id", "files": [{"path", "size", "records"}]}``)."""
 
     kind = "iceberg"
 
@@ -125,14 +108,8 @@ class IcebergSource(Source):
 
 
 class DeltaSource(Source):
-    """A Delta Lake table: each epoch reads the rows the versions since the last one appended.
-
-    Options: :class:`~airflow_seatunnel_ckpt.core.sources.options.DeltaSourceOptions`.
-
-    Offsets: ``{"version": v, "after_version": c, "files": [{"path", "size", "records",
-    "partition"}, ...]}``. Delta writers leave partition columns out of the data files;
-    the read adds them back from the log's partition values, typed as in the table.
-    """
+    """A Delta Lake table: each epoch reads the rows the versions since the last one appended (``{"version",
+    "after_version", "files": [...]}``); partition columns come back from the log, typed as the table."""
 
     kind = "delta"
 
@@ -210,22 +187,10 @@ def partition_literal(value: str | None, delta_type: Any) -> Column:
 class PipelineOutputSource(FileSource):
     """Another pipeline's file sink target, read one committed epoch at a time.
 
-    ``{"type": "pipeline_output", "path": "<the upstream sink's path>", "format": ...}``.
-    The upstream commit publishes ``<path>/epoch=<e>/`` and writes its ``_SUCCESS`` last,
-    so only epoch directories holding ``_SUCCESS`` are read -- never a half-published one
-    -- and each exactly once (the consumed epochs are a set: an upstream epoch that
-    publishes late is still read, by a later epoch here). Options as the file source
-    (``format``, ``options``, ``schema``, ``storage_options``, ``allow_missing``,
-    ``bad_records``); the upstream sink's ``partition_by`` columns come back as columns.
-
-    Offsets: ``{"epochs": [e, ...], "files": [...], "identity": {...}}`` (``files`` as the
-    file source's, so everything that reads a file source's offsets works unchanged).
-
-    An upstream replay swaps epoch directories through the target's ``_EPOCHS`` pointer:
-    the directories it hides are never read, and a replay's directory is read like any
-    epoch's -- unless this source already read some of the epochs it replaced: then it is
-    refused, or, with ``skip_replays=True``, passed over (see
-    :func:`core.sources.tables.plan_published_epochs`).
+    Only epoch directories holding ``_SUCCESS`` are read, each once (a set: a late epoch is still read); options as the
+    file source's. Offsets: ``{"epochs": [...], "files": [...], "identity": {...}}``. An upstream replay's hidden
+    directories are never read; one replacing epochs already read is refused, or passed over with ``skip_replays``
+    (:func:`core.sources.tables.plan_published_epochs`).
     """
 
     kind = "pipeline_output"

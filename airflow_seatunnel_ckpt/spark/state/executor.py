@@ -1,9 +1,5 @@
-"""Executor side of keyed state: what runs in the tasks, one task per key group.
-
-Pure functions over Arrow batches, plus loading and writing one key group's parts: a task
-gets exactly one key group's rows, loads its chain from the store, streams its result on,
-writes the new part at the end of its input and reports it (``reports.ReportFolder``).
-"""
+"""Executor side of keyed state: what runs in the tasks, one task per key group (load its chain, stream the result,
+write and report the new part)."""
 
 from __future__ import annotations
 
@@ -85,13 +81,9 @@ class Written(NamedTuple):
 def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | None) -> Written:
     """Write the epoch's changed rows of ``key_group`` as a new run and compact when due.
 
-    The new run is appended to the restored chain. A compaction merges a window of
-    neighbouring runs into one run that takes their place, within the epoch's merge budget
-    (``core.state.run_chain.compaction_cap``), so the epoch writes O(its changes) bytes; a window
-    that ends with the new run takes the changes from memory and replaces the chain's
-    newest runs.
-    A chain that must be written in full (or holds parts read whole, as a rescale writes
-    them) becomes one FULL run of its runs and the changes.
+    A compaction merges a window of neighbouring runs into one within the epoch's merge budget
+    (``core.state.run_chain.compaction_cap``); a chain that must be written in full (or holds parts read whole) becomes
+    one FULL run.
     """
     chain = settings.chain(key_group)
     store = settings.store.open()
@@ -130,13 +122,9 @@ def write_key_group(settings: StateSettings, key_group: int, table: pa.Table | N
 
 def _merge(settings: StateSettings, key_group: int, runs: list[PartRef], start: int, table: pa.Table | None,
            base: PartRef | None = None) -> Written:
-    """Merge ``runs`` (the restored chain's from ``start`` on) and ``table`` into one run.
-
-    With ``table`` (the epoch's changes, sorted) the result replaces the whole chain:
-    ``Written.part`` with ``replaces``; without, it is ``Written.part`` to be placed where
-    ``runs`` were. A merge from the chain's first run drops tombstones and expired rows
-    (nothing older to shadow) and writes a FULL run; any other a DELTA run.
-    """
+    """Merge ``runs`` (the chain's from ``start`` on) and ``table`` into one run: with ``table`` it replaces the whole
+    chain (``replaces``), without it takes ``runs``' place; from the first run it is FULL (no tombstones or expired
+    rows), else DELTA."""
     policy = settings.policy
     key_cols = list(settings.key_columns)
     restore = settings.restore_from.open()
@@ -204,13 +192,9 @@ def dedup_keep(batches: Iterator[tuple[pa.Array, ...]], *, settings: StateSettin
                chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[pa.Array]:
     """Executor side of :meth:`KeySet.dedup` for one key group (one task).
 
-    A scalar Arrow iterator UDF over the key columns and the key-group column: yields,
-    per input row and in input order, whether the row is kept -- its key is neither live
-    in the restored key set nor earlier in this epoch's input (first occurrence wins).
-    Only the keys pass through Python; the rows stay in the JVM. At the end of its input
-    it writes the new keys as the key group's new run and reports it. The restored set
-    is never loaded: each chunk of input looks its keys up in the runs
-    (``core.state.run_chain.lookup``).
+    A scalar Arrow iterator UDF over the key columns and the key-group column: yields, per row in order, whether its key
+    is neither live in the restored set (looked up in the runs, never loaded) nor earlier in this epoch; at the end of
+    its input it writes and reports the new keys' run.
     """
     import numpy as np
     import pyarrow as pa
@@ -314,12 +298,8 @@ def null_key_error(exc: BaseException) -> tuple[str, str] | None:
 
 def merge_partition(batches: Iterator[pa.RecordBatch], *, settings: StateSettings,
                     aggregates: Mapping[str, Aggregate], reports: ReportFolder) -> Iterator[pa.RecordBatch]:
-    """Executor side of :meth:`KeyValueState.aggregate` for one key group (one task).
-
-    The input holds this epoch's partial aggregate per key; the restored values of those
-    keys only are looked up in the runs, merged, yielded and written as the key group's
-    new run.
-    """
+    """Executor side of :meth:`KeyValueState.aggregate` for one key group (one task): the restored values of the epoch's
+    keys are looked up, merged, yielded and written as the new run."""
     import numpy as np
     import pyarrow as pa
 
@@ -365,11 +345,8 @@ def merge_partition(batches: Iterator[pa.RecordBatch], *, settings: StateSetting
 
 def read_partition(batches: Iterator[pa.RecordBatch], *, settings: StateSettings,
                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Executor side of ``snapshot()``: stream the restored state of the key groups listed.
-
-    Every key group's rows are given ``schema``'s columns: a column its parts do not
-    hold yet (an aggregate column added since they were written) is null.
-    """
+    """Executor side of ``snapshot()``: stream the listed key groups' restored state in ``schema``'s columns (null where
+    a part lacks one)."""
     freeze_worker_heap()
     for batch in batches:
         for key_group in batch.column(0).to_pylist():

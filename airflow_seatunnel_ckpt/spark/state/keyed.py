@@ -61,12 +61,8 @@ def _key_group_of(keys: Sequence[str], key_groups: int) -> Column:
 
 
 class KeyedState:
-    """One named keyed state of a stage, restored from the last committed checkpoint.
-
-    Created through :meth:`StageContext.key_set` / :meth:`StageContext.key_value` from
-    the runner's :class:`StateSettings`; the runner calls :meth:`finish` after the stage
-    function returned.
-    """
+    """One named keyed state of a stage, restored from the last committed checkpoint (made by ``ctx.key_set`` /
+    ``ctx.key_value``; the runner calls :meth:`finish` after the stage function)."""
 
     kind: ClassVar[StateKind]
 
@@ -178,14 +174,12 @@ class KeyedState:
         return self._output is not None
 
     def finish(self) -> tuple[OperatorState | None, int]:
-        """Collect the key groups' new parts into the operator's chains.
+        """Collect the key groups' new parts into the operator's chains; the new operator state (None if never restored
+        nor updated) and the bytes written.
 
-        Evaluates the update once more (without output) if some key group never reported,
-        i.e. the stage did not consume the updated DataFrame completely. A key group whose
-        only reports are untrusted (see :func:`choose_reports`) or that still has none is
-        checked against the input: with no input rows it is unchanged, otherwise the
-        stage cannot prepare. Returns the new operator state (None if never restored nor
-        updated) and the bytes of parts written.
+        A key group that never reported (the stage did not consume the update completely) is evaluated to completion;
+        one still without a trusted report (:func:`choose_reports`) is unchanged only if it has no input rows, else the
+        stage cannot prepare.
         """
         if self._output is None or self._reports is None:
             return self.restored, 0
@@ -217,14 +211,8 @@ class KeyedState:
         return state, written
 
     def _next_chains(self, reports: Mapping[int, PartReport]) -> tuple[dict[int, list[PartRef]], int]:
-        """Each key group's chain after this epoch, and the bytes of the parts it added.
-
-        A compaction's output takes the place of the runs it merged, a new full part
-        starts a new chain, a delta extends it (or replaces its newest ``replaces`` runs),
-        and a key group that
-        reported no part keeps its restored chain (incremental checkpoints). Under a TTL,
-        runs whose every key expired drop out without being read.
-        """
+        """Each key group's chain after this epoch (:func:`next_chain`: a key group without a part keeps its restored
+        chain) and the bytes of the parts added."""
         chains: dict[int, list[PartRef]] = {}
         restored = self.settings.chains
         min_epoch = self.settings.min_epoch
@@ -250,11 +238,8 @@ class KeyedState:
         return sorted(int(row.g) for row in found)
 
     def _remove_unreported_parts(self, keep: set[str]) -> None:
-        """Delete this attempt's parts no chosen report names (repeat evaluations, killed runs).
-
-        Only ``part-<k>-<this attempt>-<token>`` files: another attempt's parts are never
-        touched, whatever state that attempt is in.
-        """
+        """Delete this attempt's parts (``part-<k>-<attempt>-<token>``) no chosen report names; another attempt's parts
+        are never touched."""
         storage = self.settings.store.open()
         folder = self.settings.parts_folder
         own = re.compile(rf"part-\d+-{int(self.settings.attempt)}-[0-9a-f]+")
@@ -266,11 +251,9 @@ class KeyedState:
     def snapshot(self, schema: Any = None) -> DataFrame:
         """The state's whole current content, one row per key, read on executors.
 
-        Before the stage's update: the state as of the last committed checkpoint; after
-        ``aggregate``/``dedup``: that plus this epoch's changes, exactly what the epoch
-        commits. Write it to a sink with ``mode: snapshot`` for a table that always holds the
-        current state. ``schema`` (DDL or ``StructType``) is needed only for a state with no
-        committed content read before this stage updated it.
+        Before the stage's update: as of the last committed checkpoint; after it: plus this epoch's changes, what the
+        epoch commits (write it to a ``mode: snapshot`` sink for a table of the current state). ``schema`` (DDL or
+        ``StructType``) is needed only for a state without committed content read before its update.
         """
         restored = self._restored_frame(schema)
         if self._output is None:
@@ -292,12 +275,8 @@ class KeyedState:
         return groups.mapInArrow(read, schema)
 
     def _state_schema(self) -> Any:
-        """The columns of the state: this stage's update's, else the committed shape's.
-
-        After an update its columns are the state's (a new aggregate column included:
-        stored keys read NULL in it until they change or a replay refills them); before
-        one, the committed checkpoint's recorded columns, else those of a committed part.
-        """
+        """The columns of the state: the update's (a new aggregate column reads NULL for stored keys), else the
+        committed shape's, else a committed part's."""
         if self._output is not None:
             return self._updated_schema()
         settings = self.settings
@@ -344,13 +323,9 @@ class KeySet(KeyedState):
 
     def dedup(self, df: DataFrame, key: str | Sequence[str], chunk_rows: int = DEFAULT_CHUNK_ROWS,
               ttl_epochs: int | None = None) -> DataFrame:
-        """Rows of ``df`` whose key no committed epoch has seen, one row per key.
-
-        Among rows of this epoch with the same key the first one read is kept (like
-        ``dropDuplicates``). The new keys become part of the state this epoch prepares.
-        ``ttl_epochs`` makes it a de-duplication window: a key is forgotten (accepted as
-        new again) once ``ttl_epochs`` epochs passed since the epoch that last wrote it.
-        """
+        """Rows of ``df`` whose key no committed epoch has seen, one row per key (the first one read, like
+        ``dropDuplicates``); the new keys join the state. ``ttl_epochs`` forgets a key that many epochs after the epoch
+        that last wrote it (a de-duplication window)."""
         if ttl_epochs is not None and (isinstance(ttl_epochs, bool) or not isinstance(ttl_epochs, int)
                                        or ttl_epochs < 1):
             raise ConfigError(f"key set {self.name!r}: ttl_epochs must be a positive integer or None, "
@@ -400,19 +375,12 @@ class KeyValueState(KeyedState):
                   mode: str = CHANGES) -> DataFrame:
         """Fold this epoch's rows into the running aggregates.
 
-        ``aggregates`` maps an output column to ``(function, input column)``, e.g.
-        ``{"total": ("sum", "amount"), "orders": ("count", "*")}``; the functions are
-        those of :class:`Aggregate`. The result has the key columns and the output
-        columns, holding each key's running value over every committed epoch plus this
-        one. ``mode`` says which keys:
+        ``aggregates`` maps an output column to ``(function, input column)`` (functions of :class:`Aggregate`), e.g.
+        ``{"total": ("sum", "amount"), "orders": ("count", "*")}``. The result has the key and output columns, each
+        key's running value over every committed epoch plus this one; ``mode`` says which keys:
 
-        * ``"changes"`` (default): only the keys this epoch changed -- a changelog. Summed
-          over every epoch it counts a key once per epoch that changed it, so publish it
-          to an ``append`` sink for consumers that apply changes (newest epoch wins).
-        * ``"snapshot"``: every key of the state (as :meth:`snapshot` after the update)
-          -- the current table. Publish it to a sink with ``mode: snapshot``, which
-          replaces the table each epoch, and a plain ``sum`` over the target is the true
-          total.
+        * ``"changes"`` (default): the keys this epoch changed, a changelog (for an ``append`` sink; newest epoch wins).
+        * ``"snapshot"``: every key (as :meth:`snapshot`), the current table (for a ``mode: snapshot`` sink).
         """
         from pyspark.sql import functions as F
 
@@ -449,11 +417,8 @@ class KeyValueState(KeyedState):
         return self._output.schema
 
     def _with_changes(self, restored: DataFrame) -> DataFrame:
-        """Every restored key, with this epoch's merged values where it changed.
-
-        One full outer join on the keys, so the update is evaluated once (by whatever
-        consumes the snapshot) and the changed keys' running values come from it.
-        """
+        """Every restored key, with this epoch's merged values where it changed (one full outer join: the update is
+        evaluated once)."""
         from pyspark.sql import functions as F
 
         assert self._output is not None

@@ -1,13 +1,5 @@
-"""The report protocol: how executor tasks tell the driver which parts they wrote.
-
-Each task of a state update writes one :class:`PartReport`, a small JSON file in the
-update's :class:`ReportFolder` in the store, once its part is complete; the driver lists
-the folder after the update. Files, not an accumulator, so it works alike on a classic
-session and through Spark Connect. A key group reported more than once (retries,
-speculation, a repeated evaluation) is correct either way: the same input and restored
-state give the same part. :func:`choose_reports` keeps one report per key group and says
-which key groups it cannot trust.
-"""
+"""The report protocol: each task of a state update writes a :class:`PartReport` (JSON, in the update's
+:class:`ReportFolder`) once its part is complete; files, not an accumulator, so it works through Spark Connect too."""
 
 from __future__ import annotations
 
@@ -93,13 +85,8 @@ class ReportFolder:
 
 
 def choose_reports(reports: Iterable[PartReport]) -> tuple[dict[int, PartReport], set[int]]:
-    """One report per key group, and the key groups whose report is untrusted.
-
-    Several evaluations may report a key group; any report of a task that had input
-    is correct (the same input and restored state give the same keys). A task without
-    input knows its key group only from its partition index, which is trustworthy
-    unless some task ran under an index that is not its key group.
-    """
+    """One report per key group, and the key groups whose report is untrusted (a task without input knows its key group
+    only from its partition index)."""
     with_rows: dict[int, PartReport] = {}
     without_rows: dict[int, PartReport] = {}
     aligned = True
@@ -113,13 +100,9 @@ def choose_reports(reports: Iterable[PartReport]) -> tuple[dict[int, PartReport]
 
 
 def next_chain(restored: list[PartRef], report: PartReport, min_epoch: int | None = None) -> list[PartRef]:
-    """A key group's chain after this epoch, from its restored chain and its report.
-
-    A compaction's output first takes the place of the runs it merged; then a FULL part
-    starts a new chain, a DELTA replaces the restored chain's newest ``replaces`` runs
-    (none: it extends the chain), and no part keeps the chain (incremental checkpoints).
-    Under a TTL, runs whose every key expired drop out without being read.
-    """
+    """A key group's chain after this epoch: a compaction's output replaces the runs it merged, a FULL part starts a new
+    chain, a DELTA replaces the newest ``replaces`` runs (or extends the chain), no part keeps it; runs whose every key
+    expired drop out."""
     if report.merged is not None:
         if not 0 <= report.merge_start < report.merge_end <= len(restored):
             # A task planned its merge on another chain than the one restored here: the

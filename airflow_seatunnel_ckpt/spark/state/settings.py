@@ -1,10 +1,5 @@
-"""A keyed state's settings: one typed object the driver builds and its tasks receive.
-
-Spark ships the settings to executors inside the ``mapInArrow`` closure, so they are
-plain data -- locations, options and part references, never state contents. Everything
-an executor reads from the checkpoint store is decoded by the state file format, never
-unpickled.
-"""
+"""A keyed state's settings: one typed object the driver builds and its tasks receive (plain data shipped in the
+``mapInArrow`` closure; nothing read from the store is unpickled)."""
 
 from __future__ import annotations
 
@@ -116,11 +111,8 @@ def starts_empty(kind: StateKind) -> str:
 
 @dataclass(frozen=True)
 class StateSettings:
-    """Everything the driver and the tasks of one keyed state need, built once per stage.
-
-    Checked against the restored checkpoint when built: key groups and kind are fixed
-    for the life of a pipeline's state.
-    """
+    """Everything the driver and the tasks of one keyed state need, built once per stage (key groups and kind are
+    checked against the restored checkpoint)."""
 
     name: str
     kind: StateKind
