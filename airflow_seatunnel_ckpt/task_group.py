@@ -43,14 +43,14 @@ def _assets_for(pipeline: str, stages: Mapping[str, Mapping[str, Any]]) -> dict[
     sink, ``iceberg://<catalog>/<namespace>.<table>`` of an Iceberg one. A sink with
     templated options gets none (its target is known only when the task runs)."""
     from airflow_seatunnel_ckpt.spark.declaration import is_templated
-    from airflow_seatunnel_ckpt.spark.registry import sink_from_options
+    from airflow_seatunnel_ckpt.spark.registry import SINKS
 
     assets = {}
     for options in stages.values():
         for sink, sink_options in (options.get("sinks") or {}).items():
             if is_templated(sink_options):
                 continue
-            target = sink_from_options(sink, sink_options).target_url
+            target = SINKS.build(sink, sink_options).target_url
             if "://" in target:
                 assets[sink] = sink_asset(pipeline, sink, target)
     return assets

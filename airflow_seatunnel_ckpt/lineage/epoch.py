@@ -41,12 +41,12 @@ _log = logging.getLogger(__name__)
 
 def declared_sinks(sinks: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[str, Mapping[str, Any] | None]]:
     """Sink name -> (target URL, table options) of a stage's sink options (unbuildable ones left out)."""
-    from airflow_seatunnel_ckpt.spark.registry import sink_from_options
+    from airflow_seatunnel_ckpt.spark.registry import SINKS
 
     out: dict[str, tuple[str, Mapping[str, Any] | None]] = {}
     for name, options in sinks.items():
         try:
-            sink = sink_from_options(name, options)
+            sink = SINKS.build(name, options)
         except CheckpointError as exc:  # checked in execute; lineage never fails a task
             _log.info("sink %r left out of the lineage: %s", name, exc)
             continue

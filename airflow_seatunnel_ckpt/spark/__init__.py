@@ -1,20 +1,15 @@
 """The PySpark stage runtime: sources, keyed state on executors, staged sinks.
 
-A stage is a plain function ``stage(ctx, spark)``; :func:`run_stage` does the rest --
-epoch, restore, input plan, checkpoint parts, sink manifests, prepared record::
+A stage is a plain function ``stage(ctx, spark)``; :func:`run_stage` does the rest (epoch, restore, input plan,
+checkpoint parts, sink manifests, prepared record)::
 
     def dedup_orders(ctx: StageContext, spark: SparkSession) -> None:
         new = ctx.source("orders").read()                              # only unconsumed input
         fresh = ctx.key_set("seen_orders").dedup(new, key="order_id")  # keyed state
         ctx.sink("orders_table").write(fresh)                          # attempt staging
 
-    result = run_stage(StageSpec(pipeline="orders", participant="ingest", run_id=run_id,
-                                 attempt=1, stage="my_pkg.stages:dedup_orders", ...))
-
-Run it in-process (``local[*]`` by default) or on any master with :func:`submit_stage`
-(``spark-submit`` through Airflow's ``SparkSubmitHook``, so it lives with the hooks in
-:mod:`airflow_seatunnel_ckpt.hooks.spark_submit`; nothing else here imports Airflow) and the
-driver module :mod:`airflow_seatunnel_ckpt.spark.driver`.
+Run it in-process or on any master with :func:`submit_stage` (Airflow's ``SparkSubmitHook``, in
+:mod:`airflow_seatunnel_ckpt.hooks.spark_submit`; nothing else here imports Airflow).
 """
 
 from typing import TYPE_CHECKING

@@ -1,13 +1,5 @@
-"""What a stage does only on a classic (py4j) SparkSession: the one module that reaches into
-the driver's JVM.
-
-Everything else of the package runs the same on a classic session and through Spark
-Connect, whose client has no JVM (no ``sparkContext``, ``_jsparkSession``, ``_jvm`` or
-``SparkFiles``); the callers import this module only once :func:`is_classic` said the
-session is classic (``session.is_classic``; tests/test_layers.py checks that no other module uses those names).
-Here: the status tracker behind the progress lines, whether an observed metric is in, the
-Python of an in-process session's workers, and the files ``spark-submit`` shipped.
-"""
+"""What a stage does only on a classic (py4j) SparkSession: the one module that reaches into the driver's JVM, imported
+only once :func:`~.session.is_classic` said so (tests/test_layers.py checks no other module does)."""
 
 from __future__ import annotations
 
@@ -88,9 +80,8 @@ class StatusTracker:
         return stages
 
     def _input_records(self) -> dict[int, int]:
-        """Rows the finished tasks of each active Spark stage read (from files or tables, and
-        from the shuffle of earlier stages), from the status store Spark's UI reads (kept
-        without the UI too); empty if this Spark does not expose it."""
+        """Rows the finished tasks of each active Spark stage read (input and shuffle), from the status store Spark's UI
+        reads; empty if this Spark does not expose it."""
         try:
             stages = self.sc._jsc.sc().statusStore().activeStages()
             return {int(s.stageId()): int(s.inputRecords()) + int(s.shuffleReadRecords())

@@ -31,13 +31,8 @@ def _read_only(params: Any) -> Mapping[str, Any]:
 
 
 class AirflowContext(BaseModel):
-    """What the stage may know of the Airflow task that runs it: read-only, JSON-able.
-
-    It travels in the stage spec, so a stage run through ``spark-submit`` sees the same
-    values. It holds no epoch and no try number: the epoch and the attempt are the
-    runtime's business, the stage never manages them. ``logical_date`` and the data
-    interval are ``None`` for a run that has none (e.g. a manual run without a date).
-    """
+    """What the stage may know of the Airflow task that runs it: read-only, JSON-able, carried in the spec (no epoch, no
+    try number: those are the runtime's; dates ``None`` for a run without them)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
@@ -95,12 +90,8 @@ class AirflowContext(BaseModel):
 
 
 class BoundSource:
-    """A source with this epoch's offsets fixed: :meth:`read` returns only new input.
-
-    :param quarantine: the sink that takes the records the source rejects (its
-        ``bad_records`` option); without it, a rejected record fails the epoch.
-    :param epoch: the epoch, named in the source's errors.
-    """
+    """A source with this epoch's offsets fixed: :meth:`read` returns only new input (``quarantine`` takes its rejected
+    records; ``epoch`` is named in its errors)."""
 
     def __init__(self, spark: SparkSession, source: Source, offsets: Mapping[str, Any],
                  quarantine: Sink | None = None, epoch: int | None = None) -> None:
@@ -118,11 +109,8 @@ class BoundSource:
         return self.source.name
 
     def read(self) -> DataFrame:
-        """This epoch's input: what no committed epoch consumed (the same on every retry).
-
-        With a quarantine sink, the records the source rejects are staged into it (one
-        pass over the input) and only the others are returned.
-        """
+        """This epoch's input: what no committed epoch consumed (the same on every retry), the rejected records staged
+        into the quarantine sink if there is one."""
         self.was_read = True
         try:
             if self.quarantine is None or not isinstance(self.source, FileSource):
@@ -137,13 +125,8 @@ class BoundSource:
             raise SourceError(f"epoch {self.epoch}: {exc}") from exc
 
     def _counting(self, data: DataFrame) -> DataFrame:
-        """``data`` with its rows counted by the first Spark action over it (an observed
-        metric of the stage's own job, not another pass).
-
-        Only a file source's: its input is this epoch's new files, read whole. A table
-        source's read is left as it is, because Spark pushes no filter through the counting
-        step and the stage's filters would then no longer prune the table scan.
-        """
+        """``data`` with its rows counted by the first Spark action over it (an observed metric): a file source's only,
+        since Spark pushes no filter through the counting step into a table scan."""
         if not isinstance(self.source, FileSource):
             return data
         from pyspark.sql import Observation
@@ -155,10 +138,8 @@ class BoundSource:
 
     @property
     def rows_kept(self) -> int | None:
-        """Rows this source handed to the stage (quarantined records not included), as
-        counted by the first Spark action over what :meth:`read` returned; the largest
-        count if it was read more than once; None if no action ran over it or the source
-        is not a file source (see :meth:`_counting`)."""
+        """Rows this source handed to the stage (the largest count over its reads), None if no action ran over them or
+        it is not a file source."""
         classic = is_classic(self.spark)
         counts = []
         for observation in self._counted:
@@ -185,15 +166,9 @@ class BoundSource:
 
 
 class StageContext:
-    """The stage function's handle on its epoch.
-
-    ``ctx.source(name).read()`` gives only new input, ``ctx.key_set(name)`` and
-    ``ctx.key_value(name)`` give keyed state restored from the last committed checkpoint,
-    ``ctx.sink(name).write(df)`` stages output. ``ctx.logical_date``,
-    ``ctx.data_interval_start`` / ``ctx.data_interval_end`` and ``ctx.params`` (and
-    ``ctx.airflow`` for the DAG, run and task ids) describe the Airflow run. Everything else (epoch, restore,
-    checkpoint parts, manifests, the prepared record) is the runner's job.
-    """
+    """The stage function's handle on its epoch: ``ctx.source(name).read()``, ``ctx.key_set(name)`` /
+    ``ctx.key_value(name)``, ``ctx.sink(name).write(df)``, and the Airflow run (``ctx.logical_date``,
+    ``ctx.data_interval_start`` / ``_end``, ``ctx.params``, ``ctx.airflow``)."""
 
     def __init__(self, spark: SparkSession, *, pipeline: str, participant: str, run_id: str, epoch: int, attempt: int,
                  restored_epoch: int | None, key_groups: int, sources: Mapping[str, BoundSource],

@@ -1,13 +1,7 @@
-"""Spark schema DDL (``"order_id long, amount double"``) checked without Spark.
+"""Spark schema DDL (``"order_id long, amount double"``) checked without Spark, when the DAG is parsed.
 
-A source's ``schema`` is parsed by Spark only when the stage reads, on the worker; a typo
-there (``"amount dubble"``) would fail the task at run time. :func:`check_schema_ddl`
-reads the same grammar as ``StructType.fromDDL`` -- columns ``name TYPE [NOT NULL]
-[COMMENT '...']``, or the legacy ``name: TYPE`` -- with Spark's type names, decimals,
-``array<>``, ``map<,>``, ``struct<>`` and intervals, and returns the column names. It is
-deliberately lenient where Spark's grammar is wide (column options, collations): it
-refuses a schema only for what Spark would refuse too, an unknown type name or a
-malformed list.
+:func:`check_schema_ddl` reads the grammar of ``StructType.fromDDL`` and returns the column names; it refuses only what
+    Spark would refuse too (an unknown type name, a malformed list).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """A stage as a DAG declares it -- checked when the DAG is parsed, without Spark.
 
-:class:`StageDeclaration` is the typed form of a stage operator's arguments, built in its
-constructor, so a mistake (an unknown option, type or format, a sink no backend can publish
-to, a stage that is not an importable ``"module:function"``, a schema that is not Spark DDL)
-is an import error of the DAG file, not a failed task at 3 a.m. Each source and sink is
-checked through its type's options model (:func:`~airflow_seatunnel_ckpt.core.options.parse`),
-a type without one against its factory's keyword parameters. Templated values are checked
-once rendered (:meth:`StageDeclaration.check` again). Nothing here imports PySpark, opens
-a store or touches the network: it runs on every parse of every DAG file.
+:class:`StageDeclaration` is the typed form of a stage operator's arguments, so a mistake is an import error of the DAG
+    file; each entry is checked through its type's options model (or its factory's parameters), templated values once
+    rendered. Nothing here imports PySpark, opens a store or touches the network.
 """
 
 from __future__ import annotations
@@ -50,11 +45,8 @@ def is_templated(value: Any) -> bool:
 
 
 def stage_import_path(stage: Any, *, where: str, importable: bool) -> str:
-    """The ``"module:function"`` path of ``stage`` (an import path, or the function itself).
-
-    :param importable: the path must import in another process (the ``spark-submit``
-        driver): a lambda, a nested function or a function of a DAG file is refused.
-    """
+    """The ``"module:function"`` path of ``stage`` (an import path, or the function itself); with ``importable`` a
+    lambda, nested function or DAG file's function is refused (the driver is another process)."""
     if isinstance(stage, str):
         if not is_templated(stage) and not STAGE_PATH.match(stage):
             raise ConfigError(f"{where}: stage {stage!r} is not an import path of the form 'package.module:function' "
@@ -163,12 +155,8 @@ def _check_module_defines(stage: str, where: str) -> None:
 
 @dataclass(frozen=True)
 class EntryDeclaration:
-    """One source or sink of a stage: its kind, name, type and options as written.
-
-    ``typed`` is the options checked through the type's model (None when the type has no
-    model, or when a value is templated: the entry is checked again once rendered); the
-    stage spec carries it on, so nothing after the parse reads the options as a dict.
-    """
+    """One source or sink of a stage: its kind, name, type and options as written; ``typed``: checked through the type's
+    model (None without one, or while a value is templated)."""
 
     kind: str
     name: str
@@ -215,11 +203,7 @@ class EntryDeclaration:
 
 @dataclass(frozen=True)
 class StageDeclaration:
-    """A stage's arguments as a DAG declares them, checked (see the module docstring).
-
-    :param stage: the stage's ``"module:function"`` path (derived from the function when
-        the DAG passes the function itself).
-    """
+    """A stage's arguments as a DAG declares them, checked; ``stage`` is the ``"module:function"`` path."""
 
     participant: str
     stage: str
@@ -229,11 +213,8 @@ class StageDeclaration:
     @classmethod
     def check(cls, *, participant: str, stage: str | Callable[..., Any], sources: Any, sinks: Any, importable: bool,
               where: str) -> StageDeclaration:
-        """Check every argument; ConfigError naming ``where``, the entry, what is wrong and the way out.
-
-        :param importable: the stage runs in another process (``spark-submit``).
-        :param where: the task, e.g. ``"DAG 'orders', task 'epoch.ingest'"``.
-        """
+        """Check every argument; ConfigError naming ``where`` (the task), the entry, what is wrong and the way out
+        (``importable``: the stage runs in another process)."""
         path = stage_import_path(stage, where=where, importable=importable)
         entries: dict[str, tuple[EntryDeclaration, ...]] = {}
         for kind, given in (("source", sources), ("sink", sinks)):

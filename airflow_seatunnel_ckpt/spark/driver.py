@@ -4,13 +4,10 @@
 
     spark-submit --master spark://host:7077 --files /private/dir/spec.json \\
         .../airflow_seatunnel_ckpt/spark/driver.py --spec-file spec.json
-    python -m airflow_seatunnel_ckpt.spark.driver --spec-file /path/spec.json
 
-The spec is a :class:`~airflow_seatunnel_ckpt.spark.spec.StageSpec` in JSON, in a file (it
-holds the store's storage options); one not on the driver's host is looked up among the
-files ``spark-submit`` shipped (the working directory, ``SparkFiles``). The outcome is the
-participant's prepared record, and optionally ``--result-file`` (a path or fsspec URL).
-Exit status 0: the participant is prepared for the epoch (by this or an earlier attempt).
+The spec file (a :class:`~airflow_seatunnel_ckpt.spark.spec.StageSpec` in JSON) is looked up on this host, else among
+the files ``spark-submit`` shipped. Exit status 0: the participant is prepared for the epoch; the result also goes to
+``--result-file`` (a path or fsspec URL) if given.
 """
 
 from __future__ import annotations
@@ -54,19 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
     submitted = _under_spark_submit()
-    text = _read_local(args.spec_file)
-    if text is None and submitted:
-        # Shipped with --files: reachable once the application's SparkContext is up.
-        from pyspark.sql import SparkSession
-
-        from airflow_seatunnel_ckpt.spark.classic import shipped_file
-
-        SparkSession.builder.getOrCreate()
-        text = _read_local(shipped_file(os.path.basename(args.spec_file)))
-    if text is None:
+    spec_file = _local_or_shipped(args.spec_file, submitted)
+    if not os.path.isfile(spec_file):
         raise SystemExit(f"spec file {args.spec_file!r} is neither a file on this host nor among the files "
                          "spark-submit shipped (--files); the stage task ships it: re-run the task")
-    spec = StageSpec.from_json(text)
+    with open(spec_file, encoding="utf-8") as fh:
+        spec = StageSpec.from_json(fh.read())
     _use_connections(spec, submitted)
     interval = {} if args.progress_interval is None else {"progress_interval": args.progress_interval}
     if spec.remote is not None:  # through Spark Connect: run_stage opens and releases its session
@@ -90,9 +80,8 @@ def _finish(result: StageResult, result_file: str | None) -> None:
 
 
 def _use_connections(spec: StageSpec, submitted: bool) -> None:
-    """Let the PostgreSQL sources connect through the connections the submitting task resolved
-    (``spec.connections``): each one's conninfo with its password file, found on this host or
-    among the files ``spark-submit`` shipped."""
+    """Let the PostgreSQL sources connect through the connections the submitting task resolved (``spec.connections``),
+    each password file found on this host or among the shipped files."""
     if not spec.connections:
         return
     from psycopg.conninfo import make_conninfo
@@ -104,13 +93,7 @@ def _use_connections(spec: StageSpec, submitted: bool) -> None:
     for conn_id, given in spec.connections.items():
         conninfo, passfile = given.get("conninfo", ""), given.get("passfile")
         if passfile:
-            if not os.path.isfile(passfile) and submitted:
-                from pyspark.sql import SparkSession
-
-                from airflow_seatunnel_ckpt.spark.classic import shipped_file
-
-                SparkSession.builder.getOrCreate()
-                passfile = shipped_file(os.path.basename(passfile))
+            passfile = _local_or_shipped(passfile, submitted)
             if not os.path.isfile(passfile):
                 raise SystemExit(f"the password file of connection {conn_id!r} ({given['passfile']}) is neither a "
                                  "file on this host nor among the files spark-submit shipped (--files); the stage "
@@ -122,13 +105,16 @@ def _use_connections(spec: StageSpec, submitted: bool) -> None:
     register_secret_resolver(connections_resolver(conninfos))
 
 
-def _read_local(path: str) -> str | None:
-    """The text of ``path`` on this host, or None if there is no such file."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        return None
+def _local_or_shipped(path: str, submitted: bool) -> str:
+    """``path`` if it is a file on this host (or not under spark-submit), else where ``--files`` shipped it."""
+    if os.path.isfile(path) or not submitted:
+        return path
+    from pyspark.sql import SparkSession
+
+    from airflow_seatunnel_ckpt.spark.classic import shipped_file
+
+    SparkSession.builder.getOrCreate()  # shipped files are reachable once the application's SparkContext is up
+    return shipped_file(os.path.basename(path))
 
 
 def _under_spark_submit() -> bool:

@@ -1,14 +1,8 @@
-"""A sink's expectations, Spark side: flag, count and route rows in the job that writes them.
+"""A sink's expectations, Spark side: flag, count and route rows in the job that writes them (docs/EXPECTATIONS.md).
 
-:func:`flag` adds each rule's outcome to the DataFrame being written. A sink staging
-Parquet through :mod:`.staged_writer` gets them packed, one bit per failed rule, into one
-small integer column per :data:`RULES_PER_MASK` rules (:meth:`Flagged.writer_options`): its
-tasks count the failures, leave out the rows a ``drop`` or ``quarantine`` rule removes and
-stage the quarantined ones into the sink's quarantine, in the one writing job and pass.
-Any other writer observes the failures (``DataFrame.observe``) and writes
-:attr:`Flagged.kept`; its quarantine is a second job over :attr:`Flagged.quarantined`, read
-from the cache the write filled. Either way the counts come from the writing job itself,
-and a flag being a function of the row, every row is kept or quarantined, exactly once.
+:func:`flag` adds each rule's outcome to the DataFrame: packed into failure masks for :mod:`.staged_writer`
+    (:meth:`Flagged.writer_options`), else observed (``DataFrame.observe``) with the quarantine a second job over the
+    cache the write filled.
 """
 
 from __future__ import annotations
@@ -42,10 +36,8 @@ def mask_of(index: int) -> tuple[str, int]:
 
 
 def check_expressions(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> None:
-    """Refuse a rule whose expression does not parse, names an unknown column or is not boolean.
-
-    Only the plan is analysed (no Spark job runs), so this happens before anything is written.
-    """
+    """Refuse a rule whose expression does not parse, names an unknown column or is not boolean (analysis only, before
+    anything is written)."""
     from pyspark.errors import AnalysisException, ParseException
     from pyspark.sql import functions as F
     from pyspark.sql.types import BooleanType, NullType
@@ -109,12 +101,8 @@ class Flagged:
         return self.flagged.where(bad).select(*[F.col(f"`{c}`") for c in self.columns], broke.alias(FAILED_COLUMN))
 
     def writer_options(self) -> dict[str, str]:
-        """The options with which :mod:`.staged_writer`, writing :attr:`flagged`, applies the
-        rules itself (one job, one pass): counts each rule's failures, leaves out the rows a
-        ``drop`` or ``quarantine`` rule removes and stages the quarantined ones (given a
-        ``quarantine_path``). Only the failure masks travel to the writer, which names a
-        quarantined row's broken rules itself (an array column per row would cost more than
-        the write, a boolean per rule more than one mask)."""
+        """The options with which :mod:`.staged_writer`, writing :attr:`flagged`, applies the rules itself in the one
+        writing pass; only the masks travel (it names a quarantined row's broken rules itself)."""
         import json
 
         rules = [[*mask_of(i), r.name, r.on_fail] for i, r in enumerate(self.rules)]
@@ -139,15 +127,9 @@ class Flagged:
 
 @contextlib.contextmanager
 def _errors_as_null(spark: SparkSession) -> Iterator[None]:
-    """Rules parsed and analysed inside evaluate without ANSI errors: an invalid cast, a
-    division by zero or an index out of range is NULL in that row, so the row fails the rule.
-
-    ANSI mode (Spark 4's default) would raise it from the task on every attempt. An
-    expression takes its mode from ``spark.sql.ansi.enabled`` when it is built, so the
-    setting is off only while the rules are built, then restored: the stage's own
-    expressions keep the session's mode. (``TryEval`` around each rule would not do:
-    whole-stage code generation hoists a shared subexpression out of it.)
-    """
+    """Rules built without ANSI errors, so an invalid cast or division by zero is NULL and the row fails the rule; the
+    setting is read when an expression is built, so it is off only while the rules are (``TryEval`` would not do: code
+    generation hoists shared subexpressions out of it)."""
     conf = spark.conf
     previous = conf.get(ANSI, None)
     conf.set(ANSI, "false")
@@ -161,14 +143,11 @@ def _errors_as_null(spark: SparkSession) -> Iterator[None]:
 
 
 def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, by_writer: bool = False) -> Flagged:
-    """Check the rules' expressions on ``df``, then flag every rule.
+    """Check the rules' expressions on ``df``, then flag every rule (one that cannot be evaluated on a row is NULL
+    there: the row fails it).
 
-    A rule that cannot be evaluated on a row at run time (e.g. ``CAST(code AS INT) > 0`` of
-    the text ``'abc'``) is NULL there, so the row fails it (:func:`_errors_as_null`).
-
-    :param by_writer: the staged writer applies the rules (:meth:`Flagged.writer_options`);
-        otherwise every rule is observed, and with a ``quarantine`` rule the flagged rows are
-        cached for the second job that writes the quarantine.
+    :param by_writer: the staged writer applies the rules; otherwise every rule is observed, and a ``quarantine`` rule's
+        flagged rows are cached for the second job.
     """
     if FAILED_COLUMN in df.columns:
         raise ConfigError(f"sink {sink!r}: column {FAILED_COLUMN!r} is reserved for the quarantine's rule names; "
@@ -209,15 +188,11 @@ def _observed(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Flagg
 
 
 def _with_masks(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> DataFrame:
-    """``df`` with the staged writer's failure masks (:func:`mask_of`), checked and built in
-    one analysis.
+    """``df`` with the staged writer's failure masks (:func:`mask_of`), checked and built in one analysis.
 
-    Each rule is first parsed alone, as written (``selectExpr``); the masks are then one SQL
-    expression each, whose ``CASE WHEN (<rule>)`` the analyser accepts only for a boolean
-    rule: valid rules cost two analyses (asking for the schema analyses the plan on a classic
-    session and through Connect alike). Whatever the analyser refuses goes through
-    :func:`check_expressions`, which names the wrong rule; a rule typed NULL, the one refusal
-    it lets pass, gets the masks with each rule cast to boolean.
+    Each rule is parsed alone (``selectExpr``); the masks' ``CASE WHEN (<rule>)`` accepts only a boolean rule. What the
+    analyser refuses goes through :func:`check_expressions` to name the rule; a rule typed NULL gets the masks with each
+    rule cast to boolean.
     """
     from pyspark.errors import AnalysisException, ParseException
 

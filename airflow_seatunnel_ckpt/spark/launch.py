@@ -2,19 +2,11 @@
 
     python -m airflow_seatunnel_ckpt.spark.launch --plan <workdir>/plan.json
 
-Started in a session of its own (:func:`launch_detached`), so the task may defer, be
-cleared or die. It holds the participant's lease while ``spark-submit`` runs, writes its
-output to the log the submission record names, stops it and its process group (SIGTERM,
-then SIGKILL after :data:`STOP_GRACE_S`) when a cancel is requested or the epoch is
-decided before the participant prepared, and when it exits writes the attempt's exit
-record (so an exit record means nothing of the attempt runs any more), then removes its
-working directory (the spec holds the store's credentials). SIGTERM is passed on to
-``spark-submit``; the exit record is still written. The plan is JSON; nothing read is
-executed but the command the task built.
-
-A deferred Spark Connect stage runs the same way with the driver module for command (no
-``spark-submit``, no JVM); a driver that was stopped or failed has its Connect session
-released -- which ends what it left running on the server -- before the exit record.
+Started in a session of its own (:func:`launch_detached`), it holds the participant's lease while the command runs,
+stops its process group when a cancel is requested or the epoch is decided without it, writes the attempt's exit record
+when it ends (then nothing of the attempt runs any more) and removes its working directory (the spec holds credentials).
+A deferred Spark Connect stage runs the driver module the same way; its session is released when it failed or was
+stopped.
 """
 
 from __future__ import annotations
@@ -76,12 +68,8 @@ def log_path(name: str) -> Path:
 
 def launch_detached(*, workdir: Path, spec_file: Path, epoch: int, command: Sequence[str],
                     env: Mapping[str, str], log: Path, cwd: str | None = None) -> Launch:
-    """Start the launcher for ``command`` in a new session and return at once.
-
-    :param workdir: private directory holding ``spec_file``; the launcher removes it.
-    :param env: variables added to this process's environment for ``spark-submit``.
-    :param cwd: working directory of ``spark-submit`` (default: ``workdir``).
-    """
+    """Start the launcher for ``command`` in a new session and return at once (``workdir`` holds ``spec_file`` and is
+    removed by the launcher; ``env`` is added for the command; ``cwd`` defaults to ``workdir``)."""
     plan = {"command": list(command), "env": dict(env), "log": str(log), "spec_file": str(spec_file),
             "epoch": int(epoch), "workdir": str(workdir), "cwd": cwd or str(workdir)}
     plan_file = workdir / "plan.json"
@@ -143,12 +131,8 @@ def _load_plan(path: str) -> dict[str, Any]:
 
 
 def end_process_group(grace_s: float) -> None:
-    """SIGTERM every other process of this launcher's process group, and SIGKILL what still
-    runs after ``grace_s``: ``spark-submit`` and whatever it started.
-
-    Only as the leader of its own session, which :func:`launch_detached` makes the launcher;
-    anywhere else the group is someone else's and nothing is signalled.
-    """
+    """SIGTERM every other process of this launcher's process group (``spark-submit`` and what it started), SIGKILL what
+    runs after ``grace_s``; only as the leader of its own session (else nothing is signalled)."""
     import psutil
 
     me = os.getpid()

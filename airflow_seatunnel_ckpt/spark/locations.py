@@ -1,8 +1,5 @@
-"""fsspec URLs (what the store and the user speak) versus Hadoop paths (what Spark reads).
-
-Most schemes are the same on both sides (``file://``, ``hdfs://``, ``gs://``, ``abfs://``);
-S3 is the exception: fsspec's ``s3://`` is Hadoop's ``s3a://`` connector.
-"""
+"""fsspec URLs (what the store and the user speak) versus Hadoop paths (what Spark reads): S3 is the exception, fsspec's
+``s3://`` is Hadoop's ``s3a://``."""
 
 from __future__ import annotations
 
@@ -17,10 +14,8 @@ _PROCESS_LOCAL = {"memory"}
 
 
 def hadoop_path(url: str) -> str:
-    """The Hadoop path Spark should be given for the fsspec URL ``url``.
-
-    A bare local path becomes ``file://<absolute path>``.
-    """
+    """The Hadoop path Spark should be given for the fsspec URL ``url`` (a bare local path becomes ``file://<absolute
+    path>``)."""
     if "://" not in url:
         return "file://" + os.path.abspath(url)
     scheme, rest = url.split("://", 1)

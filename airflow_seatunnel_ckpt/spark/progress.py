@@ -1,13 +1,5 @@
-"""What a running stage shows in its task log: Spark's progress while it runs, and the
-rows read, kept and quarantined per source and written per sink once it ran.
-
-A stage can run for minutes without a line of its own; :class:`StageProgress` logs the
-tasks of the active Spark stages every few seconds, only when something changed: from the
-driver's status tracker on a classic session, from the progress Spark Connect streams with
-each operation otherwise. :func:`log_row_counts` logs the counts the runtime already has: the rows each
-source handed to the stage (:attr:`BoundSource.rows_kept`), each quarantine sink's rows,
-each sink's rows.
-"""
+"""What a running stage shows in its task log: Spark's progress while it runs (:class:`StageProgress`), and the rows
+read, kept and quarantined per source and written per sink once it ran (:func:`log_row_counts`)."""
 
 from __future__ import annotations
 
@@ -35,18 +27,12 @@ DEFAULT_INTERVAL_S = 10.0
 
 
 class StageProgress:
-    """Log the progress of the Spark jobs a stage runs.
-
-    A context manager around the stage's Spark work, in the thread that runs it::
+    """Log the progress of the Spark jobs a stage runs, around its Spark work in the calling thread::
 
         pipeline orders epoch 7: ingest running: Spark stage 3: 5/8 tasks done, 120000 rows read
 
-    On a classic session a daemon thread polls the status tracker for the jobs tagged by
-    the calling thread (only this stage's); through Spark Connect the server streams each
-    operation's progress to its client (``registerProgressHandler``), bytes read, not rows.
-
-    :param label: what the line starts with (pipeline, epoch, participant).
-    :param interval: seconds between two lines at most; a line is logged only when something changed.
+    A classic session's status tracker is polled for the jobs the thread tagged; Spark Connect streams each operation's
+    progress (bytes, not rows). A line at most every ``interval`` seconds, only when something changed.
     """
 
     def __init__(self, session: SparkSession, label: str, interval: float = DEFAULT_INTERVAL_S) -> None:
@@ -91,22 +77,16 @@ class StageProgress:
         self._poller.stop(timeout_s=max(self.interval, 1.0) + 5.0)
 
     def _look(self) -> None:
-        """Log the progress if it changed since the last look."""
+        """Log a classic session's progress if it changed since the last look."""
         try:
-            line = self.describe()
+            self._log(self._tracker.describe(self.tag))
         except Exception as exc:  # progress is a courtesy: never disturb the stage
             log.debug("%s: cannot read Spark's progress: %s", self.label, exc)
-            return
-        self._log(line)
 
     def _log(self, line: str) -> None:
         if line and line != self._last:
             log.info("%s running: %s", self.label, line)
         self._last = line or self._last
-
-    def describe(self) -> str:
-        """The active Spark stages' progress as one phrase ("" when none is active; classic only)."""
-        return self._tracker.describe(self.tag) if self._tracker is not None else ""
 
     def _on_progress(self, stages: Iterable[Any] | None, inflight_tasks: int, operation_id: str | None,
                      done: bool) -> None:
@@ -132,11 +112,8 @@ class StageProgress:
 
 
 def log_row_counts(label: str, sources: Mapping[str, BoundSource], sinks: Mapping[str, Sink]) -> None:
-    """Log, once the stage ran, rows read / kept / quarantined per source and rows per sink.
-
-    A source's quarantined records (its ``<source>.bad_records`` sink) also get a WARNING
-    with their count and where they are published, so they are not only a number.
-    """
+    """Log, once the stage ran, rows read / kept / quarantined per source and rows per sink (quarantined records also as
+    a WARNING naming where they are published)."""
     parts = []
     for name, bound in sources.items():
         if not bound.was_read:

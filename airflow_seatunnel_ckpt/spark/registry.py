@@ -1,14 +1,7 @@
 """Sources and sinks by type: the registries a stage spec's ``sources`` and ``sinks`` entries are built from.
 
-``{"type": "file", ...}`` (the default) reads the files no committed epoch consumed
-(:mod:`.sources.files`) or publishes ``<target>/epoch=<e>/`` directories (:mod:`.sinks.files`).
-``"iceberg"`` and ``"delta"`` read the data files appended to a table since the last
-committed epoch, ``"pipeline_output"`` another pipeline's committed file-sink epochs
-(:mod:`.sources.tables`), ``"kafka"`` the records produced since the last committed epoch
-(:mod:`.sources.kafka`). ``"iceberg"``, ``"delta"`` and ``"postgres"`` sinks commit each
-epoch into a table (:mod:`.sinks.tables`). The connectors are imported when a spec first
-builds one (:class:`~airflow_seatunnel_ckpt.core.registry.Registry`): checking a DAG's
-entries needs only their options models.
+Each connector is imported when a spec first builds one (:class:`~airflow_seatunnel_ckpt.core.registry.Registry`):
+checking a DAG's entries needs only their options models.
 """
 
 from __future__ import annotations
@@ -34,13 +27,8 @@ _SPARK = "airflow_seatunnel_ckpt.spark"
 
 
 class ConnectorRegistry(Registry[Callable[..., T]]):
-    """Builds ``{"type": name, **options}`` entries of a stage spec as ``factory(name, **options)``.
-
-    A type's options are checked through its options model when it has one
-    (:meth:`~airflow_seatunnel_ckpt.core.registry.Registry.options_model`), else against its
-    factory's keyword parameters, so a type added with :meth:`register` is checked like a
-    built-in one.
-    """
+    """Builds ``{"type": name, **options}`` entries of a stage spec as ``factory(name, **options)``, checked through
+    the type's options model, else against its factory's keyword parameters."""
 
     def __init__(self, kind: str, builtin: Mapping[str, str], *, extras: Mapping[str, str], options: str) -> None:
         super().__init__(kind, builtin, extras=extras, options=options, unknown=self._unknown_type)
@@ -50,11 +38,6 @@ class ConnectorRegistry(Registry[Callable[..., T]]):
                 f"register_{self.kind}({type_name!r}, factory) in a module that the DAG file imports, so that it "
                 "is known when the DAG is parsed")
 
-    @property
-    def types(self) -> list[str]:
-        """The registered type names, sorted."""
-        return self.names
-
     def factory(self, name: str, type_name: str) -> Callable[..., T]:
         """The factory of ``type_name``; ConfigError naming the entry, the known types and the way out."""
         try:
@@ -63,14 +46,10 @@ class ConnectorRegistry(Registry[Callable[..., T]]):
             raise ConfigError(f"{self.kind} {name!r}: {exc}") from exc
 
     def check(self, name: str, options: Mapping[str, Any], unchecked: Collection[str] = ()) -> Options | None:
-        """The entry ``name``'s options checked: its typed options, or None (a type without a model,
-        or values left ``unchecked``).
-
-        ConfigError for an unknown type, an unknown option (with the nearest valid name), a
-        missing one, or (with a model) a wrong value. A value in ``unchecked`` (a template,
-        rendered only at run time) is checked when the entry is checked again without it.
-        Only the model is imported; a type without one is checked against its factory's
-        keyword parameters, and a built-in one is built (its constructor does no I/O).
+        """The entry ``name``'s options checked: its typed options, or None (a type without a model, or values
+        left ``unchecked``: templates, checked again once rendered); ConfigError for an unknown type or option (with
+        the nearest valid name), a missing one or a wrong value. A type without a model is checked against its
+        factory's parameters (a built-in one is built: its constructor does no I/O).
         """
         type_name = options.get("type", "file")
         model = self.options_model(type_name) if type_name in self else None
@@ -147,28 +126,13 @@ REGISTRIES: dict[str, ConnectorRegistry[Any]] = {"source": SOURCES, "sink": SINK
 
 
 def register_source(type_name: str, factory: Callable[..., Source], options: type[Options] | None = None) -> None:
-    """Make ``{"type": type_name, ...}`` in a stage spec build a source as ``factory(name, **options)``.
-
-    :param options: the type's options model (checked when the DAG is parsed); without it
-        the options are checked against ``factory``'s keyword parameters.
-    """
+    """Make ``{"type": type_name, ...}`` in a stage spec build a source as ``factory(name, **options)``, its options
+    checked by the ``options`` model (else against ``factory``'s keyword parameters) when the DAG is parsed."""
     SOURCES.register(type_name, factory, options)
 
 
-def source_from_options(name: str, options: Mapping[str, Any] | Options) -> Source:
-    """Build the source a stage spec describes."""
-    return SOURCES.build(name, options)
-
-
 def register_sink(type_name: str, factory: Callable[..., Sink], options: type[Options] | None = None) -> None:
-    """Make ``{"type": type_name, ...}`` in a stage spec build a sink as ``factory(name, **options)``.
-
-    :param options: the type's options model (checked when the DAG is parsed); without it
-        the options are checked against ``factory``'s keyword parameters.
-    """
+    """Make ``{"type": type_name, ...}`` in a stage spec build a sink as ``factory(name, **options)``, its options
+    checked by the ``options`` model (else against ``factory``'s keyword parameters) when the DAG is parsed."""
     SINKS.register(type_name, factory, options)
 
-
-def sink_from_options(name: str, options: Mapping[str, Any] | Options) -> Sink:
-    """Build the sink a stage spec describes."""
-    return SINKS.build(name, options)

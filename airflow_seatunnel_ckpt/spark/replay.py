@@ -1,12 +1,8 @@
 """Run a replay's epochs again on Spark: each with the input it pinned, in order, from the restored state.
 
-:func:`replay_stage` is the stage runtime's half of :mod:`core.ops.replay` (which checks,
-records and commits the replay): it rolls forward a replay a crash left decided (any other
-unsettled epoch refuses it), plans the epochs and the state before them, begins the replay
-epoch, runs the stage (:func:`runner.execute_stage`) for each replayed epoch, oldest first,
-with that epoch's pinned input and the state the previous one left (output staged below
-``replayed-<epoch>/``), then prepares, decides and commits the replay epoch. Its lease is
-held throughout: recovery sees it running, and aborts it once this process is gone.
+:func:`replay_stage` is the stage runtime's half of :mod:`core.ops.replay` (which checks, records and commits the
+    replay): it runs :func:`runner.execute_stage` per replayed epoch (output staged below ``replayed-<epoch>/``) under
+    the replay epoch's lease, then prepares, decides and commits the replay epoch (docs/REPLAY.md).
 """
 
 from __future__ import annotations
@@ -35,7 +31,7 @@ from airflow_seatunnel_ckpt.core.ops.replay import (
 from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder, liveness, read_lease
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
-from airflow_seatunnel_ckpt.spark.registry import source_from_options
+from airflow_seatunnel_ckpt.spark.registry import SOURCES
 from airflow_seatunnel_ckpt.spark.runner import (
     StageFunction,
     _record_state_shapes,
@@ -87,24 +83,15 @@ def replay_stage(spec: StageSpec, from_epoch: int, to_epoch: int | None = None, 
                  stage_fn: StageFunction | None = None, details: Mapping[str, Any] | None = None,
                  on_connect: Callable[[tuple[ConnectAttempt, SparkSession] | None], None] | None = None
                  ) -> ReplayResult:
-    """Replay epochs ``from_epoch..to_epoch`` of ``spec``'s pipeline with ``spec``'s stage (see the module docs).
+    """Replay epochs ``from_epoch..to_epoch`` of ``spec``'s pipeline with ``spec``'s stage as it runs now.
 
-    ``spec`` is the stage as it runs now (its ``run_id`` is not used): its code, sources
-    and sinks; its ``attempt`` is the try that makes the replay (a task's try number).
-    ``to_epoch`` defaults to the newest committed epoch; a full refresh is
-    ``from_epoch=1``. ``force`` replaces a table's epochs even after another writer
-    committed to it (that writer's changes to those epochs' rows are lost).
-    ``details`` (plain values, e.g. the DAG version) join the replay's action record.
+    ``spec.attempt`` is the try that makes the replay; ``to_epoch`` defaults to the newest committed epoch
+    (``from_epoch=1``: a full refresh); ``force`` replaces a table's epochs even after another writer committed to it;
+    ``details`` join the replay's action record. Through Spark Connect (``spec.remote``, no ``spark``) it runs on the
+    server session of :func:`replay_attempt`, told to ``on_connect`` while it runs (for a task's ``on_kill``), after
+    :func:`release_killed_replays`.
 
-    Through Spark Connect (``spec.remote``, no ``spark`` given) the replay runs on a server
-    session of the replay epoch and try (:func:`replay_attempt`), opened once the replay's
-    lease records that try, and released when it ends; ``on_connect`` is told that attempt
-    and session while they run (None after), for a caller that interrupts them from another
-    thread (a task's ``on_kill``). First, the sessions of earlier replays whose maker is
-    gone are released and those replays aborted (:func:`release_killed_replays`).
-
-    :raises ReplayError: the replay cannot run (nothing was changed), or its decision
-        refused it (the replay epoch is aborted).
+    :raises ReplayError: the replay cannot run (nothing was changed), or its decision refused it (aborted).
     """
     config = CheckpointConfig.from_mapping(spec.store)
     pipeline = CheckpointStore(config).pipeline(spec.pipeline)
@@ -175,17 +162,12 @@ def replay_attempt(spec: StageSpec, epoch: int, attempt: int) -> ConnectAttempt:
 
 
 def release_killed_replays(pipeline: Pipeline, spec: StageSpec, by: str) -> None:
-    """Release the Connect session of every unsettled replay epoch whose maker is gone, and abort it (unless
-    decided: a decided one is rolled forward by :func:`resume_replay`).
+    """Release the Connect session of every unsettled replay epoch whose maker is gone, and abort it (a decided one is
+    rolled forward by :func:`resume_replay`).
 
-    Gone: an earlier try of the task that runs ``spec`` (Airflow runs one try of a task at
-    a time: a new try means the old one's process was killed or lost; not so for ``airflow
-    tasks test``, :data:`~.spec.UNSCHEDULED_ATTEMPT`, which runs beside the scheduled tries),
-    or a maker whose lease expired. Its server session -- named by the epoch and the try its lease records --
-    is released, which ends its jobs on the server (a killed client leaves them running,
-    holding the server's slots), before its staging is removed. A replay still running
-    elsewhere is left alone: :func:`resume_replay` refuses this one, naming it. Best effort
-    on the server: a session it no longer knows runs nothing.
+    Gone: an earlier try of the task (Airflow runs one try at a time; not so :data:`~.spec.UNSCHEDULED_ATTEMPT`), or an
+    expired lease. The release ends its jobs on the server before its staging is removed; a replay still running
+    elsewhere is left alone (:func:`resume_replay` refuses this one).
     """
     mine = _try_of(spec)
     for status in pipeline.list_epochs():
@@ -224,7 +206,7 @@ def _verify_inputs(pipeline: Pipeline, spec: StageSpec, plan: ReplayPlan) -> Non
     """Refuse the replay, before anything is written, unless every replayed epoch's pinned input
     is still all there: a replay with less input would replace committed rows with fewer rows,
     whatever a source's options allow a normal epoch to skip."""
-    sources = {name: source_from_options(name, opts) for name, opts in spec.sources.items()}
+    sources = {name: SOURCES.build(name, opts) for name, opts in spec.sources.items()}
     for replayed in plan.epochs:
         for name, offsets in plan.inputs[replayed].items():
             if name not in sources or not offsets:

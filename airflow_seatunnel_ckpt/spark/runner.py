@@ -25,7 +25,7 @@ from airflow_seatunnel_ckpt.core.store import CheckpointStore
 from airflow_seatunnel_ckpt.spark.context import AirflowContext, BoundSource, StageContext
 from airflow_seatunnel_ckpt.spark.declaration import STAGE_PATH
 from airflow_seatunnel_ckpt.spark.progress import DEFAULT_INTERVAL_S, StageProgress, log_row_counts
-from airflow_seatunnel_ckpt.spark.registry import sink_from_options, source_from_options
+from airflow_seatunnel_ckpt.spark.registry import SINKS, SOURCES
 from airflow_seatunnel_ckpt.spark.session import remote_session, stage_session
 from airflow_seatunnel_ckpt.spark.sinks.files import Sink
 from airflow_seatunnel_ckpt.spark.sources.base import Source, SourceError
@@ -169,7 +169,7 @@ def execute_stage(spec: StageSpec, session: SparkSession, fn: StageFunction, pip
                   progress_interval: float = DEFAULT_INTERVAL_S) -> StageRun:
     """Read ``plan``'s input, run ``fn`` from ``base``'s state, stage each sink at ``staged_at(sink)`` and collect the
     manifests and keyed state's parts (the caller prepares); also what a replay runs per epoch."""
-    sources = {name: source_from_options(name, opts) for name, opts in spec.sources.items()}
+    sources = {name: SOURCES.build(name, opts) for name, opts in spec.sources.items()}
     try:
         offsets = plan(sources)
     except SourceError as exc:  # a missing directory, a changed consumed file
@@ -264,7 +264,7 @@ def _first_pinned_plan(pipeline: Pipeline, participant: str, source: str, before
 
 def _bound_sink(pipeline: Pipeline, name: str, options: Any, staged_at: Callable[[str], str]) -> Sink:
     """The sink ``name`` of ``options``, staging into the attempt's staging of it."""
-    sink = sink_from_options(name, options)
+    sink = SINKS.build(name, options)
     sink.bind(pipeline.storage.url_of(staged_at(name)), pipeline.storage.storage_options)
     return sink
 

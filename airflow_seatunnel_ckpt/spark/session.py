@@ -1,8 +1,6 @@
-"""The SparkSession a stage runs in: in-process ``local[*]`` by default, the one
-``spark-submit`` started for the driver module, or a Spark Connect session to the spec's
-``remote`` server (:class:`ConnectAttempt`: a stage attempt's or a replay's, named so that
-another process can stop it); and what the package's tasks do first in each Python worker
-of that session."""
+"""The SparkSession a stage runs in: in-process ``local[*]`` by default, the one ``spark-submit`` started, or a Spark
+Connect session to the spec's ``remote`` (:class:`ConnectAttempt`); and what the package's tasks do first in each Python
+worker."""
 
 from __future__ import annotations
 
@@ -38,12 +36,9 @@ LOG4J_PROFILE = "log4j2-stage.properties"
 def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
     """The session for ``spec``: the running one of this process if any, else a new one.
 
-    The spec's ``spark_conf`` is passed to the builder untouched. Two things are only
-    defaulted when the user did not set them: the master (``local[*]``, and never under
-    ``spark-submit``, whose ``--master`` wins) and the Python of the executors (this
-    interpreter, which has pyarrow and this package installed); a local-mode session
-    also listens on 127.0.0.1 only and its JVM logs warnings to standard output (see
-    ``log4j2-stage.properties``), unless spark_conf sets a log4j2 configuration itself.
+    ``spark_conf`` is passed untouched; only when it does not say so are the master (``local[*]``, never under
+    ``spark-submit``) and the executors' Python (this interpreter) set, and a local-mode session listens on 127.0.0.1
+    and logs WARN to standard output (``log4j2-stage.properties``).
     """
     from pyspark.sql import SparkSession
 
@@ -108,12 +103,8 @@ CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
 def remote_session(spec: StageSpec) -> Iterator[SparkSession]:
     """A Spark Connect session to ``spec.remote`` for one run of the stage, released after it.
 
-    The spec's ``spark_conf`` is set on the session where the server lets a client set it
-    (SQL settings; static ones such as the master are the server's). The package's code
-    goes to the server as an artifact of the session, so the Python workers and the Python
-    data sources run the same code as this client. PySpark's Connect switch
-    (:data:`CONNECT_MODE`) is on while the session is, and as it was afterwards: a process
-    may run classic stages before or after.
+    ``spark_conf`` is set where the server lets a client set it; the package goes to the server as an artifact, so its
+    workers run this client's code. PySpark's :data:`CONNECT_MODE` is on while the session is, as it was afterwards.
     """
     from pyspark.sql.connect.session import SparkSession as ConnectSession
 
@@ -148,12 +139,9 @@ def remote_session(spec: StageSpec) -> Iterator[SparkSession]:
 class ConnectAttempt:
     """One attempt's Spark Connect session on the server: its session id and its operations' tag.
 
-    Both are derived from the attempt (store, pipeline, epoch, participant, attempt), so any
-    process that knows the attempt -- its task's ``on_kill``, a later try on another worker --
-    reaches the same server session and interrupts the attempt's operations by their tag,
-    without anything of the process that started them. A stage's attempt is its attempt of
-    the epoch (``hooks.stage_submit``); a replay's is the try that makes the replay epoch
-    (:mod:`.replay`).
+    Both are derived from the attempt (store, pipeline, epoch, participant, attempt), so any process that knows it (its
+    task's ``on_kill``, a later try) reaches the same server session and interrupts its operations by tag; a stage's
+    attempt is its attempt of the epoch, a replay's the try that makes the replay epoch.
     """
 
     remote: str
@@ -179,8 +167,8 @@ class ConnectAttempt:
 
     @contextlib.contextmanager
     def session(self, spec: StageSpec) -> Iterator[SparkSession]:
-        """The attempt's Connect session for ``spec`` (:func:`remote_session`, released when the
-        block ends), with the attempt's tag on this thread's operations."""
+        """The attempt's Connect session for ``spec`` (:func:`remote_session`), with the attempt's tag on this thread's
+        operations."""
         with remote_session(spec.replace(remote=self.url)) as session:
             session.addTag(self.tag)
             yield session
@@ -188,12 +176,9 @@ class ConnectAttempt:
     def interrupt(self, session: SparkSession | None = None, *, release: bool = False) -> list[str]:
         """Interrupt the attempt's running operations on the server; the ids of those interrupted.
 
-        With ``session`` (the attempt's own, in this process) through it; else through a new
-        client of the same server session, which then also releases that session when
-        ``release`` is set (the attempt's own client is gone: nothing else will). The release
-        is what ends every operation of the session on the server -- also one a thread of the
-        client started without the tag (tags are per thread) -- so it is made even when the
-        interrupt failed (a busy server, a lost answer), whose error is raised after it.
+        Through ``session`` if given, else through a new client of the server session, which with ``release`` also
+        releases it (that ends every operation of the session, also untagged ones; made even when the interrupt failed,
+        whose error is raised after it).
         """
         if session is not None:
             return list(session.interruptTag(self.tag))
@@ -228,14 +213,8 @@ _frozen_with_modules = 0
 
 
 def freeze_loaded_heap() -> None:
-    """Leave what this process has loaded out of Python's cyclic garbage collector
-    (:func:`gc.freeze`), again only when a module was imported since the last call.
-
-    A full collection walks every object the loaded modules hold. Frozen objects are still
-    freed when their last reference goes; only reference cycles among them are never
-    collected. What is frozen is what the modules hold, plus whatever was alive at the
-    few calls that followed an import.
-    """
+    """Leave what this process has loaded out of the cyclic garbage collector (:func:`gc.freeze`), again only when a
+    module was imported since the last call (frozen objects are still freed by reference count)."""
     import gc
 
     global _frozen_with_modules
@@ -245,14 +224,9 @@ def freeze_loaded_heap() -> None:
 
 
 def freeze_worker_heap() -> None:
-    """:func:`freeze_loaded_heap` inside a Spark task only; each task of this package calls it first.
-
-    PySpark reuses a Python worker for task after task and runs a full ``gc.collect()``
-    after each one. In a worker that has imported pyarrow, pandas and this package, that
-    collection walks some 100,000 long-lived objects: 20-50 ms of CPU after every task,
-    more than a task of a small epoch does itself (bench/README.md, "Python workers").
-    The objects of the tasks that follow are collected as before.
-    """
+    """:func:`freeze_loaded_heap` inside a Spark task only; each task of this package calls it first (a reused worker's
+        full collection after each task walked some 100,000 long-lived objects: 20-50 ms, bench/README.md "Python
+        workers")."""
     from pyspark import TaskContext
 
     if TaskContext.get() is not None:

@@ -1,10 +1,5 @@
-"""What a stage run is given (:class:`StageSpec`) and what it hands back (:class:`StageResult`).
-
-Both are pydantic models with a JSON form, because the same spec travels from an Airflow
-task to an in-process run or, through ``spark-submit``, to the driver module of this
-package on any cluster. A spec refuses what does not fit with a ConfigError naming the
-field (unknown fields too).
-"""
+"""What a stage run is given (:class:`StageSpec`) and what it hands back (:class:`StageResult`): pydantic models with a
+JSON form, since a spec travels from an Airflow task to an in-process run or a ``spark-submit`` driver."""
 
 from __future__ import annotations
 
@@ -55,11 +50,8 @@ def _key_groups(value: Any) -> int:
 
 
 def _entries(kind: str) -> AfterValidator:
-    """Entries of ``kind``: safe names -> options (typed, or a mapping for a type without a model).
-
-    A spec read from JSON (a ``spark-submit`` driver's) holds mappings: the connector built
-    from one checks it through the same options model.
-    """
+    """Entries of ``kind``: safe names -> options (typed, or a mapping: a JSON spec's, checked by the connector through
+    the same model)."""
     def check(entries: Any) -> dict[str, Options | Mapping[str, Any]]:
         if not isinstance(entries, Mapping):
             raise ConfigError(f"stage spec: {kind}s must be a mapping of {kind} name -> options, got {entries!r}")
@@ -95,32 +87,22 @@ UNSCHEDULED_ATTEMPT = 1_000_000
 
 
 class StageSpec(BaseModel):
-    """Everything one run of a stage needs, as JSON-serialisable data.
+    """Everything one run of a stage needs, as JSON-serialisable data (a ConfigError names a wrong field).
 
-    :param pipeline: pipeline name in the checkpoint store.
-    :param participant: this stage's name in the epoch's two-phase commit.
     :param run_id: the DAG run id; it fixes the epoch (the same for every retry).
     :param attempt: the attempt number (Airflow's try number); names staging and parts.
     :param stage: the user function as an import path, ``"package.module:function"``.
-    :param sources: source name -> options, e.g. ``{"type": "file", "path": ..., "format": ...}``,
-        or the typed options a DAG's declaration checked (:class:`~airflow_seatunnel_ckpt.core.options.Options`).
-    :param sinks: sink name -> options, e.g. ``{"type": "file", "path": ..., "format": "parquet"}``, or typed.
+    :param sources: source name -> options (a mapping, or the typed options a DAG's declaration checked); so ``sinks``.
     :param store: :class:`~airflow_seatunnel_ckpt.core.CheckpointConfig` fields.
     :param key_groups: number of key groups of the keyed state (fixed for the pipeline).
-    :param spark_conf: Spark configuration, passed to the session untouched.
-    :param master: Spark master for an in-process session (default ``local[*]``); ignored
-        when the session already exists (e.g. under ``spark-submit``).
-    :param remote: a Spark Connect URL (``sc://host:port/;...``): the stage runs through a
-        Connect session to that server instead of a session of this process (no JVM here).
-    :param app_name: Spark application name (default: ``<pipeline>-<participant>``).
-    :param airflow_context: the Airflow run the stage belongs to, as JSON data (see
-        :class:`~airflow_seatunnel_ckpt.spark.context.AirflowContext`); empty outside Airflow.
-    :param dry_run: a run whose epoch is aborted afterwards (``airflow tasks test``): it
-        records nothing in the pipeline's descriptor (the shapes of its keyed states).
-    :param connections: the Airflow connections of the PostgreSQL sources, resolved by the task
-        for a driver outside its process (``spark-submit``, a detached Connect driver): connection
-        id -> ``{"conninfo": <without the password>, "passfile": <a libpq password file beside
-        the spec>}`` (:func:`~airflow_seatunnel_ckpt.hooks.postgres_connection.driver_connections`).
+    :param master: Spark master of a new in-process session (default ``local[*]``).
+    :param remote: a Spark Connect URL (``sc://host:port/;...``): run through a Connect session to that server.
+    :param airflow_context: the Airflow run, as JSON data
+        (:class:`~airflow_seatunnel_ckpt.spark.context.AirflowContext`).
+    :param dry_run: a run whose epoch is aborted afterwards (``airflow tasks test``): nothing goes into the descriptor.
+    :param connections: the PostgreSQL sources' Airflow connections resolved for a driver outside the task: id ->
+        ``{"conninfo": <without the password>, "passfile": <beside the spec>}``
+        (:func:`~airflow_seatunnel_ckpt.hooks.postgres_connection.driver_connections`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
@@ -183,13 +165,8 @@ class StageSpec(BaseModel):
 
 @dataclass(config=RECORD)
 class StageResult(Record):
-    """What a stage run prepared (or found already prepared by an earlier attempt).
-
-    :param reused: True when an earlier attempt had already prepared this participant
-        for the epoch and nothing was run again.
-    :param checkpoint_bytes: bytes of checkpoint parts written by the winning attempt
-        (new parts only; unchanged key groups referenced from older checkpoints count 0).
-    """
+    """What a stage run prepared (or found already prepared: ``reused``); ``checkpoint_bytes`` counts the parts the
+    winning attempt wrote (not the unchanged ones referenced)."""
 
     pipeline: str
     participant: str

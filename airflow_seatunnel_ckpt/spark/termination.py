@@ -1,8 +1,5 @@
-"""What a stage task does once Airflow terminated it (SIGTERM): Spark stopped, py4j kept quiet, one clear error.
-
-Used by :meth:`StageSubmitHook.on_kill <airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook.on_kill>`
-for a stage run in-process.
-"""
+"""What a stage task does once Airflow terminated it (SIGTERM): Spark stopped, py4j kept quiet, one clear error (used by
+``StageSubmitHook.on_kill`` for a stage run in-process)."""
 
 from __future__ import annotations
 
@@ -16,12 +13,8 @@ _log = logging.getLogger(__name__)
 
 
 class StageTerminatedError(RuntimeError):
-    """The stage task was terminated (SIGTERM) while its in-process Spark work ran.
-
-    Raised in place of whatever the interrupted Spark call raised once ``on_kill`` had
-    stopped the session (a cancelled job, a JVM gone under a py4j call): those are
-    consequences of the termination, and their chained tracebacks only bury it.
-    """
+    """The stage task was terminated (SIGTERM) while its in-process Spark work ran; raised in place of what the
+    interrupted Spark call raised (consequences whose tracebacks only bury it)."""
 
 
 class _DropPy4JRecords(logging.Filter):
@@ -32,13 +25,8 @@ class _DropPy4JRecords(logging.Filter):
 
 
 def quiet_py4j() -> None:
-    """Silence py4j for the rest of this process: once the JVM goes away, every py4j call in
-    flight logs a broken-pipe, connection-refused or empty-answer traceback.
-
-    py4j writes them through its own loggers and through the root logger
-    (``logging.info("Exception while sending command.", exc_info=True)``), so its loggers
-    are raised to CRITICAL and the root logger drops records whose code is py4j's.
-    """
+    """Silence py4j for the rest of this process (once the JVM goes, every call in flight logs a traceback): its loggers
+    at CRITICAL, and its records dropped from the root logger, which it also writes through."""
     for name in ("py4j", "py4j.java_gateway", "py4j.clientserver"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     root = logging.getLogger()
@@ -47,14 +35,10 @@ def quiet_py4j() -> None:
 
 
 def stop_local_spark(announce: Callable[[], None] | None = None, timeout_s: float = 20) -> bool:
-    """Cancel the jobs of this process's Spark session and stop it; False if there is none.
+    """Cancel the jobs of this process's Spark session and stop it (``announce`` first); False if there is none.
 
-    ``announce`` is called first, when there is a session to stop (to say so in the task log).
-
-    Run in a thread: the SIGTERM handler that calls it interrupts the main thread in the
-    middle of a py4j call, whose connection it must not reuse. The JVM's log is turned off
-    first: it reports each cancelled job (and, when it got the signal too, its own shutdown
-    racing the running tasks) as an error with a stack trace.
+    Run in a thread: the SIGTERM handler interrupts the main thread inside a py4j call, whose connection it must not
+    reuse. The JVM's log is turned off first (it reports each cancelled job as an error).
     """
     pyspark = sys.modules.get("pyspark")
     context = getattr(getattr(pyspark, "SparkContext", None), "_active_spark_context", None)

@@ -72,7 +72,7 @@ def test_the_three_registries_import_no_connector_or_table_library_until_asked()
         "from airflow_seatunnel_ckpt.spark.registry import SINKS, SOURCES\n"
         "from airflow_seatunnel_ckpt.core.sinks import CONNECTORS\n"
         "from airflow_seatunnel_ckpt.core.storage.registry import BACKENDS\n"
-        "assert {'kafka', 'file'} <= set(SOURCES.types) and 'postgres' in SINKS.types\n"
+        "assert {'kafka', 'file'} <= set(SOURCES.names) and 'postgres' in SINKS.names\n"
         "assert 'iceberg' in CONNECTORS.names and 's3' in BACKENDS.names\n"
         "loaded = [m for m in ('pyspark', 'pyiceberg', 'deltalake', 'psycopg', 'confluent_kafka',\n"
         "          'airflow_seatunnel_ckpt.spark.sinks.tables', 'airflow_seatunnel_ckpt.spark.sources.kafka',\n"

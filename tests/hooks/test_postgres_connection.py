@@ -57,12 +57,12 @@ def test_a_missing_postgres_connection_is_a_clear_error() -> None:
 
 def test_a_postgres_sinks_target_is_an_asset_uri_the_postgres_provider_accepts() -> None:
     from airflow_seatunnel_ckpt.operators.commit import sink_asset
-    from airflow_seatunnel_ckpt.spark.registry import sink_from_options
+    from airflow_seatunnel_ckpt.spark.registry import SINKS
 
-    by_conninfo = sink_from_options("o", {"type": "postgres", "table": "serving.orders",
+    by_conninfo = SINKS.build("o", {"type": "postgres", "table": "serving.orders",
                                           "conninfo": "host=db.example port=6432 dbname=shop user=etl"})
-    by_url = sink_from_options("o", {"type": "postgres", "table": "orders", "conninfo": "postgresql://etl@db/shop"})
-    by_conn = sink_from_options("o", {"type": "postgres", "table": "serving.orders", "postgres_conn_id": "warehouse"})
+    by_url = SINKS.build("o", {"type": "postgres", "table": "orders", "conninfo": "postgresql://etl@db/shop"})
+    by_conn = SINKS.build("o", {"type": "postgres", "table": "serving.orders", "postgres_conn_id": "warehouse"})
 
     assert sink_asset("p", "o", by_conninfo.target_url).uri == "postgres://db.example:6432/shop/serving/orders"
     assert sink_asset("p", "o", by_url.target_url).uri == "postgres://db:5432/shop/public/orders"

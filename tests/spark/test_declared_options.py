@@ -15,7 +15,7 @@ import pytest
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.options import Options
 from airflow_seatunnel_ckpt.spark.declaration import EntryDeclaration
-from airflow_seatunnel_ckpt.spark.registry import SINKS, register_sink, sink_from_options
+from airflow_seatunnel_ckpt.spark.registry import SINKS, register_sink
 from airflow_seatunnel_ckpt.spark.spec import StageSpec
 
 
@@ -58,7 +58,7 @@ def test_an_entry_is_checked_through_its_options_model_and_carried_typed(queue_t
     # Through the spec's JSON (to a spark-submit driver) it arrives as the same options.
     assert spec.to_dict()["sinks"] == {"out": {"type": "queue", "queue": "orders", "batch_rows": 500}}
     assert StageSpec.from_json(spec.to_json()).sinks["out"] == declared.typed.to_dict()
-    built = sink_from_options("out", spec.sinks["out"])
+    built = SINKS.build("out", spec.sinks["out"])
     assert isinstance(built, QueueSink) and built.options == {"queue": "orders", "batch_rows": 500}
 
 

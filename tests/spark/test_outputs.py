@@ -156,7 +156,7 @@ def test_declared_sink_the_stage_did_not_write_is_logged_and_recorded(
 def test_unknown_modes_are_refused_naming_the_choices(spark: Any, tmp_path: Path) -> None:
     from airflow_seatunnel_ckpt.core.errors import ConfigError
     from airflow_seatunnel_ckpt.spark import StateError
-    from airflow_seatunnel_ckpt.spark.registry import sink_from_options
+    from airflow_seatunnel_ckpt.spark.registry import SINKS
     from airflow_seatunnel_ckpt.spark.state import KeyValueState
     from tests.spark.state.test_state_settings import settings_for
 
@@ -168,4 +168,4 @@ def test_unknown_modes_are_refused_naming_the_choices(spark: Any, tmp_path: Path
         state.snapshot()
     refused = r"file sink 'totals'.*option 'mode': input should be 'append' or 'snapshot' \(found 'upsert'\)"
     with pytest.raises(ConfigError, match=refused):
-        sink_from_options("totals", {"type": "file", "path": str(tmp_path / "t"), "mode": "upsert"})
+        SINKS.build("totals", {"type": "file", "path": str(tmp_path / "t"), "mode": "upsert"})
