@@ -1,7 +1,7 @@
 """Spark schema DDL (``"order_id long, amount double"``) checked without Spark, when the DAG is parsed.
 
 :func:`check_schema_ddl` reads the grammar of ``StructType.fromDDL`` and returns the column names; it refuses only what
-    Spark would refuse too (an unknown type name, a malformed list).
+Spark would refuse too (an unknown type name, a malformed list).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A stage as a DAG declares it -- checked when the DAG is parsed, without Spark.
 
 :class:`StageDeclaration` is the typed form of a stage operator's arguments, so a mistake is an import error of the DAG
-    file; each entry is checked through its type's options model (or its factory's parameters), templated values once
-    rendered. Nothing here imports PySpark, opens a store or touches the network.
+file; each entry is checked through its type's options model (or its factory's parameters), templated values once
+rendered. Nothing here imports PySpark, opens a store or touches the network.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A sink's expectations, Spark side: flag, count and route rows in the job that writes them (docs/EXPECTATIONS.md).
 
 :func:`flag` adds each rule's outcome to the DataFrame: packed into failure masks for :mod:`.staged_writer`
-    (:meth:`Flagged.writer_options`), else observed (``DataFrame.observe``) with the quarantine a second job over the
-    cache the write filled.
+(:meth:`Flagged.writer_options`), else observed (``DataFrame.observe``) with the quarantine a second job over the cache
+the write filled.
 """
 
 from __future__ import annotations

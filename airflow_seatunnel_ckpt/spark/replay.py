@@ -1,8 +1,8 @@
 """Run a replay's epochs again on Spark: each with the input it pinned, in order, from the restored state.
 
 :func:`replay_stage` is the stage runtime's half of :mod:`core.ops.replay` (which checks, records and commits the
-    replay): it runs :func:`runner.execute_stage` per replayed epoch (output staged below ``replayed-<epoch>/``) under
-    the replay epoch's lease, then prepares, decides and commits the replay epoch (docs/REPLAY.md).
+replay): it runs :func:`runner.execute_stage` per replayed epoch (output staged below ``replayed-<epoch>/``) under the
+replay epoch's lease, then prepares, decides and commits the replay epoch (docs/REPLAY.md).
 """
 
 from __future__ import annotations

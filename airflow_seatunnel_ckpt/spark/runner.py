@@ -1,7 +1,7 @@
 """Run one stage for one epoch: the prepare phase of the epoch's two-phase commit.
 
 :func:`run_stage`: begin, reuse an earlier attempt's prepared record, restore, pin the input, run the stage function,
-    collect the keyed state's parts, prepare (a stale attempt is fenced).
+collect the keyed state's parts, prepare (a stale attempt is fenced).
 """
 
 from __future__ import annotations

@@ -225,8 +225,8 @@ def freeze_loaded_heap() -> None:
 
 def freeze_worker_heap() -> None:
     """:func:`freeze_loaded_heap` inside a Spark task only; each task of this package calls it first (a reused worker's
-        full collection after each task walked some 100,000 long-lived objects: 20-50 ms, bench/README.md "Python
-        workers")."""
+    full collection after each task walked some 100,000 long-lived objects: 20-50 ms, bench/README.md "Python workers").
+    """
     from pyspark import TaskContext
 
     if TaskContext.get() is not None:

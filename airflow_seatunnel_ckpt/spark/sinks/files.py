@@ -55,7 +55,7 @@ class FileSink(Sink):
     def write(self, df: DataFrame) -> int:
         """Write ``df`` into the attempt's staging directory, counting rows (and each expectation's failures,
         :mod:`.expectations`) in the same job; rows a ``drop`` or ``quarantine`` rule removes are not staged, the
-            quarantined ones go to :attr:`quarantine`. A sink is written once per stage."""
+        quarantined ones go to :attr:`quarantine`. A sink is written once per stage."""
         if self.staging_url is None:
             raise SinkError(f"sink {self.name!r} is not bound to a staging directory")
         if self.written:

@@ -3,7 +3,7 @@ high-water mark).
 
 Both plan in the core (:mod:`~airflow_seatunnel_ckpt.core.sources.postgres_cdc`,
 :mod:`~airflow_seatunnel_ckpt.core.sources.postgres_query`); here the pinned range is read on the driver over one
-    connection and handed to Spark as one Arrow table (:func:`dataframe`). docs/CDC.md describes the rows.
+connection and handed to Spark as one Arrow table (:func:`dataframe`). docs/CDC.md describes the rows.
 """
 
 from __future__ import annotations
