@@ -24,14 +24,14 @@ def observed(observation: Observation) -> bool:
 
 
 def set_python_exec(session: SparkSession, python: str) -> None:
-    """Make ``python`` the interpreter of every Python worker ``session`` starts (see
-    ``session.stage_session``: PySpark ignores ``spark.pyspark.python`` in-process)."""
+    """Make ``python`` the interpreter of every Python worker ``session`` starts (see ``session.stage_session``: PySpark
+    ignores ``spark.pyspark.python`` in-process)."""
     session.sparkContext.pythonExec = python
 
 
 def shipped_file(name: str) -> str:
-    """The local path of a file ``spark-submit --files`` shipped (the application's
-    SparkContext must be up: the caller creates its session first)."""
+    """The local path of a file ``spark-submit --files`` shipped (the application's SparkContext must be up: the caller
+    creates its session first)."""
     from pyspark import SparkFiles
 
     return SparkFiles.get(name)

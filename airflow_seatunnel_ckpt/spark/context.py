@@ -159,9 +159,8 @@ class BoundSource:
 
     @property
     def consumed(self) -> dict[str, Any]:
-        """The offsets this epoch consumed: the plan (with what the read counted, see
-        ``Source.read_figures``) if the stage read it, else nothing (an unread source keeps its
-        input for a later epoch)."""
+        """The offsets this epoch consumed: the plan (with what the read counted, see ``Source.read_figures``) if the
+        stage read it, else nothing (an unread source keeps its input for a later epoch)."""
         return {**self.source.read_figures(), **self.offsets} if self.was_read else {}
 
 

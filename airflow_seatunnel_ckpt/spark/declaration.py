@@ -82,8 +82,8 @@ def stage_import_path(stage: Any, *, where: str, importable: bool) -> str:
 
 
 def _module_source(module: str) -> str | None:
-    """The path of ``module``'s source file on ``sys.path``, found without importing anything
-    (an import could import PySpark, or run the user's code, on every parse); None if absent."""
+    """The path of ``module``'s source file on ``sys.path``, found without importing anything (an import could import
+    PySpark, or run the user's code, on every parse); None if absent."""
     parts = module.split(".")
     for root in sys.path or ["."]:
         base = os.path.join(root or ".", *parts)
@@ -127,9 +127,9 @@ def _top_level_names(tree: ast.Module) -> set[str] | None:
 
 
 def _check_module_defines(stage: str, where: str) -> None:
-    """Refuse ``module:function`` when the module's source, read without importing it,
-    clearly defines no ``function``. A module not on this process's path (shipped to the
-    Spark driver only), or one that makes names dynamically, is left to run time."""
+    """Refuse ``module:function`` when the module's source, read without importing it, clearly defines no ``function``.
+    A module not on this process's path (shipped to the Spark driver only), or one that makes names dynamically, is left
+    to run time."""
     module, _, attribute = stage.partition(":")
     first = attribute.split(".", 1)[0]
     loaded = sys.modules.get(module)

@@ -115,8 +115,8 @@ class Flagged:
             self.flagged.unpersist()
 
     def results(self, metrics: Mapping[str, Any] | None = None) -> tuple[tuple[ExpectationResult, ...], int]:
-        """Each rule's counts and the number of quarantined rows (after the write ran), from
-        ``metrics`` (the staged writer's counts) or else the observation."""
+        """Each rule's counts and the number of quarantined rows (after the write ran), from ``metrics`` (the staged
+        writer's counts) or else the observation."""
         if metrics is None:
             assert self.observation is not None
             metrics = self.observation.get
@@ -207,8 +207,8 @@ def _with_masks(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Dat
 
 
 def _mask_sql(rules: tuple[Expectation, ...], *, cast: bool) -> list[str]:
-    """The failure masks (:func:`mask_of`) as SQL: a rule's bit is set when its expression is
-    false or NULL, in the smallest integer type holding the mask's bits."""
+    """The failure masks (:func:`mask_of`) as SQL: a rule's bit is set when its expression is false or NULL, in the
+    smallest integer type holding the mask's bits."""
     masks = []
     for start in range(0, len(rules), RULES_PER_MASK):
         chunk = rules[start:start + RULES_PER_MASK]

@@ -170,8 +170,8 @@ def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> s
 
 
 def _release_connect_session(remote: str) -> None:
-    """Release the Connect session of a driver that was stopped or failed: that ends whatever
-    operation it left running on the server, before the exit record says nothing runs."""
+    """Release the Connect session of a driver that was stopped or failed: that ends whatever operation it left running
+    on the server, before the exit record says nothing runs."""
     from pyspark.sql.connect.client import SparkConnectClient
 
     try:

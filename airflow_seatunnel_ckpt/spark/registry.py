@@ -27,8 +27,8 @@ _SPARK = "airflow_seatunnel_ckpt.spark"
 
 
 class ConnectorRegistry(Registry[Callable[..., T]]):
-    """Builds ``{"type": name, **options}`` entries of a stage spec as ``factory(name, **options)``, checked through
-    the type's options model, else against its factory's keyword parameters."""
+    """Builds ``{"type": name, **options}`` entries of a stage spec as ``factory(name, **options)``, checked through the
+    type's options model, else against its factory's keyword parameters."""
 
     def __init__(self, kind: str, builtin: Mapping[str, str], *, extras: Mapping[str, str], options: str) -> None:
         super().__init__(kind, builtin, extras=extras, options=options, unknown=self._unknown_type)
@@ -46,11 +46,10 @@ class ConnectorRegistry(Registry[Callable[..., T]]):
             raise ConfigError(f"{self.kind} {name!r}: {exc}") from exc
 
     def check(self, name: str, options: Mapping[str, Any], unchecked: Collection[str] = ()) -> Options | None:
-        """The entry ``name``'s options checked: its typed options, or None (a type without a model, or values
-        left ``unchecked``: templates, checked again once rendered); ConfigError for an unknown type or option (with
-        the nearest valid name), a missing one or a wrong value. A type without a model is checked against its
-        factory's parameters (a built-in one is built: its constructor does no I/O).
-        """
+        """The entry ``name``'s options checked: its typed options, or None (a type without a model, or values left
+        ``unchecked``: templates, checked again once rendered); ConfigError for an unknown type or option (with the
+        nearest valid name), a missing one or a wrong value. A type without a model is checked against its factory's
+        parameters (a built-in one is built: its constructor does no I/O)."""
         type_name = options.get("type", "file")
         model = self.options_model(type_name) if type_name in self else None
         if model is None:

@@ -147,16 +147,16 @@ _TASK, _TRY = "task", "try"
 
 
 def _try_of(spec: StageSpec) -> dict[str, Any]:
-    """What the replay's lease holder records of who makes the replay: the task (dag, task, run; none
-    outside Airflow) and its try (``spec.attempt``), from which its Connect session derives."""
+    """What the replay's lease holder records of who makes the replay: the task (dag, task, run; none outside Airflow)
+    and its try (``spec.attempt``), from which its Connect session derives."""
     task = spec.airflow_context or {}
     named = task.get("dag_id") and task.get("task_id") and task.get("run_id")
     return {_TRY: spec.attempt, _TASK: f"{task['dag_id']}.{task['task_id']} run {task['run_id']}" if named else None}
 
 
 def replay_attempt(spec: StageSpec, epoch: int, attempt: int) -> ConnectAttempt:
-    """The Connect session and tag of replay epoch ``epoch`` made by try ``attempt`` (a replay epoch has
-    no stage attempts of its own: its session is named like one of the try that makes it)."""
+    """The Connect session and tag of replay epoch ``epoch`` made by try ``attempt`` (a replay epoch has no stage
+    attempts of its own: its session is named like one of the try that makes it)."""
     return ConnectAttempt.of(spec.remote or "", str(spec.store.get("storage_url") or ""), spec.pipeline, epoch,
                              spec.participant, attempt)
 
@@ -203,9 +203,9 @@ def release_killed_replays(pipeline: Pipeline, spec: StageSpec, by: str) -> None
 
 
 def _verify_inputs(pipeline: Pipeline, spec: StageSpec, plan: ReplayPlan) -> None:
-    """Refuse the replay, before anything is written, unless every replayed epoch's pinned input
-    is still all there: a replay with less input would replace committed rows with fewer rows,
-    whatever a source's options allow a normal epoch to skip."""
+    """Refuse the replay, before anything is written, unless every replayed epoch's pinned input is still all there: a
+    replay with less input would replace committed rows with fewer rows, whatever a source's options allow a normal
+    epoch to skip."""
     sources = {name: SOURCES.build(name, opts) for name, opts in spec.sources.items()}
     for replayed in plan.epochs:
         for name, offsets in plan.inputs[replayed].items():

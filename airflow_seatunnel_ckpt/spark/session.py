@@ -89,8 +89,8 @@ def stage_session(spec: StageSpec, submitted: bool = False) -> SparkSession:
 
 
 def is_classic(session: object) -> bool:
-    """Whether ``session`` is a classic SparkSession (with a driver JVM in this process), not
-    a Spark Connect one: only then may the package use :mod:`.classic`."""
+    """Whether ``session`` is a classic SparkSession (with a driver JVM in this process), not a Spark Connect one: only
+    then may the package use :mod:`.classic`."""
     return not type(session).__module__.startswith("pyspark.sql.connect")
 
 

@@ -88,17 +88,16 @@ class FileSink(Sink):
         return rows
 
     def _writes_quarantine_too(self, df: DataFrame) -> bool:
-        """Whether this sink's job can stage its quarantine's rows too (both Parquet staged by
-        :mod:`.staged_writer` into the same store)."""
+        """Whether this sink's job can stage its quarantine's rows too (both Parquet staged by :mod:`.staged_writer`
+        into the same store)."""
         q = self.quarantine
         return (isinstance(q, FileSink) and q.staging_url is not None and q.format == "parquet"
                 and not q.options and not q.partition_by and q.staging_options == self.staging_options
                 and self._checksummed_on_executors(df))
 
     def _stage_checked_by_writer(self, flagged: Any) -> int:
-        """Stage the flagged rows through :mod:`.staged_writer`, which counts each rule's
-        failures, leaves out the removed rows and stages the quarantined ones into
-        :attr:`quarantine`, in the same job; the rows kept."""
+        """Stage the flagged rows through :mod:`.staged_writer`, which counts each rule's failures, leaves out the
+        removed rows and stages the quarantined ones into :attr:`quarantine`, in the same job; the rows kept."""
         from airflow_seatunnel_ckpt.spark.sinks import staged_writer
 
         assert self.staging_url is not None
@@ -116,9 +115,8 @@ class FileSink(Sink):
         return counts.get("kept", 0)
 
     def _stage(self, df: DataFrame, *, count: bool = True) -> int:
-        """Stage ``df`` as this sink's output; the number of rows (an observed metric of the
-        write; 0 when not ``count``: the staged writer counts what it keeps, see
-        :meth:`_stage_checked_by_writer`)."""
+        """Stage ``df`` as this sink's output; the number of rows (an observed metric of the write; 0 when not
+        ``count``: the staged writer counts what it keeps, see :meth:`_stage_checked_by_writer`)."""
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 

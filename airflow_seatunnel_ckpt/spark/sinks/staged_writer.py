@@ -65,8 +65,8 @@ def partition_dir_value(value: Any) -> str:
 
 @dataclass
 class StagedFiles(WriterCommitMessage):
-    """One task's commit message: the files it stored, relative to the staging directory
-    (and, when the rows are split, the quarantined rows' files, relative to theirs)."""
+    """One task's commit message: the files it stored, relative to the staging directory (and, when the rows are split,
+    the quarantined rows' files, relative to theirs)."""
 
     files: list[dict[str, Any]] = field(default_factory=list)
     quarantined: list[dict[str, Any]] = field(default_factory=list)
@@ -250,9 +250,9 @@ def expectation_counts(url: str, storage_options: Mapping[str, Any]) -> dict[str
 
 
 class _TaskExpectations:
-    """A sink's expectations applied to one task's batches: each rule's failures counted,
-    the rows a ``drop`` or ``quarantine`` rule removes left out, the quarantined ones handed
-    to :class:`_QuarantineFiles` (runs on an executor)."""
+    """A sink's expectations applied to one task's batches: each rule's failures counted, the rows a ``drop`` or
+    ``quarantine`` rule removes left out, the quarantined ones handed to :class:`_QuarantineFiles` (runs on an
+    executor)."""
 
     def __init__(self, writer: StagedParquetWriter, task: str, token: str) -> None:
         rules = writer.expectation_rules
@@ -318,8 +318,8 @@ def _positions(parts: list[Any]) -> Any:
 
 
 class _QuarantineFiles:
-    """The rows a task quarantines: buffered, stored as Parquet files of up to
-    :data:`ROLL_BYTES`, each with its CRC32C (runs on an executor)."""
+    """The rows a task quarantines: buffered, stored as Parquet files of up to :data:`ROLL_BYTES`, each with its CRC32C
+    (runs on an executor)."""
 
     def __init__(self, writer: StagedParquetWriter, task: str, token: str) -> None:
         assert writer.quarantine_url is not None
@@ -337,8 +337,8 @@ class _QuarantineFiles:
             self._store()
 
     def _with_failed(self, rows: Any) -> Any:
-        """``rows``' quarantine columns and the names of the rules each one broke (in the
-        rules' order), built column-wise: a quarantine may hold most of a task's rows."""
+        """``rows``' quarantine columns and the names of the rules each one broke (in the rules' order), built
+        column-wise: a quarantine may hold most of a task's rows."""
         import numpy as np
         import pyarrow as pa
 

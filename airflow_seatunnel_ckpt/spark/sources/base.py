@@ -27,5 +27,5 @@ class Source(base.Source):
 
     @abstractmethod
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
-        """The input the pinned ``offsets`` describe, as a DataFrame: exactly that input, or
-        :class:`SourceError` (checked where it is read)."""
+        """The input the pinned ``offsets`` describe, as a DataFrame: exactly that input, or :class:`SourceError`
+        (checked where it is read)."""

@@ -149,9 +149,8 @@ class FileSource(Source):
 
     # -- planning --------------------------------------------------------------------------
     def plan(self, history: list[dict[str, Any]]) -> dict[str, Any]:
-        """The files below the directory that no committed epoch consumed, given the
-        history as entries (a history rebuilt from the log, or a caller without a restore
-        point). See :meth:`plan_indexed`."""
+        """The files below the directory that no committed epoch consumed, given the history as entries (a history
+        rebuilt from the log, or a caller without a restore point). See :meth:`plan_indexed`."""
         return self.plan_indexed(self._index_of(history))
 
     def _index_of(self, history: list[dict[str, Any]]) -> FileIndex:
@@ -161,8 +160,8 @@ class FileSource(Source):
         return FileIndex.from_table(rows)
 
     def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:
-        """Plan from the restore point's consumed-file index: the directory, the deltas
-        since the last compaction, and the segments the listed names fall in."""
+        """Plan from the restore point's consumed-file index: the directory, the deltas since the last compaction, and
+        the segments the listed names fall in."""
         chain = point.source_chains.get(self.name)
         # A subclass that plans differently (pipeline_output) plans from its history.
         if type(self).plan is not FileSource.plan:
@@ -180,9 +179,9 @@ class FileSource(Source):
         return epoch // self.backfill_every > (restored or 0) // self.backfill_every
 
     def floors(self, index: FileIndex) -> dict[str, str | None]:
-        """Each glob prefix's floor for ``ordered_prefixes``: the greatest consumed file name
-        below a partition the prefix matches (None: none yet, every partition is listed).
-        Each prefix has its own, so one prefix's newer partitions never hide another's."""
+        """Each glob prefix's floor for ``ordered_prefixes``: the greatest consumed file name below a partition the
+        prefix matches (None: none yet, every partition is listed). Each prefix has its own, so one prefix's newer
+        partitions never hide another's."""
         return {p: index.greatest_path(*prefix_matcher(p)) for p in self.prefixes or [] if is_glob(p)}
 
     def plan_indexed(self, index: FileIndex, *, backfill: bool = False) -> dict[str, Any]:
@@ -233,9 +232,9 @@ class FileSource(Source):
 
     # -- checking ------------------------------------------------------------------------
     def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
-        """The pinned files gone or rewritten since they were pinned (another size, ETag or
-        modification time under the same name); a file pinned without an identity only has
-        to exist. One listing per directory that holds pinned files."""
+        """The pinned files gone or rewritten since they were pinned (another size, ETag or modification time under the
+        same name); a file pinned without an identity only has to exist. One listing per directory that holds pinned
+        files."""
         identity = offsets.get("identity") or {}
         pinned = {f"{self.url}/{f}": identity.get(f) for f in offsets.get("files", [])}
         try:
@@ -258,9 +257,9 @@ class FileSource(Source):
     def read_checked(
         self, spark: SparkSession, offsets: Mapping[str, Any]
     ) -> tuple[DataFrame, DataFrame | None]:
-        """The planned files' records that parse, and those that do not (None when the
-        format has nothing to reject). Both lazy; the rejected ones have the columns
-        ``source``, ``file``, ``record`` (the raw text) and ``parsed`` (what did parse, as JSON)."""
+        """The planned files' records that parse, and those that do not (None when the format has nothing to reject).
+        Both lazy; the rejected ones have the columns ``source``, ``file``, ``record`` (the raw text) and ``parsed``
+        (what did parse, as JSON)."""
         files = list(offsets.get("files", []))
         if files:
             # A file rewritten under its name since the plan would be read as the pinned one.
@@ -332,8 +331,8 @@ class FileSource(Source):
         return good, rejected
 
     def fail_on_rejected(self, rejected: DataFrame, offsets: Mapping[str, Any]) -> None:
-        """Raise :class:`SourceError` naming the first unparseable records (file and line),
-        if there are any (one pass over the input)."""
+        """Raise :class:`SourceError` naming the first unparseable records (file and line), if there are any (one pass
+        over the input)."""
         bad = rejected.limit(MAX_REPORTED + 1).collect()
         if not bad:
             return
@@ -364,8 +363,7 @@ class FileSource(Source):
         return None
 
     def _line_of(self, url: str, record: str) -> int | None:
-        """The 1-based line of the file at ``url`` that holds ``record`` (read only when an
-        error is reported)."""
+        """The 1-based line of the file at ``url`` that holds ``record`` (read only when an error is reported)."""
         import fsspec
 
         first = record.splitlines()[0] if record else record

@@ -119,8 +119,8 @@ class KafkaSource(Source):
 
     # -- reading ----------------------------------------------------------------------------
     def checked_ranges(self, offsets: Mapping[str, Any]) -> tuple[list[Range], list[dict[str, Any]]]:
-        """The pinned ranges checked against the broker now: the readable part of each, and the
-        records lost (truncated, or the topic deleted and created again: another topic id)."""
+        """The pinned ranges checked against the broker now: the readable part of each, and the records lost (truncated,
+        or the topic deleted and created again: another topic id)."""
         ranges = kafka_offsets.ranges_of(offsets)
         if not ranges:
             return [], []

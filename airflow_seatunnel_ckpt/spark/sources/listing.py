@@ -24,9 +24,8 @@ def is_glob(prefix: str) -> bool:
 
 
 def prefix_matcher(prefix: str) -> tuple[str, Callable[[str], bool]]:
-    """The literal start of a glob ``prefix`` and a test of whether a file name (relative
-    to ``path``) lies below a directory the prefix matches: what finds a prefix's floor
-    in the consumed-file index."""
+    """The literal start of a glob ``prefix`` and a test of whether a file name (relative to ``path``) lies below a
+    directory the prefix matches: what finds a prefix's floor in the consumed-file index."""
     from fnmatch import fnmatchcase
 
     components = prefix.split("/")
@@ -42,9 +41,9 @@ def prefix_matcher(prefix: str) -> tuple[str, Callable[[str], bool]]:
 
 def find_below(fs: Any, root: str, prefixes: list[str] | None, ordered: bool,
                floors: Mapping[str, str | None] | None) -> dict[str, Any]:
-    """``fs.find`` below the root, or below each prefix only (a missing prefix is empty:
-    the partition of a run may not exist yet); ``ordered`` glob prefixes skip the
-    partitions before their floor's, ``floors[prefix]`` (see :func:`_expand_ordered`)."""
+    """``fs.find`` below the root, or below each prefix only (a missing prefix is empty: the partition of a run may not
+    exist yet); ``ordered`` glob prefixes skip the partitions before their floor's, ``floors[prefix]`` (see
+    :func:`_expand_ordered`)."""
     if prefixes is None:
         return dict(fs.find(root, detail=True))
     base = root.rstrip("/")
@@ -65,8 +64,8 @@ def find_below(fs: Any, root: str, prefixes: list[str] | None, ordered: bool,
 
 
 def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A listed file's identity from its fsspec info: size and the store's ETag (object
-    stores) or modification time; a file re-uploaded under the same name changes it."""
+    """A listed file's identity from its fsspec info: size and the store's ETag (object stores) or modification time; a
+    file re-uploaded under the same name changes it."""
     ident: dict[str, Any] = {"size": int(info.get("size") or 0)}
     etag = info.get("ETag") or info.get("etag")
     if etag:
@@ -84,8 +83,8 @@ def file_identity(info: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _expand_ordered(fs: Any, base: str, prefix: str, floor: str | None) -> dict[str, Any]:
-    """The entries a glob ``prefix`` matches below ``base``, one directory level at a time,
-    skipping at each glob level the names that sort before ``floor``'s at that depth."""
+    """The entries a glob ``prefix`` matches below ``base``, one directory level at a time, skipping at each glob level
+    the names that sort before ``floor``'s at that depth."""
     from fnmatch import fnmatchcase
 
     current: dict[str, Any] = {base: {"type": "directory"}}
@@ -116,9 +115,8 @@ def _expand_ordered(fs: Any, base: str, prefix: str, floor: str | None) -> dict[
 
 
 def listed_identity(info: Mapping[str, Any]) -> dict[str, Any]:
-    """A listed file's identity for the file source: :func:`file_identity`, plus the
-    modification time next to an ETag (the watermark needs it; the ETag still decides
-    whether the file changed)."""
+    """A listed file's identity for the file source: :func:`file_identity`, plus the modification time next to an ETag
+    (the watermark needs it; the ETag still decides whether the file changed)."""
     ident = file_identity(info)
     if "mtime" not in ident:
         modified = next((info[k] for k in ("mtime", "LastModified", "last_modified", "updated",

@@ -152,8 +152,8 @@ class PostgresQuerySource(Source):
             return self.query.pinned_gone(offsets, rows=True)
 
     def read(self, spark: SparkSession, offsets: Mapping[str, Any]) -> DataFrame:
-        """The rows of the pinned range, with the table's columns as they are now (refused when the table
-        is another one under the name)."""
+        """The rows of the pinned range, with the table's columns as they are now (refused when the table is another one
+        under the name)."""
         with as_source_error():
             gone = self.query.pinned_gone(offsets, rows=False)
             if gone:

@@ -81,8 +81,8 @@ class IcebergSource(Source):
                                          where=self.where)
 
     def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
-        """The pinned data files gone (snapshot expiry, orphan-file removal) or of another size,
-        asked through the table's own file IO (its credentials, as the catalog configures them)."""
+        """The pinned data files gone (snapshot expiry, orphan-file removal) or of another size, asked through the
+        table's own file IO (its credentials, as the catalog configures them)."""
         with as_source_error(TableSourceError):
             files = planning.planned_files(offsets, self.where)
             if not files:
@@ -257,8 +257,8 @@ class PipelineOutputSource(FileSource):
                                                   f"({self.url})", pointer, self.skip_replays)
 
     def read_checked(self, spark: SparkSession, offsets: Mapping[str, Any]) -> tuple[DataFrame, DataFrame | None]:
-        """As the file source; a partitioned upstream sink's columns are discovered below
-        the epoch directories (the ``epoch`` directory itself is not a column)."""
+        """As the file source; a partitioned upstream sink's columns are discovered below the epoch directories (the
+        ``epoch`` directory itself is not a column)."""
         files = [str(f) for f in offsets.get("files", [])]
         if not any(f.count("/") > 1 for f in files):
             return super().read_checked(spark, offsets)

@@ -3,8 +3,8 @@
 - :mod:`.settings` -- :class:`StateSettings`, the typed object shipped to the tasks;
 - :mod:`.executor` -- what runs on the executors (de-duplicate, merge, read, parts);
 - :mod:`.reports` -- the report protocol between the tasks and the driver;
-- :mod:`.keyed` -- the driver side: :class:`KeySet`, :class:`KeyValueState` and the reconciliation of the
-  reports into chains.
+- :mod:`.keyed` -- the driver side: :class:`KeySet`, :class:`KeyValueState` and the reconciliation of the reports into
+  chains.
 """
 
 from airflow_seatunnel_ckpt.spark.state.executor import merge_partition

@@ -279,8 +279,8 @@ def _null_key_message(state: str, column: str) -> str:
 
 
 def _refuse_null_keys(table: pa.Table | pa.RecordBatch, key_cols: Sequence[str], state: str) -> None:
-    """A null key is refused, in both state kinds: a key set would fold every row with a
-    null key into one (rows silently lost), a key -> value state would sum them into one."""
+    """A null key is refused, in both state kinds: a key set would fold every row with a null key into one (rows
+    silently lost), a key -> value state would sum them into one."""
     for name in key_cols:
         if table.column(name).null_count:
             raise StateError(_null_key_message(state, name))
@@ -290,8 +290,8 @@ _NULL_KEY = re.compile(r"keyed state '([^']+)': key column '([^']+)' holds nulls
 
 
 def null_key_error(exc: BaseException) -> tuple[str, str] | None:
-    """``(state, column)`` if ``exc`` (as Spark raised it on the driver, wrapping the
-    executor's error) is the null-key error of :func:`merge_partition`, else None."""
+    """``(state, column)`` if ``exc`` (as Spark raised it on the driver, wrapping the executor's error) is the null-key
+    error of :func:`merge_partition`, else None."""
     match = _NULL_KEY.search(str(exc))
     return (match.group(1), match.group(2)) if match else None
 

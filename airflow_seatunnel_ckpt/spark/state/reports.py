@@ -50,9 +50,8 @@ class PartReport:
 
 @dataclass(frozen=True)
 class ReportFolder:
-    """Where the tasks of one state update write their reports: a folder of the store that
-    no other update (nor another attempt) writes to, below the attempt's staging directory
-    (dropped with the epoch's staging)."""
+    """Where the tasks of one state update write their reports: a folder of the store that no other update (nor another
+    attempt) writes to, below the attempt's staging directory (dropped with the epoch's staging)."""
 
     store: StoreLocation
     folder: str  #: relative to the pipeline root

@@ -186,8 +186,8 @@ class StateSettings:
         return layout.part_path(self.epoch, "operators", self.name, key_group, self.attempt, token)
 
     def reports_folder(self, update: str) -> str:
-        """Where the tasks of one update (``update``: a token of its own) report their parts:
-        below this attempt's staging directory, removed with the epoch's staging."""
+        """Where the tasks of one update (``update``: a token of its own) report their parts: below this attempt's
+        staging directory, removed with the epoch's staging."""
         return (f"{layout.staging_epoch_dir(self.epoch)}/attempt={layout.validate_attempt(self.attempt)}"
                 f"/_state/{self.name}/{update}")
 
