@@ -7,18 +7,18 @@ the write filled.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import ExpectationResult
 from airflow_seatunnel_ckpt.core.protocol.expectations import FAILED_COLUMN, REMOVING, Expectation
+from airflow_seatunnel_ckpt.spark.session import session_conf
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, Observation, SparkSession
+    from pyspark.sql import Column, DataFrame, Observation
 
 _FLAG = "__expectation_ok_"
 #: The staged writer's failure masks: column ``<this><k>`` holds bit ``i % RULES_PER_MASK``
@@ -26,7 +26,7 @@ _FLAG = "__expectation_ok_"
 MASK = "__expectations_failed_"
 #: Rules per mask column (the bits of a signed 64-bit integer but its sign).
 RULES_PER_MASK = 63
-#: The session setting that makes an invalid cast, a division by zero, ... raise (see :func:`_errors_as_null`).
+#: The session setting that makes an invalid cast, a division by zero, ... raise (see :func:`flag`).
 ANSI = "spark.sql.ansi.enabled"
 
 
@@ -75,17 +75,11 @@ class Flagged:
 
         return F.col(f"{_FLAG}{i}")
 
-    def _failing(self, actions: tuple[str, ...]) -> Column | None:
-        from functools import reduce
-
-        failing = [~self._ok(i) for i, r in enumerate(self.rules) if r.on_fail in actions]
-        return reduce(lambda a, b: a | b, failing) if failing else None
-
     @property
     def kept(self) -> DataFrame:
         """The rows the sink stages: those failing no ``drop`` or ``quarantine`` rule."""
         assert self.observed is not None, "flagged for the staged writer: see writer_options()"
-        removed = self._failing(REMOVING)
+        removed = _failing(self.rules, REMOVING)
         out = self.observed if removed is None else self.observed.where(~removed)
         return out.drop(*[f"{_FLAG}{i}" for i in range(len(self.rules))])
 
@@ -94,7 +88,7 @@ class Flagged:
         """The rows failing a ``quarantine`` rule, with :data:`FAILED_COLUMN` (None: no such rule)."""
         from pyspark.sql import functions as F
 
-        bad = self._failing(("quarantine",))
+        bad = _failing(self.rules, ("quarantine",))
         if bad is None:
             return None
         broke = F.array_compact(F.array(*[F.when(~self._ok(i), F.lit(r.name)) for i, r in enumerate(self.rules)]))
@@ -125,21 +119,14 @@ class Flagged:
         return results, int(metrics.get("quarantined") or 0)
 
 
-@contextlib.contextmanager
-def _errors_as_null(spark: SparkSession) -> Iterator[None]:
-    """Rules built without ANSI errors, so an invalid cast or division by zero is NULL and the row fails the rule; the
-    setting is read when an expression is built, so it is off only while the rules are (``TryEval`` would not do: code
-    generation hoists shared subexpressions out of it)."""
-    conf = spark.conf
-    previous = conf.get(ANSI, None)
-    conf.set(ANSI, "false")
-    try:
-        yield
-    finally:
-        if previous is None:
-            conf.unset(ANSI)
-        else:
-            conf.set(ANSI, previous)
+def _failing(rules: tuple[Expectation, ...], actions: tuple[str, ...]) -> Column | None:
+    """Whether a flagged row fails any of the ``rules`` whose action is in ``actions`` (None: there is none)."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    failing = [~F.col(f"{_FLAG}{i}") for i, r in enumerate(rules) if r.on_fail in actions]
+    return reduce(lambda a, b: a | b, failing) if failing else None
 
 
 def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, by_writer: bool = False) -> Flagged:
@@ -152,7 +139,11 @@ def flag(sink: str, rules: tuple[Expectation, ...], df: DataFrame, *, by_writer:
     if FAILED_COLUMN in df.columns:
         raise ConfigError(f"sink {sink!r}: column {FAILED_COLUMN!r} is reserved for the quarantine's rule names; "
                           "rename it before writing")
-    with _errors_as_null(df.sparkSession):
+    # Rules are built without ANSI errors, so an invalid cast or a division by zero is NULL and the row fails the
+    # rule instead of failing every attempt of the task. An expression takes the setting when it is built, so it is
+    # off only while the rules are: the stage's own expressions keep the session's mode. (``TryEval`` around each
+    # rule would not do: whole-stage code generation hoists a shared subexpression out of it.)
+    with session_conf(df.sparkSession, ANSI, "false"):
         if by_writer:
             return Flagged(rules, _with_masks(sink, rules, df), list(df.columns))
         return _observed(sink, rules, df)
@@ -176,13 +167,11 @@ def _observed(sink: str, rules: tuple[Expectation, ...], df: DataFrame) -> Flagg
         flagged = flagged.persist(StorageLevel.MEMORY_AND_DISK)
     observation = Observation(f"expect_{sink}_{uuid.uuid4().hex[:8]}".replace(".", "_"))
     ok = [F.col(f"{_FLAG}{i}") for i in range(len(rules))]
-    quarantine = [~c for c, r in zip(ok, rules, strict=True) if r.on_fail == "quarantine"]
-    any_quarantined = quarantine[0] if quarantine else F.lit(False)
-    for extra in quarantine[1:]:
-        any_quarantined = any_quarantined | extra
+    any_quarantined = _failing(rules, ("quarantine",))
     metrics = [F.count(F.lit(1)).alias("checked"),
                *[F.sum(F.when(c, 0).otherwise(1)).alias(f"failed_{i}") for i, c in enumerate(ok)],
-               F.sum(F.when(any_quarantined, 1).otherwise(0)).alias("quarantined")]
+               F.sum(F.when(any_quarantined if any_quarantined is not None else F.lit(False), 1).otherwise(0))
+               .alias("quarantined")]
     observed = flagged.observe(observation, *metrics)
     return Flagged(rules, flagged, list(df.columns), observed, observation)
 

@@ -94,6 +94,21 @@ def is_classic(session: object) -> bool:
     return not type(session).__module__.startswith("pyspark.sql.connect")
 
 
+@contextlib.contextmanager
+def session_conf(spark: SparkSession, key: str, value: str) -> Iterator[None]:
+    """The runtime setting ``key`` of ``spark`` set to ``value`` inside the block, and as it was afterwards."""
+    conf = spark.conf
+    previous = conf.get(key, None)
+    conf.set(key, value)
+    try:
+        yield
+    finally:
+        if previous is None:
+            conf.unset(key)
+        else:
+            conf.set(key, previous)
+
+
 #: PySpark's process-wide switch: while set, ``pyspark.sql.functions`` build Spark Connect
 #: columns (and no classic session can be created).
 CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"

@@ -25,16 +25,9 @@ class FileSink(Sink):
     removed). docs/REPLAY.md and docs/REFERENCE.md say how a replay swaps epochs and what readers see.
     """
 
-    def __init__(
-        self,
-        name: str,
-        path: str,
-        format: str = "parquet",
-        options: Mapping[str, Any] | None = None,
-        partition_by: Sequence[str] | None = None,
-        mode: str = SinkMode.APPEND.value,
-        expectations: Mapping[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, name: str, path: str, format: str = "parquet", options: Mapping[str, Any] | None = None,
+                 partition_by: Sequence[str] | None = None, mode: str = SinkMode.APPEND.value,
+                 expectations: Mapping[str, Any] | None = None) -> None:
         checked_options = checked(FileSinkOptions, {"path": path, "format": format, "options": dict(options or {}),
                                                     "partition_by": list(partition_by or []), "mode": mode},
                                   f"file sink {name!r}")

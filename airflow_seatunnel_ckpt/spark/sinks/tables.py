@@ -24,6 +24,7 @@ from airflow_seatunnel_ckpt.core.sinks.options import (
     SinkOptionsBase,
 )
 from airflow_seatunnel_ckpt.spark.locations import fsspec_url
+from airflow_seatunnel_ckpt.spark.session import session_conf
 from airflow_seatunnel_ckpt.spark.sinks.files import FileSink
 
 if TYPE_CHECKING:
@@ -69,18 +70,12 @@ class TableSink(FileSink):
         staged = df
         for column, copy in zip(self.partition_by, hidden, strict=True):
             staged = staged.withColumn(copy, F.col(column))
-        conf = df.sparkSession.conf
-        previous = conf.get("spark.sql.parquet.outputTimestampType", None)
-        conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         saved, self.partition_by = self.partition_by, hidden
         try:
-            return super()._stage(staged, count=count)
+            with session_conf(df.sparkSession, "spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS"):
+                return super()._stage(staged, count=count)
         finally:
             self.partition_by = saved
-            if previous is None:
-                conf.unset("spark.sql.parquet.outputTimestampType")
-            else:
-                conf.set("spark.sql.parquet.outputTimestampType", previous)
 
 
 def last_change_per_key(df: DataFrame, apply: ApplyChanges, where: str) -> DataFrame:
