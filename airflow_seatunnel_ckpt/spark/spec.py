@@ -4,7 +4,7 @@ JSON form, since a spec travels from an Airflow task to an in-process run or a `
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -25,28 +25,13 @@ def entry_type(options: Options | Mapping[str, Any]) -> str:
     return str(options.type if isinstance(options, Options) else options.get("type", "file"))
 
 
-def _run_id(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"stage spec: run_id must be a non-empty string, got {value!r}")
-    return value
-
-
-def _stage(value: Any) -> str:
-    if not isinstance(value, str) or ":" not in value:
-        raise ConfigError(f"stage spec: stage must be an import path 'package.module:function', got {value!r}")
-    return value
-
-
-def _remote(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.startswith("sc://")):
-        raise ConfigError(f"stage spec: remote must be a Spark Connect URL 'sc://host:port', got {value!r}")
-    return value
-
-
-def _key_groups(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
-        raise ConfigError(f"stage spec: key_groups must be an integer in 1..2**20, got {value!r}")
-    return value
+def _checked(ok: Callable[[Any], bool], expected: str) -> AfterValidator:
+    """A field check: ConfigError saying what the field must be and what it got unless ``ok(value)``."""
+    def check(value: Any) -> Any:
+        if not ok(value):
+            raise ConfigError(f"stage spec: {expected}, got {value!r}")
+        return value
+    return AfterValidator(check)
 
 
 def _entries(kind: str) -> AfterValidator:
@@ -109,16 +94,19 @@ class StageSpec(BaseModel):
 
     pipeline: Annotated[Any, AfterValidator(lambda v: validate_name(v, "pipeline name"))]
     participant: Annotated[Any, AfterValidator(lambda v: validate_name(v, "participant name"))]
-    run_id: Annotated[Any, AfterValidator(_run_id)]
+    run_id: Annotated[Any, _checked(lambda v: isinstance(v, str) and bool(v), "run_id must be a non-empty string")]
     attempt: Annotated[Any, AfterValidator(validate_attempt)]
-    stage: Annotated[Any, AfterValidator(_stage)]
+    stage: Annotated[Any, _checked(lambda v: isinstance(v, str) and ":" in v,
+                                   "stage must be an import path 'package.module:function'")]
     sources: Annotated[Any, _entries("source")] = Field(default_factory=dict)
     sinks: Annotated[Any, _entries("sink")] = Field(default_factory=dict)
     store: Mapping[str, Any] = Field(default_factory=dict)
-    key_groups: Annotated[Any, AfterValidator(_key_groups)] = DEFAULT_KEY_GROUPS
+    key_groups: Annotated[Any, _checked(lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20,
+                                        "key_groups must be an integer in 1..2**20")] = DEFAULT_KEY_GROUPS
     spark_conf: Mapping[str, Any] = Field(default_factory=dict)
     master: str | None = None
-    remote: Annotated[Any, AfterValidator(_remote)] = None
+    remote: Annotated[Any, _checked(lambda v: v is None or (isinstance(v, str) and v.startswith("sc://")),
+                                    "remote must be a Spark Connect URL 'sc://host:port'")] = None
     app_name: str | None = None
     airflow_context: Mapping[str, Any] = Field(default_factory=dict)
     dry_run: bool = False
