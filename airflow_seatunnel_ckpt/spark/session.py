@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Master of the embedded default session.
 DEFAULT_MASTER = "local[*]"
 #: Where an embedded (local-mode) session listens unless the user's spark_conf says otherwise.
 LOOPBACK = "127.0.0.1"

@@ -63,11 +63,8 @@ def _unwrapped(exc: ValidationError, what: str) -> CheckpointError:
     return ConfigError(f"{what}: " + "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors))
 
 
-#: The attempt id of a run with try number 0, which Airflow gives a task it runs without the
-#: scheduler (``airflow tasks test``). It is kept apart from the ids of real tries (1, 2, ...)
-#: so that such a run never shares a staging directory or lease with a scheduled try of the
-#: same DAG run (which of them prepares first still wins, as for any two attempts), and is
-#: never taken for a later try of a killed one.
+#: The attempt id of a run with try number 0 (``airflow tasks test``), apart from real tries' ids so that it never
+#: shares a staging directory or lease with a scheduled try, nor is taken for a later try of a killed one.
 UNSCHEDULED_ATTEMPT = 1_000_000
 
 

@@ -29,14 +29,11 @@ from airflow_seatunnel_ckpt.spark.session import freeze_worker_heap
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.storage import Storage
 
-#: The data source name this module registers.
 NAME = "seatunnel_staged_parquet"
 #: A staged file is closed and the next one started once it holds this many bytes.
 ROLL_BYTES = 64 * 1024 * 1024
-#: Rows are buffered into row groups of up to this many bytes (of Arrow data) or rows, as
-#: Spark's writer fills ``parquet.block.size``: Spark hands a writer batches of
-#: ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows (10,000), and a row group per
-#: batch would make files of many tiny row groups (larger, slower to write and to read).
+#: Rows are buffered into row groups of up to this many bytes (of Arrow data) or rows, as Spark's writer fills
+#: ``parquet.block.size``: a row group per Arrow batch (10,000 rows) would make files of many tiny row groups.
 ROW_GROUP_BYTES = 32 * 1024 * 1024
 ROW_GROUP_ROWS = 1_048_576
 #: Spark's directory name for a null partition value.
@@ -95,11 +92,9 @@ class StagedParquetWriter(DataSourceArrowWriter):
         self.storage_options = json.loads(options.get(OPTIONS_KEY) or "{}")
         self.partition_by = json.loads(options.get("partition_by") or "[]")
         self.compression = COMPRESSIONS[(options.get("compression") or "snappy").lower()]
-        #: ``[mask column, bit, rule name, action]`` per expectation of the sink: a row fails
-        #: the rule when the bit is set in its mask column (never null). Rows failing a
-        #: ``quarantine`` rule go, their ``quarantine_columns`` and ``failed_column`` (the
-        #: names of the rules they broke, built here: Spark hands over the masks only), to
-        #: ``quarantine_path`` (one job writes a sink and its quarantine, see :mod:`.expectations`).
+        #: ``[mask column, bit, rule name, action]`` per expectation: a row fails the rule when the bit is set in
+        #: its mask column (never null). Rows failing a ``quarantine`` rule go to ``quarantine_path``: their
+        #: ``quarantine_columns`` and ``failed_column`` (the rules they broke, named here from the masks).
         self.expectation_rules: list[list[Any]] = json.loads(options.get("expectation_rules") or "[]")
         self.quarantine_url = options.get("quarantine_path") or None
         self.quarantine_columns: list[str] = json.loads(options.get("quarantine_columns") or "[]")

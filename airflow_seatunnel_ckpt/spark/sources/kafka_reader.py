@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The Python data source's format name.
 FORMAT = "seatunnel_kafka_ranges"
 #: Spark's Kafka source schema (headers left out).
 SCHEMA = ("key binary, value binary, topic string, partition int, offset long, timestamp timestamp, "
