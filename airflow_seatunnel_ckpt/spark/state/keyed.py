@@ -277,8 +277,9 @@ class KeyedState:
     def _state_schema(self) -> Any:
         """The columns of the state: the update's (a new aggregate column reads NULL for stored keys), else the
         committed shape's, else a committed part's."""
-        if self._output is not None:
-            return self._updated_schema()
+        if self._output is not None:  # a key set's output has the input's columns; a key -> value state's its own
+            return self._output.schema if getattr(self, "aggregates", None) else self._output.select(
+                *self.settings.key_columns).schema
         settings = self.settings
         recorded = self._recorded_schema()
         if recorded is not None:
@@ -306,10 +307,6 @@ class KeyedState:
             log.info("keyed state %s: recorded columns %s are not DDL; reading them from a part",
                      self.name, shape.schema)
             return None
-
-    def _updated_schema(self) -> Any:
-        """The state's columns as this stage's update produces them."""
-        raise NotImplementedError
 
     def _with_changes(self, restored: DataFrame) -> DataFrame:
         """``restored`` with this stage's update applied (references the update once)."""
@@ -355,10 +352,6 @@ class KeySet(KeyedState):
                         .filter(keep(*columns)).drop(KEY_GROUP_COLUMN))
         self._planned()
         return self._output
-
-    def _updated_schema(self) -> Any:
-        assert self._output is not None
-        return self._output.select(*self.settings.key_columns).schema
 
     def _with_changes(self, restored: DataFrame) -> DataFrame:
         # The update yields only keys the restored set does not hold: a union is the new set.
@@ -411,10 +404,6 @@ class KeyValueState(KeyedState):
         self._output = partial.mapInArrow(fn, out_schema)
         self._planned()
         return self._output if mode == CHANGES else self.snapshot()
-
-    def _updated_schema(self) -> Any:
-        assert self._output is not None
-        return self._output.schema
 
     def _with_changes(self, restored: DataFrame) -> DataFrame:
         """Every restored key, with this epoch's merged values where it changed (one full outer join: the update is
