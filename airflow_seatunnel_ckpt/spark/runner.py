@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError, FencedAttemptError
@@ -21,6 +20,7 @@ from airflow_seatunnel_ckpt.core.protocol import staging
 from airflow_seatunnel_ckpt.core.protocol.descriptor import StateDescriptor
 from airflow_seatunnel_ckpt.core.protocol.expectations import QUARANTINE_SUFFIX as QUARANTINE_SUFFIX_EXPECTATIONS
 from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
+from airflow_seatunnel_ckpt.core.registry import load
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
 from airflow_seatunnel_ckpt.spark.context import AirflowContext, BoundSource, StageContext
 from airflow_seatunnel_ckpt.spark.declaration import STAGE_PATH
@@ -59,18 +59,14 @@ def load_stage_function(path: str) -> StageFunction:
                           "(e.g. 'my_pipelines.orders:dedup_orders')")
     module_name, _, attr = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        fn = load(path)
     except ImportError as exc:
         raise ConfigError(f"stage {path!r}: cannot import module {module_name!r}: {exc}") from exc
-    fn: Any = module
-    for part in attr.split("."):
-        fn = getattr(fn, part, None)
-        if fn is None:
-            raise ConfigError(f"stage {path!r}: module {module_name!r} has no attribute {attr!r}")
+    except AttributeError:
+        raise ConfigError(f"stage {path!r}: module {module_name!r} has no attribute {attr!r}") from None
     if not callable(fn):
         raise ConfigError(f"stage {path!r} is not callable")
-    stage: StageFunction = fn
-    return stage
+    return cast(StageFunction, fn)
 
 
 def run_stage(spec: StageSpec, spark: SparkSession | None = None, *, stage_fn: StageFunction | None = None,
