@@ -277,9 +277,9 @@ class KeyedState:
     def _state_schema(self) -> Any:
         """The columns of the state: the update's (a new aggregate column reads NULL for stored keys), else the
         committed shape's, else a committed part's."""
-        if self._output is not None:  # a key set's output has the input's columns; a key -> value state's its own
-            return self._output.schema if getattr(self, "aggregates", None) else self._output.select(
-                *self.settings.key_columns).schema
+        if self._output is not None:  # a key set's output has every column of its input: only the keys are state
+            keys = self.settings.key_columns
+            return (self._output if getattr(self, "aggregates", None) else self._output.select(*keys)).schema
         settings = self.settings
         recorded = self._recorded_schema()
         if recorded is not None:
