@@ -1,20 +1,6 @@
-"""Stage leases, and the one judgement of whether an undecided epoch is alive or dead.
-
-A timeout from ``begin`` cannot tell a long stage from a dead one. Instead the attempt
-running a stage holds a **lease**, ``_txlog/epoch-<e>/lease-<participant>``, rewritten every
-``lease_renew_s`` (:class:`LeaseKeeper`). An undecided epoch is *dead*, and anyone may abort
-it, only when (:func:`liveness`):
-
-* it is OPEN and its lease was not renewed for ``lease_timeout_s`` (or the lease's own
-  longer ``timeout_s``, :func:`lease_timeout`; with no lease, since its ``begin``), or
-* it is PREPARED and undecided ``prepared_timeout_s`` after it was prepared, unless a
-  declared participant has not begun while the owning DAG run still runs, or
-* the DAG run that owns it is known to be finished (the Airflow layer's answer).
-
-An epoch decided commit is never dead. **Time is the store's**: ages are ``store_now -
-modified(record)``, ``store_now`` the modification time of a clock probe rewritten in the
-same store (:func:`store_now`), so no two machines' wall clocks are ever compared.
-"""
+"""Stage leases (:class:`LeaseKeeper`), and :func:`liveness`: the one judgement of whether an
+undecided epoch is alive or dead, by the store's clock (:func:`store_now`; docs/ARCHITECTURE.md,
+decision 10)."""
 
 from __future__ import annotations
 
@@ -46,13 +32,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 def store_now(storage: Storage) -> float:
-    """The store's current time: write a clock probe, read its modification time, remove it.
-
-    Each observer uses its own probe name, so concurrent observers never read (or
-    remove) each other's probe, and a dry run leaves the store as it found it.
-    """
+    """The store's current time: write a clock probe, read its modification time, remove it."""
+    # A probe of its own per observer: concurrent observers never read (or remove) each
+    # other's, and a dry run leaves the store as it found it.
     probe = f"{layout.CLOCK_PROBE}-{uuid.uuid4().hex}"
     storage.write_atomic(probe, b"")
     try:
@@ -75,11 +58,9 @@ def abort_command(pipeline: Pipeline, epoch: int, reason: str = "its run is dead
 
 @pydantic.dataclasses.dataclass(config=RECORD)
 class LeaseRecord(Record):
-    """``lease-<participant>``: who runs the participant's stage in ``epoch``, renewed in place.
+    """``lease-<participant>``: who runs the participant's stage in ``epoch``, rewritten at each renewal.
 
-    Unlike the transaction-log records it is rewritten (``write_atomic``) at every
-    renewal with ``generation + 1``; its *modification time* in the store is what
-    liveness reads, the fields are for people (who holds it, how often it renews).
+    Liveness reads its modification time; the fields are for people.
     """
 
     epoch: int
@@ -100,24 +81,15 @@ class LeaseRecord(Record):
 
 
 def default_holder(**extra: Any) -> dict[str, Any]:
-    """Host and pid of this process, plus what the caller adds (``None`` values left out).
-
-    The orchestrator's view of the holder (e.g. ``ti``: the task instance it runs for)
-    comes from the caller, who knows it; the core reads no orchestrator's environment.
-    """
+    """Host and pid of this process, plus what the caller adds (e.g. ``ti``; ``None`` values left out)."""
     holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
     holder.update({k: v for k, v in extra.items() if v is not None})
     return holder
 
 
 class Periodic:
-    """Call ``tick`` every ``interval_s`` seconds from a daemon thread, from :meth:`start` until :meth:`stop`.
-
-    The first call comes ``interval_s`` after the start. ``tick`` handles its own errors:
-    whatever it raises ends the thread.
-
-    :param name: the thread's name (shown in thread dumps).
-    """
+    """Call ``tick`` every ``interval_s`` seconds from a daemon thread named ``name``, from
+    :meth:`start` until :meth:`stop`; ``tick`` handles its own errors (one raised ends the thread)."""
 
     def __init__(self, tick: Callable[[], object], interval_s: float, name: str) -> None:
         self.tick = tick
@@ -145,13 +117,10 @@ class Periodic:
 
 
 class LeaseKeeper:
-    """Hold the lease of ``participant`` in ``epoch`` while a stage runs.
+    """``with LeaseKeeper(...):`` holds the lease of ``participant`` in ``epoch``, renewed every ``renew_s``.
 
-    ``with LeaseKeeper(...):`` writes the lease, then a daemon thread renews it every
-    ``renew_s`` until the block ends, when renewing stops at once (the thread is joined).
-    A failed renewal is logged and tried again at the next tick: a store hiccup must never
-    kill the stage it protects, and one missed renewal is within the timeout
-    (``renew_s < timeout_s / 2``).
+    A failed renewal is logged and tried at the next tick: a store hiccup must never kill
+    the stage it protects, and one missed renewal is within the timeout (``renew_s < timeout_s / 2``).
     """
 
     def __init__(self, storage: Storage, epoch: int, participant: str, attempt: int, *,
@@ -218,12 +187,8 @@ def read_lease(storage: Storage, epoch: int, participant: str) -> LeaseRecord | 
 
 @dataclass(frozen=True)
 class EpochDir:
-    """One listing of an epoch's log directory, and the state its names give.
-
-    Both judgements of "is it alive?" -- of an epoch (:func:`liveness`) and of a submitted
-    attempt (:func:`.submissions.judge_submission`) -- read the directory through one of
-    these, so a caller that asks both, or asks about several attempts, lists it once.
-    """
+    """One listing of an epoch's log directory and the state its names give, shared by
+    :func:`liveness` and :func:`.submissions.judge_submission` so that a caller lists it once."""
 
     epoch: int
     names: frozenset[str]
@@ -249,12 +214,9 @@ class HeldLease:
     """A participant's lease as an observer sees it: how old, judged by which timeout."""
 
     participant: str
-    #: seconds since its last renewal, by the store's clock
     age_s: float
-    #: seconds after its last renewal that it is dead (:func:`lease_timeout`)
-    timeout_s: float
-    #: its content (None: unreadable -- its modification time still counts)
-    record: LeaseRecord | None
+    timeout_s: float  #: :func:`lease_timeout`
+    record: LeaseRecord | None  #: None: unreadable (its modification time still counts)
 
     @property
     def renewed(self) -> bool:
@@ -278,9 +240,7 @@ def held_lease(pipeline: Pipeline, epoch: int, participant: str, now: float) -> 
 def earlier_attempt(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
     """What an earlier attempt of ``participant`` left in ``epoch`` (its lease), for the log; "" if none.
 
-    A try killed outright (SIGKILL: out of memory, a lost worker) logs nothing itself; its
-    lease tells who ran it and when it last renewed, i.e. about when it died. Only read,
-    never fatal.
+    A try killed outright (SIGKILL) logs nothing itself; its lease tells who ran it and about when it died.
     """
     try:
         lease = read_lease(pipeline.storage, epoch, participant)
@@ -300,9 +260,8 @@ def earlier_attempt(pipeline: Pipeline, epoch: int, participant: str, attempt: i
 def lease_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> float:
     """Seconds after its last renewal that ``lease`` is dead: its holder's timeout or the observer's, the larger.
 
-    The lease carries the ``timeout_s`` its holder renews for (``renew_s < timeout_s / 2``);
-    an observer configured with a shorter ``lease_timeout_s`` (the CLI's or the recovery
-    DAG's default) must not judge the stage dead between two of its renewals.
+    An observer with a shorter ``lease_timeout_s`` (the CLI's default) must not judge the
+    stage dead between two of its renewals.
     """
     own = lease.timeout_s if lease is not None and lease.timeout_s > 0 else 0.0
     return max(own, config.lease_timeout_s)
@@ -317,7 +276,7 @@ def describe_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> str
 
 
 class Liveness(enum.StrEnum):
-    """Whether an epoch's owner may still finish it (see the module docstring)."""
+    """Whether an epoch's owner may still finish it."""
 
     #: OPEN, and its stage renewed its lease recently (or began recently and has none yet);
     #: or PREPARED with a declared participant not begun yet while its DAG run still runs
@@ -346,11 +305,10 @@ class EpochLiveness:
     epoch: int
     state: EpochState
     liveness: Liveness
-    #: one sentence: what was seen (lease holder, age of the last renewal, timeouts)
     reason: str
     run_id: str = ""
     dag_id: str = ""
-    #: seconds since the newest lease renewal / prepare / begin that the judgement used
+    #: seconds since the lease renewal / prepare / begin that the judgement used
     age_s: float | None = None
     lease: LeaseRecord | None = None
 
@@ -370,11 +328,9 @@ def liveness(pipeline: Pipeline, epoch: int, owner_run_finished: bool | None = N
              now: float | None = None, seen: EpochDir | None = None) -> EpochLiveness:
     """Judge whether ``epoch`` is alive or dead (the one place that decides it).
 
-    :param owner_run_finished: whether the DAG run that began the epoch is in a terminal
-        state (``None``: unknown -- the lease and timeouts alone decide). The core never
-        asks an orchestrator; its caller does.
-    :param now: the store's time to judge at; default: probe the store
-        (:func:`store_now`). Given explicitly only to look ahead (tests, "what if").
+    :param owner_run_finished: whether the DAG run that began the epoch is over (``None``:
+        unknown; the core never asks an orchestrator, its caller does).
+    :param now: the store's time to judge at (default: :func:`store_now`).
     :param seen: the epoch's log directory as the caller listed it (default: list it now).
     """
     config = pipeline.config

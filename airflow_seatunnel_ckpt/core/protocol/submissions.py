@@ -1,23 +1,6 @@
-"""Submitted stages: who launched which attempt, how it ended, and whether it still runs.
-
-A stage launched detached (``spark-submit``, or a Connect client in a launcher process)
-runs apart from the task that launched it. Write-once records in the epoch's log let the
-trigger, a retry of the task or the Checkpoints page find it and learn how it ended:
-
-* ``submission-<participant>-a<attempt>``: by the task right after launching (the
-  launcher's host and pid, its log, the runtime and where it runs);
-* ``exit-<participant>-a<attempt>``: by the launcher when what it runs exits (return
-  code, last lines of output);
-* ``deferred-<participant>-a<attempt>``: by the try that deferred the attempt; a later try
-  that finds the attempt still running knows the deferral ended in Airflow and stops it;
-* ``fence-<participant>-a<attempt>`` (:meth:`.TransactionLog.settle_fence`): the attempt's
-  one chance to prepare, created once, by its prepare (*preparing*) or by a cancel
-  (*cancelled*, :func:`request_cancel`): a cancelled attempt never prepares, and a late
-  cancel loses and takes the attempt's outcome.
-
-Whether it still runs is the participant's lease (:mod:`.lease`).
-:func:`judge_submission` is the one place that turns these records into an outcome.
-"""
+"""Submitted stages: the write-once ``submission-``, ``exit-`` and ``deferred-<participant>-a<attempt>``
+records of an attempt launched detached, its cancel (the ``fence-`` record), and
+:func:`judge_submission`, the one verdict on whether it still runs (docs/ARCHITECTURE.md, decision 27)."""
 
 from __future__ import annotations
 
@@ -65,11 +48,7 @@ def _write(pipeline: Pipeline, prefix: str, record: Any, *, keep_first: bool = T
 
 @pydantic.dataclasses.dataclass(config=RECORD)
 class SubmissionRecord(Record):
-    """An attempt of a participant launched detached (by a launcher process the task started).
-
-    The core judges it from the store alone; what the runtime is and where it runs are
-    for people (messages, the Checkpoints page), never interpreted here.
-    """
+    """An attempt of a participant launched detached (by a launcher process the task started)."""
 
     epoch: int
     participant: str
@@ -77,9 +56,8 @@ class SubmissionRecord(Record):
     host: str
     launcher_pid: int
     log: str
-    #: The runtime that runs the stage (``spark-submit``, ``connect``), for people.
+    #: For people, never interpreted: the runtime (``spark-submit``, ``connect``) and where it runs.
     runtime: str = ""
-    #: Where it runs (a master and deploy mode, a Connect endpoint), for people.
     target: str = ""
     #: The launcher may exit cleanly while the stage still runs elsewhere (the runtime
     #: hands it over, e.g. a cluster that only accepted it): its clean exit record then
@@ -123,8 +101,7 @@ def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: in
                    reason: str) -> bool:
     """Cancel ``attempt``: it never prepares, and its launcher stops it (it looks at every lease renewal).
 
-    Returns False when the attempt began to prepare first: the cancel is void, the attempt's
-    prepare stands, and the caller must take that attempt's outcome rather than replace it.
+    False when the attempt began to prepare first: its prepare stands, and the caller takes its outcome.
     """
     fence = pipeline.txlog.settle_fence(FenceRecord(epoch, participant, attempt, True, by, reason, time.time()))
     return fence.cancelled
@@ -144,11 +121,8 @@ class DeferralRecord(Record):
 
 
 def record_deferral(pipeline: Pipeline, record: DeferralRecord) -> None:
-    """Write that a try deferred on the attempt; the first deferral on it is kept.
-
-    Only the first matters: once a try deferred on an attempt, any later try that finds it
-    running stops it (see :func:`read_deferral`), so no second try ever defers on it.
-    """
+    """Write that a try deferred on the attempt; the first deferral is kept (a later try that finds
+    the attempt running stops it, so none defers on it again)."""
     _write(pipeline, DEFERRED_PREFIX, record)
 
 
@@ -158,12 +132,8 @@ def read_deferral(pipeline: Pipeline, epoch: int, participant: str, attempt: int
 
 
 def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
-    """Why the launcher of ``attempt`` should stop its application now ("" = let it run).
-
-    The attempt cancelled (its fence settled by a cancel, not by its prepare), or the epoch
-    decided before the participant prepared (aborted: the application's work can never be
-    committed).
-    """
+    """Why the launcher of ``attempt`` should stop its application now: cancelled, or the epoch
+    decided before the participant prepared ("" = let it run)."""
     seen = EpochDir.read(pipeline, epoch)
     names = seen.names
     if PREPARED_PREFIX + participant in names:
@@ -191,8 +161,7 @@ def read_exit(pipeline: Pipeline, epoch: int, participant: str, attempt: int) ->
 
 def submissions_of(pipeline: Pipeline, epoch: int,
                    names: list[str] | None = None) -> list[tuple[SubmissionRecord, ExitRecord | None]]:
-    """Every submitted attempt of ``epoch`` with its exit record (None while running or lost);
-    ``names``: the epoch's directory, if the caller listed it already."""
+    """Every submitted attempt of ``epoch`` with its exit record (None while running or lost)."""
     if names is None:
         names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
     found = []
@@ -243,10 +212,7 @@ class SubmissionOutcome(enum.StrEnum):
 
 @pydantic.dataclasses.dataclass(config=RECORD)
 class SubmissionCheck(Record):
-    """One look at a submitted attempt (plain data: it travels in a trigger event).
-
-    ``from_dict`` (an event read back) raises CorruptCheckpointError for data that does not fit.
-    """
+    """One look at a submitted attempt (plain data: it travels in a trigger event)."""
 
     outcome: SubmissionOutcome
     message: str
@@ -263,12 +229,9 @@ def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: 
     """Where the submitted ``attempt`` of ``participant`` in ``epoch`` stands (the one judgement).
 
     In order: prepared (by any attempt) wins; a decided epoch ends the wait; an exit record
-    means the launcher is over -- except a clean exit of a submission whose record says its
-    launcher exits before the stage (``exits_before_stage``), which is judged by its lease; a lease
-    of this attempt renewed within its timeout (:func:`~.lease.lease_timeout`) -- or, before
-    the first renewal, a submission record younger than ``lease_timeout_s`` -- means it
-    runs; anything else is lost. ``seen``: the epoch's log directory as the caller listed
-    it (default: list it now).
+    ends the launcher (a clean one with ``exits_before_stage`` is judged by the lease); a
+    lease of this attempt within its timeout, or a submission younger than
+    ``lease_timeout_s``, runs; anything else is lost. ``seen``: the caller's listing.
     """
     seen = seen if seen is not None else EpochDir.read(pipeline, epoch)
     names = seen.names
