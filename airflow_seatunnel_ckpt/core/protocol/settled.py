@@ -171,16 +171,15 @@ class SettledLog:
             problems.append(exc)
             return None
 
-    def advance(self, seen: SettledRead, states_above: Mapping[int, EpochState],
-                min_advance: int | None = None) -> SettledRecord | None:
-        """Move the watermark over the final epochs of ``states_above`` just above it (:func:`final_run`),
-        if by at least ``min_advance`` (default :data:`MIN_ADVANCE`); returns the record written, or None."""
+    def advance(self, seen: SettledRead, states: Mapping[int, EpochState]) -> SettledRecord | None:
+        """Move the watermark over the final epochs of ``states`` (read after ``seen``) just above it
+        (:func:`final_run`), if by at least :data:`MIN_ADVANCE`; returns the record written, or None."""
         base = seen.record
         watermark = base.watermark
         committed, aborted = base.committed_epochs(), _expand(base.aborted)
-        for watermark in final_run(base.watermark, states_above):
-            (committed if states_above[watermark] is EpochState.COMMITTED else aborted).append(watermark)
-        if watermark - base.watermark < max(1, MIN_ADVANCE if min_advance is None else min_advance):
+        for watermark in final_run(base.watermark, states):
+            (committed if states[watermark] is EpochState.COMMITTED else aborted).append(watermark)
+        if watermark - base.watermark < max(1, MIN_ADVANCE):
             return None
         newest = seen.newest_version
         for _ in range(MAX_ATTEMPTS):

@@ -152,5 +152,5 @@ def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochStat
     run = settled.final_run(watermark, covered)
     if len(run) >= max(1, settled.MIN_ADVANCE):
         epoch_index.write(pipeline, run)
-    pipeline.txlog.settle(seen, covered)
+    pipeline.txlog.settled.advance(seen, covered)
     return removed

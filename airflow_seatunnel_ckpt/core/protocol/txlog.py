@@ -36,7 +36,7 @@ from airflow_seatunnel_ckpt.core.models import (
     decode,
     tag,
 )
-from airflow_seatunnel_ckpt.core.protocol.settled import SettledLog, SettledRead, SettledRecord
+from airflow_seatunnel_ckpt.core.protocol.settled import SettledLog, SettledRead
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 R = TypeVar("R")
@@ -393,21 +393,15 @@ class TransactionLog:
         outcomes = {n[len(OUTCOME_PREFIX):] for n in names if n.startswith(OUTCOME_PREFIX)}
         out = []
         for name in sorted(n for n in names if n.startswith(ACTION_PREFIX)):
-            record = self.read_action(epoch, name)
+            record = self.read_record(layout.record_path(epoch, name), ActionRecord)
             if record is None:
                 continue
             suffix = name[len(ACTION_PREFIX):]
-            outcome = self.read_outcome(epoch, OUTCOME_PREFIX + suffix) if suffix in outcomes else None
+            outcome = (self.read_record(layout.record_path(epoch, OUTCOME_PREFIX + suffix), OutcomeRecord)
+                       if suffix in outcomes else None)
             out.append(ActionEntry(name, record, outcome))
         return out
 
-    def read_action(self, epoch: int, name: str) -> ActionRecord | None:
-        """The ``action-*`` record ``name``, or None."""
-        return self.read_record(layout.record_path(epoch, name), ActionRecord)
-
-    def read_outcome(self, epoch: int, name: str) -> OutcomeRecord | None:
-        """The ``outcome-*`` record ``name``, or None."""
-        return self.read_record(layout.record_path(epoch, name), OutcomeRecord)
 
     def read_committed(self, epoch: int) -> tuple[list[PublishedSink], float | None] | None:
         """What the ``committed`` record says was published, and its ``at``; None if not committed."""
@@ -456,9 +450,9 @@ class TransactionLog:
                 return epoch
         return seen.record.last_committed()
 
-    def open_epochs(self, seen: SettledRead | None = None) -> tuple[SettledRead, list[int]]:
+    def open_epochs(self) -> tuple[SettledRead, list[int]]:
         """The settled record and the epochs above its watermark (those whose state may change)."""
-        seen, above = self._above(seen)
+        seen, above = self._above()
         return seen, list(above)
 
     def _above(self, seen: SettledRead | None = None) -> tuple[SettledRead, dict[int, list[str] | None]]:
@@ -494,12 +488,6 @@ class TransactionLog:
         out.update((epoch, self.state(epoch, names)) for epoch, names in above.items())
         return seen, out
 
-    def settle(self, seen: SettledRead, states: dict[int, EpochState],
-               min_advance: int | None = None) -> SettledRecord | None:
-        """Advance the settled watermark over the final epochs in ``states`` (read after ``seen``)
-        above ``seen``'s; returns the record written, or None."""
-        watermark = seen.record.watermark
-        return self.settled.advance(seen, {e: s for e, s in states.items() if e > watermark}, min_advance)
 
     def status(self, epoch: int) -> EpochStatus:
         """Everything the log holds about ``epoch``."""
@@ -534,9 +522,9 @@ class TransactionLog:
         if name.startswith(PLAN_PREFIX):
             return self.read_plan(epoch, name[len(PLAN_PREFIX):])
         if name.startswith(ACTION_PREFIX):
-            return self.read_action(epoch, name)
+            return self.read_record(layout.record_path(epoch, name), ActionRecord)
         if name.startswith(OUTCOME_PREFIX):
-            return self.read_outcome(epoch, name)
+            return self.read_record(layout.record_path(epoch, name), OutcomeRecord)
         try:
             return self.read_record(layout.record_path(epoch, name), lambda data, _where: data)
         except CorruptCheckpointError as exc:
