@@ -92,10 +92,6 @@ def record_exit(pipeline: Pipeline, record: ExitRecord) -> None:
     _write(pipeline, EXIT_PREFIX, record)
 
 
-def read_fence(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> FenceRecord | None:
-    """The attempt's fence record: whether it was cancelled or began to prepare (None: neither yet)."""
-    return pipeline.txlog.read_fence(epoch, participant, attempt)
-
 
 def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: int, *, by: str,
                    reason: str) -> bool:
@@ -139,7 +135,7 @@ def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) 
     if PREPARED_PREFIX + participant in names:
         return ""
     if fence_name(participant, attempt) in names:
-        fence = read_fence(pipeline, epoch, participant, attempt)
+        fence = pipeline.txlog.read_fence(epoch, participant, attempt)
         if fence is not None and fence.cancelled:
             return f"cancelled by {fence.by}: {fence.reason}"
         if fence is not None:
@@ -165,29 +161,31 @@ def submissions_of(pipeline: Pipeline, epoch: int,
     if names is None:
         names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
     found = []
-    for name in sorted(n for n in names if n.startswith(SUBMISSION_PREFIX)):
-        participant, _, attempt = name[len(SUBMISSION_PREFIX):].rpartition("-a")
-        if not participant or not attempt.isdigit():
-            continue  # not a name this module writes
-        record = read_submission(pipeline, epoch, participant, int(attempt))
+    for participant, attempt in _submitted(names):
+        record = read_submission(pipeline, epoch, participant, attempt)
         if record is not None:
-            ended = read_exit(pipeline, epoch, participant, int(attempt)) \
-                if layout.attempt_record_name(EXIT_PREFIX, participant, int(attempt)) in names else None
-            found.append((record, ended))
+            exited = layout.attempt_record_name(EXIT_PREFIX, participant, attempt) in names
+            found.append((record, read_exit(pipeline, epoch, participant, attempt) if exited else None))
     return found
 
 
 def submitted_attempts(pipeline: Pipeline, epoch: int, participant: str,
                        names: Iterable[str] | None = None) -> list[int]:
     """Attempts of ``participant`` in ``epoch`` that have a submission record, oldest first."""
-    prefix = f"{SUBMISSION_PREFIX}{validate_name(participant, 'participant name')}-a"
+    validate_name(participant, "participant name")
     if names is None:
         names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
-    attempts = []
+    return sorted(attempt for p, attempt in _submitted(names) if p == participant)
+
+
+def _submitted(names: Iterable[str]) -> list[tuple[str, int]]:
+    """The (participant, attempt) of each submission record among an epoch's ``names``, sorted."""
+    found = []
     for name in names:
-        if name.startswith(prefix) and name[len(prefix):].isdigit():
-            attempts.append(int(name[len(prefix):]))
-    return sorted(attempts)
+        participant, _, attempt = name.removeprefix(SUBMISSION_PREFIX).rpartition("-a")
+        if name.startswith(SUBMISSION_PREFIX) and participant and attempt.isdigit():  # else: not ours
+            found.append((participant, int(attempt)))
+    return sorted(found)
 
 
 class SubmissionOutcome(enum.StrEnum):

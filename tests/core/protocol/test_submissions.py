@@ -16,7 +16,6 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import FencedAttemptError
-from airflow_seatunnel_ckpt.core.protocol import submissions
 from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, store_now
 from airflow_seatunnel_ckpt.core.protocol.submissions import (
     ExitRecord,
@@ -96,7 +95,7 @@ def test_a_cancel_that_lands_while_the_attempt_prepares_loses_and_the_canceller_
     # The canceller is told the cancel lost, so it does not submit a replacement; the
     # launcher is not told to stop an attempt that is preparing.
     assert cancels == [(False, "")]
-    fence = submissions.read_fence(p, epoch, "ingest", 1)
+    fence = p.txlog.read_fence(epoch, "ingest", 1)
     assert fence is not None and not fence.cancelled
     with pytest.raises(FencedAttemptError):
         prepare_participant(p, "run-1", NEW, attempt=2, epoch=epoch)
@@ -112,7 +111,7 @@ def test_a_cancel_and_a_prepare_of_the_same_attempt_settle_one_fence(fast_spec: 
     prepare_participant(p, "run-1", OLD, attempt=1, epoch=epoch)  # a repeated prepare stays idempotent
     assert request_cancel(p, epoch, "ingest", 3, by="triggerer", reason="marked failed") is True
     assert request_cancel(p, epoch, "ingest", 3, by="someone else", reason="again") is True
-    fence = submissions.read_fence(p, epoch, "ingest", 3)
+    fence = p.txlog.read_fence(epoch, "ingest", 3)
     assert fence is not None and (fence.cancelled, fence.by) == (True, "triggerer")
     assert stop_reason(p, epoch, "ingest", 3) == ""  # the participant is prepared: nothing to stop
 
