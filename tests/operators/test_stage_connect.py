@@ -397,7 +397,7 @@ def test_a_deferrable_connect_stage_runs_detached_and_the_triggerer_resumes_it_t
     import os
 
     from airflow_seatunnel_ckpt.core import Decision
-    from airflow_seatunnel_ckpt.core.protocol.submissions import read_submission
+    from airflow_seatunnel_ckpt.core.protocol.lease import read_submission
     from tests.operators.test_stage_detached_submit import context_of, deferred, fire
     from tests.spark.conftest import OrdersPipeline
 
@@ -430,7 +430,7 @@ def test_a_cleared_deferred_connect_stage_has_its_attempt_stopped_and_its_sessio
     import time
 
     from airflow_seatunnel_ckpt.core import Decision
-    from airflow_seatunnel_ckpt.core.protocol.submissions import read_exit
+    from airflow_seatunnel_ckpt.core.protocol.lease import read_exit
     from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
     from tests.operators.test_stage_detached_submit import context_of, deferred, fire
     from tests.spark.conftest import OrdersPipeline

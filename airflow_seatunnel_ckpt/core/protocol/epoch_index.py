@@ -26,8 +26,8 @@ from airflow_seatunnel_ckpt.core.models import (
     Record,
     tag,
 )
+from airflow_seatunnel_ckpt.core.protocol.lease import ExitRecord, SubmissionRecord, submissions_of
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
-from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord, submissions_of
 from airflow_seatunnel_ckpt.core.protocol.txlog import INDEX_RECORD
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Submitted attempts: a cancel fences the attempt's prepare, and the one judgement of how a submission stands.
 
 The records are the ones the stage task, the launcher and the driver write
-(:mod:`airflow_seatunnel_ckpt.core.protocol.submissions`), written here through the same functions
+(:mod:`airflow_seatunnel_ckpt.core.protocol.lease`), written here through the same functions
 on a real local store; the interleavings are made deterministic by running the other
 side's step at a chosen point of a store write.
 """
@@ -16,9 +16,9 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import FencedAttemptError
-from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, store_now
-from airflow_seatunnel_ckpt.core.protocol.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.lease import (
     ExitRecord,
+    LeaseKeeper,
     SubmissionOutcome,
     SubmissionRecord,
     judge_submission,
@@ -26,6 +26,7 @@ from airflow_seatunnel_ckpt.core.protocol.submissions import (
     record_submission,
     request_cancel,
     stop_reason,
+    store_now,
 )
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
