@@ -288,19 +288,12 @@ def describe_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> str
 class Liveness(enum.StrEnum):
     """Whether an epoch's owner may still finish it."""
 
-    #: OPEN, and its stage renewed its lease recently (or began recently and has none yet);
-    #: or PREPARED with a declared participant not begun yet while its DAG run still runs
-    ALIVE = "alive"
-    #: PREPARED, undecided, within ``prepared_timeout_s`` of its prepare: the decision is due
-    AWAITING_DECISION = "awaiting-decision"
-    #: OPEN, and its lease was not renewed for ``lease_timeout_s`` (or never taken that long)
-    EXPIRED = "expired"
-    #: PREPARED and still undecided ``prepared_timeout_s`` after it was prepared
-    PREPARED_TIMEOUT = "prepared-timeout"
-    #: its owning DAG run is finished (failed, or marked success/failed) and left it undecided
-    OWNER_FINISHED = "owner-finished"
-    #: decided already: commit rolls forward, abort finishes; never judged dead
-    DECIDED = "decided"
+    ALIVE = "alive"  #: its stage renews its lease, or may still start (begun recently, its run running)
+    AWAITING_DECISION = "awaiting-decision"  #: PREPARED within ``prepared_timeout_s``: the decision is due
+    EXPIRED = "expired"  #: OPEN, its lease not renewed (or never taken) for ``lease_timeout_s``
+    PREPARED_TIMEOUT = "prepared-timeout"  #: PREPARED and undecided ``prepared_timeout_s`` after its prepare
+    OWNER_FINISHED = "owner-finished"  #: its DAG run is finished and left it undecided
+    DECIDED = "decided"  #: commit rolls forward, abort finishes; never judged dead
 
     @property
     def dead(self) -> bool:
@@ -591,17 +584,11 @@ def _submitted(names: Iterable[str]) -> list[tuple[str, int]]:
 class SubmissionOutcome(enum.StrEnum):
     """What waiting for a submitted attempt has come to."""
 
-    #: The participant is prepared (by this attempt or an earlier one): the stage is done.
-    PREPARED = "prepared"
-    #: Still running: launched recently, or its lease is being renewed.
-    RUNNING = "running"
-    #: The launched process exited without the participant being prepared.
-    FAILED = "failed"
-    #: No exit record, and nobody renewed the lease within ``lease_timeout_s``: the
-    #: launcher and the driver are gone (a lost machine, a killed process group).
-    LOST = "lost"
-    #: The epoch was decided (aborted) before the participant prepared.
-    DECIDED = "decided"
+    PREPARED = "prepared"  #: the participant is prepared (by this attempt or an earlier one)
+    RUNNING = "running"  #: launched recently, or its lease is being renewed
+    FAILED = "failed"  #: the launched process exited without the participant being prepared
+    LOST = "lost"  #: no exit record and no lease renewal within ``lease_timeout_s``: launcher and driver gone
+    DECIDED = "decided"  #: the epoch was decided (aborted) before the participant prepared
 
     @property
     def done(self) -> bool:
