@@ -91,9 +91,7 @@ class RecoveryReport:
         return {"pipeline": self.pipeline, "dry_run": self.dry_run, "actions": [a.to_dict() for a in self.actions]}
 
 
-#: ``run_finished(run_id, dag_id) -> bool | None``: whether the DAG run that began an
-#: epoch is in a terminal state (None: unknown). ``dag_id`` is "" when ``begin`` does not
-#: name the pipeline's DAG.
+#: ``run_finished(run_id, dag_id)``: whether the DAG run that began an epoch is over (None: unknown).
 RunFinished = Callable[[str, str], "bool | None"]
 
 
@@ -201,13 +199,10 @@ class PendingWait:
     """An earlier undecided epoch blocks a run's ``begin`` and may still finish: look again later."""
 
     epoch: int
-    #: the blocking epoch's state, and what the wait is for
-    reason: str
-    #: seconds waited so far, and in all at most
+    reason: str  #: the blocking epoch's state, and what the wait is for
     waited_s: float
     limit_s: float
-    #: the command that aborts the blocking epoch now
-    command: str
+    command: str  #: the command that aborts the blocking epoch now
 
 
 def begin_unblocked(pipeline: Pipeline, run_id: str, *, logical_date: str = "",
