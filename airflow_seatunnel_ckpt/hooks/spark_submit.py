@@ -5,7 +5,7 @@ The command is built from the Spark connection as the Apache Spark provider's
 public APIs only; it is run by the detached launcher
 (:mod:`airflow_seatunnel_ckpt.spark.launch`), so that the application outlives a
 deferred, cleared or killed task and a retry can find it again (see
-:mod:`airflow_seatunnel_ckpt.core.protocol.submissions`).
+:mod:`airflow_seatunnel_ckpt.core.protocol.lease`).
 
 Nothing travels through the task's file system. The spec goes with ``--files`` (Spark
 ships it to the driver wherever the driver runs: its working directory in YARN and
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
-from airflow_seatunnel_ckpt.core.protocol.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.lease import (
     SubmissionCheck,
     SubmissionOutcome,
     SubmissionRecord,

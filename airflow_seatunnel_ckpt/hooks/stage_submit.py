@@ -6,7 +6,7 @@ does for the Spark provider's operator; the stage operator and the submission tr
 call it. A retry reconnects to the attempt of a try whose worker died while it waited,
 and stops the attempt of a try that had deferred on it. Terminated (``on_kill``), it
 stops what this process runs. The records and their judgement:
-:mod:`airflow_seatunnel_ckpt.core.protocol.submissions`; the launcher:
+:mod:`airflow_seatunnel_ckpt.core.protocol.lease`; the launcher:
 :mod:`airflow_seatunnel_ckpt.spark.launch`.
 """
 
@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
-from airflow_seatunnel_ckpt.core.protocol.lease import EpochDir, earlier_attempt, read_lease
-from airflow_seatunnel_ckpt.core.protocol.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.lease import (
     DeferralRecord,
+    EpochDir,
     SubmissionCheck,
     SubmissionOutcome,
     SubmissionRecord,
+    earlier_attempt,
     judge_submission,
     read_deferral,
+    read_lease,
     read_submission,
     record_deferral,
     request_cancel,

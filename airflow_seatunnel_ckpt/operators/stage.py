@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import conf
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_seatunnel_ckpt.core.protocol.lease import SubmissionCheck
 from airflow_seatunnel_ckpt.core.protocol.recovery import abort_unfollowed
-from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck
 from airflow_seatunnel_ckpt.hooks.stage_runtime import Runtime, RuntimeChoice, choose_runtime
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook, attempt_for_try
 from airflow_seatunnel_ckpt.operators import metrics
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
     from airflow.sdk import Context
 
-    from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionRecord
+    from airflow_seatunnel_ckpt.core.protocol.lease import SubmissionRecord
     from airflow_seatunnel_ckpt.spark.spec import StageResult
 
 

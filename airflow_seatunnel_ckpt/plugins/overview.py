@@ -16,8 +16,8 @@ from airflow_seatunnel_ckpt.core import CheckpointStore, EpochState
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.protocol import epoch_index
 from airflow_seatunnel_ckpt.core.protocol.epoch_index import EpochSummary
+from airflow_seatunnel_ckpt.core.protocol.lease import ExitRecord, SubmissionRecord
 from airflow_seatunnel_ckpt.core.protocol.recovery import RunFinished, recover, resolve_epoch
-from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
 #: States an on-call engineer may abort from the page (undecided ones).

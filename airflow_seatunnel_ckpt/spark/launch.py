@@ -159,8 +159,8 @@ def end_process_group(grace_s: float) -> None:
 
 
 def _stop_reason(pipeline: Any, epoch: int, participant: str, attempt: int) -> str:
-    """:func:`~airflow_seatunnel_ckpt.core.protocol.submissions.stop_reason`; a store hiccup lets it run."""
-    from airflow_seatunnel_ckpt.core.protocol.submissions import stop_reason
+    """:func:`~airflow_seatunnel_ckpt.core.protocol.lease.stop_reason`; a store hiccup lets it run."""
+    from airflow_seatunnel_ckpt.core.protocol.lease import stop_reason
 
     try:
         return stop_reason(pipeline, epoch, participant, attempt)
@@ -188,8 +188,13 @@ def _release_connect_session(remote: str) -> None:
 def run(plan: Mapping[str, Any]) -> int:
     """Run ``spark-submit`` as the plan says, holding the lease; write the exit record."""
     from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
-    from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
-    from airflow_seatunnel_ckpt.core.protocol.submissions import TAIL_LINES, ExitRecord, record_exit
+    from airflow_seatunnel_ckpt.core.protocol.lease import (
+        TAIL_LINES,
+        ExitRecord,
+        LeaseKeeper,
+        default_holder,
+        record_exit,
+    )
     from airflow_seatunnel_ckpt.spark.context import AirflowContext
     from airflow_seatunnel_ckpt.spark.spec import StageSpec
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import TriggerEvent
 
-from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionCheck, SubmissionOutcome
+from airflow_seatunnel_ckpt.core.protocol.lease import SubmissionCheck, SubmissionOutcome
 from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
 from airflow_seatunnel_ckpt.triggers.store_errors import StoreErrorBudget, StoreTrigger
 
@@ -17,7 +17,7 @@ from airflow_seatunnel_ckpt.triggers.store_errors import StoreErrorBudget, Store
 class StageSubmissionTrigger(StoreTrigger):
     """Poll the store until the submitted attempt is prepared, failed, lost or fenced.
 
-    Fires one event, a :class:`~airflow_seatunnel_ckpt.core.protocol.submissions.SubmissionCheck`
+    Fires one event, a :class:`~airflow_seatunnel_ckpt.core.protocol.lease.SubmissionCheck`
     as a dict (:meth:`StageSubmitHook.check <airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook.check>`
     decides, as for a try that waits in-process).
     Everything it needs is in the store -- the prepared record, the launcher's exit

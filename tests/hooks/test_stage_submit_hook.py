@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Pipeline, layout
-from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper
-from airflow_seatunnel_ckpt.core.protocol.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.lease import (
     ExitRecord,
+    LeaseKeeper,
     SubmissionOutcome,
     SubmissionRecord,
     record_exit,

@@ -140,7 +140,6 @@ def test_a_client_killed_mid_stage_leaves_nothing_published_twice_and_the_next_t
     the server by the attempt's tag and releases its session, then runs the stage anew and
     commits: every input row once in the sink.
     """
-    from airflow_seatunnel_ckpt.core.protocol.submissions import read_fence
     from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
     from tests.operators.connect_stage_dag import LOGICAL_DATE, make_dag
 
@@ -159,7 +158,7 @@ def test_a_client_killed_mid_stage_leaves_nothing_published_twice_and_the_next_t
     assert status.state is EpochState.COMMITTED and status.prepared["ingest"].attempt == 2
     assert sorted(row["order_id"] for row in orders.published()) == [1, 2, 3, 4, 5, 6]
     # The killed attempt can never prepare, and its operation and session are gone from the server.
-    fence = read_fence(orders.pipeline, 1, "ingest", 1)
+    fence = orders.pipeline.txlog.read_fence(1, "ingest", 1)
     assert fence is not None and fence.cancelled, fence
     killed = ConnectAttempt.of(connect_server, orders.store["storage_url"], "orders", 1, "ingest", 1)
     assert session_closed_on_the_server(killed)
@@ -398,7 +397,7 @@ def test_a_deferrable_connect_stage_runs_detached_and_the_triggerer_resumes_it_t
     import os
 
     from airflow_seatunnel_ckpt.core import Decision
-    from airflow_seatunnel_ckpt.core.protocol.submissions import read_submission
+    from airflow_seatunnel_ckpt.core.protocol.lease import read_submission
     from tests.operators.test_stage_detached_submit import context_of, deferred, fire
     from tests.spark.conftest import OrdersPipeline
 
@@ -431,7 +430,7 @@ def test_a_cleared_deferred_connect_stage_has_its_attempt_stopped_and_its_sessio
     import time
 
     from airflow_seatunnel_ckpt.core import Decision
-    from airflow_seatunnel_ckpt.core.protocol.submissions import read_exit, read_fence
+    from airflow_seatunnel_ckpt.core.protocol.lease import read_exit
     from airflow_seatunnel_ckpt.hooks.stage_runtime import ConnectAttempt
     from tests.operators.test_stage_detached_submit import context_of, deferred, fire
     from tests.spark.conftest import OrdersPipeline
@@ -453,7 +452,7 @@ def test_a_cleared_deferred_connect_stage_has_its_attempt_stopped_and_its_sessio
 
     trigger = deferred(connect_stage_task(orders, connect_server,
                                           stage="tests.spark.stages:dedup_then_wait_on_the_server"), 2)
-    fence = read_fence(orders.pipeline, 1, "ingest", 1)
+    fence = orders.pipeline.txlog.read_fence(1, "ingest", 1)
     assert fence is not None and fence.cancelled, fence
     while (ended := read_exit(orders.pipeline, 1, "ingest", 1)) is None:
         assert time.monotonic() < deadline + 120, "attempt 1's launcher did not stop it"

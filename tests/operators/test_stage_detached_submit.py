@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore
-from airflow_seatunnel_ckpt.core.protocol.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.lease import (
     SubmissionOutcome,
     judge_submission,
     read_deferral,
@@ -268,7 +268,7 @@ def test_a_reconnected_attempt_that_is_stopped_is_replaced_by_the_trys_own_attem
     """Try 2 watches try 1's attempt; when that attempt is stopped, try 2 submits attempt 2 and defers on it."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_seatunnel_ckpt.core.protocol.submissions import request_cancel
+    from airflow_seatunnel_ckpt.core.protocol.lease import request_cancel
 
     pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store", **LEASE).pipeline("orders")
     first = ZombieTry(tmp_path)

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointStore, Decision, EpochState
-from airflow_seatunnel_ckpt.core.protocol.submissions import judge_submission, read_submission, submitted_attempts
+from airflow_seatunnel_ckpt.core.protocol.lease import judge_submission, read_submission, submitted_attempts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -114,7 +114,7 @@ def test_damaged_record_is_named_in_the_row_and_in_verify(store: Any) -> None:
 
 
 def test_submitted_attempts_show_where_they_were_launched_from_and_how_they_ended(tmp_path: Path) -> None:
-    from airflow_seatunnel_ckpt.core.protocol.submissions import (
+    from airflow_seatunnel_ckpt.core.protocol.lease import (
         ExitRecord,
         SubmissionRecord,
         record_exit,
@@ -461,7 +461,7 @@ def test_run_tab_of_a_run_whose_stage_finished_without_an_epoch_says_so(
 
 def test_page_shows_each_prepared_participant_with_its_attempt_and_an_aborted_submissions_end(
         tmp_path: Path) -> None:
-    from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionRecord, record_submission
+    from airflow_seatunnel_ckpt.core.protocol.lease import SubmissionRecord, record_submission
     from airflow_seatunnel_ckpt.plugins.overview import pipeline_view
 
     store = CheckpointStore.from_url(f"file://{tmp_path}/store")

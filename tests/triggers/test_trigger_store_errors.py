@@ -15,8 +15,7 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import StorageError
-from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper
-from airflow_seatunnel_ckpt.core.protocol.submissions import SubmissionRecord, record_submission
+from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, SubmissionRecord, record_submission
 from airflow_seatunnel_ckpt.core.storage import LocalStorage
 from tests.core.epochs import Participant, prepare_participant
 

@@ -1,18 +1,5 @@
-"""Evolving a pipeline's keyed state on purpose: rename, drop, reset, rescale.
-
-A stage whose keyed states differ from the committed ones is refused before it prepares
-(:func:`descriptor.state_changes`); these commands are the explicit way to change them.
-Each runs only when every epoch is settled, restores the newest committed checkpoint (a
-damaged one is refused) and writes an **evolution epoch**: a normal epoch (run id
-``evolution__<action>__<ms>``) with one ``prepared`` record per participant (the changed
-states, every source's history carried), a ``decision`` naming who and why, and
-``committed``; then a new descriptor version. Restore, retention and recovery need no
-special case, and the log is the audit trail. A failure before the decision aborts it.
-
-``rename`` and ``rescale`` write new full parts (so no checkpoint references another
-state's folder); ``drop`` and ``reset`` write nothing: the state is absent from the new
-checkpoint. ``rescale`` holds one state's rows in memory at a time.
-"""
+"""Evolving a pipeline's keyed state on purpose: rename, drop, reset, rescale, each as one audited
+evolution epoch, a normal committed epoch of the log (docs/OPERATIONS.md, "Evolving a pipeline")."""
 
 from __future__ import annotations
 
@@ -234,21 +221,14 @@ def drop_state(pipeline: Pipeline, state: str, *, reason: str = "", by: str = "c
 
 
 def reset_state(pipeline: Pipeline, state: str, *, reason: str = "", by: str = "cli") -> EvolutionResult:
-    """Make keyed state ``state`` start empty; its next run records a new shape (aggregate, keys, schema).
-
-    The checkpoint is the same as after :func:`drop_state`; the audit record says which
-    was meant.
-    """
+    """Make keyed state ``state`` start empty; its next run records a new shape (the checkpoint is
+    the same as after :func:`drop_state`, the audit record says which was meant)."""
     return _remove(pipeline, state, "reset", reason, by)
 
 
 def rescale(pipeline: Pipeline, key_groups: int, *, reason: str = "", by: str = "cli") -> EvolutionResult:
-    """Re-partition every keyed state of the pipeline into ``key_groups`` key groups.
-
-    The rows of each state are read, placed by Spark's hash (:func:`key_groups_of`) and
-    written as full parts of a new checkpoint; afterwards the stage must run with
-    ``key_groups=<key_groups>`` (a stage with the old count is refused).
-    """
+    """Re-partition every keyed state of the pipeline into ``key_groups`` key groups (rows placed by
+    Spark's hash); afterwards the stage must run with ``key_groups=<key_groups>``."""
     if isinstance(key_groups, bool) or not isinstance(key_groups, int) or not 1 <= key_groups < 1 << 20:
         raise EvolutionError(f"rescale: key groups must be a whole number from 1 to {1 << 20}, got {key_groups!r}")
     base = pipeline.restore_point(deep=False)
@@ -267,6 +247,3 @@ def rescale(pipeline: Pipeline, key_groups: int, *, reason: str = "", by: str = 
                                      _with_states(states))
     return EvolutionResult(pipeline.name, "rescale", epoch, run_id,
                            {name: f"{g} -> {key_groups} key groups" for name, g in sorted(before.items())}, version)
-
-
-__all__ = ["EvolutionError", "EvolutionResult", "drop_state", "rename_state", "rescale", "reset_state"]

@@ -1,24 +1,6 @@
-"""Replay: epochs N..M processed again with the stage's current code, their output replaced.
-
-A replay (a *full refresh* is a replay from epoch 1) is one **replay epoch** ``R``, a
-normal epoch of the log with run id ``replay__<N>-<M>__<ms>``:
-
-1. :func:`plan_replay` checks, before anything is written, what can refuse it: an epoch
-   in flight, ``N..M`` outside the committed epochs, more than one participant, an upsert
-   or snapshot sink not replayed through the newest epoch, keyed state with ``M`` not the
-   newest epoch, ``N`` inside an earlier replay, the checkpoint before ``N`` unrestorable;
-2. :func:`begin_replay` begins ``R`` and writes its ``action-*-replay`` record (who, why,
-   which epochs and code); an epoch committed since the plan refuses it;
-3. the stage runtime (``spark.replay``) runs each replayed epoch again, in order, with the
-   input that epoch pinned, staging the output below ``R``'s staging;
-4. :func:`finish_replay` prepares, decides and commits ``R``: each table sink's commit is
-   one transaction removing the replaced epochs' data files and adding the new ones
-   (:attr:`SinkManifest.replaces`), refused at the decision after another writer's commit
-   unless ``force``; a file sink swaps directories through its ``_EPOCHS`` pointer.
-
-Killed before its decision, ``R`` is aborted by recovery once its lease expires; killed
-after it, recovery or :func:`resume_replay` rolls it forward.
-"""
+"""Replay: epochs N..M processed again with the stage's current code, their output replaced, as one
+replay epoch (docs/REPLAY.md): :func:`plan_replay` checks, :func:`begin_replay` begins it, the
+stage runtime (``spark.replay``) runs the epochs again, :func:`finish_replay` commits it."""
 
 from __future__ import annotations
 
@@ -32,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.models import (
+    ActionEntry,
     ActionOutcome,
     CommitResult,
     Decision,
@@ -58,11 +41,7 @@ _RUN_ID = re.compile(r"^replay__(\d+)-(\d+)__\d+$")
 
 class ReplayError(CheckpointError):
     """A replay cannot run as asked (epoch in flight, range, sink kind, ...); nothing was changed.
-
-    A refusal that running the replay again cannot change (a range, a sink kind, the table's
-    other writer) is not retryable; one that waits for something to finish (an epoch in
-    flight) is.
-    """
+    ``retryable``: it waits for something to finish (an epoch in flight)."""
 
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
@@ -77,18 +56,13 @@ class ReplayPlan:
     participant: str
     from_epoch: int
     to_epoch: int
-    #: The epochs run again, oldest first (committed epochs that read input).
-    epochs: list[int]
-    #: Epoch -> its pinned input plan (source -> offsets), as the log recorded it.
-    inputs: dict[int, dict[str, dict[str, Any]]]
+    epochs: list[int]  #: the epochs run again, oldest first (committed epochs that read input)
+    inputs: dict[int, dict[str, dict[str, Any]]]  #: epoch -> its pinned input plan
     #: The epochs whose output the replay removes (the re-run ones and earlier replays inside the range).
     replaced: list[int]
-    #: The keyed state as of the epoch before ``from_epoch`` (empty for a full refresh).
-    base: RestorePoint
-    #: The newest committed checkpoint: its source histories are carried (nothing read twice).
-    latest: RestorePoint
-    #: The sinks of the replayed epochs: name -> a manifest of one of them (its options and mode).
-    sinks: dict[str, SinkManifest] = field(default_factory=dict)
+    base: RestorePoint  #: the keyed state as of the epoch before ``from_epoch``
+    latest: RestorePoint  #: the newest committed checkpoint: its source histories are carried
+    sinks: dict[str, SinkManifest] = field(default_factory=dict)  #: name -> a manifest of one of them
 
     def to_dict(self) -> dict[str, Any]:
         """The plan for logs, the action record and ``--json`` output."""
@@ -104,12 +78,8 @@ def replayed_range(run_id: str | None) -> tuple[int, int] | None:
 
 
 def resume_replay(pipeline: Pipeline) -> CommitResult | None:
-    """Roll forward a replay epoch a killed process left COMMITTING (None: there is none).
-
-    Any other unsettled epoch refuses the replay with :class:`ReplayError` naming it and the
-    way out; a replay epoch killed before its decision is aborted by recovery once its
-    lease expired.
-    """
+    """Roll forward a replay epoch a killed process left COMMITTING (None: there is none); any other
+    unsettled epoch refuses the replay with :class:`ReplayError`."""
     resumed = None
     for status in pipeline.list_epochs():
         if status.state.final:
@@ -130,11 +100,8 @@ def resume_replay(pipeline: Pipeline) -> CommitResult | None:
 
 
 def plan_replay(pipeline: Pipeline, from_epoch: int, to_epoch: int | None = None) -> ReplayPlan:
-    """Check that epochs ``from_epoch..to_epoch`` can be replayed and say how (see the module docs).
-
-    ``to_epoch`` defaults to the newest committed epoch. Raises :class:`ReplayError`
-    naming what refuses the replay and what to do; nothing is written.
-    """
+    """Check that epochs ``from_epoch..to_epoch`` (default: the newest committed) can be replayed and say
+    how; :class:`ReplayError` names what refuses it. Nothing is written."""
     name = pipeline.name
     committed = pipeline.committed_epochs()
     if not committed:
@@ -220,7 +187,12 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
     for sink in sinks.values():
         why = None
         if sink.mode is SinkMode.UPSERT:
-            why = _upsert_refusal(through_newest)
+            # Through the newest epoch, the replaced keys are restored from the table's history or
+            # kept before-images (the sink's precheck refuses one whose history is gone).
+            why = None if through_newest else (
+                "it upserts by key (merge_keys), so it holds per key the newest epoch's value: a replay that ends "
+                "before the newest epoch would undo the later epochs' values. Replay through the newest epoch "
+                "(omit --to-epoch)")
         elif sink.sink in recorded:
             why = replay_refusal(recorded[sink.sink])
         elif sink.mode is SinkMode.SNAPSHOT and not through_newest:
@@ -233,33 +205,14 @@ def _replayable_sinks(pipeline: Pipeline, manifests: Mapping[int, Sequence[SinkM
     return sinks
 
 
-def _upsert_refusal(through_newest: bool) -> str | None:
-    """Why an upsert sink (merge_keys) cannot be replayed so (None: it can).
-
-    Its rows hold per key the newest epoch's value, so a replay must run through the newest
-    epoch (else the later epochs' values would be lost or overwritten by older ones). A full
-    refresh replaces the table's content with the replayed rows; a replay from a later epoch
-    restores the keys the replaced epochs wrote to their values before them, from the
-    table's history (Iceberg, Delta) or the before-images its epochs kept (PostgreSQL): the
-    sink's precheck refuses one whose history is gone.
-    """
-    if not through_newest:
-        return ("it upserts by key (merge_keys), so it holds per key the newest epoch's value: a replay that ends "
-                "before the newest epoch would undo the later epochs' values. Replay through the newest epoch "
-                "(omit --to-epoch)")
-    return None
-
 
 def begin_replay(pipeline: Pipeline, plan: ReplayPlan, *, reason: str, by: str,
                  details: Mapping[str, Any] | None = None) -> tuple[int, str]:
     """Begin the replay epoch and write its ``replay`` action record; its epoch and run id.
 
-    The replay's state and source histories are those of the newest committed epoch when it
-    was planned (``plan.latest``). An epoch that committed between the plan and this begin
-    would be lost from them (the next epoch would read its input again), so the replay
-    epoch is then aborted and :class:`ReplayError` says to replay again. Once the replay
-    epoch has begun no other epoch can begin before it is decided (:meth:`TransactionLog.begin`),
-    so the check cannot be overtaken.
+    An epoch committed since the plan would be lost from the replay's state and histories
+    (``plan.latest``): the replay epoch is then aborted (:class:`ReplayError`). Once it has
+    begun no other epoch can begin, so the check cannot be overtaken.
     """
     if not reason.strip() or not by.strip():
         raise ReplayError(f"pipeline {pipeline.name!r}: a replay needs a reason and who runs it (both are kept in "
@@ -285,12 +238,8 @@ def begin_replay(pipeline: Pipeline, plan: ReplayPlan, *, reason: str, by: str,
 
 
 def replacing(manifest: SinkManifest, plan: ReplayPlan, force: bool) -> SinkManifest:
-    """``manifest`` (a replay's staged output of one sink) as the replacement of ``plan``'s epochs.
-
-    A file sink's files (``<replayed-epoch dir>/<path>``, one staged directory per epoch run
-    again) are published side by side into one directory: two with the same ``<path>`` are
-    refused here, before the decision, with :class:`ReplayError`.
-    """
+    """``manifest`` (a replay's staged output of one sink) as the replacement of ``plan``'s epochs; a
+    file sink's epochs' files with the same path (published into one directory) are :class:`ReplayError`."""
     if manifest.mode is SinkMode.SNAPSHOT and manifest.table is not None:  # the newest snapshot replaces it anyway
         return manifest
     if manifest.table is None:
@@ -306,20 +255,16 @@ def replacing(manifest: SinkManifest, plan: ReplayPlan, force: bool) -> SinkMani
                                full_refresh=plan.base.epoch is None)
 
 
-def _action(pipeline: Pipeline, epoch: int) -> str | None:
-    return next((a.name for a in pipeline.txlog.actions(epoch) if a.record.action == REPLAY), None)
+def _action(pipeline: Pipeline, epoch: int) -> ActionEntry | None:
+    return next((a for a in pipeline.txlog.actions(epoch) if a.record.action == REPLAY), None)
 
 
 def abandon_replay(pipeline: Pipeline, epoch: int, error: Exception, by: str) -> None:
-    """Abort replay epoch ``epoch`` after ``error``, unless it was decided commit (then it rolls forward).
-
-    Called when running the replayed epochs or preparing failed: nothing was published, and
-    the next replay can run at once (a killed process leaves this to recovery instead).
-    """
+    """Abort replay epoch ``epoch`` after ``error`` (nothing was published), unless it was decided commit."""
     if pipeline.state(epoch) in (EpochState.COMMITTING, EpochState.COMMITTED):
         return
     pipeline.abort(epoch, f"replay failed before its decision: {type(error).__name__}", by=by)
-    entry = next((a for a in pipeline.txlog.actions(epoch) if a.record.action == REPLAY), None)
+    entry = _action(pipeline, epoch)
     if entry is not None and entry.outcome is None:
         pipeline.txlog.record_outcome(epoch, entry.name, ActionOutcome.FAILED, f"{type(error).__name__}: {error}")
 
@@ -327,13 +272,10 @@ def abandon_replay(pipeline: Pipeline, epoch: int, error: Exception, by: str) ->
 def finish_replay(pipeline: Pipeline, epoch: int, run_id: str, plan: ReplayPlan, attempt: int, *,
                   sinks: list[SinkManifest], operators: Mapping[str, OperatorState], reason: str, by: str,
                   force: bool = False) -> CommitResult:
-    """Prepare, decide and commit the replay epoch ``epoch`` (see the module docs).
-
-    A refusal at the decision (another writer's commit to a table, ``force`` unset) aborts
-    the replay epoch and raises :class:`ReplayError` with the refusal: nothing changed. Any
-    other failure is raised as it is (the caller abandons the epoch, :func:`abandon_replay`).
-    """
-    action = _action(pipeline, epoch)
+    """Prepare, decide and commit the replay epoch ``epoch``; a refusal at the decision aborts it
+    (:class:`ReplayError`), any other failure is raised as it is (for :func:`abandon_replay`)."""
+    entry = _action(pipeline, epoch)
+    action = entry.name if entry is not None else None
     pipeline.prepare(epoch, plan.participant, attempt, run_id=run_id,
                      sinks=[replacing(s, plan, force) for s in sinks], operators=dict(operators),
                      sources={}, base=plan.latest)
@@ -351,7 +293,3 @@ def finish_replay(pipeline: Pipeline, epoch: int, run_id: str, plan: ReplayPlan,
     log.warning("pipeline %s: epochs %d..%d replayed as epoch %d by %s (%s)", pipeline.name, plan.from_epoch,
                 plan.to_epoch, epoch, by, reason)
     return result
-
-
-__all__ = ["REPLAY", "RUN_ID_PREFIX", "ReplayError", "ReplayPlan", "abandon_replay", "begin_replay", "finish_replay",
-           "plan_replay", "replayed_range", "replacing", "resume_replay"]

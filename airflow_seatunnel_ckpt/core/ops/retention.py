@@ -1,15 +1,5 @@
-"""Retention: delete old checkpoints, never one that restore or an epoch in flight needs.
-
-:func:`retain` keeps the newest ``max_retain`` committed checkpoints (always at least the
-newest one) and every older part a kept incremental checkpoint, or an epoch still in
-flight, references. Every decision comes from one read of the transaction log, and an
-epoch newer than the newest committed one in that read is never touched: it began or
-committed while retention ran. In the checkpoints it keeps, retention also removes the
-parts of attempts that lost.
-
-A removed committed checkpoint is marked ``retired`` in the log, so restore never
-mistakes it for damage and never falls back to it.
-"""
+"""Retention (:func:`retain`): delete old checkpoints, never one that restore or an epoch in flight
+needs, and the parts of attempts that lost in those it keeps (docs/ARCHITECTURE.md, decision 9)."""
 
 from __future__ import annotations
 
@@ -34,14 +24,12 @@ class RetentionReport:
     dry_run: bool
     kept: list[int] = field(default_factory=list)
     removed_checkpoints: list[int] = field(default_factory=list)
-    #: files removed (in a dry run: the files the real run would remove)
-    removed_files: int = 0
+    removed_files: int = 0  #: in a dry run: the files the real run would remove
     kept_for_reference: int = 0
     #: removed checkpoints whose directory stays: it holds parts a kept checkpoint references
     partly_kept: list[int] = field(default_factory=list)
     #: files in kept checkpoints that nothing references (parts of attempts that lost)
     removed_unreferenced: list[str] = field(default_factory=list)
-    #: temp files killed writers left in the epochs the settled watermark now covers
     removed_temp_files: list[str] = field(default_factory=list)
     note: str = ""
 
@@ -51,7 +39,11 @@ class RetentionReport:
 
 
 def retain(pipeline: Pipeline, max_retain: int | None = None, dry_run: bool = False) -> RetentionReport:
-    """Delete old checkpoints, keeping the newest ``max_retain`` committed ones and their bases."""
+    """Delete old checkpoints, keeping the newest ``max_retain`` committed ones and their bases.
+
+    An epoch newer than the newest committed one in the log's one read is never touched;
+    a removed committed checkpoint is marked ``retired``, so restore never takes it for damage.
+    """
     if max_retain is not None and (isinstance(max_retain, bool) or not isinstance(max_retain, int)
                                    or max_retain < 1):
         raise ConfigError(f"max_retain must be an integer >= 1 (the newest committed checkpoint is "
@@ -116,12 +108,8 @@ def _holds_only(pipeline: Pipeline, root: str, needed: set[str]) -> bool:
 
 
 def _sweep_losing_parts(pipeline: Pipeline, kept: list[int], referenced: set[str], report: RetentionReport) -> None:
-    """Remove files of kept committed checkpoints that no ``_metadata`` or prepared record needs.
-
-    They are parts a losing attempt (killed and retried, or a fenced zombie) wrote before
-    the decision: a committed ``_metadata`` names the winner's parts only, and every later
-    epoch restores from committed metadata, so nothing can come to reference them.
-    """
+    """Remove files of kept committed checkpoints that no ``_metadata`` or prepared record needs: parts
+    losing attempts wrote, which nothing can come to reference (restore reads committed metadata)."""
     for epoch in kept:  # committed, so never an epoch still in flight
         root = layout.checkpoint_dir(epoch)
         for f in pipeline.storage.walk(root, include_temp=True):

@@ -1,17 +1,6 @@
-"""The pipeline descriptor: one pipeline's configuration, owner and shape, kept in its store.
-
-``<store>/<pipeline>/_descriptor/v000001.json, ...``: framed, checksummed JSON records
-created exclusively; the newest is the descriptor, and a version is written only when the
-content changes. It holds ``owner_dag_id`` (another DAG using the name is refused,
-:class:`PipelineOwnershipError`), ``config`` (the pipeline's :class:`CheckpointConfig`
-without secrets, so that recovery, retention, the CLI and every task use the pipeline's
-own settings) and ``participants`` (each with its sources, sinks and keyed states; a
-commit decision needs every one prepared).
-
-The Airflow layer writes it when a stage task runs (:func:`ensure_descriptor`), the stage
-runtime adds what it learns of keyed states (:func:`record_states`). Without one, the
-caller's configuration and "every prepared participant" apply.
-"""
+"""The pipeline descriptor (``_descriptor/v<N>.json``, write-once versions): one pipeline's owner DAG,
+settings without secrets and declared participants, kept in its store (docs/ARCHITECTURE.md,
+decision 12); and the comparison of a keyed state's shape with the recorded one."""
 
 from __future__ import annotations
 
@@ -53,25 +42,19 @@ log = logging.getLogger(__name__)
 
 
 class Pipeline(Protocol):
-    """What this module needs of a :class:`~airflow_seatunnel_ckpt.core.protocol.pipeline.Pipeline`.
-
-    (A protocol rather than an import: the pipeline reads its descriptor through this
-    module, so importing it back would close a cycle.)
-    """
+    """What this module needs of a :class:`~airflow_seatunnel_ckpt.core.protocol.pipeline.Pipeline`
+    (importing it would close a cycle: the pipeline reads its descriptor through this module)."""
 
     name: str
     storage: Storage
     config: CheckpointConfig
 
-    def epochs(self) -> list[int]: ...
 
 #: Config fields never stored: where the store is and how to reach it (credentials).
 _NOT_STORED = ("storage_url", "storage_options")
-#: Option names whose values are credentials (dropped from stored source/sink options).
+#: Option names whose values are credentials (dropped from stored source/sink options) ...
 _SECRET_KEY = re.compile(r"key|secret|token|passw|pwd|credential|auth|storage_options|signature", re.IGNORECASE)
-
-
-#: Option names that match :data:`_SECRET_KEY` but hold column names, never credentials.
+#: ... but for these, which hold column names.
 _COLUMN_OPTIONS = ("merge_keys",)
 
 
@@ -96,10 +79,8 @@ def public_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def stored_config(config: CheckpointConfig) -> dict[str, Any]:
-    """The part of ``config`` a descriptor keeps: every setting but the store's URL and options.
-
-    A ``secondary_url`` holding credentials is left out (it would be unusable redacted).
-    """
+    """The part of ``config`` a descriptor keeps: every setting but the store's URL and options
+    (and a ``secondary_url`` holding credentials: it would be unusable redacted)."""
     data = config.to_mapping(include_secrets=True)
     for name in _NOT_STORED:
         data.pop(name, None)
@@ -124,15 +105,9 @@ class EndpointDescriptor(Record):
         return cls(str(options.get("type", "file")), rest)
 
 
-
 @pydantic.dataclasses.dataclass(config=RECORD)
 class StateDescriptor(Record):
-    """A keyed state of a participant, as far as the runtime knows it.
-
-    ``schema`` is the state's columns as ``[{"name": ..., "type": ...}]`` (Spark's type
-    names); ``aggregate`` maps an output column to ``[function, input column]`` for a
-    key -> value state.
-    """
+    """A keyed state of a participant, as far as the runtime knows it (``schema``: Spark's type names)."""
 
     kind: str
     key_columns: list[str]
@@ -147,11 +122,8 @@ class StateDescriptor(Record):
 
     @classmethod
     def of_operator(cls, op: OperatorState, recorded: StateDescriptor | None = None) -> StateDescriptor:
-        """The committed shape of a restored state, from its checkpoint.
-
-        Kind, key columns and key groups are the checkpoint's; so are the aggregate and
-        columns when the checkpoint recorded them; else ``recorded`` (a descriptor's) supplies them.
-        """
+        """The committed shape of a restored state, from its checkpoint (aggregate and columns from
+        ``recorded`` when the checkpoint has none)."""
         shape = op.shape or (recorded.state_shape if recorded is not None else StateShape())
         return cls(op.state_kind, list(op.key_columns), op.key_groups, shape.aggregate, shape.schema)
 
@@ -175,7 +147,7 @@ class ParticipantDescriptor(Record):
 
 @pydantic.dataclasses.dataclass(config=RECORD)
 class PipelineDescriptor(Record):
-    """One version of a pipeline's descriptor (see the module docstring)."""
+    """One version of a pipeline's descriptor."""
 
     pipeline: str
     version: int
@@ -200,11 +172,8 @@ class PipelineDescriptor(Record):
         return sorted(self.participants)
 
     def apply_config(self, config: CheckpointConfig, overrides: Mapping[str, Any] | None = None) -> CheckpointConfig:
-        """``config`` (where the store is, how to reach it) with this pipeline's settings, then ``overrides``.
-
-        Settings this release does not know (written by a newer one) are skipped with a
-        warning rather than failing every reader.
-        """
+        """``config`` (where the store is, how to reach it) with this pipeline's settings, then ``overrides``
+        (settings a newer release wrote are skipped with a warning rather than failing every reader)."""
         known = {f.name for f in dataclasses.fields(CheckpointConfig)} - set(_NOT_STORED)
         unknown = sorted(set(self.config) - known)
         if unknown:
@@ -242,12 +211,8 @@ def read_descriptor(storage: Storage, version: int | None = None,
 
 def _write_next(pipeline: Pipeline, latest: PipelineDescriptor | None, make: Callable[[Any], PipelineDescriptor],
                 write: bool = True) -> PipelineDescriptor:
-    """Write ``make(latest)`` as the next version unless its content equals ``latest``'s.
-
-    Versions are created exclusively: of two writers racing for one version number, the
-    loser reads the winner's version and tries again on top of it. ``write=False`` (a dry
-    run) checks and returns what would be written, and writes nothing.
-    """
+    """Write ``make(latest)`` as the next version unless its content equals ``latest``'s (``write=False``:
+    return it unwritten). The loser of a race for a version number tries again on the winner's."""
     for _ in range(20):
         candidate: PipelineDescriptor = make(latest)
         if latest is not None and candidate.content() == latest.content():
@@ -289,18 +254,11 @@ def _check_owner(pipeline: Pipeline, latest: PipelineDescriptor | None, dag_id: 
 def ensure_descriptor(pipeline: Pipeline, *, dag_id: str, participants: Mapping[str, ParticipantDescriptor],
                       config: CheckpointConfig | None = None, store_conn_id: str | None = None, complete: bool = True,
                       write: bool = True) -> PipelineDescriptor:
-    """Make sure the pipeline's descriptor says what this DAG declares; return the newest version.
+    """Make sure the pipeline's descriptor says what DAG ``dag_id`` declares; return the newest version.
 
-    :param dag_id: the DAG running the pipeline; if the descriptor names another owner,
-        :class:`PipelineOwnershipError` is raised and nothing is written.
-    :param participants: the declared participants with their sources and sinks (the
-        states recorded so far are kept: they come from the runtime).
-    :param config: the pipeline's configuration (default: the pipeline's own); only the
-        settings without secrets are stored.
-    :param complete: ``participants`` is the whole declared set (a task group knows it);
-        ``False`` adds or updates only these, keeping the others declared.
-    :param write: ``False`` for a dry run (``airflow tasks test``): ownership is checked,
-        nothing is written, and the stored (or no) descriptor stays what runs see.
+    Another owner is :class:`PipelineOwnershipError`. The states recorded so far are kept.
+    ``complete=False`` adds or updates only these ``participants``, keeping the others;
+    ``write=False`` (a dry run) checks ownership and writes nothing.
     """
     if not isinstance(dag_id, str) or not dag_id:
         raise PipelineOwnershipError(f"pipeline {pipeline.name!r}: a descriptor needs the owner DAG's id")
@@ -323,11 +281,8 @@ def ensure_descriptor(pipeline: Pipeline, *, dag_id: str, participants: Mapping[
 
 def record_states(pipeline: Pipeline, participant: str,
                   states: Mapping[str, StateDescriptor]) -> PipelineDescriptor | None:
-    """Record the keyed states a participant's run used (a new version only if they changed).
-
-    Does nothing for a pipeline without a descriptor (used from the core alone). States
-    are merged into what is recorded: a state the stage did not open this epoch stays.
-    """
+    """Merge the keyed states a participant's run used into the descriptor (a new version only if they
+    changed; nothing without a descriptor)."""
     latest = read_descriptor(pipeline.storage, max_chunk=pipeline.config.max_chunk_bytes)
     if latest is None or not states:
         return latest
@@ -355,10 +310,7 @@ def transfer_ownership(pipeline: Pipeline, new_owner: str) -> PipelineDescriptor
 
 def write_descriptor_change(pipeline: Pipeline,
                             change: Callable[[PipelineDescriptor], PipelineDescriptor]) -> PipelineDescriptor:
-    """Write ``change(newest descriptor)`` as the next version (an ownership or shape change).
-
-    A change of a pipeline without a descriptor is refused: there is nothing to change.
-    """
+    """Write ``change(newest descriptor)`` as the next version (refused without a descriptor)."""
     latest = read_descriptor(pipeline.storage, max_chunk=pipeline.config.max_chunk_bytes)
     if latest is None:
         raise PipelineOwnershipError(
@@ -382,11 +334,7 @@ _DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
 
 
 def widens(old: str, new: str) -> bool:
-    """Whether Spark type ``new`` holds every value of ``old`` exactly (a widening).
-
-    The widenings Spark and Delta's type widening allow: a larger integer, float ->
-    double, byte/short/int -> double, a decimal with no fewer integer and fraction digits.
-    """
+    """Whether Spark type ``new`` holds every value of ``old`` exactly (a widening Spark and Delta allow)."""
     if old in _INTEGRAL and new in _INTEGRAL:
         return _INTEGRAL.index(new) > _INTEGRAL.index(old)
     if new == "double":
@@ -399,17 +347,8 @@ def widens(old: str, new: str) -> bool:
 
 
 def state_changes(recorded: StateDescriptor, now: StateDescriptor) -> StateChanges:
-    """Compare a state's recorded shape with the one a stage gives it now.
-
-    Refused: another kind or key columns, another key-group count, an aggregate column
-    whose function or input changed (``sum`` -> ``max`` would apply ``max`` to stored
-    sums), an aggregate column removed (its values would be lost), a column whose type
-    changed other than by widening a value column (a key column's type places its keys:
-    any change is refused). Compatible: a new aggregate column (it starts empty -- NULL --
-    for every stored key), a value column widened (:func:`widens`: stored values are read
-    as the wider type). A part of the recorded shape that is unknown (``None``) is not
-    compared.
-    """
+    """Compare a state's recorded shape with the one a stage gives it now (docs/OPERATIONS.md,
+    "Evolving a pipeline": which changes are refused and which are compatible)."""
     refused: list[str] = []
     compatible: list[str] = []
     if recorded.kind != now.kind:

@@ -1,15 +1,7 @@
-"""The epoch index: what the views show of settled epochs, kept with the log's compaction.
-
-When settling moves the watermark over final epochs (:func:`sweep.settle`), each is
-summarised once (:func:`summarise`) into write-once segments of at most
-:data:`SEGMENT_EPOCHS` epochs, each in the log directory of its last epoch
-(``_txlog/epoch-<last>/epoch-index``); a segment names the epoch it starts at, so the
-newest K settled epochs cost about K / 8 reads and no listing. Like the settled record it
-is a summary, never the truth: the state machine never reads it, and a missing or damaged
-segment ends what it holds (the views read those epochs' records instead: slower, never
-wrong). What may still change of a final epoch (``retired``, action records) is read from
-the records by whoever shows it.
-"""
+"""The epoch index: what the views show of settled epochs, in write-once segments
+(``_txlog/epoch-<last>/epoch-index``) written as settling covers them (docs/ARCHITECTURE.md,
+decision 37). A summary the state machine never reads; a missing or damaged segment means
+reading those epochs' records."""
 
 from __future__ import annotations
 
@@ -34,35 +26,29 @@ from airflow_seatunnel_ckpt.core.models import (
     Record,
     tag,
 )
+from airflow_seatunnel_ckpt.core.protocol.lease import ExitRecord, SubmissionRecord, submissions_of
 from airflow_seatunnel_ckpt.core.protocol.pipeline import Pipeline
-from airflow_seatunnel_ckpt.core.protocol.submissions import ExitRecord, SubmissionRecord, submissions_of
 from airflow_seatunnel_ckpt.core.protocol.txlog import INDEX_RECORD
 
 log = logging.getLogger(__name__)
 
 #: Epochs per segment at most: a view of the newest 30 reads one or two segments.
 SEGMENT_EPOCHS = 64
-#: Epochs one advance summarises at most (its newest): the first settling of a long log
-#: that has none reads this many epochs' records, not the whole history's. Older epochs
-#: have no summary and are read from their records, by the rare view that goes that far.
+#: Epochs one advance summarises at most (its newest): the first settling of a long log reads
+#: this many epochs' records, not the whole history's.
 MAX_SUMMARISED = 256
 
 
 @dataclass(config=RECORD)
 class EpochSummary(Record, EpochStatus):
-    """One final epoch as the views show it: its status when it settled (the fields of
-    :class:`EpochStatus`, stored as they are), and what its records imply."""
+    """One final epoch as the views show it: its status when it settled, and what its records imply."""
 
-    #: When the ``committed`` acknowledgement was written (its ``at``); None if not committed.
     committed_at: float | None = None
-    #: The bytes of the parts its checkpoint's ``_metadata`` lists; None without one.
     checkpoint_bytes: int | None = None
-    #: Attempts launched through spark-submit, each with its exit record (None: none written).
     submissions: list[tuple[SubmissionRecord, ExitRecord | None]] = Field(default_factory=list)
 
     def status(self) -> EpochStatus:
-        """The epoch's status alone, as :meth:`TransactionLog.status` reads it (``to_dict`` is then the
-        views' summary, not the stored record)."""
+        """The epoch's status alone, as :meth:`TransactionLog.status` reads it."""
         return EpochStatus(*(getattr(self, f.name) for f in dataclasses.fields(EpochStatus)))
 
 
@@ -78,8 +64,7 @@ class IndexSegment(Record):
 
 
 def checkpoint_bytes(pipeline: Pipeline, epoch: int) -> int | None:
-    """The bytes of the parts ``epoch``'s checkpoint lists; None without ``_metadata`` or if it is
-    damaged (``verify`` names the file)."""
+    """The bytes of the parts ``epoch``'s checkpoint lists; None without ``_metadata`` or if it is damaged."""
     if not pipeline.checkpoints.has_metadata(epoch):
         return None
     try:
@@ -89,11 +74,7 @@ def checkpoint_bytes(pipeline: Pipeline, epoch: int) -> int | None:
 
 
 def summarise(pipeline: Pipeline, epoch: int) -> EpochSummary:
-    """``epoch`` read from its records: one listing, then each record it holds once.
-
-    :class:`CorruptCheckpointError` naming the file if a record is damaged,
-    :class:`EpochNotFoundError` if the log has no such epoch.
-    """
+    """``epoch`` read from its records: one listing, then each record it holds once."""
     txlog = pipeline.txlog
     names = pipeline.storage.list_dir(layout.txlog_dir(epoch))
     state = txlog.state(epoch, names)
@@ -107,12 +88,10 @@ def summarise(pipeline: Pipeline, epoch: int) -> EpochSummary:
 
 
 def write(pipeline: Pipeline, epochs: list[int]) -> None:
-    """Summarise the final ``epochs`` (an ascending run an advance covers) into segments.
+    """Summarise the final ``epochs`` (an ascending run an advance covers) into segments, oldest first.
 
-    Only the newest :data:`MAX_SUMMARISED`; oldest segment first, so that a segment's
-    presence means the ones before it in the run were written. An epoch whose records
-    cannot be read leaves its segment unwritten (the views then read the records and show
-    the damage); a failed write is logged and left: the index is never needed.
+    An epoch whose records cannot be read leaves its segment unwritten; a failed write is
+    logged and left: the index is never needed.
     """
     epochs = epochs[-MAX_SUMMARISED:]
     # Segments end at the run's last epoch (the new watermark); the oldest may be shorter.
@@ -131,11 +110,8 @@ def write(pipeline: Pipeline, epochs: list[int]) -> None:
 
 
 def held(pipeline: Pipeline, watermark: int, epochs: Iterable[int]) -> dict[int, EpochSummary]:
-    """The summaries the index holds of ``epochs`` at or below ``watermark``.
-
-    Reads segments from the one ending at the watermark back, until the oldest wanted epoch
-    is covered or a segment is missing or damaged: a read per segment, no listing.
-    """
+    """The summaries the index holds of ``epochs`` at or below ``watermark``: segments read back from
+    the one ending at the watermark, one read each, until one is missing or damaged."""
     wanted = {e for e in epochs if e <= watermark}
     out: dict[int, EpochSummary] = {}
     last = watermark
@@ -154,10 +130,7 @@ def held(pipeline: Pipeline, watermark: int, epochs: Iterable[int]) -> dict[int,
 
 
 def newest(pipeline: Pipeline, last: int) -> tuple[list[int], dict[int, EpochSummary]]:
-    """The newest ``last`` epochs, ascending, and the summaries the index holds of them.
-
-    The others (above the watermark, or not indexed) are read with :func:`summarise`.
-    """
+    """The newest ``last`` epochs, ascending, and the summaries the index holds of them."""
     seen = pipeline.txlog.settled.read()
     epochs = pipeline.txlog.newest_epochs(last, seen)
     return epochs, held(pipeline, seen.record.watermark, epochs)

@@ -1,19 +1,5 @@
-"""Data-quality expectations of a sink: the rules as declared, and the decision they feed.
-
-A sink's ``expectations`` option maps a rule name to a Spark SQL boolean expression, an
-action and optional thresholds::
-
-    expectations={"id_present": {"expr": "order_id IS NOT NULL", "on_fail": "quarantine",
-                                 "max_fraction": 0.05}}
-
-A row fails a rule when the expression is not true. ``warn`` only counts, ``drop`` removes
-the row, ``quarantine`` removes it and stages it into ``<sink>.quarantine`` (published in
-the same commit), ``fail`` aborts the epoch on any failed row; over ``max_fraction`` or
-``max_rows`` the epoch is aborted whatever the action. The writing job measures the rules
-(:mod:`spark.sinks.files`), the prepared record keeps the counts
-(:class:`~airflow_seatunnel_ckpt.core.models.ExpectationResult`), and :func:`refusals` is
-what the commit decision asks of them. Nothing here imports PySpark.
-"""
+"""Data-quality expectations of a sink (docs/EXPECTATIONS.md): the rules as declared
+(:func:`parse_expectations`), and what the commit decision asks of their counts (:func:`refusals`)."""
 
 from __future__ import annotations
 
@@ -27,13 +13,10 @@ from typing import Any
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 from airflow_seatunnel_ckpt.core.models import ExpectationResult, PreparedRecord
 
-#: What a failing row does, by action name.
 ACTIONS = ("warn", "drop", "quarantine", "fail")
 #: Actions that keep a failing row out of the sink's output.
 REMOVING = ("drop", "quarantine")
-#: The keys a rule takes.
 RULE_KEYS = ("expr", "on_fail", "max_fraction", "max_rows")
-#: The quarantine sink of sink ``s`` is named ``s`` + this.
 QUARANTINE_SUFFIX = ".quarantine"
 #: The column of a quarantined row naming the rules it broke.
 FAILED_COLUMN = "_expectations_failed"
@@ -45,7 +28,7 @@ _RULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 @dataclass(frozen=True)
 class Expectation:
-    """One declared rule of a sink (see the module docstring)."""
+    """One declared rule of a sink."""
 
     name: str
     expr: str

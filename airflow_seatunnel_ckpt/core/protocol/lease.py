@@ -1,31 +1,21 @@
-"""Stage leases, and the one judgement of whether an undecided epoch is alive or dead.
-
-A timeout from ``begin`` cannot tell a long stage from a dead one. Instead the attempt
-running a stage holds a **lease**, ``_txlog/epoch-<e>/lease-<participant>``, rewritten every
-``lease_renew_s`` (:class:`LeaseKeeper`). An undecided epoch is *dead*, and anyone may abort
-it, only when (:func:`liveness`):
-
-* it is OPEN and its lease was not renewed for ``lease_timeout_s`` (or the lease's own
-  longer ``timeout_s``, :func:`lease_timeout`; with no lease, since its ``begin``), or
-* it is PREPARED and undecided ``prepared_timeout_s`` after it was prepared, unless a
-  declared participant has not begun while the owning DAG run still runs, or
-* the DAG run that owns it is known to be finished (the Airflow layer's answer).
-
-An epoch decided commit is never dead. **Time is the store's**: ages are ``store_now -
-modified(record)``, ``store_now`` the modification time of a clock probe rewritten in the
-same store (:func:`store_now`), so no two machines' wall clocks are ever compared.
-"""
+"""Liveness, by the store's clock (:func:`store_now`): stage leases (:class:`LeaseKeeper`),
+:func:`liveness`, the one judgement of whether an undecided epoch is alive or dead, and
+:func:`judge_submission`, the one verdict on whether an attempt launched detached still runs,
+from its write-once ``submission-``, ``exit-``, ``deferred-`` and ``fence-`` records
+(docs/ARCHITECTURE.md, decisions 10 and 27)."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import logging
 import os
 import socket
 import threading
+import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,10 +24,16 @@ import pydantic
 
 from airflow_seatunnel_ckpt.core import codec, layout
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig, redact_url
-from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
+from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.layout import validate_attempt, validate_epoch, validate_name
 from airflow_seatunnel_ckpt.core.models import RECORD, EpochState, Record, tag
-from airflow_seatunnel_ckpt.core.protocol.txlog import BEGIN, PREPARED_PREFIX, read_record
+from airflow_seatunnel_ckpt.core.protocol.txlog import (
+    BEGIN,
+    PREPARED_PREFIX,
+    FenceRecord,
+    fence_name,
+    read_record,
+)
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 if TYPE_CHECKING:
@@ -46,13 +42,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-
 def store_now(storage: Storage) -> float:
-    """The store's current time: write a clock probe, read its modification time, remove it.
-
-    Each observer uses its own probe name, so concurrent observers never read (or
-    remove) each other's probe, and a dry run leaves the store as it found it.
-    """
+    """The store's current time: write a clock probe, read its modification time, remove it."""
+    # A probe of its own per observer: concurrent observers never read (or remove) each
+    # other's, and a dry run leaves the store as it found it.
     probe = f"{layout.CLOCK_PROBE}-{uuid.uuid4().hex}"
     storage.write_atomic(probe, b"")
     try:
@@ -75,11 +68,9 @@ def abort_command(pipeline: Pipeline, epoch: int, reason: str = "its run is dead
 
 @pydantic.dataclasses.dataclass(config=RECORD)
 class LeaseRecord(Record):
-    """``lease-<participant>``: who runs the participant's stage in ``epoch``, renewed in place.
+    """``lease-<participant>``: who runs the participant's stage in ``epoch``, rewritten at each renewal.
 
-    Unlike the transaction-log records it is rewritten (``write_atomic``) at every
-    renewal with ``generation + 1``; its *modification time* in the store is what
-    liveness reads, the fields are for people (who holds it, how often it renews).
+    Liveness reads its modification time; the fields are for people.
     """
 
     epoch: int
@@ -100,24 +91,15 @@ class LeaseRecord(Record):
 
 
 def default_holder(**extra: Any) -> dict[str, Any]:
-    """Host and pid of this process, plus what the caller adds (``None`` values left out).
-
-    The orchestrator's view of the holder (e.g. ``ti``: the task instance it runs for)
-    comes from the caller, who knows it; the core reads no orchestrator's environment.
-    """
+    """Host and pid of this process, plus what the caller adds (e.g. ``ti``; ``None`` values left out)."""
     holder: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
     holder.update({k: v for k, v in extra.items() if v is not None})
     return holder
 
 
 class Periodic:
-    """Call ``tick`` every ``interval_s`` seconds from a daemon thread, from :meth:`start` until :meth:`stop`.
-
-    The first call comes ``interval_s`` after the start. ``tick`` handles its own errors:
-    whatever it raises ends the thread.
-
-    :param name: the thread's name (shown in thread dumps).
-    """
+    """Call ``tick`` every ``interval_s`` seconds from a daemon thread named ``name``, from
+    :meth:`start` until :meth:`stop`; ``tick`` handles its own errors (one raised ends the thread)."""
 
     def __init__(self, tick: Callable[[], object], interval_s: float, name: str) -> None:
         self.tick = tick
@@ -145,13 +127,10 @@ class Periodic:
 
 
 class LeaseKeeper:
-    """Hold the lease of ``participant`` in ``epoch`` while a stage runs.
+    """``with LeaseKeeper(...):`` holds the lease of ``participant`` in ``epoch``, renewed every ``renew_s``.
 
-    ``with LeaseKeeper(...):`` writes the lease, then a daemon thread renews it every
-    ``renew_s`` until the block ends, when renewing stops at once (the thread is joined).
-    A failed renewal is logged and tried again at the next tick: a store hiccup must never
-    kill the stage it protects, and one missed renewal is within the timeout
-    (``renew_s < timeout_s / 2``).
+    A failed renewal is logged and tried at the next tick: a store hiccup must never kill
+    the stage it protects, and one missed renewal is within the timeout (``renew_s < timeout_s / 2``).
     """
 
     def __init__(self, storage: Storage, epoch: int, participant: str, attempt: int, *,
@@ -218,12 +197,8 @@ def read_lease(storage: Storage, epoch: int, participant: str) -> LeaseRecord | 
 
 @dataclass(frozen=True)
 class EpochDir:
-    """One listing of an epoch's log directory, and the state its names give.
-
-    Both judgements of "is it alive?" -- of an epoch (:func:`liveness`) and of a submitted
-    attempt (:func:`.submissions.judge_submission`) -- read the directory through one of
-    these, so a caller that asks both, or asks about several attempts, lists it once.
-    """
+    """One listing of an epoch's log directory and the state its names give, shared by
+    :func:`liveness` and :func:`judge_submission` so that a caller lists it once."""
 
     epoch: int
     names: frozenset[str]
@@ -249,12 +224,9 @@ class HeldLease:
     """A participant's lease as an observer sees it: how old, judged by which timeout."""
 
     participant: str
-    #: seconds since its last renewal, by the store's clock
     age_s: float
-    #: seconds after its last renewal that it is dead (:func:`lease_timeout`)
-    timeout_s: float
-    #: its content (None: unreadable -- its modification time still counts)
-    record: LeaseRecord | None
+    timeout_s: float  #: :func:`lease_timeout`
+    record: LeaseRecord | None  #: None: unreadable (its modification time still counts)
 
     @property
     def renewed(self) -> bool:
@@ -278,9 +250,7 @@ def held_lease(pipeline: Pipeline, epoch: int, participant: str, now: float) -> 
 def earlier_attempt(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
     """What an earlier attempt of ``participant`` left in ``epoch`` (its lease), for the log; "" if none.
 
-    A try killed outright (SIGKILL: out of memory, a lost worker) logs nothing itself; its
-    lease tells who ran it and when it last renewed, i.e. about when it died. Only read,
-    never fatal.
+    A try killed outright (SIGKILL) logs nothing itself; its lease tells who ran it and about when it died.
     """
     try:
         lease = read_lease(pipeline.storage, epoch, participant)
@@ -300,9 +270,8 @@ def earlier_attempt(pipeline: Pipeline, epoch: int, participant: str, attempt: i
 def lease_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> float:
     """Seconds after its last renewal that ``lease`` is dead: its holder's timeout or the observer's, the larger.
 
-    The lease carries the ``timeout_s`` its holder renews for (``renew_s < timeout_s / 2``);
-    an observer configured with a shorter ``lease_timeout_s`` (the CLI's or the recovery
-    DAG's default) must not judge the stage dead between two of its renewals.
+    An observer with a shorter ``lease_timeout_s`` (the CLI's default) must not judge the
+    stage dead between two of its renewals.
     """
     own = lease.timeout_s if lease is not None and lease.timeout_s > 0 else 0.0
     return max(own, config.lease_timeout_s)
@@ -317,21 +286,14 @@ def describe_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> str
 
 
 class Liveness(enum.StrEnum):
-    """Whether an epoch's owner may still finish it (see the module docstring)."""
+    """Whether an epoch's owner may still finish it."""
 
-    #: OPEN, and its stage renewed its lease recently (or began recently and has none yet);
-    #: or PREPARED with a declared participant not begun yet while its DAG run still runs
-    ALIVE = "alive"
-    #: PREPARED, undecided, within ``prepared_timeout_s`` of its prepare: the decision is due
-    AWAITING_DECISION = "awaiting-decision"
-    #: OPEN, and its lease was not renewed for ``lease_timeout_s`` (or never taken that long)
-    EXPIRED = "expired"
-    #: PREPARED and still undecided ``prepared_timeout_s`` after it was prepared
-    PREPARED_TIMEOUT = "prepared-timeout"
-    #: its owning DAG run is finished (failed, or marked success/failed) and left it undecided
-    OWNER_FINISHED = "owner-finished"
-    #: decided already: commit rolls forward, abort finishes; never judged dead
-    DECIDED = "decided"
+    ALIVE = "alive"  #: its stage renews its lease, or may still start (begun recently, its run running)
+    AWAITING_DECISION = "awaiting-decision"  #: PREPARED within ``prepared_timeout_s``: the decision is due
+    EXPIRED = "expired"  #: OPEN, its lease not renewed (or never taken) for ``lease_timeout_s``
+    PREPARED_TIMEOUT = "prepared-timeout"  #: PREPARED and undecided ``prepared_timeout_s`` after its prepare
+    OWNER_FINISHED = "owner-finished"  #: its DAG run is finished and left it undecided
+    DECIDED = "decided"  #: commit rolls forward, abort finishes; never judged dead
 
     @property
     def dead(self) -> bool:
@@ -346,11 +308,10 @@ class EpochLiveness:
     epoch: int
     state: EpochState
     liveness: Liveness
-    #: one sentence: what was seen (lease holder, age of the last renewal, timeouts)
     reason: str
     run_id: str = ""
     dag_id: str = ""
-    #: seconds since the newest lease renewal / prepare / begin that the judgement used
+    #: seconds since the lease renewal / prepare / begin that the judgement used
     age_s: float | None = None
     lease: LeaseRecord | None = None
 
@@ -370,11 +331,9 @@ def liveness(pipeline: Pipeline, epoch: int, owner_run_finished: bool | None = N
              now: float | None = None, seen: EpochDir | None = None) -> EpochLiveness:
     """Judge whether ``epoch`` is alive or dead (the one place that decides it).
 
-    :param owner_run_finished: whether the DAG run that began the epoch is in a terminal
-        state (``None``: unknown -- the lease and timeouts alone decide). The core never
-        asks an orchestrator; its caller does.
-    :param now: the store's time to judge at; default: probe the store
-        (:func:`store_now`). Given explicitly only to look ahead (tests, "what if").
+    :param owner_run_finished: whether the DAG run that began the epoch is over (``None``:
+        unknown; the core never asks an orchestrator, its caller does).
+    :param now: the store's time to judge at (default: :func:`store_now`).
     :param seen: the epoch's log directory as the caller listed it (default: list it now).
     """
     config = pipeline.config
@@ -457,3 +416,270 @@ def wait_for(pipeline: Pipeline, epoch: int, judged: EpochLiveness) -> str:
         what = "it will be aborted automatically once it is dead (lease expired or run finished)"
     return (f"{judged.describe()}; {what}. To abort it now: "
             f"`{abort_command(pipeline, epoch)}`")
+
+
+# -- submitted stages -----------------------------------------------------------------------
+
+SUBMISSION_PREFIX = "submission-"
+EXIT_PREFIX = "exit-"
+DEFERRED_PREFIX = "deferred-"
+#: Lines of the launched process's output kept in an exit record.
+TAIL_LINES = 40
+
+
+def _path(prefix: str, epoch: int, participant: str, attempt: int) -> str:
+    """Where the record ``<prefix><participant>-a<attempt>`` of ``epoch`` is."""
+    return layout.record_path(validate_epoch(epoch), layout.attempt_record_name(prefix, participant, attempt))
+
+
+def _write(pipeline: Pipeline, prefix: str, record: Any, *, keep_first: bool = True) -> None:
+    """Create the attempt's record named by ``prefix``; with ``keep_first`` a second one is dropped."""
+    with contextlib.suppress(*((AlreadyExistsError,) if keep_first else ())):
+        pipeline.storage.create_exclusive(_path(prefix, record.epoch, record.participant, record.attempt),
+                                          codec.encode_json(record.to_dict()))
+
+
+@pydantic.dataclasses.dataclass(config=RECORD)
+class SubmissionRecord(Record):
+    """An attempt of a participant launched detached (by a launcher process the task started)."""
+
+    epoch: int
+    participant: str
+    attempt: int
+    host: str
+    launcher_pid: int
+    log: str
+    #: For people, never interpreted: the runtime (``spark-submit``, ``connect``) and where it runs.
+    runtime: str = ""
+    target: str = ""
+    #: The launcher may exit cleanly while the stage still runs elsewhere (the runtime
+    #: hands it over, e.g. a cluster that only accepted it): its clean exit record then
+    #: ends nothing, and the stage is judged by its lease.
+    exits_before_stage: bool = False
+    submitted_at: float = 0.0
+    type: Literal["submission"] = tag("submission")
+
+
+@pydantic.dataclasses.dataclass(config=RECORD)
+class ExitRecord(Record):
+    """How the launched process of an attempt ended."""
+
+    epoch: int
+    participant: str
+    attempt: int
+    returncode: int
+    tail: list[str] = pydantic.Field(default_factory=list)
+    at: float = 0.0
+    #: Why the launcher stopped what it ran itself ("" when it ended on its own).
+    stopped: str = ""
+    type: Literal["submission-exit"] = tag("submission-exit")
+
+
+def record_submission(pipeline: Pipeline, record: SubmissionRecord) -> None:
+    """Write the attempt's submission record (write-once: an attempt is launched once)."""
+    _write(pipeline, SUBMISSION_PREFIX, record, keep_first=False)
+
+
+def record_exit(pipeline: Pipeline, record: ExitRecord) -> None:
+    """Write the attempt's exit record; a second one (a launcher run twice) keeps the first."""
+    _write(pipeline, EXIT_PREFIX, record)
+
+
+
+def request_cancel(pipeline: Pipeline, epoch: int, participant: str, attempt: int, *, by: str,
+                   reason: str) -> bool:
+    """Cancel ``attempt``: it never prepares, and its launcher stops it (it looks at every lease renewal).
+
+    False when the attempt began to prepare first: its prepare stands, and the caller takes its outcome.
+    """
+    fence = pipeline.txlog.settle_fence(FenceRecord(epoch, participant, attempt, True, by, reason, time.time()))
+    return fence.cancelled
+
+
+@pydantic.dataclasses.dataclass(config=RECORD)
+class DeferralRecord(Record):
+    """A try of the stage task handed the watch of an attempt to the triggerer."""
+
+    epoch: int
+    participant: str
+    attempt: int
+    try_number: int
+    host: str
+    at: float = 0.0
+    type: Literal["submission-deferral"] = tag("submission-deferral")
+
+
+def record_deferral(pipeline: Pipeline, record: DeferralRecord) -> None:
+    """Write that a try deferred on the attempt; the first deferral is kept (a later try that finds
+    the attempt running stops it, so none defers on it again)."""
+    _write(pipeline, DEFERRED_PREFIX, record)
+
+
+def read_deferral(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> DeferralRecord | None:
+    """The try that handed ``attempt`` to the triggerer, if one did."""
+    return pipeline.txlog.read_record(_path(DEFERRED_PREFIX, epoch, participant, attempt), DeferralRecord)
+
+
+def stop_reason(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> str:
+    """Why the launcher of ``attempt`` should stop its application now: cancelled, or the epoch
+    decided before the participant prepared ("" = let it run)."""
+    seen = EpochDir.read(pipeline, epoch)
+    names = seen.names
+    if PREPARED_PREFIX + participant in names:
+        return ""
+    if fence_name(participant, attempt) in names:
+        fence = pipeline.txlog.read_fence(epoch, participant, attempt)
+        if fence is not None and fence.cancelled:
+            return f"cancelled by {fence.by}: {fence.reason}"
+        if fence is not None:
+            return ""  # it is preparing: let it finish
+    if seen.state.decided:
+        return f"epoch {epoch} was decided ({seen.state.value}) before {participant} prepared"
+    return ""
+
+
+def read_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> SubmissionRecord | None:
+    """The attempt's submission record, or None."""
+    return pipeline.txlog.read_record(_path(SUBMISSION_PREFIX, epoch, participant, attempt), SubmissionRecord)
+
+
+def read_exit(pipeline: Pipeline, epoch: int, participant: str, attempt: int) -> ExitRecord | None:
+    """The attempt's exit record, or None (running, or lost)."""
+    return pipeline.txlog.read_record(_path(EXIT_PREFIX, epoch, participant, attempt), ExitRecord)
+
+
+def submissions_of(pipeline: Pipeline, epoch: int,
+                   names: list[str] | None = None) -> list[tuple[SubmissionRecord, ExitRecord | None]]:
+    """Every submitted attempt of ``epoch`` with its exit record (None while running or lost)."""
+    if names is None:
+        names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    found = []
+    for participant, attempt in _submitted(names):
+        record = read_submission(pipeline, epoch, participant, attempt)
+        if record is not None:
+            exited = layout.attempt_record_name(EXIT_PREFIX, participant, attempt) in names
+            found.append((record, read_exit(pipeline, epoch, participant, attempt) if exited else None))
+    return found
+
+
+def submitted_attempts(pipeline: Pipeline, epoch: int, participant: str,
+                       names: Iterable[str] | None = None) -> list[int]:
+    """Attempts of ``participant`` in ``epoch`` that have a submission record, oldest first."""
+    validate_name(participant, "participant name")
+    if names is None:
+        names = pipeline.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
+    return sorted(attempt for p, attempt in _submitted(names) if p == participant)
+
+
+def _submitted(names: Iterable[str]) -> list[tuple[str, int]]:
+    """The (participant, attempt) of each submission record among an epoch's ``names``, sorted."""
+    found = []
+    for name in names:
+        participant, _, attempt = name.removeprefix(SUBMISSION_PREFIX).rpartition("-a")
+        if name.startswith(SUBMISSION_PREFIX) and participant and attempt.isdigit():  # else: not ours
+            found.append((participant, int(attempt)))
+    return sorted(found)
+
+
+class SubmissionOutcome(enum.StrEnum):
+    """What waiting for a submitted attempt has come to."""
+
+    PREPARED = "prepared"  #: the participant is prepared (by this attempt or an earlier one)
+    RUNNING = "running"  #: launched recently, or its lease is being renewed
+    FAILED = "failed"  #: the launched process exited without the participant being prepared
+    LOST = "lost"  #: no exit record and no lease renewal within ``lease_timeout_s``: launcher and driver gone
+    DECIDED = "decided"  #: the epoch was decided (aborted) before the participant prepared
+
+    @property
+    def done(self) -> bool:
+        return self is not SubmissionOutcome.RUNNING
+
+
+@pydantic.dataclasses.dataclass(config=RECORD)
+class SubmissionCheck(Record):
+    """One look at a submitted attempt (plain data: it travels in a trigger event)."""
+
+    outcome: SubmissionOutcome
+    message: str
+    epoch: int
+    participant: str
+    attempt: int
+    prepared_attempt: int | None = None
+    returncode: int | None = None
+    tail: list[str] = pydantic.Field(default_factory=list)
+
+
+def judge_submission(pipeline: Pipeline, epoch: int, participant: str, attempt: int,
+                     *, now: float | None = None, seen: EpochDir | None = None) -> SubmissionCheck:
+    """Where the submitted ``attempt`` of ``participant`` in ``epoch`` stands (the one judgement).
+
+    In order: prepared (by any attempt) wins; a decided epoch ends the wait; an exit record
+    ends the launcher (a clean one with ``exits_before_stage`` is judged by the lease); a
+    lease of this attempt within its timeout, or a submission younger than
+    ``lease_timeout_s``, runs; anything else is lost. ``seen``: the caller's listing.
+    """
+    seen = seen if seen is not None else EpochDir.read(pipeline, epoch)
+    names = seen.names
+    txlog = pipeline.txlog
+
+    def check(outcome: SubmissionOutcome, message: str, **extra: Any) -> SubmissionCheck:
+        return SubmissionCheck(outcome, message, epoch, participant, attempt, **extra)
+
+    prepared = txlog.read_prepared(epoch, participant) if PREPARED_PREFIX + participant in names else None
+    if prepared is not None:
+        by = "this attempt" if prepared.attempt == attempt else f"attempt {prepared.attempt}"
+        return check(SubmissionOutcome.PREPARED, f"epoch {epoch}: {participant} was prepared by {by}",
+                     prepared_attempt=prepared.attempt)
+    state = seen.state
+    if state.decided:
+        return check(SubmissionOutcome.DECIDED, f"epoch {epoch} was decided ({state.value}) before "
+                     f"{participant} prepared")
+    exited = layout.attempt_record_name(EXIT_PREFIX, participant, attempt) in names
+    ended = read_exit(pipeline, epoch, participant, attempt) if exited else None
+    detached = None
+    launched = "the launch"
+    if ended is not None:
+        submitted_as = read_submission(pipeline, epoch, participant, attempt)
+        launched = submitted_as.runtime if submitted_as is not None and submitted_as.runtime else launched
+        if ended.returncode == 0 and not ended.stopped and submitted_as is not None \
+                and submitted_as.exits_before_stage:
+            detached = ended  # the stage may run on: judged by its lease below
+    if ended is not None and detached is None:
+        how = ("finished without preparing the participant" if ended.returncode == 0
+               else f"failed with exit code {ended.returncode}")
+        if ended.stopped:
+            how = f"was stopped ({ended.stopped}), exit code {ended.returncode}"
+        return check(SubmissionOutcome.FAILED, f"epoch {epoch}: {launched} of {participant} attempt {attempt} "
+                     f"{how}", returncode=ended.returncode, tail=ended.tail)
+    now = store_now(pipeline.storage) if now is None else now
+    held = held_lease(pipeline, epoch, participant, now) if participant in seen.leased() else None
+    if held is not None and held.record is not None and held.record.attempt == attempt:
+        lease, age = held.record, held.age_s
+        if held.renewed:
+            returned = (f" ({launched} returned once the stage was handed over; the stage holds the lease)"
+                        if detached is not None else "")
+            return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} runs "
+                         f"({lease.describe_holder()}, lease renewed {max(age, 0):.0f}s ago){returned}")
+        if detached is not None:
+            return check(SubmissionOutcome.FAILED, f"epoch {epoch}: {launched} of {participant} attempt "
+                         f"{attempt} returned once the stage was handed over and the stage's lease was "
+                         f"last renewed {age:.0f}s ago, over {describe_timeout(pipeline.config, lease)}, without "
+                         "preparing the participant", returncode=detached.returncode, tail=detached.tail)
+        return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} is lost: its "
+                     f"lease ({lease.describe_holder()}) was last renewed {age:.0f}s ago, over "
+                     f"{describe_timeout(pipeline.config, lease)}, and its launcher left no exit record")
+    timeout = pipeline.config.lease_timeout_s
+    submitted = layout.attempt_record_name(SUBMISSION_PREFIX, participant, attempt)
+    if submitted in names:
+        age = now - pipeline.storage.modified(layout.record_path(epoch, submitted))
+        if age <= timeout:
+            return check(SubmissionOutcome.RUNNING, f"epoch {epoch}: {participant} attempt {attempt} was "
+                         f"submitted {max(age, 0):.0f}s ago and has not taken the lease yet")
+        if detached is not None:
+            return check(SubmissionOutcome.FAILED, f"epoch {epoch}: {launched} of {participant} attempt {attempt} "
+                         f"returned once the stage was handed over, {age:.0f}s ago, and the stage never took "
+                         f"the lease (lease_timeout_s={timeout:g})", returncode=detached.returncode,
+                         tail=detached.tail)
+        return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} was submitted "
+                     f"{age:.0f}s ago and never took the lease (lease_timeout_s={timeout:g})")
+    return check(SubmissionOutcome.LOST, f"epoch {epoch}: {participant} attempt {attempt} has no submission record")

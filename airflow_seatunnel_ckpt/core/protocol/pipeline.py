@@ -1,24 +1,6 @@
-"""One pipeline's two-phase commit: begin, pin inputs, prepare, decide, commit, abort.
-
-This module is the protocol. Each transition is one method of :class:`Pipeline`, and
-each is safe to repeat any number of times and to interleave with a crash at any line:
-
-* :meth:`Pipeline.begin` -- the epoch of a DAG run (idempotent per run id)
-* :meth:`Pipeline.pin_inputs` -- the input a participant reads in the epoch, fixed by its
-  first attempt (a write-ahead record, durable before any output is staged)
-* :meth:`Pipeline.prepare` -- a participant's staged output, state parts and consumed
-  input become its ``prepared`` record (first attempt wins; stale attempts are fenced)
-* :meth:`Pipeline.decide` -- the single ``decision`` record; for commit, the checkpoint's
-  ``_metadata`` is completed first
-* :meth:`Pipeline.commit` -- publish every sink of the epoch, then ``committed``
-  (roll forward only: it never deletes published output)
-* :meth:`Pipeline.abort` -- ``decision: abort`` unless already committed, remove staging
-  and the uncommitted checkpoint, then ``aborted``
-
-Collaborators do one job each: :mod:`txlog` (the records), :mod:`checkpoint`,
-:mod:`staging`, :mod:`source_log`, :mod:`restore`; recovery and retention call the methods
-here. Every sink is asked alike through the sink contract (:mod:`core.sinks.base`):
-:func:`core.sinks.precheck_sink` before the decision, :func:`core.sinks.commit_sink` after.
+"""The protocol: one pipeline's two-phase commit, one method of :class:`Pipeline` per transition
+(begin, pin_inputs, prepare, decide, commit, abort), each safe to repeat and to interleave with a
+crash at any line. Every sink is asked alike through the sink contract (:mod:`core.sinks.base`).
 """
 
 from __future__ import annotations
@@ -78,25 +60,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The reason of an abort decision taken because a table sink refused the epoch.
+# How the reasons of abort decisions that refused the epoch start: a sink refused it, or a
+# check of the commit branch failed (``min_rows``/``max_rows``, ``check``, expectations).
 SINK_REFUSED = "commit refused by a sink: "
-#: The reason of an abort decision taken because a check of the commit branch failed (its
-#: ``min_rows``/``max_rows``, its ``check`` callable, the sinks' expectations).
 CHECK_FAILED = "check failed: "
-#: How the reasons of refusals start: abort decisions that held the epoch's input back.
 REFUSALS = (CHECK_FAILED, expectations.REFUSED, SINK_REFUSED)
-#: The action (an ``action-*`` record) that lets a COMMITTING epoch commit without one sink.
+#: The action that lets a COMMITTING epoch commit without one sink (:meth:`Pipeline.skip_sink`).
 SKIP_SINK = "skip-sink"
 
 
 def is_refusal(decision: DecisionRecord | None) -> bool:
-    """Whether ``decision`` aborted its epoch because its input was refused (a refusal).
-
-    A check, an expectation or a sink refused the epoch's rows: its input stays unconsumed
-    and every later epoch reads it again, and is refused again, until the input or the rule
-    changes -- the input is *held back*. An abort because an attempt died, timed out or
-    did not verify is not a refusal: the next epoch simply runs again.
-    """
+    """Whether ``decision`` aborted its epoch because a check, an expectation or a sink refused its
+    rows: its input is then *held back* (every later epoch reads it again, and is refused again)."""
     return (decision is not None and decision.decision is Decision.ABORT
             and decision.reason.startswith(REFUSALS))
 
@@ -106,8 +81,8 @@ class HeldBack:
     """The epochs refused since the newest commit (see :meth:`Pipeline.held_back`)."""
 
     since: int  #: the oldest refused epoch after the newest committed one
-    runs: int  #: how many epochs were refused since then
-    newest: int  #: the newest refused epoch
+    runs: int
+    newest: int
     reason: str  #: why the newest one was refused
 
     def describe(self) -> str:
@@ -157,12 +132,8 @@ class Pipeline:
 
     # -- reading the log ---------------------------------------------------------------
     def epoch_for_run(self, run_id: str, dag_id: str | None = None) -> int | None:
-        """The epoch already given to run ``run_id`` of ``dag_id``, or None (never allocates).
-
-        ``dag_id`` defaults to the owner the descriptor names ("" without a descriptor).
-        """
+        """The epoch already given to run ``run_id`` of ``dag_id`` (default: the descriptor's owner), or None."""
         return self.txlog.epoch_for_run(run_id, **self._run_key_args(dag_id))
-
 
     def status(self, epoch: int) -> EpochStatus:
         """Everything the log says about ``epoch``."""
@@ -195,14 +166,9 @@ class Pipeline:
     def held_back(self, newest: int | None = None, known: Mapping[int, str] | None = None) -> HeldBack | None:
         """The refusals (:func:`is_refusal`) since the newest commit, or None when there is none.
 
-        Reads the decisions of the epochs above the newest committed one, newest first; an
-        epoch still undecided or aborted for another reason (a dead attempt) is passed over,
-        and a damaged decision record ends the search (``verify`` names it). Epochs are found
-        as the views find them (:meth:`TransactionLog.newest_epochs`), and a settled epoch the
-        settled record says committed ends the search unread: the cost is the refusals' streak,
-        never the log's length. ``newest``: the newest epoch, when the caller has found it already;
-        ``known``: states (:class:`EpochState` values) the caller has read already: an epoch known
-        committed ends the search and one known neither aborting nor aborted has no refusal to read.
+        Reads decisions newest first, down to a commit (the settled record's, unread) or a
+        damaged record: the cost is the refusals' streak, never the log's length. ``newest``
+        and ``known`` (states by epoch): what the caller has read already.
         """
         found: list[DecisionRecord] = []
         known = known or {}
@@ -233,12 +199,8 @@ class Pipeline:
         return HeldBack(since=found[-1].epoch, runs=len(found), newest=found[0].epoch, reason=found[0].reason)
 
     def prepared_for_run(self, run_id: str, participant: str) -> PreparedRecord | None:
-        """``participant``'s prepared record in the live epoch of ``run_id``, or None.
-
-        The one "already prepared?" check: a retried or cleared stage that finds a record
-        here returns it instead of running again. An aborted epoch does not count (the
-        run's next attempt begins a new epoch).
-        """
+        """``participant``'s prepared record in the live (not aborted) epoch of ``run_id``, or None:
+        the one "already prepared?" check of a retried or cleared stage."""
         epoch = self.epoch_for_run(run_id)
         if epoch is None or self.state(epoch) in (EpochState.ABORTING, EpochState.ABORTED):
             return None
@@ -266,25 +228,16 @@ class Pipeline:
 
     # -- begin -------------------------------------------------------------------------
     def begin(self, run_id: str, dag_id: str | None = None, *, logical_date: str = "") -> BeginRecord:
-        """The epoch of run ``run_id`` of DAG ``dag_id`` (allocated on first call, the same ever after).
-
-        ``dag_id`` defaults to the owner the descriptor names ("" without a descriptor):
-        run ids are unique per DAG only, so the epoch index is keyed on both.
-        ``logical_date`` (ISO 8601) is recorded by the first call, which allocates the epoch.
-        """
+        """The epoch of run ``run_id`` of DAG ``dag_id`` (default: the descriptor's owner), allocated on
+        first call (which records ``logical_date``), the same ever after."""
         record = self.txlog.begin(run_id, logical_date=logical_date, **self._run_key_args(dag_id))
         log.info("pipeline %s: run %s has epoch %d", self.name, run_id, record.epoch)
         return record
 
     def pin_inputs(self, epoch: int, participant: str, attempt: int,
                    make_plan: Callable[[], dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-        """The input ``participant`` reads in ``epoch``: pinned by its first attempt.
-
-        ``make_plan`` (e.g. "list the files not consumed yet") runs only when no attempt
-        has pinned a plan; a retry gets the stored plan back, so it re-reads exactly the
-        same input whatever has arrived since. The plan is a write-ahead record: it is
-        durable before any output is staged.
-        """
+        """The input ``participant`` reads in ``epoch``: ``make_plan()`` pinned by its first attempt,
+        the stored plan for a retry (a write-ahead record, durable before any output is staged)."""
         validate_epoch(epoch)
         self.txlog.require_undecided(epoch, f"attempt {attempt} of {participant!r} cannot plan its input")
         stored = self.txlog.read_plan(epoch, participant)
@@ -299,15 +252,10 @@ class Pipeline:
                 not_written: Sequence[str] = ()) -> PreparedRecord:
         """Phase one for one participant: record its staged output, state and input.
 
-        ``sources`` maps source name to the offsets consumed this epoch (the WAL entry);
-        ``operators`` maps operator name to its key-group chains (parts already written by
-        the executors); ``base`` is the restore point the stage started from;
-        ``not_written`` names the sinks the stage declared but did not write (the commit
-        reports them, see :attr:`CommitResult.not_written`).
-        Idempotent for the same attempt; another attempt gets :class:`FencedAttemptError`,
-        and so does an attempt that was cancelled (:func:`submissions.request_cancel`) before
-        it prepared: the cancel and the prepare settle one write-once fence record
-        (:meth:`TransactionLog.write_prepared`).
+        ``sources``: the offsets consumed per source (the WAL entry); ``operators``: the
+        key-group chains per operator; ``base``: the restore point the stage started from;
+        ``not_written``: sinks declared but not written. Idempotent for the same attempt;
+        another attempt, or a cancelled one, gets :class:`FencedAttemptError`.
         """
         validate_epoch(epoch)
         validate_attempt(attempt)
@@ -377,12 +325,8 @@ class Pipeline:
     def verify_prepared(self, epoch: int, participants: list[str] | None = None,
                         deep: bool = True, trusted: Mapping[str, PartRef] | None = None,
                         decode: bool = True) -> list[Problem]:
-        """Problems with the prepared participants of ``epoch`` ([] = ready to commit).
-
-        With ``participants``, a participant that has not prepared is a problem too.
-        ``trusted``: parts already verified; ``decode=False``: deep reads check each part's
-        checksums and frame without decompressing it (see :meth:`CheckpointManager.verify_parts`).
-        """
+        """Problems with the prepared participants of ``epoch`` ([] = ready to commit); one of
+        ``participants`` not prepared is one too (``trusted``, ``decode``: :meth:`CheckpointManager.verify_parts`)."""
         return self._verify_prepared(self.txlog.prepared(validate_epoch(epoch)), epoch, participants, deep,
                                      trusted, decode)
 
@@ -400,20 +344,11 @@ class Pipeline:
                participants: list[str] | None = None, *, verify_all: bool = False) -> DecisionRecord:
         """Create the epoch's one decision; returns the winner (possibly not ``decision``).
 
-        For commit, every participant the pipeline's descriptor declares must be prepared
-        and verify (:class:`NotPreparedError` names a missing one), and the checkpoint's
-        ``_metadata`` is completed first. Every sink must accept the epoch's staged output
-        (:func:`core.sinks.precheck_sink`): a refusal aborts the epoch here, with the refusal
-        as the reason (the returned record says ABORT), so that no sink is asked after the
-        decision to take an epoch it refuses. ``participants`` may name more participants
-        that must be prepared, never fewer than the declared ones. Only a pipeline without
-        a descriptor (used from the core alone) commits "every participant that prepared"
-        by default.
-
-        The commit decision reads what is new in the epoch (its state parts, its staged
-        files) and trusts the parts the participants' committed base checkpoints already
-        verified, so its cost follows the epoch, not the state's history;
-        ``verify_all=True`` reads every part (as ``seatunnel-ckpt verify`` does).
+        For commit, every declared participant (and those ``participants`` adds; without a
+        descriptor: every one that prepared) must be prepared and verify, the sinks'
+        prechecks pass -- a refusal aborts the epoch here, with it as the reason -- and the
+        checkpoint's ``_metadata`` is completed first. Only what is new in the epoch is
+        read (``verify_all=True``: every part, as ``seatunnel-ckpt verify``).
         """
         validate_epoch(epoch)
         existing = self.txlog.read_decision(epoch)
@@ -505,25 +440,16 @@ class Pipeline:
         return self.checkpoints.complete(meta)
 
     def _precheck_sinks(self, epoch: int, records: Iterable[PreparedRecord]) -> None:
-        """Refuse the commit decision when a sink would refuse the epoch's staged output.
-
-        The rule: everything that can refuse an epoch is checked before the decision (a
-        refusal after it would wedge the epoch COMMITTING). Every sink is asked alike
-        (:func:`precheck_sink`: a table's rows, schema, properties, owner and markers; a
-        file target's owner marker and a replay's ``_EPOCHS`` pointer); a refusal raises
-        :class:`SinkRefusedError`, and :meth:`decide` aborts the epoch with it as the reason.
-        """
+        """:class:`SinkRefusedError` when a sink would refuse the epoch's staged output (after the
+        decision, a refusal would wedge the epoch COMMITTING)."""
         for record in records:
             for sink in record.sinks:
                 if sink.publishes:
                     precheck_sink(self.sink_commit(epoch, sink))
 
     def _verified_before(self, records: Iterable[PreparedRecord]) -> dict[str, PartRef]:
-        """The parts the committed checkpoints these records built on cover (verified by their decisions).
-
-        A base must be decided commit: an aborted epoch's ``_metadata`` (completed just
-        before an abort won) never counts, nor does a base whose decision record is damaged.
-        """
+        """The parts the committed checkpoints these records built on cover (verified by their decisions;
+        an aborted epoch's ``_metadata``, completed just before an abort won, never counts)."""
         committed = []
         for base in {r.base_epoch for r in records if r.base_epoch is not None}:
             try:
@@ -536,13 +462,10 @@ class Pipeline:
 
     def _carried_sources(self, epoch: int, base_epoch: int, present: set[str],
                          attempt: int) -> dict[str, SourceState]:
-        """Sources of the base checkpoint that no participant prepared in ``epoch``.
+        """Sources of the base checkpoint that no participant prepared in ``epoch``, with their history.
 
-        They keep their consumed-input history, as states a stage does not open do: a
-        source left out of one epoch's spec must not re-read, when it comes back, the
-        input earlier epochs already published. The chain is carried unchanged; if the
-        participants restored from a fallback (a replica, or the log) because the base
-        checkpoint is damaged, the history is written into this checkpoint in full.
+        A source left out of one epoch must not re-read, when it comes back, what earlier epochs
+        published. The chain is carried unchanged, or written in full when the base is damaged.
         """
         try:
             meta = self.checkpoints.read_metadata(base_epoch)
@@ -571,14 +494,9 @@ class Pipeline:
     def commit(self, epoch: int, *, held_first: bool = False) -> CommitResult:
         """Phase two: publish every sink of a commit-decided epoch, then ``committed``.
 
-        Idempotent; already-published files are recognised by size. A failure leaves the
-        epoch COMMITTING for the next retry or the recovery DAG -- nothing is deleted.
-        A sink named by a ``skip-sink`` action (:meth:`skip_sink`) publishes nothing.
-
-        With ``held_first`` (recovery rolling forward an epoch whose commit another process
-        began) each sink is first asked which epoch its target holds (the contract's
-        :func:`core.sinks.held_epoch`): a sink whose target holds this epoch already is
-        acknowledged as it is, without a commit (``CommitResult.held``); the others commit.
+        Idempotent; a failure leaves the epoch COMMITTING, nothing deleted. A skipped sink
+        publishes nothing. With ``held_first`` (recovery), a sink whose target holds the
+        epoch already is acknowledged without a commit (``CommitResult.held``).
         """
         validate_epoch(epoch)
         decision = self.txlog.read_decision(epoch)
@@ -625,15 +543,9 @@ class Pipeline:
         return result
 
     def skip_sink(self, epoch: int, sink: str, reason: str, by: str) -> CommitResult:
-        """Commit a COMMITTING epoch without ``sink``: the way on when its table refuses the epoch.
-
-        Only for an epoch decided commit whose sink cannot publish for a reason a retry
-        cannot change (its table was altered after the decision). A ``skip-sink`` action
-        naming who and why is written to the transaction log first; from then on every
-        commit of the epoch publishes nothing for the sink (``how="skipped"``): the sink
-        misses this epoch's rows, the state and the other sinks commit. The outcome record
-        says how the commit ended.
-        """
+        """Commit a COMMITTING epoch without ``sink``: the way on when its table refuses the epoch
+        for a reason a retry cannot change. A ``skip-sink`` action (who, why) is written first;
+        the sink then misses this epoch's rows, the state and the other sinks commit."""
         validate_epoch(epoch)
         if not reason.strip() or not by.strip():
             raise ConfigError(f"pipeline {self.name!r} epoch {epoch}: skipping sink {sink!r} needs a reason and "
@@ -703,12 +615,8 @@ class Pipeline:
         return open_storage(target_url, self.target_options(target_url))
 
     def _holds(self, epoch: int, sink: SinkManifest) -> bool:
-        """Whether ``sink``'s target holds ``epoch`` already (recovery's view, :func:`core.sinks.held_epoch`).
-
-        A sink that staged no rows is never asked (its commit publishes nothing anyway). A
-        target that cannot say (unreachable, or refusing: another owner, a marker this log
-        lacks) counts as not holding it: its commit then runs and words the failure.
-        """
+        """Whether ``sink``'s target holds ``epoch`` already; a target that cannot say does not
+        (its commit then runs and words the failure)."""
         if not sink.publishes:
             return False
         try:
@@ -733,11 +641,8 @@ class Pipeline:
 
     # -- abort -------------------------------------------------------------------------
     def abort(self, epoch: int, reason: str, by: str = "") -> DecisionRecord:
-        """Abort ``epoch`` unless it is already decided commit (DecisionConflictError).
-
-        Removes every attempt's staging and the uncommitted checkpoint directory, then
-        writes ``aborted``. Safe to repeat.
-        """
+        """Abort ``epoch`` unless decided commit (DecisionConflictError): remove its staging and
+        uncommitted checkpoint, then write ``aborted``. Safe to repeat."""
         validate_epoch(epoch)
         record = self.txlog.decide(DecisionRecord(epoch, Decision.ABORT, reason, by, time.time()))
         if record.decision is Decision.COMMIT:

@@ -1,17 +1,6 @@
-"""Recovery: resolve every epoch a crash left unfinished, and remove garbage.
-
-:func:`resolve_epoch` judges one epoch and moves it on: it rolls a COMMITTING epoch
-forward (finish publishing; a sink whose target already holds the epoch, by the sink
-contract's ``held_epoch``, is not committed again), finishes the cleanup of an ABORTING
-one, aborts an OPEN/PREPARED one once :func:`lease.liveness` judges it dead (lease
-expired, prepared timeout, owning run finished), or says why it waits. :func:`recover`
-resolves every epoch above the settled watermark and removes staging, checkpoints and
-temp files that no record needs. Both act through the protocol's own transitions
-(:meth:`Pipeline.commit`, :meth:`Pipeline.abort`), so running it concurrently with a
-pipeline, or twice at once, is safe.
-
-Choosing the state to restore is :mod:`restore`; deleting old checkpoints is
-:mod:`retention`.
+"""Recovery: :func:`resolve_epoch` judges one unfinished epoch and moves it on; :func:`recover`
+resolves every epoch above the settled watermark and removes what no record needs. Both act
+through the protocol's own transitions, so running them beside a pipeline, or twice at once, is safe.
 """
 
 from __future__ import annotations
@@ -102,9 +91,7 @@ class RecoveryReport:
         return {"pipeline": self.pipeline, "dry_run": self.dry_run, "actions": [a.to_dict() for a in self.actions]}
 
 
-#: ``run_finished(run_id, dag_id) -> bool | None``: whether the DAG run that began an
-#: epoch is in a terminal state (None: unknown). ``dag_id`` is "" when ``begin`` does not
-#: name the pipeline's DAG.
+#: ``run_finished(run_id, dag_id)``: whether the DAG run that began an epoch is over (None: unknown).
 RunFinished = Callable[[str, str], "bool | None"]
 
 
@@ -124,18 +111,13 @@ class Resolution:
     """What :func:`resolve_epoch` did to one epoch, or why it waits."""
 
     epoch: int
-    #: what it did (or, in a dry run, would do); ``WAIT`` / ``INSPECT`` / ``FINAL``: nothing
-    step: RecoveryStep
+    step: RecoveryStep  #: what it did (or, in a dry run, would do)
     reason: str
-    #: the state it found (None: a record of the epoch is damaged)
-    state: EpochState | None = None
+    state: EpochState | None = None  #: None: a record of the epoch is damaged
     done: bool = False
-    #: why the step failed, or why the epoch cannot be judged (``INSPECT``)
-    error: str = ""
-    #: the liveness judgement of an undecided epoch
+    error: str = ""  #: why the step failed, or why the epoch cannot be judged (``INSPECT``)
     judged: EpochLiveness | None = None
-    #: what the step returned: the commit's result or the abort's decision record
-    result: Any = None
+    result: Any = None  #: the commit's result or the abort's decision record
 
     @property
     def waits(self) -> bool:
@@ -152,17 +134,12 @@ def resolve_epoch(pipeline: Pipeline, epoch: int, *, run_finished: RunFinished |
                   by: str = "recovery") -> Resolution:
     """Judge one epoch and move it on: the one place that decides what an unfinished epoch needs.
 
-    COMMITTING rolls forward (:meth:`Pipeline.commit`; a sink whose target already holds
-    the epoch, by the sink contract's ``held_epoch``, is acknowledged without a commit);
-    ABORTING has its abort finished; OPEN or PREPARED is aborted only when :func:`lease.liveness` judges it dead (its
-    stage's lease expired, it is undecided ``prepared_timeout_s`` after it was prepared,
-    or ``run_finished(run_id, dag_id)`` says its owning DAG run is over) -- else it waits;
-    a final epoch needs nothing. A failing step is returned with its error (the next
-    look retries it), never raised. Recovery, the stage of the next run, the CLI and the
-    Checkpoints page all resolve through it.
+    COMMITTING rolls forward (a sink whose target holds the epoch already is acknowledged
+    as it is); ABORTING has its abort finished; OPEN or PREPARED is aborted once
+    :func:`lease.liveness` judges it dead, else it waits. A failing step is returned with
+    its error (the next look retries it), never raised.
 
-    :param clock: the store's time to judge at (default: probe the store, see
-        :func:`lease.store_now`); given to look ahead, or to probe once for many epochs.
+    :param clock: the store's time to judge at (default: :func:`lease.store_now`).
     :param by: who acts, written in the decision of an abort.
     """
     try:
@@ -222,13 +199,10 @@ class PendingWait:
     """An earlier undecided epoch blocks a run's ``begin`` and may still finish: look again later."""
 
     epoch: int
-    #: the blocking epoch's state, and what the wait is for
-    reason: str
-    #: seconds waited so far, and in all at most
+    reason: str  #: the blocking epoch's state, and what the wait is for
     waited_s: float
     limit_s: float
-    #: the command that aborts the blocking epoch now
-    command: str
+    command: str  #: the command that aborts the blocking epoch now
 
 
 def begin_unblocked(pipeline: Pipeline, run_id: str, *, logical_date: str = "",
@@ -237,14 +211,10 @@ def begin_unblocked(pipeline: Pipeline, run_id: str, *, logical_date: str = "",
                     wait_timeout_s: float | None = None) -> BeginRecord | PendingWait:
     """Begin run ``run_id``'s epoch; an earlier undecided epoch that blocks it is resolved first.
 
-    A new epoch cannot begin while an earlier one is undecided. The blocking epoch is
-    resolved (:func:`resolve_epoch`, ``run_finished`` telling whether its owning run is
-    over): dead, it is aborted and the run begins; decided commit, it is published (roll
-    forward) and the run begins; alive, a :class:`PendingWait` is returned -- the caller
-    looks again later -- until ``waited_s()`` reaches ``wait_timeout_s`` (default
-    ``max(lease timeout, prepared_timeout_s) + 60``, by when a dead epoch is always
-    recognised as dead), when :class:`PendingEpochError` says how to abort it by hand. A
-    blocking epoch whose records are damaged raises :class:`CheckpointError` at once.
+    Dead, the blocker is aborted (decided commit: rolled forward) and the run begins; alive,
+    a :class:`PendingWait` is returned until ``waited_s()`` reaches ``wait_timeout_s``
+    (default ``max(lease timeout, prepared_timeout_s) + 60``, by when a dead epoch is always
+    judged dead), then :class:`PendingEpochError` says how to abort it by hand.
     """
     for _ in range(10):
         try:
@@ -297,12 +267,8 @@ def _pending_wait(pipeline: Pipeline, exc: PendingEpochError, run_finished: RunF
 
 
 def _what_the_wait_is_for(judged: EpochLiveness, pipeline: Pipeline) -> str:
-    """Why a live-looking earlier epoch is waited for, and until when at the latest.
-
-    A stage killed outright (SIGKILL, a lost host) leaves its lease as it last renewed it:
-    it looks alive until the lease is as old as its timeout (the holder's own when longer than
-    ``lease_timeout_s``), however dead its process is.
-    """
+    """Why a live-looking earlier epoch is waited for, and until when at the latest (a stage killed
+    outright looks alive until its lease is as old as its timeout)."""
     if judged.liveness is not Liveness.ALIVE or judged.age_s is None:
         return ""
     left = max(lease_timeout(pipeline.config, judged.lease) - judged.age_s, 0)
@@ -318,11 +284,7 @@ def clock_time(at: float) -> str:
 
 
 def abort_unfollowed(pipeline: Pipeline, epoch: int, *, reason: str, by: str) -> bool:
-    """Abort an epoch that nothing will finish (e.g. one a dry run began); False if it was decided meanwhile.
-
-    Such an epoch left OPEN or PREPARED would hold up every later run until it timed out.
-    A decision another tool took meanwhile stands.
-    """
+    """Abort an epoch that nothing will finish (e.g. one a dry run began); False if it was decided meanwhile."""
     try:
         pipeline.abort(epoch, reason, by=by)
     except DecisionConflictError:
@@ -332,11 +294,7 @@ def abort_unfollowed(pipeline: Pipeline, epoch: int, *, reason: str, by: str) ->
 
 def recover(pipeline: Pipeline, dry_run: bool = True, now: float | None = None,
             run_finished: RunFinished | None = None) -> RecoveryReport:
-    """Resolve every unfinished epoch (:func:`resolve_epoch`) and remove garbage. Safe to run concurrently.
-
-    Ages are read with the store's clock, probed once; ``now`` (the store's time to judge
-    at) only looks ahead, e.g. in tests.
-    """
+    """Resolve every unfinished epoch (:func:`resolve_epoch`) and remove garbage; ``now`` looks ahead (tests)."""
     ahead = now
     clock: Callable[[], float] = (functools.cache(lambda: store_now(pipeline.storage)) if ahead is None
                                   else (lambda: ahead))

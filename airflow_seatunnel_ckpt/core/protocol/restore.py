@@ -1,15 +1,6 @@
-"""Where a new epoch's state restores from: the restore point and its fallbacks.
-
-:func:`restore_point` chooses the newest *committed* checkpoint that verifies; if it does
-not, in order: its secondary replica (``secondary_url``), a rebuild from the transaction
-log (the prepared records name every part and consumed offset), or an older checkpoint
-when replaying the epochs in between cannot duplicate published output. Otherwise
-:class:`RecoveryError` names the damaged file and the way out. Uncommitted state is never
-restored. ``deep`` verification (a retried stage) checks each part's size, CRC32C and frame
-(:func:`codec.check_frame`); without it, each part exists with its recorded size.
-
-At the end: the secondary replica of committed checkpoints.
-"""
+"""Where a new epoch's state restores from (:func:`restore_point`: the newest committed checkpoint
+that verifies, else its replica, a rebuild from the log, or an older checkpoint that cannot
+duplicate output), and the secondary replica of committed checkpoints."""
 
 from __future__ import annotations
 
@@ -28,12 +19,7 @@ from airflow_seatunnel_ckpt.core.sources.source_log import Entry, read_history
 from airflow_seatunnel_ckpt.core.state.checkpoint import CheckpointManager, Problem
 from airflow_seatunnel_ckpt.core.storage import Storage, copy_file, open_storage
 
-# -- replication -----------------------------------------------------------------------------------
-# The secondary replica of committed checkpoints (``secondary_url``).
-#
-# After publishing, the commit copies the epoch's checkpoint to the secondary store,
-# ``_metadata`` last as on the primary; restore falls back to the replica when the
-# primary checkpoint does not verify.
+log = logging.getLogger(__name__)
 
 
 def secondary_storage(config: CheckpointConfig, pipeline: str) -> Storage | None:
@@ -54,9 +40,6 @@ def replicate(primary: Storage, secondary: Storage, epoch: int) -> None:
             if secondary.size(path) == f.size:
                 continue
         copy_file(primary, path, secondary, path)
-
-
-log = logging.getLogger(__name__)
 
 
 class RestoreSource(enum.StrEnum):
@@ -101,7 +84,8 @@ class RestorePoint:
 
 def restore_point(txlog: TransactionLog, checkpoints: CheckpointManager, config: CheckpointConfig,
                   deep: bool = True) -> RestorePoint:
-    """Choose the restore point of the pipeline whose log is ``txlog`` (see module docstring)."""
+    """Choose the restore point of the pipeline whose log is ``txlog``; ``deep``: check each part's
+    CRC32C and frame, not only its size."""
     # The common case costs one listing of the log plus the newest epochs' records, however
     # many epochs there are; the whole committed history is read only for a fallback.
     newest = txlog.last_committed_epoch()
@@ -122,11 +106,8 @@ def restore_point(txlog: TransactionLog, checkpoints: CheckpointManager, config:
 
 
 def restore_point_at(checkpoints: CheckpointManager, epoch: int) -> RestorePoint:
-    """The state and source histories as committed epoch ``epoch``'s checkpoint holds them.
-
-    Only the primary checkpoint, verified: CheckpointError naming its problems if it does
-    not verify (or was removed by retention). What a replay starts from.
-    """
+    """What a replay starts from: committed epoch ``epoch``'s primary checkpoint, verified
+    (CheckpointError naming its problems if not)."""
     problems = checkpoints.verify(epoch, deep=True, decode=False)
     if problems:
         raise CheckpointError(

@@ -1,17 +1,6 @@
-"""The settled watermark: a compacted summary of the transaction log's finished epochs.
-
-Every epoch at or below the watermark is final (COMMITTED or ABORTED, acknowledged), and
-the record says which committed, so readers need not read one directory per epoch ever
-(as Spark's ``HDFSMetadataLog`` compaction). The record is a summary, never the truth: the
-per-epoch records stay and win. Safe under concurrency with put-if-absent and no lock:
-
-* versions ``_txlog/_settled/v<N>`` are write-once; the newest intact one wins;
-* a writer creates ``newest listed + 1`` only if it moves the watermark up, and retries a
-  lost race while its watermark is still higher than the winner's;
-* only final states are summarised, so two writers can disagree on how far the watermark
-  goes, never on what lies below it;
-* a damaged newest version falls back to an older one, or to watermark 0 (a full listing).
-"""
+"""The settled watermark: write-once versions ``_txlog/_settled/v<N>`` summarising the final epochs
+at or below it, and which committed (docs/ARCHITECTURE.md, decision 21). A summary, never the
+truth; two writers may disagree on how far it goes, never on what lies below it."""
 
 from __future__ import annotations
 
@@ -35,9 +24,8 @@ from airflow_seatunnel_ckpt.core.storage import Storage
 KEEP_VERSIONS = 4
 #: Lost races a writer retries before it leaves the advance to the next run.
 MAX_ATTEMPTS = 20
-#: Newly final epochs a run needs before it writes a version. Batching bounds the writes
-#: (one PUT, LIST and prune per advance, not per recovery run) while readers still read at
-#: most this many settled-but-unrecorded epochs one by one; a small store is never touched.
+#: Newly final epochs a run needs before it writes a version: one write per advance, not per
+#: recovery run, while readers read at most this many unrecorded final epochs one by one.
 MIN_ADVANCE = 8
 
 Ranges = list[tuple[int, int]]
@@ -59,10 +47,7 @@ def _expand(ranges: Ranges) -> list[int]:
 
 
 def final_run(watermark: int, states: Mapping[int, EpochState]) -> list[int]:
-    """The unbroken run of final epochs right above ``watermark``: what an advance would cover.
-
-    An epoch that is not final, or absent from ``states`` (missing, damaged), ends it.
-    """
+    """The unbroken run of final epochs right above ``watermark`` (absent from ``states``: not final)."""
     run: list[int] = []
     while (state := states.get(watermark + len(run) + 1)) is not None and state.final:
         run.append(watermark + len(run) + 1)
@@ -84,7 +69,6 @@ class SettledRecord(Record):
     watermark: Annotated[int, Ge(0)]
     committed: Ranges = Field(default_factory=list)
     aborted: Ranges = Field(default_factory=list)
-    #: Written by every release; a record without it reads as 0.
     created_at: float = 0.0
     type: Literal["settled"] = tag("settled")
 
@@ -117,8 +101,7 @@ class SettledRecord(Record):
 
     @classmethod
     def from_dict(cls, d: Any, path: str = "<record>", version: int | None = None) -> SettledRecord:
-        """Parse and check a stored record (of ``version``, as its file is named); CorruptCheckpointError
-        names what is wrong and that nothing is lost."""
+        """Parse and check a stored record (of ``version``, as its file is named)."""
         try:
             record = decode(cls, d, path)
         except CorruptCheckpointError as exc:
@@ -188,22 +171,15 @@ class SettledLog:
             problems.append(exc)
             return None
 
-    def advance(self, seen: SettledRead, states_above: Mapping[int, EpochState],
-                min_advance: int | None = None) -> SettledRecord | None:
-        """Move the watermark over the final epochs just above it; returns the record written, or None.
-
-        ``states_above`` are states the caller read of epochs above ``seen.record``'s
-        watermark. The new watermark is the end of the unbroken run of *final* epochs
-        right above the old one: an epoch that is not final, damaged (absent from the
-        mapping) or missing stops it, so an epoch still open is never covered. Nothing is
-        written unless it moves by at least ``min_advance`` (default :data:`MIN_ADVANCE`).
-        """
+    def advance(self, seen: SettledRead, states: Mapping[int, EpochState]) -> SettledRecord | None:
+        """Move the watermark over the final epochs of ``states`` (read after ``seen``) just above it
+        (:func:`final_run`), if by at least :data:`MIN_ADVANCE`; returns the record written, or None."""
         base = seen.record
         watermark = base.watermark
         committed, aborted = base.committed_epochs(), _expand(base.aborted)
-        for watermark in final_run(base.watermark, states_above):
-            (committed if states_above[watermark] is EpochState.COMMITTED else aborted).append(watermark)
-        if watermark - base.watermark < max(1, MIN_ADVANCE if min_advance is None else min_advance):
+        for watermark in final_run(base.watermark, states):
+            (committed if states[watermark] is EpochState.COMMITTED else aborted).append(watermark)
+        if watermark - base.watermark < max(1, MIN_ADVANCE):
             return None
         newest = seen.newest_version
         for _ in range(MAX_ATTEMPTS):

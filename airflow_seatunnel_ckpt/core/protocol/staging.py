@@ -1,10 +1,5 @@
-"""Staged output: where an attempt stages each sink, and checking it against its manifest.
-
-Every attempt stages into its own ``_staging/epoch=<e>/attempt=<a>/<sink>/``, so a stale
-attempt never overwrites the winner's files; :func:`verify_staged` proves that exactly the
-files the manifest names (size, CRC32C) are there before the commit decision. At the end:
-the checkpoint's marker files, ``sinks/<sink>/_prepared`` and ``sources/<source>/_meta``.
-"""
+"""Staged output: an attempt's manifests, checked against its staging (:func:`verify_staged`), and
+the checkpoint's marker files."""
 
 from __future__ import annotations
 
@@ -24,14 +19,9 @@ from airflow_seatunnel_ckpt.core.models import PartRef, PreparedRecord, SinkMani
 from airflow_seatunnel_ckpt.core.state.checkpoint import Problem
 from airflow_seatunnel_ckpt.core.storage import FileInfo, Storage, backend_for, clean_relpath, refuse_password
 
-# -- markers ---------------------------------------------------------------------------------------
-# The checkpoint's marker files: ``sinks/<sink>/_prepared`` and ``sources/<source>/_meta``.
-#
-# They restate a prepared record inside the checkpoint directory (the staged files of
-# each sink, the chain of each source), so a checkpoint can be read without the log.
-# Their bytes are derived from the prepared record alone, so rewriting them after a crash
-# is harmless; the record itself is the fence. ``_metadata`` references them like any part,
-# so ``verify`` checks them.
+# The markers restate a prepared record in the checkpoint directory, so a checkpoint can be
+# read without the log; derived from the record alone, so rewriting them after a crash is
+# harmless (decision 2).
 
 
 def _write(storage: Storage, path: str, doc: dict[str, Any], epoch: int) -> PartRef:
@@ -67,28 +57,18 @@ def _bookkeeping(name: str) -> bool:
     return name.startswith(".") or (name.startswith("_") and "=" not in name)
 
 
-#: In a staging directory: the files the writer's job committed, with the size and
-#: CRC32C each executor computed as it wrote them (``{"files": [{"path", "size",
-#: "crc32c"}]}``). Written by ``spark.sinks.staged_writer``; a ``_`` file, so no reader takes
-#: it for data and no publish copies it.
+#: The files the writer's job committed, with the size and CRC32C each executor computed
+#: (``{"files": [{"path", "size", "crc32c"}]}``, by ``spark.sinks.staged_writer``).
 FILES_LIST = "_seatunnel_files.json"
 
 
 def manifest_of(storage: Storage, staging: str, sink: str, target_url: str, rows: int,
                 fmt: str = "parquet") -> SinkManifest:
-    """List what was staged in ``staging`` for ``sink`` as a manifest (data files only).
+    """List what was staged in ``staging`` for ``sink`` as a manifest (data files, each with its CRC32C).
 
-    Names are judged as Spark's file index judges them: a file or directory whose name
-    starts with ``.`` or with ``_`` but holds no ``=`` is bookkeeping of the writer
-    (``_SUCCESS``, ``_committed_*``, ``_started_*``, ``_temporary/``, Hadoop's
-    ``.part-0.crc``), and so is a ``*.crc`` file; a partition directory such as
-    ``_tenant=a`` is data. Each file's CRC32C is recorded, so the commit decision and the
-    publish can prove that exactly these bytes get published.
-
-    If the writer left a :data:`FILES_LIST`, it is the file list (a file a failed task
-    attempt left is not output) and its checksums, computed where the bytes were
-    written, are taken as they are: the staging is listed once and no data is read.
-    Otherwise each file's checksum is the store's, or computed by reading it.
+    Names are judged as Spark's file index judges them (``_SUCCESS``, ``_temporary/``,
+    ``.part-0.crc`` are bookkeeping, ``_tenant=a`` is data). A :data:`FILES_LIST` the writer
+    left is the file list and its checksums (a file a failed task left is not output).
     """
     found = {f.path: f for f in storage.walk(staging)
              if not any(map(_bookkeeping, f.path.split("/"))) and not f.path.endswith(".crc")}
@@ -159,11 +139,9 @@ def verify_staged(storage: Storage, sink: SinkManifest, deep: bool) -> list[Prob
     problems = []
     for f in sink.files:
         path = f"{sink.staging}/{f.path}"
-        # FileNotFoundError at either step: missing, or removed meanwhile by an
-        # abort that won the decision while this verification ran.
+        # FileNotFoundError: missing, or removed meanwhile by an abort that won the decision.
         try:
-            # One request on an object store: the size and the CRC32C it keeps.
-            found = storage.file_info(path)
+            found = storage.file_info(path)  # one request on an object store: size and CRC32C
             size = found.size
             wrong_crc = (size == f.size and deep and f.crc32c is not None
                          and (found.crc32c if found.crc32c is not None else storage.checksum(path))

@@ -1,16 +1,6 @@
-"""Settling the log without leaving debris behind: what the settled watermark covers is swept first.
-
-Below the watermark no run lists an epoch's directories again, so a temp file a killed
-writer left there would stay forever. Only stores whose writes go through temp files
-(``Storage.capabilities.temp_files``) have them, in the places an epoch owns: its log
-directory, its run's index directory, its checkpoint directory and, once committed, the
-root of each directory sink it published to (:func:`sink_roots`).
-
-:func:`settle` looks at each epoch it is about to cover once, removes temp files older
-than the timeout, and stops the watermark before an epoch still holding a younger one (a
-writer may be finishing it). Recovery and retention settle through it;
-:func:`unsettled_places` lists the epochs above the watermark.
-"""
+"""Settling the log without leaving debris: :func:`settle` sweeps the temp files killed writers left
+in the places an epoch owns before the watermark covers it (below it, no run looks again);
+:func:`unsettled_places` lists those of the epochs above it."""
 
 from __future__ import annotations
 
@@ -28,12 +18,12 @@ from airflow_seatunnel_ckpt.core.storage import Storage, TempFiles, backend_for
 
 log = logging.getLogger(__name__)
 
+
 class Place(NamedTuple):
     """Where temp files may lie: a storage, a path below it, how far down to look."""
 
     storage: Storage
     path: str
-    #: below its subdirectories too
     recursive: bool = True
     #: ``prune(directory)`` True: not below that directory (a path relative to the storage's root)
     prune: Callable[[str], bool] | None = None
@@ -62,13 +52,9 @@ def _sweep(places: Iterable[Place], now: float, timeout: float, removed: list[st
 def sink_roots(pipeline: Pipeline, epoch: int) -> list[Storage]:
     """The targets committed ``epoch`` published to whose writes leave temp files (their roots hold the owner marker).
 
-    What recovery may clean is the sink's to say: a file sink's target is a store, and so
-    is a table sink's whose table lives in a directory (Delta: its owner marker is written
-    there); a table named by its catalog or database (``iceberg://``, ``postgres://``) has
-    no root in any store, and its format's own commit owns what it writes. The prepared
-    records are read only when a target URL names no store, to tell such a table from a
-    file target that cannot be opened, which is logged and left out (it must not hold the
-    watermark forever). :class:`CheckpointError` if a record cannot be read.
+    A table named by its catalog or database (``iceberg://``, ``postgres://``) has no root in
+    any store; a file target that cannot be opened is logged and left out (it must not hold
+    the watermark forever).
     """
     out = []
     tables: set[str] | None = None
@@ -96,12 +82,8 @@ def sink_roots(pipeline: Pipeline, epoch: int) -> list[Storage]:
 
 
 def epoch_places(pipeline: Pipeline, epoch: int, state: EpochState | None, *, own_dirs: bool = True) -> list[Place]:
-    """Where ``epoch``'s killed writers may have left temp files (see the module docstring): its log
-    and checkpoint directories (unless ``own_dirs`` is False), its run's index directory and, once
-    it committed, the roots of its sinks.
-
-    :class:`CheckpointError` if a record the places are read from cannot be read.
-    """
+    """Where ``epoch``'s killed writers may have left temp files: its log and checkpoint directories
+    (unless ``own_dirs`` is False), its run's index directory and, once committed, its sinks' roots."""
     storage = pipeline.storage
     places = [Place(storage, layout.txlog_dir(epoch)), Place(storage, layout.checkpoint_dir(epoch))] if own_dirs else []
     begin = pipeline.txlog.read_begin(epoch)
@@ -114,14 +96,9 @@ def epoch_places(pipeline: Pipeline, epoch: int, state: EpochState | None, *, ow
 
 def unsettled_places(pipeline: Pipeline, watermark: int, above: Iterable[int],
                      states: Mapping[int, EpochState]) -> list[Place]:
-    """Every place of the store where a killed writer's temp file may lie, but what settling swept.
-
-    The epochs at or below the watermark were swept by :func:`settle` before it covered
-    them: their log and checkpoint directories and the run index are pruned from the one
-    look at the store, and only the run directories and sink roots of the epochs ``above``
-    it are added. The number of looks does not grow with the number of epochs ever run.
-    An epoch whose records cannot be read is left out (verify names it).
-    """
+    """Every place of the store where a killed writer's temp file may lie, but what settling swept:
+    one look at the store (pruned below the watermark) and the run directories and sink roots of
+    the epochs ``above`` it."""
     storage = pipeline.storage
     if not storage.capabilities.temp_files:
         return []
@@ -148,13 +125,11 @@ def unsettled_places(pipeline: Pipeline, watermark: int, above: Iterable[int],
 
 def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochState], *, now: float,
            timeout: float) -> list[str]:
-    """Advance the settled watermark over the final epochs of ``states``, sweeping each first.
+    """Advance the settled watermark over the final epochs of ``states``, sweeping each first and
+    summarising them for the views (:mod:`epoch_index`); returns the temp files removed.
 
-    Returns the temp files removed. An epoch that still holds a temp file younger than
-    ``timeout``, or whose committed record cannot be read, stops the advance before it.
-    What the advance covers is summarised for the views first (:mod:`epoch_index`).
-    A sink's target whose writes leave temp files, of a pipeline whose store's writes leave
-    none, is not swept.
+    An epoch still holding a temp file younger than ``timeout`` (a writer may be finishing
+    it), or whose records cannot be read, stops the advance before it.
     """
     watermark = seen.record.watermark
     covered = dict(states)
@@ -177,5 +152,5 @@ def settle(pipeline: Pipeline, seen: SettledRead, states: Mapping[int, EpochStat
     run = settled.final_run(watermark, covered)
     if len(run) >= max(1, settled.MIN_ADVANCE):
         epoch_index.write(pipeline, run)
-    pipeline.txlog.settle(seen, covered)
+    pipeline.txlog.settled.advance(seen, covered)
     return removed

@@ -1,16 +1,5 @@
-"""The transaction log: write-once records per epoch, and the epoch state machine.
-
-::
-
-     begin ──▶ PREPARED ──decide(commit)──▶ COMMITTING ──publish──▶ COMMITTED
-       │           │                                  (roll forward only)
-       └───────────┴──decide(abort)/timeout──▶ ABORTING ──cleanup──▶ ABORTED
-
-Every record is a framed, checksummed JSON file created exclusively, so a record is
-either absent or complete, and is never rewritten. The state of an epoch is *derived*
-from which records exist; there is no mutable status file to get out of step. The
-``decision`` record is a single file, so commit and abort can never both win.
-"""
+"""The transaction log: write-once records per epoch (framed JSON, created exclusively), and the
+epoch's state, derived from which records exist (docs/ARCHITECTURE.md, decisions 3 and 4)."""
 
 from __future__ import annotations
 
@@ -47,7 +36,7 @@ from airflow_seatunnel_ckpt.core.models import (
     decode,
     tag,
 )
-from airflow_seatunnel_ckpt.core.protocol.settled import SettledLog, SettledRead, SettledRecord
+from airflow_seatunnel_ckpt.core.protocol.settled import SettledLog, SettledRead
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 R = TypeVar("R")
@@ -62,11 +51,8 @@ PREPARED_PREFIX = "prepared-"
 PLAN_PREFIX = "plan-"
 #: An operator's action on the epoch (who, what, why); never read by the state machine.
 ACTION_PREFIX = "action-"
-#: How the action of the same suffix ended (see :meth:`TransactionLog.record_outcome`).
 OUTCOME_PREFIX = "outcome-"
-#: Whether an attempt may prepare: settled once, by its prepare or by a cancel (``fence-<p>-a<n>``).
 FENCE_PREFIX = "fence-"
-#: A segment of the views' epoch index, in its last epoch's directory (see :mod:`epoch_index`).
 INDEX_RECORD = "epoch-index"
 
 
@@ -92,8 +78,7 @@ class FenceRecord(Record):
 
 def read_record(storage: Storage, path: str, parse: type[R] | Callable[[dict[str, Any], str], R],
                 max_chunk: int = codec.DEFAULT_MAX_CHUNK) -> R | None:
-    """Read the framed JSON record at ``path`` as type ``parse`` (or parsed by it); None if absent,
-    CorruptCheckpointError naming the file if damaged."""
+    """The framed JSON record at ``path`` as type ``parse`` (or parsed by it); None if absent."""
     try:
         data = storage.read(path)
     except FileNotFoundError:
@@ -111,7 +96,6 @@ class TransactionLog:
         self.storage = storage
         self.pipeline = pipeline
         self._max_chunk = max_chunk
-        #: The settled watermark: the compacted summary of every epoch known final.
         self.settled = SettledLog(storage, pipeline, max_chunk)
 
     # -- record I/O --------------------------------------------------------------------
@@ -131,7 +115,7 @@ class TransactionLog:
         return stored
 
     def read_record(self, path: str, parse: type[R] | Callable[[dict[str, Any], str], R]) -> R | None:
-        """Read one record of type ``parse`` (or parsed by it); None if absent, CorruptCheckpointError if damaged."""
+        """One record of type ``parse`` (or parsed by it); None if absent, CorruptCheckpointError if damaged."""
         return read_record(self.storage, path, parse, self._max_chunk)
 
     # -- epochs ------------------------------------------------------------------------
@@ -150,14 +134,9 @@ class TransactionLog:
               logical_date: str = "") -> BeginRecord:
         """The epoch of run ``run_id`` of DAG ``dag_id``, allocating the next one if it has none yet.
 
-        Idempotent per (DAG, run id): every task of one DAG run (and every retry) gets the
-        same epoch, while the same run id in another DAG is another run. A run whose
-        epoch was aborted (e.g. the run is cleared after a failure) gets a fresh epoch.
-        Raises :class:`PendingEpochError` while an earlier epoch is undecided or still
-        COMMITTING: epochs are decided and published in order, so a new epoch always
-        restores the state (and consumed input) of every earlier commit. ``logical_date``
-        (the Airflow logical date, ISO 8601) is stored by the call that creates the record;
-        later calls for the same run get the stored record back unchanged.
+        Idempotent per (DAG, run id); a run whose epoch was aborted gets a fresh one.
+        :class:`PendingEpochError` while an earlier epoch is undecided or COMMITTING: a new
+        epoch restores the state (and consumed input) of every earlier commit.
         """
         key = layout.run_key(run_id, dag_id)
         for _ in range(100):
@@ -234,12 +213,8 @@ class TransactionLog:
         return None
 
     def _read_begin_if_intact(self, epoch: int) -> BeginRecord | None:
-        """``begin`` of ``epoch``, or None if it is absent or damaged.
-
-        Only for deciding whether a new epoch may start: a damaged ``begin`` hides which
-        run the epoch belongs to, but its state (derived from the other records) still
-        says whether it is finished, and recovery reports the damaged file.
-        """
+        """``begin`` of ``epoch``, or None if absent or damaged (the state, from the other records,
+        still says whether the epoch is finished; recovery reports the damaged file)."""
         try:
             return self.read_begin(epoch)
         except CorruptCheckpointError:
@@ -252,12 +227,7 @@ class TransactionLog:
     # -- input plan --------------------------------------------------------------------
     def fix_plan(self, epoch: int, participant: str, attempt: int,
                  sources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        """Record which input the participant reads in ``epoch``; the first attempt wins.
-
-        Returns the stored plan (the caller's, or the one an earlier attempt fixed), so
-        every attempt of an epoch reads exactly the same input and input that arrives
-        later waits for the next epoch.
-        """
+        """Record which input the participant reads in ``epoch``; returns the first attempt's plan."""
         path = layout.record_path(epoch, PLAN_PREFIX + validate_name(participant, "participant name"))
         try:
             self._write_once(path, {"type": "input_plan", "epoch": epoch, "participant": participant,
@@ -283,13 +253,8 @@ class TransactionLog:
 
     # -- prepare -----------------------------------------------------------------------
     def write_prepared(self, record: PreparedRecord) -> PreparedRecord:
-        """Create the participant's ``prepared`` record; the first attempt to do so wins.
-
-        Returns the stored record: the caller's own, or the identical one of the same
-        attempt written before (a retry of a completed prepare). Raises
-        :class:`FencedAttemptError` if another attempt already prepared the participant,
-        the epoch is already decided, or the attempt was cancelled (:meth:`settle_fence`).
-        """
+        """Create the participant's ``prepared`` record; the first attempt wins (:class:`FencedAttemptError`
+        for another attempt, a decided epoch or a cancelled attempt)."""
         validate_attempt(record.attempt)
         participant = validate_name(record.participant, "participant name")
         self.require_undecided(record.epoch, f"attempt {record.attempt} of {participant!r} cannot prepare")
@@ -312,12 +277,8 @@ class TransactionLog:
         return stored
 
     def settle_fence(self, record: FenceRecord) -> FenceRecord:
-        """Create the attempt's fence record as ``record``, or return the one that came first.
-
-        The prepare of the attempt (:meth:`write_prepared`) and anyone cancelling it both
-        settle this one write-once file, so exactly one of them wins: a cancelled attempt
-        never prepares, and a cancel after the prepare began finds the fence settled.
-        """
+        """Create the attempt's fence record as ``record``, or return the one that came first: its
+        prepare and a cancel settle this one file, so exactly one of them wins."""
         path = layout.record_path(validate_epoch(record.epoch), fence_name(record.participant, record.attempt))
         return self._write_or_read(path, record, FenceRecord)
 
@@ -403,13 +364,8 @@ class TransactionLog:
                              {"type": name, "epoch": epoch, "at": time.time(), **details})
 
     def record_action(self, epoch: int, action: str, by: str, reason: str, **details: Any) -> str:
-        """Write an ``action-*`` record: who does what to the epoch, and why. Returns its name.
-
-        Written *before* the action is carried out; :meth:`record_outcome` then says how it
-        ended. An audit trail for operators' actions (abort, retry publish, recovery run from
-        the UI): the state is still derived from the protocol's records alone, so an action
-        record never changes what an epoch is. ``details`` are further plain values.
-        """
+        """Write an ``action-*`` record (who does what to the epoch, and why) before the action; returns
+        its name for :meth:`record_outcome`. An audit trail: it never changes the epoch's state."""
         validate_epoch(epoch)
         stamp = time.time_ns()
         while True:  # two actions in the same nanosecond: the next free name
@@ -422,12 +378,7 @@ class TransactionLog:
                 stamp += 1
 
     def record_outcome(self, epoch: int, action_name: str, outcome: ActionOutcome, detail: str = "") -> OutcomeRecord:
-        """Write how the action ``action_name`` (as :meth:`record_action` returned it) ended.
-
-        ``detail``: what it did, or the error / the reason it was refused. Idempotent in
-        the sense of write-once: a second outcome for the same action is refused
-        (:class:`AlreadyExistsError`), the first one stands.
-        """
+        """Write how the action ``action_name`` ended (write-once: a second outcome is :class:`AlreadyExistsError`)."""
         validate_epoch(epoch)
         if not action_name.startswith(ACTION_PREFIX):
             raise ValueError(f"{action_name!r} is not an action record's name (it starts with {ACTION_PREFIX!r})")
@@ -437,34 +388,23 @@ class TransactionLog:
         return record
 
     def actions(self, epoch: int) -> list[ActionEntry]:
-        """The epoch's actions with their outcomes, oldest first.
-
-        A damaged or malformed action or outcome record raises :class:`CorruptCheckpointError`
-        naming the file (a record of a newer format: :class:`IncompatibleFormatError`).
-        """
+        """The epoch's actions with their outcomes, oldest first."""
         names = self.storage.list_dir(layout.txlog_dir(validate_epoch(epoch)))
         outcomes = {n[len(OUTCOME_PREFIX):] for n in names if n.startswith(OUTCOME_PREFIX)}
         out = []
         for name in sorted(n for n in names if n.startswith(ACTION_PREFIX)):
-            record = self.read_action(epoch, name)
+            record = self.read_record(layout.record_path(epoch, name), ActionRecord)
             if record is None:
                 continue
             suffix = name[len(ACTION_PREFIX):]
-            outcome = self.read_outcome(epoch, OUTCOME_PREFIX + suffix) if suffix in outcomes else None
+            outcome = (self.read_record(layout.record_path(epoch, OUTCOME_PREFIX + suffix), OutcomeRecord)
+                       if suffix in outcomes else None)
             out.append(ActionEntry(name, record, outcome))
         return out
 
-    def read_action(self, epoch: int, name: str) -> ActionRecord | None:
-        """The ``action-*`` record ``name`` (None if absent; CorruptCheckpointError if damaged or malformed)."""
-        return self.read_record(layout.record_path(epoch, name), ActionRecord)
-
-    def read_outcome(self, epoch: int, name: str) -> OutcomeRecord | None:
-        """The ``outcome-*`` record ``name`` (None if absent; CorruptCheckpointError if damaged or malformed)."""
-        return self.read_record(layout.record_path(epoch, name), OutcomeRecord)
 
     def read_committed(self, epoch: int) -> tuple[list[PublishedSink], float | None] | None:
-        """What the ``committed`` record says was published, and when it was written (its ``at``, if
-        it has one); None if not committed."""
+        """What the ``committed`` record says was published, and its ``at``; None if not committed."""
         def parse(d: dict[str, Any], path: str) -> tuple[list[PublishedSink], float | None]:
             items, at = d.get("published"), d.get("at")
             if not isinstance(items, list):
@@ -510,22 +450,17 @@ class TransactionLog:
                 return epoch
         return seen.record.last_committed()
 
-    def open_epochs(self, seen: SettledRead | None = None) -> tuple[SettledRead, list[int]]:
+    def open_epochs(self) -> tuple[SettledRead, list[int]]:
         """The settled record and the epochs above its watermark (those whose state may change)."""
-        seen, above = self._above(seen)
+        seen, above = self._above()
         return seen, list(above)
 
     def _above(self, seen: SettledRead | None = None) -> tuple[SettledRead, dict[int, list[str] | None]]:
-        """The settled record, and each epoch above its watermark with the names in its directory.
-
-        Epochs are dense: ``begin`` creates the newest + 1 exclusively and no log directory
-        is ever removed. So above a watermark the epochs are found one directory at a time,
-        ending at the first with nothing in it (a newest directory a killed ``begin`` left
-        empty ends them too, as in :meth:`epochs`): the ``_txlog`` listing, which grows with
-        every epoch ever run (one request per thousand names on S3), is not needed, and each
-        listing also gives that epoch's state. Without a watermark, one listing of the log
-        (names None: the caller lists each epoch it reads).
-        """
+        """The settled record, and each epoch above its watermark with the names in its directory
+        (None without a watermark: then one listing of the log)."""
+        # Epochs are dense (``begin`` creates the newest + 1 exclusively, no log directory is
+        # removed), so above the watermark they are found one directory at a time up to the
+        # first empty one: no listing of ``_txlog``, which grows with every epoch ever run.
         seen = seen if seen is not None else self.settled.read()
         if not seen.record.watermark:
             return seen, dict.fromkeys(self.epochs())
@@ -537,20 +472,13 @@ class TransactionLog:
         return seen, above
 
     def newest_epochs(self, last: int, seen: SettledRead | None = None) -> list[int]:
-        """The newest ``last`` epochs, ascending, from the settled record and the epochs above
-        it (epochs are dense, see :meth:`_above`), so a view's cost does not grow with the log."""
+        """The newest ``last`` epochs, ascending (from the settled record and the epochs above it)."""
         seen, above = self._above(seen)
         newest = max(above, default=seen.record.watermark)
         return list(range(max(1, newest - last + 1), newest + 1))
 
     def states(self) -> dict[int, EpochState]:
-        """Every epoch with its state, ascending: one view of the log to decide from.
-
-        Settled epochs come from the settled record (final, so they cannot change); each
-        epoch above its watermark is read once. A caller that must not act on an epoch
-        whose state changes meanwhile treats every epoch newer than the newest one it saw
-        as unknown (see :mod:`retention`).
-        """
+        """Every epoch with its state, ascending (settled ones from the settled record)."""
         return self.view()[1]
 
     def view(self) -> tuple[SettledRead, dict[int, EpochState]]:
@@ -560,16 +488,6 @@ class TransactionLog:
         out.update((epoch, self.state(epoch, names)) for epoch, names in above.items())
         return seen, out
 
-    def settle(self, seen: SettledRead, states: dict[int, EpochState],
-               min_advance: int | None = None) -> SettledRecord | None:
-        """Advance the settled watermark over the final epochs in ``states`` above ``seen``'s.
-
-        ``states`` are states the caller read *after* reading ``seen`` (final states never
-        change, so an older read is still true). Returns the record written, or None (also
-        when it would move by fewer than ``min_advance`` epochs, see :data:`settled.MIN_ADVANCE`).
-        """
-        watermark = seen.record.watermark
-        return self.settled.advance(seen, {e: s for e, s in states.items() if e > watermark}, min_advance)
 
     def status(self, epoch: int) -> EpochStatus:
         """Everything the log holds about ``epoch``."""
@@ -582,13 +500,7 @@ class TransactionLog:
 
     # -- verification ------------------------------------------------------------------
     def damaged_records(self, epoch: int) -> list[CorruptCheckpointError]:
-        """Every record of ``epoch`` that cannot be read back: checksum, frame or shape ([] = intact).
-
-        Read-only; each error names the file. Records are parsed as the protocol parses
-        them (``begin``, ``prepared-*``, ``plan-*``, ``decision``, ``committed``, and the
-        ``action-*``/``outcome-*`` audit records); the others (``aborted``, ``retired``,
-        leases) must at least decode as framed JSON.
-        """
+        """Every record of ``epoch`` that cannot be read back as the protocol reads it ([] = intact)."""
         validate_epoch(epoch)
         problems = []
         for name in self.storage.list_dir(layout.txlog_dir(epoch)):
@@ -610,9 +522,9 @@ class TransactionLog:
         if name.startswith(PLAN_PREFIX):
             return self.read_plan(epoch, name[len(PLAN_PREFIX):])
         if name.startswith(ACTION_PREFIX):
-            return self.read_action(epoch, name)
+            return self.read_record(layout.record_path(epoch, name), ActionRecord)
         if name.startswith(OUTCOME_PREFIX):
-            return self.read_outcome(epoch, name)
+            return self.read_record(layout.record_path(epoch, name), OutcomeRecord)
         try:
             return self.read_record(layout.record_path(epoch, name), lambda data, _where: data)
         except CorruptCheckpointError as exc:

@@ -184,7 +184,7 @@ def test_open_and_late_decided_epochs_are_never_covered_by_the_watermark(fast_sp
     p.recover(dry_run=True)
     assert newest_settled(p) == 0  # a dry run writes nothing
 
-    p.txlog.settle(*p.txlog.view())
+    p.txlog.settled.advance(*p.txlog.view())
     assert newest_settled(p) == 20  # stops below the COMMITTING epoch
     assert p.txlog.states()[committing] is EpochState.COMMITTING
 
@@ -214,7 +214,7 @@ def test_an_aborting_epoch_stops_the_watermark_though_later_ones_committed(fast_
     write_record(p, 6, "decision", DecisionRecord(6, Decision.ABORT, "dead", "test", 1.0).to_dict())
     later = real_epoch(p, "after-aborting")
 
-    p.txlog.settle(*p.txlog.view())
+    p.txlog.settled.advance(*p.txlog.view())
 
     assert newest_settled(p) == 5
     assert p.txlog.states()[6] is EpochState.ABORTING
@@ -225,7 +225,7 @@ def test_an_aborting_epoch_stops_the_watermark_though_later_ones_committed(fast_
 def test_a_damaged_newest_settled_record_falls_back_and_loses_nothing(fast_spec: StoreSpec) -> None:
     p = fast_spec.pipeline()
     settled_history(p, 50)
-    p.txlog.settle(*p.txlog.view())
+    p.txlog.settled.advance(*p.txlog.view())
     newest = real_epoch(p, "real")
     p.recover(dry_run=False)
     versions = p.txlog.settled.versions()
@@ -249,7 +249,7 @@ def test_a_damaged_newest_settled_record_falls_back_and_loses_nothing(fast_spec:
 def test_every_settled_record_damaged_falls_back_to_a_full_listing(fast_spec: StoreSpec) -> None:
     p = fast_spec.pipeline()
     settled_history(p, 30)
-    p.txlog.settle(*p.txlog.view())
+    p.txlog.settled.advance(*p.txlog.view())
     (version,) = p.txlog.settled.versions()
     p.storage.write_atomic(layout.settled_path(version), codec.encode_json(
         {"type": "settled", "version": version, "watermark": 30, "committed": [[1, 40]], "aborted": []}))
@@ -263,7 +263,7 @@ def test_every_settled_record_damaged_falls_back_to_a_full_listing(fast_spec: St
 def test_concurrent_recoveries_advance_the_watermark_consistently(store_spec: StoreSpec) -> None:
     p = store_spec.pipeline()
     settled_history(p, 40)  # a settled past (on S3 each record is a conditional PUT)
-    p.txlog.settle(*p.txlog.view())  # v1 at 40
+    p.txlog.settled.advance(*p.txlog.view())  # v1 at 40
     for epoch in range(41, 81):  # 40 more, settled by the racing runs
         write_record(p, epoch, "begin", BeginRecord(epoch, f"run-{epoch}", 1.0).to_dict())
         write_record(p, epoch, "decision", DecisionRecord(epoch, Decision.ABORT, "x", "test", 1.0).to_dict())
@@ -310,7 +310,7 @@ def test_verify_names_a_damaged_settled_record(fast_spec: StoreSpec, capsys: pyt
 
     p = fast_spec.pipeline()
     settled_history(p, 10)
-    p.txlog.settle(*p.txlog.view())
+    p.txlog.settled.advance(*p.txlog.view())
     (version,) = p.txlog.settled.versions()
     flip_byte(p.storage, layout.settled_path(version))
 

@@ -1,7 +1,7 @@
 """Submitted attempts: a cancel fences the attempt's prepare, and the one judgement of how a submission stands.
 
 The records are the ones the stage task, the launcher and the driver write
-(:mod:`airflow_seatunnel_ckpt.core.protocol.submissions`), written here through the same functions
+(:mod:`airflow_seatunnel_ckpt.core.protocol.lease`), written here through the same functions
 on a real local store; the interleavings are made deterministic by running the other
 side's step at a chosen point of a store write.
 """
@@ -16,10 +16,9 @@ import pytest
 
 from airflow_seatunnel_ckpt.core import Decision, EpochState, Pipeline, layout
 from airflow_seatunnel_ckpt.core.errors import FencedAttemptError
-from airflow_seatunnel_ckpt.core.protocol import submissions
-from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, store_now
-from airflow_seatunnel_ckpt.core.protocol.submissions import (
+from airflow_seatunnel_ckpt.core.protocol.lease import (
     ExitRecord,
+    LeaseKeeper,
     SubmissionOutcome,
     SubmissionRecord,
     judge_submission,
@@ -27,6 +26,7 @@ from airflow_seatunnel_ckpt.core.protocol.submissions import (
     record_submission,
     request_cancel,
     stop_reason,
+    store_now,
 )
 from airflow_seatunnel_ckpt.core.storage import Storage
 from tests.core.conftest import StoreSpec
@@ -96,7 +96,7 @@ def test_a_cancel_that_lands_while_the_attempt_prepares_loses_and_the_canceller_
     # The canceller is told the cancel lost, so it does not submit a replacement; the
     # launcher is not told to stop an attempt that is preparing.
     assert cancels == [(False, "")]
-    fence = submissions.read_fence(p, epoch, "ingest", 1)
+    fence = p.txlog.read_fence(epoch, "ingest", 1)
     assert fence is not None and not fence.cancelled
     with pytest.raises(FencedAttemptError):
         prepare_participant(p, "run-1", NEW, attempt=2, epoch=epoch)
@@ -112,7 +112,7 @@ def test_a_cancel_and_a_prepare_of_the_same_attempt_settle_one_fence(fast_spec: 
     prepare_participant(p, "run-1", OLD, attempt=1, epoch=epoch)  # a repeated prepare stays idempotent
     assert request_cancel(p, epoch, "ingest", 3, by="triggerer", reason="marked failed") is True
     assert request_cancel(p, epoch, "ingest", 3, by="someone else", reason="again") is True
-    fence = submissions.read_fence(p, epoch, "ingest", 3)
+    fence = p.txlog.read_fence(epoch, "ingest", 3)
     assert fence is not None and (fence.cancelled, fence.by) == (True, "triggerer")
     assert stop_reason(p, epoch, "ingest", 3) == ""  # the participant is prepared: nothing to stop
 

@@ -279,7 +279,7 @@ def test_a_submitted_stage_defers_and_a_clear_while_deferred_stops_it_and_resubm
     """
     import json as json_lib
 
-    from airflow_seatunnel_ckpt.core.protocol.submissions import read_exit, submitted_attempts
+    from airflow_seatunnel_ckpt.core.protocol.lease import read_exit, submitted_attempts
 
     deployment = airflow_deployment
     began = time.monotonic()
