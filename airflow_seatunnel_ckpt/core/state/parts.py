@@ -1,10 +1,6 @@
 """State parts: one framed, checksummed file of Arrow or JSON, written and read whole.
 
-The part-level I/O under checkpoints (``core/state/checkpoint.py``) and sorted runs
-(``core/state/runs.py``): write a part atomically and get its reference (size + CRC32C), read
-one back checked against that reference, the key array of a table, and a delta applied to
-a base. Kept apart from the checkpoint module so that runs can use it while checkpoints
-read chains of runs.
+Kept apart from :mod:`.checkpoint` so that sorted runs can use it while checkpoints read runs.
 """
 
 from __future__ import annotations
@@ -25,11 +21,7 @@ TOMBSTONE = "__deleted"
 def write_part(storage: Storage, path: str, pieces: Iterable[bytes], *, kind: codec.PayloadKind, epoch: int,
                key_group: int = 0, delta: bool = False, base_epoch: int | None = None, level: int = 3,
                compression: codec.Codec = codec.Codec.ZSTD) -> PartRef:
-    """Frame and write one state part atomically; returns its reference (size + CRC32C).
-
-    Streams: the payload pieces are compressed chunk by chunk as they are written. Safe to
-    call on a Spark executor (needs only the storage URL and options).
-    """
+    """Frame and write one state part atomically, streaming; returns its reference (size + CRC32C)."""
     size = 0
     crc = 0
 
