@@ -16,10 +16,11 @@ decompression; the trailer makes truncated, reordered or dropped chunks detectab
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import json
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -81,21 +82,12 @@ class FrameHeader:
     base_epoch: int | None
 
 
-class _Compressor:
-    def __init__(self, codec: Codec, level: int) -> None:
-        self.codec = codec
-        if codec is Codec.ZSTD:
-            self._z = zstandard.ZstdCompressor(level=level)
-        else:
-            import lz4.frame
+def _compressor(codec: Codec, level: int) -> Callable[[bytes | memoryview], bytes]:
+    if codec is Codec.ZSTD:
+        return zstandard.ZstdCompressor(level=level).compress
+    import lz4.frame
 
-            self._lz4 = lz4.frame
-            self._level = max(0, level)
-
-    def compress(self, raw: bytes | memoryview) -> bytes:
-        if self.codec is Codec.ZSTD:
-            return self._z.compress(raw)
-        return self._lz4.compress(raw, compression_level=self._level)  # type: ignore[no-any-return]
+    return functools.partial(lz4.frame.compress, compression_level=max(0, level))
 
 
 def _decompress(codec: Codec, stored: bytes | memoryview, raw_len: int, path: str,
@@ -120,8 +112,7 @@ def _decompress(codec: Codec, stored: bytes | memoryview, raw_len: int, path: st
         raise CorruptCheckpointError(f"{path}: a chunk does not decompress: {exc}", path) from exc
     if len(out) != raw_len:
         raise CorruptCheckpointError(
-            f"{path}: a chunk decompressed to {len(out)} bytes, the frame says {raw_len}", path
-        )
+            f"{path}: a chunk decompressed to {len(out)} bytes, the frame says {raw_len}", path)
     return bytes(out)
 
 
@@ -152,7 +143,7 @@ class ChunkWriter:
         self._header = header + _HEADER_CRC.pack(crc32c(header))
         self._running = crc32c(self._header)
         self._codec, self._level = codec, level
-        self._comps = {level: _Compressor(codec, level)}
+        self._comps = {level: _compressor(codec, level)}
         self._total = self._count = 0
 
     def header(self) -> bytes:
@@ -169,10 +160,10 @@ class ChunkWriter:
         if not len(raw):
             raise ValueError("a chunk needs at least one byte")
         level = self._level if level is None else level
-        comp = self._comps.get(level)
-        if comp is None:
-            comp = self._comps[level] = _Compressor(self._codec, level)
-        stored = comp.compress(raw)  # any buffer: the IPC payload is not copied first
+        compress = self._comps.get(level)
+        if compress is None:
+            compress = self._comps[level] = _compressor(self._codec, level)
+        stored = compress(raw)  # any buffer: the IPC payload is not copied first
         lengths = _CHUNK.pack(len(raw), len(stored), 0)[:8]
         head = lengths + _U32.pack(crc32c(stored, crc32c(lengths)))
         self._running = crc32c(stored, crc32c(head, self._running))
@@ -248,8 +239,7 @@ def _read_exact(fh: IO[bytes] | _MemoryReader, n: int, path: str, what: str) -> 
     data = fh.read(n)
     if len(data) != n:
         raise CorruptCheckpointError(
-            f"{path}: file is truncated (expected {n} more bytes of {what}, found {len(data)})", path
-        )
+            f"{path}: file is truncated (expected {n} more bytes of {what}, found {len(data)})", path)
     return data
 
 
@@ -258,8 +248,7 @@ def read_header(fh: IO[bytes], path: str) -> FrameHeader:
     raw = fh.read(HEADER_SIZE)
     if len(raw) < 4 or raw[:4] != MAGIC:
         raise CorruptCheckpointError(
-            f"{path}: not a checkpoint state file (bad magic {bytes(raw[:4])!r}, expected {MAGIC!r})", path
-        )
+            f"{path}: not a checkpoint state file (bad magic {bytes(raw[:4])!r}, expected {MAGIC!r})", path)
     if len(raw) < HEADER_SIZE:
         raise CorruptCheckpointError(f"{path}: file is truncated inside the header", path)
     magic, version, flags, kind, _reserved, epoch, base = _HEADER.unpack(raw[: _HEADER.size])
@@ -302,8 +291,7 @@ def decode_stream(fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = 
             if raw_len == 0 or raw_len > max_chunk or stored_len > max_chunk + 1024 + max_chunk // 100:
                 raise CorruptCheckpointError(
                     f"{path}: chunk {count} claims {raw_len} raw / {stored_len} stored bytes, "
-                    f"over the limit of {max_chunk} (damaged file or decompression bomb)", path,
-                )
+                    f"over the limit of {max_chunk} (damaged file or decompression bomb)", path)
             stored = _read_exact(fh, stored_len, path, f"chunk {count}")
             if crc32c(stored, crc32c(head[:8])) != stored_crc:
                 raise CorruptCheckpointError(f"{path}: checksum mismatch in chunk {count}", path)
@@ -319,9 +307,7 @@ def decode_stream(fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = 
             raise CorruptCheckpointError(f"{path}: whole-file checksum mismatch", path)
         if (want_total, want_count) != (total, count):
             raise CorruptCheckpointError(
-                f"{path}: trailer says {want_count} chunks / {want_total} bytes, read {count} / {total}",
-                path,
-            )
+                f"{path}: trailer says {want_count} chunks / {want_total} bytes, read {count} / {total}", path)
         if fh.read(1):
             raise CorruptCheckpointError(f"{path}: unexpected bytes after the trailer", path)
 
