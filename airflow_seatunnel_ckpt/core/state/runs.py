@@ -24,7 +24,7 @@ import numpy as np
 from airflow_seatunnel_ckpt.core import codec
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
-from airflow_seatunnel_ckpt.core.state.parts import TOMBSTONE, key_array, read_arrow_part, read_checked
+from airflow_seatunnel_ckpt.core.state.parts import TOMBSTONE, Tally, key_array, read_arrow_part, read_checked
 from airflow_seatunnel_ckpt.core.storage import Storage
 
 
@@ -214,17 +214,12 @@ def write_run(storage: Storage, path: str, pieces: Iterable[Any], key_columns: l
     entries: dict[str, list[Any]] = {n: [] for n in ("first", "last", "offset", "length", "rows",
                                                      "bloom_offset", "bloom_length")}
     blooms: list[bytes] = []
-    size = crc = index_at = 0
-
-    def emit(piece: bytes) -> bytes:
-        nonlocal size, crc
-        size += len(piece)
-        crc = codec.crc32c(piece, crc)
-        return piece
+    written = Tally()  # its size so far is the offset of the chunk being framed
+    index_at = 0
 
     def framed() -> Iterator[bytes]:
         nonlocal index_at
-        yield emit(writer.header())
+        yield writer.header()
         for block in _blocks(pieces, block_rows):
             block = block.select(schema.names).cast(schema)
             keys = sort_keys(block, key_columns)
@@ -232,16 +227,16 @@ def write_run(storage: Storage, path: str, pieces: Iterable[Any], key_columns: l
             bloom.add(key_hashes(keys))
             blooms.append(bloom.bits.tobytes())
             chunk = writer.chunk(next(iter(codec.arrow_ipc_pieces(block))))
-            for name, value in (("first", keys[0]), ("last", keys[-1]), ("offset", size),
+            for name, value in (("first", keys[0]), ("last", keys[-1]), ("offset", written.size),
                                 ("length", len(chunk)), ("rows", block.num_rows)):
                 entries[name].append(value)
-            yield emit(chunk)
+            yield chunk
         for bits in blooms:
             chunk = writer.chunk(bits, level=BLOOM_CHUNK_LEVEL)
-            entries["bloom_offset"].append(size)
+            entries["bloom_offset"].append(written.size)
             entries["bloom_length"].append(len(chunk))
-            yield emit(chunk)
-        index_at = size
+            yield chunk
+        index_at = written.size
         key_type = sort_keys(schema.empty_table(), key_columns).type
         index = pa.table({"first": pa.array([k.as_py() for k in entries["first"]], key_type),
                           "last": pa.array([k.as_py() for k in entries["last"]], key_type),
@@ -251,11 +246,11 @@ def write_run(storage: Storage, path: str, pieces: Iterable[Any], key_columns: l
                 b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(Bloom.sized(1).hashes).encode(),
                 b"bloom_layout": str(BLOOM_LAYOUT).encode()}
         index = index.replace_schema_metadata(meta)
-        yield emit(writer.chunk(next(iter(codec.arrow_ipc_pieces(index)))))
-        yield emit(writer.trailer())
+        yield writer.chunk(next(iter(codec.arrow_ipc_pieces(index))))
+        yield writer.trailer()
 
-    storage.write_atomic(path, framed())
-    return PartRef(path=path, size=size, crc32c=crc, epoch=epoch, key_group=key_group,
+    storage.write_atomic(path, written(framed()))
+    return PartRef(path=path, size=written.size, crc32c=written.crc32c, epoch=epoch, key_group=key_group,
                    kind=PartKind.DELTA if delta else PartKind.FULL, index=index_at)
 
 
