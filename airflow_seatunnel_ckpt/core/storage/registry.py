@@ -32,16 +32,14 @@ _NOT_BUILT_IN = {
     "az": "adlfs's conditional create (If-None-Match) is not tested by this project",
 }
 
-_WAY_OUT = ("A backend for it can be registered in the {group!r} entry-point group of an installed package, e.g. "
-            "'{protocol} = \"airflow_seatunnel_ckpt.core.storage.object_store:ObjectStorage\"' for an object store "
-            "whose fsspec filesystem implements pipe_file(mode=\"create\") as a conditional write; it is probed for "
-            "conditional create when a store is opened and refused if it does not honour it")
-
 
 def _unsupported(protocol: str, known: list[str]) -> str:
     why = _NOT_BUILT_IN.get(protocol, "no backend is registered for it")
     return (f"store protocol {protocol!r} is not supported ({why}); supported protocols: {', '.join(known)}. "
-            + _WAY_OUT.format(group=ENTRY_POINT_GROUP, protocol=protocol))
+            f"A backend for it can be registered in the {ENTRY_POINT_GROUP!r} entry-point group of an installed "
+            f"package, e.g. '{protocol} = \"airflow_seatunnel_ckpt.core.storage.object_store:ObjectStorage\"' for an "
+            "object store whose fsspec filesystem implements pipe_file(mode=\"create\") as a conditional write; it "
+            "is probed for conditional create when a store is opened and refused if it does not honour it")
 
 
 _MODULE = "airflow_seatunnel_ckpt.core.storage"
