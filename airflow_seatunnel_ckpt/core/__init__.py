@@ -1,9 +1,5 @@
-"""The checkpoint core: storage, state format, epoch checkpoints, transaction log,
-two-phase commit, recovery and retention.
-
-It imports neither Airflow nor PySpark, so it can be used (and tested) from any
-orchestrator or process. Start at :class:`CheckpointStore`.
-"""
+"""The checkpoint core, without Airflow or PySpark: storage, state, the transaction log, two-phase
+commit, recovery and retention. Start at :class:`CheckpointStore`."""
 
 from airflow_seatunnel_ckpt.core import errors, models
 from airflow_seatunnel_ckpt.core.config import CheckpointConfig

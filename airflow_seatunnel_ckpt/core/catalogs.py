@@ -19,12 +19,9 @@ SECRET_HINTS = ("credential", "token", "secret", "password", "session-token")
 
 
 def embedded_catalog(home: str | None = None) -> dict[str, str]:
-    """Absolute properties of the embedded catalog: a SQL catalog on SQLite, a local warehouse.
-
-    ``home`` defaults to ``$AIRFLOW_HOME``, else ``~/airflow``. The sink resolves this when
-    it is built, so the commit task, the recovery DAG and the console, wherever they run,
-    commit into the same catalog.
-    """
+    """Absolute properties of the embedded catalog below ``home`` (default ``$AIRFLOW_HOME``):
+    a SQL catalog on SQLite, a local warehouse. Resolved when the sink is built, so every
+    process commits into the same catalog."""
     base = home or os.environ.get("AIRFLOW_HOME") or os.path.expanduser("~/airflow")
     root = os.path.join(os.path.abspath(base), EMBEDDED_DIR)
     return {"type": "sql", "uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}"}
@@ -36,12 +33,8 @@ def secret_keys(properties: Mapping[str, Any]) -> list[str]:
 
 
 def checked_table_options(where: str, table: Any, catalog: Any, secrets_way_out: str) -> dict[str, str]:
-    """Check an Iceberg sink's or source's ``table`` and ``catalog`` options when the DAG is
-    parsed; the catalog's properties as strings ({} when none are given).
-
-    ``where`` names the sink or source in errors; ``secrets_way_out`` says where the
-    catalog's credentials go instead (options are recorded in the store in clear).
-    """
+    """Check an Iceberg sink's or source's ``table`` and ``catalog`` options when the DAG is parsed;
+    the catalog's properties as strings. ``secrets_way_out`` says where credentials go instead."""
     if not isinstance(table, str) or len([p for p in table.split(".") if p]) < 2:
         raise ConfigError(f"{where}: table must be '<namespace>.<name>', got {table!r}")
     if catalog is not None and not isinstance(catalog, Mapping):

@@ -9,19 +9,18 @@ Layout of one file (all integers big-endian)::
     trailer  0 u32 | 0 u32 | total raw length u64 | chunk count u32
              | crc32c(every byte before this field) u32
 
-Every chunk is verified before it is decompressed or handed on (a large state streams and
-damaged bytes are never yielded); the raw length bounds decompression; the trailer makes
-truncation, reordered or dropped chunks detectable. Unknown versions are refused. Payloads
-are data only, JSON or Arrow IPC, never pickle.
+Every chunk is verified before it is decompressed or handed on; the raw length bounds
+decompression; the trailer makes truncated, reordered or dropped chunks detectable.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import io
 import json
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -32,9 +31,8 @@ from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, Incompati
 
 MAGIC = b"STCK"
 FORMAT_VERSION = 1
-#: Raw bytes per chunk. 1 MiB keeps a chunk and its compressed frame in the CPU cache while
-#: it is checksummed and copied: measured faster than 4 MiB on both sides, for 0.1% more
-#: stored bytes (``bench/bench_core.py``). Readers accept any chunk size up to ``max_chunk``.
+#: 1 MiB keeps a chunk and its frame in the CPU cache while it is checksummed and copied:
+#: faster than 4 MiB on both sides, for 0.1% more bytes (``bench/bench_core.py``).
 DEFAULT_CHUNK_SIZE = 1024 * 1024
 DEFAULT_MAX_CHUNK = 64 * 1024 * 1024
 
@@ -62,9 +60,7 @@ class PayloadKind(enum.IntEnum):
     JSON = 1
     ARROW = 2
     BYTES = 3
-    #: A sorted run of keyed state: one chunk per block of rows, then its index chunks
-    #: (see ``core/state/runs.py``).
-    RUN = 4
+    RUN = 4  #: a sorted run of keyed state (``core/state/runs.py``)
 
 
 class Codec(enum.IntEnum):
@@ -86,21 +82,12 @@ class FrameHeader:
     base_epoch: int | None
 
 
-class _Compressor:
-    def __init__(self, codec: Codec, level: int) -> None:
-        self.codec = codec
-        if codec is Codec.ZSTD:
-            self._z = zstandard.ZstdCompressor(level=level)
-        else:
-            import lz4.frame
+def _compressor(codec: Codec, level: int) -> Callable[[bytes | memoryview], bytes]:
+    if codec is Codec.ZSTD:
+        return zstandard.ZstdCompressor(level=level).compress
+    import lz4.frame
 
-            self._lz4 = lz4.frame
-            self._level = max(0, level)
-
-    def compress(self, raw: bytes | memoryview) -> bytes:
-        if self.codec is Codec.ZSTD:
-            return self._z.compress(raw)
-        return self._lz4.compress(raw, compression_level=self._level)  # type: ignore[no-any-return]
+    return functools.partial(lz4.frame.compress, compression_level=max(0, level))
 
 
 def _decompress(codec: Codec, stored: bytes | memoryview, raw_len: int, path: str,
@@ -125,18 +112,14 @@ def _decompress(codec: Codec, stored: bytes | memoryview, raw_len: int, path: st
         raise CorruptCheckpointError(f"{path}: a chunk does not decompress: {exc}", path) from exc
     if len(out) != raw_len:
         raise CorruptCheckpointError(
-            f"{path}: a chunk decompressed to {len(out)} bytes, the frame says {raw_len}", path
-        )
+            f"{path}: a chunk decompressed to {len(out)} bytes, the frame says {raw_len}", path)
     return bytes(out)
 
 
 def encode_stream(chunks: Iterable[bytes], *, kind: PayloadKind, epoch: int = 0, base_epoch: int | None = None,
                   delta: bool = False, codec: Codec = Codec.ZSTD, level: int = 3,
                   chunk_size: int = DEFAULT_CHUNK_SIZE) -> Iterator[bytes]:
-    """Frame a payload given as pieces; yields the file's bytes piece by piece.
-
-    Pieces are re-cut to ``chunk_size`` so memory stays bounded whatever the payload size.
-    """
+    """Frame a payload given as pieces, re-cut to ``chunk_size``; yields the file's bytes piece by piece."""
     writer = ChunkWriter(kind=kind, epoch=epoch, base_epoch=base_epoch, delta=delta, codec=codec, level=level)
     yield writer.header()
     for raw in _recut(chunks, chunk_size):
@@ -150,13 +133,8 @@ def encode_stream(chunks: Iterable[bytes], *, kind: PayloadKind, epoch: int = 0,
 
 
 class ChunkWriter:
-    """Frames a state file one caller-chosen chunk at a time.
-
-    :func:`encode_stream` re-cuts its payload into equal chunks; a sorted run needs each
-    block of rows to be exactly one chunk, so that a ranged read of the block's bytes can
-    be verified (by the chunk's own CRC32C) and decoded without the rest of the file.
-    The bytes produced are the same format: :func:`decode` reads the whole file.
-    """
+    """Frames a state file one caller-chosen chunk at a time (a sorted run's block is one chunk,
+    so that a ranged read of it is verified by the chunk's own CRC32C and decoded alone)."""
 
     def __init__(self, *, kind: PayloadKind, epoch: int = 0, base_epoch: int | None = None,
                  delta: bool = False, codec: Codec = Codec.ZSTD, level: int = 3) -> None:
@@ -165,7 +143,7 @@ class ChunkWriter:
         self._header = header + _HEADER_CRC.pack(crc32c(header))
         self._running = crc32c(self._header)
         self._codec, self._level = codec, level
-        self._comps = {level: _Compressor(codec, level)}
+        self._comps = {level: _compressor(codec, level)}
         self._total = self._count = 0
 
     def header(self) -> bytes:
@@ -173,11 +151,7 @@ class ChunkWriter:
         return self._header
 
     def chunk(self, raw: bytes | memoryview, *, level: int | None = None) -> bytes:
-        """One chunk holding exactly ``raw`` (non-empty), framed.
-
-        ``level``: this chunk's compression level instead of the file's (e.g. a cheap pass
-        for bytes that barely compress); any level decodes the same way.
-        """
+        """One chunk holding exactly ``raw`` (non-empty), framed; ``level`` overrides the file's."""
         head, stored = self.framed(raw, level=level)
         return head + stored
 
@@ -186,10 +160,10 @@ class ChunkWriter:
         if not len(raw):
             raise ValueError("a chunk needs at least one byte")
         level = self._level if level is None else level
-        comp = self._comps.get(level)
-        if comp is None:
-            comp = self._comps[level] = _Compressor(self._codec, level)
-        stored = comp.compress(raw)  # any buffer: the IPC payload is not copied first
+        compress = self._comps.get(level)
+        if compress is None:
+            compress = self._comps[level] = _compressor(self._codec, level)
+        stored = compress(raw)  # any buffer: the IPC payload is not copied first
         lengths = _CHUNK.pack(len(raw), len(stored), 0)[:8]
         head = lengths + _U32.pack(crc32c(stored, crc32c(lengths)))
         self._running = crc32c(stored, crc32c(head, self._running))
@@ -205,11 +179,7 @@ class ChunkWriter:
 
 def decode_chunk(data: bytes | memoryview, path: str, codec: Codec, *,
                  max_chunk: int = DEFAULT_MAX_CHUNK) -> bytes:
-    """Verify and decompress exactly one chunk given as its stored bytes (a ranged read).
-
-    The chunk's own CRC32C covers its lengths and stored bytes, so a block read without
-    the rest of its file is still checked before it is decompressed.
-    """
+    """Verify (by the chunk's own CRC32C) and decompress exactly one chunk read alone (a ranged read)."""
     view = memoryview(data).cast("B")
     if len(view) < _CHUNK.size:
         raise CorruptCheckpointError(f"{path}: a block is truncated ({len(view)} bytes)", path)
@@ -269,8 +239,7 @@ def _read_exact(fh: IO[bytes] | _MemoryReader, n: int, path: str, what: str) -> 
     data = fh.read(n)
     if len(data) != n:
         raise CorruptCheckpointError(
-            f"{path}: file is truncated (expected {n} more bytes of {what}, found {len(data)})", path
-        )
+            f"{path}: file is truncated (expected {n} more bytes of {what}, found {len(data)})", path)
     return data
 
 
@@ -279,8 +248,7 @@ def read_header(fh: IO[bytes], path: str) -> FrameHeader:
     raw = fh.read(HEADER_SIZE)
     if len(raw) < 4 or raw[:4] != MAGIC:
         raise CorruptCheckpointError(
-            f"{path}: not a checkpoint state file (bad magic {bytes(raw[:4])!r}, expected {MAGIC!r})", path
-        )
+            f"{path}: not a checkpoint state file (bad magic {bytes(raw[:4])!r}, expected {MAGIC!r})", path)
     if len(raw) < HEADER_SIZE:
         raise CorruptCheckpointError(f"{path}: file is truncated inside the header", path)
     magic, version, flags, kind, _reserved, epoch, base = _HEADER.unpack(raw[: _HEADER.size])
@@ -289,7 +257,7 @@ def read_header(fh: IO[bytes], path: str) -> FrameHeader:
         raise CorruptCheckpointError(f"{path}: header checksum mismatch", path)
     if version > FORMAT_VERSION:
         raise IncompatibleFormatError(f"{path}: written by format version {version}, this release reads up to "
-                                      f"{FORMAT_VERSION}; upgrade airflow-seatunnel-ckpt to read it", path,)
+                                      f"{FORMAT_VERSION}; upgrade airflow-seatunnel-ckpt to read it", path)
     if version < 1 or flags & ~_KNOWN_FLAGS:
         raise IncompatibleFormatError(f"{path}: unknown format version {version} / flags {flags:#x}", path)
     try:
@@ -302,13 +270,10 @@ def read_header(fh: IO[bytes], path: str) -> FrameHeader:
 
 def decode_stream(fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = DEFAULT_MAX_CHUNK,
                   decompress: bool = True) -> tuple[FrameHeader, Iterator[bytes]]:
-    """Verify and decode a state file from a stream.
+    """Verify and decode a state file from a stream: its header and an iterator of raw payload chunks.
 
-    Returns the header and an iterator of raw payload chunks. Every chunk is checked
-    before it is yielded; the iterator raises :class:`CorruptCheckpointError` at the end
-    if the file is truncated, has trailing bytes or fails the whole-file checksum.
-    With ``decompress=False`` the chunks are checked and skipped (the iterator yields
-    empty bytes): see :func:`check_frame`.
+    Every chunk is checked before it is yielded, the trailer and whole-file checksum at the
+    end. With ``decompress=False`` the chunks are checked and skipped (yielded empty).
     """
     head_bytes = fh.read(HEADER_SIZE)
     header = read_header(io.BytesIO(head_bytes), path)
@@ -326,8 +291,7 @@ def decode_stream(fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = 
             if raw_len == 0 or raw_len > max_chunk or stored_len > max_chunk + 1024 + max_chunk // 100:
                 raise CorruptCheckpointError(
                     f"{path}: chunk {count} claims {raw_len} raw / {stored_len} stored bytes, "
-                    f"over the limit of {max_chunk} (damaged file or decompression bomb)", path,
-                )
+                    f"over the limit of {max_chunk} (damaged file or decompression bomb)", path)
             stored = _read_exact(fh, stored_len, path, f"chunk {count}")
             if crc32c(stored, crc32c(head[:8])) != stored_crc:
                 raise CorruptCheckpointError(f"{path}: checksum mismatch in chunk {count}", path)
@@ -343,9 +307,7 @@ def decode_stream(fh: IO[bytes] | _MemoryReader, path: str, *, max_chunk: int = 
             raise CorruptCheckpointError(f"{path}: whole-file checksum mismatch", path)
         if (want_total, want_count) != (total, count):
             raise CorruptCheckpointError(
-                f"{path}: trailer says {want_count} chunks / {want_total} bytes, read {count} / {total}",
-                path,
-            )
+                f"{path}: trailer says {want_count} chunks / {want_total} bytes, read {count} / {total}", path)
         if fh.read(1):
             raise CorruptCheckpointError(f"{path}: unexpected bytes after the trailer", path)
 
@@ -356,9 +318,7 @@ def decode(data: bytes | bytearray | memoryview, path: str = "<bytes>", *,
            max_chunk: int = DEFAULT_MAX_CHUNK) -> tuple[FrameHeader, bytearray]:
     """Verify and decode a whole state file held in memory.
 
-    The payload is assembled in one growing ``bytearray``: joining a list of chunks would
-    hold every chunk and the joined copy at once, which costs about a third more time
-    than decompressing.
+    One growing ``bytearray``: joining a list of chunks would hold them and the copy at once.
     """
     header, it = decode_stream(_MemoryReader(data), path, max_chunk=max_chunk)
     payload = bytearray()
@@ -369,21 +329,12 @@ def decode(data: bytes | bytearray | memoryview, path: str = "<bytes>", *,
 
 def check_frame(data: bytes | bytearray | memoryview, path: str = "<bytes>", *,
                 max_chunk: int = DEFAULT_MAX_CHUNK) -> FrameHeader:
-    """Check a whole state file's frame without decompressing it; its header.
-
-    Everything :func:`decode` checks but the decompression itself: the header and its
-    checksum, each chunk's lengths (against ``max_chunk``) and CRC32C, the trailer's chunk
-    count and byte total, the whole-file CRC32C and that nothing follows the trailer. The
-    stored bytes are thus exactly the bytes the writer checksummed as it compressed them;
-    about 20 times cheaper than :func:`decode` (a CRC32C pass instead of zstd).
-    """
+    """Everything :func:`decode` checks but the decompression (about 20 times cheaper); the header."""
     header, it = decode_stream(_MemoryReader(data), path, max_chunk=max_chunk, decompress=False)
     for _ in it:
         pass
     return header
 
-
-# -- typed payloads ---------------------------------------------------------------------
 
 def encode_json(obj: Any, **options: Any) -> bytes:
     """Frame a JSON document (records, manifests, ``_metadata``)."""

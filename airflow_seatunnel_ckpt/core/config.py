@@ -1,14 +1,7 @@
-"""Checkpoint configuration: one typed, validated place.
+"""Checkpoint configuration: one typed, validated place (docs/REFERENCE.md, "Configuration").
 
-The fields mirror the tuning block of SeaTunnel's Spark checkpoint configuration
-(``timeout``, ``max_retain``, ``storage``, ``incremental``, ``compression``,
-``fallback_enabled``, ``max_retry``). SeaTunnel's ``checksum`` has no counterpart: every
-stored file is checked with CRC32C. Nor has its ``interval``: in batch mode the Airflow
-schedule is the checkpoint interval (one epoch per DAG run).
-
-The settings are a strict pydantic dataclass: each field's type and range is declared
-once, and its ``description`` says what it accepts, which a refused value's
-:class:`ConfigError` quotes.
+The fields mirror SeaTunnel's Spark checkpoint tuning block; each field's type and range is
+declared once, and its ``description`` says what a refused value's :class:`ConfigError` quotes.
 """
 
 from __future__ import annotations
@@ -26,7 +19,6 @@ from pydantic import ConfigDict, Field, Json, TypeAdapter, ValidationError
 from airflow_seatunnel_ckpt.core.errors import ConfigError
 
 COMPRESSIONS = ("zstd", "lz4")
-#: The default store's directory below ``$AIRFLOW_HOME``.
 DEFAULT_STORE_DIR = "seatunnel-ckpt"
 
 log = logging.getLogger(__name__)
@@ -40,9 +32,7 @@ def airflow_home() -> str:
 def default_storage_url() -> str:
     """The embedded default store: ``$SEATUNNEL_CKPT_STORE``, else ``file://$AIRFLOW_HOME/seatunnel-ckpt``.
 
-    Always an absolute location: a default relative to the worker's current directory
-    would give two workers started in different directories two stores, each restoring
-    from nothing and publishing the same input again.
+    Always absolute: workers started in different directories must share one store.
     """
     env = os.environ.get("SEATUNNEL_CKPT_STORE")
     if env:
@@ -53,9 +43,7 @@ def default_storage_url() -> str:
 def absolute_local_url(url: str, what: str = "storage_url") -> str:
     """``url`` as given, or -- for a relative local path -- as an absolute ``file://`` URL (with a warning).
 
-    A bare path (``ckpt``, ``./ckpt``) names a directory per working directory: resolved
-    once, here, every process handed the configuration uses the same one. ``file://ckpt``
-    is a URL with a host, which the store refuses (``file:///absolute/path`` is the form).
+    Resolved once, here, every process handed the configuration uses the same directory.
     """
     if not isinstance(url, str) or not url or "://" in url or "::" in url or os.path.isabs(url):
         return url
@@ -79,10 +67,9 @@ _SECRET_PARAM = re.compile(
 
 
 def redact_url(url: str) -> str:
-    """Return ``url`` with credentials (user:password, secret query parameters) replaced.
+    """``url`` with credentials (user:password, secret query parameters) replaced, for messages.
 
-    For logs and error messages; works on chained fsspec URLs (``simplecache::s3://...``)
-    and on URLs that :func:`urllib.parse.urlsplit` would misparse.
+    Works on chained fsspec URLs (``simplecache::s3://...``) and URLs ``urlsplit`` misparses.
     """
     if not isinstance(url, str):
         return f"<{type(url).__name__}, not a URL>"
@@ -91,13 +78,10 @@ def redact_url(url: str) -> str:
 
 
 def form_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Values as a form or a text source writes them, as the typed config reads them.
+    """Values as a form or a text source writes them (Airflow's connection form), as the typed config reads them.
 
-    Airflow's connection form stores an empty field as ``null`` (or ``""``), a number as the
-    text typed, a JSON field as JSON or its text. Here an empty value is the field's default
-    (the key left out), a number field's text its number, ``"true"``/``"false"`` (``yes``/``no``,
-    ``1``/``0``) a truth value and ``storage_options`` as JSON text its object; anything else
-    is kept for :meth:`CheckpointConfig.from_mapping` to check and name.
+    An empty value is the field's default (left out); a number's or truth value's text and
+    ``storage_options`` as JSON text are read; anything else is kept for ``from_mapping`` to check.
     """
     kinds: dict[str, Any] = {f.name: type(f.default) for f in dataclasses.fields(CheckpointConfig)
                              if isinstance(f.default, (bool, int, float))}
@@ -133,41 +117,24 @@ _TRUTH = Annotated[bool, Field(description="true or false")]
 class _Settings:
     """The settings of :class:`CheckpointConfig`, each with its type, range and what it accepts."""
 
-    #: fsspec URL of the store root; every pipeline lives in ``<storage_url>/<pipeline>/``.
     storage_url: Annotated[str, Field(min_length=1, description="a non-empty fsspec URL such as "
                                       "file:///var/ckpt or s3://bucket/ckpt")] = dataclasses.field(
         default_factory=default_storage_url)
-    #: fsspec storage options (credentials, endpoint); never logged.
     storage_options: Annotated[Mapping[str, Any], Field(description="a mapping")] = dataclasses.field(
         default_factory=dict, repr=False)
-    #: A PREPARED epoch still undecided this long after its (newest) prepared record was
-    #: written is aborted by recovery (seconds, by the store's clock).
     prepared_timeout_s: _seconds(7 * 24 * 3600) = 600.0  # type: ignore[valid-type]
-    #: An OPEN epoch whose stage lease was not renewed for this long is dead: recovery,
-    #: or the next run's stage, may abort it (seconds, by the store's clock). A lease
-    #: renewed for a longer timeout of its own is judged by that one.
     lease_timeout_s: _seconds(24 * 3600) = 180.0  # type: ignore[valid-type]
-    #: How often a running stage renews its lease; must be below ``lease_timeout_s / 2``
-    #: (:meth:`from_mapping` given only ``lease_timeout_s`` makes it a third of that, at most 30).
     lease_renew_s: _seconds(24 * 3600) = 30.0  # type: ignore[valid-type]
-    #: How many committed checkpoints retention keeps (plus every base they still need).
     max_retain: _integer(1, 100_000, "an integer >= 1") = 10  # type: ignore[valid-type]
-    #: Write only changed key groups / changed keys (delta parts) between full checkpoints.
     incremental: _TRUTH = True
-    #: Every this many epochs a key group is written in full; also bounds the delta chain.
     full_checkpoint_interval: _integer(1, 1000, "an integer in 1..1000") = 10  # type: ignore[valid-type]
     compression: Annotated[Literal["zstd", "lz4"], Field(description=f"one of {COMPRESSIONS}")] = "zstd"
     compression_level: _integer(-7, 22, "an integer in -7..22") = 3  # type: ignore[valid-type]
-    #: Allow recovery to use a secondary replica, the log, or an older checkpoint.
     fallback_enabled: _TRUTH = True
-    #: Optional second store receiving a copy of every completed checkpoint's files.
     secondary_url: Annotated[str | None, Field(min_length=1, description="a non-empty URL or null")] = None
-    #: How often commit/publish retries a transient storage failure before giving up.
     max_retries: _integer(0, 100, "an integer in 0..100") = 3  # type: ignore[valid-type]
     #: Upper bound for the decompressed size of any single stored frame chunk (bytes).
     max_chunk_bytes: _integer(1024, 1 << 31, "an integer in 1024..2**31") = 64 * 1024 * 1024  # type: ignore[valid-type]
-    #: How many files a publish checks and copies at once on a store without a directory
-    #: rename (object stores): each is a request whose latency, not bandwidth, dominates.
     publish_concurrency: _integer(1, 256, "an integer in 1..256") = 8  # type: ignore[valid-type]
 
     def __post_init__(self) -> None:
@@ -189,15 +156,17 @@ class _Settings:
 
 
 def _config_error(exc: ValidationError) -> ConfigError:
-    """The first problem of ``exc``: the option, what it accepts and the value given."""
-    error = exc.errors(include_url=False)[0]
+    """The unknown keys of ``exc``, else its first problem: the option, what it accepts and the value given."""
+    errors = exc.errors(include_url=False)
+    unknown = sorted(str(e["loc"][0]) for e in errors if e["type"] == "unexpected_keyword_argument")
+    if unknown:
+        known = sorted(f.name for f in dataclasses.fields(_Settings))
+        return ConfigError(f"unknown checkpoint config keys {unknown}; known keys: {known}")
+    error = errors[0]
     cause = (error.get("ctx") or {}).get("error")
     if isinstance(cause, ConfigError):
         return cause
     name = str(error["loc"][0]) if error["loc"] else "checkpoint config"
-    if error["type"] == "unexpected_keyword_argument":
-        known = sorted(f.name for f in dataclasses.fields(_Settings))
-        return ConfigError(f"unknown checkpoint config keys {[name]}; known keys: {known}")
     field_info = _Settings.__pydantic_fields__.get(name)
     accepted = field_info.description if field_info is not None and field_info.description else error["msg"]
     return ConfigError(f"{name} must be {accepted}, got {error['input']!r}")
@@ -206,9 +175,8 @@ def _config_error(exc: ValidationError) -> ConfigError:
 class CheckpointConfig(_Settings):
     """How and where checkpoints, transaction logs and staged output are kept.
 
-    Build it with :meth:`from_mapping` from user input (Airflow connection extras, a CLI
-    flag, a JSON spec); constructing it directly validates as well (:class:`ConfigError`
-    naming the option, what it accepts and the value given).
+    Built with :meth:`from_mapping` from user input, or directly: either way validated
+    (:class:`ConfigError` naming the option, what it accepts and the value given).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -222,10 +190,6 @@ class CheckpointConfig(_Settings):
         """Build a config from plain data, rejecting unknown keys and wrong types."""
         if not isinstance(values, Mapping):
             raise ConfigError(f"checkpoint config must be a mapping, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown checkpoint config keys {unknown}; known keys: {sorted(known)}")
         values = dict(values)
         timeout = values.get("lease_timeout_s")
         if "lease_renew_s" not in values and isinstance(timeout, (int, float)) and not isinstance(timeout, bool):

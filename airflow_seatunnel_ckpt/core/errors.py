@@ -1,9 +1,4 @@
-"""The exception hierarchy of airflow-seatunnel-ckpt.
-
-Every failure a caller must handle differently has its own class, and every message
-names what was being done, where (path, epoch), what was expected, what was found and
-what the user can do about it. Storage URLs in messages are always redacted.
-"""
+"""The exception hierarchy of airflow-seatunnel-ckpt: a class per failure a caller handles differently."""
 
 from __future__ import annotations
 
@@ -11,10 +6,7 @@ from __future__ import annotations
 class CheckpointError(Exception):
     """Root of every error raised by this package.
 
-    ``retryable`` says whether running the same step again may succeed (a store or a
-    network failing, a conflict). A refusal that a retry cannot change -- a configuration,
-    a name, an epoch's staged rows that a table will not take -- sets it to False, so that
-    Airflow fails the task at once instead of retrying it (see :func:`retryable`).
+    ``retryable`` False: a refusal a retry cannot change, so Airflow fails the task at once.
     """
 
     retryable: bool = True
@@ -47,10 +39,7 @@ class AlreadyExistsError(StorageError):
 
 
 class CorruptCheckpointError(CheckpointError):
-    """A stored file failed its checksum, framing or structural checks.
-
-    ``path`` names the damaged file so an operator can inspect or remove it.
-    """
+    """A stored file failed its checksum, framing or structural checks (``path`` names it)."""
 
     def __init__(self, message: str, path: str = "") -> None:
         super().__init__(message)
@@ -104,28 +93,18 @@ class PipelineOwnershipError(CheckpointError):
 
 
 class SinkRefusedError(CheckpointError):
-    """A sink's table refuses the epoch's staged output: a merge key twice or NULL, a column
-    dropped or of another type, another partitioning, a table property (append-only, column
-    mapping), the table's epoch marker. Raised before the commit decision, it aborts the
-    epoch; after it (the table changed in between), the commit fails at once and
-    ``seatunnel-ckpt resolve --skip-sink`` is the way on."""
+    """A sink's table refuses the epoch's staged output (a merge key twice, a column's type ...).
+
+    Before the commit decision it aborts the epoch; after it, ``resolve --skip-sink`` is the way on.
+    """
 
     retryable = False
 
 
 class TableOwnershipError(SinkRefusedError):
-    """A table sink's table belongs to another pipeline or store, or records epochs this store's log lacks.
-
-    A refusal like any other of :class:`SinkRefusedError` (not retryable): checked before the
-    commit decision, it aborts the epoch with nothing written to the table; the message names
-    both owners and the way out (release the table: remove its Iceberg owner property, delete
-    its Delta owner marker).
-    """
+    """A table sink's table belongs to another pipeline or store, or records epochs this store's log lacks."""
 
 
 def retryable(exc: BaseException) -> bool:
-    """Whether running the step again may succeed: False for this package's refusals.
-
-    Anything else (a storage, network or library failure) is assumed transient.
-    """
+    """Whether running the step again may succeed: False for this package's refusals, else True."""
     return getattr(exc, "retryable", True) if isinstance(exc, CheckpointError) else True

@@ -1,21 +1,5 @@
-"""Where everything lives inside one pipeline's directory of the store.
-
-::
-
-    <store>/<pipeline>/
-      checkpoint_<epoch>/_metadata                     written last, create-exclusive
-      checkpoint_<epoch>/sources/<source>/part-<k>-<attempt>, _meta
-      checkpoint_<epoch>/operators/<operator>/part-<k>-<attempt>
-      checkpoint_<epoch>/sinks/<sink>/_prepared
-      _txlog/epoch-<epoch>/{begin, prepared-<participant>, decision, committed, aborted}
-      _txlog/epoch-<epoch>/lease-<participant>         renewed while a stage runs (not write-once)
-      _txlog/_clock-<uuid>                             clock probe of one observer (written, read, removed)
-      _txlog/runs/<run key>/<epoch>                    (dag id, run id) -> epochs index
-      _descriptor/v<version>                           the pipeline descriptor, write-once per version
-      _staging/epoch=<e>/attempt=<a>/<sink>/           staged output
-
-Epoch directories are zero-padded, so a plain listing is in epoch order. At the end: the
-validation of the names and numbers that become parts of paths.
+"""Where everything lives inside one pipeline's directory of the store (docs/ARCHITECTURE.md,
+"On-disk layout"), and the validation of the names and numbers that become parts of paths.
 """
 
 from __future__ import annotations
@@ -25,28 +9,18 @@ import re
 
 from airflow_seatunnel_ckpt.core.errors import InvalidEpochError, InvalidNameError
 
-# -- names -----------------------------------------------------------------------------------------
-# Validation of the names and numbers that become parts of storage paths.
-#
-# A name ends up as one path segment in the store, so it must never be able to climb out
-# of its directory (``..``), split into several segments (``/``, ``\\``), hide (leading
+# A name is one path segment: it must never climb out (``..``), split (``/``), hide (leading
 # ``.``), collide with reserved directories (leading ``_``) or carry control bytes.
-
-
 MAX_NAME_LENGTH = 128
-#: Epochs are counters of DAG runs; anything near this bound is a bug or an attack. It is
-#: the largest 12-digit number: the transaction log zero-pads epochs to 12 digits so that
-#: a listing is in epoch order, and a 13-digit epoch would sort (and parse) wrongly.
+#: The largest 12-digit number: the transaction log zero-pads epochs to 12 digits so that a
+#: listing is in epoch order.
 MAX_EPOCH = 10**12 - 1
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def validate_name(name: object, what: str = "name") -> str:
-    """Return ``name`` unchanged if it is a safe single path segment, else raise.
-
-    ``what`` says which kind of name it is (pipeline, sink, ...) for the error message.
-    """
+    """Return ``name`` unchanged if it is a safe single path segment, else raise naming ``what`` it is."""
     if not isinstance(name, str):
         raise InvalidNameError(f"{what} must be a string, got {type(name).__name__}")
     if not name:
@@ -79,7 +53,6 @@ TXLOG = "_txlog"
 DESCRIPTOR = "_descriptor"
 DESCRIPTOR_WIDTH = 6
 STAGING = "_staging"
-#: The run index: ``<RUNS>/<run key>/<epoch>``, one directory per run ever.
 RUNS = f"{TXLOG}/runs"
 #: Prefix of the probe an observer writes to read the store's current time (its mtime).
 CLOCK_PROBE = f"{TXLOG}/_clock"
@@ -111,9 +84,7 @@ def metadata_path(epoch: int) -> str:
 def part_path(epoch: int, kind: str, name: str, key_group: int, attempt: int, token: str | None = None) -> str:
     """``checkpoint_<e>/<kind>/<name>/part-<k>-<attempt>[-<token>]``.
 
-    Attempt-named so a retried task never overwrites a part the winner references; the
-    optional token (letters and digits) also separates repeated evaluations of one task
-    within an attempt (Spark task retries, speculation).
+    The token separates repeated evaluations of one task within an attempt (Spark retries).
     """
     if token is not None and not (isinstance(token, str) and token.isalnum() and len(token) <= 32):
         raise ValueError(f"part token must be 1-32 letters or digits, got {token!r}")
@@ -163,11 +134,7 @@ def attempt_record_name(prefix: str, participant: str, attempt: int) -> str:
 
 
 def run_key(run_id: str, dag_id: str = "") -> str:
-    """A path-safe, fixed-length key for the run ``run_id`` of DAG ``dag_id``.
-
-    Airflow run ids are unique per DAG only (``manual__<date>`` recurs in every DAG), so
-    the key covers both (an empty ``dag_id``: core-only callers that know no DAG).
-    """
+    """A path-safe, fixed-length key for the run ``run_id`` of DAG ``dag_id`` (run ids are unique per DAG only)."""
     if not isinstance(run_id, str) or not run_id or len(run_id) > 1000 or "\x00" in run_id:
         raise InvalidNameError(f"run id must be a non-empty string of at most 1000 characters, got {run_id!r}")
     if not isinstance(dag_id, str) or len(dag_id) > 1000 or "\x00" in dag_id:
@@ -232,7 +199,6 @@ def parse_staging_epoch(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-#: ``_txlog/_settled``: the settled watermark's versions (see :mod:`settled`).
 SETTLED = f"{TXLOG}/_settled"
 SETTLED_WIDTH = 12
 

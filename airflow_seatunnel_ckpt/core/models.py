@@ -33,7 +33,6 @@ from typing_extensions import TypedDict
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError, IncompatibleFormatError
 from airflow_seatunnel_ckpt.core.storage import FileInfo
 
-#: The record types, re-exported by :mod:`airflow_seatunnel_ckpt.core`.
 __all__ = [
     "BeginRecord", "CheckpointMetadata", "CommitResult", "Decision", "DecisionRecord", "EpochState", "EpochStatus",
     "OperatorState", "PartKind", "PartRef", "PreparedRecord", "PublishedSink", "SinkManifest", "SinkMode",
@@ -42,12 +41,10 @@ __all__ = [
 
 R = TypeVar("R")
 
-#: Version of the JSON records this release writes and reads (``_metadata``, the pipeline
-#: descriptor and the action records carry it). A store holding another version is refused with
-#: :class:`IncompatibleFormatError`; a later release that changes the records adds a migration.
+#: Version of the JSON records carrying one (``_metadata``, the descriptor, action records); another
+#: version is refused with :class:`IncompatibleFormatError` (a later release adds a migration).
 FORMAT_VERSION = 1
 
-#: Every stored record: strict types, unknown fields refused, immutable.
 RECORD = ConfigDict(strict=True, extra="forbid", frozen=True)
 
 
@@ -87,18 +84,12 @@ class PartKind(enum.StrEnum):
 
 
 class SinkMode(enum.StrEnum):
-    """How a sink's epochs make up its target (``SinkManifest.mode``), one vocabulary for every sink.
+    """How a sink's epochs make up its target (``SinkManifest.mode``), one vocabulary for every sink."""
 
-    ``append`` (the default): each epoch adds what it wrote beside the earlier epochs' rows
-    (a file sink: its own ``epoch=<e>/`` directory; an epoch that wrote no rows publishes
-    nothing). ``upsert``: each epoch's rows replace the target's rows with the same
-    ``merge_keys`` (tables). ``snapshot``: each epoch's output *is* the whole content (e.g. a
-    keyed state's current values): a file sink's ``_LATEST`` names the newest ``epoch=<e>/``
-    and the older snapshot directories are removed; a table's rows are replaced.
-    """
-
-    APPEND = "append"
-    UPSERT = "upsert"
+    APPEND = "append"  #: each epoch adds its rows beside the earlier epochs' (the default)
+    UPSERT = "upsert"  #: each epoch's rows replace the table's rows with the same ``merge_keys``
+    #: each epoch's output is the whole content: a file sink's ``_LATEST`` names the newest
+    #: ``epoch=<e>/`` (older ones are removed); a table's rows are replaced
     SNAPSHOT = "snapshot"
 
 
@@ -133,9 +124,8 @@ def _adapter(cls: type[R]) -> TypeAdapter[R]:
 def decode(cls: type[R], data: bytes | bytearray | memoryview | Mapping[str, Any], where: str = "<record>") -> R:
     """The record of type ``cls`` in ``data`` (JSON text, or its parsed form).
 
-    Raises :class:`CorruptCheckpointError` naming ``where`` and the offending fields when
-    the JSON does not fit ``cls`` (:class:`IncompatibleFormatError` for another format
-    version).
+    :class:`CorruptCheckpointError` naming ``where`` and the offending fields when it does
+    not fit (:class:`IncompatibleFormatError` for another format version).
     """
     try:
         text = data if isinstance(data, (bytes, bytearray, memoryview)) else json.dumps(data)
@@ -179,8 +169,7 @@ class PartRef(Record):
     epoch: int  #: the epoch that wrote it (may be older than the checkpoint using it)
     key_group: int = 0
     kind: PartKind = PartKind.FULL
-    #: Byte offset of a sorted run's index in the file (``core/state/runs.py``); None for a
-    #: part read whole (a JSON part, a marker).
+    #: Byte offset of a sorted run's index in the file; None for a part read whole.
     index: int | None = omitted_if(None)
 
 
@@ -203,11 +192,8 @@ Aggregate = dict[str, Annotated[list[str], Strict(False), Len(2, 2)]]
 class StateShape(Record):
     """What a keyed state's stored values mean beyond its kind, keys and key groups.
 
-    Recorded with the state's chains (``OperatorState.shape``) by the epoch that updated
-    it, so every run restoring the checkpoint can refuse an update that would misread
-    the stored values, whoever runs it. ``aggregate`` maps a key -> value state's output
-    column to ``[function, input column]`` (None for a key set); ``schema`` is the
-    state's columns as ``[{"name": ..., "type": ...}]`` (Spark's type names).
+    Recorded by the epoch that updated the state, so that every run restoring it can refuse
+    an update that would misread the stored values. ``aggregate`` is None for a key set.
     """
 
     aggregate: Aggregate | None = None
@@ -222,7 +208,6 @@ class OperatorState(Record):
     key_columns: list[str]
     chains: dict[Annotated[int, Ge(0)], Chain]
     state_kind: str = "key_set"  #: "key_set" or "key_value"
-    #: Aggregate and columns, as the epoch that last updated the state wrote them.
     shape: StateShape | None = omitted_if(None)
 
     def parts(self) -> list[PartRef]:
@@ -232,11 +217,8 @@ class OperatorState(Record):
 
 @dataclass(config=RECORD)
 class SourceState(Record):
-    """What a source consumed: this epoch's offsets (the WAL entry) and its checkpoint chain.
-
-    The chain's parts hold every committed epoch's offsets up to this one: a full part
-    with all of them, then one delta part per later epoch (see ``full_checkpoint_interval``).
-    """
+    """What a source consumed: this epoch's offsets (the WAL entry) and its checkpoint chain
+    (every committed epoch's offsets: a full part, then one delta part per later epoch)."""
 
     offsets: dict[str, Any]  #: e.g. {"files": [...]} for the file source
     chain: list[PartRef] = Field(default_factory=list)
@@ -246,9 +228,8 @@ class SourceState(Record):
 class ExpectationResult(Record):
     """One data-quality rule of a sink, measured on the rows an attempt staged.
 
-    ``checked`` rows were evaluated, ``failed`` of them did not satisfy ``expr`` (false or
-    NULL). The thresholds are the rule's as declared (None: none), so the decision needs
-    nothing but the prepared record.
+    ``failed`` of the ``checked`` rows did not satisfy ``expr`` (false or NULL); the thresholds
+    are the rule's, so the decision needs nothing but the prepared record.
     """
 
     name: str
@@ -282,21 +263,16 @@ class SinkManifest(Record):
     rows: int
     format: str = "parquet"
     mode: SinkMode = omitted_if(SinkMode.APPEND)
-    #: A table sink's typed options (:data:`core.sinks.options.SinkOptions`, keyed on
-    #: ``type``, never secrets): the commit adds the staged files to that table in one
-    #: transaction instead of publishing ``<target_url>/epoch=<e>/`` (see :mod:`core.sinks`).
-    #: None for a file sink. A mapping is read into its model.
+    #: A table sink's typed options (:data:`core.sinks.options.SinkOptions`, never secrets): the
+    #: commit adds the staged files to that table in one transaction. None for a file sink.
     table: Annotated[Any, BeforeValidator(_typed_options)] = omitted_if(None)
-    #: The sink's expectations as measured when the rows were staged (see
-    #: :mod:`core.protocol.expectations`); empty when the sink declares none.
+    #: The sink's expectations as measured when the rows were staged.
     expectations: tuple[ExpectationResult, ...] = omitted_if(())
-    #: A replay's table sink (see :mod:`core.ops.replay`): the epochs whose data files this
-    #: commit removes from the table while it adds the staged ones, in one transaction.
+    #: A replay's table sink: the epochs whose data files the commit removes in the same transaction.
     replaces: tuple[Annotated[int, Field(gt=0)], ...] = omitted_if(())
     #: The replay was forced past commits to the table by another writer (``--force``).
     force_replace: bool = omitted_if(False)
-    #: The replay runs from the sink's first epoch (a full refresh): an upsert sink's commit
-    #: replaces the table's whole content with the replayed rows (per key the last one).
+    #: The replay runs from the sink's first epoch: an upsert sink's commit replaces the whole table.
     full_refresh: bool = omitted_if(False)
 
     def __post_init__(self) -> None:
@@ -320,10 +296,8 @@ class SinkManifest(Record):
     def publishes(self) -> bool:
         """Whether committing the epoch publishes anything for this sink.
 
-        An ``append`` or ``upsert`` sink with no rows publishes nothing: no empty ``epoch=<e>/``
-        directory, no ``_SUCCESS``, no asset event. A ``snapshot`` sink always publishes,
-        since its output replaces the table (an empty snapshot is an empty table), and
-        neither does a replay's (it removes the replaced epochs' rows whatever it adds).
+        Not an ``append`` or ``upsert`` sink without rows; always a ``snapshot`` sink (an
+        empty snapshot is an empty table) and a replay's (it removes the replaced epochs' rows).
         """
         return self.rows > 0 or self.mode is SinkMode.SNAPSHOT or bool(self.replaces)
 
@@ -336,7 +310,6 @@ class BeginRecord(Record):
     run_id: str
     created_at: float
     dag_id: str = omitted_if("")
-    #: the Airflow logical date of the run (ISO 8601); "" when begun outside Airflow
     logical_date: str = omitted_if("")
     type: Literal["begin"] = tag("begin")
 
@@ -345,8 +318,7 @@ class BeginRecord(Record):
 class PreparedRecord(Record):
     """``prepared-<participant>``: the winning attempt's output, state and consumed input.
 
-    It doubles as the write-ahead log: ``sources`` names exactly what the epoch read, so
-    a retry re-reads the same input and a damaged source part can be rebuilt from the log.
+    It doubles as the write-ahead log: ``sources`` names exactly what the epoch read.
     """
 
     epoch: int
@@ -357,9 +329,8 @@ class PreparedRecord(Record):
     sinks: list[SinkManifest]
     operators: dict[str, OperatorState]
     sources: dict[str, SourceState]
-    #: The committed checkpoint the participant restored from (None: empty state).
-    base_epoch: int | None = None
-    #: Sinks the stage declared but did not write this epoch (left out of the stored JSON while empty).
+    base_epoch: int | None = None  #: the committed checkpoint restored from (None: empty state)
+    #: Sinks the stage declared but did not write this epoch.
     not_written: list[str] = Field(default_factory=list, exclude_if=lambda value: not value)
     type: Literal["prepared"] = tag("prepared")
 
@@ -370,11 +341,7 @@ class PreparedRecord(Record):
 
 
 def unprepared(prepared: Mapping[str, PreparedRecord], participants: Sequence[str]) -> list[str]:
-    """The names in ``participants`` that have no prepared record, in their order.
-
-    The one "who still has to prepare" rule of the sensor, the trigger and the commit
-    decision.
-    """
+    """The names in ``participants`` that have no prepared record, in their order."""
     return [name for name in dict.fromkeys(participants) if name not in prepared]
 
 
@@ -391,12 +358,10 @@ class DecisionRecord(Record):
     type: Literal["decision"] = tag("decision")
 
 
-#: ``PublishedSink.how`` of a sink that staged no rows: nothing was published.
+#: ``PublishedSink.how`` when nothing was published: the sink staged no rows, the stage did not
+#: write it, an operator skipped it (``seatunnel-ckpt resolve --skip-sink``: its table refused).
 EMPTY = "empty"
-#: ``PublishedSink.how`` of a sink the stage declared but did not write in the epoch.
 NOT_WRITTEN = "not_written"
-#: ``PublishedSink.how`` of a sink an operator skipped (``seatunnel-ckpt resolve --skip-sink``):
-#: its table refused the commit-decided epoch, and the epoch committed without it.
 SKIPPED = "skipped"
 
 
@@ -410,11 +375,7 @@ class PublishedSink(Record):
     files: int
     rows: int
     bytes: int
-    #: "renamed", "copied" or "already"; "empty" when the sink staged no rows and nothing
-    #: was published (no directory, no ``_SUCCESS``), "not_written" when the stage did not
-    #: write the sink at all, "skipped" when an operator published the epoch without it
-    #: (see :attr:`published`)
-    how: str = ""
+    how: str = ""  #: a :class:`PublishMethod` value, or :data:`EMPTY`, :data:`NOT_WRITTEN`, :data:`SKIPPED`
 
     @property
     def published(self) -> bool:
@@ -429,8 +390,7 @@ class CommitResult:
     epoch: int
     sinks: list[PublishedSink]
     already_committed: bool = False
-    #: Sinks whose target already held the epoch when a roll-forward asked it (``held_first``):
-    #: acknowledged as they were, not committed again.
+    #: Sinks whose target already held the epoch when a roll-forward asked it: not committed again.
     held: tuple[str, ...] = ()
 
     @property
@@ -468,7 +428,6 @@ class CheckpointMetadata(Record):
     sources: dict[str, SourceState]
     sinks: dict[str, PartRef]  #: the ``_prepared`` marker of every sink
     format_version: FormatVersion = FORMAT_VERSION
-    #: the ``sources/<source>/_meta`` marker of every source
     source_metas: dict[str, PartRef] = Field(default_factory=dict)
     type: Literal["checkpoint"] = tag("checkpoint")
 
@@ -537,11 +496,7 @@ class ActionOutcome(enum.StrEnum):
 
 @dataclass(config=RECORD)
 class ActionRecord(Record):
-    """``action-<ns>-<action>``: who did what to an epoch, and why, written before doing it.
-
-    An audit record only: an epoch's state never depends on it. ``details`` are further
-    plain values the caller gave (strings and numbers).
-    """
+    """``action-<ns>-<action>``: who did what to an epoch, and why, written before doing it (audit only)."""
 
     epoch: int
     action: str
@@ -555,11 +510,7 @@ class ActionRecord(Record):
 
 @dataclass(config=RECORD)
 class OutcomeRecord(Record):
-    """``outcome-<ns>-<action>``: how the action of the same name suffix ended.
-
-    Written once the action is over; an action record without one was interrupted (its
-    outcome is unknown, the epoch's state tells what happened).
-    """
+    """``outcome-<ns>-<action>``: how the action of the same name suffix ended (none: interrupted)."""
 
     epoch: int
     action: str

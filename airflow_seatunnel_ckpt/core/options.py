@@ -1,16 +1,8 @@
 """Connector options, typed: one pydantic model per source or sink type, checked once.
 
-A stage's ``sources`` and ``sinks`` entries are ``{"type": ..., **options}`` in a DAG. Each
-type has one model, a subclass of :class:`Options` whose ``type`` field is a ``Literal`` of
-its name; the models of one kind (:data:`core.sinks.options.SINK_OPTIONS`,
-:data:`core.sources.options.SOURCE_OPTIONS`) are keyed on that literal. :func:`parse` turns
-an entry into its model when the DAG is parsed, refusing an unknown key with the nearest
-valid name, a missing one or a value of the wrong type, and naming the entry; the model then
-travels typed (in the stage spec, in the prepared record's manifest) to the commit, where
-nothing reads the dict again. :func:`option_table` renders a model's fields as the table
-docs/REFERENCE.md holds, so the reference cannot drift from the code.
-
-Nothing here imports PySpark or a table library: it runs on every parse of every DAG file.
+A stage's ``{"type": ..., **options}`` entries become their model (:func:`parse`) when the
+DAG is parsed, and travel typed to the commit; :func:`option_table` renders a model as the
+table docs/REFERENCE.md holds. Nothing here imports PySpark or a table library.
 """
 
 from __future__ import annotations
@@ -35,8 +27,7 @@ PASSWORD_IN_CONNINFO = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", r
 class Options(BaseModel):
     """One connector's options: unknown keys refused, immutable once checked.
 
-    Subclasses declare ``type: Literal["<name>"] = "<name>"`` and their options as fields,
-    each with a docstring-like ``Field(description=...)`` that :func:`option_table` shows.
+    Subclasses declare ``type: Literal["<name>"] = "<name>"`` and their options as documented fields.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -66,11 +57,7 @@ def keyed(*models: type[Options]) -> dict[str, type[Options]]:
 
 def parse(kind: str, name: str, options: Mapping[str, Any], models: Mapping[str, type[Options]],
           default_type: str = "file") -> Options:
-    """The model of the entry ``name`` of ``kind`` ("source", "sink"): ``options`` checked.
-
-    ConfigError naming the entry, its type and each problem: an unknown type (with the known
-    ones), an unknown option (with the nearest valid name), a missing option, a wrong value.
-    """
+    """The model of the entry ``name`` of ``kind`` ("source", "sink"); ConfigError naming each problem."""
     data = {"type": default_type, **options}
     type_ = data["type"]
     model = models.get(type_) if isinstance(type_, str) else None

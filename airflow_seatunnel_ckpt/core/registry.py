@@ -1,16 +1,8 @@
 """Things found by name: storage backends, table formats, Spark sources and sinks (one mechanism).
 
-A :class:`Registry` maps a name to ``"module:attribute"`` (``"module"`` alone: the module
-itself), imported the first time the name is asked for, so that parsing a DAG never imports
-a table library or PySpark for a type it does not use. Names are added at run time with
-:meth:`Registry.register` (``register_source``, ``register_sink``, ``register_table_format``
-for users) and, for a registry with an entry-point group, by installed packages; a name
-registered at run time wins over an entry point, which wins over a built-in one.
-
-Every registry words its failures the same way: an unknown name with the known ones and the
-way to add one; a built-in whose library is missing with the pip extra that installs it.
-A registry of connector types also knows each type's options model
-(:class:`~airflow_seatunnel_ckpt.core.options.Options`), looked up on first use too.
+A :class:`Registry` maps a name to ``"module:attribute"``, imported the first time the name
+is asked for, so that parsing a DAG never imports a library for a type it does not use. A
+name registered at run time wins over an entry point, which wins over a built-in one.
 """
 
 from __future__ import annotations
@@ -25,7 +17,6 @@ from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
 
 T = TypeVar("T")
 
-#: The distribution whose extras install a built-in's library.
 DISTRIBUTION = "airflow-seatunnel-ckpt"
 
 
@@ -72,10 +63,7 @@ class Registry(Generic[T]):
         self._lock = threading.Lock()
 
     def register(self, name: str, value: T, options: Any = None) -> None:
-        """Make ``name`` stand for ``value`` (wins over entry points and built-ins).
-
-        :param options: the type's options model, when it has one (see :meth:`options_model`).
-        """
+        """Make ``name`` stand for ``value`` (and ``options`` its options model, if given)."""
         with self._lock:
             self._registered[name] = value
             self._loaded.pop(name, None)
@@ -118,13 +106,12 @@ class Registry(Generic[T]):
     def _load(self, name: str) -> T:
         for ep in self._entry_points():
             if ep.name == name:
+                what = f"entry point {ep.value!r} for {self.kind} {name!r} in group {self.group}"
                 try:
                     value = ep.load()
                 except Exception as exc:
-                    raise self._error(f"entry point {ep.value!r} for {self.kind} {name!r} in group {self.group} "
-                                      f"cannot be loaded: {exc}") from exc
-                return self._checked(name, value, f"entry point {ep.value!r} for {self.kind} {name!r} in group "
-                                                  f"{self.group}")
+                    raise self._error(f"{what} cannot be loaded: {exc}") from exc
+                return self._checked(name, value, what)
         if name not in self._builtin:
             raise self._error(self._unknown(name, self.names))
         try:

@@ -1,10 +1,4 @@
-"""The checkpoint store: one URL holding many pipelines.
-
-It is also where the protocol (:class:`Pipeline`) meets the operations built on it:
-the pipelines it hands out carry :meth:`StoredPipeline.recover` and
-:meth:`StoredPipeline.retain`, which call :mod:`recovery` and :mod:`retention`. Those
-modules import :mod:`pipeline`, never the other way round.
-"""
+"""The checkpoint store: one URL holding many pipelines, handed out with recovery and retention."""
 
 from __future__ import annotations
 
@@ -55,11 +49,9 @@ class CheckpointStore:
         return store_id(self.storage)
 
     def pipeline(self, name: str, overrides: Mapping[str, Any] | None = None) -> StoredPipeline:
-        """The pipeline called ``name`` (validated; created lazily on first write).
+        """The pipeline called ``name`` (created lazily on first write).
 
-        Its configuration is the store's, then the settings its descriptor records (the
-        pipeline's own ``prepared_timeout_s``, ``max_retain`` ...), then ``overrides``
-        (what a caller set explicitly); see :mod:`core.protocol.descriptor`.
+        Its configuration: the store's, then its descriptor's settings, then ``overrides``.
         """
         pipeline = StoredPipeline(self.storage, name, self.config, self._target_options)
         descriptor = pipeline.descriptor()

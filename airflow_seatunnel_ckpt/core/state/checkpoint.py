@@ -1,12 +1,7 @@
 """Epoch checkpoints in the SeaTunnel layout: write parts, complete, verify, restore.
 
-A checkpoint is *complete* once ``checkpoint_<e>/_metadata`` exists: written last and
-exclusively by the commit decision, it lists every part the checkpoint needs, parts of
-older checkpoints included (incremental checkpoints reference unchanged key groups).
-Keyed state is stored per key group as a *chain* of parts, each holding the keys changed
-in its epoch (upserts and tombstones), later parts overriding earlier ones: sorted runs
-(``core/state/runs.py``, ``core/state/run_chain.py``), or parts read whole where there is
-no run index (source chains, a rescaled state).
+A checkpoint is complete once ``checkpoint_<e>/_metadata`` exists (written last, exclusively,
+by the commit decision); it lists every part it needs, older checkpoints' included.
 """
 
 from __future__ import annotations
@@ -52,12 +47,10 @@ class Problem:
 
 
 def read_chain(storage: Storage, chain: list[PartRef], key_columns: list[str]) -> Any:
-    """Restore one key group: read its runs oldest first, each upserting the ones before.
+    """Restore one key group: read its parts oldest first, each upserting the ones before.
 
-    Parts are sorted runs (``core/state/runs.py``, ``PartRef.index`` set) or Arrow parts read
-    whole (a rescaled state's), and a chain may mix them (a rescaled state updated since).
-    A FULL part may only come first; a chain of runs may start with a DELTA (its older
-    runs expired as a whole under a TTL).
+    Sorted runs and parts read whole may mix; a FULL part only comes first, and a chain of
+    runs may start with a DELTA (its older runs expired under a TTL).
     """
     from airflow_seatunnel_ckpt.core.state.runs import EPOCH_COLUMN, read_run_table
 
@@ -90,9 +83,8 @@ def same_part(trusted: PartRef | None, ref: PartRef) -> bool:
 def needs_full(chain: list[PartRef], incremental: bool, full_checkpoint_interval: int) -> bool:
     """Whether the next change to a key group must be written in full.
 
-    With sorted runs a chain is bounded by compaction (``core/state/run_chain.py``), not by
-    periodic full rewrites: ``full_checkpoint_interval`` bounds a chain holding parts read
-    whole (a source chain, a rescaled state), which the next change rewrites or compacts.
+    Runs are bounded by compaction; ``full_checkpoint_interval`` bounds a chain holding parts
+    read whole (a source chain, a rescaled state).
     """
     if not incremental or not chain:
         return True
@@ -142,15 +134,10 @@ class CheckpointManager:
                      trusted: Mapping[str, PartRef] | None = None, decode: bool = True) -> list[Problem]:
         """Check that each part exists with its recorded size (and, if ``deep``, CRC32C + frame).
 
-        ``deep`` reads each part whole: its size and CRC32C against the reference, then its
-        frame -- decoded (decompressed) with ``decode``, or only walked and checksummed
-        chunk by chunk without it (:func:`codec.check_frame`: the same bytes the writer
-        checksummed, about 20 times cheaper; what the commit decision uses). Deep reads run
-        ``storage.read_concurrency`` at a time (on an object store each is a round trip).
-        ``trusted`` (see :meth:`covered_parts`) names parts an earlier committed checkpoint
-        already verified: a part listed there with the same size and CRC32C is not read
-        again. A part at a trusted path whose size or CRC32C differs from the trusted one
-        is checked like any other -- the record names different bytes than those verified.
+        ``deep`` reads each part whole, ``storage.read_concurrency`` at a time, and decodes its
+        frame with ``decode``, else only checks it (:func:`codec.check_frame`, what the commit
+        decision uses). A part ``trusted`` (:meth:`covered_parts`) with the same size and CRC32C
+        is not read again.
         """
         storage = storage or self.storage
         todo = [ref for ref in parts if trusted is None or not same_part(trusted.get(ref.path), ref)]
@@ -180,14 +167,10 @@ class CheckpointManager:
         return [p for p in found if p is not None]
 
     def covered_parts(self, epochs: Iterable[int]) -> dict[str, PartRef]:
-        """Every part the ``_metadata`` of checkpoints ``epochs`` lists, by path.
+        """Every part the ``_metadata`` of committed checkpoints ``epochs`` lists, by path.
 
-        The caller passes committed epochs only. Their ``_metadata`` was written by the
-        commit decision after the parts new in that epoch were read and checked (size,
-        CRC32C, frame), and every older part it lists was covered by the checkpoint it
-        built on: so these parts, with exactly these sizes and checksums, were verified
-        once. A checkpoint whose ``_metadata`` cannot be read covers nothing (its parts
-        are then read like new ones). The deep :meth:`verify` trusts nothing.
+        The commit decision checked each of them once (a committed checkpoint's new parts,
+        and by induction the older ones it lists); an unreadable ``_metadata`` covers nothing.
         """
         covered: dict[str, PartRef] = {}
         for epoch in sorted(set(epochs)):
@@ -216,19 +199,15 @@ class CheckpointManager:
                 if path not in keep_set]
 
     def delete(self, epoch: int, keep: Iterable[str] = ()) -> list[str]:
-        """Remove checkpoint ``epoch``'s files except those in ``keep``; returns what was removed.
-
-        The directory itself goes only when ``keep`` names none of its files.
-        """
+        """Remove checkpoint ``epoch``'s files except those in ``keep`` (the directory too if it keeps
+        none); returns what was removed."""
         keep_set = set(keep)
         root = layout.checkpoint_dir(epoch)
         files = [f"{root}/{f.path}" for f in self.storage.walk(root, include_temp=True)]
         if not keep_set.intersection(files):
             self.storage.delete(root, recursive=True)
             return files
-        removed = []
-        for path in files:
-            if path not in keep_set:
-                self.storage.delete(path)
-                removed.append(path)
+        removed = [path for path in files if path not in keep_set]
+        for path in removed:
+            self.storage.delete(path)
         return removed

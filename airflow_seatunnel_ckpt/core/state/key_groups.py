@@ -1,14 +1,9 @@
 """The key group of a row, computed without Spark: ``pmod(hash(keys), G)`` as Spark places it.
 
-The stage runtime assigns a row to key group ``pmod(F.hash(*keys), key_groups)``; Spark's
-``hash`` is Murmur3 x86 32-bit with seed 42, chained over the key columns (each column's
-hash is the next one's seed, a null leaves the seed unchanged). :func:`key_groups_of`
-is that function over Arrow columns, so the core can re-partition state rows into a new
-number of key groups (``rescale``) exactly where the executors will look for them.
-
-Only the types whose Spark hash is a plain function of the value are supported
-(integers, booleans, floating point, strings, binary, dates, timestamps); a key of
-another type (decimal, nested) is refused with :class:`UnsupportedKeyTypeError`.
+Spark's ``hash`` is Murmur3 x86 32-bit with seed 42, chained over the key columns (each
+column's hash is the next one's seed, a null leaves it unchanged). :func:`key_groups_of` lets
+``rescale`` re-partition state rows exactly where the executors will look for them. Only
+types whose Spark hash is a plain function of the value are supported.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """State parts: one framed, checksummed file of Arrow or JSON, written and read whole.
 
-The part-level I/O under checkpoints (``core/state/checkpoint.py``) and sorted runs
-(``core/state/runs.py``): write a part atomically and get its reference (size + CRC32C), read
-one back checked against that reference, the key array of a table, and a delta applied to
-a base. Kept apart from the checkpoint module so that runs can use it while checkpoints
-read chains of runs.
+Kept apart from :mod:`.checkpoint` so that sorted runs can use it while checkpoints read runs.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import codec
@@ -25,25 +21,25 @@ TOMBSTONE = "__deleted"
 def write_part(storage: Storage, path: str, pieces: Iterable[bytes], *, kind: codec.PayloadKind, epoch: int,
                key_group: int = 0, delta: bool = False, base_epoch: int | None = None, level: int = 3,
                compression: codec.Codec = codec.Codec.ZSTD) -> PartRef:
-    """Frame and write one state part atomically; returns its reference (size + CRC32C).
-
-    Streams: the payload pieces are compressed chunk by chunk as they are written. Safe to
-    call on a Spark executor (needs only the storage URL and options).
-    """
-    size = 0
-    crc = 0
-
-    def framed() -> Iterable[bytes]:
-        nonlocal size, crc
-        for piece in codec.encode_stream(pieces, kind=kind, epoch=epoch, base_epoch=base_epoch, delta=delta,
-                                         codec=compression, level=level):
-            size += len(piece)
-            crc = codec.crc32c(piece, crc)
-            yield piece
-
-    storage.write_atomic(path, framed())
-    return PartRef(path=path, size=size, crc32c=crc, epoch=epoch, key_group=key_group,
+    """Frame and write one state part atomically, streaming; returns its reference (size + CRC32C)."""
+    written = Tally()
+    storage.write_atomic(path, written(codec.encode_stream(pieces, kind=kind, epoch=epoch, base_epoch=base_epoch,
+                                                           delta=delta, codec=compression, level=level)))
+    return PartRef(path=path, size=written.size, crc32c=written.crc32c, epoch=epoch, key_group=key_group,
                    kind=PartKind.DELTA if delta else PartKind.FULL)
+
+
+class Tally:
+    """The size and CRC32C of the bytes passed through it so far (what a part's reference records)."""
+
+    def __init__(self) -> None:
+        self.size = self.crc32c = 0
+
+    def __call__(self, pieces: Iterable[bytes]) -> Iterator[bytes]:
+        for piece in pieces:
+            self.size += len(piece)
+            self.crc32c = codec.crc32c(piece, self.crc32c)
+            yield piece
 
 
 def write_arrow_part(storage: Storage, path: str, table: Any, **options: Any) -> PartRef:

@@ -1,15 +1,9 @@
-"""A key group's chain of sorted runs: bounded lookups, budgeted compaction, TTL.
+"""A key group's chain of sorted runs (oldest first): bounded lookups, budgeted compaction, TTL.
 
-The chain is the ordered list of parts in ``_metadata`` (oldest first). A lookup reads,
-per run newest first, only the index, the filter and the blocks that may hold a key still
-unresolved (``core/state/runs.py``): an epoch costs its input plus O(runs x blocks touched).
-
-Compaction is budgeted, as Cassandra's and RocksDB's rate limits: key groups merge in turns
-(``compaction_cap``) within a budget of the state's bytes per epoch, and a merge is a window
-of neighbouring runs that fits it (:func:`plan_compaction`; size-tiered, else the cheapest
-neighbours). It is one streaming k-way merge, block by block, whose output takes the
-window's place. A merge from the chain's first run writes a FULL run and drops tombstones
-and expired keys; any other writes a DELTA run (measurements: bench/README.md).
+Compaction (docs/ARCHITECTURE.md decision 25) is one streaming k-way merge of a window of
+neighbouring runs (:func:`plan_compaction`) within a per-epoch byte budget
+(:func:`compaction_cap`); a merge from the chain's first run writes a FULL run without
+tombstones and expired keys, any other a DELTA run.
 """
 
 from __future__ import annotations
@@ -38,11 +32,9 @@ MAX_RUNS = 64
 
 
 def live_runs(chain: Sequence[PartRef], min_epoch: int | None) -> list[PartRef]:
-    """``chain`` without the runs whose every row is expired (dropped unread).
+    """``chain`` without the runs whose every row is expired (a run's epoch bounds its rows').
 
-    A run's epoch is the epoch that wrote it, an upper bound of its rows' epochs. Parts
-    read whole (no index, e.g. a rescale's) stay: such a chain must keep its FULL part
-    first, and the next change compacts it into runs anyway.
+    Parts read whole (a rescale's) stay: such a chain must keep its FULL part first.
     """
     if min_epoch is None:
         return list(chain)
@@ -96,8 +88,7 @@ def lookup(storage: Storage, chain: Sequence[PartRef], key_columns: list[str], k
 def _positions_in(block_keys: Any, wanted: Any) -> np.ndarray:
     """Per wanted key, its row in the block (sorted, unique keys), or -1.
 
-    Integer keys are binary-searched (O(wanted x log block)); hashing the block's keys, as
-    ``index_in`` does, would cost the whole block for every lookup that touches it.
+    Integer keys are binary-searched: ``index_in`` would hash the whole block for every lookup.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -113,15 +104,12 @@ def _positions_in(block_keys: Any, wanted: Any) -> np.ndarray:
 
 def plan_compaction(sizes: Sequence[int], cap: int | None, fanout: int = DEFAULT_FANOUT,
                     soft_runs: int = 2 * DEFAULT_FANOUT, max_runs: int = MAX_RUNS) -> tuple[int, int] | None:
-    """Which runs of a chain with run ``sizes`` (oldest first) to merge: ``(start, end)``.
+    """Which runs of a chain with run ``sizes`` (oldest first) to merge: ``(start, end)``, at most ``cap`` bytes.
 
-    The merged window ``sizes[start:end]`` is contiguous, anywhere in the chain, and its
-    total is at most ``cap`` bytes (None: no merge this epoch). Preferred: a size-tiered
-    window -- ``fanout`` neighbouring runs within ``fanout`` times of each other, widened
-    to the left over older runs not larger than the window so far -- the one merging the
-    most runs. When none fits and the chain holds more than ``soft_runs`` runs, the
-    cheapest window of ``fanout`` (or fewer, at least 2) neighbours that fits. Above
-    ``max_runs`` (a safety bound no even load reaches) the whole chain merges, cap or not.
+    Preferred: the size-tiered window (``fanout`` neighbours within ``fanout`` times of each
+    other, widened left over older runs not larger) merging the most runs; else, above
+    ``soft_runs`` runs, the cheapest window of ``fanout`` (at least 2) neighbours that fits;
+    above ``max_runs`` the whole chain, cap or not.
     """
     n = len(sizes)
     if n > max_runs:
@@ -156,14 +144,10 @@ def compaction_cap(chains: Mapping[int, Sequence[PartRef]], key_groups: int, key
                    changes: int = 0, min_epoch: int | None = None) -> int | None:
     """The most bytes ``key_group`` may merge in ``epoch`` (None: not its turn).
 
-    Key groups take turns: in an epoch, only those with ``(epoch + key_group) % turns ==
-    0`` merge, and they share ``budget`` times the state's bytes (every key group's
-    restored chain). When the changes are large against the state, a key group may
-    instead merge ``turns`` times its ``changes`` (the bytes of its new run: about its
-    changes since its last turn), so compaction keeps up with any input rate and an epoch
-    writes at most about twice its changes; and always ``floor`` bytes (tiny states). An
-    epoch thus writes O(its changes) plus at most ``budget`` of the state. A pure function of the
-    restored checkpoint and the epoch: every attempt of an epoch plans the same merges.
+    Key groups with ``(epoch + key_group) % turns == 0`` share ``budget`` times the state's
+    bytes; or merge ``turns`` times their ``changes`` (the new run's bytes), so compaction
+    keeps up with any input rate; at least ``floor``. A pure function of the restored
+    checkpoint and the epoch: every attempt of an epoch plans the same merges.
     """
     turns = max(1, min(turns, key_groups))
     if (epoch + key_group) % turns:
@@ -197,10 +181,8 @@ def merge_sorted(sources: Sequence[Iterator[Any]], key_columns: list[str], schem
                  drop_dead: bool, min_epoch: int | None) -> Iterator[Any]:
     """K-way merge of sorted block streams (oldest source first): newest row per key wins.
 
-    Each round emits every row up to the smallest last key among the sources' current
-    blocks, so memory is one block per source. Expired rows are always dropped (any
-    older row of the key is older still, so expired too); tombstones only with
-    ``drop_dead`` (the merge covers the chain's oldest run: nothing older to shadow).
+    Each round emits the rows up to the smallest last key of the current blocks (one block
+    per source in memory). Expired rows are always dropped, tombstones only with ``drop_dead``.
     """
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -1,23 +1,14 @@
 """Sorted runs: keyed state looked up by key, block by block, instead of loaded whole.
 
-A key group's state is an ordered list of immutable *runs* (an LSM without a memtable):
-each epoch's changed keys become one new run, and a lookup asks the runs newest first. A
-run is one file in the state file format (``core/codec.py``, payload kind ``RUN``)::
+A key group's state is an ordered list of immutable runs (an LSM without a memtable,
+docs/ARCHITECTURE.md decisions 25 and 28). A run is one state file (``core/codec.py``,
+payload kind ``RUN``)::
 
     header | block chunk * | bloom chunk * | index chunk | trailer
 
-* a *block*: up to ``block_rows`` rows in key order, one Arrow IPC stream framed as one
-  chunk, so a ranged read of it is verified and decoded alone;
-* a *bloom filter* per block (:class:`Bloom`), stored together after the blocks: a lookup
-  reads only the filters of the blocks whose key range may hold its keys, then only the
-  blocks whose filter says "maybe";
-* the *index* (Arrow IPC): each block's first and last key, rows and byte ranges; its
-  schema metadata holds the data schema. ``PartRef.index`` says where it starts.
-
-The numpy hashing and filter code is the format's definition (pinned by
-``tests/core/state/test_runs.py``). Keys are ordered by :func:`sort_keys`. A whole run is
-still a valid state file (:func:`read_run_table`). At the end: a process-wide cache of
-decoded indexes, filters and blocks.
+A block is up to ``block_rows`` rows in key order (one Arrow IPC chunk, verified and decoded
+alone); a bloom filter per block; the index (Arrow IPC) holds each block's first and last
+key, rows and byte ranges, its metadata the data schema. ``PartRef.index`` says where it starts.
 """
 
 from __future__ import annotations
@@ -33,21 +24,15 @@ import numpy as np
 from airflow_seatunnel_ckpt.core import codec
 from airflow_seatunnel_ckpt.core.errors import CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import PartKind, PartRef
-from airflow_seatunnel_ckpt.core.state.parts import TOMBSTONE, key_array, read_arrow_part, read_checked
+from airflow_seatunnel_ckpt.core.state.parts import TOMBSTONE, Tally, key_array, read_arrow_part, read_checked
 from airflow_seatunnel_ckpt.core.storage import Storage
-
-# -- block cache -----------------------------------------------------------------------------------
-# A process-wide cache of what sorted runs decoded: indexes, bloom filters, blocks.
 
 
 class BlockCache:
-    """Decoded run indexes and blocks, least recently used out, within a byte budget.
+    """Decoded run indexes, filters and blocks, least recently used out, within a byte budget.
 
-    Runs are immutable (a part's name is unique and its size and CRC32C are recorded), so
-    what a process decoded once stays valid: Spark reuses Python workers across tasks,
-    and a worker that served a key group before looks up its old runs without reading
-    them again -- the role of RocksDB's block cache. Only lookups use it; compaction
-    streams its blocks past it.
+    Runs are immutable, so what a process decoded stays valid: a reused Spark Python worker
+    looks up its old runs without reading them again (RocksDB's block cache). Lookups only.
     """
 
     def __init__(self, budget: int) -> None:
@@ -77,19 +62,15 @@ class BlockCache:
 BLOCK_CACHE = BlockCache(256 * 1024 * 1024)
 
 
-#: Column of a key-set row with a TTL: the epoch that last wrote the key.
 EPOCH_COLUMN = "__epoch"
 DEFAULT_BLOCK_ROWS = 65536
 #: A block is cut smaller than ``block_rows`` when its rows would exceed this many bytes.
 BLOCK_BYTES = 2 * 1024 * 1024
-#: Bloom filter bits per key and bits set per key (register-blocked, see ``Bloom``).
 BLOOM_BITS_PER_KEY = 13
 BLOOM_HASHES = 6
-#: How filter bits are placed (``Bloom``), recorded in every run's index; a reader refuses
-#: a run recording another layout.
+#: How filter bits are placed (``Bloom``), recorded in every run's index (another is refused).
 BLOOM_LAYOUT = 2
-#: zstd level of the bloom filter chunks: their bits are near-random (a level 3 pass saves
-#: ~6% of their bytes), so they get the cheapest pass; readers decode any zstd frame.
+#: Bloom filter bits are near-random (level 3 saves ~6%): the cheapest zstd pass.
 BLOOM_CHUNK_LEVEL = -1
 _TRAILER_SIZE = 24
 _RUN_FORMAT = b"1"
@@ -102,8 +83,6 @@ def sort_keys(table: Any, key_columns: list[str]) -> Any:
     keys = key_array(table, key_columns)
     return keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
 
-
-# -- hashing and the bloom filter ---------------------------------------------------------
 
 _U = np.uint64
 
@@ -123,9 +102,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def key_hashes(keys: Any) -> np.ndarray:
     """A stable 64-bit hash per key (persisted in blooms: never change it for a format).
 
-    Integer-like keys hash their 64-bit value (an unsigned 64-bit key its bit pattern, which
-    for keys below 2**63 is the same value); any other key hashes its bytes (as a
-    string) with FNV-1a 64 and its length (one numpy pass per byte position).
+    Integer-like keys hash their 64-bit value (a uint64 its bit pattern); any other key its
+    bytes with FNV-1a 64 and its length (one numpy pass per byte position).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -168,10 +146,7 @@ class Bloom:
     """A register-blocked bloom filter over key hashes, as RocksDB's and Impala's blocked filters.
 
     A key's bits all lie in one 64-bit word, ``((h mod 2**32) * words) >> 32``, and are the
-    word mask ``_word_masks(hashes)[h >> 48]``. 13 bits a key and 6 hashes give 0.8% false
-    positives (a word holds few keys, so it needs 30% more bits than a standard filter) for
-    one read-modify-write a key instead of one random write per hash, and a probe reads
-    one word.
+    word mask ``_word_masks(hashes)[h >> 48]``: 0.8% false positives at 13 bits a key.
     """
 
     def __init__(self, bits: np.ndarray, nbits: int, hashes: int = BLOOM_HASHES) -> None:
@@ -204,8 +179,6 @@ class Bloom:
         return (np.frombuffer(self.bits, dtype="<u8")[word] & mask) == mask  # type: ignore[no-any-return]
 
 
-# -- writing ------------------------------------------------------------------------------
-
 def _blocks(pieces: Iterable[Any], block_rows: int) -> Iterator[Any]:
     """Re-cut sorted tables into blocks of at most ``block_rows`` rows and ~BLOCK_BYTES."""
     import pyarrow as pa
@@ -233,10 +206,7 @@ def write_run(storage: Storage, path: str, pieces: Iterable[Any], key_columns: l
               key_group: int = 0, delta: bool = False, base_epoch: int | None = None,
               block_rows: int = DEFAULT_BLOCK_ROWS, level: int = 3,
               compression: codec.Codec = codec.Codec.ZSTD) -> PartRef:
-    """Write sorted, key-unique ``pieces`` (ascending, non-overlapping) as one run.
-
-    Streams: memory is one block plus the blocks' bloom filters (~1.25 bytes a key).
-    """
+    """Write sorted, key-unique ``pieces`` (ascending, non-overlapping) as one run, streaming."""
     import pyarrow as pa
 
     writer = codec.ChunkWriter(kind=codec.PayloadKind.RUN, epoch=epoch, base_epoch=base_epoch,
@@ -244,17 +214,12 @@ def write_run(storage: Storage, path: str, pieces: Iterable[Any], key_columns: l
     entries: dict[str, list[Any]] = {n: [] for n in ("first", "last", "offset", "length", "rows",
                                                      "bloom_offset", "bloom_length")}
     blooms: list[bytes] = []
-    size = crc = index_at = 0
-
-    def emit(piece: bytes) -> bytes:
-        nonlocal size, crc
-        size += len(piece)
-        crc = codec.crc32c(piece, crc)
-        return piece
+    written = Tally()  # its size so far is the offset of the chunk being framed
+    index_at = 0
 
     def framed() -> Iterator[bytes]:
         nonlocal index_at
-        yield emit(writer.header())
+        yield writer.header()
         for block in _blocks(pieces, block_rows):
             block = block.select(schema.names).cast(schema)
             keys = sort_keys(block, key_columns)
@@ -262,16 +227,16 @@ def write_run(storage: Storage, path: str, pieces: Iterable[Any], key_columns: l
             bloom.add(key_hashes(keys))
             blooms.append(bloom.bits.tobytes())
             chunk = writer.chunk(next(iter(codec.arrow_ipc_pieces(block))))
-            for name, value in (("first", keys[0]), ("last", keys[-1]), ("offset", size),
+            for name, value in (("first", keys[0]), ("last", keys[-1]), ("offset", written.size),
                                 ("length", len(chunk)), ("rows", block.num_rows)):
                 entries[name].append(value)
-            yield emit(chunk)
+            yield chunk
         for bits in blooms:
             chunk = writer.chunk(bits, level=BLOOM_CHUNK_LEVEL)
-            entries["bloom_offset"].append(size)
+            entries["bloom_offset"].append(written.size)
             entries["bloom_length"].append(len(chunk))
-            yield emit(chunk)
-        index_at = size
+            yield chunk
+        index_at = written.size
         key_type = sort_keys(schema.empty_table(), key_columns).type
         index = pa.table({"first": pa.array([k.as_py() for k in entries["first"]], key_type),
                           "last": pa.array([k.as_py() for k in entries["last"]], key_type),
@@ -281,16 +246,12 @@ def write_run(storage: Storage, path: str, pieces: Iterable[Any], key_columns: l
                 b"data_schema": schema.serialize().to_pybytes(), b"bloom_hashes": str(Bloom.sized(1).hashes).encode(),
                 b"bloom_layout": str(BLOOM_LAYOUT).encode()}
         index = index.replace_schema_metadata(meta)
-        yield emit(writer.chunk(next(iter(codec.arrow_ipc_pieces(index)))))
-        yield emit(writer.trailer())
+        yield writer.chunk(next(iter(codec.arrow_ipc_pieces(index))))
+        yield writer.trailer()
 
-    storage.write_atomic(path, framed())
-    return PartRef(path=path, size=size, crc32c=crc, epoch=epoch, key_group=key_group,
+    storage.write_atomic(path, written(framed()))
+    return PartRef(path=path, size=written.size, crc32c=written.crc32c, epoch=epoch, key_group=key_group,
                    kind=PartKind.DELTA if delta else PartKind.FULL, index=index_at)
-
-
-# -- reading ------------------------------------------------------------------------------
-
 
 
 def _chunks_in(data: bytes, where: str, compression: codec.Codec, count: int) -> list[bytes]:
@@ -388,8 +349,7 @@ class RunReader:
         return (self.storage.url_of(self.ref.path), self.ref.size, self.ref.crc32c, what)
 
     def block(self, i: int, cache: bool = False) -> Any:
-        """Block ``i`` as a table: one ranged read, verified by its chunk's CRC32C
-        (or, with ``cache``, the copy this process decoded before)."""
+        """Block ``i`` as a table: one verified ranged read (or, with ``cache``, the copy decoded before)."""
         if self._whole is not None:
             return self._whole
         if cache and (hit := BLOCK_CACHE.get(self._cache_key(i))) is not None:
@@ -414,11 +374,7 @@ class RunReader:
             yield self.block(i)
 
     def locate(self, keys: Any, hashes: np.ndarray | None = None) -> np.ndarray:
-        """Per key, the block that may hold it, or -1 (outside every block, or not in its bloom).
-
-        ``hashes``: the keys' :func:`key_hashes`, when the caller has them (a lookup
-        hashes its keys once for every run it asks).
-        """
+        """Per key, the block that may hold it, or -1; ``hashes``: the keys' :func:`key_hashes`, if known."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -457,10 +413,7 @@ class RunReader:
 
     def _bloom_says_maybe(self, keys: Any, block: np.ndarray, inside: np.ndarray,
                           hashes: np.ndarray | None) -> np.ndarray:
-        """Per key (inside its block's range): whether its block's bloom filter may hold it.
-
-        The filters of adjacent candidate blocks are fetched in one ranged read.
-        """
+        """Per key inside its block's range: whether the block's filter may hold it (adjacent filters in one read)."""
         maybe = np.zeros(len(keys), dtype=bool)
         where = np.nonzero(inside)[0]
         hashes = key_hashes(keys.take(where)) if hashes is None else hashes[where]

@@ -1,14 +1,8 @@
 """Storage: the handful of primitives the commit protocol needs, over any fsspec URL.
 
-Shaped like fsspec: one interface (:mod:`.base`), one module per backend (:mod:`.local`,
-:mod:`.memory`, :mod:`.object_store`), the backend registry and the conditional-create
-probe (:mod:`.registry`) and placing staged files (:mod:`.publish`); the URL checks (no
-password in a URL, names that stay inside the store) are part of the interface in
-:mod:`.base`. docs/STORAGE.md has the guarantees of each backend.
-
-Backends are registered by protocol name in the ``airflow_seatunnel_ckpt.storage``
-entry-point group (the analogue of SeaTunnel's ``StateBackend`` service registration);
-:func:`open_storage` picks one and probes the store.
+The interface (:mod:`.base`), one module per backend, the backend registry with the
+conditional-create probe (:mod:`.registry`) and publishing (:mod:`.publish`); see
+docs/STORAGE.md.
 """
 
 from airflow_seatunnel_ckpt.core.storage import base

@@ -1,18 +1,9 @@
 """The storage interface: the primitives the commit protocol needs, over any fsspec URL.
 
-A :class:`Storage` is rooted at one URL; every method takes a path relative to it
-(validated so it can never leave the root). The primitives are those of Spark's
-``CheckpointFileManager``: read, :meth:`Storage.write_atomic` (the old file or the whole
-new one), :meth:`Storage.create_exclusive` (put-if-absent: one concurrent caller wins),
-list, walk, delete, size, :meth:`Storage.modified` (the store's clock),
-:meth:`Storage.checksum` / :meth:`Storage.file_info` (CRC32C, from the store when it keeps
-one) and :meth:`Storage.temp_files` (what a killed writer left).
-
-A backend subclasses it, declares its :class:`Capabilities`, implements
-:meth:`Storage._put_if_absent` (the conditional-create guarantee, probed when the store is
-opened: :mod:`.registry`) and overrides what its store does better. Publishing
-(:mod:`.publish`) asks the backend how it moves files; as in fsspec's
-``AbstractFileSystem``, the defaults here are written over fsspec calls.
+A :class:`Storage` is rooted at one URL; every path is relative to it (validated so it can
+never leave the root). A backend subclasses it, declares its :class:`Capabilities` and
+implements :meth:`Storage._put_if_absent`; the defaults are written over fsspec calls.
+docs/STORAGE.md has what each primitive promises and how to write a backend.
 """
 
 from __future__ import annotations
@@ -36,7 +27,6 @@ from fsspec.core import url_to_fs
 from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, StorageError
 
-#: The interface, re-exported by :mod:`airflow_seatunnel_ckpt.core.storage`.
 __all__ = ["TEMP_PREFIX", "Capabilities", "Data", "FileInfo", "Storage", "TempFiles", "clean_relpath",
            "refuse_password"]
 
@@ -45,7 +35,6 @@ TEMP_PREFIX = ".tmp-"
 
 Data = bytes | bytearray | memoryview | Iterable[bytes]
 
-#: Block size of streamed reads (checksums, copies).
 BLOCK = 8 * 1024 * 1024
 
 
@@ -63,17 +52,13 @@ class FileInfo:
 class Capabilities:
     """The guarantees a backend gives the commit protocol (the matrix is in docs/STORAGE.md)."""
 
-    #: Put-if-absent: of concurrent creators of one path exactly one wins. Every store is
-    #: probed for it when opened; a store that does not honour it is refused.
+    #: Put-if-absent: of concurrent creators of one path exactly one wins (probed on open).
     conditional_create: bool
-    #: A directory moves within the store in one atomic rename (publish renames instead
-    #: of copying file by file).
+    #: A directory moves within the store in one atomic rename.
     atomic_rename_dir: bool = False
-    #: The checksum the store keeps per object and returns without reading the data
-    #: (``"crc32c"``), or None: then :meth:`Storage.checksum` reads the file.
+    #: The checksum the store keeps and returns without reading the data (``"crc32c"``), or None.
     checksum: str | None = None
-    #: Writes go through temp files (:data:`TEMP_PREFIX`) that a killed writer leaves
-    #: behind, for :meth:`Storage.temp_files` to find; object stores put whole objects.
+    #: Writes go through temp files (:data:`TEMP_PREFIX`) that a killed writer leaves behind.
     temp_files: bool = False
 
 
@@ -81,10 +66,8 @@ class Capabilities:
 class TempFiles:
     """What :meth:`Storage.temp_files` found below a path."""
 
-    #: temp files older than the timeout asked about (a killed writer's), relative to the root
-    stale: list[str] = field(default_factory=list)
-    #: whether a younger one is there too (its writer may be finishing it)
-    young: bool = False
+    stale: list[str] = field(default_factory=list)  #: older than the timeout (a killed writer's)
+    young: bool = False  #: a younger one is there too (its writer may be finishing it)
 
 
 def chunks(data: Data) -> Iterator[bytes]:
@@ -103,7 +86,6 @@ def _not_empty(exc: BaseException) -> bool:
 class Storage(abc.ABC):
     """A store rooted at one URL: the abstract interface with fsspec-based defaults."""
 
-    #: What this backend guarantees; every backend declares its own.
     capabilities: ClassVar[Capabilities]
     #: fsspec options the backend always sets (they win over the user's).
     fs_options: ClassVar[Mapping[str, Any]] = {}
@@ -153,14 +135,13 @@ class Storage(abc.ABC):
     @contextlib.contextmanager
     def _failing(self, what: str, path: str,
                  passed: tuple[type[BaseException], ...] = (FileNotFoundError, StorageError)) -> Iterator[None]:
-        """Any error but the ``passed`` ones (absence, our own) as a StorageError naming what failed on
-        which file (its URL redacted)."""
+        """Any error but the ``passed`` ones as a StorageError naming what failed on which file."""
         try:
             yield
         except passed:
             raise
         except Exception as exc:
-            raise StorageError(f"{what} {redact_url(self.url_of(path))} failed: {exc}") from exc
+            raise StorageError(f"{what} {self.describe_path(path)} failed: {exc}") from exc
 
     # -- reads -------------------------------------------------------------------------
     def read(self, path: str) -> bytes:
@@ -169,8 +150,7 @@ class Storage(abc.ABC):
             return bytes(self.fs.cat_file(self.full_path(path)))
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        """Bytes ``start`` to ``end`` (exclusive) of the file at ``path``: one ranged read
-        (a GET with a Range header on object stores); FileNotFoundError if absent."""
+        """Bytes ``start`` to ``end`` (exclusive) of the file at ``path`` in one ranged read."""
         with self._failing("reading", path):
             return bytes(self.fs.cat_file(self.full_path(path), start=start, end=end))
 
@@ -197,11 +177,7 @@ class Storage(abc.ABC):
         return None
 
     def file_info(self, path: str) -> FileInfo:
-        """Size of the file at ``path`` and the CRC32C the store keeps (None if none), in one request where it can.
-
-        FileNotFoundError if absent. What publish asks of each file it checks: an object
-        store answers both in one ``HEAD``.
-        """
+        """Size of the file at ``path`` and the CRC32C the store keeps (None if none), in one request where it can."""
         return FileInfo(path, self.size(path), self.stored_checksum(path))
 
     def exists(self, path: str) -> bool:
@@ -215,11 +191,7 @@ class Storage(abc.ABC):
             return int(self.fs.size(self.full_path(path)))
 
     def modified(self, path: str) -> float:
-        """When the file at ``path`` was last written, by the STORE's clock (Unix seconds).
-
-        File mtime, object ``LastModified``: compare it with another ``modified`` of the
-        same store, never with this machine's wall clock. FileNotFoundError if absent.
-        """
+        """When the file at ``path`` was last written, by the STORE's clock (Unix seconds)."""
         with self._failing("reading the modification time of", path):
             stamp = self.fs.modified(self.full_path(path))
         if stamp.tzinfo is None:  # fsspec backends report UTC; some leave it naive
@@ -230,13 +202,10 @@ class Storage(abc.ABC):
         """Names of the direct children of directory ``path`` (sorted; [] if absent)."""
         full = self.full_path(path)
         try:
-            entries = self.fs.ls(full, detail=False)
-        except FileNotFoundError:
+            with self._failing("listing", path, passed=(FileNotFoundError, NotADirectoryError)):
+                entries = self.fs.ls(full, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
             return []
-        except NotADirectoryError:
-            return []
-        except Exception as exc:
-            raise StorageError(f"listing {self.describe_path(path)} failed: {exc}") from exc
         names = []
         for entry in entries:
             name = posixpath.basename(str(entry).rstrip("/"))
@@ -248,11 +217,10 @@ class Storage(abc.ABC):
         """Every file below ``path``, with paths relative to ``path`` (sorted)."""
         full = self.full_path(path)
         try:
-            found = self.fs.find(full, detail=True)
+            with self._failing("walking", path):
+                found = self.fs.find(full, detail=True)
         except FileNotFoundError:
             return []
-        except Exception as exc:
-            raise StorageError(f"walking {self.describe_path(path)} failed: {exc}") from exc
         out = []
         prefix = full.rstrip("/") + "/"
         for name, info in found.items():
@@ -269,11 +237,8 @@ class Storage(abc.ABC):
                    prune: Callable[[str], bool] | None = None) -> TempFiles:
         """The temp files killed writers left below ``path`` (only its top level if not ``recursive``).
 
-        ``prune(directory)`` (a path relative to the root) True leaves that directory out. A
-        temp file is stale when its modification time is more than ``older_than`` seconds
-        before ``now``; a younger one is only reported as there. Default: none, for a backend
-        whose writes leave no temp files (``capabilities.temp_files`` is False); it costs no
-        request.
+        ``prune(directory)`` True leaves that directory out; a temp file is stale when it is
+        more than ``older_than`` seconds older than ``now``. Default: none (no temp files).
         """
         return TempFiles()
 
@@ -285,10 +250,7 @@ class Storage(abc.ABC):
             return self._write_whole(full, data)
 
     def _write_whole(self, full: str, data: Data) -> int:
-        """Write ``data`` to filesystem path ``full`` so that it appears whole or not at all.
-
-        Default: stores that commit a file when it is closed (object stores, memory).
-        """
+        """Write ``data`` to filesystem path ``full`` so that it appears whole or not at all (on close)."""
         written = 0
         self.fs.makedirs(posixpath.dirname(full), exist_ok=True)
         fh = self.fs.open(full, "wb")
@@ -314,20 +276,17 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def _put_if_absent(self, full: str, data: bytes) -> None:
-        """Store ``data`` at filesystem path ``full`` only if nothing is there.
+        """Store ``data`` at filesystem path ``full`` only if nothing is there, else FileExistsError.
 
-        Raises FileExistsError when something is. Must be atomic on the store: of
-        concurrent callers exactly one succeeds, and a reader sees the whole ``data`` or
-        nothing. The store is probed for exactly this when it is opened.
+        Atomic on the store: of concurrent callers exactly one succeeds, and a reader sees
+        the whole ``data`` or nothing.
         """
 
     def delete(self, path: str, recursive: bool = False) -> None:
         """Remove the file or (with ``recursive``) directory at ``path``; absent is fine.
 
-        A writer racing a recursive delete (a losing committer completing ``_metadata`` in a
-        checkpoint an abort is removing) makes a local ``rmdir`` fail with "directory not
-        empty"; the delete walks the tree again a few times, as an object store's delete of
-        whatever it listed would simply succeed.
+        A writer racing a recursive delete (a losing committer completing ``_metadata``) makes
+        a local ``rmdir`` fail with "directory not empty": the delete walks the tree again.
         """
         full = self.full_path(path)
 
@@ -352,11 +311,7 @@ class Storage(abc.ABC):
 
     # -- moving files (publish) --------------------------------------------------------
     def rename_dir(self, src: str, dest: Storage, dst: str) -> bool:
-        """Move directory ``src`` to ``dest:dst`` in one atomic rename, if this backend can.
-
-        Returns False, having changed nothing, when it cannot (no rename on this store,
-        another store, ``dst`` already there): the caller then copies file by file.
-        """
+        """Move directory ``src`` to ``dest:dst`` in one atomic rename; False, changing nothing, if it cannot."""
         return False
 
     def _copy_in_store(self, source_full: str, full: str) -> bool:
@@ -373,17 +328,14 @@ def _discard(fh: Any) -> None:
             fh.closed = True  # so neither close() nor __del__ uploads the buffer
 
 
-# -- Store URLs and paths: what a store URL may carry, and which relative paths stay inside a root. ---
-
 _PASSWORD_ANYWHERE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^@/?#]*:(?!\d+(?:[/?#]|$))[^@]*@")
 
 
 def refuse_password(url: str, what: str = "store URL") -> None:
     """Raise StorageError if ``url`` carries a password (``scheme://user:password@...``).
 
-    Libraries below us (s3fs, botocore) would take it for part of a bucket or host name and
-    put it into their own log lines and error messages, where no redaction can reach it.
-    A user name alone (``abfs://container@account``) is fine.
+    Libraries below us (s3fs, botocore) would put it into their own log lines and error
+    messages, where no redaction can reach it. A user name alone is fine.
     """
     try:
         password = urlsplit(url).password

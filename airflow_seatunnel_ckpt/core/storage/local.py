@@ -25,12 +25,8 @@ from airflow_seatunnel_ckpt.core.storage.base import (
 
 
 class LocalStorage(Storage):
-    """The local filesystem: atomic rename, ``link``-based create-exclusive, fsync.
-
-    Every record becomes visible by a rename or a link into its directory, and that
-    directory is fsynced afterwards, so a record that was reported written survives a
-    power loss (the data itself is fsynced before it becomes visible).
-    """
+    """The local filesystem: a record appears by a rename or a link of a fsynced temp file,
+    and its directory is fsynced after, so a record reported written survives a power loss."""
 
     capabilities = Capabilities(conditional_create=True, atomic_rename_dir=True, checksum=None, temp_files=True)
 
@@ -163,11 +159,8 @@ class LocalStorage(Storage):
 
 def _files_below(directory: str, prefix: str, descend: Callable[[str], bool] = lambda _: True,
                  ) -> Iterator[tuple[str, os.DirEntry[str]]]:
-    """Every file below ``directory`` as (``prefix`` + its relative path, its entry).
-
-    A subdirectory is entered only if ``descend(prefix + its relative path)``; an absent
-    ``directory`` has no files.
-    """
+    """Every file below ``directory`` as (``prefix`` + its relative path, its entry), entering a
+    subdirectory only if ``descend(prefix + its relative path)``."""
     try:
         entries = os.scandir(directory)
     except (FileNotFoundError, NotADirectoryError):

@@ -8,12 +8,8 @@ from airflow_seatunnel_ckpt.core.storage.base import Capabilities, Data, FileInf
 
 
 class MemoryStorage(Storage):
-    """fsspec's in-process ``memory://`` filesystem.
-
-    Its files are committed when opened, so writes are assembled first and stored in one
-    step, and one process-wide lock makes create-exclusive a true put-if-absent between
-    threads (there is no other process to race with).
-    """
+    """fsspec's in-process ``memory://`` filesystem; one process-wide lock makes create-exclusive
+    a true put-if-absent between threads (there is no other process to race with)."""
 
     capabilities = Capabilities(conditional_create=True, atomic_rename_dir=False, checksum=None)
 

@@ -1,16 +1,7 @@
-"""The object store backend (``s3://``, ``s3a://`` through s3fs).
+"""The object store backend (``s3://``, ``s3a://`` through s3fs): conditional PUTs, server-side copies, CRC32C.
 
-* A PUT is atomic: an object appears whole or not at all.
-* Conditional create is a conditional PUT (``If-None-Match: *``); AWS S3 honours it, some
-  S3-compatible servers ignore it -- the probe run when a store is opened catches those.
-* No rename: publishing copies (server-side ``CopyObject``) and then marks ``_SUCCESS``.
-* Checksums: every object this backend writes carries a CRC32C additional checksum
-  (``x-amz-checksum-crc32c``, computed here, verified by S3 on upload); copies ask S3 to
-  compute one (``CopyObject`` with ``ChecksumAlgorithm=CRC32C``). ``HEAD`` with
-  ``ChecksumMode=ENABLED`` returns it with the size, so verifying a file costs one request
-  and no read of its data.
-  Objects without a full-object CRC32C (written by other tools, multipart uploads) are
-  read and checksummed instead.
+Objects without a full-object CRC32C (other tools' writes, multipart uploads) are read and
+checksummed instead; docs/STORAGE.md has the guarantees.
 """
 
 from __future__ import annotations
@@ -37,23 +28,17 @@ def _crc32c_kwargs(payload: bytes) -> dict[str, str]:
     return {"ChecksumAlgorithm": "CRC32C", "ChecksumCRC32C": value}
 
 
-def _precondition_failed(exc: OSError) -> bool:
+def _says(exc: BaseException, *words: str) -> bool:
+    """Whether the error's type or message holds one of ``words`` (s3fs keeps S3's codes only there)."""
     text = f"{type(exc).__name__} {exc}"
-    return "PreconditionFailed" in text or "412" in text
-
-
-def _too_large(exc: BaseException) -> bool:
-    """S3 refuses a single CopyObject of a source above 5 GiB (then copy in parts)."""
-    text = f"{type(exc).__name__} {exc}"
-    return "EntityTooLarge" in text or "InvalidRequest" in text or "copy source is larger" in text
+    return any(word in text for word in words)
 
 
 def _busy(exc: BaseException) -> bool:
     """A 409 ConditionalRequestConflict: a competing conditional PUT was in flight."""
     if not isinstance(exc, OSError) or isinstance(exc, FileExistsError):
         return False
-    text = f"{type(exc).__name__} {exc}"
-    return exc.errno == errno.EBUSY or "ConditionalRequestConflict" in text or "409" in text
+    return exc.errno == errno.EBUSY or _says(exc, "ConditionalRequestConflict", "409")
 
 
 class ObjectStorage(Storage):
@@ -130,7 +115,7 @@ class ObjectStorage(Storage):
         except FileExistsError:
             raise
         except OSError as exc:
-            if _precondition_failed(exc):
+            if _says(exc, "PreconditionFailed", "412"):
                 raise FileExistsError(full) from exc
             raise
 
@@ -176,7 +161,7 @@ class ObjectStorage(Storage):
         except FileNotFoundError:
             raise
         except Exception as exc:
-            if not _too_large(exc):
-                raise
+            if not _says(exc, "EntityTooLarge", "InvalidRequest", "copy source is larger"):
+                raise  # only a source above 5 GiB is copied in parts
             self.fs.cp_file(source_full, full, ChecksumAlgorithm="CRC32C")  # a multipart copy
         return True

@@ -1,14 +1,7 @@
 """Placing staged files at a destination: exactly the files the commit decided on, once.
 
-The copy machinery every sink shares. :func:`publish_files` keeps the files already at the
-destination with the manifest's size and CRC32C (a retry, a concurrent publisher), verifies
-the others in staging against the manifest (:func:`staged_problem`) before the first one
-moves, then asks the backend how to move them: one directory rename where it can
-(:meth:`Storage.rename_dir`), else file by file (:func:`copy_file`), only the manifest's
-files either way. Checks and copies run ``concurrency`` at a time (on an object store each
-is one request, whose latency is the cost). Nothing at the destination is ever deleted: a
-failure raises :class:`PublishError` or :class:`StorageError` (transient) and leaves the
-epoch COMMITTING.
+:func:`publish_files` is the copy machinery every sink shares (the steps are in
+docs/STORAGE.md, "Publishing"); nothing at the destination is ever deleted.
 """
 
 from __future__ import annotations
@@ -23,8 +16,7 @@ from airflow_seatunnel_ckpt.core.storage.base import BLOCK, FileInfo, Storage
 
 T = TypeVar("T")
 
-#: How many files a publish checks and copies at once when the caller does not say
-#: (``CheckpointConfig.publish_concurrency``).
+#: ``CheckpointConfig.publish_concurrency``'s default.
 DEFAULT_CONCURRENCY = 8
 
 
@@ -41,16 +33,11 @@ def publish_files(source: Storage, src: str, target: Storage, dst: str, files: I
                   concurrency: int = DEFAULT_CONCURRENCY) -> PublishMethod:
     """Make exactly ``files`` (relative to ``source:src``) present below ``target:dst``.
 
-    Idempotent: files already at the destination with the expected size (and CRC32C, when
-    the manifest has one) are kept. Never deletes anything at the destination. Raises
-    :class:`PublishError` naming the file if one is neither at the destination nor intact
-    in staging. ``verify=False`` checks sizes only (for callers that just checksummed the
-    staging themselves).
-
-    Requests: one listing of the destination (not a probe per file); per file to move, one
-    request for its staged size and kept checksum and one copy (or a single directory
-    rename); up to ``concurrency`` files at a time, every staged file checked before the
-    first is copied.
+    Idempotent: files already at the destination with the expected size (and CRC32C) are
+    kept. Raises :class:`PublishError` naming a file neither at the destination nor intact
+    in staging. ``verify=False`` checks sizes only (the caller just checksummed the staging).
+    One listing of the destination, then per file one request for its size and checksum
+    and one copy (or one directory rename), ``concurrency`` at a time.
     """
     expected = list(files)
     # What the destination already has: a retry's or a concurrent publisher's copies.
@@ -112,20 +99,11 @@ def _each(call: Callable[[FileInfo], T], files: Sequence[FileInfo], concurrency:
 
 def holds(storage: Storage, path: str, f: FileInfo, verify: bool = True) -> bool:
     """Whether ``path`` has ``f``'s size and (with ``verify``, when known) its CRC32C."""
-    try:
-        found = storage.file_info(path)
-        if found.size != f.size:
-            return False
-        if not verify or f.crc32c is None:
-            return True
-        crc = found.crc32c if found.crc32c is not None else storage.checksum(path)
-        return crc == f.crc32c
-    except FileNotFoundError:
-        return False
+    return not staged_problem(storage, path, f, verify)
 
 
 def staged_problem(storage: Storage, path: str, f: FileInfo, verify: bool = True) -> str:
-    """What is wrong with staged file ``path`` against its manifest entry ("" = nothing)."""
+    """What is wrong with the file at ``path`` against its manifest entry ("" = nothing)."""
     try:
         found = storage.file_info(path)
         if found.size != f.size:

@@ -1,8 +1,5 @@
 """Backends by URL protocol, and the conditional-create probe run when a store is opened.
 
-Backends are registered by protocol name in the ``airflow_seatunnel_ckpt.storage``
-entry-point group (the analogue of SeaTunnel's ``StateBackend`` service registration);
-the built-in ones are registered there too, and an installed plug-in wins over them.
 A protocol without a backend is refused: fsspec's generic ``pipe_file(mode="create")``
 checks and then writes on most filesystems, which is not a put-if-absent.
 """
@@ -35,20 +32,17 @@ _NOT_BUILT_IN = {
     "az": "adlfs's conditional create (If-None-Match) is not tested by this project",
 }
 
-_WAY_OUT = ("A backend for it can be registered in the {group!r} entry-point group of an installed package, e.g. "
-            "'{protocol} = \"airflow_seatunnel_ckpt.core.storage.object_store:ObjectStorage\"' for an object store "
-            "whose fsspec filesystem implements pipe_file(mode=\"create\") as a conditional write; it is probed for "
-            "conditional create when a store is opened and refused if it does not honour it")
-
 
 def _unsupported(protocol: str, known: list[str]) -> str:
     why = _NOT_BUILT_IN.get(protocol, "no backend is registered for it")
     return (f"store protocol {protocol!r} is not supported ({why}); supported protocols: {', '.join(known)}. "
-            + _WAY_OUT.format(group=ENTRY_POINT_GROUP, protocol=protocol))
+            f"A backend for it can be registered in the {ENTRY_POINT_GROUP!r} entry-point group of an installed "
+            f"package, e.g. '{protocol} = \"airflow_seatunnel_ckpt.core.storage.object_store:ObjectStorage\"' for an "
+            "object store whose fsspec filesystem implements pipe_file(mode=\"create\") as a conditional write; it "
+            "is probed for conditional create when a store is opened and refused if it does not honour it")
 
 
 _MODULE = "airflow_seatunnel_ckpt.core.storage"
-#: Storage classes by protocol: entry points (an installed plug-in) win over the built-ins.
 BACKENDS: Registry[type[Storage]] = Registry(
     "store protocol",
     {"file": f"{_MODULE}.local:LocalStorage", "local": f"{_MODULE}.local:LocalStorage",
@@ -59,21 +53,14 @@ BACKENDS: Registry[type[Storage]] = Registry(
 
 
 def backend_for(protocol: str) -> type[Storage]:
-    """The storage class registered for ``protocol`` (entry points win over built-ins).
-
-    StorageError for a protocol without a backend: the message names the supported ones
-    and the way out.
-    """
+    """The storage class registered for ``protocol``; StorageError naming the way out if none is."""
     return BACKENDS.get(protocol)
 
 
 def open_storage(url: str, storage_options: Mapping[str, Any] | None = None, *, probe: bool = True) -> Storage:
-    """Open the storage rooted at ``url``, choosing the backend by its protocol.
+    """Open the storage rooted at ``url`` with its protocol's backend, probed for conditional create.
 
-    The store is probed for conditional create once per process (per protocol, root and
-    options); a store that does not honour it is refused with a StorageError. ``probe=False``
-    skips that, for a caller that never creates conditionally there (a staging directory
-    written with whole-file writes only).
+    ``probe=False`` skips the probe, for a caller that never creates conditionally there.
     """
     if not isinstance(url, str) or not url:
         raise StorageError(f"a store URL must be a non-empty string, got {url!r}")
@@ -89,7 +76,6 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None, *, 
 
 _probed: set[tuple[Any, ...]] = set()
 _probed_lock = threading.Lock()
-#: Writers racing for one key in the probe.
 PROBE_RACERS = 4
 
 
@@ -106,12 +92,9 @@ def forget_probes() -> None:
 
 
 def probe_conditional_create(storage: Storage) -> None:
-    """Refuse ``storage`` unless its create is a put-if-absent; cached per process.
+    """Refuse ``storage`` unless its create is a put-if-absent (docs/STORAGE.md); cached per process.
 
-    The probe creates a fresh key twice (the second must fail: catches servers that
-    ignore ``If-None-Match``) and lets :data:`PROBE_RACERS` threads create another key at
-    once (exactly one may win: catches check-then-write). Its keys are temp-named, so a
-    probe killed half-way leaves only what listings hide and GC removes.
+    Its keys are temp-named, so a probe killed half-way leaves only what listings hide and GC removes.
     """
     key = _probe_key(storage)
     if key in _probed:
