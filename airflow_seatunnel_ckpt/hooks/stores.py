@@ -1,13 +1,10 @@
 """Which checkpoint stores there are: the Checkpoints page shows them, the recovery DAG watches them.
 
-In this order: every connection of type ``seatunnel_ckpt`` (from the metadata database and
-``AIRFLOW_CONN_<ID>`` variables, which win, as in a task's lookup), the entries of
-``[seatunnel_ckpt] stores`` (store URLs and connection ids, comma separated) and the
-provider's default store when it exists. Each gets a key safe in a URL path: the
-connection id, ``config-<n>`` or ``default``. Recovery's tasks call
-:func:`configured_stores` with ``database=False`` (an Airflow 3 task cannot list the
-database's connections); the page marks the stores recovery cannot see
-(:attr:`ConfiguredStore.watched_by_recovery`).
+In this order: connections of type ``seatunnel_ckpt`` (the metadata database's, and
+``AIRFLOW_CONN_<ID>`` variables, which win), the entries of ``[seatunnel_ckpt] stores`` and
+the default store when it exists; each keyed by its connection id, ``config-<n>`` or
+``default``. Recovery's tasks pass ``database=False`` (an Airflow 3 task cannot list the
+database's connections); the page marks the stores recovery cannot see.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CONN_TYPE, config_from_connection
 
-#: The Airflow configuration section and option listing extra store URLs.
 CONFIG_SECTION, CONFIG_OPTION = "seatunnel_ckpt", "stores"
 
 
@@ -34,13 +30,10 @@ class ConfiguredStore:
     """One store the page shows: its key, where it comes from, and its configuration."""
 
     key: str
-    source: str  #: "connection <id>", "[seatunnel_ckpt] stores" or "default store"
+    source: str  # "connection <id>", "[seatunnel_ckpt] stores" or "default store"
     config: CheckpointConfig | None
-    #: why the store cannot be opened (a bad connection), shown instead of its pipelines
-    problem: str = ""
-    #: the connection the store comes from (None: a URL of the option, or the default URL)
-    conn_id: str | None = None
-    #: whether the recovery DAG's tasks find this store too (see the module docstring)
+    problem: str = ""  # why the store cannot be opened, shown instead of its pipelines
+    conn_id: str | None = None  # None: a URL of the option, or the default URL
     watched_by_recovery: bool = True
 
     @property
@@ -135,11 +128,7 @@ def _configured_urls() -> list[str]:
 
 
 def configured_stores(*, database: bool = True) -> list[ConfiguredStore]:
-    """Every store the page shows (see the module docstring); duplicates of a URL are dropped.
-
-    :param database: also list the connections of the metadata database (the page does; a
-        task cannot, so the recovery DAG passes ``False``).
-    """
+    """Every store the page shows (see the module docstring); duplicates of a URL are dropped."""
     from airflow_seatunnel_ckpt.hooks.checkpoint_store import StoreSettings
 
     option = f"[{CONFIG_SECTION}] {CONFIG_OPTION}"
