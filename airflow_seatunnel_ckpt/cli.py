@@ -7,20 +7,10 @@ reader went away (e.g. piped into head).
 
     seatunnel-ckpt --store file:///var/ckpt pipelines
     seatunnel-ckpt epochs orders
-    seatunnel-ckpt show orders 12
-    seatunnel-ckpt verify orders            # every log record and checkpoint; non-zero on damage
-    seatunnel-ckpt recover orders           # dry run: what would be done
-    seatunnel-ckpt recover --all --apply
-    seatunnel-ckpt commit orders 12 | abort orders 12 --reason "bad input"
-    seatunnel-ckpt resolve orders 12 --skip-sink totals --reason "table altered after the decision"
-    seatunnel-ckpt retain orders --keep 5   # retention (also accepted as: gc)
-    seatunnel-ckpt cat orders/_txlog/epoch-000000000012/decision
+    seatunnel-ckpt recover --all --apply    # without --apply: a dry run of what would be done
     seatunnel-ckpt cat s3://bucket/ckpt/orders/checkpoint_12/_metadata --json
-    seatunnel-ckpt describe orders          # owner DAG, settings, declared participants
-    seatunnel-ckpt state rename orders customer_totals totals_by_customer   # also: drop, reset
-    seatunnel-ckpt rescale orders --key-groups 64
-    seatunnel-ckpt replay orders --from-epoch 6 --reason "stage fixed" --stage dags.orders:stage
-                                            # full refresh: --from-epoch 1 (never wipe the store)
+    seatunnel-ckpt replay orders --from-epoch 1 --reason "full refresh" --stage dags.orders:stage
+                                            # (never wipe the store to start over)
 """
 
 # One short function per command, declared in one table (_commands), each calling one core

@@ -12,7 +12,7 @@ import enum
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -213,28 +213,25 @@ def check_prepared(pipeline: Pipeline, run_id: str,
         status = pipeline.status(epoch)
         state = status.state
         attempts = {name: rec.attempt for name, rec in status.prepared.items()}
+        found = partial(PreparedCheck, epoch=epoch, state=state.value, participants=attempts)
         if state in (EpochState.ABORTING, EpochState.ABORTED):
             why = status.decision.reason if status.decision else "unknown reason"
-            return PreparedCheck(Outcome.ABORTED, f"epoch {epoch} is {state.value}: {why}", epoch,
-                                 state.value, participants=attempts)
+            return found(Outcome.ABORTED, f"epoch {epoch} is {state.value}: {why}")
         if state in (EpochState.COMMITTING, EpochState.COMMITTED):
-            return PreparedCheck(Outcome.DECIDED, f"epoch {epoch} is already {state.value}", epoch,
-                                 state.value, participants=attempts)
+            return found(Outcome.DECIDED, f"epoch {epoch} is already {state.value}")
         expected = list(participants) if participants else (pipeline.declared_participants() or [])
         missing = unprepared(status.prepared, expected)
         if missing or not status.prepared:
             waiting_for = ", ".join(missing) if missing else "any participant"
-            return PreparedCheck(Outcome.WAITING, f"epoch {epoch} is {state.value}; waiting for "
-                                 f"{waiting_for} to prepare", epoch, state.value, missing, attempts)
+            return found(Outcome.WAITING, f"epoch {epoch} is {state.value}; waiting for {waiting_for} to prepare",
+                         missing=missing)
         # Sizes and presence only: the commit decision right after re-reads every part and
         # staged file against its CRC32C, so a deep check here would read all of it twice.
         problems = pipeline.verify_prepared(epoch, expected or None, deep=False)
         if problems:
-            return PreparedCheck(Outcome.CORRUPT, f"epoch {epoch}: prepared output does not verify: "
-                                 + "; ".join(str(p) for p in problems), epoch, state.value,
-                                 participants=attempts)
-        return PreparedCheck(Outcome.PREPARED, f"epoch {epoch}: {', '.join(sorted(attempts))} "
-                             "prepared and verified", epoch, state.value, participants=attempts)
+            return found(Outcome.CORRUPT, f"epoch {epoch}: prepared output does not verify: "
+                         + "; ".join(str(p) for p in problems))
+        return found(Outcome.PREPARED, f"epoch {epoch}: {', '.join(sorted(attempts))} prepared and verified")
     except CorruptCheckpointError as exc:
         return PreparedCheck(Outcome.CORRUPT, str(exc))
 
@@ -251,9 +248,7 @@ class CheckpointStoreHook(BaseHook):
                  store_config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.settings = StoreSettings.of(store_conn_id, storage_url, store_config)
-        self.store_conn_id = self.settings.conn_id
-        self.storage_url = self.settings.storage_url
-        self.store_config = dict(self.settings.store_config)
+        self.store_conn_id = self.settings.conn_id  # (the attribute conn_name_attr names)
         self.resolved_conn_id: str | None = None
 
     @classmethod
@@ -312,7 +307,7 @@ class CheckpointStoreHook(BaseHook):
     def get_pipeline(self, name: str) -> Pipeline:
         """The named pipeline of this store: the store's configuration, then its descriptor's, then
         this hook's ``store_config``."""
-        return self.store.pipeline(name, overrides=self.store_config)
+        return self.store.pipeline(name, overrides=self.settings.store_config)
 
     def check_prepared(self, pipeline: str, run_id: str,
                        participants: Sequence[str] | None = None) -> PreparedCheck:
@@ -324,7 +319,7 @@ class CheckpointStoreHook(BaseHook):
         url = redact_url(self.config.storage_url)
         if self.resolved_conn_id:
             via = f"connection {self.resolved_conn_id!r}"
-        elif self.storage_url:
+        elif self.settings.storage_url:
             via = "storage_url argument"
         else:
             via = f"no connection: default store, connection {DEFAULT_CONN_ID!r} is not defined"

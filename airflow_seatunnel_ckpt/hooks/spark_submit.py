@@ -80,14 +80,10 @@ def stage_module_files(stage: str) -> list[str]:
     return [origin] if origin.endswith(".py") and os.path.isfile(origin) else []
 
 
-def _with_py_files(hook_kwargs: Mapping[str, Any], files: list[str]) -> dict[str, Any]:
-    """``hook_kwargs`` with ``files`` added to its comma-separated ``py_files``."""
-    kwargs = dict(hook_kwargs)
-    listed = [f for f in str(kwargs.get("py_files") or "").split(",") if f]
-    listed += [f for f in files if f not in listed]
-    if listed:
-        kwargs["py_files"] = ",".join(listed)
-    return kwargs
+def _comma_list(given: Any, *more: str) -> str:
+    """``given`` (a comma-separated list, as ``spark-submit`` takes files) with ``more`` added once."""
+    listed = [f for f in str(given or "").split(",") if f]
+    return ",".join([*listed, *(f for f in more if f not in listed)])
 
 
 #: ``SparkSubmitHook``'s arguments that a stage's submission takes (``hook_kwargs``), by
@@ -273,8 +269,7 @@ def spark_conf_for(spec: StageSpec, options: SubmitOptions, deploy_mode: str | N
     """
     conf = {str(k): str(v) for k, v in spec.spark_conf.items()}
     if options.archives:
-        listed = [a for a in conf.get("spark.archives", "").split(",") if a]
-        conf["spark.archives"] = ",".join([*listed, *(a for a in options.archives if a not in listed)])
+        conf["spark.archives"] = _comma_list(conf.get("spark.archives"), *options.archives)
     cluster = deploy_mode == "cluster"
     if options.python:
         conf.setdefault("spark.pyspark.python", options.python)
@@ -292,12 +287,13 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions
     Built as the provider's ``SparkSubmitHook`` builds it, through public APIs only: the
     hook runs the command itself and attached, while a stage's runs detached.
     """
-    hook_kwargs = _with_py_files(options.hook_kwargs, stage_module_files(spec.stage))
+    hook_kwargs = dict(options.hook_kwargs)
+    if module_files := stage_module_files(spec.stage):
+        hook_kwargs["py_files"] = _comma_list(hook_kwargs.get("py_files"), *module_files)
     given_env = {str(k): str(v) for k, v in (hook_kwargs.pop("env_vars", None) or {}).items()}
-    listed = [f for f in str(hook_kwargs.get("files") or "").split(",") if f]
     # The sources' password files travel as the spec does, to a driver on any host.
     passfiles = [given["passfile"] for given in spec.connections.values() if given.get("passfile")]
-    hook_kwargs["files"] = ",".join([*listed, str(spec_file), *passfiles])
+    hook_kwargs["files"] = _comma_list(hook_kwargs.get("files"), str(spec_file), *passfiles)
     hook_kwargs.setdefault("name", f"{spec.pipeline}-{spec.participant}"[:200])
     if options.spark_binary != "spark-submit":  # (the default leaves the connection's spark-binary to count)
         hook_kwargs.setdefault("spark_binary", options.spark_binary)
@@ -421,13 +417,6 @@ def wait_for_submission(pipeline: Pipeline, record: SubmissionRecord, *, poll_s:
         time.sleep(poll_s)
 
 
-def submission_error(spec_stage: str, check: SubmissionCheck) -> SubmitError:
-    """The error of a submitted attempt that did not prepare, with the end of its output."""
-    tail = "\n".join(check.tail[-20:])
-    return SubmitError(f"stage {spec_stage!r}: {check.message}" + (f"; last lines of spark-submit:\n{tail}"
-                                                                   if tail else "; see the launch log"))
-
-
 def submit_stage(
     spec: StageSpec,
     conn_id: str | None = None,
@@ -460,9 +449,12 @@ def submit_stage(
 
 
 def result_of(pipeline: Pipeline, participant: str, check: SubmissionCheck, stage: str) -> StageResult:
-    """The stage result of a finished submission: its prepared record, or the reason it has none."""
+    """The stage result of a finished submission: its prepared record, or the reason it has none (with
+    the end of its output)."""
     if check.outcome is not SubmissionOutcome.PREPARED:
-        raise submission_error(stage, check)
+        tail = "\n".join(check.tail[-20:])
+        raise SubmitError(f"stage {stage!r}: {check.message}" + (f"; last lines of spark-submit:\n{tail}"
+                                                                 if tail else "; see the launch log"))
     record = pipeline.txlog.read_prepared(check.epoch, participant)
     if record is None:  # pragma: no cover - a prepared record never disappears
         raise SubmitError(f"{check.message}, but its prepared record is gone")
