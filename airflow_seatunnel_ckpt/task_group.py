@@ -73,12 +73,8 @@ def checkpointed_epoch(
 
     :param stages: participant name -> keyword arguments of the stage operator; every
         participant must prepare before the epoch can commit (the descriptor records them).
-    :param sensor: extra :class:`EpochPreparedSensor` arguments (``mode``,
-        ``poke_interval``, ``timeout``, ``deferrable``).
-    :param branch: extra :class:`CommitBranchOperator` arguments (``min_rows``,
-        ``max_rows``, ``check``).
-    :param commit: extra :class:`CommitEpochOperator` arguments (``retries``, ...).
-    :param abort: extra :class:`AbortEpochOperator` arguments.
+    :param sensor: extra arguments of the ``prepared`` task (:class:`EpochPreparedSensor`); likewise
+        ``branch`` (:class:`CommitBranchOperator`: ``min_rows``, ``check`` ...), ``commit`` and ``abort``.
     :param fallback: task (or ``@task`` call) the branch also follows when a user check
         fails, e.g. a quarantine or notification task.
     :param on_refusal: :class:`AbortEpochOperator`'s: ``"fail"`` (default) or ``"succeed"``.

@@ -10,7 +10,9 @@ database's connections); the page marks the stores recovery cannot see.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
@@ -63,6 +65,14 @@ class ConfiguredStore:
         return store
 
 
+def _store(key: str, source: str, config: Callable[[], CheckpointConfig], **kwargs: Any) -> ConfiguredStore:
+    """The store ``key`` with ``config()``, or with the problem that keeps it from being read."""
+    try:
+        return ConfiguredStore(key, source, config(), **kwargs)
+    except CheckpointError as exc:
+        return ConfiguredStore(key, source, None, str(exc), **kwargs)
+
+
 def _connections(database: bool, named: set[str]) -> list[ConfiguredStore]:
     """Connections of our type; ``named``: ids a task can look up (so recovery watches them)."""
     found: dict[str, tuple[Any, str, bool]] = {}
@@ -74,15 +84,8 @@ def _connections(database: bool, named: set[str]) -> list[ConfiguredStore]:
             for conn in session.query(Connection).filter(Connection.conn_type == CONN_TYPE).all():
                 found[conn.conn_id] = (conn, f"connection {conn.conn_id}", conn.conn_id in named)
     found.update({conn_id: (conn, source, True) for conn_id, (conn, source) in _environment_connections().items()})
-    out = []
-    for conn_id, (conn, source, watched) in sorted(found.items()):
-        try:
-            out.append(ConfiguredStore(conn_id, source, config_from_connection(conn), conn_id=conn_id,
-                                       watched_by_recovery=watched))
-        except CheckpointError as exc:
-            out.append(ConfiguredStore(conn_id, source, None, str(exc), conn_id=conn_id,
-                                       watched_by_recovery=watched))
-    return out
+    return [_store(conn_id, source, partial(config_from_connection, conn), conn_id=conn_id,
+                   watched_by_recovery=watched) for conn_id, (conn, source, watched) in sorted(found.items())]
 
 
 def _looked_up(conn_id: str, source: str) -> ConfiguredStore | None:
@@ -92,12 +95,9 @@ def _looked_up(conn_id: str, source: str) -> ConfiguredStore | None:
     from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 
     try:
-        return ConfiguredStore(conn_id, source, CheckpointStoreHook(store_conn_id=conn_id).get_config(),
-                               conn_id=conn_id)
+        return _store(conn_id, source, CheckpointStoreHook(store_conn_id=conn_id).get_config, conn_id=conn_id)
     except AirflowNotFoundException:
         return None
-    except CheckpointError as exc:
-        return ConfiguredStore(conn_id, source, None, str(exc), conn_id=conn_id)
 
 
 def _environment_connections() -> dict[str, tuple[Any, str]]:
@@ -148,11 +148,7 @@ def configured_stores(*, database: bool = True) -> list[ConfiguredStore]:
                 known.add(entry)
             continue
         n += 1
-        try:
-            config = CheckpointConfig.from_mapping({"storage_url": entry})
-            stores.append(ConfiguredStore(f"config-{n}", option, config))
-        except CheckpointError as exc:
-            stores.append(ConfiguredStore(f"config-{n}", option, None, str(exc)))
+        stores.append(_store(f"config-{n}", option, partial(CheckpointConfig.from_mapping, {"storage_url": entry})))
     if default_conn_id and default_conn_id not in known:
         found = _looked_up(default_conn_id, f"connection {default_conn_id} (the default store)")
         if found is not None:
