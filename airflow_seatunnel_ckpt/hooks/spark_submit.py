@@ -115,10 +115,8 @@ class SparkConnection:
     spark_binary: str = "spark-submit"
     namespace: str | None = None
     principal: str | None = None
-    #: base64 content of the keytab from the connection's extra (written to a file per submission)
-    keytab_base64: str | None = None
-    #: path of a keytab given as the hook's ``keytab`` argument
-    keytab_path: str | None = None
+    keytab_base64: str | None = None  # the connection's extra (written to a file per submission)
+    keytab_path: str | None = None  # the hook's ``keytab`` argument
 
     @classmethod
     def resolve(cls, conn_id: str, kwargs: Mapping[str, Any], *, master: str | None = None) -> SparkConnection:
@@ -254,11 +252,8 @@ class SubmitOptions:
     spark_binary: str = "spark-submit"
     hook_kwargs: Mapping[str, Any] = field(default_factory=dict)
     env_vars: Mapping[str, str] = field(default_factory=dict)
-    #: Python of the executors (and of a cluster-mode driver): ``spark.pyspark.python``.
-    python: str | None = None
-    #: Archives unpacked in the executors' working directories (``spark.archives``),
-    #: e.g. ``"hdfs:///envs/stage.tar.gz#environment"`` (a packed virtual environment).
-    archives: Sequence[str] = ()
+    python: str | None = None  # of the executors (and of a cluster-mode driver): ``spark.pyspark.python``
+    archives: Sequence[str] = ()  # ``spark.archives``, e.g. ``"hdfs:///envs/stage.tar.gz#environment"``
 
 
 def spark_conf_for(spec: StageSpec, options: SubmitOptions, deploy_mode: str | None) -> dict[str, str]:
