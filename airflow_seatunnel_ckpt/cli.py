@@ -7,29 +7,15 @@ reader went away (e.g. piped into head).
 
     seatunnel-ckpt --store file:///var/ckpt pipelines
     seatunnel-ckpt epochs orders
-    seatunnel-ckpt show orders 12
-    seatunnel-ckpt verify orders            # every log record and checkpoint; non-zero on damage
-    seatunnel-ckpt recover orders           # dry run: what would be done
-    seatunnel-ckpt recover --all --apply
-    seatunnel-ckpt commit orders 12 | abort orders 12 --reason "bad input"
-    seatunnel-ckpt resolve orders 12 --skip-sink totals --reason "table altered after the decision"
-    seatunnel-ckpt retain orders --keep 5   # retention (also accepted as: gc)
-    seatunnel-ckpt cat orders/_txlog/epoch-000000000012/decision
+    seatunnel-ckpt recover --all --apply    # without --apply: a dry run of what would be done
     seatunnel-ckpt cat s3://bucket/ckpt/orders/checkpoint_12/_metadata --json
-    seatunnel-ckpt describe orders          # owner DAG, settings, declared participants
-    seatunnel-ckpt state rename orders customer_totals totals_by_customer   # also: drop, reset
-    seatunnel-ckpt rescale orders --key-groups 64
-    seatunnel-ckpt replay orders --from-epoch 6 --reason "stage fixed" --stage dags.orders:stage
-                                            # full refresh: --from-epoch 1 (never wipe the store)
-
-cat prints any file of the store decoded: framed JSON records (transaction log,
-_metadata, markers) and JSON parts as JSON, Arrow parts as their schema and rows.
+    seatunnel-ckpt replay orders --from-epoch 1 --reason "full refresh" --stage dags.orders:stage
+                                            # (never wipe the store to start over)
 """
 
-# One short function per command, declared in one table (:func:`_commands`), plus the shared
-# error, --json and table handling every command goes through (the state/rescale commands
-# live in cli_state, replay in cli_replay; the arguments, store and output all of them use in
-# cli_common). Nothing here is protocol: each command calls one core function.
+# One short function per command, declared in one table (_commands), each calling one core
+# function; the state/rescale commands live in cli_state, replay in cli_replay, and what
+# they all share (arguments, store, output) in cli_common.
 
 from __future__ import annotations
 
@@ -67,11 +53,7 @@ from airflow_seatunnel_ckpt.core.sources.postgres_cdc import describe as describ
 from airflow_seatunnel_ckpt.core.storage import Storage, open_storage
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
-#: Exit code when the reader of the output went away (``| head``), as a shell reports SIGPIPE.
-EXIT_BROKEN_PIPE = 141
-
-
-#: Width the long texts below a table's rows (``below``) are wrapped to.
+EXIT_BROKEN_PIPE = 141  # the reader of the output went away (``| head``), as a shell reports SIGPIPE
 TEXT_WIDTH = 100
 
 
@@ -94,14 +76,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str], below: Sequence[str] 
 
 
 def _published_where(pub: PublishedSink) -> str:
-    """Where a sink's epoch was published, readably.
-
-    A file sink: ``<target>/epoch=<e>``. A table in a directory (Iceberg, Delta): its
-    ``epoch_dir`` is the table's own location. A table a database holds (PostgreSQL): its
-    ``epoch_dir`` names it (``postgres table public.orders``), followed by the database it
-    is in: ``(conn <id>)`` for an Airflow connection (the target URL names it as host, with
-    database ``default``), ``(<host>:<port>/<database>)`` otherwise.
-    """
+    """Where a sink's epoch was published, readably: a file sink's ``<target>/epoch=<e>``, a table's
+    location, or a database table's name and database (docs/REFERENCE.md, "The pieces")."""
     if layout.parse_staging_epoch(pub.epoch_dir) is not None:
         return f"{pub.target_url}/{pub.epoch_dir}"
     if not pub.epoch_dir:
@@ -114,7 +90,7 @@ def _published_where(pub: PublishedSink) -> str:
     server, _, path = rest.partition("/")
     database = path.split("/", 1)[0]
     host, _, port = server.rpartition(":")
-    if database == "default" and port == "5432":
+    if database == "default" and port == "5432":  # an Airflow connection: the URL names it as host
         return f"{pub.epoch_dir} (conn {host})"
     return f"{pub.epoch_dir} ({server}/{database})"
 
@@ -288,7 +264,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0  # as for a damaged checkpoint: show describes, verify judges (exit 1)
 
 
-#: What ``verify`` says of an epoch whose records and checkpoint are intact, by state.
 _VERDICTS = {
     EpochState.COMMITTED: "ok",
     EpochState.COMMITTING: "in progress (COMMITTING: decided commit, publishing)",

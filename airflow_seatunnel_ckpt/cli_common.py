@@ -1,7 +1,5 @@
 """What every command of ``seatunnel-ckpt`` shares: its arguments, the store and pipeline it
 opens, its output (a table, or JSON with ``--json``) and the errors that exit 2.
-
-:mod:`.cli` declares the commands; :mod:`.cli_state` and :mod:`.cli_replay` add theirs from here.
 """
 
 from __future__ import annotations
@@ -54,11 +52,8 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def open_store(args: argparse.Namespace) -> CheckpointStore:
-    """The store ``--store`` names; StoreNotFoundError if nothing is there.
-
-    Every command reads or acts on what a store holds, so a root that does not exist is a
-    mistyped URL (or the wrong connection), not an empty store.
-    """
+    """The store ``--store`` names; StoreNotFoundError if nothing is there (a mistyped URL, not an
+    empty store: every command reads or acts on what a store holds)."""
     settings: dict[str, Any] = {"storage_url": args.store or default_storage_url(),
                                 "storage_options": storage_options(args)}
     if getattr(args, "timeout", None) is not None:
@@ -84,7 +79,6 @@ def open_pipeline(args: argparse.Namespace, name: str | None = None, store: Chec
             f"({layout.TXLOG}) and no descriptor ({layout.DESCRIPTOR}). Pipelines in this store: "
             f"{', '.join(known) if known else 'none'}; check the name and --store")
     return p
-
 
 
 #: One argument of a command: its flags and the keyword arguments of ``add_argument``.
@@ -119,11 +113,8 @@ def by_whom(args: argparse.Namespace) -> str:
 
 @dataclass(frozen=True)
 class Command:
-    """One subcommand: its handler, the one-line ``help`` the command list shows, and its arguments.
-
-    Its ``--help`` opens with the handler's docstring, else (a group of subcommands, which has
-    no handler) with ``help``.
-    """
+    """One subcommand: its handler (whose docstring opens its ``--help``), the one-line ``help`` the
+    command list shows, and its arguments."""
 
     name: str
     fn: Callable[[argparse.Namespace], int] | None

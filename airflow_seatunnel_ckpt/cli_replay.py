@@ -1,13 +1,7 @@
 """``seatunnel-ckpt replay``: process epochs N..M again with the stage's current code (also: full refresh).
 
-    seatunnel-ckpt replay orders --from-epoch 6 --reason "amount was x10" --stage dags.orders:dedup_orders
-    seatunnel-ckpt replay orders --from-epoch 1 --reason "full refresh: new max_amount column" --spec stage.json
-
-The replay runs on local Spark in this process (see :mod:`spark.replay`, docs/REPLAY.md):
-the stage is ``--spec`` (a stage spec as JSON, as the DAG's stage task builds it) or
-``--stage`` with the sources and sinks the pipeline's descriptor records. A full refresh
-is a replay from epoch 1; wiping the store is never the way (the input it consumed would
-be read again, or lost).
+The replay runs on local Spark in this process with ``--spec`` (a stage spec as JSON) or
+``--stage`` and the sources and sinks the pipeline's descriptor records (docs/REPLAY.md).
 """
 
 from __future__ import annotations

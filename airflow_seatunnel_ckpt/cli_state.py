@@ -1,13 +1,6 @@
 """``seatunnel-ckpt state rename|drop|reset`` and ``seatunnel-ckpt rescale``: evolving keyed state.
 
-Each command writes an audited evolution epoch (see :mod:`core.ops.evolution`): its own
-begin/prepared/decision/committed records, ``--by`` and ``--reason`` in the decision,
-nothing published. They refuse while an epoch is in flight.
-
-    seatunnel-ckpt state rename orders customer_totals totals_by_customer --reason "clearer name"
-    seatunnel-ckpt state reset orders customer_totals --reason "sum -> max"
-    seatunnel-ckpt state drop orders seen_orders
-    seatunnel-ckpt rescale orders --key-groups 64
+Each command writes an audited evolution epoch (:mod:`core.ops.evolution`; docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -36,7 +29,6 @@ def _run(action: Callable[..., evolution.EvolutionResult], *names: str) -> Calla
     return command
 
 
-#: The arguments of every evolution: which pipeline, and why and by whom (recorded in its decision).
 AUDITED = (PIPELINE, arg("--reason", default="", help="why (recorded in the evolution epoch's decision)"),
            arg("--by", default="", help="who (default: cli and the user name)"))
 STATE = arg("state")

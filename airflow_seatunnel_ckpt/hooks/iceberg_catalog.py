@@ -1,12 +1,8 @@
 """Iceberg catalog credentials from an Airflow connection, added when a table commit runs.
 
-An Iceberg sink names a connection in ``catalog_conn_id`` (only the name is stored); when
-a task commits the table, :func:`catalog_secrets` turns the connection into pyiceberg
-catalog properties as the Airflow Iceberg provider reads it: ``host`` -> ``uri``,
-``login`` / ``password`` -> ``credential = "<login>:<password>"`` (OAuth2 client id and
-secret), and the extras (a JSON object) as pyiceberg properties that win over both.
-Importing this module registers the resolver (:func:`core.sinks.register_secret_resolver`);
-the checkpoint-store hook imports it.
+:func:`catalog_secrets` (registered as a secret resolver on import) turns a sink's
+``catalog_conn_id`` into pyiceberg catalog properties as the Airflow Iceberg provider reads
+the connection: ``host`` -> ``uri``, ``login:password`` -> ``credential``, the extras win.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Kafka client settings from an Airflow connection, for the Kafka source's ``kafka_conn_id``.
 
-The connection follows the Airflow Kafka provider's convention: its extras are a JSON
-object of librdkafka settings (``bootstrap.servers`` required; ``security.protocol``,
-``sasl.mechanism``, ``sasl.username``, ``sasl.password``, ``ssl.ca.location`` ...). The
-stage operator reads it when the task runs and hands the Spark stage the settings in the
-source's ``config`` (in the stage's spec, never in the checkpoint store: the store, its
-descriptor and the epoch's offsets only ever hold the connection's name).
+As for the Airflow Kafka provider, the connection's extras are librdkafka settings. The stage
+task hands them to the stage in the source's ``config`` (in its spec, never in the store).
 """
 
 from __future__ import annotations
@@ -37,11 +33,8 @@ def kafka_client_config(conn_id: str, where: str = "kafka source") -> dict[str, 
 
 def with_kafka_connections(sources: Mapping[str, Mapping[str, Any] | Options]
                            ) -> dict[str, Mapping[str, Any] | Options]:
-    """``sources`` with each Kafka source's ``kafka_conn_id`` read into its ``config``.
-
-    The connection's settings come first; ``config`` and ``bootstrap_servers`` given in the
-    source's options win over them. Typed options without a connection are kept as they are.
-    """
+    """``sources`` with each Kafka source's ``kafka_conn_id`` read into its ``config`` (the source's own
+    ``config`` and ``bootstrap_servers`` win over the connection's settings)."""
     resolved: dict[str, Mapping[str, Any] | Options] = {}
     for name, options in sources.items():
         if isinstance(options, Options):

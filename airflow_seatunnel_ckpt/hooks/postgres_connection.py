@@ -1,18 +1,9 @@
 """The PostgreSQL sink's and sources' connection string from an Airflow Postgres connection, when used.
 
-A PostgreSQL sink or source names a connection in ``postgres_conn_id`` (only the name is
-stored); when a task plans or reads the source, or checks or commits the epoch,
-:func:`postgres_secrets` turns it into a libpq connection string as
-``PostgresHook.get_conn`` reads it: ``host``, ``port``, ``login`` -> ``user``,
-``password``, ``schema`` -> ``dbname``, and the extras that are libpq parameters
-(``sslmode``, ``options`` ...; the provider's own extras are left out). Importing this
-module registers the resolver (:func:`core.sinks.register_secret_resolver`); the
-checkpoint-store hook imports it.
-
-A stage's driver outside the task's process (``spark-submit``, a detached Connect driver)
-has no Airflow: :func:`driver_connections` resolves the sources' connections in the task
-and hands the driver each one as a conninfo without its password, the password in a libpq
-password file (mode 0600) in the submission's private directory, which is removed with it.
+:func:`postgres_secrets` turns a ``postgres_conn_id`` into a libpq connection string as
+``PostgresHook.get_conn`` reads the connection (importing this module registers it as a
+secret resolver); :func:`driver_connections` hands a driver outside the task's process each
+one without its password, the password in a private libpq password file (docs/CDC.md).
 """
 
 from __future__ import annotations
@@ -47,7 +38,6 @@ def postgres_conninfo(conn: Connection) -> str:
     return make_conninfo("", **params)
 
 
-#: The options' types that name a PostgreSQL connection: the sink and both PostgreSQL sources.
 POSTGRES_TYPES = {"postgres": "sink", "postgres_cdc": "source", "postgres_query": "source"}
 
 
@@ -70,7 +60,6 @@ def postgres_secrets(options: Mapping[str, Any], name: str = "") -> dict[str, An
     return {"conninfo": postgres_conninfo(conn)}
 
 
-#: The password file of a source's connection in a submission's private directory (``{n}``: its place).
 PASSFILE_NAME = "seatunnel-ckpt-pg-{n}.pgpass"
 
 
@@ -78,11 +67,9 @@ def driver_connections(sources: Mapping[str, Mapping[str, Any] | Options], direc
                        ) -> dict[str, dict[str, str]]:
     """The connections of the PostgreSQL ``sources`` for a driver outside this process (``StageSpec.connections``).
 
-    Each ``postgres_conn_id`` is resolved here, where Airflow is (a connection that is not
-    defined is a ConfigError naming the source), into ``{"conninfo": ..., "passfile": ...}``:
-    the conninfo without the password, which is written into a libpq password file
-    (``PGPASSFILE`` format, mode 0600) in ``directory``, the submission's private one. So the
-    password is in no spec, command line, environment or store, and goes with the directory.
+    Each ``postgres_conn_id`` becomes ``{"conninfo": ..., "passfile": ...}``: the conninfo
+    without the password, which goes into a libpq password file (mode 0600) in ``directory``,
+    so that it is in no spec, command line, environment or store.
     """
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 

@@ -1,30 +1,10 @@
 """Run a stage on any Spark master with ``spark-submit``, detached from the task that launched it.
 
 The command is built from the Spark connection as the Apache Spark provider's
-``SparkSubmitHook`` builds it (master, deploy mode, queue, Kerberos, ``--conf``...), through
-public APIs only; it is run by the detached launcher
-(:mod:`airflow_seatunnel_ckpt.spark.launch`), so that the application outlives a
-deferred, cleared or killed task and a retry can find it again (see
-:mod:`airflow_seatunnel_ckpt.core.protocol.lease`).
-
-Nothing travels through the task's file system. The spec goes with ``--files`` (Spark
-ships it to the driver wherever the driver runs: its working directory in YARN and
-Kubernetes cluster mode, ``SparkFiles`` otherwise); the driver's working directory is
-an empty one of its own. The result is the participant's prepared record in the store,
-and how ``spark-submit`` ended is the attempt's exit record there. The Spark
-configuration of the spec goes to ``--conf`` untouched. A stage in a single-file
-top-level module (typically beside the DAG in Airflow's DAGs folder) travels with
-``--py-files``. The Python of the executors (and of a cluster-mode driver) is the one
-the user names (``python``, e.g. ``./environment/bin/python`` of a packed environment
-shipped with ``archives``); without one, this interpreter, which suits local and client
-mode on hosts that share it.
-
-The PostgreSQL sources' connections are resolved here; the spec holds each one's conninfo
-without the password, and the password travels in a libpq password file beside the spec
-(with ``--files`` too), removed with the submission's private directory.
-
-A deferrable Spark Connect stage is launched the same way, with the driver module for
-command (:func:`connect_command`): no ``spark-submit``, no JVM.
+``SparkSubmitHook`` builds it, and run by the detached launcher
+(:mod:`airflow_seatunnel_ckpt.spark.launch`); a deferrable Spark Connect stage is launched
+the same way with :func:`connect_command`. How the spec, the stage module, the Python and
+the sources' passwords reach the driver: docs/OPERATIONS.md.
 """
 
 from __future__ import annotations
@@ -59,7 +39,6 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-#: The script spark-submit runs.
 DRIVER_SCRIPT = str(Path(__file__).parent.parent / "spark" / "driver.py")
 
 
@@ -84,12 +63,9 @@ def spark_submit_binary_dir() -> str | None:
 def stage_module_files(stage: str) -> list[str]:
     """Files of the stage's module that ``spark-submit`` must ship for the driver to import it.
 
-    Airflow puts the DAGs folder on ``sys.path`` of its tasks, not of the driver process
-    ``spark-submit`` starts, so a stage module beside the DAG (``"my_stages:dedup"``)
-    would not import there. A single-file top-level module, wherever it is found in this
-    process, is therefore shipped with ``--py-files``. A module inside a package is left to
-    the environment: install the package where the driver runs, or ship it with the
-    ``py_files`` argument of the hook.
+    Airflow puts the DAGs folder on ``sys.path`` of its tasks, not of the driver, so a
+    single-file top-level module is shipped with ``--py-files``; a package is left to the
+    environment.
     """
     module_name = stage.partition(":")[0]
     if not module_name or "." in module_name:
@@ -104,14 +80,10 @@ def stage_module_files(stage: str) -> list[str]:
     return [origin] if origin.endswith(".py") and os.path.isfile(origin) else []
 
 
-def _with_py_files(hook_kwargs: Mapping[str, Any], files: list[str]) -> dict[str, Any]:
-    """``hook_kwargs`` with ``files`` added to its comma-separated ``py_files``."""
-    kwargs = dict(hook_kwargs)
-    listed = [f for f in str(kwargs.get("py_files") or "").split(",") if f]
-    listed += [f for f in files if f not in listed]
-    if listed:
-        kwargs["py_files"] = ",".join(listed)
-    return kwargs
+def _comma_list(given: Any, *more: str) -> str:
+    """``given`` (a comma-separated list, as ``spark-submit`` takes files) with ``more`` added once."""
+    listed = [f for f in str(given or "").split(",") if f]
+    return ",".join([*listed, *(f for f in more if f not in listed)])
 
 
 #: ``SparkSubmitHook``'s arguments that a stage's submission takes (``hook_kwargs``), by
@@ -126,25 +98,16 @@ _VALUE_OPTIONS = {
     "executor_cores": "--executor-cores", "executor_memory": "--executor-memory",
     "driver_memory": "--driver-memory", "proxy_user": "--proxy-user", "properties_file": "--properties-file",
 }
-#: The further arguments read while resolving the connection or building the command.
 _OTHER_ARGUMENTS = frozenset({"conf", "keytab", "principal", "yarn_queue", "deploy_mode", "spark_binary",
                               "use_krb5ccache", "verbose", "name"})
-#: The ``spark-submit`` launchers a connection may name (as the provider allows).
 ALLOWED_SPARK_BINARIES = ("spark-submit", "spark2-submit", "spark3-submit")
-#: Name of the keytab a connection carries (base64 in its extra), written beside the spec.
 KEYTAB_NAME = "seatunnel-ckpt.keytab"
 
 
 @dataclass(frozen=True)
 class SparkConnection:
-    """Where and how ``spark-submit`` submits, read from an Airflow ``spark`` connection.
-
-    Read the way the Apache Spark provider reads one (its connection form's fields: host and
-    port for the master, ``deploy-mode``, ``queue``, ``spark-binary``, ``namespace``,
-    ``principal``, ``keytab`` in the extra), through the public connection API only; the
-    hook's arguments (``deploy_mode``, ``yarn_queue``, ``spark_binary``, ``principal``,
-    ``keytab``) override the connection's, as they do for the provider's hook.
-    """
+    """Where and how ``spark-submit`` submits, read from an Airflow ``spark`` connection as the
+    Apache Spark provider reads one; the hook's arguments override the connection's, as there."""
 
     master: str
     deploy_mode: str | None = None
@@ -152,17 +115,13 @@ class SparkConnection:
     spark_binary: str = "spark-submit"
     namespace: str | None = None
     principal: str | None = None
-    #: base64 content of the keytab from the connection's extra (written to a file per submission)
-    keytab_base64: str | None = None
-    #: path of a keytab given as the hook's ``keytab`` argument
-    keytab_path: str | None = None
+    keytab_base64: str | None = None  # the connection's extra (written to a file per submission)
+    keytab_path: str | None = None  # the hook's ``keytab`` argument
 
     @classmethod
     def resolve(cls, conn_id: str, kwargs: Mapping[str, Any], *, master: str | None = None) -> SparkConnection:
-        """The connection ``conn_id`` with ``kwargs``' overrides; ``master`` overrides its master.
-
-        A connection that is not defined means the provider's defaults (master ``yarn``).
-        """
+        """The connection ``conn_id`` (undefined: the provider's default, master ``yarn``) with
+        ``kwargs``' overrides; ``master`` overrides its master."""
         from airflow.providers.common.compat.sdk import AirflowNotFoundException
         from airflow.sdk import BaseHook
 
@@ -224,9 +183,8 @@ def submit_arguments(connection: SparkConnection, kwargs: Mapping[str, Any], con
                      env: Mapping[str, str], keytab: str | None) -> list[str]:
     """The ``spark-submit`` options before the application: what the provider's hook would pass.
 
-    ``env`` (the user's ``env_vars``) reaches a YARN application master or a Kubernetes
-    driver as configuration, as with the hook; in standalone cluster mode nothing carries
-    it, so it is refused rather than dropped.
+    ``env`` reaches a YARN or Kubernetes driver as configuration, as with the hook; in
+    standalone cluster mode nothing carries it, so it is refused rather than dropped.
     """
     unknown = sorted(set(kwargs) - set(_VALUE_OPTIONS) - _OTHER_ARGUMENTS)
     if unknown:
@@ -282,7 +240,6 @@ def masked(command: Sequence[str]) -> str:
     return " ".join(shown)
 
 
-#: Name of the spec among the files shipped with ``--files``.
 SPEC_NAME = "seatunnel-ckpt-spec.json"
 
 
@@ -295,25 +252,19 @@ class SubmitOptions:
     spark_binary: str = "spark-submit"
     hook_kwargs: Mapping[str, Any] = field(default_factory=dict)
     env_vars: Mapping[str, str] = field(default_factory=dict)
-    #: Python of the executors (and of a cluster-mode driver): ``spark.pyspark.python``.
-    python: str | None = None
-    #: Archives unpacked in the executors' working directories (``spark.archives``),
-    #: e.g. ``"hdfs:///envs/stage.tar.gz#environment"`` (a packed virtual environment).
-    archives: Sequence[str] = ()
+    python: str | None = None  # of the executors (and of a cluster-mode driver): ``spark.pyspark.python``
+    archives: Sequence[str] = ()  # ``spark.archives``, e.g. ``"hdfs:///envs/stage.tar.gz#environment"``
 
 
 def spark_conf_for(spec: StageSpec, options: SubmitOptions, deploy_mode: str | None) -> dict[str, str]:
     """The ``--conf`` of the application: the spec's, plus the Python and archives it names.
 
-    The user's own ``spark.pyspark.*`` / ``spark.archives`` keys are never overridden. A
-    local or client-mode driver runs this interpreter (it has PySpark and this package);
-    executors run ``options.python`` when given, else this interpreter -- except in cluster
-    mode, where nothing of this host is assumed to exist.
+    The user's own ``spark.pyspark.*`` / ``spark.archives`` keys are never overridden; in
+    cluster mode nothing of this host (its interpreter) is assumed to exist.
     """
     conf = {str(k): str(v) for k, v in spec.spark_conf.items()}
     if options.archives:
-        listed = [a for a in conf.get("spark.archives", "").split(",") if a]
-        conf["spark.archives"] = ",".join([*listed, *(a for a in options.archives if a not in listed)])
+        conf["spark.archives"] = _comma_list(conf.get("spark.archives"), *options.archives)
     cluster = deploy_mode == "cluster"
     if options.python:
         conf.setdefault("spark.pyspark.python", options.python)
@@ -328,16 +279,16 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions
                   ) -> tuple[list[str], dict[str, str], SparkConnection]:
     """The ``spark-submit`` command line, its environment, and the connection it submits with.
 
-    Built from the Spark connection the way the provider's ``SparkSubmitHook`` builds it
-    (:class:`SparkConnection`, :func:`submit_arguments`), through public APIs only: the
+    Built as the provider's ``SparkSubmitHook`` builds it, through public APIs only: the
     hook runs the command itself and attached, while a stage's runs detached.
     """
-    hook_kwargs = _with_py_files(options.hook_kwargs, stage_module_files(spec.stage))
+    hook_kwargs = dict(options.hook_kwargs)
+    if module_files := stage_module_files(spec.stage):
+        hook_kwargs["py_files"] = _comma_list(hook_kwargs.get("py_files"), *module_files)
     given_env = {str(k): str(v) for k, v in (hook_kwargs.pop("env_vars", None) or {}).items()}
-    listed = [f for f in str(hook_kwargs.get("files") or "").split(",") if f]
     # The sources' password files travel as the spec does, to a driver on any host.
     passfiles = [given["passfile"] for given in spec.connections.values() if given.get("passfile")]
-    hook_kwargs["files"] = ",".join([*listed, str(spec_file), *passfiles])
+    hook_kwargs["files"] = _comma_list(hook_kwargs.get("files"), str(spec_file), *passfiles)
     hook_kwargs.setdefault("name", f"{spec.pipeline}-{spec.participant}"[:200])
     if options.spark_binary != "spark-submit":  # (the default leaves the connection's spark-binary to count)
         hook_kwargs.setdefault("spark_binary", options.spark_binary)
@@ -375,12 +326,8 @@ def build_command(spec: StageSpec, spec_file: Path, options: SubmitOptions
 
 
 def returns_at_submission(master: str, deploy_mode: str) -> bool:
-    """Whether ``spark-submit`` may exit 0 while its driver still runs.
-
-    Spark standalone in cluster mode returns once the master accepted the driver, unless
-    ``spark.standalone.submit.waitAppCompletion`` is true (the launch sets it, but a user's
-    ``spark_conf`` may turn it off). YARN and Kubernetes wait for the application by default.
-    """
+    """Whether ``spark-submit`` may exit 0 while its driver still runs: standalone cluster mode,
+    unless ``spark.standalone.submit.waitAppCompletion`` (a user may turn it off)."""
     return deploy_mode == "cluster" and master.startswith("spark://")
 
 
@@ -395,11 +342,8 @@ def connect_command(spec: StageSpec, spec_file: Path) -> tuple[list[str], dict[s
 
 
 def start_submission(spec: StageSpec, epoch: int, options: SubmitOptions) -> SubmissionRecord:
-    """Launch ``spec``'s stage for ``epoch`` detached and record the submission in the store.
-
-    With ``spec.remote`` (Spark Connect) the launcher runs :func:`connect_command` instead of
-    ``spark-submit``; ``options`` are then not used.
-    """
+    """Launch ``spec``'s stage for ``epoch`` detached and record the submission in the store
+    (with ``spec.remote``, :func:`connect_command` instead of ``spark-submit``)."""
     from airflow_seatunnel_ckpt.hooks.postgres_connection import driver_connections
     from airflow_seatunnel_ckpt.hooks.stage_runtime import public_url
     from airflow_seatunnel_ckpt.spark.launch import launch_detached, log_path, private_workdir, write_private
@@ -468,13 +412,6 @@ def wait_for_submission(pipeline: Pipeline, record: SubmissionRecord, *, poll_s:
         time.sleep(poll_s)
 
 
-def submission_error(spec_stage: str, check: SubmissionCheck) -> SubmitError:
-    """The error of a submitted attempt that did not prepare, with the end of its output."""
-    tail = "\n".join(check.tail[-20:])
-    return SubmitError(f"stage {spec_stage!r}: {check.message}" + (f"; last lines of spark-submit:\n{tail}"
-                                                                   if tail else "; see the launch log"))
-
-
 def submit_stage(
     spec: StageSpec,
     conn_id: str | None = None,
@@ -489,18 +426,10 @@ def submit_stage(
 ) -> StageResult:
     """Run ``spec``'s stage through ``spark-submit``, wait for it, and return its result.
 
-    :param conn_id: Airflow Spark connection (master, deploy mode, binary). Without it
-        the master is ``master`` or, failing that, ``local[*]``.
-    :param master: master URL overriding the connection's (e.g. ``spark://host:7077``).
-    :param spark_binary: ``spark-submit`` (default), ``spark2-submit`` or
-        ``spark3-submit``, looked up on PATH; when absent there, the launcher bundled
-        with pyspark is used.
-    :param hook_kwargs: further ``SparkSubmitHook`` arguments (``py_files``, ``jars``,
-        ``executor_memory``...). The stage's own module is added to ``py_files`` when it
-        is a single-file top-level module (see :func:`stage_module_files`).
-    :param env_vars: environment of the spark-submit process.
-    :param python: Python of the executors (``spark.pyspark.python``).
-    :param archives: archives for ``spark.archives`` (e.g. a packed environment).
+    :param conn_id: Airflow Spark connection; without it the master is ``master``, else ``local[*]``.
+    :param spark_binary: looked up on PATH; when absent there, the launcher bundled with pyspark.
+    :param hook_kwargs: further ``SparkSubmitHook`` arguments (``py_files``, ``jars``...).
+    The other arguments are :class:`SubmitOptions`' fields.
     """
     options = SubmitOptions(conn_id, master, spark_binary, dict(hook_kwargs or {}), dict(env_vars or {}),
                             python, tuple(archives))
@@ -515,9 +444,12 @@ def submit_stage(
 
 
 def result_of(pipeline: Pipeline, participant: str, check: SubmissionCheck, stage: str) -> StageResult:
-    """The stage result of a finished submission: its prepared record, or the reason it has none."""
+    """The stage result of a finished submission: its prepared record, or the reason it has none (with
+    the end of its output)."""
     if check.outcome is not SubmissionOutcome.PREPARED:
-        raise submission_error(stage, check)
+        tail = "\n".join(check.tail[-20:])
+        raise SubmitError(f"stage {stage!r}: {check.message}" + (f"; last lines of spark-submit:\n{tail}"
+                                                                 if tail else "; see the launch log"))
     record = pipeline.txlog.read_prepared(check.epoch, participant)
     if record is None:  # pragma: no cover - a prepared record never disappears
         raise SubmitError(f"{check.message}, but its prepared record is gone")

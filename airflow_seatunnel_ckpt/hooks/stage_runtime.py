@@ -1,62 +1,39 @@
-"""Where a stage runs: the runtimes as one choice, and the Spark Connect session of an attempt.
+"""Where a stage runs: the runtimes as one choice (:func:`choose_runtime`), and the Spark Connect
+session of an attempt.
 
-A stage task runs its stage on one of three runtimes, chosen once from its arguments by
-:func:`choose_runtime`:
-
-* ``local`` -- in the task's process on a classic ``local[*]`` session (no connection);
-* ``spark-submit`` -- detached through ``spark-submit`` to the master of a ``spark``
-  connection (:mod:`airflow_seatunnel_ckpt.hooks.spark_submit`);
-* ``connect`` -- in the task's process on a Spark Connect session to the server of a
-  ``spark_connect`` connection or of ``spark_remote="sc://..."``: the worker needs no JVM.
-
-The epoch's protocol is the same on each; what differs is only where Spark runs and how
-the task stops it. A Connect attempt is one server session with one tag
-(:class:`~airflow_seatunnel_ckpt.spark.session.ConnectAttempt`), both derived from the
-attempt, so the task's ``on_kill`` -- or a later try, from any worker -- interrupts exactly
-that attempt's operations on the server.
+``local`` runs in the task's process on ``local[*]``; ``spark-submit`` runs detached on the
+master of a ``spark`` connection (:mod:`airflow_seatunnel_ckpt.hooks.spark_submit`);
+``connect`` runs in the task's process on a Spark Connect session (no JVM on the worker),
+one server session and tag per attempt, so that ``on_kill`` or a later try interrupts
+exactly that attempt's operations.
 """
 
 from __future__ import annotations
 
 import enum
-import logging
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from airflow_seatunnel_ckpt.core.errors import ConfigError
-
-# The session and tag of a Connect attempt live with the Connect session they name (the
-# stage's attempts here, a replay's in spark.replay); imported from here as before.
 from airflow_seatunnel_ckpt.spark.session import ConnectAttempt as ConnectAttempt
-
-_log = logging.getLogger(__name__)
 
 #: The connection type of the Apache Spark provider's ``SparkConnectHook``.
 CONNECT_CONN_TYPE = "spark_connect"
-#: The scheme of a Spark Connect endpoint.
 CONNECT_SCHEME = "sc"
 
 
 class Runtime(enum.StrEnum):
-    """Where a stage's Spark work runs."""
+    """Where a stage's Spark work runs (see the module docstring)."""
 
-    #: In the task's process, on a classic ``local[*]`` session.
     LOCAL = "local"
-    #: Detached through ``spark-submit``, on the master a ``spark`` connection names.
     SPARK_SUBMIT = "spark-submit"
-    #: In the task's process, on a Spark Connect session to a remote server (no JVM here).
     CONNECT = "connect"
 
 
 @dataclass(frozen=True)
 class RuntimeChoice:
-    """The runtime a stage task runs its stage on, and what reaches it.
-
-    :param runtime: which runtime.
-    :param conn_id: the Spark or Spark Connect connection it came from, if any.
-    :param remote: the ``sc://`` URL of a Connect runtime (may hold a token: never logged;
-        see :meth:`describe`).
-    """
+    """The runtime a stage task runs its stage on, the connection it came from, and the ``sc://``
+    URL of a Connect runtime (may hold a token: never logged, see :meth:`describe`)."""
 
     runtime: Runtime
     conn_id: str | None = None
@@ -96,9 +73,8 @@ def check_remote(remote: str, where: str) -> str:
 def choose_runtime(conn_id: str | None, spark_remote: str | None, where: str) -> RuntimeChoice:
     """The runtime of a stage task from its ``conn_id`` and ``spark_remote`` (the one place that decides).
 
-    ``spark_remote`` (``sc://...``) or a ``spark_connect`` connection: Connect; any other
-    connection: ``spark-submit`` with it; neither: in-process local Spark. Both given is
-    refused: the two would name two places to run.
+    ``spark_remote`` or a ``spark_connect`` connection: Connect; any other connection:
+    ``spark-submit``; neither: local Spark. Both given is refused (two places to run).
     """
     if spark_remote and conn_id:
         raise ConfigError(f"{where}: give conn_id or spark_remote, not both (conn_id={conn_id!r}, spark_remote="

@@ -2,12 +2,8 @@
 reconnect, cancel (fence) and wait.
 
 :class:`StageSubmitHook` holds every process decision of a stage, as ``SparkSubmitHook``
-does for the Spark provider's operator; the stage operator and the submission trigger
-call it. A retry reconnects to the attempt of a try whose worker died while it waited,
-and stops the attempt of a try that had deferred on it. Terminated (``on_kill``), it
-stops what this process runs. The records and their judgement:
-:mod:`airflow_seatunnel_ckpt.core.protocol.lease`; the launcher:
-:mod:`airflow_seatunnel_ckpt.spark.launch`.
+does for the Spark provider's operator; the stage operator and the submission trigger call
+it. The records and their judgement: :mod:`airflow_seatunnel_ckpt.core.protocol.lease`.
 """
 
 from __future__ import annotations
@@ -57,14 +53,9 @@ class StageSubmitHook(BaseHook):
     """Run one participant's stage in this process, or launch it through ``spark-submit``, find it again,
     stop it, wait for it.
 
-    :param pipeline: the pipeline the stage prepares an epoch of.
-    :param participant: the stage's participant name.
-    :param conn_id: the Spark connection (master, deploy mode, binary) for ``spark-submit``.
-    :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments.
-    :param python: Python of the executors (``spark.pyspark.python``).
-    :param archives: archives for ``spark.archives`` (e.g. a packed environment).
-    :param poll_interval: seconds between looks at a running attempt (at most 2 in-process).
-    :param by: who acts, written in a cancel's fence record.
+    ``conn_id``, ``spark_submit_kwargs``, ``python`` and ``archives`` are those of
+    :func:`~.spark_submit.submit_stage`; ``poll_interval``: seconds between looks at a running
+    attempt (at most 2 in-process); ``by``: who acts, written in a cancel's fence record.
     """
 
     def __init__(self, pipeline: Pipeline, participant: str, *, conn_id: str | None = None,
@@ -79,30 +70,23 @@ class StageSubmitHook(BaseHook):
         self.archives = tuple(archives)
         self.poll_interval = poll_interval
         self.by = by or f"{participant} on {socket.gethostname()}"
-        #: the attempt this hook submitted or reconnected to, while it waits for it in-process
+        # The attempt this hook submitted or reconnected to, while it waits for it in-process.
         self.submission: SubmissionRecord | None = None
-        #: set by :meth:`on_kill`: the in-process stage's error is then the termination's
+        # Set by on_kill: the in-process stage's error is then the termination's.
         self.terminated = False
-        #: True while :meth:`run_in_process` runs a stage: the local Spark session is then the stage's own.
+        # While run_in_process runs a stage: the local Spark session (or Connect one) is the stage's own.
         self.running_in_process = False
-        #: The Connect attempt and its session while :meth:`run_in_process` runs one through Connect.
         self.connect: tuple[ConnectAttempt, SparkSession] | None = None
 
     # -- in-process --------------------------------------------------------------------
     def run_in_process(self, spec: StageSpec, epoch: int,
                        stage_fn: Callable[..., Any] | None = None) -> StageResult:
-        """Run ``spec``'s attempt of ``epoch`` in this process (``stage_fn``: the function itself).
-
-        On local Spark, or -- ``spec.remote`` set -- on a Spark Connect session of the
-        attempt's own (:class:`~.stage_runtime.ConnectAttempt`: its operations carry the
-        attempt's tag, and the session is released on the server when the stage ends,
-        however it ends).
+        """Run ``spec``'s attempt of ``epoch`` in this process, on local Spark or on the attempt's own
+        Connect session (``stage_fn``: the function itself).
 
         Says first what an earlier attempt left (a killed try logs nothing itself). After
-        :meth:`on_kill`, the interrupted Spark call's error -- the cancelled job's Java stack,
-        py4j's network errors, an interrupted Connect operation -- is replaced by one
-        :class:`StageTerminatedError` (``from None``: no chained tracebacks); an error of the
-        task runner itself passes through.
+        :meth:`on_kill`, the interrupted Spark call's error (a Java stack, py4j's network
+        errors) is replaced by one :class:`StageTerminatedError`, without chained tracebacks.
         """
         from airflow_seatunnel_ckpt.spark import run_stage
         from airflow_seatunnel_ckpt.spark.termination import StageTerminatedError
@@ -142,11 +126,9 @@ class StageSubmitHook(BaseHook):
     def stop_earlier_connect_attempt(self, spec: StageSpec, epoch: int) -> None:
         """Fence the earlier attempt whose lease this participant holds, and interrupt its Connect operations.
 
-        An earlier try that was killed outright (SIGKILL, a lost worker) left its operations
-        running on the server with no client to stop them. Its fence (cancelled) keeps it
-        from ever preparing, should its client still be alive somewhere; its operations are
-        interrupted by its tag and its server session released. Best effort beyond the
-        fence: a server that no longer knows the session has nothing of it running.
+        A try killed outright left its operations running on the server with no client to
+        stop them; the fence keeps it from ever preparing. Best effort beyond the fence: a
+        server that no longer knows the session has nothing of it running.
         """
         lease = read_lease(self.pipeline.storage, epoch, self.participant)
         if lease is None or lease.attempt == spec.attempt:
@@ -165,12 +147,10 @@ class StageSubmitHook(BaseHook):
 
     # -- submit or reconnect -----------------------------------------------------------
     def submit(self, spec: StageSpec, epoch: int, try_number: int) -> SubmissionRecord:
-        """Find the attempt of an earlier try still running, or launch ``spec``'s attempt detached
-        (through ``spark-submit``, or -- ``spec.remote`` set -- the driver module on a Connect session).
+        """Find the attempt of an earlier try still running, or launch ``spec``'s attempt detached.
 
-        An earlier try's attempt that the try deferred on is stopped first (see
-        :meth:`stop_if_handed_to_triggerer`); one whose worker died while it waited in-process
-        is reconnected to. An attempt is submitted once: a second submission of it is refused.
+        An earlier try's attempt that the try deferred on is stopped first; one whose worker
+        died while it waited in-process is reconnected to. An attempt is submitted once.
         """
         from airflow_seatunnel_ckpt.hooks.spark_submit import SubmitError, SubmitOptions, start_submission
 
@@ -211,14 +191,9 @@ class StageSubmitHook(BaseHook):
     def stop_if_handed_to_triggerer(self, record: SubmissionRecord, try_number: int, attempt: int) -> bool:
         """Stop a running attempt that an earlier try deferred on; True if it was cancelled.
 
-        False also when the cancel came after the attempt began to prepare (its fence record
-        says so): the attempt is then watched to its end like a reconnected one.
-
-        A try that deferred holds no process, so Airflow ended that deferral (the task was
-        cleared or marked, or its trigger timed out or failed); the trigger's ``on_kill`` may
-        stop the attempt too, and the store's record makes the outcome the same either way.
-        A try whose worker died while it waited in-process left no such record: its attempt
-        is reconnected to.
+        A try that deferred holds no process, so Airflow ended that deferral (cleared,
+        marked, trigger timed out). False also when the attempt began to prepare before the
+        cancel: it is then watched to its end like a reconnected one.
         """
         deferral = read_deferral(self.pipeline, record.epoch, self.participant, record.attempt)
         if deferral is None or deferral.try_number == try_number:
@@ -242,10 +217,7 @@ class StageSubmitHook(BaseHook):
 
     # -- wait --------------------------------------------------------------------------
     def check(self, epoch: int, attempt: int, seen: EpochDir | None = None) -> SubmissionCheck:
-        """One look at the submitted ``attempt`` (:func:`~.submissions.judge_submission`).
-
-        ``seen``: the epoch's log directory as already listed (default: list it now).
-        """
+        """One look at the submitted ``attempt``; ``seen``: the epoch's log directory if already listed."""
         return judge_submission(self.pipeline, epoch, self.participant, attempt, seen=seen)
 
     def wait(self, record: SubmissionRecord, on_line: Callable[[str], None] | None = None) -> SubmissionCheck:
@@ -270,11 +242,8 @@ class StageSubmitHook(BaseHook):
             os.remove(record.log)
 
     def result(self, check: SubmissionCheck, attempt: int, stage: str) -> StageResult | None:
-        """Take the outcome of a finished attempt: its stage result, or SubmitError naming why it has none.
-
-        None when the attempt was an earlier try's, reconnected to, and it failed or was
-        lost: try ``attempt`` then submits its own.
-        """
+        """The stage result of a finished attempt, or SubmitError naming why it has none; None when it
+        was an earlier try's and failed or was lost (try ``attempt`` then submits its own)."""
         from airflow_seatunnel_ckpt.hooks.spark_submit import result_of
 
         self.finish(check)
@@ -285,25 +254,16 @@ class StageSubmitHook(BaseHook):
 
     # -- stop --------------------------------------------------------------------------
     def cancel(self, epoch: int, attempt: int, *, by: str = "", reason: str) -> bool:
-        """Fence ``attempt``: it never prepares, and its launcher stops ``spark-submit`` at its next lease renewal.
-
-        False when the attempt began to prepare first: its prepare stands.
-        """
+        """Fence ``attempt`` so it never prepares and its launcher stops; False when it began to prepare first."""
         return request_cancel(self.pipeline, epoch, self.participant, attempt, by=by or self.by, reason=reason)
 
     def on_kill(self) -> bool:
         """Stop what this process runs for the stage when Airflow terminates the task (SIGTERM); False if nothing.
 
-        Airflow 3's task runner calls ``on_kill`` only on SIGTERM (marked failed in the UI,
-        a lost heartbeat); without it the stage runs on until the supervisor escalates to
-        SIGKILL. The ``spark-submit`` attempt this process waits for is fenced and its
-        launcher terminated (``spark-submit`` passes SIGTERM on to a cluster-mode
-        application as it does on Ctrl-C; the launcher's exit record then says so). A
-        deferred try holds no process: its trigger's ``on_kill`` stops the submission, and
-        so does the next try if the trigger never ran. An in-process stage has its Spark
-        jobs cancelled and its session stopped -- through Connect, its attempt's operations
-        interrupted by their tag and its server session released: it fails now with one
-        error (see :meth:`run_in_process`), its attempt unprepared; a retry stages anew.
+        A ``spark-submit`` attempt is fenced and its launcher terminated; an in-process stage
+        has its Spark jobs cancelled (through Connect: its operations interrupted by tag) and
+        fails now with one error, its attempt unprepared. A deferred try holds no process:
+        its trigger's ``on_kill`` stops the submission.
         """
         from airflow_seatunnel_ckpt.spark.termination import quiet_py4j, stop_local_spark
 
@@ -330,9 +290,8 @@ class StageSubmitHook(BaseHook):
     def _interrupt_connect(self, attempt: ConnectAttempt, session: SparkSession) -> bool:
         """Interrupt the attempt's operations on the Connect server, then release its session.
 
-        Run in a thread: the SIGTERM handler interrupts the main thread inside a gRPC call,
-        whose channel it must not wait on. The attempt stays unprepared; if the server
-        cannot be reached, its lease and fence still keep the attempt from publishing.
+        In a thread: the SIGTERM handler interrupts the main thread inside a gRPC call, whose
+        channel it must not wait on.
         """
         import threading
 

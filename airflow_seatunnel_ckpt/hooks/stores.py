@@ -1,19 +1,18 @@
 """Which checkpoint stores there are: the Checkpoints page shows them, the recovery DAG watches them.
 
-In this order: every connection of type ``seatunnel_ckpt`` (from the metadata database and
-``AIRFLOW_CONN_<ID>`` variables, which win, as in a task's lookup), the entries of
-``[seatunnel_ckpt] stores`` (store URLs and connection ids, comma separated) and the
-provider's default store when it exists. Each gets a key safe in a URL path: the
-connection id, ``config-<n>`` or ``default``. Recovery's tasks call
-:func:`configured_stores` with ``database=False`` (an Airflow 3 task cannot list the
-database's connections); the page marks the stores recovery cannot see
-(:attr:`ConfiguredStore.watched_by_recovery`).
+In this order: connections of type ``seatunnel_ckpt`` (the metadata database's, and
+``AIRFLOW_CONN_<ID>`` variables, which win), the entries of ``[seatunnel_ckpt] stores`` and
+the default store when it exists; each keyed by its connection id, ``config-<n>`` or
+``default``. Recovery's tasks pass ``database=False`` (an Airflow 3 task cannot list the
+database's connections); the page marks the stores recovery cannot see.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from airflow_seatunnel_ckpt.core import CheckpointConfig, CheckpointStore
@@ -21,7 +20,6 @@ from airflow_seatunnel_ckpt.core.config import default_storage_url
 from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.hooks.checkpoint_store import CONN_TYPE, config_from_connection
 
-#: The Airflow configuration section and option listing extra store URLs.
 CONFIG_SECTION, CONFIG_OPTION = "seatunnel_ckpt", "stores"
 
 
@@ -34,13 +32,10 @@ class ConfiguredStore:
     """One store the page shows: its key, where it comes from, and its configuration."""
 
     key: str
-    source: str  #: "connection <id>", "[seatunnel_ckpt] stores" or "default store"
+    source: str  # "connection <id>", "[seatunnel_ckpt] stores" or "default store"
     config: CheckpointConfig | None
-    #: why the store cannot be opened (a bad connection), shown instead of its pipelines
-    problem: str = ""
-    #: the connection the store comes from (None: a URL of the option, or the default URL)
-    conn_id: str | None = None
-    #: whether the recovery DAG's tasks find this store too (see the module docstring)
+    problem: str = ""  # why the store cannot be opened, shown instead of its pipelines
+    conn_id: str | None = None  # None: a URL of the option, or the default URL
     watched_by_recovery: bool = True
 
     @property
@@ -70,6 +65,14 @@ class ConfiguredStore:
         return store
 
 
+def _store(key: str, source: str, config: Callable[[], CheckpointConfig], **kwargs: Any) -> ConfiguredStore:
+    """The store ``key`` with ``config()``, or with the problem that keeps it from being read."""
+    try:
+        return ConfiguredStore(key, source, config(), **kwargs)
+    except CheckpointError as exc:
+        return ConfiguredStore(key, source, None, str(exc), **kwargs)
+
+
 def _connections(database: bool, named: set[str]) -> list[ConfiguredStore]:
     """Connections of our type; ``named``: ids a task can look up (so recovery watches them)."""
     found: dict[str, tuple[Any, str, bool]] = {}
@@ -81,15 +84,8 @@ def _connections(database: bool, named: set[str]) -> list[ConfiguredStore]:
             for conn in session.query(Connection).filter(Connection.conn_type == CONN_TYPE).all():
                 found[conn.conn_id] = (conn, f"connection {conn.conn_id}", conn.conn_id in named)
     found.update({conn_id: (conn, source, True) for conn_id, (conn, source) in _environment_connections().items()})
-    out = []
-    for conn_id, (conn, source, watched) in sorted(found.items()):
-        try:
-            out.append(ConfiguredStore(conn_id, source, config_from_connection(conn), conn_id=conn_id,
-                                       watched_by_recovery=watched))
-        except CheckpointError as exc:
-            out.append(ConfiguredStore(conn_id, source, None, str(exc), conn_id=conn_id,
-                                       watched_by_recovery=watched))
-    return out
+    return [_store(conn_id, source, partial(config_from_connection, conn), conn_id=conn_id,
+                   watched_by_recovery=watched) for conn_id, (conn, source, watched) in sorted(found.items())]
 
 
 def _looked_up(conn_id: str, source: str) -> ConfiguredStore | None:
@@ -99,12 +95,9 @@ def _looked_up(conn_id: str, source: str) -> ConfiguredStore | None:
     from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 
     try:
-        return ConfiguredStore(conn_id, source, CheckpointStoreHook(store_conn_id=conn_id).get_config(),
-                               conn_id=conn_id)
+        return _store(conn_id, source, CheckpointStoreHook(store_conn_id=conn_id).get_config, conn_id=conn_id)
     except AirflowNotFoundException:
         return None
-    except CheckpointError as exc:
-        return ConfiguredStore(conn_id, source, None, str(exc), conn_id=conn_id)
 
 
 def _environment_connections() -> dict[str, tuple[Any, str]]:
@@ -135,11 +128,7 @@ def _configured_urls() -> list[str]:
 
 
 def configured_stores(*, database: bool = True) -> list[ConfiguredStore]:
-    """Every store the page shows (see the module docstring); duplicates of a URL are dropped.
-
-    :param database: also list the connections of the metadata database (the page does; a
-        task cannot, so the recovery DAG passes ``False``).
-    """
+    """Every store the page shows (see the module docstring); duplicates of a URL are dropped."""
     from airflow_seatunnel_ckpt.hooks.checkpoint_store import StoreSettings
 
     option = f"[{CONFIG_SECTION}] {CONFIG_OPTION}"
@@ -159,11 +148,7 @@ def configured_stores(*, database: bool = True) -> list[ConfiguredStore]:
                 known.add(entry)
             continue
         n += 1
-        try:
-            config = CheckpointConfig.from_mapping({"storage_url": entry})
-            stores.append(ConfiguredStore(f"config-{n}", option, config))
-        except CheckpointError as exc:
-            stores.append(ConfiguredStore(f"config-{n}", option, None, str(exc)))
+        stores.append(_store(f"config-{n}", option, partial(CheckpointConfig.from_mapping, {"storage_url": entry})))
     if default_conn_id and default_conn_id not in known:
         found = _looked_up(default_conn_id, f"connection {default_conn_id} (the default store)")
         if found is not None:

@@ -1,10 +1,5 @@
-"""Airflow asset URIs of Iceberg tables: ``iceberg://<catalog>/<namespace>.<table>``.
-
-Registered through the provider info's ``asset-uris`` entry, so Airflow normalises such
-assets when a DAG declares them, can create them from a catalog and table name, and the
-OpenLineage provider turns them into the same dataset the stage and commit tasks report
-(:mod:`airflow_seatunnel_ckpt.lineage.naming`). ``file://`` and ``s3://`` (file and Delta
-sinks) belong to the common-io and Amazon providers, whose converters give the same names.
+"""Airflow asset URIs of Iceberg tables: ``iceberg://<catalog>/<namespace>.<table>``, registered
+through the provider info's ``asset-uris`` entry (docs/LINEAGE.md).
 """
 
 from __future__ import annotations
@@ -20,11 +15,7 @@ if TYPE_CHECKING:
 
 
 def sanitize_uri(uri: SplitResult) -> SplitResult:
-    """Check and normalise an ``iceberg://`` asset URI (Airflow's ``handler``).
-
-    The authority is the catalog name; the path one ``<namespace>.<table>`` identifier.
-    A URI without either is refused with the shape it should have.
-    """
+    """Check and normalise an ``iceberg://<catalog>/<namespace>.<table>`` asset URI (Airflow's ``handler``)."""
     identifier = uri.path.strip("/")
     if not uri.netloc:
         raise ValueError(f"{ICEBERG_SCHEME}:// asset URI {uri.geturl()!r} names no catalog: "

@@ -1,15 +1,8 @@
 """What the stage and commit tasks of an epoch report to OpenLineage, gathered from the store.
 
-The operators' ``get_openlineage_facets_on_*`` methods are thin calls into here. A START
-event is built from the task's declared options alone (the run's epoch is not known yet
-and the event must not wait on the store); COMPLETE and FAIL events read the run's epoch
-from the transaction log: the prepared record (sources consumed, sinks staged) for a
-stage, the published sinks and every participant's prepared record for the commit. A
-store that cannot be read costs the statistics, never the event: the declared datasets
-are reported instead.
-
-A stage submitted with ``spark-submit`` also gets OpenLineage's parent-job properties, as the
-Apache Spark provider adds them (:func:`with_openlineage_spark_properties`).
+The operators' ``get_openlineage_facets_on_*`` methods are thin calls into here. START events
+come from the task's declared options alone; COMPLETE and FAIL read the run's epoch. A store
+that cannot be read costs the statistics, never the event (docs/LINEAGE.md).
 """
 
 from __future__ import annotations
@@ -57,12 +50,8 @@ def declared_sinks(sinks: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[st
 def stage_lineage(*, pipeline_name: str, participant: str, sources: Mapping[str, Mapping[str, Any]],
                   sinks: Mapping[str, Mapping[str, Any]], pipeline: Pipeline | None = None,
                   run_id: str | None = None, attempt: int | None = None) -> OperatorLineage:
-    """A stage task's lineage; with ``pipeline`` and ``run_id``, what its epoch recorded.
-
-    Prepared: the inputs carry what the recorded offsets read, the outputs what the
-    winning attempt staged (a sink it did not write is reported without statistics).
-    Not prepared (a failed try, or START): the declared sources and sinks.
-    """
+    """A stage task's lineage; with ``pipeline`` and ``run_id``, what its epoch's prepared record says
+    was read and staged (not prepared: the declared sources and sinks)."""
     facts = EpochFacts(pipeline=pipeline_name, participant=participant, attempt=attempt)
     declared = declared_sinks(sinks)
     status = _run_status(pipeline, run_id, None)
@@ -80,14 +69,8 @@ def stage_lineage(*, pipeline_name: str, participant: str, sources: Mapping[str,
 
 def commit_lineage(*, pipeline_name: str, sink_targets: Mapping[str, str], pipeline: Pipeline | None = None,
                    run_id: str | None = None, dag_id: str | None = None) -> OperatorLineage:
-    """The commit task's lineage; with ``pipeline`` and ``run_id``, what its epoch recorded.
-
-    ``sink_targets``: sink name -> target URL known without the store (the commit's sink
-    assets), the outputs of a START event. Later: the inputs every participant consumed
-    (their declared sources, with the recorded offsets), and the outputs each sink
-    published with its statistics -- or, before anything was published (a failed try),
-    the sinks the participants staged.
-    """
+    """The commit task's lineage; with ``pipeline`` and ``run_id``, what its epoch recorded (else the
+    ``sink_targets``, sink name -> target URL, as outputs)."""
     facts = EpochFacts(pipeline=pipeline_name)
     status = _run_status(pipeline, run_id, dag_id)
     if status is None or pipeline is None:
@@ -137,18 +120,9 @@ def _consumed_inputs(pipeline: Pipeline, status: EpochStatus) -> list[Any]:
 
 
 def with_openlineage_spark_properties(spark_conf: Mapping[str, Any], context: Context) -> dict[str, Any]:
-    """``spark_conf`` plus the OpenLineage parent-job (and transport) properties that are enabled.
-
-    With ``[openlineage] spark_inject_parent_job_info = True`` (the setting the Apache Spark
-    provider's ``SparkSubmitOperator`` reads), the stage's Spark configuration gets
-    ``spark.openlineage.parentJobNamespace``, ``parentJobName``, ``parentRunId`` and the root
-    parent's, so the OpenLineage Spark listener (when the application has it) reports the
-    Spark job as a child of the stage task's run. ``spark_inject_transport_info`` likewise
-    copies the HTTP transport. Keys the user already set are left alone, and without the
-    OpenLineage provider nothing is added (the compat layer only logs that).
-
-    The one call a launcher makes before ``spark-submit``; returns a new dict.
-    """
+    """A copy of ``spark_conf`` plus the OpenLineage parent-job and transport properties that
+    ``[openlineage] spark_inject_parent_job_info`` / ``spark_inject_transport_info`` enable, as the
+    Apache Spark provider's ``SparkSubmitOperator`` adds them (keys the user set are kept)."""
     from airflow.providers.common.compat.sdk import conf
 
     properties = dict(spark_conf)

@@ -1,11 +1,7 @@
-"""OpenLineage datasets and run facet of an epoch's stage and commit tasks.
+"""OpenLineage datasets and run facet of an epoch's stage and commit tasks, from what the store says.
 
-The operators' ``get_openlineage_facets_on_*`` methods hand this module what the store says
-(stage options, prepared records, published sinks) and get an ``OperatorLineage``: inputs
-with what the recorded offsets say was read, outputs with what was staged or published,
-and the run facet :class:`CheckpointEpochRunFacet` (pipeline, epoch, attempt, decision).
-The OpenLineage provider is optional: :data:`CheckpointEpochRunFacet` is ``None`` without
-the ``openlineage-python`` client (the ``openlineage`` extra).
+:data:`CheckpointEpochRunFacet` is ``None`` without the ``openlineage-python`` client (the
+``openlineage`` extra).
 """
 
 from __future__ import annotations
@@ -22,9 +18,8 @@ from airflow_seatunnel_ckpt.lineage.naming import dataset_name, source_url
 if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-#: Key of :class:`CheckpointEpochRunFacet` in a run's facets.
 RUN_FACET_KEY = "seatunnelCheckpointEpoch"
-#: The facet's JSON schema, shipped beside this module (``CheckpointEpochRunFacet.json``).
+# The facet's JSON schema, shipped beside this module (``CheckpointEpochRunFacet.json``).
 SCHEMA_URL = ("https://raw.githubusercontent.com/airflow-seatunnel-ckpt/airflow-seatunnel-ckpt/main/"
               "airflow_seatunnel_ckpt/lineage/CheckpointEpochRunFacet.json#/$defs/CheckpointEpochRunFacet")
 
@@ -37,13 +32,7 @@ else:
 
     @attr.define
     class CheckpointEpochRunFacet(_RunFacet):  # type: ignore[no-redef]
-        """Where a task run stands in the pipeline's two-phase commit.
-
-        ``attempt`` is the stage attempt whose output stands (a stage task) and
-        ``attempts`` every participant's winning attempt (the commit task); ``decision``
-        is ``commit``/``abort`` once the branch decided, else ``None``; ``state`` is the
-        epoch's state in the transaction log when the event was built.
-        """
+        """Where a task run stands in the pipeline's two-phase commit (fields: :class:`EpochFacts`)."""
 
         pipeline: str
         epoch: int | None = attr.field(default=None)
@@ -60,7 +49,12 @@ else:
 
 @dataclass
 class EpochFacts:
-    """What the run facet says (plain data; see :class:`CheckpointEpochRunFacet`)."""
+    """What the run facet says (plain data, also without the OpenLineage client).
+
+    ``attempt`` is the stage attempt whose output stands (a stage task) and ``attempts``
+    every participant's winning attempt (the commit task); ``decision`` is ``commit``/``abort``
+    once decided; ``state`` the epoch's state when the event was built.
+    """
 
     pipeline: str
     epoch: int | None = None
@@ -122,12 +116,8 @@ def staged_output_datasets(manifests: Iterable[SinkManifest]) -> list[Any]:
 def published_output_datasets(published: Iterable[PublishedSink],
                               tables: Mapping[str, Mapping[str, Any] | None],
                               quality: Mapping[str, Sequence[ExpectationResult]] | None = None) -> list[Any]:
-    """``OutputDataset`` per sink that published something, with its published statistics.
-
-    ``tables``: sink name -> the sink's table options (from its manifest), for the table
-    facets; ``quality``: sink name -> its measured expectations, for the data-quality
-    facets. A sink that published nothing (empty, not written) is not an output.
-    """
+    """``OutputDataset`` per sink that published something, with its published statistics, table
+    facets (``tables``: sink -> table options) and data-quality facets (``quality``: sink -> results)."""
     return unique_datasets([_output(s.target_url, tables.get(s.sink), (quality or {}).get(s.sink, ()), s.rows, s.bytes,
                             s.files) for s in sorted(published, key=lambda s: s.sink) if s.published])
 
@@ -155,12 +145,8 @@ def operator_lineage(inputs: list[Any], outputs: list[Any], facts: EpochFacts) -
 
 
 def _input_facets(offsets: Mapping[str, Any]) -> dict[str, Any]:
-    """Statistics and version of what a source's recorded offsets say the epoch read.
-
-    File-like offsets list ``files`` (names, sizes in ``identity``); table offsets list
-    ``files`` as ``{"path", "size", "records"}`` and pin ``snapshot_id`` (Iceberg) or
-    ``version`` (Delta). Unknown shapes (a custom source) give no statistics.
-    """
+    """Statistics of what a source's recorded offsets say the epoch read (a custom source's unknown
+    shape: none). File offsets list names, sized in ``identity``; table offsets ``{"path", "size", "records"}``."""
     from openlineage.client.generated.input_statistics_input_dataset import InputStatisticsInputDatasetFacet
 
     files = offsets.get("files")
@@ -218,13 +204,8 @@ def _table_facets(options: Mapping[str, Any], kind: str) -> dict[str, Any]:
 
 
 def quality_facets(results: Sequence[ExpectationResult]) -> dict[str, Any]:
-    """The standard ``dataQualityMetrics`` and ``dataQualityAssertions`` facets of a sink's
-    measured expectations (none when it declares no expectation).
-
-    One assertion per rule: ``success`` when no row failed it, ``actual`` the failed rows,
-    ``expected`` its threshold, ``content`` the Spark SQL expression; the metrics' ``rowCount``
-    is the rows checked.
-    """
+    """The standard ``dataQualityMetrics`` and ``dataQualityAssertions`` facets of a sink's measured
+    expectations, one assertion per rule (docs/EXPECTATIONS.md); none without expectations."""
     if not results:
         return {}
     from openlineage.client.generated.data_quality_assertions_dataset import (

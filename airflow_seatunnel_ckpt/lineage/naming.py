@@ -1,12 +1,8 @@
 """OpenLineage dataset names for the locations and tables the pipelines read and write.
 
-Pure functions over URLs and stage options (no Airflow, client or I/O), so a DAG file, a
-task, the listener and the asset converter name alike, as ``openlineage.client.naming``
-does: a local path or ``file:///p`` -> ``file``, ``/p``; ``s3://bucket/key`` (and
-``s3a://``) -> ``s3://bucket``, ``key``; any other ``scheme://authority/path`` ->
-``scheme://authority``, the path; an Iceberg table ``iceberg://<catalog>/<ns>.<table>`` ->
-``iceberg://<catalog>``, ``<ns>.<table>``. A Delta table is named by its location, as
-OpenLineage's Spark integration does. Credentials in a URL never reach a name.
+Pure functions over URLs and stage options (no Airflow, client or I/O), so that a DAG file,
+a task, the listener and the asset converter name alike, following ``openlineage.client.naming``
+(the table of names: docs/LINEAGE.md). Credentials in a URL never reach a name.
 """
 
 from __future__ import annotations
@@ -18,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-#: Schemes whose namespace is the bucket and whose name is the object key (no leading ``/``).
+# Schemes whose namespace is the bucket and whose name is the object key (no leading ``/``).
 _BUCKET_SCHEMES = {"s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gs", "gcs": "gs"}
-#: The scheme of Iceberg table URLs (see :mod:`airflow_seatunnel_ckpt.spark.sinks.tables`).
 ICEBERG_SCHEME = "iceberg"
 
 
@@ -55,12 +50,8 @@ def iceberg_table_url(catalog_name: str, table: str) -> str:
 
 
 def source_url(options: Mapping[str, Any]) -> str | None:
-    """The location or table URL a stage's source reads, from its options; None if unknown.
-
-    Built-in types: ``file`` (default) and ``pipeline_output`` read ``path``, ``delta`` its
-    table ``path``, ``iceberg`` the ``table`` of ``catalog_name`` (default ``default``). A
-    registered custom type is named by its ``path`` or ``url`` option when it has one.
-    """
+    """The location or table URL a stage's source reads (its ``path`` or ``url``; an Iceberg
+    source's ``table`` of ``catalog_name``), from its options; None if unknown."""
     kind = str(options.get("type", "file"))
     if kind == "iceberg":
         table = options.get("table")

@@ -24,34 +24,24 @@ if TYPE_CHECKING:
 
     from airflow_seatunnel_ckpt.core.models import EpochStatus
 
-#: Upstream states that mean the epoch cannot reach its commit.
 _UNHAPPY = ("failed", "upstream_failed", "removed")
-#: What a run whose epoch was refused does (``on_refusal``): fail, or end green as any abort.
 ON_REFUSAL = ("fail", "succeed")
-#: The XCom key under which a failed abort task leaves why its epoch's input is held back
-#: (the provider's listener copies it into the DAG run's note).
+#: Where a failed abort task leaves why its input is held back (the listener copies it to the run's note).
 HELD_BACK_KEY = "held_back"
 
 
 class AbortEpochOperator(BasePipelineOperator):
     """Abort the run's epoch: record ABORT (if undecided) and remove its staged output.
 
-    Its trigger rule defaults to ``all_done``: it runs when a stage, the sensor or the
-    branch failed or timed out, and when the branch chose it. An epoch decided COMMIT is
-    never aborted: with ``roll_forward`` (the default) the task finishes its publish (the
-    commit task may never run). Idempotent: safe to retry and clear.
-
-    An epoch aborted by a refusal (:func:`~airflow_seatunnel_ckpt.core.protocol.pipeline.is_refusal`)
-    holds its input back: every later run is refused again until the input or the rule
-    changes. With ``on_refusal="fail"`` the task then fails without retries, so the run's
-    failure callbacks and alerts fire; the reason goes to the XCom ``held_back`` and the
-    run's note. An abort after a dead attempt or a timeout never fails the task.
+    Runs (``all_done``) when a stage, the sensor or the branch failed, and when the branch
+    chose it. An epoch decided COMMIT is never aborted. Idempotent: safe to retry and clear.
 
     :param roll_forward: publish an epoch found decided COMMIT instead of only logging.
     :param reason: reason recorded when this task makes the abort decision; by default
         the failed upstream tasks are named.
-    :param on_refusal: ``"fail"`` (default) or ``"succeed"``: whether a refused epoch fails
-        this task (and so the run) once it is aborted, or ends green like any abort.
+    :param on_refusal: ``"fail"`` (default) or ``"succeed"``: whether a refused epoch, whose
+        input is held back, fails this task without retries (so the run's alerts fire) once
+        it is aborted, or ends green like any abort.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "reason")

@@ -25,8 +25,7 @@ if TYPE_CHECKING:
 
     from airflow_seatunnel_ckpt.core.models import DecisionRecord
 
-#: A user check gets the epoch's status and returns ``True``/``None`` to pass, ``False``
-#: or a reason string to fail.
+#: A user check: ``True``/``None`` passes, ``False`` or a reason string fails.
 EpochCheck = Callable[[EpochStatus], "bool | str | None"]
 
 
@@ -41,22 +40,17 @@ class Verdict:
 class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
     """Decide commit or abort for the run's epoch, then follow the recorded decision.
 
-    The decision is written once by the core (``Pipeline.decide``), and whichever record
-    wins (this task's, a cleared run's, the abort task's, recovery's) is followed. The
-    epoch commits when every expected participant is prepared and verifies and every check
-    passes; a failed check aborts it (its input stays unconsumed) and also routes to
-    ``fallback_task_id``, if given.
+    The decision is written once by the core (``Pipeline.decide``); whichever record wins
+    is followed. The epoch commits when every expected participant is prepared and
+    verifies and every check passes.
 
     :param commit_task_id: task to run after a commit decision.
     :param abort_task_id: task to run after an abort decision.
     :param fallback_task_id: extra task to run when a user check failed.
-    :param participants: stages that must be prepared; ``None``: the participants the
-        pipeline's descriptor declares (every stage of the task group that built it).
-        The core never commits without every declared participant, whatever is given.
+    :param participants: stages that must be prepared; ``None``: those the descriptor declares.
     :param min_rows: abort when the epoch staged fewer rows (all sinks together).
     :param max_rows: abort when the epoch staged more rows.
-    :param check: callable given the :class:`EpochStatus`; ``False`` or a reason string
-        aborts.
+    :param check: callable given the :class:`EpochStatus` (see :data:`EpochCheck`).
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "participants",
@@ -76,11 +70,7 @@ class CommitBranchOperator(BasePipelineOperator, BaseBranchOperator):
         self.check = check
 
     def choose_branch(self, context: Context) -> str | list[str]:
-        """Record (or read) the decision and return the task id(s) to follow.
-
-        A sink refusing the epoch aborts it in the decision itself (``Pipeline.decide``);
-        a refusal a retry cannot change fails the task at once, without retries.
-        """
+        """Record (or read) the decision and return the task id(s) to follow (a refusal fails at once)."""
         with refusals_fail_at_once():
             return self._choose(context)
 

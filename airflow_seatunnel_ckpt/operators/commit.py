@@ -24,15 +24,10 @@ if TYPE_CHECKING:
 
 
 def sink_asset(pipeline: str, sink: str, target_url: str) -> Asset:
-    """The Airflow asset standing for one sink's published table.
+    """The Airflow asset standing for one sink's published table, identified by its URL.
 
-    Its identity is the table's URL (Airflow requires one URI per asset name, and the
-    same pipeline name may exist in several stores). Downstream DAGs can schedule on it:
-    each committed epoch gets one event per sink that published something, whose extra
-    holds ``pipeline``, ``sink``, ``epoch``, ``files``, ``rows``, ``bytes`` and the
-    published directory, and whose partition key is ``epoch=<e>`` (Airflow 3.3+). A
-    cleared or retried commit of a COMMITTED epoch emits nothing again; only a retry whose
-    earlier try committed but left no event emits it, with ``replayed: true``.
+    Each committed epoch gets one event per sink that published something (extra: its
+    statistics; partition key ``epoch=<e>`` on Airflow 3.3+).
     """
     return Asset(uri=target_url, group="seatunnel_ckpt",
                  extra={"pipeline": pipeline, "sink": sink})
@@ -41,16 +36,12 @@ def sink_asset(pipeline: str, sink: str, target_url: str) -> Asset:
 class CommitEpochOperator(BasePipelineOperator):
     """Publish every sink of the run's epoch, which the branch decided to commit.
 
-    Thin over ``Pipeline.commit``, which is idempotent: a retry, a clear or a second commit
-    after a crash only finishes what is missing. A transient failure is retried with
-    exponential backoff (the epoch stays COMMITTING; nothing is deleted). An epoch decided
-    ABORT or undecided, and a refusal a retry cannot change (a table altered after the
-    decision: ``seatunnel-ckpt resolve --skip-sink``), fail the task at once.
+    Thin over ``Pipeline.commit``, which is idempotent; a transient failure is retried with
+    exponential backoff. An epoch decided ABORT or undecided, and a refusal a retry cannot
+    change, fail the task at once.
 
     :param sink_assets: asset per sink name (see :func:`sink_asset`), added to ``outlets``;
-        each gets an event per commit that published something for its sink (a sink with no
-        rows, or not written, gets none: the return value lists it under ``empty`` or
-        ``not_written``).
+        a sink that published nothing gets no event.
     """
 
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
@@ -154,11 +145,9 @@ class CommitEpochOperator(BasePipelineOperator):
     def _announced(self, asset: Asset, epoch: int, decided_at: float) -> bool:
         """Whether Airflow already holds ``asset``'s event for ``epoch`` (an earlier try's).
 
-        A cleared or retried commit of a COMMITTED epoch must not wake downstream DAGs a
-        second time, but a try that committed and died before Airflow recorded its success
-        left no event, and its retry must emit it. So the asset's events since the epoch's
-        decision are asked for one naming this pipeline and epoch. If Airflow cannot be
-        asked, the event is emitted (a duplicate beats a lost event).
+        A try that committed and died before Airflow recorded its success left no event, and
+        its retry must emit it; a cleared commit must not emit it twice. If Airflow cannot
+        be asked, the event is emitted (a duplicate beats a lost event).
         """
         from datetime import datetime
 
@@ -177,10 +166,8 @@ class CommitEpochOperator(BasePipelineOperator):
     def _drop_outlets(self, assets: list[Asset]) -> None:
         """Emit no asset event for ``assets`` in this try (sinks that published nothing).
 
-        Airflow 3 registers an event for every ``Asset`` in a task's ``outlets`` when the
-        try succeeds, reading the outlets only after ``execute`` returned; an event for an
-        epoch that published nothing would wake downstream DAGs for no data. So the
-        outlets of this task instance (not of the DAG) lose those assets for this try.
+        Airflow 3 registers an event for every asset in ``outlets`` once ``execute``
+        returned, so this task instance's outlets lose those assets for this try.
         """
         if assets:
             self.outlets = [o for o in self.outlets if o not in assets]

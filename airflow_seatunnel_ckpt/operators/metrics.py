@@ -1,21 +1,4 @@
-"""The metrics the provider's tasks emit through Airflow's ``Stats``.
-
-Every name starts with ``seatunnel_ckpt.`` and carries a ``pipeline`` tag (plus
-``action`` for recovery), so they land next to Airflow's own metrics in StatsD, Datadog
-or OpenTelemetry, whichever the deployment configured under ``[metrics]``.
-
-=================================  =======  ==================================================
-name                               kind     meaning
-=================================  =======  ==================================================
-``seatunnel_ckpt.epoch_duration``  timer    begin of an epoch to its commit acknowledgement
-``seatunnel_ckpt.checkpoint_bytes`` gauge   bytes of checkpoint parts one participant wrote
-``seatunnel_ckpt.files_published`` counter  files an epoch's commit published
-``seatunnel_ckpt.rows_published``  counter  rows an epoch's commit published
-``seatunnel_ckpt.epochs_committed`` counter epochs committed
-``seatunnel_ckpt.epochs_aborted``  counter  epochs aborted
-``seatunnel_ckpt.recovery_actions`` counter actions a recovery run took (tag ``action``)
-=================================  =======  ==================================================
-"""
+"""The metrics the provider's tasks emit through Airflow's ``Stats`` (listed in docs/OPERATIONS.md, "Metrics")."""
 
 from __future__ import annotations
 

@@ -26,15 +26,12 @@ if TYPE_CHECKING:
 
 
 class ListAllPipelinesOperator(BaseOperator):
-    """Return every pipeline of every store the Checkpoints page lists, as task arguments.
+    """Return every pipeline of every store recovery can see, one ``expand_kwargs`` mapping each.
 
-    One mapping per pipeline, ``{"pipeline", "store_conn_id", "storage_url"}``, for
-    ``expand_kwargs``; the stores as :func:`~airflow_seatunnel_ckpt.hooks.stores.configured_stores`
-    finds them without the metadata database. A store that cannot be opened is logged and
-    skipped. With no pipeline in any store the task warns and, with ``expect_pipelines``,
-    fails: a recovery DAG that protects nothing must not look green.
+    A store that cannot be opened is logged and skipped.
 
-    :param expect_pipelines: fail when no store holds a pipeline.
+    :param expect_pipelines: fail when no store holds a pipeline (a recovery DAG that
+        protects nothing must not look green).
     """
 
     ui_color = "#ebdef0"
@@ -80,18 +77,12 @@ class ListAllPipelinesOperator(BaseOperator):
 class RecoverPipelineOperator(BasePipelineOperator):
     """Resolve whatever a crash left half done in one pipeline (:func:`core.protocol.recovery.recover`).
 
-    The pipeline's settings come from its descriptor (``store_config`` given here wins).
-    COMMITTING epochs finish publishing (a sink whose target already holds the epoch, by its
-    contract's ``held_epoch``, is acknowledged without committing again), undecided epochs
-    are aborted once dead (lease expired, prepared too long ago, or their DAG run finished;
-    a running stage never is), and unreferenced staging is removed. Safe at any time,
-    concurrently with the pipeline's runs (the same write-once decision). Map it over
+    Safe at any time, concurrently with the pipeline's runs. Map it over
     :class:`ListAllPipelinesOperator`.
 
     :param apply: carry the actions out; ``False`` only reports what would be done.
-    :param pipeline_dag_id: the DAG whose runs begin the pipeline's epochs, asked for an
-        undecided epoch's run state when its ``begin`` record does not name the DAG;
-        ``None``: only such records are asked about (the lease decides for the others).
+    :param pipeline_dag_id: the DAG asked for an undecided epoch's run state when its
+        ``begin`` record does not name one (``None``: the lease decides).
     """
 
     template_fields: Sequence[str] = PIPELINE_TEMPLATE_FIELDS
@@ -128,10 +119,7 @@ class RecoverPipelineOperator(BasePipelineOperator):
 class RetainCheckpointsOperator(BasePipelineOperator):
     """Delete checkpoints retention no longer needs (:func:`core.ops.retention.retain`).
 
-    Keeps the newest ``max_retain`` checkpoints (default: the pipeline's own setting), always
-    the newest committed one, and every base a kept incremental checkpoint needs.
-
-    :param max_retain: checkpoints to keep; ``None`` uses the store's configuration.
+    :param max_retain: checkpoints to keep; ``None`` uses the pipeline's configuration.
     :param apply: delete; ``False`` only reports what would be deleted.
     """
 

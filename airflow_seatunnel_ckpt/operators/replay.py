@@ -5,16 +5,9 @@ Trigger the DAG holding it with a ``conf``::
     {"replay": {"from_epoch": 6, "to_epoch": 10, "reason": "amount was x10 (fixed in #123)", "force": false}}
 
 (``to_epoch`` and ``force`` optional; ``from_epoch`` 1 is a full refresh). The task runs
-:func:`spark.replay.replay_stage` in-process on local Spark -- or, given a ``spark_connect``
-connection or ``spark_remote``, through Spark Connect -- with the pipeline stage's
-``stage``, ``sources`` and ``sinks``: one replay epoch, recorded with who and why. A
-refusal fails the task at once, naming the cause (docs/REPLAY.md).
-
-In a DAG built with :func:`task_group.checkpointed_epoch`, the ``epoch_or_replay`` task
-(:class:`EpochOrReplayBranch`) routes such a run to the group's ``replay`` task
-(:class:`EpochReplayOperator`) and skips the normal epoch's tasks. :func:`replay_conf`
-checks the ``conf``. Airflow's backfill and clear never replay: a cleared committed run
-publishes nothing again, and a backfill run is a new epoch of input not consumed yet.
+:func:`spark.replay.replay_stage` on local Spark or through Spark Connect; in a
+:func:`task_group.checkpointed_epoch` DAG, :class:`EpochOrReplayBranch` routes such a run
+to :class:`EpochReplayOperator`. See docs/REPLAY.md.
 """
 
 from __future__ import annotations
@@ -33,9 +26,7 @@ if TYPE_CHECKING:
 
     from airflow_seatunnel_ckpt.hooks.stage_submit import StageSubmitHook
 
-#: The key of a DAG run's ``conf`` that asks for a replay.
 CONF_KEY = "replay"
-#: The keys of ``conf["replay"]``: required, then optional.
 REQUIRED_KEYS = ("from_epoch", "reason")
 OPTIONAL_KEYS = ("to_epoch", "force")
 _EXAMPLE = '{"replay": {"from_epoch": 6, "to_epoch": 10, "reason": "why", "force": false}}'
@@ -48,9 +39,6 @@ def _epoch_number(value: Any) -> bool:
 def replay_conf(conf: Mapping[str, Any] | None, where: str) -> dict[str, Any] | None:
     """The replay a DAG run's ``conf`` asks for, checked; None when it asks for none.
 
-    ``conf["replay"]`` must be an object with ``from_epoch`` (an epoch number, 1 is a full
-    refresh) and ``reason`` (a non-empty string), and optionally ``to_epoch`` (an epoch
-    number or null: the newest committed epoch) and ``force`` (a boolean, default false).
     Any other key, a missing one or a wrong type raises ``AirflowFailException`` (no
     retries) naming the key, ``where`` (the task) and the expected form.
     """
@@ -86,19 +74,10 @@ def replay_conf(conf: Mapping[str, Any] | None, where: str) -> dict[str, Any] | 
 class ReplayOperator(BasePipelineOperator):
     """Replay epochs of ``pipeline`` with the current ``stage`` (see the module docs).
 
-    :param participant: the pipeline's participant (its stage task's name in the epoch).
-    :param stage: the stage function as ``"package.module:function"``.
-    :param sources: the stage's sources, as the stage task declares them.
-    :param sinks: the stage's sinks, as the stage task declares them.
-    :param key_groups: the keyed state's key groups (default: the runtime's).
-    :param spark_conf: Spark configuration of the in-process session.
-    :param from_epoch: the first epoch to replay; default ``dag_run.conf["replay"]["from_epoch"]``.
-    :param to_epoch: the last one; default the conf's, else the newest committed epoch.
-    :param reason: why; default the conf's (required one way or the other).
-    :param force: replace epochs of a table another writer committed to since; default the conf's.
-    :param conn_id: a ``spark_connect`` connection to replay through Spark Connect (another
-        Spark connection: on local Spark, as without one).
-    :param spark_remote: a Spark Connect URL (``sc://host:port``) to replay through instead.
+    ``participant``, ``stage``, ``sources``, ``sinks``, ``key_groups``, ``spark_conf``,
+    ``conn_id`` (only a ``spark_connect`` one counts) and ``spark_remote``: as the stage task's.
+    ``from_epoch``, ``to_epoch`` (default: the newest committed), ``reason`` and ``force``
+    (replace epochs of a table another writer committed to since): default the run's conf's.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "from_epoch", "to_epoch", "reason")
@@ -188,9 +167,8 @@ class ReplayOperator(BasePipelineOperator):
         return StageSubmitHook(self.store_pipeline, self.participant, by=f"replay {self.where}")
 
     def on_kill(self) -> None:
-        """Airflow terminates this task (SIGTERM): a replay through Spark Connect has its operations interrupted
-        by their tag and its server session released, as a stage's (:meth:`StageSubmitHook.on_kill`); the
-        replay then fails and its epoch is aborted. On local Spark the task's process ends with its session."""
+        """Airflow terminates this task (SIGTERM): a replay through Spark Connect is interrupted as a stage's
+        (:meth:`StageSubmitHook.on_kill`); on local Spark the task's process ends with its session."""
         if "connect_hook" in self.__dict__ and self.connect_hook.connect is not None:
             self.connect_hook.on_kill()
 
@@ -198,11 +176,8 @@ class ReplayOperator(BasePipelineOperator):
 class EpochOrReplayBranch(BaseBranchOperator):
     """First task of :func:`task_group.checkpointed_epoch`: a normal epoch, or the replay its ``conf`` asks for.
 
-    A run whose ``conf`` holds ``"replay"`` (checked by :func:`replay_conf`; a bad one
-    fails this task at once, naming the key, and nothing begins) follows ``replay_task_id``
-    only: the normal epoch's tasks are skipped. Any other run follows ``epoch_task_ids``
-    (the stages, and the abort task, whose ``all_done`` rule would otherwise run it in a
-    replay run), exactly as without this task.
+    A replay run follows ``replay_task_id`` only; any other run follows ``epoch_task_ids``
+    (the stages, and the abort task, whose ``all_done`` rule would otherwise run it).
     """
 
     ui_color = "#fdebd0"
@@ -224,21 +199,16 @@ class EpochOrReplayBranch(BaseBranchOperator):
         return self.replay_task_id
 
 
-#: The stage operator's arguments a replay of its participant uses.
 STAGE_ARGS = ("stage", "sources", "sinks", "key_groups", "spark_conf", "conn_id", "spark_remote")
 
 
 class EpochReplayOperator(ReplayOperator):
     """The ``replay`` task of :func:`task_group.checkpointed_epoch`: a replay with the participants' own stages.
 
-    ``stages`` maps each participant to its stage task's arguments (``stage``,
-    ``sources``, ``sinks``, ``key_groups``, ``spark_conf``, ``conn_id``, ``spark_remote``; a
-    stage given as a function is called directly). The replay takes what the run's
-    ``conf["replay"]`` asks (see :func:`replay_conf`) and runs in this task, with the stage
-    of the participant that wrote the replayed epochs (a replay has one participant):
-    through Spark Connect when that stage runs through it, else in-process on local Spark.
+    It runs what the run's ``conf["replay"]`` asks with the stage of the participant that
+    wrote the replayed epochs (a replay has one participant).
 
-    :param stages: participant -> its stage task's arguments.
+    :param stages: participant -> its stage task's arguments (:data:`STAGE_ARGS`).
     :param stage_callables: participant -> its stage function, when the DAG passed one.
     """
 

@@ -26,53 +26,27 @@ if TYPE_CHECKING:
 
 
 class SparkStageOperator(BasePipelineOperator):
-    """Run a PySpark stage for the run's epoch and log it *prepared*.
+    """Run a PySpark stage for the run's epoch and log it *prepared* (nothing is published here).
 
-    The stage function (``"package.module:function"``, see
-    :mod:`airflow_seatunnel_ckpt.spark`) reads only new input, updates keyed state and
-    writes its sinks into attempt-isolated staging; the runtime then writes the
-    checkpoint parts and the prepared record. Nothing is published here: that is the
-    commit task's job once the branch decided.
+    Where it runs is chosen by :func:`~airflow_seatunnel_ckpt.hooks.stage_runtime.choose_runtime`;
+    the process work is :class:`~airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook`'s.
+    Safe to retry and clear: the try number is the attempt id, and a participant already
+    prepared for the run's epoch returns that record without running Spark. Returns (XCom)
+    the epoch, the attempt and the sink manifests.
 
-    Without ``conn_id`` the stage runs in this process on a ``local[*]`` SparkSession; with
-    a Spark connection it is launched through ``SparkSubmitHook`` on the master it names;
-    with a ``spark_connect`` connection, or ``spark_remote="sc://host:port"``, it runs from
-    this process on a Spark Connect session (:mod:`~airflow_seatunnel_ckpt.hooks.stage_runtime`).
-    The process work is :class:`~airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook`'s;
-    a deferred try hands the wait to
-    :class:`~airflow_seatunnel_ckpt.triggers.submission.StageSubmissionTrigger`.
-
-    Safe to retry and clear: the try number is the attempt id (its own staging), and a
-    participant already prepared for the run's epoch returns that record without running
-    Spark. A run whose epoch cannot begin behind an undecided earlier epoch waits for it
-    (rescheduled) and aborts it once it is dead (:meth:`~.base.BasePipelineOperator.begin_epoch`).
-
-    Returns (XCom) the epoch, the attempt and the sink manifests.
-
-    :param stage: the stage function, or its import path ``"module:function"``. A function
-        is called directly in-process; with ``conn_id`` (``spark-submit``), or deferrable
-        through Connect, the driver imports it by its module path, so it must be defined at
-        the top level of an importable module.
-        The stage gets the Airflow run's logical date, data interval and params on ``ctx``.
-    :param sources: source name -> source options (``type``, ``path``, ``format`` ...).
-    :param sinks: sink name -> sink options (``type``, ``path``, ``format`` ...).
-    :param participant: name of this stage in the epoch; defaults to the task id
-        without its TaskGroup prefix.
-    :param key_groups: number of key groups of the keyed state (fixed for the life of the
-        pipeline's state); ``None`` uses the runtime's default.
+    :param stage: the stage function, or its import path ``"module:function"`` (which the
+        driver imports with ``conn_id`` or a deferrable Connect stage).
+    :param sources: source name -> source options; ``sinks``: sink name -> sink options.
+    :param participant: name of this stage in the epoch; default the task id without its group.
+    :param key_groups: key groups of the keyed state (fixed for its life); default the runtime's.
     :param spark_conf: Spark configuration for the session / ``spark-submit --conf``.
-    :param conn_id: Spark connection for ``spark-submit``, or ``spark_connect`` connection for
-        Spark Connect; ``None`` runs in-process on local Spark.
-    :param spark_remote: a Spark Connect URL (``sc://host:port``) to run through instead of a
-        ``spark_connect`` connection (not with ``conn_id``). A stage through Connect runs
-        from this task's process; deferrable, from a detached process of its own on this
-        worker, whose attempt the triggerer watches in the store (as for ``spark-submit``).
-    :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (``py_files``,
-        ``executor_memory``, ``deploy_mode`` ...).
+    :param conn_id: Spark connection for ``spark-submit``, or ``spark_connect`` connection;
+        ``None`` runs in-process on local Spark (or on ``spark_remote``, a ``sc://`` URL).
+    :param spark_submit_kwargs: further ``SparkSubmitHook`` arguments (``py_files`` ...).
+    :param python: Python of the executors; ``archives``: for ``spark.archives`` (a packed venv).
     :param pending_poke_interval: seconds between looks at an earlier undecided epoch.
-    :param pending_wait_timeout: seconds to wait for it in all before failing; default
-        ``max(lease_timeout_s, prepared_timeout_s) + 60`` (with the blocking stage's own
-        lease timeout when it is longer), by when a dead epoch is always recognised as dead.
+    :param pending_wait_timeout: seconds to wait for it before failing; default
+        ``max(lease_timeout_s, prepared_timeout_s) + 60``.
     """
 
     template_fields: Sequence[str] = (*PIPELINE_TEMPLATE_FIELDS, "stage", "sources", "sinks",
@@ -96,9 +70,7 @@ class SparkStageOperator(BasePipelineOperator):
         declared = StageDeclaration.check(participant=self.participant, stage=stage, sources=sources,
                                           sinks=sinks, importable=bool(conn_id) or (deferrable and bool(spark_remote)),
                                           where=self.where)
-        #: The stage's import path (derived from the function when one was given).
-        self.stage = declared.stage
-        #: The stage function itself, when the DAG passed it (called directly in-process).
+        self.stage = declared.stage  # the import path, also of a function given
         self.stage_callable = None if isinstance(stage, str) else stage
         self.sources = {name: dict(opts) for name, opts in sources.items()}
         self.sinks = {name: dict(opts) for name, opts in sinks.items()}
@@ -107,7 +79,7 @@ class SparkStageOperator(BasePipelineOperator):
         self.spark_conf = dict(spark_conf or {})
         self.conn_id = conn_id
         self.spark_remote = spark_remote
-        #: The runtime chosen when the task runs (the connection's type is known only then).
+        # Chosen when the task runs: the connection's type is known only then.
         self.runtime: RuntimeChoice | None = None
         self.spark_submit_kwargs = dict(spark_submit_kwargs or {})
         self.pending_poke_interval = pending_poke_interval
@@ -118,11 +90,7 @@ class SparkStageOperator(BasePipelineOperator):
         self.poll_interval = poll_interval
 
     def execute(self, context: Context) -> dict[str, Any]:
-        """Prepare the run's epoch (or return the attempt that already did).
-
-        A refusal a retry cannot change (an option that renders wrong, a pipeline another DAG
-        owns, a fenced attempt) fails the task at once, without retries.
-        """
+        """Prepare the run's epoch (or return the attempt that already did); a refusal fails at once."""
         with refusals_fail_at_once():
             return self._execute(context)
 
@@ -252,10 +220,7 @@ class SparkStageOperator(BasePipelineOperator):
                              sources=self.sources, sinks=self.sinks)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> OperatorLineage:
-        """OpenLineage once done, or failed: what the epoch's prepared record says was read and staged.
-
-        A try that did not prepare reports the declared datasets.
-        """
+        """OpenLineage once done, or failed: what the prepared record says was read and staged (else declared)."""
         from airflow_seatunnel_ckpt.lineage.epoch import stage_lineage
 
         return stage_lineage(pipeline_name=self.pipeline, participant=self.participant, sources=self.sources,

@@ -1,17 +1,10 @@
-"""The Checkpoints page's FastAPI app, mounted by the API server under :data:`URL_PREFIX`, and
-the Airflow plugin that mounts it (:class:`CheckpointsPlugin`: the app, a nav entry and a DAG
-run tab). The plugin is registered through the provider info's ``plugins`` entry, so installing
-the provider is enough; only the API server mounts ``fastapi_apps``, other processes that load
-plugins build the app object too (cheap: no database or store is touched until a request).
+"""The Checkpoints page's FastAPI app, mounted by the API server under :data:`URL_PREFIX`, and the
+Airflow plugin that mounts it (:class:`CheckpointsPlugin`), registered through the provider info.
 
-Plugin apps get no authentication from the API server, so every route depends on the
-API server's own security: ``get_user`` (the JWT of the UI session cookie or a bearer
-token) and the auth manager's ``is_authorized_dag``. Reading needs read access to DAGs;
-an action needs edit ("PUT") access to the DAG that owns the pipeline (its descriptor's
-owner, else the DAG that began its newest epoch). Actions are POSTs with a JSON body, which a
-cross-site HTML form cannot send, and each is written to the transaction log with the
-user and the reason before it is carried out, and with its outcome (succeeded, refused,
-failed: what it did or the error) once it is over.
+Plugin apps get no authentication from the API server, so every route depends on its
+``get_user`` and the auth manager's ``is_authorized_dag``; each action is written to the
+transaction log with the user and the reason before it is carried out, and with its outcome
+after (docs/UI.md).
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the routes' annotations at runtime.
@@ -34,7 +27,6 @@ from airflow_seatunnel_ckpt.core.protocol import recovery
 from airflow_seatunnel_ckpt.hooks.stores import ConfiguredStore, UnknownStoreError, configured_stores, find_store
 from airflow_seatunnel_ckpt.plugins import charts, overview, run_notes
 
-#: Where the API server mounts the app (also the external views' hrefs).
 URL_PREFIX = "/seatunnel-ckpt"
 
 _templates = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -52,12 +44,10 @@ _templates.filters["utc"] = _utc
 
 
 async def current_user(request: Request) -> Any:
-    """The signed-in user, as the API server's own ``get_user`` resolves it (bearer token,
-    else the UI's session cookie); its HTTP 401/403 when there is none or it is invalid.
-
-    ``get_user`` is imported per request, not with the module: every Airflow process that
-    loads plugins imports this one, and the API server's security module costs a second.
-    """
+    """The signed-in user, as the API server's own ``get_user`` resolves it; its HTTP 401/403 when
+    there is none or it is invalid."""
+    # Imported per request: every process that loads plugins imports this module, and the
+    # API server's security module costs a second.
     from airflow.api_fastapi.core_api.security import get_user
 
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
@@ -65,7 +55,6 @@ async def current_user(request: Request) -> Any:
     return await get_user(request=request, _oauth_token=None, bearer_credentials=bearer)
 
 
-#: A route parameter carrying the signed-in user.
 User = Annotated[Any, Depends(current_user)]
 
 
@@ -81,11 +70,8 @@ def _authorize(user: Any, method: Literal["GET", "PUT"], dag_id: str) -> None:
 
 
 def run_finished_in_db(run_id: str, dag_id: str) -> bool | None:
-    """Whether the DAG run that began an epoch is over, from the metadata database.
-
-    The API server has the database, so the page's recovery (dry run and real) judges an
-    undecided epoch as the recovery DAG does: ``None`` (unknown) when the run is not there.
-    """
+    """Whether the DAG run that began an epoch is over, from the metadata database (``None``: unknown),
+    so that the page's recovery judges an undecided epoch as the recovery DAG does."""
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -100,11 +86,8 @@ def run_finished_in_db(run_id: str, dag_id: str) -> bool | None:
 
 
 def stage_tasks_in_db(dag_id: str, run_id: str) -> dict[str, str]:
-    """The stage tasks of a DAG run and their states (``"none"``: not run yet), from the database.
-
-    For the run tab of a run that has no epoch: a stage marked success (or skipped) in the
-    UI finished without beginning one, which is what the tab then says.
-    """
+    """The stage tasks of a DAG run and their states (``"none"``: not run yet), from the database, for
+    the run tab of a run that has no epoch."""
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -166,10 +149,8 @@ def create_app() -> FastAPI:
     @app.get("/stores/{store_key}/pipelines/{name}", response_class=HTMLResponse)
     def pipeline_page(store_key: str, name: str, user: User,
                       last: Annotated[int, Query(ge=1, le=500)] = 20) -> HTMLResponse:
-        """A pipeline's newest ``last`` epochs, their verify results and recovery's dry run.
-
-        ``last`` bounds the page's cost: verify reads every part of each committed checkpoint.
-        """
+        """A pipeline's newest ``last`` epochs (the page's cost: verify reads every part), their verify
+        results and recovery's dry run."""
         configured, store = _open(store_key)
         p = _pipeline(store, name)
         _authorize(user, "GET", overview.owner_dag_id(p))

@@ -1,12 +1,6 @@
-"""Small charts of a pipeline's last epochs for the Checkpoints page, as inline SVG.
-
-Per epoch, what the transaction log and the checkpoint already record: rows per sink
-(published once committed, else staged), the stage's duration (``begin`` to the last
-``prepared``), the commit's (``decision`` to ``committed``), the checkpoint's bytes and
-the rows quarantined into ``<source>.bad_records`` sinks, and each sink expectation's
-failing fraction (one line per rule). One mark per epoch, aborted epochs marked, so a
-slow or growing epoch, or a rule that starts failing, stands out at a glance. Rendered here in Python
-(no JavaScript library, nothing fetched): the page works offline.
+"""Small charts of a pipeline's last epochs for the Checkpoints page, as inline SVG drawn here (no
+JavaScript, nothing fetched: the page works offline), from what the transaction log and the
+checkpoint already record; one mark per epoch, aborted epochs marked (docs/UI.md).
 """
 
 from __future__ import annotations
@@ -25,9 +19,7 @@ from airflow_seatunnel_ckpt.core.protocol.epoch_index import EpochSummary
 from airflow_seatunnel_ckpt.core.protocol.expectations import summary as expectation_summary
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
-#: How a source's quarantine sink is named (``<source>.bad_records``, see spark.runner).
-QUARANTINE_SUFFIX = ".bad_records"
-#: Epochs the charts show by default.
+QUARANTINE_SUFFIX = ".bad_records"  # a source's quarantine sink (see spark.runner)
 DEFAULT_LAST = 30
 
 _WIDTH, _HEIGHT = 320, 110
@@ -45,7 +37,6 @@ class EpochPoint:
     stage_s: float | None = None
     commit_s: float | None = None
     checkpoint_bytes: int | None = None
-    #: Each sink expectation's failing fraction, by ``<sink>.<rule>`` (the prepared records').
     expectations: dict[str, float] = field(default_factory=dict)
 
 
@@ -140,8 +131,7 @@ def _cross(cx: float, cy: float, r: float) -> str:
 def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPoint], float | None],
               unit: str = "rows") -> Markup:
     """An SVG bar chart: one ``<g class="mark">`` per epoch (a bar, or a cross where the epoch
-    recorded no value), aborted epochs in red with a cross, epochs not yet decided in grey;
-    a dashed line at the median. Every text is escaped."""
+    recorded no value, aborted epochs crossed too) and a dashed line at the median."""
     plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
     values = [value(pt) for pt in points]
     known = [v for v in values if v is not None]
@@ -169,17 +159,13 @@ def bar_chart(title: str, points: Sequence[EpochPoint], value: Callable[[EpochPo
     return _svg_end(out, points)
 
 
-#: The lines' colours, one per rule (in the order of the rules' names; repeated past the last).
 SERIES_COLOURS = ("#2b6cb0", "#d69e2e", "#805ad5", "#38a169", "#dd6b20", "#319795")
 _LEGEND_LINE = 12
 
 
 def fraction_chart(title: str, points: Sequence[EpochPoint]) -> Markup:
-    """An SVG line chart of each expectation's failing fraction per epoch: one
-    ``<g class="series" data-rule="<sink>.<rule>">`` per rule (a line through the epochs that
-    measured it, a dot per epoch), one ``<g class="mark">`` per epoch as in :func:`bar_chart`
-    (an aborted epoch is a red band behind the lines with a cross), and a legend naming the
-    rules under the plot. Every text is escaped."""
+    """An SVG line chart of each expectation's failing fraction per epoch: one ``<g class="series">``
+    per rule, one ``<g class="mark">`` per epoch as in :func:`bar_chart`, and a legend."""
     rules = sorted({rule for pt in points for rule in pt.expectations})
     height = _HEIGHT + _LEGEND_LINE * len(rules)
     plot_w, plot_h = _WIDTH - _LEFT - _RIGHT, _HEIGHT - _TOP - _BOTTOM
@@ -221,9 +207,8 @@ def fraction_chart(title: str, points: Sequence[EpochPoint]) -> Markup:
 
 
 def pipeline_charts(points: Sequence[EpochPoint]) -> list[Chart]:
-    """The page's charts: rows of each sink, stage and commit durations, checkpoint bytes,
-    quarantined rows when a source quarantines records, and the failing fraction of each
-    sink expectation when a sink has any."""
+    """The page's charts (docs/UI.md): rows of each sink, durations, checkpoint bytes, quarantined rows
+    and expectations' failing fractions when there are any."""
     sinks = sorted({sink for pt in points for sink in pt.rows})
     charts = [Chart(f"rows: {sink}", bar_chart(f"rows written to {sink} per epoch", points,
                                                lambda pt, s=sink: pt.rows.get(s)))

@@ -1,9 +1,8 @@
-"""What the Checkpoints page shows of a store, a pipeline and an epoch.
+"""What the Checkpoints page shows of a store, a pipeline and an epoch (no web code: :mod:`.app`
+renders it).
 
-Every state and verdict comes from the functions the ``seatunnel-ckpt`` console uses
-(``epochs``/``show``/``verify``/``recover --dry-run``): the page never derives an epoch's
-state itself, so the page and the console cannot disagree. This module has no web code;
-:mod:`.app` renders what it returns.
+Every state and verdict comes from the functions the ``seatunnel-ckpt`` console uses, so the
+page and the console cannot disagree.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from airflow_seatunnel_ckpt.core.protocol.lease import ExitRecord, SubmissionRec
 from airflow_seatunnel_ckpt.core.protocol.recovery import RunFinished, recover, resolve_epoch
 from airflow_seatunnel_ckpt.core.store import StoredPipeline
 
-#: States an on-call engineer may abort from the page (undecided ones).
 ABORTABLE = frozenset({EpochState.OPEN, EpochState.PREPARED})
 
 
@@ -37,15 +35,11 @@ class EpochRow:
     files: dict[str, int] = field(default_factory=dict)
     checkpoint_bytes: int | None = None
     decision: str = "-"
-    #: The participants that prepared, each with its winning attempt (``ingest@2``), as the console shows them.
-    participants: str = "-"
-    lease: str = ""  #: OPEN epochs: holder, last renewal and the liveness verdict
-    #: Attempts launched through spark-submit: where from, and how spark-submit ended.
+    participants: str = "-"  # each with its winning attempt (``ingest@2``), as the console shows them
+    lease: str = ""  # OPEN epochs: holder, last renewal and the liveness verdict
     submissions: list[str] = field(default_factory=list)
-    damaged: str = ""  #: the damaged record's message (naming the file)
-    #: Each sink rule's counts (``core.protocol.expectations.summary``): the failing fraction per rule.
+    damaged: str = ""  # the damaged record's message (naming the file)
     expectations: list[dict[str, Any]] = field(default_factory=list)
-    #: Per source, what the epoch read, as ``show`` gives it (a CDC source's LSN range, changes, slot lag).
     input: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -103,17 +97,14 @@ class HistoryRow:
     by: str = ""
     reason: str = ""
     at: float | None = None
-    #: succeeded / refused / failed; "unknown" when no outcome was recorded (interrupted)
-    outcome: str = ""
+    outcome: str = ""  # succeeded / refused / failed; "unknown" when none was recorded (interrupted)
     detail: str = ""
-    damaged: str = ""  #: a damaged or malformed action record's message (naming the file)
+    damaged: str = ""  # a damaged or malformed action record's message (naming the file)
 
 
 def action_history(p: StoredPipeline, epochs: list[int]) -> list[HistoryRow]:
-    """The actions recorded on ``epochs`` with their outcomes, newest first.
-
-    An epoch whose action or outcome record is damaged gets one row naming the file.
-    """
+    """The actions recorded on ``epochs`` with their outcomes, newest first (a damaged record: one row
+    naming the file)."""
     rows = []
     for epoch in epochs:
         try:
@@ -157,7 +148,6 @@ class PipelineView:
     verify: list[dict[str, Any]]
     recovery: dict[str, Any]
     history: list[HistoryRow] = field(default_factory=list)
-    #: ``input held back since epoch N (k runs); ...`` when the newest epochs were refused, else "".
     held_back: str = ""
 
 
@@ -177,11 +167,8 @@ def owner_dag_id(p: StoredPipeline) -> str:
 
 def pipeline_view(store: CheckpointStore, name: str, last: int = 20,
                   run_finished: RunFinished | None = None) -> PipelineView:
-    """The newest ``last`` epochs of ``name`` with verify results and recovery's dry run.
-
-    ``run_finished`` answers whether an epoch's DAG run is over (the API server asks its
-    database), so the dry run says what the recovery DAG would do, not only the lease.
-    """
+    """The newest ``last`` epochs of ``name`` with verify results and recovery's dry run (which asks
+    ``run_finished`` whether an epoch's DAG run is over, as the recovery DAG does)."""
     p = store.pipeline(name)
     epochs, held = epoch_index.newest(p, last)
     rows = [epoch_row(p, e, held.get(e)) for e in reversed(epochs)]

@@ -1,13 +1,9 @@
-"""The provider's DAG-run listener: a run that failed because its epoch's input is held back
-gets the reason as its note, the note the Airflow UI shows on the run; the note goes again
-when the run, cleared after a fix, succeeds.
+"""The provider's DAG-run listener: a run that failed because its epoch's input is held back gets
+the reason as its note; the note goes again when the run, cleared after a fix, succeeds.
 
-The abort task cannot write the note itself: a task reaches Airflow only through the Task
-Execution API, which has no call for it. So the abort task leaves the reason in its XCom
-``held_back`` (:data:`~airflow_seatunnel_ckpt.operators.abort.HELD_BACK_KEY`) and fails;
-the scheduler, which then marks the run failed, calls :func:`on_dag_run_failed` with the run
-in its database session, and the note is written in that session (``dag.test()`` runs the
-same code in-process). Registered by :class:`~airflow_seatunnel_ckpt.plugins.app.CheckpointsPlugin`.
+A task cannot set its run's note through the Task Execution API, so the abort task leaves
+the reason in its XCom ``held_back`` and the scheduler, marking the run failed, calls
+:func:`on_dag_run_failed` in its database session (docs/OPERATIONS.md).
 """
 
 from __future__ import annotations
@@ -25,10 +21,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Every note this listener writes starts with this; a note written by a person is never replaced.
-NOTE_PREFIX = "Input held back: "
-#: Airflow keeps at most this many characters of a note.
-NOTE_LIMIT = 1000
+NOTE_PREFIX = "Input held back: "  # marks this listener's notes: a person's is never replaced
+NOTE_LIMIT = 1000  # Airflow keeps at most this many characters of a note
 
 
 def held_back_note(reasons: list[str]) -> str:

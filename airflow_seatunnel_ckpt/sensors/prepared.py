@@ -26,13 +26,9 @@ if TYPE_CHECKING:
 class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
     """Wait until every expected participant of the run's epoch is prepared and verifies.
 
-    Succeeds (the check as XCom) when the prepared records exist and their parts and
-    staged files match the recorded sizes, or the epoch is already decided commit. Fails
-    without retrying when the epoch was aborted or its output is corrupt, and at once when
-    every stage task of the run has finished with the epoch still not prepared (a stage
-    marked without running). The abort task (``all_done``) then takes over. Works in
-    ``poke`` and ``reschedule`` mode; ``deferrable=True`` waits in
-    :class:`EpochPreparedTrigger`.
+    Fails without retrying when the epoch was aborted or its output is corrupt, and at once
+    when every stage task of the run has finished with the epoch still not prepared; the
+    abort task (``all_done``) then takes over.
 
     :param participants: stages that must prepare; ``None`` accepts any one participant.
     :param deferrable: wait in the triggerer instead of holding a worker slot.
@@ -82,8 +78,8 @@ class EpochPreparedSensor(BasePipelineOperator, BaseSensorOperator):
     def _check(self, context: Context) -> PreparedCheck:
         """The store's answer; when it says *waiting*, fail at once if no stage can still prepare.
 
-        The stage tasks' states are read after the store, and the store once more after
-        that: a stage that prepared and then finished is seen as prepared, never as ended.
+        The store is read again after the stage tasks' states: a stage that prepared and
+        then finished is seen as prepared, never as ended.
         """
         run_id = context["run_id"]
         check = self.hook.check_prepared(self.pipeline, run_id, self.participants)

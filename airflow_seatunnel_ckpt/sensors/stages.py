@@ -1,11 +1,9 @@
 """What Airflow says about a run's stage tasks, when the store says their epoch is not prepared.
 
-A stage task that finished (marked success or skipped in the UI without running, or
-killed after it began) can no longer prepare the run's epoch. The store alone cannot tell
-that from a stage that has not started yet; the task instances' states can, at once. The
-sensor, the branch and the abort task ask here, so a run whose stage was marked without
-running moves on in seconds instead of waiting for the sensor's timeout, and all three
-say the same thing about it.
+A stage task that finished (marked success or skipped without running, or killed) can no
+longer prepare the run's epoch; the store alone cannot tell that from a stage that has not
+started yet. The sensor, the branch and the abort task ask here, so such a run moves on in
+seconds, and all three say the same thing about it.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-#: Task-instance states after which a task does not run again unless it is cleared.
 FINISHED_STATES = frozenset({"success", "skipped", "failed", "upstream_failed", "removed"})
 
 
@@ -68,12 +65,8 @@ def stage_tasks_of(task: Any) -> dict[str, str]:
 
 def explain_unprepared(states: Mapping[str, str | None], run_id: str, epoch: int | None,
                        missing: Sequence[str] = ()) -> str:
-    """Why a run whose stage tasks all finished has no prepared epoch, and what to do.
-
-    ``epoch`` is ``None`` when the run never began one: a stage marked success or skipped
-    never ran (or a failed one failed before it began). Otherwise the stage began the epoch
-    and was marked or stopped before it prepared.
-    """
+    """Why a run whose stage tasks all finished has no prepared epoch (``None``: it never began one),
+    and what to do."""
     named = ", ".join(f"{task} ({state})" for task, state in sorted(states.items()))
     marked = any(state in ("success", "skipped") for state in states.values())
     then = ("; its input stays unconsumed for the next run (clear the stage task to process it "

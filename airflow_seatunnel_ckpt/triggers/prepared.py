@@ -19,14 +19,9 @@ if TYPE_CHECKING:
 class EpochPreparedTrigger(StoreTrigger):
     """Poll the checkpoint store until the run's epoch is prepared (or can never be).
 
-    Fires exactly one event, a :class:`PreparedCheck` as a dict, whose ``outcome`` is
-    ``prepared``, ``decided``, ``aborted``, ``corrupt`` or ``timeout``. The deadline is an
-    absolute wall-clock time so it survives the trigger moving to another triggerer, and
-    it is enforced here rather than only through the deferral timeout (which Airflow's
-    in-process ``dag.test`` does not apply).
-
-    A failing read of the store is polled through for ``store_error_timeout`` seconds
-    before the trigger reports it (an ``error`` event).
+    Fires exactly one event, a :class:`PreparedCheck` as a dict. The deadline is an absolute
+    wall-clock time so it survives the trigger moving to another triggerer, and is enforced
+    here too (Airflow's in-process ``dag.test`` does not apply the deferral timeout).
     """
 
     def __init__(self, *, run_id: str, participants: Sequence[str] | None = None, deadline: float | None = None,
@@ -41,11 +36,7 @@ class EpochPreparedTrigger(StoreTrigger):
         return {"run_id": self.run_id, "participants": self.participants, "deadline": self.deadline}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield one event once waiting can no longer change the outcome.
-
-        A failing read of the store is polled through for ``store_error_timeout`` seconds
-        (:class:`~.store_errors.StoreErrorBudget`) before it is reported.
-        """
+        """Yield one event once waiting can no longer change the outcome (see :class:`StoreErrorBudget`)."""
         budget = StoreErrorBudget(self.store_error_timeout)
         pipeline: Pipeline | None = None
         while True:

@@ -21,7 +21,6 @@ from airflow_seatunnel_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core import Pipeline
 
-#: Seconds a trigger keeps polling through failing store reads before it reports the failure.
 STORE_ERROR_TOLERANCE_S = 300.0
 
 #: Errors that waiting cannot heal: a damaged record, a bad configuration or name.
@@ -30,14 +29,8 @@ LASTING_ERRORS: tuple[type[BaseException], ...] = (CorruptCheckpointError, Confi
 
 
 class StoreErrorBudget:
-    """Tolerate failing polls for a bounded time: one store hiccup must not end a wait.
-
-    A trigger that reported the first failed poll made its task fail, and the task's next
-    try then cancelled the attempt the trigger was watching -- a healthy application
-    stopped for a network blip. :meth:`tolerate` says whether to poll again: yes while the
-    current run of failures has lasted less than ``tolerance_s``; never for
-    :data:`LASTING_ERRORS`. :meth:`succeeded` ends a run of failures.
-    """
+    """Tolerate failing polls for ``tolerance_s`` (never :data:`LASTING_ERRORS`): one store hiccup must
+    not end a wait, or the task's next try would cancel the healthy attempt the trigger watched."""
 
     def __init__(self, tolerance_s: float = STORE_ERROR_TOLERANCE_S) -> None:
         self.tolerance_s = float(tolerance_s)
@@ -68,10 +61,9 @@ class StoreErrorBudget:
 class StoreTrigger(BaseTrigger):
     """A trigger polling one pipeline of a checkpoint store (the store arguments as the task's).
 
-    Its serialised kwargs never contain storage options (they are stored in the metadata
-    database and shown in logs): credentials come from the connection, which the trigger
-    resolves itself. The store is read in a worker thread: the core's storage calls block
-    and must not stall the triggerer's event loop.
+    Its serialised kwargs never hold storage options (they are shown in the metadata
+    database and logs): the trigger resolves the connection itself. The store is read in a
+    worker thread, so that blocking storage calls do not stall the triggerer's event loop.
     """
 
     def __init__(self, *, pipeline: str, store_conn_id: str | None = None, storage_url: str | None = None,

@@ -18,15 +18,8 @@ class StageSubmissionTrigger(StoreTrigger):
     """Poll the store until the submitted attempt is prepared, failed, lost or fenced.
 
     Fires one event, a :class:`~airflow_seatunnel_ckpt.core.protocol.lease.SubmissionCheck`
-    as a dict (:meth:`StageSubmitHook.check <airflow_seatunnel_ckpt.hooks.stage_submit.StageSubmitHook.check>`
-    decides, as for a try that waits in-process).
-    Everything it needs is in the store -- the prepared record, the launcher's exit
-    record, the participant's lease -- so it works from any triggerer, wherever the driver
-    runs. While it waits, the launch log's new lines go to the task's log when the log is
-    on this host (a triggerer beside the worker, ``dag.test``).
-
-    A failing read of the store is polled through for ``store_error_timeout`` seconds
-    before the trigger reports it.
+    as a dict. Everything it needs is in the store, so it works from any triggerer; the
+    launch log's new lines go to the task's log when the log is on this host.
     """
 
     def __init__(self, *, epoch: int, participant: str, attempt: int, log: str = "", log_host: str = "",
@@ -48,11 +41,8 @@ class StageSubmissionTrigger(StoreTrigger):
         return StageSubmitHook(await self.open_pipeline(), self.participant)
 
     async def on_kill(self) -> None:
-        """The deferred task was marked failed, cleared or marked success: stop its application.
-
-        Asks the attempt's launcher, through the store, to stop ``spark-submit`` (it looks
-        at every lease renewal). Not called when the triggerer restarts or the trigger moves.
-        """
+        """The deferred task was marked or cleared: fence the attempt, so its launcher stops it (not called
+        when the triggerer restarts or the trigger moves)."""
         submit_hook = await self._submit_hook()
         cancelled = await asyncio.to_thread(
             submit_hook.cancel, self.epoch, self.attempt, by=f"triggerer on {socket.gethostname()}",
@@ -65,12 +55,7 @@ class StageSubmissionTrigger(StoreTrigger):
                              self.pipeline, self.epoch, self.participant, self.attempt)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Yield one event once the submitted attempt is done.
-
-        A failing read of the store is polled through for ``store_error_timeout`` seconds
-        (:class:`~.store_errors.StoreErrorBudget`): reporting it at once would fail the task,
-        and its next try would stop the healthy attempt this trigger watches.
-        """
+        """Yield one event once the submitted attempt is done (see :class:`StoreErrorBudget`)."""
         from airflow_seatunnel_ckpt.spark.launch import LogFollower
 
         follower = (LogFollower(self.log_file)
