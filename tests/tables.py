@@ -3,21 +3,43 @@ extensions, loaded from the installed extension wheels (no download at test time
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+#: Per process: one in-memory DuckDB database and the extensions loaded into it.
+_DATABASE: dict[int, tuple[Any, list[str]]] = {}
+_DATABASE_LOCK = threading.Lock()
+
 
 def duckdb_connection(*extensions: str) -> Any:
-    """A DuckDB connection with ``extensions`` (default: avro, iceberg, delta) loaded."""
+    """A new DuckDB connection with ``extensions`` (default: avro, iceberg, delta) loaded.
+
+    The connections of one process are to one in-memory database, into which each extension
+    is loaded once: a ``LOAD`` reads and checks the whole extension file in every new
+    database (0.3 to 1 s each, the delta one is 77 MB), which was a sixth of a replay test's
+    time when each reader made its own database. What a caller creates is therefore seen by
+    the other connections unless it is ``TEMP`` (a temporary view is the connection's own).
+    A forked child makes a database of its own (DuckDB's threads do not survive a fork).
+    """
     import duckdb
 
-    wheels = sorted((Path(duckdb.__file__).parent.parent / "duckdb_ext" / "extensions").glob("*/*"))
-    assert wheels, "the duckdb-ext-* wheels are not installed (see pyproject.toml, extra 'test')"
-    con = duckdb.connect()
-    for name in extensions or ("avro", "iceberg", "delta"):
-        con.execute(f"LOAD '{wheels[0] / (name + '.duckdb_extension')}'")
-    return con
+    with _DATABASE_LOCK:
+        database, loaded = _DATABASE.get(os.getpid()) or (None, [])
+        if database is None:
+            database = duckdb.connect()
+            _DATABASE.clear()
+            _DATABASE[os.getpid()] = (database, loaded)
+        missing = [name for name in extensions or ("avro", "iceberg", "delta") if name not in loaded]
+        if missing:
+            wheels = sorted((Path(duckdb.__file__).parent.parent / "duckdb_ext" / "extensions").glob("*/*"))
+            assert wheels, "the duckdb-ext-* wheels are not installed (see pyproject.toml, extra 'test')"
+            for name in missing:
+                database.execute(f"LOAD '{wheels[0] / (name + '.duckdb_extension')}'")
+                loaded.append(name)
+    return database.cursor()
 
 
 def duckdb_iceberg_rows(catalog: Mapping[str, str], identifier: str,

@@ -141,39 +141,17 @@ def files_holding(root: Path, *forms: str) -> list[str]:
     return [str(p) for p in root.rglob("*") if p.is_file() and any(f.encode() in readable(p) for f in forms)]
 
 
-def test_postgres_sources_named_by_a_connection_commit_every_row_once_through_spark_submit(
+def test_postgres_sources_named_by_a_connection_commit_every_row_once_and_the_password_is_only_in_a_private_file(
         airflow_home: Path, tmp_path: Path, shop: psycopg.Connection) -> None:
-    from tests.core.sources.test_postgres_cdc import flushed
+    """Epoch 1 deferred (the submission is looked at while its driver runs), epoch 2 waited on in the task.
 
-    (Path(os.environ[MARKERS_ENV]) / "release").touch()
-    first = pg_stage(tmp_path, deferrable=False).execute(context_for("run-1"))
-    commit(tmp_path, first["epoch"])
-    shop.execute("INSERT INTO orders VALUES (3, 30)")
-    shop.execute("UPDATE orders SET amount = 11 WHERE id = 1")
-    flushed(shop)
-    second = pg_stage(tmp_path, deferrable=False).execute(context_for("run-2"))
-    commit(tmp_path, second["epoch"])
-
-    assert (first["epoch"], second["epoch"]) == (1, 2)
-    assert sorted(r["id"] for r in published(tmp_path, "orders", 1)) == [1, 2]
-    assert sorted(r["id"] for r in published(tmp_path, "orders", 2)) == [3]
-    assert sorted((r["_op"], r["id"], r["amount"]) for r in published(tmp_path, "changes", 1)) == [
-        ("insert", 1, 10), ("insert", 2, 20)]
-    assert sorted((r["_op"], r["id"], r["amount"]) for r in published(tmp_path, "changes", 2)) == [
-        ("insert", 3, 30), ("update", 1, 11)]
-    pipeline = CheckpointStore.from_url(f"file://{tmp_path}/store").pipeline("shop")
-    assert [pipeline.state(e) for e in (1, 2)] == [EpochState.COMMITTED, EpochState.COMMITTED]
-    # The store pins the connection's name, never what it resolves to (its role, its password).
-    role = json.loads(os.environ["AIRFLOW_CONN_SHOP_PG"])["login"]
-    assert files_holding(tmp_path / "store", "shop_pg")
-    assert files_holding(tmp_path / "store", *PASSWORD_FORMS) == files_holding(tmp_path / "store", role) == []
-
-
-def test_the_connections_password_reaches_the_driver_only_in_a_private_password_file(
-        airflow_home: Path, tmp_path: Path, shop: psycopg.Connection) -> None:
+    One pipeline for both: each ``spark-submit`` costs a driver JVM, and what the password
+    checks look at (the running submission's processes and files) is the same in either epoch.
+    """
     import psutil
 
     from airflow_seatunnel_ckpt.hooks.spark_submit import SPEC_NAME
+    from tests.core.sources.test_postgres_cdc import flushed
     from tests.operators.test_stage_detached_submit import context_of, deferred, fire, wait_until
 
     markers = Path(os.environ[MARKERS_ENV])
@@ -211,13 +189,29 @@ def test_the_connections_password_reaches_the_driver_only_in_a_private_password_
     (markers / "release").touch()
     event = fire(trigger)
     assert event["outcome"] == "prepared", event
-    result = stage.execute_complete(context_of(1), event)
-    assert result["rows"] == 4  # 2 rows by query, 2 snapshot rows by CDC
+    first = stage.execute_complete(context_of(1), event)
+    assert first["rows"] == 4  # 2 rows by query, 2 snapshot rows by CDC
     # The password file goes with the submission's private directory, which the launcher removes as it exits.
     wait_until(lambda: not workdir.exists(), 60, "the launcher to remove its private directory")
-    commit(tmp_path, 1)
+    commit(tmp_path, first["epoch"])
+    shop.execute("INSERT INTO orders VALUES (3, 30)")
+    shop.execute("UPDATE orders SET amount = 11 WHERE id = 1")
+    flushed(shop)
+    second = pg_stage(tmp_path, deferrable=False).execute(context_for("run-2"))
+    commit(tmp_path, second["epoch"])
+
+    assert (first["epoch"], second["epoch"]) == (1, 2)
     assert sorted(r["id"] for r in published(tmp_path, "orders", 1)) == [1, 2]
-    assert files_holding(tmp_path / "store", *PASSWORD_FORMS) == []
+    assert sorted(r["id"] for r in published(tmp_path, "orders", 2)) == [3]
+    assert sorted((r["_op"], r["id"], r["amount"]) for r in published(tmp_path, "changes", 1)) == [
+        ("insert", 1, 10), ("insert", 2, 20)]
+    assert sorted((r["_op"], r["id"], r["amount"]) for r in published(tmp_path, "changes", 2)) == [
+        ("insert", 3, 30), ("update", 1, 11)]
+    assert [pipeline.state(e) for e in (1, 2)] == [EpochState.COMMITTED, EpochState.COMMITTED]
+    # The store pins the connection's name, never what it resolves to (its role, its password).
+    role = json.loads(os.environ["AIRFLOW_CONN_SHOP_PG"])["login"]
+    assert files_holding(tmp_path / "store", "shop_pg")
+    assert files_holding(tmp_path / "store", *PASSWORD_FORMS) == files_holding(tmp_path / "store", role) == []
 
 
 def test_a_postgres_source_whose_connection_is_missing_fails_the_stage_before_anything_is_submitted(

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.spark]
 
 def delta_scan(table: Path, query: str = "SELECT * FROM t ORDER BY order_id") -> tuple[list[str], list[Any]]:
     con = duckdb_connection("delta")
-    con.execute(f"CREATE VIEW t AS SELECT * FROM delta_scan('{table}')")
+    con.execute(f"CREATE TEMP VIEW t AS SELECT * FROM delta_scan('{table}')")
     result = con.execute(query)
     return [d[0] for d in result.description], result.fetchall()
 

@@ -117,9 +117,9 @@ class Lake:
             from pyiceberg.catalog import load_catalog
 
             location = load_catalog("lake", **self.catalog).load_table(f"lake.{table}").metadata_location
-            con.execute(f"CREATE VIEW t AS SELECT * FROM iceberg_scan('{location.removeprefix('file://')}')")
+            con.execute(f"CREATE TEMP VIEW t AS SELECT * FROM iceberg_scan('{location.removeprefix('file://')}')")
         else:
-            con.execute(f"CREATE VIEW t AS SELECT * FROM delta_scan('{self.orders.root / 'delta' / table}')")
+            con.execute(f"CREATE TEMP VIEW t AS SELECT * FROM delta_scan('{self.orders.root / 'delta' / table}')")
         return con.execute(query).fetchall()
 
     def orders_summary(self) -> tuple[Any, ...]:

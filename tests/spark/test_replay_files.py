@@ -87,7 +87,7 @@ class FileLake(Lake):
         else:
             root = self.totals_url.removeprefix("file://")
             files = [str(p) for p in Path(root, (Path(root) / LATEST).read_text().strip()).rglob("*.parquet")]
-        con.execute(f"CREATE VIEW t AS SELECT * FROM read_parquet({files!r}, hive_partitioning = true)")
+        con.execute(f"CREATE TEMP VIEW t AS SELECT * FROM read_parquet({files!r}, hive_partitioning = true)")
         return con.execute(query).fetchall()
 
     def total_amount(self) -> float:
