@@ -160,16 +160,6 @@ CONNECT_ALL = "connect_all"
 CONNECT_SLICE = "connect_slice"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Register the markers of the Connect slice (``--strict-markers``)."""
-    config.addinivalue_line(
-        "markers", f"{CONNECT_SLICE}(why): the test's Connect run is in the default run; why names what it "
-                   "proves on Connect beyond the classic run")
-    config.addinivalue_line(
-        "markers", f"{CONNECT_ALL}: a Connect run outside the default slice; `-m {CONNECT_ALL}` runs these "
-                   "(RELIABILITY_FULL=1 runs them with everything else)")
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``connect_all`` every Connect run of a stage test not marked ``connect_slice``, and
