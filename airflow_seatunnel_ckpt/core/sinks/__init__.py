@@ -1,30 +1,10 @@
 """Sinks: a commit-decided epoch's staged files made visible in each sink's target, once.
 
-Every sink implements one contract (:mod:`.base`: ``precheck`` before the decision,
-``commit`` after it, or ``replace`` for a replay's, all with one :class:`SinkCommit`
-request), one module per type,
-imported on first use (:data:`CONNECTORS`, a :class:`~airflow_seatunnel_ckpt.core.registry.Registry`),
-so a pipeline without table sinks never imports pyiceberg, deltalake or psycopg:
-
-* files (:mod:`.files`): ``<target>/epoch=<e>/`` and a ``_SUCCESS`` summary;
-* tables (:mod:`.iceberg`, :mod:`.delta`, :mod:`.postgres`): the epoch's verified staged
-  files are placed at their final, deterministic location inside the table
-  (:func:`storage.publish_files`), then one transaction per sink per epoch adds them,
-  recording the store id, pipeline, sink and epoch in the table itself, so a retry, a
-  racing recovery run or the console reads the table first and commits nothing twice;
-  the table's owner is recorded in it too, and a second owner is refused (:mod:`.markers`).
-
-The pipeline calls the two wrappers here. :func:`precheck_sink` runs in ``Pipeline.decide``
-for every sink and turns a refusal into :class:`SinkRefusedError` (kept as
-:class:`TableOwnershipError` for another owner's table or a marker this store's log lacks)
-naming the way out, so that the epoch is aborted and the target stays untouched. After the
-decision :func:`commit_sink` only fails for transient reasons; a refusal then means the
-target changed after the decision, and it fails at once, naming ``seatunnel-ckpt resolve
---skip-sink`` as the way on. An exception of a library is wrapped in :class:`PublishError`
-naming the pipeline, epoch and sink.
-
-Secrets (catalog credentials) are never in the manifest: :func:`register_secret_resolver`
-lets the Airflow layer add them from a connection when the commit runs.
+One module per type (:data:`CONNECTORS`, imported on first use, so a pipeline without
+table sinks never imports pyiceberg, deltalake or psycopg) implements the contract of
+:mod:`.base`. The pipeline calls :func:`precheck_sink` in ``Pipeline.decide`` (a refusal is
+a :class:`SinkRefusedError` that aborts the epoch) and :func:`commit_sink` after the
+decision; :func:`register_secret_resolver` lets the Airflow layer add secrets at commit time.
 """
 
 from __future__ import annotations

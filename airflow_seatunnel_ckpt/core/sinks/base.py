@@ -1,42 +1,9 @@
 """The sink contract: what every sink (files, Iceberg, Delta, PostgreSQL) promises the protocol.
 
-A sink is a module (one per type, :data:`core.sinks._BUILTIN`) that satisfies
-:class:`SinkConnector`, called with one request record, :class:`SinkCommit`:
-
-* **identity and owner**: the request names the store (its id and URL) and the pipeline
-  writing the target, and the sink (its name, its options). A target records its owner on
-  the first commit and refuses another owner (a file sink: the ``_seatunnel_ckpt_owner``
-  marker; a table: :mod:`.markers`).
-* ``precheck(request)``: everything that can refuse the epoch, checked before the commit
-  decision (:meth:`Pipeline.decide`), from the staged files and the target, changing
-  nothing a reader sees (claiming an unowned target is allowed). Raises
-  :class:`SinkRefusedError` or :class:`ConfigError` for a refusal; any other failure is
-  transient (the decision is asked again).
-* ``commit(request) -> PublishedSink``: the epoch's staged output made visible in the
-  target, once: idempotent through the epoch's marker in the target (a retry, a racing
-  recovery run find it and commit nothing twice), its waits bounded by ``request.retries``
-  (and the sink's own timeouts). After the decision only transient failures remain.
-* ``replace(request) -> PublishedSink``: a replay's commit (``request.replaces`` names the
-  replayed epochs) swaps exactly their rows for the new ones (a full refresh,
-  ``request.sink.full_refresh``, replaces the whole content), idempotent through the
-  replay epoch's marker like ``commit``. The swap and the marker are one transaction of the
-  target, so a connector's ``replace`` and ``commit`` usually share one body: the built-in
-  ones are the same function (``replace = commit``), which swaps when ``request.replaces``
-  is set. A sink type without ``replace`` cannot be replayed: a replay into it is refused
-  by :func:`core.sinks.precheck_sink`, before the decision (its ``commit`` might add the
-  replayed rows next to the replaced ones).
-* **recovery's view** (``held_epoch(request) -> int | None``): the newest epoch of this
-  pipeline's sink the target holds, read from its marker (a file target: its newest
-  complete ``epoch=<e>/`` whose commit finished) and judged by :func:`markers.check_marker` against
-  ``request.log_holds``, the pipeline's log's answer (the sinks never read the
-  transaction log themselves). Reads only. Recovery rolls a COMMITTING epoch forward
-  by asking this first (:meth:`Pipeline.commit` with ``held_first``): an epoch the target
-  holds is acknowledged without a commit, so an epoch counts as held only once everything
-  its commit does is done (a file target's snapshot pointer and removals included).
-
-:func:`core.sinks.precheck_sink`, :func:`core.sinks.commit_sink` (``commit`` or ``replace``)
-and :func:`core.sinks.held_epoch` wrap these with the refusal wording; the pipeline calls
-nothing else of a sink.
+A sink module satisfies :class:`SinkConnector` (``precheck`` before the decision,
+``commit`` after it, ``replace`` for a replay's, recovery's ``held_epoch``), each called
+with one :class:`SinkCommit`; :mod:`core.sinks` wraps them with the refusal wording
+(docs/ARCHITECTURE.md, decision 45, has the promises).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Change rows applied to a keyed table (``apply_changes``): SCD1 or SCD2, the same for every table sink.
 
-A sink with :class:`~airflow_seatunnel_ckpt.core.sinks.options.ApplyChanges` stages change
-rows (the Spark side keeps the last change per key of each epoch,
-:func:`spark.sinks.tables.last_change_per_key`). Its commit reads the rows the table holds
-for the changes' keys (an SCD2 table: every version), computes their new rows here with
-:func:`applied`, and swaps the old rows of those keys for the new ones in the epoch's one
-table commit with its marker. What the computation would refuse is checked before the
-decision (:func:`check_changes`, :func:`check_table`), so that after it nothing is left to
-refuse. A replay restores the touched keys as of the epoch before it and applies the
-replayed changes to that (:func:`restored_before`); a full refresh applies them to an empty
-table. docs/CDC.md ("Applying changes") is the user's view.
+A lake sink's commit reads the rows the table holds for the changes' keys, computes their
+new rows with :func:`applied` and swaps them in, in its one commit; :func:`check_changes`
+and :func:`check_table` run before the decision, :func:`restored_before` serves a replay.
+docs/CDC.md ("Applying changes") is the user's view.
 """
 
 from __future__ import annotations

@@ -1,60 +1,10 @@
 """The Delta Lake commit of a table sink: one table version per sink per epoch, with delta-rs.
 
-:func:`commit` turns a commit-decided epoch's staged Parquet files into one Delta
-transaction, exactly once:
-
-1. **already?** The table's owner (``<table>/_seatunnel_ckpt_owner``, as a file sink's
-   target has: another pipeline or store is refused) and its application transaction ``txnAppId =
-   seatunnel-ckpt/<store id>/<pipeline>/<sink>`` are read first
-   (:meth:`DeltaTable.transaction_version`, :mod:`.markers`); a version ``>= epoch``
-   means a previous attempt (a retry, a racing recovery run) committed the epoch --
-   provided this pipeline's log has that epoch decided commit, else it is refused:
-   nothing is written, the result says ``already``.
-2. **place.** Each staged file is copied to a deterministic path inside the table root,
-   ``<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>-<n>.parquet`` (``n``: the file's
-   position in the manifest), verified against the manifest's size and CRC32C. Idempotent: a file
-   already there intact is kept, so a commit killed after placing re-places nothing.
-   The directory name is for people only -- Delta readers take partition values from the
-   log -- so values are reduced to URL-safe characters there and never need decoding.
-3. **commit.** One ``create_write_transaction`` (``create_table_with_add_actions`` for a new
-   table) whose add actions hold *relative* paths, the manifest's sizes, partition values
-   and statistics read from each file's Parquet footer, and whose commit properties carry
-   the application transaction ``(seatunnel-ckpt/<store id>/<pipeline>/<sink>, epoch)``
-   plus the pipeline, sink, epoch and store as commit info. The owner file is created
-   (create-exclusive) before the first commit of an unowned table.
-   delta-rs writes the log entry with put-if-absent, so of
-   two committers of one version exactly one wins (on S3 through conditional writes, no
-   lock). The library's own commit retry is off: the loser reloads the table and reads the
-   transaction version again (step 1), at most ``request.retries`` times.
-
-Decisions (docs/tables/delta.md has the user's view):
-
-* **partition columns stay inside the data files** (the staging keeps them, see
-  :mod:`spark.sinks.tables`; stripping them would rewrite every file). delta-rs and
-  DuckDB's ``delta_scan`` both read such files with the log's value and one column each.
-  The value is taken from the file's own footer statistics, so the log and the file can
-  never disagree.
-* **schema**: a new table gets the first epoch's schema (every column nullable, as Spark
-  writes them). Added columns are added to the table in a metadata-only commit before the
-  data commit (delta-rs would otherwise accept the files and silently hide the new
-  columns). A missing column or a changed type is refused before anything is committed.
-* ``mode: snapshot`` commits with ``mode="overwrite"``: the remove actions of every current
-  file and the new add actions are one version, so readers see the old or the new table.
-* ``merge_keys`` (an upsert): the epoch's rows (one epoch of one keyed result: small) are
-  read and MERGEd into an existing table with delta-rs (update every matched row, insert the
-  others), the application transaction in the same version, so a retry that finds it adds
-  nothing, as for appends (:func:`_merge`). MERGE writes new data files itself (the staged
-  files are read, not added); a new table is still created from the placed files. Keys
-  are never deleted by an upsert.
-* ``apply_changes``: the rows of the epoch's keys are read, the change rows applied to them
-  (:mod:`.changes`, SCD1 or SCD2) and MERGEd back on the rows' identity, the application
-  transaction in the same version (:func:`_apply_changes`); the staged files are only read.
-* **refusals come first**: :func:`precheck` runs every refusal (schema, partitioning, merge
-  keys, ``delta.appendOnly``, column mapping, the table's owner, an application transaction
-  this store's log lacks or past the epoch) when
-  the epoch is decided, from the table's log and the staged files' footers, so a refused
-  epoch is aborted instead of decided commit; the commit repeats them for a table altered
-  in between.
+:func:`precheck` refuses before the decision what the commit would refuse; :func:`commit`
+(also the replay's ``replace``) reads the table's owner and application transaction
+(:mod:`.markers`), places the staged files at deterministic paths in the table, and adds
+them (or MERGEs an upsert's rows, or applies changes) in one version carrying the epoch.
+The steps and decisions are in docs/tables/delta.md.
 """
 
 from __future__ import annotations

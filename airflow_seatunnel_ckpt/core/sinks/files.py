@@ -1,23 +1,9 @@
 """The file sink: each epoch's files in ``<target>/epoch=<e>/``, behind the sink contract.
 
-The target directory's layout (kept as earlier releases wrote it, so existing targets go on):
-
-* ``_seatunnel_ckpt_owner`` (:data:`OWNER_MARKER`): the store and pipeline the target belongs
-  to, created by the first epoch's :func:`precheck` (before the decision), checked by every
-  later one: two pipelines never mix epochs in one directory;
-* ``epoch=<e>/`` with the epoch's files (the manifest's only, verified against their sizes
-  and CRC32C, :func:`storage.publish.publish_files`) and a ``_SUCCESS`` summary written last
-  (:func:`publish_sink_dir`; the summary is the epoch's marker: a retry finds the files
-  and publishes nothing twice);
-* ``mode="snapshot"``: ``_LATEST`` names the current snapshot directory, the older ones are
-  removed once it is written (:func:`retire_older_snapshots`);
-* a replay (``request.replaces``): its directory is published hidden and swapped in for the
-  replaced epochs' directories through the ``_EPOCHS`` pointer (:func:`replace_epoch_dirs`);
-  the replaced directories are removed only after the swap. Readers that must never see a
-  swap half done read :func:`current_epoch_dirs`.
-
-Nothing else is ever deleted: a failure raises :class:`PublishError` (nothing to retry) or
-:class:`StorageError` (retried with backoff, then raised) and leaves the epoch COMMITTING.
+The target holds the ``_seatunnel_ckpt_owner`` marker, ``epoch=<e>/`` directories with a
+``_SUCCESS`` summary written last (the epoch's marker), ``_LATEST`` for snapshot sinks and
+the ``_EPOCHS`` pointer a replay swaps (:func:`current_epoch_dirs` reads it). Nothing else
+is ever deleted; docs/ARCHITECTURE.md has the layout.
 """
 
 from __future__ import annotations

@@ -1,44 +1,10 @@
 """Iceberg table commits: one epoch of one sink becomes one Iceberg snapshot, exactly once.
 
-``commit(request)`` (called by :func:`core.sinks.commit_sink` for a commit-decided
-epoch) does, for sink options :class:`IcebergSinkOptions` (``table: "ns.name"``,
-``catalog``, ``catalog_name``, ``partition_by``, ``mode``, ``merge_keys``):
-
-1. **marker first.** The table properties ``seatunnel-ckpt.<pipeline>.<sink>.{epoch,store-id}``
-   hold the last epoch of this pipeline's sink committed into the table and the id of
-   the store that committed it; ``seatunnel-ckpt.owner`` names the table's owner
-   (:mod:`.markers`). Another owner is refused. Epochs commit in order (the protocol
-   commits an epoch only after earlier ones are decided), so this store's value
-   ``>= epoch`` means this epoch is in the table -- if this pipeline's log has that epoch
-   decided commit (else the store was reset, and the epoch is refused): nothing is done,
-   ``how="already"``. The properties survive snapshot expiry; the snapshot summary
-   (store id, pipeline, sink, epoch) is for people reading the history.
-2. **table and schema.** The table is created on first use from the staged files' Parquet
-   schema (identity partitions on ``partition_by``). Later epochs may add columns (added
-   as optional columns, in the same transaction as the data); a column that disappeared,
-   changed type or became nullable is refused *before* anything is placed or committed,
-   naming the column, both types and the way out.
-3. **placement.** The staged files are put at deterministic paths inside the table's
-   location (``data/<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>/<file>``) with
-   :func:`storage.publish_files`: idempotent, verified, never deleting anything.
-4. **one transaction, one snapshot**: ``add_files`` (duplicate-file check on) for an append;
-   otherwise one OVERWRITE snapshot that removes the data files it replaces and adds the
-   epoch's -- every current file (a ``snapshot`` sink, a full refresh of an upsert sink:
-   :func:`_last_per_key`), the replaced epochs' (a replay), or
-   with ``merge_keys`` (upsert) the files holding any of the epoch's keys, whose other rows
-   go into rewritten files in the same snapshot (:func:`_without_keys`), or with ``apply_changes``
-   those files and the keys' rows with the epoch's changes applied (:func:`_apply_changes`;
-   the staged change files are only read) -- plus the marker
-   and owner properties. So every snapshot a time-travel or incremental reader can pin
-   holds whole epochs. pyiceberg's own commit retry is switched off for it: on a conflict
-   it rebases an append *without* re-checking duplicates, so two committers of one epoch
-   (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
-   outcome reloads the table and goes back to step 1.
-
-:func:`precheck` runs the refusals of steps 1, 2 and 4 (owner and marker, schema, partitioning,
-merge keys unique and not NULL) when the epoch is decided, from the staged files alone, so that a
-refused epoch is aborted instead of decided commit; the commit repeats them for a table
-altered in between.
+:func:`precheck` refuses before the decision what the commit would refuse; :func:`commit`
+(also the replay's ``replace``) reads the table's owner and marker properties
+(:mod:`.markers`), places the staged files at deterministic paths in the table, and commits
+them with the marker in one snapshot, retrying a conflict from the marker on.
+The steps and decisions are in docs/tables/iceberg.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,9 @@
 """What a table records of who writes it: its owner, and each sink's last committed epoch.
 
-A table sink writes outside the store, so the table must say which store and pipeline
-its epochs belong to; epoch numbers alone mean nothing across stores (a wiped store
-restarts at 1, another store's pipeline of the same name has epochs of its own).
-
-* **owner**: the store id and pipeline the table belongs to, claimed by the first commit.
-  Iceberg: the table property ``seatunnel-ckpt.owner`` = ``<pipeline>@<store id>`` (and
-  ``seatunnel-ckpt.owner-store``, the store's URL, for messages), set in the epoch's own
-  transaction. Delta: the file sink's owner marker ``<table>/_seatunnel_ckpt_owner`` (JSON:
-  pipeline, store id, store URL), created exclusively before the first commit (delta-rs
-  refuses to write tables whose configuration holds keys it does not know). A table owned
-  by another pipeline or store is refused, as a file sink's target is. The way out is the
-  file sink's: release the table (remove the property; delete the marker) and commit
-  again; the next commit claims it.
-* **marker** of one sink: the store id, pipeline, sink and epoch of its last commit.
-  Iceberg: table properties ``seatunnel-ckpt.<pipeline>.<sink>.{epoch,store-id,store}``
-  (the snapshot summary repeats them for people). Delta: the application transaction
-  ``seatunnel-ckpt/<store id>/<pipeline>/<sink>`` at version = epoch.
-
-:func:`check_marker` is the judgement: a marker of this store at or above the epoch means
-"already committed" only when this pipeline's log has that epoch decided commit;
-otherwise (a reset store, a wiped pipeline) the epoch is refused, never skipped.
-Each format reads its table's owner and marker in one place (Iceberg ``_committed_epoch``,
-Delta ``table_epoch``) and judges with it twice: in its ``precheck`` before the commit
-decision (:func:`core.sinks.precheck_sink`: a refusal aborts the epoch, nothing is
-written), and again in its ``commit`` before writing (a table altered after the decision).
-
-The store id (a UUID naming one checkpoint store, written once at the store's root) is
-part of the request's identity: :func:`core.sinks.base.store_id`.
+Iceberg keeps both in table properties, Delta its owner in the file sink's owner marker
+and the epoch as an application transaction, PostgreSQL in its bookkeeping tables.
+:func:`check_marker` is the one judgement of a marker (docs/tables/iceberg.md,
+docs/tables/delta.md and docs/POSTGRES.md describe each format's).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The sinks' options, typed: one model per sink type, keyed on ``type`` (:data:`SINK_OPTIONS`).
 
-A stage's ``sinks.<name>`` entry is checked into its model when the DAG is parsed
-(:func:`core.options.parse`), and the model travels in the prepared record's manifest
-(``SinkManifest.table``) to the commit, where nothing reads a dict again. Nothing here
-imports PySpark, psycopg or a table library: a DAG is parsed without them.
-
-One mode vocabulary for every sink (``mode``): ``append`` (each epoch's rows added beside
-the earlier epochs'), ``upsert`` (each epoch's rows replace the rows with the same
-``merge_keys``), ``snapshot`` (each epoch's rows are the whole content). Files take
-``append|snapshot``, Iceberg and Delta all three, PostgreSQL ``append|upsert``;
-``merge_keys`` without a mode mean ``upsert``.
+Checked when the DAG is parsed (:func:`core.options.parse`) and carried typed in
+``SinkManifest.table`` to the commit. ``mode`` is ``append|upsert|snapshot`` for every sink
+(``merge_keys`` without a mode mean ``upsert``). No PySpark, psycopg or table library here.
 """
 
 from __future__ import annotations

@@ -1,52 +1,10 @@
 """The PostgreSQL commit of a table sink: one database transaction per sink per epoch, with psycopg 3.
 
-:func:`commit` loads a commit-decided epoch's staged Parquet into a PostgreSQL table
-exactly once. Everything happens in **one** transaction:
-
-1. **the epoch's marker row first**: ``INSERT INTO <schema>.seatunnel_ckpt_epochs (store_id,
-   pipeline, sink, epoch, ...) ON CONFLICT DO NOTHING``, primary key (store_id, pipeline, sink,
-   epoch). A racing committer of the same epoch (a task retry, the recovery DAG) blocks on
-   that row until the first transaction ends: if it committed, the insert does nothing and
-   the second committer rolls back ("already"); if it rolled back (its connection died), the
-   second one goes on. A commit retried after its transaction committed finds the row too.
-2. **the table's owner**: ``<schema>.seatunnel_ckpt_owners`` (one row per table: store id,
-   pipeline) is claimed before the first epoch's decision (:func:`claim_owner`), else by the
-   first commit; another store's or pipeline's table is refused
-   (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
-   lacks too (:func:`markers.check_marker`).
-3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by
-   pyarrow from the staged Parquet, streamed batch by batch); ``upsert``: ``COPY`` into a
-   temporary table, then ``MERGE`` it into the table on ``merge_keys`` (``INSERT ... ON
-   CONFLICT DO UPDATE`` before PostgreSQL 15). A new table is created first when
-   ``create_table`` is set (the merge keys its primary key). ``epoch_column`` is filled
-   with the epoch; a replay first deletes the rows of the epochs it replaces by it. An
-   upsert keeps the rows it changes as they were before it (:data:`IMAGES`), which a
-   replay from a later epoch restores first (:func:`_restore_before`); a full refresh
-   empties the table first. ``apply_changes``: ``COPY`` into a temporary table, then the
-   change rows applied in SQL as SCD1 or SCD2 (:func:`_apply_changes`, :func:`_apply_step`).
-
-The transaction commits the rows and the marker together, so the marker says exactly
-whether the epoch landed, also after a crash between the database's commit and the log's
-``committed`` record: the next commit (recovery) finds the marker and writes nothing.
-The append path copies straight into the table: inside the transaction that is as atomic
-as a staging table and an ``INSERT ... SELECT``, at the cost of one copy of the rows.
-
-Refusals come first: :func:`precheck` (run by ``Pipeline.decide``) checks the table exists
-(or ``create_table``), every staged column exists with a compatible type, the columns the
-epoch does not write have a default (a stage that stops writing a column is refused, as
-the Iceberg and Delta sinks refuse it), the merge keys are the table's primary key or
-a unique constraint, the staged keys are never NULL nor repeated, and the owner and
-markers; then a trial load (:func:`trial_load`: the commit's own load in a transaction
-always rolled back) finds what only the table knows (its constraints, the values its
-columns hold). The commit repeats the checks inside its transaction (a table altered
-after the decision; rows the table refuses then are final, never retried). After the
-decision only transient failures remain: a lost connection, a serialization failure or a
-deadlock is retried (tenacity) and then raised as :class:`StorageError`, the epoch staying
-COMMITTING.
-
-The connection string comes from the sink's ``conninfo`` or, for ``postgres_conn_id``, from
-a registered secret resolver (the Airflow layer's :mod:`hooks.postgres_connection`), so a
-password is never in the checkpoint store.
+:func:`precheck` (the checks and a :func:`trial_load` always rolled back) refuses before
+the decision what the commit would refuse; :func:`commit` (also the replay's ``replace``)
+inserts the epoch's marker row, checks the table's owner and loads the rows (``COPY``,
+``MERGE`` for an upsert, SCD1/SCD2 for applied changes) in one transaction, so the
+marker says exactly whether the epoch landed. The steps and decisions are in docs/POSTGRES.md.
 """
 
 from __future__ import annotations

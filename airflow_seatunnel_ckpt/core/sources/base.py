@@ -1,28 +1,11 @@
 """The source contract: what every source promises, each promise in one place.
 
-A source turns the committed history and the outside world into the input one epoch reads,
-and reads exactly that input, however often the epoch runs:
-
-* **plan** (:meth:`Source.plan`, :meth:`Source.plan_from`): this epoch's offsets, from what
-  the committed epochs consumed and the source's present (a listing, a table's snapshot, the
-  broker's offsets). Plain JSON data.
-* **pin**: the runner stores the plan before the stage reads (``Pipeline.pin_inputs``), so
-  every attempt reads the same input. A plan carries the *identity* of what it names -- a
-  file's size, modification time and ETag; a table's snapshot or version, its table id and
-  its data files' sizes; a Kafka topic's id -- so that a later reader can tell the pinned
-  input from another one under the same name.
-* **check** (:meth:`Source.pinned_gone`, :meth:`Source.verify_pinned`): whether the pinned
-  input can still be read as it was pinned. Every read checks it where it reads (a file
-  source before Spark lists the files, a Kafka partition on its executor), and a replay
-  checks every replayed epoch's input before it writes anything.
-* **position**: what a committed epoch consumed is the offsets it pinned (``{}`` for an
-  epoch whose stage did not read the source); the next plan resumes after it.
-* **options**: one typed model per source type (:mod:`.options`), checked once when the
-  source is built (:meth:`Source.checked_options`).
-* **replay**: reads the same pinned input or refuses (:meth:`Source.read_exactly` turns off
-  any option that lets a normal epoch pass over input that is gone).
-
-The Spark side (:class:`airflow_seatunnel_ckpt.spark.sources.base.Source`) adds the read.
+A :class:`Source` plans an epoch's offsets from the committed history and the source's
+present (:meth:`Source.plan`), the runner pins them before the stage reads, every read
+checks the pinned input is still there as pinned (:meth:`Source.pinned_gone`,
+:meth:`Source.verify_pinned`), and a replay reads the same input or refuses
+(:meth:`Source.read_exactly`). The Spark side (:class:`spark.sources.base.Source`) adds
+the read; docs/ARCHITECTURE.md has the design.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 """The consumed-file index of a file source: sorted Arrow segments and a time watermark.
 
-Planning a file source asks one question of its history: "was this listed file consumed,
-and with which identity?". Answering it from every epoch's offsets costs O(all files ever
-consumed) per epoch. The index answers it for the listed names only:
-
-* a **base** of sorted, immutable Arrow segments of ``(path, size, mtime, etag, epoch)``,
-  each covering a key range ``[first, last]`` that a small JSON *directory* part records
-  (with the row count and the segment's oldest and newest mtime);
-* one small sorted **delta** part per epoch (the files that epoch consumed);
-* periodic **compaction** (every ``full_checkpoint_interval`` epochs) merges the deltas
-  into the segments they overlap, and drops files older than the **watermark**:
-  ``newest mtime ever consumed - max_file_age`` (Spark's ``maxFileAge``). Segments no
-  delta touches and no file of which aged out are carried over by reference, unread.
-  The directory records the window it applied (``max_file_age`` and ``aged_below``, the
-  highest watermark a compaction dropped files below): the index cannot tell whether a
-  file older than ``aged_below`` was consumed, so planning never lists below it, whatever
-  ``max_file_age`` says now (a wider window, or none, starts from there).
-
-A lookup reads the directory, the deltas, and only the segments whose key range covers
-a listed name; files named in time order (``dt=.../hour=.../part-N``) make that the last
-segment or none. The index holds files inside the window only, so what each epoch reads
-is bounded by the window, not by the pipeline's age.
-
-A source chain in this shape is ``[directory, *segments, *deltas]``; the directory part
-is named with the token ``index`` so that a chain's shape is known without reading it.
+A chain ``[directory, *segments, *deltas]`` (the directory part named with the token
+``index``) answers "was this listed file consumed, and with which identity?" for the listed
+names only, reading just the segments whose key range covers one; :meth:`FileIndex.compact`
+merges the deltas and drops files below the watermark. docs/FILE_SOURCES.md has the layout.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Kafka offsets as an epoch's position: planning from the committed history and the broker's answers.
 
-Pure functions, no Kafka client: the Spark layer asks the broker (topic ids, earliest and
-latest offsets of every subscribed partition) and hands the answers here as
-:class:`TopicState` values, so the planning rules -- where each partition resumes, the cap
-spread over partitions, new partitions, and what counts as lost data -- are the same
-wherever the answers come from.
-
-An epoch's offsets (JSON, pinned in the log before the stage reads)::
-
-    {"start": {"<topic>": {"<partition>": first offset}},   # the ranges read: [start, end)
-     "end": {"<topic>": {"<partition>": end offset}},       # the position after the epoch
-     "topic_ids": {"<topic>": "<id>"},
-     "lost": [{"topic", "partition", "from", "to", "reason"}, ...],   # skipped with fail_on_data_loss=false
-     "turn": ["<topic>", <partition>]}   # under a cap: where the next epoch's round-robin starts
-
-``end`` is the position: the next epoch resumes each partition there. Partitions of a
-topic no longer subscribed, or missing from the broker's answer, keep their position
-(``start == end``), so the topic resumes where it stopped; only another topic id is
-another topic.
+Pure functions, no Kafka client: the Spark layer asks the broker and hands the answers
+here as :class:`TopicState` values, so the planning rules (:func:`plan_offsets`) are the
+same wherever they come from. The offsets' JSON shape is in docs/KAFKA.md; ``end`` is the
+position.
 """
 
 from __future__ import annotations

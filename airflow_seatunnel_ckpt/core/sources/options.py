@@ -1,10 +1,7 @@
 """The sources' options, typed: one model per source type, keyed on ``type``.
 
-A stage spec's ``sources.<name>`` entry is one of these models (``{"type": "file", ...}``
-by default). The model checks the types and allowed values of every option; what depends
-on several options together (``ordered_prefixes`` needs a glob prefix, Kafka takes
-``topics`` or ``pattern``) is checked by the source built from it. Every option name a
-DAG could use before the models existed is a field here, so DAGs keep parsing.
+A model checks each option's type and values; what depends on several options together is
+checked by the source built from it. Every option name a DAG could use is a field here.
 """
 
 from __future__ import annotations

@@ -1,35 +1,10 @@
 """PostgreSQL change data capture: a logical replication slot's LSNs as an epoch's position.
 
-An epoch's offsets (JSON, pinned in the log before the stage reads)::
-
-    {"slot": "<slot>", "publication": "<pub>", "tables": ["<schema>.<name>", ...],
-     "system_id": "<pg_control_system().system_identifier>", "database": "<name>",
-     "start": <LSN>, "end": <LSN>,          # the transactions read: commit LSN in [start, end)
-     "lsns": "0/16F4B80..0/16F5FB0",        # the same, as PostgreSQL prints LSNs
-     "snapshot": "<exported snapshot>" | None,   # the first epoch: the tables as of ``start``
-     "lag_bytes": <int>,                    # the WAL the slot keeps behind ``end`` when planned
-     "changes": {"insert": n, "update": n, "delete": n}}   # counted by the read, recorded when prepared
-
-``end`` is the position: the next epoch starts there. The plan pins ``end`` as the server's
-flush LSN (decoding sees only flushed WAL); the read asks the slot for the changes up to it
-with ``pg_logical_slot_peek_binary_changes``, which consumes nothing, and keeps exactly the
-transactions whose commit record lies in ``[start, end)`` (a retry reads the same). The
-slot's confirmed position moves only in a later plan, to the end of a COMMITTED epoch
-(``keep_epochs`` epochs back, so those can be replayed): the store's position is the truth,
-the slot only keeps the WAL behind it.
-
-Identity, checked by the plan and again where the changes are read: the server (system
-identifier and database), the slot (it exists, its WAL is not lost, and its confirmed
-position is not past the epoch's start: a slot dropped and created again, or advanced by
-someone else, has released changes no epoch read) and the publication's tables.
-
-The first epoch creates the slot through the replication protocol with ``SNAPSHOT
-'export'``: the exported snapshot shows the tables exactly as of the slot's consistent
-point, where the stream starts, so no change is missed or read twice between snapshot and
-stream. The snapshot lives as long as the connection that exported it (held by the
-process that planned the epoch); a retry in another process cannot read it, so it plans the
-first epoch again (:meth:`PostgresCdc.repin`): no committed epoch read the slot, so the slot
-is created again with a new snapshot, and the attempt records the new offsets as consumed.
+An epoch reads the transactions whose commit LSN is in its pinned ``[start, end)`` with
+``pg_logical_slot_peek_binary_changes`` (which consumes nothing); the slot's confirmed
+position moves only in a later plan, behind committed epochs. The first epoch reads the
+tables as of the slot's exported snapshot. docs/CDC.md has the offsets, identity checks
+and snapshot rules.
 """
 
 from __future__ import annotations

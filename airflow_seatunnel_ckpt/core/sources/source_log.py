@@ -1,16 +1,9 @@
 """Source chains: what every committed epoch consumed, as checkpoint parts.
 
-A source's chain holds the offsets of every committed epoch up to the checkpoint's: a
-full part with all of them, then one delta part per later epoch, bounded by
-``full_checkpoint_interval`` like keyed state. Restore reads the chain back as the
-source's history, and a source plans its next input from that history.
-
-A source whose offsets carry ``"consumed_index": {"max_file_age": seconds or null}`` (the
-file source) keeps a :mod:`~airflow_seatunnel_ckpt.core.sources.files` instead: a directory
-part, sorted segments and one small delta per epoch, compacted at the same interval and
-bounded by the time watermark, so planning reads the listed names' segments only. A chain
-written in the entries shape (a history rebuilt from the log, a chain carried from a
-replica) is read as it is and converted by the next epoch that writes one.
+A full part with every committed epoch's offsets, then one delta part per later epoch,
+bounded by ``full_checkpoint_interval`` like keyed state; a file source's chain is a
+consumed-file index (:mod:`.files`) instead. A chain in the entries shape is read as it is
+and converted by the next epoch that writes one.
 """
 
 from __future__ import annotations

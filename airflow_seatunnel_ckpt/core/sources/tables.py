@@ -1,24 +1,10 @@
 """Which data files an epoch reads from a table source: planned from table metadata alone.
 
-A table source's offsets are the table's own positions -- an Iceberg snapshot id, a Delta
-version, the epochs another pipeline published -- plus the exact data files between the
-position the last committed epoch consumed and the one this epoch reads up to. The
-runner stores them before the stage runs (``Pipeline.pin_inputs``), so a retry reads the
-same files even after the table moved on, and Spark reads them as plain Parquet: no
-Iceberg or Delta jars on the cluster.
-
-The contract is *append-only*: an epoch reads each appended row exactly once. A commit
-that removed or rewrote data in between (an Iceberg ``overwrite``/``delete`` snapshot, a
-Delta commit with ``remove`` actions that change data) breaks it -- the rows removed were
-already delivered downstream -- so it is an error naming the snapshot or version, unless
-the source is told to skip such commits (as Spark's streaming readers of both formats
-are). Compactions (Iceberg ``replace``, Delta ``dataChange=false``) change no data and are
-passed over silently.
-
-Everything here is plain Python over pyiceberg/deltalake metadata; it never imports Spark.
-This module holds what the planners share (the planned :class:`DataFile`, the committed
-history, the errors) and the planner of another pipeline's published epochs; the Iceberg
-and Delta planners are :mod:`.iceberg_planning` and :mod:`.delta_planning`.
+A table source's offsets are the table's own position (an Iceberg snapshot, a Delta
+version, another pipeline's published epochs) plus the exact data files appended since the
+last committed epoch's, read by Spark as plain Parquet. Commits that removed data break
+the append-only contract and are refused unless skipped (docs/tables/sources.md). This
+module holds what the planners share and the planner of published epochs; no Spark here.
 """
 
 from __future__ import annotations
