@@ -26,9 +26,8 @@ if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.sinks.options import SinkOptionsBase
 
 
-#: Called with a table sink's options before its commit; returns extra properties holding
-#: secrets (e.g. a catalog's credentials from an Airflow connection named in the options):
-#: :func:`core.sinks.register_secret_resolver` adds one.
+#: Called with a table sink's options before its commit; returns extra properties holding secrets
+#: (:func:`core.sinks.register_secret_resolver` adds one).
 SECRET_RESOLVERS: list[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = []
 
 
@@ -73,15 +72,13 @@ class SinkCommit:
 
     @property
     def type(self) -> str:
-        """The sink's type: ``file``, ``iceberg``, ``delta``, ``postgres`` (or a registered one's,
-        whose options without a model stay the mapping the stage wrote)."""
+        """The sink's type (a registered type's options without a model stay the stage's mapping)."""
         table: Any = self.table
         return str(table["type"] if isinstance(table, Mapping) else table.type)
 
     @functools.cached_property
     def resolved_store_id(self) -> str:
-        """``store_id``, or the id of the store whose pipeline directory ``staged`` is (read once, when a
-        table needs it: a file sink never does)."""
+        """``store_id``, or the id of the store whose pipeline directory ``staged`` is (read once, when needed)."""
         if self.store_id:
             return self.store_id
         staged = self.staged
@@ -111,17 +108,9 @@ class SinkCommit:
 
 
 # -- store id --------------------------------------------------------------------------------------
-# The store id: a UUID naming one checkpoint store, written once at the store's root.
-#
-# A store's URL says where it is, not which store it is: a wiped and recreated store (an
-# ephemeral ``$AIRFLOW_HOME``) has the same URL and restarts its epochs at 1, and a store
-# copied elsewhere keeps its epochs under a new URL. Whatever the store writes outside
-# itself (the markers of table sinks, :mod:`core.sinks.markers`) names it by this id.
-#
-# ``<store>/_store_id`` is created by the first caller that needs it, with the store's
-# put-if-absent primitive (of concurrent first callers exactly one wins and every caller
-# returns the winner's id), and only read thereafter. It is framed and checksummed like
-# every record; pipelines are never named with a leading ``_``, so it shares no name.
+# A UUID naming one checkpoint store: its URL says where it is, not which store it is (a wiped
+# and recreated store restarts at epoch 1 under the same URL). Created once with the store's
+# put-if-absent primitive, framed and checksummed like every record.
 
 
 #: The store id file, at the root of the store (beside the pipelines' directories).
@@ -153,7 +142,7 @@ def store_id(root: Storage) -> str:
 
 
 class SinkConnector(Protocol):
-    """One sink type: the module :data:`core.sinks._BUILTIN` names (see the module docs)."""
+    """One sink type: a module :data:`core.sinks.CONNECTORS` names (see the module docs)."""
 
     def precheck(self, request: SinkCommit) -> None:
         """Refuse (SinkRefusedError, ConfigError) an epoch the target would refuse; before the decision."""

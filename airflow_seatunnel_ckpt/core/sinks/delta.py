@@ -250,7 +250,7 @@ def _refuse_foreign_commits(table: DeltaTable, request: SinkCommit, where: str) 
     rewritten the replaced epochs' rows; the replay would silently drop that change.
     """
     replaced = {str(e) for e in request.sink.replaces}
-    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": markers.store_id_of(request)}
+    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": request.resolved_store_id}
     started = False
     for commit in sorted(table.history(), key=lambda c: int(c.get("version", 0))):
         own = all(str(commit.get(k)) == v for k, v in ours.items())
@@ -440,7 +440,7 @@ def _properties(request: SinkCommit, app_id: str) -> CommitProperties:
     # committer of this epoch and for any other writer, instead of delta-rs's own rebase.
     return CommitProperties(
         custom_metadata={"pipeline": request.pipeline, "sink": request.sink.sink, "epoch": request.epoch,
-                         "store": request.store, "store_id": markers.store_id_of(request)},
+                         "store": request.store, "store_id": request.resolved_store_id},
         max_commit_retries=0, app_transactions=[Transaction(app_id, request.epoch)])
 
 
@@ -608,7 +608,7 @@ def replay_base(table: DeltaTable, options: dict[str, str], request: SinkCommit,
     (:class:`SinkRefusedError`).
     """
     first = min(request.sink.replaces)
-    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": markers.store_id_of(request)}
+    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": request.resolved_store_id}
     history = sorted(table.history(), key=lambda c: int(c.get("version", 0)))
     for commit in history:
         epoch = int(commit.get("epoch") or 0)

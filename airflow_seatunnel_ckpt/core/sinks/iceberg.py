@@ -222,7 +222,7 @@ def _snapshots(table: Table, request: SinkCommit) -> Iterator[tuple[Snapshot, di
     """The table's snapshots, oldest first, each with its summary and whether this store's pipeline's sink
     committed it (by the summary)."""
     ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
-            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+            f"{PROPERTY_PREFIX}.store-id": request.resolved_store_id}
     for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
         summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
         yield snapshot, summary, all(summary.get(k) == v for k, v in ours.items())
@@ -444,7 +444,7 @@ def _commit_once(table: Table, request: SinkCommit, placed: Storage, paths: Sequ
     """One transaction: (schema additions,) one snapshot of the files, the marker. Raises on conflict."""
     summary = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
                f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store,
-               f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+               f"{PROPERTY_PREFIX}.store-id": request.resolved_store_id}
     view = _without_library_retry(table)
     snapshot = request.sink.mode is SinkMode.SNAPSHOT
     key = list(_options(request).merge_keys)

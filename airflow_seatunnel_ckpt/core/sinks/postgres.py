@@ -275,7 +275,7 @@ def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: Postgre
     found = conn.execute("SELECT to_regclass(%s)", (_qualified(options, IMAGES).as_string(conn),)).fetchone()
     if found is None or found[0] is None:  # the trial load before the first commit creates the bookkeeping
         return
-    ids = (markers.store_id_of(request), request.pipeline, request.sink.sink, request.epoch)
+    ids = (request.resolved_store_id, request.pipeline, request.sink.sink, request.epoch)
     versions = options.apply_changes is not None and options.apply_changes.history == "scd2"
     image = sql.SQL("to_jsonb(t) FROM {} AS k LEFT JOIN {} AS t ON {}").format(
         keys, _qualified(options), _keyed("t", "k", options))
@@ -298,7 +298,7 @@ def _restore_before(conn: psycopg.Connection, request: SinkCommit, options: Post
     when a replaced epoch that committed into the table kept none: it was committed before
     before-images were kept, or they were deleted.
     """
-    ids = (markers.store_id_of(request), request.pipeline, request.sink.sink)
+    ids = (request.resolved_store_id, request.pipeline, request.sink.sink)
     replaced = sorted(request.sink.replaces)
     lacking = conn.execute(sql.SQL(
         "SELECT array_agg(m.epoch ORDER BY m.epoch) FROM {} AS m WHERE m.store_id = %s AND m.pipeline = %s "
@@ -359,7 +359,7 @@ def _delete_replaced(conn: psycopg.Connection, request: SinkCommit, options: Pos
     others = conn.execute(sql.SQL(
         "SELECT DISTINCT store_id, pipeline FROM {} WHERE target_table = %s AND epoch = ANY(%s) "
         "AND (store_id, pipeline) <> (%s, %s)").format(_qualified(options, EPOCHS)),
-        (options.table, replaced, markers.store_id_of(request), request.pipeline)).fetchall()
+        (options.table, replaced, request.resolved_store_id, request.pipeline)).fetchall()
     if others:
         raise ConfigError(f"{where}: the table {options.table} also holds epochs {replaced} of {others} (store id, "
                           f"pipeline; the table was handed over), and {options.epoch_column!r} cannot tell their rows "
@@ -455,7 +455,7 @@ def _claim_marker(conn: psycopg.Connection, request: SinkCommit, options: Postgr
     row = conn.execute(sql.SQL(
         "INSERT INTO {} (store_id, pipeline, sink, epoch, target_table, store, rows) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING epoch"
-    ).format(_qualified(options, EPOCHS)), (markers.store_id_of(request), request.pipeline, request.sink.sink,
+    ).format(_qualified(options, EPOCHS)), (request.resolved_store_id, request.pipeline, request.sink.sink,
                                             request.epoch, options.table, request.store, request.sink.rows))
     return row.fetchone() is not None
 
@@ -480,7 +480,7 @@ def _owner_and_marker(conn: psycopg.Connection, request: SinkCommit, options: Po
     row = conn.execute(sql.SQL("SELECT store_id, pipeline, store FROM {} WHERE target_table = %s").format(
         _qualified(options, OWNERS)), (options.table,)).fetchone()
     owner = markers.Owner(row[0], row[1], row[2]) if row else None
-    store_id = markers.store_id_of(request)
+    store_id = request.resolved_store_id
     newest = conn.execute(sql.SQL(
         "SELECT max(epoch) FROM {} WHERE store_id = %s AND pipeline = %s AND sink = %s AND epoch <> %s"
     ).format(_qualified(options, EPOCHS)), (store_id, request.pipeline, request.sink.sink,
