@@ -84,12 +84,8 @@ def identify(request: SinkCommit) -> tuple[str, str]:
 
 def table_epoch(request: SinkCommit, target: Storage, table: DeltaTable | None, where: str, *,
                 decided: bool) -> tuple[markers.Owner | None, int | None]:
-    """The table's owner and this store's pipeline's sink's epoch in it: the one place they are read.
-
-    Refuses another owner's table, or an application transaction this pipeline's log lacks,
-    with :class:`TableOwnershipError` (:func:`markers.check_marker`; ``decided``: the epoch
-    is decided commit, False before the decision). Reads only.
-    """
+    """The table's owner and this store's pipeline's sink's epoch in it, judged by :func:`markers.check_marker`:
+    the one place they are read."""
     owner = markers.read_owner_file(target, where)
     marker = markers.delta_marker(table, request) if table is not None else None
     return owner, markers.check_marker(request, owner, marker, where, decided=decided)
@@ -188,11 +184,7 @@ def commit(request: SinkCommit) -> PublishedSink:
 def precheck(request: SinkCommit) -> None:
     """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
 
-    From the table's log, its owner marker and the staged files' Parquet footers (and, for
-    ``merge_keys``, their key columns): the keys are unique and never NULL, the table is
-    this store's pipeline's (or nobody's) and its application transaction is not past the
-    epoch (:func:`table_epoch`, :class:`TableOwnershipError`), its properties allow the
-    sink's mode, and the schema and partitioning fit.
+    From the table's log, its owner marker and the staged files' Parquet footers (and key columns).
     """
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
@@ -227,16 +219,12 @@ _METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "C
                   "VACUUM END"}
 
 
-#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
-#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+#: A replay's commit (the contract's replace) is the commit: it swaps when ``request.replaces`` is set.
 replace = commit
 
 
 def held_epoch(request: SinkCommit) -> int | None:
-    """This store's pipeline's sink's newest epoch in the table (its application transaction; None: none).
-
-    Reads only; refuses another owner's table (TableOwnershipError), as :func:`table_epoch` does.
-    """
+    """This store's pipeline's sink's newest epoch in the table (its application transaction; None: none)."""
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
     table = load(uri, delta_options, where)
@@ -244,11 +232,8 @@ def held_epoch(request: SinkCommit) -> int | None:
 
 
 def _refuse_foreign_commits(table: DeltaTable, request: SinkCommit, where: str) -> None:
-    """Refuse a replay when a version after the first replaced epoch's was written by another writer.
-
-    Such a version (another writer's append, delete, OPTIMIZE) may have changed or
-    rewritten the replaced epochs' rows; the replay would silently drop that change.
-    """
+    """Refuse a replay when a version after the first replaced epoch's was written by another writer (whose
+    change to the replaced epochs' rows the replay would silently drop)."""
     replaced = {str(e) for e in request.sink.replaces}
     ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": request.resolved_store_id}
     started = False
@@ -307,10 +292,8 @@ def _table_uri(request: SinkCommit) -> str:
 def storage_options(request: SinkCommit, uri: str) -> tuple[dict[str, Any], dict[str, str]]:
     """The table's fsspec options (to place files) and the same as delta-rs options.
 
-    The checkpoint store's options are reused when the table is on the store's protocol
-    (as :meth:`Pipeline.target_storage` does for file sinks); secrets come from the
-    registered resolvers (:meth:`SinkCommit.secrets`): an ``fs_options`` mapping in fsspec's
-    form, and upper-case keys passed to delta-rs as they are (``AWS_ACCESS_KEY_ID``, ...).
+    The store's options when the table is on its protocol, plus the resolvers' secrets: an
+    ``fs_options`` mapping in fsspec's form, upper-case keys passed to delta-rs as they are.
     """
     protocol = uri.split("://", 1)[0].lower()
     same = protocol == request.staged.url.split("://", 1)[0].lower()
@@ -376,12 +359,10 @@ def place_files(request: SinkCommit, target: Storage, where: str) -> tuple[list[
 
 def add_actions(request: SinkCommit, target: Storage, placed: Sequence[PlacedFile],
                 where: str) -> tuple[list[AddAction], pa.Schema | None]:
-    """The add actions of the placed files, and their common Arrow schema (None: no file).
+    """The add actions of the placed files with rows, and their common Arrow schema (None: no file).
 
-    Files without rows are left out (an empty snapshot still replaces the table).
-    Every path is relative to the table root and every size is checked against the
-    manifest here, right before the commit: delta-rs accepts an absolute or missing path
-    without complaint and the table becomes unreadable.
+    Paths and sizes are checked here: delta-rs accepts an absolute or missing path without
+    complaint and the table becomes unreadable.
     """
     partition_by = list(_options(request).partition_by)
     actions: list[AddAction] = []
@@ -468,8 +449,7 @@ def _append(request: SinkCommit, table: DeltaTable, actions: list[AddAction], sc
 
 
 def _add_columns(table: DeltaTable, added: list[Field], where: str) -> None:
-    """Add ``added`` columns to the table in a metadata-only commit of their own, before the data's:
-    create_write_transaction would take the files and keep the old schema, hiding the new columns."""
+    """Add ``added`` columns in a metadata-only commit before the data's (delta-rs would hide them)."""
     if added:
         log.info("%s: adding column(s) %s to the table", where, [f.name for f in added])
         table.alter.add_columns(added)
@@ -499,15 +479,8 @@ def _upsert(request: SinkCommit, table: DeltaTable, options: dict[str, str], key
 
 def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, options: dict[str, str],
                    apply: ApplyChanges, app_id: str, where: str) -> None:
-    """The epoch's changes applied (:mod:`.changes`) in one table version with the application transaction.
-
-    The rows the table holds for the changes' keys (SCD2: every version) are read, the
-    changes applied to them with pyarrow, and one MERGE on the rows' identity (the keys;
-    SCD2: the keys and ``__start_at``) swaps the old rows for the new
-    (:func:`_replace_keys`). A replay applies the replayed changes to the touched
-    keys' rows as of the version before it; a full refresh, and a table not there yet, start
-    from no rows (one overwrite, one create).
-    """
+    """The epoch's changes applied (:mod:`.changes`) to the rows of their keys, swapped in by one MERGE on the
+    rows' identity in one version with the application transaction (a full refresh, a new table: from no rows)."""
     parts = [rows for _, rows in staged_parts(request)]
     for rows in parts:
         changes.check_changes(rows, apply, where)  # checked at the decision; the staged files are the same
@@ -547,13 +520,8 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
 
 def _replace_keys(table: DeltaTable, rows: pa.Table, touched: pa.Table, keys: Sequence[str],
                   properties: CommitProperties) -> dict[str, Any]:
-    """One MERGE in one version: every ``touched`` key's row becomes its row in ``rows``, or goes if none.
-
-    A replay from a later epoch (:func:`core.sinks.restored_before`): the source holds
-    ``rows`` and, for the touched keys without one, a row marked for deletion. ``keys`` are
-    the columns naming one row (applied changes of an SCD2 table: the keys and
-    ``__start_at``, each version a row of its own).
-    """
+    """One MERGE in one version: every ``touched`` key's row becomes its row in ``rows``, or goes if none
+    (``keys``: the columns naming one row; an SCD2 table's include ``__start_at``)."""
     gone = touched.filter(pc.invert(rows_of_keys(touched, rows, keys))) if rows.num_rows else touched
     source = pa.concat_tables([rows.append_column(_DELETE, pa.repeat(pa.scalar(False), rows.num_rows)),
                                gone.append_column(_DELETE, pa.repeat(pa.scalar(True), gone.num_rows))],
@@ -576,11 +544,8 @@ def _merge(table: DeltaTable, rows: pa.Table, keys: Sequence[str], properties: C
 def _rows_of_keys(table: DeltaTable, keys: pa.Table, key: Sequence[str]) -> pa.Table:
     """The table's rows whose key is one of ``keys``, picked batch by batch (the table is never held whole).
 
-    Key columns of numbers, dates and times are pushed down as filters (files whose statistics
-    rule their values out are not read; a composite key's is a superset). Text and binary
-    ones are not: delta-rs writes them as ``string_view``, whose statistics pyarrow cannot
-    compare with a filter on the table's ``string`` (no kernel), which would fail every
-    commit after the first MERGE.
+    Only number, date and time keys are pushed down as filters: delta-rs writes text as
+    ``string_view``, whose statistics pyarrow cannot compare with a ``string`` filter.
     """
     import pyarrow.dataset as ds
 
@@ -599,14 +564,8 @@ def _rows_of_keys(table: DeltaTable, keys: pa.Table, key: Sequence[str]) -> pa.T
 
 
 def replay_base(table: DeltaTable, options: dict[str, str], request: SinkCommit, where: str) -> int | None:
-    """The table version as of the epoch before a replay's first replaced epoch (None: no table yet).
-
-    The version before this sink's first version of a replaced (or later) epoch, found by
-    the epochs in the commit infos; the current version when the replaced epochs wrote none.
-    A version whose log or files are gone (log cleanup, ``VACUUM``), or commit infos gone
-    while the application transaction says a replaced epoch committed, refuse the replay
-    (:class:`SinkRefusedError`).
-    """
+    """The table version as of the epoch before a replay's first replaced epoch (None: no table yet), found by
+    the epochs in the commit infos; SinkRefusedError when that version's log or files are gone."""
     first = min(request.sink.replaces)
     ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": request.resolved_store_id}
     history = sorted(table.history(), key=lambda c: int(c.get("version", 0)))

@@ -75,11 +75,7 @@ ALREADY = "already"
 
 
 def open_catalog(options: IcebergSinkOptions, secrets: Mapping[str, Any]) -> Catalog:
-    """The sink's catalog: its properties plus resolved secrets.
-
-    With neither catalog properties nor a connection (a manifest of a sink that did not
-    resolve them), the embedded catalog of this process's ``$AIRFLOW_HOME``.
-    """
+    """The sink's catalog: its properties plus resolved secrets (neither: the embedded catalog)."""
     given = options.catalog or ({} if options.catalog_conn_id else embedded_catalog())
     props = {str(k): str(v) for k, v in given.items()}
     props.update({str(k): str(v) for k, v in secrets.items()})
@@ -142,11 +138,7 @@ def commit(request: SinkCommit) -> PublishedSink:
 def precheck(request: SinkCommit) -> None:
     """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
 
-    From the table's metadata and the staged files' Parquet footers (and, for
-    ``merge_keys``, their key columns): the keys are unique and never NULL, the table is
-    this store's pipeline's (or nobody's) and its marker is not past the epoch
-    (:func:`_committed_epoch`, :class:`TableOwnershipError`), and the schema and
-    partitioning fit.
+    From the table's metadata and the staged files' Parquet footers (and key columns).
     """
     identifier, where = identify(request)
     key = list(_options(request).merge_keys)
@@ -160,10 +152,7 @@ def precheck(request: SinkCommit) -> None:
     schema = staged_schema(request, where)
     if schema is None:
         return
-    drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
-    for i in reversed(drop):
-        schema = schema.remove(i)
-    schema = check_staged_rows(request, schema, key, where)
+    schema = check_staged_rows(request, _without_partition_copies(schema), key, where)
     apply = _options(request).apply_changes
     with _catalog(request) as catalog:
         table = load(catalog, identifier)
@@ -180,16 +169,12 @@ def precheck(request: SinkCommit) -> None:
         _check_key(table.schema().column_names, request, where)
 
 
-#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
-#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+#: A replay's commit (the contract's replace) is the commit: it swaps when ``request.replaces`` is set.
 replace = commit
 
 
 def held_epoch(request: SinkCommit) -> int | None:
-    """This store's pipeline's sink's newest epoch in the table (its marker; None: none). Reads only.
-
-    Refuses another owner's table, or a marker this pipeline's log lacks (TableOwnershipError).
-    """
+    """This store's pipeline's sink's newest epoch in the table (its marker; None: none). Reads only."""
     identifier, where = identify(request)
     with _catalog(request) as catalog:
         table = load(catalog, identifier)
@@ -198,11 +183,8 @@ def held_epoch(request: SinkCommit) -> int | None:
 
 
 def _refuse_foreign_commits(table: Table, request: SinkCommit, where: str) -> None:
-    """Refuse a replay when a snapshot after the first replaced epoch's is not this sink's own.
-
-    Such a snapshot (another writer's append, delete or compaction) may have changed the
-    replaced epochs' rows or files; the replay would silently drop that change.
-    """
+    """Refuse a replay when a snapshot after the first replaced epoch's is not this sink's own (whose change
+    to the replaced epochs' rows the replay would silently drop)."""
     replaced = set(request.sink.replaces)
     started = False
     for snapshot, summary, own in _snapshots(table, request):
@@ -275,12 +257,8 @@ def load(catalog: Catalog, identifier: str) -> Table | None:
 
 
 def _committed_epoch(table: Table, request: SinkCommit, where: str, *, decided: bool = True) -> int:
-    """This store's last epoch of the sink in the table (-1: none): the one place its marker is read.
-
-    Refuses another owner's table, or a marker this pipeline's log lacks, with
-    :class:`TableOwnershipError` (:func:`markers.check_marker`; ``decided``: the epoch is
-    decided commit, False before the decision).
-    """
+    """This store's last epoch of the sink in the table (-1: none), judged by :func:`markers.check_marker`: the
+    one place its marker is read."""
     props = table.metadata.properties
     marker = markers.iceberg_marker(props, request, where)
     committed = markers.check_marker(request, markers.Owner.parse(props), marker, where, decided=decided)
@@ -337,12 +315,8 @@ def table_storage(table: Table, request: SinkCommit) -> Storage:
 
 
 def final_dir(request: SinkCommit, staged_dir: str) -> str:
-    """Where the files of one staged directory go, relative to the table location.
-
-    ``__partition_region=EU`` becomes ``data/region=EU/<pipeline>/<sink>/<store>-e<epoch>``:
-    an Iceberg-style partition path and a name no other store, pipeline, sink or epoch
-    shares (:func:`markers.placement`).
-    """
+    """Where the files of one staged directory go, relative to the table location: ``__partition_region=EU``
+    becomes ``data/region=EU/<placement>`` (:func:`markers.placement`)."""
     parts = [p[len(PARTITION_PREFIX):] if p.startswith(PARTITION_PREFIX) else p
              for p in staged_dir.split("/") if p]
     return posixpath.join("data", *parts, markers.placement(request))
@@ -379,12 +353,14 @@ def _staged_schema(request: SinkCommit, placed: Storage | None) -> pa.Schema:
                 schema = pq.read_schema(fh)
         except FileNotFoundError:
             continue
-        drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
-        for i in reversed(drop):  # never written by TableSink, but never let them into a table
-            schema = schema.remove(i)
-        return schema
+        return _without_partition_copies(schema)
     raise PublishError(f"cannot read the schema of {candidates[0][0].describe_path(candidates[0][1])}: it is "
                        "neither in staging nor in the table; the epoch stays COMMITTING")
+
+
+def _without_partition_copies(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without hidden partition copies (never written by TableSink, but never let into a table)."""
+    return pa.schema([f for f in schema if not f.name.startswith(PARTITION_PREFIX)], schema.metadata)
 
 
 def _check_schema(table: Table, file_schema: pa.Schema, where: str) -> list[str]:
@@ -502,14 +478,8 @@ def _current_files(tx: Transaction, view: Table, request: SinkCommit, whole: boo
 def _apply_changes(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, apply: ApplyChanges,
                    where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
     """The epoch's changes applied (:mod:`.changes`): the data files holding the changes' keys out
-    (and their rewrites without those keys' rows), the keys' new rows written to files in.
-
-    pyiceberg has no predicated MERGE: the rows the table holds for the keys are read
-    (the files that may hold them, as an upsert finds them), the changes applied to them
-    with pyarrow, and the result written as the epoch's data files. A replay applies the
-    replayed changes to the touched keys' rows as of the epoch before it; a full refresh
-    to an empty table, in place of every current file.
-    """
+    (and their rewrites without those keys' rows), the keys' new rows written to files in (pyiceberg has
+    no predicated MERGE)."""
     key = list(apply.keys)
     schema = tx.table_metadata.schema()
     file_schema = schema_to_pyarrow(schema, include_field_ids=False)
@@ -546,17 +516,10 @@ def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Sto
                   key: Sequence[str], found: list[pa.Table] | None = None) -> tuple[list[DataFile], list[DataFile]]:
     """The current data files holding any of the epoch's ``keys``, and their rewrites without those rows.
 
-    Copy-on-write as pyiceberg's ``Transaction.delete`` does it, but into the epoch's own
-    snapshot (a separate delete snapshot would be a table without the epoch's keys and
-    without its rows, which time-travel readers can pin). Only files whose partition and
-    column statistics may hold a key are read (the scan's planning). A file left with no
-    row is only removed. A rewrite goes to the epoch's placement directory under a name
-    fixed by the file it rewrites (and the delete files applied to it), written whole: a
-    commit retried after a crash before its catalog commit finds it and adds that same
-    file, and one whose original another writer changed since is left unreferenced (an
-    orphan), never added twice. Two racing committers of the epoch may both write it: the
-    same rows through the same writer, the same bytes. Not ``create_exclusive``: placing
-    data files must not need a store's conditional writes (:func:`table_storage`).
+    Copy-on-write as ``Transaction.delete`` does it, but into the epoch's own snapshot (a
+    separate delete snapshot could be pinned by time-travel readers). A rewrite's name is fixed
+    by the file it rewrites, so a retried commit adds that same file (two racing committers
+    write the same bytes); not ``create_exclusive``: placing needs no conditional writes.
     """
     metadata = tx.table_metadata
     if not keys.num_rows or metadata.current_snapshot() is None:
@@ -590,12 +553,8 @@ def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Sto
 
 
 def replay_base(table: Table, request: SinkCommit, where: str) -> Snapshot | None:
-    """The table's snapshot as of the epoch before a replay's first replaced epoch (None: the empty table).
-
-    The parent of this sink's first snapshot of a replaced (or later) epoch, found by the
-    epochs in the snapshot summaries; the current snapshot when the replaced epochs made
-    none. A parent that was expired refuses the replay (:class:`SinkRefusedError`).
-    """
+    """The table's snapshot as of the epoch before a replay's first replaced epoch (None: the empty table),
+    found by the epochs in the snapshot summaries; SinkRefusedError when it was expired."""
     first = min(request.sink.replaces)
     for snapshot, summary, own in _snapshots(table, request):
         epoch = int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0"))
@@ -627,11 +586,7 @@ def _before_replay(table: Table, request: SinkCommit, where: str) -> tuple[pa.Ta
 def _restore_before(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, paths: Sequence[str],
                     key: Sequence[str], where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
     """A replay from a later epoch: the touched keys' current files out (and their rewrites), the rows
-    they had before the replayed epochs (:func:`core.sinks.restored_before`) written to files in.
-
-    The restored rows go to ``restored-<n>.parquet`` in the replay epoch's placement, one file
-    per partition, written whole and found again by a retried commit.
-    """
+    they had before the replayed epochs (:func:`core.sinks.restored_before`) written to files in."""
     file_schema = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
     before, now = _before_replay(view, request, where)
     touched, restored = restored_before(before, now, _epoch_keys(view, paths, key, where), list(key))
@@ -643,13 +598,8 @@ def _restore_before(tx: Transaction, view: Table, request: SinkCommit, placed: S
 
 
 def _write_rows(tx: Transaction, request: SinkCommit, placed: Storage, rows: pa.Table, prefix: str) -> list[str]:
-    """``rows`` (the table's schema) written to ``<prefix>-<n>-<digest>.parquet`` files in the epoch's placement,
-    one per partition; their URLs.
-
-    Written whole, under a name fixed by the file's bytes: a commit retried after a crash
-    before its catalog commit finds the same file and adds it (rows computed anew from a
-    table changed since get a file of their own; the first is left unreferenced).
-    """
+    """``rows`` (the table's schema) written whole to ``<prefix>-<n>-<digest>.parquet`` files in the epoch's
+    placement, one per partition; their URLs. Named by their bytes: a retried commit finds the same file."""
     schema = tx.table_metadata.schema()
     partition = [schema.find_column_name(f.source_id) or "" for f in tx.table_metadata.spec().fields]
     groups = rows.select(partition).group_by(partition).aggregate([]).to_pylist() if partition else [{}]
@@ -673,13 +623,8 @@ def _write_rows(tx: Transaction, request: SinkCommit, placed: Storage, rows: pa.
 
 
 def _last_per_key(table: Table, request: SinkCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:
-    """A replay's placed files (URLs) without the rows whose key a later replayed epoch writes again.
-
-    Each replayed epoch's files hold one row per key; the newest replayed epoch's row is the
-    key's value (:func:`core.sinks.upserted_rows`). A file losing rows is written again
-    beside it, whole, under a name fixed by the file (``last-<name>``): a retried commit finds
-    it and adds the same file. A file losing every row is left out.
-    """
+    """A replay's placed files (URLs) without the rows whose key a later replayed epoch writes again (a file
+    losing some is written again beside it as ``last-<name>``, one losing all is left out)."""
     by_epoch: dict[int, list[str]] = {}
     for folder, files in _groups(request).items():
         epoch = layout.replayed_epoch(folder) or request.epoch
@@ -725,12 +670,8 @@ def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: s
 
 
 def _without_library_retry(table: Table) -> Table:
-    """A copy of ``table`` whose commits are never retried by pyiceberg itself.
-
-    The retry count is read from the table's properties when a transaction commits; it is
-    overridden in this in-memory copy only (other writers of the table keep theirs), and
-    never written, since only the transaction's updates are sent to the catalog.
-    """
+    """A copy of ``table`` whose commits are never retried by pyiceberg itself (the retry count, a property,
+    is overridden in this in-memory copy only: only the transaction's updates reach the catalog)."""
     props = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
     return Table(table.name(), table.metadata.model_copy(update={"properties": props}), table.metadata_location,
                  table.io, table.catalog)

@@ -38,26 +38,20 @@ from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
 
 log = logging.getLogger(__name__)
 
-#: The marker table (one row per committed epoch of a sink) in the sink table's schema.
+#: The bookkeeping tables, in the sink table's schema: one marker row per committed epoch of a sink, one
+#: owner row per table, and upsert epochs' before-images (each key's row before it) a replay restores.
 EPOCHS = "seatunnel_ckpt_epochs"
-#: The owner table (one row per table a pipeline writes) in the sink table's schema.
 OWNERS = "seatunnel_ckpt_owners"
-#: The before-images of upsert sinks (per epoch, each key it changed and its row before, NULL: none), in the
-#: sink table's schema: what a replay from a later epoch restores (:func:`_restore_before`).
 IMAGES = "seatunnel_ckpt_before_images"
 #: The ``key`` of the row that says an epoch kept its before-images (an epoch changing no key has only it).
 _KEPT = "{}"
-#: How the result names an upsert's commit.
 MERGED = "merged"
-#: How the result names a replay's commit (the replaced epochs' rows deleted, the new ones added).
 REPLACED = "replaced"
 #: Rows per batch a ``COPY`` streams from the staged Parquet (its memory: one batch and its CSV).
 COPY_BATCH_ROWS = 16384
 #: The first PostgreSQL version with ``MERGE`` (``server_version`` form).
 MERGE_SINCE = 150000
-#: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock
-#: (both ``OperationalError``). A racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables
-#: is turned into a :class:`StorageError` where it happens (:func:`_bookkeeping`).
+#: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock.
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
 #: Errors in which the table refuses the epoch's rows (a constraint, a value a column cannot hold,
 #: two rows one key, a trigger's ``RAISE``): the same on every attempt, so a refusal, not transient.
@@ -67,7 +61,6 @@ REFUSALS = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.Cardinalit
 _REPLAYED = "__seatunnel_ckpt_replayed"
 #: The separator of the names a staged list column (:data:`UNCHANGED_TOAST`) is loaded as, in one text.
 _NAMES_SEP = "\x1f"
-#: The column a ``COPY`` error's context names.
 _COPY_COLUMN = re.compile(r"^COPY .*?, line \d+, column (.+?): ")
 #: SQLSTATE -> what the user can do about the rows the table refused (:func:`refused`).
 _WAY_OUT = {
@@ -131,13 +124,8 @@ def conninfo(request: SinkCommit, options: PostgresSinkOptions, where: str) -> s
 
 @contextmanager
 def connect(dsn: str, options: PostgresSinkOptions, where: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection (transactions are explicit) with the sink's bounded waits.
-
-    ``lock_timeout`` makes a wait for a lock (the marker row of a committer paused
-    mid-transaction) fail, transiently, instead of blocking until TCP notices;
-    ``idle_in_transaction_session_timeout`` makes the server end such a paused session,
-    releasing its locks for the next attempt. A failure to connect is transient.
-    """
+    """An autocommit connection (transactions are explicit) with the sink's bounded waits
+    (:meth:`PostgresSinkOptions.session_settings`); a failure to connect is transient."""
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=30, application_name="seatunnel-ckpt")
     except psycopg.OperationalError as exc:
@@ -182,10 +170,8 @@ def _transient(exc: Exception, request: SinkCommit, where: str, what: str) -> St
 def commit(request: SinkCommit) -> PublishedSink:
     """Load ``request``'s staged rows and its marker in one transaction (see the module docs).
 
-    Rows the table refuses (:data:`REFUSALS`) are final: the trial load before the decision
-    found none, so the table changed since, and a retry cannot help. An upsert's unique
-    violation alone is retried first: another writer inserted one of the epoch's keys
-    meanwhile, which the next attempt's ``MERGE`` matches.
+    Rows the table refuses (:data:`REFUSALS`) are final, but for an upsert's unique violation:
+    another writer inserted one of the epoch's keys meanwhile, which the next ``MERGE`` matches.
     """
     options, where = identify(request)
     dsn = conninfo(request, options, where)
@@ -213,13 +199,8 @@ def _commit_once(request: SinkCommit, options: PostgresSinkOptions, dsn: str, wh
 
 def _load(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, schema: pa.Schema | None,
           where: str) -> str:
-    """The epoch's rows into the table, inside the caller's transaction: the commit's and the trial load's.
-
-    A replay first deletes the rows of the epochs it replaces (:func:`_delete_replaced`).
-    Creates a missing table (``create_table``), checks its columns (and the merge keys'
-    unique constraint) as the catalog has them now, then ``COPY`` (append) or ``COPY`` and
-    ``MERGE`` (upsert), ``epoch_column`` filled with the epoch. How the rows landed.
-    """
+    """The epoch's rows into the table, inside the caller's transaction (the commit's and the trial load's),
+    checked against the table as the catalog has it now; how the rows landed."""
     if request.sink.replaces and options.merge_keys and request.sink.full_refresh:
         conn.execute(sql.SQL("DELETE FROM {}").format(_qualified(options)))
     elif request.sink.replaces and options.merge_keys:
@@ -291,12 +272,8 @@ def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: Postgre
 
 def _restore_before(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
     """A replay from a later epoch of an upsert sink: each key the replaced epochs changed gets its row
-    from before the first of them back (or goes, if it had none), from their before-images.
-
-    The replay epoch keeps its own before-images of those keys first (a later replay may
-    replace it in turn). Refused (ConfigError, so by the trial load before the decision)
-    when a replaced epoch that committed into the table kept none: it was committed before
-    before-images were kept, or they were deleted.
+    from before the first of them back (or goes, if it had none), from their before-images, after the
+    replay epoch kept its own (a later replay may replace it). ConfigError if a replaced epoch kept none.
     """
     ids = (request.resolved_store_id, request.pipeline, request.sink.sink)
     replaced = sorted(request.sink.replaces)
@@ -345,12 +322,8 @@ def _written(schema: pa.Schema, options: PostgresSinkOptions, where: str) -> pa.
 
 
 def _delete_replaced(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
-    """Delete the rows the epochs a replay replaces appended (``epoch_column`` says which).
-
-    Refused (ConfigError) without ``epoch_column``, and when the marker table records any of
-    those epochs for another store or pipeline (a table handed over): their rows carry the
-    same numbers, and only this pipeline's may go.
-    """
+    """Delete the rows the epochs a replay replaces appended (``epoch_column`` says which); ConfigError without
+    one, or when another store or pipeline also committed those epochs into the table (a table handed over)."""
     replaced = sorted(request.sink.replaces)
     if not options.epoch_column:
         raise ConfigError(f"{where}: a replay replaces epochs {replaced} of the table {options.table}, whose rows a "
@@ -412,13 +385,10 @@ def _same(left: str, right: str, columns: Sequence[str]) -> sql.Composable:
 
 
 def _bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions, where: str) -> None:
-    """Create the marker and owner tables in the table's schema if missing (own transaction).
+    """Create the bookkeeping tables in the table's schema if missing (own transaction).
 
     Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
-    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``. Two
-    first commits racing: the loser's ``CREATE`` meets a unique violation in the catalog or
-    finds the relation already there (which of the two depends on the moment), raised as a
-    (transient) :class:`StorageError`, and its next attempt finds the tables.
+    a table that exists. The loser of two racing first commits gets a (transient) StorageError.
     """
     found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", (
         _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
@@ -491,13 +461,8 @@ def _owner_and_marker(conn: psycopg.Connection, request: SinkCommit, options: Po
 
 def _copy(conn: psycopg.Connection, request: SinkCommit, table: sql.Composable, columns: Sequence[str],
           options: PostgresSinkOptions) -> None:
-    """``COPY`` the staged files' rows into ``table``, streamed: one Parquet batch at a time as CSV.
-
-    Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
-    each batch is read from its file, written as CSV by pyarrow and handed to the ``COPY``.
-    ``options.epoch_column`` among ``columns`` is filled with the epoch, :data:`_REPLAYED`
-    with the replayed epoch that staged the file (:func:`layout.replayed_epoch`).
-    """
+    """``COPY`` the staged files' rows into ``table``, streamed one Parquet batch at a time as CSV
+    (``epoch_column`` and :data:`_REPLAYED` among ``columns`` filled with the epoch, the replayed one)."""
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         table, _names(columns))
     staged = [c for c in columns if c not in (options.epoch_column, _REPLAYED)]
@@ -527,14 +492,7 @@ def _copy(conn: psycopg.Connection, request: SinkCommit, table: sql.Composable, 
 
 def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, schema: pa.Schema) -> None:
     """COPY into a temporary table, then ``MERGE`` it into the table (``INSERT ... ON CONFLICT`` before
-    PostgreSQL 15).
-
-    ``MERGE`` joins the two tables once (a hash join, given the temporary table's statistics)
-    where ``ON CONFLICT`` probes the key index row by row: about twice as fast for a large
-    epoch. Both keep the columns the epoch does not write. Concurrent committers of this
-    epoch never run it together (the marker row serialises them); another writer inserting
-    one of the epoch's keys meanwhile makes it fail with a unique violation, which is retried.
-    """
+    PostgreSQL 15, which probes the key index row by row: about half as fast for a large epoch)."""
     staging = sql.Identifier(f"seatunnel_ckpt_stage_{request.epoch}")
     columns = _names(schema.names)
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
@@ -720,12 +678,8 @@ def _published(request: SinkCommit, options: PostgresSinkOptions, how: str) -> P
 
 # -- the checks before the decision ----------------------------------------------------
 def precheck(request: SinkCommit) -> None:
-    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
-
-    From the staged files' footers and key columns and the database's catalog: the table
-    (or ``create_table``), its columns and types, the merge keys' unique constraint, no
-    NULL or repeated staged key, and the owner and markers (:func:`markers.check_marker`).
-    """
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written): from the staged
+    files, the database's catalog and a :func:`trial_load`."""
     options, where = identify(request)
     if request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
@@ -752,16 +706,12 @@ def precheck(request: SinkCommit) -> None:
         raise _transient(exc, request, where, "the trial load") from exc
 
 
-#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
-#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+#: A replay's commit (the contract's replace) is the commit: it swaps when ``request.replaces`` is set.
 replace = commit
 
 
 def held_epoch(request: SinkCommit) -> int | None:
-    """This store's pipeline's sink's newest epoch in the table (its marker row; None: none). Reads only.
-
-    Refuses another owner's table, or a marker this pipeline's log lacks (TableOwnershipError).
-    """
+    """This store's pipeline's sink's newest epoch in the table (its marker row; None: none). Reads only."""
     options, where = identify(request)
     with connect(conninfo(request, options, where), options, where) as conn:
         owner, marker = _owner_and_marker(conn, request, options)
@@ -805,13 +755,8 @@ def _precheck_columns(conn: psycopg.Connection, options: PostgresSinkOptions, sc
 
 
 def claim_owner(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
-    """Claim a table nobody owns yet for this store's pipeline, before the decision (committed at once).
-
-    Two stores' (or pipelines') first epochs into one table: the first precheck to claim it
-    owns it, and the other is refused before its decision (:class:`TableOwnershipError`)
-    instead of by its commit after it. A claim whose epoch is aborted after all stays: the
-    table is this pipeline's, as after its first commit.
-    """
+    """Claim a table nobody owns yet for this store's pipeline, before the decision (committed at once), so
+    that a second store's or pipeline's first epoch is refused before its decision; the claim stays."""
     _bookkeeping(conn, options, where)
     with conn.transaction():
         _claim_owner(conn, request, options, where, decided=False)
@@ -819,20 +764,10 @@ def claim_owner(conn: psycopg.Connection, request: SinkCommit, options: Postgres
 
 def trial_load(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                schema: pa.Schema | None, where: str) -> None:
-    """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back.
-
-    Only the table knows some refusals: a key it holds already, NOT NULL, ``varchar(n)``,
-    CHECK and foreign-key constraints, ``numeric(p,s)`` overflow, a NUL character, two keys
-    equal after ``char(n)`` padding, a trigger's ``RAISE`` (:data:`REFUSALS`, which
-    :func:`precheck` raises as ConfigError, :func:`refused`). Met here, they refuse the
-    epoch before its decision; met by the commit, they would leave it COMMITTING. Deferred
-    constraints are checked at once (``SET CONSTRAINTS ALL IMMEDIATE``), as the rollback
-    never reaches the ``COMMIT`` that would check them. Costs a second load of the epoch's
-    rows; the rollback leaves dead tuples for vacuum and advances the table's sequences
-    (identity, serial).
-    """
+    """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back, to meet
+    the refusals only the table knows (:data:`REFUSALS`) before the decision."""
     with conn.transaction(force_rollback=True):
-        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the rollback never reaches the COMMIT that checks them
         _load(conn, request, options, schema, where)
 
 
