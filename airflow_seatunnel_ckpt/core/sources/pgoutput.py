@@ -255,10 +255,8 @@ class Decoder:
 
 
 class ChangeColumns:
-    """Change rows kept column by column, as the Spark source hands them to Spark (one list per column,
-    no object per change): each table column's text values (None for NULL and for the rows of tables
-    without the column) and the change columns ``_table``, ``_op``, ``_lsn``, ``_seq``, ``_commit_ts``
-    (protocol microseconds), ``_xid`` and ``_unchanged_toast``, in the order the rows were added."""
+    """Change rows kept column by column, as the Spark source hands them to Spark (no object per change): each
+    table column's text values (None: NULL or not in the row's table) and the change columns."""
 
     def __init__(self) -> None:
         self.count = 0

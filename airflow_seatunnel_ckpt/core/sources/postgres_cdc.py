@@ -45,10 +45,8 @@ RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_repl
 
 
 def conninfo(options: PostgresSourceOptions, where: str, error: type[CheckpointError]) -> str:
-    """The libpq connection string of a PostgreSQL source: its ``conninfo``, or what the secret resolvers the
-    sinks share make of its ``postgres_conn_id``, so that the password is read where the source connects and
-    never stored. The Airflow layer registers one (:mod:`airflow_seatunnel_ckpt.hooks.postgres_connection`); a
-    driver the task submitted registers :func:`connections_resolver` of the connections the task resolved."""
+    """The libpq connection string of a PostgreSQL source: its ``conninfo``, or what the sinks' secret resolvers
+    make of its ``postgres_conn_id`` (so the password is read where the source connects, never stored)."""
     if options.conninfo:
         return options.conninfo
     for resolve in SECRET_RESOLVERS:
@@ -332,10 +330,8 @@ class PostgresCdc:
         return pinned(self.options, server, start, max(start, server.flush_lsn), snapshot, 0)
 
     def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The first epoch planned again when its pinned snapshot was exported by another process (gone
-        with it): the slot, which no committed epoch read, is created again with a new snapshot, and the
-        new offsets replace the pinned ones for this attempt (the caller makes sure no attempt of the
-        epoch prepared). None when the pinned offsets can be read here (no snapshot, or this process's)."""
+        """The first epoch planned again (the slot created again) when its pinned snapshot was exported by another
+        process, gone with it; None when the pinned offsets can be read here."""
         name = offsets.get("snapshot")
         if not name or self.exported.get(self._export_key, ("", None))[0] == name:
             return None

@@ -39,11 +39,8 @@ def is_index_chain(chain: list[PartRef]) -> bool:
 
 
 def open_index(storage: Storage, chain: list[PartRef]) -> FileIndex:
-    """The consumed-file index a source chain holds, in either shape.
-
-    An index chain costs its directory and deltas now, and each segment only when a
-    lookup needs it; an entries chain is read in full (once: the next epoch converts it).
-    """
+    """The consumed-file index a source chain holds, in either shape (an index chain's segments are read only
+    when a lookup needs them)."""
     if not is_index_chain(chain):
         where = storage.describe_path(chain[0].path) if chain else "<empty chain>"
         return FileIndex.from_table(file_index.rows_from_entries(_read_entries(storage, chain), where))
@@ -91,13 +88,8 @@ def codec_options(config: CheckpointConfig) -> dict[str, Any]:
 def write_source_part(storage: Storage, config: CheckpointConfig, epoch: int, attempt: int, source: str,
                       offsets: dict[str, Any], base_chain: list[PartRef], rebuilt: bool,
                       history: Callable[[], list[Entry]]) -> SourceState:
-    """Append this epoch's offsets to the source's chain: a delta part, or a full one.
-
-    ``base_chain`` is the source's chain at the restore point; ``rebuilt`` says that the
-    restore point rebuilt the source's history from the log, so there is no chain to
-    extend. ``history`` (the restore point's entries) is read only when a full part is
-    written: no chain yet, a rebuilt history, or a chain at ``full_checkpoint_interval``.
-    """
+    """Append this epoch's offsets to the source's chain (``base_chain``, at the restore point): a delta part, or
+    a full one of ``history`` (no chain yet, a history ``rebuilt`` from the log, or at the interval)."""
     if isinstance(offsets.get(INDEX_KEY), dict) or (is_index_chain(base_chain) and not rebuilt):
         return _write_index_part(storage, config, epoch, attempt, source, offsets, base_chain, rebuilt, history)
     entry = {"epoch": epoch, "offsets": offsets}
