@@ -99,6 +99,14 @@ class SinkCommit:
         """The pipeline, epoch and sink, for messages."""
         return f"pipeline {self.pipeline!r} epoch {self.epoch} sink {self.sink.sink!r}"
 
+    def published(self, location: str, how: str) -> PublishedSink:
+        """The committed record of this sink's epoch: where it landed (``location``) and how."""
+        from airflow_seatunnel_ckpt.core.models import PublishedSink
+
+        sink = self.sink
+        return PublishedSink(sink.sink, redact_url(sink.target_url), location, len(sink.files), sink.rows, sink.bytes,
+                             str(how))
+
     def secrets(self) -> dict[str, Any]:
         """Extra properties the registered resolvers add for this sink (credentials)."""
         out: dict[str, Any] = {}

@@ -18,7 +18,6 @@ from typing import Any
 import tenacity
 
 from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, SinkRefusedError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks.base import SinkCommit
@@ -83,8 +82,7 @@ def commit(request: SinkCommit) -> PublishedSink:
         snapshots = {e: name for name in target.list_dir("")
                      if (e := layout.parse_staging_epoch(name)) is not None}
         retire_older_snapshots(target, snapshots, epoch)
-    return PublishedSink(sink.sink, redact_url(sink.target_url), dst, len(sink.files), sink.rows, sink.bytes,
-                         how.value)
+    return request.published(dst, how)
 
 
 #: A replay's commit (the contract's replace) is the commit: it swaps when ``request.replaces`` is set.

@@ -214,14 +214,14 @@ def _commit(catalog: Catalog, identifier: str, request: SinkCommit, where: str) 
     def attempt() -> PublishedSink:
         table = load(catalog, identifier)
         if table is not None and _committed_epoch(table, request, where) >= request.epoch:
-            return _published(request, table, ALREADY)
+            return request.published(_location(table), ALREADY)
         if table is None:
             if not request.sink.files:  # an empty snapshot of a table that never existed
-                return _published(request, None, EMPTY)
+                return request.published("", EMPTY)
             table = _create(catalog, identifier, _table_schema(request, _staged_schema(request, None)), request,
                             where)
             if _committed_epoch(table, request, where) >= request.epoch:
-                return _published(request, table, ALREADY)
+                return request.published(_location(table), ALREADY)
         placed = table_storage(table, request)
         apply = _options(request).apply_changes
         file_schema = _table_schema(request, _staged_schema(request, placed)) if request.sink.files else None
@@ -237,7 +237,7 @@ def _commit(catalog: Catalog, identifier: str, request: SinkCommit, where: str) 
         except (CommitFailedException, CommitStateUnknownException) as exc:
             # Another committer may have landed this very epoch: reload and read the marker.
             raise CommitConflict(exc) from exc
-        return _published(request, table, how)
+        return request.published(_location(table), how)
 
     try:
         return retry_conflicts(attempt, request.retries, where)
@@ -677,7 +677,5 @@ def _without_library_retry(table: Table) -> Table:
                  table.io, table.catalog)
 
 
-def _published(request: SinkCommit, table: Table | None, how: str) -> PublishedSink:
-    location = table.metadata.location.rstrip("/") if table is not None else ""
-    return PublishedSink(request.sink.sink, request.sink.target_url, location, len(request.sink.files),
-                         request.sink.rows, request.sink.bytes, how)
+def _location(table: Table) -> str:
+    return str(table.metadata.location).rstrip("/")

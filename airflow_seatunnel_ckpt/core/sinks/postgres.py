@@ -184,7 +184,7 @@ def commit(request: SinkCommit) -> PublishedSink:
         raise _transient(exc, request, where, "the commit") from exc
     log.info("%s: %s", where, "the table already holds the epoch (its marker row exists)"
              if how == PublishMethod.ALREADY else f"committed {request.sink.rows} row(s) with the epoch's marker")
-    return _published(request, options, how)
+    return request.published(f"postgres table {options.table}", how)
 
 
 def _commit_once(request: SinkCommit, options: PostgresSinkOptions, dsn: str, where: str) -> str:
@@ -668,12 +668,6 @@ def check_applied_table(conn: psycopg.Connection, table: dict[str, Column], opti
         raise ConfigError(
             f"{where}: apply_changes (scd2) needs the table {options.table} to keep one version per key and start "
             f"and one current version per key; it lacks {lacking}. Nothing was committed. Add them, {way_out}")
-
-
-def _published(request: SinkCommit, options: PostgresSinkOptions, how: str) -> PublishedSink:
-    sink = request.sink
-    return PublishedSink(sink.sink, sink.target_url, f"postgres table {options.table}", len(sink.files), sink.rows,
-                         sink.bytes, str(how))
 
 
 # -- the checks before the decision ----------------------------------------------------
