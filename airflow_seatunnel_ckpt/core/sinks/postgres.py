@@ -249,10 +249,8 @@ def _keyed(table: str, keys: str, options: PostgresSinkOptions) -> sql.Composabl
 
 def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                  keys: sql.Composable) -> None:
-    """Record the table's current row (NULL: none) of each key ``keys`` (a table with a ``key`` jsonb
-    column) as this epoch's before-image, and that the epoch kept them; a key recorded already keeps its
-    first image (the row before the epoch changed anything). An scd2 table's image is the array of
-    all the key's versions (closed ones too), as :func:`_restore_before` puts them back."""
+    """Record the table's current row (NULL: none; scd2: all the key's versions) of each key ``keys`` (a table
+    with a ``key`` jsonb column) as this epoch's before-image, a key recorded already keeping its first."""
     found = conn.execute("SELECT to_regclass(%s)", (_qualified(options, IMAGES).as_string(conn),)).fetchone()
     if found is None or found[0] is None:  # the trial load before the first commit creates the bookkeeping
         return
@@ -390,16 +388,20 @@ def _bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions, where: 
     Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
     a table that exists. The loser of two racing first commits gets a (transient) StorageError.
     """
-    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", (
-        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
-        _qualified(options, IMAGES).as_string(conn))).fetchone()
-    if found is not None and None not in found:
+    if not _bookkeeping_missing(conn, options):
         return
     try:
         _create_bookkeeping(conn, options)
     except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable, psycopg.errors.DuplicateObject) as exc:
         raise StorageError(f"{where}: creating {EPOCHS} and {OWNERS} in schema {options.schema_name} raced another "
                            f"first commit ({str(exc).strip()}); trying again finds them") from exc
+
+
+def _bookkeeping_missing(conn: psycopg.Connection, options: PostgresSinkOptions) -> bool:
+    """Whether any bookkeeping table is missing from the table's schema."""
+    names = [_qualified(options, name).as_string(conn) for name in (EPOCHS, OWNERS, IMAGES)]
+    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", names).fetchone()
+    return found is None or None in found
 
 
 def _create_bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions) -> None:
@@ -528,13 +530,8 @@ def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSink
 
 def _apply_changes(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                    apply: ApplyChanges, staged: pa.Schema) -> None:
-    """Apply the epoch's change rows (the last per key; a replay's: per replayed epoch) to the table.
-
-    ``COPY`` into a temporary table typed as the table's columns (plus the operation, the
-    :data:`UNCHANGED_TOAST` names and, for a replay, the replayed epoch), the keys' before-images
-    kept, then :func:`_apply_step` once, or once per replayed epoch in order (each one's changes
-    are one per key, as the epoch's were).
-    """
+    """Apply the epoch's change rows to the table: ``COPY`` into a temporary table, the keys' before-images
+    kept, then :func:`_apply_step` once, or once per replayed epoch in order (docs/POSTGRES.md)."""
     loaded = sql.Identifier(f"seatunnel_ckpt_changes_{request.epoch}")
     stored = [c for c in _written(staged, options, "").names if c not in SCD2_COLUMNS]
     toast = UNCHANGED_TOAST in staged.names
@@ -577,15 +574,8 @@ def _last_per_key(conn: psycopg.Connection, options: PostgresSinkOptions, apply:
 
 def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: ApplyChanges,
                 changes: sql.Identifier, stored: list[str], toast: bool) -> None:
-    """Apply ``changes`` (a temporary table, one change per key) to the table, in SQL on the server.
-
-    1. the guard: a change whose sequence is not above every one the table holds for its key
-       (scd2: nor below the end of one of its versions) has no effect: it is removed first;
-    2. a column the change names in :data:`UNCHANGED_TOAST` takes the key's (current) value;
-    3. scd1: the deleted keys' rows go, the others are ``INSERT ... ON CONFLICT DO UPDATE``;
-       scd2: each changed key's current version is closed at the change's first sequence value,
-       and every change but a delete adds a version opened there.
-    """
+    """Apply ``changes`` (a temporary table, one change per key) to the table, in SQL on the server: the
+    order guard, the unchanged TOAST values, then SCD1 or SCD2 statements (docs/POSTGRES.md)."""
     table = _qualified(options)
     keys = _same("t", "s", options.merge_keys)
 
@@ -628,13 +618,8 @@ def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: A
 
 def check_applied_table(conn: psycopg.Connection, table: dict[str, Column], options: PostgresSinkOptions,
                         apply: ApplyChanges, where: str) -> None:
-    """ConfigError unless an existing table can take the applied changes.
-
-    scd1: the ``sequence_by`` columns (the guard reads them) and a unique key on ``keys``;
-    scd2: ``__start_at``/``__end_at``, a unique key on (keys, ``__start_at``) and a partial
-    unique index on keys ``WHERE __end_at IS NULL``, and no unique key on the keys alone (a
-    table of one row per key, e.g. a plain upsert's, cannot keep versions).
-    """
+    """ConfigError unless an existing table can take the applied changes: the sequence columns and the unique
+    keys of its history (scd2: on (keys, ``__start_at``) and on the current versions' keys, none on the keys)."""
     way_out = "or drop create_table's table and let the first epoch create it (create_table: true)"
     needed = [*SCD2_COLUMNS] if apply.history == "scd2" else list(apply.sequence_by)
     missing = [c for c in needed if c not in table]
@@ -778,10 +763,7 @@ def check_privileges(conn: psycopg.Connection, options: PostgresSinkOptions, whe
                              (qualified, qualified, privilege)).fetchone()
         if not (found and found[0]):
             missing.append(f"{privilege} on {qualified}")
-    absent = conn.execute("SELECT to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL", (
-        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
-        _qualified(options, IMAGES).as_string(conn))).fetchone()
-    if absent and absent[0]:
+    if _bookkeeping_missing(conn, options):
         can = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (options.schema_name,)).fetchone()
         if not (can and can[0]):
             missing.append(f"CREATE on schema {options.schema_name} (the first commit creates {EPOCHS}, {OWNERS} and "

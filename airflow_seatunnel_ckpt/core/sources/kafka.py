@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.sources.base import last_read
 
 
 class KafkaOffsetsError(CheckpointError):
@@ -53,11 +54,10 @@ def check_subscription(where: str, topics: Sequence[str] | None,
         raise ConfigError(f"{where}: give exactly one of 'topics' (a list of topic names) or 'pattern' "
                           f"(a regular expression the whole topic name matches)")
     if topics is not None:
-        if (isinstance(topics, str) or not isinstance(topics, Sequence) or not topics
-                or not all(isinstance(t, str) and t for t in topics)):
+        if not topics or not all(topics):
             raise ConfigError(f"{where}: topics must be a non-empty list of topic names, got {topics!r}")
         return list(topics), None
-    if not isinstance(pattern, str) or not pattern:
+    if not pattern:
         raise ConfigError(f"{where}: pattern must be a regular expression, got {pattern!r}")
     try:
         return None, re.compile(pattern)
@@ -85,11 +85,8 @@ class Position:
 
 def last_position(history: Sequence[Mapping[str, Any]]) -> Position | None:
     """The position after the last committed epoch that read the source; None if none did."""
-    for entry in reversed(history):
-        offsets = entry.get("offsets") or {}
-        if isinstance(offsets.get("end"), Mapping):
-            return Position.at(offsets)
-    return None
+    offsets = last_read(history, "end")
+    return None if offsets is None else Position.at(offsets)
 
 
 def ranges_of(offsets: Mapping[str, Any]) -> list[Range]:
