@@ -94,6 +94,16 @@ def connect(options: PostgresSourceOptions, where: str, error: type[CheckpointEr
                         "before its decision; its retry reads the same pinned range") from exc
 
 
+def table_columns(conn: Any, table: str) -> list[Column]:
+    """A table's columns now (name, type, primary key), in order."""
+    rows = conn.execute(
+        "SELECT a.attname, a.atttypid::bigint, a.atttypmod, coalesce(a.attnum = ANY(i.indkey), false) "
+        "FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
+        "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        (table,)).fetchall()
+    return [Column(str(n), int(t), int(m), bool(k)) for n, t, m, k in rows]
+
+
 class CdcError(CheckpointError):
     """A ``postgres_cdc`` source cannot plan or read its pinned range (slot, publication or server changed)."""
 
@@ -352,15 +362,7 @@ class PostgresCdc:
 
     def columns(self, conn: Any, tables: Sequence[str]) -> dict[str, list[Column]]:
         """Each table's columns now (name, type, key), in order."""
-        out: dict[str, list[Column]] = {t: [] for t in tables}
-        for table in tables:
-            rows = conn.execute(
-                "SELECT a.attname, a.atttypid::bigint, a.atttypmod, coalesce(a.attnum = ANY(i.indkey), false) "
-                "FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
-                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-                (table,)).fetchall()
-            out[table] = [Column(str(n), int(t), int(m), bool(k)) for n, t, m, k in rows]
-        return out
+        return {table: table_columns(conn, table) for table in tables}
 
     def snapshot_rows(self, offsets: Mapping[str, Any], columns: Mapping[str, list[Column]]
                       ) -> Iterator[tuple[str, dict[str, str | None]]]:

@@ -17,7 +17,7 @@ from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.sources.base import last_read
 from airflow_seatunnel_ckpt.core.sources.options import PostgresQuerySourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Column, output_columns
-from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connect
+from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connect, table_columns
 
 
 class QueryError(CheckpointError):
@@ -37,15 +37,10 @@ class PostgresQuery:
     def columns(self, conn: Any) -> list[Column]:
         """The table's columns now (name, type, primary key)."""
         try:
-            rows = conn.execute(
-                "SELECT a.attname, a.atttypid::bigint, a.atttypmod, coalesce(a.attnum = ANY(i.indkey), false) "
-                "FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
-                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-                (self.options.table,)).fetchall()
+            return table_columns(conn, self.options.table)
         except Exception as exc:
             raise QueryError(f"{self.where}: cannot read the columns of {self.options.table}: "
                              f"{str(exc).strip()}") from exc
-        return [Column(str(n), int(t), int(m), bool(k)) for n, t, m, k in rows]
 
     def keys(self, columns: Sequence[Column]) -> list[str]:
         """The key columns (given, or the primary key), checked."""
