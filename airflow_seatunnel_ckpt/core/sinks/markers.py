@@ -208,9 +208,9 @@ def check_marker(request: SinkCommit, owner: Owner | None, marker: Marker | None
     mine = request.resolved_store_id
     if marker.store_id != mine:
         return None  # the previous owner's, before the table was handed over: not this store's epochs
-    # The log is the pipeline's to read: the request carries its answer (log_holds).
-    reached = (decided and marker.epoch == request.epoch) or request.log_holds(marker.epoch)
-    if marker.epoch >= request.epoch and not reached:
+    # The log is the pipeline's to read: the request carries its answer (log_holds), asked only when needed.
+    if marker.epoch >= request.epoch and not (
+            (decided and marker.epoch == request.epoch) or request.log_holds(marker.epoch)):
         raise TableOwnershipError(
             f"{where}: the table records epoch {marker.epoch} of this pipeline's sink as committed by this store "
             f"({mine}, {request.store}), but the store's log of pipeline {request.pipeline!r} has no commit "
