@@ -1,30 +1,10 @@
 """Sinks: a commit-decided epoch's staged files made visible in each sink's target, once.
 
-Every sink implements one contract (:mod:`.base`: ``precheck`` before the decision,
-``commit`` after it, or ``replace`` for a replay's, all with one :class:`SinkCommit`
-request), one module per type,
-imported on first use (:data:`CONNECTORS`, a :class:`~airflow_seatunnel_ckpt.core.registry.Registry`),
-so a pipeline without table sinks never imports pyiceberg, deltalake or psycopg:
-
-* files (:mod:`.files`): ``<target>/epoch=<e>/`` and a ``_SUCCESS`` summary;
-* tables (:mod:`.iceberg`, :mod:`.delta`, :mod:`.postgres`): the epoch's verified staged
-  files are placed at their final, deterministic location inside the table
-  (:func:`storage.publish_files`), then one transaction per sink per epoch adds them,
-  recording the store id, pipeline, sink and epoch in the table itself, so a retry, a
-  racing recovery run or the console reads the table first and commits nothing twice;
-  the table's owner is recorded in it too, and a second owner is refused (:mod:`.markers`).
-
-The pipeline calls the two wrappers here. :func:`precheck_sink` runs in ``Pipeline.decide``
-for every sink and turns a refusal into :class:`SinkRefusedError` (kept as
-:class:`TableOwnershipError` for another owner's table or a marker this store's log lacks)
-naming the way out, so that the epoch is aborted and the target stays untouched. After the
-decision :func:`commit_sink` only fails for transient reasons; a refusal then means the
-target changed after the decision, and it fails at once, naming ``seatunnel-ckpt resolve
---skip-sink`` as the way on. An exception of a library is wrapped in :class:`PublishError`
-naming the pipeline, epoch and sink.
-
-Secrets (catalog credentials) are never in the manifest: :func:`register_secret_resolver`
-lets the Airflow layer add them from a connection when the commit runs.
+One module per type (:data:`CONNECTORS`, imported on first use, so a pipeline without
+table sinks never imports pyiceberg, deltalake or psycopg) implements the contract of
+:mod:`.base`. The pipeline calls :func:`precheck_sink` in ``Pipeline.decide`` (a refusal is
+a :class:`SinkRefusedError` that aborts the epoch) and :func:`commit_sink` after the
+decision; :func:`register_secret_resolver` lets the Airflow layer add secrets at commit time.
 """
 
 from __future__ import annotations
@@ -55,18 +35,12 @@ _ROW = "__seatunnel_ckpt_row"
 
 
 class CommitConflict(Exception):
-    """One table-commit attempt lost to another writer (or its store failed); ``__cause__`` is why.
-
-    Raised inside an attempt given to :func:`retry_conflicts` only: the next attempt reads
-    the table again first (the winner may have committed this very epoch).
-    """
+    """One attempt given to :func:`retry_conflicts` lost to another writer (or its store failed); ``__cause__`` is
+    why. The next attempt reads the table again first (the winner may have committed this very epoch)."""
 
 
 def retry_conflicts(attempt: Callable[[], T], retries: int, where: str) -> T:
-    """``attempt()``, tried again after a :class:`CommitConflict` at most ``retries`` times.
-
-    Waits 0.05 s, 0.1 s, ... (at most 5 s) between tries; the last conflict is raised.
-    """
+    """``attempt()``, tried again after a :class:`CommitConflict` at most ``retries`` times (backoff up to 5 s)."""
     def warn(state: tenacity.RetryCallState) -> None:
         failed = state.outcome.exception() if state.outcome is not None else None
         log.warning("%s: commit conflict on attempt %d of %d (%s); reading the table again", where,
@@ -94,17 +68,15 @@ CONNECTORS: Registry[SinkConnector] = Registry(
 
 
 def register_sink_type(type_name: str, connector: SinkConnector) -> None:
-    """Make sinks of ``type_name`` commit through ``connector`` (anything with ``precheck`` and ``commit``;
-    without ``replace`` its replays are refused before their decision)."""
+    """Make sinks of ``type_name`` commit through ``connector`` (without ``replace``, replays are refused)."""
     CONNECTORS.register(type_name, connector)
 
 
 def register_table_format(type_name: str, commit: Callable[[SinkCommit], PublishedSink],
                           precheck: Callable[[SinkCommit], None] | None = None,
                           replace: Callable[[SinkCommit], PublishedSink] | None = None) -> None:
-    """:func:`register_sink_type` from functions: ``commit``, ``precheck`` (none: nothing is checked
-    before the decision) and ``replace`` (none: a replay into the sink is refused before its decision);
-    recovery's view of such a sink is that it holds no epoch."""
+    """:func:`register_sink_type` from functions (no ``precheck``: nothing is checked before the decision; no
+    ``replace``: replays are refused); recovery's view of such a sink is that it holds no epoch."""
     functions = {"replace": replace} if replace is not None else {}
     register_sink_type(type_name, types.SimpleNamespace(commit=commit, precheck=precheck or (lambda request: None),
                                                         held_epoch=lambda request: None, **functions))
@@ -135,12 +107,8 @@ def _library(request: SinkCommit) -> str:
 
 
 def precheck_sink(request: SinkCommit) -> None:
-    """Refuse, before the commit decision, an epoch that ``request``'s sink would refuse.
-
-    Raises :class:`SinkRefusedError` naming the sink, the rows or columns and the way out;
-    the caller aborts the epoch, and the table is unchanged. A transient failure (the
-    catalog or the store unreachable) raises as it is: the decision can be tried again.
-    """
+    """Refuse (:class:`SinkRefusedError`), before the commit decision, an epoch that ``request``'s sink would
+    refuse; a transient failure raises as it is (the decision can be tried again)."""
     try:
         found = connector(request)
         if request.replaces and not hasattr(found, "replace"):
@@ -165,14 +133,8 @@ def precheck_sink(request: SinkCommit) -> None:
 
 
 def commit_sink(request: SinkCommit) -> PublishedSink:
-    """Commit one sink of a commit-decided epoch (idempotent: see :mod:`.base`): the connector's
-    ``replace`` for a replay's epoch (``request.replaces``), its ``commit`` for any other.
-
-    Only transient failures are left at this point (the epoch stays COMMITTING for a retry,
-    as :class:`PublishError`, also for any exception of a library). A refusal means
-    the target changed after the decision: :class:`SinkRefusedError`, with the way out
-    (``seatunnel-ckpt resolve --skip-sink``, :meth:`Pipeline.skip_sink`).
-    """
+    """Commit one sink of a commit-decided epoch once: the connector's ``replace`` for a replay's epoch, its
+    ``commit`` for any other. A refusal now means the target changed after the decision (SinkRefusedError)."""
     try:
         found = connector(request)
         return found.replace(request) if request.replaces else found.commit(request)
@@ -193,8 +155,7 @@ def commit_sink(request: SinkCommit) -> PublishedSink:
 
 
 def held_epoch(request: SinkCommit) -> int | None:
-    """The newest epoch of ``request``'s pipeline's sink that its target holds (None: none), read from the
-    target's marker; reads only. TableOwnershipError for another owner's table (see :mod:`.base`)."""
+    """The newest epoch of ``request``'s pipeline's sink that its target holds (None: none); reads only."""
     return connector(request).held_epoch(request)
 
 
@@ -207,12 +168,8 @@ def staged_rows(request: SinkCommit, columns: list[str] | None = None) -> pa.Tab
 
 
 def staged_parts(request: SinkCommit, columns: list[str] | None = None) -> list[tuple[int, pa.Table]]:
-    """The staged rows by the epoch that wrote them, oldest first (``columns`` only, if given).
-
-    A replay's files are staged per replayed epoch (``replayed-<e>/...``,
-    :func:`layout.replayed_epoch`); any other epoch's files are one part of ``request.epoch``.
-    Parts without rows are left out.
-    """
+    """The staged rows by the epoch that wrote them (a replay's: per replayed epoch), oldest first, without empty
+    parts (``columns`` only, if given)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -229,28 +186,18 @@ def staged_parts(request: SinkCommit, columns: list[str] | None = None) -> list[
 
 
 def upserted_rows(request: SinkCommit, keys: list[str], where: str) -> pa.Table:
-    """The rows an upsert epoch writes: per key the last staged row (ConfigError: see :func:`check_merge_keys`).
-
-    An epoch's rows hold one row per key. A replay's replayed epochs may each write a key
-    again: the newest replayed epoch's row is the key's value, as running them one after
-    the other would have left it.
-    """
-    parts = staged_parts(request)
-    for _, rows in parts:
-        check_merge_keys(rows, keys, where)
-    return last_per_key([rows for _, rows in parts], keys)
-
-
-def last_per_key(parts: list[pa.Table], keys: list[str]) -> pa.Table:
-    """The rows of ``parts`` (each one row per key, oldest first) whose key no later part holds."""
+    """The rows an upsert epoch writes: per key the newest replayed epoch's row (ConfigError: see
+    :func:`check_merge_keys`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    parts = [rows for _, rows in staged_parts(request)]
     if not parts:
         return pa.table({})
     kept: list[pa.Table] = []
     later: list[pa.Table] = []
     for rows in reversed(parts):
+        check_merge_keys(rows, keys, where)
         if later:
             rows = rows.filter(pc.invert(rows_of_keys(rows, pa.concat_tables(later, promote_options="default"),
                                                       keys)))
@@ -260,15 +207,12 @@ def last_per_key(parts: list[pa.Table], keys: list[str]) -> pa.Table:
 
 
 def restored_before(before: pa.Table, now: pa.Table, new_keys: pa.Table, keys: list[str]) -> tuple[pa.Table, pa.Table]:
-    """A replay from epoch N of an upsert table: the keys it rewrites and the rows it restores.
+    """A replay from epoch N of an upsert table: ``(touched keys, restored rows)``.
 
-    ``before`` is the table as of epoch N-1 (its history), ``now`` the table now, whose
-    changes since are the replaced epochs' (another writer's are refused before the
-    decision). The touched keys are every key whose row differs between the two (a superset
-    of the replaced epochs' keys: a row whose value is NULL somewhere compares as changed,
-    and restoring it changes nothing) and the replay's new keys; the restored rows are the
-    touched keys' rows of ``before`` that the new output does not write again (a key none of
-    them has disappears). Returns ``(touched keys, restored rows)``.
+    ``before`` is the table as of epoch N-1, ``now`` the table now. The touched keys are every
+    key whose row differs between the two (a superset: a row with a NULL compares as changed,
+    and restoring it changes nothing) and the replay's ``new_keys``; the restored rows are the
+    touched keys' rows of ``before`` that the new output does not write again.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -301,10 +245,7 @@ def rows_of_keys(rows: pa.Table, keys: pa.Table, key: Sequence[str]) -> pa.Chunk
 
 
 def staged_schema(request: SinkCommit, where: str) -> pa.Schema | None:
-    """The one Parquet schema of the epoch's staged files, from their footers (None: no file).
-
-    ConfigError if two files differ: the stage must write one schema per sink.
-    """
+    """The one Parquet schema of the epoch's staged files, from their footers (None: no file; ConfigError: two)."""
     import pyarrow.parquet as pq
 
     schema: pa.Schema | None = None
@@ -322,12 +263,8 @@ def staged_schema(request: SinkCommit, where: str) -> pa.Schema | None:
 
 
 def check_staged_rows(request: SinkCommit, schema: pa.Schema, keys: list[str], where: str) -> pa.Schema:
-    """The refusals of the epoch's staged rows, before the decision, and the table schema they make.
-
-    With ``apply_changes``: the change rows (:func:`changes.check_staged_changes`), whose table
-    schema is theirs applied (:func:`changes.table_schema`); else with ``keys`` (an upsert):
-    :func:`check_staged_merge_keys`. ``schema``: the staged files' one schema (:func:`staged_schema`).
-    """
+    """The refusals of the epoch's staged rows (``schema``: their files'), before the decision: change rows or an
+    upsert's ``keys``; the table schema they make."""
     from airflow_seatunnel_ckpt.core.sinks import changes
 
     apply = getattr(request.table, "apply_changes", None)
@@ -348,9 +285,7 @@ def check_partition_columns(partition_by: Sequence[str], schema: pa.Schema, wher
 
 
 def check_staged_merge_keys(request: SinkCommit, schema: pa.Schema, keys: list[str], where: str) -> None:
-    """:func:`check_merge_keys` over the epoch's staged rows, reading only their key columns
-    (``schema``: the staged files' one schema, :func:`staged_schema`); a replay's per replayed
-    epoch (a later one writes a key again: :func:`upserted_rows`)."""
+    """:func:`check_merge_keys` over the epoch's staged key columns, a replay's per replayed epoch."""
     for _, rows in staged_parts(request, [k for k in keys if k in schema.names]):
         check_merge_keys(rows, keys, where)
 

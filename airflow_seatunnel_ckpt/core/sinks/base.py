@@ -1,42 +1,9 @@
 """The sink contract: what every sink (files, Iceberg, Delta, PostgreSQL) promises the protocol.
 
-A sink is a module (one per type, :data:`core.sinks._BUILTIN`) that satisfies
-:class:`SinkConnector`, called with one request record, :class:`SinkCommit`:
-
-* **identity and owner**: the request names the store (its id and URL) and the pipeline
-  writing the target, and the sink (its name, its options). A target records its owner on
-  the first commit and refuses another owner (a file sink: the ``_seatunnel_ckpt_owner``
-  marker; a table: :mod:`.markers`).
-* ``precheck(request)``: everything that can refuse the epoch, checked before the commit
-  decision (:meth:`Pipeline.decide`), from the staged files and the target, changing
-  nothing a reader sees (claiming an unowned target is allowed). Raises
-  :class:`SinkRefusedError` or :class:`ConfigError` for a refusal; any other failure is
-  transient (the decision is asked again).
-* ``commit(request) -> PublishedSink``: the epoch's staged output made visible in the
-  target, once: idempotent through the epoch's marker in the target (a retry, a racing
-  recovery run find it and commit nothing twice), its waits bounded by ``request.retries``
-  (and the sink's own timeouts). After the decision only transient failures remain.
-* ``replace(request) -> PublishedSink``: a replay's commit (``request.replaces`` names the
-  replayed epochs) swaps exactly their rows for the new ones (a full refresh,
-  ``request.sink.full_refresh``, replaces the whole content), idempotent through the
-  replay epoch's marker like ``commit``. The swap and the marker are one transaction of the
-  target, so a connector's ``replace`` and ``commit`` usually share one body: the built-in
-  ones are the same function (``replace = commit``), which swaps when ``request.replaces``
-  is set. A sink type without ``replace`` cannot be replayed: a replay into it is refused
-  by :func:`core.sinks.precheck_sink`, before the decision (its ``commit`` might add the
-  replayed rows next to the replaced ones).
-* **recovery's view** (``held_epoch(request) -> int | None``): the newest epoch of this
-  pipeline's sink the target holds, read from its marker (a file target: its newest
-  complete ``epoch=<e>/`` whose commit finished) and judged by :func:`markers.check_marker` against
-  ``request.log_holds``, the pipeline's log's answer (the sinks never read the
-  transaction log themselves). Reads only. Recovery rolls a COMMITTING epoch forward
-  by asking this first (:meth:`Pipeline.commit` with ``held_first``): an epoch the target
-  holds is acknowledged without a commit, so an epoch counts as held only once everything
-  its commit does is done (a file target's snapshot pointer and removals included).
-
-:func:`core.sinks.precheck_sink`, :func:`core.sinks.commit_sink` (``commit`` or ``replace``)
-and :func:`core.sinks.held_epoch` wrap these with the refusal wording; the pipeline calls
-nothing else of a sink.
+A sink module satisfies :class:`SinkConnector` (``precheck`` before the decision,
+``commit`` after it, ``replace`` for a replay's, recovery's ``held_epoch``), each called
+with one :class:`SinkCommit`; :mod:`core.sinks` wraps them with the refusal wording
+(docs/ARCHITECTURE.md, decision 45, has the promises).
 """
 
 from __future__ import annotations
@@ -59,9 +26,8 @@ if TYPE_CHECKING:
     from airflow_seatunnel_ckpt.core.sinks.options import SinkOptionsBase
 
 
-#: Called with a table sink's options before its commit; returns extra properties holding
-#: secrets (e.g. a catalog's credentials from an Airflow connection named in the options):
-#: :func:`core.sinks.register_secret_resolver` adds one.
+#: Called with a table sink's options before its commit; returns extra properties holding secrets
+#: (:func:`core.sinks.register_secret_resolver` adds one).
 SECRET_RESOLVERS: list[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = []
 
 
@@ -106,15 +72,13 @@ class SinkCommit:
 
     @property
     def type(self) -> str:
-        """The sink's type: ``file``, ``iceberg``, ``delta``, ``postgres`` (or a registered one's,
-        whose options without a model stay the mapping the stage wrote)."""
+        """The sink's type (a registered type's options without a model stay the stage's mapping)."""
         table: Any = self.table
         return str(table["type"] if isinstance(table, Mapping) else table.type)
 
     @functools.cached_property
     def resolved_store_id(self) -> str:
-        """``store_id``, or the id of the store whose pipeline directory ``staged`` is (read once, when a
-        table needs it: a file sink never does)."""
+        """``store_id``, or the id of the store whose pipeline directory ``staged`` is (read once, when needed)."""
         if self.store_id:
             return self.store_id
         staged = self.staged
@@ -135,6 +99,14 @@ class SinkCommit:
         """The pipeline, epoch and sink, for messages."""
         return f"pipeline {self.pipeline!r} epoch {self.epoch} sink {self.sink.sink!r}"
 
+    def published(self, location: str, how: str) -> PublishedSink:
+        """The committed record of this sink's epoch: where it landed (``location``) and how."""
+        from airflow_seatunnel_ckpt.core.models import PublishedSink
+
+        sink = self.sink
+        return PublishedSink(sink.sink, redact_url(sink.target_url), location, len(sink.files), sink.rows, sink.bytes,
+                             str(how))
+
     def secrets(self) -> dict[str, Any]:
         """Extra properties the registered resolvers add for this sink (credentials)."""
         out: dict[str, Any] = {}
@@ -144,17 +116,9 @@ class SinkCommit:
 
 
 # -- store id --------------------------------------------------------------------------------------
-# The store id: a UUID naming one checkpoint store, written once at the store's root.
-#
-# A store's URL says where it is, not which store it is: a wiped and recreated store (an
-# ephemeral ``$AIRFLOW_HOME``) has the same URL and restarts its epochs at 1, and a store
-# copied elsewhere keeps its epochs under a new URL. Whatever the store writes outside
-# itself (the markers of table sinks, :mod:`core.sinks.markers`) names it by this id.
-#
-# ``<store>/_store_id`` is created by the first caller that needs it, with the store's
-# put-if-absent primitive (of concurrent first callers exactly one wins and every caller
-# returns the winner's id), and only read thereafter. It is framed and checksummed like
-# every record; pipelines are never named with a leading ``_``, so it shares no name.
+# A UUID naming one checkpoint store: its URL says where it is, not which store it is (a wiped
+# and recreated store restarts at epoch 1 under the same URL). Created once with the store's
+# put-if-absent primitive, framed and checksummed like every record.
 
 
 #: The store id file, at the root of the store (beside the pipelines' directories).
@@ -186,7 +150,7 @@ def store_id(root: Storage) -> str:
 
 
 class SinkConnector(Protocol):
-    """One sink type: the module :data:`core.sinks._BUILTIN` names (see the module docs)."""
+    """One sink type: a module :data:`core.sinks.CONNECTORS` names (see the module docs)."""
 
     def precheck(self, request: SinkCommit) -> None:
         """Refuse (SinkRefusedError, ConfigError) an epoch the target would refuse; before the decision."""

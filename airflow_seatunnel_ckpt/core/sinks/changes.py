@@ -1,15 +1,9 @@
 """Change rows applied to a keyed table (``apply_changes``): SCD1 or SCD2, the same for every table sink.
 
-A sink with :class:`~airflow_seatunnel_ckpt.core.sinks.options.ApplyChanges` stages change
-rows (the Spark side keeps the last change per key of each epoch,
-:func:`spark.sinks.tables.last_change_per_key`). Its commit reads the rows the table holds
-for the changes' keys (an SCD2 table: every version), computes their new rows here with
-:func:`applied`, and swaps the old rows of those keys for the new ones in the epoch's one
-table commit with its marker. What the computation would refuse is checked before the
-decision (:func:`check_changes`, :func:`check_table`), so that after it nothing is left to
-refuse. A replay restores the touched keys as of the epoch before it and applies the
-replayed changes to that (:func:`restored_before`); a full refresh applies them to an empty
-table. docs/CDC.md ("Applying changes") is the user's view.
+A lake sink's commit reads the rows the table holds for the changes' keys, computes their
+new rows with :func:`applied` and swaps them in, in its one commit; :func:`check_changes`
+and :func:`check_table` run before the decision, :func:`restored_before` serves a replay.
+docs/CDC.md ("Applying changes") is the user's view.
 """
 
 from __future__ import annotations
@@ -123,14 +117,9 @@ def _sequence_of(row: dict[str, Any], apply: ApplyChanges) -> tuple[Any, ...]:
 def applied(held: pa.Table, changes: Sequence[pa.Table], apply: ApplyChanges, schema: pa.Schema) -> pa.Table:
     """The rows of the changes' keys after applying ``changes`` to the table's rows ``held`` of them.
 
-    ``held``: every row the table holds for the keys concerned (an SCD2 table: every
-    version); ``changes``: each epoch's change rows (checked by :func:`check_changes`),
-    oldest epoch first, each collapsed to its last change per key and applied in
-    ``sequence_by`` order. A change not above the sequence the table holds for its key has
-    no effect (out of order, replayed): an SCD1 row's own sequence columns, an SCD2 key's
-    newest version's, or the value that closed its last version. The result has ``schema``
-    (the table's) and holds every row of every key of ``held`` and ``changes`` that remains:
-    the caller replaces all rows of those keys with it.
+    ``changes``: each epoch's checked change rows, oldest first; a change not above the
+    sequence the table holds for its key has no effect. The result (``schema``, the table's)
+    holds every remaining row of those keys: the caller replaces all their rows with it.
     """
     import pyarrow as pa
 
@@ -208,13 +197,8 @@ def keys_of(parts: Sequence[pa.Table], apply: ApplyChanges, like: pa.Schema | No
 
 def restored_before(before: pa.Table, now: pa.Table, changed: pa.Table, apply: ApplyChanges) -> tuple[pa.Table,
                                                                                                       pa.Table]:
-    """A replay from epoch N: the keys it touches and ALL their rows as of epoch N-1 (the base it applies to).
-
-    :func:`core.sinks.restored_before` finds the touched keys (those whose rows differ
-    between ``before``, the table as of N-1, and ``now``, plus the replay's ``changed`` keys);
-    here every row of them in ``before`` is kept, the ones the replayed changes touch again
-    included (they are applied on top). Returns ``(touched keys, their rows of before)``.
-    """
+    """A replay from epoch N: ``(touched keys, ALL their rows of before)``, the base the replayed changes apply to
+    (the touched keys as :func:`core.sinks.restored_before` finds them)."""
     from airflow_seatunnel_ckpt.core.sinks import restored_before as upsert_restored
     from airflow_seatunnel_ckpt.core.sinks import rows_of_keys
 

@@ -1,60 +1,10 @@
 """The Delta Lake commit of a table sink: one table version per sink per epoch, with delta-rs.
 
-:func:`commit` turns a commit-decided epoch's staged Parquet files into one Delta
-transaction, exactly once:
-
-1. **already?** The table's owner (``<table>/_seatunnel_ckpt_owner``, as a file sink's
-   target has: another pipeline or store is refused) and its application transaction ``txnAppId =
-   seatunnel-ckpt/<store id>/<pipeline>/<sink>`` are read first
-   (:meth:`DeltaTable.transaction_version`, :mod:`.markers`); a version ``>= epoch``
-   means a previous attempt (a retry, a racing recovery run) committed the epoch --
-   provided this pipeline's log has that epoch decided commit, else it is refused:
-   nothing is written, the result says ``already``.
-2. **place.** Each staged file is copied to a deterministic path inside the table root,
-   ``<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>-<n>.parquet`` (``n``: the file's
-   position in the manifest), verified against the manifest's size and CRC32C. Idempotent: a file
-   already there intact is kept, so a commit killed after placing re-places nothing.
-   The directory name is for people only -- Delta readers take partition values from the
-   log -- so values are reduced to URL-safe characters there and never need decoding.
-3. **commit.** One ``create_write_transaction`` (``create_table_with_add_actions`` for a new
-   table) whose add actions hold *relative* paths, the manifest's sizes, partition values
-   and statistics read from each file's Parquet footer, and whose commit properties carry
-   the application transaction ``(seatunnel-ckpt/<store id>/<pipeline>/<sink>, epoch)``
-   plus the pipeline, sink, epoch and store as commit info. The owner file is created
-   (create-exclusive) before the first commit of an unowned table.
-   delta-rs writes the log entry with put-if-absent, so of
-   two committers of one version exactly one wins (on S3 through conditional writes, no
-   lock). The library's own commit retry is off: the loser reloads the table and reads the
-   transaction version again (step 1), at most ``request.retries`` times.
-
-Decisions (docs/tables/delta.md has the user's view):
-
-* **partition columns stay inside the data files** (the staging keeps them, see
-  :mod:`spark.sinks.tables`; stripping them would rewrite every file). delta-rs and
-  DuckDB's ``delta_scan`` both read such files with the log's value and one column each.
-  The value is taken from the file's own footer statistics, so the log and the file can
-  never disagree.
-* **schema**: a new table gets the first epoch's schema (every column nullable, as Spark
-  writes them). Added columns are added to the table in a metadata-only commit before the
-  data commit (delta-rs would otherwise accept the files and silently hide the new
-  columns). A missing column or a changed type is refused before anything is committed.
-* ``mode: snapshot`` commits with ``mode="overwrite"``: the remove actions of every current
-  file and the new add actions are one version, so readers see the old or the new table.
-* ``merge_keys`` (an upsert): the epoch's rows (one epoch of one keyed result: small) are
-  read and MERGEd into an existing table with delta-rs (update every matched row, insert the
-  others), the application transaction in the same version, so a retry that finds it adds
-  nothing, as for appends (:func:`_merge`). MERGE writes new data files itself (the staged
-  files are read, not added); a new table is still created from the placed files. Keys
-  are never deleted by an upsert.
-* ``apply_changes``: the rows of the epoch's keys are read, the change rows applied to them
-  (:mod:`.changes`, SCD1 or SCD2) and MERGEd back on the rows' identity, the application
-  transaction in the same version (:func:`_apply_changes`); the staged files are only read.
-* **refusals come first**: :func:`precheck` runs every refusal (schema, partitioning, merge
-  keys, ``delta.appendOnly``, column mapping, the table's owner, an application transaction
-  this store's log lacks or past the epoch) when
-  the epoch is decided, from the table's log and the staged files' footers, so a refused
-  epoch is aborted instead of decided commit; the commit repeats them for a table altered
-  in between.
+:func:`precheck` refuses before the decision what the commit would refuse; :func:`commit`
+(also the replay's ``replace``) reads the table's owner and application transaction
+(:mod:`.markers`), places the staged files at deterministic paths in the table, and adds
+them (or MERGEs an upsert's rows, or applies changes) in one version carrying the epoch.
+The steps and decisions are in docs/tables/delta.md.
 """
 
 from __future__ import annotations
@@ -134,12 +84,8 @@ def identify(request: SinkCommit) -> tuple[str, str]:
 
 def table_epoch(request: SinkCommit, target: Storage, table: DeltaTable | None, where: str, *,
                 decided: bool) -> tuple[markers.Owner | None, int | None]:
-    """The table's owner and this store's pipeline's sink's epoch in it: the one place they are read.
-
-    Refuses another owner's table, or an application transaction this pipeline's log lacks,
-    with :class:`TableOwnershipError` (:func:`markers.check_marker`; ``decided``: the epoch
-    is decided commit, False before the decision). Reads only.
-    """
+    """The table's owner and this store's pipeline's sink's epoch in it, judged by :func:`markers.check_marker`:
+    the one place they are read."""
     owner = markers.read_owner_file(target, where)
     marker = markers.delta_marker(table, request) if table is not None else None
     return owner, markers.check_marker(request, owner, marker, where, decided=decided)
@@ -164,7 +110,7 @@ def commit(request: SinkCommit) -> PublishedSink:
         owner, version = table_epoch(request, target, table, where, decided=True)
         if version is not None and version >= request.epoch:
             log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
-            return table, owner, _published(request, uri, PublishMethod.ALREADY)
+            return table, owner, request.published(redact_url(uri), PublishMethod.ALREADY)
         return table, owner, None
 
     def attempt() -> PublishedSink:
@@ -182,14 +128,14 @@ def commit(request: SinkCommit) -> PublishedSink:
                 raise CommitConflict(exc) from exc
             log.info("%s: applied the epoch's changes on %s (%s) as one table version", where, apply.keys,
                      apply.history)
-            return _published(request, uri, MERGED)
+            return request.published(redact_url(uri), MERGED)
         if keys and table is not None:
             try:
                 _upsert(request, table, delta_options, keys, app_id, where)
             except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
                 raise CommitConflict(exc) from exc
             log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
-            return _published(request, uri, MERGED)
+            return request.published(redact_url(uri), MERGED)
         if keys and request.sink.replaces:  # a replay into no table: created from its rows, per key the newest
             rows = upserted_rows(request, keys, where)
             if rows.num_rows:
@@ -200,7 +146,7 @@ def commit(request: SinkCommit) -> PublishedSink:
                                     commit_properties=_properties(request, app_id))
                 except (DeltaError, OSError) as exc:  # a racing committer created it: read the table again
                     raise CommitConflict(exc) from exc
-            return _published(request, uri, MERGED)
+            return request.published(redact_url(uri), MERGED)
         if keys:  # a new table: created from the placed files, so the keys must be unique already
             staged = staged_schema(request, where)
             if staged is not None:
@@ -210,7 +156,7 @@ def commit(request: SinkCommit) -> PublishedSink:
             actions, schema = add_actions(request, target, placed, where)
         if table is None and schema is None:
             log.info("%s: an empty snapshot and no table yet: nothing to commit", where)
-            return _published(request, uri, PublishMethod.ALREADY)
+            return request.published(redact_url(uri), PublishMethod.ALREADY)
         try:
             if table is None:
                 assert schema is not None
@@ -220,7 +166,7 @@ def commit(request: SinkCommit) -> PublishedSink:
         except (DeltaError, OSError) as exc:  # another writer took the version, a racing create, the store
             raise CommitConflict(exc) from exc
         log.info("%s: committed %d file(s) as one table version", where, len(actions))
-        return _published(request, uri, how if how is not PublishMethod.ALREADY else PublishMethod.COPY)
+        return request.published(redact_url(uri), how if how is not PublishMethod.ALREADY else PublishMethod.COPY)
 
     try:
         return retry_conflicts(attempt, request.retries, where)
@@ -238,11 +184,7 @@ def commit(request: SinkCommit) -> PublishedSink:
 def precheck(request: SinkCommit) -> None:
     """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
 
-    From the table's log, its owner marker and the staged files' Parquet footers (and, for
-    ``merge_keys``, their key columns): the keys are unique and never NULL, the table is
-    this store's pipeline's (or nobody's) and its application transaction is not past the
-    epoch (:func:`table_epoch`, :class:`TableOwnershipError`), its properties allow the
-    sink's mode, and the schema and partitioning fit.
+    From the table's log, its owner marker and the staged files' Parquet footers (and key columns).
     """
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
@@ -277,16 +219,12 @@ _METADATA_ONLY = {"ADD COLUMN", "SET TBLPROPERTIES", "UPDATE TABLE METADATA", "C
                   "VACUUM END"}
 
 
-#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
-#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+#: A replay's commit (the contract's replace) is the commit: it swaps when ``request.replaces`` is set.
 replace = commit
 
 
 def held_epoch(request: SinkCommit) -> int | None:
-    """This store's pipeline's sink's newest epoch in the table (its application transaction; None: none).
-
-    Reads only; refuses another owner's table (TableOwnershipError), as :func:`table_epoch` does.
-    """
+    """This store's pipeline's sink's newest epoch in the table (its application transaction; None: none)."""
     uri, where = identify(request)
     fs_options, delta_options = storage_options(request, uri)
     table = load(uri, delta_options, where)
@@ -294,13 +232,10 @@ def held_epoch(request: SinkCommit) -> int | None:
 
 
 def _refuse_foreign_commits(table: DeltaTable, request: SinkCommit, where: str) -> None:
-    """Refuse a replay when a version after the first replaced epoch's was written by another writer.
-
-    Such a version (another writer's append, delete, OPTIMIZE) may have changed or
-    rewritten the replaced epochs' rows; the replay would silently drop that change.
-    """
+    """Refuse a replay when a version after the first replaced epoch's was written by another writer (whose
+    change to the replaced epochs' rows the replay would silently drop)."""
     replaced = {str(e) for e in request.sink.replaces}
-    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": markers.store_id_of(request)}
+    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": request.resolved_store_id}
     started = False
     for commit in sorted(table.history(), key=lambda c: int(c.get("version", 0))):
         own = all(str(commit.get(k)) == v for k, v in ours.items())
@@ -357,10 +292,8 @@ def _table_uri(request: SinkCommit) -> str:
 def storage_options(request: SinkCommit, uri: str) -> tuple[dict[str, Any], dict[str, str]]:
     """The table's fsspec options (to place files) and the same as delta-rs options.
 
-    The checkpoint store's options are reused when the table is on the store's protocol
-    (as :meth:`Pipeline.target_storage` does for file sinks); secrets come from the
-    registered resolvers (:meth:`SinkCommit.secrets`): an ``fs_options`` mapping in fsspec's
-    form, and upper-case keys passed to delta-rs as they are (``AWS_ACCESS_KEY_ID``, ...).
+    The store's options when the table is on its protocol, plus the resolvers' secrets: an
+    ``fs_options`` mapping in fsspec's form, upper-case keys passed to delta-rs as they are.
     """
     protocol = uri.split("://", 1)[0].lower()
     same = protocol == request.staged.url.split("://", 1)[0].lower()
@@ -426,12 +359,10 @@ def place_files(request: SinkCommit, target: Storage, where: str) -> tuple[list[
 
 def add_actions(request: SinkCommit, target: Storage, placed: Sequence[PlacedFile],
                 where: str) -> tuple[list[AddAction], pa.Schema | None]:
-    """The add actions of the placed files, and their common Arrow schema (None: no file).
+    """The add actions of the placed files with rows, and their common Arrow schema (None: no file).
 
-    Files without rows are left out (an empty snapshot still replaces the table).
-    Every path is relative to the table root and every size is checked against the
-    manifest here, right before the commit: delta-rs accepts an absolute or missing path
-    without complaint and the table becomes unreadable.
+    Paths and sizes are checked here: delta-rs accepts an absolute or missing path without
+    complaint and the table becomes unreadable.
     """
     partition_by = list(_options(request).partition_by)
     actions: list[AddAction] = []
@@ -490,7 +421,7 @@ def _properties(request: SinkCommit, app_id: str) -> CommitProperties:
     # committer of this epoch and for any other writer, instead of delta-rs's own rebase.
     return CommitProperties(
         custom_metadata={"pipeline": request.pipeline, "sink": request.sink.sink, "epoch": request.epoch,
-                         "store": request.store, "store_id": markers.store_id_of(request)},
+                         "store": request.store, "store_id": request.resolved_store_id},
         max_commit_retries=0, app_transactions=[Transaction(app_id, request.epoch)])
 
 
@@ -518,8 +449,7 @@ def _append(request: SinkCommit, table: DeltaTable, actions: list[AddAction], sc
 
 
 def _add_columns(table: DeltaTable, added: list[Field], where: str) -> None:
-    """Add ``added`` columns to the table in a metadata-only commit of their own, before the data's:
-    create_write_transaction would take the files and keep the old schema, hiding the new columns."""
+    """Add ``added`` columns in a metadata-only commit before the data's (delta-rs would hide them)."""
     if added:
         log.info("%s: adding column(s) %s to the table", where, [f.name for f in added])
         table.alter.add_columns(added)
@@ -549,15 +479,8 @@ def _upsert(request: SinkCommit, table: DeltaTable, options: dict[str, str], key
 
 def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, options: dict[str, str],
                    apply: ApplyChanges, app_id: str, where: str) -> None:
-    """The epoch's changes applied (:mod:`.changes`) in one table version with the application transaction.
-
-    The rows the table holds for the changes' keys (SCD2: every version) are read, the
-    changes applied to them with pyarrow, and one MERGE on the rows' identity (the keys;
-    SCD2: the keys and ``__start_at``) swaps the old rows for the new
-    (:func:`_replace_keys`). A replay applies the replayed changes to the touched
-    keys' rows as of the version before it; a full refresh, and a table not there yet, start
-    from no rows (one overwrite, one create).
-    """
+    """The epoch's changes applied (:mod:`.changes`) to the rows of their keys, swapped in by one MERGE on the
+    rows' identity in one version with the application transaction (a full refresh, a new table: from no rows)."""
     parts = [rows for _, rows in staged_parts(request)]
     for rows in parts:
         changes.check_changes(rows, apply, where)  # checked at the decision; the staged files are the same
@@ -597,13 +520,8 @@ def _apply_changes(request: SinkCommit, table: DeltaTable | None, uri: str, opti
 
 def _replace_keys(table: DeltaTable, rows: pa.Table, touched: pa.Table, keys: Sequence[str],
                   properties: CommitProperties) -> dict[str, Any]:
-    """One MERGE in one version: every ``touched`` key's row becomes its row in ``rows``, or goes if none.
-
-    A replay from a later epoch (:func:`core.sinks.restored_before`): the source holds
-    ``rows`` and, for the touched keys without one, a row marked for deletion. ``keys`` are
-    the columns naming one row (applied changes of an SCD2 table: the keys and
-    ``__start_at``, each version a row of its own).
-    """
+    """One MERGE in one version: every ``touched`` key's row becomes its row in ``rows``, or goes if none
+    (``keys``: the columns naming one row; an SCD2 table's include ``__start_at``)."""
     gone = touched.filter(pc.invert(rows_of_keys(touched, rows, keys))) if rows.num_rows else touched
     source = pa.concat_tables([rows.append_column(_DELETE, pa.repeat(pa.scalar(False), rows.num_rows)),
                                gone.append_column(_DELETE, pa.repeat(pa.scalar(True), gone.num_rows))],
@@ -626,11 +544,8 @@ def _merge(table: DeltaTable, rows: pa.Table, keys: Sequence[str], properties: C
 def _rows_of_keys(table: DeltaTable, keys: pa.Table, key: Sequence[str]) -> pa.Table:
     """The table's rows whose key is one of ``keys``, picked batch by batch (the table is never held whole).
 
-    Key columns of numbers, dates and times are pushed down as filters (files whose statistics
-    rule their values out are not read; a composite key's is a superset). Text and binary
-    ones are not: delta-rs writes them as ``string_view``, whose statistics pyarrow cannot
-    compare with a filter on the table's ``string`` (no kernel), which would fail every
-    commit after the first MERGE.
+    Only number, date and time keys are pushed down as filters: delta-rs writes text as
+    ``string_view``, whose statistics pyarrow cannot compare with a ``string`` filter.
     """
     import pyarrow.dataset as ds
 
@@ -649,16 +564,10 @@ def _rows_of_keys(table: DeltaTable, keys: pa.Table, key: Sequence[str]) -> pa.T
 
 
 def replay_base(table: DeltaTable, options: dict[str, str], request: SinkCommit, where: str) -> int | None:
-    """The table version as of the epoch before a replay's first replaced epoch (None: no table yet).
-
-    The version before this sink's first version of a replaced (or later) epoch, found by
-    the epochs in the commit infos; the current version when the replaced epochs wrote none.
-    A version whose log or files are gone (log cleanup, ``VACUUM``), or commit infos gone
-    while the application transaction says a replaced epoch committed, refuse the replay
-    (:class:`SinkRefusedError`).
-    """
+    """The table version as of the epoch before a replay's first replaced epoch (None: no table yet), found by
+    the epochs in the commit infos; SinkRefusedError when that version's log or files are gone."""
     first = min(request.sink.replaces)
-    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": markers.store_id_of(request)}
+    ours = {"pipeline": request.pipeline, "sink": request.sink.sink, "store_id": request.resolved_store_id}
     history = sorted(table.history(), key=lambda c: int(c.get("version", 0)))
     for commit in history:
         epoch = int(commit.get("epoch") or 0)
@@ -697,9 +606,3 @@ def _before_replay(table: DeltaTable, options: dict[str, str], request: SinkComm
 
 def _at_version(table: DeltaTable, options: dict[str, str], version: int) -> DeltaTable:
     return DeltaTable(table.table_uri, version=version, storage_options=options or None)
-
-
-def _published(request: SinkCommit, uri: str, how: str) -> PublishedSink:
-    sink = request.sink
-    return PublishedSink(sink.sink, redact_url(sink.target_url), redact_url(uri), len(sink.files), sink.rows,
-                         sink.bytes, str(how))

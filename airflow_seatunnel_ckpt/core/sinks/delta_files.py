@@ -24,11 +24,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def partition_dir(staged_path: str) -> str:
-    """``<col>=<value>/...`` for a staged path below ``__partition_<col>=<value>/`` dirs.
-
-    Only people read these names (Delta readers take values from the log), so characters
-    outside ``[A-Za-z0-9_.-]`` become ``_``: no reader ever has to URL-decode a path.
-    """
+    """``<col>=<value>/...`` for a staged path below ``__partition_<col>=<value>/`` dirs, characters outside
+    ``[A-Za-z0-9_.-]`` as ``_`` (only people read these names: Delta readers take values from the log)."""
     out = ""
     for part in staged_path.split("/")[:-1]:
         name, eq, value = part.partition("=")
@@ -39,12 +36,8 @@ def partition_dir(staged_path: str) -> str:
 
 def footer_stats(meta: pq.FileMetaData, schema: pa.Schema, partition_by: Sequence[str],
                  where: str) -> tuple[dict[str, Any], dict[str, str | None]]:
-    """Delta statistics (numRecords, minValues, maxValues, nullCount) and partition values.
-
-    Taken from the Parquet footer, never from the data. Min/max are kept only where they
-    are exact and safe for data skipping: no NaN-only floats, strings up to 32 characters,
-    timestamps widened to whole milliseconds (Delta's statistics precision).
-    """
+    """Delta statistics (numRecords, minValues, maxValues, nullCount) and partition values, from the Parquet
+    footer; min/max only where they are safe for data skipping (docs/tables/delta.md, "Statistics")."""
     lows: dict[str, Any] = {}
     highs: dict[str, Any] = {}
     nulls: dict[str, int] = {}

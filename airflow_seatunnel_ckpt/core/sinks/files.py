@@ -1,23 +1,9 @@
 """The file sink: each epoch's files in ``<target>/epoch=<e>/``, behind the sink contract.
 
-The target directory's layout (kept as earlier releases wrote it, so existing targets go on):
-
-* ``_seatunnel_ckpt_owner`` (:data:`OWNER_MARKER`): the store and pipeline the target belongs
-  to, created by the first epoch's :func:`precheck` (before the decision), checked by every
-  later one: two pipelines never mix epochs in one directory;
-* ``epoch=<e>/`` with the epoch's files (the manifest's only, verified against their sizes
-  and CRC32C, :func:`storage.publish.publish_files`) and a ``_SUCCESS`` summary written last
-  (:func:`publish_sink_dir`; the summary is the epoch's marker: a retry finds the files
-  and publishes nothing twice);
-* ``mode="snapshot"``: ``_LATEST`` names the current snapshot directory, the older ones are
-  removed once it is written (:func:`retire_older_snapshots`);
-* a replay (``request.replaces``): its directory is published hidden and swapped in for the
-  replaced epochs' directories through the ``_EPOCHS`` pointer (:func:`replace_epoch_dirs`);
-  the replaced directories are removed only after the swap. Readers that must never see a
-  swap half done read :func:`current_epoch_dirs`.
-
-Nothing else is ever deleted: a failure raises :class:`PublishError` (nothing to retry) or
-:class:`StorageError` (retried with backoff, then raised) and leaves the epoch COMMITTING.
+The target holds the ``_seatunnel_ckpt_owner`` marker, ``epoch=<e>/`` directories with a
+``_SUCCESS`` summary written last (the epoch's marker), ``_LATEST`` for snapshot sinks and
+the ``_EPOCHS`` pointer a replay swaps (:func:`current_epoch_dirs` reads it). Nothing else
+is ever deleted; docs/ARCHITECTURE.md has the layout.
 """
 
 from __future__ import annotations
@@ -32,7 +18,6 @@ from typing import Any
 import tenacity
 
 from airflow_seatunnel_ckpt.core import layout
-from airflow_seatunnel_ckpt.core.config import redact_url
 from airflow_seatunnel_ckpt.core.errors import AlreadyExistsError, PublishError, SinkRefusedError, StorageError
 from airflow_seatunnel_ckpt.core.models import PublishedSink, SinkMode
 from airflow_seatunnel_ckpt.core.sinks.base import SinkCommit
@@ -41,18 +26,15 @@ from airflow_seatunnel_ckpt.core.storage.base import TEMP_PREFIX, FileInfo, Stor
 from airflow_seatunnel_ckpt.core.storage.publish import DEFAULT_CONCURRENCY, PublishMethod
 from airflow_seatunnel_ckpt.core.storage.registry import open_storage
 
+# The target's own files start with ``_``: readers skip them like every ``_`` file (Spark, Hive, pandas).
 #: The marker naming a sink target's owner (store and pipeline), at the target's root.
-#: Readers skip it like every ``_`` file (Spark, Hive, pandas).
 OWNER_MARKER = "_seatunnel_ckpt_owner"
 #: The summary written last into each published epoch directory.
 SUCCESS = "_SUCCESS"
-#: In the target of a snapshot sink: the name of the directory holding the current
-#: snapshot (``epoch=<e>``, one line). Readers skip it like every ``_`` file.
+#: A snapshot sink's current snapshot directory (``epoch=<e>``, one line).
 LATEST = "_LATEST"
-#: In the target of an ``append`` sink a replay replaced epochs of: which epoch directories
-#: readers skip (JSON, see :class:`EpochsPointer`). Readers skip the file itself like every ``_`` file.
+#: Which epoch directories readers skip, after a replay (JSON, :class:`EpochsPointer`).
 EPOCHS = "_EPOCHS"
-#: A published epoch directory's name.
 EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
 
 
@@ -62,14 +44,8 @@ def target_of(request: SinkCommit) -> Storage:
 
 
 def precheck(request: SinkCommit) -> None:
-    """Everything a file sink's target can refuse, checked before the commit decision.
-
-    The owner marker is claimed (or checked: :func:`claim_target`), and for a replay's output
-    the ``_EPOCHS`` pointer it swaps must be readable. A refusal raises
-    :class:`SinkRefusedError`, with which the decision aborts the epoch; after the decision,
-    publishing fails only for transient reasons (or a target changed in between). A store
-    error is raised as it is (transient: the decision is asked again).
-    """
+    """Everything a file sink's target can refuse (its owner, a replay's unreadable ``_EPOCHS``), checked
+    before the commit decision; a store error is raised as it is (transient)."""
     target = target_of(request)
     claim_target(target, request.owner)
     if request.replaces and request.sink.mode is not SinkMode.SNAPSHOT:
@@ -106,24 +82,18 @@ def commit(request: SinkCommit) -> PublishedSink:
         snapshots = {e: name for name in target.list_dir("")
                      if (e := layout.parse_staging_epoch(name)) is not None}
         retire_older_snapshots(target, snapshots, epoch)
-    return PublishedSink(sink.sink, redact_url(sink.target_url), dst, len(sink.files), sink.rows, sink.bytes,
-                         how.value)
+    return request.published(dst, how)
 
 
-#: The contract's replace (a replay's commit) is this same commit: with ``request.replaces`` set, its
-#: directory is swapped in for the replaced epochs' through ``_EPOCHS`` (:func:`replace_epoch_dirs`).
+#: A replay's commit (the contract's replace) is the commit: it swaps when ``request.replaces`` is set.
 replace = commit
 
 
 def held_epoch(request: SinkCommit) -> int | None:
     """The newest epoch whose commit the target holds finished; None: none. Reads only.
 
-    An epoch's directory is complete (its ``_SUCCESS``) and current (not hidden by
-    ``_EPOCHS``; a replay's directory counts as its own epoch, holding the replaced ones),
-    and what :func:`commit` does after writing it is done too: a replay's replaced
-    directories are removed, a snapshot is the one ``_LATEST`` names and no older one is
-    left. Recovery acknowledges an epoch held so without committing it again, so an
-    unfinished one counts as not held (its commit finishes it).
+    Finished: its directory is complete and current, and what :func:`commit` does after
+    writing it is done too (replaced directories removed, ``_LATEST`` and no older snapshot).
     """
     target = target_of(request)
     names = target.list_dir("")
@@ -150,12 +120,9 @@ def publish_sink_dir(source: Storage, staging: str, target: Storage, dst: str, f
                      flatten: bool = False) -> PublishMethod:
     """Publish one sink's staged ``files`` to ``target:dst`` and write its ``_SUCCESS``.
 
-    Transient store errors are retried ``retries`` times (exponential backoff, at most
-    ``deadline_s`` in all); a :class:`PublishError` is not retried. Up to ``concurrency``
-    files are checked and copied at once (see :func:`storage.publish.publish_files`). With ``flatten``
-    (a replay's output, one staged subdirectory per epoch run again) each file
-    ``<subdir>/<path>`` is published as ``<path>``: the directory keeps the layout of any
-    other epoch's (its partition directories right below it).
+    Transient store errors are retried ``retries`` times (at most ``deadline_s`` in all). With
+    ``flatten`` (a replay's output, one staged subdirectory per epoch run again) each file
+    ``<subdir>/<path>`` is published as ``<path>``, the layout of any other epoch's directory.
     """
     groups: dict[str, list[FileInfo]] = {"": list(files)}
     if flatten:
@@ -187,18 +154,11 @@ def publish_sink_dir(source: Storage, staging: str, target: Storage, dst: str, f
 
 
 def retire_older_snapshots(target: Storage, snapshots: Mapping[int, str], epoch: int) -> str:
-    """Make the newest published snapshot the only one in a snapshot sink's ``target``.
+    """Make the newest published snapshot the only one in a snapshot sink's ``target``; the current directory.
 
-    ``snapshots`` maps epoch -> directory name of every ``epoch=<e>`` directory found in
-    the target, ``epoch`` is the one just published. The newest directory holding a
-    ``_SUCCESS`` (normally ``epoch``'s; a newer one if a later epoch committed before
-    this retry) becomes the target's ``_LATEST``, then every older snapshot directory is
-    removed: a reader listing the target sees exactly one snapshot once the commit is
-    done. Between the new directory's ``_SUCCESS`` and the removal a listing reader may
-    see two; a reader that must never see that reads the directory ``_LATEST`` names
-    (written atomically, before anything is removed). Returns the current directory.
-    Only superseded snapshots are deleted: each one was the whole table of an older,
-    committed epoch, and the current directory holds everything they held.
+    ``snapshots`` maps epoch -> directory name, ``epoch`` is the one just published. The newest
+    complete directory (a newer one if a later epoch committed before this retry) becomes
+    ``_LATEST`` (written before anything is removed), then every older one is removed.
     """
     complete = [e for e, name in snapshots.items() if target.exists(f"{name}/{SUCCESS}")]
     newest = max([*complete, epoch])
@@ -218,15 +178,11 @@ def retire_older_snapshots(target: Storage, snapshots: Mapping[int, str], epoch:
 
 @dataclass(frozen=True)
 class EpochsPointer:
-    """The ``_EPOCHS`` pointer of a ``changes`` file sink's target: which epoch directories readers skip.
+    """The ``_EPOCHS`` pointer of an append file sink's target: which epoch directories readers skip.
 
-    Written (atomically, whole) only by a replay's commit; a target no replay touched has
-    none and every ``epoch=<e>`` directory holding ``_SUCCESS`` is current. ``hidden``
-    are directories a reader skips: a replay's own directory while it is being published,
-    then, from the swap on, the directories it replaced. ``replaced_by`` maps each
-    swapped-in replay directory to the directories it replaced. ``version`` grows with
-    every write: a reader that saw the same version before and after reading read one
-    consistent set of directories.
+    Written whole only by a replay's commit (docs/REPLAY.md). ``hidden``: the directories a
+    reader skips; ``replaced_by``: each swapped-in replay directory's replaced ones;
+    ``version`` grows with every write.
     """
 
     version: int = 0
@@ -266,15 +222,8 @@ def read_epochs_pointer(target: Storage) -> EpochsPointer:
 
 
 def current_epoch_dirs(target: Storage, attempts: int = 10) -> tuple[int, list[str]]:
-    """The documented read path of a ``changes`` file sink: ``(version, epoch directories to read)``.
-
-    The directories ``epoch=<e>`` holding ``_SUCCESS`` that the ``_EPOCHS`` pointer does not
-    hide, listed between two reads of the pointer that agree. A reader reads the data files
-    of these directories, then calls this again (or reads the pointer): the same version
-    means no replay swapped directories meanwhile; another means read again (the old
-    directories are being removed). Raises :class:`PublishError` if the pointer keeps
-    changing for ``attempts`` listings.
-    """
+    """The documented read path of an append file sink (docs/REPLAY.md): ``(version, epoch directories to read)``,
+    listed between two reads of the pointer that agree (PublishError if none do in ``attempts`` listings)."""
     for _ in range(attempts):
         before = read_epochs_pointer(target)
         dirs = before.current(target.list_dir(""), lambda d: target.exists(f"{d}/{SUCCESS}"))
@@ -286,17 +235,9 @@ def current_epoch_dirs(target: Storage, attempts: int = 10) -> tuple[int, list[s
 
 def replace_epoch_dirs(target: Storage, new: str, old: Sequence[str], publish: Callable[[], PublishMethod]
                        ) -> PublishMethod:
-    """Publish a replay's directory ``new`` (by ``publish``) in place of the epoch directories ``old``.
-
-    1. the ``_EPOCHS`` pointer hides ``new`` (readers following it skip the directory while
-       it is written);
-    2. ``publish()`` writes ``new`` and its ``_SUCCESS``;
-    3. **the swap**: one atomic write of the pointer hides ``old`` and shows ``new``;
-    4. ``old`` are removed.
-
-    Safe to repeat after a crash at any step: a pointer that already records the swap
-    (``replaced_by[new]``) skips to step 4, so readers never go back to the old set.
-    """
+    """Publish a replay's directory ``new`` (by ``publish``) in place of the epoch directories ``old``: hidden
+    while written, then one pointer write swaps them, then ``old`` are removed (docs/REPLAY.md). Safe to repeat:
+    a pointer that records the swap skips to the removal, so readers never go back to the old set."""
     pointer = read_epochs_pointer(target)
     how = PublishMethod.ALREADY
     if new not in pointer.replaced_by:
@@ -312,15 +253,8 @@ def replace_epoch_dirs(target: Storage, new: str, old: Sequence[str], publish: C
     return how
 
 
-
 def claim_target(target: Storage, owner: Mapping[str, str]) -> None:
-    """Create ``target``'s owner marker, or check that it names ``owner``.
-
-    :class:`SinkRefusedError` if the target belongs to another pipeline or store (its epoch
-    directories would mix with this pipeline's) or its marker is not valid JSON. Called
-    before the commit decision (:func:`precheck`), so that such a target aborts the
-    epoch, and again by the publish.
-    """
+    """Create ``target``'s owner marker, or check that it names ``owner`` (else SinkRefusedError)."""
     mine = dict(sorted(owner.items()))
     try:
         found = target.read(OWNER_MARKER)

@@ -1,44 +1,10 @@
 """Iceberg table commits: one epoch of one sink becomes one Iceberg snapshot, exactly once.
 
-``commit(request)`` (called by :func:`core.sinks.commit_sink` for a commit-decided
-epoch) does, for sink options :class:`IcebergSinkOptions` (``table: "ns.name"``,
-``catalog``, ``catalog_name``, ``partition_by``, ``mode``, ``merge_keys``):
-
-1. **marker first.** The table properties ``seatunnel-ckpt.<pipeline>.<sink>.{epoch,store-id}``
-   hold the last epoch of this pipeline's sink committed into the table and the id of
-   the store that committed it; ``seatunnel-ckpt.owner`` names the table's owner
-   (:mod:`.markers`). Another owner is refused. Epochs commit in order (the protocol
-   commits an epoch only after earlier ones are decided), so this store's value
-   ``>= epoch`` means this epoch is in the table -- if this pipeline's log has that epoch
-   decided commit (else the store was reset, and the epoch is refused): nothing is done,
-   ``how="already"``. The properties survive snapshot expiry; the snapshot summary
-   (store id, pipeline, sink, epoch) is for people reading the history.
-2. **table and schema.** The table is created on first use from the staged files' Parquet
-   schema (identity partitions on ``partition_by``). Later epochs may add columns (added
-   as optional columns, in the same transaction as the data); a column that disappeared,
-   changed type or became nullable is refused *before* anything is placed or committed,
-   naming the column, both types and the way out.
-3. **placement.** The staged files are put at deterministic paths inside the table's
-   location (``data/<col>=<value>/<pipeline>/<sink>/<store>-e<epoch>/<file>``) with
-   :func:`storage.publish_files`: idempotent, verified, never deleting anything.
-4. **one transaction, one snapshot**: ``add_files`` (duplicate-file check on) for an append;
-   otherwise one OVERWRITE snapshot that removes the data files it replaces and adds the
-   epoch's -- every current file (a ``snapshot`` sink, a full refresh of an upsert sink:
-   :func:`_last_per_key`), the replaced epochs' (a replay), or
-   with ``merge_keys`` (upsert) the files holding any of the epoch's keys, whose other rows
-   go into rewritten files in the same snapshot (:func:`_without_keys`), or with ``apply_changes``
-   those files and the keys' rows with the epoch's changes applied (:func:`_apply_changes`;
-   the staged change files are only read) -- plus the marker
-   and owner properties. So every snapshot a time-travel or incremental reader can pin
-   holds whole epochs. pyiceberg's own commit retry is switched off for it: on a conflict
-   it rebases an append *without* re-checking duplicates, so two committers of one epoch
-   (a task retry racing the recovery DAG) both landed. Instead a conflict or an unknown
-   outcome reloads the table and goes back to step 1.
-
-:func:`precheck` runs the refusals of steps 1, 2 and 4 (owner and marker, schema, partitioning,
-merge keys unique and not NULL) when the epoch is decided, from the staged files alone, so that a
-refused epoch is aborted instead of decided commit; the commit repeats them for a table
-altered in between.
+:func:`precheck` refuses before the decision what the commit would refuse; :func:`commit`
+(also the replay's ``replace``) reads the table's owner and marker properties
+(:mod:`.markers`), places the staged files at deterministic paths in the table, and commits
+them with the marker in one snapshot, retrying a conflict from the marker on.
+The steps and decisions are in docs/tables/iceberg.md.
 """
 
 from __future__ import annotations
@@ -109,11 +75,7 @@ ALREADY = "already"
 
 
 def open_catalog(options: IcebergSinkOptions, secrets: Mapping[str, Any]) -> Catalog:
-    """The sink's catalog: its properties plus resolved secrets.
-
-    With neither catalog properties nor a connection (a manifest of a sink that did not
-    resolve them), the embedded catalog of this process's ``$AIRFLOW_HOME``.
-    """
+    """The sink's catalog: its properties plus resolved secrets (neither: the embedded catalog)."""
     given = options.catalog or ({} if options.catalog_conn_id else embedded_catalog())
     props = {str(k): str(v) for k, v in given.items()}
     props.update({str(k): str(v) for k, v in secrets.items()})
@@ -176,11 +138,7 @@ def commit(request: SinkCommit) -> PublishedSink:
 def precheck(request: SinkCommit) -> None:
     """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
 
-    From the table's metadata and the staged files' Parquet footers (and, for
-    ``merge_keys``, their key columns): the keys are unique and never NULL, the table is
-    this store's pipeline's (or nobody's) and its marker is not past the epoch
-    (:func:`_committed_epoch`, :class:`TableOwnershipError`), and the schema and
-    partitioning fit.
+    From the table's metadata and the staged files' Parquet footers (and key columns).
     """
     identifier, where = identify(request)
     key = list(_options(request).merge_keys)
@@ -194,10 +152,7 @@ def precheck(request: SinkCommit) -> None:
     schema = staged_schema(request, where)
     if schema is None:
         return
-    drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
-    for i in reversed(drop):
-        schema = schema.remove(i)
-    schema = check_staged_rows(request, schema, key, where)
+    schema = check_staged_rows(request, _without_partition_copies(schema), key, where)
     apply = _options(request).apply_changes
     with _catalog(request) as catalog:
         table = load(catalog, identifier)
@@ -214,16 +169,12 @@ def precheck(request: SinkCommit) -> None:
         _check_key(table.schema().column_names, request, where)
 
 
-#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
-#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+#: A replay's commit (the contract's replace) is the commit: it swaps when ``request.replaces`` is set.
 replace = commit
 
 
 def held_epoch(request: SinkCommit) -> int | None:
-    """This store's pipeline's sink's newest epoch in the table (its marker; None: none). Reads only.
-
-    Refuses another owner's table, or a marker this pipeline's log lacks (TableOwnershipError).
-    """
+    """This store's pipeline's sink's newest epoch in the table (its marker; None: none). Reads only."""
     identifier, where = identify(request)
     with _catalog(request) as catalog:
         table = load(catalog, identifier)
@@ -232,11 +183,8 @@ def held_epoch(request: SinkCommit) -> int | None:
 
 
 def _refuse_foreign_commits(table: Table, request: SinkCommit, where: str) -> None:
-    """Refuse a replay when a snapshot after the first replaced epoch's is not this sink's own.
-
-    Such a snapshot (another writer's append, delete or compaction) may have changed the
-    replaced epochs' rows or files; the replay would silently drop that change.
-    """
+    """Refuse a replay when a snapshot after the first replaced epoch's is not this sink's own (whose change
+    to the replaced epochs' rows the replay would silently drop)."""
     replaced = set(request.sink.replaces)
     started = False
     for snapshot, summary, own in _snapshots(table, request):
@@ -256,7 +204,7 @@ def _snapshots(table: Table, request: SinkCommit) -> Iterator[tuple[Snapshot, di
     """The table's snapshots, oldest first, each with its summary and whether this store's pipeline's sink
     committed it (by the summary)."""
     ours = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
-            f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+            f"{PROPERTY_PREFIX}.store-id": request.resolved_store_id}
     for snapshot in sorted(table.snapshots(), key=lambda s: (s.sequence_number or 0, s.timestamp_ms)):
         summary = snapshot.summary.additional_properties if snapshot.summary is not None else {}
         yield snapshot, summary, all(summary.get(k) == v for k, v in ours.items())
@@ -266,14 +214,14 @@ def _commit(catalog: Catalog, identifier: str, request: SinkCommit, where: str) 
     def attempt() -> PublishedSink:
         table = load(catalog, identifier)
         if table is not None and _committed_epoch(table, request, where) >= request.epoch:
-            return _published(request, table, ALREADY)
+            return request.published(_location(table), ALREADY)
         if table is None:
             if not request.sink.files:  # an empty snapshot of a table that never existed
-                return _published(request, None, EMPTY)
+                return request.published("", EMPTY)
             table = _create(catalog, identifier, _table_schema(request, _staged_schema(request, None)), request,
                             where)
             if _committed_epoch(table, request, where) >= request.epoch:
-                return _published(request, table, ALREADY)
+                return request.published(_location(table), ALREADY)
         placed = table_storage(table, request)
         apply = _options(request).apply_changes
         file_schema = _table_schema(request, _staged_schema(request, placed)) if request.sink.files else None
@@ -289,7 +237,7 @@ def _commit(catalog: Catalog, identifier: str, request: SinkCommit, where: str) 
         except (CommitFailedException, CommitStateUnknownException) as exc:
             # Another committer may have landed this very epoch: reload and read the marker.
             raise CommitConflict(exc) from exc
-        return _published(request, table, how)
+        return request.published(_location(table), how)
 
     try:
         return retry_conflicts(attempt, request.retries, where)
@@ -309,12 +257,8 @@ def load(catalog: Catalog, identifier: str) -> Table | None:
 
 
 def _committed_epoch(table: Table, request: SinkCommit, where: str, *, decided: bool = True) -> int:
-    """This store's last epoch of the sink in the table (-1: none): the one place its marker is read.
-
-    Refuses another owner's table, or a marker this pipeline's log lacks, with
-    :class:`TableOwnershipError` (:func:`markers.check_marker`; ``decided``: the epoch is
-    decided commit, False before the decision).
-    """
+    """This store's last epoch of the sink in the table (-1: none), judged by :func:`markers.check_marker`: the
+    one place its marker is read."""
     props = table.metadata.properties
     marker = markers.iceberg_marker(props, request, where)
     committed = markers.check_marker(request, markers.Owner.parse(props), marker, where, decided=decided)
@@ -371,12 +315,8 @@ def table_storage(table: Table, request: SinkCommit) -> Storage:
 
 
 def final_dir(request: SinkCommit, staged_dir: str) -> str:
-    """Where the files of one staged directory go, relative to the table location.
-
-    ``__partition_region=EU`` becomes ``data/region=EU/<pipeline>/<sink>/<store>-e<epoch>``:
-    an Iceberg-style partition path and a name no other store, pipeline, sink or epoch
-    shares (:func:`markers.placement`).
-    """
+    """Where the files of one staged directory go, relative to the table location: ``__partition_region=EU``
+    becomes ``data/region=EU/<placement>`` (:func:`markers.placement`)."""
     parts = [p[len(PARTITION_PREFIX):] if p.startswith(PARTITION_PREFIX) else p
              for p in staged_dir.split("/") if p]
     return posixpath.join("data", *parts, markers.placement(request))
@@ -413,12 +353,14 @@ def _staged_schema(request: SinkCommit, placed: Storage | None) -> pa.Schema:
                 schema = pq.read_schema(fh)
         except FileNotFoundError:
             continue
-        drop = [i for i, name in enumerate(schema.names) if name.startswith(PARTITION_PREFIX)]
-        for i in reversed(drop):  # never written by TableSink, but never let them into a table
-            schema = schema.remove(i)
-        return schema
+        return _without_partition_copies(schema)
     raise PublishError(f"cannot read the schema of {candidates[0][0].describe_path(candidates[0][1])}: it is "
                        "neither in staging nor in the table; the epoch stays COMMITTING")
+
+
+def _without_partition_copies(schema: pa.Schema) -> pa.Schema:
+    """``schema`` without hidden partition copies (never written by TableSink, but never let into a table)."""
+    return pa.schema([f for f in schema if not f.name.startswith(PARTITION_PREFIX)], schema.metadata)
 
 
 def _check_schema(table: Table, file_schema: pa.Schema, where: str) -> list[str]:
@@ -478,7 +420,7 @@ def _commit_once(table: Table, request: SinkCommit, placed: Storage, paths: Sequ
     """One transaction: (schema additions,) one snapshot of the files, the marker. Raises on conflict."""
     summary = {f"{PROPERTY_PREFIX}.pipeline": request.pipeline, f"{PROPERTY_PREFIX}.sink": request.sink.sink,
                f"{PROPERTY_PREFIX}.epoch": str(request.epoch), f"{PROPERTY_PREFIX}.store": request.store,
-               f"{PROPERTY_PREFIX}.store-id": markers.store_id_of(request)}
+               f"{PROPERTY_PREFIX}.store-id": request.resolved_store_id}
     view = _without_library_retry(table)
     snapshot = request.sink.mode is SinkMode.SNAPSHOT
     key = list(_options(request).merge_keys)
@@ -536,14 +478,8 @@ def _current_files(tx: Transaction, view: Table, request: SinkCommit, whole: boo
 def _apply_changes(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, apply: ApplyChanges,
                    where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
     """The epoch's changes applied (:mod:`.changes`): the data files holding the changes' keys out
-    (and their rewrites without those keys' rows), the keys' new rows written to files in.
-
-    pyiceberg has no predicated MERGE: the rows the table holds for the keys are read
-    (the files that may hold them, as an upsert finds them), the changes applied to them
-    with pyarrow, and the result written as the epoch's data files. A replay applies the
-    replayed changes to the touched keys' rows as of the epoch before it; a full refresh
-    to an empty table, in place of every current file.
-    """
+    (and their rewrites without those keys' rows), the keys' new rows written to files in (pyiceberg has
+    no predicated MERGE)."""
     key = list(apply.keys)
     schema = tx.table_metadata.schema()
     file_schema = schema_to_pyarrow(schema, include_field_ids=False)
@@ -580,17 +516,10 @@ def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Sto
                   key: Sequence[str], found: list[pa.Table] | None = None) -> tuple[list[DataFile], list[DataFile]]:
     """The current data files holding any of the epoch's ``keys``, and their rewrites without those rows.
 
-    Copy-on-write as pyiceberg's ``Transaction.delete`` does it, but into the epoch's own
-    snapshot (a separate delete snapshot would be a table without the epoch's keys and
-    without its rows, which time-travel readers can pin). Only files whose partition and
-    column statistics may hold a key are read (the scan's planning). A file left with no
-    row is only removed. A rewrite goes to the epoch's placement directory under a name
-    fixed by the file it rewrites (and the delete files applied to it), written whole: a
-    commit retried after a crash before its catalog commit finds it and adds that same
-    file, and one whose original another writer changed since is left unreferenced (an
-    orphan), never added twice. Two racing committers of the epoch may both write it: the
-    same rows through the same writer, the same bytes. Not ``create_exclusive``: placing
-    data files must not need a store's conditional writes (:func:`table_storage`).
+    Copy-on-write as ``Transaction.delete`` does it, but into the epoch's own snapshot (a
+    separate delete snapshot could be pinned by time-travel readers). A rewrite's name is fixed
+    by the file it rewrites, so a retried commit adds that same file (two racing committers
+    write the same bytes); not ``create_exclusive``: placing needs no conditional writes.
     """
     metadata = tx.table_metadata
     if not keys.num_rows or metadata.current_snapshot() is None:
@@ -624,12 +553,8 @@ def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Sto
 
 
 def replay_base(table: Table, request: SinkCommit, where: str) -> Snapshot | None:
-    """The table's snapshot as of the epoch before a replay's first replaced epoch (None: the empty table).
-
-    The parent of this sink's first snapshot of a replaced (or later) epoch, found by the
-    epochs in the snapshot summaries; the current snapshot when the replaced epochs made
-    none. A parent that was expired refuses the replay (:class:`SinkRefusedError`).
-    """
+    """The table's snapshot as of the epoch before a replay's first replaced epoch (None: the empty table),
+    found by the epochs in the snapshot summaries; SinkRefusedError when it was expired."""
     first = min(request.sink.replaces)
     for snapshot, summary, own in _snapshots(table, request):
         epoch = int(summary.get(f"{PROPERTY_PREFIX}.epoch", "0"))
@@ -661,11 +586,7 @@ def _before_replay(table: Table, request: SinkCommit, where: str) -> tuple[pa.Ta
 def _restore_before(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, paths: Sequence[str],
                     key: Sequence[str], where: str) -> tuple[list[DataFile], list[DataFile], list[str]]:
     """A replay from a later epoch: the touched keys' current files out (and their rewrites), the rows
-    they had before the replayed epochs (:func:`core.sinks.restored_before`) written to files in.
-
-    The restored rows go to ``restored-<n>.parquet`` in the replay epoch's placement, one file
-    per partition, written whole and found again by a retried commit.
-    """
+    they had before the replayed epochs (:func:`core.sinks.restored_before`) written to files in."""
     file_schema = schema_to_pyarrow(tx.table_metadata.schema(), include_field_ids=False)
     before, now = _before_replay(view, request, where)
     touched, restored = restored_before(before, now, _epoch_keys(view, paths, key, where), list(key))
@@ -677,13 +598,8 @@ def _restore_before(tx: Transaction, view: Table, request: SinkCommit, placed: S
 
 
 def _write_rows(tx: Transaction, request: SinkCommit, placed: Storage, rows: pa.Table, prefix: str) -> list[str]:
-    """``rows`` (the table's schema) written to ``<prefix>-<n>-<digest>.parquet`` files in the epoch's placement,
-    one per partition; their URLs.
-
-    Written whole, under a name fixed by the file's bytes: a commit retried after a crash
-    before its catalog commit finds the same file and adds it (rows computed anew from a
-    table changed since get a file of their own; the first is left unreferenced).
-    """
+    """``rows`` (the table's schema) written whole to ``<prefix>-<n>-<digest>.parquet`` files in the epoch's
+    placement, one per partition; their URLs. Named by their bytes: a retried commit finds the same file."""
     schema = tx.table_metadata.schema()
     partition = [schema.find_column_name(f.source_id) or "" for f in tx.table_metadata.spec().fields]
     groups = rows.select(partition).group_by(partition).aggregate([]).to_pylist() if partition else [{}]
@@ -707,13 +623,8 @@ def _write_rows(tx: Transaction, request: SinkCommit, placed: Storage, rows: pa.
 
 
 def _last_per_key(table: Table, request: SinkCommit, placed: Storage, key: Sequence[str], where: str) -> list[str]:
-    """A replay's placed files (URLs) without the rows whose key a later replayed epoch writes again.
-
-    Each replayed epoch's files hold one row per key; the newest replayed epoch's row is the
-    key's value (:func:`core.sinks.upserted_rows`). A file losing rows is written again
-    beside it, whole, under a name fixed by the file (``last-<name>``): a retried commit finds
-    it and adds the same file. A file losing every row is left out.
-    """
+    """A replay's placed files (URLs) without the rows whose key a later replayed epoch writes again (a file
+    losing some is written again beside it as ``last-<name>``, one losing all is left out)."""
     by_epoch: dict[int, list[str]] = {}
     for folder, files in _groups(request).items():
         epoch = layout.replayed_epoch(folder) or request.epoch
@@ -759,18 +670,12 @@ def _epoch_keys(table: Table, paths: Sequence[str], key: Sequence[str], where: s
 
 
 def _without_library_retry(table: Table) -> Table:
-    """A copy of ``table`` whose commits are never retried by pyiceberg itself.
-
-    The retry count is read from the table's properties when a transaction commits; it is
-    overridden in this in-memory copy only (other writers of the table keep theirs), and
-    never written, since only the transaction's updates are sent to the catalog.
-    """
+    """A copy of ``table`` whose commits are never retried by pyiceberg itself (the retry count, a property,
+    is overridden in this in-memory copy only: only the transaction's updates reach the catalog)."""
     props = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
     return Table(table.name(), table.metadata.model_copy(update={"properties": props}), table.metadata_location,
                  table.io, table.catalog)
 
 
-def _published(request: SinkCommit, table: Table | None, how: str) -> PublishedSink:
-    location = table.metadata.location.rstrip("/") if table is not None else ""
-    return PublishedSink(request.sink.sink, request.sink.target_url, location, len(request.sink.files),
-                         request.sink.rows, request.sink.bytes, how)
+def _location(table: Table) -> str:
+    return str(table.metadata.location).rstrip("/")

@@ -1,33 +1,9 @@
 """What a table records of who writes it: its owner, and each sink's last committed epoch.
 
-A table sink writes outside the store, so the table must say which store and pipeline
-its epochs belong to; epoch numbers alone mean nothing across stores (a wiped store
-restarts at 1, another store's pipeline of the same name has epochs of its own).
-
-* **owner**: the store id and pipeline the table belongs to, claimed by the first commit.
-  Iceberg: the table property ``seatunnel-ckpt.owner`` = ``<pipeline>@<store id>`` (and
-  ``seatunnel-ckpt.owner-store``, the store's URL, for messages), set in the epoch's own
-  transaction. Delta: the file sink's owner marker ``<table>/_seatunnel_ckpt_owner`` (JSON:
-  pipeline, store id, store URL), created exclusively before the first commit (delta-rs
-  refuses to write tables whose configuration holds keys it does not know). A table owned
-  by another pipeline or store is refused, as a file sink's target is. The way out is the
-  file sink's: release the table (remove the property; delete the marker) and commit
-  again; the next commit claims it.
-* **marker** of one sink: the store id, pipeline, sink and epoch of its last commit.
-  Iceberg: table properties ``seatunnel-ckpt.<pipeline>.<sink>.{epoch,store-id,store}``
-  (the snapshot summary repeats them for people). Delta: the application transaction
-  ``seatunnel-ckpt/<store id>/<pipeline>/<sink>`` at version = epoch.
-
-:func:`check_marker` is the judgement: a marker of this store at or above the epoch means
-"already committed" only when this pipeline's log has that epoch decided commit;
-otherwise (a reset store, a wiped pipeline) the epoch is refused, never skipped.
-Each format reads its table's owner and marker in one place (Iceberg ``_committed_epoch``,
-Delta ``table_epoch``) and judges with it twice: in its ``precheck`` before the commit
-decision (:func:`core.sinks.precheck_sink`: a refusal aborts the epoch, nothing is
-written), and again in its ``commit`` before writing (a table altered after the decision).
-
-The store id (a UUID naming one checkpoint store, written once at the store's root) is
-part of the request's identity: :func:`core.sinks.base.store_id`.
+Iceberg keeps both in table properties, Delta its owner in the file sink's owner marker
+and the epoch as an application transaction, PostgreSQL in its bookkeeping tables.
+:func:`check_marker` is the one judgement of a marker (docs/tables/iceberg.md,
+docs/tables/delta.md and docs/POSTGRES.md describe each format's).
 """
 
 from __future__ import annotations
@@ -123,20 +99,9 @@ def claim_owner_file(table_root: Storage, request: SinkCommit, where: str) -> No
         check_owner(request, read_owner_file(table_root, where), where)
 
 
-def store_id_of(request: SinkCommit) -> str:
-    """``request.store_id``, or the id of the store whose pipeline directory ``staged`` is."""
-    return request.resolved_store_id
-
-
 def owner_for(request: SinkCommit) -> Owner:
     """This request's pipeline and store as a table owner."""
-    return Owner(store_id_of(request), request.pipeline, request.store)
-
-
-def owner_properties(request: SinkCommit) -> dict[str, str]:
-    """The table properties claiming the table for this request's pipeline and store."""
-    owner = owner_for(request)
-    return {OWNER: owner.value, OWNER_STORE: owner.store}
+    return Owner(request.resolved_store_id, request.pipeline, request.store)
 
 
 def marker_keys(pipeline: str, sink: str) -> dict[str, str]:
@@ -146,9 +111,9 @@ def marker_keys(pipeline: str, sink: str) -> dict[str, str]:
 
 def marker_for(request: SinkCommit) -> dict[str, str]:
     """The Iceberg table properties a commit of ``request`` sets: its marker and the owner."""
-    keys = marker_keys(request.pipeline, request.sink.sink)
-    return {keys["epoch"]: str(request.epoch), keys["store-id"]: store_id_of(request),
-            keys["store"]: request.store, **owner_properties(request)}
+    keys, owner = marker_keys(request.pipeline, request.sink.sink), owner_for(request)
+    return {keys["epoch"]: str(request.epoch), keys["store-id"]: owner.store_id, keys["store"]: request.store,
+            OWNER: owner.value, OWNER_STORE: owner.store}
 
 
 def iceberg_marker(properties: Mapping[str, str], request: SinkCommit, where: str) -> Marker | None:
@@ -168,27 +133,24 @@ def iceberg_marker(properties: Mapping[str, str], request: SinkCommit, where: st
 
 def delta_app_id(request: SinkCommit) -> str:
     """The Delta application id of this request's store, pipeline and sink."""
-    return f"{PREFIX}/{store_id_of(request)}/{request.pipeline}/{request.sink.sink}"
+    return f"{PREFIX}/{request.resolved_store_id}/{request.pipeline}/{request.sink.sink}"
 
 
 def placement(request: SinkCommit) -> str:
     """The part of a placed file's path that names its epoch: ``<pipeline>/<sink>/<store>-e<epoch>``.
 
-    Names hold no ``/``, so no two (store, pipeline, sink, epoch) share it, whatever ``-``
-    the names contain; the store's short id keeps a handed-over table's new epochs from
-    landing on the files of the previous owner's epochs of the same number.
+    Unique per (store, pipeline, sink, epoch): names hold no ``/``, and the store's short id
+    keeps a handed-over table's new epochs off the previous owner's files.
     """
-    return f"{request.pipeline}/{request.sink.sink}/{short(store_id_of(request))}-e{request.epoch}"
+    return f"{request.pipeline}/{request.sink.sink}/{short(request.resolved_store_id)}-e{request.epoch}"
 
 
 def placed_epoch(path: str, request: SinkCommit) -> int | None:
     """The epoch of this store's pipeline and sink that placed the data file ``path`` (None: not ours).
 
-    The inverse of :func:`placement`: what a replay reads to find the files the epochs it
-    replaces added to a table (Iceberg: ``.../<placement>/<file>``, Delta:
-    ``.../<placement>-<n>.parquet``).
+    The inverse of :func:`placement` (Iceberg: ``.../<placement>/<file>``, Delta: ``.../<placement>-<n>.parquet``).
     """
-    prefix = f"/{request.pipeline}/{request.sink.sink}/{short(store_id_of(request))}-e"
+    prefix = f"/{request.pipeline}/{request.sink.sink}/{short(request.resolved_store_id)}-e"
     at = ("/" + path).rfind(prefix)
     if at < 0:
         return None
@@ -232,31 +194,23 @@ def check_owner(request: SinkCommit, found: Owner | None, where: str) -> None:
         "next commit claims it")
 
 
-def log_reaches(request: SinkCommit, epoch: int, decided: bool) -> bool:
-    """Whether this pipeline's log holds ``epoch`` decided commit (``decided``: the request's own is).
-
-    The log is the pipeline's to read: the request carries its answer (``request.log_holds``).
-    """
-    return (decided and epoch == request.epoch) or request.log_holds(epoch)
-
-
 def check_marker(request: SinkCommit, owner: Owner | None, marker: Marker | None, where: str, *,
                  decided: bool) -> int | None:
     """The epoch the table holds for this store's pipeline and sink (None: none), or a refusal.
 
-    ``decided``: the request's epoch is decided commit (the commit path); before the
-    decision it is not, and the table cannot hold it yet. A marker of another store is
-    refused while that store owns the table, and disregarded once the table was handed
-    over (its owner is this pipeline, or nobody). A marker of this store at or above the
-    epoch counts only if this pipeline's log reaches it.
+    ``decided``: the request's epoch is decided commit (the commit path). Another store's
+    marker counts only while that store owns the table (then it is refused); one of this
+    store at or above the epoch only if this pipeline's log holds it decided commit.
     """
     check_owner(request, owner, where)
     if marker is None:
         return None
-    mine = store_id_of(request)
+    mine = request.resolved_store_id
     if marker.store_id != mine:
         return None  # the previous owner's, before the table was handed over: not this store's epochs
-    if marker.epoch >= request.epoch and not log_reaches(request, marker.epoch, decided):
+    # The log is the pipeline's to read: the request carries its answer (log_holds), asked only when needed.
+    if marker.epoch >= request.epoch and not (
+            (decided and marker.epoch == request.epoch) or request.log_holds(marker.epoch)):
         raise TableOwnershipError(
             f"{where}: the table records epoch {marker.epoch} of this pipeline's sink as committed by this store "
             f"({mine}, {request.store}), but the store's log of pipeline {request.pipeline!r} has no commit "
@@ -278,4 +232,4 @@ def refuse_past(request: SinkCommit, newest: int | None, marker: str, where: str
 def delta_marker(table: Any, request: SinkCommit) -> Marker | None:
     """This store's, pipeline's and sink's application transaction in a Delta table."""
     version = table.transaction_version(delta_app_id(request))
-    return None if version is None else Marker(store_id_of(request), request.pipeline, request.sink.sink, version)
+    return None if version is None else Marker(request.resolved_store_id, request.pipeline, request.sink.sink, version)

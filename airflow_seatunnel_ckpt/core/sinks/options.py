@@ -1,15 +1,8 @@
 """The sinks' options, typed: one model per sink type, keyed on ``type`` (:data:`SINK_OPTIONS`).
 
-A stage's ``sinks.<name>`` entry is checked into its model when the DAG is parsed
-(:func:`core.options.parse`), and the model travels in the prepared record's manifest
-(``SinkManifest.table``) to the commit, where nothing reads a dict again. Nothing here
-imports PySpark, psycopg or a table library: a DAG is parsed without them.
-
-One mode vocabulary for every sink (``mode``): ``append`` (each epoch's rows added beside
-the earlier epochs'), ``upsert`` (each epoch's rows replace the rows with the same
-``merge_keys``), ``snapshot`` (each epoch's rows are the whole content). Files take
-``append|snapshot``, Iceberg and Delta all three, PostgreSQL ``append|upsert``;
-``merge_keys`` without a mode mean ``upsert``.
+Checked when the DAG is parsed (:func:`core.options.parse`) and carried typed in
+``SinkManifest.table`` to the commit. ``mode`` is ``append|upsert|snapshot`` for every sink
+(``merge_keys`` without a mode mean ``upsert``). No PySpark, psycopg or table library here.
 """
 
 from __future__ import annotations
@@ -27,9 +20,7 @@ from airflow_seatunnel_ckpt.core.options import Options, checked, keyed
 
 #: The file formats a file sink writes.
 FILE_FORMATS = ("parquet", "json", "csv", "orc")
-#: The PostgreSQL session's timeouts (seconds) and their defaults: a lock wait (a paused
-#: committer holding the epoch's marker row), one statement (a large epoch's COPY), a
-#: transaction left idle by its client.
+#: The PostgreSQL session's timeouts (seconds) and their defaults.
 TIMEOUTS = {"lock_timeout_s": 30.0, "statement_timeout_s": 3600.0, "idle_in_transaction_timeout_s": 60.0}
 #: A password in a libpq connection string, keyword form or URL form.
 _PASSWORD = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECASE)
@@ -37,27 +28,17 @@ _PASSWORD = re.compile(r"(^|\s)password\s*=|://[^/@\s]*:[^/@\s]*@", re.IGNORECAS
 Seconds = Annotated[float, Strict(), Field(gt=0, le=7 * 24 * 3600)]
 
 
-#: The operations of a change row (``ApplyChanges.operation``), as the PostgreSQL CDC source writes them.
 OPERATIONS = ("insert", "update", "delete")
-#: The change column naming an update's columns whose TOASTed value did not change (NULL in the change):
-#: applying keeps the table's value of those columns; read, never stored.
+#: The change column naming an update's columns whose TOASTed value did not change (NULL in the change).
 UNCHANGED_TOAST = "_unchanged_toast"
-#: The columns an SCD2 table adds to each version of a row: the sequence value that opened it and the one
-#: that closed it (NULL: the key's current version).
+#: The sequence value that opened an SCD2 row version and the one that closed it (NULL: current).
 SCD2_COLUMNS = ("__start_at", "__end_at")
 
 
 class ApplyChanges(Options):
     """Apply change rows (inserts, updates, deletes; e.g. a ``postgres_cdc`` source's) to a keyed table.
 
-    The shape of Spark Declarative Pipelines' AUTO CDC (``apply_changes``): each epoch's
-    changes collapse to the last one per key (by ``sequence_by``); a change whose sequence is
-    not above the one the table holds for its key has no effect (out of order, replayed); a
-    delete removes the key's row (``scd1``) or closes its current version (``scd2``). The
-    table's columns are the change rows' without ``operation``, ``_unchanged_toast`` and ``except_columns``; an
-    ``scd1`` table keeps the ``sequence_by`` columns (the guard reads them), an ``scd2`` table
-    adds ``__start_at`` / ``__end_at`` (the first ``sequence_by`` column's values; the others
-    only order the changes within one value of it, e.g. ``_seq`` within one ``_lsn``).
+    The shape of Spark Declarative Pipelines' AUTO CDC (docs/CDC.md, "Applying changes").
     """
 
     type: str = "apply_changes"
@@ -297,12 +278,8 @@ class PostgresSinkOptions(SinkOptionsBase):
         return self.table.partition(".")[2]
 
     def target_url(self) -> str:
-        """The table as an Airflow asset URI of the Postgres provider, ``postgres://host:port/database/schema/table``.
-
-        From ``conninfo`` where it names them (host ``localhost``, port 5432 and database
-        ``default`` otherwise); for ``postgres_conn_id`` the connection's id stands for the
-        host and the database is ``default``: the connection is read only when a task runs.
-        """
+        """The table as an Airflow asset URI of the Postgres provider, ``postgres://host:port/database/schema/table``
+        (from ``conninfo``; for ``postgres_conn_id`` its id stands for the host: it is read only when a task runs)."""
         host, port, database = self.postgres_conn_id, "5432", "default"
         if self.conninfo and not self.postgres_conn_id:
             found = _conninfo_fields(self.conninfo)
@@ -327,12 +304,8 @@ SINK_OPTIONS = keyed(FileSinkOptions, IcebergSinkOptions, DeltaSinkOptions, Post
 
 
 def recorded_options(options: Any) -> SinkOptionsBase | dict[str, Any] | None:
-    """``options`` (a model, or a stored or declared mapping naming its ``type``) as its model; None for None.
-
-    What ``SinkManifest.table`` holds: a stored mapping (or a stage's Spark sink's) is read
-    into its model here. ValueError names what does not fit (decoding a record
-    turns it into a corrupt-record error naming the file).
-    """
+    """``options`` (a model, or a stored or declared mapping naming its ``type``) as its model, what
+    ``SinkManifest.table`` holds; None for None. ValueError names what does not fit."""
     if options is None or isinstance(options, SinkOptionsBase):
         return options
     if not isinstance(options, Mapping) or not isinstance(options.get("type"), str):
@@ -351,11 +324,8 @@ def recorded_options(options: Any) -> SinkOptionsBase | dict[str, Any] | None:
 
 
 def replay_refusal(epochs: Mapping[int, PostgresSinkOptions]) -> str | None:
-    """Why a replay cannot replace the rows of a PostgreSQL append sink's ``epochs`` (epoch -> its options).
-
-    An append's rows are told apart by their epoch only through ``epoch_column``: without it
-    in every replayed epoch, the replay would add the rows again beside the old ones.
-    """
+    """Why a replay cannot replace the rows of a PostgreSQL append sink's ``epochs`` (epoch -> its options): one
+    without an ``epoch_column`` (None: it can)."""
     lacking = sorted(e for e, options in epochs.items() if not options.epoch_column)
     if not lacking or any(o.merge_keys for o in epochs.values()):
         return None

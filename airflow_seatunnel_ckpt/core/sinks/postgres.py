@@ -1,52 +1,10 @@
 """The PostgreSQL commit of a table sink: one database transaction per sink per epoch, with psycopg 3.
 
-:func:`commit` loads a commit-decided epoch's staged Parquet into a PostgreSQL table
-exactly once. Everything happens in **one** transaction:
-
-1. **the epoch's marker row first**: ``INSERT INTO <schema>.seatunnel_ckpt_epochs (store_id,
-   pipeline, sink, epoch, ...) ON CONFLICT DO NOTHING``, primary key (store_id, pipeline, sink,
-   epoch). A racing committer of the same epoch (a task retry, the recovery DAG) blocks on
-   that row until the first transaction ends: if it committed, the insert does nothing and
-   the second committer rolls back ("already"); if it rolled back (its connection died), the
-   second one goes on. A commit retried after its transaction committed finds the row too.
-2. **the table's owner**: ``<schema>.seatunnel_ckpt_owners`` (one row per table: store id,
-   pipeline) is claimed before the first epoch's decision (:func:`claim_owner`), else by the
-   first commit; another store's or pipeline's table is refused
-   (:func:`markers.check_owner`), and a marker of this store past the epoch that the log
-   lacks too (:func:`markers.check_marker`).
-3. **the rows**: ``append``: ``COPY <table> (<columns>) FROM STDIN`` (CSV written by
-   pyarrow from the staged Parquet, streamed batch by batch); ``upsert``: ``COPY`` into a
-   temporary table, then ``MERGE`` it into the table on ``merge_keys`` (``INSERT ... ON
-   CONFLICT DO UPDATE`` before PostgreSQL 15). A new table is created first when
-   ``create_table`` is set (the merge keys its primary key). ``epoch_column`` is filled
-   with the epoch; a replay first deletes the rows of the epochs it replaces by it. An
-   upsert keeps the rows it changes as they were before it (:data:`IMAGES`), which a
-   replay from a later epoch restores first (:func:`_restore_before`); a full refresh
-   empties the table first. ``apply_changes``: ``COPY`` into a temporary table, then the
-   change rows applied in SQL as SCD1 or SCD2 (:func:`_apply_changes`, :func:`_apply_step`).
-
-The transaction commits the rows and the marker together, so the marker says exactly
-whether the epoch landed, also after a crash between the database's commit and the log's
-``committed`` record: the next commit (recovery) finds the marker and writes nothing.
-The append path copies straight into the table: inside the transaction that is as atomic
-as a staging table and an ``INSERT ... SELECT``, at the cost of one copy of the rows.
-
-Refusals come first: :func:`precheck` (run by ``Pipeline.decide``) checks the table exists
-(or ``create_table``), every staged column exists with a compatible type, the columns the
-epoch does not write have a default (a stage that stops writing a column is refused, as
-the Iceberg and Delta sinks refuse it), the merge keys are the table's primary key or
-a unique constraint, the staged keys are never NULL nor repeated, and the owner and
-markers; then a trial load (:func:`trial_load`: the commit's own load in a transaction
-always rolled back) finds what only the table knows (its constraints, the values its
-columns hold). The commit repeats the checks inside its transaction (a table altered
-after the decision; rows the table refuses then are final, never retried). After the
-decision only transient failures remain: a lost connection, a serialization failure or a
-deadlock is retried (tenacity) and then raised as :class:`StorageError`, the epoch staying
-COMMITTING.
-
-The connection string comes from the sink's ``conninfo`` or, for ``postgres_conn_id``, from
-a registered secret resolver (the Airflow layer's :mod:`hooks.postgres_connection`), so a
-password is never in the checkpoint store.
+:func:`precheck` (the checks and a :func:`trial_load` always rolled back) refuses before
+the decision what the commit would refuse; :func:`commit` (also the replay's ``replace``)
+inserts the epoch's marker row, checks the table's owner and loads the rows (``COPY``,
+``MERGE`` for an upsert, SCD1/SCD2 for applied changes) in one transaction, so the
+marker says exactly whether the epoch landed. The steps and decisions are in docs/POSTGRES.md.
 """
 
 from __future__ import annotations
@@ -80,26 +38,20 @@ from airflow_seatunnel_ckpt.core.storage.publish import PublishMethod
 
 log = logging.getLogger(__name__)
 
-#: The marker table (one row per committed epoch of a sink) in the sink table's schema.
+#: The bookkeeping tables, in the sink table's schema: one marker row per committed epoch of a sink, one
+#: owner row per table, and upsert epochs' before-images (each key's row before it) a replay restores.
 EPOCHS = "seatunnel_ckpt_epochs"
-#: The owner table (one row per table a pipeline writes) in the sink table's schema.
 OWNERS = "seatunnel_ckpt_owners"
-#: The before-images of upsert sinks (per epoch, each key it changed and its row before, NULL: none), in the
-#: sink table's schema: what a replay from a later epoch restores (:func:`_restore_before`).
 IMAGES = "seatunnel_ckpt_before_images"
 #: The ``key`` of the row that says an epoch kept its before-images (an epoch changing no key has only it).
 _KEPT = "{}"
-#: How the result names an upsert's commit.
 MERGED = "merged"
-#: How the result names a replay's commit (the replaced epochs' rows deleted, the new ones added).
 REPLACED = "replaced"
 #: Rows per batch a ``COPY`` streams from the staged Parquet (its memory: one batch and its CSV).
 COPY_BATCH_ROWS = 16384
 #: The first PostgreSQL version with ``MERGE`` (``server_version`` form).
 MERGE_SINCE = 150000
-#: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock
-#: (both ``OperationalError``). A racing ``CREATE TABLE IF NOT EXISTS`` of the bookkeeping tables
-#: is turned into a :class:`StorageError` where it happens (:func:`_bookkeeping`).
+#: Errors a new attempt may not meet: the connection lost, a serialization failure or deadlock.
 TRANSIENT = (psycopg.OperationalError, psycopg.InterfaceError)
 #: Errors in which the table refuses the epoch's rows (a constraint, a value a column cannot hold,
 #: two rows one key, a trigger's ``RAISE``): the same on every attempt, so a refusal, not transient.
@@ -109,7 +61,6 @@ REFUSALS = (psycopg.IntegrityError, psycopg.DataError, psycopg.errors.Cardinalit
 _REPLAYED = "__seatunnel_ckpt_replayed"
 #: The separator of the names a staged list column (:data:`UNCHANGED_TOAST`) is loaded as, in one text.
 _NAMES_SEP = "\x1f"
-#: The column a ``COPY`` error's context names.
 _COPY_COLUMN = re.compile(r"^COPY .*?, line \d+, column (.+?): ")
 #: SQLSTATE -> what the user can do about the rows the table refused (:func:`refused`).
 _WAY_OUT = {
@@ -173,13 +124,8 @@ def conninfo(request: SinkCommit, options: PostgresSinkOptions, where: str) -> s
 
 @contextmanager
 def connect(dsn: str, options: PostgresSinkOptions, where: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection (transactions are explicit) with the sink's bounded waits.
-
-    ``lock_timeout`` makes a wait for a lock (the marker row of a committer paused
-    mid-transaction) fail, transiently, instead of blocking until TCP notices;
-    ``idle_in_transaction_session_timeout`` makes the server end such a paused session,
-    releasing its locks for the next attempt. A failure to connect is transient.
-    """
+    """An autocommit connection (transactions are explicit) with the sink's bounded waits
+    (:meth:`PostgresSinkOptions.session_settings`); a failure to connect is transient."""
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=30, application_name="seatunnel-ckpt")
     except psycopg.OperationalError as exc:
@@ -224,10 +170,8 @@ def _transient(exc: Exception, request: SinkCommit, where: str, what: str) -> St
 def commit(request: SinkCommit) -> PublishedSink:
     """Load ``request``'s staged rows and its marker in one transaction (see the module docs).
 
-    Rows the table refuses (:data:`REFUSALS`) are final: the trial load before the decision
-    found none, so the table changed since, and a retry cannot help. An upsert's unique
-    violation alone is retried first: another writer inserted one of the epoch's keys
-    meanwhile, which the next attempt's ``MERGE`` matches.
+    Rows the table refuses (:data:`REFUSALS`) are final, but for an upsert's unique violation:
+    another writer inserted one of the epoch's keys meanwhile, which the next ``MERGE`` matches.
     """
     options, where = identify(request)
     dsn = conninfo(request, options, where)
@@ -240,7 +184,7 @@ def commit(request: SinkCommit) -> PublishedSink:
         raise _transient(exc, request, where, "the commit") from exc
     log.info("%s: %s", where, "the table already holds the epoch (its marker row exists)"
              if how == PublishMethod.ALREADY else f"committed {request.sink.rows} row(s) with the epoch's marker")
-    return _published(request, options, how)
+    return request.published(f"postgres table {options.table}", how)
 
 
 def _commit_once(request: SinkCommit, options: PostgresSinkOptions, dsn: str, where: str) -> str:
@@ -255,13 +199,8 @@ def _commit_once(request: SinkCommit, options: PostgresSinkOptions, dsn: str, wh
 
 def _load(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, schema: pa.Schema | None,
           where: str) -> str:
-    """The epoch's rows into the table, inside the caller's transaction: the commit's and the trial load's.
-
-    A replay first deletes the rows of the epochs it replaces (:func:`_delete_replaced`).
-    Creates a missing table (``create_table``), checks its columns (and the merge keys'
-    unique constraint) as the catalog has them now, then ``COPY`` (append) or ``COPY`` and
-    ``MERGE`` (upsert), ``epoch_column`` filled with the epoch. How the rows landed.
-    """
+    """The epoch's rows into the table, inside the caller's transaction (the commit's and the trial load's),
+    checked against the table as the catalog has it now; how the rows landed."""
     if request.sink.replaces and options.merge_keys and request.sink.full_refresh:
         conn.execute(sql.SQL("DELETE FROM {}").format(_qualified(options)))
     elif request.sink.replaces and options.merge_keys:
@@ -310,14 +249,12 @@ def _keyed(table: str, keys: str, options: PostgresSinkOptions) -> sql.Composabl
 
 def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                  keys: sql.Composable) -> None:
-    """Record the table's current row (NULL: none) of each key ``keys`` (a table with a ``key`` jsonb
-    column) as this epoch's before-image, and that the epoch kept them; a key recorded already keeps its
-    first image (the row before the epoch changed anything). An scd2 table's image is the array of
-    all the key's versions (closed ones too), as :func:`_restore_before` puts them back."""
+    """Record the table's current row (NULL: none; scd2: all the key's versions) of each key ``keys`` (a table
+    with a ``key`` jsonb column) as this epoch's before-image, a key recorded already keeping its first."""
     found = conn.execute("SELECT to_regclass(%s)", (_qualified(options, IMAGES).as_string(conn),)).fetchone()
     if found is None or found[0] is None:  # the trial load before the first commit creates the bookkeeping
         return
-    ids = (markers.store_id_of(request), request.pipeline, request.sink.sink, request.epoch)
+    ids = (request.resolved_store_id, request.pipeline, request.sink.sink, request.epoch)
     versions = options.apply_changes is not None and options.apply_changes.history == "scd2"
     image = sql.SQL("to_jsonb(t) FROM {} AS k LEFT JOIN {} AS t ON {}").format(
         keys, _qualified(options), _keyed("t", "k", options))
@@ -333,14 +270,10 @@ def _keep_images(conn: psycopg.Connection, request: SinkCommit, options: Postgre
 
 def _restore_before(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
     """A replay from a later epoch of an upsert sink: each key the replaced epochs changed gets its row
-    from before the first of them back (or goes, if it had none), from their before-images.
-
-    The replay epoch keeps its own before-images of those keys first (a later replay may
-    replace it in turn). Refused (ConfigError, so by the trial load before the decision)
-    when a replaced epoch that committed into the table kept none: it was committed before
-    before-images were kept, or they were deleted.
+    from before the first of them back (or goes, if it had none), from their before-images, after the
+    replay epoch kept its own (a later replay may replace it). ConfigError if a replaced epoch kept none.
     """
-    ids = (markers.store_id_of(request), request.pipeline, request.sink.sink)
+    ids = (request.resolved_store_id, request.pipeline, request.sink.sink)
     replaced = sorted(request.sink.replaces)
     lacking = conn.execute(sql.SQL(
         "SELECT array_agg(m.epoch ORDER BY m.epoch) FROM {} AS m WHERE m.store_id = %s AND m.pipeline = %s "
@@ -387,12 +320,8 @@ def _written(schema: pa.Schema, options: PostgresSinkOptions, where: str) -> pa.
 
 
 def _delete_replaced(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
-    """Delete the rows the epochs a replay replaces appended (``epoch_column`` says which).
-
-    Refused (ConfigError) without ``epoch_column``, and when the marker table records any of
-    those epochs for another store or pipeline (a table handed over): their rows carry the
-    same numbers, and only this pipeline's may go.
-    """
+    """Delete the rows the epochs a replay replaces appended (``epoch_column`` says which); ConfigError without
+    one, or when another store or pipeline also committed those epochs into the table (a table handed over)."""
     replaced = sorted(request.sink.replaces)
     if not options.epoch_column:
         raise ConfigError(f"{where}: a replay replaces epochs {replaced} of the table {options.table}, whose rows a "
@@ -401,7 +330,7 @@ def _delete_replaced(conn: psycopg.Connection, request: SinkCommit, options: Pos
     others = conn.execute(sql.SQL(
         "SELECT DISTINCT store_id, pipeline FROM {} WHERE target_table = %s AND epoch = ANY(%s) "
         "AND (store_id, pipeline) <> (%s, %s)").format(_qualified(options, EPOCHS)),
-        (options.table, replaced, markers.store_id_of(request), request.pipeline)).fetchall()
+        (options.table, replaced, request.resolved_store_id, request.pipeline)).fetchall()
     if others:
         raise ConfigError(f"{where}: the table {options.table} also holds epochs {replaced} of {others} (store id, "
                           f"pipeline; the table was handed over), and {options.epoch_column!r} cannot tell their rows "
@@ -454,24 +383,25 @@ def _same(left: str, right: str, columns: Sequence[str]) -> sql.Composable:
 
 
 def _bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions, where: str) -> None:
-    """Create the marker and owner tables in the table's schema if missing (own transaction).
+    """Create the bookkeeping tables in the table's schema if missing (own transaction).
 
     Only when missing: ``CREATE TABLE IF NOT EXISTS`` needs ``CREATE`` on the schema even for
-    a table that exists, and a loading role may have only ``INSERT`` and ``SELECT``. Two
-    first commits racing: the loser's ``CREATE`` meets a unique violation in the catalog or
-    finds the relation already there (which of the two depends on the moment), raised as a
-    (transient) :class:`StorageError`, and its next attempt finds the tables.
+    a table that exists. The loser of two racing first commits gets a (transient) StorageError.
     """
-    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", (
-        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
-        _qualified(options, IMAGES).as_string(conn))).fetchone()
-    if found is not None and None not in found:
+    if not _bookkeeping_missing(conn, options):
         return
     try:
         _create_bookkeeping(conn, options)
     except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable, psycopg.errors.DuplicateObject) as exc:
         raise StorageError(f"{where}: creating {EPOCHS} and {OWNERS} in schema {options.schema_name} raced another "
                            f"first commit ({str(exc).strip()}); trying again finds them") from exc
+
+
+def _bookkeeping_missing(conn: psycopg.Connection, options: PostgresSinkOptions) -> bool:
+    """Whether any bookkeeping table is missing from the table's schema."""
+    names = [_qualified(options, name).as_string(conn) for name in (EPOCHS, OWNERS, IMAGES)]
+    found = conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", names).fetchone()
+    return found is None or None in found
 
 
 def _create_bookkeeping(conn: psycopg.Connection, options: PostgresSinkOptions) -> None:
@@ -497,7 +427,7 @@ def _claim_marker(conn: psycopg.Connection, request: SinkCommit, options: Postgr
     row = conn.execute(sql.SQL(
         "INSERT INTO {} (store_id, pipeline, sink, epoch, target_table, store, rows) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING epoch"
-    ).format(_qualified(options, EPOCHS)), (markers.store_id_of(request), request.pipeline, request.sink.sink,
+    ).format(_qualified(options, EPOCHS)), (request.resolved_store_id, request.pipeline, request.sink.sink,
                                             request.epoch, options.table, request.store, request.sink.rows))
     return row.fetchone() is not None
 
@@ -522,7 +452,7 @@ def _owner_and_marker(conn: psycopg.Connection, request: SinkCommit, options: Po
     row = conn.execute(sql.SQL("SELECT store_id, pipeline, store FROM {} WHERE target_table = %s").format(
         _qualified(options, OWNERS)), (options.table,)).fetchone()
     owner = markers.Owner(row[0], row[1], row[2]) if row else None
-    store_id = markers.store_id_of(request)
+    store_id = request.resolved_store_id
     newest = conn.execute(sql.SQL(
         "SELECT max(epoch) FROM {} WHERE store_id = %s AND pipeline = %s AND sink = %s AND epoch <> %s"
     ).format(_qualified(options, EPOCHS)), (store_id, request.pipeline, request.sink.sink,
@@ -533,13 +463,8 @@ def _owner_and_marker(conn: psycopg.Connection, request: SinkCommit, options: Po
 
 def _copy(conn: psycopg.Connection, request: SinkCommit, table: sql.Composable, columns: Sequence[str],
           options: PostgresSinkOptions) -> None:
-    """``COPY`` the staged files' rows into ``table``, streamed: one Parquet batch at a time as CSV.
-
-    Memory holds one batch (:data:`COPY_BATCH_ROWS` rows) and its CSV, not the epoch:
-    each batch is read from its file, written as CSV by pyarrow and handed to the ``COPY``.
-    ``options.epoch_column`` among ``columns`` is filled with the epoch, :data:`_REPLAYED`
-    with the replayed epoch that staged the file (:func:`layout.replayed_epoch`).
-    """
+    """``COPY`` the staged files' rows into ``table``, streamed one Parquet batch at a time as CSV
+    (``epoch_column`` and :data:`_REPLAYED` among ``columns`` filled with the epoch, the replayed one)."""
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
         table, _names(columns))
     staged = [c for c in columns if c not in (options.epoch_column, _REPLAYED)]
@@ -569,14 +494,7 @@ def _copy(conn: psycopg.Connection, request: SinkCommit, table: sql.Composable, 
 
 def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, schema: pa.Schema) -> None:
     """COPY into a temporary table, then ``MERGE`` it into the table (``INSERT ... ON CONFLICT`` before
-    PostgreSQL 15).
-
-    ``MERGE`` joins the two tables once (a hash join, given the temporary table's statistics)
-    where ``ON CONFLICT`` probes the key index row by row: about twice as fast for a large
-    epoch. Both keep the columns the epoch does not write. Concurrent committers of this
-    epoch never run it together (the marker row serialises them); another writer inserting
-    one of the epoch's keys meanwhile makes it fail with a unique violation, which is retried.
-    """
+    PostgreSQL 15, which probes the key index row by row: about half as fast for a large epoch)."""
     staging = sql.Identifier(f"seatunnel_ckpt_stage_{request.epoch}")
     columns = _names(schema.names)
     conn.execute(sql.SQL("CREATE TEMPORARY TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA").format(
@@ -612,13 +530,8 @@ def _upsert(conn: psycopg.Connection, request: SinkCommit, options: PostgresSink
 
 def _apply_changes(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                    apply: ApplyChanges, staged: pa.Schema) -> None:
-    """Apply the epoch's change rows (the last per key; a replay's: per replayed epoch) to the table.
-
-    ``COPY`` into a temporary table typed as the table's columns (plus the operation, the
-    :data:`UNCHANGED_TOAST` names and, for a replay, the replayed epoch), the keys' before-images
-    kept, then :func:`_apply_step` once, or once per replayed epoch in order (each one's changes
-    are one per key, as the epoch's were).
-    """
+    """Apply the epoch's change rows to the table: ``COPY`` into a temporary table, the keys' before-images
+    kept, then :func:`_apply_step` once, or once per replayed epoch in order (docs/POSTGRES.md)."""
     loaded = sql.Identifier(f"seatunnel_ckpt_changes_{request.epoch}")
     stored = [c for c in _written(staged, options, "").names if c not in SCD2_COLUMNS]
     toast = UNCHANGED_TOAST in staged.names
@@ -661,15 +574,8 @@ def _last_per_key(conn: psycopg.Connection, options: PostgresSinkOptions, apply:
 
 def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: ApplyChanges,
                 changes: sql.Identifier, stored: list[str], toast: bool) -> None:
-    """Apply ``changes`` (a temporary table, one change per key) to the table, in SQL on the server.
-
-    1. the guard: a change whose sequence is not above every one the table holds for its key
-       (scd2: nor below the end of one of its versions) has no effect: it is removed first;
-    2. a column the change names in :data:`UNCHANGED_TOAST` takes the key's (current) value;
-    3. scd1: the deleted keys' rows go, the others are ``INSERT ... ON CONFLICT DO UPDATE``;
-       scd2: each changed key's current version is closed at the change's first sequence value,
-       and every change but a delete adds a version opened there.
-    """
+    """Apply ``changes`` (a temporary table, one change per key) to the table, in SQL on the server: the
+    order guard, the unchanged TOAST values, then SCD1 or SCD2 statements (docs/POSTGRES.md)."""
     table = _qualified(options)
     keys = _same("t", "s", options.merge_keys)
 
@@ -712,13 +618,8 @@ def _apply_step(conn: psycopg.Connection, options: PostgresSinkOptions, apply: A
 
 def check_applied_table(conn: psycopg.Connection, table: dict[str, Column], options: PostgresSinkOptions,
                         apply: ApplyChanges, where: str) -> None:
-    """ConfigError unless an existing table can take the applied changes.
-
-    scd1: the ``sequence_by`` columns (the guard reads them) and a unique key on ``keys``;
-    scd2: ``__start_at``/``__end_at``, a unique key on (keys, ``__start_at``) and a partial
-    unique index on keys ``WHERE __end_at IS NULL``, and no unique key on the keys alone (a
-    table of one row per key, e.g. a plain upsert's, cannot keep versions).
-    """
+    """ConfigError unless an existing table can take the applied changes: the sequence columns and the unique
+    keys of its history (scd2: on (keys, ``__start_at``) and on the current versions' keys, none on the keys)."""
     way_out = "or drop create_table's table and let the first epoch create it (create_table: true)"
     needed = [*SCD2_COLUMNS] if apply.history == "scd2" else list(apply.sequence_by)
     missing = [c for c in needed if c not in table]
@@ -754,20 +655,10 @@ def check_applied_table(conn: psycopg.Connection, table: dict[str, Column], opti
             f"and one current version per key; it lacks {lacking}. Nothing was committed. Add them, {way_out}")
 
 
-def _published(request: SinkCommit, options: PostgresSinkOptions, how: str) -> PublishedSink:
-    sink = request.sink
-    return PublishedSink(sink.sink, sink.target_url, f"postgres table {options.table}", len(sink.files), sink.rows,
-                         sink.bytes, str(how))
-
-
 # -- the checks before the decision ----------------------------------------------------
 def precheck(request: SinkCommit) -> None:
-    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written).
-
-    From the staged files' footers and key columns and the database's catalog: the table
-    (or ``create_table``), its columns and types, the merge keys' unique constraint, no
-    NULL or repeated staged key, and the owner and markers (:func:`markers.check_marker`).
-    """
+    """Refuse, before the commit decision, an epoch the commit would refuse (nothing is written): from the staged
+    files, the database's catalog and a :func:`trial_load`."""
     options, where = identify(request)
     if request.sink.mode is SinkMode.SNAPSHOT:
         raise ConfigError(f"{where}: a PostgreSQL sink appends or upserts each epoch's rows; mode "
@@ -794,16 +685,12 @@ def precheck(request: SinkCommit) -> None:
         raise _transient(exc, request, where, "the trial load") from exc
 
 
-#: The contract's replace (a replay's commit) is this same commit: it swaps the replaced epochs' output
-#: when ``request.replaces`` is set, in the one transaction that also records the marker.
+#: A replay's commit (the contract's replace) is the commit: it swaps when ``request.replaces`` is set.
 replace = commit
 
 
 def held_epoch(request: SinkCommit) -> int | None:
-    """This store's pipeline's sink's newest epoch in the table (its marker row; None: none). Reads only.
-
-    Refuses another owner's table, or a marker this pipeline's log lacks (TableOwnershipError).
-    """
+    """This store's pipeline's sink's newest epoch in the table (its marker row; None: none). Reads only."""
     options, where = identify(request)
     with connect(conninfo(request, options, where), options, where) as conn:
         owner, marker = _owner_and_marker(conn, request, options)
@@ -847,13 +734,8 @@ def _precheck_columns(conn: psycopg.Connection, options: PostgresSinkOptions, sc
 
 
 def claim_owner(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions, where: str) -> None:
-    """Claim a table nobody owns yet for this store's pipeline, before the decision (committed at once).
-
-    Two stores' (or pipelines') first epochs into one table: the first precheck to claim it
-    owns it, and the other is refused before its decision (:class:`TableOwnershipError`)
-    instead of by its commit after it. A claim whose epoch is aborted after all stays: the
-    table is this pipeline's, as after its first commit.
-    """
+    """Claim a table nobody owns yet for this store's pipeline, before the decision (committed at once), so
+    that a second store's or pipeline's first epoch is refused before its decision; the claim stays."""
     _bookkeeping(conn, options, where)
     with conn.transaction():
         _claim_owner(conn, request, options, where, decided=False)
@@ -861,20 +743,10 @@ def claim_owner(conn: psycopg.Connection, request: SinkCommit, options: Postgres
 
 def trial_load(conn: psycopg.Connection, request: SinkCommit, options: PostgresSinkOptions,
                schema: pa.Schema | None, where: str) -> None:
-    """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back.
-
-    Only the table knows some refusals: a key it holds already, NOT NULL, ``varchar(n)``,
-    CHECK and foreign-key constraints, ``numeric(p,s)`` overflow, a NUL character, two keys
-    equal after ``char(n)`` padding, a trigger's ``RAISE`` (:data:`REFUSALS`, which
-    :func:`precheck` raises as ConfigError, :func:`refused`). Met here, they refuse the
-    epoch before its decision; met by the commit, they would leave it COMMITTING. Deferred
-    constraints are checked at once (``SET CONSTRAINTS ALL IMMEDIATE``), as the rollback
-    never reaches the ``COMMIT`` that would check them. Costs a second load of the epoch's
-    rows; the rollback leaves dead tuples for vacuum and advances the table's sequences
-    (identity, serial).
-    """
+    """Load the epoch's rows as the commit will (:func:`_load`), in a transaction always rolled back, to meet
+    the refusals only the table knows (:data:`REFUSALS`) before the decision."""
     with conn.transaction(force_rollback=True):
-        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        conn.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the rollback never reaches the COMMIT that checks them
         _load(conn, request, options, schema, where)
 
 
@@ -891,10 +763,7 @@ def check_privileges(conn: psycopg.Connection, options: PostgresSinkOptions, whe
                              (qualified, qualified, privilege)).fetchone()
         if not (found and found[0]):
             missing.append(f"{privilege} on {qualified}")
-    absent = conn.execute("SELECT to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL OR to_regclass(%s) IS NULL", (
-        _qualified(options, EPOCHS).as_string(conn), _qualified(options, OWNERS).as_string(conn),
-        _qualified(options, IMAGES).as_string(conn))).fetchone()
-    if absent and absent[0]:
+    if _bookkeeping_missing(conn, options):
         can = conn.execute("SELECT has_schema_privilege(%s, 'CREATE')", (options.schema_name,)).fetchone()
         if not (can and can[0]):
             missing.append(f"CREATE on schema {options.schema_name} (the first commit creates {EPOCHS}, {OWNERS} and "

@@ -1,28 +1,11 @@
 """The source contract: what every source promises, each promise in one place.
 
-A source turns the committed history and the outside world into the input one epoch reads,
-and reads exactly that input, however often the epoch runs:
-
-* **plan** (:meth:`Source.plan`, :meth:`Source.plan_from`): this epoch's offsets, from what
-  the committed epochs consumed and the source's present (a listing, a table's snapshot, the
-  broker's offsets). Plain JSON data.
-* **pin**: the runner stores the plan before the stage reads (``Pipeline.pin_inputs``), so
-  every attempt reads the same input. A plan carries the *identity* of what it names -- a
-  file's size, modification time and ETag; a table's snapshot or version, its table id and
-  its data files' sizes; a Kafka topic's id -- so that a later reader can tell the pinned
-  input from another one under the same name.
-* **check** (:meth:`Source.pinned_gone`, :meth:`Source.verify_pinned`): whether the pinned
-  input can still be read as it was pinned. Every read checks it where it reads (a file
-  source before Spark lists the files, a Kafka partition on its executor), and a replay
-  checks every replayed epoch's input before it writes anything.
-* **position**: what a committed epoch consumed is the offsets it pinned (``{}`` for an
-  epoch whose stage did not read the source); the next plan resumes after it.
-* **options**: one typed model per source type (:mod:`.options`), checked once when the
-  source is built (:meth:`Source.checked_options`).
-* **replay**: reads the same pinned input or refuses (:meth:`Source.read_exactly` turns off
-  any option that lets a normal epoch pass over input that is gone).
-
-The Spark side (:class:`airflow_seatunnel_ckpt.spark.sources.base.Source`) adds the read.
+A :class:`Source` plans an epoch's offsets from the committed history and the source's
+present (:meth:`Source.plan`), the runner pins them before the stage reads, every read
+checks the pinned input is still there as pinned (:meth:`Source.pinned_gone`,
+:meth:`Source.verify_pinned`), and a replay reads the same input or refuses
+(:meth:`Source.read_exactly`). The Spark side (:class:`spark.sources.base.Source`) adds
+the read; docs/ARCHITECTURE.md has the design.
 """
 
 from __future__ import annotations
@@ -72,10 +55,6 @@ def as_source_error(caught: type[CheckpointError] = CheckpointError) -> Iterator
 class Source(ABC):
     """The contract of a source, without Spark (see the module docstring).
 
-    ``plan`` must be a pure function of the committed history and the outside world; its
-    result is stored before the stage runs, so a retry of the epoch reads the same range
-    even if more input arrived.
-
     :param name: the source's name in the stage spec (and in the checkpoint).
     """
 
@@ -107,33 +86,24 @@ class Source(ABC):
         oldest first, as ``[{"epoch": e, "offsets": {...}}, ...]``. Must be JSON data."""
 
     def plan_from(self, point: RestorePoint, epoch: int | None = None) -> dict[str, Any]:
-        """The offsets of ``epoch``, planned from the restore point the epoch starts from.
-
-        The default hands :meth:`plan` the source's whole history; a source that can
-        plan from less (the file source's consumed-file index) overrides it.
-        """
+        """The offsets of ``epoch``, planned from the restore point the epoch starts from (by default
+        :meth:`plan` of the source's whole history)."""
         return self.plan(point.source_entries(self.name))
 
     def first_pinned(self) -> Mapping[str, Any] | None:
-        """The offsets an earlier epoch of the pipeline pinned for this source (aborted, or
-        committed without reading it; the newest such plan), or None. A source whose first
-        plan depends on when it is made (Kafka's ``starting_offsets="latest"``) starts where
-        that plan started when no committed epoch read it, so the pipeline's start never moves."""
+        """The newest offsets an earlier epoch (aborted, or committed without reading it) pinned for this
+        source, or None: where a first plan that depends on when it is made (Kafka's ``latest``) starts."""
         return self.earlier_plans() if self.earlier_plans is not None else None
 
     def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
-        """New offsets for pinned ones that only the process that planned them could read (a CDC
-        source's first snapshot, exported by that process), planned again so that a retry in
-        another process reads a consistent input; None (the default): the pinned offsets stand.
-        The runner asks only while no attempt of the epoch's participant has prepared, so the
-        prepared record names the offsets the epoch read."""
+        """New offsets for pinned ones only the process that planned them could read (a CDC source's
+        exported snapshot), asked before any attempt prepared; None (the default): the pinned ones stand."""
         return None
 
     # -- check -------------------------------------------------------------------------------
     def pinned_gone(self, offsets: Mapping[str, Any]) -> list[str]:
-        """What of the input ``offsets`` pin cannot be read as it was pinned now: one line per
-        item (a file removed or rewritten, a data file expired, records deleted), ``[]`` when
-        all of it is there. The default knows of no identity to check and returns ``[]``."""
+        """What of the input ``offsets`` pin cannot be read as it was pinned now, one line per item (``[]``:
+        all of it is there, or the source knows of no identity to check)."""
         return []
 
     @property
@@ -143,9 +113,8 @@ class Source(ABC):
         return False
 
     def verify_pinned(self, offsets: Mapping[str, Any]) -> None:
-        """Raise :class:`SourceError` unless all the input ``offsets`` pin can still be read as
-        it was pinned (:meth:`pinned_gone`): the check a read makes, and the one a replay makes
-        for every epoch it runs again, before it writes anything."""
+        """Raise :class:`SourceError` unless all the input ``offsets`` pin can still be read as pinned (the
+        check a read makes, and a replay for every epoch it runs again)."""
         gone = self.pinned_gone(offsets)
         if not gone:
             return
@@ -156,9 +125,8 @@ class Source(ABC):
             "the input as it is now) or restore the input as it was")
 
     def read_figures(self) -> dict[str, Any]:
-        """What the last read counted beyond its offsets (a CDC read's changes by operation), recorded
-        with the epoch's consumed offsets so that ``show`` and the Checkpoints page give them; ``{}``
-        by default. Never part of the position: a plan reads only the offsets it pinned."""
+        """What the last read counted beyond its offsets (a CDC read's changes by operation), recorded with
+        the consumed offsets for ``show`` and the Checkpoints page, never part of the position."""
         return {}
 
     def read_exactly(self) -> None:
@@ -169,12 +137,8 @@ class Source(ABC):
 
 def files_gone(pinned: Mapping[str, Mapping[str, Any] | None], storage_options: Mapping[str, Any],
                same: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]) -> list[str]:
-    """The pinned files (URL -> pinned identity, None: unknown) missing or changed now.
-
-    Lists each directory that holds a pinned file once (not one request per file), and
-    compares each file's listed identity with the pinned one through ``same(pinned,
-    listed fsspec info)``; a file pinned without an identity only has to exist.
-    """
+    """The pinned files (URL -> pinned identity, None: unknown) missing or changed now (``same(pinned, listed
+    fsspec info)``), listing each directory once rather than asking per file."""
     from fsspec.core import url_to_fs
 
     by_dir: dict[str, list[str]] = {}

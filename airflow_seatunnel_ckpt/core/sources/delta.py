@@ -39,11 +39,7 @@ class DeltaCommit:
 
 
 def parse_delta_commit(version: int, text: str, table_uri: str, where: str) -> DeltaCommit:
-    """Parse one ``_delta_log/<version>.json`` commit (JSON lines, never evaluated).
-
-    ``add`` actions with ``dataChange=true`` are new rows; ``dataChange=false`` adds and
-    removes are a compaction and change no rows.
-    """
+    """Parse one ``_delta_log/<version>.json`` commit (JSON lines, never evaluated)."""
     adds: list[DataFile] = []
     removed: list[str] = []
     operation = "unknown"
@@ -129,12 +125,8 @@ def refuse_delta_changes(commits: Iterable[DeltaCommit], skip_change_commits: bo
 
 def plan_delta(uri: str, storage_options: Mapping[str, str], history: Sequence[Mapping[str, Any]], *,
                start: str, skip_change_commits: bool, where: str) -> dict[str, Any]:
-    """This epoch's offsets for a Delta table source.
-
-    ``{"version": v, "after_version": c, "table_id": u, "files": [...]}``: the files the commits
-    (c, v] added with ``dataChange=true``; the first epoch reads every file of version
-    ``v`` (``start="earliest"``) or none (``"latest"``).
-    """
+    """This epoch's offsets for a Delta table source: the files the commits after the consumed version added
+    with ``dataChange=true`` (the first epoch: every file, or none for ``start="latest"``)."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 

@@ -1,29 +1,9 @@
 """The consumed-file index of a file source: sorted Arrow segments and a time watermark.
 
-Planning a file source asks one question of its history: "was this listed file consumed,
-and with which identity?". Answering it from every epoch's offsets costs O(all files ever
-consumed) per epoch. The index answers it for the listed names only:
-
-* a **base** of sorted, immutable Arrow segments of ``(path, size, mtime, etag, epoch)``,
-  each covering a key range ``[first, last]`` that a small JSON *directory* part records
-  (with the row count and the segment's oldest and newest mtime);
-* one small sorted **delta** part per epoch (the files that epoch consumed);
-* periodic **compaction** (every ``full_checkpoint_interval`` epochs) merges the deltas
-  into the segments they overlap, and drops files older than the **watermark**:
-  ``newest mtime ever consumed - max_file_age`` (Spark's ``maxFileAge``). Segments no
-  delta touches and no file of which aged out are carried over by reference, unread.
-  The directory records the window it applied (``max_file_age`` and ``aged_below``, the
-  highest watermark a compaction dropped files below): the index cannot tell whether a
-  file older than ``aged_below`` was consumed, so planning never lists below it, whatever
-  ``max_file_age`` says now (a wider window, or none, starts from there).
-
-A lookup reads the directory, the deltas, and only the segments whose key range covers
-a listed name; files named in time order (``dt=.../hour=.../part-N``) make that the last
-segment or none. The index holds files inside the window only, so what each epoch reads
-is bounded by the window, not by the pipeline's age.
-
-A source chain in this shape is ``[directory, *segments, *deltas]``; the directory part
-is named with the token ``index`` so that a chain's shape is known without reading it.
+A chain ``[directory, *segments, *deltas]`` (the directory part named with the token
+``index``) answers "was this listed file consumed, and with which identity?" for the listed
+names only, reading just the segments whose key range covers one; :meth:`FileIndex.compact`
+merges the deltas and drops files below the watermark. docs/FILE_SOURCES.md has the layout.
 """
 
 from __future__ import annotations
@@ -75,13 +55,8 @@ def mtime_seconds(value: Any) -> float | None:
 
 
 def same_file(consumed: Mapping[str, Any] | None, listed: Mapping[str, Any]) -> bool:
-    """Whether a listed file is the one consumed under its name.
-
-    The size must match; then the ETag where both have one, else the modification time
-    where both have one. An unknown consumed identity (offsets without one) never counts
-    as changed. Comparing only what both sides know lets identities recorded
-    before mtime was kept next to the ETag still match.
-    """
+    """Whether a listed file is the one consumed under its name: the same size, then the ETag where both have
+    one, else the mtime where both have one (an unknown consumed identity never counts as changed)."""
     if consumed is None:
         return True
     size = consumed.get("size")
@@ -159,11 +134,8 @@ class FileIndex:
 
     :param segments: the base segments with a loader each (reads the part when called).
     :param deltas: the tables of the epochs since the base, oldest first.
-    :param newest_mtime: the newest modification time of any file consumed so far.
-    :param aged_below: the highest watermark a compaction dropped consumed files below
-        (None: the index forgot nothing).
-    :param max_file_age: the ``max_file_age`` of the compaction that set ``aged_below``
-        (for messages).
+    :param aged_below: the highest watermark a compaction dropped files below (None: none).
+    :param max_file_age: the ``max_file_age`` of the compaction that set ``aged_below``.
     """
 
     def __init__(self, segments: Sequence[tuple[Segment, Callable[[], Any]]], deltas: Sequence[Any],
@@ -202,13 +174,8 @@ class FileIndex:
         return max(marks) if marks else None
 
     def greatest_path(self, under: str = "", matches: Callable[[str], bool] | None = None) -> str | None:
-        """The greatest file name the index holds; None when it holds none.
-
-        Without arguments it comes from the directory and the deltas (no segment is read).
-        ``under`` and ``matches`` ask for the greatest name that starts with ``under`` and
-        that ``matches`` accepts: the segments whose key range holds such names are read,
-        greatest first, until one has it (usually the last, or none).
-        """
+        """The greatest file name the index holds (None: none), or the greatest that starts with ``under`` and
+        ``matches`` accepts (reading the segments that may hold it, greatest first)."""
         import pyarrow.compute as pc
 
         if not under and matches is None:
@@ -272,14 +239,9 @@ class FileIndex:
         return [{"epoch": e, "offsets": by_epoch[e]} for e in sorted(by_epoch)]
 
     def compact(self, max_file_age: float | None) -> tuple[list[Segment | Any], float | None, float | None]:
-        """The base after merging the deltas and dropping aged-out files.
-
-        Returns the new base as a list of items, each either an unchanged :class:`Segment`
-        (carried by reference, not read) or a ``pyarrow.Table`` to write as a new segment,
-        the newest mtime, and the new ``aged_below``. A segment is rewritten only when a
-        delta path falls in its key range or some of its files aged out; one wholly older
-        than the watermark is dropped unread.
-        """
+        """The base after merging the deltas and dropping aged-out files: items each an unchanged
+        :class:`Segment` (carried by reference) or a table to write as a new segment, the newest mtime, and
+        the new ``aged_below``."""
         import pyarrow as pa
         import pyarrow.compute as pc
 

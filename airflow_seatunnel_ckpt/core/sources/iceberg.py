@@ -52,13 +52,10 @@ class SnapshotStep:
 
 def snapshots_since(steps: Mapping[int, SnapshotStep], current: int, consumed: int | None,
                     where: str) -> list[SnapshotStep]:
-    """The snapshots after ``consumed`` up to ``current`` (inclusive), oldest first.
+    """The snapshots after ``consumed`` up to ``current`` (inclusive), oldest first (``steps``: the table's, by id).
 
-    ``steps`` are the snapshots the table metadata still holds, by id. ``consumed`` must
-    be ``current`` or one of its ancestors -- or the expired parent of one (expiring old
-    snapshots is routine). Otherwise the table was rolled back, replaced or its history
-    expired past the consumed snapshot, and re-reading from the root would deliver rows
-    twice: an error.
+    ``consumed`` must be ``current``, an ancestor or an ancestor's expired parent; otherwise the
+    table was rolled back or replaced, and reading from the root would deliver rows twice.
     """
     out: list[SnapshotStep] = []
     at: int | None = current
@@ -88,11 +85,8 @@ def snapshots_since(steps: Mapping[int, SnapshotStep], current: int, consumed: i
 
 
 def refuse_changes(steps: Iterable[SnapshotStep], skip: Mapping[str, bool], where: str) -> list[SnapshotStep]:
-    """The append snapshots among ``steps``; a data-changing one is an error unless skipped.
-
-    ``skip`` maps an operation (``overwrite``, ``delete``) to whether the source passes
-    over such snapshots. ``replace`` (compaction) changes no rows and is passed over.
-    """
+    """The append snapshots among ``steps``; a data-changing one is an error unless ``skip`` says so for its
+    operation (``replace``, a compaction, is passed over)."""
     appends = []
     for step in steps:
         if step.operation == ICEBERG_APPEND:
@@ -111,13 +105,8 @@ def refuse_changes(steps: Iterable[SnapshotStep], skip: Mapping[str, bool], wher
 
 def plan_iceberg(table: IcebergTable, history: Sequence[Mapping[str, Any]], *, start: str,
                  skip: Mapping[str, bool], where: str) -> dict[str, Any]:
-    """This epoch's offsets for an Iceberg table source.
-
-    ``{"snapshot_id": s, "after_snapshot_id": c, "table_id": u, "files": [...]}``: the data files the
-    ``append`` snapshots after ``c`` (the consumed snapshot) up to ``s`` (the current
-    one) added; ``c`` missing means the first epoch: every file of ``s`` (``start=
-    "earliest"``) or none (``"latest"``).
-    """
+    """This epoch's offsets for an Iceberg table source: the data files the ``append`` snapshots after the
+    consumed one up to the current one added (the first epoch: every file, or none for ``start="latest"``)."""
     metadata = table.metadata
     current = metadata.current_snapshot()
     found, consumed = consumed_position(history, "snapshot_id", where)
@@ -153,12 +142,8 @@ def plan_iceberg(table: IcebergTable, history: Sequence[Mapping[str, Any]], *, s
 
 
 def refuse_renames(metadata: Any, schema_ids: Iterable[int | None], where: str) -> None:
-    """Refuse data files written under a schema in which a column had another name.
-
-    Spark reads the Parquet files by column name, so a column renamed since a file was
-    written would come back as a second column (old name in old files, NULL elsewhere)
-    instead of one column.
-    """
+    """Refuse data files written under a schema in which a column had another name (Spark reads Parquet by
+    column name: a renamed column would come back as two)."""
     current = metadata.schema()
     for schema_id in sorted({i for i in schema_ids if i is not None and i != current.schema_id}):
         old = metadata.schema_by_id(schema_id)

@@ -1,23 +1,9 @@
 """Kafka offsets as an epoch's position: planning from the committed history and the broker's answers.
 
-Pure functions, no Kafka client: the Spark layer asks the broker (topic ids, earliest and
-latest offsets of every subscribed partition) and hands the answers here as
-:class:`TopicState` values, so the planning rules -- where each partition resumes, the cap
-spread over partitions, new partitions, and what counts as lost data -- are the same
-wherever the answers come from.
-
-An epoch's offsets (JSON, pinned in the log before the stage reads)::
-
-    {"start": {"<topic>": {"<partition>": first offset}},   # the ranges read: [start, end)
-     "end": {"<topic>": {"<partition>": end offset}},       # the position after the epoch
-     "topic_ids": {"<topic>": "<id>"},
-     "lost": [{"topic", "partition", "from", "to", "reason"}, ...],   # skipped with fail_on_data_loss=false
-     "turn": ["<topic>", <partition>]}   # under a cap: where the next epoch's round-robin starts
-
-``end`` is the position: the next epoch resumes each partition there. Partitions of a
-topic no longer subscribed, or missing from the broker's answer, keep their position
-(``start == end``), so the topic resumes where it stopped; only another topic id is
-another topic.
+Pure functions, no Kafka client: the Spark layer asks the broker and hands the answers
+here as :class:`TopicState` values, so the planning rules (:func:`plan_offsets`) are the
+same wherever they come from. The offsets' JSON shape is in docs/KAFKA.md; ``end`` is the
+position.
 """
 
 from __future__ import annotations
@@ -28,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, ConfigError
+from airflow_seatunnel_ckpt.core.sources.base import last_read
 
 
 class KafkaOffsetsError(CheckpointError):
@@ -67,11 +54,10 @@ def check_subscription(where: str, topics: Sequence[str] | None,
         raise ConfigError(f"{where}: give exactly one of 'topics' (a list of topic names) or 'pattern' "
                           f"(a regular expression the whole topic name matches)")
     if topics is not None:
-        if (isinstance(topics, str) or not isinstance(topics, Sequence) or not topics
-                or not all(isinstance(t, str) and t for t in topics)):
+        if not topics or not all(topics):
             raise ConfigError(f"{where}: topics must be a non-empty list of topic names, got {topics!r}")
         return list(topics), None
-    if not isinstance(pattern, str) or not pattern:
+    if not pattern:
         raise ConfigError(f"{where}: pattern must be a regular expression, got {pattern!r}")
     try:
         return None, re.compile(pattern)
@@ -99,11 +85,8 @@ class Position:
 
 def last_position(history: Sequence[Mapping[str, Any]]) -> Position | None:
     """The position after the last committed epoch that read the source; None if none did."""
-    for entry in reversed(history):
-        offsets = entry.get("offsets") or {}
-        if isinstance(offsets.get("end"), Mapping):
-            return Position.at(offsets)
-    return None
+    offsets = last_read(history, "end")
+    return None if offsets is None else Position.at(offsets)
 
 
 def ranges_of(offsets: Mapping[str, Any]) -> list[Range]:
@@ -116,15 +99,8 @@ def ranges_of(offsets: Mapping[str, Any]) -> list[Range]:
 
 def spread_cap(available: Mapping[tuple[str, int], int], cap: int, turn: tuple[str, int] | None = None
                ) -> tuple[dict[tuple[str, int], int], tuple[str, int] | None]:
-    """How many offsets each partition may take under ``cap``, and the next epoch's ``turn``.
-
-    Equal shares, the unused part of a small partition's share passed on to the others
-    (max-min fair). What does not divide evenly goes one offset each to the partitions in
-    round-robin order from ``turn`` (the partitions sorted, starting at the first at or after
-    it), and the returned turn is where the next epoch continues: with a cap below the number
-    of partitions that have records, each of them still gets its offsets within a few epochs,
-    however the others trickle.
-    """
+    """How many offsets each partition may take under ``cap`` (max-min fair shares, the remainder one offset
+    each in round-robin order from ``turn``), and the next epoch's ``turn``, so none waits forever."""
     granted = dict.fromkeys(available, 0)
     left = {k: n for k, n in available.items() if n > 0}
     budget = cap
@@ -174,23 +150,15 @@ def plan_offsets(history: Sequence[Mapping[str, Any]], topics: Mapping[str, Topi
                  max_offsets_per_epoch: int | None = None, fail_on_data_loss: bool = True,
                  where: str = "kafka source",
                  first_plan: Callable[[], Mapping[str, Any] | None] | None = None) -> dict[str, Any]:
-    """This epoch's offsets (module docs) from the committed ``history`` and the broker's ``topics``.
+    """This epoch's offsets (docs/KAFKA.md) from the committed ``history`` and the broker's ``topics``.
 
-    ``topics`` holds every subscribed topic the broker's answer lists; ``subscribed`` says
-    whether a topic name is subscribed (a listed topic, or one the pattern matches). A
-    subscribed topic an earlier epoch read that the answer leaves out keeps its position:
-    one answer without it (a broker or ACL hiccup) does not make it deleted, and when it is
-    listed again with the same id it resumes there; listed with another id, it was deleted
-    and created again. ``first_plan`` gives the offsets an earlier epoch of the pipeline
-    pinned (aborted, or committed without reading the source): with
-    ``starting_offsets="latest"`` and no committed position the epoch starts where that plan
-    started -- where the first plan started, since each such plan starts there -- not at
-    whatever is latest now.
+    ``subscribed`` says whether a topic name is subscribed. A topic an earlier epoch read that
+    the answer leaves out keeps its position (one answer without it is no deletion); listed
+    with another id, it was created again. ``first_plan`` is an earlier epoch's pinned plan:
+    with ``starting_offsets="latest"`` and no committed position the epoch starts where it did.
 
-    :raises KafkaOffsetsError: records an earlier epoch had not read are gone (a re-created
-        topic, a partition truncated by retention or DeleteRecords, an end offset below the
-        position), or a subscribed topic is missing from the broker's answer, unless
-        ``fail_on_data_loss`` is False.
+    :raises KafkaOffsetsError: records an earlier epoch had not read are gone, or a subscribed
+        topic is missing from the broker's answer, unless ``fail_on_data_loss`` is False.
     """
     previous = last_position(history)
     if previous is None and starting_offsets == "latest" and first_plan is not None:
@@ -266,12 +234,8 @@ def _json(offsets: Mapping[str, Mapping[int, int]]) -> dict[str, dict[str, int]]
 
 def check_pinned(ranges: Sequence[Range], topic_ids: Mapping[str, str], topics: Mapping[str, TopicState],
                  *, fail_on_data_loss: bool, where: str) -> tuple[list[Range], list[dict[str, Any]]]:
-    """The pinned ``ranges`` still readable now (``topics``: the broker's answers), and what is lost.
-
-    Run when the stage reads, before anything is prepared: a topic deleted or truncated
-    since the plan fails the epoch (with ``fail_on_data_loss``) before its decision;
-    otherwise the readable part of each range is returned and the rest reported.
-    """
+    """The pinned ``ranges`` still readable now (``topics``: the broker's answers), and what is lost; run when
+    the stage reads, so that with ``fail_on_data_loss`` a loss fails the epoch before its decision."""
     readable: list[Range] = []
     lost: list[dict[str, Any]] = []
     for r in ranges:

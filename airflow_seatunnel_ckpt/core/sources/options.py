@@ -1,10 +1,7 @@
 """The sources' options, typed: one model per source type, keyed on ``type``.
 
-A stage spec's ``sources.<name>`` entry is one of these models (``{"type": "file", ...}``
-by default). The model checks the types and allowed values of every option; what depends
-on several options together (``ordered_prefixes`` needs a glob prefix, Kafka takes
-``topics`` or ``pattern``) is checked by the source built from it. Every option name a
-DAG could use before the models existed is a field here, so DAGs keep parsing.
+A model checks each option's type and values; what depends on several options together is
+checked by the source built from it. Every option name a DAG could use is a field here.
 """
 
 from __future__ import annotations
@@ -20,13 +17,11 @@ from pydantic_core import PydanticCustomError
 
 from airflow_seatunnel_ckpt.core.options import PASSWORD_IN_CONNINFO, Options, keyed
 
-#: A positive whole number (a bool is not one).
 PositiveInt = Annotated[StrictInt, Ge(1)]
 #: Where a table or Kafka source starts when no committed epoch read it yet.
 Start = Literal["earliest", "latest"]
 #: Formats Spark reads without extra packages.
 FileFormat = Literal["parquet", "json", "csv", "orc"]
-
 
 
 def _no_flag(value: Any) -> Any:
@@ -297,10 +292,8 @@ SOURCE_OPTIONS = keyed(FileSourceOptions, PipelineOutputSourceOptions, IcebergSo
 
 
 def constructor_signature(model: type[Options]) -> inspect.Signature:
-    """``(self, name, <required options>, *, <other options>)``: the signature of a source's
-    ``__init__(self, name, ..., **options)`` read from its options model, so that whatever
-    introspects the class (the parse-time key check, help()) sees the options the model takes,
-    and the model stays their one definition. A subclass with its own ``__init__`` keeps its own."""
+    """``(self, name, <required options>, *, <other options>)``: a source's ``__init__`` signature read from its
+    options model, so that introspection (the parse-time key check, help()) sees the model's options."""
     params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
               inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
     fields = [(n, f) for n, f in model.model_fields.items() if n != "type"]

@@ -1,27 +1,9 @@
 """PostgreSQL's ``pgoutput`` logical replication messages (protocol version 1), decoded into change rows.
 
-The ``postgres_cdc`` source reads a range of a slot with
-``pg_logical_slot_peek_binary_changes(..., 'proto_version', '1', 'publication_names', ...)``;
-each result row's ``data`` is one message (PostgreSQL's "Logical Replication Message
-Formats"): ``B`` (begin: the commit's LSN, timestamp, xid), ``R`` (a table's columns, sent
-before its first change and again after its columns change), ``I`` / ``U`` / ``D``
-(insert, update, delete with tuple data), ``C`` (commit), and ``T`` (truncate), ``Y``
-(type), ``O`` (origin), ``M`` (logical message). Version 1 has no streaming of in-progress
-transactions: the server decodes a large transaction when it commits (spilling to disk
-past ``logical_decoding_work_mem``) and sends it whole, so every change arrives inside its
-``B`` .. ``C`` pair, transactions in commit order.
-
-Values arrive as text (PostgreSQL's output functions); :func:`typed_value` turns the common
-types into Python values, :func:`arrow_values` a column of them into an Arrow array. The
-decoder is the read's hot path: :meth:`Decoder.decode` fills a :class:`ChangeColumns` (a list
-per column) without an object per change.
-
-An update's unchanged TOASTed column arrives as "unchanged" (no value): it is taken from the
-old tuple when the table sends one (``REPLICA IDENTITY FULL``), else left NULL and named in
-the row's ``_unchanged_toast`` so that whoever applies the change keeps the value it has (never
-writes the NULL).
-
-Pure data: no database client here.
+:meth:`Decoder.decode` fills a :class:`ChangeColumns` (a list per column, the read's hot
+path) from the messages ``pg_logical_slot_peek_binary_changes`` returns; :func:`typed_value`
+and :func:`arrow_values` turn PostgreSQL's text values into Python and Arrow values. Pure
+data, no database client; docs/CDC.md has the stream's rules (TOAST, large transactions).
 """
 
 from __future__ import annotations
@@ -273,10 +255,8 @@ class Decoder:
 
 
 class ChangeColumns:
-    """Change rows kept column by column, as the Spark source hands them to Spark (one list per column,
-    no object per change): each table column's text values (None for NULL and for the rows of tables
-    without the column) and the change columns ``_table``, ``_op``, ``_lsn``, ``_seq``, ``_commit_ts``
-    (protocol microseconds), ``_xid`` and ``_unchanged_toast``, in the order the rows were added."""
+    """Change rows kept column by column, as the Spark source hands them to Spark (no object per change): each
+    table column's text values (None: NULL or not in the row's table) and the change columns."""
 
     def __init__(self) -> None:
         self.count = 0

@@ -1,35 +1,10 @@
 """PostgreSQL change data capture: a logical replication slot's LSNs as an epoch's position.
 
-An epoch's offsets (JSON, pinned in the log before the stage reads)::
-
-    {"slot": "<slot>", "publication": "<pub>", "tables": ["<schema>.<name>", ...],
-     "system_id": "<pg_control_system().system_identifier>", "database": "<name>",
-     "start": <LSN>, "end": <LSN>,          # the transactions read: commit LSN in [start, end)
-     "lsns": "0/16F4B80..0/16F5FB0",        # the same, as PostgreSQL prints LSNs
-     "snapshot": "<exported snapshot>" | None,   # the first epoch: the tables as of ``start``
-     "lag_bytes": <int>,                    # the WAL the slot keeps behind ``end`` when planned
-     "changes": {"insert": n, "update": n, "delete": n}}   # counted by the read, recorded when prepared
-
-``end`` is the position: the next epoch starts there. The plan pins ``end`` as the server's
-flush LSN (decoding sees only flushed WAL); the read asks the slot for the changes up to it
-with ``pg_logical_slot_peek_binary_changes``, which consumes nothing, and keeps exactly the
-transactions whose commit record lies in ``[start, end)`` (a retry reads the same). The
-slot's confirmed position moves only in a later plan, to the end of a COMMITTED epoch
-(``keep_epochs`` epochs back, so those can be replayed): the store's position is the truth,
-the slot only keeps the WAL behind it.
-
-Identity, checked by the plan and again where the changes are read: the server (system
-identifier and database), the slot (it exists, its WAL is not lost, and its confirmed
-position is not past the epoch's start: a slot dropped and created again, or advanced by
-someone else, has released changes no epoch read) and the publication's tables.
-
-The first epoch creates the slot through the replication protocol with ``SNAPSHOT
-'export'``: the exported snapshot shows the tables exactly as of the slot's consistent
-point, where the stream starts, so no change is missed or read twice between snapshot and
-stream. The snapshot lives as long as the connection that exported it (held by the
-process that planned the epoch); a retry in another process cannot read it, so it plans the
-first epoch again (:meth:`PostgresCdc.repin`): no committed epoch read the slot, so the slot
-is created again with a new snapshot, and the attempt records the new offsets as consumed.
+An epoch reads the transactions whose commit LSN is in its pinned ``[start, end)`` with
+``pg_logical_slot_peek_binary_changes`` (which consumes nothing); the slot's confirmed
+position moves only in a later plan, behind committed epochs. The first epoch reads the
+tables as of the slot's exported snapshot. docs/CDC.md has the offsets, identity checks
+and snapshot rules.
 """
 
 from __future__ import annotations
@@ -70,10 +45,8 @@ RESNAPSHOT = ("The way out is a new snapshot: drop the slot (SELECT pg_drop_repl
 
 
 def conninfo(options: PostgresSourceOptions, where: str, error: type[CheckpointError]) -> str:
-    """The libpq connection string of a PostgreSQL source: its ``conninfo``, or what the secret resolvers the
-    sinks share make of its ``postgres_conn_id``, so that the password is read where the source connects and
-    never stored. The Airflow layer registers one (:mod:`airflow_seatunnel_ckpt.hooks.postgres_connection`); a
-    driver the task submitted registers :func:`connections_resolver` of the connections the task resolved."""
+    """The libpq connection string of a PostgreSQL source: its ``conninfo``, or what the sinks' secret resolvers
+    make of its ``postgres_conn_id`` (so the password is read where the source connects, never stored)."""
     if options.conninfo:
         return options.conninfo
     for resolve in SECRET_RESOLVERS:
@@ -119,6 +92,16 @@ def connect(options: PostgresSourceOptions, where: str, error: type[CheckpointEr
         except psycopg.Error as exc:  # a timeout, the slot in use by another reader, a lost connection
             raise error(f"{where}: PostgreSQL failed: {type(exc).__name__}: {str(exc).strip()}. The epoch fails "
                         "before its decision; its retry reads the same pinned range") from exc
+
+
+def table_columns(conn: Any, table: str) -> list[Column]:
+    """A table's columns now (name, type, primary key), in order."""
+    rows = conn.execute(
+        "SELECT a.attname, a.atttypid::bigint, a.atttypmod, coalesce(a.attnum = ANY(i.indkey), false) "
+        "FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
+        "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        (table,)).fetchall()
+    return [Column(str(n), int(t), int(m), bool(k)) for n, t, m, k in rows]
 
 
 class CdcError(CheckpointError):
@@ -357,10 +340,8 @@ class PostgresCdc:
         return pinned(self.options, server, start, max(start, server.flush_lsn), snapshot, 0)
 
     def repin(self, offsets: Mapping[str, Any]) -> dict[str, Any] | None:
-        """The first epoch planned again when its pinned snapshot was exported by another process (gone
-        with it): the slot, which no committed epoch read, is created again with a new snapshot, and the
-        new offsets replace the pinned ones for this attempt (the caller makes sure no attempt of the
-        epoch prepared). None when the pinned offsets can be read here (no snapshot, or this process's)."""
+        """The first epoch planned again (the slot created again) when its pinned snapshot was exported by another
+        process, gone with it; None when the pinned offsets can be read here."""
         name = offsets.get("snapshot")
         if not name or self.exported.get(self._export_key, ("", None))[0] == name:
             return None
@@ -381,15 +362,7 @@ class PostgresCdc:
 
     def columns(self, conn: Any, tables: Sequence[str]) -> dict[str, list[Column]]:
         """Each table's columns now (name, type, key), in order."""
-        out: dict[str, list[Column]] = {t: [] for t in tables}
-        for table in tables:
-            rows = conn.execute(
-                "SELECT a.attname, a.atttypid::bigint, a.atttypmod, coalesce(a.attnum = ANY(i.indkey), false) "
-                "FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
-                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-                (table,)).fetchall()
-            out[table] = [Column(str(n), int(t), int(m), bool(k)) for n, t, m, k in rows]
-        return out
+        return {table: table_columns(conn, table) for table in tables}
 
     def snapshot_rows(self, offsets: Mapping[str, Any], columns: Mapping[str, list[Column]]
                       ) -> Iterator[tuple[str, dict[str, str | None]]]:

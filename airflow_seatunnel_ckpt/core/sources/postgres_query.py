@@ -1,31 +1,9 @@
 """Incremental queries of a PostgreSQL table: a high-water mark of one column as an epoch's position.
 
-For databases without logical replication. An epoch's offsets (JSON, pinned before the read)::
-
-    {"table": "<schema>.<name>", "column": "<incremental column>", "keys": ["<key column>", ...],
-     "low": "<value>" | None, "low_keys": ["<key>", ...],   # the previous epoch's high and its keys
-     "high": "<value>" | None, "high_keys": ["<key>", ...],  # the rows at ``high`` the epoch reads
-     "table_oid": <oid>, "rows": <int>}    # the table's identity; the range's rows when planned
-
-Values are the column's text form, keys each row's key as ``jsonb_build_array(key columns)``
-text. The epoch reads the rows with ``low < column < high``, those at ``high`` whose keys the
-plan saw (``high_keys``), and those at ``low`` the previous epoch did not read (not in
-``low_keys``): rows that share the boundary value are each read once, including rows that
-arrive with that value after the plan (the next epoch reads them). ``high`` is the position.
-
-A row committed after the plan with a value below ``high`` would be missed. The plan takes
-``high`` in a snapshot and then waits (``in_flight_timeout_s``) until every transaction of
-the database that was open when the snapshot was taken has ended, so their rows are read.
-Hence the guarantee: every row is read once if its value is not below the values of rows
-committed before it started (a sequence, an identity column, ``now()`` or
-``clock_timestamp()`` at write time). A value written smaller than one already planned
-(a back-dated timestamp) is missed; deletes are never seen; an update is read again only if
-it moves the column past the position (to the epoch that then reads it).
-
-Identity: the plan pins the table's oid and the number of rows in the range. A read refuses
-another table under the name (dropped and created again); a replay also refuses a range
-whose rows changed in number since (deleted, updated out of it, written into it), since it
-could not read the epoch's input again.
+For databases without logical replication: an epoch reads the rows between the previous
+epoch's ``high`` and its own (the boundary rows by their keys), after waiting for the
+transactions open when ``high`` was taken. docs/CDC.md ("Incremental queries") has the
+offsets, the guarantee and its limits.
 """
 
 from __future__ import annotations
@@ -39,7 +17,7 @@ from airflow_seatunnel_ckpt.core.errors import CheckpointError
 from airflow_seatunnel_ckpt.core.sources.base import last_read
 from airflow_seatunnel_ckpt.core.sources.options import PostgresQuerySourceOptions
 from airflow_seatunnel_ckpt.core.sources.pgoutput import Column, output_columns
-from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connect
+from airflow_seatunnel_ckpt.core.sources.postgres_cdc import connect, table_columns
 
 
 class QueryError(CheckpointError):
@@ -59,15 +37,10 @@ class PostgresQuery:
     def columns(self, conn: Any) -> list[Column]:
         """The table's columns now (name, type, primary key)."""
         try:
-            rows = conn.execute(
-                "SELECT a.attname, a.atttypid::bigint, a.atttypmod, coalesce(a.attnum = ANY(i.indkey), false) "
-                "FROM pg_attribute a LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
-                "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-                (self.options.table,)).fetchall()
+            return table_columns(conn, self.options.table)
         except Exception as exc:
             raise QueryError(f"{self.where}: cannot read the columns of {self.options.table}: "
                              f"{str(exc).strip()}") from exc
-        return [Column(str(n), int(t), int(m), bool(k)) for n, t, m, k in rows]
 
     def keys(self, columns: Sequence[Column]) -> list[str]:
         """The key columns (given, or the primary key), checked."""

@@ -1,16 +1,9 @@
 """Source chains: what every committed epoch consumed, as checkpoint parts.
 
-A source's chain holds the offsets of every committed epoch up to the checkpoint's: a
-full part with all of them, then one delta part per later epoch, bounded by
-``full_checkpoint_interval`` like keyed state. Restore reads the chain back as the
-source's history, and a source plans its next input from that history.
-
-A source whose offsets carry ``"consumed_index": {"max_file_age": seconds or null}`` (the
-file source) keeps a :mod:`~airflow_seatunnel_ckpt.core.sources.files` instead: a directory
-part, sorted segments and one small delta per epoch, compacted at the same interval and
-bounded by the time watermark, so planning reads the listed names' segments only. A chain
-written in the entries shape (a history rebuilt from the log, a chain carried from a
-replica) is read as it is and converted by the next epoch that writes one.
+A full part with every committed epoch's offsets, then one delta part per later epoch,
+bounded by ``full_checkpoint_interval`` like keyed state; a file source's chain is a
+consumed-file index (:mod:`.files`) instead. A chain in the entries shape is read as it is
+and converted by the next epoch that writes one.
 """
 
 from __future__ import annotations
@@ -46,11 +39,8 @@ def is_index_chain(chain: list[PartRef]) -> bool:
 
 
 def open_index(storage: Storage, chain: list[PartRef]) -> FileIndex:
-    """The consumed-file index a source chain holds, in either shape.
-
-    An index chain costs its directory and deltas now, and each segment only when a
-    lookup needs it; an entries chain is read in full (once: the next epoch converts it).
-    """
+    """The consumed-file index a source chain holds, in either shape (an index chain's segments are read only
+    when a lookup needs them)."""
     if not is_index_chain(chain):
         where = storage.describe_path(chain[0].path) if chain else "<empty chain>"
         return FileIndex.from_table(file_index.rows_from_entries(_read_entries(storage, chain), where))
@@ -98,13 +88,8 @@ def codec_options(config: CheckpointConfig) -> dict[str, Any]:
 def write_source_part(storage: Storage, config: CheckpointConfig, epoch: int, attempt: int, source: str,
                       offsets: dict[str, Any], base_chain: list[PartRef], rebuilt: bool,
                       history: Callable[[], list[Entry]]) -> SourceState:
-    """Append this epoch's offsets to the source's chain: a delta part, or a full one.
-
-    ``base_chain`` is the source's chain at the restore point; ``rebuilt`` says that the
-    restore point rebuilt the source's history from the log, so there is no chain to
-    extend. ``history`` (the restore point's entries) is read only when a full part is
-    written: no chain yet, a rebuilt history, or a chain at ``full_checkpoint_interval``.
-    """
+    """Append this epoch's offsets to the source's chain (``base_chain``, at the restore point): a delta part, or
+    a full one of ``history`` (no chain yet, a history ``rebuilt`` from the log, or at the interval)."""
     if isinstance(offsets.get(INDEX_KEY), dict) or (is_index_chain(base_chain) and not rebuilt):
         return _write_index_part(storage, config, epoch, attempt, source, offsets, base_chain, rebuilt, history)
     entry = {"epoch": epoch, "offsets": offsets}

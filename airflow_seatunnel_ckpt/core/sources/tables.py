@@ -1,30 +1,15 @@
 """Which data files an epoch reads from a table source: planned from table metadata alone.
 
-A table source's offsets are the table's own positions -- an Iceberg snapshot id, a Delta
-version, the epochs another pipeline published -- plus the exact data files between the
-position the last committed epoch consumed and the one this epoch reads up to. The
-runner stores them before the stage runs (``Pipeline.pin_inputs``), so a retry reads the
-same files even after the table moved on, and Spark reads them as plain Parquet: no
-Iceberg or Delta jars on the cluster.
-
-The contract is *append-only*: an epoch reads each appended row exactly once. A commit
-that removed or rewrote data in between (an Iceberg ``overwrite``/``delete`` snapshot, a
-Delta commit with ``remove`` actions that change data) breaks it -- the rows removed were
-already delivered downstream -- so it is an error naming the snapshot or version, unless
-the source is told to skip such commits (as Spark's streaming readers of both formats
-are). Compactions (Iceberg ``replace``, Delta ``dataChange=false``) change no data and are
-passed over silently.
-
-Everything here is plain Python over pyiceberg/deltalake metadata; it never imports Spark.
-This module holds what the planners share (the planned :class:`DataFile`, the committed
-history, the errors) and the planner of another pipeline's published epochs; the Iceberg
-and Delta planners are :mod:`.iceberg_planning` and :mod:`.delta_planning`.
+A table source's offsets are the table's own position (an Iceberg snapshot, a Delta
+version, another pipeline's published epochs) plus the exact data files appended since the
+last committed epoch's, read by Spark as plain Parquet. Commits that removed data break
+the append-only contract and are refused unless skipped (docs/tables/sources.md). This
+module holds what the planners share and the planner of published epochs; no Spark here.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,14 +18,7 @@ from pydantic.dataclasses import dataclass
 
 from airflow_seatunnel_ckpt.core.errors import CheckpointError, CorruptCheckpointError
 from airflow_seatunnel_ckpt.core.models import RECORD, Record, omitted_if
-from airflow_seatunnel_ckpt.core.sinks.files import EpochsPointer
-
-#: The summary file a published epoch directory receives last (core.storage.publish.SUCCESS).
-SUCCESS = "_SUCCESS"
-#: The pointer file of a snapshot-mode sink target (core.storage.publish.LATEST).
-LATEST = "_LATEST"
-#: An epoch directory of a file sink target.
-EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
+from airflow_seatunnel_ckpt.core.sinks.files import EPOCH_DIR, LATEST, SUCCESS, EpochsPointer
 
 
 class TableSourceError(CheckpointError):
@@ -50,12 +28,8 @@ class TableSourceError(CheckpointError):
 
 @dataclass(config=RECORD)
 class DataFile(Record):
-    """One data file an epoch reads: its full URI, size, rows and (Delta) partition values.
-
-    ``partition`` holds the values as the Delta log writes them (strings, ``None`` for
-    null); the reader adds them as columns when the file itself omits them. Stored in the
-    epoch's pinned offsets as :meth:`to_dict` gives it, read back with :meth:`from_dict`.
-    """
+    """One data file an epoch reads: its full URI, size, rows and (Delta) partition values, as the Delta log
+    writes them (the reader adds them as columns when the file omits them)."""
 
     path: str
     size: int
@@ -75,10 +49,8 @@ def planned_files(offsets: Mapping[str, Any], where: str) -> list[DataFile]:
 
 
 def consumed_position(history: Sequence[Mapping[str, Any]], key: str, where: str) -> tuple[bool, int | None]:
-    """``(found, position)``: the ``key`` (snapshot id, version) the newest committed epoch
-    that read the source consumed up to. ``found`` is False when no committed epoch read it
-    (an epoch that did not read the source records ``{}`` and is passed over); a found
-    position may be ``None`` (the table had no snapshot yet)."""
+    """``(found, position)``: the ``key`` (snapshot id, version) the newest committed epoch that read the source
+    consumed up to (a found position may be None: the table had no snapshot yet)."""
     for entry in reversed(history):
         offsets = entry.get("offsets") or {}
         if key not in offsets:
@@ -113,19 +85,12 @@ def refuse_other_table(history: Sequence[Mapping[str, Any]], key: str, table_id:
 def plan_published_epochs(listing: Mapping[str, Any], history: Sequence[Mapping[str, Any]],
                           where: str, pointer: EpochsPointer | None = None,
                           skip_replays: bool = False) -> dict[str, Any]:
-    """This epoch's offsets for a source reading another pipeline's file sink target.
+    """This epoch's offsets for a source reading another pipeline's file sink target (docs/tables/sources.md).
 
-    ``listing`` maps every path below the target (relative to it) to its fsspec info.
-    Only epoch directories whose ``_SUCCESS`` exists are planned -- the publisher writes
-    it last, so a half-published epoch is never read -- and only those no committed epoch
-    consumed (a set, not a watermark: an epoch that publishes late is still read once).
-    ``{"epochs": [e, ...], "files": [path, ...], "identity": {...}}``: ``files`` are
-    relative to the target, as :class:`FileSource` reads them.
-
-    ``pointer`` is the target's ``_EPOCHS`` (read before and after ``listing``, the same):
-    the directories it hides are not read. An upstream replay's directory replaces epochs;
-    if this source read some of them already, reading it would deliver their rows again,
-    so it is refused -- unless ``skip_replays``, which marks it read without reading it.
+    ``listing`` maps every path below the target to its fsspec info; the complete epoch
+    directories no committed epoch consumed (a set, not a watermark) and ``pointer`` does not
+    hide are planned. An upstream replay of epochs this source read is refused (or, with
+    ``skip_replays``, marked read without reading it).
     """
     pointer = pointer or EpochsPointer()
     if LATEST in listing:
