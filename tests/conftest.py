@@ -914,3 +914,11 @@ def stats(airflow_home: Path) -> Iterator[RecordingStats]:
         yield recorder
     finally:
         stats_module.initialize(factory=NoStatsLogger, export_legacy_names=False)
+
+
+# --------------------------------------------------------------------------------------
+# The Connect slice (tests/connect_slice.py): a plugin, so that it sees the Connect tests of
+# every folder, not only those of tests/spark
+# --------------------------------------------------------------------------------------
+
+pytest_plugins = ["tests.connect_slice"]

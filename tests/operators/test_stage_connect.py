@@ -199,6 +199,8 @@ def killed_try_failed(dag_id: str, run_id: str, task_id: str) -> None:
         ti.state = TaskInstanceState.FAILED
 
 
+@pytest.mark.connect_all(reason="tests/spark/test_connect_crashes.py's killed-server test, in the default run, kills "
+                                "the server mid-stage the same way; this one goes through the hook's run_in_process")
 def test_a_connect_server_that_dies_mid_epoch_fails_the_attempt_and_the_next_attempt_begins_cleanly(
         connect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The server (a dedicated one) is killed while the attempt's operation runs; another server
@@ -288,12 +290,14 @@ def wait_for_jobs(ui_url: str, tag: str, done: Any, what: str, timeout: float = 
 def busy_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
     """A Connect server of the test's own and its status API's URL on loopback; the busy stage's job
     runs for hours unless interrupted, so it is bounded by this server's life (stopped however the
-    test ends)."""
+    test ends). Its JVM starts as the session's does (``FAST_JVM_OPTIONS``): the busy job sleeps,
+    so the JIT's throughput is of no use to it."""
+    from tests.conftest import FAST_JVM_OPTIONS
     from tests.connect_server import free_port, start_server
     from tests.spark.stages import BUSY_IDS_ENV
 
     ui_port = free_port()
-    server = start_server(tmp_path, python_path=str(Path(__file__).resolve().parents[2]),
+    server = start_server(tmp_path, python_path=str(Path(__file__).resolve().parents[2]), jvm_options=FAST_JVM_OPTIONS,
                           conf={"spark.ui.enabled": "true", "spark.ui.port": str(ui_port)})
     monkeypatch.setenv(BUSY_IDS_ENV, str(10**15))
     try:
@@ -334,7 +338,11 @@ def lose_the_interrupt_of(tag: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("interrupt", ["answered", "lost"])
+@pytest.mark.parametrize("interrupt", [
+    # The next try's interrupt answered: the killed-client test above, in the default run, has it on the
+    # session's server; here the server's own account of the job is what it adds to the "lost" case.
+    pytest.param("answered", marks=pytest.mark.connect_all(reason="the killed-client test and the lost case")),
+    "lost"])
 def test_the_next_try_stops_the_job_a_killed_client_left_running_on_the_server(
         interrupt: str, airflow_home: Path, clear_and_rerun: Any, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:

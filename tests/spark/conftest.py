@@ -125,7 +125,7 @@ def published_ids(orders: OrdersPipeline) -> Callable[[], list[int]]:
 #: ``spark`` fixture) and Spark Connect (the ``connect_server`` fixture; the stage builds its
 #: own session from ``StageSpec.remote``, as a worker without a JVM does). Every run takes the
 #: classic runtime; a Connect run is in the default run only for a test marked
-#: ``connect_slice`` (see :func:`pytest_collection_modifyitems`).
+#: ``connect_slice`` (tests/connect_slice.py).
 RUNTIMES = ("classic", "connect")
 
 #: Runs a stage spec on the test's runtime: ``run(spec, **run_stage_keywords)``.
@@ -149,41 +149,4 @@ def run(runtime: str, request: pytest.FixtureRequest) -> RunStage:
     return lambda spec, **kwargs: run_stage(spec.replace(remote=url), **kwargs)
 
 
-# --------------------------------------------------------------------------------------
-# The Connect slice: which parametrised Connect runs the default run takes
-# --------------------------------------------------------------------------------------
-
-#: A Connect run costs about ten classic runs (a server session per stage run, whose Python
-#: workers start and import anew; docs/RELIABILITY.md, "The Connect slice"), and the stage
-#: code after the session is made is the same on both runtimes.
-CONNECT_ALL = "connect_all"
-CONNECT_SLICE = "connect_slice"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``connect_all`` every Connect run of a stage test not marked ``connect_slice``, and
-    leave those out unless ``-m`` names ``connect_all``, ``RELIABILITY_FULL=1`` is set or the
-    command line names the test's Connect run itself.
-
-    The default run keeps a fixed Connect slice: the runtime-equality test, the crash tests
-    (not parametrised), and one marked test per source, sink and Connect-specific path.
-    """
-    from tests.conftest import FULL_CAMPAIGNS
-
-    keep = FULL_CAMPAIGNS or CONNECT_ALL in (config.option.markexpr or "")
-    named = {arg.split("::", 1)[1] for arg in config.args if "::" in arg}
-    drop = []
-    for item in items:
-        callspec = getattr(item, "callspec", None)
-        if callspec is None or callspec.params.get("runtime") != "connect":
-            continue
-        if item.get_closest_marker(CONNECT_SLICE) is not None:
-            continue
-        item.add_marker(getattr(pytest.mark, CONNECT_ALL))
-        if not keep and item.nodeid.split("::", 1)[1] not in named:
-            drop.append(item)
-    if drop:
-        dropped = set(map(id, drop))
-        items[:] = [item for item in items if id(item) not in dropped]
-        config.hook.pytest_deselected(items=drop)
+# The Connect slice (which parametrised Connect runs the default run takes): tests/connect_slice.py.

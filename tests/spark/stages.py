@@ -15,10 +15,13 @@ from airflow_seatunnel_ckpt.spark import Source, StageContext, register_source
 
 #: Environment variable naming a file the "hang" stage creates once it has staged output.
 STAGED_MARKER_ENV = "SEATUNNEL_TEST_STAGED_MARKER"
-#: Environment variable: how many ids the job of :func:`dedup_then_wait_on_the_server` scans
-#: (default 10**11, a minute or two). More only on a server of the test's own, which the
-#: test stops: a job nothing interrupts then ends with that server.
+#: Environment variable: how many rows the job of :func:`dedup_then_wait_on_the_server` sleeps a
+#: tenth of a second on (default :data:`BUSY_ROWS`, a minute or two). More only on a server of
+#: the test's own, which the test stops: a job nothing interrupts then ends with that server.
 BUSY_IDS_ENV = "SEATUNNEL_TEST_BUSY_IDS"
+#: The rows of that job by default: two tasks of 600 tenths of a second, one after the other
+#: on the test server's one task slot.
+BUSY_ROWS = 1200
 
 
 class InjectedFailure(RuntimeError):
@@ -241,7 +244,13 @@ def dedup_then_wait_on_the_server(ctx: StageContext, spark: Any) -> None:
     job of a minute or two on the server through Spark Connect (JVM work only: no Python worker,
     no data of the stage) and tell the test (marker file, written here, in the client) once the
     server reports a task of it running: a test that acts on the marker acts on a running job,
-    not on a request still on its way."""
+    not on a request still on its way.
+
+    The job's task sleeps in the JVM (``Thread.sleep`` through ``reflect``, a tenth of a second
+    per row) rather than scanning ids: it holds the server's task slot as long, without taking
+    a core of the two-core test machine from every other test until it is interrupted. An
+    interrupt or the release of its session ends it within the row it sleeps on.
+    """
     dedup_orders(ctx, spark)
     marker = os.environ.get(STAGED_MARKER_ENV)
     if marker:
@@ -250,5 +259,6 @@ def dedup_then_wait_on_the_server(ctx: StageContext, spark: Any) -> None:
                 Path(marker).write_text(f"{ctx.epoch} {ctx.attempt}")
 
         spark.registerProgressHandler(told)
-        ids = int(os.environ.get(BUSY_IDS_ENV) or 10**11)
-        spark.range(0, ids, 1, 2).selectExpr("max(id)").collect()  # a minute or two unless interrupted
+        rows = int(os.environ.get(BUSY_IDS_ENV) or BUSY_ROWS)
+        slept = spark.range(0, rows, 1, 2).selectExpr("reflect('java.lang.Thread', 'sleep', 100L) AS slept")
+        slept.selectExpr("count(slept)").collect()  # a minute or two unless interrupted
