@@ -167,7 +167,7 @@ def _config_error(exc: ValidationError) -> ConfigError:
     if isinstance(cause, ConfigError):
         return cause
     name = str(error["loc"][0]) if error["loc"] else "checkpoint config"
-    field_info = _Settings.__pydantic_fields__.get(name)
+    field_info = _Settings.__pydantic_fields__.get(name)  # type: ignore[attr-defined]  # set by pydantic's dataclass
     accepted = field_info.description if field_info is not None and field_info.description else error["msg"]
     return ConfigError(f"{name} must be {accepted}, got {error['input']!r}")
 

@@ -9,7 +9,6 @@ into a :class:`CorruptCheckpointError` naming the file, so a record is never hal
 from __future__ import annotations
 
 import enum
-import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass as plain_dataclass
@@ -116,9 +115,15 @@ def tag(name: str) -> Any:
     return Field(default=name, repr=False)
 
 
-@functools.cache
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
 def _adapter(cls: type[R]) -> TypeAdapter[R]:
-    return TypeAdapter(cls)
+    """The (cached) adapter of a record type; two threads racing may each build one, both equal."""
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
 
 
 def decode(cls: type[R], data: bytes | bytearray | memoryview | Mapping[str, Any], where: str = "<record>") -> R:
@@ -128,7 +133,9 @@ def decode(cls: type[R], data: bytes | bytearray | memoryview | Mapping[str, Any
     not fit (:class:`IncompatibleFormatError` for another format version).
     """
     try:
-        text = data if isinstance(data, (bytes, bytearray, memoryview)) else json.dumps(data)
+        if isinstance(data, memoryview):
+            data = bytes(data)
+        text = data if isinstance(data, (bytes, bytearray)) else json.dumps(data)
         return _adapter(cls).validate_json(text, context={"where": where})
     except ValidationError as exc:
         problems = "; ".join(

@@ -40,7 +40,7 @@ MAX_SUMMARISED = 256
 
 
 @dataclass(config=RECORD)
-class EpochSummary(Record, EpochStatus):
+class EpochSummary(Record, EpochStatus):  # type: ignore[misc]  # frozen by RECORD's config, unseen by mypy
     """One final epoch as the views show it: its status when it settled, and what its records imply."""
 
     committed_at: float | None = None

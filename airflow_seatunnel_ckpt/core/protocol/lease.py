@@ -274,7 +274,7 @@ def lease_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> float:
     stage dead between two of its renewals.
     """
     own = lease.timeout_s if lease is not None and lease.timeout_s > 0 else 0.0
-    return max(own, config.lease_timeout_s)
+    return max(own, float(config.lease_timeout_s))
 
 
 def describe_timeout(config: CheckpointConfig, lease: LeaseRecord | None) -> str:

@@ -509,7 +509,8 @@ def _files_of_keys(keys: pa.Table, key: Sequence[str]) -> BooleanExpression:
     of a composite key (an Or of one And per key) takes time quadratic in the keys to build and to plan with."""
     if len(key) == 1:
         return create_match_filter(keys, list(key))
-    return And(*[In(k, set(pc.unique(keys.column(k)).to_pylist())) for k in key])
+    # In.__new__ takes (term, literals); mypy reads the pydantic model's fields (term, type, values) instead.
+    return And(*[In(k, set(pc.unique(keys.column(k)).to_pylist())) for k in key])  # type: ignore[call-arg, arg-type]
 
 
 def _without_keys(tx: Transaction, view: Table, request: SinkCommit, placed: Storage, keys: pa.Table,

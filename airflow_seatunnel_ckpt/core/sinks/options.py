@@ -318,7 +318,8 @@ def recorded_options(options: Any) -> SinkOptionsBase | dict[str, Any] | None:
     if model is None:  # a type registered without a model checks its own options, an unknown one is
         return dict(options)  # refused with the known ones before the decision (core.sinks.connector)
     try:
-        return checked(model, options, f"{options['type']} sink options")  # type: ignore[return-value]
+        parsed: SinkOptionsBase = checked(model, options, f"{options['type']} sink options")
+        return parsed
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
 
