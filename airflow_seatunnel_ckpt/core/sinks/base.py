@@ -126,7 +126,13 @@ STORE_ID = "_store_id"
 
 
 def store_id(root: Storage) -> str:
-    """The id of the store rooted at ``root``, created (create-exclusive) on first use."""
+    """The id of the store rooted at ``root``, created (create-exclusive) on first use.
+
+    A URL says where a store is, not which store it is: a wiped and recreated store (an
+    ephemeral ``$AIRFLOW_HOME``) keeps its URL and restarts its epochs at 1, a copied one keeps
+    its epochs under a new URL. What the store writes outside itself (table markers) names it
+    by this id.
+    """
     try:
         data = root.read(STORE_ID)
     except FileNotFoundError:
