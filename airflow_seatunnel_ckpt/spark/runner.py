@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -20,7 +21,6 @@ from airflow_seatunnel_ckpt.core.protocol import staging
 from airflow_seatunnel_ckpt.core.protocol.descriptor import StateDescriptor
 from airflow_seatunnel_ckpt.core.protocol.expectations import QUARANTINE_SUFFIX as QUARANTINE_SUFFIX_EXPECTATIONS
 from airflow_seatunnel_ckpt.core.protocol.lease import LeaseKeeper, default_holder
-from airflow_seatunnel_ckpt.core.registry import load
 from airflow_seatunnel_ckpt.core.store import CheckpointStore
 from airflow_seatunnel_ckpt.spark.context import AirflowContext, BoundSource, StageContext
 from airflow_seatunnel_ckpt.spark.declaration import STAGE_PATH
@@ -59,11 +59,16 @@ def load_stage_function(path: str) -> StageFunction:
                           "(e.g. 'my_pipelines.orders:dedup_orders')")
     module_name, _, attr = path.partition(":")
     try:
-        fn = load(path)
+        module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"stage {path!r}: cannot import module {module_name!r}: {exc}") from exc
-    except AttributeError:
-        raise ConfigError(f"stage {path!r}: module {module_name!r} has no attribute {attr!r}") from None
+    # Attribute by attribute, after the import: an AttributeError the module raises while it
+    # is imported is the user's bug and keeps its traceback, not a "no attribute" message.
+    fn: Any = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ConfigError(f"stage {path!r}: module {module_name!r} has no attribute {attr!r}")
     if not callable(fn):
         raise ConfigError(f"stage {path!r} is not callable")
     return cast(StageFunction, fn)

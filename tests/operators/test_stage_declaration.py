@@ -304,6 +304,24 @@ def test_airflow_tasks_test_runs_the_stage_and_leaves_nothing_published_or_pendi
     assert pipeline.begin("scheduled__2026-01-01T05:00:00+00:00").epoch == 2
 
 
+def test_a_stage_module_that_fails_while_imported_keeps_its_own_error_and_a_missing_function_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_seatunnel_ckpt.spark.runner import load_stage_function
+
+    # The module's own bug (an AttributeError while it is imported) must reach the user as it
+    # is, with its traceback, not as "module has no attribute 'ingest'".
+    (tmp_path / "buggy_stages.py").write_text("import os\n\nROOT = os.no_such_function()\n\n\n"
+                                              "def ingest(ctx, spark):\n    pass\n")
+    (tmp_path / "good_stages.py").write_text("def ingest(ctx, spark):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    with pytest.raises(AttributeError, match="no_such_function"):
+        load_stage_function("buggy_stages:ingest")
+    assert load_stage_function("good_stages:ingest").__name__ == "ingest"
+    with pytest.raises(ConfigError, match=r"module 'good_stages' has no attribute 'ingets'"):
+        load_stage_function("good_stages:ingets")
+
+
 def test_a_stage_path_is_checked_against_its_modules_source_without_importing_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow_seatunnel_ckpt.spark.declaration import stage_import_path
