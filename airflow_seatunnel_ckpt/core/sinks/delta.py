@@ -102,6 +102,7 @@ def commit(request: SinkCommit) -> PublishedSink:
     actions: list[AddAction] = []
     schema: pa.Schema | None = None
     how = PublishMethod.ALREADY
+    location = redact_url(uri)
 
     def landed() -> tuple[DeltaTable | None, markers.Owner | None, PublishedSink | None]:
         # The table is read first, also after the last failed attempt: a conflict may have
@@ -110,7 +111,7 @@ def commit(request: SinkCommit) -> PublishedSink:
         owner, version = table_epoch(request, target, table, where, decided=True)
         if version is not None and version >= request.epoch:
             log.info("%s: the table already holds the epoch (transaction version %d)", where, version)
-            return table, owner, request.published(redact_url(uri), PublishMethod.ALREADY)
+            return table, owner, request.published(location, PublishMethod.ALREADY)
         return table, owner, None
 
     def attempt() -> PublishedSink:
@@ -128,14 +129,14 @@ def commit(request: SinkCommit) -> PublishedSink:
                 raise CommitConflict(exc) from exc
             log.info("%s: applied the epoch's changes on %s (%s) as one table version", where, apply.keys,
                      apply.history)
-            return request.published(redact_url(uri), MERGED)
+            return request.published(location, MERGED)
         if keys and table is not None:
             try:
                 _upsert(request, table, delta_options, keys, app_id, where)
             except (DeltaError, OSError) as exc:  # CommitFailedError too: read the table again
                 raise CommitConflict(exc) from exc
             log.info("%s: merged the epoch's rows on %s as one table version", where, keys)
-            return request.published(redact_url(uri), MERGED)
+            return request.published(location, MERGED)
         if keys and request.sink.replaces:  # a replay into no table: created from its rows, per key the newest
             rows = upserted_rows(request, keys, where)
             if rows.num_rows:
@@ -146,7 +147,7 @@ def commit(request: SinkCommit) -> PublishedSink:
                                     commit_properties=_properties(request, app_id))
                 except (DeltaError, OSError) as exc:  # a racing committer created it: read the table again
                     raise CommitConflict(exc) from exc
-            return request.published(redact_url(uri), MERGED)
+            return request.published(location, MERGED)
         if keys:  # a new table: created from the placed files, so the keys must be unique already
             staged = staged_schema(request, where)
             if staged is not None:
@@ -156,7 +157,7 @@ def commit(request: SinkCommit) -> PublishedSink:
             actions, schema = add_actions(request, target, placed, where)
         if table is None and schema is None:
             log.info("%s: an empty snapshot and no table yet: nothing to commit", where)
-            return request.published(redact_url(uri), PublishMethod.ALREADY)
+            return request.published(location, PublishMethod.ALREADY)
         try:
             if table is None:
                 assert schema is not None
@@ -166,7 +167,7 @@ def commit(request: SinkCommit) -> PublishedSink:
         except (DeltaError, OSError) as exc:  # another writer took the version, a racing create, the store
             raise CommitConflict(exc) from exc
         log.info("%s: committed %d file(s) as one table version", where, len(actions))
-        return request.published(redact_url(uri), how if how is not PublishMethod.ALREADY else PublishMethod.COPY)
+        return request.published(location, how if how is not PublishMethod.ALREADY else PublishMethod.COPY)
 
     try:
         return retry_conflicts(attempt, request.retries, where)
