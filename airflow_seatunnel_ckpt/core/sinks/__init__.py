@@ -192,12 +192,13 @@ def upserted_rows(request: SinkCommit, keys: list[str], where: str) -> pa.Table:
     import pyarrow.compute as pc
 
     parts = [rows for _, rows in staged_parts(request)]
+    for rows in parts:  # oldest first: a refusal names the first replayed epoch that repeats a key
+        check_merge_keys(rows, keys, where)
     if not parts:
         return pa.table({})
     kept: list[pa.Table] = []
     later: list[pa.Table] = []
     for rows in reversed(parts):
-        check_merge_keys(rows, keys, where)
         if later:
             rows = rows.filter(pc.invert(rows_of_keys(rows, pa.concat_tables(later, promote_options="default"),
                                                       keys)))
